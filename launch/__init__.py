@@ -1,0 +1,1 @@
+"""cellsched's in-job runtime: srun wrapper, parallel groups, elastic training."""

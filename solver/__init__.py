@@ -1,0 +1,1 @@
+"""cellsched's solver: a pure library (state in, plan out). Imports nothing of ours."""

@@ -1,0 +1,119 @@
+"""The job plan: what the controller writes into a job's AdminComment and the
+launch runtime reads back (or from ``CELLSCHED_PLAN``).
+
+Kept free of heavy imports (stdlib only) so ``cellsched-launch`` starts fast.
+A minimal plan ``{"pp": 2, "dp": 2, "tp": 2}`` is valid; everything else has
+a default.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+
+PLAN_VERSION = 1
+#: Slurm keeps comments of any length, but a plan stays small: refuse a plan
+#: that would not fit comfortably in an AdminComment / environment variable.
+MAX_PLAN_BYTES = 8192
+
+
+class PlanError(ValueError):
+    """A plan is missing, malformed or inconsistent."""
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """Parallel layout and run-time settings of one job.
+
+    pp/dp/tp: pipeline, data and tensor parallel degrees (pp*dp*tp tasks).
+    micro_batches: micro-batches per iteration per pipeline.
+    global_batch: samples per iteration (None: the trainer decides).
+    gpu_types / nodes / gpus_per_node: where it runs (informational for the job).
+    batch_shares: one weight per dp rank (uneven batches, Cephalo); None = even.
+    stage_layers: layers per pipeline stage; None = split evenly.
+    virtual_workers: EasyScale virtual dp workers (None = dp).
+    checkpoint_dir: where to checkpoint / resume.
+    cell: the cell key the solver chose; job_id: the Slurm job id.
+    """
+
+    pp: int = 1
+    dp: int = 1
+    tp: int = 1
+    micro_batches: int = 1
+    global_batch: int | None = None
+    gpu_types: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()
+    gpus_per_node: int | None = None
+    batch_shares: tuple[float, ...] | None = None
+    stage_layers: tuple[int, ...] | None = None
+    virtual_workers: int | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None
+    cell: str | None = None
+    job_id: str | None = None
+    iter_time_s: float | None = None
+    version: int = PLAN_VERSION
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for k in ("pp", "dp", "tp", "micro_batches"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise PlanError(f"plan field '{k}' must be an integer >= 1, got {v!r}")
+        if self.global_batch is not None and (not isinstance(self.global_batch, int) or self.global_batch < 1):
+            raise PlanError(f"plan field 'global_batch' must be an integer >= 1, got {self.global_batch!r}")
+        if self.batch_shares is not None:
+            if len(self.batch_shares) != self.dp:
+                raise PlanError(f"plan field 'batch_shares' needs {self.dp} entries (one per dp rank), got {len(self.batch_shares)}")
+            if any((not isinstance(s, (int, float))) or s <= 0 for s in self.batch_shares):
+                raise PlanError("plan field 'batch_shares' must hold positive numbers")
+        if self.stage_layers is not None:
+            if len(self.stage_layers) != self.pp or any(int(n) < 1 for n in self.stage_layers):
+                raise PlanError(f"plan field 'stage_layers' needs {self.pp} positive entries (one per stage)")
+        if self.virtual_workers is not None and (not isinstance(self.virtual_workers, int) or self.virtual_workers < 1):
+            raise PlanError(f"plan field 'virtual_workers' must be an integer >= 1, got {self.virtual_workers!r}")
+        if self.version > PLAN_VERSION:
+            raise PlanError(f"plan version {self.version} is newer than this cellsched understands ({PLAN_VERSION})")
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp * self.tp
+
+    def to_json(self) -> str:
+        """Compact JSON without defaults that carry no information."""
+        d = {k: v for k, v in asdict(self).items() if v not in (None, (), {}) or k in ("pp", "dp", "tp")}
+        text = json.dumps(d, separators=(",", ":"), sort_keys=True)
+        if len(text.encode()) > MAX_PLAN_BYTES:
+            raise PlanError(f"plan is {len(text)} bytes, more than {MAX_PLAN_BYTES}")
+        return text
+
+    @classmethod
+    def from_dict(cls, d: object) -> "JobPlan":
+        if not isinstance(d, dict):
+            raise PlanError(f"plan must be a JSON object, got {type(d).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        kwargs = {k: v for k, v in d.items() if k in known}
+        for k in ("gpu_types", "nodes", "batch_shares", "stage_layers"):
+            if kwargs.get(k) is not None:
+                if not isinstance(kwargs[k], (list, tuple)):
+                    raise PlanError(f"plan field '{k}' must be a list")
+                kwargs[k] = tuple(kwargs[k])
+        extra = dict(kwargs.pop("extra", {}) or {})
+        extra.update({k: d[k] for k in unknown})
+        try:
+            return cls(**kwargs, extra=extra)
+        except TypeError as e:  # pragma: no cover - defensive
+            raise PlanError(str(e)) from None
+
+    @classmethod
+    def from_json(cls, text: str) -> "JobPlan":
+        if text is None or not str(text).strip():
+            raise PlanError("plan is empty")
+        if len(text.encode()) > MAX_PLAN_BYTES:
+            raise PlanError(f"plan is {len(text)} bytes, more than {MAX_PLAN_BYTES}")
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PlanError(f"plan is not valid JSON: {e}") from None
+        return cls.from_dict(d)

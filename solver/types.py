@@ -1,0 +1,268 @@
+"""The types the solver reasons about: a capacity view of the cluster, job
+requests, cells, estimates, placements, and the request/reply of a policy.
+
+Everything here is a frozen dataclass of plain values, so a schedule request
+is data in and a reply is data out (no Slurm, no clock, no I/O).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol
+
+from solver.models import ModelSpec
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One node as the solver sees it.
+
+    `gpus_free` is what the solver may hand out: the node's GPUs minus those
+    held by jobs it does not manage (0 when the node is down or drained).
+    GPUs held by managed running jobs count as free here; those jobs carry
+    their current placement and the solver decides whether they keep it.
+    """
+
+    name: str
+    gpu_type: str
+    gpus_total: int
+    gpus_free: int
+    partitions: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.gpus_free <= self.gpus_total:
+            raise ValueError(f"node {self.name}: gpus_free={self.gpus_free} not in [0, {self.gpus_total}]")
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """The nodes and partitions the solver may place managed jobs on."""
+
+    nodes: tuple[NodeView, ...]
+    partitions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def gpu_types(self) -> tuple[str, ...]:
+        return tuple(sorted({n.gpu_type for n in self.nodes}))
+
+    def nodes_of(self, gpu_type: str) -> tuple[NodeView, ...]:
+        return tuple(n for n in self.nodes if n.gpu_type == gpu_type)
+
+    def node(self, name: str) -> NodeView:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    """A job's deterministic resources (Crius): one GPU type, a uniform node
+    layout (num_nodes x gpus_per_node) and a fixed pipeline-stage count."""
+
+    gpu_type: str
+    num_nodes: int
+    gpus_per_node: int
+    pp: int = 1
+
+    def __post_init__(self) -> None:
+        if self.num_nodes < 1 or self.gpus_per_node < 1 or self.pp < 1:
+            raise ValueError(f"invalid cell {self}")
+        if self.num_gpus % self.pp:
+            raise ValueError(f"cell {self}: pp={self.pp} does not divide {self.num_gpus} GPUs")
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    @property
+    def layout(self) -> str:
+        return f"{self.num_nodes}x{self.gpus_per_node}"
+
+    def key(self) -> str:
+        """Stable text form, e.g. ``a100:2x4:pp2``."""
+        return f"{self.gpu_type}:{self.layout}:pp{self.pp}"
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """Degrees of one job's parallelism inside a cell; pp*dp*tp = GPUs."""
+
+    pp: int
+    dp: int
+    tp: int
+    micro_batches: int = 1
+
+    def __post_init__(self) -> None:
+        for k in ("pp", "dp", "tp", "micro_batches"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
+
+    @property
+    def num_gpus(self) -> int:
+        return self.pp * self.dp * self.tp
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The estimator's answer for one (job, cell): the best plan found inside
+    the cell, its iteration time and per-GPU memory, and where it came from.
+
+    `source` is one of "measured", "composed", "analytic" (optionally with a
+    suffix such as "measured+locality" when a documented fallback was used).
+    An infeasible estimate (OOM, no data) has iter_time_s = inf.
+    """
+
+    cell: Cell
+    plan: ParallelPlan | None
+    iter_time_s: float
+    mem_per_gpu_gb: float
+    source: str
+    note: str = ""
+
+    @property
+    def feasible(self) -> bool:
+        return self.plan is not None and math.isfinite(self.iter_time_s) and self.iter_time_s > 0
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A job in a cell on concrete nodes: (node name, GPUs on it) pairs."""
+
+    job_id: str
+    cell: Cell
+    nodes: tuple[tuple[str, int], ...]
+    plan: ParallelPlan
+    iter_time_s: float
+    partition: str | None = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if sum(g for _, g in self.nodes) != self.cell.num_gpus:
+            raise ValueError(f"placement of {self.job_id}: nodes {self.nodes} do not hold {self.cell.num_gpus} GPUs")
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.nodes)
+
+    def same_resources(self, other: Placement | None) -> bool:
+        """True when `other` uses the same cell on the same nodes."""
+        return other is not None and self.cell == other.cell and sorted(self.nodes) == sorted(other.nodes)
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A managed job as the solver sees it.
+
+    `current` is the placement of a running job (None when pending).
+    `requested_gpus` / `requested_gpu_type` are what a static-parallelism user
+    asked for; baselines such as FCFS use them, cellsched treats them as a hint.
+    `excluded_cells` holds cell keys the job must not be placed in again
+    (e.g. it failed twice there).
+    """
+
+    job_id: str
+    model: ModelSpec
+    global_batch: int
+    iterations: int
+    iterations_done: float = 0.0
+    user: str = ""
+    gpu_types: tuple[str, ...] | None = None
+    min_gpus: int = 1
+    max_gpus: int | None = None
+    elastic: bool = False
+    submit_time: float = 0.0
+    requested_gpus: int | None = None
+    requested_gpu_type: str | None = None
+    partitions: tuple[str, ...] | None = None
+    current: Placement | None = None
+    restart_cost_s: float | None = None
+    excluded_cells: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.global_batch < 1:
+            raise ValueError(f"job {self.job_id}: global_batch must be >= 1")
+        if self.iterations < 1:
+            raise ValueError(f"job {self.job_id}: iterations must be >= 1")
+        if self.min_gpus < 1 or (self.max_gpus is not None and self.max_gpus < self.min_gpus):
+            raise ValueError(f"job {self.job_id}: need 1 <= min_gpus <= max_gpus")
+
+    @property
+    def remaining_iterations(self) -> float:
+        return max(0.0, self.iterations - self.iterations_done)
+
+    @property
+    def running(self) -> bool:
+        return self.current is not None
+
+
+@dataclass(frozen=True)
+class SolverConfig:
+    """Knobs of a scheduling round (documented in the README).
+
+    Objective, per job j placed in cell c with throughput T(j,c) samples/s:
+      w_throughput * (T(j,c)/T_ref(j))^p  ... see solver.objective for the exact form.
+    """
+
+    time_limit_s: float = 1.0
+    workers: int = 2
+    seed: int = 0
+    fairness_p: float = 0.5
+    w_throughput: float = 1.0
+    w_short_jobs: float = 0.5
+    restart_penalty: float = 1.0
+    default_restart_cost_s: float = 60.0
+    horizon_s: float = 300.0
+    allow_resize: bool = True
+    max_cells_per_job: int = 24
+    max_pp: int = 8
+    exact_node_model_max_nodes: int = 64
+
+
+@dataclass(frozen=True)
+class ScheduleRequest:
+    """Everything a policy needs for one round: state in, plan out."""
+
+    cluster: ClusterView
+    jobs: tuple[JobRequest, ...]
+    previous: Mapping[str, Placement] = field(default_factory=dict)
+    config: SolverConfig = field(default_factory=SolverConfig)
+    now: float = 0.0
+
+
+@dataclass(frozen=True)
+class ScheduleReply:
+    """A policy's decision: the placement of every job that should run now.
+
+    Jobs absent from `placements` stay (or become) pending; `reasons` says why.
+    `status` is the solver's status ("OPTIMAL", "FEASIBLE", "GREEDY", ...).
+    """
+
+    placements: Mapping[str, Placement]
+    status: str
+    objective: float = 0.0
+    bound: float = 0.0
+    build_s: float = 0.0
+    solve_s: float = 0.0
+    num_cells: int = 0
+    reasons: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def gap(self) -> float:
+        if self.objective == 0:
+            return 0.0 if self.bound == 0 else math.inf
+        return abs(self.bound - self.objective) / abs(self.objective)
+
+
+class EstimatorLike(Protocol):
+    """What policies need of an estimator."""
+
+    def estimate(self, job: JobRequest, cell: Cell) -> Estimate: ...
+
+
+class Policy(Protocol):
+    """One scheduling policy per module, all behind this signature."""
+
+    name: str
+
+    def schedule(self, request: ScheduleRequest, estimator: EstimatorLike) -> ScheduleReply: ...
