@@ -1,0 +1,85 @@
+"""Rows of the profile store, as frozen dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CellRecord:
+    """A measured (or externally estimated) iteration time of a whole cell.
+
+    iter_time_s None means the configuration ran out of memory.
+    pp/dp/tp are set when the record is for one specific plan (None: the best
+    plan, plan unknown, as in Arena's optimal database).
+    """
+
+    model: str
+    global_batch: int
+    gpu_type: str
+    num_nodes: int
+    gpus_per_node: int
+    iter_time_s: float | None
+    pp: int | None = None
+    dp: int | None = None
+    tp: int | None = None
+    source: str = "measured"
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    @property
+    def oom(self) -> bool:
+        return self.iter_time_s is None
+
+
+@dataclass(frozen=True)
+class LayerRecord:
+    """One layer of a model profiled on ONE GPU of a type (Arena-style).
+
+    Times are per micro-batch of `micro_batch` samples with the layer split
+    `tp` ways; memory in bytes per GPU: parameters (+ grads + optimizer state
+    is derived from param_bytes), activations kept for backward, and the size
+    of the activation tensor the layer sends on (for pipeline p2p).
+    """
+
+    model_sig: str
+    gpu_type: str
+    tp: int
+    micro_batch: int
+    layer: int
+    kind: str
+    fwd_s: float
+    bwd_s: float
+    param_bytes: int
+    act_bytes: int
+    out_bytes: int
+
+
+@dataclass(frozen=True)
+class CommRecord:
+    """Time of one communication op of `nbytes` among `nranks` over a link.
+
+    link: "nvlink" | "pcie" | "net" | "loopback" (or any name a profiler uses).
+    op: "p2p" | "allreduce" | "allgather".
+    """
+
+    link: str
+    op: str
+    nranks: int
+    nbytes: int
+    time_s: float
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """Datasheet numbers for the analytic fallback."""
+
+    name: str
+    mem_gb: float
+    peak_tflops: float
+    mem_bw_gbps: float
+    intra_link: str = "pcie"
+    intra_bw_gbps: float = 32.0
+    inter_bw_gbps: float = 12.5
