@@ -2,5 +2,6 @@
 communication tables and GPU specs, in one SQLite store."""
 
 from solver.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord
+from solver.profiles.store import ProfileStore
 
-__all__ = ["CellRecord", "CommRecord", "GpuSpec", "LayerRecord"]
+__all__ = ["CellRecord", "CommRecord", "GpuSpec", "LayerRecord", "ProfileStore"]

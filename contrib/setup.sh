@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Set up a development/test environment for cellsched on Debian 12 (as root).
+#
+#   bash contrib/setup.sh            # Debian packages (Slurm, munge) + .venv with cellsched[test,torch]
+#
+# Idempotent: installs only what is missing. The virtual environment lives in
+# .venv (override with VENV=...). torch is pinned to the CPU build 2.13.0; on a
+# machine without a local CPU wheel set TORCH_INDEX_URL (e.g. PyTorch's CPU
+# wheel index) so that no CUDA build is pulled in.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PY=${PYTHON:-python3}
+
+need_pkgs=()
+for cmd_pkg in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge lua5.3:lua5.3; do
+  cmd=${cmd_pkg%%:*}; pkg=${cmd_pkg#*:}
+  command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || need_pkgs+=("$pkg")
+done
+if ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1; then need_pkgs+=(python3-venv); fi
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${need_pkgs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV"
+  # system site packages: reuse what the machine already has (e.g. a preinstalled torch)
+  "$PY" -m venv --system-site-packages "$VENV"
+fi
+pip_args=(-q)
+if [ -n "${TORCH_INDEX_URL:-}" ]; then pip_args+=(--extra-index-url "$TORCH_INDEX_URL"); fi
+"$VENV/bin/python" -m pip install "${pip_args[@]}" "torch==2.13.0"
+"$VENV/bin/python" -m pip install "${pip_args[@]}" -e ".[test,torch]"
+echo "setup: ready ($("$VENV/bin/cellsched" --version))"

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh Debian 12 machine (as root):
+#
+#   bash contrib/test.sh [PYTEST_ARGS...]
+#
+# Sets up Debian's Slurm + munge and a .venv (contrib/setup.sh), then runs
+# pytest. The integration tests start their own local Slurm dev cluster
+# (contrib/dev-cluster/devcluster.sh, under /tmp/cellsched-test-cluster) and
+# stop it at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash contrib/setup.sh
+VENV=${VENV:-.venv}
+# tests run the installed console scripts (cellsched, cellsched-launch) from the venv
+export PATH="$PWD/$VENV/bin:$PATH"
+exec "$VENV/bin/python" -m pytest -q "$@"

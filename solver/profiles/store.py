@@ -1,0 +1,397 @@
+"""The profile store: one SQLite file of cell times, layer profiles,
+communication tables and GPU specs.
+
+Safe for one writer and many readers: files use WAL, every connection waits
+on a busy timeout, every write is one transaction and an upsert (a re-import
+replaces rows instead of duplicating them). A new store is seeded once with
+the shipped Arena data and GPU specs; a ``meta`` row records that, so a store
+emptied on purpose stays empty.
+
+In the ``cells`` table a plan of ``pp = dp = tp = 0`` stands for "best plan /
+plan unknown" (SQLite keys treat NULLs as distinct, so 0 keeps upserts exact);
+records read back carry ``None`` there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import pathlib
+import sqlite3
+from collections.abc import Iterable, Iterator
+from dataclasses import fields
+from typing import Any
+
+from solver.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 30.0
+ENV_VAR = "CELLSCHED_PROFILES"
+
+#: Which record wins when several sources hold the same cell (lowest first).
+SOURCE_PREFERENCE = ("measured", "arena-optimal", "arena-estimated")
+
+_SCHEMA = (
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE cells (
+        model TEXT NOT NULL, global_batch INTEGER NOT NULL, gpu_type TEXT NOT NULL,
+        num_nodes INTEGER NOT NULL, gpus_per_node INTEGER NOT NULL,
+        pp INTEGER NOT NULL, dp INTEGER NOT NULL, tp INTEGER NOT NULL,
+        source TEXT NOT NULL, iter_time_s REAL,
+        PRIMARY KEY (model, global_batch, gpu_type, num_nodes, gpus_per_node, pp, dp, tp, source)
+    ) WITHOUT ROWID""",
+    "CREATE INDEX cells_by_gpu ON cells (gpu_type, model)",
+    """CREATE TABLE layers (
+        model_sig TEXT NOT NULL, gpu_type TEXT NOT NULL, tp INTEGER NOT NULL,
+        micro_batch INTEGER NOT NULL, layer INTEGER NOT NULL, kind TEXT NOT NULL,
+        fwd_s REAL NOT NULL, bwd_s REAL NOT NULL, param_bytes INTEGER NOT NULL,
+        act_bytes INTEGER NOT NULL, out_bytes INTEGER NOT NULL,
+        PRIMARY KEY (model_sig, gpu_type, tp, micro_batch, layer)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE comm (
+        link TEXT NOT NULL, op TEXT NOT NULL, nranks INTEGER NOT NULL,
+        nbytes INTEGER NOT NULL, time_s REAL NOT NULL,
+        PRIMARY KEY (link, op, nranks, nbytes)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE gpus (
+        name TEXT PRIMARY KEY, mem_gb REAL NOT NULL, peak_tflops REAL NOT NULL,
+        mem_bw_gbps REAL NOT NULL, intra_link TEXT NOT NULL,
+        intra_bw_gbps REAL NOT NULL, inter_bw_gbps REAL NOT NULL
+    )""",
+)
+
+_CELL_COLS = "model, global_batch, gpu_type, num_nodes, gpus_per_node, pp, dp, tp, source, iter_time_s"
+_LAYER_COLS = "model_sig, gpu_type, tp, micro_batch, layer, kind, fwd_s, bwd_s, param_bytes, act_bytes, out_bytes"
+_COMM_COLS = "link, op, nranks, nbytes, time_s"
+_GPU_COLS = "name, mem_gb, peak_tflops, mem_bw_gbps, intra_link, intra_bw_gbps, inter_bw_gbps"
+_SOURCE_ORDER = (
+    "CASE source " + " ".join(f"WHEN '{s}' THEN {i}" for i, s in enumerate(SOURCE_PREFERENCE))
+    + f" ELSE {len(SOURCE_PREFERENCE)} END, source"
+)
+
+
+class ProfileStoreError(Exception):
+    """The store cannot be opened or used (bad file, newer schema)."""
+
+
+class InvalidRecordError(ProfileStoreError, ValueError):
+    """A record handed to the store has a bad field (the message names it)."""
+
+
+class ProfileStore:
+    """Cached profiles in one SQLite file (or ``":memory:"``)."""
+
+    def __init__(self, path: str | os.PathLike | None = None, *, seed: bool = True) -> None:
+        self.path = str(self.default_path() if path is None else path)
+        self.seeded_now = False
+        if self.path != ":memory:":
+            parent = pathlib.Path(self.path).expanduser().resolve().parent
+            if not parent.is_dir():
+                raise ProfileStoreError(f"profile store {self.path}: directory {parent} does not exist")
+            self.path = str(pathlib.Path(self.path).expanduser())
+        try:
+            self._conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            self._open(seed)
+        except sqlite3.DatabaseError as exc:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            raise ProfileStoreError(f"profile store {self.path}: {exc}") from exc
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            raise
+
+    @staticmethod
+    def default_path() -> pathlib.Path:
+        """``$CELLSCHED_PROFILES`` if set, else ~/.local/share/cellsched/profiles.sqlite."""
+        env = os.environ.get(ENV_VAR)
+        path = pathlib.Path(env).expanduser() if env else (
+            pathlib.Path.home() / ".local" / "share" / "cellsched" / "profiles.sqlite")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    # ---- lifecycle -------------------------------------------------------
+
+    def _open(self, seed: bool) -> None:
+        self._conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        if self.path != ":memory:":
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._conn.execute("PRAGMA synchronous = NORMAL")
+        if self._schema_version() is None:
+            with self.transaction():  # re-check under the write lock: another process may have won
+                if self._schema_version() is None:
+                    self._create(seed)
+        version = self._schema_version()
+        if version is None or version > SCHEMA_VERSION:
+            raise ProfileStoreError(
+                f"profile store {self.path} has schema version {version}, newer than this "
+                f"cellsched understands ({SCHEMA_VERSION}); upgrade cellsched or use another --db")
+
+    def _schema_version(self) -> int | None:
+        tables = {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "meta" not in tables:
+            if tables:
+                raise ProfileStoreError(
+                    f"{self.path} is an SQLite database but not a cellsched profile store "
+                    f"(tables: {', '.join(sorted(tables))})")
+            return None
+        row = self._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None:
+            raise ProfileStoreError(f"profile store {self.path}: meta table has no schema_version")
+        try:
+            return int(row[0])
+        except ValueError:
+            raise ProfileStoreError(f"profile store {self.path}: bad schema_version {row[0]!r}") from None
+
+    def _create(self, seed: bool) -> None:
+        for stmt in _SCHEMA:
+            self._conn.execute(stmt)
+        self._set_meta("schema_version", str(SCHEMA_VERSION))
+        if seed:
+            from solver.profiles.arena import seed_store
+
+            self._set_meta("seeded", seed_store(self))
+            self.seeded_now = True
+
+    def _set_meta(self, key: str, value: str) -> None:
+        self._conn.execute(
+            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (key, value))
+
+    def meta(self) -> dict[str, str]:
+        """The store's meta rows (schema_version, and seeded: what seeded it)."""
+        return dict(self._conn.execute("SELECT key, value FROM meta ORDER BY key"))
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One write transaction: several puts commit together or not at all
+        (joins the open one when nested)."""
+        if self._conn.in_transaction:
+            yield
+            return
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> ProfileStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ProfileStore({self.path!r})"
+
+    # ---- (a) cell-level --------------------------------------------------
+
+    def put_cells(self, recs: Iterable[CellRecord]) -> int:
+        """Insert or replace cell records; returns how many were written."""
+        rows = []
+        for rec in recs:
+            _check_cell(rec)
+            plan = (rec.pp, rec.dp, rec.tp) if rec.pp is not None else (0, 0, 0)
+            rows.append((rec.model, rec.global_batch, rec.gpu_type, rec.num_nodes, rec.gpus_per_node,
+                         *plan, rec.source, rec.iter_time_s))
+        with self.transaction():
+            self._conn.executemany(
+                f"INSERT INTO cells ({_CELL_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?) "
+                "ON CONFLICT (model, global_batch, gpu_type, num_nodes, gpus_per_node, pp, dp, tp, source) "
+                "DO UPDATE SET iter_time_s = excluded.iter_time_s", rows)
+        return len(rows)
+
+    def cells(self, model: str | None = None, global_batch: int | None = None,
+              gpu_type: str | None = None) -> list[CellRecord]:
+        """All cell records matching the given filters, in key order."""
+        where, args = _where(model=model, global_batch=global_batch, gpu_type=gpu_type)
+        rows = self._conn.execute(
+            f"SELECT {_CELL_COLS} FROM cells{where} ORDER BY "
+            "model, global_batch, gpu_type, num_nodes, gpus_per_node, pp, dp, tp, source", args)
+        return [_cell(r) for r in rows]
+
+    def cell(self, model: str, global_batch: int, gpu_type: str, num_nodes: int, gpus_per_node: int, *,
+             plan: tuple[int, int, int] | None = None, source: str | None = None) -> CellRecord | None:
+        """One cell's record: the best-plan record (plan=None) or the per-plan
+        record of plan=(pp, dp, tp); from `source`, or else the preferred
+        source (measured, then arena-optimal, then arena-estimated, then others)."""
+        pp, dp, tp = plan if plan is not None else (0, 0, 0)
+        where, args = _where(model=model, global_batch=global_batch, gpu_type=gpu_type, num_nodes=num_nodes,
+                             gpus_per_node=gpus_per_node, pp=pp, dp=dp, tp=tp, source=source)
+        row = self._conn.execute(
+            f"SELECT {_CELL_COLS} FROM cells{where} ORDER BY {_SOURCE_ORDER} LIMIT 1", args).fetchone()
+        return None if row is None else _cell(row)
+
+    # ---- (b) layer-level and communication -------------------------------
+
+    def put_layers(self, recs: Iterable[LayerRecord]) -> int:
+        """Insert or replace layer records; returns how many were written."""
+        rows = []
+        for rec in recs:
+            _check_layer(rec)
+            rows.append(tuple(getattr(rec, f.name) for f in fields(LayerRecord)))
+        with self.transaction():
+            self._conn.executemany(
+                f"INSERT INTO layers ({_LAYER_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?) "
+                "ON CONFLICT (model_sig, gpu_type, tp, micro_batch, layer) DO UPDATE SET "
+                "kind = excluded.kind, fwd_s = excluded.fwd_s, bwd_s = excluded.bwd_s, "
+                "param_bytes = excluded.param_bytes, act_bytes = excluded.act_bytes, "
+                "out_bytes = excluded.out_bytes", rows)
+        return len(rows)
+
+    def layers(self, model_sig: str, gpu_type: str, tp: int, micro_batch: int) -> list[LayerRecord]:
+        """A model's layer profiles on one GPU type at (tp, micro_batch), by layer."""
+        rows = self._conn.execute(
+            f"SELECT {_LAYER_COLS} FROM layers WHERE model_sig = ? AND gpu_type = ? AND tp = ? "
+            "AND micro_batch = ? ORDER BY layer", (model_sig, gpu_type, tp, micro_batch))
+        return [LayerRecord(*r) for r in rows]
+
+    def layer_keys(self, model_sig: str) -> list[tuple[str, int, int]]:
+        """The (gpu_type, tp, micro_batch) combinations profiled for a model."""
+        rows = self._conn.execute(
+            "SELECT DISTINCT gpu_type, tp, micro_batch FROM layers WHERE model_sig = ? "
+            "ORDER BY gpu_type, tp, micro_batch", (model_sig,))
+        return [tuple(r) for r in rows]
+
+    def layer_models(self) -> list[str]:
+        """Model signatures that have layer profiles."""
+        return [r[0] for r in self._conn.execute("SELECT DISTINCT model_sig FROM layers ORDER BY model_sig")]
+
+    def put_comm(self, recs: Iterable[CommRecord]) -> int:
+        """Insert or replace communication records; returns how many were written."""
+        rows = []
+        for rec in recs:
+            _check_comm(rec)
+            rows.append((rec.link, rec.op, rec.nranks, rec.nbytes, rec.time_s))
+        with self.transaction():
+            self._conn.executemany(
+                f"INSERT INTO comm ({_COMM_COLS}) VALUES (?,?,?,?,?) "
+                "ON CONFLICT (link, op, nranks, nbytes) DO UPDATE SET time_s = excluded.time_s", rows)
+        return len(rows)
+
+    def comm(self, link: str, op: str, nranks: int | None = None) -> list[CommRecord]:
+        """Timings of one op over one link (optionally among `nranks`), by size."""
+        where, args = _where(link=link, op=op, nranks=nranks)
+        rows = self._conn.execute(f"SELECT {_COMM_COLS} FROM comm{where} ORDER BY nbytes, nranks", args)
+        return [CommRecord(*r) for r in rows]
+
+    def comm_keys(self) -> list[tuple[str, str]]:
+        """The (link, op) pairs with communication timings."""
+        return [tuple(r) for r in self._conn.execute("SELECT DISTINCT link, op FROM comm ORDER BY link, op")]
+
+    # ---- (c) GPU specs ---------------------------------------------------
+
+    def put_gpu(self, spec: GpuSpec) -> None:
+        """Insert or replace one GPU type's datasheet numbers."""
+        _check_gpu(spec)
+        with self.transaction():
+            self._conn.execute(
+                f"INSERT INTO gpus ({_GPU_COLS}) VALUES (?,?,?,?,?,?,?) ON CONFLICT (name) DO UPDATE SET "
+                "mem_gb = excluded.mem_gb, peak_tflops = excluded.peak_tflops, "
+                "mem_bw_gbps = excluded.mem_bw_gbps, intra_link = excluded.intra_link, "
+                "intra_bw_gbps = excluded.intra_bw_gbps, inter_bw_gbps = excluded.inter_bw_gbps",
+                tuple(getattr(spec, f.name) for f in fields(GpuSpec)))
+
+    def gpu(self, name: str) -> GpuSpec | None:
+        row = self._conn.execute(f"SELECT {_GPU_COLS} FROM gpus WHERE name = ?", (name,)).fetchone()
+        return None if row is None else GpuSpec(*row)
+
+    def gpus(self) -> dict[str, GpuSpec]:
+        return {r[0]: GpuSpec(*r) for r in self._conn.execute(f"SELECT {_GPU_COLS} FROM gpus ORDER BY name")}
+
+    # ---- summary ---------------------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        """Rows per table: cells, layers, comm, gpus."""
+        return {t: self._conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+                for t in ("cells", "layers", "comm", "gpus")}
+
+
+# ---- helpers ---------------------------------------------------------------
+
+def _where(**filters: Any) -> tuple[str, tuple]:
+    used = [(k, v) for k, v in filters.items() if v is not None]
+    if not used:
+        return "", ()
+    return " WHERE " + " AND ".join(f"{k} = ?" for k, _ in used), tuple(v for _, v in used)
+
+
+def _cell(row: tuple) -> CellRecord:
+    model, batch, gpu, nodes, per_node, pp, dp, tp, source, t = row
+    if pp == 0:
+        pp = dp = tp = None
+    return CellRecord(model, batch, gpu, nodes, per_node, t, pp, dp, tp, source)
+
+
+def _bad(rec: object, field: str, why: str) -> InvalidRecordError:
+    return InvalidRecordError(f"{type(rec).__name__}.{field}: {why}, got {getattr(rec, field)!r} in {rec!r}")
+
+
+def _need(rec: object, cls: type) -> None:
+    if not isinstance(rec, cls):
+        raise InvalidRecordError(f"expected a {cls.__name__}, got {type(rec).__name__}: {rec!r}")
+
+
+def _text(rec: object, *names: str) -> None:
+    for name in names:
+        value = getattr(rec, name)
+        if not isinstance(value, str) or not value:
+            raise _bad(rec, name, "must be a non-empty string")
+
+
+def _ints(rec: object, *names: str, minimum: int = 1) -> None:
+    for name in names:
+        value = getattr(rec, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise _bad(rec, name, f"must be an integer >= {minimum}")
+
+
+def _reals(rec: object, *names: str, positive: bool = False) -> None:
+    for name in names:
+        value = getattr(rec, name)
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+              and (value > 0 if positive else value >= 0))
+        if not ok:
+            raise _bad(rec, name, "must be a finite number " + ("> 0" if positive else ">= 0"))
+
+
+def _check_cell(rec: CellRecord) -> None:
+    _need(rec, CellRecord)
+    _text(rec, "model", "gpu_type", "source")
+    _ints(rec, "global_batch", "num_nodes", "gpus_per_node")
+    if rec.iter_time_s is not None:
+        _reals(rec, "iter_time_s", positive=True)
+    plan = (rec.pp, rec.dp, rec.tp)
+    if any(p is not None for p in plan):
+        _ints(rec, "pp", "dp", "tp")
+        if rec.pp * rec.dp * rec.tp != rec.num_gpus:
+            raise _bad(rec, "pp", f"pp*dp*tp = {rec.pp * rec.dp * rec.tp} must equal the cell's "
+                                  f"{rec.num_gpus} GPUs")
+
+
+def _check_layer(rec: LayerRecord) -> None:
+    _need(rec, LayerRecord)
+    _text(rec, "model_sig", "gpu_type", "kind")
+    _ints(rec, "tp", "micro_batch")
+    _ints(rec, "layer", "param_bytes", "act_bytes", "out_bytes", minimum=0)
+    _reals(rec, "fwd_s", "bwd_s")
+
+
+def _check_comm(rec: CommRecord) -> None:
+    _need(rec, CommRecord)
+    _text(rec, "link", "op")
+    _ints(rec, "nranks")
+    _ints(rec, "nbytes", minimum=0)
+    _reals(rec, "time_s")
+
+
+def _check_gpu(spec: GpuSpec) -> None:
+    _need(spec, GpuSpec)
+    _text(spec, "name", "intra_link")
+    _reals(spec, "mem_gb", "peak_tflops", "mem_bw_gbps", "intra_bw_gbps", "inter_bw_gbps", positive=True)
