@@ -32,7 +32,9 @@ class JobPlan:
     batch_shares: one weight per dp rank (uneven batches, Cephalo); None = even.
     stage_layers: layers per pipeline stage; None = split evenly.
     virtual_workers: EasyScale virtual dp workers (None = dp).
-    checkpoint_dir: where to checkpoint / resume.
+    checkpoint_dir: where to checkpoint / resume; the job also writes its
+      progress there (``progress.json``: step, iterations_done, time), the
+      channel through which the controller learns a running job's progress.
     cell: the cell key the solver chose; job_id: the Slurm job id.
     """
 

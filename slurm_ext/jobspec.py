@@ -1,0 +1,161 @@
+"""The spec of a managed job: what `cellsched sbatch` validates and submits,
+and what the controller schedules from.
+
+How it travels (the contract between the wrapper, job_submit.lua and the
+controller):
+
+* The wrapper submits the job HELD, with untyped gres, and its Comment set to
+  ``cellsched/v1 <compact JSON of the spec>`` (the tag marks it managed).
+* ``contrib/job_submit.lua`` (when installed) copies that JSON into the job's
+  AdminComment as ``{"spec": {...}}`` and turns the hold into an admin hold,
+  so the user can neither release the job nor change the spec afterwards.
+* The controller reads the spec from AdminComment["spec"] when present,
+  else from the Comment tag, re-validates it (never trusts it), and keeps the
+  first accepted copy in its state DB; a later change of the Comment is
+  ignored. When it places the job it writes AdminComment =
+  ``{"spec": {...}, "plan": {...}}`` (solver.plan.JobPlan), which the launch
+  runtime reads.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, fields
+
+from solver.models import ModelSpec, ModelSpecError, get_model, spec_from_dict
+
+TAG = "cellsched/v1 "
+SPEC_VERSION = 1
+#: a spec is small; anything larger is refused before it reaches Slurm
+MAX_SPEC_BYTES = 4096
+_GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+
+
+class JobSpecError(ValueError):
+    """A malformed job spec; the message names the field."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        self.field = field_name
+        super().__init__(f"{field_name}: {message}")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A managed job's scheduling spec.
+
+    model: a preset name (``gpt-1.3b``, ``bert__760M``) or, for a spec file,
+    the file's name with its content in `model_def` (so the controller never
+    reads user files). gpu_types None = any type. requested_gpus /
+    requested_gpu_type: the user's static request (a hint; FCFS uses it).
+    virtual_workers: elastic data-parallel workers (EasyScale), None = auto.
+    """
+
+    model: str
+    global_batch: int
+    iterations: int
+    model_def: dict | None = None
+    gpu_types: tuple[str, ...] | None = None
+    min_gpus: int = 1
+    max_gpus: int | None = None
+    elastic: bool = False
+    requested_gpus: int | None = None
+    requested_gpu_type: str | None = None
+    virtual_workers: int | None = None
+    version: int = SPEC_VERSION
+
+    def __post_init__(self) -> None:
+        _int_field("global_batch", self.global_batch, 1, 10**9)
+        _int_field("iterations", self.iterations, 1, 10**12)
+        _int_field("min_gpus", self.min_gpus, 1, 100_000)
+        if self.max_gpus is not None:
+            _int_field("max_gpus", self.max_gpus, 1, 100_000)
+            if self.max_gpus < self.min_gpus:
+                raise JobSpecError("max_gpus", f"must be >= min_gpus ({self.min_gpus}), got {self.max_gpus}")
+        for name in ("requested_gpus", "virtual_workers"):
+            if getattr(self, name) is not None:
+                _int_field(name, getattr(self, name), 1, 100_000)
+        if not isinstance(self.elastic, bool):
+            raise JobSpecError("elastic", f"must be true or false, got {self.elastic!r}")
+        if self.gpu_types is not None:
+            if not isinstance(self.gpu_types, tuple) or not self.gpu_types:
+                raise JobSpecError("gpu_types", "must be a non-empty list of GPU type names")
+            for t in self.gpu_types:
+                if not isinstance(t, str) or not _GPU_TYPE.match(t):
+                    raise JobSpecError("gpu_types", f"{t!r} is not a GPU type name (lower-case letters, digits, - or _)")
+        if self.requested_gpu_type is not None and (not isinstance(self.requested_gpu_type, str) or not _GPU_TYPE.match(self.requested_gpu_type)):
+            raise JobSpecError("requested_gpu_type", f"{self.requested_gpu_type!r} is not a GPU type name")
+        if self.version != SPEC_VERSION:
+            raise JobSpecError("version", f"unsupported spec version {self.version!r} (this cellsched reads {SPEC_VERSION})")
+        self.model_spec()  # raises JobSpecError naming the model field
+
+    def model_spec(self) -> ModelSpec:
+        """The ModelSpec this job trains (preset or inline definition)."""
+        try:
+            if self.model_def is not None:
+                if not isinstance(self.model_def, dict):
+                    raise JobSpecError("model_def", "must be a JSON object")
+                return spec_from_dict(self.model_def)
+            if not isinstance(self.model, str) or not self.model:
+                raise JobSpecError("model", "must name a model preset or a spec file")
+            return get_model(self.model)
+        except ModelSpecError as e:
+            msg = str(e)
+            raise JobSpecError("model", msg[len("model: "):] if msg.startswith("model: ") else msg) from None
+
+    def to_json(self) -> str:
+        d = {k: v for k, v in asdict(self).items() if v is not None}
+        text = json.dumps(d, separators=(",", ":"), sort_keys=True)
+        if len(text.encode()) > MAX_SPEC_BYTES:
+            raise JobSpecError("spec", f"is {len(text.encode())} bytes, more than {MAX_SPEC_BYTES}")
+        return text
+
+    def to_comment(self) -> str:
+        return TAG + self.to_json()
+
+    @classmethod
+    def from_dict(cls, d: object) -> "JobSpec":
+        if not isinstance(d, dict):
+            raise JobSpecError("spec", f"must be a JSON object, got {type(d).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise JobSpecError(unknown[0], "unknown field")
+        kw = dict(d)
+        if kw.get("gpu_types") is not None:
+            if not isinstance(kw["gpu_types"], (list, tuple)):
+                raise JobSpecError("gpu_types", "must be a list")
+            kw["gpu_types"] = tuple(kw["gpu_types"])
+        for req in ("model", "global_batch", "iterations"):
+            if req not in kw:
+                raise JobSpecError(req, "is required")
+        return cls(**kw)
+
+    @classmethod
+    def from_json(cls, text: str) -> "JobSpec":
+        if len(text.encode()) > MAX_SPEC_BYTES:
+            raise JobSpecError("spec", f"is more than {MAX_SPEC_BYTES} bytes")
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise JobSpecError("spec", f"is not valid JSON ({e})") from None
+        return cls.from_dict(d)
+
+    @classmethod
+    def from_comment(cls, comment: str | None) -> "JobSpec | None":
+        """The spec in a job's Comment; None when the job is not managed
+        (no tag); JobSpecError when it is tagged but malformed."""
+        if not comment or not comment.startswith(TAG):
+            return None
+        return cls.from_json(comment[len(TAG):])
+
+
+def is_managed_comment(comment: str | None) -> bool:
+    return bool(comment) and comment.startswith(TAG)
+
+
+def _int_field(name: str, value: object, lo: int, hi: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise JobSpecError(name, f"must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise JobSpecError(name, f"must be between {lo} and {hi}, got {value}")
