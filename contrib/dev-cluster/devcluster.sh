@@ -1,0 +1,321 @@
+#!/usr/bin/env bash
+# A real Slurm cluster with fake GPUs on this one machine, for development and
+# integration tests (Debian 12, slurm-wlm 22.05; run as root).
+#
+# Usage: devcluster.sh up|down|status|env|stop-ctld|start-ctld
+#   up          install slurm + munge if missing, write the config, start a
+#               private munged, slurmctld and one `slurmd -N <node>` per node,
+#               wait until every node is idle. Starts from a wiped state and
+#               stops a previous instance under the same LAB first.
+#   down        cancel all jobs, stop the daemons this script started (pids from
+#               $LAB/run and $LAB/munge), keep logs and config for post-mortems.
+#   status      sinfo of the cluster.
+#   env         print the line clients need:  eval "$(devcluster.sh env)"
+#   stop-ctld   stop slurmctld only (its state is saved; slurmds keep running).
+#   start-ctld  start slurmctld again from the saved state.
+#
+# Environment (all optional):
+#   LAB=/tmp/cellsched-devcluster  everything lives here (conf, state, logs, pids)
+#   DEVCLUSTER_SHAPE               a shape file, or inline "n1:a100:4,n2:v100:8";
+#                                  default: cluster.conf next to this script
+#   CTLD_PORT=17817                SlurmctldPort
+#   SLURMD_BASEPORT=17900          node i (1-based) listens on SLURMD_BASEPORT+i
+#   MEM_MB=16000                   RealMemory of every fake node
+#   CRED_EXPIRE=10                 seconds; also the delay before a requeued job may start
+#   JOB_SUBMIT_LUA=path            install this job_submit.lua and enable JobSubmitPlugins=lua
+#
+# Two instances with different LAB and ports can run side by side: each has its
+# own munged (socket under $LAB/munge), so `down` never touches the other.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+LAB=${LAB:-/tmp/cellsched-devcluster}
+SHAPE=${DEVCLUSTER_SHAPE:-$HERE/cluster.conf}
+CTLD_PORT=${CTLD_PORT:-17817}
+SLURMD_BASEPORT=${SLURMD_BASEPORT:-17900}
+MEM_MB=${MEM_MB:-16000}
+CRED_EXPIRE=${CRED_EXPIRE:-10}
+ETC=$LAB/etc
+RUN=$LAB/run
+LOGS=$LAB/log
+MUNGE_DIR=$LAB/munge
+MUNGE_SOCKET=$MUNGE_DIR/munge.socket
+export SLURM_CONF=$ETC/slurm.conf
+
+die() { echo "devcluster: $*" >&2; exit 1; }
+
+fail() {  # die with the tail of every log
+  echo "devcluster: ERROR: $*" >&2
+  local f
+  for f in "$LOGS"/*.log "$MUNGE_DIR"/munged.log; do
+    [ -s "$f" ] && { echo "--- $f" >&2; tail -n 15 "$f" >&2; }
+  done
+  exit 1
+}
+
+# Print the shape as lines "name gpu_type gpus cpus", validated.
+read_shape() {
+  local text line name type gpus cpus
+  if [ -f "$SHAPE" ]; then
+    text=$(cat "$SHAPE")
+  else  # inline "n1:a100:4,n2:v100:8": one node per line, fields by spaces
+    text=${SHAPE//[, ]/$'\n'}
+    text=${text//:/ }
+  fi
+  while IFS= read -r line; do
+    line=${line%%#*}
+    read -r name type gpus cpus _ <<<"$line" || true
+    [ -n "${name:-}" ] || continue
+    [[ $name =~ ^[A-Za-z][A-Za-z0-9-]*$ ]] || die "shape: bad node name '$name'"
+    [[ ${type:-} =~ ^[A-Za-z0-9_-]+$ ]] || die "shape: node $name: bad gpu_type '${type:-}'"
+    [[ ${gpus:-} =~ ^[1-9][0-9]*$ ]] || die "shape: node $name: gpus must be a positive integer, got '${gpus:-}'"
+    if [ -z "${cpus:-}" ]; then cpus=$(( gpus > 8 ? gpus : 8 )); fi
+    [[ $cpus =~ ^[1-9][0-9]*$ ]] && [ "$cpus" -ge "$gpus" ] || die "shape: node $name: cpus '$cpus' must be >= gpus ($gpus)"
+    echo "$name $type $gpus $cpus"
+  done <<<"$text"
+}
+
+node_names() { read_shape | awk '{print $1}'; }
+
+# Is pid alive (not a zombie) and one of our daemons?
+ours_alive() {
+  local pid=$1 comm
+  [ -r "/proc/$pid/status" ] || return 1
+  grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" && return 1
+  comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
+  [[ $comm == slurmctld || $comm == slurmd || $comm == munged ]]
+}
+
+ctld_up() { [ -f "$SLURM_CONF" ] && timeout 3 scontrol ping 2>/dev/null | grep -q 'is UP'; }
+
+install_packages() {
+  local missing=0 p
+  for p in slurmctld slurmd scontrol munged; do command -v "$p" >/dev/null || missing=1; done
+  if [ $missing = 1 ]; then
+    echo "devcluster: installing slurm and munge" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurmctld slurmd slurm-client munge
+  fi
+}
+
+write_conf() {
+  local shape maxgpus i name type gpus cpus types t nodes
+  shape=$(read_shape)
+  [ -n "$shape" ] || die "shape '$SHAPE' has no nodes"
+  mkdir -p "$ETC" "$RUN" "$LOGS" "$LAB/state" "$LAB/spool" "$LAB/fakegpu"
+  maxgpus=$(awk '$3>m{m=$3} END{print m}' <<<"$shape")
+  for ((i = 0; i < maxgpus; i++)); do ln -sfn /dev/null "$LAB/fakegpu/nvidia$i"; done
+
+  cat >"$SLURM_CONF" <<EOF
+# written by devcluster.sh; edits are lost on the next 'up'
+ClusterName=cellsched
+SlurmctldHost=localhost
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_BASEPORT
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$MUNGE_SOCKET,cred_expire=$CRED_EXPIRE
+StateSaveLocation=$LAB/state
+SlurmdSpoolDir=$LAB/spool/%n
+SlurmctldPidFile=$RUN/slurmctld.pid
+SlurmdPidFile=$RUN/slurmd-%n.pid
+SlurmctldLogFile=$LOGS/slurmctld.log
+SlurmdLogFile=$LOGS/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+MailProg=/bin/true
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+GresTypes=gpu
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=1,batch_sched_delay=0,bf_interval=1
+SlurmdParameters=config_overrides
+ReturnToService=2
+SlurmctldTimeout=30
+SlurmdTimeout=30
+InactiveLimit=0
+KillWait=2
+MinJobAge=3600
+MaxJobCount=10000
+EOF
+  if [ -n "${JOB_SUBMIT_LUA:-}" ]; then
+    [ -f "$JOB_SUBMIT_LUA" ] || die "JOB_SUBMIT_LUA=$JOB_SUBMIT_LUA is not a file"
+    cp "$JOB_SUBMIT_LUA" "$ETC/job_submit.lua"
+    echo "JobSubmitPlugins=lua" >>"$SLURM_CONF"
+  else
+    rm -f "$ETC/job_submit.lua"
+  fi
+
+  echo "AutoDetect=off" >"$ETC/gres.conf"
+  i=0
+  while read -r name type gpus cpus; do
+    i=$((i + 1))
+    echo "NodeName=$name NodeAddr=127.0.0.1 Port=$((SLURMD_BASEPORT + i)) CPUs=$cpus RealMemory=$MEM_MB Gres=gpu:$type:$gpus Features=$type State=UNKNOWN" >>"$SLURM_CONF"
+    echo "NodeName=$name Name=gpu Type=$type File=$LAB/fakegpu/nvidia[0-$((gpus - 1))]" >>"$ETC/gres.conf"
+  done <<<"$shape"
+  types=$(awk '{print $2}' <<<"$shape" | awk '!seen[$0]++')
+  for t in $types; do
+    nodes=$(awk -v t="$t" '$2==t{print $1}' <<<"$shape" | paste -sd,)
+    echo "PartitionName=$t Nodes=$nodes MaxTime=INFINITE State=UP" >>"$SLURM_CONF"
+  done
+  echo "PartitionName=all Nodes=$(awk '{print $1}' <<<"$shape" | paste -sd,) Default=YES MaxTime=INFINITE State=UP" >>"$SLURM_CONF"
+}
+
+start_munge() {
+  mkdir -p "$MUNGE_DIR"
+  [ -s "$MUNGE_DIR/munge.key" ] || dd if=/dev/urandom of="$MUNGE_DIR/munge.key" bs=1024 count=1 status=none
+  chown -R munge:munge "$MUNGE_DIR"
+  chmod 0755 "$MUNGE_DIR"
+  chmod 0400 "$MUNGE_DIR/munge.key"
+  runuser -u munge -- munged --socket="$MUNGE_SOCKET" --key-file="$MUNGE_DIR/munge.key" \
+    --pid-file="$MUNGE_DIR/munged.pid" --log-file="$MUNGE_DIR/munged.log" \
+    --seed-file="$MUNGE_DIR/munged.seed" || fail "munged did not start"
+  local _
+  for _ in $(seq 50); do
+    munge -S "$MUNGE_SOCKET" -n 2>/dev/null | unmunge -S "$MUNGE_SOCKET" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  fail "munged is not answering on $MUNGE_SOCKET"
+}
+
+wait_ctld() {  # wait until slurmctld answers, or fail
+  local deadline=$((SECONDS + 20)) pid
+  until ctld_up; do
+    pid=$(cat "$RUN/slurmctld.pid" 2>/dev/null || true)
+    if [ -n "$pid" ] && ! ours_alive "$pid"; then fail "slurmctld died"; fi
+    [ $SECONDS -lt $deadline ] || fail "slurmctld not answering on port $CTLD_PORT"
+    sleep 0.1
+  done
+}
+
+wait_nodes() {  # wait until every node is in one of the states "$1" (regex), e.g. idle
+  local want deadline=$((SECONDS + 30))
+  want=$(node_names | wc -l)
+  until [ "$(timeout 3 sinfo -h -N -p all -o '%N %T' 2>/dev/null | awk -v re="^($1)\$" '$2 ~ re' | wc -l)" -eq "$want" ]; do
+    if [ $SECONDS -ge $deadline ]; then
+      timeout 3 sinfo -N -p all -o '%N %T %E' >&2 || true
+      fail "nodes not $1 after 30 s"
+    fi
+    sleep 0.2
+  done
+}
+
+our_pids() {  # live pids of the daemons started under this LAB
+  local f pid
+  for f in "$RUN"/*.pid "$MUNGE_DIR"/munged.pid; do
+    [ -s "$f" ] || continue
+    pid=$(cat "$f")
+    [[ $pid =~ ^[0-9]+$ ]] && ours_alive "$pid" && echo "$pid"
+  done
+  return 0
+}
+
+cluster_steps() {  # slurmstepd processes of this cluster: they carry its SLURM_CONF
+  local d
+  for d in /proc/[0-9]*; do
+    [ "$(cat "$d/comm" 2>/dev/null)" = slurmstepd ] || continue
+    tr '\0' '\n' <"$d/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$SLURM_CONF" && echo "${d#/proc/}"
+  done
+  return 0
+}
+
+descendants() {  # every descendant pid of $1
+  local child
+  # shellcheck disable=SC2013  # the file is one line of space separated pids
+  for child in $(cat /proc/"$1"/task/*/children 2>/dev/null); do
+    echo "$child"
+    descendants "$child"
+  done
+}
+
+stop_pids() {  # TERM, wait, then KILL the given pids
+  local p _
+  [ $# -gt 0 ] || return 0
+  kill "$@" 2>/dev/null || true
+  for p in "$@"; do
+    for _ in $(seq 60); do ours_alive "$p" || break; sleep 0.05; done
+    if ours_alive "$p"; then kill -9 "$p" 2>/dev/null || true; fi  # slurmd ignores TERM while slurmctld is gone
+  done
+}
+
+up() {
+  [ "$(id -u)" = 0 ] || die "up must run as root"
+  install_packages
+  read_shape >/dev/null
+  if [ -n "$(our_pids)" ]; then down; fi
+  rm -rf "$LAB/state" "$LAB/spool" "$LOGS" "$RUN"
+  write_conf
+  start_munge
+  slurmctld -i || fail "slurmctld did not start"
+  wait_ctld
+  local n
+  for n in $(node_names); do
+    mkdir -p "$LAB/spool/$n"
+    slurmd -N "$n" || fail "slurmd -N $n did not start"
+  done
+  wait_nodes idle  # exactly idle: not idle* (not responding), inval or drained
+  timeout 5 sinfo
+}
+
+down() {
+  if ctld_up; then
+    local jobs _
+    jobs=$(timeout 5 squeue -h -t PD,R,CG,S,CF,RQ,RS,SO -o %i 2>/dev/null || true)
+    if [ -n "$jobs" ]; then
+      # shellcheck disable=SC2086  # one job id per word
+      timeout 5 scancel --full $jobs >/dev/null 2>&1 || true
+      for _ in $(seq 50); do
+        [ -z "$(timeout 3 squeue -h -t R,CG -o %i 2>/dev/null)" ] && break
+        sleep 0.1
+      done
+    fi
+    timeout 5 scontrol shutdown >/dev/null 2>&1 || true  # stops slurmctld and every slurmd
+  fi
+  local pids step
+  mapfile -t pids < <(our_pids)
+  stop_pids "${pids[@]}"
+  # job steps left behind when the daemons died before their jobs (a crash, or
+  # down while slurmctld was stopped): kill each step with its processes
+  for step in $(cluster_steps); do
+    mapfile -t pids < <(descendants "$step")
+    kill -9 "${pids[@]}" "$step" 2>/dev/null || true
+  done
+  rm -f "$RUN"/*.pid
+}
+
+stop_ctld() {
+  local pid
+  pid=$(cat "$RUN/slurmctld.pid" 2>/dev/null || true)
+  if [ -z "$pid" ] || ! ours_alive "$pid"; then die "slurmctld is not running under $LAB"; fi
+  timeout 5 scontrol shutdown slurmctld >/dev/null 2>&1 || true
+  local _
+  for _ in $(seq 100); do ours_alive "$pid" || return 0; sleep 0.05; done
+  stop_pids "$pid"
+}
+
+start_ctld() {
+  local pid
+  pid=$(cat "$RUN/slurmctld.pid" 2>/dev/null || true)
+  if [ -n "$pid" ] && ours_alive "$pid"; then die "slurmctld already running (pid $pid)"; fi
+  slurmctld || fail "slurmctld did not start"
+  wait_ctld
+  wait_nodes 'idle|mixed|allocated|completing'  # responding again (no trailing *)
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  status) timeout 5 sinfo -N -o '%N %P %T %G %f' ;;
+  env) echo "export SLURM_CONF=$SLURM_CONF" ;;
+  stop-ctld) stop_ctld ;;
+  start-ctld) start_ctld ;;
+  *) echo "usage: $0 up|down|status|env|stop-ctld|start-ctld" >&2; exit 2 ;;
+esac

@@ -1,0 +1,88 @@
+"""Backends: the one protocol through which cellsched talks to Slurm.
+
+``get_backend("cli" | "pyslurm" | "auto", **opts)``; "auto" takes pyslurm
+when it imports and was built for the running Slurm's major.minor, else the
+CLI. Further backends (the simulated cluster) register in BACKENDS.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any, Callable
+
+from slurm_ext.backends.base import (
+    Backend,
+    JobUpdate,
+    SlurmCommandError,
+    SlurmError,
+    SlurmUnavailable,
+    SubmitRequest,
+    UpdateNotApplied,
+)
+
+
+def _cli(**opts: Any) -> Backend:
+    from slurm_ext.backends.cli import CliBackend
+
+    return CliBackend(**opts)
+
+
+def _pyslurm(**opts: Any) -> Backend:
+    from slurm_ext.backends.pyslurm_backend import PyslurmBackend
+
+    return PyslurmBackend(**opts)
+
+
+#: name -> factory(**opts)
+BACKENDS: dict[str, Callable[..., Backend]] = {"cli": _cli, "pyslurm": _pyslurm}
+
+
+def running_slurm_version(timeout: float = 5.0) -> tuple[int, int] | None:
+    """(major, minor) of the installed Slurm commands, None if unknown."""
+    from slurm_ext.backends.cli import slurm_version
+
+    try:
+        out = subprocess.run(["sinfo", "--version"], capture_output=True, text=True, timeout=timeout, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return slurm_version(out)
+
+
+def pyslurm_matches() -> bool:
+    """pyslurm imports and was built for the running Slurm's major.minor."""
+    from slurm_ext.backends.pyslurm_backend import import_pyslurm, pyslurm_version
+
+    try:
+        module = import_pyslurm()
+    except SlurmError:
+        return False
+    mine = pyslurm_version(module)
+    return mine is not None and mine == running_slurm_version()
+
+
+def get_backend(name: str = "auto", **opts: Any) -> Backend:
+    """A backend by name: "cli", "pyslurm", "auto" (or one registered later).
+
+    `opts` go to the backend's constructor (for "cli": timeout,
+    ping_timeout, mode, slurm_conf).
+    """
+    if name == "auto":
+        name = "pyslurm" if pyslurm_matches() else "cli"
+        if name == "pyslurm":
+            opts = {}  # CLI-only options do not apply
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choose one of: auto, {', '.join(sorted(BACKENDS))}")
+    return BACKENDS[name](**opts)
+
+
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "JobUpdate",
+    "SlurmCommandError",
+    "SlurmError",
+    "SlurmUnavailable",
+    "SubmitRequest",
+    "UpdateNotApplied",
+    "get_backend",
+]

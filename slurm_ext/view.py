@@ -1,0 +1,40 @@
+"""The one place where Slurm's records become the solver's capacity view."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Collection
+
+from slurm_ext.records import ClusterSnapshot
+from solver.types import ClusterView, NodeView
+
+
+def to_cluster_view(snapshot: ClusterSnapshot, managed_job_ids: Collection[str]) -> ClusterView:
+    """Nodes with GPUs, and partitions, as the solver sees them.
+
+    A node's ``gpus_free`` is its GPUs minus those held by running (or
+    completing) jobs the solver does not manage; 0 when the node cannot take
+    work (down, drained, not responding). The GPUs held by unmanaged jobs are
+    counted conservatively: the larger of what those jobs requested on the
+    node and what Slurm reports allocated there minus the managed jobs'
+    share (the two can disagree when a job asked for GPUs per job, not per
+    node, or when jobs and nodes were read a moment apart).
+    """
+    managed = set(managed_job_ids)
+    unmanaged_req: dict[str, int] = defaultdict(int)
+    managed_req: dict[str, int] = defaultdict(int)
+    for job in snapshot.jobs:
+        if not job.holds_resources or not job.gpus_per_node:
+            continue
+        target = managed_req if job.job_id in managed else unmanaged_req
+        for name in job.nodes:
+            target[name] += job.gpus_per_node
+    nodes = []
+    for n in snapshot.nodes:
+        if not n.gpu_type or n.gpus_total <= 0:
+            continue  # the solver only places GPU work
+        held = max(unmanaged_req[n.name], n.gpus_alloc - managed_req[n.name])
+        free = min(n.gpus_total, max(0, n.gpus_total - held)) if n.available else 0
+        nodes.append(NodeView(name=n.name, gpu_type=n.gpu_type, gpus_total=n.gpus_total, gpus_free=free, partitions=n.partitions))
+    partitions = {p.name: p.nodes for p in snapshot.partitions}
+    return ClusterView(nodes=tuple(nodes), partitions=partitions)

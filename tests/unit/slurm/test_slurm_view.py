@@ -1,0 +1,65 @@
+"""Slurm records -> the solver's ClusterView."""
+
+import dataclasses
+
+from slurm_ext.parse import json_output as J
+from slurm_ext.parse import scontrol_text as T
+from slurm_ext.records import ClusterSnapshot
+from slurm_ext.view import to_cluster_view
+
+
+def snapshot(sample, nodes_file="sinfo.json"):
+    return ClusterSnapshot(
+        nodes=J.parse_nodes(sample(nodes_file)),
+        partitions=T.parse_partitions(sample("scontrol_show_-o_partition.txt")),
+        jobs=J.parse_jobs(sample("squeue.json")),
+        taken_at=0.0,
+    )
+
+
+def free(view):
+    return {n.name: n.gpus_free for n in view.nodes}
+
+
+def test_unmanaged_running_jobs_hold_their_gpus(sample):
+    # job 6 runs 3 a100 GPUs on n1 and n2, job 7 runs 2 v100 GPUs on n3
+    view = to_cluster_view(snapshot(sample), managed_job_ids=set())
+    assert free(view) == {"n1": 1, "n2": 1, "n3": 2, "n4": 4}
+    assert view.gpu_types() == ("a100", "v100")
+    assert view.partitions["a100"] == ("n1", "n2") and view.partitions["all"] == ("n1", "n2", "n3", "n4")
+    assert view.node("n3").partitions == ("v100", "all") and view.node("n3").gpus_total == 4
+
+
+def test_managed_jobs_gpus_count_as_free(sample):
+    view = to_cluster_view(snapshot(sample), managed_job_ids={"6"})
+    assert free(view) == {"n1": 4, "n2": 4, "n3": 2, "n4": 4}
+    view = to_cluster_view(snapshot(sample), managed_job_ids={"6", "7", "9"})
+    assert free(view) == {"n1": 4, "n2": 4, "n3": 4, "n4": 4}
+
+
+def test_unavailable_nodes_have_nothing_free(sample):
+    snap = snapshot(sample)
+    drained = dataclasses.replace(snap.node("n4"), flags=("DRAIN",))
+    down = dataclasses.replace(snap.node("n2"), state="down")
+    snap = dataclasses.replace(snap, nodes=tuple({"n4": drained, "n2": down}.get(n.name, n) for n in snap.nodes))
+    assert free(to_cluster_view(snap, managed_job_ids={"6"})) == {"n1": 4, "n2": 0, "n3": 2, "n4": 0}
+
+
+def test_allocation_reported_by_slurm_wins_when_larger(sample):
+    """GPUs allocated on a node by a job that asked for them per job (no
+    per-node request visible) still count as taken."""
+    snap = snapshot(sample)
+    busy = dataclasses.replace(snap.node("n4"), gpus_alloc=3)
+    snap = dataclasses.replace(snap, nodes=tuple(busy if n.name == "n4" else n for n in snap.nodes))
+    assert free(to_cluster_view(snap, managed_job_ids=set()))["n4"] == 1
+
+
+def test_newer_schema_cluster(sample):
+    snap = ClusterSnapshot(
+        nodes=J.parse_nodes(sample("scontrol_show_node_v0.0.41.json")),
+        partitions=J.parse_partitions(sample("scontrol_show_partition_v0.0.41.json")),
+        jobs=J.parse_jobs(sample("squeue_v0.0.41.json")),
+        taken_at=0.0,
+    )
+    assert free(to_cluster_view(snap, managed_job_ids=set())) == {"gn01": 0, "gn02": 0, "gv03": 0, "ga7": 0}
+    assert free(to_cluster_view(snap, managed_job_ids={"102"})) == {"gn01": 4, "gn02": 4, "gv03": 0, "ga7": 0}
