@@ -108,8 +108,9 @@ class Estimate:
     """The estimator's answer for one (job, cell): the best plan found inside
     the cell, its iteration time and per-GPU memory, and where it came from.
 
-    `source` is one of "measured", "composed", "analytic" (optionally with a
-    suffix such as "measured+locality" when a documented fallback was used).
+    `source` is one of "measured", "measured+pp" (a measured cell's time
+    carried to another pipeline-stage count), "composed", "analytic",
+    "analytic+calibrated" or "none".
     An infeasible estimate (OOM, no data) has iter_time_s = inf.
     """
 
@@ -201,7 +202,7 @@ class SolverConfig:
     """Knobs of a scheduling round (documented in the README).
 
     Objective, per job j placed in cell c with throughput T(j,c) samples/s:
-      w_throughput * (T(j,c)/T_ref(j))^p  ... see solver.objective for the exact form.
+      w_throughput * (T(j,c)/T_ref(j))^p  ... see solver.placement.objective for the exact form.
     """
 
     time_limit_s: float = 1.0
@@ -217,6 +218,16 @@ class SolverConfig:
     max_cells_per_job: int = 24
     max_pp: int = 8
     exact_node_model_max_nodes: int = 64
+    #: Age bonus: a job's value is scaled by 1 + w_age * log2(1 + age / age_scale_s), age = now - submit_time.
+    w_age: float = 0.25
+    #: Age (s) at which the age bonus reaches w_age.
+    age_scale_s: float = 3600.0
+    #: CP-SAT deterministic-time budget (solver work units); unlike time_limit_s it does not depend on machine load.
+    deterministic_time: float = 5.0
+    #: Same input + seed -> same plan: one CP-SAT worker stopped by deterministic_time (workers then unused).
+    deterministic: bool = True
+    #: Stop once (bound - objective) / objective <= this (0: prove optimality).
+    relative_gap_limit: float = 0.01
 
 
 @dataclass(frozen=True)

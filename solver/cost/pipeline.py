@@ -1,0 +1,101 @@
+"""Iteration time and peak memory of one parallel plan in a node layout.
+
+Ranks are laid out stage-major with tp fastest (rank = stage*dp*tp + d*tp + t),
+filling nodes in order, so a tp group stays inside a node (tp divides the
+GPUs per node) and a stage's dp*tp ranks are consecutive.
+
+With m micro-batches of b samples, stage times s_k (compute + TP all-reduces
+on the intra-node link) and per-boundary p2p times c_k (the activation
+forward and its gradient back, one micro-batch)::
+
+    time = (m - 1) * max_k s_k + sum_k s_k + sum_k c_k + max_k allreduce_dp(grads_k)
+
+(1F1B / GPipe). The gradient all-reduce of a stage runs on the intra-node
+link when the stage's ranks share a node, else on the network. A node's
+network card is shared: a stage's tp all-reduce rings cross it together
+(bytes x tp), and its min(dp*tp, gpus/node) p2p senders each send 1/tp of
+the activation (bytes x min(dp*tp, gpus/node) / tp).
+
+Peak memory per GPU (1F1B: stage k holds min(m, pp - k) micro-batches)::
+
+    max_k  params_k * optimizer_bytes_per_param + act_k(b) * min(m, pp - k)
+
+where params_k = the stage's parameter bytes / dtype bytes, per GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from solver.cost.comm import NET, Links
+from solver.cost.layers import StageCosts
+
+
+@dataclass(frozen=True)
+class PlanCost:
+    """Iteration time (s) and peak per-GPU memory (bytes) of one plan."""
+
+    time_s: float
+    mem_bytes: float
+
+
+def boundary_crosses_nodes(stage: int, ranks_per_stage: int, gpus_per_node: int) -> bool:
+    """Whether some rank of `stage` sends to a rank of stage+1 on another node."""
+    s, g = ranks_per_stage, gpus_per_node
+    if s >= g:
+        return True
+    return (stage * s) % g + s - 1 >= g - s
+
+
+def stage_spans_nodes(stage: int, ranks_per_stage: int, gpus_per_node: int) -> bool:
+    """Whether the ranks of `stage` (and so its dp groups) sit on more than one node."""
+    first = stage * ranks_per_stage
+    return first // gpus_per_node != (first + ranks_per_stage - 1) // gpus_per_node
+
+
+def dp_sync_time(st: StageCosts, *, dp: int, tp: int, gpus_per_node: int, links: Links) -> float:
+    """Gradient all-reduce of the slowest stage (stages sync in parallel)."""
+    if dp <= 1:
+        return 0.0
+    s, sync = dp * tp, 0.0
+    for k in range(st.pp):
+        if stage_spans_nodes(k, s, gpus_per_node):
+            sync = max(sync, links.allreduce(NET, st.param_bytes[k] * tp, dp))
+        else:
+            sync = max(sync, links.allreduce(links.intra, st.param_bytes[k], dp))
+    return sync
+
+
+def pipeline_cost(st: StageCosts, *, dp: int, tp: int, m: int, b: float, gpus_per_node: int, links: Links,
+                  dtype_bytes: int, optimizer_bytes_per_param: float) -> tuple[float, float]:
+    """(time without the gradient sync, peak memory) of a plan; see plan_cost."""
+    pp, s, g = st.pp, dp * tp, gpus_per_node
+    intra = links.intra
+    slowest = total = p2p = peak = 0.0
+    for k in range(pp):
+        t = st.time_per_sample[k] * b + st.time_fixed[k]
+        if tp > 1:
+            for nbytes, count in st.tp_allreduces[k]:
+                t += count * links.allreduce(intra, nbytes * b, tp)
+        total += t
+        if t > slowest:
+            slowest = t
+        if k < pp - 1:
+            size = st.out_per_sample[k] * b
+            if boundary_crosses_nodes(k, s, g):
+                p2p += 2 * links.p2p(NET, size * max(1, min(s, g) // tp))
+            else:
+                p2p += 2 * links.p2p(intra, size)
+        mem = (st.param_bytes[k] / dtype_bytes * optimizer_bytes_per_param
+               + st.act_per_sample[k] * b * (m if m < pp - k else pp - k))
+        if mem > peak:
+            peak = mem
+    return (m - 1) * slowest + total + p2p, peak
+
+
+def plan_cost(st: StageCosts, *, dp: int, tp: int, m: int, b: float, gpus_per_node: int, links: Links,
+              dtype_bytes: int, optimizer_bytes_per_param: float) -> PlanCost:
+    """Time and memory of plan (st.pp, dp, tp) with m micro-batches of b samples."""
+    t, mem = pipeline_cost(st, dp=dp, tp=tp, m=m, b=b, gpus_per_node=gpus_per_node, links=links,
+                           dtype_bytes=dtype_bytes, optimizer_bytes_per_param=optimizer_bytes_per_param)
+    return PlanCost(t + dp_sync_time(st, dp=dp, tp=tp, gpus_per_node=gpus_per_node, links=links), mem)

@@ -1,0 +1,458 @@
+"""The estimator: iteration time, per-GPU memory and best parallel plan of a
+model in a cell, from the best source the profile store holds.
+
+Sources, first that applies (the Estimate's ``source`` says which):
+
+1. ``measured``: a cell-level record of exactly this (model name, global
+   batch, GPU type, nodes, GPUs per node); source "measured" (our profiler)
+   wins over "arena-optimal". Its time is the best over all plans, so it
+   belongs to ONE pipeline depth p*: the pp of the fastest per-plan record of
+   the layout (measured, else arena-estimated; only plans our search allows)
+   or, without those, the pp whose best modelled plan is fastest. The cell
+   with pp = p* gets the measured time exactly; a cell with another pp gets
+   ``max(T*, T* x model(pp) / model(p*))`` (source ``measured+pp``), so no
+   pp beats the measured optimum. An out-of-memory record makes every pp of
+   the layout infeasible. Per-plan "measured" records replace the modelled
+   time of their (pp, dp, tp) only.
+2. ``composed``: from layer profiles of (model signature, GPU type, tp,
+   micro-batch) and communication curves (see ``solver.cost``). A profile at
+   another micro-batch size is scaled per sample from the nearest profiled
+   size (log distance, ties to the larger). When some tp degree of the cell
+   has a profile (of at least pp layers), only such tp degrees are
+   considered, so one cell's plans come from one source.
+3. ``analytic``: the GPU's peak TFLOP/s x `efficiency` and the model's cost
+   helpers, through the same pipeline and communication formulas. When the
+   store has measured cells of the same model, the time is scaled by
+   ``median(measured / analytic)`` over the nearest of them (same GPU type,
+   batch and GPU count; else same type and batch; else same type; else all;
+   analytic = best plan over all pp, memory ignored): ``analytic+calibrated``.
+
+Inside a cell (pp fixed) the search covers tp dividing the GPUs per node
+(and the heads; the hidden size for non-transformers), dp = GPUs / (pp tp)
+dividing the global batch, and every micro-batch count m dividing the
+per-replica batch. The fastest plan whose peak memory fits `mem_fraction` x
+GPU memory wins; none fitting gives an infeasible Estimate noted "OOM".
+Estimates are cached per (model signature, global batch, cell).
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+from solver.cost.comm import Links, load_curves
+from solver.cost.layers import LayerCosts, StageCosts, analytic_layers, layers_from_records, split_stages
+from solver.cost.pipeline import dp_sync_time, pipeline_cost
+from solver.models import ModelSpec
+from solver.profiles.records import CellRecord, GpuSpec
+from solver.types import Cell, Estimate, JobRequest, ParallelPlan
+
+if TYPE_CHECKING:
+    from solver.profiles.store import ProfileStore
+
+MEASURED, ARENA_OPTIMAL, ARENA_ESTIMATED = "measured", "arena-optimal", "arena-estimated"
+COMPOSED, ANALYTIC = "composed", "analytic"
+_CELL_SOURCES = (MEASURED, ARENA_OPTIMAL)  # cell-level, in order of preference
+_GB = 1e9
+_MAX_SIGS = 4096
+
+_Layout = tuple[int, str, int, int]  # (global batch, gpu type, nodes, gpus per node)
+_Triple = tuple[int, int, int]  # (pp, dp, tp)
+
+
+class _Cand(NamedTuple):
+    """One candidate plan of a cell (pp is the cell's)."""
+
+    dp: int
+    tp: int
+    m: int
+    time_s: float
+    mem_bytes: float
+
+
+@dataclass(frozen=True)
+class _Found:
+    """The candidate plans of a cell under one model source.
+
+    `best`: index of the fastest plan that fits in memory, `fastest`: of the
+    fastest plan at all (None when there are no candidates)."""
+
+    source: str
+    plans: tuple[_Cand, ...]
+    best: int | None
+    fastest: int | None
+
+    def plan(self, i: int, pp: int) -> ParallelPlan:
+        c = self.plans[i]
+        return ParallelPlan(pp, c.dp, c.tp, c.m)
+
+
+@dataclass
+class _ModelData:
+    """What the store holds for one model, loaded once."""
+
+    model: ModelSpec
+    cell_records: dict[_Layout, CellRecord]
+    plan_records: dict[_Layout, dict[_Triple, CellRecord]]  # per-plan "measured"
+    arena_plans: dict[_Layout, list[CellRecord]]  # per-plan "arena-estimated"
+    layer_batches: dict[tuple[str, int], list[int]]  # (gpu type, tp) -> profiled micro-batches
+    layer_costs: dict[tuple[str, int, int | None], LayerCosts] = field(default_factory=dict)
+    stage_costs: dict[tuple[str, int, int | None, int], StageCosts] = field(default_factory=dict)
+    found: dict[tuple[int, Cell, str, bool], _Found] = field(default_factory=dict)
+    calibration: dict[tuple[str, int, int], float | None] = field(default_factory=dict)
+    ratios: dict[_Layout, float | None] = field(default_factory=dict)
+
+
+@functools.lru_cache(maxsize=4096)
+def _divisors(n: int) -> tuple[int, ...]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return tuple(small + [n // d for d in reversed(small) if d * d != n])
+
+
+class Estimator:
+    """Estimates cells from a ProfileStore (see the module doc)."""
+
+    def __init__(self, store: ProfileStore, *, mem_fraction: float = 0.9, optimizer_bytes_per_param: float = 16.0,
+                 efficiency: float = 0.4, layer_overhead_s: float = 2e-4, max_pp: int = 8) -> None:
+        """`store` is a ProfileStore (read here once for GPU specs and comm
+        curves, later once per model); `efficiency` is the fraction of peak
+        TFLOP/s the analytic model assumes; `layer_overhead_s` the fixed time
+        of one layer's forward + backward per micro-batch; `max_pp` the
+        deepest pipeline considered when locating a measured optimum."""
+        if not 0 < mem_fraction <= 1:
+            raise ValueError(f"mem_fraction must be in (0, 1], got {mem_fraction}")
+        self.store = store
+        self.mem_fraction = mem_fraction
+        self.optimizer_bytes_per_param = optimizer_bytes_per_param
+        self.efficiency = efficiency
+        self.layer_overhead_s = layer_overhead_s
+        self.max_pp = max_pp
+        self._cache: dict[tuple[str, int, Cell], Estimate] = {}
+        self._sigs: dict[int, tuple[ModelSpec, str]] = {}  # id -> (model, signature): skips rebuilding the key
+        self._models: dict[str, _ModelData] = {}
+        self._load()
+
+    def _load(self) -> None:
+        self._gpus: dict[str, GpuSpec] = self.store.gpus()
+        self._curves = load_curves(r for link, op in self.store.comm_keys() for r in self.store.comm(link, op))
+        self._links: dict[str, Links] = {}
+
+    # ---- public ------------------------------------------------------------
+
+    def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
+        return self.estimate_model(job.model, job.global_batch, cell)
+
+    def estimate_model(self, model: ModelSpec, global_batch: int, cell: Cell) -> Estimate:
+        memo = self._sigs.get(id(model))
+        if memo is None or memo[0] is not model:
+            if len(self._sigs) > _MAX_SIGS:
+                self._sigs.clear()
+            memo = self._sigs[id(model)] = (model, model.signature)
+        key = (memo[1], global_batch, cell)
+        est = self._cache.get(key)
+        if est is None:
+            est = self._cache[key] = self._estimate(self._data(model), global_batch, cell)
+        return est
+
+    def plans(self, model: ModelSpec, global_batch: int, cell: Cell) -> list[tuple[ParallelPlan, float, float]]:
+        """Every candidate plan of the cell under its model source (composed,
+        else analytic, calibrated as in `estimate`): (plan, iteration time s,
+        peak memory GB per GPU), feasible or not."""
+        md = self._data(model)
+        found = self._found(md, global_batch, cell, every=True)
+        scale = self._scale(md, global_batch, cell, found.source)
+        return [(found.plan(i, cell.pp), c.time_s * scale, c.mem_bytes / _GB) for i, c in enumerate(found.plans)]
+
+    def mem_limit_gb(self, gpu_type: str) -> float:
+        """Memory a plan may use per GPU of this type (inf when the type is unknown)."""
+        spec = self._gpus.get(gpu_type)
+        return math.inf if spec is None else self.mem_fraction * spec.mem_gb
+
+    def cache_size(self) -> int:
+        return len(self._cache)
+
+    def clear_cache(self) -> None:
+        """Forget estimates and re-read the store (after it changed)."""
+        self._cache.clear()
+        self._models.clear()
+        self._load()
+
+    # ---- model data ----------------------------------------------------------
+
+    def _data(self, model: ModelSpec) -> _ModelData:
+        md = self._models.get(model.signature)
+        if md is not None:
+            return md
+        cell_records: dict[_Layout, CellRecord] = {}
+        plan_records: dict[_Layout, dict[_Triple, CellRecord]] = {}
+        arena_plans: dict[_Layout, list[CellRecord]] = {}
+        for r in self.store.cells(model=model.name):
+            key = (r.global_batch, r.gpu_type, r.num_nodes, r.gpus_per_node)
+            if r.pp is None:
+                if r.source in _CELL_SOURCES:
+                    cur = cell_records.get(key)
+                    if cur is None or _CELL_SOURCES.index(r.source) < _CELL_SOURCES.index(cur.source):
+                        cell_records[key] = r
+            elif r.source == MEASURED:
+                plan_records.setdefault(key, {})[(r.pp, r.dp, r.tp)] = r
+            elif r.source == ARENA_ESTIMATED:
+                arena_plans.setdefault(key, []).append(r)
+        layer_batches: dict[tuple[str, int], list[int]] = {}
+        for gpu_type, tp, mb in self.store.layer_keys(model.signature):
+            layer_batches.setdefault((gpu_type, tp), []).append(mb)
+        for v in layer_batches.values():
+            v.sort()
+        md = self._models[model.signature] = _ModelData(model, cell_records, plan_records, arena_plans, layer_batches)
+        return md
+
+    def _links_of(self, gpu_type: str) -> Links:
+        links = self._links.get(gpu_type)
+        if links is None:
+            spec = self._gpus.get(gpu_type) or GpuSpec(gpu_type, mem_gb=math.inf, peak_tflops=1.0, mem_bw_gbps=1.0)
+            links = self._links[gpu_type] = Links(spec, self._curves)
+        return links
+
+    def _tp_ok(self, model: ModelSpec, tp: int, gpus_per_node: int) -> bool:
+        width = model.heads if model.heads > 1 else model.hidden
+        return gpus_per_node % tp == 0 and width % tp == 0
+
+    # ---- costs -----------------------------------------------------------------
+
+    def _ref_batch(self, md: _ModelData, gpu_type: str, tp: int, b: int) -> int | None:
+        """Profiled micro-batch to use for b: b itself, else the nearest (log), ties to the larger."""
+        sizes = md.layer_batches[(gpu_type, tp)]
+        i = bisect.bisect_left(sizes, b)
+        if i < len(sizes) and sizes[i] == b:
+            return b
+        near = sizes[max(0, i - 1):i + 1]
+        return min(near, key=lambda s: (abs(math.log(s / b)), -s))
+
+    def _stages(self, md: _ModelData, source: str, gpu_type: str, tp: int, b: int, pp: int) -> StageCosts:
+        ref = self._ref_batch(md, gpu_type, tp, b) if source == COMPOSED else None
+        key = (gpu_type, tp, ref, pp)
+        st = md.stage_costs.get(key)
+        if st is None:
+            st = md.stage_costs[key] = split_stages(self._costs(md, gpu_type, tp, ref), pp, float(ref or 1))
+        return st
+
+    def _costs(self, md: _ModelData, gpu_type: str, tp: int, ref: int | None) -> LayerCosts:
+        """Layer costs from the profile at micro-batch `ref` (None: analytic)."""
+        key = (gpu_type, tp, ref)
+        costs = md.layer_costs.get(key)
+        if costs is None:
+            if ref is None:
+                costs = analytic_layers(md.model, self._gpus[gpu_type], tp, efficiency=self.efficiency,
+                                        layer_overhead_s=self.layer_overhead_s)
+            else:
+                costs = layers_from_records(self.store.layers(md.model.signature, gpu_type, tp, ref))
+            md.layer_costs[key] = costs
+        return costs
+
+    def _profiled_layers(self, md: _ModelData, gpu_type: str, tp: int) -> int:
+        """How many layers the profile of (gpu type, tp) has (0: none)."""
+        sizes = md.layer_batches.get((gpu_type, tp))
+        if not sizes:
+            return 0
+        return self._costs(md, gpu_type, tp, sizes[0]).num_layers
+
+    def _source(self, md: _ModelData, cell: Cell, tps: list[int]) -> tuple[str, list[int]]:
+        composed = [tp for tp in tps if self._profiled_layers(md, cell.gpu_type, tp) >= cell.pp]
+        if composed:
+            return COMPOSED, composed
+        if cell.gpu_type in self._gpus:
+            return ANALYTIC, tps
+        return "", []
+
+    def _found(self, md: _ModelData, batch: int, cell: Cell, source: str | None = None,
+               every: bool = False) -> _Found:
+        """Candidate plans of the cell under `source` (None: the best available).
+
+        The analytic search stops raising m once past the fastest plan that
+        fits (its time is unimodal in m); `every` lists all candidates."""
+        key = (batch, cell, source or "", every)
+        found = md.found.get(key)
+        if found is not None:
+            return found
+        model, pp, g = md.model, cell.pp, cell.gpus_per_node
+        tps = [tp for tp in _divisors(g) if self._tp_ok(model, tp, g) and cell.num_gpus % (pp * tp) == 0]
+        if pp > model.num_layers:
+            tps = []
+        if source is None:
+            chosen, tps = self._source(md, cell, tps)
+        else:  # analytic on purpose (calibration)
+            chosen, tps = (ANALYTIC, tps) if cell.gpu_type in self._gpus else ("", [])
+        plans: list[_Cand] = []
+        prune_m = chosen == ANALYTIC and not every
+        links = self._links_of(cell.gpu_type)
+        limit = self.mem_limit_gb(cell.gpu_type) * _GB
+        best = fastest = None
+        for tp in tps:
+            dp = cell.num_gpus // (pp * tp)
+            if batch % dp:
+                continue
+            per_replica = batch // dp
+            prev, last_st, sync = math.inf, None, 0.0
+            for m in _divisors(per_replica):
+                b = per_replica // m
+                st = self._stages(md, chosen, cell.gpu_type, tp, b, pp)
+                if st is not last_st:
+                    sync, last_st = dp_sync_time(st, dp=dp, tp=tp, gpus_per_node=g, links=links), st
+                t, mem = pipeline_cost(st, dp=dp, tp=tp, m=m, b=b, gpus_per_node=g, links=links,
+                                       dtype_bytes=model.dtype_bytes,
+                                       optimizer_bytes_per_param=self.optimizer_bytes_per_param)
+                t += sync
+                i = len(plans)
+                plans.append(_Cand(dp, tp, m, t, mem))
+                if fastest is None or t < plans[fastest].time_s:
+                    fastest = i
+                fits = mem <= limit
+                if fits and (best is None or t < plans[best].time_s):
+                    best = i
+                if prune_m and fits and t > prev:
+                    break  # past the optimum: time is unimodal in m, memory only falls
+                prev = t
+        found = md.found[key] = _Found(chosen, tuple(plans), best, fastest)
+        return found
+
+    def _scale(self, md: _ModelData, batch: int, cell: Cell, source: str) -> float:
+        if source != ANALYTIC:
+            return 1.0
+        return self._calibration(md, batch, cell) or 1.0
+
+    def _calibration(self, md: _ModelData, batch: int, cell: Cell) -> float | None:
+        """median(measured / analytic) over the model's nearest measured cells:
+        same GPU type, batch and GPU count; else same type and batch; else
+        same type; else all."""
+        key = (cell.gpu_type, batch, cell.num_gpus)
+        if key in md.calibration:
+            return md.calibration[key]
+        recs = [(k, r) for k, r in md.cell_records.items() if not r.oom]
+        tiers = (
+            [(k, r) for k, r in recs if (r.gpu_type, r.global_batch, r.num_gpus) == key],
+            [(k, r) for k, r in recs if (r.gpu_type, r.global_batch) == key[:2]],
+            [(k, r) for k, r in recs if r.gpu_type == cell.gpu_type],
+            recs,
+        )
+        factor = None
+        for tier in tiers:
+            ratios = [x for x in (self._ratio(md, k, r) for k, r in tier) if x is not None]
+            if ratios:
+                factor = statistics.median(ratios)
+                break
+        md.calibration[key] = factor
+        return factor
+
+    def _ratio(self, md: _ModelData, key: _Layout, rec: CellRecord) -> float | None:
+        if key not in md.ratios:
+            times = []
+            for pp in self._stage_counts(md.model, rec.num_gpus):
+                f = self._found(md, rec.global_batch, Cell(rec.gpu_type, rec.num_nodes, rec.gpus_per_node, pp),
+                                ANALYTIC)
+                if f.fastest is not None:
+                    times.append(f.plans[f.fastest].time_s)
+            md.ratios[key] = rec.iter_time_s / min(times) if times else None
+        return md.ratios[key]
+
+    def _stage_counts(self, model: ModelSpec, num_gpus: int) -> list[int]:
+        return [p for p in _divisors(num_gpus) if p <= min(self.max_pp, model.num_layers)]
+
+    # ---- estimates ---------------------------------------------------------------
+
+    def _estimate(self, md: _ModelData, batch: int, cell: Cell) -> Estimate:
+        rec = md.cell_records.get((batch, cell.gpu_type, cell.num_nodes, cell.gpus_per_node))
+        if rec is not None:
+            return self._from_measured(md, batch, cell, rec)
+        return self._from_model(md, batch, cell)
+
+    @staticmethod
+    def _infeasible(cell: Cell, source: str, note: str, mem_gb: float = math.inf) -> Estimate:
+        return Estimate(cell, None, math.inf, mem_gb, source, note)
+
+    def _from_model(self, md: _ModelData, batch: int, cell: Cell) -> Estimate:
+        found = self._found(md, batch, cell)
+        if not found.source:
+            return self._infeasible(cell, "none", "no profile, measurement or GPU spec for this cell")
+        factor = self._calibration(md, batch, cell) if found.source == ANALYTIC else None
+        scale, source = (1.0, found.source) if factor is None else (factor, found.source + "+calibrated")
+        limit = self.mem_limit_gb(cell.gpu_type) * _GB
+        measured = md.plan_records.get((batch, cell.gpu_type, cell.num_nodes, cell.gpus_per_node), {})
+        best: tuple[float, int, str] | None = None
+        for i, c in enumerate(found.plans):
+            rec = measured.get((cell.pp, c.dp, c.tp))
+            if rec is not None:
+                if rec.oom:
+                    continue
+                cand = (rec.iter_time_s, i, MEASURED)
+            elif c.mem_bytes > limit:
+                continue
+            else:
+                cand = (c.time_s * scale, i, source)
+            if best is None or cand[:2] < best[:2]:
+                best = cand
+        if best is None:
+            if not found.plans:
+                return self._infeasible(cell, found.source, "no valid plan (tp, dp, batch divisibility)")
+            least = min(c.mem_bytes for c in found.plans) / _GB
+            return self._infeasible(cell, found.source,
+                                    f"OOM: least plan needs {least:.1f} GB > {limit / _GB:.1f} GB", least)
+        time_s, i, src = best
+        return Estimate(cell, found.plan(i, cell.pp), time_s, found.plans[i].mem_bytes / _GB, src)
+
+    def _measured_plan(self, md: _ModelData, batch: int, cell: Cell) -> tuple[int, int | None, float | None]:
+        """Where a measured layout's optimum sits: (p*, index of its plan in the
+        cell-at-p*'s candidates, that plan's modelled time); None: not modelled."""
+        layout = (batch, cell.gpu_type, cell.num_nodes, cell.gpus_per_node)
+        limit = self.mem_limit_gb(cell.gpu_type) * _GB
+        allowed = set(self._stage_counts(md.model, cell.num_gpus))
+        for recs in (list(md.plan_records.get(layout, {}).values()), md.arena_plans.get(layout, [])):
+            ok = sorted((r.iter_time_s, r.pp, r.dp, r.tp) for r in recs
+                        if not r.oom and r.pp in allowed and self._tp_ok(md.model, r.tp, cell.gpus_per_node))
+            if ok:
+                _, pp, dp, tp = ok[0]
+                found = self._found(md, batch, Cell(cell.gpu_type, cell.num_nodes, cell.gpus_per_node, pp))
+                idx = [i for i, c in enumerate(found.plans) if (c.dp, c.tp) == (dp, tp)]
+                if not idx:
+                    return pp, None, None
+                fit = [j for j in idx if found.plans[j].mem_bytes <= limit]
+                i = (min(fit, key=lambda j: found.plans[j].time_s) if fit
+                     else min(idx, key=lambda j: found.plans[j].mem_bytes))
+                return pp, i, found.plans[i].time_s
+        options = []
+        for pp in sorted(allowed):
+            found = self._found(md, batch, Cell(cell.gpu_type, cell.num_nodes, cell.gpus_per_node, pp))
+            for unfit, i in ((False, found.best), (True, found.fastest)):
+                if i is not None:
+                    options.append((unfit, found.plans[i].time_s, pp, i))
+                    break
+        if not options:
+            return (min(allowed) if allowed else 1), None, None
+        _, t, pp, i = min(options)
+        return pp, i, t
+
+    def _from_measured(self, md: _ModelData, batch: int, cell: Cell, rec: CellRecord) -> Estimate:
+        if rec.oom:
+            return self._infeasible(cell, MEASURED, f"OOM ({rec.source} record)")
+        if cell.pp > md.model.num_layers:
+            return self._infeasible(cell, MEASURED, "more pipeline stages than layers")
+        t_star = rec.iter_time_s
+        p_star, i_star, model_star = self._measured_plan(md, batch, cell)
+        found = self._found(md, batch, cell)
+        limit = self.mem_limit_gb(cell.gpu_type) * _GB
+        if cell.pp == p_star:
+            if i_star is None:
+                return Estimate(cell, ParallelPlan(cell.pp, cell.num_gpus // cell.pp, 1), t_star, math.nan,
+                                MEASURED, f"{rec.source}; plan and memory not modelled")
+            mem = found.plans[i_star].mem_bytes
+            note = rec.source + ("; the memory model exceeds the limit, the measured run fits" if mem > limit else "")
+            return Estimate(cell, found.plan(i_star, cell.pp), t_star, mem / _GB, MEASURED, note)
+        if model_star is None or found.best is None:
+            why = "OOM at this pp (model)" if found.plans else "no model for this pp"
+            return self._infeasible(cell, MEASURED + "+pp", f"{why}; measured optimum at pp={p_star}")
+        c = found.plans[found.best]
+        return Estimate(cell, found.plan(found.best, cell.pp), max(t_star, t_star * c.time_s / model_star),
+                        c.mem_bytes / _GB, MEASURED + "+pp",
+                        f"{rec.source} optimum at pp={p_star}, scaled by the {found.source} model")
