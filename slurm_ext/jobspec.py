@@ -7,12 +7,14 @@ controller):
 * The wrapper submits the job HELD, with untyped gres, and its Comment set to
   ``cellsched/v1 <compact JSON of the spec>`` (the tag marks it managed).
 * ``contrib/job_submit.lua`` (when installed) copies that JSON into the job's
-  AdminComment as ``{"spec": {...}}`` and turns the hold into an admin hold,
-  so the user can neither release the job nor change the spec afterwards.
+  AdminComment as ``{"spec": {...}}``, replaces the Comment with
+  ``ADMIN_MARKER`` (the tag and a marker), and keeps the job held: it refuses
+  any release, hold, Comment or placement change by a non-admin, so the user
+  can neither release the job nor change the spec afterwards.
 * The controller reads the spec from AdminComment["spec"] when present,
-  else from the Comment tag, re-validates it (never trusts it), and keeps the
-  first accepted copy in its state DB; a later change of the Comment is
-  ignored. When it places the job it writes AdminComment =
+  else from the Comment tag (`spec_of_job` does exactly that), re-validates
+  it (never trusts it), and keeps the first accepted copy in its state DB; a
+  later change of the Comment is ignored. When it places the job it writes AdminComment =
   ``{"spec": {...}, "plan": {...}}`` (solver.plan.JobPlan), which the launch
   runtime reads.
 """
@@ -26,10 +28,14 @@ from dataclasses import asdict, dataclass, fields
 from solver.models import ModelSpec, ModelSpecError, get_model, spec_from_dict
 
 TAG = "cellsched/v1 "
+#: the Comment of a managed job once job_submit.lua moved its spec to AdminComment
+ADMIN_MARKER = TAG + "@AdminComment"
 SPEC_VERSION = 1
 #: a spec is small; anything larger is refused before it reaches Slurm
 MAX_SPEC_BYTES = 4096
 _GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+_PARTITION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_PRINTABLE = re.compile(r"^[^\x00-\x1f\x7f]{1,255}$")
 
 
 class JobSpecError(ValueError):
@@ -49,6 +55,7 @@ class JobSpec:
     reads user files). gpu_types None = any type. requested_gpus /
     requested_gpu_type: the user's static request (a hint; FCFS uses it).
     virtual_workers: elastic data-parallel workers (EasyScale), None = auto.
+    partitions: the Slurm partitions the job may run in, None = any.
     """
 
     model: str
@@ -62,6 +69,7 @@ class JobSpec:
     requested_gpus: int | None = None
     requested_gpu_type: str | None = None
     virtual_workers: int | None = None
+    partitions: tuple[str, ...] | None = None
     version: int = SPEC_VERSION
 
     def __post_init__(self) -> None:
@@ -83,6 +91,12 @@ class JobSpec:
             for t in self.gpu_types:
                 if not isinstance(t, str) or not _GPU_TYPE.match(t):
                     raise JobSpecError("gpu_types", f"{t!r} is not a GPU type name (lower-case letters, digits, - or _)")
+        if self.partitions is not None:
+            if not isinstance(self.partitions, tuple) or not self.partitions:
+                raise JobSpecError("partitions", "must be a non-empty list of partition names")
+            for p in self.partitions:
+                if not isinstance(p, str) or not _PARTITION.match(p):
+                    raise JobSpecError("partitions", f"{p!r} is not a partition name (letters, digits, '.', '_' or '-')")
         if self.requested_gpu_type is not None and (not isinstance(self.requested_gpu_type, str) or not _GPU_TYPE.match(self.requested_gpu_type)):
             raise JobSpecError("requested_gpu_type", f"{self.requested_gpu_type!r} is not a GPU type name")
         if self.version != SPEC_VERSION:
@@ -91,6 +105,8 @@ class JobSpec:
 
     def model_spec(self) -> ModelSpec:
         """The ModelSpec this job trains (preset or inline definition)."""
+        if not isinstance(self.model, str) or not _PRINTABLE.match(self.model):
+            raise JobSpecError("model", f"must be 1-255 printable characters, got {self.model!r}")
         try:
             if self.model_def is not None:
                 if not isinstance(self.model_def, dict):
@@ -122,10 +138,11 @@ class JobSpec:
         if unknown:
             raise JobSpecError(unknown[0], "unknown field")
         kw = dict(d)
-        if kw.get("gpu_types") is not None:
-            if not isinstance(kw["gpu_types"], (list, tuple)):
-                raise JobSpecError("gpu_types", "must be a list")
-            kw["gpu_types"] = tuple(kw["gpu_types"])
+        for name in ("gpu_types", "partitions"):
+            if kw.get(name) is not None:
+                if not isinstance(kw[name], (list, tuple)):
+                    raise JobSpecError(name, "must be a list")
+                kw[name] = tuple(kw[name])
         for req in ("model", "global_batch", "iterations"):
             if req not in kw:
                 raise JobSpecError(req, "is required")
@@ -144,10 +161,28 @@ class JobSpec:
     @classmethod
     def from_comment(cls, comment: str | None) -> "JobSpec | None":
         """The spec in a job's Comment; None when the job is not managed
-        (no tag); JobSpecError when it is tagged but malformed."""
+        (no tag); JobSpecError when it is tagged but malformed, or when it
+        holds only ADMIN_MARKER (the spec is in AdminComment: `spec_of_job`)."""
         if not comment or not comment.startswith(TAG):
             return None
+        if comment == ADMIN_MARKER:
+            raise JobSpecError("spec", "the Comment holds only the marker; the spec is in AdminComment")
         return cls.from_json(comment[len(TAG):])
+
+
+def spec_of_job(comment: str | None, admin_comment: str | None) -> JobSpec | None:
+    """A job's spec by the contract above: AdminComment["spec"] when the
+    AdminComment is a JSON object with a "spec" key, else the Comment's.
+    None when the job is not managed; JobSpecError when it is, but the spec
+    is malformed."""
+    if admin_comment:
+        try:
+            d = json.loads(admin_comment)
+        except json.JSONDecodeError:
+            d = None
+        if isinstance(d, dict) and "spec" in d:
+            return JobSpec.from_dict(d["spec"])
+    return JobSpec.from_comment(comment)
 
 
 def is_managed_comment(comment: str | None) -> bool:
