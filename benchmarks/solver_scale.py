@@ -1,0 +1,140 @@
+"""How long a full cellsched round takes as the cluster grows.
+
+A round = enumerate cells + estimate (real Estimator on a seeded in-memory
+ProfileStore) + CP-SAT + node placement. Jobs are drawn from the Arena
+Philly trace's model / batch / request mix. Per size: one cold round (empty
+caches), then warm rounds: between rounds 300 s pass, running jobs make
+progress, about 5% of them finish and as many new jobs arrive; each round is
+warm-started from the previous plan and the jobs' current placements.
+
+Prints one JSON line per round and a summary line per size:
+
+    python benchmarks/solver_scale.py            # 64 / 1,280 / 10,240 GPUs
+    python benchmarks/solver_scale.py --quick    # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import pathlib
+import random
+import statistics
+import time
+from dataclasses import replace
+
+from solver.estimator import Estimator
+from solver.models import get_model
+from solver.placement import validate_plan
+from solver.policies import get_policy
+from solver.profiles.store import ProfileStore
+from solver.types import ClusterView, JobRequest, NodeView, ScheduleRequest, SolverConfig
+
+TRACE = pathlib.Path("/work/shared/data/arena/traces/simulate_trace_philly.csv")
+ARENA = {"a100": (80, 4), "v100": (20, 16), "a40": (160, 2), "a10": (160, 2)}  # nodes, GPUs per node
+SMALL = {"a100": (4, 4), "v100": (1, 16), "a40": (8, 2), "a10": (8, 2)}  # 64 GPUs
+
+
+def cluster_of(spec: dict[str, tuple[int, int]], scale: int = 1) -> ClusterView:
+    return ClusterView(tuple(NodeView(f"{t}-{i:05d}", t, g, g) for t, (n, g) in spec.items() for i in range(n * scale)))
+
+
+def load_trace(path: pathlib.Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+class JobSource:
+    """New jobs drawn (with replacement) from the trace's mix."""
+
+    def __init__(self, rows: list[dict], rng: random.Random) -> None:
+        self.rows, self.rng, self.count = rows, rng, 0
+
+    def new(self, now: float) -> JobRequest:
+        r = self.rng.choice(self.rows)
+        self.count += 1
+        return JobRequest(f"job{self.count:06d}", get_model(r["model_name"]), int(r["batch_size"]),
+                          max(1, int(r["num_iteration"]) // 5), elastic=True, submit_time=now,
+                          requested_gpus=int(r["num_gpu"]), requested_gpu_type=r["gpu_type"])
+
+
+def advance(jobs: list[JobRequest], placements, source: JobSource, rng: random.Random, now: float,
+            dt: float = 300.0, churn: float = 0.05) -> list[JobRequest]:
+    """The jobs of the next round: progress, ~churn of the running finish, as many arrive."""
+    out, finished = [], 0
+    for j in jobs:
+        p = placements.get(j.job_id)
+        if p is not None and rng.random() < churn:
+            finished += 1
+            continue
+        done = j.iterations_done + (dt / p.iter_time_s if p is not None else 0.0)
+        out.append(replace(j, current=p, iterations_done=min(done, j.iterations - 1.0)))
+    return out + [source.new(now) for _ in range(max(finished, 1))]
+
+
+def run_size(name: str, cluster: ClusterView, num_jobs: int, rounds: int, rows: list[dict], cfg: SolverConfig,
+             seed: int) -> dict:
+    rng = random.Random(seed)
+    source = JobSource(rows, rng)
+    estimator = Estimator(ProfileStore(":memory:"))
+    policy = get_policy("cellsched")
+    jobs = [source.new(0.0) for _ in range(num_jobs)]
+    gpus = sum(n.gpus_total for n in cluster.nodes)
+    previous: dict = {}
+    times = []
+    for rnd in range(rounds + 1):
+        now = 300.0 * rnd
+        req = ScheduleRequest(cluster, tuple(jobs), previous=previous, config=cfg, now=now)
+        t0 = time.perf_counter()
+        rep = policy.schedule(req, estimator)
+        round_s = time.perf_counter() - t0
+        validate_plan(cluster, rep.placements)
+        moved = sum(1 for j in jobs if j.current is not None and not j.current.same_resources(rep.placements.get(j.job_id)))
+        line = {
+            "size": name, "round": rnd, "cold": rnd == 0, "gpus": gpus, "jobs": len(jobs), "cells": rep.num_cells,
+            "build_s": round(rep.build_s, 3), "solve_s": round(rep.solve_s, 3),
+            "place_s": round(max(0.0, round_s - rep.build_s - rep.solve_s), 3), "round_s": round(round_s, 3),
+            "objective": round(rep.objective, 3), "bound": round(rep.bound, 3),
+            "gap": round(rep.gap, 4) if rep.gap != float("inf") else None, "status": rep.status,
+            "placed": len(rep.placements), "gpus_used": sum(p.cell.num_gpus for p in rep.placements.values()),
+            "moved_or_resized": moved,
+        }
+        print(json.dumps(line), flush=True)
+        if rnd > 0:
+            times.append(round_s)
+        previous = dict(rep.placements)
+        jobs = advance(jobs, rep.placements, source, rng, now + 300.0)
+    times.sort()
+    summary = {"summary": name, "gpus": gpus, "jobs": num_jobs, "warm_rounds": len(times),
+               "median_round_s": round(statistics.median(times), 3) if times else None,
+               "p95_round_s": round(times[min(len(times) - 1, int(0.95 * len(times)))], 3) if times else None,
+               "max_round_s": round(times[-1], 3) if times else None}
+    print(json.dumps(summary), flush=True)
+    return summary
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", type=pathlib.Path, default=TRACE)
+    ap.add_argument("--quick", action="store_true", help="small sizes and few rounds (smoke run)")
+    ap.add_argument("--rounds", type=int, default=10, help="warm rounds per size (after one cold round)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip-large", action="store_true", help="leave out the 10,240-GPU size")
+    args = ap.parse_args()
+    rows = load_trace(args.trace)
+    if args.quick:
+        sizes = [("64", cluster_of(SMALL), 20, 2, SolverConfig(seed=args.seed)),
+                 ("1280", cluster_of(ARENA), 100, 2, SolverConfig(seed=args.seed, time_limit_s=2.0))]
+    else:
+        sizes = [("64", cluster_of(SMALL), 20, args.rounds, SolverConfig(seed=args.seed)),
+                 ("1280", cluster_of(ARENA), 500, args.rounds, SolverConfig(seed=args.seed, time_limit_s=2.0))]
+        if not args.skip_large:
+            sizes.append(("10240", cluster_of(ARENA, 8), 4000, max(1, args.rounds // 5),
+                          SolverConfig(seed=args.seed, time_limit_s=10.0, deterministic_time=20.0)))
+    for name, cluster, n, rounds, cfg in sizes:
+        run_size(name, cluster, n, rounds, rows, cfg, args.seed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,11 @@
+"""Joint placement: options per job -> CP-SAT -> concrete nodes -> plan.
+
+See objective.py for the objective and cpsat.py for the model.
+"""
+
+from solver.placement.candidates import Option, job_options, split_fixed
+from solver.placement.joint import Result, place_jobs
+from solver.placement.space import Space
+from solver.placement.validate import PlanError, validate_plan
+
+__all__ = ["Option", "PlanError", "Result", "Space", "job_options", "place_jobs", "split_fixed", "validate_plan"]

@@ -1,0 +1,109 @@
+"""Options: the ways one job may run this round, each with its integer value.
+
+A running job that may move gets a *pinned* option (its current cell on its
+current nodes, no restart penalty) next to its other options (any cell,
+nodes chosen by the solver, restart penalty applied). A running job that may
+not move is *fixed*: it keeps its placement and only takes capacity away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from solver.placement import objective
+from solver.types import Cell, ClusterView, Estimate, JobRequest, ParallelPlan, Placement, SolverConfig
+
+
+@dataclass(frozen=True)
+class Option:
+    """Job `job_id` in `cell` with `plan`, worth `value` (objective units).
+
+    `pinned` holds the exact (node, GPUs) pairs when the option is "stay where
+    you are"; None lets the solver choose the nodes.
+    """
+
+    job_id: str
+    cell: Cell
+    plan: ParallelPlan
+    iter_time_s: float
+    value: int
+    pinned: tuple[tuple[str, int], ...] | None = None
+    source: str = ""
+
+    def placement(self, nodes: tuple[tuple[str, int], ...], partition: str | None = None) -> Placement:
+        return Placement(self.job_id, self.cell, nodes, self.plan, self.iter_time_s, partition, self.source)
+
+
+def fits(cluster: ClusterView, placement: Placement, used: Mapping[str, int] | None = None) -> bool:
+    """True when `placement` still fits its nodes (type, free GPUs minus `used`)."""
+    by_name = {n.name: n for n in cluster.nodes}
+    used = used or {}
+    for name, g in placement.nodes:
+        node = by_name.get(name)
+        if node is None or node.gpu_type != placement.cell.gpu_type or g + used.get(name, 0) > node.gpus_free:
+            return False
+    return len(set(placement.node_names)) == len(placement.nodes)
+
+
+def split_fixed(
+    cluster: ClusterView, jobs: Sequence[JobRequest], movable_running: bool, config: SolverConfig
+) -> tuple[dict[str, Placement], list[JobRequest], dict[str, str]]:
+    """Running jobs that keep their placement, the jobs to optimise, reasons.
+
+    A running job is fixed unless it is elastic, `movable_running` is set and
+    config.allow_resize is true. A fixed placement that no longer fits (node
+    gone, drained, taken) frees the job to be placed again.
+    """
+    fixed: dict[str, Placement] = {}
+    used: dict[str, int] = {}
+    free_jobs: list[JobRequest] = []
+    reasons: dict[str, str] = {}
+    for job in jobs:
+        cur = job.current
+        keep = cur is not None and not (movable_running and job.elastic and config.allow_resize)
+        if keep and fits(cluster, cur, used):
+            fixed[job.job_id] = cur
+            for name, g in cur.nodes:
+                used[name] = used.get(name, 0) + g
+            continue
+        if keep:
+            reasons[job.job_id] = "current placement no longer fits the cluster; placed again"
+        free_jobs.append(job)
+    return fixed, free_jobs, reasons
+
+
+def job_options(
+    job: JobRequest,
+    estimates: Sequence[Estimate],
+    ref: Estimate,
+    weight: float,
+    p: float,
+    restart_mult: float,
+    stay_ok: bool,
+    max_options: int,
+) -> list[Option]:
+    """The job's options, best first: at most `max_options` free ones plus the
+    pinned one when the job runs and may stay (`stay_ok`).
+
+    Free options of a running job that may stay are worth `restart_mult` times
+    their value; options worth <= 0 are dropped.
+    """
+    cur = job.current
+    opts: list[Option] = []
+    pinned: Option | None = None
+    for est in estimates:
+        if not est.feasible or est.cell.key() in job.excluded_cells:
+            continue
+        base = weight * objective.utility(job, est, ref, p)
+        if cur is not None and stay_ok and est.cell == cur.cell:
+            pinned = Option(job.job_id, est.cell, est.plan, est.iter_time_s, objective.to_int(base),
+                            tuple(cur.nodes), est.source)
+        value = objective.to_int(base * (restart_mult if cur is not None and stay_ok else 1.0))
+        if value > 0:
+            opts.append(Option(job.job_id, est.cell, est.plan, est.iter_time_s, value, None, est.source))
+    opts.sort(key=lambda o: (-o.value, o.cell.num_gpus, o.cell))
+    opts = opts[:max_options]
+    if pinned is not None and pinned.value > 0:
+        opts.insert(0, pinned)
+    return opts

@@ -1,0 +1,112 @@
+"""Greedy placement: the fallback when CP-SAT returns nothing usable, and the
+warm start it is given.
+
+1. Jobs with a preferred placement (the previous plan, the current one) try
+   to keep it: the option on the same nodes first, then the same cell
+   elsewhere.
+2. All remaining (job, option) pairs by value per GPU, highest first: place
+   the job if it has no placement yet and the cell fits (best fit).
+3. One upgrade pass: each placed job, in value order, moves to a
+   higher-value option if that fits once its own GPUs are released.
+Every step checks exact node capacity, so the result is always placeable.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from solver.placement.candidates import Option
+from solver.placement.nodes import Ledger
+from solver.placement.space import Space
+from solver.types import JobRequest, Placement
+
+Chosen = dict[str, tuple[Option, tuple[tuple[str, int], ...], str | None]]
+
+
+def try_place(space: Space, ledger: Ledger, job: JobRequest, opt: Option,
+              nodes: tuple[str, ...] | None = None, spread: bool = False):
+    """Place `opt` (on `nodes` when given) if it fits; returns (nodes, partition) or None."""
+    cell = opt.cell
+    if opt.pinned is not None:
+        if any(ledger.free.get(n, -1) < g for n, g in opt.pinned):
+            return None
+        ok, part = space.partition_of(job, tuple(n for n, _ in opt.pinned))
+        if not ok:
+            return None
+        for n, g in opt.pinned:
+            ledger.take(n, g, cell.num_nodes > 1)
+        return opt.pinned, part
+    if nodes is None:
+        groups = space.classes_for(job, cell)
+        if job.partitions is not None:
+            # keep all nodes in one partition: try the job's partitions in order
+            for p in job.partitions:
+                sub = [k for k in groups if not k[2] or p in k[2]]
+                names = ledger.pick(sub, cell.num_nodes, cell.gpus_per_node, cell.num_nodes > 1, spread)
+                if names is not None:
+                    break
+        else:
+            names = ledger.pick(groups, cell.num_nodes, cell.gpus_per_node, cell.num_nodes > 1, spread)
+        if names is None:
+            return None
+        nodes = tuple(names)
+    elif len(set(nodes)) != cell.num_nodes or any(
+        ledger.free.get(n, -1) < cell.gpus_per_node or space.cluster.node(n).gpu_type != cell.gpu_type for n in nodes
+    ):
+        return None
+    ok, part = space.partition_of(job, nodes)
+    if not ok:
+        return None
+    return ledger.place(cell, nodes), part
+
+
+def release(ledger: Ledger, opt: Option, nodes: tuple[tuple[str, int], ...]) -> None:
+    for name, g in nodes:
+        ledger.give_back(name, g, opt.cell.num_nodes > 1)
+
+
+def greedy(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]],
+           preferred: Mapping[str, Placement] = {}) -> Chosen:
+    """A placeable choice of (option, nodes, partition) per job."""
+    ledger = space.ledger()
+    by_id = {j.job_id: j for j in jobs}
+    chosen: Chosen = {}
+    for job in jobs:
+        pref = preferred.get(job.job_id)
+        opts = options.get(job.job_id, ())
+        if pref is None or not opts:
+            continue
+        same = [o for o in opts if o.cell == pref.cell]
+        tries = [(o, None) for o in same if o.pinned is not None and sorted(o.pinned) == sorted(pref.nodes)]
+        tries += [(o, pref.node_names) for o in same if o.pinned is None]
+        tries += [(o, None) for o in same if o.pinned is None]
+        for o, nodes in tries:
+            got = try_place(space, ledger, job, o, nodes)
+            if got is not None:
+                chosen[job.job_id] = (o, *got)
+                break
+    order = {j.job_id: i for i, j in enumerate(jobs)}
+    pairs = [o for jid, opts in options.items() if jid in by_id for o in opts]
+    pairs.sort(key=lambda o: (-o.value / o.cell.num_gpus, -o.value, order[o.job_id]))
+    for o in pairs:
+        if o.job_id not in chosen:
+            got = try_place(space, ledger, by_id[o.job_id], o)
+            if got is not None:
+                chosen[o.job_id] = (o, *got)
+    for jid in sorted(chosen, key=lambda j: (-chosen[j][0].value, order[j])):
+        cur, nodes, part = chosen[jid]
+        for o in sorted(options[jid], key=lambda o: -o.value):
+            if o.value <= cur.value:
+                break
+            release(ledger, cur, nodes)
+            got = try_place(space, ledger, by_id[jid], o)
+            if got is not None:
+                chosen[jid] = (o, *got)
+                break
+            for name, g in nodes:
+                ledger.take(name, g, cur.cell.num_nodes > 1)
+    return chosen
+
+
+def value_of(chosen: Chosen) -> int:
+    return sum(o.value for o, _, _ in chosen.values())

@@ -1,0 +1,101 @@
+"""The objective of a scheduling round.
+
+Every (job j, cell c) gets a value, precomputed here so the CP-SAT model stays
+linear (a sum of value x chosen):
+
+    value(j, c) = age(j) * (w_throughput + w_short_jobs * short(j)) * u(j, c)
+
+    u(j, c)   = (T(j, c) / T_ref(j)) ** fairness_p
+    T(j, c)   = global_batch / iter_time(j, c)              samples/s
+    T_ref(j)  = the job's throughput on its smallest feasible cell (fewest
+                GPUs; the fastest one among those)
+    short(j)  = R_med / (R_med + R(j))                      in (0, 1]
+    R(j)      = remaining_iterations * iter_time on the reference cell (s)
+    R_med     = median R over this round's jobs
+    age(j)    = 1 + w_age * log2(1 + (now - submit_time) / age_scale_s)
+
+* Throughput is normalised per job, so a job counts about 1 on its smallest
+  cell whatever its model or batch; with 0 < p <= 1 (Sia-style) extra GPUs
+  give diminishing returns, so starting one more job usually beats growing a
+  running one, and p = 1 is plain normalised throughput.
+* `short` is a bounded shortest-remaining-work weight (SRPT lowers average
+  JCT): a job with half the median remaining work weighs 2/3, one with 10x the
+  median 1/11, times w_short_jobs, on top of w_throughput. Being relative to
+  the round's median it needs no time unit and cannot dominate throughput.
+* `age` grows without bound but slowly, so a job that waits long enough
+  eventually outweighs any throughput gain of the jobs ahead of it (no
+  starvation), while fresh jobs are ordered by throughput alone.
+* A job left unplaced is worth 0.
+* Restart penalty: a running job whose cell or nodes change gets
+  value * (1 - restart_penalty * restart_cost_s / horizon_s), restart_cost_s
+  from the job when measured, else default_restart_cost_s. A running job that
+  is not elastic (or any running job when allow_resize is false) keeps its
+  placement and is not part of the optimisation.
+
+Values are scaled by SCALE and rounded to integers for CP-SAT.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import median
+from typing import Iterable, Mapping, Sequence
+
+from solver.types import Estimate, JobRequest, SolverConfig
+
+#: Integer units per unit of value in the CP-SAT model.
+SCALE = 10_000
+
+
+def throughput(job: JobRequest, est: Estimate) -> float:
+    """Samples per second of `job` with estimate `est` (0 when infeasible)."""
+    return job.global_batch / est.iter_time_s if est.feasible else 0.0
+
+
+def reference(job: JobRequest, estimates: Iterable[Estimate]) -> Estimate | None:
+    """The job's smallest feasible cell (fewest GPUs, then fastest)."""
+    feasible = [e for e in estimates if e.feasible]
+    if not feasible:
+        return None
+    return min(feasible, key=lambda e: (e.cell.num_gpus, e.iter_time_s, e.cell))
+
+
+def remaining_work_s(job: JobRequest, ref: Estimate | None) -> float:
+    """Remaining seconds of work on the reference cell (inf without one)."""
+    return job.remaining_iterations * ref.iter_time_s if ref is not None else math.inf
+
+
+def age_factor(job: JobRequest, now: float, config: SolverConfig) -> float:
+    age = max(0.0, now - job.submit_time)
+    return 1.0 + config.w_age * math.log2(1.0 + age / max(config.age_scale_s, 1e-9))
+
+
+def job_weights(
+    jobs: Sequence[JobRequest], refs: Mapping[str, Estimate | None], now: float, config: SolverConfig
+) -> dict[str, float]:
+    """Per-job multiplier age(j) * (w_throughput + w_short_jobs * short(j))."""
+    work = {j.job_id: remaining_work_s(j, refs.get(j.job_id)) for j in jobs}
+    finite = [w for w in work.values() if math.isfinite(w)]
+    r_med = median(finite) if finite else 0.0
+    out = {}
+    for j in jobs:
+        r = work[j.job_id]
+        short = 0.0 if not math.isfinite(r) else (1.0 if r_med + r <= 0 else r_med / (r_med + r))
+        out[j.job_id] = age_factor(j, now, config) * (config.w_throughput + config.w_short_jobs * short)
+    return out
+
+
+def utility(job: JobRequest, est: Estimate, ref: Estimate, p: float) -> float:
+    """(T(j,c) / T_ref(j)) ** p; 0 when the estimate is infeasible."""
+    t_ref = throughput(job, ref)
+    return (throughput(job, est) / t_ref) ** p if t_ref > 0 and est.feasible else 0.0
+
+
+def restart_factor(job: JobRequest, config: SolverConfig) -> float:
+    """Multiplier on the value of a running job that changes cell or nodes."""
+    cost = job.restart_cost_s if job.restart_cost_s is not None else config.default_restart_cost_s
+    return 1.0 - config.restart_penalty * cost / max(config.horizon_s, 1e-9)
+
+
+def to_int(value: float) -> int:
+    return int(round(value * SCALE))

@@ -1,0 +1,42 @@
+"""The capacity one round may hand out: free GPUs per node after the fixed
+jobs, grouped into node classes, and which classes a job may use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from solver.placement.nodes import ClassKey, Ledger, common_partition, eligible, node_classes, node_partitions
+from solver.types import Cell, ClusterView, JobRequest, Placement
+
+
+@dataclass(frozen=True)
+class Space:
+    cluster: ClusterView
+    free: Mapping[str, int]
+    classes: Mapping[ClassKey, tuple[str, ...]]
+    parts: Mapping[str, tuple[str, ...]]
+
+    @classmethod
+    def of(cls, cluster: ClusterView, fixed: Mapping[str, Placement] = {}) -> "Space":
+        free = {n.name: n.gpus_free for n in cluster.nodes}
+        for p in fixed.values():
+            for name, g in p.nodes:
+                free[name] -= g
+        classes = {k: tuple(v) for k, v in node_classes(cluster, free).items()}
+        return cls(cluster, free, classes, node_partitions(cluster))
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(len(v) for v in self.classes.values())
+
+    def classes_for(self, job: JobRequest, cell: Cell) -> list[ClassKey]:
+        """Classes whose nodes can each take one of the cell's node shares."""
+        return [k for k in self.classes
+                if k[0] == cell.gpu_type and k[1] >= cell.gpus_per_node and eligible(job, k[2])]
+
+    def ledger(self) -> Ledger:
+        return Ledger(self.classes, self.free)
+
+    def partition_of(self, job: JobRequest, names: tuple[str, ...]) -> tuple[bool, str | None]:
+        return common_partition(job, [self.parts[n] for n in names])

@@ -1,0 +1,44 @@
+"""Check that a plan can be carried out on the cluster as it is."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from solver.placement.nodes import in_partition
+from solver.types import ClusterView, Placement
+
+
+class PlanError(ValueError):
+    """A plan that cannot be placed on the cluster."""
+
+
+def validate_plan(cluster: ClusterView, placements: Mapping[str, Placement]) -> None:
+    """Raise PlanError unless every placement is on existing nodes of its cell's
+    GPU type, matches its cell's layout (num_nodes distinct nodes with
+    gpus_per_node GPUs each), uses only nodes of its partition (when set), its
+    plan fits the cell, and no node gives out more than its free GPUs."""
+    by_name = {n.name: n for n in cluster.nodes}
+    used: dict[str, int] = {}
+    for job_id, p in placements.items():
+        if p.job_id != job_id:
+            raise PlanError(f"placement under key {job_id} is for job {p.job_id}")
+        cell = p.cell
+        names = p.node_names
+        if len(names) != cell.num_nodes or len(set(names)) != len(names):
+            raise PlanError(f"job {job_id}: {len(names)} nodes {names} for layout {cell.layout} (need distinct nodes)")
+        if p.plan.num_gpus != cell.num_gpus:
+            raise PlanError(f"job {job_id}: plan uses {p.plan.num_gpus} GPUs, cell {cell.key()} has {cell.num_gpus}")
+        for name, g in p.nodes:
+            node = by_name.get(name)
+            if node is None:
+                raise PlanError(f"job {job_id}: unknown node {name}")
+            if node.gpu_type != cell.gpu_type:
+                raise PlanError(f"job {job_id}: node {name} has {node.gpu_type}, cell wants {cell.gpu_type}")
+            if g != cell.gpus_per_node:
+                raise PlanError(f"job {job_id}: {g} GPUs on {name}, layout {cell.layout} wants {cell.gpus_per_node}")
+            if p.partition is not None and not in_partition(cluster, node, p.partition):
+                raise PlanError(f"job {job_id}: node {name} is not in partition {p.partition}")
+            used[name] = used.get(name, 0) + g
+    for name, g in sorted(used.items()):
+        if g > by_name[name].gpus_free:
+            raise PlanError(f"node {name}: {g} GPUs planned, {by_name[name].gpus_free} free")

@@ -1,0 +1,63 @@
+"""Scheduling policies, one per module, all `schedule(request, estimator) -> ScheduleReply`.
+
+get_policy(name, **opts): "cellsched", "cellsched-static", "fcfs",
+"fcfs-backfill", "gavel", "sia". Baselines take `feasible=(job, cell) -> bool`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from solver.types import Policy
+
+
+def _cellsched(**opts: Any) -> Policy:
+    from solver.policies.cellsched import CellschedPolicy
+    return CellschedPolicy(**opts)
+
+
+def _cellsched_static(**opts: Any) -> Policy:
+    from solver.policies.cellsched import CellschedPolicy
+    return CellschedPolicy(elastic=False, **opts)
+
+
+def _fcfs(**opts: Any) -> Policy:
+    from solver.policies.fcfs import FcfsPolicy
+    return FcfsPolicy(**opts)
+
+
+def _fcfs_backfill(**opts: Any) -> Policy:
+    from solver.policies.fcfs import FcfsPolicy
+    return FcfsPolicy(backfill=True, **opts)
+
+
+def _gavel(**opts: Any) -> Policy:
+    from solver.policies.gavel import GavelPolicy
+    return GavelPolicy(**opts)
+
+
+def _sia(**opts: Any) -> Policy:
+    from solver.policies.sia import SiaPolicy
+    return SiaPolicy(**opts)
+
+
+POLICIES: dict[str, Callable[..., Policy]] = {
+    "cellsched": _cellsched,
+    "cellsched-static": _cellsched_static,
+    "fcfs": _fcfs,
+    "fcfs-backfill": _fcfs_backfill,
+    "gavel": _gavel,
+    "sia": _sia,
+}
+
+
+def get_policy(name: str, **opts: Any) -> Policy:
+    """The policy registered under `name`, built with `opts`."""
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
+    return factory(**opts)
+
+
+__all__ = ["POLICIES", "get_policy"]

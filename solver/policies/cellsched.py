@@ -1,0 +1,96 @@
+"""cellsched: joint cell choice and placement of all managed jobs.
+
+Per job: enumerate its cells, estimate each, prune dominated ones, value the
+rest (solver.placement.objective); then one CP-SAT model picks at most one
+cell per job for all jobs together and the node pass names the nodes.
+Running elastic jobs may be resized or moved when the gain pays the restart
+penalty; with `elastic=False` ("cellsched-static") or config.allow_resize
+false, running jobs keep their placement.
+
+Jobs of the same shape (model, batch, constraints) share one enumeration and
+estimation; the result is memoised across rounds while the cluster's shape,
+the estimator and the cell settings stay the same (a pure function's cache:
+the plan depends only on the request).
+"""
+
+from __future__ import annotations
+
+import time
+
+from solver.cells import enumerate_cells, prune_dominated
+from solver.placement import Space, job_options, place_jobs, split_fixed
+from solver.placement import objective
+from solver.placement.candidates import fits
+from solver.policies.common import reply
+from solver.types import ClusterView, Estimate, EstimatorLike, JobRequest, ScheduleReply, ScheduleRequest, SolverConfig
+
+_MEMO_MAX = 4096
+
+
+def _shape(job: JobRequest) -> tuple:
+    """What a job's cells and estimates depend on."""
+    return (job.model.signature, job.global_batch, job.gpu_types, job.min_gpus, job.max_gpus,
+            job.requested_gpus, job.excluded_cells, job.partitions)
+
+
+def _context(cluster: ClusterView, estimator: EstimatorLike, cfg: SolverConfig) -> tuple:
+    nodes = sorted({(n.gpu_type, n.gpus_total, n.partitions) for n in cluster.nodes})
+    counts = tuple((k, sum(1 for n in cluster.nodes if (n.gpu_type, n.gpus_total, n.partitions) == k)) for k in nodes)
+    return (id(estimator), counts, tuple(sorted(cluster.partitions.items())), cfg.max_pp, cfg.max_cells_per_job)
+
+
+class CellschedPolicy:
+    def __init__(self, elastic: bool = True) -> None:
+        self.elastic = elastic
+        self.name = "cellsched" if elastic else "cellsched-static"
+        self._memo_ctx: tuple | None = None
+        self._memo: dict[tuple, tuple[Estimate | None, list[Estimate]]] = {}
+
+    def _cells(self, job: JobRequest, cluster: ClusterView, estimator: EstimatorLike,
+               cfg: SolverConfig) -> tuple[Estimate | None, list[Estimate]]:
+        """(reference estimate, pruned estimates) of the job's shape."""
+        key = _shape(job)
+        hit = self._memo.get(key)
+        if hit is None:
+            all_est = [estimator.estimate(job, c) for c in enumerate_cells(job, cluster, cfg)]
+            hit = (objective.reference(job, all_est), prune_dominated(all_est, cfg))
+            if len(self._memo) >= _MEMO_MAX:
+                self._memo.clear()
+            self._memo[key] = hit
+        return hit
+
+    def schedule(self, request: ScheduleRequest, estimator: EstimatorLike) -> ScheduleReply:
+        t0 = time.perf_counter()
+        cfg, cluster = request.config, request.cluster
+        fixed, jobs, reasons = split_fixed(cluster, request.jobs, self.elastic, cfg)
+        used: dict[str, int] = {}
+        for p in fixed.values():
+            for n, g in p.nodes:
+                used[n] = used.get(n, 0) + g
+        ctx = _context(cluster, estimator, cfg)
+        if ctx != self._memo_ctx:
+            self._memo_ctx, self._memo = ctx, {}
+        ests, refs = {}, {}
+        for job in jobs:
+            refs[job.job_id], kept = self._cells(job, cluster, estimator, cfg)
+            if job.current is not None and all(e.cell != job.current.cell for e in kept):
+                cur = estimator.estimate(job, job.current.cell)
+                kept = kept + [cur] if cur.feasible else kept
+            ests[job.job_id] = kept
+        weights = objective.job_weights(jobs, refs, request.now, cfg)
+        options = {}
+        for job in jobs:
+            ref = refs[job.job_id]
+            if ref is None:
+                reasons[job.job_id] = "no feasible cell (every cell out of memory or without data)"
+                continue
+            stay = job.current is not None and fits(cluster, job.current, used)
+            options[job.job_id] = job_options(job, ests[job.job_id], ref, weights[job.job_id], cfg.fairness_p,
+                                              objective.restart_factor(job, cfg), stay, cfg.max_cells_per_job)
+        t1 = time.perf_counter()
+        result = place_jobs(Space.of(cluster, fixed), jobs, options, cfg,
+                            preferred={**request.previous, **{j.job_id: j.current for j in jobs if j.current}})
+        for job in jobs:
+            if job.job_id not in result.placements and job.job_id not in reasons:
+                reasons[job.job_id] = "waiting: the GPUs are worth more to other jobs this round"
+        return reply(fixed, result, sum(len(v) for v in options.values()), reasons, t1 - t0)

@@ -1,0 +1,52 @@
+"""Helpers the baseline policies share: best-locality layouts, DP-only
+estimates, the optional feasibility rule, and building a reply."""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+from solver.placement import Result
+from solver.types import Cell, ClusterView, Estimate, EstimatorLike, JobRequest, ParallelPlan, Placement, ScheduleReply
+
+#: `feasible(job, cell) -> bool`: an extra rule a baseline must respect
+#: (e.g. Arena's dp_mem memory test); None accepts every cell.
+Feasible = Callable[[JobRequest, Cell], bool] | None
+
+
+def layouts(cluster: ClusterView, gpu_type: str, gpus: int) -> list[Cell]:
+    """DP-only cells of `gpus` GPUs of one type: best locality first (fewest
+    nodes), then relaxed locality, halving the GPUs per node each time."""
+    sizes = [n.gpus_total for n in cluster.nodes_of(gpu_type)]
+    if not sizes or gpus < 1:
+        return []
+    per = 1
+    while per * 2 <= min(gpus, max(sizes)) and gpus % (per * 2) == 0:
+        per *= 2
+    out = []
+    while per >= 1:
+        if gpus % per == 0 and sum(1 for s in sizes if s >= per) >= gpus // per:
+            out.append(Cell(gpu_type, gpus // per, per, 1))
+        per //= 2
+    return out
+
+
+def dp_estimate(job: JobRequest, cell: Cell, estimator: EstimatorLike, feasible: Feasible) -> Estimate | None:
+    """The cell's estimate with a pure data-parallel plan (pp = tp = 1), or
+    None when infeasible. Baselines run DP-only at the estimated speed of the
+    cell (as Arena's simulator does: every policy progresses at its profile's
+    iteration time)."""
+    if feasible is not None and not feasible(job, cell):
+        return None
+    est = estimator.estimate(job, cell)
+    if not est.feasible:
+        return None
+    return Estimate(cell, ParallelPlan(1, cell.num_gpus, 1), est.iter_time_s, est.mem_per_gpu_gb,
+                    est.source, est.note)
+
+
+def reply(fixed: Mapping[str, Placement], result: Result, num_cells: int, reasons: Mapping[str, str],
+          extra_build_s: float = 0.0) -> ScheduleReply:
+    placements = {**fixed, **result.placements}
+    why = {k: v for k, v in {**reasons, **result.reasons}.items() if k not in placements}
+    return ScheduleReply(placements, result.status, result.objective, result.bound,
+                         extra_build_s + result.build_s, result.solve_s, num_cells, why)

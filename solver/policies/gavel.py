@@ -1,0 +1,134 @@
+"""Gavel-like heterogeneity-aware max-min fairness (Narayanan et al., OSDI'20).
+
+1. Throughput matrix T[j, t]: job j at its requested GPU count (else
+   min_gpus), DP-only, best locality on GPU type t (0 when infeasible).
+2. LP (GLOP): time fractions X[j, t] >= 0 with sum_t X[j, t] <= 1 and
+   sum_j gpus_j * X[j, t] <= free GPUs of type t; maximise
+   min_j sum_t X[j, t] * T[j, t] / max_t T[j, t] (normalised effective
+   throughput), then, at that minimum, the total.
+3. Integral placements for this round: Gavel's priority X[j, t] / share the
+   job has received so far, highest first. The policy is stateless, so the
+   received share is estimated from the request: the time the job's done
+   iterations took at its best speed over its age (a job not yet served has
+   share 0, i.e. top priority). Each job is placed at most once, on the
+   type of its pair if the cell fits (best locality, then relaxed); a
+   running job keeps its nodes when it stays on the same cell.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ortools.linear_solver import pywraplp
+
+from solver.placement import Result, Space, split_fixed
+from solver.placement.candidates import Option
+from solver.placement.greedy import try_place
+from solver.policies.common import Feasible, dp_estimate, layouts, reply
+from solver.types import Estimate, EstimatorLike, JobRequest, ScheduleReply, ScheduleRequest
+
+
+def max_min_fractions(jobs: list[JobRequest], tput: dict[tuple[str, str], float], gpus: dict[str, int],
+                      capacity: dict[str, int]) -> dict[tuple[str, str], float]:
+    """Gavel's max-min fair time fractions X[j, t] (see the module doc)."""
+    types = sorted(capacity)
+    solver = pywraplp.Solver.CreateSolver("GLOP")
+    x = {(j.job_id, t): solver.NumVar(0.0, 1.0, "") for j in jobs for t in types if tput.get((j.job_id, t), 0) > 0}
+    if not x:
+        return {}
+    best = {j.job_id: max(tput.get((j.job_id, t), 0.0) for t in types) for j in jobs}
+    norm = {k: tput[k] / best[k[0]] for k in x}
+    for j in jobs:
+        mine = [v for (jid, _), v in x.items() if jid == j.job_id]
+        if mine:
+            solver.Add(sum(mine) <= 1.0)
+    for t in types:
+        mine = [gpus[jid] * v for (jid, tt), v in x.items() if tt == t]
+        if mine:
+            solver.Add(sum(mine) <= capacity[t])
+    served = [j.job_id for j in jobs if best[j.job_id] > 0]
+    eff = {jid: sum(norm[k] * v for k, v in x.items() if k[0] == jid) for jid in served}
+    m = solver.NumVar(0.0, 1.0, "min")
+    for jid in served:
+        solver.Add(eff[jid] >= m)
+    solver.Maximize(m)
+    if solver.Solve() != pywraplp.Solver.OPTIMAL:
+        return {}
+    floor = m.solution_value() * (1 - 1e-6)
+    solver.Add(m >= floor)
+    solver.Maximize(sum(eff.values()))
+    if solver.Solve() != pywraplp.Solver.OPTIMAL:
+        return {}
+    return {k: v.solution_value() for k, v in x.items()}
+
+
+class GavelPolicy:
+    name = "gavel"
+
+    def __init__(self, feasible: Feasible = None) -> None:
+        self.feasible = feasible
+
+    def schedule(self, request: ScheduleRequest, estimator: EstimatorLike) -> ScheduleReply:
+        t0 = time.perf_counter()
+        cluster = request.cluster
+        # Gavel re-allocates every round (running jobs may be preempted or
+        # moved, never resized); with allow_resize false they all stay.
+        if request.config.allow_resize:
+            fixed, jobs, reasons = {}, list(request.jobs), {}
+        else:
+            fixed, jobs, reasons = split_fixed(cluster, request.jobs, False, request.config)
+        space = Space.of(cluster, fixed)
+        types = cluster.gpu_types()
+        ests: dict[tuple[str, str], list[Estimate]] = {}
+        tput: dict[tuple[str, str], float] = {}
+        gpus: dict[str, int] = {}
+        for job in jobs:
+            gpus[job.job_id] = n = job.requested_gpus or job.min_gpus
+            for t in types:
+                if job.gpu_types is not None and t not in job.gpu_types:
+                    continue
+                found = [e for c in layouts(cluster, t, n) if (e := dp_estimate(job, c, estimator, self.feasible))]
+                if found:
+                    ests[(job.job_id, t)] = found
+                    tput[(job.job_id, t)] = job.global_batch / found[0].iter_time_s
+        capacity = {t: sum(space.free.get(nd.name, 0) for nd in cluster.nodes_of(t)) for t in types}
+        t_est = time.perf_counter()
+        x = max_min_fractions(jobs, tput, gpus, capacity)
+        t1 = time.perf_counter()
+        by_id = {j.job_id: j for j in jobs}
+        order = {j.job_id: i for i, j in enumerate(jobs)}
+
+        def share(job: JobRequest) -> float:
+            fastest = max((tput[(job.job_id, t)] for t in types if (job.job_id, t) in tput), default=0.0)
+            age = request.now - job.submit_time
+            if fastest <= 0 or age <= 0:
+                return 0.0
+            return job.iterations_done * job.global_batch / fastest / age
+
+        prio = sorted(((v / max(share(by_id[j]), 1e-6), j, t) for (j, t), v in x.items() if v > 1e-6),
+                      key=lambda p: (-p[0], by_id[p[1]].current is None, order[p[1]], p[2]))
+        ledger = space.ledger()
+        placed = {}
+        for _, jid, t in prio:
+            if jid in placed:
+                continue
+            job = by_id[jid]
+            for est in ests[(jid, t)]:
+                opt = Option(jid, est.cell, est.plan, est.iter_time_s, 0, None, est.source)
+                cur = job.current
+                got = None
+                if cur is not None and cur.cell == est.cell:
+                    got = try_place(space, ledger, job, opt, cur.node_names)
+                got = got or try_place(space, ledger, job, opt)
+                if got is not None:
+                    placed[jid] = opt.placement(*got)
+                    break
+        for job in jobs:
+            if job.job_id not in placed:
+                reasons[job.job_id] = ("no feasible GPU type" if not any((job.job_id, t) in tput for t in types)
+                                       else "waiting: lower max-min priority this round")
+        fair = min((sum(x.get((j.job_id, t), 0.0) * tput.get((j.job_id, t), 0.0) for t in types)
+                    / max(tput.get((j.job_id, t), 0.0) for t in types) for j in jobs
+                    if any((j.job_id, t) in tput for t in types)), default=0.0)
+        result = Result(placed, "HEURISTIC", fair, fair, solve_s=t1 - t_est, place_s=time.perf_counter() - t1)
+        return reply(fixed, result, sum(len(v) for v in ests.values()), reasons, t_est - t0)

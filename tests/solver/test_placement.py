@@ -1,0 +1,253 @@
+"""Joint placement: CP-SAT against brute force, placeability, determinism,
+time limit and fallback paths."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import replace
+
+import pytest
+
+from solver.models import ModelSpec
+from solver.placement import Option, PlanError, Space, place_jobs, validate_plan
+from solver.placement.nodes import Ledger
+from solver.types import Cell, ClusterView, JobRequest, NodeView, ParallelPlan, Placement, SolverConfig
+
+MODEL = ModelSpec("tiny", "gpt", 4, 256, 4, 128, 1000, 1e7)
+
+
+def job(jid: str, **kw) -> JobRequest:
+    return JobRequest(jid, MODEL, 8, 100, **kw)
+
+
+def opt(jid: str, cell: Cell, value: int, pinned=None) -> Option:
+    return Option(jid, cell, ParallelPlan(1, cell.num_gpus, 1), 1.0, value, pinned)
+
+
+# ---------- random small instances ----------
+
+def random_instance(rng: random.Random):
+    types = rng.sample(["a100", "v100", "a40"], rng.choice([2, 3]))
+    nodes, budget = [], 16
+    for t in types:
+        size = rng.choice([1, 2, 4, 8])
+        for _ in range(rng.randint(1, 3)):
+            if budget < size:
+                break
+            budget -= size
+            free = size if rng.random() < 0.7 else rng.randint(0, size)
+            nodes.append(NodeView(f"{t}-{len(nodes)}", t, size, free))
+    cluster = ClusterView(tuple(nodes))
+    sizes = {t: sorted({n.gpus_total for n in nodes if n.gpu_type == t}) for t in types}
+    jobs, options = [], {}
+    ledger = Ledger({"all": [n.name for n in nodes]}, {n.name: n.gpus_free for n in nodes})
+    for j in range(rng.randint(1, 8)):
+        jid = f"j{j}"
+        opts = []
+        for _ in range(rng.randint(1, 5)):
+            t = rng.choice(types)
+            if not sizes[t]:
+                continue
+            g = rng.choice([x for x in (1, 2, 4, 8) if x <= max(sizes[t])])
+            n = rng.choice([1, 1, 2, 3])
+            cell = Cell(t, n, g)
+            if all(o.cell != cell for o in opts):
+                opts.append(opt(jid, cell, rng.randint(1, 50) * 100))
+        pinned = None
+        if opts and rng.random() < 0.3:  # a running job that may stay
+            c = opts[0].cell
+            names = ledger.pick(["all"], c.num_nodes, c.gpus_per_node, c.num_nodes > 1, True)
+            if names and all(cluster.node(x).gpu_type == c.gpu_type for x in names):
+                pinned = ledger.place(c, names)
+                opts.append(opt(jid, c, opts[0].value + rng.randint(0, 10) * 100, pinned))
+        jobs.append(job(jid))
+        options[jid] = opts
+    return cluster, jobs, options
+
+
+def brute_force(cluster: ClusterView, options: dict[str, list[Option]]) -> int:
+    """Best total value over every (option or none) per job, with an exact
+    node-level feasibility check (distinct nodes, free GPUs per node)."""
+    free = {n.name: n.gpus_free for n in cluster.nodes}
+    kind = {n.name: n.gpu_type for n in cluster.nodes}
+    jids = list(options)
+    best = 0
+    pinned_nodes = {n for opts in options.values() for o in opts if o.pinned for n, _ in o.pinned}
+
+    def node_sets(o: Option):
+        if o.pinned is not None:
+            if all(free[n] >= g for n, g in o.pinned):
+                yield o.pinned
+            return
+        c = o.cell
+        ok = [n for n in free if kind[n] == c.gpu_type and free[n] >= c.gpus_per_node]
+        seen = set()
+        for combo in itertools.combinations(ok, c.num_nodes):
+            # nodes of equal free GPUs are interchangeable, unless a pinned option names them
+            sig = tuple(sorted((free[n], n if n in pinned_nodes else "") for n in combo))
+            if sig not in seen:
+                seen.add(sig)
+                yield tuple((n, c.gpus_per_node) for n in combo)
+
+    def dfs(i: int, total: int) -> None:
+        nonlocal best
+        best = max(best, total)
+        if i == len(jids) or total + sum(max((o.value for o in options[j]), default=0) for j in jids[i:]) <= best:
+            return
+        for o in options[jids[i]]:
+            for nodes in node_sets(o):
+                for n, g in nodes:
+                    free[n] -= g
+                dfs(i + 1, total + o.value)
+                for n, g in nodes:
+                    free[n] += g
+        dfs(i + 1, total)
+
+    dfs(0, 0)
+    return best
+
+
+def units(x: float) -> int:
+    return int(round(x * 10_000))
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_cpsat_matches_brute_force(seed):
+    cluster, jobs, options = random_instance(random.Random(seed))
+    res = place_jobs(Space.of(cluster), jobs, options, SolverConfig(workers=1, relative_gap_limit=0.0))
+    validate_plan(cluster, res.placements)
+    assert res.status == "OPTIMAL"
+    assert units(res.objective) == brute_force(cluster, options)
+    assert units(res.objective) == sum(  # the reported objective is what the placements are worth
+        max(o.value for o in options[j] if o.cell == p.cell and (o.pinned is None or sorted(o.pinned) == sorted(p.nodes)))
+        for j, p in res.placements.items())
+
+
+def test_aggregated_model_on_small_instances_is_placeable():
+    for seed in range(20):
+        cluster, jobs, options = random_instance(random.Random(1000 + seed))
+        res = place_jobs(Space.of(cluster), jobs, options, SolverConfig(workers=1, exact_node_model_max_nodes=0))
+        validate_plan(cluster, res.placements)
+        assert units(res.objective) <= brute_force(cluster, options)
+
+
+def test_exact_model_uses_distinct_nodes():
+    # 2x2 on one 4-GPU node is not a 2-node layout: only the 1x4 option fits.
+    cluster = ClusterView((NodeView("n0", "a100", 4, 4),))
+    options = {"a": [opt("a", Cell("a100", 2, 2), 500), opt("a", Cell("a100", 1, 4), 100)]}
+    res = place_jobs(Space.of(cluster), [job("a")], options, SolverConfig(workers=1, relative_gap_limit=0.0))
+    assert res.placements["a"].cell == Cell("a100", 1, 4)
+
+
+# ---------- scale ----------
+
+def arena_cluster(scale: int = 1) -> ClusterView:
+    spec = {"a100": (80, 4), "v100": (20, 16), "a40": (160, 2), "a10": (160, 2)}
+    return ClusterView(tuple(NodeView(f"{t}-{i:04d}", t, g, g) for t, (n, g) in spec.items() for i in range(n * scale)))
+
+
+def large_instance(seed: int, num_jobs: int = 500):
+    rng = random.Random(seed)
+    cluster = arena_cluster()
+    # a few nodes partly held by unmanaged jobs
+    nodes = tuple(replace(n, gpus_free=n.gpus_total - 1) if rng.random() < 0.05 else n for n in cluster.nodes)
+    cluster = ClusterView(nodes)
+    size = {"a100": 4, "v100": 16, "a40": 2, "a10": 2}
+    speed = {"a100": 3.0, "v100": 1.5, "a40": 1.7, "a10": 1.0}
+    jobs, options = [], {}
+    for j in range(num_jobs):
+        jid = f"j{j:04d}"
+        opts = []
+        for t in size:
+            for gpus in (1, 2, 4, 8, 16):
+                per = min(gpus, size[t])
+                cell = Cell(t, gpus // per, per)
+                val = int(1000 * speed[t] * gpus ** 0.5 * (0.9 if cell.num_nodes > 1 else 1.0) * rng.uniform(0.8, 1.2))
+                opts.append(opt(jid, cell, val))
+        opts.sort(key=lambda o: -o.value)
+        jobs.append(job(jid))
+        options[jid] = opts[:12]
+    return cluster, jobs, options
+
+
+def test_large_instance_is_placeable_and_near_optimal():
+    cluster, jobs, options = large_instance(0)
+    res = place_jobs(Space.of(cluster), jobs, options, SolverConfig(time_limit_s=10, deterministic_time=10))
+    validate_plan(cluster, res.placements)
+    used = sum(p.cell.num_gpus for p in res.placements.values())
+    assert used <= 1280 and len(res.placements) > 200
+    assert res.status in ("OPTIMAL", "FEASIBLE")
+    assert res.bound >= res.objective > 0
+    assert (res.bound - res.objective) / res.objective <= 0.02
+
+
+# ---------- determinism, warm start, time limit, fallback ----------
+
+def test_same_seed_same_plan():
+    cluster, jobs, options = large_instance(1, 200)
+    cfg = SolverConfig(workers=2, seed=7, deterministic_time=0.5, time_limit_s=30)
+    a = place_jobs(Space.of(cluster), jobs, options, cfg)
+    b = place_jobs(Space.of(cluster), jobs, options, cfg)
+    assert a.placements == b.placements and a.objective == b.objective
+
+
+def test_time_limit_returns_feasible_with_bound():
+    cluster, jobs, options = large_instance(2, 300)
+    res = place_jobs(Space.of(cluster), jobs, options, SolverConfig(workers=1, deterministic_time=0.01))
+    validate_plan(cluster, res.placements)
+    assert res.status == "FEASIBLE"
+    assert res.bound > res.objective > 0
+
+
+def test_unusable_cpsat_answer_falls_back_to_greedy():
+    cluster, jobs, options = large_instance(3, 100)
+    res = place_jobs(Space.of(cluster), jobs, options, SolverConfig(time_limit_s=0.0))
+    assert res.status == "GREEDY"
+    assert res.placements and res.objective > 0
+    validate_plan(cluster, res.placements)
+    unplaced = [j.job_id for j in jobs if j.job_id not in res.placements]
+    assert all("CP-SAT" in res.reasons[j] for j in unplaced)
+
+
+def test_solver_exception_falls_back_to_greedy(monkeypatch):
+    import solver.placement.joint as joint
+
+    def broken(*a, **k):
+        raise RuntimeError("model invalid")
+
+    monkeypatch.setattr(joint, "solve_cpsat", broken)
+    cluster, jobs, options = large_instance(4, 50)
+    res = place_jobs(Space.of(cluster), jobs, options, SolverConfig())
+    assert res.status == "GREEDY" and len(res.placements) == 50
+    validate_plan(cluster, res.placements)
+
+
+def test_warm_start_from_previous_keeps_an_optimal_plan():
+    cluster, jobs, options = large_instance(5, 100)
+    cfg = SolverConfig(workers=1)
+    first = place_jobs(Space.of(cluster), jobs, options, cfg)
+    again = place_jobs(Space.of(cluster), jobs, options, cfg, preferred=first.placements)
+    assert again.objective >= first.objective
+
+
+# ---------- validate_plan ----------
+
+def test_validate_plan_rejects_violations():
+    cluster = ClusterView((NodeView("a", "a100", 4, 4), NodeView("b", "a100", 4, 2), NodeView("v", "v100", 4, 4)))
+    plan = ParallelPlan(1, 4, 1)
+    good = Placement("j", Cell("a100", 1, 4), (("a", 4),), plan, 1.0)
+    validate_plan(cluster, {"j": good})
+    bad = {
+        "over free": {"j": Placement("j", Cell("a100", 1, 4), (("b", 4),), plan, 1.0)},
+        "two jobs on a": {"j": good, "k": replace(good, job_id="k")},
+        "wrong type": {"j": Placement("j", Cell("a100", 1, 4), (("v", 4),), plan, 1.0)},
+        "layout": {"j": Placement("j", Cell("a100", 2, 2), (("a", 4),), plan, 1.0)},
+        "same node twice": {"j": Placement("j", Cell("a100", 2, 2), (("a", 2), ("a", 2)), plan, 1.0)},
+        "unknown node": {"j": Placement("j", Cell("a100", 1, 4), (("zz", 4),), plan, 1.0)},
+        "plan size": {"j": Placement("j", Cell("a100", 1, 4), (("a", 4),), ParallelPlan(1, 2, 1), 1.0)},
+    }
+    for what, placements in bad.items():
+        with pytest.raises(PlanError):
+            validate_plan(cluster, placements)
+            pytest.fail(what)

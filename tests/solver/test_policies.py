@@ -1,0 +1,246 @@
+"""Policies: cellsched (elastic and static), FCFS, Gavel, Sia."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from solver.models import ModelSpec
+from solver.placement import validate_plan
+from solver.policies import get_policy
+from solver.types import (Cell, ClusterView, Estimate, JobRequest, NodeView, ParallelPlan, Placement,
+                          ScheduleRequest, SolverConfig)
+
+MODEL = ModelSpec("tiny", "gpt", 4, 256, 4, 128, 1000, 1e7)
+
+
+class TableEstimator:
+    """Iteration times from a table {(job_id, cell key): seconds}; missing = infeasible."""
+
+    def __init__(self, table: dict[tuple[str, str], float]) -> None:
+        self.table = table
+
+    def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
+        t = self.table.get((job.job_id, cell.key()))
+        if t is None:
+            return Estimate(cell, None, float("inf"), 0.0, "table", "no entry")
+        return Estimate(cell, ParallelPlan(cell.pp, cell.num_gpus // cell.pp, 1), t, 1.0, "table")
+
+
+def table_for(jobs, cluster, speed: dict[tuple[str, str], float], scaling: float = 0.9) -> TableEstimator:
+    """Every cell up to 16 GPUs: base time / speed / GPUs ** scaling (x1.1 per extra stage, x1.1 off-node)."""
+    table = {}
+    for j in jobs:
+        for t in cluster.gpu_types():
+            if (j.job_id, t) not in speed:
+                continue
+            size = max(n.gpus_total for n in cluster.nodes_of(t))
+            for gpus in (1, 2, 4, 8, 16):
+                for per in (1, 2, 4, 8, 16):
+                    if per > size or gpus % per or per > gpus:
+                        continue
+                    for pp in (1, 2, 4):
+                        if gpus % pp == 0 and pp <= 4:
+                            cell = Cell(t, gpus // per, per, pp)
+                            table[(j.job_id, cell.key())] = (10.0 / speed[(j.job_id, t)] / gpus ** scaling
+                                                             * 1.1 ** (pp - 1) * (1.1 if gpus > per else 1.0))
+    return TableEstimator(table)
+
+
+def job(jid: str, **kw) -> JobRequest:
+    kw.setdefault("iterations", 1000)
+    return JobRequest(jid, MODEL, 32, **kw)
+
+
+def running(j: JobRequest, cell: Cell, nodes, t: float, **kw) -> JobRequest:
+    return replace(j, current=Placement(j.job_id, cell, tuple(nodes), ParallelPlan(1, cell.num_gpus, 1), t), **kw)
+
+
+# ---------- cellsched ----------
+
+TWO_TYPES = ClusterView((NodeView("a100-0", "a100", 1, 1), NodeView("a10-0", "a10", 1, 1)))
+
+
+def move_case(fast: float, **jobkw):
+    """One 1-GPU job running on the A10; the A100 is `fast` times faster."""
+    j = job("j", max_gpus=1, **jobkw)
+    est = table_for([j], TWO_TYPES, {("j", "a100"): fast, ("j", "a10"): 1.0})
+    cell = Cell("a10", 1, 1)
+    j = running(j, cell, [("a10-0", 1)], est.table[("j", cell.key())])
+    return j, est
+
+
+CFG = SolverConfig(fairness_p=1.0, w_short_jobs=0.0, w_age=0.0, restart_penalty=1.0,
+                   default_restart_cost_s=60.0, horizon_s=300.0)  # a move keeps 80% of its value
+
+
+@pytest.mark.parametrize("fast,moves", [(1.1, False), (2.0, True)])
+def test_elastic_job_moves_only_when_gain_pays_restart(fast, moves):
+    j, est = move_case(fast, elastic=True)
+    rep = get_policy("cellsched").schedule(ScheduleRequest(TWO_TYPES, (j,), config=CFG), est)
+    validate_plan(TWO_TYPES, rep.placements)
+    assert rep.placements["j"].cell.gpu_type == ("a100" if moves else "a10")
+    # stay is worth u(a10) = 1/fast, a move 0.8 * u(a100) = 0.8
+    assert rep.objective == pytest.approx(0.8 if moves else 1 / fast, rel=1e-3)
+
+
+def test_measured_restart_cost_overrides_default():
+    j, est = move_case(2.0, elastic=True, restart_cost_s=200.0)  # a move keeps 1/3 < 1/2
+    rep = get_policy("cellsched").schedule(ScheduleRequest(TWO_TYPES, (j,), config=CFG), est)
+    assert rep.placements["j"].cell.gpu_type == "a10"
+
+
+@pytest.mark.parametrize("policy,elastic,cfg", [
+    ("cellsched", False, CFG),
+    ("cellsched-static", True, CFG),
+    ("cellsched", True, replace(CFG, allow_resize=False)),
+])
+def test_running_job_keeps_placement(policy, elastic, cfg):
+    j, est = move_case(10.0, elastic=elastic)
+    rep = get_policy(policy).schedule(ScheduleRequest(TWO_TYPES, (j,), config=cfg), est)
+    assert rep.placements["j"] == j.current
+
+
+def test_non_elastic_running_jobs_are_never_stopped_for_pending_ones():
+    cluster = ClusterView((NodeView("a100-0", "a100", 4, 4),))
+    r = job("r", max_gpus=4)
+    p = job("p", max_gpus=4, submit_time=-1e6)  # old and waiting
+    est = table_for([r, p], cluster, {("r", "a100"): 1.0, ("p", "a100"): 5.0})
+    cell = Cell("a100", 1, 4)
+    r = running(r, cell, [("a100-0", 4)], est.table[("r", cell.key())])
+    rep = get_policy("cellsched").schedule(ScheduleRequest(cluster, (r, p), config=CFG, now=0.0), est)
+    assert rep.placements["r"] == r.current and "p" not in rep.placements and rep.reasons["p"]
+
+
+def random_cluster_and_jobs(seed: int, n_jobs: int = 12):
+    rng = random.Random(seed)
+    nodes = [NodeView(f"a100-{i}", "a100", 4, rng.choice([4, 4, 3])) for i in range(3)]
+    nodes += [NodeView(f"v100-{i}", "v100", 8, 8) for i in range(2)]
+    nodes += [NodeView(f"a10-{i}", "a10", 2, 2) for i in range(4)]
+    cluster = ClusterView(tuple(nodes))
+    jobs = [job(f"j{i}", elastic=True, submit_time=float(i), iterations=rng.randint(100, 5000),
+                requested_gpus=rng.choice([1, 2, 4]), requested_gpu_type=rng.choice(["a100", "v100", "a10"]))
+            for i in range(n_jobs)]
+    speed = {(j.job_id, t): s * rng.uniform(0.7, 1.3) for j in jobs for t, s in (("a100", 3), ("v100", 1.5), ("a10", 1))}
+    return cluster, jobs, table_for(jobs, cluster, speed)
+
+
+@pytest.mark.parametrize("name", ["cellsched", "cellsched-static", "fcfs", "fcfs-backfill", "gavel", "sia"])
+def test_every_policy_gives_a_placeable_deterministic_plan(name):
+    cluster, jobs, est = random_cluster_and_jobs(1)
+    req = ScheduleRequest(cluster, tuple(jobs), config=SolverConfig(seed=3), now=100.0)
+    a = get_policy(name).schedule(req, est)
+    b = get_policy(name).schedule(req, est)
+    validate_plan(cluster, a.placements)
+    assert a.placements == b.placements and a.status == b.status
+    assert a.placements, f"{name} placed nothing"
+    assert all(j.job_id in a.placements or a.reasons.get(j.job_id) for j in jobs)
+
+
+def test_cellsched_round_trip_with_running_jobs_is_stable():
+    cluster, jobs, est = random_cluster_and_jobs(2)
+    pol = get_policy("cellsched")
+    req = ScheduleRequest(cluster, tuple(jobs), config=SolverConfig(), now=100.0)
+    first = pol.schedule(req, est)
+    now_running = tuple(replace(j, current=first.placements.get(j.job_id)) for j in jobs)
+    second = pol.schedule(replace(req, jobs=now_running, previous=first.placements), est)
+    validate_plan(cluster, second.placements)
+    assert second.placements == first.placements  # nothing changed, so nothing pays a restart
+
+
+def test_cellsched_uses_all_gpus_when_jobs_can_grow():
+    cluster, jobs, est = random_cluster_and_jobs(3, n_jobs=3)
+    rep = get_policy("cellsched").schedule(ScheduleRequest(cluster, tuple(jobs), config=SolverConfig()), est)
+    assert len(rep.placements) == 3 and rep.status == "OPTIMAL"
+    assert sum(p.cell.num_gpus for p in rep.placements.values()) > 3
+
+
+# ---------- FCFS ----------
+
+FCFS_CLUSTER = ClusterView(tuple(NodeView(f"a100-{i}", "a100", 4, 4) for i in range(2))
+                           + (NodeView("v100-0", "v100", 4, 4),))
+
+
+def fcfs_jobs():
+    spec = [("j1", "a100", 4), ("j2", "a100", 8), ("j3", "a100", 2), ("j4", "v100", 2)]
+    jobs = [job(j, requested_gpu_type=t, requested_gpus=n, submit_time=float(i)) for i, (j, t, n) in enumerate(spec)]
+    running_j1 = None
+    return jobs, table_for(jobs, FCFS_CLUSTER, {(j.job_id, t): 1.0 for j in jobs for t in ("a100", "v100")}), running_j1
+
+
+def test_fcfs_is_strict_per_gpu_type():
+    jobs, est, _ = fcfs_jobs()
+    rep = get_policy("fcfs").schedule(ScheduleRequest(FCFS_CLUSTER, tuple(jobs)), est)
+    validate_plan(FCFS_CLUSTER, rep.placements)
+    assert set(rep.placements) == {"j1", "j4"}  # j2 (8 x A100) cannot start; j3 waits behind it
+    assert "FCFS" in rep.reasons["j3"]
+    assert rep.placements["j1"].cell == Cell("a100", 1, 4)  # best locality
+
+
+def test_fcfs_backfill_starts_later_jobs_that_fit():
+    jobs, est, _ = fcfs_jobs()
+    rep = get_policy("fcfs-backfill").schedule(ScheduleRequest(FCFS_CLUSTER, tuple(jobs)), est)
+    assert set(rep.placements) == {"j1", "j3", "j4"}
+
+
+def test_fcfs_relaxes_locality_and_keeps_running_jobs():
+    cluster = ClusterView(tuple(NodeView(f"a100-{i}", "a100", 4, 4) for i in range(4)))
+    r = job("r", requested_gpu_type="a100", requested_gpus=6)
+    p = job("p", requested_gpu_type="a100", requested_gpus=8, submit_time=1.0)
+    est = table_for([r, p], cluster, {("r", "a100"): 1.0, ("p", "a100"): 1.0})
+    r = running(r, Cell("a100", 3, 2), [(f"a100-{i}", 2) for i in range(3)], 1.0)  # free GPUs: 2, 2, 2, 4
+    rep = get_policy("fcfs").schedule(ScheduleRequest(cluster, (r, p)), est)
+    validate_plan(cluster, rep.placements)
+    assert rep.placements["r"] == r.current
+    assert rep.placements["p"].cell == Cell("a100", 4, 2)  # 2x4 does not fit any more, 4x2 does
+
+
+def test_fcfs_feasible_rule_is_respected():
+    jobs, est, _ = fcfs_jobs()
+    never_v100 = lambda j, c: c.gpu_type != "v100"
+    rep = get_policy("fcfs", feasible=never_v100).schedule(ScheduleRequest(FCFS_CLUSTER, tuple(jobs)), est)
+    assert "j4" not in rep.placements and "feasible" in rep.reasons["j4"]
+
+
+# ---------- Gavel and Sia ----------
+
+def hetero_case():
+    cluster = ClusterView((NodeView("a100-0", "a100", 1, 1), NodeView("a10-0", "a10", 1, 1)))
+    x = job("x", requested_gpus=1, max_gpus=1)
+    y = job("y", requested_gpus=1, max_gpus=1)
+    speed = {("x", "a100"): 10.0, ("x", "a10"): 1.0, ("y", "a100"): 1.2, ("y", "a10"): 1.0}
+    return cluster, (x, y), table_for([x, y], cluster, speed)
+
+
+@pytest.mark.parametrize("name", ["gavel", "sia"])
+def test_baselines_prefer_the_faster_gpu_type(name):
+    cluster, jobs, est = hetero_case()
+    rep = get_policy(name).schedule(ScheduleRequest(cluster, jobs), est)
+    validate_plan(cluster, rep.placements)
+    assert rep.placements["x"].cell.gpu_type == "a100"  # x gains 10x there, y only 1.2x
+    assert rep.placements["y"].cell.gpu_type == "a10"
+    assert all(p.plan.pp == 1 and p.plan.tp == 1 for p in rep.placements.values())
+
+
+@pytest.mark.parametrize("name", ["gavel", "sia"])
+def test_baselines_respect_the_feasible_rule(name):
+    cluster, jobs, est = hetero_case()
+    rep = get_policy(name, feasible=lambda j, c: not (j.job_id == "x" and c.gpu_type == "a100")).schedule(
+        ScheduleRequest(cluster, jobs), est)
+    assert rep.placements["x"].cell.gpu_type == "a10"
+
+
+def test_gavel_max_min_serves_the_least_served_job_first():
+    cluster = ClusterView((NodeView("a100-0", "a100", 1, 1),))
+    old = job("old", requested_gpus=1, iterations_done=900.0, submit_time=0.0)
+    new = job("new", requested_gpus=1, submit_time=0.0)
+    est = table_for([old, new], cluster, {("old", "a100"): 1.0, ("new", "a100"): 1.0})
+    rep = get_policy("gavel").schedule(ScheduleRequest(cluster, (old, new), now=1000.0), est)
+    assert set(rep.placements) == {"new"}
+
+
+def test_unknown_policy():
+    with pytest.raises(ValueError, match="unknown policy"):
+        get_policy("nope")
