@@ -1,1 +1,22 @@
-"""cellsched's in-job runtime: srun wrapper, parallel groups, elastic training."""
+"""cellsched's in-job runtime: srun wrapper, parallel groups, elastic training.
+
+Importing the package stays light (the launcher runs on this path); the
+torch-based parts load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from launch.parallel import ParallelContext, init_parallel
+
+__all__ = ["ParallelContext", "init_parallel"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from launch import parallel
+
+        return getattr(parallel, name)
+    raise AttributeError(f"module 'launch' has no attribute {name!r}")

@@ -26,7 +26,8 @@ class JobPlan:
     """Parallel layout and run-time settings of one job.
 
     pp/dp/tp: pipeline, data and tensor parallel degrees (pp*dp*tp tasks).
-    micro_batches: micro-batches per iteration per pipeline.
+    micro_batches: micro-batches per iteration per pipeline (per virtual
+      worker when virtual_workers is set).
     global_batch: samples per iteration (None: the trainer decides).
     gpu_types / nodes / gpus_per_node: where it runs (informational for the job).
     batch_shares: one weight per dp rank (uneven batches, Cephalo); None = even.
@@ -35,7 +36,8 @@ class JobPlan:
     checkpoint_dir: where to checkpoint / resume; the job also writes its
       progress there (``progress.json``: step, iterations_done, time), the
       channel through which the controller learns a running job's progress.
-    cell: the cell key the solver chose; job_id: the Slurm job id.
+    cell: the cell key the solver chose; job_id: the Slurm job id (the
+      launcher refuses a plan whose job_id is not its SLURM_JOB_ID).
     """
 
     pp: int = 1

@@ -1,0 +1,174 @@
+"""``cellsched-launch [--print-env] [--] CMD [ARGS...]``: the srun wrapper.
+
+Run once per task (``srun cellsched-launch -- python train.py``). It reads
+the Slurm step environment and the job's plan, sets the variables
+torch.distributed expects plus the plan, and replaces itself with CMD.
+
+Plan source, first found: ``CELLSCHED_PLAN`` (inline JSON or a file path),
+else the job's AdminComment (``scontrol show -o job $SLURM_JOB_ID``).
+Overrides: ``CELLSCHED_MASTER_ADDR``, ``CELLSCHED_MASTER_PORT``.
+Exit status 2 with a one-line message when the step and plan disagree,
+the plan is missing or malformed, or CMD is missing.
+
+Keep this path light: stdlib and ``solver.plan`` only (no torch).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+from collections.abc import Mapping, Sequence
+
+from launch import scontrol
+from launch.slurm_env import SlurmEnv, SlurmEnvError
+from solver.plan import JobPlan, PlanError
+
+EXIT_USAGE = 2
+PORT_BASE, PORT_SPAN = 20000, 20000
+USAGE = "usage: cellsched-launch [--print-env] [--] CMD [ARGS...]"
+
+
+class LaunchError(Exception):
+    """The task cannot be launched; the message names the problem."""
+
+
+def load_plan(env: Mapping[str, str], slurm: SlurmEnv) -> JobPlan:
+    """The job's plan from CELLSCHED_PLAN or the job's AdminComment."""
+    text = env.get("CELLSCHED_PLAN", "").strip()
+    try:
+        if text.startswith("{"):
+            plan = JobPlan.from_json(text)
+        elif text:
+            try:
+                with open(text, encoding="utf-8") as f:
+                    plan = JobPlan.from_json(f.read())
+            except OSError as e:
+                raise LaunchError(f"CELLSCHED_PLAN names file {text!r} that cannot be read: {e.strerror}") from None
+        else:
+            try:
+                found = scontrol.job_plan_dict(slurm.job_id)
+            except scontrol.ScontrolError as e:
+                raise LaunchError(f"no CELLSCHED_PLAN and the AdminComment cannot be read: {e}") from None
+            except ValueError as e:
+                raise LaunchError(f"job {slurm.job_id}: {e}") from None
+            if found is None:
+                raise LaunchError(f"no plan: CELLSCHED_PLAN is unset and job {slurm.job_id} has no AdminComment")
+            plan = JobPlan.from_dict(found)
+    except PlanError as e:
+        raise LaunchError(f"bad plan: {e}") from None
+    if plan.job_id is not None and str(plan.job_id) != slurm.job_id:
+        raise LaunchError(f"the plan is for job {plan.job_id}, this is job {slurm.job_id}")
+    if plan.world_size != slurm.ntasks:
+        raise LaunchError(
+            f"the step has {slurm.ntasks} tasks but the plan needs pp*dp*tp = "
+            f"{plan.pp}*{plan.dp}*{plan.tp} = {plan.world_size}"
+        )
+    return plan
+
+
+def master_addr(env: Mapping[str, str], slurm: SlurmEnv) -> str:
+    """Address of rank 0's node.
+
+    A single-node step rendezvous over loopback; otherwise the head node's
+    NodeAddr from scontrol, since node names need not resolve.
+    """
+    if env.get("CELLSCHED_MASTER_ADDR", "").strip():
+        return env["CELLSCHED_MASTER_ADDR"].strip()
+    if slurm.nnodes == 1:
+        return "127.0.0.1"
+    try:
+        return scontrol.node_addr(slurm.head_node)
+    except scontrol.ScontrolError as e:
+        raise LaunchError(
+            f"cannot find the address of node {slurm.head_node} (set CELLSCHED_MASTER_ADDR): {e}"
+        ) from None
+
+
+def master_port(env: Mapping[str, str], slurm: SlurmEnv) -> int:
+    """A port fixed by (job, step), so every task computes the same one."""
+    text = env.get("CELLSCHED_MASTER_PORT", "").strip()
+    if text:
+        if not text.isdigit() or not 0 < int(text) < 65536:
+            raise LaunchError(f"CELLSCHED_MASTER_PORT={text!r} is not a port number")
+        return int(text)
+    return PORT_BASE + zlib.crc32(f"{slurm.job_id}.{slurm.step_id}".encode()) % PORT_SPAN
+
+
+def gpu_count(dev: str = "/dev") -> int:
+    """NVIDIA GPUs on this node, counted from device files (no CUDA init)."""
+    try:
+        return sum(1 for n in os.listdir(dev) if n.startswith("nvidia") and n[6:].isdigit())
+    except OSError:
+        return 0
+
+
+def task_env(env: Mapping[str, str], slurm: SlurmEnv, plan: JobPlan) -> dict[str, str]:
+    """The variables this task's command gets on top of its environment."""
+    out = {
+        "RANK": str(slurm.procid),
+        "LOCAL_RANK": str(slurm.localid),
+        "WORLD_SIZE": str(slurm.ntasks),
+        "LOCAL_WORLD_SIZE": str(slurm.local_ntasks),
+        "GROUP_RANK": str(slurm.nodeid),
+        "MASTER_ADDR": master_addr(env, slurm),
+        "MASTER_PORT": str(master_port(env, slurm)),
+        "CELLSCHED_PLAN": plan.to_json(),
+        "CELLSCHED_PP": str(plan.pp),
+        "CELLSCHED_DP": str(plan.dp),
+        "CELLSCHED_TP": str(plan.tp),
+    }
+    if "CUDA_VISIBLE_DEVICES" not in env:
+        gpus = gpu_count()
+        if gpus:
+            out["CUDA_VISIBLE_DEVICES"] = str(slurm.localid % gpus)
+    return out
+
+
+def parse_args(argv: Sequence[str]) -> tuple[bool, list[str]]:
+    """-> (print_env, CMD)."""
+    print_env, i = False, 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            i += 1
+            break
+        if a == "--print-env":
+            print_env = True
+        elif a in ("-h", "--help"):
+            print(USAGE + "\n" + (__doc__ or "").split("\n\n", 1)[1].split("Keep this")[0].rstrip())
+            raise SystemExit(0)
+        elif a.startswith("-"):
+            raise LaunchError(f"unknown option {a!r} ({USAGE})")
+        else:
+            break
+        i += 1
+    cmd = list(argv[i:])
+    if not cmd and not print_env:
+        raise LaunchError(f"no command to run ({USAGE})")
+    return print_env, cmd
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        print_env, cmd = parse_args(argv)
+        slurm = SlurmEnv.from_environ(os.environ)
+        plan = load_plan(os.environ, slurm)
+        extra = task_env(os.environ, slurm, plan)
+    except (LaunchError, SlurmEnvError) as e:
+        print(f"cellsched-launch: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if print_env:
+        for k in sorted(extra):
+            print(f"{k}={extra[k]}")
+        if not cmd:
+            return 0
+        sys.stdout.flush()
+    os.environ.update(extra)
+    try:
+        os.execvp(cmd[0], cmd)
+    except OSError as e:
+        print(f"cellsched-launch: error: cannot run {cmd[0]!r}: {e.strerror}", file=sys.stderr)
+        return 127 if isinstance(e, FileNotFoundError) else 126
+    return 0  # not reached

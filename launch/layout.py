@@ -1,0 +1,101 @@
+"""Pure arithmetic of a (pp, dp, tp) layout: no torch, no processes.
+
+Ranks follow Megatron order: tensor-parallel ranks adjacent, then data
+parallel, pipeline outermost, ``rank = (pp_rank * dp + dp_rank) * tp + tp_rank``
+(row-major over the mesh shape ``(pp, dp, tp)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+DIMS = ("pp", "dp", "tp")
+
+
+class LayoutError(ValueError):
+    """Degrees, ranks or sizes that do not fit together."""
+
+
+@dataclass(frozen=True)
+class Coords:
+    pp: int
+    dp: int
+    tp: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Parallel degrees of a job."""
+
+    pp: int
+    dp: int
+    tp: int
+
+    def __post_init__(self) -> None:
+        for d in DIMS:
+            v = getattr(self, d)
+            if not isinstance(v, int) or v < 1:
+                raise LayoutError(f"degree {d} must be an integer >= 1, got {v!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp * self.tp
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.pp, self.dp, self.tp)
+
+    def coords(self, rank: int) -> Coords:
+        if not 0 <= rank < self.world_size:
+            raise LayoutError(f"rank {rank} is outside a world of {self.world_size}")
+        return Coords(pp=rank // (self.dp * self.tp), dp=rank // self.tp % self.dp, tp=rank % self.tp)
+
+    def rank(self, c: Coords) -> int:
+        return (c.pp * self.dp + c.dp) * self.tp + c.tp
+
+    def group(self, dim: str, rank: int) -> tuple[int, ...]:
+        """Ranks that share every coordinate of RANK except DIM, in DIM order."""
+        if dim not in DIMS:
+            raise LayoutError(f"unknown dimension {dim!r} (one of {', '.join(DIMS)})")
+        c = self.coords(rank)
+        return tuple(self.rank(Coords(**{**c.__dict__, dim: i})) for i in range(getattr(self, dim)))
+
+
+def split_layers(num_layers: int, pp: int, stage_layers: Sequence[int] | None = None) -> tuple[range, ...]:
+    """Layer indices of each pipeline stage: as given, else as even as possible."""
+    if stage_layers is not None:
+        if len(stage_layers) != pp or sum(stage_layers) != num_layers:
+            raise LayoutError(f"stage_layers {list(stage_layers)} must give {pp} stages adding up to {num_layers} layers")
+        sizes = list(stage_layers)
+    else:
+        if num_layers < pp:
+            raise LayoutError(f"cannot split {num_layers} layers into {pp} pipeline stages")
+        sizes = list(largest_remainder(num_layers, [1] * pp))
+    starts = [sum(sizes[:i]) for i in range(pp)]
+    return tuple(range(s, s + n) for s, n in zip(starts, sizes))
+
+
+def largest_remainder(total: int, weights: Sequence[float]) -> tuple[int, ...]:
+    """Split TOTAL into integers proportional to WEIGHTS (Hamilton's method).
+
+    Deterministic: leftover units go to the largest remainders, ties to the
+    lower index.
+    """
+    if total < 0 or not weights or any(w <= 0 for w in weights):
+        raise LayoutError(f"cannot split {total} by weights {list(weights)}")
+    s = float(sum(weights))
+    quotas = [total * w / s for w in weights]
+    parts = [int(q) for q in quotas]
+    order = sorted(range(len(weights)), key=lambda i: (-(quotas[i] - parts[i]), i))
+    for i in order[: total - sum(parts)]:
+        parts[i] += 1
+    return tuple(parts)
+
+
+def virtual_worker_blocks(virtual_workers: int, dp: int) -> tuple[range, ...]:
+    """Contiguous blocks of virtual data-parallel workers, one per dp rank."""
+    if virtual_workers % dp:
+        raise LayoutError(f"{virtual_workers} virtual workers cannot be spread evenly over {dp} dp ranks")
+    k = virtual_workers // dp
+    return tuple(range(d * k, (d + 1) * k) for d in range(dp))

@@ -1,0 +1,153 @@
+"""The part of a Slurm step's environment the launcher needs, as a typed value.
+
+srun sets SLURM_* variables in every task; ``SlurmEnv.from_environ`` reads
+them once (step values before job values) and expands the compressed forms:
+host lists such as ``gpu-[01-03],cpu1`` and task counts such as ``4(x2),2``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+class SlurmEnvError(ValueError):
+    """A SLURM_* variable is missing or malformed."""
+
+
+@dataclass(frozen=True)
+class SlurmEnv:
+    """One task of a Slurm job step."""
+
+    job_id: str
+    step_id: str
+    procid: int
+    localid: int
+    ntasks: int
+    nnodes: int
+    nodeid: int
+    nodelist: tuple[str, ...]
+    tasks_per_node: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.procid < self.ntasks:
+            raise SlurmEnvError(f"SLURM_PROCID={self.procid} is outside 0..{self.ntasks - 1}")
+        if len(self.nodelist) != self.nnodes:
+            raise SlurmEnvError(f"node list has {len(self.nodelist)} nodes but SLURM_NNODES={self.nnodes}")
+        if len(self.tasks_per_node) != self.nnodes or sum(self.tasks_per_node) != self.ntasks:
+            raise SlurmEnvError(
+                f"tasks per node {list(self.tasks_per_node)} do not add up to {self.ntasks} tasks on {self.nnodes} nodes"
+            )
+        if not 0 <= self.nodeid < self.nnodes:
+            raise SlurmEnvError(f"SLURM_NODEID={self.nodeid} is outside 0..{self.nnodes - 1}")
+        if not 0 <= self.localid < self.tasks_per_node[self.nodeid]:
+            raise SlurmEnvError(f"SLURM_LOCALID={self.localid} is outside the {self.local_ntasks} tasks of this node")
+
+    @property
+    def local_ntasks(self) -> int:
+        """Tasks of this step on this node."""
+        return self.tasks_per_node[self.nodeid]
+
+    @property
+    def head_node(self) -> str:
+        """The step's first node (where rank 0 runs with block distribution)."""
+        return self.nodelist[0]
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str] | None = None) -> "SlurmEnv":
+        env = os.environ if env is None else env
+
+        def first(*names: str) -> str:
+            for n in names:
+                if env.get(n, "").strip():
+                    return env[n].strip()
+            raise SlurmEnvError(f"{names[0]} is not set (not inside an srun step?)")
+
+        def integer(*names: str) -> int:
+            text = first(*names)
+            try:
+                return int(text)
+            except ValueError:
+                raise SlurmEnvError(f"{names[0]}={text!r} is not an integer") from None
+
+        return cls(
+            job_id=first("SLURM_JOB_ID", "SLURM_JOBID"),
+            step_id=first("SLURM_STEP_ID", "SLURM_STEPID"),
+            procid=integer("SLURM_PROCID"),
+            localid=integer("SLURM_LOCALID"),
+            ntasks=integer("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
+            nnodes=integer("SLURM_STEP_NUM_NODES", "SLURM_NNODES"),
+            nodeid=integer("SLURM_NODEID"),
+            nodelist=expand_hostlist(first("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")),
+            tasks_per_node=expand_tasks_per_node(first("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")),
+        )
+
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+_TASKS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas that are not inside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise SlurmEnvError(f"host list {text!r} has an unmatched ']'")
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise SlurmEnvError(f"host list {text!r} has an unmatched '['")
+    parts.append(text[start:])
+    return parts
+
+
+def _expand_ranges(body: str, text: str) -> list[str]:
+    out: list[str] = []
+    for item in body.split(","):
+        m = _RANGE.match(item.strip())
+        if not m:
+            raise SlurmEnvError(f"host list {text!r} has a bad range {item!r}")
+        lo, hi = m.group(1), m.group(2) or m.group(1)
+        if int(hi) < int(lo):
+            raise SlurmEnvError(f"host list {text!r} has a descending range {item!r}")
+        width = len(lo) if lo.startswith("0") else 0
+        out.extend(str(i).zfill(width) for i in range(int(lo), int(hi) + 1))
+    return out
+
+
+def _expand_one(pattern: str, text: str) -> list[str]:
+    """Expand one host pattern; several bracket groups multiply out."""
+    open_at = pattern.find("[")
+    if open_at < 0:
+        return [pattern]
+    close_at = pattern.find("]", open_at)
+    head, body, tail = pattern[:open_at], pattern[open_at + 1 : close_at], pattern[close_at + 1 :]
+    return [head + mid + rest for mid in _expand_ranges(body, text) for rest in _expand_one(tail, text)]
+
+
+def expand_hostlist(text: str) -> tuple[str, ...]:
+    """``"n[1-3,5],gpu-[08-10]"`` -> ``("n1", "n2", "n3", "n5", "gpu-08", "gpu-09", "gpu-10")``."""
+    hosts: list[str] = []
+    for part in _split_top_level(text.strip()):
+        if not part.strip():
+            raise SlurmEnvError(f"host list {text!r} has an empty entry")
+        hosts.extend(_expand_one(part.strip(), text))
+    return tuple(hosts)
+
+
+def expand_tasks_per_node(text: str) -> tuple[int, ...]:
+    """``"4(x2),2"`` -> ``(4, 4, 2)``."""
+    counts: list[int] = []
+    for part in text.strip().split(","):
+        m = _TASKS.match(part.strip())
+        if not m:
+            raise SlurmEnvError(f"tasks per node {text!r} has a bad entry {part!r}")
+        counts.extend([int(m.group(1))] * int(m.group(2) or 1))
+    return tuple(counts)

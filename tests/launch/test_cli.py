@@ -1,0 +1,186 @@
+"""The launcher as srun runs it: a real process per task, real exec."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from srun_local import REPO, task_envs
+
+PLAN = {"pp": 2, "dp": 2, "tp": 1, "micro_batches": 4}
+SHOW_ENV = "import json, os; print(json.dumps(dict(os.environ)))"
+
+
+def launch(args, task, plan=PLAN, extra=None, path_prefix=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CELLSCHED_", "CUDA_"))}
+    env.update(task)
+    if plan is not None:
+        env["CELLSCHED_PLAN"] = plan if isinstance(plan, str) else json.dumps(plan)
+    if path_prefix:
+        env["PATH"] = f"{path_prefix}{os.pathsep}{env['PATH']}"
+    env.update(extra or {})
+    return subprocess.run(
+        [sys.executable, "-m", "launch", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+
+
+def child_env(result):
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_sets_torch_distributed_variables_and_execs():
+    tasks = task_envs(4, nnodes=2)
+    seen = [child_env(launch(["--", sys.executable, "-c", SHOW_ENV], t, extra={"CELLSCHED_MASTER_ADDR": "10.1.2.3"})) for t in tasks]
+    assert [e["RANK"] for e in seen] == ["0", "1", "2", "3"]
+    assert [e["LOCAL_RANK"] for e in seen] == ["0", "1", "0", "1"]
+    assert {e["WORLD_SIZE"] for e in seen} == {"4"} and {e["LOCAL_WORLD_SIZE"] for e in seen} == {"2"}
+    assert {e["MASTER_ADDR"] for e in seen} == {"10.1.2.3"}
+    assert len({e["MASTER_PORT"] for e in seen}) == 1 and 20000 <= int(seen[0]["MASTER_PORT"]) < 40000
+    assert (seen[0]["CELLSCHED_PP"], seen[0]["CELLSCHED_DP"], seen[0]["CELLSCHED_TP"]) == ("2", "2", "1")
+    assert json.loads(seen[0]["CELLSCHED_PLAN"])["micro_batches"] == 4
+
+
+def test_port_depends_on_job_and_step_and_can_be_overridden():
+    def port(**kw):
+        return child_env(launch(["--", sys.executable, "-c", SHOW_ENV], task_envs(4, **kw)[0]))["MASTER_PORT"]
+
+    assert port(job_id="7", step_id="0") == port(job_id="7", step_id="0")
+    assert len({port(job_id="7", step_id="0"), port(job_id="7", step_id="1"), port(job_id="8", step_id="0")}) == 3
+    forced = launch(["--", sys.executable, "-c", SHOW_ENV], task_envs(4)[0], extra={"CELLSCHED_MASTER_PORT": "31234"})
+    assert child_env(forced)["MASTER_PORT"] == "31234"
+
+
+def test_single_node_step_uses_loopback():
+    assert child_env(launch(["--", sys.executable, "-c", SHOW_ENV], task_envs(4)[2]))["MASTER_ADDR"] == "127.0.0.1"
+
+
+def test_print_env_without_command():
+    r = launch(["--print-env"], task_envs(4)[3], extra={"CELLSCHED_MASTER_PORT": "30000"})
+    assert r.returncode == 0, r.stderr
+    lines = dict(line.split("=", 1) for line in r.stdout.splitlines())
+    assert lines["RANK"] == "3" and lines["MASTER_PORT"] == "30000" and lines["MASTER_ADDR"] == "127.0.0.1"
+
+
+def test_command_arguments_pass_through_untouched():
+    r = launch([sys.executable, "-c", "import sys; print(sys.argv[1:])", "--print-env", "a b", "--"], task_envs(4)[0])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "['--print-env', 'a b', '--']"
+
+
+def test_plan_from_file(tmp_path):
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps({"dp": 2}))
+    e = child_env(launch(["--", sys.executable, "-c", SHOW_ENV], task_envs(2)[1], plan=str(f)))
+    assert e["CELLSCHED_DP"] == "2" and e["RANK"] == "1"
+
+
+@pytest.mark.parametrize(
+    "args, ntasks, plan, message",
+    [
+        (["--", "true"], 3, PLAN, "the step has 3 tasks but the plan needs pp*dp*tp = 2*2*1 = 4"),
+        (["--", "true"], 4, '{"pp": 2, "dp": 2', "bad plan: plan is not valid JSON"),
+        (["--", "true"], 4, {"pp": 0, "dp": 4}, "bad plan: plan field 'pp' must be an integer >= 1"),
+        (["--", "true"], 4, "/nonexistent/plan.json", "CELLSCHED_PLAN names file '/nonexistent/plan.json'"),
+        (["--", "true"], 4, {**PLAN, "job_id": "99"}, "the plan is for job 99, this is job 4242"),
+        (["--"], 4, PLAN, "no command to run"),
+        ([], 4, PLAN, "no command to run"),
+        (["--bogus", "true"], 4, PLAN, "unknown option '--bogus'"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args, ntasks, plan, message):
+    r = launch(args, task_envs(ntasks)[0], plan=plan)
+    assert r.returncode == 2
+    assert r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
+
+
+def test_outside_slurm_is_named():
+    env = {k: v for k, v in task_envs(4)[0].items() if k != "SLURM_JOB_ID"}
+    r = launch(["--", "true"], env)
+    assert r.returncode == 2 and "SLURM_JOB_ID is not set" in r.stderr
+
+
+def test_missing_command_binary():
+    r = launch(["--", "no-such-binary-xyz"], task_envs(4)[0])
+    assert r.returncode == 127 and "cannot run 'no-such-binary-xyz'" in r.stderr
+
+
+# A stand-in for the Slurm client (no cluster here): it prints what
+# Slurm 22.05's `scontrol show -o job|node` prints, and records its argv.
+FAKE_SCONTROL = r"""#!{python}
+import json, sys
+COMMENT = {comment!r}
+open({log!r}, "a").write(json.dumps(sys.argv[1:]) + "\n")
+kind, name = sys.argv[3], sys.argv[4]
+if kind == "job":
+    print("JobId=" + name + " JobName=train UserId=u(1000) Comment=see AdminComment=" + COMMENT +
+          " Priority=1 JobState=RUNNING NodeList=gpu[3-4] NumNodes=2 Features=a100")
+elif kind == "node" and name == "gpu3":
+    print("NodeName=gpu3 Arch=x86_64 CoresPerSocket=1 NodeAddr=127.0.0.13 NodeHostName=gpu3 State=ALLOCATED")
+else:
+    print("Node " + name + " not found", file=sys.stderr); sys.exit(1)
+"""
+
+
+def fake_scontrol(tmp_path, comment):
+    d = tmp_path / "bin"
+    d.mkdir()
+    log = tmp_path / "calls.jsonl"
+    (d / "scontrol").write_text(FAKE_SCONTROL.format(python=sys.executable, log=str(log), comment=comment))
+    (d / "scontrol").chmod(0o755)
+    return d, log
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_plan_from_admin_comment_and_master_from_node_addr(tmp_path, wrapped):
+    plan = {"pp": 1, "dp": 4, "tp": 1, "cell": "a100 x 4"}  # a space inside the JSON
+    comment = json.dumps({"plan": plan, "round": 3} if wrapped else plan)
+    d, log = fake_scontrol(tmp_path, comment)
+    task = {**task_envs(4, nnodes=2)[3], "SLURM_STEP_NODELIST": "gpu[3-4]", "SLURM_JOB_NODELIST": "gpu[3-4]"}
+    e = child_env(launch(["--", sys.executable, "-c", SHOW_ENV], task, plan=None, path_prefix=d))
+    assert e["MASTER_ADDR"] == "127.0.0.13" and e["CELLSCHED_DP"] == "4"
+    assert json.loads(e["CELLSCHED_PLAN"])["cell"] == "a100 x 4"
+    calls = [json.loads(x) for x in log.read_text().splitlines()]
+    assert calls == [["show", "-o", "job", "4242"], ["show", "-o", "node", "gpu3"]]
+
+
+def test_empty_admin_comment_is_named(tmp_path):
+    d, _ = fake_scontrol(tmp_path, "(null)")
+    r = launch(["--", "true"], task_envs(4)[0], plan=None, path_prefix=d)
+    assert r.returncode == 2 and "job 4242 has no AdminComment" in r.stderr
+
+
+def test_unknown_head_node_is_named(tmp_path):
+    d, _ = fake_scontrol(tmp_path, json.dumps(PLAN))
+    r = launch(["--", "true"], task_envs(4, nnodes=2)[0], plan=None, path_prefix=d)
+    assert r.returncode == 2 and "cannot find the address of node n1" in r.stderr and "not found" in r.stderr
+
+
+def test_launcher_is_fast_and_does_not_import_torch():
+    task = task_envs(4)[0]
+    r = launch([], task, extra={"PYTHONPROFILEIMPORTTIME": "1"})  # the launcher's own imports
+    assert "solver.plan" in r.stderr and "launch.cli" in r.stderr
+    assert not any(m in r.stderr for m in ("torch", "numpy", "ortools")), "launcher imported a heavy module"
+    best = min(_timed(lambda: launch(["--", "true"], task)) for _ in range(3))
+    baseline = min(_timed(lambda: subprocess.run([sys.executable, "-c", "pass"], timeout=60)) for _ in range(3))
+    print(f"launcher wall time {best * 1000:.0f} ms (bare python {baseline * 1000:.0f} ms)")
+    assert best - baseline < 1.0
+
+
+def _timed(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def test_gpu_count_reads_device_files(tmp_path):
+    from launch.cli import gpu_count
+
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "null"):
+        (tmp_path / name).touch()
+    assert gpu_count(str(tmp_path)) == 2
+    assert gpu_count(str(tmp_path / "missing")) == 0

@@ -1,0 +1,117 @@
+"""Layout arithmetic, batch slices, virtual workers and checkpoint files (one process)."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from launch import checkpoint
+from launch.elastic import VirtualWorker, ordered_sum
+from launch.layout import Layout, LayoutError, largest_remainder, split_layers, virtual_worker_blocks
+from launch.parallel import ParallelError, batch_slice
+from solver.plan import JobPlan
+
+
+@given(st.integers(1, 4), st.integers(1, 4), st.integers(1, 4))
+def test_megatron_order_roundtrip(pp, dp, tp):
+    layout = Layout(pp, dp, tp)
+    for rank in range(layout.world_size):
+        c = layout.coords(rank)
+        assert rank == (c.pp * dp + c.dp) * tp + c.tp == layout.rank(c)
+        assert rank in layout.group("tp", rank) and len(layout.group("dp", rank)) == dp
+    assert layout.group("tp", 0) == tuple(range(tp))
+
+
+def test_groups_of_a_2x2x2_layout():
+    layout = Layout(2, 2, 2)
+    assert layout.group("tp", 5) == (4, 5)
+    assert layout.group("dp", 5) == (5, 7)
+    assert layout.group("pp", 5) == (1, 5)
+    with pytest.raises(LayoutError, match="rank 8 is outside a world of 8"):
+        layout.coords(8)
+
+
+@given(st.integers(0, 10_000), st.lists(st.floats(0.1, 100), min_size=1, max_size=8))
+def test_largest_remainder_is_exact_and_close(total, weights):
+    parts = largest_remainder(total, weights)
+    assert sum(parts) == total
+    for p, w in zip(parts, weights):
+        assert abs(p - total * w / sum(weights)) < 1
+
+
+def test_largest_remainder_examples():
+    assert largest_remainder(16, [3, 1]) == (12, 4)
+    assert largest_remainder(10, [1, 1, 1]) == (4, 3, 3)
+    assert largest_remainder(7, [2, 1.5, 1]) == (3, 2, 2)  # quotas 3.11, 2.33, 1.56
+    assert largest_remainder(3, [1, 1]) == (2, 1)  # ties go to the lower index
+
+
+def test_split_layers():
+    assert split_layers(5, 2) == (range(0, 3), range(3, 5))
+    assert split_layers(6, 3, [1, 2, 3]) == (range(0, 1), range(1, 3), range(3, 6))
+    with pytest.raises(LayoutError, match="adding up to 6 layers"):
+        split_layers(6, 2, [1, 2])
+    with pytest.raises(LayoutError, match="cannot split 1 layers into 2"):
+        split_layers(1, 2)
+
+
+def test_batch_slices():
+    even = JobPlan(dp=2, micro_batches=2, virtual_workers=4)
+    assert batch_slice(even, 1, 16) == batch_slice(even, 1, 16)
+    s = batch_slice(even, 1, 16)
+    assert (s.offset, s.size, s.micro_batch_size, s.num_micro_batches, s.virtual_workers) == (8, 8, 2, 4, range(2, 4))
+    shares = JobPlan(dp=2, micro_batches=2, batch_shares=(3, 1))
+    assert [(batch_slice(shares, d, 16).offset, batch_slice(shares, d, 16).size) for d in (0, 1)] == [(0, 12), (12, 4)]
+    with pytest.raises(ParallelError, match="does not split into 4 virtual workers x 2 micro-batches"):
+        batch_slice(JobPlan(dp=2, micro_batches=2, virtual_workers=4), 0, 12)
+    with pytest.raises(ParallelError, match="batch share of 3 .* does not split into 2 micro-batches"):
+        batch_slice(JobPlan(dp=2, micro_batches=2, batch_shares=(3, 1)), 1, 12)
+    with pytest.raises(LayoutError, match="3 virtual workers cannot be spread evenly over 2"):
+        virtual_worker_blocks(3, 2)
+
+
+def test_virtual_worker_covers_its_shard_and_resumes():
+    vw = VirtualWorker(1, 3, dataset_size=10, seed=5)
+    epoch = vw.next_indices(vw.shard_size)
+    assert sorted(epoch) == [1, 4, 7]
+    vw.next_indices(2)
+    saved = vw.state_dict()
+    ahead = vw.next_indices(5), torch.rand(3, generator=vw.generator)
+    twin = VirtualWorker(1, 3, dataset_size=10, seed=5)
+    twin.load_state_dict(saved)
+    assert (twin.next_indices(5), torch.rand(3, generator=twin.generator))[0] == ahead[0]
+    assert vw.epoch == twin.epoch > 0
+    with pytest.raises(ValueError, match="loaded into 2/3"):
+        VirtualWorker(2, 3, 10, 5).load_state_dict(saved)
+
+
+def test_ordered_sum_runs_left_to_right():
+    xs = [torch.tensor([1e16]), torch.tensor([1.0]), torch.tensor([-1e16])]
+    assert ordered_sum(xs, None, 1).item() == (1e16 + 1.0) - 1e16
+
+
+def test_checkpoint_files_and_marker(tmp_path):
+    assert checkpoint.latest_step(tmp_path) is None and checkpoint.load_latest(tmp_path) is None
+    checkpoint.save(tmp_path, 3, {"w": torch.ones(2)})
+    checkpoint.save(tmp_path, 7, {"w": torch.zeros(2)})
+    assert (tmp_path / "LATEST").read_text() == "7\n"
+    assert torch.equal(checkpoint.load_latest(tmp_path)["w"], torch.zeros(2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["LATEST", "step-00000003.pt", "step-00000007.pt"]
+    (tmp_path / "LATEST").write_text("junk")
+    with pytest.raises(ValueError, match="not a step number"):
+        checkpoint.latest_step(tmp_path)
+
+
+def test_init_parallel_checks_the_world_before_joining(monkeypatch):
+    from launch.parallel import init_parallel
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ParallelError, match="WORLD_SIZE=3 but the plan needs pp\\*dp\\*tp = 4"):
+        init_parallel(JobPlan(dp=2, tp=2))
+    monkeypatch.delenv("CELLSCHED_PLAN", raising=False)
+    with pytest.raises(ParallelError, match="CELLSCHED_PLAN is not set"):
+        init_parallel()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ParallelError, match="3 virtual workers cannot be spread evenly over dp=2"):
+        init_parallel(JobPlan(dp=2, virtual_workers=3))
