@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The cellsched demo, end to end on one machine (Debian 12, as root):
+#
+#   bash contrib/demo.sh [--keep]
+#
+# Sets up Slurm + munge + .venv (contrib/setup.sh), brings up a local Slurm
+# dev cluster with fake GPUs of four types (LAB=/tmp/cellsched-demo), submits
+# jobs of different models through `cellsched sbatch` (held, untyped), runs
+# the controller until every job has finished, prints `cellsched status`,
+# and tears the cluster down (--keep leaves it running).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KEEP=0
+case "${1:-}" in
+  --keep) KEEP=1 ;;
+  "") ;;
+  *) echo "usage: $0 [--keep]" >&2; exit 2 ;;
+esac
+
+bash contrib/setup.sh
+VENV=${VENV:-.venv}
+export PATH="$PWD/$VENV/bin:$PATH"
+export LAB=/tmp/cellsched-demo
+unset CTLD_PORT SLURMD_BASEPORT DEVCLUSTER_SHAPE JOB_SUBMIT_LUA
+DEVCLUSTER=contrib/dev-cluster/devcluster.sh
+WORK=$LAB/demo
+CONFIG=$WORK/cellsched.toml
+CTL_PID=
+
+teardown() {
+  if [ -n "$CTL_PID" ]; then kill "$CTL_PID" 2>/dev/null || true; wait "$CTL_PID" 2>/dev/null || true; fi
+  if [ "$KEEP" = 1 ]; then
+    echo "demo: cluster kept; use it with:  export SLURM_CONF=$LAB/etc/slurm.conf  (stop: LAB=$LAB bash $DEVCLUSTER down)"
+  else
+    bash "$DEVCLUSTER" down
+  fi
+}
+
+echo "demo: starting the Slurm dev cluster under $LAB"
+bash "$DEVCLUSTER" up
+eval "$(bash "$DEVCLUSTER" env)"
+trap teardown EXIT
+rm -rf "$WORK"
+mkdir -p "$WORK"
+cat >"$CONFIG" <<CONF
+[controller]
+state_path = "$WORK/state.sqlite"
+interval_s = 3.0
+watch_s = 1.0
+min_gap_s = 1.0
+kick_file = "$WORK/kick"
+checkpoint_root = "$WORK/checkpoints"
+[metrics]
+port = 0
+[log]
+format = "text"
+CONF
+
+echo "demo: submitting jobs through cellsched sbatch"
+ids=()
+for spec in "gpt-1.3b 64" "gpt-350m 32" "bert__760M 64" "bert__1.3B 128" "moe__690M 64" "wide_resnet__500M 32" "gpt-2.7b 128" "gpt-125m 16"; do
+  read -r model batch <<<"$spec"
+  id=$(cellsched sbatch --parsable --model "$model" --global-batch "$batch" --iterations 100 \
+         -J "demo-$model" -o "$WORK/%j.out" --export=ALL,DEMO_SLEEP=4 contrib/examples/demo_job.sh)
+  echo "  job $id: $model, global batch $batch"
+  ids+=("$id")
+done
+squeue
+
+echo "demo: what the first round would do (cellsched plan)"
+cellsched plan --config "$CONFIG"
+
+echo "demo: running the controller (log: $WORK/controller.log)"
+cellsched controller run --config "$CONFIG" 2>"$WORK/controller.log" &
+CTL_PID=$!
+deadline=$((SECONDS + 300))
+while :; do
+  left=$(squeue -h -t PD,R,CG,CF -j "$(IFS=,; echo "${ids[*]}")" -o %i 2>/dev/null | wc -l)
+  [ "$left" -eq 0 ] && break
+  [ $SECONDS -lt $deadline ] || { echo "demo: jobs still unfinished after 300 s" >&2; squeue >&2; exit 1; }
+  sleep 2
+done
+sleep 4  # one more round records the ends
+
+echo "demo: cellsched status --all"
+cellsched status --all --config "$CONFIG"
+echo
+echo "demo: output of job ${ids[0]}:"
+cat "$WORK/${ids[0]}.out"
+failed=$(cellsched status --all --json --config "$CONFIG" | python3 -c 'import json,sys; print(sum(r["state"] != "COMPLETED" for r in json.load(sys.stdin)["jobs"]))')
+[ "$failed" -eq 0 ] || { echo "demo: $failed job(s) did not complete" >&2; exit 1; }
+echo "demo: all ${#ids[@]} jobs completed"

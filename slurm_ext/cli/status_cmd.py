@@ -1,0 +1,173 @@
+"""`cellsched status` (managed jobs, from the controller's state) and
+`cellsched plan` (what the next round would do, without doing it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from slurm_ext.cli.controller_cmd import ControllerError, load_config, open_state
+from slurm_ext.state import StateStore
+from solver.plan import JobPlan, PlanError
+
+_CONFIG = click.option("--config", "config_path", type=click.Path(dir_okay=False),
+                       help="Config file (default: $CELLSCHED_CONFIG, else /etc/cellsched/cellsched.toml).")
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
+def slurm_user(conf: str | None = None) -> str:
+    """SlurmUser from slurm.conf ($SLURM_CONF, else /etc/slurm/slurm.conf); "root" when unset."""
+    path = Path(conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    try:
+        for line in path.read_text().splitlines():
+            m = re.match(r"^\s*SlurmUser\s*=\s*(\S+)", line, re.IGNORECASE)
+            if m:
+                return m.group(1)
+    except OSError:
+        pass
+    return "root"
+
+
+def viewer() -> str | None:
+    """The user whose jobs the caller may see; None = everyone's (root or SlurmUser)."""
+    uid = os.getuid()
+    name = pwd.getpwuid(uid).pw_name if uid != 0 else "root"
+    return None if uid == 0 or name == slurm_user() else name
+
+
+def job_rows(state: StateStore, *, now: float, only_user: str | None = None, include_finished: bool = False) -> list[dict[str, Any]]:
+    """One dict per managed job: id, user, state, phase, cell, nodes, plan
+    (pp/dp/tp ...), estimated samples/s, progress, time in queue, reason."""
+    plans = state.latest_plans(applied_only=True)
+    rows = []
+    for job in state.jobs(include_finished=include_finished).values():
+        if only_user is not None and job.user != only_user:
+            continue
+        spec = json.loads(job.spec) if job.spec else {}
+        p = plans.get(job.job_id)
+        plan: JobPlan | None = None
+        if p is not None:
+            try:
+                plan = JobPlan.from_json(p.plan)
+            except PlanError:
+                plan = None
+        iterations = spec.get("iterations")
+        done = job.iterations_done
+        queued_until = job.start_time if job.start_time else (job.end_time if job.finished else now)
+        rows.append({
+            "job_id": job.job_id,
+            "user": job.user,
+            "state": job.slurm_state or "?",
+            "phase": job.phase,
+            "model": spec.get("model"),
+            "cell": p.cell if p else None,
+            "gpu_type": plan.gpu_types[0] if plan and plan.gpu_types else None,
+            "gpus": plan.world_size if plan else None,
+            "nodes": [f"{n}:{g}" for n, g in p.nodes] if p else [],
+            "partition": p.partition if p else None,
+            "pp": plan.pp if plan else None,
+            "dp": plan.dp if plan else None,
+            "tp": plan.tp if plan else None,
+            "plan": json.loads(p.plan) if p else None,
+            "samples_per_s": round(plan.global_batch / plan.iter_time_s, 3) if plan and plan.global_batch and plan.iter_time_s else None,
+            "iterations_done": done,
+            "iterations": iterations,
+            "progress_source": job.progress_source,
+            "queued_s": round(max(0.0, queued_until - job.submit_time), 1) if job.submit_time and queued_until else None,
+            "reason": job.bad_reason or job.reason,
+            "exit_code": job.exit_code,
+        })
+    return rows
+
+
+def _fmt_time(s: float | None) -> str:
+    if s is None:
+        return "-"
+    s = int(s)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    head = ("JOBID", "USER", "STATE", "CELL", "NODES", "PP/DP/TP", "SAMPLES/S", "PROGRESS", "QUEUED", "REASON")
+    lines = [head]
+    for r in rows:
+        prog = "-"
+        if r["iterations"]:
+            prog = f"{int(r['iterations_done'] or 0)}/{r['iterations']}"
+        lines.append((
+            r["job_id"], r["user"], r["state"], r["cell"] or "-", ",".join(r["nodes"]) or "-",
+            f"{r['pp']}/{r['dp']}/{r['tp']}" if r["pp"] else "-",
+            f"{r['samples_per_s']:.1f}" if r["samples_per_s"] else "-",
+            prog, _fmt_time(r["queued_s"]), r["reason"] or "",
+        ))
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(head) - 1)]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)) + "  " + str(line[-1]) for line in lines)
+
+
+@click.command()
+@_CONFIG
+@_JSON
+@click.option("--all", "include_finished", is_flag=True, help="Include finished jobs.")
+def status(config_path: str | None, as_json: bool, include_finished: bool) -> None:
+    """Managed jobs: cell, plan, speed, progress, time in queue, why pending.
+
+    Root and the SlurmUser see every job; other users see their own."""
+    config = load_config(config_path)
+    if not Path(config.controller.state_path).exists():
+        raise ControllerError(f"no controller state at {config.controller.state_path} (has the controller run?)")
+    state = open_state(config, readonly=True)
+    try:
+        rows = job_rows(state, now=time.time(), only_user=viewer(), include_finished=include_finished)
+        last = state.rounds(limit=1)
+    finally:
+        state.close()
+    if as_json:
+        json.dump({"jobs": rows, "last_round": last[0] if last else None}, sys.stdout, default=str)
+        sys.stdout.write("\n")
+        return
+    click.echo(_table(rows))
+    if last:
+        r = last[0]
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started"]))
+        click.echo(f"\nlast round {r['id']} at {when}: {r['status']}, {len(r['actions'])} actions"
+                   + (f", {r['duration_s']:.2f} s" if r["duration_s"] is not None else "")
+                   + (f" ({r['error']})" if r["error"] else ""))
+
+
+@click.command()
+@_CONFIG
+@_JSON
+def plan(config_path: str | None, as_json: bool) -> None:
+    """What the next controller round would do (the `controller run --dry-run` path)."""
+    from slurm_ext.controller.loop import Controller
+
+    config = load_config(config_path)
+    state = open_state(config, readonly=True)
+    try:
+        report = Controller(config, state=state, readonly=True).round(dry_run=True)
+    finally:
+        state.close()
+    if as_json:
+        json.dump(report.to_dict(), sys.stdout, default=str)
+        sys.stdout.write("\n")
+    else:
+        if report.error:
+            click.echo(f"round {report.status}: {report.error}")
+        for a in report.actions:
+            where = f" -> {a['cell']} on {','.join(a['nodes'])} ({a.get('partition', '')})" if "cell" in a else ""
+            click.echo(f"{a['kind']} job {a['job']}{where}" + (f" [{a['why']}]" if a.get("why") else ""))
+        if not report.actions and report.status == "ok":
+            click.echo("nothing to do")
+        for j in report.jobs:
+            if j.reason and j.phase in ("held", "loose", "bad", "operator-hold"):
+                click.echo(f"job {j.job_id} waits: {j.reason}")
+    if report.status != "ok":
+        sys.exit(3 if report.status == "slurm-unavailable" else 1)

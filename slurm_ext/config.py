@@ -1,0 +1,166 @@
+"""The controller's configuration: one TOML file, every key checked.
+
+Found at ``--config FILE``, else ``$CELLSCHED_CONFIG``, else
+``/etc/cellsched/cellsched.toml``; when none exists, the defaults apply.
+Sections: ``[controller]`` (the ControllerConfig fields), ``[solver]`` (the
+solver.types.SolverConfig fields), ``[metrics]``, ``[log]``. An unknown
+section or key is an error that names it. etc/cellsched.toml documents them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from solver.types import SolverConfig
+
+DEFAULT_PATH = "/etc/cellsched/cellsched.toml"
+ENV_VAR = "CELLSCHED_CONFIG"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the key."""
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """[controller]: how the daemon runs.
+
+    interval_s: seconds between rounds. watch_s: how often the cheap watch
+    looks for new or ended jobs (and the kick file) to start a round early;
+    min_gap_s: the least time between two rounds. checkpoint_root: where
+    checkpoints go when a job's working directory is unknown.
+    """
+
+    backend: str = "cli"
+    policy: str = "cellsched"
+    interval_s: float = 60.0
+    watch_s: float = 5.0
+    min_gap_s: float = 2.0
+    slurm_timeout_s: float = 10.0
+    state_path: str = "/var/lib/cellsched/state.sqlite"
+    profiles_path: str = ""
+    kick_file: str = "/run/cellsched/kick"
+    checkpoint_root: str = "/tmp/cellsched"
+    max_cell_failures: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("interval_s", "watch_s", "slurm_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"controller.{name} must be > 0, got {getattr(self, name)}")
+        if self.min_gap_s < 0:
+            raise ConfigError(f"controller.min_gap_s must be >= 0, got {self.min_gap_s}")
+        if self.max_cell_failures < 1:
+            raise ConfigError(f"controller.max_cell_failures must be >= 1, got {self.max_cell_failures}")
+        if not self.state_path:
+            raise ConfigError("controller.state_path must not be empty")
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """[metrics]: Prometheus text exposition; port 0 = off."""
+
+    port: int = 9464
+    address: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"metrics.port must be in 0..65535, got {self.port}")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """[log]: lines on stderr, "json" or "text"."""
+
+    format: str = "json"
+    level: str = "info"
+
+    def __post_init__(self) -> None:
+        if self.format not in ("json", "text"):
+            raise ConfigError(f"log.format must be 'json' or 'text', got {self.format!r}")
+        if self.level.lower() not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"log.level must be debug, info, warning or error, got {self.level!r}")
+
+
+@dataclass(frozen=True)
+class Config:
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    solver: SolverConfig = field(default_factory=lambda: SolverConfig(allow_resize=False))
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    source: str = ""  # the file it was read from ("" = defaults)
+
+
+_SECTIONS: dict[str, type] = {"controller": ControllerConfig, "solver": SolverConfig, "metrics": MetricsConfig, "log": LogConfig}
+
+
+def _typed(section: str, key: str, want: Any, value: Any) -> Any:
+    """`value` checked against the field's default type (int accepted for float)."""
+    where = f"{section}.{key}"
+    if isinstance(want, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        return value
+    if isinstance(want, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        return value
+    if isinstance(want, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if isinstance(want, str):
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a string, got {value!r}")
+        return value
+    return value
+
+
+def from_dict(data: Mapping[str, Any], source: str = "") -> Config:
+    """A Config from parsed TOML; ConfigError names the first bad key."""
+    unknown = sorted(set(data) - set(_SECTIONS))
+    if unknown:
+        raise ConfigError(f"{source or 'config'}: unknown section [{unknown[0]}] (known: {', '.join(_SECTIONS)})")
+    defaults = Config()
+    built: dict[str, Any] = {}
+    for section, cls in _SECTIONS.items():
+        values = data.get(section, {})
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"[{section}] must be a table")
+        base = getattr(defaults, section)
+        known = {f.name: f for f in fields(cls)}
+        bad = sorted(set(values) - set(known))
+        if bad:
+            raise ConfigError(f"{source or 'config'}: unknown key {section}.{bad[0]}")
+        kwargs = {k: _typed(section, k, getattr(base, k), v) for k, v in values.items()}
+        try:
+            built[section] = dataclasses.replace(base, **kwargs)
+        except ConfigError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"[{section}]: {exc}") from None
+    return Config(**built, source=source)
+
+
+def load(path: str | os.PathLike | None = None) -> Config:
+    """The configuration: `path`, else $CELLSCHED_CONFIG, else the system file
+    when it exists, else the defaults. A named file that is missing is an error."""
+    named = path or os.environ.get(ENV_VAR)
+    if not named:
+        if not Path(DEFAULT_PATH).is_file():
+            return Config()
+        named = DEFAULT_PATH
+    p = Path(named)
+    try:
+        data = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {p} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {p}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {p}: {exc}") from None
+    return from_dict(data, str(p))

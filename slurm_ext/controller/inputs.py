@@ -1,0 +1,234 @@
+"""From what Slurm shows and what the state remembers to the solver's input.
+
+Pure functions: a snapshot, the stored specs and open intents in; managed
+jobs (with their phase and current placement) and a ScheduleRequest out.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Mapping
+
+from slurm_ext.jobspec import JobSpec, JobSpecError, is_managed_comment
+from slurm_ext.records import ClusterSnapshot, SlurmJob
+from slurm_ext.state import JobRow, PlanRow
+from slurm_ext.view import to_cluster_view
+from solver.plan import JobPlan, PlanError
+from solver.types import Cell, ClusterView, JobRequest, ParallelPlan, Placement, ScheduleRequest, SolverConfig
+
+#: phases of a managed job
+HELD = "held"  # held, waiting for a placement
+LOOSE = "loose"  # pending, not held, no plan: gets held, then placed
+RELEASED = "released"  # released with a plan, waiting for Slurm to start it
+RUNNING = "running"
+FINISHED = "finished"
+UNPLANNED = "unplanned"  # runs without a plan (released by someone else)
+OPERATOR_HOLD = "operator-hold"  # held again after it was released: left to the operator
+BAD = "bad"  # its spec was refused
+#: phases the solver sees
+SCHEDULED = (HELD, LOOSE, RELEASED, RUNNING)
+
+
+@dataclass(frozen=True)
+class ManagedJob:
+    """A managed job as one round sees it.
+
+    `spec_source` says where the spec came from ("state", "admin_comment",
+    "comment"); `plan` is the plan in its AdminComment; `current` where it
+    runs or was released to (for a held job with an open intent: the
+    intent's placement, which is carried out again if it still fits).
+    """
+
+    job: SlurmJob
+    phase: str
+    spec: JobSpec | None = None
+    spec_json: str | None = None
+    spec_source: str = ""
+    reason: str = ""
+    plan: JobPlan | None = None
+    current: Placement | None = None
+    intent: PlanRow | None = None
+
+    @property
+    def job_id(self) -> str:
+        return self.job.job_id
+
+
+def admin_comment_dict(text: str | None) -> dict:
+    """A job's AdminComment as a JSON object ({} when empty or not JSON)."""
+    if not text:
+        return {}
+    try:
+        d = json.loads(text)
+    except ValueError:
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def admin_comment_plan(text: str | None) -> JobPlan | None:
+    """The plan in an AdminComment, None when there is none (or it is malformed)."""
+    raw = admin_comment_dict(text).get("plan")
+    if raw is None:
+        return None
+    try:
+        return JobPlan.from_dict(raw)
+    except PlanError:
+        return None
+
+
+def is_managed(job: SlurmJob, known: Mapping[str, JobRow]) -> bool:
+    row = known.get(job.job_id)
+    return (row is not None and (row.spec is not None or row.bad_reason is not None)) or is_managed_comment(job.comment) or "spec" in admin_comment_dict(job.admin_comment)
+
+
+def read_spec(job: SlurmJob, known: JobRow | None) -> tuple[JobSpec | None, str | None, str, str]:
+    """(spec, its JSON, source, error): the stored copy when there is one,
+    else AdminComment["spec"], else the Comment tag; always re-validated."""
+    try:
+        if known is not None and known.spec is not None:
+            spec = JobSpec.from_json(known.spec)
+            return spec, known.spec, "state", ""
+        admin = admin_comment_dict(job.admin_comment)
+        if "spec" in admin:
+            spec, source = JobSpec.from_dict(admin["spec"]), "admin_comment"
+        else:
+            spec, source = JobSpec.from_comment(job.comment), "comment"
+        if spec is None:
+            return None, None, "", "no spec"
+        return spec, spec.to_json(), source, ""
+    except (JobSpecError, ValueError, TypeError) as exc:
+        return None, None, "", f"bad spec: {exc}"
+
+
+def placement_of(job_id: str, plan: JobPlan) -> Placement | None:
+    """The Placement a plan describes; None when it does not describe one."""
+    try:
+        if not plan.gpu_types or not plan.nodes or not plan.gpus_per_node:
+            return None
+        cell = Cell(plan.gpu_types[0], len(plan.nodes), plan.gpus_per_node, plan.pp)
+        par = ParallelPlan(plan.pp, plan.dp, plan.tp, plan.micro_batches)
+        if par.num_gpus != cell.num_gpus:
+            return None
+        return Placement(job_id, cell, tuple((n, plan.gpus_per_node) for n in plan.nodes), par,
+                         float(plan.iter_time_s or 0.0))
+    except (ValueError, TypeError):
+        return None
+
+
+def intent_placement(row: PlanRow) -> Placement | None:
+    try:
+        return placement_of(row.job_id, JobPlan.from_json(row.plan))
+    except PlanError:
+        return None
+
+
+def same_plan(job: SlurmJob, row: PlanRow) -> bool:
+    """Does the job's AdminComment carry exactly this intent's plan?"""
+    return job.admin_comment == row.admin_comment
+
+
+def classify(snapshot: ClusterSnapshot, known: Mapping[str, JobRow], intents: Mapping[str, PlanRow],
+             released: frozenset[str] | set[str] = frozenset()) -> tuple[ManagedJob, ...]:
+    """Every managed job in the snapshot with its phase.
+
+    `known`: the state's jobs; `intents`: open intents by job; `released`:
+    jobs the controller released before (a held one is then left alone).
+    A job id that Slurm reuses (another submit time) is a new job.
+    """
+    out = []
+    for job in snapshot.jobs:
+        row = known.get(job.job_id)
+        if row is not None and reused(row, job):
+            row = None
+        if not is_managed(job, {job.job_id: row} if row else {}):
+            continue
+        spec, spec_json, source, error = read_spec(job, row)
+        plan = admin_comment_plan(job.admin_comment)
+        intent = intents.get(job.job_id)
+        if job.finished:
+            out.append(ManagedJob(job, FINISHED, spec, spec_json, source, job.state.lower(), plan, None, intent))
+            continue
+        if spec is None:
+            out.append(ManagedJob(job, BAD, None, None, "", error, plan, None, intent))
+            continue
+        if job.holds_resources:
+            current = placement_of(job.job_id, plan) if plan else None
+            if current is None or sorted(current.node_names) != sorted(job.nodes):
+                out.append(ManagedJob(job, UNPLANNED, spec, spec_json, source, "runs without a cellsched plan", plan, None, intent))
+            else:
+                out.append(ManagedJob(job, RUNNING, spec, spec_json, source, "", plan, current, intent))
+            continue
+        if job.held:
+            if intent is not None:
+                current = intent_placement(intent)
+                out.append(ManagedJob(job, HELD, spec, spec_json, source, "", plan, current, intent))
+            elif job.job_id in released and row is not None:
+                out.append(ManagedJob(job, OPERATOR_HOLD, spec, spec_json, source,
+                                      f"held again after cellsched released it ({job.reason or 'held'}); release it to continue",
+                                      plan, None, None))
+            else:
+                out.append(ManagedJob(job, HELD, spec, spec_json, source, "", plan, None, None))
+            continue
+        current = placement_of(job.job_id, plan) if plan else None
+        if current is None:
+            out.append(ManagedJob(job, LOOSE, spec, spec_json, source, "pending without a plan", plan, None, intent))
+        else:
+            out.append(ManagedJob(job, RELEASED, spec, spec_json, source, job.reason, plan, current, intent))
+    return tuple(out)
+
+
+def reused(row: JobRow, job: SlurmJob) -> bool:
+    """The stored row is of an earlier job with the same id (Slurm restarted from scratch)."""
+    return row.submit_time is not None and job.submit_time is not None and abs(row.submit_time - job.submit_time) > 1.0
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """One round's solver input and what it was built from."""
+
+    view: ClusterView
+    request: ScheduleRequest
+    jobs: tuple[ManagedJob, ...]
+    #: jobs whose spec or request could not be used this round: id -> reason
+    skipped: Mapping[str, str]
+
+
+def build_request(snapshot: ClusterSnapshot, jobs: tuple[ManagedJob, ...], progress: Mapping[str, float],
+                  config: SolverConfig, excluded: Mapping[str, frozenset[str]] | None = None,
+                  previous: Mapping[str, Placement] | None = None) -> Inputs:
+    """The ScheduleRequest of a round: jobs in a scheduled phase, with their
+    progress; the view counts GPUs of every job that has no placement of
+    ours (unmanaged, or running without a plan) as taken."""
+    placed_ids = [m.job_id for m in jobs if m.phase in (RUNNING,) and m.current is not None]
+    view = to_cluster_view(snapshot, placed_ids)
+    requests: list[JobRequest] = []
+    skipped: dict[str, str] = {}
+    for m in jobs:
+        if m.phase not in SCHEDULED or m.spec is None:
+            continue
+        spec = m.spec
+        try:
+            requests.append(JobRequest(
+                job_id=m.job_id,
+                model=spec.model_spec(),
+                global_batch=spec.global_batch,
+                iterations=spec.iterations,
+                iterations_done=min(float(spec.iterations), progress.get(m.job_id, 0.0)),
+                user=m.job.user,
+                gpu_types=spec.gpu_types,
+                min_gpus=spec.min_gpus,
+                max_gpus=spec.max_gpus,
+                elastic=spec.elastic,
+                submit_time=m.job.submit_time or 0.0,
+                requested_gpus=spec.requested_gpus,
+                requested_gpu_type=spec.requested_gpu_type,
+                partitions=getattr(spec, "partitions", None),
+                current=m.current,
+                excluded_cells=(excluded or {}).get(m.job_id, frozenset()),
+            ))
+        except (JobSpecError, ValueError, TypeError) as exc:
+            skipped[m.job_id] = f"cannot schedule: {exc}"
+    request = ScheduleRequest(cluster=view, jobs=tuple(requests), previous=dict(previous or {}), config=config,
+                              now=snapshot.taken_at)
+    return Inputs(view=view, request=request, jobs=jobs, skipped=skipped)

@@ -1,0 +1,418 @@
+"""The controller: one round = observe -> decide -> act; the daemon loop
+around it (interval, early rounds on new or ended jobs and on the kick file,
+backoff while Slurm is away, systemd notifications, metrics)."""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from slurm_ext.backends import Backend, SlurmUnavailable, get_backend
+from slurm_ext.config import Config
+from slurm_ext.controller import inputs as inp
+from slurm_ext.controller import metrics as mx
+from slurm_ext.controller.notify import sd_notify
+from slurm_ext.controller.progress import collect_progress
+from slurm_ext.controller.reconcile import PLACE, Outcome, apply, checked, decide, intent_outcomes
+from slurm_ext.records import ClusterSnapshot
+from slurm_ext.state import JobStatus, StateStore
+from solver.types import EstimatorLike, Policy, ScheduleReply, ScheduleRequest
+
+log = logging.getLogger("cellsched.controller")
+
+OK, UNAVAILABLE, ERROR = "ok", "slurm-unavailable", "error"
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    """What one round did (also what `cellsched plan` prints)."""
+
+    round_id: int | None
+    status: str
+    started: float
+    observe_s: float = 0.0
+    solve_s: float = 0.0
+    apply_s: float = 0.0
+    total_s: float = 0.0
+    solver_status: str = ""
+    objective: float = 0.0
+    num_jobs: int = 0
+    actions: tuple[dict, ...] = ()
+    jobs: tuple[JobStatus, ...] = ()
+    placements: Mapping[str, dict] = field(default_factory=dict)
+    error: str = ""
+    dry_run: bool = False
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["jobs"] = [dataclasses.asdict(j) for j in self.jobs]
+        return d
+
+
+def _make_policy(config: Config) -> Policy:
+    from solver.policies import get_policy
+
+    return get_policy(config.controller.policy)
+
+
+def _make_estimator(config: Config) -> EstimatorLike:
+    from solver.estimator import Estimator
+    from solver.profiles.store import ProfileStore
+
+    return Estimator(ProfileStore(config.controller.profiles_path or None))
+
+
+def declare_metrics(m: mx.Metrics) -> None:
+    for name, kind, text in (
+        ("round_duration_seconds", "gauge", "Duration of the last round"),
+        ("round_phase_seconds", "gauge", "Duration of the last round's phases (observe, solve, apply)"),
+        ("solve_seconds", "gauge", "Solver time of the last round"),
+        ("last_round_timestamp_seconds", "gauge", "When the last round ended"),
+        ("rounds_total", "counter", "Rounds by status"),
+        ("jobs", "gauge", "Managed jobs by phase"),
+        ("gpus", "gauge", "GPUs by type and use (total, used, managed)"),
+        ("actions_total", "counter", "Actions by kind and result"),
+        ("errors_total", "counter", "Errors by kind"),
+    ):
+        m.declare(name, kind, text)
+
+
+class Controller:
+    """Runs rounds against one backend with one state DB."""
+
+    def __init__(self, config: Config, *, backend: Backend | None = None, state: StateStore | None = None,
+                 policy: Policy | None = None, estimator: EstimatorLike | None = None,
+                 metrics: mx.Metrics | None = None, readonly: bool = False,
+                 clock: Callable[[], float] = time.time) -> None:
+        if config.solver.allow_resize:
+            log.warning("solver.allow_resize is not supported by the controller yet; running jobs keep their cells")
+            config = dataclasses.replace(config, solver=dataclasses.replace(config.solver, allow_resize=False))
+        self.config = config
+        self.readonly = readonly
+        self.clock = clock
+        self.backend = backend or get_backend(config.controller.backend, **(
+            {"timeout": config.controller.slurm_timeout_s} if config.controller.backend == "cli" else {}))
+        self.state = state or StateStore(config.controller.state_path, readonly=readonly)
+        self.policy = policy or _make_policy(config)
+        self.estimator = estimator or _make_estimator(config)
+        self.metrics = metrics or mx.Metrics()
+        declare_metrics(self.metrics)
+
+    # --- one round --------------------------------------------------------
+
+    def round(self, *, dry_run: bool = False) -> RoundReport:
+        """Observe, solve, apply (not with `dry_run`). Never raises for
+        Slurm being away or one bad job; records the round."""
+        dry_run = dry_run or self.readonly
+        started = self.clock()
+        t0 = time.perf_counter()
+        round_id = None if dry_run else self.state.begin_round(started)
+        timings: dict[str, float] = {}
+        try:
+            report = self._round(round_id, started, t0, dry_run, timings)
+        except SlurmUnavailable as exc:
+            self.metrics.inc("errors_total", labels={"kind": "slurm_unavailable"})
+            log.warning("slurm unavailable", extra={"fields": {"round": round_id, "error": str(exc)}})
+            report = RoundReport(round_id, UNAVAILABLE, started, total_s=time.perf_counter() - t0, error=str(exc),
+                                 dry_run=dry_run, **timings)
+        except Exception as exc:  # a bug or an unexpected answer must not stop the daemon
+            self.metrics.inc("errors_total", labels={"kind": "round"})
+            log.exception("round failed", extra={"fields": {"round": round_id}})
+            report = RoundReport(round_id, ERROR, started, total_s=time.perf_counter() - t0,
+                                 error=f"{type(exc).__name__}: {exc}", dry_run=dry_run, **timings)
+        if round_id is not None:
+            try:
+                self.state.finish_round(round_id, status=report.status, duration_s=report.total_s,
+                                        observe_s=report.observe_s, solve_s=report.solve_s, apply_s=report.apply_s,
+                                        objective=report.objective, solver_status=report.solver_status,
+                                        num_jobs=report.num_jobs, actions=report.actions, error=report.error or None)
+            except Exception:
+                log.exception("could not record the round", extra={"fields": {"round": round_id}})
+        self._round_metrics(report)
+        return report
+
+    def _round(self, round_id: int | None, started: float, t0: float, dry_run: bool, timings: dict[str, float]) -> RoundReport:
+        cfg = self.config
+        snap = self.backend.observe()
+        now = snap.taken_at
+        timings["observe_s"] = time.perf_counter() - t0
+
+        known = self.state.jobs()
+        latest = self.state.latest_plans(applied_only=False)
+        released = {j for j, p in latest.items() if p.status == "released"}
+        opens = self.state.open_plans()
+        jobs = inp.classify(snap, known, opens, released)
+        if not dry_run:
+            self._remember(jobs, known, now)
+            for job_id, outcome in intent_outcomes(jobs, opens).items():
+                self.state.set_plan_status(opens[job_id].id, outcome, now)
+                opens.pop(job_id)
+            jobs = inp.classify(snap, known, opens, released)
+
+        progress, progress_src = collect_progress(jobs, now, {j for j, r in known.items() if r.finished})
+        max_fail = cfg.controller.max_cell_failures
+        excluded = {j: frozenset(c for c, n in f.items() if n >= max_fail) for j, f in self.state.cell_failures().items()}
+        built = inp.build_request(snap, jobs, progress, cfg.solver, excluded)
+
+        t1 = time.perf_counter()
+        reply, crashed = self._solve(built.request)
+        timings["solve_s"] = solve_s = time.perf_counter() - t1
+        desired, rejected = checked(built.view, reply.placements, {m.job_id for m in jobs if m.current is not None})
+        for job_id, why in rejected.items():
+            log.error("placement rejected", extra={"fields": {"job": job_id, "error": why}})
+            self.metrics.inc("errors_total", labels={"kind": "invalid_placement"})
+        actions = decide(jobs, desired, built.view, cfg.controller.checkpoint_root)
+
+        t2 = time.perf_counter()
+        outcomes: list[Outcome] = [] if dry_run else apply(actions, self.backend, self.state, round_id, self.clock)
+        apply_s = time.perf_counter() - t2
+        failed = {o.action.job_id: o.error for o in outcomes if not o.ok}
+        placed = {o.action.job_id for o in outcomes if o.ok and o.action.kind == PLACE}
+
+        reasons = {**reply.reasons, **built.skipped, **crashed, **rejected, **failed}
+        statuses = tuple(self._status(m, reasons, placed, progress, progress_src) for m in jobs)
+        if not dry_run:
+            self._finish(jobs, statuses, known, snap, now, round_id)
+        summaries = tuple(o.summary() for o in outcomes) if not dry_run else tuple(a.summary() for a in actions)
+        for o in outcomes:
+            self.metrics.inc("actions_total", labels={"kind": o.action.kind, "result": "ok" if o.ok else "failed"})
+        self._cluster_metrics(snap, jobs)
+        report = RoundReport(
+            round_id, OK, started, timings["observe_s"], solve_s, apply_s, time.perf_counter() - t0,
+            reply.status, float(reply.objective), len(built.request.jobs), summaries, statuses,
+            {j: {"cell": p.cell.key(), "nodes": [f"{n}:{g}" for n, g in p.nodes],
+                 "pp": p.plan.pp, "dp": p.plan.dp, "tp": p.plan.tp} for j, p in desired.items()},
+            dry_run=dry_run,
+        )
+        log.info("round", extra={"fields": {"round": round_id, "status": report.status, "jobs": report.num_jobs,
+                                            "actions": len(summaries), "failed": len(failed), "solver": reply.status,
+                                            "observe_s": round(report.observe_s, 3), "solve_s": round(solve_s, 3),
+                                            "apply_s": round(apply_s, 3), "total_s": round(report.total_s, 3),
+                                            "dry_run": dry_run}})
+        return report
+
+    def _solve(self, request: ScheduleRequest) -> tuple[ScheduleReply, dict[str, str]]:
+        """The policy's reply. Should the policy fail, the jobs it fails on
+        are found (each new job solved alone next to the placed ones) and left
+        out, so one job the solver cannot handle does not stop the others."""
+        try:
+            return self.policy.schedule(request, self.estimator), {}
+        except Exception as exc:
+            log.error("solver failed; looking for the job it fails on", extra={"fields": {"error": f"{type(exc).__name__}: {exc}"}})
+        placed = tuple(j for j in request.jobs if j.current is not None)
+        bad: dict[str, str] = {}
+        for job in request.jobs:
+            if job.current is not None:
+                continue
+            try:
+                self.policy.schedule(dataclasses.replace(request, jobs=placed + (job,)), self.estimator)
+            except Exception as exc:
+                bad[job.job_id] = f"the solver fails on this job: {type(exc).__name__}: {exc}"
+                self.metrics.inc("errors_total", labels={"kind": "solver_job"})
+                log.error("solver fails on job", extra={"fields": {"job": job.job_id, "error": bad[job.job_id]}})
+        rest = tuple(j for j in request.jobs if j.job_id not in bad)
+        return self.policy.schedule(dataclasses.replace(request, jobs=rest), self.estimator), bad
+
+    def _remember(self, jobs: tuple[inp.ManagedJob, ...], known: Mapping[str, Any], now: float) -> None:
+        """Persist first accepted specs and refused ones (one job at a time)."""
+        for m in jobs:
+            row = known.get(m.job_id)
+            if row is not None and inp.reused(row, m.job):
+                self.state.retire(m.job_id)
+                row = None
+            if m.spec_json is not None and m.spec_source != "state":
+                self.state.accept_spec(m.job_id, m.job.user, m.spec_json, m.spec_source, now)
+                log.info("job accepted", extra={"fields": {"job": m.job_id, "user": m.job.user, "spec_from": m.spec_source}})
+            elif m.phase == inp.BAD and (row is None or row.bad_reason != m.reason):
+                self.state.mark_bad(m.job_id, m.job.user, m.reason, now)
+                self.metrics.inc("errors_total", labels={"kind": "bad_spec"})
+                log.warning("job refused", extra={"fields": {"job": m.job_id, "user": m.job.user, "reason": m.reason}})
+
+    def _status(self, m: inp.ManagedJob, reasons: Mapping[str, str], placed: set[str],
+                progress: Mapping[str, float], src: Mapping[str, str]) -> JobStatus:
+        j = m.job
+        phase = inp.RELEASED if m.job_id in placed else m.phase
+        if m.job_id in placed:
+            reason = "released this round"
+        elif m.job_id in reasons:
+            reason = reasons[m.job_id]
+        elif m.phase == inp.RELEASED:
+            reason = f"released; Slurm: {j.reason}" if j.reason and j.reason != "None" else "released"
+        else:
+            reason = m.reason
+        return JobStatus(m.job_id, j.user, j.state, phase, reason, j.submit_time, j.start_time,
+                         j.end_time if j.finished else None, j.exit_code, progress.get(m.job_id),
+                         src.get(m.job_id), m.phase == inp.FINISHED)
+
+    def _finish(self, jobs: tuple[inp.ManagedJob, ...], statuses: tuple[JobStatus, ...], known: Mapping[str, Any],
+                snap: ClusterSnapshot, now: float, round_id: int | None) -> None:
+        self.state.save_statuses(statuses, now)
+        for m in jobs:
+            row = known.get(m.job_id)
+            if m.phase == inp.FINISHED and (row is None or not row.finished):
+                self.state.add_history(m.job_id, "finished", now, round_id, m.job.state, "")
+        self.state.mark_vanished({j.job_id for j in snap.jobs}, now)
+
+    # --- metrics ----------------------------------------------------------
+
+    def _round_metrics(self, r: RoundReport) -> None:
+        m = self.metrics
+        m.inc("rounds_total", labels={"status": r.status})
+        m.set("round_duration_seconds", r.total_s)
+        for phase in ("observe", "solve", "apply"):
+            m.set("round_phase_seconds", getattr(r, f"{phase}_s"), {"phase": phase})
+        m.set("solve_seconds", r.solve_s)
+        m.set("last_round_timestamp_seconds", self.clock())
+
+    def _cluster_metrics(self, snap: ClusterSnapshot, jobs: tuple[inp.ManagedJob, ...]) -> None:
+        phases: dict[mx.Labels, float] = {(("phase", p),): 0.0 for p in
+                                          (inp.HELD, inp.LOOSE, inp.RELEASED, inp.RUNNING, inp.UNPLANNED, inp.OPERATOR_HOLD, inp.BAD)}
+        for j in jobs:
+            if j.phase != inp.FINISHED:
+                key = (("phase", j.phase),)
+                phases[key] = phases.get(key, 0.0) + 1
+        self.metrics.replace("jobs", phases)
+        gpus: dict[mx.Labels, float] = {}
+        managed = {j.job_id for j in jobs}
+        for n in snap.nodes:
+            if n.gpu_type:
+                for use, v in (("total", n.gpus_total), ("used", n.gpus_alloc)):
+                    key = (("gpu_type", n.gpu_type), ("use", use))
+                    gpus[key] = gpus.get(key, 0.0) + v
+        types = {n.name: n.gpu_type for n in snap.nodes}
+        for job in snap.jobs:
+            if job.job_id in managed and job.holds_resources and job.gpus_per_node:
+                for name in job.nodes:
+                    key = (("gpu_type", types.get(name) or "unknown"), ("use", "managed"))
+                    gpus[key] = gpus.get(key, 0.0) + job.gpus_per_node
+        self.metrics.replace("gpus", gpus)
+
+    # --- the daemon -------------------------------------------------------
+
+    def run(self, *, once: bool = False, dry_run: bool = False, stop: threading.Event | None = None,
+            on_round: Callable[[RoundReport], None] | None = None) -> RoundReport | None:
+        """Rounds until `stop` is set (or one with `once`)."""
+        stop = stop or threading.Event()
+        cc = self.config.controller
+        sd_notify("READY=1", "STATUS=starting")
+        watcher = _Watcher(self.backend, cc.kick_file)
+        failures = 0
+        report = None
+        while not stop.is_set():
+            report = self.round(dry_run=dry_run)
+            if on_round:
+                on_round(report)
+            sd_notify("WATCHDOG=1", f"STATUS=round {report.round_id}: {report.status}, {report.num_jobs} jobs, "
+                                    f"{len(report.actions)} actions, {report.total_s:.2f} s")
+            if once:
+                return report
+            if report.status == UNAVAILABLE:
+                failures += 1
+                delay = min(cc.interval_s, 2.0 ** (failures - 1))
+                log.info("backing off", extra={"fields": {"delay_s": delay, "failures": failures}})
+                _sleep(stop, delay)
+                continue
+            if failures:
+                log.info("slurm available again", extra={"fields": {"after_failures": failures}})
+            failures = 0
+            watcher.wait(stop, cc.interval_s, cc.watch_s, cc.min_gap_s, since=time.monotonic() - report.total_s)
+        sd_notify("STOPPING=1")
+        return report
+
+
+def _sleep(stop: threading.Event, seconds: float) -> None:
+    stop.wait(max(0.0, seconds))
+
+
+class _Watcher:
+    """Decides when the next round starts: after `interval`, or earlier (but
+    not before `min_gap` after the last round began) when a job was submitted
+    or ended, or the kick file was touched."""
+
+    def __init__(self, backend: Backend, kick_file: str) -> None:
+        self.backend = backend
+        self.kick = Path(kick_file) if kick_file else None
+        if self.kick is not None and self.kick.parent.is_dir() and not self.kick.exists():
+            try:  # anyone may touch it to ask for an early round
+                self.kick.touch()
+                self.kick.chmod(0o666)
+            except OSError:
+                pass
+        self.kick_mtime = self._kick_mtime()
+        self.known: dict[str, bool] | None = None  # job id -> finished
+
+    def _kick_mtime(self) -> float | None:
+        try:
+            return os.stat(self.kick).st_mtime if self.kick else None
+        except OSError:
+            return None
+
+    def _jobs_changed(self) -> bool:
+        try:
+            jobs = {j.job_id: j.finished for j in self.backend.observe().jobs}
+        except Exception:
+            return False  # the round will see (and log) it
+        before, self.known = self.known, jobs
+        if before is None:
+            return False
+        new = set(jobs) - set(before)
+        ended = {j for j, fin in before.items() if not fin and (jobs.get(j) is None or jobs[j])}
+        return bool(new or ended)
+
+    def wait(self, stop: threading.Event, interval: float, watch: float, min_gap: float, since: float) -> None:
+        deadline = since + interval
+        next_watch = time.monotonic() + watch
+        self._jobs_changed()  # baseline: the state right after the round
+        while not stop.is_set():
+            now = time.monotonic()
+            if now >= deadline:
+                return
+            triggered = False
+            mtime = self._kick_mtime()
+            if mtime != self.kick_mtime:
+                self.kick_mtime = mtime
+                triggered = True
+            if not triggered and now >= next_watch:
+                next_watch = now + watch
+                triggered = self._jobs_changed()
+            if triggered:
+                log.debug("early round", extra={"fields": {}})
+                _sleep(stop, since + min_gap - time.monotonic())
+                return
+            _sleep(stop, min(0.5, max(0.0, deadline - now), max(0.05, next_watch - now)))
+
+
+class LockError(RuntimeError):
+    """Another controller runs on the same state file."""
+
+
+class StateLock:
+    """An exclusive flock next to the state file, held while the daemon runs
+    (released by the kernel if the process dies)."""
+
+    def __init__(self, state_path: str) -> None:
+        self.path = state_path + ".lock"
+        self._fd: int | None = None
+
+    def __enter__(self) -> StateLock:
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise LockError(f"another controller holds {self.path}") from None
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,371 @@
+"""The controller's state: one SQLite file (WAL), enough for `status` and
+for a restart to carry on where the last run stopped.
+
+Tables: ``jobs`` (the spec as first accepted, or why it was refused, plus
+what the last round saw of the job), ``plans`` (every plan issued, with its
+apply status: an intent is written before Slurm is touched and marked after,
+so a round cut short is finished by the next one), ``cell_history`` (per-job
+placements and ends) and ``rounds`` (timings, objective, actions).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 10.0
+
+#: plan statuses: "intent" (written, Slurm not yet touched), "updated"
+#: (the job carries the plan, not yet released), "released" (applied),
+#: "failed", "superseded" (a newer plan replaced it), "abandoned" (the job
+#: was found released with another plan), "gone" (the job ended first)
+OPEN = ("intent", "updated")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+  job_id TEXT PRIMARY KEY,
+  user TEXT NOT NULL DEFAULT '',
+  spec TEXT,
+  spec_source TEXT,
+  bad_reason TEXT,
+  first_seen REAL NOT NULL,
+  slurm_state TEXT NOT NULL DEFAULT '',
+  phase TEXT NOT NULL DEFAULT '',
+  reason TEXT NOT NULL DEFAULT '',
+  submit_time REAL,
+  start_time REAL,
+  end_time REAL,
+  exit_code INTEGER,
+  iterations_done REAL,
+  progress_source TEXT,
+  finished INTEGER NOT NULL DEFAULT 0,
+  updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS plans (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  job_id TEXT NOT NULL,
+  round_id INTEGER,
+  cell TEXT NOT NULL,
+  nodes TEXT NOT NULL,
+  partition TEXT NOT NULL,
+  plan TEXT NOT NULL,
+  admin_comment TEXT NOT NULL,
+  status TEXT NOT NULL,
+  error TEXT,
+  created REAL NOT NULL,
+  applied_at REAL
+);
+CREATE INDEX IF NOT EXISTS plans_job ON plans (job_id, id);
+CREATE INDEX IF NOT EXISTS plans_status ON plans (status);
+CREATE TABLE IF NOT EXISTS cell_history (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  job_id TEXT NOT NULL,
+  time REAL NOT NULL,
+  round_id INTEGER,
+  event TEXT NOT NULL,
+  cell TEXT NOT NULL DEFAULT '',
+  nodes TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS cell_history_job ON cell_history (job_id, id);
+CREATE TABLE IF NOT EXISTS rounds (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  started REAL NOT NULL,
+  duration_s REAL,
+  observe_s REAL,
+  solve_s REAL,
+  apply_s REAL,
+  objective REAL,
+  solver_status TEXT,
+  status TEXT NOT NULL,
+  num_jobs INTEGER,
+  actions TEXT,
+  error TEXT
+);
+"""
+
+
+class StateError(RuntimeError):
+    """The state file cannot be opened or is from a newer cellsched."""
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    id: int
+    job_id: str
+    round_id: int | None
+    cell: str
+    nodes: tuple[tuple[str, int], ...]
+    partition: str
+    plan: str
+    admin_comment: str
+    status: str
+    error: str | None
+    created: float
+    applied_at: float | None
+
+    @property
+    def applied(self) -> bool:
+        return self.status == "released"
+
+
+@dataclass(frozen=True)
+class JobRow:
+    job_id: str
+    user: str
+    spec: str | None
+    spec_source: str | None
+    bad_reason: str | None
+    first_seen: float
+    slurm_state: str
+    phase: str
+    reason: str
+    submit_time: float | None
+    start_time: float | None
+    end_time: float | None
+    exit_code: int | None
+    iterations_done: float | None
+    progress_source: str | None
+    finished: bool
+    updated: float
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What one round saw of a managed job (stored for `status`)."""
+
+    job_id: str
+    user: str
+    slurm_state: str
+    phase: str
+    reason: str
+    submit_time: float | None
+    start_time: float | None
+    end_time: float | None
+    exit_code: int | None
+    iterations_done: float | None
+    progress_source: str | None
+    finished: bool
+
+
+def _nodes_text(nodes: Iterable[tuple[str, int]]) -> str:
+    return ",".join(f"{n}:{g}" for n, g in nodes)
+
+
+def _nodes_parse(text: str) -> tuple[tuple[str, int], ...]:
+    out = []
+    for part in filter(None, text.split(",")):
+        name, _, g = part.rpartition(":")
+        out.append((name, int(g)))
+    return tuple(out)
+
+
+class StateStore:
+    """The state DB. `readonly` opens an existing file for `status` / `plan`."""
+
+    def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
+        self.path = str(path)
+        self.readonly = readonly
+        try:
+            if readonly:
+                if self.path != ":memory:" and not Path(self.path).exists():
+                    raise StateError(f"state file {self.path} does not exist (has the controller run yet?)")
+                self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            else:
+                if self.path != ":memory:":
+                    Path(self.path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+                self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+                self._db.execute("PRAGMA journal_mode = WAL")
+                self._db.execute("PRAGMA synchronous = NORMAL")
+                self._db.executescript(_SCHEMA)
+                row = self._db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+                if row is None:
+                    self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+                elif int(row[0]) > SCHEMA_VERSION:
+                    raise StateError(f"state file {self.path} has schema {row[0]}, newer than this cellsched ({SCHEMA_VERSION})")
+                self._db.execute("UPDATE rounds SET status = 'interrupted' WHERE status = 'running'")
+            self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        except sqlite3.Error as exc:
+            raise StateError(f"state file {self.path}: {exc}") from exc
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> StateStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _tx(self) -> Any:
+        return _Tx(self._db)
+
+    # --- jobs -------------------------------------------------------------
+
+    def jobs(self, *, include_finished: bool = True) -> dict[str, JobRow]:
+        q = "SELECT * FROM jobs" + ("" if include_finished else " WHERE finished = 0")
+        return {r[0]: JobRow(*r[:15], bool(r[15]), r[16]) for r in self._db.execute(q + " ORDER BY CAST(job_id AS INTEGER)")}
+
+    def accept_spec(self, job_id: str, user: str, spec_json: str, source: str, now: float) -> None:
+        """Keep the first accepted spec of a job (a later one never replaces it)."""
+        with self._tx():
+            self._db.execute(
+                "INSERT INTO jobs (job_id, user, spec, spec_source, first_seen, updated) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (job_id) DO UPDATE SET spec = COALESCE(jobs.spec, excluded.spec), "
+                "spec_source = COALESCE(jobs.spec_source, excluded.spec_source), bad_reason = NULL",
+                (job_id, user, spec_json, source, now, now),
+            )
+
+    def mark_bad(self, job_id: str, user: str, reason: str, now: float) -> None:
+        with self._tx():
+            self._db.execute(
+                "INSERT INTO jobs (job_id, user, bad_reason, first_seen, updated) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (job_id) DO UPDATE SET bad_reason = excluded.bad_reason",
+                (job_id, user, reason, now, now),
+            )
+
+    def save_statuses(self, statuses: Iterable[JobStatus], now: float) -> None:
+        """Record what this round saw of each managed job (and which ended)."""
+        rows = [
+            (s.user, s.slurm_state, s.phase, s.reason, s.submit_time, s.start_time, s.end_time, s.exit_code,
+             s.iterations_done, s.progress_source, int(s.finished), now, s.job_id)
+            for s in statuses
+        ]
+        with self._tx():
+            self._db.executemany(
+                "UPDATE jobs SET user = ?, slurm_state = ?, phase = ?, reason = ?, submit_time = ?, start_time = ?, "
+                "end_time = ?, exit_code = ?, iterations_done = COALESCE(?, iterations_done), "
+                "progress_source = COALESCE(?, progress_source), finished = ?, updated = ? WHERE job_id = ?",
+                rows,
+            )
+
+    def mark_vanished(self, live_ids: Iterable[str], now: float) -> list[str]:
+        """Jobs Slurm no longer lists are finished; returns their ids."""
+        live = set(live_ids)
+        gone = [j for (j,) in self._db.execute("SELECT job_id FROM jobs WHERE finished = 0") if j not in live]
+        with self._tx():
+            for j in gone:
+                self._db.execute("UPDATE jobs SET finished = 1, phase = 'finished', reason = 'no longer listed by Slurm', updated = ? WHERE job_id = ?", (now, j))
+                self._db.execute("UPDATE plans SET status = 'gone' WHERE job_id = ? AND status IN ('intent', 'updated')", (j,))
+        return gone
+
+    def retire(self, job_id: str) -> None:
+        """Move an earlier job's rows out of the way of a new job with the same id."""
+        row = self._db.execute("SELECT first_seen FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        if row is None:
+            return
+        old = f"{job_id}~{int(row[0])}"
+        with self._tx():
+            self._db.execute("UPDATE jobs SET job_id = ?, finished = 1 WHERE job_id = ?", (old, job_id))
+            self._db.execute("UPDATE plans SET job_id = ?, status = CASE WHEN status IN ('intent', 'updated') THEN 'gone' ELSE status END WHERE job_id = ?", (old, job_id))
+            self._db.execute("UPDATE cell_history SET job_id = ? WHERE job_id = ?", (old, job_id))
+
+    # --- plans ------------------------------------------------------------
+
+    def begin_plan(self, job_id: str, round_id: int | None, cell: str, nodes: Iterable[tuple[str, int]], partition: str,
+                   plan_json: str, admin_comment: str, now: float) -> int:
+        """Write an intent (before Slurm is touched); older open plans of the job are superseded."""
+        with self._tx():
+            self._db.execute("UPDATE plans SET status = 'superseded' WHERE job_id = ? AND status IN ('intent', 'updated')", (job_id,))
+            cur = self._db.execute(
+                "INSERT INTO plans (job_id, round_id, cell, nodes, partition, plan, admin_comment, status, created) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, 'intent', ?)",
+                (job_id, round_id, cell, _nodes_text(nodes), partition, plan_json, admin_comment, now),
+            )
+            return int(cur.lastrowid)
+
+    def set_plan_status(self, plan_id: int, status: str, now: float, error: str | None = None) -> None:
+        with self._tx():
+            self._db.execute(
+                "UPDATE plans SET status = ?, error = ?, applied_at = CASE WHEN ? = 'released' THEN ? ELSE applied_at END WHERE id = ?",
+                (status, error, status, now, plan_id),
+            )
+            if status == "released":
+                row = self._db.execute("SELECT job_id, round_id, cell, nodes FROM plans WHERE id = ?", (plan_id,)).fetchone()
+                self._db.execute("INSERT INTO cell_history (job_id, time, round_id, event, cell, nodes) VALUES (?, ?, ?, 'placed', ?, ?)",
+                                 (row[0], now, row[1], row[2], row[3]))
+
+    def _plans(self, where: str, args: tuple = ()) -> list[PlanRow]:
+        rows = self._db.execute(f"SELECT * FROM plans {where}", args).fetchall()
+        return [PlanRow(r[0], r[1], r[2], r[3], _nodes_parse(r[4]), *r[5:]) for r in rows]
+
+    def open_plans(self) -> dict[str, PlanRow]:
+        """The newest unfinished intent of each job."""
+        return {p.job_id: p for p in self._plans("WHERE status IN ('intent', 'updated') ORDER BY id")}
+
+    def latest_plans(self, *, applied_only: bool = True) -> dict[str, PlanRow]:
+        """The newest (applied) plan of each job."""
+        where = "WHERE status = 'released' ORDER BY id" if applied_only else "ORDER BY id"
+        return {p.job_id: p for p in self._plans(where)}
+
+    def plans_of(self, job_id: str) -> list[PlanRow]:
+        return self._plans("WHERE job_id = ? ORDER BY id", (job_id,))
+
+    def cell_failures(self) -> dict[str, dict[str, int]]:
+        """job -> cell key -> failed applies."""
+        out: dict[str, dict[str, int]] = {}
+        for job_id, cell, n in self._db.execute("SELECT job_id, cell, COUNT(*) FROM plans WHERE status = 'failed' GROUP BY job_id, cell"):
+            out.setdefault(job_id, {})[cell] = n
+        return out
+
+    def history(self, job_id: str) -> list[dict[str, Any]]:
+        cols = ("time", "round_id", "event", "cell", "nodes")
+        return [dict(zip(cols, r)) for r in self._db.execute(f"SELECT {', '.join(cols)} FROM cell_history WHERE job_id = ? ORDER BY id", (job_id,))]
+
+    def add_history(self, job_id: str, event: str, now: float, round_id: int | None = None, cell: str = "", nodes: str = "") -> None:
+        with self._tx():
+            self._db.execute("INSERT INTO cell_history (job_id, time, round_id, event, cell, nodes) VALUES (?, ?, ?, ?, ?, ?)",
+                             (job_id, now, round_id, event, cell, nodes))
+
+    # --- rounds -----------------------------------------------------------
+
+    def begin_round(self, now: float) -> int:
+        with self._tx():
+            return int(self._db.execute("INSERT INTO rounds (started, status) VALUES (?, 'running')", (now,)).lastrowid)
+
+    def finish_round(self, round_id: int, *, status: str, duration_s: float, observe_s: float | None = None,
+                     solve_s: float | None = None, apply_s: float | None = None, objective: float | None = None,
+                     solver_status: str | None = None, num_jobs: int | None = None,
+                     actions: Iterable[Mapping[str, Any]] = (), error: str | None = None) -> None:
+        with self._tx():
+            self._db.execute(
+                "UPDATE rounds SET status = ?, duration_s = ?, observe_s = ?, solve_s = ?, apply_s = ?, objective = ?, "
+                "solver_status = ?, num_jobs = ?, actions = ?, error = ? WHERE id = ?",
+                (status, duration_s, observe_s, solve_s, apply_s, objective, solver_status, num_jobs,
+                 json.dumps(list(actions), separators=(",", ":")), error, round_id),
+            )
+
+    def rounds(self, limit: int = 20) -> list[dict[str, Any]]:
+        cur = self._db.execute("SELECT * FROM rounds ORDER BY id DESC LIMIT ?", (limit,))
+        cols = [d[0] for d in cur.description]
+        out = []
+        for r in cur.fetchall():
+            d = dict(zip(cols, r))
+            d["actions"] = json.loads(d["actions"]) if d["actions"] else []
+            out.append(d)
+        return out
+
+
+class _Tx:
+    """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error); nested use is a no-op."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self.outer = False
+
+    def __enter__(self) -> None:
+        if not self.db.in_transaction:
+            self.db.execute("BEGIN IMMEDIATE")
+            self.outer = True
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if not self.outer:
+            return
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+__all__ = ["JobRow", "JobStatus", "OPEN", "PlanRow", "StateError", "StateStore"]

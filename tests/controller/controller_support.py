@@ -1,0 +1,71 @@
+"""Helpers of the controller tests (imported by conftest and the tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+DEVCLUSTER = ROOT / "contrib" / "dev-cluster" / "devcluster.sh"
+DEMO_JOB = ROOT / "contrib" / "examples" / "demo_job.sh"
+CLUSTER_ENV = {"LAB": "/tmp/cellsched-ctl-test", "CTLD_PORT": "15817", "SLURMD_BASEPORT": "15900"}
+#: node -> (gpu type, gpus) of contrib/dev-cluster/cluster.conf
+SHAPE = {"n1": ("a100", 4), "n2": ("a100", 4), "n3": ("v100", 8), "n4": ("a40", 2), "n5": ("a40", 2), "n6": ("a10", 2)}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    lab: Path
+    conf: Path
+    env: dict[str, str] = field(repr=False)
+
+    def devcluster(self, command: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(DEVCLUSTER), command], env=self.env, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+
+
+def write_config(path: Path, state: Path, **controller: Any) -> Path:
+    """A controller config for tests: state under tmp, short intervals, text logs, no metrics."""
+    opts = {"state_path": str(state), "interval_s": 1.0, "watch_s": 0.5, "min_gap_s": 0.2,
+            "kick_file": str(path.parent / "kick"), "checkpoint_root": str(path.parent / "ckpt"), **controller}
+    lines = ["[controller]"] + [f"{k} = {json.dumps(v)}" for k, v in opts.items()]
+    lines += ["[metrics]", "port = 0", "[log]", 'format = "json"', "[solver]", "time_limit_s = 1.0", "workers = 1"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def cellsched(*args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run the `cellsched` command (this interpreter's package) with an argument list."""
+    proc = subprocess.run([sys.executable, "-m", "slurm_ext", *args], capture_output=True, text=True, timeout=timeout,
+                          env=os.environ.copy(), check=False)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"cellsched {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def submit_managed(model: str, out_dir: Path, *, done_file: Path, sleep: float = 2, batch: int = 64,
+                   extra: tuple[str, ...] = ()) -> str:
+    """Submit demo_job.sh as a managed job through `cellsched sbatch`; its id."""
+    env_opt = f"--export=ALL,DEMO_DONE_FILE={done_file},DEMO_SLEEP={sleep}"
+    proc = cellsched("sbatch", "--parsable", "--model", model, "--global-batch", str(batch), "--iterations", "50",
+                     "-o", str(out_dir / "%j.out"), env_opt, *extra, "--", str(DEMO_JOB))
+    job_id = proc.stdout.strip().splitlines()[-1]
+    assert job_id.isdigit(), proc.stdout
+    return job_id
+
+
+def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
