@@ -74,7 +74,8 @@ class SlurmJob:
     that has not finished is Slurm's expected end (None when unlimited).
     `exit_code` is the process exit status, 128+N when killed by signal N,
     and None until the job has finished. `time_limit` in minutes (None =
-    unlimited).
+    unlimited). `num_tasks` / `tasks_per_node` are the requested task counts
+    (None = not set); `work_dir` the job's working directory.
     """
 
     job_id: str
@@ -99,6 +100,9 @@ class SlurmJob:
     exit_code: int | None = None
     time_limit: int | None = None
     batch_host: str = ""
+    num_tasks: int | None = None
+    tasks_per_node: int | None = None
+    work_dir: str = ""
 
     @property
     def holds_resources(self) -> bool:

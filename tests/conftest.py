@@ -10,46 +10,12 @@ tests ERROR (never skip). Tests using it are marked `slurm`.
 from __future__ import annotations
 
 import os
-import subprocess
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-DEVCLUSTER = ROOT / "contrib" / "dev-cluster" / "devcluster.sh"
-SHAPE = ROOT / "contrib" / "dev-cluster" / "cluster.conf"
-TEST_CLUSTER_ENV = {"LAB": "/tmp/cellsched-test-cluster", "CTLD_PORT": "16817", "SLURMD_BASEPORT": "16900"}
-
-
-@dataclass(frozen=True)
-class DevCluster:
-    """A running dev cluster: where it lives and its shape
-    (node -> (gpu type, gpus)), read from the shape file it was started with."""
-
-    lab: Path
-    conf: Path
-    shape: dict[str, tuple[str, int]]
-    env: dict[str, str] = field(repr=False)
-
-    @property
-    def nodes(self) -> tuple[str, ...]:
-        return tuple(self.shape)
-
-    def devcluster(self, command: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-        """Run `devcluster.sh <command>` for this cluster."""
-        return subprocess.run(["bash", str(DEVCLUSTER), command], env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def read_shape(path: Path) -> dict[str, tuple[str, int]]:
-    shape = {}
-    for line in path.read_text().splitlines():
-        parts = line.split("#", 1)[0].split()
-        if parts:
-            shape[parts[0]] = (parts[1], int(parts[2]))
-    return shape
+from support import SHAPE, TEST_CLUSTER_ENV, DevCluster, read_shape, wait_for
 
 
 @pytest.fixture(scope="session")
@@ -72,18 +38,6 @@ def slurm_cluster() -> Iterator[DevCluster]:
             os.environ.pop("SLURM_CONF", None)
         else:
             os.environ["SLURM_CONF"] = previous
-
-
-def wait_for(predicate: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.2, what: str = "a condition") -> Any:
-    """Poll `predicate` until it returns something truthy; return that."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
 
 
 @pytest.fixture

@@ -168,7 +168,8 @@ class JobUpdate:
     """Changes to a (pending) job; only fields that are not None are sent.
 
     `num_nodes` is sent as ``NumNodes=a-a``; `gres_per_node` as the UNTYPED
-    ``Gres=gpu:N``; `req_nodes=()` / `exc_nodes=()` / `features=""` clear the
+    ``Gres=gpu:N``; `num_tasks` / `tasks_per_node` as ``NumTasks=`` /
+    ``TasksPerNode=`` (one task per GPU for ``srun cellsched-launch``); `req_nodes=()` / `exc_nodes=()` / `features=""` clear the
     field. `start_time_now` sends ``StartTime=now`` (not read back: Slurm only
     keeps it for a job that is already pending).
     """
@@ -179,6 +180,8 @@ class JobUpdate:
     req_nodes: tuple[str, ...] | None = None
     exc_nodes: tuple[str, ...] | None = None
     gres_per_node: int | None = None
+    num_tasks: int | None = None
+    tasks_per_node: int | None = None
     admin_comment: str | None = None
     start_time_now: bool = False
 
@@ -190,6 +193,8 @@ class JobUpdate:
             _check(isinstance(self.features, str) and bool(re.match(r"^[A-Za-z0-9_.,&|\[\]()*:-]*$", self.features)), w + "features", "must be a feature expression", self.features)
         _positive(w + "num_nodes", self.num_nodes)
         _positive(w + "gres_per_node", self.gres_per_node, minimum=0)
+        _positive(w + "num_tasks", self.num_tasks)
+        _positive(w + "tasks_per_node", self.tasks_per_node)
         _nodes(w + "req_nodes", self.req_nodes)
         _nodes(w + "exc_nodes", self.exc_nodes)
         _one_line(w + "admin_comment", self.admin_comment)
@@ -220,6 +225,8 @@ def update_mismatches(job: SlurmJob, change: JobUpdate, partition_nodes: Collect
         cmp("exc_nodes", tuple(sorted(change.exc_nodes)), tuple(sorted(job.excluded_nodes)))
     if change.gres_per_node is not None:
         cmp("gres_per_node", change.gres_per_node, job.gpus_per_node or 0)
+    cmp("num_tasks", change.num_tasks, job.num_tasks)
+    cmp("tasks_per_node", change.tasks_per_node, job.tasks_per_node)
     cmp("admin_comment", change.admin_comment, job.admin_comment)
     if partition_nodes is not None and "req_nodes" not in out:
         outside = tuple(sorted(set(job.required_nodes) - set(partition_nodes)))

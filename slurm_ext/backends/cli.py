@@ -222,6 +222,10 @@ class CliBackend:
             args.append(f"ExcNodeList={compress_hostlist(change.exc_nodes)}")
         if change.gres_per_node is not None:
             args.append(f"Gres=gpu:{change.gres_per_node}")
+        if change.num_tasks is not None:
+            args.append(f"NumTasks={change.num_tasks}")
+        if change.tasks_per_node is not None:
+            args.append(f"TasksPerNode={change.tasks_per_node}")
         if change.admin_comment is not None:
             args.append(f"AdminComment={change.admin_comment}")
         if change.start_time_now:

@@ -93,6 +93,9 @@ def job_record(job: Any) -> SlurmJob:
         exit_code=exit_code,
         time_limit=time_limit,
         batch_host=text(_get(job, "batch_host")),
+        num_tasks=integer(_get(job, "ntasks")) or None,
+        tasks_per_node=integer(_get(job, "ntasks_per_node")) or None,
+        work_dir=text(_get(job, "working_directory")),
     )
 
 
@@ -180,6 +183,10 @@ def update_fields(change: JobUpdate) -> dict[str, Any]:
         kw["excluded_nodes"] = compress_hostlist(change.exc_nodes)
     if change.gres_per_node is not None:
         kw["gres_per_node"] = {"gpu": change.gres_per_node}
+    if change.num_tasks is not None:
+        kw["ntasks"] = change.num_tasks
+    if change.tasks_per_node is not None:
+        kw["ntasks_per_node"] = change.tasks_per_node
     if change.admin_comment is not None:
         kw["admin_comment"] = change.admin_comment
     if change.start_time_now:

@@ -93,7 +93,7 @@ def job_plan(m: ManagedJob, p: Placement, checkpoint_root: str) -> JobPlan:
     assert spec is not None
     old = m.plan
     ckpt = (old.checkpoint_dir if old and old.checkpoint_dir else
-            default_checkpoint_dir(m.job_id, m.job.user, getattr(m.job, "work_dir", None) or None, checkpoint_root))
+            default_checkpoint_dir(m.job_id, m.job.user, m.job.work_dir or None, checkpoint_root))
     vw = spec.virtual_workers or (old.virtual_workers if old and old.virtual_workers else None) or p.plan.dp
     return JobPlan(
         pp=p.plan.pp, dp=p.plan.dp, tp=p.plan.tp, micro_batches=p.plan.micro_batches,
@@ -154,6 +154,7 @@ def decide(jobs: tuple[ManagedJob, ...], desired: Mapping[str, Placement], view:
         plan = job_plan(m, p, checkpoint_root)
         update = JobUpdate(partition=partition, features=p.cell.gpu_type, num_nodes=p.cell.num_nodes,
                            req_nodes=tuple(sorted(p.node_names)), gres_per_node=p.cell.gpus_per_node,
+                           num_tasks=p.cell.num_gpus, tasks_per_node=p.cell.gpus_per_node,
                            admin_comment=admin_comment(m.spec_json, plan))
         why = "recover" if m.intent is not None and m.phase == HELD else ("move" if m.phase == RELEASED else "new")
         actions.append(Action(PLACE, m.job_id, why, p, plan, update, hold_first=m.phase != HELD))

@@ -118,6 +118,9 @@ def job_record(j: Mapping[str, Any]) -> SlurmJob:
             exit_code=exit_status(j.get("exit_code")) if state in FINISHED else None,
             time_limit=time_limit,
             batch_host=text(j.get("batch_host")),
+            num_tasks=integer(j.get("tasks")) or None,
+            tasks_per_node=integer(j.get("tasks_per_node")) or None,
+            work_dir=text(j.get("current_working_directory")),
         )
     except (ParseError, ValueError, TypeError) as exc:
         raise ParseError(f"job {job_id}: {exc}") from exc

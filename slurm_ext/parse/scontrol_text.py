@@ -78,6 +78,12 @@ def _user(value: str) -> str:
     return value.split("(", 1)[0]
 
 
+def _tasks_per_node(value: str | None) -> int | None:
+    """The node part of ``NtasksPerN:B:S:C=2:0:*:*`` (0 or * = not set)."""
+    first = (value or "").split(":", 1)[0]
+    return int(first) if first.isdigit() and int(first) > 0 else None
+
+
 def job_record(f: dict[str, str]) -> SlurmJob:
     job_id = f.get("JobId", "")
     if not job_id:
@@ -114,6 +120,9 @@ def job_record(f: dict[str, str]) -> SlurmJob:
             exit_code=exit_status(f.get("ExitCode")) if state in FINISHED else None,
             time_limit=minutes(f.get("TimeLimit")),
             batch_host=text(f.get("BatchHost")),
+            num_tasks=integer(f.get("NumTasks")) or None,
+            tasks_per_node=_tasks_per_node(f.get("NtasksPerN:B:S:C")),
+            work_dir=text(f.get("WorkDir")),
         )
     except KeyError as exc:
         raise ParseError(f"job {job_id}: missing field {exc.args[0]}") from exc

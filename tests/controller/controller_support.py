@@ -6,28 +6,16 @@ import json
 import os
 import subprocess
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import support
+from support import wait_for
+
 ROOT = Path(__file__).resolve().parents[2]
-DEVCLUSTER = ROOT / "contrib" / "dev-cluster" / "devcluster.sh"
 DEMO_JOB = ROOT / "contrib" / "examples" / "demo_job.sh"
-CLUSTER_ENV = {"LAB": "/tmp/cellsched-ctl-test", "CTLD_PORT": "15817", "SLURMD_BASEPORT": "15900"}
 #: node -> (gpu type, gpus) of contrib/dev-cluster/cluster.conf
-SHAPE = {"n1": ("a100", 4), "n2": ("a100", 4), "n3": ("v100", 8), "n4": ("a40", 2), "n5": ("a40", 2), "n6": ("a10", 2)}
-
-
-@dataclass(frozen=True)
-class Cluster:
-    lab: Path
-    conf: Path
-    env: dict[str, str] = field(repr=False)
-
-    def devcluster(self, command: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["bash", str(DEVCLUSTER), command], env=self.env, capture_output=True, text=True,
-                              timeout=timeout, check=False)
+SHAPE = support.read_shape(support.SHAPE)
 
 
 def write_config(path: Path, state: Path, **controller: Any) -> Path:
@@ -61,11 +49,5 @@ def submit_managed(model: str, out_dir: Path, *, done_file: Path, sleep: float =
 
 
 def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
+    """wait_for with positional timeout/what, as these tests call it."""
+    return wait_for(predicate, timeout=timeout, what=what, interval=interval)

@@ -197,6 +197,7 @@ def test_decide_places_held_jobs_with_the_per_type_partition():
     assert a.kind == PLACE and not a.hold_first and a.why == "new"
     u = a.update
     assert (u.partition, u.features, u.num_nodes, u.req_nodes, u.gres_per_node) == ("a100", "a100", 2, ("n1", "n2"), 2)
+    assert (u.num_tasks, u.tasks_per_node) == (4, 2)  # one task per GPU for `srun cellsched-launch`
     ac = json.loads(u.admin_comment)
     assert JobSpec.from_dict(ac["spec"]) == SPEC
     plan = JobPlan.from_dict(ac["plan"])

@@ -40,6 +40,7 @@ def test_held_untyped_job_runs_where_the_update_puts_it(tmp_path, backend, jobs,
     body = (
         f'echo "$SLURM_JOB_NODELIST $CUDA_VISIBLE_DEVICES $SLURM_JOB_GPUS" > {out}.batch\n'
         f"srun --ntasks-per-node=1 bash -c 'echo \"$SLURMD_NODENAME $CUDA_VISIBLE_DEVICES\" > {out}.$SLURMD_NODENAME'\n"
+        f"srun bash -c 'echo $SLURMD_NODENAME > {out}.task$SLURM_PROCID'\n"
         "sleep 60\n"
     )
     req = SubmitRequest(script=script(tmp_path, body), job_name="cs-place", gres_per_node=1, nodes=1, hold=True,
@@ -51,9 +52,11 @@ def test_held_untyped_job_runs_where_the_update_puts_it(tmp_path, backend, jobs,
     assert held.comment == "cellsched-test"
 
     plan = '{"cell":"a40:2x2:pp1","job":"%s"}' % job_id
-    change = JobUpdate(partition="a40", features="a40", num_nodes=2, req_nodes=("n4", "n5"), gres_per_node=2, admin_comment=plan)
+    change = JobUpdate(partition="a40", features="a40", num_nodes=2, req_nodes=("n4", "n5"), gres_per_node=2,
+                       num_tasks=4, tasks_per_node=2, admin_comment=plan)
     updated = backend.update(job_id, change)
     assert (updated.partition, updated.features, updated.num_nodes, updated.required_nodes) == ("a40", "a40", 2, ("n4", "n5"))
+    assert (updated.num_tasks, updated.tasks_per_node, updated.work_dir) == (4, 2, str(tmp_path))
     assert (updated.gpus_per_node, updated.admin_comment, updated.held) == (2, plan, True)
 
     backend.release(job_id)
@@ -69,6 +72,10 @@ def test_held_untyped_job_runs_where_the_update_puts_it(tmp_path, backend, jobs,
     batch, n4, n5 = wait_until(written, timeout=20, what="the job's files")
     assert expand_hostlist(batch[0]) == ("n4", "n5") and batch[1] == "0,1" and batch[2] == "0,1"
     assert n4 == ["n4", "0,1"] and n5 == ["n5", "0,1"]
+    # a plain `srun` starts one task per GPU: NumTasks/TasksPerNode stuck
+    tasks = wait_until(lambda: len(list(tmp_path.glob("where.task*"))) == 4 and sorted(
+        p.read_text().strip() for p in tmp_path.glob("where.task*")), timeout=20, what="one task per GPU")
+    assert tasks == ["n4", "n4", "n5", "n5"]
 
 
 def test_requeue_then_cancel(tmp_path, backend, jobs, wait_job_state):
