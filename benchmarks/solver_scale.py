@@ -11,6 +11,7 @@ Prints one JSON line per round and a summary line per size:
 
     python benchmarks/solver_scale.py            # 64 / 1,280 / 10,240 GPUs
     python benchmarks/solver_scale.py --quick    # smoke run
+    python benchmarks/solver_scale.py --sizes 1280 --compare   # LP first vs CP-SAT only
 """
 
 from __future__ import annotations
@@ -73,45 +74,72 @@ def advance(jobs: list[JobRequest], placements, source: JobSource, rng: random.R
     return out + [source.new(now) for _ in range(max(finished, 1))]
 
 
-def run_size(name: str, cluster: ClusterView, num_jobs: int, rounds: int, rows: list[dict], cfg: SolverConfig,
-             seed: int) -> dict:
+def _line(name: str, variant: str, rnd: int, gpus: int, jobs: list[JobRequest], rep, round_s: float) -> dict:
+    moved = sum(1 for j in jobs if j.current is not None and not j.current.same_resources(rep.placements.get(j.job_id)))
+    return {
+        "size": name, "variant": variant, "round": rnd, "cold": rnd == 0, "gpus": gpus, "jobs": len(jobs),
+        "cells": rep.num_cells, "build_s": round(rep.build_s, 3), "solve_s": round(rep.solve_s, 3),
+        "place_s": round(rep.place_s, 3), "round_s": round(round_s, 3),
+        "objective": round(rep.objective, 3), "bound": round(rep.bound, 3),
+        "gap": round(rep.gap, 4) if rep.gap != float("inf") else None, "status": rep.status,
+        "placed": len(rep.placements), "gpus_used": sum(p.cell.num_gpus for p in rep.placements.values()),
+        "moved_or_resized": moved,
+    }
+
+
+def _summary(name: str, variant: str, gpus: int, num_jobs: int, times: list[float], gaps: list[float]) -> dict:
+    times = sorted(times)
+    return {"summary": name, "variant": variant, "gpus": gpus, "jobs": num_jobs, "warm_rounds": len(times),
+            "median_round_s": round(statistics.median(times), 3) if times else None,
+            "p95_round_s": round(times[min(len(times) - 1, int(0.95 * len(times)))], 3) if times else None,
+            "max_round_s": round(times[-1], 3) if times else None,
+            "max_gap": round(max(gaps), 4) if gaps else None}
+
+
+def run_size(name: str, cluster: ClusterView, num_jobs: int, rounds: int, rows: list[dict],
+             variants: dict[str, SolverConfig], seed: int) -> dict[str, dict]:
+    """Rounds of one size. With several variants each solves the same request
+    every round (in alternating order, each with its own caches); the jobs
+    follow the first variant's plan."""
     rng = random.Random(seed)
     source = JobSource(rows, rng)
     estimator = Estimator(ProfileStore(":memory:"))
-    policy = get_policy("cellsched")
+    policies = {v: get_policy("cellsched") for v in variants}
     jobs = [source.new(0.0) for _ in range(num_jobs)]
     gpus = sum(n.gpus_total for n in cluster.nodes)
     previous: dict = {}
-    times = []
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    gaps: dict[str, list[float]] = {v: [] for v in variants}
+    first = next(iter(variants))
     for rnd in range(rounds + 1):
         now = 300.0 * rnd
-        req = ScheduleRequest(cluster, tuple(jobs), previous=previous, config=cfg, now=now)
-        t0 = time.perf_counter()
-        rep = policy.schedule(req, estimator)
-        round_s = time.perf_counter() - t0
-        validate_plan(cluster, rep.placements)
-        moved = sum(1 for j in jobs if j.current is not None and not j.current.same_resources(rep.placements.get(j.job_id)))
-        line = {
-            "size": name, "round": rnd, "cold": rnd == 0, "gpus": gpus, "jobs": len(jobs), "cells": rep.num_cells,
-            "build_s": round(rep.build_s, 3), "solve_s": round(rep.solve_s, 3),
-            "place_s": round(max(0.0, round_s - rep.build_s - rep.solve_s), 3), "round_s": round(round_s, 3),
-            "objective": round(rep.objective, 3), "bound": round(rep.bound, 3),
-            "gap": round(rep.gap, 4) if rep.gap != float("inf") else None, "status": rep.status,
-            "placed": len(rep.placements), "gpus_used": sum(p.cell.num_gpus for p in rep.placements.values()),
-            "moved_or_resized": moved,
-        }
+        order = list(variants) if rnd % 2 == 0 else list(reversed(variants))
+        replies = {}
+        for v in order:
+            req = ScheduleRequest(cluster, tuple(jobs), previous=previous, config=variants[v], now=now)
+            t0 = time.perf_counter()
+            rep = replies[v] = policies[v].schedule(req, estimator)
+            round_s = time.perf_counter() - t0
+            validate_plan(cluster, rep.placements)
+            print(json.dumps(_line(name, v, rnd, gpus, jobs, rep, round_s)), flush=True)
+            if rnd > 0:
+                times[v].append(round_s)
+                if rep.gap != float("inf"):
+                    gaps[v].append(rep.gap)
+        previous = dict(replies[first].placements)
+        jobs = advance(jobs, replies[first].placements, source, rng, now + 300.0)
+    out = {v: _summary(name, v, gpus, num_jobs, times[v], gaps[v]) for v in variants}
+    for line in out.values():
         print(json.dumps(line), flush=True)
-        if rnd > 0:
-            times.append(round_s)
-        previous = dict(rep.placements)
-        jobs = advance(jobs, rep.placements, source, rng, now + 300.0)
-    times.sort()
-    summary = {"summary": name, "gpus": gpus, "jobs": num_jobs, "warm_rounds": len(times),
-               "median_round_s": round(statistics.median(times), 3) if times else None,
-               "p95_round_s": round(times[min(len(times) - 1, int(0.95 * len(times)))], 3) if times else None,
-               "max_round_s": round(times[-1], 3) if times else None}
-    print(json.dumps(summary), flush=True)
-    return summary
+    if len(variants) > 1:
+        base = out[list(variants)[-1]]
+        for v in list(variants)[:-1]:
+            ratios = sorted(a / b for a, b in zip(times[v], times[list(variants)[-1]]))
+            print(json.dumps({"compare": name, "variant": v, "vs": list(variants)[-1],
+                              "median_ratio": round(statistics.median(ratios), 3) if ratios else None,
+                              "median_s": [out[v]["median_round_s"], base["median_round_s"]],
+                              "p95_s": [out[v]["p95_round_s"], base["p95_round_s"]]}), flush=True)
+    return out
 
 
 def main() -> None:
@@ -120,20 +148,28 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes and few rounds (smoke run)")
     ap.add_argument("--rounds", type=int, default=10, help="warm rounds per size (after one cold round)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sizes", default="64,1280,10240", help="comma-separated sizes to run (GPUs)")
     ap.add_argument("--skip-large", action="store_true", help="leave out the 10,240-GPU size")
+    ap.add_argument("--compare", action="store_true",
+                    help="also run CP-SAT on the whole model (no LP first) on the same requests and print ratios")
     args = ap.parse_args()
     rows = load_trace(args.trace)
+    wanted = set(args.sizes.split(",")) - ({"10240"} if args.skip_large else set())
     if args.quick:
         sizes = [("64", cluster_of(SMALL), 20, 2, SolverConfig(seed=args.seed)),
                  ("1280", cluster_of(ARENA), 100, 2, SolverConfig(seed=args.seed, time_limit_s=2.0))]
     else:
         sizes = [("64", cluster_of(SMALL), 20, args.rounds, SolverConfig(seed=args.seed)),
-                 ("1280", cluster_of(ARENA), 500, args.rounds, SolverConfig(seed=args.seed, time_limit_s=2.0))]
-        if not args.skip_large:
-            sizes.append(("10240", cluster_of(ARENA, 8), 4000, max(1, args.rounds // 5),
-                          SolverConfig(seed=args.seed, time_limit_s=10.0, deterministic_time=20.0)))
+                 ("1280", cluster_of(ARENA), 500, args.rounds, SolverConfig(seed=args.seed, time_limit_s=2.0)),
+                 ("10240", cluster_of(ARENA, 8), 4000, max(1, args.rounds // 5),
+                  SolverConfig(seed=args.seed, time_limit_s=10.0, deterministic_time=20.0))]
     for name, cluster, n, rounds, cfg in sizes:
-        run_size(name, cluster, n, rounds, rows, cfg, args.seed)
+        if name not in wanted:
+            continue
+        variants = {"lp-first": cfg}
+        if args.compare:
+            variants["cpsat-only"] = replace(cfg, lp_first_min_jobs=1 << 30)
+        run_size(name, cluster, n, rounds, rows, variants, args.seed)
 
 
 if __name__ == "__main__":

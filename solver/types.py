@@ -228,6 +228,9 @@ class SolverConfig:
     deterministic: bool = True
     #: Stop once (bound - objective) / objective <= this (0: prove optimality).
     relative_gap_limit: float = 0.01
+    #: Aggregated model with at least this many jobs: solve its LP relaxation first and leave CP-SAT
+    #: only the jobs the LP does not place integrally (0: always; a huge number: never).
+    lp_first_min_jobs: int = 200
 
 
 @dataclass(frozen=True)
@@ -257,6 +260,8 @@ class ScheduleReply:
     solve_s: float = 0.0
     num_cells: int = 0
     reasons: Mapping[str, str] = field(default_factory=dict)
+    #: Seconds spent putting the chosen cells on concrete nodes (after the solver).
+    place_s: float = 0.0
 
     @property
     def gap(self) -> float:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from solver.placement import objective
-from solver.types import Cell, ClusterView, Estimate, JobRequest, ParallelPlan, Placement, SolverConfig
+from solver.types import Cell, ClusterView, Estimate, JobRequest, NodeView, ParallelPlan, Placement, SolverConfig
 
 
 @dataclass(frozen=True)
@@ -35,9 +35,11 @@ class Option:
         return Placement(self.job_id, self.cell, nodes, self.plan, self.iter_time_s, partition, self.source)
 
 
-def fits(cluster: ClusterView, placement: Placement, used: Mapping[str, int] | None = None) -> bool:
-    """True when `placement` still fits its nodes (type, free GPUs minus `used`)."""
-    by_name = {n.name: n for n in cluster.nodes}
+def fits(cluster: ClusterView | Mapping[str, NodeView], placement: Placement,
+         used: Mapping[str, int] | None = None) -> bool:
+    """True when `placement` still fits its nodes (type, free GPUs minus
+    `used`); pass the nodes by name when checking many placements."""
+    by_name = {n.name: n for n in cluster.nodes} if isinstance(cluster, ClusterView) else cluster
     used = used or {}
     for name, g in placement.nodes:
         node = by_name.get(name)
@@ -59,10 +61,11 @@ def split_fixed(
     used: dict[str, int] = {}
     free_jobs: list[JobRequest] = []
     reasons: dict[str, str] = {}
+    by_name = {n.name: n for n in cluster.nodes}
     for job in jobs:
         cur = job.current
         keep = cur is not None and not (movable_running and job.elastic and config.allow_resize)
-        if keep and fits(cluster, cur, used):
+        if keep and fits(by_name, cur, used):
             fixed[job.job_id] = cur
             for name, g in cur.nodes:
                 used[name] = used.get(name, 0) + g
@@ -82,20 +85,22 @@ def job_options(
     restart_mult: float,
     stay_ok: bool,
     max_options: int,
+    utilities: Sequence[float] | None = None,
 ) -> list[Option]:
     """The job's options, best first: at most `max_options` free ones plus the
     pinned one when the job runs and may stay (`stay_ok`).
 
     Free options of a running job that may stay are worth `restart_mult` times
-    their value; options worth <= 0 are dropped.
+    their value; options worth <= 0 are dropped. `utilities` may carry
+    objective.utility of each estimate, computed once per job shape.
     """
     cur = job.current
     opts: list[Option] = []
     pinned: Option | None = None
-    for est in estimates:
-        if not est.feasible or est.cell.key() in job.excluded_cells:
+    for i, est in enumerate(estimates):
+        if not est.feasible or (job.excluded_cells and est.cell.key() in job.excluded_cells):
             continue
-        base = weight * objective.utility(job, est, ref, p)
+        base = weight * (objective.utility(job, est, ref, p) if utilities is None else utilities[i])
         if cur is not None and stay_ok and est.cell == cur.cell:
             pinned = Option(job.job_id, est.cell, est.plan, est.iter_time_s, objective.to_int(base),
                             tuple(cur.nodes), est.source)

@@ -51,7 +51,7 @@ def try_place(space: Space, ledger: Ledger, job: JobRequest, opt: Option,
             return None
         nodes = tuple(names)
     elif len(set(nodes)) != cell.num_nodes or any(
-        ledger.free.get(n, -1) < cell.gpus_per_node or space.cluster.node(n).gpu_type != cell.gpu_type for n in nodes
+        ledger.free.get(n, -1) < cell.gpus_per_node or space.types.get(n) != cell.gpu_type for n in nodes
     ):
         return None
     ok, part = space.partition_of(job, nodes)

@@ -1,20 +1,27 @@
 """One joint placement round: options in, placeable plan out.
 
-greedy warm start -> CP-SAT (exact node model on small clusters, node classes
-on large ones) -> concrete nodes (nodes.py) -> repair -> the better of that and
-the greedy plan. If CP-SAT returns nothing usable (UNKNOWN, MODEL_INVALID, an
-exception) the greedy plan is returned with status "GREEDY".
+model (model.py: exact node model on small clusters, node classes on large
+ones) -> CP-SAT, warm-started by the greedy plan -> concrete nodes (nodes.py)
+-> repair -> the greedy plan instead where that is better (see place_jobs).
+On a large aggregated model
+(>= config.lp_first_min_jobs jobs) the LP relaxation is solved first and
+CP-SAT only decides the jobs it leaves fractional (lp.py); the LP optimum is
+the reported bound. Should that sub-model fail, CP-SAT gets the whole model.
+If CP-SAT returns nothing usable (UNKNOWN, MODEL_INVALID, an exception) the
+greedy plan is returned with status "GREEDY".
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Callable, Mapping, Sequence
 
 from solver.placement.candidates import Option
 from solver.placement.cpsat import Solved, solve_cpsat
 from solver.placement.greedy import Chosen, greedy, try_place, value_of
+from solver.placement.lp import integral_jobs, solve_lp
+from solver.placement.model import build, hint_values
 from solver.placement.objective import SCALE
 from solver.placement.space import Space
 from solver.types import JobRequest, Placement, SolverConfig
@@ -101,16 +108,51 @@ def _exact_nodes(space: Space, jobs: Sequence[JobRequest], options: Mapping[str,
     return out
 
 
+def _solve(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]],
+           config: SolverConfig, warm: Callable[[], Chosen], exact: bool) -> Solved:
+    """CP-SAT on what the LP relaxation leaves open, or on the whole model
+    (warm-started from `warm()`)."""
+    t0 = time.perf_counter()
+    m = build(space, jobs, options, exact)
+    built = time.perf_counter() - t0
+    if not exact and sum(1 for xs in m.choices if xs) >= config.lp_first_min_jobs:
+        lp = solve_lp(m, config.time_limit_s)
+        if lp.status == "OPTIMAL":
+            left = config.time_limit_s - (time.perf_counter() - t0)
+            sub = solve_cpsat(m, config, fixed=integral_jobs(m, lp.values), time_limit_s=left)
+            if sub.status in ("OPTIMAL", "FEASIBLE"):
+                status = "OPTIMAL" if sub.objective >= lp.bound else "FEASIBLE"
+                return replace(sub, status=status, bound=max(lp.bound, sub.objective),
+                               build_s=built + lp.build_s + sub.build_s, solve_s=lp.solve_s + sub.solve_s)
+        built += lp.build_s + lp.solve_s
+    t1 = time.perf_counter()
+    hint = hint_values(m, options, warm(), {n: c for c, names in space.classes.items() for n in names})
+    built += time.perf_counter() - t1
+    solved = solve_cpsat(m, config, hint, time_limit_s=config.time_limit_s - (time.perf_counter() - t0))
+    return replace(solved, build_s=built + solved.build_s)
+
+
 def place_jobs(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]],
                config: SolverConfig, preferred: Mapping[str, Placement] = {}, use_cpsat: bool = True) -> Result:
-    """Choose at most one option per job and concrete nodes for each."""
+    """Choose at most one option per job and concrete nodes for each.
+
+    The greedy plan is computed when needed: as CP-SAT's warm start, as the
+    fallback, and to compare with a plan further than
+    config.relative_gap_limit from the bound (it cannot gain more than that).
+    """
     t0 = time.perf_counter()
-    warm = greedy(space, jobs, options, preferred)
+    warm_plan: list[Chosen] = []
+
+    def warm() -> Chosen:
+        if not warm_plan:
+            warm_plan.append(greedy(space, jobs, options, preferred))
+        return warm_plan[0]
+
     exact = space.num_nodes <= config.exact_node_model_max_nodes
     solved = Solved("NOT_RUN")
     if use_cpsat and any(options.values()):
         try:
-            solved = solve_cpsat(space, jobs, options, config, warm, exact)
+            solved = _solve(space, jobs, options, config, warm, exact)
         except Exception as e:  # solver trouble must not leave the cluster without a plan
             solved = Solved(f"ERROR: {type(e).__name__}: {e}")
     elif not any(options.values()):
@@ -123,18 +165,22 @@ def place_jobs(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, S
         if (repaired or dropped) and exact:
             chosen, repaired, dropped = _exact_nodes(space, jobs, options, solved), [], []
         status = solved.status if not (repaired or dropped) else "FEASIBLE"
-        if value_of(warm) > value_of(chosen):
-            chosen, status = warm, "GREEDY"
+        place_s = time.perf_counter() - t1
+        value = value_of(chosen)
+        if (warm_plan or max(solved.bound, value) - value > config.relative_gap_limit * value) \
+                and value_of(warm()) > value:
+            chosen, status = warm(), "GREEDY"
         objective, bound = value_of(chosen), max(solved.bound, value_of(chosen))
     else:
-        chosen, status = warm, "GREEDY"
-        objective = bound = value_of(warm)
+        chosen, status = warm(), "GREEDY"
+        objective = bound = value_of(chosen)
+        place_s = 0.0
     reasons = {j: "its cell could not be put on concrete nodes, and no other option fit" for j in dropped
                if j not in chosen}
     if status == "GREEDY" and solved.status not in ("OPTIMAL", "FEASIBLE"):
         reasons.update({j.job_id: f"greedy plan (CP-SAT: {solved.status})" for j in jobs if j.job_id not in chosen})
     placements = {jid: o.placement(nodes, part) for jid, (o, nodes, part) in chosen.items()}
-    place_s = time.perf_counter() - t1
+    t2 = time.perf_counter()
     return Result(placements, status, objective / SCALE, bound / SCALE,
-                  build_s=solved.build_s + (t1 - t0 - solved.build_s - solved.solve_s),
-                  solve_s=solved.solve_s, place_s=place_s, reasons=reasons, repaired=tuple(repaired), dropped=tuple(dropped))
+                  build_s=t2 - t0 - solved.solve_s - place_s, solve_s=solved.solve_s, place_s=place_s,
+                  reasons=reasons, repaired=tuple(repaired), dropped=tuple(dropped))

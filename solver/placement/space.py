@@ -3,7 +3,7 @@ jobs, grouped into node classes, and which classes a job may use."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from solver.placement.nodes import ClassKey, Ledger, common_partition, eligible, node_classes, node_partitions
@@ -16,6 +16,7 @@ class Space:
     free: Mapping[str, int]
     classes: Mapping[ClassKey, tuple[str, ...]]
     parts: Mapping[str, tuple[str, ...]]
+    types: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, cluster: ClusterView, fixed: Mapping[str, Placement] = {}) -> "Space":
@@ -24,7 +25,7 @@ class Space:
             for name, g in p.nodes:
                 free[name] -= g
         classes = {k: tuple(v) for k, v in node_classes(cluster, free).items()}
-        return cls(cluster, free, classes, node_partitions(cluster))
+        return cls(cluster, free, classes, node_partitions(cluster), {n.name: n.gpu_type for n in cluster.nodes})
 
     @property
     def num_nodes(self) -> int:

@@ -36,7 +36,8 @@ def _shape(job: JobRequest) -> tuple:
 def _context(cluster: ClusterView, estimator: EstimatorLike, cfg: SolverConfig) -> tuple:
     nodes = sorted({(n.gpu_type, n.gpus_total, n.partitions) for n in cluster.nodes})
     counts = tuple((k, sum(1 for n in cluster.nodes if (n.gpu_type, n.gpus_total, n.partitions) == k)) for k in nodes)
-    return (id(estimator), counts, tuple(sorted(cluster.partitions.items())), cfg.max_pp, cfg.max_cells_per_job)
+    return (id(estimator), counts, tuple(sorted(cluster.partitions.items())), cfg.max_pp, cfg.max_cells_per_job,
+            cfg.fairness_p)
 
 
 class CellschedPolicy:
@@ -44,16 +45,17 @@ class CellschedPolicy:
         self.elastic = elastic
         self.name = "cellsched" if elastic else "cellsched-static"
         self._memo_ctx: tuple | None = None
-        self._memo: dict[tuple, tuple[Estimate | None, list[Estimate]]] = {}
+        self._memo: dict[tuple, tuple[Estimate | None, list[Estimate], list[float]]] = {}
 
     def _cells(self, job: JobRequest, cluster: ClusterView, estimator: EstimatorLike,
-               cfg: SolverConfig) -> tuple[Estimate | None, list[Estimate]]:
-        """(reference estimate, pruned estimates) of the job's shape."""
+               cfg: SolverConfig) -> tuple[Estimate | None, list[Estimate], list[float]]:
+        """(reference estimate, pruned estimates, their utilities) of the job's shape."""
         key = _shape(job)
         hit = self._memo.get(key)
         if hit is None:
             all_est = [estimator.estimate(job, c) for c in enumerate_cells(job, cluster, cfg)]
-            hit = (objective.reference(job, all_est), prune_dominated(all_est, cfg))
+            ref, kept = objective.reference(job, all_est), prune_dominated(all_est, cfg)
+            hit = (ref, kept, [objective.utility(job, e, ref, cfg.fairness_p) if ref else 0.0 for e in kept])
             if len(self._memo) >= _MEMO_MAX:
                 self._memo.clear()
             self._memo[key] = hit
@@ -70,23 +72,26 @@ class CellschedPolicy:
         ctx = _context(cluster, estimator, cfg)
         if ctx != self._memo_ctx:
             self._memo_ctx, self._memo = ctx, {}
-        ests, refs = {}, {}
+        ests, refs, utils = {}, {}, {}
         for job in jobs:
-            refs[job.job_id], kept = self._cells(job, cluster, estimator, cfg)
+            refs[job.job_id], kept, u = self._cells(job, cluster, estimator, cfg)
             if job.current is not None and all(e.cell != job.current.cell for e in kept):
                 cur = estimator.estimate(job, job.current.cell)
-                kept = kept + [cur] if cur.feasible else kept
-            ests[job.job_id] = kept
+                if cur.feasible and refs[job.job_id] is not None:
+                    kept, u = kept + [cur], u + [objective.utility(job, cur, refs[job.job_id], cfg.fairness_p)]
+            ests[job.job_id], utils[job.job_id] = kept, u
         weights = objective.job_weights(jobs, refs, request.now, cfg)
         options = {}
+        by_name = {n.name: n for n in cluster.nodes}
         for job in jobs:
             ref = refs[job.job_id]
             if ref is None:
                 reasons[job.job_id] = "no feasible cell (every cell out of memory or without data)"
                 continue
-            stay = job.current is not None and fits(cluster, job.current, used)
+            stay = job.current is not None and fits(by_name, job.current, used)
             options[job.job_id] = job_options(job, ests[job.job_id], ref, weights[job.job_id], cfg.fairness_p,
-                                              objective.restart_factor(job, cfg), stay, cfg.max_cells_per_job)
+                                              objective.restart_factor(job, cfg), stay, cfg.max_cells_per_job,
+                                              utils[job.job_id])
         t1 = time.perf_counter()
         result = place_jobs(Space.of(cluster, fixed), jobs, options, cfg,
                             preferred={**request.previous, **{j.job_id: j.current for j in jobs if j.current}})

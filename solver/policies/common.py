@@ -49,4 +49,4 @@ def reply(fixed: Mapping[str, Placement], result: Result, num_cells: int, reason
     placements = {**fixed, **result.placements}
     why = {k: v for k, v in {**reasons, **result.reasons}.items() if k not in placements}
     return ScheduleReply(placements, result.status, result.objective, result.bound,
-                         extra_build_s + result.build_s, result.solve_s, num_cells, why)
+                         extra_build_s + result.build_s, result.solve_s, num_cells, why, result.place_s)

@@ -1,5 +1,5 @@
-"""Joint placement: CP-SAT against brute force, placeability, determinism,
-time limit and fallback paths."""
+"""Joint placement: CP-SAT against brute force, placeability, the LP-first
+path, determinism, time limit and fallback paths."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ import pytest
 
 from solver.models import ModelSpec
 from solver.placement import Option, PlanError, Space, place_jobs, validate_plan
+from solver.placement.cpsat import solve_cpsat
+from solver.placement.lp import integral_jobs, solve_lp
+from solver.placement.model import build
 from solver.placement.nodes import Ledger
 from solver.types import Cell, ClusterView, JobRequest, NodeView, ParallelPlan, Placement, SolverConfig
 
@@ -115,7 +118,8 @@ def units(x: float) -> int:
 @pytest.mark.parametrize("seed", range(60))
 def test_cpsat_matches_brute_force(seed):
     cluster, jobs, options = random_instance(random.Random(seed))
-    res = place_jobs(Space.of(cluster), jobs, options, SolverConfig(workers=1, relative_gap_limit=0.0))
+    # a generous wall-clock limit: on a loaded machine it must not cut the proof short
+    res = place_jobs(Space.of(cluster), jobs, options, SolverConfig(workers=1, relative_gap_limit=0.0, time_limit_s=30))
     validate_plan(cluster, res.placements)
     assert res.status == "OPTIMAL"
     assert units(res.objective) == brute_force(cluster, options)
@@ -180,6 +184,61 @@ def test_large_instance_is_placeable_and_near_optimal():
     assert res.status in ("OPTIMAL", "FEASIBLE")
     assert res.bound >= res.objective > 0
     assert (res.bound - res.objective) / res.objective <= 0.02
+
+
+def test_lp_first_agrees_with_cpsat_on_the_whole_model():
+    cluster, jobs, options = large_instance(6)
+    cfg = SolverConfig(time_limit_s=10, deterministic_time=10)
+    first = place_jobs(Space.of(cluster), jobs, options, cfg)
+    whole = place_jobs(Space.of(cluster), jobs, options, replace(cfg, lp_first_min_jobs=1 << 30))
+    for res in (first, whole):
+        validate_plan(cluster, res.placements)
+        assert res.status in ("OPTIMAL", "FEASIBLE")
+    assert first.bound >= whole.objective and whole.bound >= first.objective  # both bounds hold
+    assert (first.bound - first.objective) / first.objective <= 0.01
+
+
+# ---------- LP relaxation first ----------
+
+LP_FIRST = dict(workers=1, exact_node_model_max_nodes=0, lp_first_min_jobs=0, time_limit_s=30)
+
+
+def test_lp_first_on_small_instances_is_placeable_and_bounds_the_optimum():
+    for seed in range(30):
+        cluster, jobs, options = random_instance(random.Random(2000 + seed))
+        res = place_jobs(Space.of(cluster), jobs, options, SolverConfig(**LP_FIRST))
+        validate_plan(cluster, res.placements)
+        assert units(res.objective) <= brute_force(cluster, options) <= units(res.bound)
+
+
+def test_lp_leaves_few_jobs_to_cpsat():
+    cluster, jobs, options = large_instance(7)
+    m = build(Space.of(cluster), jobs, options, exact=False)
+    lp = solve_lp(m, 10.0)
+    fixed = integral_jobs(m, lp.values)
+    open_jobs = len(jobs) - len({m.owner[c] for c in fixed})
+    assert lp.status == "OPTIMAL" and 0 < open_jobs <= 20
+    sub = solve_cpsat(m, SolverConfig(relative_gap_limit=0.0), fixed=fixed)
+    assert sub.status == "OPTIMAL" and 0.99 * lp.bound <= sub.objective <= lp.bound
+
+
+def test_fractional_slot_counts_do_not_leave_cpsat_without_a_solution():
+    # Two 2-GPU nodes, each running two 1-GPU jobs; q wants a whole node. The
+    # LP keeps one job per node and gives q the two half-free nodes as one.
+    cluster = ClusterView((NodeView("a", "a100", 2, 2), NodeView("b", "a100", 2, 2)))
+    one = Cell("a100", 1, 1)
+    options = {"p1": [opt("p1", one, 100, (("a", 1),))], "p2": [opt("p2", one, 10, (("a", 1),))],
+               "p3": [opt("p3", one, 100, (("b", 1),))], "p4": [opt("p4", one, 10, (("b", 1),))],
+               "q": [opt("q", Cell("a100", 1, 2), 150)]}
+    jobs = [job(j) for j in options]
+    m = build(Space.of(cluster), jobs, options, exact=False)
+    lp = solve_lp(m, 10.0)
+    assert lp.status == "OPTIMAL" and lp.values[m.x[("q", 0)]] == pytest.approx(1.0)
+    fixed = integral_jobs(m, lp.values)
+    assert solve_cpsat(m, SolverConfig(), fixed=fixed).status == "OPTIMAL"
+    res = place_jobs(Space.of(cluster), jobs, options, SolverConfig(**LP_FIRST))
+    validate_plan(cluster, res.placements)
+    assert "q" in res.placements and units(res.objective) <= brute_force(cluster, options) == 260
 
 
 # ---------- determinism, warm start, time limit, fallback ----------

@@ -1,0 +1,213 @@
+"""The joint placement model as plain data: integer columns, linear rows.
+
+Columns: x[j,k] = 1 when job j runs with option k (sum_k x[j,k] <= 1);
+maximise sum value[j,k] * x[j,k] (see objective.py). The same rows are
+handed to CP-SAT (cpsat.py) and, as a relaxation, to an LP solver (lp.py).
+
+Exact model (small clusters, <= exact_node_model_max_nodes nodes): for a free
+option, y[j,k,i] = 1 when node i holds one of the cell's node shares,
+sum_i y[j,k,i] = num_nodes * x[j,k] (so the nodes are distinct), and per node
+sum gpus_per_node * y + pinned GPUs * x <= free GPUs. Any solution is
+placeable as it is.
+
+Aggregated model (large clusters, no per-node variables): nodes are grouped
+into classes (GPU type, free GPUs, partitions) of N_c nodes with f_c free GPUs;
+z[j,k,c] = how many of the cell's node shares come from class c
+(sum_c z = num_nodes * x, z <= N_c). For each class and each share size L
+used in it, the shares of at least L GPUs fit into the whole L-GPU slots
+the class has left:
+
+    sum_{shares g >= L} g * z  <=  L * sum_{nodes i of c} floor((f_c - P_i) / L)
+
+where P_i = the GPUs of the pinned (stay) options chosen on node i; on a
+node with one pinned share this is linear in its x, with several an integer
+k_i (L * k_i + P_i <= f_c) stands for it. (When some share >= L is not a
+multiple of L, plain volume is used instead: sum g * z <= sum_i f_c - P_i.)
+Every physically placeable plan (the warm start included) satisfies these.
+When share sizes divide each other (powers of two) and one job's shares
+need not be on distinct nodes they are also sufficient (pack the shares
+largest first); otherwise the node post-pass repairs what it cannot place.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Hashable, Mapping, Sequence
+
+from solver.placement.candidates import Option
+from solver.placement.greedy import Chosen
+from solver.placement.space import Space
+from solver.types import JobRequest
+
+#: An option's node shares by class (aggregated) or node (exact): key -> (column, multiplier).
+Shares = dict[Hashable, tuple[int, int]]
+
+
+@dataclass
+class Row:
+    """lo <= sum coef * column <= hi (lo None: no lower side)."""
+
+    cols: list[int]
+    coefs: list[int]
+    hi: int
+    lo: int | None = None
+
+
+@dataclass
+class Model:
+    """Columns 0..n-1 with bounds [0, ub], objective coefficients and owner
+    (index into `jobs`, -1 for an auxiliary slot count), the rows, and what
+    the columns mean."""
+
+    jobs: list[str] = field(default_factory=list)
+    ub: list[int] = field(default_factory=list)
+    obj: list[int] = field(default_factory=list)
+    owner: list[int] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    choices: list[list[int]] = field(default_factory=list)  # per job: its x columns (at most one is 1)
+    x: dict[tuple[str, int], int] = field(default_factory=dict)
+    shares: dict[tuple[str, int], Shares] = field(default_factory=dict)
+    slots: list[tuple[int, int, int, list[tuple[int, int]]]] = field(default_factory=list)  # k, f, L, pinned
+    exact: bool = False
+
+    def column(self, ub: int, obj: int = 0, owner: int = -1) -> int:
+        self.ub.append(ub)
+        self.obj.append(obj)
+        self.owner.append(owner)
+        return len(self.ub) - 1
+
+    def add_le(self, terms: Mapping[int, int], hi: int, lo: int | None = None) -> None:
+        """Add lo <= sum coef * col <= hi unless no column can break it."""
+        top = sum(a * self.ub[c] for c, a in terms.items() if a > 0)
+        low = sum(a * self.ub[c] for c, a in terms.items() if a < 0)
+        if top > hi or (lo is not None and low < lo):
+            self.rows.append(Row(list(terms), list(terms.values()), hi, lo))
+
+
+def _acc(terms: dict[int, int], col: int, coef: int) -> None:
+    terms[col] = terms.get(col, 0) + coef
+
+
+def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]], exact: bool) -> Model:
+    """The model of choosing options for `jobs` within `space` (see the module doc)."""
+    m = Model(exact=exact)
+    node_terms: dict[str, dict[int, int]] = defaultdict(dict)
+    class_terms: dict = defaultdict(list)  # class -> [(g, column, multiplier)]
+    pins: dict[str, list[tuple[int, int]]] = defaultdict(list)  # node -> [(GPUs, x column)]
+    groups_of: dict[tuple, list] = {}
+    for job in jobs:
+        ji = len(m.jobs)
+        m.jobs.append(job.job_id)
+        xs: list[int] = []
+        for k, o in enumerate(options.get(job.job_id, ())):
+            if o.pinned is not None:
+                if any(space.free.get(n, 0) < g for n, g in o.pinned):
+                    continue
+                v = m.column(1, o.value, ji)
+                for n, g in o.pinned:
+                    pins[n].append((g, v))
+            else:
+                key = (job.partitions, o.cell.gpu_type, o.cell.gpus_per_node)
+                groups = groups_of.get(key)
+                if groups is None:
+                    groups = groups_of[key] = space.classes_for(job, o.cell)
+                n_nodes, g = o.cell.num_nodes, o.cell.gpus_per_node
+                if sum(len(space.classes[c]) for c in groups) < n_nodes:
+                    continue
+                v = m.column(1, o.value, ji)
+                shares: Shares = {}
+                if exact:
+                    for c in groups:
+                        for name in space.classes[c]:
+                            y = shares[name] = (m.column(1, 0, ji), 1)
+                            node_terms[name][y[0]] = g
+                elif len(groups) == 1:
+                    shares[groups[0]] = (v, n_nodes)
+                else:
+                    for c in groups:
+                        shares[c] = (m.column(min(n_nodes, len(space.classes[c])), 0, ji), 1)
+                if exact or len(shares) > 1:
+                    link = {c: 1 for c, _ in shares.values()}
+                    link[v] = -n_nodes
+                    m.rows.append(Row(list(link), list(link.values()), 0, 0))
+                if not exact:
+                    for c, (col, mult) in shares.items():
+                        class_terms[c].append((g, col, mult))
+                m.shares[(job.job_id, k)] = shares
+            m.x[(job.job_id, k)] = v
+            xs.append(v)
+        m.choices.append(xs)
+    if exact:
+        for name, terms in node_terms.items():
+            for g, v in pins.get(name, ()):
+                _acc(terms, v, g)
+            m.add_le(terms, space.free[name])
+    else:
+        for c, terms in class_terms.items():
+            _class_rows(m, space, c, terms, pins)
+    for name, terms in pins.items():
+        if len(terms) > 1 or not exact:
+            row: dict[int, int] = {}
+            for g, v in terms:
+                _acc(row, v, g)
+            m.add_le(row, space.free[name])
+    return m
+
+
+def _class_rows(m: Model, space: Space, c, terms: list[tuple[int, int, int]], pins: Mapping[str, list]) -> None:
+    """The slot (or volume) rows of class `c`, one per share size used in it."""
+    _, f, _ = c
+    pinned_nodes = [n for n in space.classes[c] if n in pins]
+    plain = len(space.classes[c]) - len(pinned_nodes)
+    for level in sorted({g for g, _, _ in terms}):
+        row: dict[int, int] = {}
+        for g, col, mult in terms:
+            if g >= level:
+                _acc(row, col, g * mult)
+        if all(g % level == 0 for g, _, _ in terms if g >= level):  # count whole slots of `level` GPUs
+            slots = f // level
+            hi = level * slots * plain
+            for n in pinned_nodes:
+                if len(pins[n]) == 1:  # slots left = slots - (slots - (f - u) // level) * x
+                    u, v = pins[n][0]
+                    hi += level * slots
+                    if slots - (f - u) // level:
+                        _acc(row, v, level * (slots - (f - u) // level))
+                else:  # k = slots left, level * k + pinned GPUs <= f
+                    k = m.column(slots)
+                    _acc(row, k, -level)
+                    link: dict[int, int] = {k: level}
+                    for u, v in pins[n]:
+                        _acc(link, v, u)
+                    m.rows.append(Row(list(link), list(link.values()), f))
+                    m.slots.append((k, f, level, pins[n]))
+        else:  # plain volume
+            hi = f * (plain + len(pinned_nodes))
+            for n in pinned_nodes:
+                for u, v in pins[n]:
+                    _acc(row, v, u)
+        m.add_le(row, hi)
+
+
+def hint_values(m: Model, options: Mapping[str, Sequence[Option]], chosen: Chosen, class_of: Mapping[str, Hashable]) -> list[int]:
+    """Column values of a placeable choice (the warm start)."""
+    vals = [0] * len(m.ub)
+    for (jid, k), v in m.x.items():
+        got = chosen.get(jid)
+        if got is None or options[jid][k] is not got[0]:
+            continue
+        vals[v] = 1
+        shares = m.shares.get((jid, k))
+        if not shares:
+            continue
+        names = [n for n, _ in got[1]]
+        if m.exact:
+            for n in names:
+                vals[shares[n][0]] = 1
+        elif len(shares) > 1:
+            for n in names:
+                vals[shares[class_of[n]][0]] += 1
+    for k, f, level, pinned in m.slots:
+        vals[k] = max(0, (f - sum(u for u, v in pinned if vals[v])) // level)
+    return vals
