@@ -35,6 +35,7 @@ from torch import nn
 from launch import checkpoint
 from launch.elastic import VirtualWorker, ordered_sum
 from launch.parallel import ParallelContext, init_parallel, plan_from_env
+from launch.progress import write_progress
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -553,6 +554,8 @@ def main(argv: list[str] | None = None) -> int:
         loss = trainer.train_step()
         if ctx.rank == 0:
             print(json.dumps({"step": trainer.step, "loss": loss}), flush=True)
+            if plan.checkpoint_dir:
+                write_progress(plan.checkpoint_dir, trainer.step, loss=loss)
         stopping = stop.agreed(device=ctx.device)
         due = plan.checkpoint_every and trainer.step % plan.checkpoint_every == 0
         if plan.checkpoint_dir and (stopping or due or trainer.step == args.steps):

@@ -7,6 +7,8 @@ import time
 
 import torch
 
+from slurm_ext.controller.progress import read_progress
+
 from launch.checkpoint import EXIT_CHECKPOINTED
 from srun_local import free_port, start, wait
 from train_gpt import GPTConfig, TrainConfig, reference_losses
@@ -26,6 +28,8 @@ def test_resume_on_fewer_ranks_is_bitwise_identical(tmp_path):
     first = train(plan(tmp_path / "a"), tmp_path / "first.json", 10, *FLAGS)
     assert first.losses == full[:10]
     assert (tmp_path / "a" / "LATEST").read_text() == "10\n"
+    # the progress channel the controller reads (rank 0 writes it every step)
+    assert read_progress(str(tmp_path / "a")) == 10.0
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     shutil.copytree(tmp_path / "a", tmp_path / "c")
 
