@@ -1,8 +1,14 @@
-"""The `cellsched` command line: one click group, one module per command."""
+"""The `cellsched` command line: one click group, one module per command.
+
+Commands of other packages (e.g. `cellsched profile`, which lives in the
+launch runtime because it needs torch) plug in through the
+``cellsched.commands`` entry-point group, so this package never names them.
+"""
 
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import entry_points
 
 import click
 
@@ -13,20 +19,30 @@ from slurm_ext import __version__
 COMMANDS: dict[str, str] = {
     "cluster": "slurm_ext.cli.cluster_cmd:cluster",
     "profiles": "slurm_ext.cli.profiles_cmd:profiles",
+    "controller": "slurm_ext.cli.controller_cmd:controller",
+    "status": "slurm_ext.cli.status_cmd:status",
+    "plan": "slurm_ext.cli.status_cmd:plan",
+    "sbatch": "slurm_ext.cli.sbatch_cmd:sbatch",
 }
+
+
+def plugin_commands() -> dict[str, str]:
+    """name -> "module:attribute" of commands registered by other packages."""
+    return {ep.name: ep.value for ep in entry_points(group="cellsched.commands")}
 
 
 class LazyGroup(click.Group):
     """A click group whose subcommands are imported on first use."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(set(super().list_commands(ctx)) | set(COMMANDS))
+        return sorted(set(super().list_commands(ctx)) | set(COMMANDS) | set(plugin_commands()))
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name in COMMANDS:
-            module, attr = COMMANDS[name].split(":")
-            return getattr(importlib.import_module(module), attr)
-        return super().get_command(ctx, name)
+        target = COMMANDS.get(name) or plugin_commands().get(name)
+        if target is None:
+            return super().get_command(ctx, name)
+        module, attr = target.split(":")
+        return getattr(importlib.import_module(module), attr)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

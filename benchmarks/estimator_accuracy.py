@@ -1,0 +1,243 @@
+"""How close the composed estimate is to real training, on CPU.
+
+1. Profile a small GPT on this machine (one thread, as each training rank
+   runs): layers per tp degree and micro-batch, and the loopback comm curves
+   among 2 gloo processes, into a temporary profile store (with a "cpu"
+   GpuSpec of this machine: its memory, intra link "loopback").
+2. Predict each plan's iteration time with the solver's Estimator (source
+   "composed", cell "cpu" x one node x ranks).
+3. Run the reference trainer (contrib/examples/train_gpt.py) under that plan
+   on local processes started through the real launcher, with the stage
+   split the estimator assumed (plan.stage_layers), and take the median
+   steady-state step time.
+
+Prints one JSON line per plan and a summary with the mean absolute
+percentage error (MAPE). `measured_s` is the fastest timed step (interference
+only adds time); `uncontended_s` also subtracts, per step, the longest time
+any rank sat runnable without a CPU (/proc schedstat), i.e. what the step
+would take with a core per rank. Plans with more ranks than cores
+oversubscribe the machine, which a per-device estimate cannot know: the
+headline MAPE is over the plans that fit (ranks <= cores), the others are
+reported separately, raw and uncontended.
+
+Not in the estimate, so measured runs are expected slower: the optimizer
+step (`optimizer_step_s_unmodelled`), the trainer's gradient flatten and
+ordered all-gather sum (instead of the all-reduce the estimator prices),
+and, under tp, peers waking up for every one of the 4 all-reduces per block.
+
+    python benchmarks/estimator_accuracy.py [--steps 6] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "contrib" / "examples"))
+
+SHAPE = {"layers": 4, "hidden": 192, "heads": 4, "seq": 256, "vocab": 256}
+BATCH = 8
+MICRO_BATCHES = (1, 2, 4, 8)
+#: (pp, dp, tp, micro-batches)
+PLANS = [(1, 1, 1, 1), (1, 1, 1, 2), (2, 1, 1, 2), (2, 1, 1, 4), (1, 2, 1, 1), (1, 2, 1, 2), (1, 1, 2, 1),
+         (1, 1, 2, 2), (2, 2, 1, 2), (1, 2, 2, 1), (2, 2, 2, 2)]
+
+
+def model_spec():
+    from solver.models import spec_from_dict
+
+    s = SHAPE
+    return spec_from_dict({"name": "gpt-bench", "family": "gpt", "layers": s["layers"], "hidden": s["hidden"],
+                           "heads": s["heads"], "seq_len": s["seq"], "vocab": s["vocab"], "dtype": "fp32"})
+
+
+# ---------------------------------------------------------------- one rank
+
+
+def run_delay_s() -> float:
+    """Seconds this thread has waited for a CPU while runnable (Linux schedstat)."""
+    with open("/proc/thread-self/schedstat", encoding="ascii") as f:
+        return int(f.read().split()[1]) / 1e9
+
+
+def worker(steps: int, warmup: int) -> None:
+    """One training rank (started by the launcher): prints, per timed step, the
+    wall time and how long this rank waited for a CPU (another process had it)."""
+    import torch
+
+    from launch.parallel import init_parallel, plan_from_env
+    from train_gpt import GPTConfig, TrainConfig, Trainer
+
+    torch.set_num_threads(1)
+    cfg = GPTConfig(**SHAPE)
+    ctx = init_parallel(plan_from_env(), num_layers=cfg.layers, global_batch=BATCH)
+    trainer = Trainer(ctx, cfg, TrainConfig(global_batch=BATCH))
+    wall, wait = [], []
+    for i in range(warmup + steps):
+        t0, d0 = time.perf_counter(), run_delay_s()
+        trainer.train_step()
+        if i >= warmup:
+            wall.append(time.perf_counter() - t0)
+            wait.append(run_delay_s() - d0)
+    print(json.dumps({"rank": ctx.rank, "wall": wall, "wait": wait}), flush=True)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def measure(plan: dict, steps: int, warmup: int, timeout: float = 300) -> dict:
+    """Run every rank of `plan` as a one-node Slurm step would, through the launcher."""
+    n = plan["pp"] * plan["dp"] * plan["tp"]
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CELLSCHED_"))}
+    base.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "CELLSCHED_PLAN": json.dumps(plan),
+                 "CELLSCHED_MASTER_PORT": str(free_port())})
+    step = {"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0", "SLURM_NTASKS": str(n), "SLURM_NNODES": "1",
+            "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "localhost", "SLURM_TASKS_PER_NODE": str(n)}
+    cmd = [sys.executable, "-m", "launch", "--", sys.executable, __file__, "--worker", "--steps", str(steps),
+           "--warmup", str(warmup)]
+    procs = [subprocess.Popen(cmd, env={**base, **step, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)}, cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(n)]
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    bad = [(r, p.returncode, outs[r][1]) for r, p in enumerate(procs) if p.returncode != 0]
+    if bad:
+        raise RuntimeError(f"plan {plan}: rank {bad[0][0]} exited {bad[0][1]}:\n{bad[0][2][-2000:]}")
+    ranks = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    wall = ranks[0]["wall"]  # every step ends in a collective: all ranks agree
+    wait = [max(r["wait"][i] for r in ranks) for i in range(len(wall))]
+    return {"measured_s": min(wall), "median_s": statistics.median(wall),
+            "uncontended_s": min(w - d for w, d in zip(wall, wait)),
+            "cpu_wait_pct": 100 * statistics.median(d / w for w, d in zip(wall, wait))}
+
+
+# ------------------------------------------------------- profile + predict
+
+
+def cpu_spec(comm):
+    """This machine as a "cpu" GpuSpec: its memory; ranks talk over loopback."""
+    from launch.profiler import LOOPBACK, curve_bandwidth_gbps
+    from solver.profiles.records import GpuSpec
+
+    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    return GpuSpec("cpu", mem_gb=mem_gb, peak_tflops=0.1, mem_bw_gbps=10.0, intra_link=LOOPBACK,
+                   intra_bw_gbps=curve_bandwidth_gbps(comm), inter_bw_gbps=curve_bandwidth_gbps(comm))
+
+
+def stage_layers(store, model, pp: int, tp: int, b: int) -> tuple[int, ...]:
+    """Blocks per stage of the split the estimator uses (embed and head ride along)."""
+    from solver.cost.layers import layers_from_records, split_stages
+
+    recs = store.layers(model.signature, "cpu", tp, b)
+    sizes = split_stages(layers_from_records(recs), pp, float(b)).layers
+    kinds = [r.kind for r in recs]
+    out, start = [], 0
+    for size in sizes:
+        out.append(sum(k == "block" for k in kinds[start:start + size]))
+        start += size
+    return tuple(out)
+
+
+def optimizer_step_s(model) -> float:
+    """Median seconds of one AdamW step over the whole model (not in the estimate)."""
+    import torch
+
+    from train_gpt import GPTConfig, build_full_model, make_optimizer
+
+    net = build_full_model(GPTConfig(**SHAPE), seed=0)
+    opt = make_optimizer(net.parameters(), 1e-3)
+    for p in net.parameters():
+        p.grad = torch.randn_like(p)
+    times = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[2:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=6, help="timed steps per plan")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps per plan")
+    ap.add_argument("--quick", action="store_true", help="only the plans that fit the cores")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker(args.steps, args.warmup)
+        return 0
+
+    import torch
+
+    from launch import profiler
+    from solver.estimator import COMPOSED, Estimator
+    from solver.profiles.store import ProfileStore
+    from solver.types import Cell
+
+    torch.set_num_threads(1)
+    cores = len(os.sched_getaffinity(0))
+    model = model_spec()
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="cellsched-bench-") as tmp, ProfileStore(Path(tmp) / "p.sqlite") as store:
+        store.put_layers(profiler.profile_layers(model, tps=(1, 2), micro_batches=MICRO_BATCHES, warmup=2, repeat=5))
+        comm = profiler.profile_comm(2, link=profiler.LOOPBACK, repeat=10)
+        store.put_comm(comm)
+        store.put_gpu(cpu_spec(comm))
+        profile_s = time.perf_counter() - t_start
+        est = Estimator(store)
+        rows = []
+        for pp, dp, tp, m in PLANS:
+            n = pp * dp * tp
+            if args.quick and n > cores:
+                continue
+            cell = Cell("cpu", 1, n, pp)
+            assert est.estimate_model(model, BATCH, cell).source == COMPOSED
+            predicted = next(t for p, t, _ in est.plans(model, BATCH, cell)
+                             if (p.dp, p.tp, p.micro_batches) == (dp, tp, m))
+            b = BATCH // dp // m
+            plan = {"pp": pp, "dp": dp, "tp": tp, "micro_batches": m, "global_batch": BATCH,
+                    "stage_layers": list(stage_layers(store, model, pp, tp, b))}
+            got = measure(plan, args.steps, args.warmup)
+            row = {"pp": pp, "dp": dp, "tp": tp, "micro_batches": m, "micro_batch_size": b, "ranks": n,
+                   "oversubscribed": n > cores, "stage_layers": plan["stage_layers"],
+                   "predicted_s": round(predicted, 4), **{k: round(v, 4) for k, v in got.items()},
+                   "error_pct": round(100 * (predicted - got["measured_s"]) / got["measured_s"], 1),
+                   "error_uncontended_pct": round(100 * (predicted - got["uncontended_s"]) / got["uncontended_s"], 1)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    def mape(key: str, over: bool | None = None) -> float | None:
+        errs = [abs(r[key]) for r in rows if over is None or r["oversubscribed"] == over]
+        return round(statistics.mean(errs), 1) if errs else None
+
+    print(json.dumps({
+        "summary": "estimator accuracy", "model": model.signature, "global_batch": BATCH, "cores": cores,
+        "plans": len(rows), "plans_oversubscribed": sum(r["oversubscribed"] for r in rows),
+        "mape_pct_fitting": mape("error_pct", False), "mape_pct_oversubscribed": mape("error_pct", True),
+        "mape_uncontended_pct_fitting": mape("error_uncontended_pct", False),
+        "mape_uncontended_pct_oversubscribed": mape("error_uncontended_pct", True),
+        "mape_uncontended_pct_all": mape("error_uncontended_pct"),
+        "optimizer_step_s_unmodelled": round(optimizer_step_s(model), 4),
+        "profile_s": round(profile_s, 1), "total_s": round(time.perf_counter() - t_start, 1)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

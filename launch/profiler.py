@@ -1,0 +1,333 @@
+"""Disaggregated profiling (Arena): layer costs on ONE device of a GPU type,
+communication curves once per link.
+
+* ``profile_layers``: each layer of a transformer model (the embedding, every
+  block, the head with its loss) is run alone, forward and backward, for each
+  tensor-parallel degree and micro-batch size. A tp shard is simulated on one
+  device: the block keeps heads/tp attention heads and 4h/tp MLP columns, so
+  it runs exactly the shard's matmuls, without the collectives (the
+  estimator adds those from the communication curves: 4 all-reduces per
+  "block", none for "embed" / "head"). Memory: parameter bytes of the shard,
+  activation bytes autograd keeps for backward (the tensors it saves,
+  parameters excluded), and the bytes of the layer's output.
+* ``profile_comm``: point-to-point and all-reduce time against message size
+  among local processes (nccl over GPUs, gloo over loopback on CPU).
+* ``detect_gpu_type``: the GPU type from NVML ("cpu" without a GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import socket
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+
+from solver.models import TRANSFORMER_FAMILIES, ModelSpec
+from solver.profiles.records import CommRecord, LayerRecord
+
+#: Model dtype -> torch dtype.
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+#: Known GPU types, as NVML names contain them (longer names first).
+GPU_TYPES = ("h200", "h100", "gh200", "a100", "a800", "h800", "a40", "a30", "a10", "l40s", "l40", "l4",
+             "v100", "t4", "p100")
+LOOPBACK = "loopback"
+#: Message sizes of the communication curves (bytes): 1 KiB .. 16 MiB, x4.
+COMM_SIZES = tuple(4**k * 1024 for k in range(8))
+
+
+class ProfileError(ValueError):
+    """The model or the settings cannot be profiled (the message says why)."""
+
+
+# ------------------------------------------------------------------ GPU type
+
+
+def gpu_type_of(name: str) -> str:
+    """NVML device name -> GPU type: ``"NVIDIA A100-SXM4-40GB"`` -> ``"a100"``;
+    an unknown name becomes a slug of itself."""
+    low = name.lower().replace("nvidia", " ")
+    for t in GPU_TYPES:
+        if re.search(rf"(?<![a-z0-9]){t}(?![0-9])", low):
+            return t
+    return re.sub(r"[^a-z0-9]+", "-", low).strip("-") or "gpu"
+
+
+def detect_gpu_type(index: int = 0) -> str:
+    """GPU type of device `index` from NVML; "cpu" when pynvml is missing,
+    NVML does not start, or there is no such device."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # ImportError, NVMLError (no driver / library)
+        return "cpu"
+    try:
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(index))
+        return gpu_type_of(name.decode() if isinstance(name, bytes) else name)
+    except Exception:
+        return "cpu"
+    finally:
+        pynvml.nvmlShutdown()
+
+
+# -------------------------------------------------------------------- layers
+
+
+class Embed(nn.Module):
+    """Token + position embedding (replicated over tp)."""
+
+    def __init__(self, m: ModelSpec):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(m.vocab, m.hidden), nn.Embedding(m.seq_len, m.hidden)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+
+
+class BlockShard(nn.Module):
+    """One tp shard of a pre-norm GPT block: heads/tp heads, 4h/tp MLP columns.
+
+    At tp=1 it has ``12 h^2 + 13 h`` parameters (the ModelSpec block)."""
+
+    def __init__(self, m: ModelSpec, tp: int):
+        super().__init__()
+        h, w = m.hidden, m.hidden // tp
+        self.heads = m.heads // tp
+        self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
+        self.qkv, self.proj = nn.Linear(h, 3 * w), nn.Linear(w, h)
+        self.fc, self.out = nn.Linear(h, 4 * w), nn.Linear(4 * w, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, s, -1))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class Head(nn.Module):
+    """Final norm, vocabulary projection and the loss (replicated over tp)."""
+
+    def __init__(self, m: ModelSpec):
+        super().__init__()
+        self.ln, self.proj = nn.LayerNorm(m.hidden), nn.Linear(m.hidden, m.vocab)
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.proj(self.ln(x))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def check_profilable(model: ModelSpec, tp: int) -> None:
+    if model.family not in TRANSFORMER_FAMILIES or model.num_experts > 1:
+        raise ProfileError(f"model {model.name!r}: only dense transformers can be profiled "
+                           f"(family {model.family}, {model.num_experts} experts)")
+    if tp < 1 or model.heads % tp:
+        raise ProfileError(f"model {model.name!r}: tp={tp} does not divide its {model.heads} heads")
+
+
+# ----------------------------------------------------------------- measuring
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def saved_bytes(module: nn.Module, run: Callable[[], torch.Tensor]) -> tuple[int, torch.Tensor]:
+    """(bytes autograd saves for backward while `run` executes, its output).
+
+    Tensors are counted once per storage; the module's parameters are not
+    activations and are left out."""
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = run()
+    return sum(seen.values()), out
+
+
+def _median_times(module: nn.Module, run: Callable[[], torch.Tensor], device: torch.device, warmup: int,
+                  repeat: int) -> tuple[float, float]:
+    """Fastest forward and backward seconds of `run` (a forward call) over
+    `repeat` runs: interference (other processes, clocks ramping) only adds time."""
+    fwd, bwd = [], []
+    for i in range(warmup + repeat):
+        module.zero_grad(set_to_none=True)
+        _sync(device)
+        t0 = time.perf_counter()
+        out = run()
+        _sync(device)
+        t1 = time.perf_counter()
+        out.backward(torch.ones_like(out))
+        _sync(device)
+        t2 = time.perf_counter()
+        if i >= warmup:
+            fwd.append(t1 - t0)
+            bwd.append(t2 - t1)
+    return min(fwd), min(bwd)
+
+
+def profile_layers(model: ModelSpec, *, tps: Sequence[int] = (1,), micro_batches: Sequence[int] = (1, 2, 4),
+                   gpu_type: str = "cpu", device: torch.device | str | None = None, warmup: int = 2,
+                   repeat: int = 5, seed: int = 0) -> list[LayerRecord]:
+    """LayerRecords of every (tp, micro-batch): layer 0 "embed", 1..L "block", L+1 "head".
+
+    Blocks are alike, so one block is measured and its record repeated."""
+    if warmup < 0 or repeat < 1:
+        raise ProfileError(f"need warmup >= 0 and repeat >= 1, got {warmup} and {repeat}")
+    for tp in tps:
+        check_profilable(model, tp)
+    if any(b < 1 for b in micro_batches):
+        raise ProfileError(f"micro-batch sizes must be positive, got {list(micro_batches)}")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = TORCH_DTYPES[model.dtype]
+    torch.manual_seed(seed)
+    sig, s, h = model.signature, model.seq_len, model.hidden
+    out: list[LayerRecord] = []
+    for tp in tps:
+        embed, block, head = (layer.to(device=device, dtype=dtype)
+                              for layer in (Embed(model), BlockShard(model, tp), Head(model)))
+        for b in micro_batches:
+            tokens = torch.randint(model.vocab, (b, s), device=device)
+            x = torch.randn(b, s, h, device=device, dtype=dtype, requires_grad=True)
+
+            def fresh() -> torch.Tensor:  # the block's / head's input, without an old gradient
+                x.grad = None
+                return x
+
+            runs = {"embed": (embed, lambda: embed(tokens)), "block": (block, lambda: block(fresh())),
+                    "head": (head, lambda: head(fresh(), tokens))}
+            measured = {}
+            for kind, (layer, run) in runs.items():
+                act, y = saved_bytes(layer, run)
+                fwd, bwd = _median_times(layer, run, device, warmup, repeat)
+                params = sum(_nbytes(p) for p in layer.parameters())
+                measured[kind] = (fwd, bwd, params, act, _nbytes(y))
+            kinds = ["embed"] + ["block"] * model.num_layers + ["head"]
+            out += [LayerRecord(sig, gpu_type, tp, b, i, k, *measured[k]) for i, k in enumerate(kinds)]
+    return out
+
+
+# ------------------------------------------------------------- communication
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _timed(op: Callable[[], object], device: torch.device, warmup: int, repeat: int) -> float:
+    """Median seconds of `repeat` calls of `op` (after `warmup` calls): a step
+    pays a collective's typical wake-up and wait, not its luckiest."""
+    for _ in range(warmup):
+        op()
+    times = []
+    for _ in range(repeat):
+        _sync(device)
+        t0 = time.perf_counter()
+        op()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _comm_worker(rank: int, world: int, port: int, backend: str, link: str, sizes: Sequence[int], warmup: int,
+                 repeat: int, result: str) -> None:
+    """One rank of the communication profile; rank 0 writes the records to `result`."""
+    torch.set_num_threads(1)
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120))
+    counts = sorted({n for n in (2, 4, 8, 16, world) if n <= world})
+    groups = {n: dist.new_group(list(range(n))) for n in counts}  # every rank must create every group
+    recs: list[CommRecord] = []
+    for nbytes in sizes:
+        buf = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
+
+        def ping() -> None:  # one round trip between ranks 0 and 1: two sends
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            elif rank == 1:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+
+        dist.barrier()
+        t = _timed(ping, device, warmup, repeat) / 2
+        recs.append(CommRecord(link, "p2p", 2, _nbytes(buf), t))
+        for n in counts:
+            dist.barrier()
+            if rank < n:
+                t = _timed(lambda: dist.all_reduce(buf, group=groups[n]), device, warmup, repeat)
+                recs.append(CommRecord(link, "allreduce", n, _nbytes(buf), t))
+    dist.barrier()
+    if rank == 0:
+        with open(result, "w", encoding="utf-8") as f:
+            json.dump([r.__dict__ for r in recs], f)
+    dist.destroy_process_group()
+
+
+def profile_comm(world: int, *, link: str, backend: str | None = None, sizes: Iterable[int] = COMM_SIZES,
+                 warmup: int = 2, repeat: int = 5) -> list[CommRecord]:
+    """p2p (ranks 0 <-> 1) and all-reduce (among 2, 4, ... `world` ranks) times
+    against message size, measured by `world` local processes."""
+    if world < 2:
+        raise ProfileError(f"communication profiling needs at least 2 ranks, got {world}")
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl" and torch.cuda.device_count() < world:
+        raise ProfileError(f"{world} ranks need {world} GPUs, this node has {torch.cuda.device_count()}")
+    with tempfile.TemporaryDirectory(prefix="cellsched-comm-") as tmp:
+        result = os.path.join(tmp, "comm.json")
+        mp.start_processes(_comm_worker, args=(world, _free_port(), backend, link, tuple(sizes), warmup, repeat,
+                                               result), nprocs=world, join=True, start_method="spawn")
+        with open(result, encoding="utf-8") as f:
+            return [CommRecord(**r) for r in json.load(f)]
+
+
+# ------------------------------------------------------------------- summary
+
+
+def summarize(recs: Sequence[LayerRecord]) -> list[dict]:
+    """One row per (tp, micro-batch): whole-model forward/backward ms and MB."""
+    rows: dict[tuple[int, int], dict] = {}
+    for r in recs:
+        row = rows.setdefault((r.tp, r.micro_batch), {"tp": r.tp, "micro_batch": r.micro_batch, "layers": 0,
+                                                      "fwd_ms": 0.0, "bwd_ms": 0.0, "params_mb": 0.0,
+                                                      "act_mb": 0.0})
+        row["layers"] += 1
+        row["fwd_ms"] += r.fwd_s * 1e3
+        row["bwd_ms"] += r.bwd_s * 1e3
+        row["params_mb"] += r.param_bytes / 1e6
+        row["act_mb"] += r.act_bytes / 1e6
+    return [{k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()} for row in rows.values()]
+
+
+def curve_bandwidth_gbps(recs: Sequence[CommRecord], op: str = "p2p") -> float:
+    """Bus bandwidth (GB/s) of the largest message of `op`: nbytes / time."""
+    big = max((r for r in recs if r.op == op), key=lambda r: r.nbytes, default=None)
+    return big.nbytes / big.time_s / 1e9 if big and big.time_s > 0 else math.nan

@@ -1,0 +1,106 @@
+"""`cellsched profile` on CPU: layer records and loopback comm curves land in
+the store with sane values, and the estimator composes plans from them."""
+
+import json
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from launch import profiler
+from slurm_ext.cli import main
+from solver.estimator import COMPOSED, Estimator
+from solver.models import get_model
+from solver.profiles.store import ProfileStore
+from solver.types import Cell
+
+MODEL = get_model("gpt-tiny")
+SIG = MODEL.signature
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    db = tmp_path_factory.mktemp("profile") / "profiles.sqlite"
+    args = ["profile", "--model", "gpt-tiny", "--tp", "1,2", "--micro-batch", "1,2", "--db", str(db),
+            "--comm", "--warmup", "1", "--repeat", "3", "--threads", "1", "--json"]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.output.splitlines()]
+    assert {(r["tp"], r["micro_batch"]) for r in rows if "tp" in r} == {(1, 1), (1, 2), (2, 1), (2, 2)}
+    assert rows[-1]["link"] == "loopback" and rows[-1]["ranks"] == 2
+    with ProfileStore(db) as s:
+        yield s
+
+
+def test_layer_records_are_complete_and_sane(store):
+    assert store.layer_keys(SIG) == [("cpu", tp, b) for tp in (1, 2) for b in (1, 2)]
+    h, s, v = MODEL.hidden, MODEL.seq_len, MODEL.vocab
+    for tp in (1, 2):
+        for b in (1, 2):
+            recs = store.layers(SIG, "cpu", tp, b)
+            assert [r.kind for r in recs] == ["embed"] + ["block"] * MODEL.num_layers + ["head"]
+            assert [r.layer for r in recs] == list(range(MODEL.num_layers + 2))
+            assert all(r.fwd_s > 0 and r.bwd_s > 0 and r.act_bytes > 0 for r in recs)
+            embed, block, head = recs[0], recs[1], recs[-1]
+            # fp32 parameters of one tp shard: matmuls and column biases split, norms and row biases whole
+            assert embed.param_bytes == 4 * (v + s) * h
+            assert block.param_bytes == 4 * ((12 * h * h + 7 * h) // tp + 6 * h)
+            assert head.param_bytes == 4 * (h * v + v + 2 * h)
+            assert block.out_bytes == embed.out_bytes == 4 * b * s * h
+    # the unsplit block is the ModelSpec's block; activations grow with the micro-batch, shrink with tp
+    assert store.layers(SIG, "cpu", 1, 1)[1].param_bytes == 4 * MODEL.params_per_layer
+    act = {(tp, b): store.layers(SIG, "cpu", tp, b)[1].act_bytes for tp in (1, 2) for b in (1, 2)}
+    assert act[(1, 2)] == pytest.approx(2 * act[(1, 1)], rel=0.05)
+    assert act[(2, 1)] < act[(1, 1)]
+
+
+def test_comm_records_from_two_gloo_processes(store):
+    for op in ("p2p", "allreduce"):
+        recs = store.comm("loopback", op, nranks=2)
+        assert [r.nbytes for r in recs] == list(profiler.COMM_SIZES)
+        assert all(r.time_s > 0 for r in recs)
+    # 16 MiB cannot cross loopback faster than 100 GB/s, nor slower than 10 MB/s
+    big = store.comm("loopback", "allreduce", nranks=2)[-1]
+    assert 1e7 < big.nbytes / big.time_s < 1e11
+
+
+def test_estimator_composes_from_the_profile(store):
+    est = Estimator(store).estimate_model(MODEL, 8, Cell("cpu", 1, 2, pp=2))
+    assert est.feasible and est.source == COMPOSED and est.iter_time_s > 0
+
+
+def test_gpu_type_falls_back_to_cpu_without_nvml(monkeypatch):
+    class BrokenNvml:
+        class NVMLError(Exception):
+            pass
+
+        @staticmethod
+        def nvmlInit():
+            raise BrokenNvml.NVMLError("NVML Shared Library Not Found")
+
+    monkeypatch.setitem(sys.modules, "pynvml", BrokenNvml)
+    assert profiler.detect_gpu_type() == "cpu"
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
+    assert profiler.detect_gpu_type() == "cpu"
+
+
+def test_gpu_type_here_is_cpu():
+    """This machine has no NVIDIA driver: the real pynvml fails to start."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert profiler.detect_gpu_type() == "cpu"
+
+
+@pytest.mark.parametrize("name, kind", [("NVIDIA A100-SXM4-40GB", "a100"), ("NVIDIA A10", "a10"),
+                                        ("NVIDIA A10G", "a10"), ("Tesla V100-SXM2-16GB", "v100"),
+                                        ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
+                                        ("NVIDIA A40", "a40"), ("NVIDIA GeForce RTX 4090", "geforce-rtx-4090")])
+def test_gpu_type_of_nvml_names(name, kind):
+    assert profiler.gpu_type_of(name) == kind
+
+
+def test_tp_that_does_not_divide_the_heads_is_refused(tmp_path):
+    result = CliRunner().invoke(main, ["profile", "--model", "gpt-tiny", "--tp", "3", "--db", str(tmp_path / "p")])
+    assert result.exit_code == 2 and "tp=3 does not divide its 4 heads" in result.output
