@@ -10,6 +10,7 @@ tests ERROR (never skip). Tests using it are marked `slurm`.
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -38,6 +39,28 @@ def slurm_cluster() -> Iterator[DevCluster]:
             os.environ.pop("SLURM_CONF", None)
         else:
             os.environ["SLURM_CONF"] = previous
+
+
+@pytest.fixture(autouse=True)
+def _slurm_jobs_cleaned_up(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tests share one cluster: after each test that used it, cancel every job
+    still pending or running and wait until none holds resources, so a test
+    that failed half-way cannot leave GPUs taken for the next one."""
+    yield
+    if "slurm_cluster" not in request.fixturenames:
+        return
+    cluster = request.getfixturevalue("slurm_cluster")
+    env = {**cluster.env, "SLURM_CONF": str(cluster.conf)}
+
+    def live() -> list[str]:
+        out = subprocess.run(["squeue", "-h", "-t", "PD,R,CG,CF,S", "-o", "%i"], env=env, capture_output=True, text=True,
+                             timeout=10, check=False).stdout
+        return out.split()
+
+    jobs = live()
+    if jobs:
+        subprocess.run(["scancel", "--full", *jobs], env=env, capture_output=True, timeout=20, check=False)
+        wait_for(lambda: not live(), timeout=60, what="the test's leftover jobs to end")
 
 
 @pytest.fixture
