@@ -164,6 +164,21 @@ def _nodes_parse(text: str) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
+def _connect_readonly(path: str) -> sqlite3.Connection:
+    """A read-only connection, also for users who may read but not write the
+    DB's directory. While the controller runs, its WAL files exist and plain
+    read-only access sees everything; once it has stopped (WAL checkpointed
+    into the file and removed), such a user cannot create the WAL index, so
+    the file is read as it is on disk (``immutable``), which is then complete."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return db
+    except sqlite3.OperationalError:
+        db.close()
+        return sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+
+
 class StateStore:
     """The state DB. `readonly` opens an existing file for `status` / `plan`."""
 
@@ -174,7 +189,7 @@ class StateStore:
             if readonly:
                 if self.path != ":memory:" and not Path(self.path).exists():
                     raise StateError(f"state file {self.path} does not exist (has the controller run yet?)")
-                self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+                self._db = _connect_readonly(self.path)
             else:
                 if self.path != ":memory:":
                     Path(self.path).expanduser().parent.mkdir(parents=True, exist_ok=True)

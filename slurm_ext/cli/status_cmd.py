@@ -146,7 +146,11 @@ def status(config_path: str | None, as_json: bool, include_finished: bool) -> No
 @_CONFIG
 @_JSON
 def plan(config_path: str | None, as_json: bool) -> None:
-    """What the next controller round would do (the `controller run --dry-run` path)."""
+    """What the next controller round would do (the `controller run --dry-run` path).
+
+    For root and the SlurmUser only: it shows every user's placements."""
+    if viewer() is not None:
+        raise ControllerError("`cellsched plan` shows every user's jobs and is for root and the SlurmUser; use `cellsched status`")
     from slurm_ext.controller.loop import Controller
 
     config = load_config(config_path)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import pathlib
+import shutil
+import tempfile
 import time
 
 import pytest
@@ -192,3 +194,42 @@ def test_plugin_refuses_a_malformed_tag_and_holds_a_bare_tagged_job(lua_cluster,
     plain = lua_cluster.run(["sbatch", "--parsable", "-H", hello()], user="cs_alice").stdout.strip()
     assert lua_cluster.run(["scontrol", "update", f"JobId={plain}", f"Comment={HELLO_SPEC.to_comment()}"], user="cs_alice").returncode != 0
     assert lua_cluster.run(["scontrol", "update", f"JobId={plain}", "Comment=fine"], user="cs_alice").returncode == 0
+
+
+@pytest.fixture
+def shared_tmp():
+    """A temporary directory other users can read (pytest's own is 0700)."""
+    path = pathlib.Path(tempfile.mkdtemp(prefix="cellsched-users-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_users_read_only_their_own_jobs_through_cellsched(plain_cluster, users, shared_tmp):
+    """`cellsched status` run by cs_alice shows her job and not cs_bob's (nor his
+    plan); `cellsched plan`, which shows everyone's placements, is refused."""
+    from slurm_ext.state import JobStatus, StateStore
+
+    spec = HELLO_SPEC.to_json()
+    tmp_path = shared_tmp
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    db = state_dir / "state.sqlite"
+    with StateStore(db) as st:
+        for job_id, user in (("41", "cs_alice"), ("42", "cs_bob")):
+            st.accept_spec(job_id, user, spec, "comment", 1.0)
+        st.save_statuses([JobStatus("41", "cs_alice", "PENDING", "held", "waiting", 900.0, None, None, None, None, None, False),
+                          JobStatus("42", "cs_bob", "PENDING", "held", "secret-of-bob", 900.0, None, None, None, None, None, False)], 2.0)
+    for p in (state_dir, *state_dir.iterdir()):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    config = tmp_path / "c.toml"
+    config.write_text(f'[controller]\nstate_path = "{db}"\n')
+    config.chmod(0o644)
+
+    mine = plain_cluster.run(["cellsched", "status", "--json", "--config", str(config)], user="cs_alice", users=users)
+    assert mine.returncode == 0, mine.stderr
+    assert [r["job_id"] for r in json.loads(mine.stdout)["jobs"]] == ["41"] and "secret-of-bob" not in mine.stdout
+    everyone = plain_cluster.run(["cellsched", "status", "--json", "--config", str(config)])  # root sees all
+    assert sorted(r["job_id"] for r in json.loads(everyone.stdout)["jobs"]) == ["41", "42"]
+    refused = plain_cluster.run(["cellsched", "plan", "--config", str(config)], user="cs_alice", users=users)
+    assert refused.returncode == 2 and "for root and the SlurmUser" in refused.stderr
