@@ -12,6 +12,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from solver import hostlist
+
 
 class SlurmEnvError(ValueError):
     """A SLURM_* variable is missing or malformed."""
@@ -85,61 +87,15 @@ class SlurmEnv:
         )
 
 
-_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 _TASKS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Split on commas that are not inside brackets."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise SlurmEnvError(f"host list {text!r} has an unmatched ']'")
-        elif ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    if depth:
-        raise SlurmEnvError(f"host list {text!r} has an unmatched '['")
-    parts.append(text[start:])
-    return parts
-
-
-def _expand_ranges(body: str, text: str) -> list[str]:
-    out: list[str] = []
-    for item in body.split(","):
-        m = _RANGE.match(item.strip())
-        if not m:
-            raise SlurmEnvError(f"host list {text!r} has a bad range {item!r}")
-        lo, hi = m.group(1), m.group(2) or m.group(1)
-        if int(hi) < int(lo):
-            raise SlurmEnvError(f"host list {text!r} has a descending range {item!r}")
-        width = len(lo) if lo.startswith("0") else 0
-        out.extend(str(i).zfill(width) for i in range(int(lo), int(hi) + 1))
-    return out
-
-
-def _expand_one(pattern: str, text: str) -> list[str]:
-    """Expand one host pattern; several bracket groups multiply out."""
-    open_at = pattern.find("[")
-    if open_at < 0:
-        return [pattern]
-    close_at = pattern.find("]", open_at)
-    head, body, tail = pattern[:open_at], pattern[open_at + 1 : close_at], pattern[close_at + 1 :]
-    return [head + mid + rest for mid in _expand_ranges(body, text) for rest in _expand_one(tail, text)]
 
 
 def expand_hostlist(text: str) -> tuple[str, ...]:
     """``"n[1-3,5],gpu-[08-10]"`` -> ``("n1", "n2", "n3", "n5", "gpu-08", "gpu-09", "gpu-10")``."""
-    hosts: list[str] = []
-    for part in _split_top_level(text.strip()):
-        if not part.strip():
-            raise SlurmEnvError(f"host list {text!r} has an empty entry")
-        hosts.extend(_expand_one(part.strip(), text))
-    return tuple(hosts)
+    try:
+        return hostlist.expand_hostlist(text)
+    except hostlist.HostlistError as exc:
+        raise SlurmEnvError(f"host list {text!r}: {exc}") from None
 
 
 def expand_tasks_per_node(text: str) -> tuple[int, ...]:

@@ -1,4 +1,4 @@
-"""Slurm's own view of the cluster as typed records, and hostlist helpers.
+"""Slurm's own view of the cluster as typed records, and hostlist helpers (over solver.hostlist).
 
 These are richer than the solver's capacity view (solver.types.ClusterView);
 slurm_ext.view maps them onto it in one place. Every parser and backend
@@ -7,8 +7,10 @@ produces these records, whatever Slurm version or interface it reads.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from solver import hostlist
+from solver.hostlist import compress_hostlist  # noqa: F401  (re-exported: records are where callers look)
 
 #: node base states / flags under which no new work can start on a node
 UNAVAILABLE_STATES = frozenset({"down", "inval", "fail", "future", "unknown"})
@@ -147,112 +149,12 @@ class ClusterSnapshot:
 
 # --- hostlists -----------------------------------------------------------
 
-_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
-
-
-def _split_top(text: str) -> list[str]:
-    """Split on commas that are not inside brackets."""
-    parts, depth, cur = [], 0, []
-    for ch in text:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise ValueError(f"hostlist {text!r}: unbalanced ']'")
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    if depth:
-        raise ValueError(f"hostlist {text!r}: unbalanced '['")
-    parts.append("".join(cur))
-    return [p.strip() for p in parts if p.strip()]
-
-
-def _expand_one(pattern: str, whole: str) -> list[str]:
-    start = pattern.find("[")
-    if start < 0:
-        return [pattern]
-    end = pattern.index("]", start)
-    prefix, body, rest = pattern[:start], pattern[start + 1 : end], pattern[end + 1 :]
-    values: list[str] = []
-    for item in body.split(","):
-        m = _RANGE.match(item.strip())
-        if not m:
-            raise ValueError(f"hostlist {whole!r}: bad range {item!r}")
-        lo, hi = m.group(1), m.group(2) or m.group(1)
-        if int(hi) < int(lo):
-            raise ValueError(f"hostlist {whole!r}: descending range {item!r}")
-        width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
-        values.extend(str(i).zfill(width) for i in range(int(lo), int(hi) + 1))
-    tails = _expand_one(rest, whole)
-    return [f"{prefix}{v}{t}" for v in values for t in tails]
-
-
 def expand_hostlist(text: str | None) -> tuple[str, ...]:
-    """``n[1-3,5]`` -> (n1, n2, n3, n5); zero-padded ranges (``gpu[08-10]``)
-    and several bracket groups (``r[1-2]n[1-2]``) too. "" / "(null)" -> ()."""
+    """``n[1-3,5]`` -> (n1, n2, n3, n5) (solver.hostlist); "", None and
+    Slurm's "(null)" / "None" / "N/A" -> ()."""
     if not text or text.strip() in ("(null)", "None", "N/A"):
         return ()
-    out: list[str] = []
-    for part in _split_top(text.strip()):
-        out.extend(_expand_one(part, text))
-    return tuple(out)
-
-
-_TRAILING_NUM = re.compile(r"^(.*?)(\d+)$")
-
-
-def _width(digits: str) -> int:
-    return len(digits) if digits.startswith("0") and len(digits) > 1 else 0
-
-
-def _ranges(nums: list[int], width: int) -> str:
-    """[1, 2, 3, 5] -> "1-3,5" (zero-padded to width)."""
-    out, lo = [], nums[0]
-    for prev, cur in zip(nums, nums[1:] + [-1]):
-        if cur != prev + 1:
-            a, b = str(lo).zfill(width), str(prev).zfill(width)
-            out.append(a if lo == prev else f"{a}-{b}")
-            lo = cur
-    return ",".join(out)
-
-
-def compress_hostlist(names: "list[str] | tuple[str, ...]") -> str:
-    """Inverse of expand_hostlist for a trailing number: (n1, n2, n3, n5) ->
-    ``n[1-3,5]``. Prefixes keep their order of first appearance; numbers are
-    sorted and de-duplicated; zero padding is kept (gpu08, gpu10 -> gpu[08,10])."""
-    groups: dict[str, list[str]] = {}
-    order: list[tuple[str, bool]] = []
-    for name in names:
-        m = _TRAILING_NUM.match(name)
-        if not m:
-            if (name, False) not in order:
-                order.append((name, False))
-            continue
-        prefix, digits = m.group(1), m.group(2)
-        if prefix not in groups:
-            groups[prefix] = []
-            order.append((prefix, True))
-        groups[prefix].append(digits)
-    parts: list[str] = []
-    for key, numbered in order:
-        if not numbered:
-            parts.append(key)
-            continue
-        digits = groups[key]
-        padded = {_width(d) for d in digits} - {0}
-        if len(padded) > 1 or (padded and any(len(d) < max(padded) for d in digits)):
-            by_width: dict[int, set[int]] = {}  # mixed paddings: one group each
-            for d in digits:
-                by_width.setdefault(_width(d), set()).add(int(d))
-            buckets = list(by_width.items())
-        else:
-            buckets = [(max(padded) if padded else 0, {int(d) for d in digits})]
-        for width, nums in buckets:
-            ordered = sorted(nums)
-            body = _ranges(ordered, width)
-            parts.append(f"{key}{body}" if len(ordered) == 1 else f"{key}[{body}]")
-    return ",".join(parts)
+    try:
+        return hostlist.expand_hostlist(text)
+    except hostlist.HostlistError as exc:
+        raise ValueError(f"hostlist {text!r}: {exc}") from None
