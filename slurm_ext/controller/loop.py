@@ -19,7 +19,7 @@ from slurm_ext.config import Config
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller import metrics as mx
 from slurm_ext.controller.notify import sd_notify
-from slurm_ext.controller.progress import collect_progress
+from slurm_ext.controller.progress import ProgressReader, collect_progress, progress_file
 from slurm_ext.controller.reconcile import PLACE, Outcome, apply, checked, decide, intent_outcomes
 from slurm_ext.records import ClusterSnapshot
 from slurm_ext.state import JobStatus, StateStore
@@ -90,13 +90,18 @@ class Controller:
     def __init__(self, config: Config, *, backend: Backend | None = None, state: StateStore | None = None,
                  policy: Policy | None = None, estimator: EstimatorLike | None = None,
                  metrics: mx.Metrics | None = None, readonly: bool = False,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+                 progress: ProgressReader = progress_file) -> None:
+        """`clock` / `sleep` are wall time on a real cluster and the
+        simulator's clock in a simulation; `progress` tells how far a job is."""
         if config.solver.allow_resize:
             log.warning("solver.allow_resize is not supported by the controller yet; running jobs keep their cells")
             config = dataclasses.replace(config, solver=dataclasses.replace(config.solver, allow_resize=False))
         self.config = config
         self.readonly = readonly
         self.clock = clock
+        self.sleep = sleep
+        self.progress = progress
         self.backend = backend or get_backend(config.controller.backend, **(
             {"timeout": config.controller.slurm_timeout_s} if config.controller.backend == "cli" else {}))
         self.state = state or StateStore(config.controller.state_path, readonly=readonly)
@@ -156,7 +161,8 @@ class Controller:
                 opens.pop(job_id)
             jobs = inp.classify(snap, known, opens, released)
 
-        progress, progress_src = collect_progress(jobs, now, {j for j, r in known.items() if r.finished})
+        progress, progress_src = collect_progress(jobs, now, {j for j, r in known.items() if r.finished},
+                                                  self.progress)
         max_fail = cfg.controller.max_cell_failures
         excluded = {j: frozenset(c for c, n in f.items() if n >= max_fail) for j, f in self.state.cell_failures().items()}
         built = inp.build_request(snap, jobs, progress, cfg.solver, excluded)

@@ -6,9 +6,13 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Collection
+from typing import Callable, Collection
 
 from slurm_ext.controller import inputs as inp
+
+#: how the controller learns a job's iterations done: the job's progress file
+#: on a real cluster; the simulated backend's own counter in the simulator
+ProgressReader = Callable[["inp.ManagedJob"], "float | None"]
 
 PROGRESS_FILE = "progress.json"
 #: a progress file is small; anything larger is ignored
@@ -52,16 +56,23 @@ def estimate_done(start_time: float | None, now: float, iter_time_s: float | Non
     return min(float(iterations), max(0.0, (now - start_time) / iter_time_s))
 
 
-def collect_progress(jobs: tuple[inp.ManagedJob, ...], now: float, ended: Collection[str] = ()) -> tuple[dict[str, float], dict[str, str]]:
+def progress_file(m: inp.ManagedJob) -> float | None:
+    """The ProgressReader of a real cluster: ``<checkpoint_dir>/progress.json``."""
+    return read_progress(m.plan.checkpoint_dir) if m.plan else None
+
+
+def collect_progress(jobs: tuple[inp.ManagedJob, ...], now: float, ended: Collection[str] = (),
+                     read: ProgressReader = progress_file) -> tuple[dict[str, float], dict[str, str]]:
     """Iterations done per job and where the number came from ("file" or
-    "estimate"): the job's progress file, else (running) an estimate from its
-    run time. Jobs that just ended are read once more; `ended` were read before."""
+    "estimate"): what `read` reports (the job's progress file), else
+    (running) an estimate from its run time. Jobs that just ended are read
+    once more; `ended` were read before."""
     done: dict[str, float] = {}
     src: dict[str, str] = {}
     for m in jobs:
         if m.spec is None or not (m.phase in inp.SCHEDULED or (m.phase == inp.FINISHED and m.job_id not in ended)):
             continue
-        value = read_progress(m.plan.checkpoint_dir) if m.plan else None
+        value = read(m)
         if value is not None:
             done[m.job_id], src[m.job_id] = value, "file"
         elif m.phase == inp.RUNNING and m.current is not None:
