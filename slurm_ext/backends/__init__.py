@@ -11,6 +11,10 @@ import subprocess
 from typing import Any, Callable
 
 from slurm_ext.backends.base import (
+    ALL,
+    BATCH,
+    STEPS,
+    check_signal_target,
     Backend,
     JobUpdate,
     SlurmCommandError,
@@ -76,6 +80,10 @@ def get_backend(name: str = "auto", **opts: Any) -> Backend:
 
 
 __all__ = [
+    "ALL",
+    "BATCH",
+    "STEPS",
+    "check_signal_target",
     "BACKENDS",
     "Backend",
     "JobUpdate",

@@ -70,6 +70,16 @@ def check_job_id(job_id: str) -> str:
     return job_id
 
 
+#: signal targets
+BATCH, STEPS, ALL = "batch", "steps", "all"
+
+
+def check_signal_target(target: str) -> str:
+    if target not in (BATCH, STEPS, ALL):
+        raise ValueError(f"signal target must be one of {BATCH!r}, {STEPS!r}, {ALL!r}, got {target!r}")
+    return target
+
+
 def check_signal(signal: str) -> str:
     if not isinstance(signal, str) or not _SIGNAL.match(signal):
         raise ValueError(f"signal must be a name like 'USR1' / 'SIGTERM' or a number, got {signal!r}")
@@ -265,7 +275,8 @@ class Backend(Protocol):
 
     def cancel(self, job_id: str) -> None: ...
 
-    def signal(self, job_id: str, signal: str, *, batch_only: bool = True) -> None:
-        """Send `signal` to the batch shell only, or (batch_only=False) to
-        the batch shell and every step."""
+    def signal(self, job_id: str, signal: str, *, target: str = BATCH) -> None:
+        """Send `signal` to `target`: the batch shell ("batch"), every step
+        but not the batch shell ("steps": how a running ``srun
+        cellsched-launch`` is asked to checkpoint), or both ("all")."""
         ...

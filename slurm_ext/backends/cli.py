@@ -18,6 +18,10 @@ import time
 from typing import Mapping
 
 from slurm_ext.backends.base import (
+    ALL,
+    BATCH,
+    STEPS,
+    check_signal_target,
     JobUpdate,
     SlurmCommandError,
     SlurmUnavailable,
@@ -265,7 +269,9 @@ class CliBackend:
             if not any(s in exc.stderr for s in _ALREADY_DONE):
                 raise
 
-    def signal(self, job_id: str, signal: str, *, batch_only: bool = True) -> None:
+    def signal(self, job_id: str, signal: str, *, target: str = BATCH) -> None:
         check_job_id(job_id)
         check_signal(signal)
-        self._run(["scancel", f"--signal={signal}", "--batch" if batch_only else "--full", job_id])
+        # scancel --signal without --batch/--full signals the steps only
+        where = {BATCH: ["--batch"], STEPS: [], ALL: ["--full"]}[check_signal_target(target)]
+        self._run(["scancel", f"--signal={signal}", *where, job_id])

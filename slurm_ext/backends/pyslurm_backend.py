@@ -14,6 +14,10 @@ import time
 from typing import Any, Mapping
 
 from slurm_ext.backends.base import (
+    ALL,
+    BATCH,
+    STEPS,
+    check_signal_target,
     JobUpdate,
     SlurmCommandError,
     SlurmError,
@@ -280,6 +284,6 @@ class PyslurmBackend:
     def cancel(self, job_id: str) -> None:
         self._call("Job.cancel", self._job(job_id).cancel)
 
-    def signal(self, job_id: str, signal: str, *, batch_only: bool = True) -> None:
+    def signal(self, job_id: str, signal: str, *, target: str = BATCH) -> None:
         check_signal(signal)
-        self._call("Job.send_signal", self._job(job_id).send_signal, signal, steps="batch" if batch_only else "all")
+        self._call("Job.send_signal", self._job(job_id).send_signal, signal, steps={BATCH: "batch", STEPS: "children", ALL: "all"}[check_signal_target(target)])
