@@ -1,0 +1,121 @@
+"""The simulator's plain data: what a trace holds, what a simulated cluster
+is made of, and what one simulated run records (the report is computed from
+a SimRun alone)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    """One job of a trace.
+
+    `iterations` None: derive them from `duration_s` (a Slurm accounting
+    export knows run times, not iterations) at the requested cell's speed.
+    `requested_gpus` / `requested_gpu_type` are the static request (what
+    FCFS gets; a hint to cellsched). `line` is the trace line, for errors.
+    """
+
+    job_id: str
+    submit_time: float
+    model: str
+    global_batch: int
+    iterations: int | None
+    requested_gpus: int
+    requested_gpu_type: str | None = None
+    deadline: float | None = None
+    duration_s: float | None = None
+    user: str = "sim"
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """`count` nodes of one GPU type with `gpus_per_node` GPUs each."""
+
+    gpu_type: str
+    count: int
+    gpus_per_node: int
+    mem_gb: float | None = None
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A simulated cluster; node names are ``<gpu type>-<index>`` (1-based,
+    zero-padded), with one partition per GPU type and ``all``."""
+
+    groups: tuple[NodeGroup, ...]
+    name: str = ""
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(g.count * g.gpus_per_node for g in self.groups)
+
+    def gpus_by_type(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for g in self.groups:
+            out[g.gpu_type] = out.get(g.gpu_type, 0) + g.count * g.gpus_per_node
+        return out
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """What became of one trace job. Times are simulated seconds; in
+    arena-compat mode submit and end lie on the round grid."""
+
+    job_id: str
+    submit_time: float
+    first_start: float | None
+    end_time: float | None
+    finished: bool
+    restarts: int = 0
+    gpu_seconds: float = 0.0
+    cells: tuple[str, ...] = ()
+
+    @property
+    def jct(self) -> float | None:
+        return None if self.end_time is None or not self.finished else self.end_time - self.submit_time
+
+    @property
+    def queueing(self) -> float | None:
+        return None if self.first_start is None else self.first_start - self.submit_time
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The cluster just after `time`, unchanged until the next sample:
+    jobs queued (submitted, not running) and running, throughput in
+    samples/s (restart stalls count as 0), GPUs in use by type."""
+
+    time: float
+    queued: int
+    running: int
+    throughput: float
+    gpus_used: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RoundStat:
+    """One controller round: when (simulated), its solver and total wall
+    seconds, and how many jobs it scheduled."""
+
+    time: float
+    solve_s: float
+    total_s: float
+    jobs: int
+    actions: int = 0
+
+
+@dataclass(frozen=True)
+class SimRun:
+    """Everything one policy's simulation recorded."""
+
+    policy: str
+    jobs: tuple[JobOutcome, ...]
+    samples: tuple[Sample, ...]
+    rounds: tuple[RoundStat, ...]
+    gpus_total: Mapping[str, int]
+    wall_s: float = 0.0
+    meta: Mapping[str, object] = field(default_factory=dict)
