@@ -33,7 +33,10 @@ class ControllerConfig:
     interval_s: seconds between rounds. watch_s: how often the cheap watch
     looks for new or ended jobs (and the kick file) to start a round early;
     min_gap_s: the least time between two rounds. checkpoint_root: where
-    checkpoints go when a job's working directory is unknown.
+    checkpoints go when a job's working directory is unknown. Moving a
+    running elastic job: the round waits up to checkpoint_wait_s (polling
+    every checkpoint_poll_s) for it to checkpoint; a job still running
+    checkpoint_timeout_s after the signal is requeued anyway.
     """
 
     backend: str = "cli"
@@ -47,6 +50,9 @@ class ControllerConfig:
     kick_file: str = "/run/cellsched/kick"
     checkpoint_root: str = "/tmp/cellsched"
     max_cell_failures: int = 2
+    checkpoint_wait_s: float = 60.0
+    checkpoint_timeout_s: float = 600.0
+    checkpoint_poll_s: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("interval_s", "watch_s", "slurm_timeout_s"):
@@ -54,6 +60,11 @@ class ControllerConfig:
                 raise ConfigError(f"controller.{name} must be > 0, got {getattr(self, name)}")
         if self.min_gap_s < 0:
             raise ConfigError(f"controller.min_gap_s must be >= 0, got {self.min_gap_s}")
+        for name in ("checkpoint_poll_s", "checkpoint_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"controller.{name} must be > 0, got {getattr(self, name)}")
+        if self.checkpoint_wait_s < 0:
+            raise ConfigError(f"controller.checkpoint_wait_s must be >= 0, got {self.checkpoint_wait_s}")
         if self.max_cell_failures < 1:
             raise ConfigError(f"controller.max_cell_failures must be >= 1, got {self.max_cell_failures}")
         if not self.state_path:
@@ -89,7 +100,7 @@ class LogConfig:
 @dataclass(frozen=True)
 class Config:
     controller: ControllerConfig = field(default_factory=ControllerConfig)
-    solver: SolverConfig = field(default_factory=lambda: SolverConfig(allow_resize=False))
+    solver: SolverConfig = field(default_factory=SolverConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     log: LogConfig = field(default_factory=LogConfig)
     source: str = ""  # the file it was read from ("" = defaults)

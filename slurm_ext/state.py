@@ -16,14 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: cell_history.value (measured restart cost of "resumed" events)
 BUSY_TIMEOUT_S = 10.0
 
-#: plan statuses: "intent" (written, Slurm not yet touched), "updated"
-#: (the job carries the plan, not yet released), "released" (applied),
-#: "failed", "superseded" (a newer plan replaced it), "abandoned" (the job
-#: was found released with another plan), "gone" (the job ended first)
-OPEN = ("intent", "updated")
+#: plan statuses: "intent" (written, Slurm not yet touched), "signalled"
+#: (a running job was asked to checkpoint for this plan), "requeued" (it
+#: was requeued held), "updated" (the job carries the plan, not yet
+#: released), "released" (applied), "failed", "superseded" (a newer plan
+#: replaced it), "abandoned" (the job was found released with another
+#: plan), "gone" (the job ended first)
+OPEN = ("intent", "signalled", "requeued", "updated")
+_OPEN_SQL = "(" + ", ".join(f"'{s}'" for s in OPEN) + ")"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -69,7 +72,8 @@ CREATE TABLE IF NOT EXISTS cell_history (
   round_id INTEGER,
   event TEXT NOT NULL,
   cell TEXT NOT NULL DEFAULT '',
-  nodes TEXT NOT NULL DEFAULT ''
+  nodes TEXT NOT NULL DEFAULT '',
+  value REAL
 );
 CREATE INDEX IF NOT EXISTS cell_history_job ON cell_history (job_id, id);
 CREATE TABLE IF NOT EXISTS rounds (
@@ -202,10 +206,20 @@ class StateStore:
                     self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
                 elif int(row[0]) > SCHEMA_VERSION:
                     raise StateError(f"state file {self.path} has schema {row[0]}, newer than this cellsched ({SCHEMA_VERSION})")
+                elif int(row[0]) < SCHEMA_VERSION:
+                    self._migrate(int(row[0]))
                 self._db.execute("UPDATE rounds SET status = 'interrupted' WHERE status = 'running'")
             self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
         except sqlite3.Error as exc:
             raise StateError(f"state file {self.path}: {exc}") from exc
+
+    def _migrate(self, version: int) -> None:
+        """Bring an older state file up to SCHEMA_VERSION."""
+        with self._tx():
+            cols = {r[1] for r in self._db.execute("PRAGMA table_info(cell_history)")}
+            if version < 2 and "value" not in cols:
+                self._db.execute("ALTER TABLE cell_history ADD COLUMN value REAL")
+            self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
 
     def close(self) -> None:
         self._db.close()
@@ -265,7 +279,7 @@ class StateStore:
         with self._tx():
             for j in gone:
                 self._db.execute("UPDATE jobs SET finished = 1, phase = 'finished', reason = 'no longer listed by Slurm', updated = ? WHERE job_id = ?", (now, j))
-                self._db.execute("UPDATE plans SET status = 'gone' WHERE job_id = ? AND status IN ('intent', 'updated')", (j,))
+                self._db.execute("UPDATE plans SET status = 'gone' WHERE job_id = ? AND status IN " + _OPEN_SQL, (j,))
         return gone
 
     def retire(self, job_id: str) -> None:
@@ -276,7 +290,7 @@ class StateStore:
         old = f"{job_id}~{int(row[0])}"
         with self._tx():
             self._db.execute("UPDATE jobs SET job_id = ?, finished = 1 WHERE job_id = ?", (old, job_id))
-            self._db.execute("UPDATE plans SET job_id = ?, status = CASE WHEN status IN ('intent', 'updated') THEN 'gone' ELSE status END WHERE job_id = ?", (old, job_id))
+            self._db.execute("UPDATE plans SET job_id = ?, status = CASE WHEN status IN " + _OPEN_SQL + " THEN 'gone' ELSE status END WHERE job_id = ?", (old, job_id))
             self._db.execute("UPDATE cell_history SET job_id = ? WHERE job_id = ?", (old, job_id))
 
     # --- plans ------------------------------------------------------------
@@ -285,7 +299,7 @@ class StateStore:
                    plan_json: str, admin_comment: str, now: float) -> int:
         """Write an intent (before Slurm is touched); older open plans of the job are superseded."""
         with self._tx():
-            self._db.execute("UPDATE plans SET status = 'superseded' WHERE job_id = ? AND status IN ('intent', 'updated')", (job_id,))
+            self._db.execute("UPDATE plans SET status = 'superseded' WHERE job_id = ? AND status IN " + _OPEN_SQL, (job_id,))
             cur = self._db.execute(
                 "INSERT INTO plans (job_id, round_id, cell, nodes, partition, plan, admin_comment, status, created) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, 'intent', ?)",
@@ -310,7 +324,7 @@ class StateStore:
 
     def open_plans(self) -> dict[str, PlanRow]:
         """The newest unfinished intent of each job."""
-        return {p.job_id: p for p in self._plans("WHERE status IN ('intent', 'updated') ORDER BY id")}
+        return {p.job_id: p for p in self._plans("WHERE status IN " + _OPEN_SQL + " ORDER BY id")}
 
     def latest_plans(self, *, applied_only: bool = True) -> dict[str, PlanRow]:
         """The newest (applied) plan of each job."""
@@ -328,13 +342,34 @@ class StateStore:
         return out
 
     def history(self, job_id: str) -> list[dict[str, Any]]:
-        cols = ("time", "round_id", "event", "cell", "nodes")
+        """The job's events: placed (cell, nodes), signalled, requeued,
+        resumed (value = measured restart cost, s), finished."""
+        cols = ("time", "round_id", "event", "cell", "nodes", "value")
         return [dict(zip(cols, r)) for r in self._db.execute(f"SELECT {', '.join(cols)} FROM cell_history WHERE job_id = ? ORDER BY id", (job_id,))]
 
-    def add_history(self, job_id: str, event: str, now: float, round_id: int | None = None, cell: str = "", nodes: str = "") -> None:
+    def add_history(self, job_id: str, event: str, now: float, round_id: int | None = None, cell: str = "", nodes: str = "",
+                    value: float | None = None) -> None:
         with self._tx():
-            self._db.execute("INSERT INTO cell_history (job_id, time, round_id, event, cell, nodes) VALUES (?, ?, ?, ?, ?, ?)",
-                             (job_id, now, round_id, event, cell, nodes))
+            self._db.execute("INSERT INTO cell_history (job_id, time, round_id, event, cell, nodes, value) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                             (job_id, now, round_id, event, cell, nodes, value))
+
+    def pending_restarts(self) -> dict[str, float]:
+        """job -> time it was asked to checkpoint, for jobs whose restart has
+        not been measured yet (no "resumed" event after the last signal)."""
+        out: dict[str, float] = {}
+        for job_id, event, t in self._db.execute(
+                "SELECT job_id, event, time FROM cell_history WHERE event IN ('signalled', 'resumed') AND job_id IN "
+                "(SELECT job_id FROM jobs WHERE finished = 0) ORDER BY id"):
+            if event == "signalled":
+                out[job_id] = t
+            else:
+                out.pop(job_id, None)
+        return out
+
+    def restart_costs(self) -> dict[str, float]:
+        """job -> its last measured restart cost (signal to first step after resume), s."""
+        return {j: v for j, v in self._db.execute(
+            "SELECT job_id, value FROM cell_history WHERE event = 'resumed' AND value IS NOT NULL ORDER BY id")}
 
     # --- rounds -----------------------------------------------------------
 

@@ -112,11 +112,29 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)) + "  " + str(line[-1]) for line in lines)
 
 
+def _history_text(job_id: str, events: list[dict[str, Any]]) -> str:
+    lines = [f"job {job_id}: history of its cells"]
+    for e in events:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"]))
+        what = e["event"]
+        if e["cell"]:
+            what += f" {e['cell']}"
+        if e["nodes"]:
+            what += f" on {e['nodes']}"
+        if e["event"] == "resumed" and e["value"] is not None:
+            what += f" (restart cost {e['value']:.1f} s)"
+        lines.append(f"  {when}  {what}")
+    return "\n".join(lines)
+
+
 @click.command()
 @_CONFIG
 @_JSON
 @click.option("--all", "include_finished", is_flag=True, help="Include finished jobs.")
-def status(config_path: str | None, as_json: bool, include_finished: bool) -> None:
+@click.option("--history", "history_of", metavar="JOBID",
+              help="Show one job's history: cells it was placed in, moves (signalled, requeued, resumed with the "
+                   "measured restart cost), end.")
+def status(config_path: str | None, as_json: bool, include_finished: bool, history_of: str | None) -> None:
     """Managed jobs: cell, plan, speed, progress, time in queue, why pending.
 
     Root and the SlurmUser see every job; other users see their own."""
@@ -125,6 +143,18 @@ def status(config_path: str | None, as_json: bool, include_finished: bool) -> No
         raise ControllerError(f"no controller state at {config.controller.state_path} (has the controller run?)")
     state = open_state(config, readonly=True)
     try:
+        if history_of is not None:
+            job = state.jobs().get(history_of)
+            who = viewer()
+            if job is None or (who is not None and job.user != who):
+                raise ControllerError(f"no managed job {history_of} of yours in the controller's state")
+            events = state.history(history_of)
+            if as_json:
+                json.dump({"job_id": history_of, "history": events}, sys.stdout)
+                sys.stdout.write("\n")
+            else:
+                click.echo(_history_text(history_of, events))
+            return
         rows = job_rows(state, now=time.time(), only_user=viewer(), include_finished=include_finished)
         last = state.rounds(limit=1)
     finally:

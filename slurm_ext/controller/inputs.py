@@ -26,8 +26,19 @@ FINISHED = "finished"
 UNPLANNED = "unplanned"  # runs without a plan (released by someone else)
 OPERATOR_HOLD = "operator-hold"  # held again after it was released: left to the operator
 BAD = "bad"  # its spec was refused
+CHECKPOINTING = "checkpointing"  # asked to checkpoint for a move; keeps its GPUs until it ends
+CHECKPOINTED = "checkpointed"  # ended with a checkpoint (or its node failed): requeued and placed again
 #: phases the solver sees
-SCHEDULED = (HELD, LOOSE, RELEASED, RUNNING)
+SCHEDULED = (HELD, LOOSE, RELEASED, RUNNING, CHECKPOINTING, CHECKPOINTED)
+
+#: the exit status by which ``cellsched-launch`` says "checkpointed, run me
+#: again" (EX_TEMPFAIL); a managed job that ends with it is requeued
+EXIT_CHECKPOINTED = 75
+#: Slurm states after which a managed job is requeued rather than given up
+#: (its node failed under it and Slurm did not requeue it itself)
+REQUEUE_STATES = ("NODE_FAIL",)
+#: open intents that wait for a running job to checkpoint
+SIGNALLED = "signalled"
 
 
 @dataclass(frozen=True)
@@ -128,13 +139,21 @@ def same_plan(job: SlurmJob, row: PlanRow) -> bool:
     return job.admin_comment == row.admin_comment
 
 
+def checkpointed(job: SlurmJob) -> bool:
+    """Did the job end in a way that asks for it to be run again from its
+    checkpoint (exit 75, or its node failed)?"""
+    return job.finished and (job.exit_code == EXIT_CHECKPOINTED or job.state in REQUEUE_STATES)
+
+
 def classify(snapshot: ClusterSnapshot, known: Mapping[str, JobRow], intents: Mapping[str, PlanRow],
              released: frozenset[str] | set[str] = frozenset()) -> tuple[ManagedJob, ...]:
     """Every managed job in the snapshot with its phase.
 
     `known`: the state's jobs; `intents`: open intents by job; `released`:
     jobs the controller released before (a held one is then left alone).
-    A job id that Slurm reuses (another submit time) is a new job.
+    A job id that Slurm reuses (another submit time) is a new job. A job
+    that ended checkpointed is CHECKPOINTED (to be requeued); a running job
+    with a signalled intent is CHECKPOINTING.
     """
     out = []
     for job in snapshot.jobs:
@@ -146,6 +165,10 @@ def classify(snapshot: ClusterSnapshot, known: Mapping[str, JobRow], intents: Ma
         spec, spec_json, source, error = read_spec(job, row)
         plan = admin_comment_plan(job.admin_comment)
         intent = intents.get(job.job_id)
+        if job.finished and spec is not None and checkpointed(job):
+            out.append(ManagedJob(job, CHECKPOINTED, spec, spec_json, source,
+                                  f"checkpointed ({job.state.lower()}, exit {job.exit_code}); to be requeued", plan, None, intent))
+            continue
         if job.finished:
             out.append(ManagedJob(job, FINISHED, spec, spec_json, source, job.state.lower(), plan, None, intent))
             continue
@@ -156,6 +179,9 @@ def classify(snapshot: ClusterSnapshot, known: Mapping[str, JobRow], intents: Ma
             current = placement_of(job.job_id, plan) if plan else None
             if current is None or sorted(current.node_names) != sorted(job.nodes):
                 out.append(ManagedJob(job, UNPLANNED, spec, spec_json, source, "runs without a cellsched plan", plan, None, intent))
+            elif intent is not None and intent.status == SIGNALLED:
+                out.append(ManagedJob(job, CHECKPOINTING, spec, spec_json, source, "asked to checkpoint for a move",
+                                      plan, current, intent))
             else:
                 out.append(ManagedJob(job, RUNNING, spec, spec_json, source, "", plan, current, intent))
             continue
@@ -196,11 +222,14 @@ class Inputs:
 
 def build_request(snapshot: ClusterSnapshot, jobs: tuple[ManagedJob, ...], progress: Mapping[str, float],
                   config: SolverConfig, excluded: Mapping[str, frozenset[str]] | None = None,
-                  previous: Mapping[str, Placement] | None = None) -> Inputs:
+                  previous: Mapping[str, Placement] | None = None,
+                  restart_costs: Mapping[str, float] | None = None) -> Inputs:
     """The ScheduleRequest of a round: jobs in a scheduled phase, with their
-    progress; the view counts GPUs of every job that has no placement of
-    ours (unmanaged, or running without a plan) as taken."""
-    placed_ids = [m.job_id for m in jobs if m.phase in (RUNNING,) and m.current is not None]
+    progress and measured restart cost; the view counts GPUs of every job
+    that has no placement of ours (unmanaged, or running without a plan) as
+    taken. A CHECKPOINTING job keeps its placement (it is not elastic this
+    round); a CHECKPOINTED one is placed like a pending job."""
+    placed_ids = [m.job_id for m in jobs if m.phase in (RUNNING, CHECKPOINTING) and m.current is not None]
     view = to_cluster_view(snapshot, placed_ids)
     requests: list[JobRequest] = []
     skipped: dict[str, str] = {}
@@ -219,13 +248,14 @@ def build_request(snapshot: ClusterSnapshot, jobs: tuple[ManagedJob, ...], progr
                 gpu_types=spec.gpu_types,
                 min_gpus=spec.min_gpus,
                 max_gpus=spec.max_gpus,
-                elastic=spec.elastic,
+                elastic=spec.elastic and m.phase != CHECKPOINTING,
                 submit_time=m.job.submit_time or 0.0,
                 requested_gpus=spec.requested_gpus,
                 requested_gpu_type=spec.requested_gpu_type,
                 partitions=getattr(spec, "partitions", None),
                 current=m.current,
                 excluded_cells=(excluded or {}).get(m.job_id, frozenset()),
+                restart_cost_s=(restart_costs or {}).get(m.job_id),
             ))
         except (JobSpecError, ValueError, TypeError) as exc:
             skipped[m.job_id] = f"cannot schedule: {exc}"

@@ -20,7 +20,7 @@ from slurm_ext.controller import inputs as inp
 from slurm_ext.controller import metrics as mx
 from slurm_ext.controller.notify import sd_notify
 from slurm_ext.controller.progress import ProgressReader, collect_progress, progress_file
-from slurm_ext.controller.reconcile import PLACE, Outcome, apply, checked, decide, intent_outcomes
+from slurm_ext.controller.reconcile import MOVE, PLACE, Outcome, Waiting, apply, checked, decide, intent_outcomes
 from slurm_ext.records import ClusterSnapshot
 from slurm_ext.state import JobStatus, StateStore
 from solver.types import EstimatorLike, Policy, ScheduleReply, ScheduleRequest
@@ -94,9 +94,6 @@ class Controller:
                  progress: ProgressReader = progress_file) -> None:
         """`clock` / `sleep` are wall time on a real cluster and the
         simulator's clock in a simulation; `progress` tells how far a job is."""
-        if config.solver.allow_resize:
-            log.warning("solver.allow_resize is not supported by the controller yet; running jobs keep their cells")
-            config = dataclasses.replace(config, solver=dataclasses.replace(config.solver, allow_resize=False))
         self.config = config
         self.readonly = readonly
         self.clock = clock
@@ -161,26 +158,31 @@ class Controller:
                 opens.pop(job_id)
             jobs = inp.classify(snap, known, opens, released)
 
-        progress, progress_src = collect_progress(jobs, now, {j for j, r in known.items() if r.finished},
-                                                  self.progress)
+        prog = collect_progress(jobs, now, {j for j, r in known.items() if r.finished}, self.progress)
+        progress, progress_src = prog.done, prog.source
+        if not dry_run:
+            self._measure_restarts(jobs, prog.first_step_at, now, round_id)
         max_fail = cfg.controller.max_cell_failures
         excluded = {j: frozenset(c for c, n in f.items() if n >= max_fail) for j, f in self.state.cell_failures().items()}
-        built = inp.build_request(snap, jobs, progress, cfg.solver, excluded)
+        built = inp.build_request(snap, jobs, progress, cfg.solver, excluded, restart_costs=self.state.restart_costs())
 
         t1 = time.perf_counter()
         reply, crashed = self._solve(built.request)
         timings["solve_s"] = solve_s = time.perf_counter() - t1
-        desired, rejected = checked(built.view, reply.placements, {m.job_id for m in jobs if m.current is not None})
+        desired, rejected = checked(built.view, _keep_running(jobs, reply.placements),
+                                    {m.job_id for m in jobs if m.current is not None})
         for job_id, why in rejected.items():
             log.error("placement rejected", extra={"fields": {"job": job_id, "error": why}})
             self.metrics.inc("errors_total", labels={"kind": "invalid_placement"})
-        actions = decide(jobs, desired, built.view, cfg.controller.checkpoint_root)
+        cc = cfg.controller
+        actions = decide(jobs, desired, built.view, cc.checkpoint_root, now=now, checkpoint_timeout_s=cc.checkpoint_timeout_s)
 
         t2 = time.perf_counter()
-        outcomes: list[Outcome] = [] if dry_run else apply(actions, self.backend, self.state, round_id, self.clock)
+        waiting = Waiting(cc.checkpoint_wait_s, cc.checkpoint_poll_s, self.sleep)
+        outcomes: list[Outcome] = [] if dry_run else apply(actions, self.backend, self.state, round_id, self.clock, waiting)
         apply_s = time.perf_counter() - t2
         failed = {o.action.job_id: o.error for o in outcomes if not o.ok}
-        placed = {o.action.job_id for o in outcomes if o.ok and o.action.kind == PLACE}
+        placed = {o.action.job_id for o in outcomes if o.ok and o.action.kind in (PLACE, MOVE) and not o.error}
 
         reasons = {**reply.reasons, **built.skipped, **crashed, **rejected, **failed}
         statuses = tuple(self._status(m, reasons, placed, progress, progress_src) for m in jobs)
@@ -225,6 +227,23 @@ class Controller:
                 log.error("solver fails on job", extra={"fields": {"job": job.job_id, "error": bad[job.job_id]}})
         rest = tuple(j for j in request.jobs if j.job_id not in bad)
         return self.policy.schedule(dataclasses.replace(request, jobs=rest), self.estimator), bad
+
+    def _measure_restarts(self, jobs: tuple[inp.ManagedJob, ...], first_step_at: Mapping[str, float], now: float,
+                          round_id: int | None) -> None:
+        """Restart cost of each moved job, once it runs again: from the
+        signal to the end of the first step after the resume (the job's own
+        progress record). Stored as a "resumed" event; the solver charges it
+        for the job's next move."""
+        pending = self.state.pending_restarts()
+        for m in jobs:
+            signalled_at = pending.get(m.job_id)
+            first = first_step_at.get(m.job_id)
+            if signalled_at is None or first is None or m.phase != inp.RUNNING or first <= signalled_at:
+                continue
+            cost = first - signalled_at
+            self.state.add_history(m.job_id, "resumed", now, round_id, m.current.cell.key() if m.current else "",
+                                   value=round(cost, 3))
+            log.info("restart measured", extra={"fields": {"job": m.job_id, "restart_s": round(cost, 3)}})
 
     def _remember(self, jobs: tuple[inp.ManagedJob, ...], known: Mapping[str, Any], now: float) -> None:
         """Persist first accepted specs and refused ones (one job at a time)."""
@@ -393,6 +412,20 @@ class _Watcher:
                 _sleep(stop, since + min_gap - time.monotonic())
                 return
             _sleep(stop, min(0.5, max(0.0, deadline - now), max(0.05, next_watch - now)))
+
+
+def _keep_running(jobs: tuple[inp.ManagedJob, ...], placements: Mapping[str, Any]) -> dict[str, Any]:
+    """The policy's placements, except that a running job keeps its GPUs when
+    it is not moved: it is not elastic, or the policy gave it no placement
+    (the controller does not preempt), or it is checkpointing already."""
+    out = dict(placements)
+    for m in jobs:
+        if m.current is None or m.phase not in (inp.RUNNING, inp.CHECKPOINTING):
+            continue
+        elastic = m.spec is not None and m.spec.elastic and m.phase == inp.RUNNING
+        if m.job_id not in out or not elastic:
+            out[m.job_id] = m.current
+    return out
 
 
 class LockError(RuntimeError):

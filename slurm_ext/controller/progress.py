@@ -5,14 +5,25 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Collection
 
 from slurm_ext.controller import inputs as inp
 
-#: how the controller learns a job's iterations done: the job's progress file
-#: on a real cluster; the simulated backend's own counter in the simulator
-ProgressReader = Callable[["inp.ManagedJob"], "float | None"]
+
+@dataclass(frozen=True)
+class JobProgress:
+    """How far a job is: iterations done and, when known, when the first
+    step of its current run ended (the end of a restart)."""
+
+    iterations_done: float
+    first_step_at: float | None = None
+
+
+#: how the controller learns a job's progress: the job's progress file on a
+#: real cluster; the simulated backend's own counter in the simulator
+ProgressReader = Callable[["inp.ManagedJob"], "JobProgress | None"]
 
 PROGRESS_FILE = "progress.json"
 #: a progress file is small; anything larger is ignored
@@ -29,7 +40,14 @@ def default_checkpoint_dir(job_id: str, user: str, work_dir: str | None, root: s
 
 def read_progress(checkpoint_dir: str | None) -> float | None:
     """Iterations done from ``<checkpoint_dir>/progress.json``
-    ({"step", "iterations_done", "time"}); None when absent or unreadable."""
+    ({"step", "iterations_done", "time", "first_step_at"}); None when absent
+    or unreadable."""
+    p = read_progress_file(checkpoint_dir)
+    return None if p is None else p.iterations_done
+
+
+def read_progress_file(checkpoint_dir: str | None) -> JobProgress | None:
+    """The whole progress record of ``<checkpoint_dir>/progress.json``."""
     if not checkpoint_dir:
         return None
     path = Path(checkpoint_dir) / PROGRESS_FILE
@@ -44,9 +62,14 @@ def read_progress(checkpoint_dir: str | None) -> float | None:
     if not isinstance(data, dict):
         return None
     value = data.get("iterations_done", data.get("step"))
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if not _number(value):
         return None
-    return float(value)
+    first = data.get("first_step_at")
+    return JobProgress(float(value), float(first) if _number(first) else None)
+
+
+def _number(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
 
 
 def estimate_done(start_time: float | None, now: float, iter_time_s: float | None, iterations: int) -> float:
@@ -56,26 +79,38 @@ def estimate_done(start_time: float | None, now: float, iter_time_s: float | Non
     return min(float(iterations), max(0.0, (now - start_time) / iter_time_s))
 
 
-def progress_file(m: inp.ManagedJob) -> float | None:
+def progress_file(m: inp.ManagedJob) -> JobProgress | None:
     """The ProgressReader of a real cluster: ``<checkpoint_dir>/progress.json``."""
-    return read_progress(m.plan.checkpoint_dir) if m.plan else None
+    return read_progress_file(m.plan.checkpoint_dir) if m.plan else None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One round's progress of the managed jobs: iterations done, where the
+    number came from ("file" or "estimate"), and first-step times."""
+
+    done: dict[str, float]
+    source: dict[str, str]
+    first_step_at: dict[str, float]
 
 
 def collect_progress(jobs: tuple[inp.ManagedJob, ...], now: float, ended: Collection[str] = (),
-                     read: ProgressReader = progress_file) -> tuple[dict[str, float], dict[str, str]]:
-    """Iterations done per job and where the number came from ("file" or
-    "estimate"): what `read` reports (the job's progress file), else
-    (running) an estimate from its run time. Jobs that just ended are read
-    once more; `ended` were read before."""
+                     read: ProgressReader = progress_file) -> Progress:
+    """Iterations done per job: what `read` reports (the job's progress
+    file), else (running) an estimate from its run time. Jobs that just
+    ended are read once more; `ended` were read before."""
     done: dict[str, float] = {}
     src: dict[str, str] = {}
+    first: dict[str, float] = {}
     for m in jobs:
         if m.spec is None or not (m.phase in inp.SCHEDULED or (m.phase == inp.FINISHED and m.job_id not in ended)):
             continue
-        value = read(m)
-        if value is not None:
-            done[m.job_id], src[m.job_id] = value, "file"
+        p = read(m)
+        if p is not None:
+            done[m.job_id], src[m.job_id] = p.iterations_done, "file"
+            if p.first_step_at is not None:
+                first[m.job_id] = p.first_step_at
         elif m.phase == inp.RUNNING and m.current is not None:
             done[m.job_id] = estimate_done(m.job.start_time, now, m.current.iter_time_s, m.spec.iterations)
             src[m.job_id] = "estimate"
-    return done, src
+    return Progress(done, src, first)

@@ -5,6 +5,16 @@ Slurm; it writes an intent to the state before touching a job and marks it
 after each step, so a round cut short (crash, SIGKILL, Slurm gone) is
 finished by the next one: a job updated but not released is released if its
 plan still fits (else planned again); a job already released is left alone.
+
+Moving a running elastic job (resize, other nodes or GPU type): signal its
+steps (SIGUSR1: ``cellsched-launch`` checkpoints and exits 75), wait for it
+to end (bounded), requeue it held, update it to the new placement with
+StartTime=now (Slurm would wait 120 s) and release it. A job that does not
+end within the wait stays CHECKPOINTING with its intent open and is finished
+by a later round; one that ignores the signal past the timeout is requeued
+anyway (Slurm's SIGTERM makes the launcher checkpoint too). Any managed job
+that ends checkpointed (exit 75, or its node failed) is requeued and placed
+again, so it is never lost.
 """
 
 from __future__ import annotations
@@ -16,7 +26,9 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from slurm_ext.backends import Backend, JobUpdate, SlurmCommandError, SlurmUnavailable, UpdateNotApplied
-from slurm_ext.controller.inputs import HELD, LOOSE, RELEASED, ManagedJob, same_plan
+from slurm_ext.backends import STEPS
+from slurm_ext.controller.inputs import (CHECKPOINTED, CHECKPOINTING, HELD, LOOSE, RELEASED, RUNNING, SIGNALLED,
+                                         ManagedJob, checkpointed, same_plan)
 from slurm_ext.controller.progress import default_checkpoint_dir
 from slurm_ext.state import PlanRow, StateStore
 from solver.placement import PlanError, validate_plan
@@ -25,8 +37,13 @@ from solver.types import ClusterView, Placement
 
 log = logging.getLogger("cellsched.controller")
 
-PLACE = "place"  # (hold,) update, release
+PLACE = "place"  # (hold or requeue held,) update, release
 HOLD = "hold"  # keep a loose job from starting anywhere
+MOVE = "move"  # signal a running job to checkpoint, wait, requeue held, update, release
+REQUEUE = "requeue"  # requeue a checkpointed (or unresponsive) job held, to be placed later
+
+#: the signal that asks ``cellsched-launch`` to checkpoint and exit 75
+CHECKPOINT_SIGNAL = "USR1"
 
 
 @dataclass(frozen=True)
@@ -41,6 +58,7 @@ class Action:
     plan: JobPlan | None = None
     update: JobUpdate | None = None
     hold_first: bool = False
+    requeue_first: bool = False
 
     def summary(self) -> dict:
         d: dict = {"kind": self.kind, "job": self.job_id}
@@ -128,14 +146,23 @@ def checked(view: ClusterView, placements: Mapping[str, Placement],
     return ok, rejected
 
 
+def waiting_for_begin_time(m: ManagedJob) -> bool:
+    """A released job that Slurm requeued itself (node failure) waits 120 s
+    for its BeginTime unless told StartTime=now."""
+    return m.phase == RELEASED and m.job.reason == "BeginTime"
+
+
 def decide(jobs: tuple[ManagedJob, ...], desired: Mapping[str, Placement], view: ClusterView,
-           checkpoint_root: str) -> tuple[Action, ...]:
+           checkpoint_root: str, *, now: float = 0.0, checkpoint_timeout_s: float = float("inf")) -> tuple[Action, ...]:
     """Actions that make Slurm match `desired`.
 
     A held (or loose) job with a placement is placed; a released job whose
-    placement changed is held, updated and released again; a loose job
-    without one is held. Running jobs keep their resources (resizing is not
-    done by this controller yet); released jobs that keep their cell are not
+    placement changed (or that waits for its BeginTime after Slurm requeued
+    it) is held, updated and released again; a loose job without one is
+    held. A running elastic job whose placement changed is moved; a
+    checkpointed job is requeued held and placed (or only requeued when it
+    has no placement this round); a job checkpointing for longer than
+    `checkpoint_timeout_s` is requeued. Jobs that keep their cell are not
     touched.
     """
     actions: list[Action] = []
@@ -144,20 +171,35 @@ def decide(jobs: tuple[ManagedJob, ...], desired: Mapping[str, Placement], view:
         if m.phase == LOOSE and p is None:
             actions.append(Action(HOLD, m.job_id, "pending without a plan"))
             continue
-        if p is None or m.phase not in (HELD, LOOSE, RELEASED) or m.spec_json is None:
+        if m.phase == CHECKPOINTING:
+            if m.intent is not None and now - m.intent.created > checkpoint_timeout_s:
+                actions.append(Action(REQUEUE, m.job_id, f"no checkpoint {checkpoint_timeout_s:.0f} s after the signal"))
             continue
-        if m.phase == RELEASED and p.same_resources(m.current):
+        if m.phase == CHECKPOINTED and p is None:
+            actions.append(Action(REQUEUE, m.job_id, "checkpointed; waits for a placement"))
             continue
+        if p is None or m.phase not in (HELD, LOOSE, RELEASED, RUNNING, CHECKPOINTED) or m.spec_json is None:
+            continue
+        if m.phase in (RELEASED, RUNNING) and p.same_resources(m.current) and not waiting_for_begin_time(m):
+            continue
+        if m.phase == RUNNING and not (m.spec is not None and m.spec.elastic):
+            continue  # only elastic jobs are moved while they run
         partition = choose_partition(view, p, getattr(m.spec, "partitions", None))
         if partition is None:
             continue  # validate() keeps such placements out; nothing to carry out
         plan = job_plan(m, p, checkpoint_root)
+        restart = m.phase in (RUNNING, CHECKPOINTED) or waiting_for_begin_time(m)
         update = JobUpdate(partition=partition, features=p.cell.gpu_type, num_nodes=p.cell.num_nodes,
                            req_nodes=tuple(sorted(p.node_names)), gres_per_node=p.cell.gpus_per_node,
                            num_tasks=p.cell.num_gpus, tasks_per_node=p.cell.gpus_per_node,
-                           admin_comment=admin_comment(m.spec_json, plan))
-        why = "recover" if m.intent is not None and m.phase == HELD else ("move" if m.phase == RELEASED else "new")
-        actions.append(Action(PLACE, m.job_id, why, p, plan, update, hold_first=m.phase != HELD))
+                           admin_comment=admin_comment(m.spec_json, plan), start_time_now=restart)
+        if m.phase == RUNNING:
+            actions.append(Action(MOVE, m.job_id, "resize" if p.cell.num_gpus != m.current.cell.num_gpus else "move",
+                                  p, plan, update))
+            continue
+        why = {CHECKPOINTED: "resume", RELEASED: "move"}.get(m.phase, "recover" if m.intent is not None and m.phase == HELD else "new")
+        actions.append(Action(PLACE, m.job_id, why, p, plan, update, hold_first=m.phase in (LOOSE, RELEASED),
+                              requeue_first=m.phase == CHECKPOINTED))
     return tuple(actions)
 
 
@@ -171,6 +213,8 @@ def intent_outcomes(jobs: tuple[ManagedJob, ...], open_plans: Mapping[str, PlanR
         m = by_id.get(job_id)
         if m is None:
             out[job_id] = "gone"
+        elif row.status == SIGNALLED and (m.job.holds_resources or checkpointed(m.job)):
+            continue  # still checkpointing, or checkpointed and to be requeued
         elif m.job.held and not m.job.finished:
             continue
         elif same_plan(m.job, row):
@@ -180,40 +224,121 @@ def intent_outcomes(jobs: tuple[ManagedJob, ...], open_plans: Mapping[str, PlanR
     return out
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """How `apply` waits for jobs asked to checkpoint: up to `checkpoint_wait_s`
+    in this round, polling Slurm every `poll_s` with `sleep`."""
+
+    checkpoint_wait_s: float = 60.0
+    poll_s: float = 1.0
+    sleep: Callable[[float], None] = time.sleep
+
+
+_FAILURES = (SlurmCommandError, UpdateNotApplied, ValueError)
+
+
 def apply(actions: tuple[Action, ...], backend: Backend, state: StateStore, round_id: int | None,
-          clock: Callable[[], float] = time.time) -> list[Outcome]:
+          clock: Callable[[], float] = time.time, waiting: Waiting = Waiting()) -> list[Outcome]:
     """Carry the actions out, one job at a time; a failing job is recorded
-    and skipped. SlurmUnavailable stops the round (the intents stay open)."""
+    and skipped. Moves are signalled together first, then waited for
+    together. SlurmUnavailable stops the round (the intents stay open)."""
     outcomes = []
+    signalled: dict[str, tuple[Action, int]] = {}
     for a in actions:
         try:
             if a.kind == HOLD:
                 backend.hold(a.job_id)
+            elif a.kind == REQUEUE:
+                backend.requeue(a.job_id, hold=True)
+                state.add_history(a.job_id, "requeued", clock(), round_id)
             elif a.kind == PLACE:
                 _place(a, backend, state, round_id, clock)
+            elif a.kind == MOVE:
+                signalled[a.job_id] = (a, _signal(a, backend, state, round_id, clock))
+                continue
             outcomes.append(Outcome(a, True))
         except SlurmUnavailable:
             raise
-        except (SlurmCommandError, UpdateNotApplied, ValueError) as exc:
+        except _FAILURES as exc:
             log.warning("action failed", extra={"fields": {**a.summary(), "error": str(exc)}})
             outcomes.append(Outcome(a, False, str(exc)))
+    if signalled:
+        outcomes += _finish_moves(signalled, backend, state, round_id, clock, waiting)
     return outcomes
 
 
-def _place(a: Action, backend: Backend, state: StateStore, round_id: int | None, clock: Callable[[], float]) -> None:
+def _signal(a: Action, backend: Backend, state: StateStore, round_id: int | None, clock: Callable[[], float]) -> int:
+    """Write the move's intent (status signalled) and ask the job to checkpoint."""
     assert a.placement is not None and a.plan is not None and a.update is not None
     p = a.placement
     intent = state.begin_plan(a.job_id, round_id, p.cell.key(), p.nodes, a.update.partition or "", a.plan.to_json(),
                               a.update.admin_comment or "", clock())
     try:
-        if a.hold_first:
+        backend.signal(a.job_id, CHECKPOINT_SIGNAL, target=STEPS)
+    except _FAILURES as exc:
+        state.set_plan_status(intent, "failed", clock(), str(exc))
+        raise
+    state.set_plan_status(intent, SIGNALLED, clock())
+    state.add_history(a.job_id, SIGNALLED, clock(), round_id, p.cell.key())
+    log.info("asked to checkpoint", extra={"fields": a.summary()})
+    return intent
+
+
+def _finish_moves(signalled: dict[str, tuple[Action, int]], backend: Backend, state: StateStore, round_id: int | None,
+                  clock: Callable[[], float], waiting: Waiting) -> list[Outcome]:
+    """Wait (bounded) for the signalled jobs to end, then requeue, update and
+    release each that checkpointed. Jobs still running are left to a later
+    round (their intent stays open)."""
+    deadline = clock() + waiting.checkpoint_wait_s
+    ended: dict[str, object] = {}
+    while True:
+        jobs = {j.job_id: j for j in backend.observe().jobs if j.job_id in signalled}
+        ended = {j: job for j, job in jobs.items() if not job.holds_resources}
+        ended.update({j: None for j in signalled if j not in jobs})
+        if len(ended) == len(signalled) or clock() >= deadline:
+            break
+        waiting.sleep(min(waiting.poll_s, max(0.0, deadline - clock())))
+    outcomes = []
+    for job_id, (a, intent) in signalled.items():
+        if job_id not in ended:
+            outcomes.append(Outcome(a, True, "still checkpointing; finished by a later round"))
+            continue
+        job = ended[job_id]
+        if job is None or not checkpointed(job):  # type: ignore[arg-type]
+            state.set_plan_status(intent, "gone", clock())
+            outcomes.append(Outcome(a, False, "the job ended without a checkpoint" if job is not None else "the job vanished"))
+            continue
+        try:
+            _place(a, backend, state, round_id, clock, intent=intent)
+            outcomes.append(Outcome(a, True))
+        except SlurmUnavailable:
+            raise
+        except _FAILURES as exc:
+            log.warning("move failed", extra={"fields": {**a.summary(), "error": str(exc)}})
+            outcomes.append(Outcome(a, False, str(exc)))
+    return outcomes
+
+
+def _place(a: Action, backend: Backend, state: StateStore, round_id: int | None, clock: Callable[[], float],
+           intent: int | None = None) -> None:
+    assert a.placement is not None and a.plan is not None and a.update is not None
+    p = a.placement
+    if intent is None:
+        intent = state.begin_plan(a.job_id, round_id, p.cell.key(), p.nodes, a.update.partition or "", a.plan.to_json(),
+                                  a.update.admin_comment or "", clock())
+    try:
+        if a.kind == MOVE or a.requeue_first:
+            backend.requeue(a.job_id, hold=True)
+            state.set_plan_status(intent, "requeued", clock())
+            state.add_history(a.job_id, "requeued", clock(), round_id)
+        elif a.hold_first:
             backend.hold(a.job_id)
         backend.update(a.job_id, a.update)
         state.set_plan_status(intent, "updated", clock())
         backend.release(a.job_id)
     except SlurmUnavailable:
         raise
-    except (SlurmCommandError, UpdateNotApplied, ValueError) as exc:
+    except _FAILURES as exc:
         state.set_plan_status(intent, "failed", clock(), str(exc))
         raise
     state.set_plan_status(intent, "released", clock())

@@ -1,0 +1,169 @@
+"""Elastic jobs on the real dev cluster: a running job is grown when GPUs
+free up (checkpoint, requeue, update, release, resume), and re-placed when
+its node goes down. The training is the reference trainer under srun
+cellsched-launch; its losses must be bitwise those of an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from controller_support import ROOT, wait_until, write_config
+from slurm_ext.backends import get_backend
+from slurm_ext.config import load
+from slurm_ext.controller.inputs import admin_comment_plan
+from slurm_ext.controller.loop import Controller
+from slurm_ext.controller.progress import read_progress_file
+from train_gpt import GPTConfig, TrainConfig, reference_losses
+
+pytestmark = pytest.mark.slurm
+
+TRAIN = ROOT / "contrib" / "examples" / "train_gpt.py"
+STEPS = 30
+VIRTUAL_WORKERS = 4
+TRAIN_FLAGS = ("--model", "gpt-tiny", "--dtype", "float64", "--global-batch", "8")
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[float]:
+    return reference_losses(GPTConfig.from_preset("gpt-tiny"), TrainConfig(global_batch=8, dtype="float64"), STEPS,
+                            virtual_workers=VIRTUAL_WORKERS)
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_JOB", "SLURM_STEP", "CELLSCHED_"))}
+    return {**env, "OMP_NUM_THREADS": "1", "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}"}
+
+
+def _submit_elastic(tmp_path: Path, *extra: str, step_delay: float = 0.4) -> str:
+    """An elastic managed job running the reference trainer; scheduled as a
+    long gpt-350m job (so growing it pays), trained as gpt-tiny."""
+    launcher = shutil.which("cellsched-launch", path=_env()["PATH"]) or pytest.fail("cellsched-launch not on PATH")
+    script = tmp_path / "train.sh"
+    cmd = ["srun", launcher, "--", sys.executable, str(TRAIN), *TRAIN_FLAGS, "--steps", str(STEPS),
+           "--step-delay", str(step_delay), "--out", str(tmp_path / "losses.json")]
+    script.write_text("#!/bin/bash\nexec " + " ".join(f"'{c}'" for c in cmd) + "\n")
+    script.chmod(0o755)
+    proc = subprocess.run([sys.executable, "-m", "slurm_ext", "sbatch", "--parsable", "--model", "gpt-350m",
+                           "--global-batch", "256", "--iterations", "200000", "--elastic",
+                           "--virtual-workers", str(VIRTUAL_WORKERS), "-o", str(tmp_path / "job-%j.out"), *extra,
+                           "--", str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def _blocker(node: str, partition: str, gpus: int) -> str:
+    """An unmanaged job holding `gpus` GPUs of `node`."""
+    out = subprocess.run(["sbatch", "--parsable", "-p", partition, "-w", node, "-N1", f"--gres=gpu:{gpus}",
+                          "-o", "/dev/null", "--wrap", "sleep 600"], env=_env(), capture_output=True, text=True,
+                         timeout=30, check=True)
+    return out.stdout.strip().split(";")[0]
+
+
+def _job(backend, job_id: str):
+    return next((j for j in backend.observe().jobs if j.job_id == job_id), None)
+
+
+def _log(tmp_path: Path) -> str:
+    return "\n".join(p.read_text()[-2000:] for p in tmp_path.glob("job-*.out"))
+
+
+def _wait_state(backend, job_id: str, states: tuple[str, ...], timeout: float, tmp_path: Path):
+    def reached():
+        j = _job(backend, job_id)
+        return j if j is not None and j.state in states else None
+    try:
+        return wait_until(reached, timeout, f"job {job_id} in {states}")
+    except AssertionError:
+        raise AssertionError(f"job {job_id}: {_job(backend, job_id)}\n{_log(tmp_path)}") from None
+
+
+def _progress(backend, job_id: str):
+    plan = admin_comment_plan(_job(backend, job_id).admin_comment)
+    return read_progress_file(plan.checkpoint_dir if plan else None)
+
+
+def _losses(tmp_path: Path) -> list[float]:
+    return json.loads((tmp_path / "losses.json").read_text())["losses"]
+
+
+def test_elastic_job_grows_when_gpus_free_up(slurm_cluster, tmp_path, reference):
+    ctl = Controller(load(write_config(tmp_path / "cellsched.toml", tmp_path / "state.sqlite", checkpoint_wait_s=60.0)))
+    backend = get_backend("cli")
+    blocker = _blocker("n5", "a40", 2)
+    _wait_state(backend, blocker, ("RUNNING",), 30, tmp_path)
+    job = _submit_elastic(tmp_path, "--gpu-types", "a40", "--min-gpus", "2")
+
+    first = ctl.round()
+    assert first.placements[job]["cell"] == "a40:1x2:pp1", first.placements
+    running = _wait_state(backend, job, ("RUNNING",), 60, tmp_path)
+    assert running.nodes == ("n4",)
+    wait_until(lambda: (_progress(backend, job) or 0) and _progress(backend, job).iterations_done >= 3, 60,
+               "three steps on two GPUs")
+
+    subprocess.run(["scancel", blocker], env=_env(), check=True, timeout=30)
+    wait_until(lambda: _job(backend, blocker) is None or _job(backend, blocker).finished, 30, "the blocker to end")
+    grow = ctl.round()
+    moves = [a for a in grow.actions if a["job"] == job]
+    assert moves and moves[0]["kind"] == "move" and moves[0]["ok"], grow.actions
+    assert grow.placements[job]["cell"] == "a40:2x2:pp1"
+    regrown = _wait_state(backend, job, ("RUNNING",), 60, tmp_path)
+    assert sorted(regrown.nodes) == ["n4", "n5"]
+    signalled_at = next(e["time"] for e in ctl.state.history(job) if e["event"] == "signalled")
+    wait_until(lambda: (_progress(backend, job) or 0) and (_progress(backend, job).first_step_at or 0) > signalled_at,
+               60, "the first step after the resume")
+    ctl.round()  # measures the restart
+    done = _wait_state(backend, job, ("COMPLETED", "FAILED"), 120, tmp_path)
+    assert done.state == "COMPLETED", _log(tmp_path)
+    ctl.round()
+
+    losses = _losses(tmp_path)
+    assert losses == reference, "the resized run's losses are not bitwise those of an uninterrupted run"
+    events = [(e["event"], e["cell"]) for e in ctl.state.history(job)]
+    assert events[:2] == [("placed", "a40:1x2:pp1"), ("signalled", "a40:2x2:pp1")], events
+    assert ("placed", "a40:2x2:pp1") in events and events[-1][0] == "finished", events
+    restart = [e["value"] for e in ctl.state.history(job) if e["event"] == "resumed"]
+    assert len(restart) == 1 and 0 < restart[0] < 60, restart
+    assert ctl.state.restart_costs()[job] == restart[0]
+    print(f"\nmeasured restart cost (signal -> first step after resume): {restart[0]:.2f} s")
+
+    shown = subprocess.run([sys.executable, "-m", "slurm_ext", "status", "--config", str(tmp_path / "cellsched.toml"),
+                            "--history", job], env=_env(), capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "a40:1x2:pp1" in shown.stdout and "a40:2x2:pp1" in shown.stdout and "resumed" in shown.stdout, shown.stdout
+
+
+def test_job_on_a_node_set_down_is_replaced_and_completes(slurm_cluster, tmp_path, reference):
+    ctl = Controller(load(write_config(tmp_path / "cellsched.toml", tmp_path / "state.sqlite")))
+    backend = get_backend("cli")
+    job = _submit_elastic(tmp_path, "--gpu-types", "a40", "--min-gpus", "2", "--max-gpus", "2", step_delay=0.3)
+    placed = ctl.round()
+    assert placed.placements[job]["cell"] == "a40:1x2:pp1"
+    node = _wait_state(backend, job, ("RUNNING",), 60, tmp_path).nodes[0]
+    wait_until(lambda: (_progress(backend, job) or 0) and _progress(backend, job).iterations_done >= 3, 60, "three steps")
+    env = _env()
+    try:
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=cellsched-test"], env=env,
+                       check=True, timeout=30)
+        # keep it out of service (the fake node's slurmd would bring it back at once)
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=cellsched-test"], env=env,
+                       check=True, timeout=30)
+        wait_until(lambda: _job(backend, job).state != "RUNNING", 30, "the job to leave the failed node")
+        again = ctl.round()
+        assert again.placements[job]["cell"] == "a40:1x2:pp1", again.placements
+        other = _wait_state(backend, job, ("RUNNING",), 60, tmp_path)
+        assert other.nodes[0] != node
+        done = _wait_state(backend, job, ("COMPLETED", "FAILED"), 120, tmp_path)
+        assert done.state == "COMPLETED", _log(tmp_path)
+    finally:
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=env, timeout=30, check=False)
+    losses = _losses(tmp_path)
+    # resumed from its last checkpoint (saved at the end or every N steps): the
+    # steps after it were done again, with the same data: same losses
+    assert losses == reference
