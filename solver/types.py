@@ -110,7 +110,8 @@ class Estimate:
 
     `source` is one of "measured", "measured+pp" (a measured cell's time
     carried to another pipeline-stage count), "composed", "analytic",
-    "analytic+calibrated" or "none".
+    "analytic+calibrated", "arena-table" (Arena's simulator lookup,
+    solver.profiles.arena_lookup) or "none".
     An infeasible estimate (OOM, no data) has iter_time_s = inf.
     """
 

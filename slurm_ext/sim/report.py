@@ -1,0 +1,277 @@
+"""Reports of simulated runs: per-policy summary numbers, a markdown table,
+results.json and PNG plots. Everything is computed from SimRun alone.
+
+Conventions:
+
+* JCT = end - submit over FINISHED jobs; median and p95 interpolate
+  linearly between ranks (numpy's default); queueing = first start -
+  submit over jobs that started; makespan = last end - first submit.
+* The samples form a piecewise-constant timeline (a sample holds until the
+  next one; before the first sample nothing runs). Time-weighted means run
+  from the first submit to the last end (the last sample's time when no
+  job ended): avg_throughput, gpu_util_by_type (GPUs used / GPUs of that
+  type). peak_throughput = the largest sample.
+* avg_throughput_arena = Arena's convention (the mean over rounds whose
+  throughput is above 100 samples/s), taken time-weighted over the periods
+  above 100 samples/s; with one sample per equal-length round (arena-compat
+  mode) that is exactly Arena's per-round mean.
+* Statistics that have no data (e.g. no job finished) are None (null in JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from slurm_ext.sim.types import Sample, SimRun
+
+ARENA_MIN_THROUGHPUT = 100.0
+PLOTS = ("jct_cdf.png", "queue_length.png", "throughput.png", "gpu_use_by_type.png")
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    """One policy's summary (seconds; throughput in samples/s)."""
+
+    policy: str
+    jobs_total: int
+    jobs_finished: int
+    avg_jct_s: float | None
+    median_jct_s: float | None
+    p95_jct_s: float | None
+    avg_queue_s: float | None
+    makespan_s: float | None
+    avg_throughput: float | None
+    peak_throughput: float | None
+    avg_throughput_arena: float | None
+    gpu_util_by_type: Mapping[str, float] = field(default_factory=dict)
+    restarts: int = 0
+    round_mean_s: float | None = None
+    round_max_s: float | None = None
+    solve_mean_s: float | None = None
+    rounds: int = 0
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["gpu_util_by_type"] = dict(self.gpu_util_by_type)
+        return d
+
+
+# ---- numbers ---------------------------------------------------------------------
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def percentile(xs: Iterable[float], q: float) -> float | None:
+    """The q-th percentile (0-100), linear between closest ranks; None when empty."""
+    v = sorted(xs)
+    if not v:
+        return None
+    pos = (len(v) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def timeline(run: SimRun) -> tuple[float, float] | None:
+    """(first submit, last end) of the run; None when it has neither jobs nor samples."""
+    submits = [j.submit_time for j in run.jobs]
+    ends = [j.end_time for j in run.jobs if j.end_time is not None]
+    times = [s.time for s in run.samples]
+    start = min(submits) if submits else (min(times) if times else None)
+    end = max(ends) if ends else (max(times) if times else None)
+    return None if start is None or end is None else (start, end)
+
+
+def segments(samples: Sequence[Sample], t0: float, t1: float) -> list[tuple[float, Sample]]:
+    """(duration, sample) of each sample's piece of the timeline inside [t0, t1]."""
+    ordered = sorted(samples, key=lambda s: s.time)
+    out = []
+    for i, s in enumerate(ordered):
+        until = ordered[i + 1].time if i + 1 < len(ordered) else t1
+        dur = min(until, t1) - max(s.time, t0)
+        if dur > 0:
+            out.append((dur, s))
+    return out
+
+
+def _weighted(pieces: list[tuple[float, Sample]], value: Callable[[Sample], float], span: float) -> float | None:
+    return sum(d * value(s) for d, s in pieces) / span if span > 0 else None
+
+
+def summarize(run: SimRun) -> PolicyResult:
+    """The summary numbers of one run (see the module doc)."""
+    jcts = [j.jct for j in run.jobs if j.jct is not None]
+    queues = [j.queueing for j in run.jobs if j.queueing is not None]
+    span = timeline(run)
+    pieces = segments(run.samples, *span) if span else []
+    length = span[1] - span[0] if span else 0.0
+    above = [(d, s) for d, s in pieces if s.throughput > ARENA_MIN_THROUGHPUT]
+    above_time = sum(d for d, _ in above)
+    util = {t: (_weighted(pieces, lambda s, t=t: s.gpus_used.get(t, 0), length) or 0.0) / n
+            for t, n in sorted(run.gpus_total.items()) if n > 0}
+    ends = [j.end_time for j in run.jobs if j.end_time is not None]
+    return PolicyResult(
+        policy=run.policy, jobs_total=len(run.jobs), jobs_finished=len(jcts),
+        avg_jct_s=_mean(jcts), median_jct_s=percentile(jcts, 50), p95_jct_s=percentile(jcts, 95),
+        avg_queue_s=_mean(queues),
+        makespan_s=max(ends) - min(j.submit_time for j in run.jobs) if ends else None,
+        avg_throughput=_weighted(pieces, lambda s: s.throughput, length),
+        peak_throughput=max((s.throughput for s in run.samples), default=None),
+        avg_throughput_arena=(sum(d * s.throughput for d, s in above) / above_time) if above_time > 0 else None,
+        gpu_util_by_type=util, restarts=sum(j.restarts for j in run.jobs),
+        round_mean_s=_mean([r.total_s for r in run.rounds]),
+        round_max_s=max((r.total_s for r in run.rounds), default=None),
+        solve_mean_s=_mean([r.solve_s for r in run.rounds]), rounds=len(run.rounds), wall_s=run.wall_s)
+
+
+# ---- text ------------------------------------------------------------------------
+
+def _num(x: float | None, digits: int = 0) -> str:
+    return "-" if x is None else f"{x:,.{digits}f}"
+
+
+def markdown_table(results: Sequence[PolicyResult]) -> str:
+    """One row per policy; with an fcfs row, a column of avg JCT / fcfs's."""
+    fcfs = next((r.avg_jct_s for r in results if r.policy == "fcfs"), None)
+    ratio = fcfs is not None and fcfs > 0
+    head = ["policy", "finished", "avg JCT s", "median JCT s", "p95 JCT s", "avg queue s", "makespan s",
+            "avg thr", "Arena avg thr", "peak thr", "restarts", "round mean/max s", "solve mean s"]
+    if ratio:
+        head.insert(3, "JCT vs fcfs")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        row = [r.policy, f"{r.jobs_finished}/{r.jobs_total}", _num(r.avg_jct_s), _num(r.median_jct_s),
+               _num(r.p95_jct_s), _num(r.avg_queue_s), _num(r.makespan_s), _num(r.avg_throughput, 1),
+               _num(r.avg_throughput_arena, 1), _num(r.peak_throughput, 1), str(r.restarts),
+               f"{_num(r.round_mean_s, 3)}/{_num(r.round_max_s, 3)}", _num(r.solve_mean_s, 3)]
+        if ratio:
+            row.insert(3, "-" if r.avg_jct_s is None else f"{r.avg_jct_s / fcfs:.2f}x")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(runs: Sequence[SimRun], out_dir: str | pathlib.Path, *, plots: bool = True,
+                 meta: Mapping[str, Any] | None = None) -> dict[str, pathlib.Path]:
+    """Write results.json, results.md and (with plots) the PNGs into
+    out_dir; returns {file name: path}."""
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results = [summarize(r) for r in runs]
+    doc = {
+        "meta": dict(meta or {}),
+        "summary": {r.policy: r.to_dict() for r in results},
+        "runs": {run.policy: {"meta": dict(run.meta), "gpus_total": dict(run.gpus_total),
+                              "jobs": [_outcome(j) for j in run.jobs]} for run in runs},
+    }
+    written = {"results.json": out / "results.json", "results.md": out / "results.md"}
+    written["results.json"].write_text(json.dumps(doc, indent=1, default=str, allow_nan=False) + "\n")
+    lines = ["# Simulation results", ""]
+    lines += [f"- {k}: {v}" for k, v in (meta or {}).items()] + ([""] if meta else [])
+    lines += [markdown_table(results)]
+    written["results.md"].write_text("\n".join(lines))
+    if plots:
+        written.update(write_plots(runs, out))
+    return written
+
+
+def _outcome(j) -> dict[str, Any]:
+    d = asdict(j)
+    d["cells"] = list(j.cells)
+    d["jct"] = j.jct
+    d["queueing"] = j.queueing
+    return d
+
+
+# ---- plots -----------------------------------------------------------------------
+
+def write_plots(runs: Sequence[SimRun], out_dir: pathlib.Path) -> dict[str, pathlib.Path]:
+    """The four PNGs (matplotlib, Agg canvas, imported here only). Time axes
+    are hours since the earliest submit of all runs; a plot with nothing to
+    show says so instead of failing."""
+    from matplotlib.figure import Figure   # lazy: the simulator runs without matplotlib when plots=False
+
+    spans = [s for s in (timeline(r) for r in runs) if s is not None]
+    origin = min((s[0] for s in spans), default=0.0)
+    hours = lambda t: (t - origin) / 3600.0   # noqa: E731
+    written: dict[str, pathlib.Path] = {}
+
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        written[name] = out_dir / name
+        fig.savefig(written[name], dpi=110)
+
+    def note(ax, text: str) -> None:
+        ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="gray")
+
+    # JCT CDF
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
+    shown = 0
+    for run in runs:
+        jcts = sorted(j.jct / 3600.0 for j in run.jobs if j.jct is not None)
+        if jcts:
+            fracs = [(i + 1) / len(jcts) for i in range(len(jcts))]
+            ax.step([0.0, *jcts], [0.0, *fracs], where="post", label=run.policy)
+            shown += 1
+    if shown:
+        ax.legend()
+    else:
+        note(ax, "no finished job")
+    ax.set(xlabel="JCT (h)", ylabel="fraction of finished jobs", ylim=(0, 1.02), title="Job completion time CDF")
+    save(fig, "jct_cdf.png")
+
+    # queue length and throughput over time
+    for name, value, label in (("queue_length.png", lambda s: s.queued, "jobs queued"),
+                               ("throughput.png", lambda s: s.throughput, "throughput (samples/s)")):
+        fig = Figure(figsize=(8, 4.5))
+        ax = fig.add_subplot()
+        shown = 0
+        for run in runs:
+            pts = _step_points(run, value)
+            if pts:
+                ax.step([hours(t) for t, _ in pts], [v for _, v in pts], where="post", label=run.policy)
+                shown += 1
+        if shown:
+            ax.legend()
+        else:
+            note(ax, "no samples")
+        ax.set(xlabel="time since first submit (h)", ylabel=label, title=label.capitalize() + " over time")
+        save(fig, name)
+
+    # GPU use by type: one panel per policy, one line per GPU type
+    fig = Figure(figsize=(8, 2.6 * max(len(runs), 1) + 0.6))
+    axes = fig.subplots(max(len(runs), 1), 1, sharex=True, squeeze=False)[:, 0]
+    if not runs:
+        note(axes[0], "no runs")
+    for ax, run in zip(axes, runs):
+        shown = 0
+        for gpu, total in sorted(run.gpus_total.items()):
+            pts = _step_points(run, lambda s, g=gpu, n=total: s.gpus_used.get(g, 0) / n if n else 0.0)
+            if pts:
+                ax.step([hours(t) for t, _ in pts], [v for _, v in pts], where="post", label=f"{gpu} ({total})")
+                shown += 1
+        if shown:
+            ax.legend(loc="upper right", fontsize="small")
+        else:
+            note(ax, "no samples")
+        ax.set(ylabel="GPUs in use (fraction)", ylim=(-0.02, 1.05), title=run.policy)
+    axes[-1].set_xlabel("time since first submit (h)")
+    save(fig, "gpu_use_by_type.png")
+    return written
+
+
+def _step_points(run: SimRun, value: Callable[[Sample], float]) -> list[tuple[float, float]]:
+    """The run's piecewise-constant timeline as step points, closed at its end."""
+    span = timeline(run)
+    if span is None or not run.samples:
+        return []
+    ordered = sorted(run.samples, key=lambda s: s.time)
+    pts = [(s.time, float(value(s))) for s in ordered]
+    end = max(span[1], ordered[-1].time)
+    return pts + [(end, pts[-1][1])]
