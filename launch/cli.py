@@ -20,7 +20,10 @@ import sys
 import zlib
 from collections.abc import Mapping, Sequence
 
+from dataclasses import replace
+
 from launch import scontrol
+from launch.layout import shares_in_step_order
 from launch.slurm_env import SlurmEnv, SlurmEnvError
 from solver.plan import JobPlan, PlanError
 
@@ -64,7 +67,17 @@ def load_plan(env: Mapping[str, str], slurm: SlurmEnv) -> JobPlan:
             f"the step has {slurm.ntasks} tasks but the plan needs pp*dp*tp = "
             f"{plan.pp}*{plan.dp}*{plan.tp} = {plan.world_size}"
         )
-    return plan
+    return align_shares(plan, slurm)
+
+
+def align_shares(plan: JobPlan, slurm: SlurmEnv) -> JobPlan:
+    """A plan whose batch shares are listed per node (a mixed-GPU-type cell,
+    pp 1) with the shares in the order Slurm gave the step its nodes."""
+    if plan.batch_shares is None or plan.pp != 1 or not plan.nodes or tuple(plan.nodes) == slurm.nodelist:
+        return plan
+    shares = shares_in_step_order(plan.batch_shares, plan.nodes, slurm.nodelist)
+    # other nodes than planned: keep the shares as they are (they change the speed, never the update)
+    return plan if shares is None else replace(plan, batch_shares=shares, nodes=slurm.nodelist)
 
 
 def master_addr(env: Mapping[str, str], slurm: SlurmEnv) -> str:

@@ -99,3 +99,16 @@ def virtual_worker_blocks(virtual_workers: int, dp: int) -> tuple[range, ...]:
         raise LayoutError(f"{virtual_workers} virtual workers cannot be spread evenly over {dp} dp ranks")
     k = virtual_workers // dp
     return tuple(range(d * k, (d + 1) * k) for d in range(dp))
+
+
+def shares_in_step_order(shares: Sequence[float], plan_nodes: Sequence[str],
+                         step_nodes: Sequence[str]) -> tuple[float, ...] | None:
+    """Per-dp-rank batch shares listed node by node in `plan_nodes` order,
+    re-listed in the step's node order (pp 1: each node holds an equal block
+    of consecutive dp ranks); None when the node lists do not match."""
+    if sorted(plan_nodes) != sorted(step_nodes) or len(set(plan_nodes)) != len(plan_nodes) \
+            or not plan_nodes or len(shares) % len(plan_nodes):
+        return None
+    k = len(shares) // len(plan_nodes)
+    block = {n: tuple(shares[i * k:(i + 1) * k]) for i, n in enumerate(plan_nodes)}
+    return tuple(s for n in step_nodes for s in block[n])

@@ -499,7 +499,10 @@ def check_against_cluster(spec: JobSpec, snapshot: ClusterSnapshot, settings: Ma
         raise WrapperError(where("gpu-types") if spec.gpu_types else where("partition") if spec.partitions else "gpu-types",
                            f"{scope} have no GPU nodes")
     largest = max(capacity.values())
-    if spec.min_gpus > largest:
+    mixed = sum(sorted(capacity.values())[-2:]) if len(capacity) > 1 else 0  # two types as one cell (solver.mixed)
+    if largest < spec.min_gpus <= mixed:
+        pass
+    elif spec.min_gpus > largest:
         detail = ", ".join(f"{t}: {n}" for t, n in sorted(capacity.items()))
         raise WrapperError(where("min-gpus"), f"{spec.min_gpus} GPUs of one type can never be had: {scope} have at most {largest} ({detail})")
     if spec.requested_gpus is not None and spec.requested_gpus > largest:
@@ -522,6 +525,7 @@ def fits_some_cell(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
     from slurm_ext.view import to_cluster_view
     from solver.cells import enumerate_cells
     from solver.estimator import Estimator
+    from solver.mixed import MixedEstimator
     from solver.profiles import ProfileStore
     from solver.profiles.store import ENV_VAR
     from solver.types import JobRequest, SolverConfig
@@ -536,7 +540,7 @@ def fits_some_cell(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
     env_path = os.environ.get(ENV_VAR)
     store = ProfileStore(env_path if env_path and os.path.isfile(env_path) else ":memory:")
     try:
-        estimator = Estimator(store)
+        estimator = MixedEstimator(Estimator(store))
         notes: list[str] = []
         for cell in sorted(cells, key=lambda c: (-c.num_gpus, c.num_nodes, c.pp, c.gpu_type)):
             est = estimator.estimate(job, cell)

@@ -16,7 +16,8 @@ Enumeration, for each GPU type the job allows:
   model.num_layers).
 
 Cells whose key is in ``job.excluded_cells`` are skipped. Order: GPU type
-(name), N ascending, nodes ascending, pp ascending.
+(name), N ascending, nodes ascending, pp ascending; then the mixed-type cells
+of solver.mixed (GPU counts no single allowed type can hold).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
+from solver.mixed import mixed_cells
 from solver.types import Cell, ClusterView, Estimate, JobRequest, NodeView, SolverConfig
 
 
@@ -69,7 +71,7 @@ def enumerate_cells(job: JobRequest, cluster: ClusterView, config: SolverConfig)
                     cell = Cell(gpu_type, num_nodes, per_node, pp)
                     if cell.key() not in job.excluded_cells:
                         cells.append(cell)
-    return cells
+    return cells + mixed_cells(job, sizes_of, config)
 
 
 def _easier_or_equal(a: Cell, b: Cell) -> bool:

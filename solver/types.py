@@ -58,18 +58,41 @@ class ClusterView:
 @dataclass(frozen=True, order=True)
 class Cell:
     """A job's deterministic resources (Crius): one GPU type, a uniform node
-    layout (num_nodes x gpus_per_node) and a fixed pipeline-stage count."""
+    layout (num_nodes x gpus_per_node) and a fixed pipeline-stage count.
+
+    A *mixed* cell (solver.mixed) spans several GPU types as data-parallel
+    groups: `parts` holds (GPU type, nodes) per type, `gpu_type` is the
+    types joined by "+", and every node gives gpus_per_node GPUs.
+    """
 
     gpu_type: str
     num_nodes: int
     gpus_per_node: int
     pp: int = 1
+    parts: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1 or self.gpus_per_node < 1 or self.pp < 1:
             raise ValueError(f"invalid cell {self}")
         if self.num_gpus % self.pp:
             raise ValueError(f"cell {self}: pp={self.pp} does not divide {self.num_gpus} GPUs")
+        if self.parts and (len(self.parts) < 2 or len({t for t, _ in self.parts}) != len(self.parts)
+                           or any(n < 1 for _, n in self.parts) or sum(n for _, n in self.parts) != self.num_nodes
+                           or self.gpu_type != "+".join(t for t, _ in self.parts)):
+            raise ValueError(f"invalid mixed cell {self}")
+
+    @property
+    def mixed(self) -> bool:
+        return bool(self.parts)
+
+    def by_type(self) -> tuple[tuple[str, int], ...]:
+        """(GPU type, nodes) of each type the cell uses."""
+        return self.parts or ((self.gpu_type, self.num_nodes),)
+
+    def holds_types(self, node_types: list[str] | tuple[str, ...]) -> bool:
+        """True when nodes of these types (one entry per node) are the cell's."""
+        want = dict(self.by_type())
+        return len(node_types) == self.num_nodes and all(node_types.count(t) == n for t, n in want.items())
 
     @property
     def num_gpus(self) -> int:
@@ -80,8 +103,9 @@ class Cell:
         return f"{self.num_nodes}x{self.gpus_per_node}"
 
     def key(self) -> str:
-        """Stable text form, e.g. ``a100:2x4:pp2``."""
-        return f"{self.gpu_type}:{self.layout}:pp{self.pp}"
+        """Stable text form, e.g. ``a100:2x4:pp2``; mixed ``a40x2+a10x1:3x2:pp1``."""
+        name = "+".join(f"{t}x{n}" for t, n in self.parts) if self.parts else self.gpu_type
+        return f"{name}:{self.layout}:pp{self.pp}"
 
 
 @dataclass(frozen=True)
@@ -92,11 +116,16 @@ class ParallelPlan:
     dp: int
     tp: int
     micro_batches: int = 1
+    #: mixed cells: samples per dp rank of each of the cell's parts (its GPU
+    #: types, in order), so faster GPUs take more of the global batch
+    shares: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for k in ("pp", "dp", "tp", "micro_batches"):
             if getattr(self, k) < 1:
                 raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
+        if any(s < 1 for s in self.shares):
+            raise ValueError(f"shares must be >= 1, got {self.shares}")
 
     @property
     def num_gpus(self) -> int:
@@ -232,6 +261,10 @@ class SolverConfig:
     #: Aggregated model with at least this many jobs: solve its LP relaxation first and leave CP-SAT
     #: only the jobs the LP does not place integrally (0: always; a huge number: never).
     lp_first_min_jobs: int = 200
+    #: Offer mixed-GPU-type cells (solver.mixed) to jobs that no single allowed type can hold.
+    mixed_cells: bool = True
+    #: At most this many mixed cells per job.
+    max_mixed_cells: int = 8
 
 
 @dataclass(frozen=True)

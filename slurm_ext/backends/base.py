@@ -179,8 +179,10 @@ class JobUpdate:
 
     `num_nodes` is sent as ``NumNodes=a-a``; `gres_per_node` as the UNTYPED
     ``Gres=gpu:N``; `num_tasks` / `tasks_per_node` as ``NumTasks=`` /
-    ``TasksPerNode=`` (one task per GPU for ``srun cellsched-launch``); `req_nodes=()` / `exc_nodes=()` / `features=""` clear the
-    field. `start_time_now` sends ``StartTime=now`` (not read back: Slurm only
+    ``TasksPerNode=`` (one task per GPU for ``srun cellsched-launch``);
+    `min_cpus_per_node` as ``MinCPUsNode=`` (NumTasks alone does not grow the
+    job's CPUs, and srun then refuses to start that many tasks; not read
+    back); `req_nodes=()` / `exc_nodes=()` / `features=""` clear the field. `start_time_now` sends ``StartTime=now`` (not read back: Slurm only
     keeps it for a job that is already pending).
     """
 
@@ -192,6 +194,7 @@ class JobUpdate:
     gres_per_node: int | None = None
     num_tasks: int | None = None
     tasks_per_node: int | None = None
+    min_cpus_per_node: int | None = None
     admin_comment: str | None = None
     start_time_now: bool = False
 
@@ -205,6 +208,7 @@ class JobUpdate:
         _positive(w + "gres_per_node", self.gres_per_node, minimum=0)
         _positive(w + "num_tasks", self.num_tasks)
         _positive(w + "tasks_per_node", self.tasks_per_node)
+        _positive(w + "min_cpus_per_node", self.min_cpus_per_node)
         _nodes(w + "req_nodes", self.req_nodes)
         _nodes(w + "exc_nodes", self.exc_nodes)
         _one_line(w + "admin_comment", self.admin_comment)
@@ -228,7 +232,10 @@ def update_mismatches(job: SlurmJob, change: JobUpdate, partition_nodes: Collect
 
     cmp("partition", change.partition, job.partition)
     cmp("features", change.features, job.features)
-    cmp("num_nodes", change.num_nodes, job.num_nodes)
+    pinned = change.req_nodes is not None and len(change.req_nodes) == change.num_nodes and \
+        sorted(change.req_nodes) == sorted(job.required_nodes)
+    if not pinned:  # a requeued job shows its old node count until it starts; ReqNodeList pins the count
+        cmp("num_nodes", change.num_nodes, job.num_nodes)
     if change.req_nodes is not None:
         cmp("req_nodes", tuple(sorted(change.req_nodes)), tuple(sorted(job.required_nodes)))
     if change.exc_nodes is not None:

@@ -230,6 +230,8 @@ class CliBackend:
             args.append(f"NumTasks={change.num_tasks}")
         if change.tasks_per_node is not None:
             args.append(f"TasksPerNode={change.tasks_per_node}")
+        if change.min_cpus_per_node is not None:
+            args.append(f"MinCPUsNode={change.min_cpus_per_node}")
         if change.admin_comment is not None:
             args.append(f"AdminComment={change.admin_comment}")
         if change.start_time_now:

@@ -191,6 +191,8 @@ def update_fields(change: JobUpdate) -> dict[str, Any]:
         kw["ntasks"] = change.num_tasks
     if change.tasks_per_node is not None:
         kw["ntasks_per_node"] = change.tasks_per_node
+    if change.min_cpus_per_node is not None:
+        kw["min_cpus_per_node"] = change.min_cpus_per_node
     if change.admin_comment is not None:
         kw["admin_comment"] = change.admin_comment
     if change.start_time_now:

@@ -14,6 +14,7 @@ from slurm_ext.jobspec import JobSpec, JobSpecError, is_managed_comment
 from slurm_ext.records import ClusterSnapshot, SlurmJob
 from slurm_ext.state import JobRow, PlanRow
 from slurm_ext.view import to_cluster_view
+from solver.mixed import parse_key
 from solver.plan import JobPlan, PlanError
 from solver.types import Cell, ClusterView, JobRequest, ParallelPlan, Placement, ScheduleRequest, SolverConfig
 
@@ -118,6 +119,10 @@ def placement_of(job_id: str, plan: JobPlan) -> Placement | None:
         if not plan.gpu_types or not plan.nodes or not plan.gpus_per_node:
             return None
         cell = Cell(plan.gpu_types[0], len(plan.nodes), plan.gpus_per_node, plan.pp)
+        if len(plan.gpu_types) > 1:  # a mixed-type cell: its key says how many nodes of each type
+            cell = parse_key(plan.cell or "")
+            if cell is None or cell.num_nodes != len(plan.nodes) or cell.gpus_per_node != plan.gpus_per_node:
+                return None
         par = ParallelPlan(plan.pp, plan.dp, plan.tp, plan.micro_batches)
         if par.num_gpus != cell.num_gpus:
             return None
@@ -205,8 +210,14 @@ def classify(snapshot: ClusterSnapshot, known: Mapping[str, JobRow], intents: Ma
 
 
 def reused(row: JobRow, job: SlurmJob) -> bool:
-    """The stored row is of an earlier job with the same id (Slurm restarted from scratch)."""
-    return row.submit_time is not None and job.submit_time is not None and abs(row.submit_time - job.submit_time) > 1.0
+    """The stored row is of an earlier job with the same id (Slurm restarted
+    from scratch): another submit time, and no plan of ours for this id in
+    its AdminComment. (A requeue also moves SubmitTime on, but the job keeps
+    the plan cellsched gave it.)"""
+    if row.submit_time is None or job.submit_time is None or abs(row.submit_time - job.submit_time) <= 1.0:
+        return False
+    plan = admin_comment_plan(job.admin_comment)
+    return plan is None or plan.job_id not in (None, job.job_id)
 
 
 @dataclass(frozen=True)

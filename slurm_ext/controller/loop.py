@@ -64,9 +64,10 @@ def _make_policy(config: Config) -> Policy:
 
 def _make_estimator(config: Config) -> EstimatorLike:
     from solver.estimator import Estimator
+    from solver.mixed import MixedEstimator
     from solver.profiles.store import ProfileStore
 
-    return Estimator(ProfileStore(config.controller.profiles_path or None))
+    return MixedEstimator(Estimator(ProfileStore(config.controller.profiles_path or None)))
 
 
 def declare_metrics(m: mx.Metrics) -> None:

@@ -15,6 +15,12 @@ by a later round; one that ignores the signal past the timeout is requeued
 anyway (Slurm's SIGTERM makes the launcher checkpoint too). Any managed job
 that ends checkpointed (exit 75, or its node failed) is requeued and placed
 again, so it is never lost.
+
+A mixed-GPU-type cell (solver.mixed) is released as ONE ordinary job, not a
+heterogeneous one (a pending job cannot become one by update): a partition
+holding all its nodes, Features cleared, ReqNodeList naming nodes of both
+types and the untyped Gres=gpu:<per node>, so each node gives its own GPUs;
+the plan lists the nodes in Slurm's task order with each dp rank's batch share.
 """
 
 from __future__ import annotations
@@ -104,20 +110,40 @@ def choose_partition(view: ClusterView, placement: Placement, allowed: tuple[str
     return min(per_type or fits, key=lambda f: (len(f[1]), f[0]))[0]
 
 
-def job_plan(m: ManagedJob, p: Placement, checkpoint_root: str) -> JobPlan:
-    """The plan written to the job's AdminComment. The checkpoint directory
-    and the virtual worker count stay what an earlier plan said."""
+def mixed_layout(p: Placement, view: ClusterView) -> tuple[tuple[str, ...], tuple[float, ...] | None]:
+    """The nodes of a placement in Slurm's task order (the cluster's node
+    order) and, for a mixed-type cell, each dp rank's batch share (its GPU
+    type's samples per rank, solver.mixed); None for a single-type cell."""
+    order = {n.name: i for i, n in enumerate(view.nodes)}
+    nodes = tuple(sorted(p.node_names, key=lambda n: (order.get(n, len(order)), n)))
+    if not p.cell.mixed or len(p.plan.shares) != len(p.cell.parts):
+        return p.node_names, None
+    share_of = {t: s for (t, _), s in zip(p.cell.parts, p.plan.shares)}
+    types = {n.name: n.gpu_type for n in view.nodes}
+    per_node = p.cell.gpus_per_node // p.plan.tp  # dp ranks per node (pp 1, tp ranks adjacent)
+    return nodes, tuple(float(share_of[types[n]]) for n in nodes for _ in range(per_node))
+
+
+def job_plan(m: ManagedJob, p: Placement, checkpoint_root: str, view: ClusterView | None = None) -> JobPlan:
+    """The plan written to the job's AdminComment. The checkpoint directory,
+    the virtual worker count and the micro-batches per virtual worker stay
+    what an earlier plan said (a virtual worker's work must not change when
+    the job moves, or its gradients change in the last bits). A mixed-type
+    cell (needs `view`) lists its nodes in task order with the batch share of
+    each dp rank."""
     spec = m.spec
     assert spec is not None
     old = m.plan
     ckpt = (old.checkpoint_dir if old and old.checkpoint_dir else
             default_checkpoint_dir(m.job_id, m.job.user, m.job.work_dir or None, checkpoint_root))
     vw = spec.virtual_workers or (old.virtual_workers if old and old.virtual_workers else None) or p.plan.dp
+    nodes, shares = mixed_layout(p, view) if p.cell.mixed and view is not None else (p.node_names, None)
+    keep_m = old is not None and old.virtual_workers == vw and old.batch_shares is None and shares is None
     return JobPlan(
-        pp=p.plan.pp, dp=p.plan.dp, tp=p.plan.tp, micro_batches=p.plan.micro_batches,
-        global_batch=spec.global_batch, gpu_types=(p.cell.gpu_type,), nodes=p.node_names,
-        gpus_per_node=p.cell.gpus_per_node, virtual_workers=vw, checkpoint_dir=ckpt, cell=p.cell.key(),
-        job_id=m.job_id, iter_time_s=round(p.iter_time_s, 6) if p.iter_time_s else None,
+        pp=p.plan.pp, dp=p.plan.dp, tp=p.plan.tp, micro_batches=old.micro_batches if keep_m else p.plan.micro_batches,
+        global_batch=spec.global_batch, gpu_types=tuple(t for t, _ in p.cell.by_type()), nodes=nodes,
+        gpus_per_node=p.cell.gpus_per_node, batch_shares=shares, virtual_workers=vw, checkpoint_dir=ckpt,
+        cell=p.cell.key(), job_id=m.job_id, iter_time_s=round(p.iter_time_s, 6) if p.iter_time_s else None,
     )
 
 
@@ -187,11 +213,15 @@ def decide(jobs: tuple[ManagedJob, ...], desired: Mapping[str, Placement], view:
         partition = choose_partition(view, p, getattr(m.spec, "partitions", None))
         if partition is None:
             continue  # validate() keeps such placements out; nothing to carry out
-        plan = job_plan(m, p, checkpoint_root)
+        plan = job_plan(m, p, checkpoint_root, view)
         restart = m.phase in (RUNNING, CHECKPOINTED) or waiting_for_begin_time(m)
-        update = JobUpdate(partition=partition, features=p.cell.gpu_type, num_nodes=p.cell.num_nodes,
+        # A mixed-type cell: no feature constraint (each node's own type is
+        # what ReqNodeList names), untyped gres per node (see the README).
+        features = "" if p.cell.mixed else p.cell.gpu_type
+        update = JobUpdate(partition=partition, features=features, num_nodes=p.cell.num_nodes,
                            req_nodes=tuple(sorted(p.node_names)), gres_per_node=p.cell.gpus_per_node,
                            num_tasks=p.cell.num_gpus, tasks_per_node=p.cell.gpus_per_node,
+                           min_cpus_per_node=p.cell.gpus_per_node,
                            admin_comment=admin_comment(m.spec_json, plan), start_time_now=restart)
         if m.phase == RUNNING:
             actions.append(Action(MOVE, m.job_id, "resize" if p.cell.num_gpus != m.current.cell.num_gpus else "move",

@@ -41,11 +41,13 @@ def fits(cluster: ClusterView | Mapping[str, NodeView], placement: Placement,
     `used`); pass the nodes by name when checking many placements."""
     by_name = {n.name: n for n in cluster.nodes} if isinstance(cluster, ClusterView) else cluster
     used = used or {}
+    types = []
     for name, g in placement.nodes:
         node = by_name.get(name)
-        if node is None or node.gpu_type != placement.cell.gpu_type or g + used.get(name, 0) > node.gpus_free:
+        if node is None or g + used.get(name, 0) > node.gpus_free:
             return False
-    return len(set(placement.node_names)) == len(placement.nodes)
+        types.append(node.gpu_type)
+    return len(set(placement.node_names)) == len(placement.nodes) and placement.cell.holds_types(types)
 
 
 def split_fixed(

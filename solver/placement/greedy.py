@@ -37,27 +37,35 @@ def try_place(space: Space, ledger: Ledger, job: JobRequest, opt: Option,
             ledger.take(n, g, cell.num_nodes > 1)
         return opt.pinned, part
     if nodes is None:
-        groups = space.classes_for(job, cell)
-        if job.partitions is not None:
+        names = None
+        for p in job.partitions if job.partitions is not None else (None,):
             # keep all nodes in one partition: try the job's partitions in order
-            for p in job.partitions:
-                sub = [k for k in groups if not k[2] or p in k[2]]
-                names = ledger.pick(sub, cell.num_nodes, cell.gpus_per_node, cell.num_nodes > 1, spread)
-                if names is not None:
-                    break
-        else:
-            names = ledger.pick(groups, cell.num_nodes, cell.gpus_per_node, cell.num_nodes > 1, spread)
+            names = _pick_parts(space, ledger, job, opt, p, spread)
+            if names is not None:
+                break
         if names is None:
             return None
         nodes = tuple(names)
-    elif len(set(nodes)) != cell.num_nodes or any(
-        ledger.free.get(n, -1) < cell.gpus_per_node or space.types.get(n) != cell.gpu_type for n in nodes
-    ):
+    elif len(set(nodes)) != cell.num_nodes or any(ledger.free.get(n, -1) < cell.gpus_per_node for n in nodes) \
+            or not cell.holds_types([space.types.get(n, "") for n in nodes]):
         return None
     ok, part = space.partition_of(job, nodes)
     if not ok:
         return None
     return ledger.place(cell, nodes), part
+
+
+def _pick_parts(space: Space, ledger: Ledger, job: JobRequest, opt: Option, partition: str | None,
+                spread: bool) -> list[str] | None:
+    """Nodes for each GPU type of the option's cell (within `partition` when given)."""
+    cell, names = opt.cell, []
+    for n_nodes, groups in space.part_classes(job, cell):
+        sub = [k for k in groups if partition is None or not k[2] or partition in k[2]]
+        got = ledger.pick(sub, n_nodes, cell.gpus_per_node, cell.num_nodes > 1, spread, exclude=names)
+        if got is None:
+            return None
+        names += got
+    return names
 
 
 def release(ledger: Ledger, opt: Option, nodes: tuple[tuple[str, int], ...]) -> None:

@@ -108,29 +108,35 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
                 for n, g in o.pinned:
                     pins[n].append((g, v))
             else:
-                key = (job.partitions, o.cell.gpu_type, o.cell.gpus_per_node)
-                groups = groups_of.get(key)
-                if groups is None:
-                    groups = groups_of[key] = space.classes_for(job, o.cell)
-                n_nodes, g = o.cell.num_nodes, o.cell.gpus_per_node
-                if sum(len(space.classes[c]) for c in groups) < n_nodes:
+                g = o.cell.gpus_per_node
+                parts = []  # (nodes, classes) per GPU type; one part unless the cell is mixed
+                for gpu_type, n_nodes in o.cell.by_type():
+                    key = (job.partitions, gpu_type, g)
+                    groups = groups_of.get(key)
+                    if groups is None:
+                        groups = groups_of[key] = space.classes_for(job, o.cell, gpu_type)
+                    parts.append((n_nodes, groups))
+                if any(sum(len(space.classes[c]) for c in groups) < n_nodes for n_nodes, groups in parts):
                     continue
                 v = m.column(1, o.value, ji)
                 shares: Shares = {}
-                if exact:
-                    for c in groups:
-                        for name in space.classes[c]:
-                            y = shares[name] = (m.column(1, 0, ji), 1)
-                            node_terms[name][y[0]] = g
-                elif len(groups) == 1:
-                    shares[groups[0]] = (v, n_nodes)
-                else:
-                    for c in groups:
-                        shares[c] = (m.column(min(n_nodes, len(space.classes[c])), 0, ji), 1)
-                if exact or len(shares) > 1:
-                    link = {c: 1 for c, _ in shares.values()}
-                    link[v] = -n_nodes
-                    m.rows.append(Row(list(link), list(link.values()), 0, 0))
+                for n_nodes, groups in parts:
+                    part: Shares = {}
+                    if exact:
+                        for c in groups:
+                            for name in space.classes[c]:
+                                y = part[name] = (m.column(1, 0, ji), 1)
+                                node_terms[name][y[0]] = g
+                    elif len(groups) == 1:
+                        part[groups[0]] = (v, n_nodes)
+                    else:
+                        for c in groups:
+                            part[c] = (m.column(min(n_nodes, len(space.classes[c])), 0, ji), 1)
+                    if exact or len(part) > 1:
+                        link = {c: 1 for c, _ in part.values()}
+                        link[v] = -n_nodes
+                        m.rows.append(Row(list(link), list(link.values()), 0, 0))
+                    shares.update(part)
                 if not exact:
                     for c, (col, mult) in shares.items():
                         class_terms[c].append((g, col, mult))
@@ -205,9 +211,11 @@ def hint_values(m: Model, options: Mapping[str, Sequence[Option]], chosen: Chose
         if m.exact:
             for n in names:
                 vals[shares[n][0]] = 1
-        elif len(shares) > 1:
+        else:  # a class count column (not the x column itself, which a lone class reuses)
             for n in names:
-                vals[shares[class_of[n]][0]] += 1
+                c = shares[class_of[n]][0]
+                if c != v:
+                    vals[c] += 1
     for k, f, level, pinned in m.slots:
         vals[k] = max(0, (f - sum(u for u, v in pinned if vals[v])) // level)
     return vals

@@ -31,10 +31,16 @@ class Space:
     def num_nodes(self) -> int:
         return sum(len(v) for v in self.classes.values())
 
-    def classes_for(self, job: JobRequest, cell: Cell) -> list[ClassKey]:
-        """Classes whose nodes can each take one of the cell's node shares."""
+    def classes_for(self, job: JobRequest, cell: Cell, gpu_type: str | None = None) -> list[ClassKey]:
+        """Classes whose nodes can each take one of the cell's node shares
+        (of `gpu_type`, default the cell's own)."""
+        want = cell.gpu_type if gpu_type is None else gpu_type
         return [k for k in self.classes
-                if k[0] == cell.gpu_type and k[1] >= cell.gpus_per_node and eligible(job, k[2])]
+                if k[0] == want and k[1] >= cell.gpus_per_node and eligible(job, k[2])]
+
+    def part_classes(self, job: JobRequest, cell: Cell) -> list[tuple[int, list[ClassKey]]]:
+        """(nodes, classes) of each GPU type of the cell (one entry unless mixed)."""
+        return [(n, self.classes_for(job, cell, t)) for t, n in cell.by_type()]
 
     def ledger(self) -> Ledger:
         return Ledger(self.classes, self.free)

@@ -32,13 +32,15 @@ def validate_plan(cluster: ClusterView, placements: Mapping[str, Placement]) -> 
             node = by_name.get(name)
             if node is None:
                 raise PlanError(f"job {job_id}: unknown node {name}")
-            if node.gpu_type != cell.gpu_type:
+            if node.gpu_type not in dict(cell.by_type()):
                 raise PlanError(f"job {job_id}: node {name} has {node.gpu_type}, cell wants {cell.gpu_type}")
             if g != cell.gpus_per_node:
                 raise PlanError(f"job {job_id}: {g} GPUs on {name}, layout {cell.layout} wants {cell.gpus_per_node}")
             if p.partition is not None and not in_partition(cluster, node, p.partition):
                 raise PlanError(f"job {job_id}: node {name} is not in partition {p.partition}")
             used[name] = used.get(name, 0) + g
+        if not cell.holds_types([by_name[n].gpu_type for n in names]):
+            raise PlanError(f"job {job_id}: nodes {names} are not the GPU types of cell {cell.key()}")
     for name, g in sorted(used.items()):
         if g > by_name[name].gpus_free:
             raise PlanError(f"node {name}: {g} GPUs planned, {by_name[name].gpus_free} free")

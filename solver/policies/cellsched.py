@@ -37,7 +37,7 @@ def _context(cluster: ClusterView, estimator: EstimatorLike, cfg: SolverConfig) 
     nodes = sorted({(n.gpu_type, n.gpus_total, n.partitions) for n in cluster.nodes})
     counts = tuple((k, sum(1 for n in cluster.nodes if (n.gpu_type, n.gpus_total, n.partitions) == k)) for k in nodes)
     return (id(estimator), counts, tuple(sorted(cluster.partitions.items())), cfg.max_pp, cfg.max_cells_per_job,
-            cfg.fairness_p)
+            cfg.fairness_p, cfg.mixed_cells, cfg.max_mixed_cells)
 
 
 class CellschedPolicy:

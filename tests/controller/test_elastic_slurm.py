@@ -14,26 +14,40 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))  # trainer_runs, srun_local
+
 from controller_support import ROOT, wait_until, write_config
 from slurm_ext.backends import get_backend
 from slurm_ext.config import load
 from slurm_ext.controller.inputs import admin_comment_plan
 from slurm_ext.controller.loop import Controller
 from slurm_ext.controller.progress import read_progress_file
-from train_gpt import GPTConfig, TrainConfig, reference_losses
+from trainer_runs import train
 
 pytestmark = pytest.mark.slurm
 
 TRAIN = ROOT / "contrib" / "examples" / "train_gpt.py"
 STEPS = 30
 VIRTUAL_WORKERS = 4
-TRAIN_FLAGS = ("--model", "gpt-tiny", "--dtype", "float64", "--global-batch", "8")
+TRAIN_FLAGS = ("--model", "gpt-tiny", "--dtype", "float64")  # global batch: the plan's (256)
 
 
-@pytest.fixture(scope="module")
-def reference() -> list[float]:
-    return reference_losses(GPTConfig.from_preset("gpt-tiny"), TrainConfig(global_batch=8, dtype="float64"), STEPS,
-                            virtual_workers=VIRTUAL_WORKERS)
+def uninterrupted(tmp_path: Path, plan: dict) -> list[float]:
+    """The losses of the same training run without a stop, under `plan`
+    (the job's first plan), on local ranks."""
+    keep = ("pp", "dp", "tp", "micro_batches", "virtual_workers", "global_batch")
+    run = train({k: plan[k] for k in keep}, tmp_path / "uninterrupted.json", STEPS, *TRAIN_FLAGS)
+    return run.losses
+
+
+def _controller(tmp_path: Path, **controller: object) -> Controller:
+    """An in-process controller on the test cluster; data-parallel plans only
+    (pp = 1 here, and tp = 1 is what the estimator picks for this model), so
+    that a resize changes only dp and the losses stay bitwise the same."""
+    config = write_config(tmp_path / "cellsched.toml", tmp_path / "state.sqlite", **controller)
+    with config.open("a") as f:
+        f.write("max_pp = 1\n")
+    return Controller(load(config))
 
 
 def _env() -> dict[str, str]:
@@ -93,8 +107,8 @@ def _losses(tmp_path: Path) -> list[float]:
     return json.loads((tmp_path / "losses.json").read_text())["losses"]
 
 
-def test_elastic_job_grows_when_gpus_free_up(slurm_cluster, tmp_path, reference):
-    ctl = Controller(load(write_config(tmp_path / "cellsched.toml", tmp_path / "state.sqlite", checkpoint_wait_s=60.0)))
+def test_elastic_job_grows_when_gpus_free_up(slurm_cluster, tmp_path):
+    ctl = _controller(tmp_path, checkpoint_wait_s=60.0)
     backend = get_backend("cli")
     blocker = _blocker("n5", "a40", 2)
     _wait_state(backend, blocker, ("RUNNING",), 30, tmp_path)
@@ -102,6 +116,7 @@ def test_elastic_job_grows_when_gpus_free_up(slurm_cluster, tmp_path, reference)
 
     first = ctl.round()
     assert first.placements[job]["cell"] == "a40:1x2:pp1", first.placements
+    assert (first.placements[job]["dp"], first.placements[job]["tp"]) == (2, 1), first.placements
     running = _wait_state(backend, job, ("RUNNING",), 60, tmp_path)
     assert running.nodes == ("n4",)
     wait_until(lambda: (_progress(backend, job) or 0) and _progress(backend, job).iterations_done >= 3, 60,
@@ -123,8 +138,10 @@ def test_elastic_job_grows_when_gpus_free_up(slurm_cluster, tmp_path, reference)
     assert done.state == "COMPLETED", _log(tmp_path)
     ctl.round()
 
-    losses = _losses(tmp_path)
-    assert losses == reference, "the resized run's losses are not bitwise those of an uninterrupted run"
+    first_plan = json.loads(ctl.state.plans_of(job)[0].plan)
+    assert json.loads(ctl.state.plans_of(job)[-1].plan)["micro_batches"] == first_plan["micro_batches"]
+    assert _losses(tmp_path) == uninterrupted(tmp_path, first_plan), \
+        "the resized run's losses are not bitwise those of an uninterrupted run"
     events = [(e["event"], e["cell"]) for e in ctl.state.history(job)]
     assert events[:2] == [("placed", "a40:1x2:pp1"), ("signalled", "a40:2x2:pp1")], events
     assert ("placed", "a40:2x2:pp1") in events and events[-1][0] == "finished", events
@@ -139,8 +156,8 @@ def test_elastic_job_grows_when_gpus_free_up(slurm_cluster, tmp_path, reference)
     assert "a40:1x2:pp1" in shown.stdout and "a40:2x2:pp1" in shown.stdout and "resumed" in shown.stdout, shown.stdout
 
 
-def test_job_on_a_node_set_down_is_replaced_and_completes(slurm_cluster, tmp_path, reference):
-    ctl = Controller(load(write_config(tmp_path / "cellsched.toml", tmp_path / "state.sqlite")))
+def test_job_on_a_node_set_down_is_replaced_and_completes(slurm_cluster, tmp_path):
+    ctl = _controller(tmp_path)
     backend = get_backend("cli")
     job = _submit_elastic(tmp_path, "--gpu-types", "a40", "--min-gpus", "2", "--max-gpus", "2", step_delay=0.3)
     placed = ctl.round()
@@ -163,7 +180,6 @@ def test_job_on_a_node_set_down_is_replaced_and_completes(slurm_cluster, tmp_pat
         assert done.state == "COMPLETED", _log(tmp_path)
     finally:
         subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=env, timeout=30, check=False)
-    losses = _losses(tmp_path)
-    # resumed from its last checkpoint (saved at the end or every N steps): the
-    # steps after it were done again, with the same data: same losses
-    assert losses == reference
+    # resumed from its last checkpoint (or from the start): the steps after it
+    # were done again, with the same data: the same losses
+    assert _losses(tmp_path) == uninterrupted(tmp_path, json.loads(ctl.state.plans_of(job)[0].plan))
