@@ -31,13 +31,13 @@ trains in fp32, so those presets are fp32.
 from __future__ import annotations
 
 import difflib
-import json
 import math
 import pathlib
 import re
-import tomllib
 from dataclasses import dataclass
 from typing import Any
+
+from solver.datafile import read_json_or_toml
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 FAMILIES = ("gpt", "bert", "moe", "wide_resnet", "custom")
@@ -323,18 +323,7 @@ def spec_from_dict(data: Any, where: str = "model spec") -> ModelSpec:
 def load_spec_file(path: str | pathlib.Path) -> ModelSpec:
     """Read a JSON or TOML model spec file."""
     path = pathlib.Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ModelSpecError(f"model spec file {path}: cannot read ({exc.strerror})") from None
-    try:
-        if path.suffix.lower() == ".toml":
-            data = tomllib.loads(raw.decode("utf-8"))
-        else:
-            data = json.loads(raw)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelSpecError(f"model spec file {path}: not valid {path.suffix.lstrip('.').upper() or 'JSON'}: "
-                             f"{exc}") from None
+    data = read_json_or_toml(path, ModelSpecError, "model spec file ")
     if isinstance(data, dict) and "name" not in data:
         data = {**data, "name": path.stem}
     return spec_from_dict(data, f"model spec file {path}")

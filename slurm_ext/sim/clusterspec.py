@@ -23,14 +23,13 @@ numbering in file order.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import re
-import tomllib
 from typing import Any
 
 from slurm_ext.sim.types import ClusterSpec, NodeGroup
+from solver.datafile import read_json_or_toml
 from solver.profiles.arena import load_device_specs, shipped_path
 
 _GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
@@ -44,18 +43,7 @@ class ClusterSpecError(ValueError):
 def load_cluster_spec(path: str | os.PathLike) -> ClusterSpec:
     """Read a cluster spec (Arena's JSON, or our TOML/JSON)."""
     path = pathlib.Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ClusterSpecError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        if path.suffix.lower() == ".toml":
-            data = tomllib.loads(raw.decode("utf-8"))
-        else:
-            data = json.loads(raw)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        kind = "TOML" if path.suffix.lower() == ".toml" else "JSON"
-        raise ClusterSpecError(f"{path}: not valid {kind}: {exc}") from None
+    data = read_json_or_toml(path, ClusterSpecError)
     if not isinstance(data, dict):
         raise ClusterSpecError(f"{path}: expected a table/object at the top, got {type(data).__name__}")
     if "nodes" in data:
