@@ -7,11 +7,17 @@ communication curves once per link.
   device: the block keeps heads/tp attention heads and 4h/tp MLP columns, so
   it runs exactly the shard's matmuls, without the collectives (the
   estimator adds those from the communication curves: 4 all-reduces per
-  "block", none for "embed" / "head"). Memory: parameter bytes of the shard,
+  "block", none for "embed" / "head"). Times are of the fastest run, on the
+  device's compute clock (``compute_clock``: CPU time for a one-thread CPU
+  profile, so a busy machine does not inflate them). Memory: parameter bytes of the shard,
   activation bytes autograd keeps for backward (the tensors it saves,
   parameters excluded), and the bytes of the layer's output.
 * ``profile_comm``: point-to-point and all-reduce time against message size
   among local processes (nccl over GPUs, gloo over loopback on CPU).
+* ``profile_update``: the memory bandwidth an optimizer step (AdamW) achieves
+  on the model's parameters, in the estimator's terms (its traffic taken as
+  2 x optimizer_bytes_per_param per parameter): the ``mem_bw_gbps`` that
+  prices the weight update. Worth storing for "cpu", whose datasheet is a guess.
 * ``detect_gpu_type``: the GPU type from NVML ("cpu" without a GPU).
 """
 
@@ -168,25 +174,38 @@ def saved_bytes(module: nn.Module, run: Callable[[], torch.Tensor]) -> tuple[int
     return sum(seen.values()), out
 
 
+def compute_clock(device: torch.device) -> Callable[[], float]:
+    """The clock that times compute on DEVICE: wall time on a GPU; on a CPU
+    running torch on one thread, that process's CPU time, which leaves out
+    the time other processes held the core (sharing a busy machine only
+    delays a layer, its work stays the same)."""
+    if device.type == "cpu" and torch.get_num_threads() == 1:
+        return time.process_time
+    return time.perf_counter
+
+
 def _median_times(module: nn.Module, run: Callable[[], torch.Tensor], device: torch.device, warmup: int,
                   repeat: int) -> tuple[float, float]:
-    """Fastest forward and backward seconds of `run` (a forward call) over
-    `repeat` runs: interference (other processes, clocks ramping) only adds time."""
+    """Forward and backward seconds of the fastest of `repeat` runs of `run` (a
+    forward call; fastest by their sum; timed by ``compute_clock``):
+    interference (other processes, clocks ramping) only adds time, and the
+    two halves come from one run."""
     fwd, bwd = [], []
+    clock = compute_clock(device)
     for i in range(warmup + repeat):
         module.zero_grad(set_to_none=True)
         _sync(device)
-        t0 = time.perf_counter()
+        t0 = clock()
         out = run()
         _sync(device)
-        t1 = time.perf_counter()
+        t1 = clock()
         out.backward(torch.ones_like(out))
         _sync(device)
-        t2 = time.perf_counter()
+        t2 = clock()
         if i >= warmup:
             fwd.append(t1 - t0)
             bwd.append(t2 - t1)
-    return min(fwd), min(bwd)
+    return min(zip(fwd, bwd), key=sum)
 
 
 def profile_layers(model: ModelSpec, *, tps: Sequence[int] = (1,), micro_batches: Sequence[int] = (1, 2, 4),
@@ -228,6 +247,37 @@ def profile_layers(model: ModelSpec, *, tps: Sequence[int] = (1,), micro_batches
             kinds = ["embed"] + ["block"] * model.num_layers + ["head"]
             out += [LayerRecord(sig, gpu_type, tp, b, i, k, *measured[k]) for i, k in enumerate(kinds)]
     return out
+
+
+# -------------------------------------------------------------------- update
+
+
+def profile_update(model: ModelSpec, *, device: torch.device | str | None = None,
+                   optimizer_bytes_per_param: float = 16.0, warmup: int = 2, repeat: int = 5, seed: int = 0) -> float:
+    """Effective memory bandwidth (GB/s) of an AdamW step over the embedding,
+    one block and the head: ``params x 2 x optimizer_bytes_per_param / time``
+    (the fastest of `repeat` steps), so the estimator's update term gives
+    back the measured step time."""
+    check_profilable(model, 1)
+    if warmup < 0 or repeat < 1:
+        raise ProfileError(f"need warmup >= 0 and repeat >= 1, got {warmup} and {repeat}")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch.manual_seed(seed)
+    layers = nn.ModuleList([Embed(model), BlockShard(model, 1), Head(model)]).to(device, TORCH_DTYPES[model.dtype])
+    params = list(layers.parameters())
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    clock, times = compute_clock(device), []
+    for i in range(warmup + repeat):
+        _sync(device)
+        t0 = clock()
+        opt.step()
+        _sync(device)
+        if i >= warmup:
+            times.append(clock() - t0)
+    n = sum(p.numel() for p in params)
+    return n * 2 * optimizer_bytes_per_param / min(times) / 1e9
 
 
 # ------------------------------------------------------------- communication

@@ -27,6 +27,10 @@ Sources, first that applies (the Estimate's ``source`` says which):
    batch and GPU count; else same type and batch; else same type; else all;
    analytic = best plan over all pp, memory ignored): ``analytic+calibrated``.
 
+Modelled times (composed and analytic) include the weight update, a sweep
+over the optimizer state at the GPU's memory bandwidth (``mem_bw_gbps``; see
+``solver.cost.pipeline``).
+
 Inside a cell (pp fixed) the search covers tp dividing the GPUs per node
 (and the heads; the hidden size for non-transformers), dp = GPUs / (pp tp)
 dividing the global batch, and every micro-batch count m dividing the
@@ -46,7 +50,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from solver.cost.comm import Links, load_curves
 from solver.cost.layers import LayerCosts, StageCosts, analytic_layers, layers_from_records, split_stages
-from solver.cost.pipeline import dp_sync_time, pipeline_cost
+from solver.cost.pipeline import dp_sync_time, pipeline_cost, update_time
 from solver.models import ModelSpec
 from solver.profiles.records import CellRecord, GpuSpec
 from solver.types import Cell, Estimate, JobRequest, ParallelPlan
@@ -117,17 +121,24 @@ class Estimator:
     """Estimates cells from a ProfileStore (see the module doc)."""
 
     def __init__(self, store: ProfileStore, *, mem_fraction: float = 0.9, optimizer_bytes_per_param: float = 16.0,
-                 efficiency: float = 0.4, layer_overhead_s: float = 2e-4, max_pp: int = 8) -> None:
+                 efficiency: float = 0.4, layer_overhead_s: float = 2e-4, max_pp: int = 8,
+                 update_bytes_per_param: float | None = None) -> None:
         """`store` is a ProfileStore (read here once for GPU specs and comm
         curves, later once per model); `efficiency` is the fraction of peak
         TFLOP/s the analytic model assumes; `layer_overhead_s` the fixed time
         of one layer's forward + backward per micro-batch; `max_pp` the
-        deepest pipeline considered when locating a measured optimum."""
+        deepest pipeline considered when locating a measured optimum;
+        `update_bytes_per_param` the memory traffic of one weight update per
+        parameter, priced at the GPU's ``mem_bw_gbps`` (default: the
+        optimizer state read and written once, 2 x optimizer_bytes_per_param;
+        0 leaves the update out)."""
         if not 0 < mem_fraction <= 1:
             raise ValueError(f"mem_fraction must be in (0, 1], got {mem_fraction}")
         self.store = store
         self.mem_fraction = mem_fraction
         self.optimizer_bytes_per_param = optimizer_bytes_per_param
+        self.update_bytes_per_param = (2 * optimizer_bytes_per_param if update_bytes_per_param is None
+                                       else update_bytes_per_param)
         self.efficiency = efficiency
         self.layer_overhead_s = layer_overhead_s
         self.max_pp = max_pp
@@ -288,6 +299,8 @@ class Estimator:
         plans: list[_Cand] = []
         prune_m = chosen == ANALYTIC and not every
         links = self._links_of(cell.gpu_type)
+        spec = self._gpus.get(cell.gpu_type)
+        mem_bw = spec.mem_bw_gbps if spec is not None else 0.0
         limit = self.mem_limit_gb(cell.gpu_type) * _GB
         best = fastest = None
         for tp in tps:
@@ -299,8 +312,11 @@ class Estimator:
             for m in _divisors(per_replica):
                 b = per_replica // m
                 st = self._stages(md, chosen, cell.gpu_type, tp, b, pp)
-                if st is not last_st:
-                    sync, last_st = dp_sync_time(st, dp=dp, tp=tp, gpus_per_node=g, links=links), st
+                if st is not last_st:  # gradient sync and weight update: once per iteration
+                    sync = dp_sync_time(st, dp=dp, tp=tp, gpus_per_node=g, links=links) + update_time(
+                        st, dtype_bytes=model.dtype_bytes, update_bytes_per_param=self.update_bytes_per_param,
+                        mem_bw_gbps=mem_bw)
+                    last_st = st
                 t, mem = pipeline_cost(st, dp=dp, tp=tp, m=m, b=b, gpus_per_node=g, links=links,
                                        dtype_bytes=model.dtype_bytes,
                                        optimizer_bytes_per_param=self.optimizer_bytes_per_param)

@@ -32,6 +32,11 @@ class JobPlan:
     gpu_types / nodes / gpus_per_node: where it runs (informational for the job).
     batch_shares: one weight per dp rank (uneven batches, Cephalo); None = even.
     stage_layers: layers per pipeline stage; None = split evenly.
+    state_sharding: optimizer state over the dp ranks: None / "none"
+      (replicated), "even", or "memory" (slices proportional to
+      state_shares, else to each GPU's memory; Cephalo).
+    state_shares: one memory weight per dp rank for "memory" sharding;
+      giving them without state_sharding means "memory".
     virtual_workers: EasyScale virtual dp workers (None = dp).
     checkpoint_dir: where to checkpoint / resume; the job also writes its
       progress there (``progress.json``: step, iterations_done, time), the
@@ -50,6 +55,8 @@ class JobPlan:
     gpus_per_node: int | None = None
     batch_shares: tuple[float, ...] | None = None
     stage_layers: tuple[int, ...] | None = None
+    state_sharding: str | None = None
+    state_shares: tuple[float, ...] | None = None
     virtual_workers: int | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None
@@ -66,11 +73,18 @@ class JobPlan:
                 raise PlanError(f"plan field '{k}' must be an integer >= 1, got {v!r}")
         if self.global_batch is not None and (not isinstance(self.global_batch, int) or self.global_batch < 1):
             raise PlanError(f"plan field 'global_batch' must be an integer >= 1, got {self.global_batch!r}")
-        if self.batch_shares is not None:
-            if len(self.batch_shares) != self.dp:
-                raise PlanError(f"plan field 'batch_shares' needs {self.dp} entries (one per dp rank), got {len(self.batch_shares)}")
-            if any((not isinstance(s, (int, float))) or s <= 0 for s in self.batch_shares):
-                raise PlanError("plan field 'batch_shares' must hold positive numbers")
+        for k in ("batch_shares", "state_shares"):
+            shares = getattr(self, k)
+            if shares is None:
+                continue
+            if len(shares) != self.dp:
+                raise PlanError(f"plan field '{k}' needs {self.dp} entries (one per dp rank), got {len(shares)}")
+            if any((not isinstance(s, (int, float))) or isinstance(s, bool) or s <= 0 for s in shares):
+                raise PlanError(f"plan field '{k}' must hold positive numbers")
+        if self.state_sharding not in (None, "none", "even", "memory"):
+            raise PlanError(
+                f"plan field 'state_sharding' must be 'none', 'even' or 'memory', got {self.state_sharding!r}"
+            )
         if self.stage_layers is not None:
             if len(self.stage_layers) != self.pp or any(int(n) < 1 for n in self.stage_layers):
                 raise PlanError(f"plan field 'stage_layers' needs {self.pp} positive entries (one per stage)")
@@ -98,7 +112,7 @@ class JobPlan:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         kwargs = {k: v for k, v in d.items() if k in known}
-        for k in ("gpu_types", "nodes", "batch_shares", "stage_layers"):
+        for k in ("gpu_types", "nodes", "batch_shares", "state_shares", "stage_layers"):
             if kwargs.get(k) is not None:
                 if not isinstance(kwargs[k], (list, tuple)):
                     raise PlanError(f"plan field '{k}' must be a list")

@@ -23,6 +23,7 @@ import json
 import math
 import os
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from launch import checkpoint
 from launch.elastic import VirtualWorker, ordered_sum
 from launch.parallel import ParallelContext, init_parallel, plan_from_env
 from launch.progress import write_progress
+from launch.sharding import ShardedOptimizer, ShardLayout, sharding_mode, state_numel, state_weights
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -304,9 +306,14 @@ class Trainer:
     rank's slice of the global batch (``plan.batch_shares``). Each unit's
     gradient is computed on its own (micro-batches through the 1F1B pipeline
     schedule) and the units of all dp ranks are summed in a fixed order.
+
+    shard_state ("none", "even", "memory"; default: the plan's
+    ``state_sharding``): with sharding each dp rank keeps the optimizer state
+    of its slice of the stage's parameters only (``launch.sharding``); the
+    update is the same as without.
     """
 
-    def __init__(self, ctx: ParallelContext, cfg: GPTConfig, tc: TrainConfig):
+    def __init__(self, ctx: ParallelContext, cfg: GPTConfig, tc: TrainConfig, shard_state: str | None = None):
         if ctx.stage_layers is None or ctx.batch is None:
             raise ValueError("init_parallel needs num_layers and global_batch for the trainer")
         self.ctx, self.cfg, self.tc = ctx, cfg, tc
@@ -319,7 +326,18 @@ class Trainer:
         self.dims = shard_dims(self.stage)
         self.params = list(self.stage.parameters())
         self.names = [n for n, _ in self.stage.named_parameters()]
-        self.optimizer = make_optimizer(self.params, tc.lr)
+        self.sharding = sharding_mode(ctx.plan, shard_state)
+        self.sharded: ShardedOptimizer | None = None
+        if self.sharding == "none":
+            self.optimizer = make_optimizer(self.params, tc.lr)
+        else:
+            dp_group = ctx.group("dp")
+            weights = state_weights(ctx.plan, self.sharding, dp_group, ctx.dp, ctx.device)
+            layout = ShardLayout.proportional(sum(p.numel() for p in self.params), weights)
+            self.sharded = ShardedOptimizer(
+                self.params, lambda ps: make_optimizer(ps, tc.lr), layout, dp_group, ctx.dp_rank
+            )
+            self.optimizer = self.sharded.optimizer  # over this rank's slice only
         self.vws = make_virtual_workers(ctx.virtual_workers, tc.dataset_size, tc.seed)
         self.step = 0
         self.losses: list[float] = []
@@ -374,14 +392,17 @@ class Trainer:
         ctx = self.ctx
         batch = global_batch(self.vws, self.tc.global_batch, self.cfg, self.tc.seed)
         grads, losses = zip(*(self._unit_grad(u) for u in self._units(batch)))
-        grad = ordered_sum(list(grads), ctx.group("dp"), ctx.dp)
-        offset = 0
-        for p in self.params:
-            p.grad = grad[offset : offset + p.numel()].view_as(p).clone()
-            offset += p.numel()
-        self.optimizer.step()
-        for p in self.params:
-            p.grad = None
+        if self.sharded is not None:
+            self.sharded.step(grads)
+        else:
+            grad = ordered_sum(list(grads), ctx.group("dp"), ctx.dp)
+            offset = 0
+            for p in self.params:
+                p.grad = grad[offset : offset + p.numel()].view_as(p).clone()
+                offset += p.numel()
+            self.optimizer.step()
+            for p in self.params:
+                p.grad = None
         # Every unit's loss sits on the last stage's tp-rank-0; gather them all
         # (adding exact zeros elsewhere) and add them in unit order.
         owner = ctx.is_last_stage and ctx.tp_rank == 0
@@ -412,9 +433,12 @@ class Trainer:
         """Everything needed to resume, keyed by parameter name; on rank 0 only (collective)."""
         ctx = self.ctx
         model, optim = {}, {}
-        for name, p in zip(self.names, self.params):
+        if self.sharded is not None:
+            per_param = self.sharded.full_optimizer_state()  # collective over dp
+        else:
+            per_param = [self.optimizer.state.get(p, {}) for p in self.params]
+        for name, p, st in zip(self.names, self.params, per_param):
             model[name] = self._full(name, p)
-            st = self.optimizer.state.get(p, {})
             optim[name] = {
                 k: self._full(name, v) if torch.is_tensor(v) and v.shape == p.shape else v for k, v in st.items()
             }
@@ -449,15 +473,21 @@ class Trainer:
                 f"checkpoint has {len(state['virtual_workers'])} virtual workers, the plan has {len(self.vws)}"
             )
         ctx = self.ctx
+        per_param = []
         with torch.no_grad():
             for name, p in zip(self.names, self.params):
                 p.copy_(slice_full(state["model"][name], self.dims[name], ctx.tp_rank, ctx.tp))
-                self.optimizer.state[p] = {
+                per_param.append({
                     k: slice_full(v, self.dims[name], ctx.tp_rank, ctx.tp).to(p.device).clone()
                     if torch.is_tensor(v) and v.shape == state["model"][name].shape
                     else v
                     for k, v in state["optim"][name].items()
-                }
+                })
+        if self.sharded is not None:
+            self.sharded.load_full_optimizer_state(per_param)  # this rank's slice of it
+        else:
+            for p, st in zip(self.params, per_param):
+                self.optimizer.state[p] = st
         for vw, s in zip(self.vws, state["virtual_workers"]):
             vw.load_state_dict(s)
         self.step, self.losses = int(state["step"]), list(state["losses"])
@@ -472,6 +502,13 @@ class Trainer:
 
 def reference_losses(cfg: GPTConfig, tc: TrainConfig, steps: int, virtual_workers: int = 1) -> list[float]:
     """The same training on one process, no torch.distributed, whole batches."""
+    return reference_run(cfg, tc, steps, virtual_workers)[0]
+
+
+def reference_run(
+    cfg: GPTConfig, tc: TrainConfig, steps: int, virtual_workers: int = 1
+) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """``reference_losses`` and the model's parameters after the last step."""
     dtype = DTYPES[tc.dtype]
     model = build_full_model(cfg, tc.seed, dtype)
     opt = make_optimizer(model.parameters(), tc.lr)
@@ -484,7 +521,7 @@ def reference_losses(cfg: GPTConfig, tc: TrainConfig, steps: int, virtual_worker
         loss.backward()
         opt.step()
         out.append(loss.item())
-    return out
+    return out, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 # ------------------------------------------------------------------------ CLI
@@ -513,6 +550,21 @@ def _report(ctx: ParallelContext, directory: str) -> None:
     )
 
 
+def _report_state(trainer: Trainer, directory: str) -> None:
+    """This rank's optimizer state: sharding mode, owned slice, state elements."""
+    s = trainer.sharded
+    _write_json(
+        os.path.join(directory, f"state-{trainer.ctx.rank}.json"),
+        {
+            "mode": trainer.sharding,
+            "param_numel": sum(p.numel() for p in trainer.params),
+            "slice": list(s.layout.bounds[s.dp_rank]) if s else None,
+            "bounds": [list(b) for b in s.layout.bounds] if s else None,
+            "state_numel": state_numel(trainer.optimizer),
+        },
+    )
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="model preset name (solver.models); overrides the shape flags")
@@ -525,7 +577,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dataset-size", type=int, default=512)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ap.add_argument("--out", help="write the loss sequence here (rank 0)")
+    ap.add_argument("--step-delay", type=float, default=0.0,
+                    help="sleep this many seconds after each step (to watch a job being moved)")
     ap.add_argument("--report", help="directory for one JSON file per rank describing its layout")
+    ap.add_argument(
+        "--shard-state",
+        choices=("none", "even", "memory"),
+        help="optimizer state over the dp ranks (default: the plan's state_sharding, else none)",
+    )
     return ap.parse_args(argv)
 
 
@@ -544,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
     tc = TrainConfig(args.seed, batch, args.lr, args.dataset_size, args.dtype)
     if args.report:
         _report(ctx, args.report)
-    trainer = Trainer(ctx, cfg, tc)
+    trainer = Trainer(ctx, cfg, tc, shard_state=args.shard_state)
     if plan.checkpoint_dir:
         state = checkpoint.load_latest(plan.checkpoint_dir)
         if state is not None:
@@ -556,6 +615,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"step": trainer.step, "loss": loss}), flush=True)
             if plan.checkpoint_dir:
                 write_progress(plan.checkpoint_dir, trainer.step, loss=loss)
+        if args.step_delay > 0:
+            time.sleep(args.step_delay)
         stopping = stop.agreed(device=ctx.device)
         due = plan.checkpoint_every and trainer.step % plan.checkpoint_every == 0
         if plan.checkpoint_dir and (stopping or due or trainer.step == args.steps):
@@ -563,6 +624,8 @@ def main(argv: list[str] | None = None) -> int:
         if stopping:
             status = checkpoint.EXIT_CHECKPOINTED
             break
+    if args.report:
+        _report_state(trainer, args.report)
     if ctx.rank == 0 and args.out:
         _write_json(args.out, {"steps": list(range(1, trainer.step + 1)), "losses": trainer.losses})
     if ctx.world_size > 1:

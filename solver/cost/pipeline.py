@@ -10,7 +10,15 @@ forward and its gradient back, one micro-batch)::
 
     time = (m - 1) * max_k s_k + sum_k s_k + sum_k c_k + max_k allreduce_dp(grads_k)
 
-(1F1B / GPipe). The gradient all-reduce of a stage runs on the intra-node
+(1F1B / GPipe), plus the weight update (the stages update in parallel)::
+
+    + max_k params_k * update_bytes_per_param / mem_bw
+
+a memory-bound sweep over the parameters, gradients and optimizer state
+(``update_bytes_per_param``: by default every byte of the state read and
+written once, 2 x optimizer_bytes_per_param). On CPU the profiler measures
+the bandwidth an optimizer step achieves (``launch.profiler.profile_update``).
+The gradient all-reduce of a stage runs on the intra-node
 link when the stage's ranks share a node, else on the network. A node's
 network card is shared: a stage's tp all-reduce rings cross it together
 (bytes x tp), and its min(dp*tp, gpus/node) p2p senders each send 1/tp of
@@ -66,6 +74,13 @@ def dp_sync_time(st: StageCosts, *, dp: int, tp: int, gpus_per_node: int, links:
     return sync
 
 
+def update_time(st: StageCosts, *, dtype_bytes: int, update_bytes_per_param: float, mem_bw_gbps: float) -> float:
+    """Weight update of the slowest stage: its state swept at memory bandwidth."""
+    if mem_bw_gbps <= 0 or update_bytes_per_param <= 0:
+        return 0.0
+    return max(st.param_bytes) / dtype_bytes * update_bytes_per_param / (mem_bw_gbps * 1e9)
+
+
 def pipeline_cost(st: StageCosts, *, dp: int, tp: int, m: int, b: float, gpus_per_node: int, links: Links,
                   dtype_bytes: int, optimizer_bytes_per_param: float) -> tuple[float, float]:
     """(time without the gradient sync, peak memory) of a plan; see plan_cost."""
@@ -94,8 +109,12 @@ def pipeline_cost(st: StageCosts, *, dp: int, tp: int, m: int, b: float, gpus_pe
 
 
 def plan_cost(st: StageCosts, *, dp: int, tp: int, m: int, b: float, gpus_per_node: int, links: Links,
-              dtype_bytes: int, optimizer_bytes_per_param: float) -> PlanCost:
-    """Time and memory of plan (st.pp, dp, tp) with m micro-batches of b samples."""
+              dtype_bytes: int, optimizer_bytes_per_param: float, mem_bw_gbps: float = 0.0,
+              update_bytes_per_param: float | None = None) -> PlanCost:
+    """Time and memory of plan (st.pp, dp, tp) with m micro-batches of b samples
+    (the update is priced when `mem_bw_gbps` is given)."""
     t, mem = pipeline_cost(st, dp=dp, tp=tp, m=m, b=b, gpus_per_node=gpus_per_node, links=links,
                            dtype_bytes=dtype_bytes, optimizer_bytes_per_param=optimizer_bytes_per_param)
+    upd = 2 * optimizer_bytes_per_param if update_bytes_per_param is None else update_bytes_per_param
+    t += update_time(st, dtype_bytes=dtype_bytes, update_bytes_per_param=upd, mem_bw_gbps=mem_bw_gbps)
     return PlanCost(t + dp_sync_time(st, dp=dp, tp=tp, gpus_per_node=gpus_per_node, links=links), mem)

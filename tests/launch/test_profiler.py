@@ -69,6 +69,31 @@ def test_estimator_composes_from_the_profile(store):
     assert est.feasible and est.source == COMPOSED and est.iter_time_s > 0
 
 
+def test_update_bandwidth_reproduces_an_optimizer_step():
+    import time
+
+    import torch
+
+    torch.set_num_threads(1)
+    gbps = profiler.profile_update(MODEL, warmup=1, repeat=3)
+    assert 0.1 < gbps < 1000  # a CPU sweeps memory at GB/s
+    # the estimator's update term (params x 32 B at that bandwidth) gives an AdamW step's time back
+    net = torch.nn.ModuleList([profiler.Embed(MODEL), profiler.BlockShard(MODEL, 1), profiler.Head(MODEL)])
+    params = list(net.parameters())
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    clock = profiler.compute_clock(torch.device("cpu"))
+    assert clock is time.process_time
+    times = []
+    for _ in range(5):
+        t0 = clock()
+        opt.step()
+        times.append(clock() - t0)
+    predicted = sum(p.numel() for p in params) * 32 / (gbps * 1e9)
+    assert 0.5 < predicted / min(times[1:]) < 2
+
+
 def test_gpu_type_falls_back_to_cpu_without_nvml(monkeypatch):
     class BrokenNvml:
         class NVMLError(Exception):

@@ -93,6 +93,23 @@ def test_composed_tensor_parallel_allreduces():
     assert e.plan.tp == 2 and e.iter_time_s == pytest.approx(8.096)
 
 
+def test_weight_update_priced_at_memory_bandwidth():
+    store = hand_store()
+    store.put_gpu(GpuSpec("slow", mem_gb=80.0, peak_tflops=100.0, mem_bw_gbps=1e-6, intra_link="nvlink",
+                          intra_bw_gbps=100.0, inter_bw_gbps=10.0))
+    store.put_layers(layer_recs("slow", 1, TIMES))
+    # dp 2 as in the all-reduce example, plus the update of the one stage's 12000 B = 6000 fp16
+    # parameters: 6000 x 2 x 16 B (state read and written once) at 1000 B/s = 192 s
+    assert HAND.dtype_bytes == 2
+    t, _ = plan_of(Estimator(store), Cell("slow", 1, 2, pp=1), 8, 1, 2, 1, 1)
+    assert t == pytest.approx(16.012 + 192)
+    t, _ = plan_of(Estimator(store, update_bytes_per_param=0), Cell("slow", 1, 2, pp=1), 8, 1, 2, 1, 1)
+    assert t == pytest.approx(16.012)
+    # two stages update in parallel: the larger (layers [1,2 | 3,2] -> 6000 B each) sets it
+    t, _ = plan_of(Estimator(store), Cell("slow", 1, 2, pp=2), 8, 2, 1, 1, 4)
+    assert t == pytest.approx(23.3 + 3000 * 32 / 1000)
+
+
 def test_picks_fastest_plan_that_fits():
     est = Estimator(hand_store())
     cell = Cell("g2", 1, 2, pp=1)  # tp 2 is faster but its parameters do not fit in 0.18 MB
