@@ -37,8 +37,21 @@ def _pyslurm(**opts: Any) -> Backend:
     return PyslurmBackend(**opts)
 
 
+def _sim(**opts: Any) -> Backend:
+    """The simulated Slurm (slurm_ext.sim.backend.SimBackend); `cluster` (a
+    ClusterSpec) defaults to Arena's simulated cluster."""
+    from slurm_ext.sim.backend import SimBackend
+
+    cluster = opts.pop("cluster", None)
+    if cluster is None:
+        from slurm_ext.sim.clusterspec import arena_cluster
+
+        cluster = arena_cluster()
+    return SimBackend(cluster, **opts)
+
+
 #: name -> factory(**opts)
-BACKENDS: dict[str, Callable[..., Backend]] = {"cli": _cli, "pyslurm": _pyslurm}
+BACKENDS: dict[str, Callable[..., Backend]] = {"cli": _cli, "pyslurm": _pyslurm, "sim": _sim}
 
 
 def running_slurm_version(timeout: float = 5.0) -> tuple[int, int] | None:

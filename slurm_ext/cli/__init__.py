@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "status": "slurm_ext.cli.status_cmd:status",
     "plan": "slurm_ext.cli.status_cmd:plan",
     "sbatch": "slurm_ext.cli.sbatch_cmd:sbatch",
+    "simulate": "slurm_ext.cli.simulate_cmd:simulate",
 }
 
 

@@ -1,0 +1,291 @@
+"""`cellsched simulate`: replay a trace through the real controller and
+policies on the simulated Slurm, and write a report."""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence, TextIO
+
+import click
+
+from slurm_ext.sim.types import ClusterSpec, SimRun, TraceJob
+
+PROG = "cellsched simulate"
+EXIT_USAGE = 2
+
+
+class SimulateError(click.ClickException):
+    """Bad input: printed as one line, exit status 2."""
+
+    exit_code = EXIT_USAGE
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"{PROG}: error: {self.message}", err=True)
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything one worker needs to simulate one policy (picklable)."""
+
+    policy: str
+    trace: tuple[TraceJob, ...]
+    cluster: ClusterSpec
+    profiles: str | None
+    options: Any
+
+
+def _profiles_kind(path: str | None) -> str:
+    """"arena" (Arena's profiles_optimal.json, also the default) or "store" (a profile-store SQLite file)."""
+    if path is None:
+        return "arena"
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise SimulateError(f"--profiles: no such file {path!r}")
+    with p.open("rb") as fh:
+        head = fh.read(16)
+    if head.startswith(b"SQLite format 3"):
+        return "store"
+    if head.lstrip()[:1] in (b"{", b"["):
+        return "arena"
+    raise SimulateError(f"--profiles: {path!r} is neither Arena's profiles JSON nor a profile-store SQLite file")
+
+
+def truth_and_estimator(profiles: str | None) -> tuple[Callable[..., Any], Any]:
+    """(speed, estimator): Arena's table (lookup with its fallbacks) for a
+    profiles JSON, the store's estimator for a SQLite profile store."""
+    from slurm_ext.sim.engine import estimator_speed, table_speed
+
+    if _profiles_kind(profiles) == "arena":
+        from solver.profiles.arena_lookup import ArenaTable
+
+        table = ArenaTable(profiles)
+        return table_speed(table), table
+    from solver.estimator import Estimator
+    from solver.profiles.store import ProfileStore
+
+    est = Estimator(ProfileStore(profiles))
+    return estimator_speed(est), est
+
+
+def _run_one(job: Job, progress: Any = None) -> SimRun:
+    """Simulate one policy (in a worker process or here)."""
+    from slurm_ext.sim.engine import Simulator
+
+    logging.getLogger("cellsched").setLevel(logging.WARNING)
+    speed, estimator = truth_and_estimator(job.profiles)
+    sim = Simulator(job.trace, job.cluster, job.policy, speed=speed, estimator=estimator, options=job.options)
+
+    def report(p: Any) -> None:
+        if progress is not None:
+            progress.put((job.policy, p.finished, p.total, p.time - p.start, p.rounds))
+
+    return sim.run(report)
+
+
+class ProgressBar:
+    """Per-policy progress on stderr: one rewritten line on a terminal,
+    a plain line per 10 % otherwise."""
+
+    def __init__(self, policies: Sequence[str], stream: TextIO, tty: bool | None = None) -> None:
+        self.stream = stream
+        self.tty = stream.isatty() if tty is None else tty
+        self.state = {p: (0, 0, 0.0, 0) for p in policies}
+        self.printed: dict[str, int] = {p: -1 for p in policies}
+        self.t0 = time.perf_counter()
+
+    def update(self, policy: str, finished: int, total: int, sim_s: float, rounds: int) -> None:
+        self.state[policy] = (finished, total, sim_s, rounds)
+        if self.tty:
+            parts = []
+            for p, (f, t, s, r) in self.state.items():
+                parts.append(f"{p} {100 * f / t if t else 0:3.0f}%")
+            wall = time.perf_counter() - self.t0
+            self.stream.write("\r" + " | ".join(parts) + f"  ({wall:.0f} s)\x1b[K")
+            self.stream.flush()
+            return
+        decile = int(10 * finished / total) if total else 10
+        if decile > self.printed[policy]:
+            self.printed[policy] = decile
+            self.stream.write(f"{PROG}: {policy}: {finished}/{total} jobs finished, {sim_s:.0f} simulated s, "
+                              f"{rounds} rounds\n")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def run_all(jobs: Sequence[Job], workers: int, bar: ProgressBar | None) -> list[SimRun]:
+    """Every policy's run, in the order given; `workers` > 1 runs them in parallel processes."""
+    if workers <= 1 or len(jobs) == 1:
+        runs = []
+        for j in jobs:
+            sink = _Sink(bar)
+            runs.append(_run_one(j, sink))
+        return runs
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Manager() as manager:
+        queue = manager.Queue()
+        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
+            futures = [pool.submit(_run_one, j, queue) for j in jobs]
+            while not all(f.done() for f in futures):
+                _drain(queue, bar, timeout=0.5)
+            _drain(queue, bar, timeout=0.0)
+            return [f.result() for f in futures]
+
+
+class _Sink:
+    """A queue-like progress sink that updates the bar directly."""
+
+    def __init__(self, bar: ProgressBar | None) -> None:
+        self.bar = bar
+
+    def put(self, item: tuple) -> None:
+        if self.bar is not None:
+            self.bar.update(*item)
+
+
+def _drain(queue: Any, bar: ProgressBar | None, timeout: float) -> None:
+    import queue as q
+
+    try:
+        item = queue.get(timeout=timeout) if timeout else queue.get_nowait()
+        while True:
+            if bar is not None:
+                bar.update(*item)
+            item = queue.get_nowait()
+    except q.Empty:
+        return
+
+
+def load_trace(path: str | None, fmt: str, iteration_scale: int | None, limit: int | None) -> tuple[TraceJob, ...]:
+    from slurm_ext.sim.traces import TraceError, read_arena_trace, read_sacct
+    from solver.profiles.arena import TRACE_FILE, shipped_path
+
+    try:
+        if fmt == "arena":
+            scale = 5 if iteration_scale is None else iteration_scale
+            trace = read_arena_trace(path or shipped_path(TRACE_FILE), iteration_scale=scale)
+        else:
+            if path is None:
+                raise SimulateError("--trace is required with --trace-format sacct")
+            trace = read_sacct(path)
+    except (TraceError, ValueError, FileNotFoundError) as exc:
+        raise SimulateError(f"--trace: {exc}") from None
+    if not trace:
+        raise SimulateError(f"--trace: {path} holds no usable job")
+    return trace[:limit] if limit else trace
+
+
+def load_cluster(path: str | None) -> ClusterSpec:
+    from slurm_ext.sim.clusterspec import ClusterSpecError, arena_cluster, load_cluster_spec
+
+    try:
+        return arena_cluster() if path is None else load_cluster_spec(path)
+    except (ClusterSpecError, ValueError, FileNotFoundError) as exc:
+        raise SimulateError(f"--cluster: {exc}") from None
+
+
+@click.command("simulate", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="Trace file. Default: Arena's Philly trace shipped with cellsched (1,938 jobs).")
+@click.option("--trace-format", type=click.Choice(["arena", "sacct"]), default="arena", show_default=True,
+              help="arena: Arena's CSV; sacct: a `sacct -P` export (iterations from run times at the requested cell's speed).")
+@click.option("--iteration-scale", type=click.IntRange(min=1), default=None,
+              help="Arena traces: iterations = num_iteration // this (default 5, Arena's own convention).")
+@click.option("--cluster", "cluster_path", type=click.Path(dir_okay=False), default=None,
+              help="Cluster spec (Arena's cluster_spec.json or our TOML/JSON node groups). Default: Arena's cluster, 1,280 GPUs.")
+@click.option("--profiles", type=click.Path(dir_okay=False), default=None,
+              help="Arena's profiles_optimal.json (its lookup is both the truth and the estimate) or a profile-store "
+                   "SQLite file (its estimator is both). Default: the shipped Arena profiles.")
+@click.option("--policy", "policies", multiple=True,
+              help="Policy to simulate; repeat for several (cellsched, cellsched-static, fcfs, fcfs-backfill, gavel, sia). "
+                   "Default: cellsched and fcfs.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Directory for results.json, results.md and the plots.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of a Markdown table.")
+@click.option("--arena-compat", is_flag=True,
+              help="Arena's conventions: fixed 300 s rounds, quantized arrivals, completions seen at round boundaries, "
+                   "executed-seconds progress, Arena's restart charges.")
+@click.option("--progress-model", type=click.Choice(["executed-seconds", "iterations"]), default="executed-seconds",
+              show_default=True, help="With --arena-compat: Arena's progress quirk, or strict iteration counting.")
+@click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds between controller rounds (default 60; 300 with --arena-compat, which fixes it).")
+@click.option("--limit-jobs", type=click.IntRange(min=1), default=None, help="Simulate only the first N jobs.")
+@click.option("--max-time", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Stop this many simulated seconds after the first arrival.")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Policies simulated in parallel processes.")
+@click.option("--no-plots", is_flag=True, help="Do not draw the PNG plots.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Solver seed.")
+def simulate(trace_path: str | None, trace_format: str, iteration_scale: int | None, cluster_path: str | None,
+             profiles: str | None, policies: tuple[str, ...], out_dir: str, as_json: bool, arena_compat: bool,
+             progress_model: str, interval: float | None, limit_jobs: int | None, max_time: float | None,
+             workers: int, no_plots: bool, seed: int) -> None:
+    """Replay a job trace through the real controller and policies on a
+    simulated Slurm cluster, and write a report (results.json, results.md,
+    plots) to --out. Progress goes to stderr; the summary table to stdout.
+
+    Every trace job is submitted like `cellsched sbatch` does (held, with
+    its spec): elastic, 1 to 16 GPUs, its requested GPUs as the static
+    request. Without options this replays Arena's Philly trace on Arena's
+    cluster with Arena's profiles.
+    """
+    from slurm_ext.sim.engine import SimError, SimOptions
+    from solver.policies import POLICIES
+
+    policies = policies or ("cellsched", "fcfs")
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise SimulateError(f"--policy: unknown policy {unknown[0]!r} (known: {', '.join(sorted(POLICIES))})")
+    if len(set(policies)) != len(policies):
+        raise SimulateError("--policy: a policy is given twice")
+    if arena_compat and interval not in (None, 300.0):
+        raise SimulateError("--interval: --arena-compat fixes rounds at 300 s")
+    kind = _profiles_kind(profiles)
+    trace = load_trace(trace_path, trace_format, iteration_scale, limit_jobs)
+    cluster = load_cluster(cluster_path)
+    try:
+        options = SimOptions(interval_s=interval or 60.0, arena_compat=arena_compat, progress_model=progress_model,
+                             max_time_s=max_time, seed=seed)
+        truth_and_estimator(profiles)  # fail here, not in a worker
+    except SimError as exc:
+        raise SimulateError(str(exc)) from None
+    except (ValueError, OSError) as exc:
+        raise SimulateError(f"--profiles: {exc}") from None
+    jobs = [Job(p, trace, cluster, profiles, options) for p in policies]
+    bar = ProgressBar(policies, sys.stderr)
+    t0 = time.perf_counter()
+    try:
+        runs = run_all(jobs, workers, bar)
+    except SimError as exc:
+        raise SimulateError(str(exc)) from None
+    finally:
+        bar.close()
+    from slurm_ext.sim.report import markdown_table, summarize, write_report
+
+    meta = {"trace": trace_path or "shipped Philly trace (Arena)", "trace_format": trace_format,
+            "jobs": len(trace), "cluster": cluster_path or "Arena's cluster", "gpus": cluster.total_gpus,
+            "profiles": profiles or "shipped Arena profiles", "profiles_kind": kind,
+            "mode": "arena-compat" if arena_compat else "event", "interval_s": options.effective().interval_s,
+            "wall_s": round(time.perf_counter() - t0, 1)}
+    written = write_report(runs, out_dir, plots=not no_plots, meta=meta)
+    results = [summarize(r) for r in runs]
+    if as_json:
+        click.echo(json.dumps({"meta": meta, "summary": {r.policy: r.to_dict() for r in results},
+                               "files": {k: str(v) for k, v in written.items()}}, indent=1, default=str))
+    else:
+        click.echo(markdown_table(results), nl=False)
+        click.echo(f"\nwritten: {', '.join(str(v) for v in written.values())}", err=True)
+
+
+__all__ = ["simulate", "run_all", "truth_and_estimator", "ProgressBar", "SimulateError"]

@@ -1,0 +1,583 @@
+"""The trace-driven simulator: the real controller (`Controller.round()`,
+the policy and the estimator given) on the simulated Slurm (`SimBackend`),
+driven by an event queue, not a tick loop.
+
+Events, in time order (at one instant: job events, then arrivals, then a
+round): trace arrivals (each submitted held, with the cellsched tag, exactly
+like ``cellsched sbatch`` does), job events of the backend (start, end of a
+restart stall, completion, end of a checkpoint) and controller rounds.
+
+Rounds come every `interval_s`, and (``early_rounds``, like the daemon's
+watcher) `min_gap_s` after the last round when a job arrived or ended.
+With ``skip_idle_rounds`` a round is not run when nothing changed since the
+last one (no arrival, no job end or requeue, no node change, no failed
+action): the solver is deterministic (SolverConfig.deterministic) and would
+repeat its decision. What it does not see is time alone: a job's age bonus
+grows between rounds, so a job the policy left waiting next to free GPUs
+waits until the next change. The simulation ends when no event is left.
+
+Arena-compatible mode (``arena_compat``) reproduces the conventions of
+Arena's own simulator (solver/data/arena/README.md): fixed 300 s rounds from
+the first arrival, no early rounds; arrivals within the 300 s after a round
+start are submitted at that round start; at each round start the backend
+settles the round (progress, completions: a job finished mid-round ends at
+the next boundary, its GPUs taken until then), then the round's arrivals are
+submitted, then the controller round runs; checkpoints and starts take no
+time; restart charges as Arena's (see `restart_cost_for`); the truth speed
+and the estimator are Arena's profile lookup (`ArenaTable`); Gavel and Sia
+get Arena's DP memory rule. Progress follows Arena's executed-seconds model
+by default (``progress_model="iterations"`` for the strict one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from slurm_ext.backends.base import SubmitRequest
+from slurm_ext.config import Config, ControllerConfig
+from slurm_ext.controller.loop import OK, Controller
+from slurm_ext.controller.progress import JobProgress
+from slurm_ext.jobspec import JobSpec
+from slurm_ext.sim.backend import EXECUTED_SECONDS, ITERATIONS, RestartCostFn, SimBackend, SpeedFn
+from slurm_ext.sim.types import ClusterSpec, JobOutcome, RoundStat, Sample, SimRun, TraceJob
+from slurm_ext.state import StateStore
+from slurm_ext.wrapper import provisional_gres
+from solver.plan import JobPlan
+from solver.types import Cell, EstimatorLike, Policy, SolverConfig
+
+#: policies that search plans with pruning in Arena's simulator (cheap restarts)
+PRUNED_POLICIES = ("cellsched", "cellsched-static")
+
+
+class SimError(ValueError):
+    """A simulation that cannot run as asked (the message says why)."""
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """How a simulation runs.
+
+    interval_s / min_gap_s / early_rounds: when controller rounds happen;
+    skip_idle_rounds: see the module doc. checkpoint_s: how long a signalled
+    elastic job takes to checkpoint; start_delay_s: Slurm's delay from
+    release to start. restart_per_gpu_s / restart_max_s: a (re)started job
+    stalls min(per_gpu x GPUs, max) seconds (None: by mode and policy, see
+    `restart_cost_for`); charge_first_start: the first start is charged too.
+    arena_compat / progress_model: see the module doc. max_time_s: stop this
+    many simulated seconds after the first arrival; limit_jobs: only the
+    first N trace jobs. elastic / min_gpus / max_gpus: the spec every trace
+    job gets (max_gpus at least the job's request). solver: the
+    controller's SolverConfig (seed given by `seed`); its default lets the
+    policy resize and move running elastic jobs (allow_resize).
+    """
+
+    interval_s: float = 60.0
+    min_gap_s: float = 2.0
+    early_rounds: bool = True
+    skip_idle_rounds: bool = True
+    checkpoint_s: float = 5.0
+    start_delay_s: float = 0.0
+    restart_per_gpu_s: float | None = None
+    restart_max_s: float | None = None
+    charge_first_start: bool = True
+    arena_compat: bool = False
+    progress_model: str = EXECUTED_SECONDS
+    max_time_s: float | None = None
+    limit_jobs: int | None = None
+    seed: int = 0
+    elastic: bool = True
+    min_gpus: int = 1
+    max_gpus: int = 16
+    min_job_age_s: float = 300.0
+    solver: SolverConfig = field(default_factory=SolverConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("interval_s", "min_gap_s", "checkpoint_s", "start_delay_s", "min_job_age_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise SimError(f"SimOptions.{name} must be a number >= 0, got {v!r}")
+        if self.interval_s <= 0:
+            raise SimError(f"SimOptions.interval_s must be > 0, got {self.interval_s!r}")
+        if self.progress_model not in (EXECUTED_SECONDS, ITERATIONS):
+            raise SimError(f"SimOptions.progress_model must be {EXECUTED_SECONDS!r} or {ITERATIONS!r}")
+        if self.limit_jobs is not None and self.limit_jobs < 1:
+            raise SimError(f"SimOptions.limit_jobs must be >= 1, got {self.limit_jobs}")
+        if self.max_time_s is not None and not self.max_time_s > 0:
+            raise SimError(f"SimOptions.max_time_s must be > 0, got {self.max_time_s}")
+        if not 1 <= self.min_gpus <= self.max_gpus:
+            raise SimError("SimOptions: need 1 <= min_gpus <= max_gpus")
+
+    def effective(self) -> SimOptions:
+        """The options as they apply: arena_compat fixes the round grid and
+        makes checkpoints and starts instantaneous."""
+        if not self.arena_compat:
+            return self
+        return dataclasses.replace(self, interval_s=300.0, early_rounds=False, checkpoint_s=0.0, start_delay_s=0.0,
+                                   charge_first_start=True)
+
+
+@dataclass(frozen=True)
+class SimProgress:
+    """Where a running simulation is (for a progress bar)."""
+
+    time: float
+    start: float
+    last_arrival: float
+    submitted: int
+    finished: int
+    total: int
+    rounds: int
+
+    @property
+    def fraction(self) -> float:
+        """Finished jobs over all jobs (the end time is not known in advance)."""
+        return self.finished / self.total if self.total else 1.0
+
+
+def restart_cost_for(policy: str, options: SimOptions) -> RestartCostFn:
+    """min(per_gpu x GPUs, max) seconds per (re)start. Defaults: Arena's
+    constants in arena_compat mode (10 s / 40 s for cellsched's policies,
+    which prune the plan search, 150 s / 600 s for the baselines); outside
+    it 10 s / 40 s for every policy (the plan search is the controller's,
+    not the restart's)."""
+    per, cap = options.restart_per_gpu_s, options.restart_max_s
+    if per is None or cap is None:
+        from solver.profiles.arena import load_sim_constants
+
+        c = load_sim_constants()
+        c = c.get("constants", c)
+        pruned = policy in PRUNED_POLICIES or not options.arena_compat
+        d_per = float(c["RESCHED_OVERHEAD_WITH_PRUNE" if pruned else "RESCHED_OVERHEAD_WITHOUT_PRUNE"])
+        d_cap = float(c["MAX_RESCHED_OVERHEAD_WITH_PRUNE" if pruned else "MAX_RESCHED_OVERHEAD_WITHOUT_PRUNE"])
+        per = d_per if per is None else per
+        cap = d_cap if cap is None else cap
+    first = options.charge_first_start
+
+    def cost(spec: JobSpec, gpus: int, first_start: bool) -> float:
+        if first_start and not first:
+            return 0.0
+        return min(per * gpus, cap)
+
+    return cost
+
+
+def estimator_speed(estimator: EstimatorLike) -> SpeedFn:
+    """A truth speed from an estimator with ``estimate_model`` (solver.estimator.Estimator):
+    the estimated iteration time of the cell the job runs in (pp from its plan)."""
+
+    def speed(spec: JobSpec, gpu_type: str, num_nodes: int, gpus_per_node: int, plan: JobPlan | None) -> float | None:
+        if "+" in gpu_type:  # a mixed-type cell: its key is in the plan
+            from solver.mixed import parse_key
+
+            cell = parse_key(plan.cell or "") if plan else None
+            if cell is None:
+                return None
+        else:
+            pp = plan.pp if plan and (num_nodes * gpus_per_node) % plan.pp == 0 else 1
+            cell = Cell(gpu_type, num_nodes, gpus_per_node, pp)
+        est = estimator.estimate_model(spec.model_spec(), spec.global_batch, cell)  # type: ignore[attr-defined]
+        return est.iter_time_s if est.feasible else None
+
+    return speed
+
+
+def table_speed(table: Any) -> SpeedFn:
+    """A truth speed from an ``iter_time(model, batch, gpu_type, num_nodes, gpus_per_node)`` table (ArenaTable)."""
+
+    def speed(spec: JobSpec, gpu_type: str, num_nodes: int, gpus_per_node: int, plan: JobPlan | None) -> float | None:
+        return table.iter_time(spec.model, spec.global_batch, gpu_type, num_nodes, gpus_per_node)
+
+    return speed
+
+
+def best_layout(cluster: ClusterSpec, gpu_type: str | None, gpus: int) -> tuple[str, int, int] | None:
+    """(type, nodes, GPUs per node) of the fewest nodes holding `gpus` GPUs."""
+    for g in sorted(cluster.groups, key=lambda g: -g.gpus_per_node):
+        if gpu_type is not None and g.gpu_type != gpu_type:
+            continue
+        per = min(g.gpus_per_node, gpus)
+        while per > 1 and gpus % per:
+            per -= 1
+        if gpus // per <= sum(x.count for x in cluster.groups if x.gpu_type == g.gpu_type and x.gpus_per_node >= per):
+            return g.gpu_type, gpus // per, per
+    return None
+
+
+class LogCollector(logging.Handler):
+    """Counts the controller's warnings and errors of a run (by message)
+    and keeps the first few with their fields, for the run's meta."""
+
+    def __init__(self, keep: int = 20) -> None:
+        super().__init__(logging.WARNING)
+        self.counts: dict[str, int] = {}
+        self.examples: list[dict[str, object]] = []
+        self.keep = keep
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        self.counts[msg] = self.counts.get(msg, 0) + 1
+        if len(self.examples) < self.keep:
+            fields = getattr(record, "fields", None) or {}
+            self.examples.append({"level": record.levelname, "message": msg,
+                                  **{k: str(v) for k, v in fields.items()}})
+
+
+class Simulator:
+    """One policy over one trace on one simulated cluster."""
+
+    def __init__(self, trace: Sequence[TraceJob], cluster: ClusterSpec, policy: str | Policy, *,
+                 speed: SpeedFn | None = None, estimator: EstimatorLike | None = None,
+                 options: SimOptions | None = None, policy_opts: Mapping[str, Any] | None = None,
+                 restart_cost: RestartCostFn | None = None, state_dir: str | Path | None = None) -> None:
+        """`speed` is the truth (how fast jobs really run), `estimator` what
+        the policy believes; in arena_compat mode both default to Arena's
+        profile table. `policy` is a name for solver.policies.get_policy
+        (with `policy_opts`) or a Policy."""
+        self.options = (options or SimOptions()).effective()
+        o = self.options
+        if not trace:
+            raise SimError("the trace has no jobs")
+        jobs = sorted(trace, key=lambda j: (j.submit_time, j.line, j.job_id))
+        if o.limit_jobs is not None:
+            jobs = jobs[: o.limit_jobs]
+        self.cluster = cluster
+        self.policy_name = policy if isinstance(policy, str) else getattr(policy, "name", type(policy).__name__)
+        if o.arena_compat and (speed is None or estimator is None):
+            from solver.profiles.arena_lookup import ArenaTable
+
+            table = ArenaTable()
+            speed = speed or table_speed(table)
+            estimator = estimator or table
+        if speed is None or estimator is None:
+            raise SimError("a simulation needs a truth speed and an estimator (or arena_compat)")
+        self.speed = speed
+        self.estimator = estimator
+        if isinstance(policy, str):
+            from solver.policies import get_policy
+
+            opts = dict(policy_opts or {})
+            if o.arena_compat and policy in ("gavel", "sia") and "feasible" not in opts:
+                from solver.profiles.arena_lookup import arena_dp_feasible
+
+                opts["feasible"] = arena_dp_feasible()
+            try:
+                policy = get_policy(policy, **opts)
+            except ValueError as exc:
+                raise SimError(str(exc)) from None
+        self.policy = policy
+        self.restart_cost = restart_cost or restart_cost_for(self.policy_name, o)
+        self.t0 = jobs[0].submit_time
+        self.quantum = 300.0 if o.arena_compat else None
+        self.trace = [self._quantized(j) for j in jobs] if o.arena_compat else jobs
+        self.arrival_time = {j.job_id: j.submit_time for j in self.trace}
+        self._state_dir = state_dir
+        self.backend = SimBackend(cluster, speed=self._speed, restart_cost=self.restart_cost,
+                                  checkpoint_s=o.checkpoint_s, start_delay_s=o.start_delay_s,
+                                  min_job_age_s=o.min_job_age_s, quantum_s=self.quantum,
+                                  progress_model=o.progress_model, start_time=self.t0, listener=self._on_event)
+        self._nodes_snapshot = self.backend.observe()
+        self.slurm_ids: dict[str, str] = {}  # trace job id -> Slurm job id
+        self.skipped: dict[str, str] = {}  # trace jobs never submitted: why
+        self.samples: list[Sample] = []
+        self.rounds: list[RoundStat] = []
+        self.rounds_skipped = 0
+        self.dirty = False
+        self._sample_due = True
+        self._next = 0  # next arrival
+        self._last_round = -math.inf
+        self._next_round = self.t0
+        self._in_round = False
+        self.timings: dict[str, float] = {"round_s": 0.0, "solve_s": 0.0, "observe_s": 0.0, "apply_s": 0.0,
+                                          "sample_s": 0.0, "backend_s": 0.0}
+
+    # --- plumbing ---------------------------------------------------------------
+
+    def _quantized(self, job: TraceJob) -> TraceJob:
+        k = math.floor((job.submit_time - self.t0) / 300.0)
+        return dataclasses.replace(job, submit_time=self.t0 + 300.0 * k)
+
+    def _speed(self, spec: JobSpec, gpu_type: str, num_nodes: int, gpus_per_node: int, plan: JobPlan | None) -> float | None:
+        try:
+            return self.speed(spec, gpu_type, num_nodes, gpus_per_node, plan)
+        except (ValueError, KeyError):
+            return None
+
+    def _on_event(self, kind: str, job_id: str) -> None:
+        self._sample_due = True
+        if kind in ("submit", "end", "requeue", "node"):
+            self.dirty = True
+            if not self._in_round and kind != "submit":
+                self._want_round(self.backend.now)
+
+    def _want_round(self, t: float) -> None:
+        """A change at `t`: an early round (or the next interval round, when rounds are idle)."""
+        o = self.options
+        if o.early_rounds:
+            self._next_round = min(self._next_round, max(t, self._last_round + o.min_gap_s))
+        elif math.isinf(self._next_round):
+            k = max(1, math.ceil((t - self._last_round) / o.interval_s)) if not math.isinf(self._last_round) else 0
+            self._next_round = t if k == 0 else self._last_round + k * o.interval_s
+
+    def _clock(self) -> float:
+        return self.backend.now
+
+    def _sleep(self, dt: float) -> None:
+        """The controller waits inside a round: job events (and arrivals)
+        happen, no round starts. In arena_compat mode events due now (a
+        0-s checkpoint) are processed first without moving the clock."""
+        if self.quantum is not None and self.backend.due_now():
+            self.backend.advance(self.backend.now)
+            return
+        self._advance_to(self.backend.now + max(0.0, dt))
+
+    def _progress(self, m: Any) -> JobProgress | None:
+        done = self.backend.iterations_done(m.job_id)
+        return None if done is None else JobProgress(done, self.backend.first_step_at(m.job_id))
+
+    def _spec(self, job: TraceJob) -> JobSpec | str:
+        iterations = job.iterations
+        if iterations is None:
+            if job.duration_s is None:
+                return "no iterations and no duration"
+            layout = best_layout(self.cluster, job.requested_gpu_type, job.requested_gpus)
+            t = None
+            if layout is not None:
+                probe = JobSpec(model=job.model, global_batch=job.global_batch, iterations=1)
+                t = self._speed(probe, layout[0], layout[1], layout[2], None)
+            if not t:
+                return "its requested cell has no speed to turn its duration into iterations"
+            iterations = max(1, round(job.duration_s / t))
+        try:
+            return JobSpec(model=job.model, global_batch=job.global_batch, iterations=iterations,
+                           elastic=self.options.elastic, min_gpus=self.options.min_gpus,
+                           max_gpus=max(self.options.max_gpus, job.requested_gpus),
+                           requested_gpus=job.requested_gpus, requested_gpu_type=job.requested_gpu_type)
+        except ValueError as exc:
+            return str(exc)
+
+    def _submit(self, job: TraceJob) -> None:
+        spec = self._spec(job)
+        if isinstance(spec, str):
+            self.skipped[job.job_id] = spec
+            return
+        req = SubmitRequest(script="sim-job.sh", job_name=None, gres_per_node=provisional_gres(spec, self._nodes_snapshot),
+                            nodes=1, hold=True, comment=spec.to_comment())
+        self.slurm_ids[job.job_id] = self.backend.submit(req)
+
+    def _advance_to(self, t: float) -> None:
+        """Arrivals and job events up to `t`, in time order; no rounds."""
+        while True:
+            t_ev = self.backend.next_event_time()
+            t_arr = self.trace[self._next].submit_time if self._next < len(self.trace) and self.quantum is None else math.inf
+            nxt = min(t_ev, t_arr)
+            if nxt > t:
+                break
+            if t_ev <= t_arr:
+                self.backend.advance(t_ev)
+            else:
+                self.backend.advance(t_arr)
+                while self._next < len(self.trace) and self.trace[self._next].submit_time <= t_arr:
+                    self._submit(self.trace[self._next])
+                    self._next += 1
+                if not self._in_round:
+                    self._want_round(t_arr)
+            self._sample()
+        self.backend.advance(t)
+
+    def _sample(self) -> None:
+        if not self._sample_due or self.quantum is not None:
+            return
+        self._sample_due = False
+        t0 = time.perf_counter()
+        b = self.backend
+        queued = sum(1 for j in b.jobs.values() if j.state == "PENDING")
+        s = Sample(b.now, queued, len(b.running), b.throughput(), b.gpus_used())
+        if self.samples and self.samples[-1].time == s.time:
+            self.samples[-1] = s
+        elif not self.samples or (self.samples[-1].queued, self.samples[-1].running, self.samples[-1].throughput,
+                                  dict(self.samples[-1].gpus_used)) != (s.queued, s.running, s.throughput, dict(s.gpus_used)):
+            self.samples.append(s)
+        self.timings["sample_s"] += time.perf_counter() - t0
+
+    def _round(self, controller: Controller) -> None:
+        o = self.options
+        self._last_round = self.backend.now
+        if o.skip_idle_rounds and not self.dirty and self.rounds:
+            self.rounds_skipped += 1
+            self._next_round = math.inf
+            return
+        self.dirty = False
+        self._in_round = True
+        try:
+            report = controller.round()
+        finally:
+            self._in_round = False
+        failed = sum(1 for a in report.actions if not a.get("ok", True))
+        if report.status != OK or failed:
+            self.dirty = True
+        self.rounds.append(RoundStat(self._last_round, report.solve_s, report.total_s, report.num_jobs, len(report.actions)))
+        for k in ("solve_s", "observe_s", "apply_s"):
+            self.timings[k] += getattr(report, k)
+        self.timings["round_s"] += report.total_s
+        self._next_round = self._last_round + o.interval_s
+        if self.dirty:  # something happened while the round ran
+            self._want_round(self.backend.now)
+        self._sample_due = True
+        self._sample()
+
+    def _live(self) -> bool:
+        return bool(self.backend.running or self.backend.eligible)
+
+    # --- running ------------------------------------------------------------------
+
+    def run(self, progress_callback: Callable[[SimProgress], None] | None = None) -> SimRun:
+        """Simulate to the end; `progress_callback` gets a SimProgress now and then."""
+        wall0 = time.perf_counter()
+        tmp = None
+        state_dir = self._state_dir
+        if state_dir is None:
+            tmp = tempfile.TemporaryDirectory(prefix="cellsched-sim-")
+            state_dir = tmp.name
+        state_path = Path(state_dir) / f"state-{self.policy_name}.sqlite"
+        config = Config(controller=ControllerConfig(policy=self.policy_name, state_path=str(state_path),
+                                                    interval_s=self.options.interval_s,
+                                                    min_gap_s=self.options.min_gap_s,
+                                                    checkpoint_root="/tmp/cellsched-sim", kick_file=""),
+                        solver=dataclasses.replace(self.options.solver, seed=self.options.seed))
+        state = StateStore(state_path)
+        logger = logging.getLogger("cellsched")
+        collector = LogCollector()
+        saved = (logger.level, logger.propagate)
+        logger.addHandler(collector)
+        logger.setLevel(logging.WARNING)
+        logger.propagate = False  # collected into the run's meta, not printed
+        self.log = collector
+        try:
+            controller = Controller(config, backend=self.backend, state=state, policy=self.policy,
+                                    estimator=self.estimator, clock=self._clock, sleep=self._sleep,
+                                    progress=self._progress)
+            last_report = 0.0
+            while True:
+                if self.quantum is not None:
+                    more = self._compat_step(controller)
+                else:
+                    more = self._step(controller)
+                if progress_callback is not None and (time.perf_counter() - last_report > 0.5 or not more):
+                    last_report = time.perf_counter()
+                    progress_callback(self.progress())
+                if not more:
+                    break
+        finally:
+            logger.removeHandler(collector)
+            logger.setLevel(saved[0])
+            logger.propagate = saved[1]
+            state.close()
+            if tmp is not None:
+                tmp.cleanup()
+        return self._result(time.perf_counter() - wall0, state_path)
+
+    def _over_time(self, t: float) -> bool:
+        return self.options.max_time_s is not None and t > self.t0 + self.options.max_time_s
+
+    def _step(self, controller: Controller) -> bool:
+        t_ev = self.backend.next_event_time()
+        t_arr = self.trace[self._next].submit_time if self._next < len(self.trace) else math.inf
+        t_round = self._next_round
+        if not self.options.skip_idle_rounds and self._next >= len(self.trace) and not self._live() and not self.dirty:
+            return False
+        t = min(t_ev, t_arr, t_round)
+        if math.isinf(t) or self._over_time(t):
+            return False
+        if t_ev <= t or t_arr <= t:
+            self._advance_to(t)
+        else:
+            self.backend.advance(t)
+            self._round(controller)
+        self._sample()
+        return True
+
+    def _compat_step(self, controller: Controller) -> bool:
+        T = self._next_round
+        if self._over_time(T):
+            return False
+        if self._next >= len(self.trace) and not self._live() and not self.dirty:
+            return False
+        self.backend.settle(T)
+        end = T + 300.0
+        while self._next < len(self.trace) and self.trace[self._next].submit_time < end:
+            self._submit(self.trace[self._next])
+            self._next += 1
+        self._round(controller)
+        self._compat_sample(T)
+        self._next_round = T + 300.0
+        return True
+
+    def _compat_sample(self, T: float) -> None:
+        """One sample per round, as Arena counts it: the jobs running in
+        [T, T+300) at their speed, each restarting job's share of the round
+        lost to its restart charge taken off."""
+        b = self.backend
+        q = self.quantum or 300.0
+        thr = 0.0
+        for j in b.running.values():
+            if j.iter_time and j.spec is not None and not j.checkpointing:
+                stalled = min(q, max(0.0, j.stall_until - T))
+                thr += j.spec.global_batch / j.iter_time * (1.0 - stalled / q)
+        queued = sum(1 for j in b.jobs.values() if j.state == "PENDING")
+        s = Sample(T, queued, len(b.running), thr, b.gpus_used())
+        if self.samples and self.samples[-1].time == T:
+            self.samples[-1] = s
+        else:
+            self.samples.append(s)
+
+    def progress(self) -> SimProgress:
+        done = sum(1 for sid in self.slurm_ids.values() if self.backend.all_jobs[sid].state == "COMPLETED")
+        return SimProgress(self.backend.now, self.t0, self.trace[-1].submit_time, len(self.slurm_ids),
+                           done, len(self.trace), len(self.rounds))
+
+    def _result(self, wall_s: float, state_path: Path) -> SimRun:
+        outcomes = []
+        for tj in self.trace:
+            sid = self.slurm_ids.get(tj.job_id)
+            if sid is None:
+                outcomes.append(JobOutcome(tj.job_id, tj.submit_time, None, None, False))
+                continue
+            j = self.backend.all_jobs[sid]
+            cells: list[str] = []
+            for c in j.cells:
+                if not cells or cells[-1] != c:
+                    cells.append(c)
+            done = j.state == "COMPLETED"
+            outcomes.append(JobOutcome(tj.job_id, tj.submit_time, j.first_start, j.end_time if done else None, done,
+                                       max(0, j.starts - 1), j.gpu_seconds, tuple(cells)))
+        o = self.options
+        meta: dict[str, object] = {
+            "mode": "arena-compat" if o.arena_compat else "event",
+            "options": {k: v for k, v in dataclasses.asdict(o).items() if k != "solver"},
+            "solver": dataclasses.asdict(o.solver),
+            "jobs": len(self.trace),
+            "not_submitted": dict(self.skipped),
+            "infeasible_starts": self.backend.infeasible_starts,
+            "rounds_run": len(self.rounds),
+            "rounds_skipped": self.rounds_skipped,
+            "observe_calls": self.backend.observe_calls,
+            "simulated_s": self.backend.now - self.t0,
+            "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
+            "controller_warnings": dict(self.log.counts),
+            "controller_warning_examples": list(self.log.examples),
+        }
+        return SimRun(self.policy_name, tuple(outcomes), tuple(self.samples), tuple(self.rounds),
+                      self.cluster.gpus_by_type(), wall_s, meta)
+
+
+def simulate(trace: Sequence[TraceJob], cluster: ClusterSpec, policy: str, **kw: Any) -> SimRun:
+    """Simulator(trace, cluster, policy, **kw).run()."""
+    progress_callback = kw.pop("progress_callback", None)
+    return Simulator(trace, cluster, policy, **kw).run(progress_callback)

@@ -1,0 +1,103 @@
+"""`cellsched simulate` end to end: a small Arena-format trace on a small
+cluster with the shipped Arena profiles, two policies, through the real
+command (a subprocess of this interpreter)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+TRACE = """job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,gpu_type
+j1,100,1500,bert__760M,9000,128,1,v100
+j2,150,1000,moe__2.4B,9000,256,4,a40
+j3,400,2000,moe__690M,9000,256,4,a10
+j4,420,1000,bert__2.6B,9000,256,4,a40
+j5,900,1500,moe__1.3B,9000,256,2,a40
+j6,950,500,moe__690M,9000,256,1,a10
+"""
+
+CLUSTER = """name = "small"
+[[nodes]]
+gpu_type = "a40"
+count = 4
+gpus_per_node = 2
+[[nodes]]
+gpu_type = "a10"
+count = 2
+gpus_per_node = 2
+[[nodes]]
+gpu_type = "v100"
+count = 1
+gpus_per_node = 16
+"""
+
+
+def cellsched(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "slurm_ext", "simulate", *args], capture_output=True, text=True,
+                          timeout=600, check=False)
+
+
+def inputs(tmp_path: Path) -> tuple[Path, Path]:
+    trace, cluster = tmp_path / "trace.csv", tmp_path / "cluster.toml"
+    trace.write_text(TRACE)
+    cluster.write_text(CLUSTER)
+    return trace, cluster
+
+
+def test_two_policies_end_to_end(tmp_path):
+    trace, cluster = inputs(tmp_path)
+    out = tmp_path / "out"
+    proc = cellsched("--trace", str(trace), "--cluster", str(cluster), "--policy", "fcfs", "--policy", "cellsched",
+                     "--out", str(out), "--json", "--workers", "2", "--interval", "30")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = json.loads(proc.stdout)
+    assert set(printed["summary"]) == {"fcfs", "cellsched"}
+    assert {"results.json", "results.md", "jct_cdf.png"} <= set(printed["files"])
+    for name in printed["files"]:
+        assert (out / name).stat().st_size > 0
+    doc = json.loads((out / "results.json").read_text())
+    for policy in ("fcfs", "cellsched"):
+        jobs = doc["runs"][policy]["jobs"]
+        assert sorted(j["job_id"] for j in jobs) == ["j1", "j2", "j3", "j4", "j5", "j6"]
+        assert all(j["finished"] and j["end_time"] > j["submit_time"] for j in jobs), jobs
+        assert doc["runs"][policy]["meta"]["infeasible_starts"] == 0
+    # fcfs runs every job on exactly its request
+    fcfs = {j["job_id"]: j["cells"] for j in doc["runs"]["fcfs"]["jobs"]}
+    assert fcfs["j1"] == ["v100:1x1"] and fcfs["j2"] == ["a40:2x2"]
+    assert "jobs finished" in proc.stderr  # the plain-text progress lines (stderr is not a tty)
+
+
+def test_arena_compat_markdown(tmp_path):
+    trace, cluster = inputs(tmp_path)
+    proc = cellsched("--trace", str(trace), "--cluster", str(cluster), "--policy", "fcfs", "--arena-compat",
+                     "--out", str(tmp_path / "o"), "--no-plots")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("| policy |") and "| fcfs | 6/6 |" in proc.stdout
+    doc = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert all(j["end_time"] % 300 == 100 % 300 for j in doc["runs"]["fcfs"]["jobs"])  # round grid from t=100
+    assert not (tmp_path / "o" / "jct_cdf.png").exists()
+
+
+def test_bad_inputs_exit_2_with_one_line(tmp_path):
+    trace, cluster = inputs(tmp_path)
+    bad = tmp_path / "bad.csv"
+    bad.write_text(TRACE.replace("j3,400,2000", "j3,soon,2000"))
+    cases = [
+        (("--trace", str(bad), "--cluster", str(cluster)), "bad.csv:4: field 'submission_time'"),
+        (("--trace", str(trace), "--cluster", str(tmp_path / "none.toml")), "--cluster"),
+        (("--trace", str(trace), "--policy", "lottery"), "unknown policy 'lottery'"),
+        (("--trace", str(trace), "--profiles", str(trace)), "--profiles"),
+        (("--trace", str(trace), "--arena-compat", "--interval", "60"), "300"),
+    ]
+    for args, words in cases:
+        proc = cellsched(*args, "--out", str(tmp_path / "x"))
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stderr.startswith("cellsched simulate: error:") and words in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_help_explains_the_defaults():
+    proc = cellsched("--help")
+    assert proc.returncode == 0 and "Philly" in proc.stdout and "--arena-compat" in proc.stdout
