@@ -6,6 +6,7 @@ jobs (with their phase and current placement) and a ScheduleRequest out.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Mapping
@@ -78,8 +79,10 @@ def admin_comment_dict(text: str | None) -> dict:
     return d if isinstance(d, dict) else {}
 
 
+@functools.lru_cache(maxsize=8192)
 def admin_comment_plan(text: str | None) -> JobPlan | None:
-    """The plan in an AdminComment, None when there is none (or it is malformed)."""
+    """The plan in an AdminComment, None when there is none (or it is
+    malformed). Cached by text: every round parses every job's comment."""
     raw = admin_comment_dict(text).get("plan")
     if raw is None:
         return None
@@ -89,9 +92,20 @@ def admin_comment_plan(text: str | None) -> JobPlan | None:
         return None
 
 
+@functools.lru_cache(maxsize=8192)
+def _has_spec(admin_comment: str | None) -> bool:
+    return "spec" in admin_comment_dict(admin_comment)
+
+
+@functools.lru_cache(maxsize=8192)
+def _stored_spec(text: str) -> JobSpec:
+    """A stored spec, parsed and validated once per text (JobSpec is frozen)."""
+    return JobSpec.from_json(text)
+
+
 def is_managed(job: SlurmJob, known: Mapping[str, JobRow]) -> bool:
     row = known.get(job.job_id)
-    return (row is not None and (row.spec is not None or row.bad_reason is not None)) or is_managed_comment(job.comment) or "spec" in admin_comment_dict(job.admin_comment)
+    return (row is not None and (row.spec is not None or row.bad_reason is not None)) or is_managed_comment(job.comment) or _has_spec(job.admin_comment)
 
 
 def read_spec(job: SlurmJob, known: JobRow | None) -> tuple[JobSpec | None, str | None, str, str]:
@@ -99,8 +113,7 @@ def read_spec(job: SlurmJob, known: JobRow | None) -> tuple[JobSpec | None, str 
     else AdminComment["spec"], else the Comment tag; always re-validated."""
     try:
         if known is not None and known.spec is not None:
-            spec = JobSpec.from_json(known.spec)
-            return spec, known.spec, "state", ""
+            return _stored_spec(known.spec), known.spec, "state", ""
         admin = admin_comment_dict(job.admin_comment)
         if "spec" in admin:
             spec, source = JobSpec.from_dict(admin["spec"]), "admin_comment"
