@@ -635,4 +635,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Leave without C++ static destructors: under load gloo's worker threads
+    # can still be joinable then, and the runtime aborts a finished run.
+    os._exit(code)
