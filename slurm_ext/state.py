@@ -118,27 +118,6 @@ class PlanRow:
 
 
 @dataclass(frozen=True)
-class JobRow:
-    job_id: str
-    user: str
-    spec: str | None
-    spec_source: str | None
-    bad_reason: str | None
-    first_seen: float
-    slurm_state: str
-    phase: str
-    reason: str
-    submit_time: float | None
-    start_time: float | None
-    end_time: float | None
-    exit_code: int | None
-    iterations_done: float | None
-    progress_source: str | None
-    finished: bool
-    updated: float
-
-
-@dataclass(frozen=True)
 class JobStatus:
     """What one round saw of a managed job (stored for `status`)."""
 
@@ -154,6 +133,18 @@ class JobStatus:
     iterations_done: float | None
     progress_source: str | None
     finished: bool
+
+
+@dataclass(frozen=True)
+class JobRow(JobStatus):
+    """A managed job as the state DB keeps it: the last status seen, plus
+    its spec as first accepted (or why it was refused)."""
+
+    spec: str | None
+    spec_source: str | None
+    bad_reason: str | None
+    first_seen: float
+    updated: float
 
 
 def _nodes_text(nodes: Iterable[tuple[str, int]]) -> str:
@@ -237,7 +228,14 @@ class StateStore:
 
     def jobs(self, *, include_finished: bool = True) -> dict[str, JobRow]:
         q = "SELECT * FROM jobs" + ("" if include_finished else " WHERE finished = 0")
-        return {r[0]: JobRow(*r[:15], bool(r[15]), r[16]) for r in self._db.execute(q + " ORDER BY CAST(job_id AS INTEGER)")}
+        cur = self._db.execute(q + " ORDER BY CAST(job_id AS INTEGER)")
+        cols = [d[0] for d in cur.description]
+        out = {}
+        for r in cur:
+            row = dict(zip(cols, r))
+            row["finished"] = bool(row["finished"])
+            out[row["job_id"]] = JobRow(**row)
+        return out
 
     def accept_spec(self, job_id: str, user: str, spec_json: str, source: str, now: float) -> None:
         """Keep the first accepted spec of a job (a later one never replaces it)."""
