@@ -159,6 +159,15 @@ def _nodes_parse(text: str) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
+def _where(conditions: tuple[str, ...], job_ids: Iterable[str] | None) -> tuple[str, tuple]:
+    """A WHERE clause of `conditions`, limited to `job_ids` when given (one JSON parameter, any count)."""
+    args: tuple = ()
+    if job_ids is not None:
+        conditions += ("job_id IN (SELECT value FROM json_each(?))",)
+        args = (json.dumps(list(job_ids)),)
+    return ("WHERE " + " AND ".join(conditions) if conditions else ""), args
+
+
 def _connect_readonly(path: str) -> sqlite3.Connection:
     """A read-only connection, also for users who may read but not write the
     DB's directory. While the controller runs, its WAL files exist and plain
@@ -226,9 +235,10 @@ class StateStore:
 
     # --- jobs -------------------------------------------------------------
 
-    def jobs(self, *, include_finished: bool = True) -> dict[str, JobRow]:
-        q = "SELECT * FROM jobs" + ("" if include_finished else " WHERE finished = 0")
-        cur = self._db.execute(q + " ORDER BY CAST(job_id AS INTEGER)")
+    def jobs(self, *, include_finished: bool = True, job_ids: Iterable[str] | None = None) -> dict[str, JobRow]:
+        """The stored jobs (only those of `job_ids` when given)."""
+        where, args = _where(("finished = 0",) if not include_finished else (), job_ids)
+        cur = self._db.execute(f"SELECT * FROM jobs {where} ORDER BY CAST(job_id AS INTEGER)", args)
         cols = [d[0] for d in cur.description]
         out = {}
         for r in cur:
@@ -324,10 +334,10 @@ class StateStore:
         """The newest unfinished intent of each job."""
         return {p.job_id: p for p in self._plans("WHERE status IN " + _OPEN_SQL + " ORDER BY id")}
 
-    def latest_plans(self, *, applied_only: bool = True) -> dict[str, PlanRow]:
-        """The newest (applied) plan of each job."""
-        where = "WHERE status = 'released' ORDER BY id" if applied_only else "ORDER BY id"
-        return {p.job_id: p for p in self._plans(where)}
+    def latest_plans(self, *, applied_only: bool = True, job_ids: Iterable[str] | None = None) -> dict[str, PlanRow]:
+        """The newest (applied) plan of each job (of `job_ids` when given)."""
+        where, args = _where(("status = 'released'",) if applied_only else (), job_ids)
+        return {p.job_id: p for p in self._plans(f"WHERE id IN (SELECT MAX(id) FROM plans {where} GROUP BY job_id) ORDER BY id", args)}
 
     def plans_of(self, job_id: str) -> list[PlanRow]:
         return self._plans("WHERE job_id = ? ORDER BY id", (job_id,))

@@ -147,17 +147,20 @@ class Controller:
         now = snap.taken_at
         timings["observe_s"] = time.perf_counter() - t0
 
-        known = self.state.jobs()
-        latest = self.state.latest_plans(applied_only=False)
+        listed = [j.job_id for j in snap.jobs]  # Slurm's jobs: the state's other rows are history
+        known = self.state.jobs(job_ids=listed)
+        latest = self.state.latest_plans(applied_only=False, job_ids=listed)
         released = {j for j, p in latest.items() if p.status == "released"}
         opens = self.state.open_plans()
         jobs = inp.classify(snap, known, opens, released)
         if not dry_run:
             self._remember(jobs, known, now)
-            for job_id, outcome in intent_outcomes(jobs, opens).items():
+            settled = intent_outcomes(jobs, opens)
+            for job_id, outcome in settled.items():
                 self.state.set_plan_status(opens[job_id].id, outcome, now)
                 opens.pop(job_id)
-            jobs = inp.classify(snap, known, opens, released)
+            if settled:
+                jobs = inp.classify(snap, known, opens, released)
 
         prog = collect_progress(jobs, now, {j for j, r in known.items() if r.finished}, self.progress)
         progress, progress_src = prog.done, prog.source

@@ -82,21 +82,27 @@ def decode(m: Model, values: Sequence[int]) -> tuple[dict, dict, dict]:
 def solve_cpsat(m: Model, config: SolverConfig, hint: Sequence[int] | None = None,
                 fixed: Mapping[int, int] | None = None, time_limit_s: float | None = None) -> Solved:
     """Solve `m` with the `fixed` columns held at their values; never raises
-    for solver trouble. The objective and bound include the fixed part."""
+    for solver trouble. The objective and bound include the fixed part.
+
+    The model is written straight into CP-SAT's proto (variables by index,
+    rows and hints as whole lists): the same model as through the
+    CpModel methods, a few times faster to build for thousands of columns."""
     t0 = time.perf_counter()
     fixed = fixed or {}
     cp = cp_model.CpModel()
-    var: list = [None] * len(m.ub)
+    proto = cp.proto
+    index = [-1] * len(m.ub)  # column -> CP-SAT variable (-1: fixed)
     for c, ub in enumerate(m.ub):
         if c not in fixed:
-            var[c] = cp.new_bool_var("") if ub == 1 else cp.new_int_var(0, ub, "")
+            index[c] = len(proto.variables)
+            proto.variables.add().domain.extend((0, ub))
     for r in m.rows:
         vs, cs, const, top, low = [], [], 0, 0, 0
         for c, a in zip(r.cols, r.coefs):
-            if var[c] is None:
+            if index[c] < 0:
                 const += a * fixed[c]
             else:
-                vs.append(var[c])
+                vs.append(index[c])
                 cs.append(a)
                 top += max(a, 0) * m.ub[c]
                 low += min(a, 0) * m.ub[c]
@@ -104,18 +110,24 @@ def solve_cpsat(m: Model, config: SolverConfig, hint: Sequence[int] | None = Non
         if top > hi or (lo is not None and low < lo):  # otherwise no free column can break the row
             if not vs:
                 return Solved("INFEASIBLE", build_s=time.perf_counter() - t0)
-            cp.add_linear_constraint(cp_model.LinearExpr.weighted_sum(vs, cs), low if lo is None else lo, hi)
+            linear = proto.constraints.add().linear
+            linear.vars.extend(vs)
+            linear.coeffs.extend(cs)
+            linear.domain.extend((low if lo is None else lo, hi))
     for xs in m.choices:
-        free = [var[c] for c in xs if var[c] is not None]
+        free = [index[c] for c in xs if index[c] >= 0]
         if len(free) > 1:
-            cp.add_at_most_one(free)
+            proto.constraints.add().at_most_one.literals.extend(free)
     offset = sum(m.obj[c] * v for c, v in fixed.items())
-    terms = [(var[c], a) for c, a in enumerate(m.obj) if a and var[c] is not None]
-    cp.maximize(cp_model.LinearExpr.weighted_sum([v for v, _ in terms], [a for _, a in terms]))
+    terms = [(index[c], a) for c, a in enumerate(m.obj) if a and index[c] >= 0]
+    objective = proto.objective  # CP-SAT minimises: maximise sum a x as -(sum -a x)
+    objective.vars.extend([i for i, _ in terms])
+    objective.coeffs.extend([-a for _, a in terms])
+    objective.scaling_factor = -1.0
     if hint is not None:
-        for c, v in enumerate(var):
-            if v is not None:
-                cp.add_hint(v, hint[c])
+        kept = [c for c in range(len(m.ub)) if index[c] >= 0]
+        proto.solution_hint.vars.extend([index[c] for c in kept])
+        proto.solution_hint.values.extend([hint[c] for c in kept])
     solver = cp_model.CpSolver()
     parameters(solver, config, time_limit_s)
     t1 = time.perf_counter()
@@ -124,10 +136,10 @@ def solve_cpsat(m: Model, config: SolverConfig, hint: Sequence[int] | None = Non
     status = solver.status_name(code)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return Solved(status, build_s=t1 - t0, solve_s=t2 - t1)
-    sol = iter(solver.response_proto.solution)
-    values = [fixed[c] if v is None else next(sol) for c, v in enumerate(var)]
-    objective = offset + int(round(solver.objective_value))
+    sol = list(solver.response_proto.solution)
+    values = [fixed[c] if index[c] < 0 else sol[index[c]] for c in range(len(m.ub))]
+    objective_value = offset + int(round(solver.objective_value))
     bound = offset + int(round(solver.best_objective_bound))
-    if status == "OPTIMAL" and bound > objective:  # stopped by relative_gap_limit
+    if status == "OPTIMAL" and bound > objective_value:  # stopped by relative_gap_limit
         status = "FEASIBLE"
-    return Solved(status, *decode(m, values), objective, bound, t1 - t0, t2 - t1, len(cp.proto.variables))
+    return Solved(status, *decode(m, values), objective_value, bound, t1 - t0, t2 - t1, len(proto.variables))

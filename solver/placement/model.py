@@ -95,7 +95,7 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
     node_terms: dict[str, dict[int, int]] = defaultdict(dict)
     class_terms: dict = defaultdict(list)  # class -> [(g, column, multiplier)]
     pins: dict[str, list[tuple[int, int]]] = defaultdict(list)  # node -> [(GPUs, x column)]
-    groups_of: dict[tuple, list] = {}
+    groups_of: dict[tuple, tuple[list, int]] = {}  # (partitions, type, GPUs per node) -> (classes, their nodes)
     for job in jobs:
         ji = len(m.jobs)
         m.jobs.append(job.job_id)
@@ -112,15 +112,16 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
                 parts = []  # (nodes, classes) per GPU type; one part unless the cell is mixed
                 for gpu_type, n_nodes in o.cell.by_type():
                     key = (job.partitions, gpu_type, g)
-                    groups = groups_of.get(key)
-                    if groups is None:
-                        groups = groups_of[key] = space.classes_for(job, o.cell, gpu_type)
-                    parts.append((n_nodes, groups))
-                if any(sum(len(space.classes[c]) for c in groups) < n_nodes for n_nodes, groups in parts):
+                    found = groups_of.get(key)
+                    if found is None:
+                        groups = space.classes_for(job, o.cell, gpu_type)
+                        found = groups_of[key] = (groups, sum(len(space.classes[c]) for c in groups))
+                    parts.append((n_nodes, found))
+                if any(size < n_nodes for n_nodes, (_, size) in parts):
                     continue
                 v = m.column(1, o.value, ji)
                 shares: Shares = {}
-                for n_nodes, groups in parts:
+                for n_nodes, (groups, _) in parts:
                     part: Shares = {}
                     if exact:
                         for c in groups:

@@ -37,26 +37,25 @@ def max_min_fractions(jobs: list[JobRequest], tput: dict[tuple[str, str], float]
     if not x:
         return {}
     best = {j.job_id: max(tput.get((j.job_id, t), 0.0) for t in types) for j in jobs}
-    norm = {k: tput[k] / best[k[0]] for k in x}
-    for j in jobs:
-        mine = [v for (jid, _), v in x.items() if jid == j.job_id]
-        if mine:
-            solver.Add(sum(mine) <= 1.0)
-    for t in types:
-        mine = [gpus[jid] * v for (jid, tt), v in x.items() if tt == t]
-        if mine:
-            solver.Add(sum(mine) <= capacity[t])
-    served = [j.job_id for j in jobs if best[j.job_id] > 0]
-    eff = {jid: sum(norm[k] * v for k, v in x.items() if k[0] == jid) for jid in served}
+    by_job: dict[str, list[tuple[str, pywraplp.Variable]]] = {}
+    by_type: dict[str, list[tuple[str, pywraplp.Variable]]] = {}
+    for (jid, t), v in x.items():
+        by_job.setdefault(jid, []).append((t, v))
+        by_type.setdefault(t, []).append((jid, v))
+    for mine in by_job.values():
+        solver.Add(solver.Sum([v for _, v in mine]) <= 1.0)
+    for t, mine in by_type.items():
+        solver.Add(solver.Sum([gpus[jid] * v for jid, v in mine]) <= capacity[t])
+    eff = {jid: solver.Sum([tput[(jid, t)] / best[jid] * v for t, v in mine]) for jid, mine in by_job.items()}
     m = solver.NumVar(0.0, 1.0, "min")
-    for jid in served:
-        solver.Add(eff[jid] >= m)
+    for e in eff.values():
+        solver.Add(e >= m)
     solver.Maximize(m)
     if solver.Solve() != pywraplp.Solver.OPTIMAL:
         return {}
     floor = m.solution_value() * (1 - 1e-6)
     solver.Add(m >= floor)
-    solver.Maximize(sum(eff.values()))
+    solver.Maximize(solver.Sum(list(eff.values())))
     if solver.Solve() != pywraplp.Solver.OPTIMAL:
         return {}
     return {k: v.solution_value() for k, v in x.items()}
