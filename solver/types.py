@@ -7,6 +7,7 @@ is data in and a reply is data out (no Slurm, no clock, no I/O).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol
@@ -42,11 +43,33 @@ class ClusterView:
     nodes: tuple[NodeView, ...]
     partitions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
+    @functools.cached_property
+    def _by_type(self) -> dict[str, tuple[NodeView, ...]]:
+        """GPU type -> its nodes (computed once: policies ask per job and cell)."""
+        out: dict[str, list[NodeView]] = {}
+        for n in self.nodes:
+            out.setdefault(n.gpu_type, []).append(n)
+        return {t: tuple(ns) for t, ns in sorted(out.items())}
+
     def gpu_types(self) -> tuple[str, ...]:
-        return tuple(sorted({n.gpu_type for n in self.nodes}))
+        return tuple(self._by_type)
 
     def nodes_of(self, gpu_type: str) -> tuple[NodeView, ...]:
-        return tuple(n for n in self.nodes if n.gpu_type == gpu_type)
+        return self._by_type.get(gpu_type, ())
+
+    @functools.cached_property
+    def _sizes(self) -> dict[str, tuple[tuple[int, int], ...]]:
+        out = {}
+        for t, nodes in self._by_type.items():
+            counts: dict[int, int] = {}
+            for n in nodes:
+                counts[n.gpus_total] = counts.get(n.gpus_total, 0) + 1
+            out[t] = tuple(sorted(counts.items(), reverse=True))
+        return out
+
+    def node_sizes(self, gpu_type: str) -> tuple[tuple[int, int], ...]:
+        """(GPUs per node, how many nodes) of a GPU type, largest first."""
+        return self._sizes.get(gpu_type, ())
 
     def node(self, name: str) -> NodeView:
         for n in self.nodes:

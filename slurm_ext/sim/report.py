@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from slurm_ext.sim.types import Sample, SimRun
@@ -54,6 +54,9 @@ class PolicyResult:
     solve_mean_s: float | None = None
     rounds: int = 0
     wall_s: float = 0.0
+    #: avg JCT over the jobs that every policy of the comparison finished (None: not compared)
+    avg_jct_common_s: float | None = None
+    jobs_common: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -130,6 +133,19 @@ def summarize(run: SimRun) -> PolicyResult:
         solve_mean_s=_mean([r.solve_s for r in run.rounds]), rounds=len(run.rounds), wall_s=run.wall_s)
 
 
+def with_common_jct(runs: Sequence[SimRun], results: Sequence[PolicyResult]) -> list[PolicyResult]:
+    """`results` with the avg JCT over the jobs every run finished, when some
+    run left jobs unfinished (e.g. Gavel and Sia never start models without
+    DP-memory data under --arena-compat): averages over different job sets
+    do not compare."""
+    if len(runs) < 2 or all(r.jobs_finished == r.jobs_total for r in results):
+        return list(results)
+    done = [{j.job_id: j.jct for j in run.jobs if j.jct is not None} for run in runs]
+    common = set.intersection(*(set(d) for d in done))
+    return [replace(r, avg_jct_common_s=_mean([d[j] for j in sorted(common)]), jobs_common=len(common))
+            for r, d in zip(results, done)]
+
+
 # ---- text ------------------------------------------------------------------------
 
 def _num(x: float | None, digits: int = 0) -> str:
@@ -142,8 +158,11 @@ def markdown_table(results: Sequence[PolicyResult]) -> str:
     ratio = fcfs is not None and fcfs > 0
     head = ["policy", "finished", "avg JCT s", "median JCT s", "p95 JCT s", "avg queue s", "makespan s",
             "avg thr", "Arena avg thr", "peak thr", "restarts", "round mean/max s", "solve mean s"]
+    common = next((r.jobs_common for r in results if r.jobs_common is not None), None)
     if ratio:
         head.insert(3, "JCT vs fcfs")
+    if common is not None:
+        head.insert(3, f"avg JCT s, {common} jobs all finished")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         row = [r.policy, f"{r.jobs_finished}/{r.jobs_total}", _num(r.avg_jct_s), _num(r.median_jct_s),
@@ -152,6 +171,8 @@ def markdown_table(results: Sequence[PolicyResult]) -> str:
                f"{_num(r.round_mean_s, 3)}/{_num(r.round_max_s, 3)}", _num(r.solve_mean_s, 3)]
         if ratio:
             row.insert(3, "-" if r.avg_jct_s is None else f"{r.avg_jct_s / fcfs:.2f}x")
+        if common is not None:
+            row.insert(3, _num(r.avg_jct_common_s))
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
@@ -162,7 +183,7 @@ def write_report(runs: Sequence[SimRun], out_dir: str | pathlib.Path, *, plots: 
     out_dir; returns {file name: path}."""
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results = [summarize(r) for r in runs]
+    results = with_common_jct(runs, [summarize(r) for r in runs])
     doc = {
         "meta": dict(meta or {}),
         "summary": {r.policy: r.to_dict() for r in results},

@@ -1,9 +1,11 @@
 """Greedy placement: the fallback when CP-SAT returns nothing usable, and the
 warm start it is given.
 
-1. Jobs with a preferred placement (the previous plan, the current one) try
-   to keep it: the option on the same nodes first, then the same cell
-   elsewhere.
+1. Running jobs that may stay (current, with a pinned option) keep their GPUs: a plan
+   must place them somewhere, since the controller never preempts.
+   Then jobs with a preferred placement (the previous plan, the current
+   one) try to keep it: the option on the same nodes first, then the same
+   cell elsewhere.
 2. All remaining (job, option) pairs by value per GPU, highest first: place
    the job if it has no placement yet and the cell fits (best fit).
 3. One upgrade pass: each placed job, in value order, moves to a
@@ -79,7 +81,16 @@ def greedy(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Seque
     ledger = space.ledger()
     by_id = {j.job_id: j for j in jobs}
     chosen: Chosen = {}
+    for job in jobs:  # running jobs that may stay keep their GPUs first (the controller never preempts)
+        pinned = [o for o in options.get(job.job_id, ()) if o.pinned is not None and job.current is not None]
+        for o in pinned:
+            got = try_place(space, ledger, job, o)
+            if got is not None:
+                chosen[job.job_id] = (o, *got)
+                break
     for job in jobs:
+        if job.job_id in chosen:
+            continue
         pref = preferred.get(job.job_id)
         opts = options.get(job.job_id, ())
         if pref is None or not opts:

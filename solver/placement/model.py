@@ -1,6 +1,8 @@
 """The joint placement model as plain data: integer columns, linear rows.
 
-Columns: x[j,k] = 1 when job j runs with option k (sum_k x[j,k] <= 1);
+Columns: x[j,k] = 1 when job j runs with option k (sum_k x[j,k] <= 1;
+= 1 for a running job that may stay where it is: the controller never
+preempts a job to zero GPUs, so a plan must keep it somewhere);
 maximise sum value[j,k] * x[j,k] (see objective.py). The same rows are
 handed to CP-SAT (cpsat.py) and, as a relaxation, to an LP solver (lp.py).
 
@@ -100,11 +102,13 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
         ji = len(m.jobs)
         m.jobs.append(job.job_id)
         xs: list[int] = []
+        running = False
         for k, o in enumerate(options.get(job.job_id, ())):
             if o.pinned is not None:
                 if any(space.free.get(n, 0) < g for n, g in o.pinned):
                     continue
                 v = m.column(1, o.value, ji)
+                running = job.current is not None
                 for n, g in o.pinned:
                     pins[n].append((g, v))
             else:
@@ -145,6 +149,8 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
             m.x[(job.job_id, k)] = v
             xs.append(v)
         m.choices.append(xs)
+        if running:
+            m.rows.append(Row(xs, [1] * len(xs), 1, 1))
     if exact:
         for name, terms in node_terms.items():
             for g, v in pins.get(name, ()):

@@ -3,6 +3,7 @@ estimates, the optional feasibility rule, and building a reply."""
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Mapping
 
 from solver.placement import Result
@@ -16,18 +17,23 @@ Feasible = Callable[[JobRequest, Cell], bool] | None
 def layouts(cluster: ClusterView, gpu_type: str, gpus: int) -> list[Cell]:
     """DP-only cells of `gpus` GPUs of one type: best locality first (fewest
     nodes), then relaxed locality, halving the GPUs per node each time."""
-    sizes = [n.gpus_total for n in cluster.nodes_of(gpu_type)]
+    return list(_layouts(cluster.node_sizes(gpu_type), gpu_type, gpus))
+
+
+@functools.lru_cache(maxsize=65536)
+def _layouts(sizes: tuple[tuple[int, int], ...], gpu_type: str, gpus: int) -> tuple[Cell, ...]:
+    """`layouts` on nodes of these (GPUs, count) sizes (a pure function: cached)."""
     if not sizes or gpus < 1:
-        return []
+        return ()
     per = 1
-    while per * 2 <= min(gpus, max(sizes)) and gpus % (per * 2) == 0:
+    while per * 2 <= min(gpus, sizes[0][0]) and gpus % (per * 2) == 0:
         per *= 2
     out = []
     while per >= 1:
-        if gpus % per == 0 and sum(1 for s in sizes if s >= per) >= gpus // per:
+        if gpus % per == 0 and sum(k for s, k in sizes if s >= per) >= gpus // per:
             out.append(Cell(gpu_type, gpus // per, per, 1))
         per //= 2
-    return out
+    return tuple(out)
 
 
 def dp_estimate(job: JobRequest, cell: Cell, estimator: EstimatorLike, feasible: Feasible) -> Estimate | None:

@@ -11,8 +11,10 @@
    received share is estimated from the request: the time the job's done
    iterations took at its best speed over its age (a job not yet served has
    share 0, i.e. top priority). Each job is placed at most once, on the
-   type of its pair if the cell fits (best locality, then relaxed); a
-   running job keeps its nodes when it stays on the same cell.
+   type of its pair if the cell fits (best locality, then relaxed). A
+   running job is not preempted (the controller never does): it keeps its
+   nodes on its own type, moves when its pair's type has room, and keeps
+   running when it gets no turn.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ortools.linear_solver import pywraplp
 
 from solver.placement import Result, Space, split_fixed
 from solver.placement.candidates import Option
-from solver.placement.greedy import try_place
+from solver.placement.greedy import release, try_place
 from solver.policies.common import Feasible, dp_estimate, layouts, reply
 from solver.types import Estimate, EstimatorLike, JobRequest, ScheduleReply, ScheduleRequest
 
@@ -107,21 +109,35 @@ class GavelPolicy:
         prio = sorted(((v / max(share(by_id[j]), 1e-6), j, t) for (j, t), v in x.items() if v > 1e-6),
                       key=lambda p: (-p[0], by_id[p[1]].current is None, order[p[1]], p[2]))
         ledger = space.ledger()
+        # The controller never preempts: a running job holds its GPUs until
+        # its turn, then stays (its pair is its own type) or moves if the
+        # new type has room; one that never gets a turn keeps running.
+        held = {}
+        for job in jobs:
+            cur = job.current
+            if cur is not None and try_place(space, ledger, job, Option(job.job_id, cur.cell, cur.plan, cur.iter_time_s,
+                                                                       0, cur.nodes)) is not None:
+                held[job.job_id] = cur
         placed = {}
         for _, jid, t in prio:
             if jid in placed:
                 continue
-            job = by_id[jid]
+            job, cur = by_id[jid], held.get(jid)
+            if cur is not None:
+                if cur.cell.gpu_type == t:
+                    placed[jid] = cur
+                    continue
+                release(ledger, Option(jid, cur.cell, cur.plan, 0.0, 0, cur.nodes), cur.nodes)
             for est in ests[(jid, t)]:
                 opt = Option(jid, est.cell, est.plan, est.iter_time_s, 0, None, est.source)
-                cur = job.current
-                got = None
-                if cur is not None and cur.cell == est.cell:
-                    got = try_place(space, ledger, job, opt, cur.node_names)
-                got = got or try_place(space, ledger, job, opt)
+                got = try_place(space, ledger, job, opt)
                 if got is not None:
                     placed[jid] = opt.placement(*got)
                     break
+            else:
+                if cur is not None:  # no room on the new type: take its GPUs back
+                    try_place(space, ledger, job, Option(jid, cur.cell, cur.plan, 0.0, 0, cur.nodes))
+        placed.update({jid: cur for jid, cur in held.items() if jid not in placed})
         for job in jobs:
             if job.job_id not in placed:
                 reasons[job.job_id] = ("no feasible GPU type" if not any((job.job_id, t) in tput for t in types)

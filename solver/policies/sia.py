@@ -50,12 +50,12 @@ class SiaPolicy:
         else:
             fixed, jobs, reasons = split_fixed(cluster, request.jobs, False, cfg)
         options, cells = {}, 0
+        caps = {t: sum(g * k for g, k in cluster.node_sizes(t)) for t in cluster.gpu_types()}
         for job in jobs:
             ests = []
-            for t in cluster.gpu_types():
+            for t, cap in caps.items():
                 if job.gpu_types is not None and t not in job.gpu_types:
                     continue
-                cap = sum(n.gpus_total for n in cluster.nodes_of(t))
                 hi = min(job.max_gpus or cap, cap)
                 n = 1
                 while n <= hi:

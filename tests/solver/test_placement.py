@@ -310,3 +310,19 @@ def test_validate_plan_rejects_violations():
         with pytest.raises(PlanError):
             validate_plan(cluster, placements)
             pytest.fail(what)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_a_running_job_is_never_dropped(exact):
+    # r runs on n0 (worth 100 staying, 90 elsewhere); q is worth more than r but
+    # needs a whole node: the plan keeps r (the controller never preempts) and
+    # moves it to n1 so that q gets n0 -- or, without room, leaves q waiting.
+    a100 = Cell("a100", 1, 2)
+    current = Placement("r", a100, (("n0", 2),), ParallelPlan(1, 2, 1), 1.0)
+    cfg = SolverConfig(workers=1, relative_gap_limit=0.0, exact_node_model_max_nodes=64 if exact else 0)
+    for nodes, want in (((("n0", 2), ("n1", 2)), {"q", "r"}), ((("n0", 2),), {"r"})):
+        cluster = ClusterView(tuple(NodeView(n, "a100", g, g) for n, g in nodes))
+        options = {"r": [opt("r", a100, 100, (("n0", 2),)), opt("r", a100, 90)], "q": [opt("q", a100, 500)]}
+        res = place_jobs(Space.of(cluster), [job("r", current=current), job("q")], options, cfg)
+        validate_plan(cluster, res.placements)
+        assert set(res.placements) == want, res

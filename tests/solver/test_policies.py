@@ -241,6 +241,22 @@ def test_gavel_max_min_serves_the_least_served_job_first():
     assert set(rep.placements) == {"new"}
 
 
+@pytest.mark.parametrize("name", ["cellsched", "gavel", "sia"])
+def test_no_policy_preempts_a_running_job(name):
+    """`new` would win the only GPU (Gavel: less served; cellsched: shorter
+    and older), but the controller never preempts: the running elastic job
+    keeps it (and any plan that dropped it would be rejected)."""
+    cluster = ClusterView((NodeView("a100-0", "a100", 1, 1),))
+    old = job("old", requested_gpus=1, max_gpus=1, elastic=True, iterations_done=900.0, iterations=10**6,
+              submit_time=999.0)
+    new = job("new", requested_gpus=1, max_gpus=1, submit_time=0.0, iterations=10)
+    est = table_for([old, new], cluster, {("old", "a100"): 0.2, ("new", "a100"): 5.0})
+    old = running(old, Cell("a100", 1, 1), [("a100-0", 1)], est.estimate(old, Cell("a100", 1, 1)).iter_time_s)
+    rep = get_policy(name).schedule(ScheduleRequest(cluster, (old, new), now=1000.0), est)
+    validate_plan(cluster, rep.placements)
+    assert set(rep.placements) == {"old"} and rep.placements["old"].nodes == (("a100-0", 1),)
+
+
 def test_unknown_policy():
     with pytest.raises(ValueError, match="unknown policy"):
         get_policy("nope")
