@@ -233,15 +233,18 @@ def write_plots(runs: Sequence[SimRun], out_dir: pathlib.Path) -> dict[str, path
     # JCT CDF
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
-    shown = 0
+    shown, smallest = 0, math.inf
     for run in runs:
         jcts = sorted(j.jct / 3600.0 for j in run.jobs if j.jct is not None)
         if jcts:
             fracs = [(i + 1) / len(jcts) for i in range(len(jcts))]
-            ax.step([0.0, *jcts], [0.0, *fracs], where="post", label=run.policy)
+            ax.step([jcts[0], *jcts], [0.0, *fracs], where="post", label=run.policy)
             shown += 1
+            smallest = min(smallest, jcts[0])
     if shown:
         ax.legend()
+        if smallest > 0:  # JCTs span hours to months: a log axis shows them all
+            ax.set_xscale("log")
     else:
         note(ax, "no finished job")
     ax.set(xlabel="JCT (h)", ylabel="fraction of finished jobs", ylim=(0, 1.02), title="Job completion time CDF")
