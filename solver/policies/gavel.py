@@ -112,12 +112,9 @@ class GavelPolicy:
         # The controller never preempts: a running job holds its GPUs until
         # its turn, then stays (its pair is its own type) or moves if the
         # new type has room; one that never gets a turn keeps running.
-        held = {}
-        for job in jobs:
-            cur = job.current
-            if cur is not None and try_place(space, ledger, job, Option(job.job_id, cur.cell, cur.plan, cur.iter_time_s,
-                                                                       0, cur.nodes)) is not None:
-                held[job.job_id] = cur
+        stays = {j.job_id: Option(j.job_id, j.current.cell, j.current.plan, j.current.iter_time_s, 0, j.current.nodes)
+                 for j in jobs if j.current is not None}
+        held = {jid: by_id[jid].current for jid, o in stays.items() if try_place(space, ledger, by_id[jid], o)}
         placed = {}
         for _, jid, t in prio:
             if jid in placed:
@@ -127,7 +124,7 @@ class GavelPolicy:
                 if cur.cell.gpu_type == t:
                     placed[jid] = cur
                     continue
-                release(ledger, Option(jid, cur.cell, cur.plan, 0.0, 0, cur.nodes), cur.nodes)
+                release(ledger, stays[jid], cur.nodes)
             for est in ests[(jid, t)]:
                 opt = Option(jid, est.cell, est.plan, est.iter_time_s, 0, None, est.source)
                 got = try_place(space, ledger, job, opt)
@@ -136,7 +133,7 @@ class GavelPolicy:
                     break
             else:
                 if cur is not None:  # no room on the new type: take its GPUs back
-                    try_place(space, ledger, job, Option(jid, cur.cell, cur.plan, 0.0, 0, cur.nodes))
+                    try_place(space, ledger, job, stays[jid])
         placed.update({jid: cur for jid, cur in held.items() if jid not in placed})
         for job in jobs:
             if job.job_id not in placed:
