@@ -337,7 +337,8 @@ class StateStore:
     def latest_plans(self, *, applied_only: bool = True, job_ids: Iterable[str] | None = None) -> dict[str, PlanRow]:
         """The newest (applied) plan of each job (of `job_ids` when given)."""
         where, args = _where(("status = 'released'",) if applied_only else (), job_ids)
-        return {p.job_id: p for p in self._plans(f"WHERE id IN (SELECT MAX(id) FROM plans {where} GROUP BY job_id) ORDER BY id", args)}
+        newest = f"WHERE id IN (SELECT MAX(id) FROM plans {where} GROUP BY job_id) ORDER BY id"
+        return {p.job_id: p for p in self._plans(newest, args)}
 
     def plans_of(self, job_id: str) -> list[PlanRow]:
         return self._plans("WHERE job_id = ? ORDER BY id", (job_id,))

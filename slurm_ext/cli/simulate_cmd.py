@@ -271,15 +271,15 @@ def simulate(trace_path: str | None, trace_format: str, iteration_scale: int | N
         raise SimulateError(str(exc)) from None
     finally:
         bar.close()
-    from slurm_ext.sim.report import markdown_table, summarize, with_common_jct, write_report
+    from slurm_ext.sim.report import markdown_table, summaries, write_report
 
     meta = {"trace": trace_path or "shipped Philly trace (Arena)", "trace_format": trace_format,
             "jobs": len(trace), "cluster": cluster_path or "Arena's cluster", "gpus": cluster.total_gpus,
             "profiles": profiles or "shipped Arena profiles", "profiles_kind": kind,
             "mode": "arena-compat" if arena_compat else "event", "interval_s": options.effective().interval_s,
             "wall_s": round(time.perf_counter() - t0, 1)}
-    written = write_report(runs, out_dir, plots=not no_plots, meta=meta)
-    results = with_common_jct(runs, [summarize(r) for r in runs])
+    results = summaries(runs)
+    written = write_report(runs, out_dir, plots=not no_plots, meta=meta, results=results)
     if as_json:
         click.echo(json.dumps({"meta": meta, "summary": {r.policy: r.to_dict() for r in results},
                                "files": {k: str(v) for k, v in written.items()}}, indent=1, default=str))

@@ -133,13 +133,14 @@ def summarize(run: SimRun) -> PolicyResult:
         solve_mean_s=_mean([r.solve_s for r in run.rounds]), rounds=len(run.rounds), wall_s=run.wall_s)
 
 
-def with_common_jct(runs: Sequence[SimRun], results: Sequence[PolicyResult]) -> list[PolicyResult]:
-    """`results` with the avg JCT over the jobs every run finished, when some
-    run left jobs unfinished (e.g. Gavel and Sia never start models without
-    DP-memory data under --arena-compat): averages over different job sets
-    do not compare."""
+def summaries(runs: Sequence[SimRun]) -> list[PolicyResult]:
+    """`summarize` of each run, plus the avg JCT over the jobs every run
+    finished when some run left jobs unfinished (e.g. Gavel and Sia never
+    start models without DP-memory data under --arena-compat): averages
+    over different job sets do not compare."""
+    results = [summarize(r) for r in runs]
     if len(runs) < 2 or all(r.jobs_finished == r.jobs_total for r in results):
-        return list(results)
+        return results
     done = [{j.job_id: j.jct for j in run.jobs if j.jct is not None} for run in runs]
     common = set.intersection(*(set(d) for d in done))
     return [replace(r, avg_jct_common_s=_mean([d[j] for j in sorted(common)]), jobs_common=len(common))
@@ -178,12 +179,14 @@ def markdown_table(results: Sequence[PolicyResult]) -> str:
 
 
 def write_report(runs: Sequence[SimRun], out_dir: str | pathlib.Path, *, plots: bool = True,
-                 meta: Mapping[str, Any] | None = None) -> dict[str, pathlib.Path]:
+                 meta: Mapping[str, Any] | None = None,
+                 results: Sequence[PolicyResult] | None = None) -> dict[str, pathlib.Path]:
     """Write results.json, results.md and (with plots) the PNGs into
-    out_dir; returns {file name: path}."""
+    out_dir; returns {file name: path}. `results`: the runs' `summaries`
+    when the caller has them already."""
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results = with_common_jct(runs, [summarize(r) for r in runs])
+    results = summaries(runs) if results is None else results
     doc = {
         "meta": dict(meta or {}),
         "summary": {r.policy: r.to_dict() for r in results},

@@ -91,11 +91,11 @@ def solve_cpsat(m: Model, config: SolverConfig, hint: Sequence[int] | None = Non
     fixed = fixed or {}
     cp = cp_model.CpModel()
     proto = cp.proto
+    free_cols = [c for c in range(len(m.ub)) if c not in fixed]  # CP-SAT variable i is column free_cols[i]
     index = [-1] * len(m.ub)  # column -> CP-SAT variable (-1: fixed)
-    for c, ub in enumerate(m.ub):
-        if c not in fixed:
-            index[c] = len(proto.variables)
-            proto.variables.add().domain.extend((0, ub))
+    for i, c in enumerate(free_cols):
+        index[c] = i
+        proto.variables.add().domain.extend((0, m.ub[c]))
     for r in m.rows:
         vs, cs, const, top, low = [], [], 0, 0, 0
         for c, a in zip(r.cols, r.coefs):
@@ -125,9 +125,8 @@ def solve_cpsat(m: Model, config: SolverConfig, hint: Sequence[int] | None = Non
     objective.coeffs.extend([-a for _, a in terms])
     objective.scaling_factor = -1.0
     if hint is not None:
-        kept = [c for c in range(len(m.ub)) if index[c] >= 0]
-        proto.solution_hint.vars.extend([index[c] for c in kept])
-        proto.solution_hint.values.extend([hint[c] for c in kept])
+        proto.solution_hint.vars.extend(range(len(free_cols)))
+        proto.solution_hint.values.extend([hint[c] for c in free_cols])
     solver = cp_model.CpSolver()
     parameters(solver, config, time_limit_s)
     t1 = time.perf_counter()

@@ -1,8 +1,9 @@
 """Greedy placement: the fallback when CP-SAT returns nothing usable, and the
 warm start it is given.
 
-1. Running jobs that may stay (current, with a pinned option) keep their GPUs: a plan
-   must place them somewhere, since the controller never preempts.
+1. Running jobs that may stay (current, with a pinned option) keep their
+   GPUs: a plan must place them somewhere, since the controller never
+   preempts.
    Then jobs with a preferred placement (the previous plan, the current
    one) try to keep it: the option on the same nodes first, then the same
    cell elsewhere.
@@ -82,9 +83,10 @@ def greedy(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Seque
     by_id = {j.job_id: j for j in jobs}
     chosen: Chosen = {}
     for job in jobs:  # running jobs that may stay keep their GPUs first (the controller never preempts)
-        pinned = [o for o in options.get(job.job_id, ()) if o.pinned is not None and job.current is not None]
-        for o in pinned:
-            got = try_place(space, ledger, job, o)
+        if job.current is None:
+            continue
+        for o in options.get(job.job_id, ()):
+            got = try_place(space, ledger, job, o) if o.pinned is not None else None
             if got is not None:
                 chosen[job.job_id] = (o, *got)
                 break

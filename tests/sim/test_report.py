@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from slurm_ext.sim.report import PLOTS, markdown_table, percentile, summarize, with_common_jct, write_report
+from slurm_ext.sim.report import PLOTS, markdown_table, percentile, summaries, summarize, write_report
 from slurm_ext.sim.types import JobOutcome, RoundStat, Sample, SimRun
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -122,8 +122,7 @@ def test_write_report_with_only_empty_runs_and_without_plots(tmp_path):
 def test_common_jct_compares_only_jobs_every_policy_finished():
     """hand_run finished A, B, C (JCTs 100, 200, 300); fcfs_run only A (400):
     the common column averages A alone, and is absent when all finished."""
-    runs = [hand_run(), fcfs_run()]
-    mine, fcfs = with_common_jct(runs, [summarize(r) for r in runs])
+    mine, fcfs = summaries([hand_run(), fcfs_run()])
     assert (mine.jobs_common, mine.avg_jct_common_s, fcfs.avg_jct_common_s) == (1, 100.0, 400.0)
     assert "avg JCT s, 1 jobs all finished" in markdown_table([mine, fcfs])
-    assert with_common_jct(runs[1:], [summarize(fcfs_run())])[0].jobs_common is None
+    assert summaries([fcfs_run()])[0].jobs_common is None
