@@ -10,6 +10,7 @@ share the V workers, and the loss curve is bitwise the same after a resize.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,18 +77,36 @@ class VirtualWorker:
         self.generator.set_state(state["rng"])
 
 
-def ordered_sum(local: list[torch.Tensor], group: dist.ProcessGroup | None, group_size: int) -> torch.Tensor:
-    """Sum same-shaped per-worker tensors of all ranks in global worker order.
+def ordered_sum(
+    local: Sequence[torch.Tensor], group: dist.ProcessGroup | None, counts: Sequence[int] | None = None
+) -> torch.Tensor:
+    """Sum same-shaped per-unit tensors of all ranks of GROUP in global unit order.
 
-    LOCAL holds this rank's workers' tensors (every rank the same number);
-    rank i of GROUP holds workers ``i*k .. i*k+k-1``. The sum always runs
-    left to right over all workers, so it is independent of the group size.
+    LOCAL holds this rank's units' tensors (at least one). COUNTS: how many
+    units each rank of GROUP holds, in group-rank order (uneven is fine);
+    rank i's units are ``sum(counts[:i]) ..``. None (or one count): this
+    process alone, no communication. The sum always runs left to right over
+    all units, so it does not depend on how the units are spread over ranks.
     """
-    stacked = torch.stack(local)
-    if group_size > 1:
-        parts = [torch.empty_like(stacked) for _ in range(group_size)]
-        dist.all_gather(parts, stacked, group=group)
-        stacked = torch.cat(parts)
+    if not local:
+        raise ValueError("ordered_sum needs at least one local tensor")
+    stacked = torch.stack(list(local))
+    counts = tuple(counts) if counts is not None else (len(local),)
+    if len(counts) > 1:
+        me = dist.get_rank(group)
+        if len(counts) != dist.get_world_size(group) or counts[me] != len(local):
+            raise ValueError(
+                f"rank {me} of a group of {dist.get_world_size(group)} holds {len(local)} units, "
+                f"counts say {list(counts)}"
+            )
+        width = max(counts)
+        if len(local) < width:  # all_gather needs equal shapes: pad with zeros, dropped below
+            stacked = torch.cat([stacked, stacked.new_zeros((width - len(local), *stacked.shape[1:]))])
+        parts = [torch.empty_like(stacked) for _ in counts]
+        dist.all_gather(parts, stacked.contiguous(), group=group)
+        stacked = torch.cat([part[:n] for part, n in zip(parts, counts)])
+    elif counts[0] != len(local):
+        raise ValueError(f"{len(local)} local units, counts say {list(counts)}")
     total = stacked[0].clone()
     for t in stacked[1:]:
         total += t

@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from solver.plan import PlanError, virtual_worker_counts
+from solver.plan import largest_remainder  # noqa: F401  (re-exported: launch code splits with it)
+
 DIMS = ("pp", "dp", "tp")
 
 
@@ -76,29 +79,26 @@ def split_layers(num_layers: int, pp: int, stage_layers: Sequence[int] | None = 
     return tuple(range(s, s + n) for s, n in zip(starts, sizes))
 
 
-def largest_remainder(total: int, weights: Sequence[float]) -> tuple[int, ...]:
-    """Split TOTAL into integers proportional to WEIGHTS (Hamilton's method).
+def virtual_worker_blocks(
+    virtual_workers: int, dp: int, shares: Sequence[float] | None = None
+) -> tuple[range, ...]:
+    """Contiguous blocks of virtual data-parallel workers, one per dp rank.
 
-    Deterministic: leftover units go to the largest remainders, ties to the
-    lower index.
+    Rank d runs ``virtual_worker_counts(V, dp, shares)[d]`` consecutive
+    workers: as even as possible (the first ranks take the leftovers, V=4,
+    dp=3: 0-1, 2, 3), or in proportion to SHARES (one weight per rank).
     """
-    if total < 0 or not weights or any(w <= 0 for w in weights):
-        raise LayoutError(f"cannot split {total} by weights {list(weights)}")
-    s = float(sum(weights))
-    quotas = [total * w / s for w in weights]
-    parts = [int(q) for q in quotas]
-    order = sorted(range(len(weights)), key=lambda i: (-(quotas[i] - parts[i]), i))
-    for i in order[: total - sum(parts)]:
-        parts[i] += 1
-    return tuple(parts)
-
-
-def virtual_worker_blocks(virtual_workers: int, dp: int) -> tuple[range, ...]:
-    """Contiguous blocks of virtual data-parallel workers, one per dp rank."""
-    if virtual_workers % dp:
-        raise LayoutError(f"{virtual_workers} virtual workers cannot be spread evenly over {dp} dp ranks")
-    k = virtual_workers // dp
-    return tuple(range(d * k, (d + 1) * k) for d in range(dp))
+    if dp < 1 or virtual_workers < dp:
+        raise LayoutError(
+            f"{virtual_workers} virtual workers cannot be spread over dp={dp} ranks: "
+            "every dp rank needs at least one (dp <= virtual workers)"
+        )
+    try:
+        counts = virtual_worker_counts(virtual_workers, dp, shares)
+    except PlanError as e:
+        raise LayoutError(str(e)) from None
+    starts = [sum(counts[:d]) for d in range(dp)]
+    return tuple(range(s, s + n) for s, n in zip(starts, counts))
 
 
 def shares_in_step_order(shares: Sequence[float], plan_nodes: Sequence[str],

@@ -5,14 +5,18 @@ The launcher sets RANK/WORLD_SIZE/MASTER_* and CELLSCHED_PLAN; this builds a
 ``launch.layout``) and works out what this rank owns: its pipeline stage's
 layers and its slice of the global batch.
 
-Batch semantics. The global batch of a step is the concatenation, in
-virtual-worker order, of ``V = plan.virtual_workers or dp`` equal parts
-(one per virtual data-parallel worker). Without ``plan.batch_shares`` dp rank
-d runs the contiguous block of virtual workers ``V/dp * d ..``, each split
-into ``plan.micro_batches`` micro-batches (so micro-batches are per virtual
-worker, which is per pipeline when V == dp). With ``batch_shares`` the
-global batch is cut into uneven contiguous slices (largest remainder) and
-each dp rank splits its slice into ``plan.micro_batches`` micro-batches.
+Batch semantics. With ``plan.virtual_workers`` (V; None = dp) the global
+batch of a step is the concatenation, in virtual-worker order, of V equal
+parts of ``global_batch / V`` samples, one per virtual data-parallel worker,
+each split into ``plan.micro_batches`` micro-batches (so micro-batches are
+per virtual worker, which is per pipeline when V == dp). dp rank d runs the
+contiguous block of ``virtual_worker_counts(V, dp, plan.batch_shares)[d]``
+virtual workers (``launch.layout.virtual_worker_blocks``): any dp <= V
+works, uneven when dp does not divide V, and batch shares move whole
+virtual workers, so every layout computes the same units of work. Legacy
+path (``batch_shares`` without ``virtual_workers``): the global batch is cut
+into uneven contiguous slices of samples (largest remainder), one unit per
+dp rank, each split into ``plan.micro_batches`` micro-batches.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from launch.layout import DIMS, Coords, Layout, largest_remainder, split_layers, virtual_worker_blocks
+from launch.layout import DIMS, Coords, Layout, LayoutError, largest_remainder, split_layers, virtual_worker_blocks
 from solver.plan import JobPlan, PlanError
 
 
@@ -41,7 +45,7 @@ class BatchSlice:
     size: int  #: samples (this rank's batch share)
     micro_batch_size: int
     num_micro_batches: int
-    virtual_workers: range  #: virtual workers this rank runs (empty with batch_shares)
+    virtual_workers: range  #: virtual workers this rank runs (empty on the legacy batch_shares path)
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ class ParallelContext:
     world_size = property(lambda self: self.layout.world_size)
     is_first_stage = property(lambda self: self.coords.pp == 0)
     is_last_stage = property(lambda self: self.coords.pp == self.layout.pp - 1)
+    #: units of work of each dp rank, in dp order (see ``unit_counts``)
+    unit_counts = property(lambda self: unit_counts(self.plan))
 
     def group(self, dim: str) -> dist.ProcessGroup:
         """The process group along DIM ("pp", "dp" or "tp")."""
@@ -94,26 +100,49 @@ def plan_from_env(env: dict[str, str] | None = None) -> JobPlan:
         raise ParallelError(f"CELLSCHED_PLAN: {e}") from None
 
 
+def unit_counts(plan: JobPlan) -> tuple[int, ...]:
+    """Units of work (gradients summed in order) of each dp rank: its virtual
+    workers, or one slice of samples each on the legacy batch_shares path."""
+    if plan.virtual_workers is None and plan.batch_shares is not None:
+        return (1,) * plan.dp
+    return tuple(len(b) for b in _blocks(plan))
+
+
+def _blocks(plan: JobPlan) -> tuple[range, ...]:
+    v = plan.virtual_workers or plan.dp
+    if plan.dp > v:
+        raise ParallelError(
+            f"dp={plan.dp} ranks but only {v} virtual workers: every dp rank needs at least one (dp <= V)"
+        )
+    try:
+        return virtual_worker_blocks(v, plan.dp, plan.batch_shares)
+    except LayoutError as e:
+        raise ParallelError(f"virtual workers over dp ranks (batch shares {plan.batch_shares}): {e}") from None
+
+
 def batch_slice(plan: JobPlan, dp_rank: int, global_batch: int) -> BatchSlice:
     """This dp rank's samples of the global batch (see the module docstring)."""
-    v, m = plan.virtual_workers or plan.dp, plan.micro_batches
-    if plan.batch_shares is None:
-        blocks = virtual_worker_blocks(v, plan.dp)
-        if global_batch % (v * m):
+    if not 0 <= dp_rank < plan.dp:
+        raise ParallelError(f"dp rank {dp_rank} is outside dp={plan.dp}")
+    m = plan.micro_batches
+    if plan.virtual_workers is None and plan.batch_shares is not None:
+        sizes = largest_remainder(global_batch, plan.batch_shares)
+        size = sizes[dp_rank]
+        if size == 0 or size % m:
             raise ParallelError(
-                f"global batch {global_batch} does not split into {v} virtual workers x {m} micro-batches"
+                f"dp rank {dp_rank}'s batch share of {size} (of {global_batch}, shares "
+                f"{list(plan.batch_shares)}) does not split into {m} micro-batches"
             )
-        per_vw = global_batch // v
-        mine = blocks[dp_rank]
-        return BatchSlice(mine.start * per_vw, len(mine) * per_vw, per_vw // m, len(mine) * m, mine)
-    sizes = largest_remainder(global_batch, plan.batch_shares)
-    size = sizes[dp_rank]
-    if size == 0 or size % m:
+        return BatchSlice(sum(sizes[:dp_rank]), size, size // m, m, range(0))
+    v = plan.virtual_workers or plan.dp
+    mine = _blocks(plan)[dp_rank]
+    if global_batch % (v * m):
         raise ParallelError(
-            f"dp rank {dp_rank}'s batch share of {size} (of {global_batch}, shares "
-            f"{list(plan.batch_shares)}) does not split into {m} micro-batches"
+            f"global batch {global_batch} does not split into {v} virtual workers x {m} micro-batches "
+            f"(it must be a multiple of {v * m})"
         )
-    return BatchSlice(sum(sizes[:dp_rank]), size, size // m, m, range(0))
+    per_vw = global_batch // v
+    return BatchSlice(mine.start * per_vw, len(mine) * per_vw, per_vw // m, len(mine) * m, mine)
 
 
 def init_parallel(
@@ -140,8 +169,7 @@ def init_parallel(
     if world != layout.world_size:
         raise ParallelError(f"WORLD_SIZE={world} but the plan needs pp*dp*tp = {layout.world_size}")
     v = plan.virtual_workers or plan.dp
-    if v % plan.dp:
-        raise ParallelError(f"{v} virtual workers cannot be spread evenly over dp={plan.dp} ranks")
+    unit_counts(plan)  # dp <= V, and batch shares leave every dp rank a virtual worker
 
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank % torch.cuda.device_count())

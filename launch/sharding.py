@@ -8,9 +8,11 @@ cover ``[0, N)`` exactly once and do not depend on anything but N and the
 weights). ``ShardedOptimizer.step`` is a ZeRO-1/2 step with uneven slices:
 
 1. reduce: every rank's unit gradients of slice r go to its owner (one
-   ``gather`` per owner: an uneven reduce-scatter, which gloo lacks), who
-   adds them in global unit order, the order of ``launch.elastic.ordered_sum``,
-   so the owner's slice equals that slice of the replicated path's sum;
+   ``gather`` per owner: an uneven reduce-scatter, which gloo lacks; ranks
+   may hold different numbers of units, padded with zeros to the largest
+   and unpadded by the owner), who adds them in global unit order, the order
+   of ``launch.elastic.ordered_sum``, so the owner's slice equals that slice
+   of the replicated path's sum;
 2. update: the wrapped optimizer (any elementwise one: SGD, Adam, AdamW)
    steps one flat tensor holding this rank's slice; only it has state;
 3. gather: the updated slices are all-gathered (padded to the largest
@@ -164,16 +166,29 @@ class ShardedOptimizer:
         dist.all_gather(bufs, padded, group=self.group)
         return torch.cat([b[:n] for b, n in zip(bufs, self.layout.sizes)])
 
-    def reduce(self, local: Sequence[torch.Tensor]) -> torch.Tensor:
+    def _counts(self, local: Sequence[torch.Tensor], counts: Sequence[int] | None) -> tuple[int, ...]:
+        counts = tuple(counts) if counts is not None else (len(local),) * self.dp
+        if len(counts) != self.dp or counts[self.dp_rank] != len(local) or not local:
+            raise ShardingError(
+                f"dp rank {self.dp_rank} of {self.dp} holds {len(local)} units, counts say {list(counts)}"
+            )
+        return counts
+
+    def reduce(self, local: Sequence[torch.Tensor], counts: Sequence[int] | None = None) -> torch.Tensor:
         """This rank's slice of the sum of all ranks' flat unit gradients, in unit order.
 
-        LOCAL: this rank's flat unit gradients (every rank the same count);
-        rank i's units come after rank i-1's in the sum.
+        LOCAL: this rank's flat unit gradients (at least one). COUNTS: units
+        of each dp rank in dp order (uneven is fine; None: every rank holds
+        ``len(LOCAL)``); rank i's units come after rank i-1's in the sum.
         """
+        counts = self._counts(local, counts)
         stacked = torch.stack(list(local))
         if self.dp == 1:
             parts = stacked[:, self.mine]
         else:
+            width = max(counts)
+            if len(local) < width:  # gather needs equal shapes: pad with zeros, dropped by the owner
+                stacked = torch.cat([stacked, stacked.new_zeros((width - len(local), stacked.shape[1]))])
             parts = None
             for owner, (start, stop) in enumerate(self.layout.bounds):
                 if stop == start:
@@ -182,7 +197,7 @@ class ShardedOptimizer:
                 recv = [torch.empty_like(send) for _ in range(self.dp)] if owner == self.dp_rank else None
                 dist.gather(send, recv, group=self.group, group_dst=owner)
                 if recv is not None:
-                    parts = torch.cat(recv)
+                    parts = torch.cat([r[:n] for r, n in zip(recv, counts)])
             if parts is None:  # this rank owns nothing
                 return stacked.new_zeros(0)
         total = parts[0].clone()
@@ -193,9 +208,10 @@ class ShardedOptimizer:
     # -- the step
 
     @torch.no_grad()
-    def step(self, local_grads: Sequence[torch.Tensor]) -> None:
-        """Reduce LOCAL_GRADS (this rank's flat unit gradients), update the slice, share it."""
-        self.shard.grad = self.reduce(local_grads).to(self.shard.dtype)
+    def step(self, local_grads: Sequence[torch.Tensor], counts: Sequence[int] | None = None) -> None:
+        """Reduce LOCAL_GRADS (this rank's flat unit gradients; COUNTS as in
+        ``reduce``), update the slice, share it."""
+        self.shard.grad = self.reduce(local_grads, counts).to(self.shard.dtype)
         self.optimizer.step()
         self.shard.grad = None
         full = self._all_gather_flat(self.shard.detach())

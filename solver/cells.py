@@ -15,7 +15,9 @@ Enumeration, for each GPU type the job allows:
 * pipeline stages pp: the divisors of N with pp <= min(config.max_pp,
   model.num_layers).
 
-Cells whose key is in ``job.excluded_cells`` are skipped. Order: GPU type
+Cells whose key is in ``job.excluded_cells`` are skipped, and so, for a job
+with V virtual workers, are cells with N > V x pp x g: tp divides g, so
+every plan would need dp = N / (pp tp) > V. Order: GPU type
 (name), N ascending, nodes ascending, pp ascending; then the mixed-type cells
 of solver.mixed (GPU counts no single allowed type can hold).
 """
@@ -68,6 +70,8 @@ def enumerate_cells(job: JobRequest, cluster: ClusterView, config: SolverConfig)
             stages = [p for p in range(1, min(max_pp, count) + 1) if count % p == 0]
             for num_nodes, per_node in _layouts(count, sizes):
                 for pp in stages:
+                    if job.virtual_workers is not None and count > job.virtual_workers * pp * per_node:
+                        continue  # every plan would need dp > V
                     cell = Cell(gpu_type, num_nodes, per_node, pp)
                     if cell.key() not in job.excluded_cells:
                         cells.append(cell)

@@ -36,7 +36,26 @@ Inside a cell (pp fixed) the search covers tp dividing the GPUs per node
 dividing the global batch, and every micro-batch count m dividing the
 per-replica batch. The fastest plan whose peak memory fits `mem_fraction` x
 GPU memory wins; none fitting gives an infeasible Estimate noted "OOM".
-Estimates are cached per (model signature, global batch, cell).
+Estimates are cached per (model signature, global batch, cell, V).
+
+Virtual workers (EasyScale; ``JobRequest.virtual_workers`` = V, None = one
+per dp rank, the search above): V must divide the global batch B, plans
+keep dp <= V (dp need not divide B), m runs over the divisors of B / V (m
+micro-batches of b = B / V / m per virtual worker), and the busiest rank
+runs k = ceil(V / dp) = max(virtual_worker_counts(V, dp)) virtual workers
+one after the other: time = k x pipeline time (m micro-batches of b) + the
+gradient sync + the weight update (once); memory is that of micro-batch b.
+With dp = V this is the plan without V. A cell whose every plan needs
+dp > V, or a V not dividing B, is infeasible with a note. Measured times
+are carried by the model: a cell record's T* becomes ``max(T*, T* x
+model_V(cell) / model(p*))`` (model_V: the best plan under V; at p* with
+none fitting, the measured plan's (dp, tp) under V with the least memory;
+model(p*): the measured plan's own modelled time), so T* stands where the model says V
+costs nothing (pp 1, dp dividing V) and grows by the busiest rank's
+k x dp / V and the extra pipeline fills otherwise; an optimum whose plan
+the model lacks is scaled by k x dp / V of the plan shown. A per-plan record
+is scaled by ``max(1, model_V(plan) / model(same pp, dp, tp))``, or by
+k x dp / V when the plan has no counterpart without V from the same source.
 """
 
 from __future__ import annotations
@@ -106,7 +125,7 @@ class _ModelData:
     layer_batches: dict[tuple[str, int], list[int]]  # (gpu type, tp) -> profiled micro-batches
     layer_costs: dict[tuple[str, int, int | None], LayerCosts] = field(default_factory=dict)
     stage_costs: dict[tuple[str, int, int | None, int], StageCosts] = field(default_factory=dict)
-    found: dict[tuple[int, Cell, str, bool], _Found] = field(default_factory=dict)
+    found: dict[tuple[int, Cell, str, bool, int | None], _Found] = field(default_factory=dict)
     calibration: dict[tuple[str, int, int], float | None] = field(default_factory=dict)
     ratios: dict[_Layout, float | None] = field(default_factory=dict)
 
@@ -115,6 +134,12 @@ class _ModelData:
 def _divisors(n: int) -> tuple[int, ...]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return tuple(small + [n // d for d in reversed(small) if d * d != n])
+
+
+def busiest_factor(virtual_workers: int, dp: int) -> float:
+    """k x dp / V: the busiest of dp ranks runs k = ceil(V / dp) of V
+    virtual workers, this many times an even share (1 when dp divides V)."""
+    return -(-virtual_workers // dp) * dp / virtual_workers
 
 
 class Estimator:
@@ -142,7 +167,7 @@ class Estimator:
         self.efficiency = efficiency
         self.layer_overhead_s = layer_overhead_s
         self.max_pp = max_pp
-        self._cache: dict[tuple[str, int, Cell], Estimate] = {}
+        self._cache: dict[tuple[str, int, Cell, int | None], Estimate] = {}
         self._sigs: dict[int, tuple[ModelSpec, str]] = {}  # id -> (model, signature): skips rebuilding the key
         self._models: dict[str, _ModelData] = {}
         self._load()
@@ -155,26 +180,30 @@ class Estimator:
     # ---- public ------------------------------------------------------------
 
     def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
-        return self.estimate_model(job.model, job.global_batch, cell)
+        return self.estimate_model(job.model, job.global_batch, cell, job.virtual_workers)
 
-    def estimate_model(self, model: ModelSpec, global_batch: int, cell: Cell) -> Estimate:
+    def estimate_model(self, model: ModelSpec, global_batch: int, cell: Cell,
+                       virtual_workers: int | None = None) -> Estimate:
+        """The cell's estimate for a job of V = `virtual_workers` (None: dp free)."""
         memo = self._sigs.get(id(model))
         if memo is None or memo[0] is not model:
             if len(self._sigs) > _MAX_SIGS:
                 self._sigs.clear()
             memo = self._sigs[id(model)] = (model, model.signature)
-        key = (memo[1], global_batch, cell)
+        key = (memo[1], global_batch, cell, virtual_workers)
         est = self._cache.get(key)
         if est is None:
-            est = self._cache[key] = self._estimate(self._data(model), global_batch, cell)
+            est = self._cache[key] = self._estimate(self._data(model), global_batch, cell, virtual_workers)
         return est
 
-    def plans(self, model: ModelSpec, global_batch: int, cell: Cell) -> list[tuple[ParallelPlan, float, float]]:
+    def plans(self, model: ModelSpec, global_batch: int, cell: Cell,
+              virtual_workers: int | None = None) -> list[tuple[ParallelPlan, float, float]]:
         """Every candidate plan of the cell under its model source (composed,
         else analytic, calibrated as in `estimate`): (plan, iteration time s,
-        peak memory GB per GPU), feasible or not."""
+        peak memory GB per GPU), feasible or not; with V = `virtual_workers`,
+        those of the module doc's virtual-worker search."""
         md = self._data(model)
-        found = self._found(md, global_batch, cell, every=True)
+        found = self._found(md, global_batch, cell, every=True, vw=virtual_workers)
         scale = self._scale(md, global_batch, cell, found.source)
         return [(found.plan(i, cell.pp), c.time_s * scale, c.mem_bytes / _GB) for i, c in enumerate(found.plans)]
 
@@ -278,20 +307,28 @@ class Estimator:
             return ANALYTIC, tps
         return "", []
 
+    def _tp_options(self, model: ModelSpec, cell: Cell) -> list[int]:
+        """The tp degrees a cell allows (before any source or V narrows them)."""
+        pp, g = cell.pp, cell.gpus_per_node
+        if pp > model.num_layers:
+            return []
+        return [tp for tp in _divisors(g) if self._tp_ok(model, tp, g) and cell.num_gpus % (pp * tp) == 0]
+
     def _found(self, md: _ModelData, batch: int, cell: Cell, source: str | None = None,
-               every: bool = False) -> _Found:
-        """Candidate plans of the cell under `source` (None: the best available).
+               every: bool = False, vw: int | None = None) -> _Found:
+        """Candidate plans of the cell under `source` (None: the best available)
+        for V = `vw` virtual workers (None: one per dp rank).
 
         The analytic search stops raising m once past the fastest plan that
         fits (its time is unimodal in m); `every` lists all candidates."""
-        key = (batch, cell, source or "", every)
+        key = (batch, cell, source or "", every, vw)
         found = md.found.get(key)
         if found is not None:
             return found
         model, pp, g = md.model, cell.pp, cell.gpus_per_node
-        tps = [tp for tp in _divisors(g) if self._tp_ok(model, tp, g) and cell.num_gpus % (pp * tp) == 0]
-        if pp > model.num_layers:
-            tps = []
+        tps = self._tp_options(model, cell)
+        if vw is not None:  # dp <= V, and whole samples per virtual worker
+            tps = [tp for tp in tps if cell.num_gpus // (pp * tp) <= vw] if batch % vw == 0 else []
         if source is None:
             chosen, tps = self._source(md, cell, tps)
         else:  # analytic on purpose (calibration)
@@ -305,12 +342,15 @@ class Estimator:
         best = fastest = None
         for tp in tps:
             dp = cell.num_gpus // (pp * tp)
-            if batch % dp:
-                continue
-            per_replica = batch // dp
+            if vw is None:
+                if batch % dp:
+                    continue
+                per_worker, k = batch // dp, 1
+            else:  # the busiest rank runs k virtual workers of batch / V samples in turn
+                per_worker, k = batch // vw, -(-vw // dp)
             prev, last_st, sync = math.inf, None, 0.0
-            for m in _divisors(per_replica):
-                b = per_replica // m
+            for m in _divisors(per_worker):
+                b = per_worker // m
                 st = self._stages(md, chosen, cell.gpu_type, tp, b, pp)
                 if st is not last_st:  # gradient sync and weight update: once per iteration
                     sync = dp_sync_time(st, dp=dp, tp=tp, gpus_per_node=g, links=links) + update_time(
@@ -320,7 +360,7 @@ class Estimator:
                 t, mem = pipeline_cost(st, dp=dp, tp=tp, m=m, b=b, gpus_per_node=g, links=links,
                                        dtype_bytes=model.dtype_bytes,
                                        optimizer_bytes_per_param=self.optimizer_bytes_per_param)
-                t += sync
+                t = (t if k == 1 else k * t) + sync
                 i = len(plans)
                 plans.append(_Cand(dp, tp, m, t, mem))
                 if fastest is None or t < plans[fastest].time_s:
@@ -378,18 +418,32 @@ class Estimator:
 
     # ---- estimates ---------------------------------------------------------------
 
-    def _estimate(self, md: _ModelData, batch: int, cell: Cell) -> Estimate:
+    def _estimate(self, md: _ModelData, batch: int, cell: Cell, vw: int | None = None) -> Estimate:
         rec = md.cell_records.get((batch, cell.gpu_type, cell.num_nodes, cell.gpus_per_node))
+        if vw is not None:
+            why = self._vw_problem(md.model, batch, cell, vw)
+            if why:
+                src = MEASURED if rec is not None else (self._found(md, batch, cell, vw=vw).source or "none")
+                return self._infeasible(cell, src, why)
         if rec is not None:
-            return self._from_measured(md, batch, cell, rec)
-        return self._from_model(md, batch, cell)
+            return self._from_measured(md, batch, cell, rec, vw)
+        return self._from_model(md, batch, cell, vw)
+
+    def _vw_problem(self, model: ModelSpec, batch: int, cell: Cell, vw: int) -> str:
+        """Why no plan of the cell can run V = `vw` virtual workers ("" when some may)."""
+        if batch % vw:
+            return f"V={vw} virtual workers do not divide the global batch {batch}"
+        dps = [cell.num_gpus // (cell.pp * tp) for tp in self._tp_options(model, cell)]
+        if dps and min(dps) > vw:
+            return f"needs dp > V: the cell's smallest dp is {min(dps)}, V={vw} virtual workers"
+        return ""
 
     @staticmethod
     def _infeasible(cell: Cell, source: str, note: str, mem_gb: float = math.inf) -> Estimate:
         return Estimate(cell, None, math.inf, mem_gb, source, note)
 
-    def _from_model(self, md: _ModelData, batch: int, cell: Cell) -> Estimate:
-        found = self._found(md, batch, cell)
+    def _from_model(self, md: _ModelData, batch: int, cell: Cell, vw: int | None = None) -> Estimate:
+        found = self._found(md, batch, cell, vw=vw)
         if not found.source:
             return self._infeasible(cell, "none", "no profile, measurement or GPU spec for this cell")
         factor = self._calibration(md, batch, cell) if found.source == ANALYTIC else None
@@ -402,7 +456,9 @@ class Estimator:
             if rec is not None:
                 if rec.oom:
                     continue
-                cand = (rec.iter_time_s, i, MEASURED)
+                t = rec.iter_time_s if vw is None else rec.iter_time_s * self._plan_ratio(md, batch, cell, c, vw,
+                                                                                          found.source)
+                cand = (t, i, MEASURED)
             elif c.mem_bytes > limit:
                 continue
             else:
@@ -417,6 +473,16 @@ class Estimator:
                                     f"OOM: least plan needs {least:.1f} GB > {limit / _GB:.1f} GB", least)
         time_s, i, src = best
         return Estimate(cell, found.plan(i, cell.pp), time_s, found.plans[i].mem_bytes / _GB, src)
+
+    def _plan_ratio(self, md: _ModelData, batch: int, cell: Cell, c: _Cand, vw: int, source: str) -> float:
+        """What V costs a per-plan measurement of (cell.pp, c.dp, c.tp): the
+        `source` model's time of candidate c under V over its best time of that
+        plan without V (at least 1), else the busiest rank's k x dp / V."""
+        free = self._found(md, batch, cell)
+        same = [o.time_s for o in free.plans if (o.dp, o.tp) == (c.dp, c.tp)] if free.source == source else []
+        if not same:
+            return busiest_factor(vw, c.dp)
+        return max(1.0, c.time_s / min(same))
 
     def _measured_plan(self, md: _ModelData, batch: int, cell: Cell) -> tuple[int, int | None, float | None]:
         """Where a measured layout's optimum sits: (p*, index of its plan in the
@@ -449,13 +515,16 @@ class Estimator:
         _, t, pp, i = min(options)
         return pp, i, t
 
-    def _from_measured(self, md: _ModelData, batch: int, cell: Cell, rec: CellRecord) -> Estimate:
+    def _from_measured(self, md: _ModelData, batch: int, cell: Cell, rec: CellRecord,
+                       vw: int | None = None) -> Estimate:
         if rec.oom:
             return self._infeasible(cell, MEASURED, f"OOM ({rec.source} record)")
         if cell.pp > md.model.num_layers:
             return self._infeasible(cell, MEASURED, "more pipeline stages than layers")
         t_star = rec.iter_time_s
         p_star, i_star, model_star = self._measured_plan(md, batch, cell)
+        if vw is not None:
+            return self._measured_vw(md, batch, cell, rec, vw, p_star, i_star, model_star)
         found = self._found(md, batch, cell)
         limit = self.mem_limit_gb(cell.gpu_type) * _GB
         if cell.pp == p_star:
@@ -472,3 +541,41 @@ class Estimator:
         return Estimate(cell, found.plan(found.best, cell.pp), max(t_star, t_star * c.time_s / model_star),
                         c.mem_bytes / _GB, MEASURED + "+pp",
                         f"{rec.source} optimum at pp={p_star}, scaled by the {found.source} model")
+
+    def _measured_vw(self, md: _ModelData, batch: int, cell: Cell, rec: CellRecord, vw: int, p_star: int,
+                     i_star: int | None, model_star: float | None) -> Estimate:
+        """A cell record carried to V virtual workers (see the module doc)."""
+        t_star, pp = rec.iter_time_s, cell.pp
+        found = self._found(md, batch, cell, vw=vw)
+        source = MEASURED if pp == p_star else MEASURED + "+pp"
+        if model_star is None:  # the optimum's plan is not modelled: price the busiest rank only
+            if pp != p_star:
+                why = "OOM at this pp (model)" if found.plans else "no model for this pp"
+                return self._infeasible(cell, source, f"{why}; measured optimum at pp={p_star}")
+            i = found.best if found.best is not None else found.fastest
+            if i is not None:
+                plan, mem = found.plan(i, pp), found.plans[i].mem_bytes / _GB
+            elif cell.num_gpus // pp <= vw:
+                plan, mem = ParallelPlan(pp, cell.num_gpus // pp, 1), math.nan
+            else:
+                return self._infeasible(cell, source, f"{rec.source}; plan not modelled, and pure data parallelism "
+                                        f"needs dp > V={vw}")
+            f = busiest_factor(vw, plan.dp)
+            return Estimate(cell, plan, t_star * f, mem, source,
+                            f"{rec.source}; plan not modelled; x{f:.4g} for V={vw} over dp={plan.dp}")
+        i, extra = found.best, ""
+        if i is None and pp == p_star and found.plans:  # the measured run fits: its (dp, tp) under V
+            c_star = self._found(md, batch, cell).plans[i_star]
+            idx = [j for j, c in enumerate(found.plans) if (c.dp, c.tp) == (c_star.dp, c_star.tp)]
+            if idx:
+                i = min(idx, key=lambda j: found.plans[j].mem_bytes)
+                extra = "; the memory model exceeds the limit, the measured run fits"
+        if i is None:
+            why = "OOM at this pp (model)" if found.plans else "no model for this pp"
+            return self._infeasible(cell, source, f"{why} under V={vw}; measured optimum at pp={p_star}")
+        c = found.plans[i]
+        # max(T*, T* x model_V / model(p*)); T* kept where they differ by rounding only
+        t = t_star if c.time_s <= model_star * (1 + 1e-9) else t_star * c.time_s / model_star
+        return Estimate(cell, found.plan(i, pp), t, c.mem_bytes / _GB, source,
+                        f"{rec.source} optimum at pp={p_star}, x{t / t_star:.4g} by the {found.source} model for "
+                        f"V={vw}{extra}")

@@ -26,10 +26,21 @@ bytes / tp) over all nodes on the slowest network of the parts (the parts'
 own syncs are already inside T_i, so this errs on the slow side). Memory is
 each part's own estimate, scaled up where its ranks' micro-batch grows, and
 must fit that part's GPUs.
+
+With virtual workers (``JobRequest.virtual_workers`` = V) the unit that
+moves between ranks is a virtual worker of B / V samples: per-rank counts
+u_i >= 1 with sum_i R_i u_i = V minimise the slowest part u_i (B / V) c_i
+(c_i: part i's seconds per sample, from its estimate without V, as above),
+the shares are u_i B / V (so ``largest_remainder(V, shares per rank)`` and
+``virtual_worker_counts`` give back u_i), and m counts micro-batches per
+virtual worker: the largest divisor of B / V not above the parts' own
+counts. V not dividing B, V below the cell's dp ranks, or no whole split
+makes the cell infeasible with a note.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -93,29 +104,50 @@ def mixed_cells(job: JobRequest, sizes_of: Mapping[str, Sequence[int]], config: 
 
 
 def split_batch(batch: int, ranks: Sequence[int], sec_per_sample: Sequence[float],
-                micro_batches: int) -> tuple[tuple[int, ...], int] | None:
+                micro_batches: int, virtual_workers: int | None = None) -> tuple[tuple[int, ...], int] | None:
     """(samples per rank of each part, micro-batches) for two parts with
     `ranks` dp ranks whose ranks take `sec_per_sample` s per sample: whole
     multiples of the micro-batch count adding up to `batch`, slowest part
     as fast as possible; the micro-batch count is lowered (to a divisor)
-    until that is possible. None when not even one sample per rank works."""
+    until that is possible. None when not even one sample per rank works.
+
+    With V = `virtual_workers`: whole virtual workers of batch / V samples per
+    rank (at least one each, V in all), slowest part as fast as possible;
+    the micro-batches per virtual worker are the largest divisor of batch / V
+    not above `micro_batches`. None when V does not divide the batch or no
+    such split exists."""
     (r0, r1), (c0, c1) = ranks, sec_per_sample
+    if virtual_workers is not None:
+        if batch % virtual_workers:
+            return None
+        per = batch // virtual_workers
+        u = _split_units(virtual_workers, (r0, r1), (c0, c1))
+        if u is None:
+            return None
+        m = max(d for d in range(1, min(micro_batches, per) + 1) if per % d == 0)
+        return (u[0] * per, u[1] * per), m
     for m in (d for d in range(micro_batches, 0, -1) if micro_batches % d == 0):
         if batch % m:
             continue
-        units = batch // m
-        best = None
-        for u0 in range(1, units // r0 + 1):
-            rest = units - r0 * u0
-            if rest < r1 or rest % r1:
-                continue
-            u1 = rest // r1
-            worst = max(u0 * c0, u1 * c1)
-            if best is None or worst < best[0]:
-                best = (worst, u0, u1)
-        if best is not None:
-            return (best[1] * m, best[2] * m), m
+        u = _split_units(batch // m, (r0, r1), (c0, c1))
+        if u is not None:
+            return (u[0] * m, u[1] * m), m
     return None
+
+
+def _split_units(units: int, ranks: tuple[int, int], cost: tuple[float, float]) -> tuple[int, int] | None:
+    """(u0, u1), each >= 1, with r0 u0 + r1 u1 = units and the least max(u0 c0, u1 c1)."""
+    (r0, r1), (c0, c1) = ranks, cost
+    best = None
+    for u0 in range(1, units // r0 + 1):
+        rest = units - r0 * u0
+        if rest < r1 or rest % r1:
+            continue
+        u1 = rest // r1
+        worst = max(u0 * c0, u1 * c1)
+        if best is None or worst < best[0]:
+            best = (worst, u0, u1)
+    return None if best is None else best[1:]
 
 
 class MixedEstimator:
@@ -144,7 +176,7 @@ class MixedEstimator:
     def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
         if not cell.mixed:
             return self.inner.estimate(job, cell)
-        key = (job.model.signature, job.global_batch, cell)
+        key = (job.model.signature, job.global_batch, cell, job.virtual_workers)
         est = self._cache.get(key)
         if est is None:
             est = self._cache[key] = self._price(job, cell)
@@ -153,7 +185,9 @@ class MixedEstimator:
     def _price(self, job: JobRequest, cell: Cell) -> Estimate:
         if len(cell.parts) != 2 or cell.pp != 1:
             return Estimate(cell, None, math.inf, math.inf, "none", "mixed cells hold two types, pp 1")
-        subs = [self.inner.estimate(job, Cell(t, n, cell.gpus_per_node, 1)) for t, n in cell.parts]
+        vw = job.virtual_workers
+        part_job = job if vw is None else dataclasses.replace(job, virtual_workers=None)  # speeds per sample
+        subs = [self.inner.estimate(part_job, Cell(t, n, cell.gpus_per_node, 1)) for t, n in cell.parts]
         bad = [e for e in subs if not e.feasible]
         if bad:
             return Estimate(cell, None, math.inf, min(e.mem_per_gpu_gb for e in bad), "none",
@@ -165,17 +199,23 @@ class MixedEstimator:
         batch = job.global_batch
         ranks = [e.cell.num_gpus // tp for e in subs]
         per_sample = [e.iter_time_s * r / batch for e, r in zip(subs, ranks)]
-        split = split_batch(batch, ranks, per_sample, max(e.plan.micro_batches for e in subs))
+        if vw is not None and (batch % vw or vw < sum(ranks)):
+            why = "do not divide the global batch" if batch % vw else f"are fewer than the {sum(ranks)} dp ranks"
+            return Estimate(cell, None, math.inf, math.inf, "none", f"V={vw} virtual workers {why}")
+        split = split_batch(batch, ranks, per_sample, max(e.plan.micro_batches for e in subs), vw)
         if split is None:
-            return Estimate(cell, None, math.inf, math.inf, "none", f"global batch {batch} < {sum(ranks)} dp ranks")
+            why = (f"global batch {batch} < {sum(ranks)} dp ranks" if vw is None else
+                   f"V={vw} virtual workers do not split into whole ones per rank over {ranks[0]}+{ranks[1]} ranks")
+            return Estimate(cell, None, math.inf, math.inf, "none", why)
         shares, m = split
         compute = max(s * c for s, c in zip(shares, per_sample))
         grad_bytes = job.model.params * job.model.dtype_bytes / tp
         n = cell.num_nodes
         sync = 2 * (n - 1) * NET_LATENCY_S + 2.0 * (n - 1) / n * grad_bytes / self._net_bps([t for t, _ in cell.parts])
-        # a rank's micro-batch is shares/m here, batch/(ranks*m_i) in the part's own estimate
-        mems = [e.mem_per_gpu_gb * max(1.0, (s / m) / (batch / (r * e.plan.micro_batches)))
-                for e, s, r in zip(subs, shares, ranks)]
+        # a rank's micro-batch is shares/m here (batch/V/m with V), batch/(ranks*m_i) in the part's own estimate
+        mb = [s / m for s in shares] if vw is None else [batch / vw / m] * 2
+        mems = [e.mem_per_gpu_gb * max(1.0, b / (batch / (r * e.plan.micro_batches)))
+                for e, b, r in zip(subs, mb, ranks)]
         mem = max(mems)
         limit = getattr(self.inner, "mem_limit_gb", None)
         for (t, _), need in zip(cell.parts, mems):
@@ -183,5 +223,6 @@ class MixedEstimator:
                 return Estimate(cell, None, math.inf, mem, "none", f"OOM: {need:.1f} GB per {t} GPU")
         plan = ParallelPlan(1, sum(ranks), tp, m, shares)
         source = "mixed:" + "+".join(sorted({e.source for e in subs}))
+        vws = "" if vw is None else f" ({shares[0] * vw // batch}, {shares[1] * vw // batch} of V={vw})"
         return Estimate(cell, plan, compute + sync, mem, source,
-                        f"shares {shares} per rank; sync {sync:.4f} s")
+                        f"shares {shares} per rank{vws}; sync {sync:.4f} s")

@@ -9,6 +9,7 @@ a default.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 
 PLAN_VERSION = 1
@@ -37,7 +38,10 @@ class JobPlan:
       state_shares, else to each GPU's memory; Cephalo).
     state_shares: one memory weight per dp rank for "memory" sharding;
       giving them without state_sharding means "memory".
-    virtual_workers: EasyScale virtual dp workers (None = dp).
+    virtual_workers: EasyScale virtual dp workers V (None = dp). dp rank d
+      runs ``virtual_worker_counts(V, dp, batch_shares)[d]`` consecutive
+      ones (uneven when dp does not divide V), so any dp <= V trains
+      bitwise the same.
     checkpoint_dir: where to checkpoint / resume; the job also writes its
       progress there (``progress.json``: step, iterations_done, time), the
       channel through which the controller learns a running job's progress.
@@ -88,8 +92,13 @@ class JobPlan:
         if self.stage_layers is not None:
             if len(self.stage_layers) != self.pp or any(int(n) < 1 for n in self.stage_layers):
                 raise PlanError(f"plan field 'stage_layers' needs {self.pp} positive entries (one per stage)")
-        if self.virtual_workers is not None and (not isinstance(self.virtual_workers, int) or self.virtual_workers < 1):
-            raise PlanError(f"plan field 'virtual_workers' must be an integer >= 1, got {self.virtual_workers!r}")
+        if self.virtual_workers is not None:
+            if not isinstance(self.virtual_workers, int) or isinstance(self.virtual_workers, bool) \
+                    or self.virtual_workers < 1:
+                raise PlanError(f"plan field 'virtual_workers' must be an integer >= 1, got {self.virtual_workers!r}")
+            if self.virtual_workers < self.dp:
+                raise PlanError(f"plan field 'virtual_workers' ({self.virtual_workers}) must be at least dp ({self.dp}):"
+                                " every dp rank runs at least one virtual worker")
         if self.version > PLAN_VERSION:
             raise PlanError(f"plan version {self.version} is newer than this cellsched understands ({PLAN_VERSION})")
 
@@ -135,3 +144,47 @@ class JobPlan:
         except json.JSONDecodeError as e:
             raise PlanError(f"plan is not valid JSON: {e}") from None
         return cls.from_dict(d)
+
+
+def largest_remainder(total: int, weights: Sequence[float]) -> tuple[int, ...]:
+    """Split TOTAL into integers proportional to WEIGHTS (Hamilton's method).
+
+    Deterministic: leftover units go to the largest remainders, ties to the
+    lower index.
+    """
+    if total < 0 or not weights or any(w <= 0 for w in weights):
+        raise PlanError(f"cannot split {total} by weights {list(weights)}")
+    s = float(sum(weights))
+    quotas = [total * w / s for w in weights]
+    parts = [int(q) for q in quotas]
+    order = sorted(range(len(weights)), key=lambda i: (-(quotas[i] - parts[i]), i))
+    for i in order[: total - sum(parts)]:
+        parts[i] += 1
+    return tuple(parts)
+
+
+def virtual_worker_counts(virtual_workers: int, dp: int, shares: Sequence[float] | None = None) -> tuple[int, ...]:
+    """How many of V virtual workers each of `dp` ranks runs: in proportion
+    to `shares` (one weight per rank, e.g. its GPU's speed), evenly without;
+    largest remainder, so the first ranks take the leftovers (V=4, dp=3:
+    2, 1, 1). Every rank runs at least one; PlanError otherwise."""
+    if dp < 1 or virtual_workers < dp:
+        raise PlanError(f"{virtual_workers} virtual workers cannot be spread over dp={dp} ranks (need dp <= V)")
+    if shares is not None and len(shares) != dp:
+        raise PlanError(f"{len(shares)} shares for dp={dp} ranks")
+    counts = largest_remainder(virtual_workers, list(shares) if shares is not None else [1] * dp)
+    if min(counts) < 1:
+        raise PlanError(f"shares {list(shares or ())} leave a dp rank without a virtual worker of {virtual_workers}")
+    return counts
+
+
+def default_virtual_workers(global_batch: int, max_dp: int) -> int:
+    """The V an elastic job gets when it names none: the smallest divisor of
+    the global batch that covers `max_dp` ranks (the largest dp the job may
+    get), so every dp <= V keeps whole samples per virtual worker; the global
+    batch itself when no divisor is that large (dp cannot exceed it)."""
+    if global_batch < 1 or max_dp < 1:
+        raise PlanError(f"need global_batch >= 1 and max_dp >= 1, got {global_batch}, {max_dp}")
+    if max_dp >= global_batch:
+        return global_batch
+    return next(d for d in range(max_dp, global_batch + 1) if global_batch % d == 0)

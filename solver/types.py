@@ -213,6 +213,10 @@ class JobRequest:
     asked for; baselines such as FCFS use them, cellsched treats them as a hint.
     `excluded_cells` holds cell keys the job must not be placed in again
     (e.g. it failed twice there).
+    `virtual_workers` is the job's EasyScale V, fixed once accepted: any dp <=
+    V runs it (dp rank d runs ``solver.plan.virtual_worker_counts(V, dp)[d]``
+    virtual workers of global_batch / V samples each, one after the other).
+    None: not fixed yet, a placement picks dp freely (one worker per rank).
     """
 
     job_id: str
@@ -232,6 +236,7 @@ class JobRequest:
     current: Placement | None = None
     restart_cost_s: float | None = None
     excluded_cells: frozenset[str] = frozenset()
+    virtual_workers: int | None = None
 
     def __post_init__(self) -> None:
         if self.global_batch < 1:
@@ -240,6 +245,9 @@ class JobRequest:
             raise ValueError(f"job {self.job_id}: iterations must be >= 1")
         if self.min_gpus < 1 or (self.max_gpus is not None and self.max_gpus < self.min_gpus):
             raise ValueError(f"job {self.job_id}: need 1 <= min_gpus <= max_gpus")
+        v = self.virtual_workers
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise ValueError(f"job {self.job_id}: virtual_workers must be an integer >= 1, got {v!r}")
 
     @property
     def remaining_iterations(self) -> float:

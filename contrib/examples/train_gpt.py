@@ -302,10 +302,13 @@ class TrainConfig:
 class Trainer:
     """Data-, tensor- and pipeline-parallel training of a ``GPTStage`` per rank.
 
-    Work is done in units: a virtual worker's samples (even split) or this
-    rank's slice of the global batch (``plan.batch_shares``). Each unit's
-    gradient is computed on its own (micro-batches through the 1F1B pipeline
-    schedule) and the units of all dp ranks are summed in a fixed order.
+    Work is done in units: one per virtual worker this rank runs (a
+    contiguous, possibly uneven block: ``ctx.batch.virtual_workers``), or on
+    the legacy ``plan.batch_shares``-without-virtual-workers path this rank's
+    slice of the global batch. Each unit's gradient is computed on its own
+    (micro-batches through the 1F1B pipeline schedule) and the units of all
+    dp ranks are summed in global unit order (``ordered_sum``), as are the
+    per-unit losses, so any dp <= V trains bitwise the same.
 
     shard_state ("none", "even", "memory"; default: the plan's
     ``state_sharding``): with sharding each dp rank keeps the optimizer state
@@ -339,6 +342,8 @@ class Trainer:
             )
             self.optimizer = self.sharded.optimizer  # over this rank's slice only
         self.vws = make_virtual_workers(ctx.virtual_workers, tc.dataset_size, tc.seed)
+        self.unit_counts = ctx.unit_counts  #: units of each dp rank, in dp order
+        self.first_unit = sum(self.unit_counts[: ctx.dp_rank])  #: this rank's first unit's global index
         self.step = 0
         self.losses: list[float] = []
         self.schedule = self._pipeline_schedule() if ctx.pp > 1 else None
@@ -356,6 +361,7 @@ class Trainer:
         return Schedule1F1B(pipe, n_microbatches=n, loss_fn=self._loss_fn, scale_grads=False)
 
     def _units(self, batch: torch.Tensor) -> Iterator[torch.Tensor]:
+        """This rank's units of BATCH: one per virtual worker it runs (else its slice)."""
         b = self.ctx.batch
         mine = batch[b.offset : b.offset + b.size]
         if len(b.virtual_workers) == 0:
@@ -393,9 +399,9 @@ class Trainer:
         batch = global_batch(self.vws, self.tc.global_batch, self.cfg, self.tc.seed)
         grads, losses = zip(*(self._unit_grad(u) for u in self._units(batch)))
         if self.sharded is not None:
-            self.sharded.step(grads)
+            self.sharded.step(grads, self.unit_counts)
         else:
-            grad = ordered_sum(list(grads), ctx.group("dp"), ctx.dp)
+            grad = ordered_sum(list(grads), ctx.group("dp"), self.unit_counts)
             offset = 0
             for p in self.params:
                 p.grad = grad[offset : offset + p.numel()].view_as(p).clone()
@@ -404,15 +410,16 @@ class Trainer:
             for p in self.params:
                 p.grad = None
         # Every unit's loss sits on the last stage's tp-rank-0; gather them all
-        # (adding exact zeros elsewhere) and add them in unit order.
+        # by global unit index (adding exact zeros elsewhere) and add them in
+        # unit order.
         owner = ctx.is_last_stage and ctx.tp_rank == 0
-        per_unit = torch.zeros(ctx.dp, len(losses), dtype=torch.float64, device=ctx.device)
+        per_unit = torch.zeros(sum(self.unit_counts), dtype=torch.float64, device=ctx.device)
         if owner:
-            per_unit[ctx.dp_rank] = torch.stack(losses).to(torch.float64)
+            per_unit[self.first_unit : self.first_unit + len(losses)] = torch.stack(losses).to(torch.float64)
         if ctx.world_size > 1:
             dist.all_reduce(per_unit)
-        total = per_unit.reshape(-1)[0].clone()
-        for v in per_unit.reshape(-1)[1:]:
+        total = per_unit[0].clone()
+        for v in per_unit[1:]:
             total += v
         self.step += 1
         self.losses.append(total.item())

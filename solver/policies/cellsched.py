@@ -30,7 +30,7 @@ _MEMO_MAX = 4096
 def _shape(job: JobRequest) -> tuple:
     """What a job's cells and estimates depend on."""
     return (job.model.signature, job.global_batch, job.gpu_types, job.min_gpus, job.max_gpus,
-            job.requested_gpus, job.excluded_cells, job.partitions)
+            job.requested_gpus, job.excluded_cells, job.partitions, job.virtual_workers)
 
 
 def _context(cluster: ClusterView, estimator: EstimatorLike, cfg: SolverConfig) -> tuple:

@@ -40,8 +40,11 @@ def dp_estimate(job: JobRequest, cell: Cell, estimator: EstimatorLike, feasible:
     """The cell's estimate with a pure data-parallel plan (pp = tp = 1), or
     None when infeasible. Baselines run DP-only at the estimated speed of the
     cell (as Arena's simulator does: every policy progresses at its profile's
-    iteration time)."""
+    iteration time). A job with V virtual workers cannot run pure data
+    parallelism on more than V GPUs (dp > V): None."""
     if feasible is not None and not feasible(job, cell):
+        return None
+    if job.virtual_workers is not None and cell.num_gpus > job.virtual_workers:
         return None
     est = estimator.estimate(job, cell)
     if not est.feasible:

@@ -26,7 +26,9 @@ size (gpus_per_node > the best locality's) uses the best-locality entry
 unscaled (Arena would crash on it); GPU types and models Arena never
 profiled are infeasible. Arena's time has no pipeline dimension, so only
 pp == 1 cells are feasible; their plan is shown as pure data parallelism,
-though the time is that of Arena's (unrecorded) best plan.
+though the time is that of Arena's (unrecorded) best plan. For a job with V
+virtual workers that plan must keep dp = N <= V (V dividing B), and the time
+is scaled by the busiest rank's ceil(V / N) x N / V (1 when N divides V).
 """
 
 from __future__ import annotations
@@ -139,9 +141,16 @@ class ArenaTable:
         if cell.pp != 1:
             return Estimate(cell, None, math.inf, 0.0, SOURCE,
                             f"Arena's table has no pipeline dimension: only pp=1 cells, got pp={cell.pp}")
+        vw = job.virtual_workers
+        if vw is not None and (job.global_batch % vw or cell.num_gpus > vw):
+            why = "do not divide the global batch" if job.global_batch % vw else "need dp <= V for the DP plan"
+            return Estimate(cell, None, math.inf, 0.0, SOURCE, f"V={vw} virtual workers {why}")
         t, how = self.lookup(job.model.name, job.global_batch, cell.gpu_type, cell.num_nodes, cell.gpus_per_node)
         if t is None:
             return Estimate(cell, None, math.inf, 0.0, SOURCE, how)
+        if vw is not None and vw % cell.num_gpus:
+            f = -(-vw // cell.num_gpus) * cell.num_gpus / vw  # the busiest rank's k x dp / V
+            t, how = t * f, f"{how}; x{f:.4g} for V={vw} over dp={cell.num_gpus}"
         return Estimate(cell, ParallelPlan(1, cell.num_gpus, 1), t, 0.0, SOURCE,
                         f"{how}; real plan is Arena's unrecorded best plan, shown as DP")
 

@@ -3,6 +3,7 @@
 import json
 import shutil
 import signal
+import sys
 import time
 
 import torch
@@ -55,7 +56,7 @@ def test_resume_on_fewer_ranks_is_bitwise_identical(tmp_path):
 def test_signal_checkpoints_exits_75_and_resumes(tmp_path):
     ckpt = tmp_path / "ckpt"
     env = {"CELLSCHED_PLAN": json.dumps(plan(ckpt, dp=2)), "CELLSCHED_MASTER_PORT": str(free_port())}
-    procs = start(["python", "contrib/examples/train_gpt.py", "--steps", "100000", "--dtype", "float64", *FLAGS], 2, env=env)
+    procs = start([sys.executable, "contrib/examples/train_gpt.py", "--steps", "100000", "--dtype", "float64", *FLAGS], 2, env=env)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from launch import checkpoint
 from launch.elastic import VirtualWorker, ordered_sum
 from launch.layout import Layout, LayoutError, largest_remainder, split_layers, virtual_worker_blocks
-from launch.parallel import ParallelError, batch_slice
-from solver.plan import JobPlan
+from launch.parallel import ParallelError, batch_slice, unit_counts
+from solver.plan import JobPlan, PlanError
 
 
 @given(st.integers(1, 4), st.integers(1, 4), st.integers(1, 4))
@@ -66,8 +66,45 @@ def test_batch_slices():
         batch_slice(JobPlan(dp=2, micro_batches=2, virtual_workers=4), 0, 12)
     with pytest.raises(ParallelError, match="batch share of 3 .* does not split into 2 micro-batches"):
         batch_slice(JobPlan(dp=2, micro_batches=2, batch_shares=(3, 1)), 1, 12)
-    with pytest.raises(LayoutError, match="3 virtual workers cannot be spread evenly over 2"):
-        virtual_worker_blocks(3, 2)
+
+
+def test_virtual_worker_blocks_are_contiguous_and_uneven():
+    assert virtual_worker_blocks(4, 2) == (range(0, 2), range(2, 4))
+    assert virtual_worker_blocks(4, 3) == (range(0, 2), range(2, 3), range(3, 4))  # leftovers to the first ranks
+    assert virtual_worker_blocks(3, 2) == (range(0, 2), range(2, 3))
+    assert virtual_worker_blocks(6, 4) == (range(0, 2), range(2, 4), range(4, 5), range(5, 6))
+    assert virtual_worker_blocks(4, 4) == (range(0, 1), range(1, 2), range(2, 3), range(3, 4))
+    assert virtual_worker_blocks(4, 2, (3, 1)) == (range(0, 3), range(3, 4))  # 3:1 -> 3 and 1 workers
+    assert virtual_worker_blocks(6, 3, (1, 2, 1)) == (range(0, 2), range(2, 5), range(5, 6))  # 1.5, 3, 1.5
+    with pytest.raises(LayoutError, match="2 virtual workers cannot be spread over dp=4 ranks"):
+        virtual_worker_blocks(2, 4)
+    with pytest.raises(LayoutError, match="leave a dp rank without a virtual worker of 4"):
+        virtual_worker_blocks(4, 3, (100, 1, 1))
+
+
+def test_uneven_batch_slices():
+    def fields(plan, global_batch):
+        return [(s.offset, s.size, s.micro_batch_size, s.num_micro_batches, s.virtual_workers)
+                for s in (batch_slice(plan, d, global_batch) for d in range(plan.dp))]
+
+    # V=4 over dp=3: 16 samples, 4 per worker, 2 micro-batches of 2 per worker
+    assert fields(JobPlan(dp=3, micro_batches=2, virtual_workers=4), 16) == [
+        (0, 8, 2, 4, range(0, 2)), (8, 4, 2, 2, range(2, 3)), (12, 4, 2, 2, range(3, 4))]
+    # V=5 over dp=2, one micro-batch: 10 samples, 2 per worker
+    assert fields(JobPlan(dp=2, virtual_workers=5), 10) == [(0, 6, 2, 3, range(0, 3)), (6, 4, 2, 2, range(3, 5))]
+    # batch shares with virtual workers move whole workers: 3:1 of V=4
+    assert fields(JobPlan(dp=2, micro_batches=2, virtual_workers=4, batch_shares=(3, 1)), 16) == [
+        (0, 12, 2, 6, range(0, 3)), (12, 4, 2, 2, range(3, 4))]
+    assert unit_counts(JobPlan(dp=3, virtual_workers=4)) == (2, 1, 1)
+    assert unit_counts(JobPlan(dp=2, virtual_workers=4, batch_shares=(3, 1))) == (3, 1)
+    assert unit_counts(JobPlan(dp=2, batch_shares=(3, 1))) == (1, 1)  # legacy: one slice of samples per rank
+    assert unit_counts(JobPlan(dp=3)) == (1, 1, 1)
+    with pytest.raises(ParallelError, match="global batch 12 does not split into 4 virtual workers x 2 micro-batches"):
+        batch_slice(JobPlan(dp=3, micro_batches=2, virtual_workers=4), 2, 12)
+    with pytest.raises(ParallelError, match="without a virtual worker"):
+        batch_slice(JobPlan(dp=3, virtual_workers=4, batch_shares=(100, 1, 1)), 0, 16)
+    with pytest.raises(PlanError, match="'virtual_workers' \\(2\\) must be at least dp \\(4\\)"):
+        JobPlan(dp=4, virtual_workers=2)
 
 
 def test_virtual_worker_covers_its_shard_and_resumes():
@@ -86,8 +123,12 @@ def test_virtual_worker_covers_its_shard_and_resumes():
 
 
 def test_ordered_sum_runs_left_to_right():
-    xs = [torch.tensor([1e16]), torch.tensor([1.0]), torch.tensor([-1e16])]
-    assert ordered_sum(xs, None, 1).item() == (1e16 + 1.0) - 1e16
+    xs = [torch.tensor([1e16], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64),
+          torch.tensor([-1e16], dtype=torch.float64)]
+    assert ordered_sum(xs, None).item() == 0.0  # 1e16 + 1 rounds to 1e16; adding the big ones first gives 1
+    assert ordered_sum(xs, None, [3]).item() == 0.0
+    with pytest.raises(ValueError, match="3 local units, counts say \\[2\\]"):
+        ordered_sum(xs, None, [2])
 
 
 def test_checkpoint_files_and_marker(tmp_path):
@@ -113,5 +154,13 @@ def test_init_parallel_checks_the_world_before_joining(monkeypatch):
     with pytest.raises(ParallelError, match="CELLSCHED_PLAN is not set"):
         init_parallel()
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ParallelError, match="3 virtual workers cannot be spread evenly over dp=2"):
-        init_parallel(JobPlan(dp=2, virtual_workers=3))
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("CELLSCHED_PLAN", '{"dp": 4, "virtual_workers": 2}')
+    with pytest.raises(ParallelError, match="'virtual_workers' \\(2\\) must be at least dp \\(4\\)"):
+        init_parallel()
+    bad = JobPlan(dp=4)
+    object.__setattr__(bad, "virtual_workers", 2)  # a plan that skipped validation
+    with pytest.raises(ParallelError, match="dp=4 ranks but only 2 virtual workers"):
+        init_parallel(bad)
+    with pytest.raises(ParallelError, match="dp=4 ranks but only 2 virtual workers"):
+        batch_slice(bad, 0, 8)

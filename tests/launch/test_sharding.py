@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from launch.elastic import ordered_sum
 from launch.sharding import ShardedOptimizer, ShardingError, ShardLayout, sharding_mode, state_numel
 from solver.plan import JobPlan, PlanError
 from srun_local import free_port
@@ -80,10 +81,51 @@ def _grads(step: int, rank: int, units: int = 2) -> list[torch.Tensor]:
     return [torch.randn(N, generator=g, dtype=torch.float64) for _ in range(units)]
 
 
+#: units of each of the 3 ranks (uneven: rank 1 holds three, rank 0 one)
+COUNTS = (1, 3, 2)
+#: unit u's gradient holds BIG[u] at even and ONES[u] at odd positions. Left
+#: to right, BIG sums to 4.5 (1e16 + 1 rounds to 1e16); adding per rank first
+#: gives 3.5. ONES sums to 111111 when every unit counts exactly once.
+BIG = (1e16, 1.0, -1e16, 1.0, 3.0, 0.5)
+ONES = (1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0)
+UNEVEN_SUM = [4.5, 111111.0] * (N // 2)
+
+
+def _unit(u: int) -> torch.Tensor:
+    return torch.tensor([BIG[u], ONES[u]] * (N // 2), dtype=torch.float64)
+
+
+def _uneven(rank: int, world: int) -> dict:
+    """ordered_sum / ShardedOptimizer with COUNTS units per rank."""
+    first = sum(COUNTS[:rank])
+    mine = [_unit(u) for u in range(first, first + COUNTS[rank])]
+    out = {"ordered_sum": ordered_sum(mine, None, COUNTS).tolist(), "reduce": {}, "step_equal": {}}
+    for wname, weights in WEIGHTS.items():
+        layout = ShardLayout.proportional(N, weights)
+        sharded = ShardedOptimizer(_params(0), OPTIMIZERS["adamw"], layout, None, rank)
+        out["reduce"][wname] = [sharded.reduce(mine, COUNTS).tolist(), list(layout.bounds[rank])]
+        # a few steps with random unit gradients against the replicated optimizer, bitwise
+        ref_params = _params(0)
+        ref = OPTIMIZERS["adamw"](ref_params)
+        for step in range(3):
+            sharded.step(_grads(step, rank, COUNTS[rank]), COUNTS)
+            units = [g for r in range(world) for g in _grads(step, r, COUNTS[r])]
+            total = units[0].clone()
+            for g in units[1:]:
+                total += g
+            offset = 0
+            for p in ref_params:
+                p.grad = total[offset : offset + p.numel()].view_as(p).clone()
+                offset += p.numel()
+            ref.step()
+        out["step_equal"][wname] = all(torch.equal(a, b) for a, b in zip(sharded.params, ref_params))
+    return out
+
+
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    results = {}
+    results = {"uneven": _uneven(rank, world)}
     for oname, make in OPTIMIZERS.items():
         for wname, weights in WEIGHTS.items():
             params = _params(0)
@@ -141,6 +183,19 @@ def test_sharded_step_equals_the_unsharded_optimizer(three_ranks, case):
         assert got["param_err"] <= 1e-12, f"rank {r}: parameters differ by {got['param_err']:.1e}"
         assert got["state_err"] <= 1e-12, f"rank {r}: gathered state differs by {got['state_err']:.1e}"
         assert got["state_keys_equal"]
+
+
+def test_ordered_sum_with_uneven_counts_adds_in_global_unit_order(three_ranks):
+    for r, results in enumerate(three_ranks):
+        assert results["uneven"]["ordered_sum"] == UNEVEN_SUM, f"rank {r}"
+
+
+@pytest.mark.parametrize("weights", list(WEIGHTS))
+def test_sharded_reduce_and_step_with_uneven_counts(three_ranks, weights):
+    for r, results in enumerate(three_ranks):
+        got, (start, stop) = results["uneven"]["reduce"][weights]
+        assert got == UNEVEN_SUM[start:stop], f"rank {r}"
+        assert results["uneven"]["step_equal"][weights], f"rank {r}: parameters differ from the replicated step"
 
 
 @pytest.mark.parametrize("case", [f"{o}/{w}" for o in OPTIMIZERS for w in WEIGHTS])

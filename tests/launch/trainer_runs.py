@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ def train(plan: dict, out: Path, steps: int, *flags: str, timeout: float = 300) 
     """Train under PLAN on pp*dp*tp local tasks."""
     n = plan.get("pp", 1) * plan.get("dp", 1) * plan.get("tp", 1)
     tasks = srun(
-        ["python", TRAIN, "--steps", str(steps), "--out", str(out), *flags],
+        [sys.executable, TRAIN, "--steps", str(steps), "--out", str(out), *flags],
         n,
         env={"CELLSCHED_PLAN": json.dumps(plan), "CELLSCHED_MASTER_PORT": str(free_port())},
         timeout=timeout,
