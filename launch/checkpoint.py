@@ -87,12 +87,17 @@ def load_latest(directory: str | os.PathLike) -> dict[str, Any] | None:
 
 
 class StopRequest:
-    """Remembers SIGUSR1/SIGTERM; ``agreed()`` tells all ranks at once."""
+    """Remembers SIGUSR1/SIGTERM; ``agreed()`` tells all ranks at once.
+
+    Create it first thing: it installs the handlers, then unblocks SIGUSR1
+    (``cellsched-launch`` blocks it so that a request during start-up waits
+    instead of killing the process); a request that came before is seen now."""
 
     def __init__(self) -> None:
         self._seen = False
         for s in SIGNALS:
             signal.signal(s, self._on_signal)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(SIGNALS))
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self._seen = True

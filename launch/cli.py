@@ -10,12 +10,20 @@ Overrides: ``CELLSCHED_MASTER_ADDR``, ``CELLSCHED_MASTER_PORT``.
 Exit status 2 with a one-line message when the step and plan disagree,
 the plan is missing or malformed, or CMD is missing.
 
+SIGUSR1, the controller's request to checkpoint, is blocked from the
+launcher's first line on and stays blocked across the exec, so a request
+that arrives while CMD starts up (imports torch, say) waits, pending,
+instead of killing the task; ``launch.checkpoint.StopRequest`` unblocks it
+once its handler is in place. A CMD that never creates a StopRequest never
+sees SIGUSR1 (the controller then requeues it after checkpoint_timeout_s).
+
 Keep this path light: stdlib and ``solver.plan`` only (no torch).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import zlib
 from collections.abc import Mapping, Sequence
@@ -163,6 +171,7 @@ def parse_args(argv: Sequence[str]) -> tuple[bool, list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})  # first: see the module doc
     argv = sys.argv[1:] if argv is None else argv
     try:
         print_env, cmd = parse_args(argv)

@@ -37,6 +37,10 @@ class ControllerConfig:
     running elastic job: the round waits up to checkpoint_wait_s (polling
     every checkpoint_poll_s) for it to checkpoint; a job still running
     checkpoint_timeout_s after the signal is requeued anyway.
+    max_cell_failures: a job whose placement or run failed this often in a
+    cell is not placed there again. max_relaunches: how often a job whose run
+    ended before its first step is requeued from its checkpoint before it is
+    left to end FAILED (slurm_ext.controller.relaunch).
     """
 
     backend: str = "cli"
@@ -50,6 +54,7 @@ class ControllerConfig:
     kick_file: str = "/run/cellsched/kick"
     checkpoint_root: str = "/tmp/cellsched"
     max_cell_failures: int = 2
+    max_relaunches: int = 3
     checkpoint_wait_s: float = 60.0
     checkpoint_timeout_s: float = 600.0
     checkpoint_poll_s: float = 1.0
@@ -65,6 +70,8 @@ class ControllerConfig:
                 raise ConfigError(f"controller.{name} must be > 0, got {getattr(self, name)}")
         if self.checkpoint_wait_s < 0:
             raise ConfigError(f"controller.checkpoint_wait_s must be >= 0, got {self.checkpoint_wait_s}")
+        if self.max_relaunches < 0:
+            raise ConfigError(f"controller.max_relaunches must be >= 0, got {self.max_relaunches}")
         if self.max_cell_failures < 1:
             raise ConfigError(f"controller.max_cell_failures must be >= 1, got {self.max_cell_failures}")
         if not self.state_path:

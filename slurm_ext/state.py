@@ -344,15 +344,28 @@ class StateStore:
         return self._plans("WHERE job_id = ? ORDER BY id", (job_id,))
 
     def cell_failures(self) -> dict[str, dict[str, int]]:
-        """job -> cell key -> failed applies."""
+        """job -> cell key -> failed applies and runs that failed before training."""
         out: dict[str, dict[str, int]] = {}
-        for job_id, cell, n in self._db.execute("SELECT job_id, cell, COUNT(*) FROM plans WHERE status = 'failed' GROUP BY job_id, cell"):
-            out.setdefault(job_id, {})[cell] = n
+        for sql in ("SELECT job_id, cell, COUNT(*) FROM plans WHERE status = 'failed' GROUP BY job_id, cell",
+                    "SELECT job_id, cell, COUNT(*) FROM cell_history WHERE event = 'run-failed' GROUP BY job_id, cell"):
+            for job_id, cell, n in self._db.execute(sql):
+                out.setdefault(job_id, {})[cell] = out.get(job_id, {}).get(cell, 0) + n
+        return out
+
+    def run_failures(self, job_ids: Iterable[str]) -> dict[str, list[float]]:
+        """job -> end times of its runs that failed before training (the "run-failed" events)."""
+        out: dict[str, list[float]] = {}
+        ids = json.dumps(sorted(set(job_ids)))
+        for job_id, value in self._db.execute(
+                "SELECT job_id, value FROM cell_history WHERE event = 'run-failed' AND job_id IN "
+                "(SELECT value FROM json_each(?)) ORDER BY id", (ids,)):
+            out.setdefault(job_id, []).append(value)
         return out
 
     def history(self, job_id: str) -> list[dict[str, Any]]:
         """The job's events: placed (cell, nodes), signalled, requeued,
-        resumed (value = measured restart cost, s), finished."""
+        resumed (value = measured restart cost, s), run-failed (a run that
+        ended before training; value = its end time), finished."""
         cols = ("time", "round_id", "event", "cell", "nodes", "value")
         return [dict(zip(cols, r)) for r in self._db.execute(f"SELECT {', '.join(cols)} FROM cell_history WHERE job_id = ? ORDER BY id", (job_id,))]
 

@@ -19,6 +19,8 @@ _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SIGNAL = re.compile(r"^(SIG)?[A-Z][A-Z0-9+]*$|^\d+$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: the begin time `JobUpdate.start_soon` sends: the next whole second (see JobUpdate)
+START_SOON = "now+1"
 
 
 # --- errors ----------------------------------------------------------------
@@ -182,8 +184,13 @@ class JobUpdate:
     ``TasksPerNode=`` (one task per GPU for ``srun cellsched-launch``);
     `min_cpus_per_node` as ``MinCPUsNode=`` (NumTasks alone does not grow the
     job's CPUs, and srun then refuses to start that many tasks; not read
-    back); `req_nodes=()` / `exc_nodes=()` / `features=""` clear the field. `start_time_now` sends ``StartTime=now`` (not read back: Slurm only
-    keeps it for a job that is already pending).
+    back); `req_nodes=()` / `exc_nodes=()` / `features=""` clear the field.
+    `start_soon` lifts the BeginTime a requeue sets (cred_expire, 120 s by
+    default) with ``StartTime=now+1``: the next whole second, never the
+    second the job ended in, because slurmd refuses a credential created in
+    the second of the job's credential revocation ("Job credential revoked",
+    and the restarted job dies). Not read back: Slurm only keeps it for a job
+    that is already pending.
     """
 
     partition: str | None = None
@@ -196,7 +203,7 @@ class JobUpdate:
     tasks_per_node: int | None = None
     min_cpus_per_node: int | None = None
     admin_comment: str | None = None
-    start_time_now: bool = False
+    start_soon: bool = False
 
     def __post_init__(self) -> None:
         w = "JobUpdate."
@@ -212,7 +219,7 @@ class JobUpdate:
         _nodes(w + "req_nodes", self.req_nodes)
         _nodes(w + "exc_nodes", self.exc_nodes)
         _one_line(w + "admin_comment", self.admin_comment)
-        _check(isinstance(self.start_time_now, bool), w + "start_time_now", "must be a bool", self.start_time_now)
+        _check(isinstance(self.start_soon, bool), w + "start_soon", "must be a bool", self.start_soon)
         if all(getattr(self, f.name) in (None, False) for f in fields(self)):
             raise ValueError("JobUpdate: no field to change")
 

@@ -18,6 +18,7 @@ import time
 from typing import Mapping
 
 from slurm_ext.backends.base import (
+    START_SOON,
     ALL,
     BATCH,
     STEPS,
@@ -234,8 +235,8 @@ class CliBackend:
             args.append(f"MinCPUsNode={change.min_cpus_per_node}")
         if change.admin_comment is not None:
             args.append(f"AdminComment={change.admin_comment}")
-        if change.start_time_now:
-            args.append("StartTime=now")
+        if change.start_soon:
+            args.append(f"StartTime={START_SOON}")
         failure = ""
         try:
             self._run(args)

@@ -14,6 +14,7 @@ import time
 from typing import Any, Mapping
 
 from slurm_ext.backends.base import (
+    START_SOON,
     ALL,
     BATCH,
     STEPS,
@@ -195,8 +196,8 @@ def update_fields(change: JobUpdate) -> dict[str, Any]:
         kw["min_cpus_per_node"] = change.min_cpus_per_node
     if change.admin_comment is not None:
         kw["admin_comment"] = change.admin_comment
-    if change.start_time_now:
-        kw["begin_time"] = "now"
+    if change.start_soon:
+        kw["begin_time"] = START_SOON
     return kw
 
 

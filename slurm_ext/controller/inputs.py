@@ -6,6 +6,7 @@ jobs (with their phase and current placement) and a ScheduleRequest out.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from slurm_ext.records import ClusterSnapshot, SlurmJob
 from slurm_ext.state import JobRow, PlanRow
 from slurm_ext.view import to_cluster_view
 from solver.mixed import parse_key
-from solver.plan import JobPlan, PlanError
+from solver.plan import JobPlan, PlanError, default_virtual_workers
 from solver.types import Cell, ClusterView, JobRequest, ParallelPlan, Placement, ScheduleRequest, SolverConfig
 
 #: phases of a managed job
@@ -126,6 +127,38 @@ def read_spec(job: SlurmJob, known: JobRow | None) -> tuple[JobSpec | None, str 
         return None, None, "", f"bad spec: {exc}"
 
 
+def capacity(spec: JobSpec, view: ClusterView) -> int:
+    """GPUs of the nodes the job may run on (its GPU types and partitions)."""
+    def allowed(n) -> bool:
+        return (spec.gpu_types is None or n.gpu_type in spec.gpu_types) and (
+            spec.partitions is None
+            or any(p in n.partitions or n.name in view.partitions.get(p, ()) for p in spec.partitions))
+    return sum(n.gpus_total for n in view.nodes if allowed(n))
+
+
+def with_virtual_workers(spec: JobSpec, view: ClusterView) -> JobSpec:
+    """The spec as the controller accepts it. An elastic job that names no
+    virtual workers gets V now, once (EasyScale): the smallest divisor of its
+    global batch that covers the largest dp it may get (``max_gpus``, else
+    every GPU it may use), so it can grow to any size and shrink back with
+    the same training. V then travels in the accepted spec."""
+    if not spec.elastic or spec.virtual_workers is not None:
+        return spec
+    cap = capacity(spec, view)
+    largest = cap if spec.max_gpus is None else min(spec.max_gpus, cap or spec.max_gpus)
+    v = default_virtual_workers(spec.global_batch, max(largest, spec.min_gpus))
+    return dataclasses.replace(spec, virtual_workers=v)
+
+
+def fixed_virtual_workers(m: "ManagedJob") -> int | None:
+    """The job's V when it is fixed: its spec's, else its plan's (a job placed
+    before keeps the virtual workers its checkpoints hold); None while a
+    never-placed job may still pick its dp freely."""
+    if m.spec is not None and m.spec.virtual_workers is not None:
+        return m.spec.virtual_workers
+    return m.plan.virtual_workers if m.plan is not None else None
+
+
 def placement_of(job_id: str, plan: JobPlan) -> Placement | None:
     """The Placement a plan describes; None when it does not describe one."""
     try:
@@ -171,9 +204,11 @@ def classify(snapshot: ClusterSnapshot, known: Mapping[str, JobRow], intents: Ma
     jobs the controller released before (a held one is then left alone).
     A job id that Slurm reuses (another submit time) is a new job. A job
     that ended checkpointed is CHECKPOINTED (to be requeued); a running job
-    with a signalled intent is CHECKPOINTING.
+    with a signalled intent is CHECKPOINTING. A spec read for the first time
+    is the one the controller accepts (`with_virtual_workers`).
     """
     out = []
+    view: ClusterView | None = None
     for job in snapshot.jobs:
         row = known.get(job.job_id)
         if row is not None and reused(row, job):
@@ -181,6 +216,10 @@ def classify(snapshot: ClusterSnapshot, known: Mapping[str, JobRow], intents: Ma
         if not is_managed(job, {job.job_id: row} if row else {}):
             continue
         spec, spec_json, source, error = read_spec(job, row)
+        if spec is not None and source != "state" and spec.elastic and spec.virtual_workers is None:
+            view = view or to_cluster_view(snapshot, ())
+            spec = with_virtual_workers(spec, view)
+            spec_json = spec.to_json()
         plan = admin_comment_plan(job.admin_comment)
         intent = intents.get(job.job_id)
         if job.finished and spec is not None and checkpointed(job):
@@ -244,15 +283,26 @@ class Inputs:
     skipped: Mapping[str, str]
 
 
+def started_training(m: ManagedJob, first_step_at: Mapping[str, float]) -> bool:
+    """Has the job's current run reported a step (its first step ended at or
+    after the run started)? Only then is its launcher sure to have its
+    checkpoint handler, so only then may the job be asked to checkpoint."""
+    first = first_step_at.get(m.job_id)
+    return first is not None and (m.job.start_time is None or first >= m.job.start_time)
+
+
 def build_request(snapshot: ClusterSnapshot, jobs: tuple[ManagedJob, ...], progress: Mapping[str, float],
                   config: SolverConfig, excluded: Mapping[str, frozenset[str]] | None = None,
                   previous: Mapping[str, Placement] | None = None,
-                  restart_costs: Mapping[str, float] | None = None) -> Inputs:
+                  restart_costs: Mapping[str, float] | None = None,
+                  first_step_at: Mapping[str, float] | None = None) -> Inputs:
     """The ScheduleRequest of a round: jobs in a scheduled phase, with their
     progress and measured restart cost; the view counts GPUs of every job
     that has no placement of ours (unmanaged, or running without a plan) as
     taken. A CHECKPOINTING job keeps its placement (it is not elastic this
-    round); a CHECKPOINTED one is placed like a pending job."""
+    round), and so does a running job whose current run has not reported a
+    step yet (`started_training`, from `first_step_at`; None: not checked);
+    a CHECKPOINTED one is placed like a pending job."""
     placed_ids = [m.job_id for m in jobs if m.phase in (RUNNING, CHECKPOINTING) and m.current is not None]
     view = to_cluster_view(snapshot, placed_ids)
     requests: list[JobRequest] = []
@@ -272,7 +322,8 @@ def build_request(snapshot: ClusterSnapshot, jobs: tuple[ManagedJob, ...], progr
                 gpu_types=spec.gpu_types,
                 min_gpus=spec.min_gpus,
                 max_gpus=spec.max_gpus,
-                elastic=spec.elastic and m.phase != CHECKPOINTING,
+                elastic=spec.elastic and m.phase != CHECKPOINTING and (
+                    m.phase != RUNNING or first_step_at is None or started_training(m, first_step_at)),
                 submit_time=m.job.submit_time or 0.0,
                 requested_gpus=spec.requested_gpus,
                 requested_gpu_type=spec.requested_gpu_type,
@@ -280,6 +331,7 @@ def build_request(snapshot: ClusterSnapshot, jobs: tuple[ManagedJob, ...], progr
                 current=m.current,
                 excluded_cells=(excluded or {}).get(m.job_id, frozenset()),
                 restart_cost_s=(restart_costs or {}).get(m.job_id),
+                virtual_workers=fixed_virtual_workers(m),
             ))
         except (JobSpecError, ValueError, TypeError) as exc:
             skipped[m.job_id] = f"cannot schedule: {exc}"

@@ -18,6 +18,7 @@ from slurm_ext.backends import Backend, SlurmUnavailable, get_backend
 from slurm_ext.config import Config
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller import metrics as mx
+from slurm_ext.controller import relaunch
 from slurm_ext.controller.notify import sd_notify
 from slurm_ext.controller.progress import ProgressReader, collect_progress, progress_file
 from slurm_ext.controller.reconcile import MOVE, PLACE, Outcome, Waiting, apply, checked, decide, intent_outcomes
@@ -161,6 +162,7 @@ class Controller:
                 opens.pop(job_id)
             if settled:
                 jobs = inp.classify(snap, known, opens, released)
+        jobs = self._review_failures(jobs, listed, now, round_id, dry_run)
 
         prog = collect_progress(jobs, now, {j for j, r in known.items() if r.finished}, self.progress)
         progress, progress_src = prog.done, prog.source
@@ -168,7 +170,8 @@ class Controller:
             self._measure_restarts(jobs, prog.first_step_at, now, round_id)
         max_fail = cfg.controller.max_cell_failures
         excluded = {j: frozenset(c for c, n in f.items() if n >= max_fail) for j, f in self.state.cell_failures().items()}
-        built = inp.build_request(snap, jobs, progress, cfg.solver, excluded, restart_costs=self.state.restart_costs())
+        built = inp.build_request(snap, jobs, progress, cfg.solver, excluded, restart_costs=self.state.restart_costs(),
+                                  first_step_at=prog.first_step_at)
 
         t1 = time.perf_counter()
         reply, crashed = self._solve(built.request)
@@ -231,6 +234,20 @@ class Controller:
                 log.error("solver fails on job", extra={"fields": {"job": job.job_id, "error": bad[job.job_id]}})
         rest = tuple(j for j in request.jobs if j.job_id not in bad)
         return self.policy.schedule(dataclasses.replace(request, jobs=rest), self.estimator), bad
+
+    def _review_failures(self, jobs: tuple[inp.ManagedJob, ...], listed: list[str], now: float,
+                         round_id: int | None, dry_run: bool) -> tuple[inp.ManagedJob, ...]:
+        """Jobs whose run ended before training are requeued and placed again
+        (slurm_ext.controller.relaunch); a new failure is recorded against its cell."""
+        failures = relaunch.review(jobs, self.progress, self.state.run_failures(listed),
+                                   self.config.controller.max_relaunches)
+        for f in failures.values():
+            if f.new and not dry_run:
+                self.state.add_history(f.job_id, relaunch.RUN_FAILED, now, round_id, f.cell, value=f.end_time)
+                self.metrics.inc("errors_total", labels={"kind": "run_failed"})
+                log.warning("run failed before training", extra={"fields": {
+                    "job": f.job_id, "cell": f.cell, "relaunch": f.relaunch, "reason": f.reason}})
+        return relaunch.apply_review(jobs, failures)
 
     def _measure_restarts(self, jobs: tuple[inp.ManagedJob, ...], first_step_at: Mapping[str, float], now: float,
                           round_id: int | None) -> None:

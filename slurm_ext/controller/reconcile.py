@@ -9,7 +9,8 @@ plan still fits (else planned again); a job already released is left alone.
 Moving a running elastic job (resize, other nodes or GPU type): signal its
 steps (SIGUSR1: ``cellsched-launch`` checkpoints and exits 75), wait for it
 to end (bounded), requeue it held, update it to the new placement with
-StartTime=now (Slurm would wait 120 s) and release it. A job that does not
+StartTime=now+1 (Slurm would wait 120 s; never the second the job ended in,
+see JobUpdate.start_soon) and release it. A job that does not
 end within the wait stays CHECKPOINTING with its intent open and is finished
 by a later round; one that ignores the signal past the timeout is requeued
 anyway (Slurm's SIGTERM makes the launcher checkpoint too). Any managed job
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -34,7 +36,7 @@ from typing import Callable, Mapping
 from slurm_ext.backends import Backend, JobUpdate, SlurmCommandError, SlurmUnavailable, UpdateNotApplied
 from slurm_ext.backends import STEPS
 from slurm_ext.controller.inputs import (CHECKPOINTED, CHECKPOINTING, HELD, LOOSE, RELEASED, RUNNING, SIGNALLED,
-                                         ManagedJob, checkpointed, same_plan)
+                                         ManagedJob, checkpointed, fixed_virtual_workers, same_plan)
 from slurm_ext.controller.progress import default_checkpoint_dir
 from slurm_ext.state import PlanRow, StateStore
 from solver.placement import PlanError, validate_plan
@@ -124,21 +126,34 @@ def mixed_layout(p: Placement, view: ClusterView) -> tuple[tuple[str, ...], tupl
     return nodes, tuple(float(share_of[types[n]]) for n in nodes for _ in range(per_node))
 
 
+def plan_virtual_workers(m: ManagedJob, p: Placement) -> int:
+    """The V a plan carries: the job's fixed V (spec, else its earlier plan);
+    for a job placed the first time, its dp, or for a mixed-type cell the
+    number of whole units its batch shares make (global batch / gcd of the
+    shares), so that every dp rank runs whole virtual workers from now on."""
+    fixed = fixed_virtual_workers(m)
+    if fixed is not None:
+        return fixed
+    if p.cell.mixed and p.plan.shares and m.spec is not None:
+        return m.spec.global_batch // math.gcd(*p.plan.shares)
+    return p.plan.dp
+
+
 def job_plan(m: ManagedJob, p: Placement, checkpoint_root: str, view: ClusterView | None = None) -> JobPlan:
     """The plan written to the job's AdminComment. The checkpoint directory,
     the virtual worker count and the micro-batches per virtual worker stay
     what an earlier plan said (a virtual worker's work must not change when
     the job moves, or its gradients change in the last bits). A mixed-type
     cell (needs `view`) lists its nodes in task order with the batch share of
-    each dp rank."""
+    each dp rank (whole virtual workers: solver.mixed)."""
     spec = m.spec
     assert spec is not None
     old = m.plan
     ckpt = (old.checkpoint_dir if old and old.checkpoint_dir else
             default_checkpoint_dir(m.job_id, m.job.user, m.job.work_dir or None, checkpoint_root))
-    vw = spec.virtual_workers or (old.virtual_workers if old and old.virtual_workers else None) or p.plan.dp
+    vw = plan_virtual_workers(m, p)
     nodes, shares = mixed_layout(p, view) if p.cell.mixed and view is not None else (p.node_names, None)
-    keep_m = old is not None and old.virtual_workers == vw and old.batch_shares is None and shares is None
+    keep_m = old is not None and old.virtual_workers == vw and (spec.global_batch // vw) % old.micro_batches == 0
     return JobPlan(
         pp=p.plan.pp, dp=p.plan.dp, tp=p.plan.tp, micro_batches=old.micro_batches if keep_m else p.plan.micro_batches,
         global_batch=spec.global_batch, gpu_types=tuple(t for t, _ in p.cell.by_type()), nodes=nodes,
@@ -174,7 +189,7 @@ def checked(view: ClusterView, placements: Mapping[str, Placement],
 
 def waiting_for_begin_time(m: ManagedJob) -> bool:
     """A released job that Slurm requeued itself (node failure) waits 120 s
-    for its BeginTime unless told StartTime=now."""
+    for its BeginTime unless told to start soon."""
     return m.phase == RELEASED and m.job.reason == "BeginTime"
 
 
@@ -222,7 +237,7 @@ def decide(jobs: tuple[ManagedJob, ...], desired: Mapping[str, Placement], view:
                            req_nodes=tuple(sorted(p.node_names)), gres_per_node=p.cell.gpus_per_node,
                            num_tasks=p.cell.num_gpus, tasks_per_node=p.cell.gpus_per_node,
                            min_cpus_per_node=p.cell.gpus_per_node,
-                           admin_comment=admin_comment(m.spec_json, plan), start_time_now=restart)
+                           admin_comment=admin_comment(m.spec_json, plan), start_soon=restart)
         if m.phase == RUNNING:
             actions.append(Action(MOVE, m.job_id, "resize" if p.cell.num_gpus != m.current.cell.num_gpus else "move",
                                   p, plan, update))

@@ -17,7 +17,8 @@ reference/slurm-22.05/NOTES.md and tests/slurm/):
   `start_delay_s` (Slurm's own scheduler);
 * ``requeue`` of a running or finished job: PENDING again (held with
   ``hold``: JobHeldUser), not eligible for `requeue_delay_s` (reason
-  BeginTime; ``StartTime=now`` in an update lifts it), restart count + 1;
+  BeginTime; `start_soon` in an update lifts it at once: a simulated job
+  has no credential to revoke), restart count + 1;
   progress falls back to the last checkpoint;
 * ``signal(USR1|TERM, target="steps"|"all")`` to a running elastic job: the
   launcher checkpoints; after `checkpoint_s` the job ends FAILED with exit
@@ -465,7 +466,7 @@ class SimBackend:
                 job.admin_comment = change.admin_comment
             others = any(getattr(change, f) not in (None, False) for f in
                          ("partition", "features", "num_nodes", "req_nodes", "exc_nodes", "gres_per_node",
-                          "num_tasks", "tasks_per_node", "start_time_now"))
+                          "num_tasks", "tasks_per_node", "start_soon"))
             if others:
                 failures.append(f"Job is no longer pending execution for job {job_id}")
         else:
@@ -494,7 +495,7 @@ class SimBackend:
                 job.tasks_per_node = change.tasks_per_node
             if change.admin_comment is not None:
                 job.admin_comment = change.admin_comment
-            if change.start_time_now:
+            if change.start_soon:
                 job.begin_time = self.now
             self._kick()
         self._changed(job)

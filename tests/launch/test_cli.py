@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -184,3 +185,35 @@ def test_gpu_count_reads_device_files(tmp_path):
         (tmp_path / name).touch()
     assert gpu_count(str(tmp_path)) == 2
     assert gpu_count(str(tmp_path / "missing")) == 0
+
+
+def test_a_checkpoint_request_during_start_up_waits_for_the_handler(tmp_path):
+    """SIGUSR1 is blocked from the launcher's first line on and across the
+    exec: sent to CMD before it installed its StopRequest, it stays pending
+    (the process lives) and is seen once the handler is in place."""
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    child = (
+        "import os, signal, sys, time\n"
+        "from pathlib import Path\n"
+        "blocked = signal.SIGUSR1 in signal.pthread_sigmask(signal.SIG_BLOCK, [])\n"
+        f"Path({str(ready)!r}).write_text(str(os.getpid()))\n"
+        f"while not Path({str(go)!r}).exists(): time.sleep(0.01)\n"  # the request arrives now, during 'start-up'
+        "pending = signal.SIGUSR1 in signal.sigpending()\n"
+        "from launch.checkpoint import StopRequest\n"
+        "stop = StopRequest()\n"
+        "print(blocked, pending, stop._seen)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CELLSCHED_", "CUDA_"))}
+    env.update(task_envs(1)[0])
+    env["CELLSCHED_PLAN"] = json.dumps({"dp": 1})
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.Popen([sys.executable, "-m", "launch", "--", sys.executable, "-c", child], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(int(ready.read_text()), signal.SIGUSR1)
+    go.write_text("")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.split() == ["True", "True", "True"]

@@ -41,7 +41,7 @@ def place(b: SimBackend, job_id: str, nodes: tuple[str, ...], gpn: int, *, now: 
     plan = JobPlan(pp=1, dp=len(nodes) * gpn, tp=1, gpu_types=(gpu_type,), nodes=nodes, gpus_per_node=gpn)
     b.update(job_id, JobUpdate(partition=gpu_type, features=gpu_type, num_nodes=len(nodes), req_nodes=nodes,
                                gres_per_node=gpn, num_tasks=len(nodes) * gpn, tasks_per_node=gpn,
-                               admin_comment=json.dumps({"plan": json.loads(plan.to_json())}), start_time_now=now))
+                               admin_comment=json.dumps({"plan": json.loads(plan.to_json())}), start_soon=now))
     b.release(job_id)
 
 

@@ -61,10 +61,10 @@ def test_gres_dicts():
 
 
 def test_update_fields():
-    change = JobUpdate(partition="a40", features="a40", num_nodes=2, req_nodes=("n4", "n5"), gres_per_node=2, admin_comment="p", start_time_now=True)
+    change = JobUpdate(partition="a40", features="a40", num_nodes=2, req_nodes=("n4", "n5"), gres_per_node=2, admin_comment="p", start_soon=True)
     assert P.update_fields(change) == {
         "partitions": "a40", "constraints": "a40", "nodes": "2-2", "required_nodes": "n[4-5]",
-        "gres_per_node": {"gpu": 2}, "admin_comment": "p", "begin_time": "now",
+        "gres_per_node": {"gpu": 2}, "admin_comment": "p", "begin_time": "now+1",
     }
     assert P.update_fields(JobUpdate(admin_comment="only")) == {"admin_comment": "only"}
 

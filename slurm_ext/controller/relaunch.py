@@ -1,0 +1,97 @@
+"""The safety net under every restart: a managed job whose run ended before
+it trained is run again from its checkpoint.
+
+A run can die before its first step for reasons that are not the job's:
+slurmd refusing a revoked credential, a launch that failed on a node, a
+restart whose start-up crashed. Such a run leaves no new step in the job's
+progress record (its ``first_step_at`` is older than the run's start). The
+controller then requeues the job held and places it again, like a
+checkpointed one; the failure is recorded against the cell it ran in (a
+"run-failed" event, which counts towards ``max_cell_failures``, so a cell
+that keeps failing is avoided) and is shown by ``cellsched status
+--history``. After ``max_relaunches`` such failures the job is left to end
+FAILED, with a reason that says so. A run that trained and then failed is
+the program's own failure and is left alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from slurm_ext.controller import inputs as inp
+from slurm_ext.controller.progress import JobProgress, ProgressReader
+
+#: Slurm end states of a run that may have died before training
+FAILED_STATES = ("FAILED", "BOOT_FAIL", "OUT_OF_MEMORY")
+#: the cell_history event of a run that ended before its first step
+RUN_FAILED = "run-failed"
+
+
+@dataclass(frozen=True)
+class RunFailure:
+    """A run of a managed job that ended before its first step."""
+
+    job_id: str
+    cell: str
+    end_time: float
+    new: bool  #: not recorded before this round
+    relaunch: bool  #: requeue and place again (else: given up)
+    reason: str
+
+
+def trained(job_start: float | None, progress: JobProgress | None) -> bool:
+    """Did the run that started at `job_start` report a step?"""
+    if progress is None or progress.first_step_at is None:
+        return False
+    return job_start is None or progress.first_step_at >= job_start
+
+
+def review(jobs: Sequence[inp.ManagedJob], read: ProgressReader, recorded: Mapping[str, Sequence[float]],
+           max_relaunches: int) -> dict[str, RunFailure]:
+    """The managed jobs whose last run failed before training, by job id.
+
+    `recorded`: the end times of each job's run failures recorded so far (a
+    failure seen in an earlier round is not read again); `read`: the
+    progress reader (only a new failure's progress record is read).
+    """
+    out: dict[str, RunFailure] = {}
+    for m in jobs:
+        job = m.job
+        if m.phase != inp.FINISHED or m.spec is None or m.plan is None or job.state not in FAILED_STATES:
+            continue
+        if m.plan.job_id not in (None, m.job_id) or job.end_time is None:
+            continue
+        past = list(recorded.get(m.job_id, ()))
+        new = job.end_time not in past
+        if new:
+            if trained(job.start_time, read(m)):
+                continue
+            past.append(job.end_time)
+        cell = m.plan.cell or ""
+        exit_text = f"{job.state.lower()}, exit {job.exit_code}"
+        if len(past) > max_relaunches:
+            reason = (f"its run failed before training {len(past)} times (last: {exit_text} in {cell}); "
+                      f"not requeued again (max_relaunches = {max_relaunches})")
+            out[m.job_id] = RunFailure(m.job_id, cell, job.end_time, new, False, reason)
+        else:
+            reason = (f"its run failed before training ({exit_text} in {cell}, failure {len(past)} of "
+                      f"{max_relaunches} allowed); requeued from its checkpoint")
+            out[m.job_id] = RunFailure(m.job_id, cell, job.end_time, new, True, reason)
+    return out
+
+
+def apply_review(jobs: Sequence[inp.ManagedJob], failures: Mapping[str, RunFailure]) -> tuple[inp.ManagedJob, ...]:
+    """The jobs with the verdicts in: relaunched ones CHECKPOINTED (requeued
+    held and placed again), given-up ones FINISHED with the reason."""
+    out = []
+    for m in jobs:
+        f = failures.get(m.job_id)
+        if f is None:
+            out.append(m)
+        elif f.relaunch:
+            out.append(dataclasses.replace(m, phase=inp.CHECKPOINTED, reason=f.reason))
+        else:
+            out.append(dataclasses.replace(m, reason=f.reason))
+    return tuple(out)

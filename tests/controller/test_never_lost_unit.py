@@ -1,0 +1,201 @@
+"""Never losing a job, without Slurm: the virtual workers an elastic job is
+accepted with, the V its plans carry, the begin time of a restart, and the
+safety net for runs that end before training (controller.relaunch)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from slurm_ext.backends import JobUpdate
+from slurm_ext.backends.cli import CliBackend
+from slurm_ext.config import Config
+from slurm_ext.controller import inputs as inp
+from slurm_ext.controller import relaunch
+from slurm_ext.controller.progress import JobProgress
+from slurm_ext.controller.reconcile import PLACE, REQUEUE, decide
+from slurm_ext.jobspec import JobSpec
+from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
+from slurm_ext.state import StateStore
+from solver.mixed import mixed_cell
+from solver.plan import JobPlan
+from solver.types import Cell, ParallelPlan, Placement
+
+#: the dev cluster's shape: 22 GPUs, 4 of them A40
+NODES = (("n1", "a100", 4), ("n2", "a100", 4), ("n3", "v100", 8), ("n4", "a40", 2), ("n5", "a40", 2),
+         ("n6", "a10", 2))
+
+
+def snapshot(*jobs: SlurmJob) -> ClusterSnapshot:
+    nodes = tuple(SlurmNode(name=n, gpu_type=t, gpus_total=g, gpus_alloc=0, state="idle", partitions=(t, "all"))
+                  for n, t, g in NODES)
+    types = sorted({t for _, t, _ in NODES})
+    parts = tuple(SlurmPartition(name=t, nodes=tuple(n for n, tt, _ in NODES if tt == t)) for t in types)
+    parts += (SlurmPartition(name="all", nodes=tuple(n for n, _, _ in NODES)),)
+    return ClusterSnapshot(nodes=nodes, partitions=parts, jobs=jobs, taken_at=1000.0)
+
+
+def held(job_id: str, spec: JobSpec, **kw) -> SlurmJob:
+    base = dict(job_id=job_id, user="alice", state="PENDING", held=True, reason="JobHeldUser", partition="all",
+                comment=spec.to_comment(), submit_time=900.0, gpus_per_node=1)
+    return SlurmJob(**{**base, **kw})
+
+
+# --- V is fixed when the job is accepted ---------------------------------------
+
+
+@pytest.mark.parametrize("spec_kw, v", [
+    (dict(gpu_types=("a40",), min_gpus=2), 4),  # 4 A40s; 4 divides 256
+    (dict(gpu_types=("a40",), min_gpus=2, max_gpus=3), 4),  # covers dp 3; 3 does not divide 256, 4 does
+    (dict(), 32),  # every type: 22 GPUs; the smallest divisor of 256 from 22 up is 32
+    (dict(partitions=("a100", "a10")), 16),  # 8 + 2 = 10 GPUs -> 16
+    (dict(max_gpus=2), 2),
+])
+def test_an_elastic_job_is_accepted_with_virtual_workers_that_cover_its_largest_dp(spec_kw, v):
+    spec = JobSpec(model="gpt-350m", global_batch=256, iterations=100, elastic=True, **spec_kw)
+    (m,) = inp.classify(snapshot(held("5", spec)), {}, {})
+    assert m.spec.virtual_workers == v
+    assert json.loads(m.spec_json)["virtual_workers"] == v  # what the state DB and the AdminComment keep
+    req = inp.build_request(snapshot(held("5", spec)), (m,), {}, Config().solver).request
+    assert req.jobs[0].virtual_workers == v
+
+
+def test_virtual_workers_divide_the_global_batch_and_a_users_choice_is_kept():
+    spec = JobSpec(model="gpt-350m", global_batch=96, iterations=100, elastic=True, gpu_types=("v100",))
+    (m,) = inp.classify(snapshot(held("5", spec)), {}, {})
+    assert m.spec.virtual_workers == 8  # 8 V100s; 8 divides 96
+    spec = dataclasses.replace(spec, global_batch=90)
+    (m,) = inp.classify(snapshot(held("5", spec)), {}, {})
+    assert m.spec.virtual_workers == 9  # 8 does not divide 90, 9 does
+    mine = dataclasses.replace(spec, virtual_workers=5)
+    (m,) = inp.classify(snapshot(held("5", mine)), {}, {})
+    assert m.spec.virtual_workers == 5
+    static = JobSpec(model="gpt-350m", global_batch=96, iterations=100)
+    (m,) = inp.classify(snapshot(held("5", static)), {}, {})
+    assert m.spec.virtual_workers is None  # a static job picks its dp at its first placement
+
+
+def test_a_placed_job_keeps_the_virtual_workers_of_its_plan():
+    spec = JobSpec(model="gpt-350m", global_batch=64, iterations=100)  # accepted before V was fixed at acceptance
+    plan = JobPlan(dp=2, global_batch=64, gpu_types=("a40",), nodes=("n4",), gpus_per_node=2, virtual_workers=8,
+                   cell="a40:1x2:pp1", job_id="5")
+    ac = json.dumps({"spec": json.loads(spec.to_json()), "plan": json.loads(plan.to_json())})
+    job = held("5", spec, state="COMPLETED", held=False, exit_code=75, admin_comment=ac, end_time=990.0)
+    (m,) = inp.classify(snapshot(job), {}, {})
+    assert m.phase == inp.CHECKPOINTED and inp.fixed_virtual_workers(m) == 8
+    p = Placement("5", Cell("a40", 2, 2, 1), (("n4", 2), ("n5", 2)), ParallelPlan(1, 4, 1, 2), 0.5)
+    view = inp.build_request(snapshot(job), (m,), {}, Config().solver).view
+    (a,) = decide((m,), {"5": p}, view, "/ck")
+    new = JobPlan.from_dict(json.loads(a.update.admin_comment)["plan"])
+    assert (new.dp, new.virtual_workers) == (4, 8)
+    assert a.update.start_soon and a.requeue_first
+
+
+def test_a_first_mixed_placement_gets_whole_virtual_workers():
+    spec = JobSpec(model="gpt-tiny", global_batch=24, iterations=10, gpu_types=("a40", "a10"), min_gpus=6)
+    (m,) = inp.classify(snapshot(held("7", spec)), {}, {})
+    view = inp.build_request(snapshot(held("7", spec)), (m,), {}, Config().solver).view
+    cell = mixed_cell((("a10", 1), ("a40", 2)), 2)
+    p = Placement("7", cell, (("n6", 2), ("n5", 2), ("n4", 2)), ParallelPlan(1, 6, 1, 1, (6, 3)), 0.5)
+    (a,) = decide((m,), {"7": p}, view, "/ck")
+    plan = JobPlan.from_dict(json.loads(a.update.admin_comment)["plan"])
+    # a10 ranks take 6 samples, a40 ranks 3: units of gcd 3 samples, 24 / 3 = 8 virtual workers
+    assert plan.virtual_workers == 8 and plan.batch_shares == (3, 3, 3, 3, 6, 6)
+
+
+# --- a restart never starts in the second its job ended in ---------------------
+
+
+def test_a_restart_asks_for_the_next_whole_second():
+    sent: list[list[str]] = []
+    backend = CliBackend()
+    backend._run = lambda args, **kw: sent.append(list(args))  # the argument list is the contract
+    backend.job = lambda job_id: None
+    with pytest.raises(Exception):
+        backend.update("42", JobUpdate(partition="a40", start_soon=True))
+    assert sent == [["scontrol", "update", "JobId=42", "Partition=a40", "StartTime=now+1"]]
+
+
+# --- runs that end before training ---------------------------------------------
+
+
+SPEC = JobSpec(model="gpt-350m", global_batch=64, iterations=100, elastic=True, virtual_workers=4)
+
+
+def ended(job_id: str, state: str = "FAILED", exit_code: int = 1, start: float = 950.0, end: float = 960.0) -> SlurmJob:
+    plan = JobPlan(dp=2, global_batch=64, gpu_types=("a40",), nodes=("n4",), gpus_per_node=2, virtual_workers=4,
+                   cell="a40:1x2:pp1", job_id=job_id, checkpoint_dir=f"/ck/{job_id}")
+    ac = json.dumps({"spec": json.loads(SPEC.to_json()), "plan": json.loads(plan.to_json())})
+    return held(job_id, SPEC, state=state, held=False, exit_code=exit_code, admin_comment=ac, start_time=start,
+                end_time=end)
+
+
+def test_a_run_that_failed_before_its_first_step_is_relaunched():
+    progress = {"1": JobProgress(30, first_step_at=900.0),  # its last step is of an earlier run
+                "2": JobProgress(40, first_step_at=955.0),  # this run trained: the program's own failure
+                "3": None}  # never wrote progress
+    jobs = inp.classify(snapshot(ended("1"), ended("2"), ended("3"), ended("4", state="CANCELLED")), {}, {})
+    assert [m.phase for m in jobs] == [inp.FINISHED] * 4
+    read_calls: list[str] = []
+
+    def read(m):
+        read_calls.append(m.job_id)
+        return progress[m.job_id]
+
+    failures = relaunch.review(jobs, read, {}, max_relaunches=3)
+    assert sorted(failures) == ["1", "3"] and read_calls == ["1", "2", "3"]
+    f = failures["1"]
+    assert (f.cell, f.end_time, f.new, f.relaunch) == ("a40:1x2:pp1", 960.0, True, True)
+    assert "failed before training (failed, exit 1 in a40:1x2:pp1, failure 1 of 3" in f.reason
+    after = relaunch.apply_review(jobs, failures)
+    assert [m.phase for m in after] == [inp.CHECKPOINTED, inp.FINISHED, inp.CHECKPOINTED, inp.FINISHED]
+    view = inp.build_request(snapshot(), after, {}, Config().solver).view
+    p = Placement("1", Cell("a40", 1, 2, 1), (("n5", 2),), ParallelPlan(1, 2, 1), 0.5)
+    actions = {a.job_id: a for a in decide(after, {"1": p}, view, "/ck")}
+    assert actions["1"].kind == PLACE and actions["1"].requeue_first and actions["1"].update.start_soon
+    assert actions["3"].kind == REQUEUE  # no placement this round: requeued held, placed later
+
+
+def test_a_recorded_failure_is_not_read_again_and_a_job_that_keeps_failing_is_given_up():
+    jobs = inp.classify(snapshot(ended("1")), {}, {})
+
+    def read(m):
+        raise AssertionError("a failure recorded before must not be read again")
+
+    again = relaunch.review(jobs, read, {"1": [700.0, 960.0]}, max_relaunches=3)
+    assert again["1"].relaunch and not again["1"].new
+    given_up = relaunch.review(jobs, read, {"1": [500.0, 600.0, 700.0, 960.0]}, max_relaunches=3)
+    f = given_up["1"]
+    assert not f.relaunch and "failed before training 4 times" in f.reason and "not requeued again" in f.reason
+    (m,) = relaunch.apply_review(jobs, given_up)
+    assert m.phase == inp.FINISHED and m.reason == f.reason
+
+
+def test_run_failures_count_against_their_cell(tmp_path):
+    with StateStore(tmp_path / "s.sqlite") as st:
+        st.add_history("1", relaunch.RUN_FAILED, 100.0, None, "a40:1x2:pp1", value=90.0)
+        st.add_history("1", relaunch.RUN_FAILED, 200.0, None, "a40:1x2:pp1", value=190.0)
+        st.add_history("2", relaunch.RUN_FAILED, 200.0, None, "a10:1x2:pp1", value=195.0)
+        assert st.cell_failures() == {"1": {"a40:1x2:pp1": 2}, "2": {"a10:1x2:pp1": 1}}
+        assert st.run_failures(["1", "3"]) == {"1": [90.0, 190.0]}
+
+
+def test_a_running_job_is_moved_only_once_its_current_run_reported_a_step():
+    spec = JobSpec(model="gpt-350m", global_batch=64, iterations=100, elastic=True, virtual_workers=4)
+    plan = JobPlan(dp=2, global_batch=64, gpu_types=("a40",), nodes=("n4",), gpus_per_node=2, virtual_workers=4,
+                   cell="a40:1x2:pp1", job_id="5")
+    ac = json.dumps({"spec": json.loads(spec.to_json()), "plan": json.loads(plan.to_json())})
+    job = held("5", spec, state="RUNNING", held=False, admin_comment=ac, nodes=("n4",), start_time=950.0,
+               gpus_per_node=2)
+    (m,) = inp.classify(snapshot(job), {}, {})
+    assert m.phase == inp.RUNNING
+
+    def elastic(first_step_at):
+        return inp.build_request(snapshot(job), (m,), {}, Config().solver, first_step_at=first_step_at).request.jobs[0].elastic
+
+    assert elastic({"5": 951.5})  # this run trained: its launcher handles the checkpoint signal
+    assert not elastic({"5": 900.0})  # the step is of an earlier run: this one is still starting up
+    assert not elastic({})  # no step yet
+    assert elastic(None)  # not checked (callers without progress)
