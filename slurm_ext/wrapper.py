@@ -89,6 +89,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("job-name", "value", "job name", short="J", passthrough=True),
     Option("output", "value", "stdout file pattern", short="o", passthrough=True),
     Option("error", "value", "stderr file pattern", short="e", passthrough=True),
+    Option("open-mode", "value", "append or truncate the output files (append keeps the log of every run of a job"
+           " that is moved or requeued)", passthrough=True),
     Option("time", "value", "time limit (minutes, or [D-]H:M:S)", short="t", passthrough=True),
     Option("account", "value", "account to charge", short="A", passthrough=True),
     Option("qos", "value", "quality of service", short="q", passthrough=True),
@@ -597,6 +599,9 @@ def prepare(argv: Iterable[str], backend_for: Callable[[str], Backend], *, envir
     qos = _text("qos", settings.get("qos"), _NAME, "a QOS name")
     export = _text("export", settings.get("export"))
     extra: list[str] = []
+    open_mode = _text("open-mode", settings.get("open-mode"), re.compile(r"^(append|truncate)$"), "append or truncate")
+    if open_mode is not None:
+        extra.append(f"--open-mode={open_mode}")
     if "mail-type" in settings:
         types = _names("mail-type", settings["mail-type"], re.compile(r"^[A-Za-z_0-9]+$"), "mail type")
         types = tuple(t.upper() for t in types)

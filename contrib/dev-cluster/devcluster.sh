@@ -307,7 +307,7 @@ start_ctld() {
   if [ -n "$pid" ] && ours_alive "$pid"; then die "slurmctld already running (pid $pid)"; fi
   slurmctld || fail "slurmctld did not start"
   wait_ctld
-  wait_nodes 'idle|mixed|allocated|completing'  # responding again (no trailing *)
+  wait_nodes '[a-z+]+'  # every node responding again (no trailing *), whatever its state (one may be drained)
 }
 
 case "${1:-}" in

@@ -420,16 +420,16 @@ class _Watcher:
             now = time.monotonic()
             if now >= deadline:
                 return
-            triggered = False
+            trigger = ""
             mtime = self._kick_mtime()
             if mtime != self.kick_mtime:
                 self.kick_mtime = mtime
-                triggered = True
-            if not triggered and now >= next_watch:
+                trigger = "kick"
+            if not trigger and now >= next_watch:
                 next_watch = now + watch
-                triggered = self._jobs_changed()
-            if triggered:
-                log.debug("early round", extra={"fields": {}})
+                trigger = "jobs" if self._jobs_changed() else ""
+            if trigger:
+                log.info("early round", extra={"fields": {"trigger": trigger}})
                 _sleep(stop, since + min_gap - time.monotonic())
                 return
             _sleep(stop, min(0.5, max(0.0, deadline - now), max(0.05, next_watch - now)))

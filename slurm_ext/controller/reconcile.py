@@ -229,7 +229,9 @@ def decide(jobs: tuple[ManagedJob, ...], desired: Mapping[str, Placement], view:
         if partition is None:
             continue  # validate() keeps such placements out; nothing to carry out
         plan = job_plan(m, p, checkpoint_root, view)
-        restart = m.phase in (RUNNING, CHECKPOINTED) or waiting_for_begin_time(m)
+        # a job that ran before (requeued: its BeginTime is cred_expire away) starts in the next whole second
+        restart = m.phase in (RUNNING, CHECKPOINTED) or waiting_for_begin_time(m) or (
+            m.phase == HELD and m.plan is not None)
         # A mixed-type cell: no feature constraint (each node's own type is
         # what ReqNodeList names), untyped gres per node (see the README).
         features = "" if p.cell.mixed else p.cell.gpu_type

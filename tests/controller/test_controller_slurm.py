@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -265,7 +266,8 @@ def test_slurmctld_outage_backs_off_and_resumes(slurm_cluster, tmp_path):
             wait_until(lambda: backend.observe().job(first).state == "COMPLETED", 30, "the first job")
             assert slurm_cluster.devcluster("stop-ctld").returncode == 0
             t_stop = time.time()
-            time.sleep(30)
+            # the controller meets the outage: rounds fail, with longer and longer pauses between them
+            wait_until(lambda: len(_logged(log_path, "backing off")) >= 4, 90, "four backoffs")
             assert proc.poll() is None, "the controller died while slurmctld was away"
             started = slurm_cluster.devcluster("start-ctld")
             assert started.returncode == 0, started.stderr
@@ -275,13 +277,13 @@ def test_slurmctld_outage_backs_off_and_resumes(slurm_cluster, tmp_path):
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
-    lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
-    down = [ln for ln in lines if ln["msg"] == "slurm unavailable"]
-    backoffs = [ln["delay_s"] for ln in lines if ln["msg"] == "backing off"]
-    assert len(down) >= 3
-    assert backoffs[:3] == [1.0, 2.0, 2.0]  # doubling, capped at the interval
+    down = _logged(log_path, "slurm unavailable")
+    backoffs = [ln["delay_s"] for ln in _logged(log_path, "backing off")]
+    assert len(down) >= 4
+    assert backoffs[:4] == [1.0, 2.0, 2.0, 2.0]  # doubling, capped at the interval
     # rounds during the outage were spaced by the backoff, not run back to back
-    assert len(down) <= 30 / 1.0 + 2
+    times = [datetime.fromisoformat(ln["time"].replace("Z", "+00:00")).timestamp() for ln in down[:4]]
+    assert all(b - a >= d - 0.05 for a, b, d in zip(times, times[1:], backoffs)), (times, backoffs)
     with StateStore(tmp_path / "state.sqlite", readonly=True) as st:
         rounds = st.rounds(limit=1000)
         assert any(r["status"] == "slurm-unavailable" and r["started"] > t_stop for r in rounds)
@@ -335,19 +337,36 @@ def test_daemon_starts_rounds_early_notifies_systemd_and_serves_metrics(slurm_cl
     # the watch off: only the kick file starts an early round
     config.write_text(config.read_text().replace("watch_s = 0.5", "watch_s = 1000.0").replace(f"port = {port}", "port = 0"))
     with (tmp_path / "controller.log").open("ab") as log:
-        rounds_before = _rounds(tmp_path)
+        rounds_before = _finished_rounds(tmp_path)
         proc = _start_controller(config, log)
         try:
-            wait_until(lambda: _rounds(tmp_path) > rounds_before, 30, "the first round")
+            wait_until(lambda: _finished_rounds(tmp_path) > rounds_before, 30, "the first round to end")
+            early_before = _early_rounds(tmp_path / "controller.log")
             job2 = submit_managed("gpt-125m", tmp_path, done_file=done, sleep=1)
-            time.sleep(3)
-            assert backend.observe().job(job2).held  # nothing started a round
             (tmp_path / "kick").touch()
             wait_until(lambda: not backend.observe().job(job2).held, 10, "the kicked round to release the job")
+            # the only early round since was the kick's: the new job alone started none (the watch is off)
+            assert _early_rounds(tmp_path / "controller.log")[len(early_before):] == ["kick"]
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
     wait_until(lambda: all(backend.observe().job(j).finished for j in (job, job2)), 30, "both jobs to finish")
+
+
+def _logged(log_path: Path, msg: str) -> list[dict]:
+    """The controller's JSON log lines with this message."""
+    lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+    return [ln for ln in lines if ln["msg"] == msg]
+
+
+def _finished_rounds(tmp_path: Path) -> int:
+    with StateStore(tmp_path / "state.sqlite", readonly=True) as st:
+        return sum(r["status"] != "running" for r in st.rounds(limit=1000))
+
+
+def _early_rounds(log_path: Path) -> list[str]:
+    """The triggers of the early rounds the controller logged, in order."""
+    return [ln["trigger"] for ln in _logged(log_path, "early round")]
 
 
 def _rounds(tmp_path: Path) -> int:

@@ -112,9 +112,8 @@ def test_a_restart_asks_for_the_next_whole_second():
     sent: list[list[str]] = []
     backend = CliBackend()
     backend._run = lambda args, **kw: sent.append(list(args))  # the argument list is the contract
-    backend.job = lambda job_id: None
-    with pytest.raises(Exception):
-        backend.update("42", JobUpdate(partition="a40", start_soon=True))
+    backend.job = lambda job_id: SlurmJob(job_id=job_id, user="alice", state="PENDING", partition="a40")
+    backend.update("42", JobUpdate(partition="a40", start_soon=True))
     assert sent == [["scontrol", "update", "JobId=42", "Partition=a40", "StartTime=now+1"]]
 
 
@@ -199,3 +198,19 @@ def test_a_running_job_is_moved_only_once_its_current_run_reported_a_step():
     assert not elastic({"5": 900.0})  # the step is of an earlier run: this one is still starting up
     assert not elastic({})  # no step yet
     assert elastic(None)  # not checked (callers without progress)
+
+
+def test_a_requeued_held_job_is_released_to_start_in_the_next_second():
+    """Requeued held in an earlier round (no placement then): its BeginTime
+    is cred_expire away, so its placement asks to start soon."""
+    job = dataclasses.replace(ended("1"), state="PENDING", held=True, reason="JobHeldAdmin", exit_code=None)
+    (m,) = inp.classify(snapshot(job), {}, {})
+    assert m.phase == inp.HELD and m.plan is not None
+    view = inp.build_request(snapshot(job), (m,), {}, Config().solver).view
+    p = Placement("1", Cell("a40", 1, 2, 1), (("n5", 2),), ParallelPlan(1, 2, 1), 0.5)
+    (a,) = decide((m,), {"1": p}, view, "/ck")
+    assert a.kind == PLACE and a.update.start_soon and not a.requeue_first
+    fresh = held("2", SPEC)
+    (m,) = inp.classify(snapshot(fresh), {}, {})
+    (a,) = decide((m,), {"2": dataclasses.replace(p, job_id="2")}, view, "/ck")
+    assert not a.update.start_soon  # a new job has no BeginTime to lift

@@ -2,7 +2,6 @@
 submit -> update -> release pattern, requeue, cancel, signal, and updates
 that Slurm does not apply."""
 
-import time
 from pathlib import Path
 
 import pytest
@@ -108,12 +107,12 @@ def test_requeue_held_and_hold_release(tmp_path, backend, jobs, wait_job_state):
 
 
 def test_signal_reaches_the_batch_shell(tmp_path, backend, jobs, wait_job_state, wait_until):
-    flag = tmp_path / "got-usr1"
-    body = f"trap 'echo usr1 > {flag}' USR1\nfor i in $(seq 600); do sleep 0.1; done\n"
+    flag, ready = tmp_path / "got-usr1", tmp_path / "trap-set"
+    body = f"trap 'echo usr1 > {flag}' USR1\ntouch {ready}\nfor i in $(seq 600); do sleep 0.1; done\n"
     job_id = backend.submit(SubmitRequest(script=script(tmp_path, body), gres_per_node=1, output="/dev/null"))
     jobs.append(job_id)
     wait_job_state(backend, job_id, "RUNNING")
-    time.sleep(0.5)  # let bash install its trap
+    wait_until(ready.exists, timeout=30, what="the batch shell to install its trap")
     backend.signal(job_id, "USR1")
     assert wait_until(lambda: flag.exists() and flag.read_text().strip() == "usr1", timeout=10, what="the USR1 trap")
 

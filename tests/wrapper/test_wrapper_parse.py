@@ -118,6 +118,7 @@ def test_sbatch_lines_after_the_first_command_are_not_read():
         (["--time", "soon"], "time: 'soon' is not a time limit"),
         (["--output", "a\nb"], "output: must not contain control characters"),
         (["--mail-type", "END,LUNCH"], "mail-type: 'LUNCH' is not one of"),
+        (["--open-mode", "rewrite"], "open-mode: 'rewrite' is not append or truncate"),
         (["--mail-user", "x;y"], "mail-user: 'x;y' is not a mail address"),
         (["--elastic=yes"], "--elastic: takes no value"),
         (["--gres=gpu:4"], "--gres: not accepted by cellsched sbatch (command line): GPU counts and types are the scheduler's business"),
@@ -208,7 +209,8 @@ def test_valid_submission_builds_a_held_untyped_request(tmp_path, make_recorder)
     path = script(tmp_path)
     code, out, err = run(BASE + ["--gpu-types", "a100,v100", "--min-gpus", "2", "--max-gpus", "8", "--gpus", "4",
                                  "--gpu-type", "a100", "--elastic", "--virtual-workers", "8", "-p", "a100,v100",
-                                 "-J", "train", "-t", "1:00:00", "--mail-type", "end,fail", path, "x", "y z"], rec)
+                                 "-J", "train", "-t", "1:00:00", "--mail-type", "end,fail", "--open-mode", "append",
+                                 path, "x", "y z"], rec)
     assert (code, out, err) == (0, "Submitted batch job 4242\n", "")
     (req,) = rec.submitted
     spec = JobSpec.from_comment(req.comment)
@@ -218,7 +220,7 @@ def test_valid_submission_builds_a_held_untyped_request(tmp_path, make_recorder)
     assert req.comment == spec.to_comment()
     assert req.hold is True and req.gres_per_node == 2 and req.nodes == 1
     assert req.constraint == "a100|v100" and req.partition is None
-    assert req.extra_args == ("--mail-type=END,FAIL", "--partition=a100,v100")
+    assert req.extra_args == ("--open-mode=append", "--mail-type=END,FAIL", "--partition=a100,v100")
     assert req.script == path and req.script_args == ("x", "y z")
     assert req.job_name == "train" and req.time_limit == "1:00:00"
 
