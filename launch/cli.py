@@ -107,13 +107,19 @@ def master_addr(env: Mapping[str, str], slurm: SlurmEnv) -> str:
 
 
 def master_port(env: Mapping[str, str], slurm: SlurmEnv) -> int:
-    """A port fixed by (job, step), so every task computes the same one."""
+    """A port fixed by (cluster, job, step), so every task computes the same
+    one. The cluster (``SLURM_WORKING_CLUSTER``: name, controller host and
+    port) keeps two clusters on one machine, whose job ids repeat, apart."""
     text = env.get("CELLSCHED_MASTER_PORT", "").strip()
     if text:
         if not text.isdigit() or not 0 < int(text) < 65536:
             raise LaunchError(f"CELLSCHED_MASTER_PORT={text!r} is not a port number")
         return int(text)
-    return PORT_BASE + zlib.crc32(f"{slurm.job_id}.{slurm.step_id}".encode()) % PORT_SPAN
+    key = f"{slurm.job_id}.{slurm.step_id}"
+    cluster = env.get("SLURM_WORKING_CLUSTER", "")
+    if cluster:
+        key += f"@{cluster}"
+    return PORT_BASE + zlib.crc32(key.encode()) % PORT_SPAN
 
 
 def gpu_count(dev: str = "/dev") -> int:

@@ -82,8 +82,8 @@ def _submit(directory: Path, rng: random.Random) -> tuple[str, int]:
     directory.mkdir(parents=True)
     steps = _steps(rng)
     launcher = shutil.which("cellsched-launch", path=_env()["PATH"]) or pytest.fail("cellsched-launch not on PATH")
-    cmd = ["srun", launcher, "--", sys.executable, str(TRAIN), *TRAIN_FLAGS, "--steps", str(steps),
-           "--step-delay", "0.1", "--out", str(directory / "losses.json")]
+    cmd = ["srun", "--kill-on-bad-exit=1", launcher, "--", sys.executable, str(TRAIN), *TRAIN_FLAGS,
+           "--steps", str(steps), "--step-delay", "0.1", "--out", str(directory / "losses.json")]
     script = directory / "train.sh"
     script.write_text("#!/bin/bash\nexec " + " ".join(f"'{c}'" for c in cmd) + "\n")
     script.chmod(0o755)

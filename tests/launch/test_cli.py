@@ -51,6 +51,9 @@ def test_port_depends_on_job_and_step_and_can_be_overridden():
 
     assert port(job_id="7", step_id="0") == port(job_id="7", step_id="0")
     assert len({port(job_id="7", step_id="0"), port(job_id="7", step_id="1"), port(job_id="8", step_id="0")}) == 3
+    # two clusters on one machine repeat job ids: the cluster (name:host:port of its slurmctld) tells them apart
+    other = task_envs(4, job_id="7", step_id="0")[0] | {"SLURM_WORKING_CLUSTER": "cellsched:localhost:19817:9728:109"}
+    assert child_env(launch(["--", sys.executable, "-c", SHOW_ENV], other))["MASTER_PORT"] != port(job_id="7", step_id="0")
     forced = launch(["--", sys.executable, "-c", SHOW_ENV], task_envs(4)[0], extra={"CELLSCHED_MASTER_PORT": "31234"})
     assert child_env(forced)["MASTER_PORT"] == "31234"
 
