@@ -307,7 +307,8 @@ start_ctld() {
   if [ -n "$pid" ] && ours_alive "$pid"; then die "slurmctld already running (pid $pid)"; fi
   slurmctld || fail "slurmctld did not start"
   wait_ctld
-  wait_nodes '[a-z+]+'  # every node responding again (no trailing *), whatever its state (one may be drained)
+  # every node registered and responding again (no trailing *, not unknown); one may be drained or down on purpose
+  wait_nodes '(idle|mixed|allocated|completing|drained|draining|down)([+][a-z]+)*'
 }
 
 case "${1:-}" in
