@@ -31,7 +31,7 @@ from solver.mixed import mixed_cells
 from solver.types import Cell, ClusterView, Estimate, JobRequest, NodeView, SolverConfig
 
 
-def _in_partitions(node: NodeView, partitions: tuple[str, ...], cluster: ClusterView) -> bool:
+def in_partitions(node: NodeView, partitions: tuple[str, ...], cluster: ClusterView) -> bool:
     return any(p in node.partitions or node.name in cluster.partitions.get(p, ()) for p in partitions)
 
 
@@ -60,7 +60,7 @@ def enumerate_cells(job: JobRequest, cluster: ClusterView, config: SolverConfig)
     sizes_of: dict[str, list[int]] = {}
     for node in cluster.nodes:
         if (allowed is None or node.gpu_type in allowed) and node.gpus_total > 0 and (
-                job.partitions is None or _in_partitions(node, job.partitions, cluster)):
+                job.partitions is None or in_partitions(node, job.partitions, cluster)):
             sizes_of.setdefault(node.gpu_type, []).append(node.gpus_total)
     max_pp = min(config.max_pp, job.model.num_layers)
     cells: list[Cell] = []

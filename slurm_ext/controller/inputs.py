@@ -16,6 +16,7 @@ from slurm_ext.jobspec import JobSpec, JobSpecError, is_managed_comment
 from slurm_ext.records import ClusterSnapshot, SlurmJob
 from slurm_ext.state import JobRow, PlanRow
 from slurm_ext.view import to_cluster_view
+from solver.cells import in_partitions
 from solver.mixed import parse_key
 from solver.plan import JobPlan, PlanError, default_virtual_workers
 from solver.types import Cell, ClusterView, JobRequest, ParallelPlan, Placement, ScheduleRequest, SolverConfig
@@ -129,11 +130,8 @@ def read_spec(job: SlurmJob, known: JobRow | None) -> tuple[JobSpec | None, str 
 
 def capacity(spec: JobSpec, view: ClusterView) -> int:
     """GPUs of the nodes the job may run on (its GPU types and partitions)."""
-    def allowed(n) -> bool:
-        return (spec.gpu_types is None or n.gpu_type in spec.gpu_types) and (
-            spec.partitions is None
-            or any(p in n.partitions or n.name in view.partitions.get(p, ()) for p in spec.partitions))
-    return sum(n.gpus_total for n in view.nodes if allowed(n))
+    return sum(n.gpus_total for n in view.nodes if (spec.gpu_types is None or n.gpu_type in spec.gpu_types)
+               and (spec.partitions is None or in_partitions(n, spec.partitions, view)))
 
 
 def with_virtual_workers(spec: JobSpec, view: ClusterView) -> JobSpec:
