@@ -73,7 +73,8 @@ class SlurmJob:
     `gpus_per_node` / `gpu_type` are what the job requests per node
     (gpu_type None = an untyped request); `nodes` the expanded allocation.
     Times are epoch seconds (None = not set / unknown); `end_time` of a job
-    that has not finished is Slurm's expected end (None when unlimited).
+    that has not finished is Slurm's expected end (None when unlimited);
+    `eligible_time` is when a pending job may start (its BeginTime).
     `exit_code` is the process exit status, 128+N when killed by signal N,
     and None until the job has finished. `time_limit` in minutes (None =
     unlimited). `num_tasks` / `tasks_per_node` are the requested task counts
@@ -98,6 +99,7 @@ class SlurmJob:
     admin_comment: str = ""
     submit_time: float | None = None
     start_time: float | None = None
+    eligible_time: float | None = None
     end_time: float | None = None
     exit_code: int | None = None
     time_limit: int | None = None

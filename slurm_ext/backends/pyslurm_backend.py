@@ -94,6 +94,7 @@ def job_record(job: Any) -> SlurmJob:
         admin_comment=text(_get(job, "admin_comment")),
         submit_time=epoch(_get(job, "submit_time")),
         start_time=epoch(_get(job, "start_time")),
+        eligible_time=epoch(_get(job, "eligible_time")),
         end_time=end,
         exit_code=exit_code,
         time_limit=time_limit,

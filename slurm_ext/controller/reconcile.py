@@ -187,10 +187,18 @@ def checked(view: ClusterView, placements: Mapping[str, Placement],
     return ok, rejected
 
 
-def waiting_for_begin_time(m: ManagedJob) -> bool:
-    """A released job that Slurm requeued itself (node failure) waits 120 s
-    for its BeginTime unless told to start soon."""
-    return m.phase == RELEASED and m.job.reason == "BeginTime"
+#: a begin time at most this far ahead is the one `JobUpdate.start_soon` set
+START_SOON_SLACK_S = 2.0
+
+
+def waiting_for_begin_time(m: ManagedJob, now: float) -> bool:
+    """A released job that Slurm requeued itself (node failure) waits
+    cred_expire (120 s by default) for its BeginTime unless told to start
+    soon. One this controller released with `start_soon` waits at most a
+    second: it is left alone (placing it again would restart it twice)."""
+    if m.phase != RELEASED or m.job.reason != "BeginTime":
+        return False
+    return m.job.eligible_time is None or m.job.eligible_time > now + START_SOON_SLACK_S
 
 
 def decide(jobs: tuple[ManagedJob, ...], desired: Mapping[str, Placement], view: ClusterView,
@@ -221,7 +229,7 @@ def decide(jobs: tuple[ManagedJob, ...], desired: Mapping[str, Placement], view:
             continue
         if p is None or m.phase not in (HELD, LOOSE, RELEASED, RUNNING, CHECKPOINTED) or m.spec_json is None:
             continue
-        if m.phase in (RELEASED, RUNNING) and p.same_resources(m.current) and not waiting_for_begin_time(m):
+        if m.phase in (RELEASED, RUNNING) and p.same_resources(m.current) and not waiting_for_begin_time(m, now):
             continue
         if m.phase == RUNNING and not (m.spec is not None and m.spec.elastic):
             continue  # only elastic jobs are moved while they run
@@ -230,7 +238,7 @@ def decide(jobs: tuple[ManagedJob, ...], desired: Mapping[str, Placement], view:
             continue  # validate() keeps such placements out; nothing to carry out
         plan = job_plan(m, p, checkpoint_root, view)
         # a job that ran before (requeued: its BeginTime is cred_expire away) starts in the next whole second
-        restart = m.phase in (RUNNING, CHECKPOINTED) or waiting_for_begin_time(m) or (
+        restart = m.phase in (RUNNING, CHECKPOINTED) or waiting_for_begin_time(m, now) or (
             m.phase == HELD and m.plan is not None)
         # A mixed-type cell: no feature constraint (each node's own type is
         # what ReqNodeList names), untyped gres per node (see the README).

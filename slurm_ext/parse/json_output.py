@@ -114,6 +114,7 @@ def job_record(j: Mapping[str, Any]) -> SlurmJob:
             admin_comment=text(j.get("admin_comment")),
             submit_time=epoch(j.get("submit_time")),
             start_time=epoch(j.get("start_time")),
+            eligible_time=epoch(j.get("eligible_time")),
             end_time=end,
             exit_code=exit_status(j.get("exit_code")) if state in FINISHED else None,
             time_limit=time_limit,

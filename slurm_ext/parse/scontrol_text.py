@@ -116,6 +116,7 @@ def job_record(f: dict[str, str]) -> SlurmJob:
             admin_comment=text(f.get("AdminComment")),
             submit_time=text_time(f.get("SubmitTime")),
             start_time=text_time(f.get("StartTime")),
+            eligible_time=text_time(f.get("EligibleTime")),
             end_time=text_time(f.get("EndTime")),
             exit_code=exit_status(f.get("ExitCode")) if state in FINISHED else None,
             time_limit=minutes(f.get("TimeLimit")),

@@ -322,7 +322,8 @@ class SimBackend:
                 partition=j.partition, nodes=j.nodes, num_nodes=len(j.nodes) if j.nodes else j.num_nodes,
                 gpus_per_node=j.gres or None, gpu_type=None, held=j.held and j.state == "PENDING", features=j.features,
                 required_nodes=j.required, excluded_nodes=j.excluded, comment=j.comment, admin_comment=j.admin_comment,
-                submit_time=j.submit_time, start_time=j.start_time, end_time=j.end_time if j.finished else None,
+                submit_time=j.submit_time, start_time=j.start_time,
+                eligible_time=j.begin_time if j.state == "PENDING" else None, end_time=j.end_time if j.finished else None,
                 exit_code=j.exit_code if j.finished else None, time_limit=None,
                 batch_host=j.nodes[0] if j.running and j.nodes else "", num_tasks=j.num_tasks,
                 tasks_per_node=j.tasks_per_node, work_dir=j.work_dir)

@@ -214,3 +214,20 @@ def test_a_requeued_held_job_is_released_to_start_in_the_next_second():
     (m,) = inp.classify(snapshot(fresh), {}, {})
     (a,) = decide((m,), {"2": dataclasses.replace(p, job_id="2")}, view, "/ck")
     assert not a.update.start_soon  # a new job has no BeginTime to lift
+
+
+def test_a_job_released_to_start_soon_is_not_placed_again_while_it_waits_that_second():
+    """The round after a restart was released (StartTime=now+1) sees it
+    pending with Reason=BeginTime for up to a second: it keeps its plan. A
+    job Slurm requeued itself (cred_expire away) is placed again to start soon."""
+    job = dataclasses.replace(ended("1"), state="PENDING", held=False, reason="BeginTime", exit_code=None,
+                              nodes=(), required_nodes=("n4",), partition="a40", features="a40", num_nodes=1,
+                              gpus_per_node=2)
+    p = Placement("1", Cell("a40", 1, 2, 1), (("n4", 2),), ParallelPlan(1, 2, 1), 0.5)
+    for eligible, placed_again in ((1000.8, False), (1001.0, False), (1010.0, True), (None, True)):
+        j = dataclasses.replace(job, eligible_time=eligible)
+        (m,) = inp.classify(snapshot(j), {}, {})
+        assert m.phase == inp.RELEASED and m.current is not None and p.same_resources(m.current)
+        view = inp.build_request(snapshot(j), (m,), {}, Config().solver).view
+        actions = decide((m,), {"1": p}, view, "/ck", now=1000.0)
+        assert [(a.kind, a.update.start_soon, a.hold_first) for a in actions] == ([(PLACE, True, True)] if placed_again else []), eligible

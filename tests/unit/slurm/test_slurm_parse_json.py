@@ -110,6 +110,7 @@ def test_newer_schema_jobs(sample):
     assert run.required_nodes == ("gn01", "gn02") and run.end_time == 1732003620.0
     requeued = jobs["103"]
     assert (requeued.state, requeued.reason, requeued.held, requeued.excluded_nodes) == ("PENDING", "BeginTime", False, ("gv03",))
+    assert (requeued.eligible_time, held.eligible_time) == (1732000030.0, None)  # when a requeued job may start again
     assert (jobs["104"].state, jobs["104"].exit_code) == ("FAILED", 3)
     assert (jobs["105"].state, jobs["105"].exit_code, jobs["105"].gpus_per_node) == ("CANCELLED", 143, None)
 

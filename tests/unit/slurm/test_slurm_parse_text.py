@@ -27,7 +27,7 @@ def test_text_job_fields(sample, utc):
     assert (jobs["8"].num_nodes, jobs["8"].gpu_type) == (2, "a100")  # NumNodes=2-2
     assert (jobs["3"].exit_code, jobs["4"].exit_code) == (143, 3)  # ExitCode=0:15, 3:0
     assert jobs["6"].nodes == ("n1", "n2") and jobs["6"].comment == "ctl:placed"
-    assert jobs["1"].start_time == 1795232892.0
+    assert jobs["1"].start_time == jobs["1"].eligible_time == 1795232892.0
     assert (jobs["1"].num_tasks, jobs["1"].tasks_per_node, jobs["1"].work_dir) == (4, None, "/tmp/devcluster")
 
 
