@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
+from fractions import Fraction
 
 PLAN_VERSION = 1
 #: Slurm keeps comments of any length, but a plan stays small: refuse a plan
@@ -154,8 +155,9 @@ def largest_remainder(total: int, weights: Sequence[float]) -> tuple[int, ...]:
     """
     if total < 0 or not weights or any(w <= 0 for w in weights):
         raise PlanError(f"cannot split {total} by weights {list(weights)}")
-    s = float(sum(weights))
-    quotas = [total * w / s for w in weights]
+    exact = [Fraction(w) for w in weights]  # exact remainders: equal ones really tie
+    s = sum(exact)
+    quotas = [total * w / s for w in exact]
     parts = [int(q) for q in quotas]
     order = sorted(range(len(weights)), key=lambda i: (-(quotas[i] - parts[i]), i))
     for i in order[: total - sum(parts)]:

@@ -4,7 +4,9 @@ tests/ on sys.path): the dev cluster handle and polling."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,3 +63,15 @@ def wait_for(predicate: Callable[[], Any], *, timeout: float = 20.0, interval: f
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(interval)
+
+
+def console_script(name: str = "cellsched") -> str:
+    """The installed console script `name`: next to this interpreter (the venv's
+    bin/, whether or not it is on PATH), else on PATH. Fails, never skips, when
+    it is not installed."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if os.access(beside, os.X_OK) else shutil.which(name)
+    if found is None:
+        raise AssertionError(f"the {name} console script is not installed next to {sys.executable} nor on PATH "
+                             f"(pip install -e . in the venv that runs pytest)")
+    return found

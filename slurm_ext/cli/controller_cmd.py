@@ -55,6 +55,7 @@ def controller() -> None:
 @click.option("--backend", help="Slurm backend (cli, pyslurm, auto; overrides the config).")
 def run(config_path: str | None, once: bool, dry_run: bool, interval: float | None, backend: str | None) -> None:
     """Observe the cluster, place managed jobs, release them; every interval."""
+    from slurm_ext.backends import SlurmError
     from slurm_ext.controller import logs
     from slurm_ext.controller.loop import Controller, LockError, StateLock
     from slurm_ext.controller.metrics import serve
@@ -74,7 +75,7 @@ def run(config_path: str | None, once: bool, dry_run: bool, interval: float | No
     try:
         try:
             ctl = Controller(config, state=state, readonly=dry_run)
-        except ValueError as exc:
+        except (ValueError, SlurmError) as exc:  # an unknown backend, or pyslurm missing
             raise ControllerError(str(exc)) from None
         if config.metrics.port and not once:
             try:

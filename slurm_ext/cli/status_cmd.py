@@ -181,12 +181,17 @@ def plan(config_path: str | None, as_json: bool) -> None:
     For root and the SlurmUser only: it shows every user's placements."""
     if viewer() is not None:
         raise ControllerError("`cellsched plan` shows every user's jobs and is for root and the SlurmUser; use `cellsched status`")
+    from slurm_ext.backends import SlurmError
     from slurm_ext.controller.loop import Controller
 
     config = load_config(config_path)
     state = open_state(config, readonly=True)
     try:
-        report = Controller(config, state=state, readonly=True).round(dry_run=True)
+        try:
+            ctl = Controller(config, state=state, readonly=True)
+        except (ValueError, SlurmError) as exc:  # an unknown backend, or pyslurm missing
+            raise ControllerError(str(exc)) from None
+        report = ctl.round(dry_run=True)
     finally:
         state.close()
     if as_json:

@@ -725,7 +725,7 @@ class SimBackend:
             for n in job.nodes:
                 self.nodes[n].alloc -= job.gres
                 self.nodes[n].record = None
-            job.gpu_seconds += job.gpus * (self.now - (job.start_time or self.now))
+            job.gpu_seconds += job.gpus * (self.now - (self.now if job.start_time is None else job.start_time))
             self.running.pop(job.job_id, None)
             if state == "COMPLETED":
                 job.ckpt_done, job.ckpt_exec_s = job.done, job.exec_s

@@ -561,7 +561,7 @@ class Simulator:
         meta: dict[str, object] = {
             "mode": "arena-compat" if o.arena_compat else "event",
             "options": {k: v for k, v in dataclasses.asdict(o).items() if k != "solver"},
-            "solver": dataclasses.asdict(o.solver),
+            "solver": dataclasses.asdict(dataclasses.replace(o.solver, seed=o.seed)),  # the config the rounds ran with
             "jobs": len(self.trace),
             "not_submitted": dict(self.skipped),
             "infeasible_starts": self.backend.infeasible_starts,

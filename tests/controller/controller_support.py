@@ -19,11 +19,12 @@ SHAPE = support.read_shape(support.SHAPE)
 
 
 def write_config(path: Path, state: Path, **controller: Any) -> Path:
-    """A controller config for tests: state under tmp, short intervals, text logs, no metrics."""
+    """A controller config for tests: state under tmp, short intervals, JSON logs, no metrics. CP-SAT's
+    deterministic budget decides each plan (the tests assert exact plans), never the wall clock."""
     opts = {"state_path": str(state), "interval_s": 1.0, "watch_s": 0.5, "min_gap_s": 0.2,
             "kick_file": str(path.parent / "kick"), "checkpoint_root": str(path.parent / "ckpt"), **controller}
     lines = ["[controller]"] + [f"{k} = {json.dumps(v)}" for k, v in opts.items()]
-    lines += ["[metrics]", "port = 0", "[log]", 'format = "json"', "[solver]", "time_limit_s = 1.0", "workers = 1"]
+    lines += ["[metrics]", "port = 0", "[log]", 'format = "json"', "[solver]", "time_limit_s = 30.0", "deterministic = true"]
     path.write_text("\n".join(lines) + "\n")
     return path
 

@@ -1,5 +1,8 @@
 """Layout arithmetic, batch slices, virtual workers and checkpoint files (one process)."""
 
+import itertools
+from fractions import Fraction
+
 import pytest
 import torch
 from hypothesis import given
@@ -46,6 +49,31 @@ def test_largest_remainder_examples():
     assert largest_remainder(3, [1, 1]) == (2, 1)  # ties go to the lower index
 
 
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_largest_remainder_is_the_closest_whole_split(n):
+    """Brute force over every whole split: none is closer to the exact quotas; a larger weight never gets less."""
+    for total in range(9):
+        for weights in itertools.product((1, 2, 3, 5), repeat=n):
+            quotas = [Fraction(total * w, sum(weights)) for w in weights]
+
+            def err(parts):
+                return sum((p - q) ** 2 for p, q in zip(parts, quotas))
+
+            best = min(err(c) for c in itertools.product(range(total + 1), repeat=n) if sum(c) == total)
+            got = largest_remainder(total, weights)
+            assert sum(got) == total and err(got) == best, (total, weights, got)
+            # equal weights: the lower index first (e.g. 10 by (1, 1, 1) is 4, 3, 3)
+            assert all(got[i] >= got[j] for i in range(n) for j in range(n)
+                       if weights[i] > weights[j] or (weights[i] == weights[j] and i < j)), (total, weights, got)
+            # equal remainders (of any weights): the leftover to the lower index (3 by (2, 2, 5): quotas
+            # 2/3, 2/3, 5/3 -> 0, 0, 1 and two units left for remainders 2/3, 2/3, 2/3 -> 1, 1, 1)
+            floors = [int(q) for q in quotas]
+            for i in range(n):
+                for j in range(i + 1, n):
+                    if quotas[i] - floors[i] == quotas[j] - floors[j]:
+                        assert got[i] - floors[i] >= got[j] - floors[j], (total, weights, got)
+
+
 def test_split_layers():
     assert split_layers(5, 2) == (range(0, 3), range(3, 5))
     assert split_layers(6, 3, [1, 2, 3]) == (range(0, 1), range(1, 3), range(3, 6))
@@ -57,7 +85,6 @@ def test_split_layers():
 
 def test_batch_slices():
     even = JobPlan(dp=2, micro_batches=2, virtual_workers=4)
-    assert batch_slice(even, 1, 16) == batch_slice(even, 1, 16)
     s = batch_slice(even, 1, 16)
     assert (s.offset, s.size, s.micro_batch_size, s.num_micro_batches, s.virtual_workers) == (8, 8, 2, 4, range(2, 4))
     shares = JobPlan(dp=2, micro_batches=2, batch_shares=(3, 1))

@@ -1,7 +1,10 @@
 """Cephalo state sharding: memory-proportional optimizer state over dp ranks."""
 
+import itertools
 import json
+import math
 import os
+from fractions import Fraction
 
 import pytest
 import torch
@@ -22,6 +25,16 @@ FLAGS = tuple(x for k, v in SHAPE.items() for x in (f"--{k}", str(v)))
 # ------------------------------------------------------------------ layout
 
 
+def hamilton(total: int, weights) -> list[int]:
+    """Reference split in exact arithmetic: each rank its quota's floor, the leftovers to the largest
+    remainders, ties to the lower rank."""
+    quotas = [Fraction(total * w, sum(weights)) for w in weights]
+    parts = [math.floor(q) for q in quotas]
+    for r in sorted(range(len(parts)), key=lambda r: (parts[r] - quotas[r], r))[:total - sum(parts)]:
+        parts[r] += 1
+    return parts
+
+
 @pytest.mark.parametrize(
     "numel, weights", [(1000, (3, 1)), (12_345, (80, 40, 24)), (7, (1, 1, 1)), (5, (1000, 1, 1)), (0, (1, 2))]
 )
@@ -34,11 +47,27 @@ def test_slices_are_proportional_and_cover_everything_once(numel, weights):
     total = sum(weights)
     for size, w in zip(layout.sizes, weights):
         assert abs(size - numel * w / total) < 1  # largest remainder: within one element
-    assert ShardLayout.proportional(numel, weights) == layout  # deterministic
+    assert list(layout.sizes) == hamilton(numel, weights)  # the exact-arithmetic reference
 
 
 def test_3_to_1_gives_75_and_25_percent():
     assert ShardLayout.proportional(1000, (3, 1)).bounds == ((0, 750), (750, 1000))
+
+
+@pytest.mark.parametrize("numel, weights, sizes", [
+    (1000, (3, 1), (750, 250)),  # quotas 750, 250: no leftover
+    (12_345, (80, 40, 24), (6858, 3429, 2058)),  # 6858.33, 3429.17, 2057.5: floors add to 12344, 1 left -> .5
+    (7, (1, 1, 1), (3, 2, 2)),  # 2.33 each: floors 6, 1 left, a tie -> rank 0
+    (10, (1, 1, 1, 1), (3, 3, 2, 2)),  # 2.5 each: floors 8, 2 left, ties -> ranks 0 and 1
+    (8, (5, 3, 2), (4, 2, 2)),  # 4, 2.4, 1.6: floors 7, 1 left -> .6 (rank 2), not the larger weight
+    (100, (1, 2, 4), (14, 29, 57)),  # 14.29, 28.57, 57.14: floors 99, 1 left -> .57 (rank 1)
+    (5, (1000, 1, 1), (5, 0, 0)),  # 4.99, 0.005, 0.005: floors 4, 1 left -> .99; a rank may own nothing
+    (0, (1, 2), (0, 0)),
+])
+def test_slices_by_hand(numel, weights, sizes):
+    """Slice sizes and bounds worked out by hand (largest remainder, ties to the lower rank)."""
+    starts = tuple(itertools.accumulate(sizes, initial=0))
+    assert ShardLayout.proportional(numel, weights).bounds == tuple(zip(starts, starts[1:]))
 
 
 @pytest.mark.parametrize("bounds", [(), ((1, 4),), ((0, 4), (5, 6)), ((0, 4), (4, 3))])
@@ -255,4 +284,4 @@ def test_resume_on_three_ranks_with_other_memory_weights(tmp_path):
     assert relative_error(flat, torch.cat([ref[k].reshape(-1) for k in names])) <= 1e-6
     assert max(abs(a - b) / abs(b) for a, b in zip(run.losses, losses)) <= 1e-6
     sizes = [r["slice"][1] - r["slice"][0] for r in _state_reports(tmp_path / "r", 3)]
-    assert sizes == list(ShardLayout.proportional(sum(sizes), (1, 2, 1)).sizes) and sizes[1] > 1.9 * sizes[0]
+    assert sizes == hamilton(sum(sizes), (1, 2, 1)) and sizes[1] > 1.9 * sizes[0]

@@ -130,6 +130,15 @@ def test_a_job_completes_after_its_stall_and_iterations_then_vanishes():
     assert job_id not in {j.job_id for j in b.observe().jobs}
 
 
+def test_a_job_started_at_time_zero_is_charged_its_gpu_seconds():
+    b = backend(restart_cost=lambda s, gpus, first: 0.0)
+    job_id = submit(b, spec(iterations=30))
+    place(b, job_id, ("a100-1",), 2)  # at t=0: 2 s per iteration
+    b.advance(60.0)
+    assert b.observe().job(job_id).state == "COMPLETED"
+    assert b.all_jobs[job_id].gpu_seconds == pytest.approx(2 * 60.0)
+
+
 def test_usr1_to_the_steps_checkpoints_an_elastic_job_and_a_requeue_resumes_it():
     b = backend(checkpoint_s=5.0)
     job_id = submit(b, spec(iterations=100))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -108,6 +109,20 @@ def test_weight_update_priced_at_memory_bandwidth():
     # two stages update in parallel: the larger (layers [1,2 | 3,2] -> 6000 B each) sets it
     t, _ = plan_of(Estimator(store), Cell("slow", 1, 2, pp=2), 8, 2, 1, 1, 4)
     assert t == pytest.approx(23.3 + 3000 * 32 / 1000)
+
+
+def test_virtual_workers_estimate_by_hand():
+    """The estimate under V = 3 over dp 2: ceil(3/2) = 2 virtual workers on the busiest rank, by hand."""
+    store = hand_store()
+    store.put_gpu(replace(G, name="h"))
+    store.put_layers(layer_recs("h", 1, TIMES))  # tp 1 only: the composed search keeps tp 1, so dp = 4 / 2 = 2
+    e = Estimator(store).estimate_model(HAND, 6, Cell("h", 1, 4, pp=2), virtual_workers=3)
+    # B / V = 2 samples per virtual worker; layers [1,2,3,2] s at micro-batch 2 -> [1,2 | 3,2]: 1.5, 2.5 s/sample.
+    # m = 1 (b = 2): 3 + 5 + 2 p2p(1500 B, nvlink) 0.15 = 8.3 s per worker; m = 2 (b = 1): (2-1) x 2.5 + 4
+    # + 2 p2p(750 B) 0.075 = 6.65 s, the faster. Busiest rank: 2 workers in turn = 13.3 s, plus the dp
+    # all-reduce of 6000 B per stage (0.006 s) and the update of 3000 params x 32 B at 1000 GB/s (9.6e-8 s).
+    assert (e.plan.pp, e.plan.dp, e.plan.tp, e.plan.micro_batches) == (2, 2, 1, 2) and e.source == "composed"
+    assert e.iter_time_s == pytest.approx(2 * 6.65 + 0.006 + 9.6e-8, rel=1e-12)
 
 
 def test_picks_fastest_plan_that_fits():

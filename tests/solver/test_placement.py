@@ -116,10 +116,9 @@ def units(x: float) -> int:
 
 
 @pytest.mark.parametrize("seed", range(60))
-def test_cpsat_matches_brute_force(seed):
+def test_cpsat_matches_brute_force(seed, exact_config):
     cluster, jobs, options = random_instance(random.Random(seed))
-    # a generous wall-clock limit: on a loaded machine it must not cut the proof short
-    res = place_jobs(Space.of(cluster), jobs, options, SolverConfig(workers=1, relative_gap_limit=0.0, time_limit_s=30))
+    res = place_jobs(Space.of(cluster), jobs, options, exact_config(relative_gap_limit=0.0))
     validate_plan(cluster, res.placements)
     assert res.status == "OPTIMAL"
     assert units(res.objective) == brute_force(cluster, options)
@@ -136,11 +135,11 @@ def test_aggregated_model_on_small_instances_is_placeable():
         assert units(res.objective) <= brute_force(cluster, options)
 
 
-def test_exact_model_uses_distinct_nodes():
+def test_exact_model_uses_distinct_nodes(exact_config):
     # 2x2 on one 4-GPU node is not a 2-node layout: only the 1x4 option fits.
     cluster = ClusterView((NodeView("n0", "a100", 4, 4),))
     options = {"a": [opt("a", Cell("a100", 2, 2), 500), opt("a", Cell("a100", 1, 4), 100)]}
-    res = place_jobs(Space.of(cluster), [job("a")], options, SolverConfig(workers=1, relative_gap_limit=0.0))
+    res = place_jobs(Space.of(cluster), [job("a")], options, exact_config(relative_gap_limit=0.0))
     assert res.placements["a"].cell == Cell("a100", 1, 4)
 
 
@@ -175,9 +174,9 @@ def large_instance(seed: int, num_jobs: int = 500):
     return cluster, jobs, options
 
 
-def test_large_instance_is_placeable_and_near_optimal():
+def test_large_instance_is_placeable_and_near_optimal(exact_config):
     cluster, jobs, options = large_instance(0)
-    res = place_jobs(Space.of(cluster), jobs, options, SolverConfig(time_limit_s=10, deterministic_time=10))
+    res = place_jobs(Space.of(cluster), jobs, options, exact_config(deterministic_time=10))
     validate_plan(cluster, res.placements)
     used = sum(p.cell.num_gpus for p in res.placements.values())
     assert used <= 1280 and len(res.placements) > 200
@@ -186,9 +185,9 @@ def test_large_instance_is_placeable_and_near_optimal():
     assert (res.bound - res.objective) / res.objective <= 0.02
 
 
-def test_lp_first_agrees_with_cpsat_on_the_whole_model():
+def test_lp_first_agrees_with_cpsat_on_the_whole_model(exact_config):
     cluster, jobs, options = large_instance(6)
-    cfg = SolverConfig(time_limit_s=10, deterministic_time=10)
+    cfg = exact_config(deterministic_time=10)
     first = place_jobs(Space.of(cluster), jobs, options, cfg)
     whole = place_jobs(Space.of(cluster), jobs, options, replace(cfg, lp_first_min_jobs=1 << 30))
     for res in (first, whole):
@@ -200,29 +199,29 @@ def test_lp_first_agrees_with_cpsat_on_the_whole_model():
 
 # ---------- LP relaxation first ----------
 
-LP_FIRST = dict(workers=1, exact_node_model_max_nodes=0, lp_first_min_jobs=0, time_limit_s=30)
+LP_FIRST = dict(exact_node_model_max_nodes=0, lp_first_min_jobs=0)
 
 
-def test_lp_first_on_small_instances_is_placeable_and_bounds_the_optimum():
+def test_lp_first_on_small_instances_is_placeable_and_bounds_the_optimum(exact_config):
     for seed in range(30):
         cluster, jobs, options = random_instance(random.Random(2000 + seed))
-        res = place_jobs(Space.of(cluster), jobs, options, SolverConfig(**LP_FIRST))
+        res = place_jobs(Space.of(cluster), jobs, options, exact_config(**LP_FIRST))
         validate_plan(cluster, res.placements)
         assert units(res.objective) <= brute_force(cluster, options) <= units(res.bound)
 
 
-def test_lp_leaves_few_jobs_to_cpsat():
+def test_lp_leaves_few_jobs_to_cpsat(exact_config):
     cluster, jobs, options = large_instance(7)
     m = build(Space.of(cluster), jobs, options, exact=False)
-    lp = solve_lp(m, 10.0)
+    lp = solve_lp(m, exact_config().time_limit_s)
     fixed = integral_jobs(m, lp.values)
     open_jobs = len(jobs) - len({m.owner[c] for c in fixed})
     assert lp.status == "OPTIMAL" and 0 < open_jobs <= 20
-    sub = solve_cpsat(m, SolverConfig(relative_gap_limit=0.0), fixed=fixed)
+    sub = solve_cpsat(m, exact_config(relative_gap_limit=0.0), fixed=fixed)
     assert sub.status == "OPTIMAL" and 0.99 * lp.bound <= sub.objective <= lp.bound
 
 
-def test_fractional_slot_counts_do_not_leave_cpsat_without_a_solution():
+def test_fractional_slot_counts_do_not_leave_cpsat_without_a_solution(exact_config):
     # Two 2-GPU nodes, each running two 1-GPU jobs; q wants a whole node. The
     # LP keeps one job per node and gives q the two half-free nodes as one.
     cluster = ClusterView((NodeView("a", "a100", 2, 2), NodeView("b", "a100", 2, 2)))
@@ -232,28 +231,28 @@ def test_fractional_slot_counts_do_not_leave_cpsat_without_a_solution():
                "q": [opt("q", Cell("a100", 1, 2), 150)]}
     jobs = [job(j) for j in options]
     m = build(Space.of(cluster), jobs, options, exact=False)
-    lp = solve_lp(m, 10.0)
+    lp = solve_lp(m, exact_config().time_limit_s)
     assert lp.status == "OPTIMAL" and lp.values[m.x[("q", 0)]] == pytest.approx(1.0)
     fixed = integral_jobs(m, lp.values)
-    assert solve_cpsat(m, SolverConfig(), fixed=fixed).status == "OPTIMAL"
-    res = place_jobs(Space.of(cluster), jobs, options, SolverConfig(**LP_FIRST))
+    assert solve_cpsat(m, exact_config(), fixed=fixed).status == "OPTIMAL"
+    res = place_jobs(Space.of(cluster), jobs, options, exact_config(**LP_FIRST))
     validate_plan(cluster, res.placements)
     assert "q" in res.placements and units(res.objective) <= brute_force(cluster, options) == 260
 
 
 # ---------- determinism, warm start, time limit, fallback ----------
 
-def test_same_seed_same_plan():
+def test_same_seed_same_plan(exact_config):
     cluster, jobs, options = large_instance(1, 200)
-    cfg = SolverConfig(workers=2, seed=7, deterministic_time=0.5, time_limit_s=30)
+    cfg = exact_config(workers=2, seed=7, deterministic_time=0.5)
     a = place_jobs(Space.of(cluster), jobs, options, cfg)
     b = place_jobs(Space.of(cluster), jobs, options, cfg)
     assert a.placements == b.placements and a.objective == b.objective
 
 
-def test_time_limit_returns_feasible_with_bound():
+def test_time_limit_returns_feasible_with_bound(exact_config):
     cluster, jobs, options = large_instance(2, 300)
-    res = place_jobs(Space.of(cluster), jobs, options, SolverConfig(workers=1, deterministic_time=0.01))
+    res = place_jobs(Space.of(cluster), jobs, options, exact_config(deterministic_time=0.01))
     validate_plan(cluster, res.placements)
     assert res.status == "FEASIBLE"
     assert res.bound > res.objective > 0
@@ -282,9 +281,9 @@ def test_solver_exception_falls_back_to_greedy(monkeypatch):
     validate_plan(cluster, res.placements)
 
 
-def test_warm_start_from_previous_keeps_an_optimal_plan():
+def test_warm_start_from_previous_keeps_an_optimal_plan(exact_config):
     cluster, jobs, options = large_instance(5, 100)
-    cfg = SolverConfig(workers=1)
+    cfg = exact_config()
     first = place_jobs(Space.of(cluster), jobs, options, cfg)
     again = place_jobs(Space.of(cluster), jobs, options, cfg, preferred=first.placements)
     assert again.objective >= first.objective
@@ -313,13 +312,13 @@ def test_validate_plan_rejects_violations():
 
 
 @pytest.mark.parametrize("exact", [True, False])
-def test_a_running_job_is_never_dropped(exact):
+def test_a_running_job_is_never_dropped(exact, exact_config):
     # r runs on n0 (worth 100 staying, 90 elsewhere); q is worth more than r but
     # needs a whole node: the plan keeps r (the controller never preempts) and
     # moves it to n1 so that q gets n0 -- or, without room, leaves q waiting.
     a100 = Cell("a100", 1, 2)
     current = Placement("r", a100, (("n0", 2),), ParallelPlan(1, 2, 1), 1.0)
-    cfg = SolverConfig(workers=1, relative_gap_limit=0.0, exact_node_model_max_nodes=64 if exact else 0)
+    cfg = exact_config(relative_gap_limit=0.0, exact_node_model_max_nodes=64 if exact else 0)
     for nodes, want in (((("n0", 2), ("n1", 2)), {"q", "r"}), ((("n0", 2),), {"r"})):
         cluster = ClusterView(tuple(NodeView(n, "a100", g, g) for n, g in nodes))
         options = {"r": [opt("r", a100, 100, (("n0", 2),)), opt("r", a100, 90)], "q": [opt("q", a100, 500)]}

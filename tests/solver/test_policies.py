@@ -10,8 +10,7 @@ import pytest
 from solver.models import ModelSpec
 from solver.placement import validate_plan
 from solver.policies import get_policy
-from solver.types import (Cell, ClusterView, Estimate, JobRequest, NodeView, ParallelPlan, Placement,
-                          ScheduleRequest, SolverConfig)
+from solver.types import Cell, ClusterView, Estimate, JobRequest, NodeView, ParallelPlan, Placement, ScheduleRequest
 
 MODEL = ModelSpec("tiny", "gpt", 4, 256, 4, 128, 1000, 1e7)
 
@@ -72,45 +71,47 @@ def move_case(fast: float, **jobkw):
     return j, est
 
 
-CFG = SolverConfig(fairness_p=1.0, w_short_jobs=0.0, w_age=0.0, restart_penalty=1.0,
-                   default_restart_cost_s=60.0, horizon_s=300.0)  # a move keeps 80% of its value
+#: SolverConfig fields of the move cases: a move keeps 80% of its value
+MOVE = dict(fairness_p=1.0, w_short_jobs=0.0, w_age=0.0, restart_penalty=1.0, default_restart_cost_s=60.0,
+            horizon_s=300.0)
 
 
 @pytest.mark.parametrize("fast,moves", [(1.1, False), (2.0, True)])
-def test_elastic_job_moves_only_when_gain_pays_restart(fast, moves):
+def test_elastic_job_moves_only_when_gain_pays_restart(fast, moves, exact_config):
     j, est = move_case(fast, elastic=True)
-    rep = get_policy("cellsched").schedule(ScheduleRequest(TWO_TYPES, (j,), config=CFG), est)
+    rep = get_policy("cellsched").schedule(ScheduleRequest(TWO_TYPES, (j,), config=exact_config(**MOVE)), est)
     validate_plan(TWO_TYPES, rep.placements)
     assert rep.placements["j"].cell.gpu_type == ("a100" if moves else "a10")
     # stay is worth u(a10) = 1/fast, a move 0.8 * u(a100) = 0.8
     assert rep.objective == pytest.approx(0.8 if moves else 1 / fast, rel=1e-3)
 
 
-def test_measured_restart_cost_overrides_default():
+def test_measured_restart_cost_overrides_default(exact_config):
     j, est = move_case(2.0, elastic=True, restart_cost_s=200.0)  # a move keeps 1/3 < 1/2
-    rep = get_policy("cellsched").schedule(ScheduleRequest(TWO_TYPES, (j,), config=CFG), est)
+    rep = get_policy("cellsched").schedule(ScheduleRequest(TWO_TYPES, (j,), config=exact_config(**MOVE)), est)
     assert rep.placements["j"].cell.gpu_type == "a10"
 
 
-@pytest.mark.parametrize("policy,elastic,cfg", [
-    ("cellsched", False, CFG),
-    ("cellsched-static", True, CFG),
-    ("cellsched", True, replace(CFG, allow_resize=False)),
+@pytest.mark.parametrize("policy,elastic,extra", [
+    ("cellsched", False, {}),
+    ("cellsched-static", True, {}),
+    ("cellsched", True, {"allow_resize": False}),
 ])
-def test_running_job_keeps_placement(policy, elastic, cfg):
+def test_running_job_keeps_placement(policy, elastic, extra, exact_config):
     j, est = move_case(10.0, elastic=elastic)
-    rep = get_policy(policy).schedule(ScheduleRequest(TWO_TYPES, (j,), config=cfg), est)
+    rep = get_policy(policy).schedule(ScheduleRequest(TWO_TYPES, (j,), config=exact_config(**MOVE, **extra)), est)
     assert rep.placements["j"] == j.current
 
 
-def test_non_elastic_running_jobs_are_never_stopped_for_pending_ones():
+def test_non_elastic_running_jobs_are_never_stopped_for_pending_ones(exact_config):
     cluster = ClusterView((NodeView("a100-0", "a100", 4, 4),))
     r = job("r", max_gpus=4)
     p = job("p", max_gpus=4, submit_time=-1e6)  # old and waiting
     est = table_for([r, p], cluster, {("r", "a100"): 1.0, ("p", "a100"): 5.0})
     cell = Cell("a100", 1, 4)
     r = running(r, cell, [("a100-0", 4)], est.table[("r", cell.key())])
-    rep = get_policy("cellsched").schedule(ScheduleRequest(cluster, (r, p), config=CFG, now=0.0), est)
+    rep = get_policy("cellsched").schedule(ScheduleRequest(cluster, (r, p), config=exact_config(**MOVE), now=0.0),
+                                           est)
     assert rep.placements["r"] == r.current and "p" not in rep.placements and rep.reasons["p"]
 
 
@@ -128,9 +129,9 @@ def random_cluster_and_jobs(seed: int, n_jobs: int = 12):
 
 
 @pytest.mark.parametrize("name", ["cellsched", "cellsched-static", "fcfs", "fcfs-backfill", "gavel", "sia"])
-def test_every_policy_gives_a_placeable_deterministic_plan(name):
+def test_every_policy_gives_a_placeable_deterministic_plan(name, exact_config):
     cluster, jobs, est = random_cluster_and_jobs(1)
-    req = ScheduleRequest(cluster, tuple(jobs), config=SolverConfig(seed=3), now=100.0)
+    req = ScheduleRequest(cluster, tuple(jobs), config=exact_config(seed=3), now=100.0)
     a = get_policy(name).schedule(req, est)
     b = get_policy(name).schedule(req, est)
     validate_plan(cluster, a.placements)
@@ -139,10 +140,10 @@ def test_every_policy_gives_a_placeable_deterministic_plan(name):
     assert all(j.job_id in a.placements or a.reasons.get(j.job_id) for j in jobs)
 
 
-def test_cellsched_round_trip_with_running_jobs_is_stable():
+def test_cellsched_round_trip_with_running_jobs_is_stable(exact_config):
     cluster, jobs, est = random_cluster_and_jobs(2)
     pol = get_policy("cellsched")
-    req = ScheduleRequest(cluster, tuple(jobs), config=SolverConfig(), now=100.0)
+    req = ScheduleRequest(cluster, tuple(jobs), config=exact_config(), now=100.0)
     first = pol.schedule(req, est)
     now_running = tuple(replace(j, current=first.placements.get(j.job_id)) for j in jobs)
     second = pol.schedule(replace(req, jobs=now_running, previous=first.placements), est)
@@ -150,9 +151,9 @@ def test_cellsched_round_trip_with_running_jobs_is_stable():
     assert second.placements == first.placements  # nothing changed, so nothing pays a restart
 
 
-def test_cellsched_uses_all_gpus_when_jobs_can_grow():
+def test_cellsched_uses_all_gpus_when_jobs_can_grow(exact_config):
     cluster, jobs, est = random_cluster_and_jobs(3, n_jobs=3)
-    rep = get_policy("cellsched").schedule(ScheduleRequest(cluster, tuple(jobs), config=SolverConfig()), est)
+    rep = get_policy("cellsched").schedule(ScheduleRequest(cluster, tuple(jobs), config=exact_config()), est)
     assert len(rep.placements) == 3 and rep.status == "OPTIMAL"
     assert sum(p.cell.num_gpus for p in rep.placements.values()) > 3
 
@@ -215,9 +216,9 @@ def hetero_case():
 
 
 @pytest.mark.parametrize("name", ["gavel", "sia"])
-def test_baselines_prefer_the_faster_gpu_type(name):
+def test_baselines_prefer_the_faster_gpu_type(name, exact_config):
     cluster, jobs, est = hetero_case()
-    rep = get_policy(name).schedule(ScheduleRequest(cluster, jobs), est)
+    rep = get_policy(name).schedule(ScheduleRequest(cluster, jobs, config=exact_config()), est)
     validate_plan(cluster, rep.placements)
     assert rep.placements["x"].cell.gpu_type == "a100"  # x gains 10x there, y only 1.2x
     assert rep.placements["y"].cell.gpu_type == "a10"
@@ -225,10 +226,10 @@ def test_baselines_prefer_the_faster_gpu_type(name):
 
 
 @pytest.mark.parametrize("name", ["gavel", "sia"])
-def test_baselines_respect_the_feasible_rule(name):
+def test_baselines_respect_the_feasible_rule(name, exact_config):
     cluster, jobs, est = hetero_case()
     rep = get_policy(name, feasible=lambda j, c: not (j.job_id == "x" and c.gpu_type == "a100")).schedule(
-        ScheduleRequest(cluster, jobs), est)
+        ScheduleRequest(cluster, jobs, config=exact_config()), est)
     assert rep.placements["x"].cell.gpu_type == "a10"
 
 
@@ -242,7 +243,7 @@ def test_gavel_max_min_serves_the_least_served_job_first():
 
 
 @pytest.mark.parametrize("name", ["cellsched", "gavel", "sia"])
-def test_no_policy_preempts_a_running_job(name):
+def test_no_policy_preempts_a_running_job(name, exact_config):
     """`new` would win the only GPU (Gavel: less served; cellsched: shorter
     and older), but the controller never preempts: the running elastic job
     keeps it (and any plan that dropped it would be rejected)."""
@@ -252,7 +253,7 @@ def test_no_policy_preempts_a_running_job(name):
     new = job("new", requested_gpus=1, max_gpus=1, submit_time=0.0, iterations=10)
     est = table_for([old, new], cluster, {("old", "a100"): 0.2, ("new", "a100"): 5.0})
     old = running(old, Cell("a100", 1, 1), [("a100-0", 1)], est.estimate(old, Cell("a100", 1, 1)).iter_time_s)
-    rep = get_policy(name).schedule(ScheduleRequest(cluster, (old, new), now=1000.0), est)
+    rep = get_policy(name).schedule(ScheduleRequest(cluster, (old, new), config=exact_config(), now=1000.0), est)
     validate_plan(cluster, rep.placements)
     assert set(rep.placements) == {"old"} and rep.placements["old"].nodes == (("a100-0", 1),)
 

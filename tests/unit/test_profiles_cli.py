@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 
 import pytest
@@ -13,6 +12,7 @@ from slurm_ext.cli import main
 from solver.profiles.arena import shipped_path
 from solver.profiles.records import CommRecord, LayerRecord
 from solver.profiles.store import ProfileStore
+from support import console_script
 
 
 def run(*args: str):
@@ -116,9 +116,7 @@ def test_help_explains():
 
 
 def test_installed_console_script(tmp_path):
-    exe = shutil.which("cellsched")
-    if exe is None:
-        pytest.skip("the cellsched console script is not installed")
+    exe = console_script()
     db = tmp_path / "p.sqlite"
     proc = subprocess.run([exe, "profiles", "list", "--db", str(db)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

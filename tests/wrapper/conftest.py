@@ -30,14 +30,17 @@ import pytest
 from slurm_ext.backends.base import SubmitRequest
 from slurm_ext.backends.cli import CliBackend
 from slurm_ext.records import ClusterSnapshot, SlurmNode, SlurmPartition
+from support import console_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEVCLUSTER = ROOT / "contrib" / "dev-cluster" / "devcluster.sh"
 SHAPE = ROOT / "contrib" / "dev-cluster" / "cluster.conf"
 PLUGIN = ROOT / "contrib" / "job_submit.lua"
 HELLO = ROOT / "contrib" / "examples" / "hello_job.sh"
-LAB = pathlib.Path("/tmp/cellsched-wrap")
-CLUSTER_ENV = {"LAB": str(LAB), "CTLD_PORT": "14817", "SLURMD_BASEPORT": "14900"}
+#: CELLSCHED_TEST_WRAP_LAB / _CTLD_PORT / _SLURMD_BASEPORT move it, so that two test runs can share a machine
+LAB = pathlib.Path(os.environ.get("CELLSCHED_TEST_WRAP_LAB", "/tmp/cellsched-wrap"))
+CLUSTER_ENV = {"LAB": str(LAB), "CTLD_PORT": os.environ.get("CELLSCHED_TEST_WRAP_CTLD_PORT", "14817"),
+               "SLURMD_BASEPORT": os.environ.get("CELLSCHED_TEST_WRAP_SLURMD_BASEPORT", "14900")}
 USERS = ("cs_alice", "cs_bob")
 
 
@@ -106,11 +109,15 @@ class WrapCluster:
         """Run a command (an argument list) with this cluster's SLURM_CONF,
         as root or as `user`; `cellsched` resolves to an install the user can run."""
         if args[0] == "cellsched":
-            args = [*(users.cellsched if users else [shutil.which("cellsched") or "cellsched"]), *args[1:]]
+            args = [*(users.cellsched if users else [console_script()]), *args[1:]]
         if user is not None:
             args = ["runuser", "-u", user, "--", "env", f"SLURM_CONF={self.env['SLURM_CONF']}",
                     *((f"PYTHONPATH={users.pythonpath}",) if users and users.pythonpath else ()), *args]
         return subprocess.run(args, env=self.env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+
+    def ctld_log(self) -> str:
+        """slurmctld's log so far."""
+        return (LAB / "log" / "slurmctld.log").read_text(errors="replace")
 
     def job_ids(self) -> set[str]:
         out = self.run(["squeue", "-h", "-t", "all", "-o", "%i"]).stdout

@@ -117,15 +117,54 @@ def test_bad_names_and_texts(option, value, make_recorder, job_script):
 
 SPEC_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(), st.text(ODD, max_size=10),
                         st.lists(st.text(max_size=5), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=2))
+VALID_SPEC = {"model": "gpt-1.3b", "global_batch": 64, "iterations": 10}
+NOT_INT = st.one_of(st.none(), st.booleans(), st.floats(), st.text(ODD, max_size=5), st.lists(st.integers(), max_size=2))
+NOT_NAMES = st.one_of(st.none(), st.just([]), st.integers(), st.text(ODD, max_size=5),
+                      st.lists(st.sampled_from(["", "A100 ", "a/b", "-x", "x" * 65, "\n", 7]), min_size=1, max_size=3))
+#: per field, values that are wrong whatever the other fields say (None: only where the field is required)
+BAD = {
+    "model": st.one_of(st.none(), st.integers(), st.sampled_from(["", "no-such-model", "gpt\n1.3b", "x" * 256])),
+    "global_batch": st.one_of(NOT_INT, st.integers(max_value=0), st.integers(min_value=10**9 + 1)),
+    "iterations": st.one_of(NOT_INT, st.integers(max_value=0), st.integers(min_value=10**12 + 1)),
+    "min_gpus": st.one_of(NOT_INT.filter(lambda v: v is not None), st.integers(max_value=0), st.integers(min_value=100_001)),
+    "max_gpus": st.one_of(NOT_INT.filter(lambda v: v is not None), st.integers(max_value=0)),
+    "virtual_workers": st.one_of(NOT_INT.filter(lambda v: v is not None), st.integers(max_value=0)),
+    "elastic": st.one_of(st.integers(), st.text(max_size=5), st.just("true")),
+    "gpu_types": NOT_NAMES.filter(lambda v: v is not None),
+    "partitions": NOT_NAMES.filter(lambda v: v is not None),
+    "model_def": st.one_of(st.integers(), st.text(max_size=5), st.lists(st.integers(), max_size=2)),
+    "version": st.one_of(st.integers().filter(lambda v: v != 1), st.text(max_size=3)),
+    "bogus": SPEC_VALUES,  # an unknown field, whatever its value
+}
+
+
+@FUZZ
+@given(data=st.data(), field=st.sampled_from(sorted(BAD)))
+def test_a_malformed_spec_is_refused_naming_its_field(data, field):
+    """Every one of these specs is wrong in `field` alone: it must be refused, naming that field."""
+    d = {**VALID_SPEC, field: data.draw(BAD[field])}
+    if d[field] is None and field in VALID_SPEC:
+        del d[field]  # a required field left out
+    named = {"model_def": ("model_def", "model")}.get(field, (field,))  # a model_def's content is the model's
+    with pytest.raises(JobSpecError) as caught:
+        JobSpec.from_dict(d)
+    assert caught.value.field in named and str(caught.value).startswith(f"{caught.value.field}: "), (d, str(caught.value))
 
 
 @FUZZ
 @given(d=st.dictionaries(st.sampled_from(["model", "global_batch", "iterations", "gpu_types", "min_gpus", "max_gpus",
                                           "elastic", "requested_gpus", "virtual_workers", "partitions", "version",
                                           "model_def", "bogus"]), SPEC_VALUES, max_size=8))
-def test_malformed_specs_raise_jobspecerror_naming_a_field(d):
+def test_any_spec_is_refused_naming_a_field_or_accepted_as_it_is(d):
+    """Random dicts: a JobSpecError naming a field, or a spec that keeps every value it was given."""
     try:
-        JobSpec.from_dict(d)
+        spec = JobSpec.from_dict(d)
     except JobSpecError as exc:
         assert exc.field in {f for f in JobSpec.__dataclass_fields__} | {"spec", "bogus"}
         assert str(exc).startswith(f"{exc.field}: ")
+        return
+    assert "bogus" not in d and {"model", "global_batch", "iterations"} <= set(d), d
+    for k, v in d.items():
+        got = getattr(spec, k)
+        assert got == (tuple(v) if isinstance(v, list) else v) and type(got) is not float, (k, v, got)
+    assert JobSpec.from_json(spec.to_json()) == spec
