@@ -1,12 +1,18 @@
-"""One controller round on the real dev cluster with many pending jobs.
+"""One in-process `Controller.round()` on the real dev cluster with many pending jobs.
 
     python benchmarks/controller_round.py [--jobs 50] [--rounds 3]
 
 Starts its own dev cluster (LAB=/tmp/cellsched-bench; --use-running to take
 the one $SLURM_CONF points at), submits `--jobs` held managed jobs of mixed
-models, then runs a dry-run round (plan only) and `--rounds` real rounds
-(the first places what fits), printing one JSON line per round with its
-phases: observe_s, solve_s, apply_s, total_s. Target: total_s < 2 s.
+models, builds one Controller in this process, then runs a dry-run round
+(plan only) and `--rounds` real rounds (the first places what fits),
+printing one JSON line per round with its phases: observe_s, solve_s,
+apply_s, total_s (the round's own timings). Target: total_s < 2 s.
+
+This is a round of the daemon (`cellsched controller run`): it leaves out
+interpreter start-up, imports, config loading and building the Controller,
+and the dry run warms the estimator's caches. `controller run --once` pays
+all of these on top (a new process per round).
 """
 
 from __future__ import annotations

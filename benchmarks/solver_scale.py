@@ -1,11 +1,13 @@
 """How long a full cellsched round takes as the cluster grows.
 
 A round = enumerate cells + estimate (real Estimator on a seeded in-memory
-ProfileStore) + CP-SAT + node placement. Jobs are drawn from the Arena
-Philly trace's model / batch / request mix. Per size: one cold round (empty
-caches), then warm rounds: between rounds 300 s pass, running jobs make
-progress, about 5% of them finish and as many new jobs arrive; each round is
-warm-started from the previous plan and the jobs' current placements.
+ProfileStore) + CP-SAT + node placement, timed around the policy's
+schedule() call. Jobs are drawn from the Arena Philly trace's model / batch /
+request mix (default: the copy shipped in solver/data/arena). Per size: one
+cold round (empty caches), then warm rounds: between rounds 300 s pass,
+running jobs make progress, about 5% of them finish and as many new jobs
+arrive; each round is warm-started from the previous plan and the jobs'
+current placements.
 
 Prints one JSON line per round and a summary line per size:
 
@@ -29,10 +31,10 @@ from solver.estimator import Estimator
 from solver.models import get_model
 from solver.placement import validate_plan
 from solver.policies import get_policy
+from solver.profiles.arena import TRACE_FILE, shipped_path
 from solver.profiles.store import ProfileStore
 from solver.types import ClusterView, JobRequest, NodeView, ScheduleRequest, SolverConfig
 
-TRACE = pathlib.Path("/work/shared/data/arena/traces/simulate_trace_philly.csv")
 ARENA = {"a100": (80, 4), "v100": (20, 16), "a40": (160, 2), "a10": (160, 2)}  # nodes, GPUs per node
 SMALL = {"a100": (4, 4), "v100": (1, 16), "a40": (8, 2), "a10": (8, 2)}  # 64 GPUs
 
@@ -99,11 +101,12 @@ def _summary(name: str, variant: str, gpus: int, num_jobs: int, times: list[floa
 def run_size(name: str, cluster: ClusterView, num_jobs: int, rounds: int, rows: list[dict],
              variants: dict[str, SolverConfig], seed: int) -> dict[str, dict]:
     """Rounds of one size. With several variants each solves the same request
-    every round (in alternating order, each with its own caches); the jobs
-    follow the first variant's plan."""
+    every round (in alternating order, each with its own policy and
+    Estimator, so no variant gets the other's cache hits); the jobs follow
+    the first variant's plan."""
     rng = random.Random(seed)
     source = JobSource(rows, rng)
-    estimator = Estimator(ProfileStore(":memory:"))
+    estimators = {v: Estimator(ProfileStore(":memory:")) for v in variants}
     policies = {v: get_policy("cellsched") for v in variants}
     jobs = [source.new(0.0) for _ in range(num_jobs)]
     gpus = sum(n.gpus_total for n in cluster.nodes)
@@ -118,7 +121,7 @@ def run_size(name: str, cluster: ClusterView, num_jobs: int, rounds: int, rows: 
         for v in order:
             req = ScheduleRequest(cluster, tuple(jobs), previous=previous, config=variants[v], now=now)
             t0 = time.perf_counter()
-            rep = replies[v] = policies[v].schedule(req, estimator)
+            rep = replies[v] = policies[v].schedule(req, estimators[v])
             round_s = time.perf_counter() - t0
             validate_plan(cluster, rep.placements)
             print(json.dumps(_line(name, v, rnd, gpus, jobs, rep, round_s)), flush=True)
@@ -144,7 +147,7 @@ def run_size(name: str, cluster: ClusterView, num_jobs: int, rounds: int, rows: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", type=pathlib.Path, default=TRACE)
+    ap.add_argument("--trace", type=pathlib.Path, help="Arena trace CSV (default: the shipped Philly trace)")
     ap.add_argument("--quick", action="store_true", help="small sizes and few rounds (smoke run)")
     ap.add_argument("--rounds", type=int, default=10, help="warm rounds per size (after one cold round)")
     ap.add_argument("--seed", type=int, default=0)
@@ -153,7 +156,7 @@ def main() -> None:
     ap.add_argument("--compare", action="store_true",
                     help="also run CP-SAT on the whole model (no LP first) on the same requests and print ratios")
     args = ap.parse_args()
-    rows = load_trace(args.trace)
+    rows = load_trace(args.trace or shipped_path(TRACE_FILE))
     wanted = set(args.sizes.split(",")) - ({"10240"} if args.skip_large else set())
     if args.quick:
         sizes = [("64", cluster_of(SMALL), 20, 2, SolverConfig(seed=args.seed)),

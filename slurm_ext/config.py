@@ -40,7 +40,12 @@ class ControllerConfig:
     max_cell_failures: a job whose placement or run failed this often in a
     cell is not placed there again. max_relaunches: how often a job whose run
     ended before its first step is requeued from its checkpoint before it is
-    left to end FAILED (slurm_ext.controller.relaunch).
+    left to end FAILED (slurm_ext.controller.relaunch). A job's progress
+    file (in the user's directory) is read within read_timeout_s, and all of
+    a round's within read_budget_s; a job may report at most
+    progress_rate_factor times the iterations its cell's estimate allows, and
+    a measured restart counts at most max_restart_cost_s (README: security
+    model).
     """
 
     backend: str = "cli"
@@ -58,6 +63,10 @@ class ControllerConfig:
     checkpoint_wait_s: float = 60.0
     checkpoint_timeout_s: float = 600.0
     checkpoint_poll_s: float = 1.0
+    read_timeout_s: float = 0.5
+    read_budget_s: float = 5.0
+    progress_rate_factor: float = 10.0
+    max_restart_cost_s: float = 1800.0
 
     def __post_init__(self) -> None:
         for name in ("interval_s", "watch_s", "slurm_timeout_s"):
@@ -65,11 +74,13 @@ class ControllerConfig:
                 raise ConfigError(f"controller.{name} must be > 0, got {getattr(self, name)}")
         if self.min_gap_s < 0:
             raise ConfigError(f"controller.min_gap_s must be >= 0, got {self.min_gap_s}")
-        for name in ("checkpoint_poll_s", "checkpoint_timeout_s"):
+        for name in ("checkpoint_poll_s", "checkpoint_timeout_s", "read_timeout_s", "read_budget_s", "max_restart_cost_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"controller.{name} must be > 0, got {getattr(self, name)}")
         if self.checkpoint_wait_s < 0:
             raise ConfigError(f"controller.checkpoint_wait_s must be >= 0, got {self.checkpoint_wait_s}")
+        if self.progress_rate_factor < 1:
+            raise ConfigError(f"controller.progress_rate_factor must be >= 1, got {self.progress_rate_factor}")
         if self.max_relaunches < 0:
             raise ConfigError(f"controller.max_relaunches must be >= 0, got {self.max_relaunches}")
         if self.max_cell_failures < 1:

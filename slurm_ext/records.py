@@ -74,7 +74,8 @@ class SlurmJob:
     (gpu_type None = an untyped request); `nodes` the expanded allocation.
     Times are epoch seconds (None = not set / unknown); `end_time` of a job
     that has not finished is Slurm's expected end (None when unlimited);
-    `eligible_time` is when a pending job may start (its BeginTime).
+    `eligible_time` is when a pending job may start (its BeginTime). `uid`:
+    the numeric id of `user` (None = not reported).
     `exit_code` is the process exit status, 128+N when killed by signal N,
     and None until the job has finished. `time_limit` in minutes (None =
     unlimited). `num_tasks` / `tasks_per_node` are the requested task counts
@@ -84,6 +85,7 @@ class SlurmJob:
     job_id: str
     name: str = ""
     user: str = ""
+    uid: int | None = None
     state: str = "PENDING"
     reason: str = ""
     partition: str = ""

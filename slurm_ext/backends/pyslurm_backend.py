@@ -79,6 +79,7 @@ def job_record(job: Any) -> SlurmJob:
         job_id=str(_get(job, "id")),
         name=text(_get(job, "name")),
         user=text(_get(job, "user_name")),
+        uid=integer(_get(job, "user_id")),
         state=state,
         reason=reason,
         partition=text(_get(job, "partition")),

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import click
@@ -17,6 +20,21 @@ from slurm_ext.state import StateError, StateStore
 
 class ControllerError(click.ClickException):
     exit_code = 2
+
+
+#: SIGTERM / SIGINT end the daemon within this many seconds, whatever it is doing
+STOP_GRACE_S = 4.0
+
+
+def stop_within(stop: threading.Event, grace_s: float = STOP_GRACE_S) -> None:
+    """Ask the loop to stop (the round in progress finishes its current
+    action and stops waiting); if the process still runs `grace_s` later (a
+    Slurm command or a read that hangs), end it: every action is journalled
+    before it is taken, and the next start finishes a round cut short."""
+    stop.set()
+    time.sleep(grace_s)
+    logging.getLogger("cellsched.controller").warning("stopping now", extra={"fields": {"grace_s": grace_s}})
+    os._exit(0)
 
 
 def load_config(path: str | None, *, interval: float | None = None, backend: str | None = None) -> Config:
@@ -66,7 +84,7 @@ def run(config_path: str | None, once: bool, dry_run: bool, interval: float | No
     for sig in (signal.SIGTERM, signal.SIGINT):
         # set from another thread: Event.set() inside a handler can deadlock
         # with the main thread's Event.wait() holding the same lock
-        signal.signal(sig, lambda *_: threading.Thread(target=stop.set, daemon=True).start())
+        signal.signal(sig, lambda *_: threading.Thread(target=stop_within, args=(stop,), daemon=True).start())
     state = open_state(config, readonly=dry_run)
     try:
         lock = None if dry_run else StateLock(config.controller.state_path).__enter__()

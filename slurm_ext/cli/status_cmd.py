@@ -16,6 +16,7 @@ import click
 
 from slurm_ext.cli.controller_cmd import ControllerError, load_config, open_state
 from slurm_ext.state import StateStore
+from slurm_ext.textsafe import printable
 from solver.plan import JobPlan, PlanError
 
 _CONFIG = click.option("--config", "config_path", type=click.Path(dir_okay=False),
@@ -96,6 +97,7 @@ def _fmt_time(s: float | None) -> str:
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
+    """The `status` table; every cell escaped (users name jobs and write reasons)."""
     head = ("JOBID", "USER", "STATE", "CELL", "NODES", "PP/DP/TP", "SAMPLES/S", "PROGRESS", "QUEUED", "REASON")
     lines = [head]
     for r in rows:
@@ -108,12 +110,13 @@ def _table(rows: list[dict[str, Any]]) -> str:
             f"{r['samples_per_s']:.1f}" if r["samples_per_s"] else "-",
             prog, _fmt_time(r["queued_s"]), r["reason"] or "",
         ))
-    widths = [max(len(str(line[i])) for line in lines) for i in range(len(head) - 1)]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)) + "  " + str(line[-1]) for line in lines)
+    lines = [tuple(printable(c) for c in line) for line in lines]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)) + "  " + line[-1] for line in lines)
 
 
 def _history_text(job_id: str, events: list[dict[str, Any]]) -> str:
-    lines = [f"job {job_id}: history of its cells"]
+    lines = [f"job {printable(job_id)}: history of its cells"]
     for e in events:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"]))
         what = e["event"]
@@ -123,8 +126,38 @@ def _history_text(job_id: str, events: list[dict[str, Any]]) -> str:
             what += f" on {e['nodes']}"
         if e["event"] == "resumed" and e["value"] is not None:
             what += f" (restart cost {e['value']:.1f} s)"
-        lines.append(f"  {when}  {what}")
+        lines.append(f"  {when}  {printable(what)}")
     return "\n".join(lines)
+
+
+def _json_out(obj: Any) -> None:
+    """`obj` as one line of ASCII JSON: controls, C1 and bidi characters as \\uXXXX."""
+    json.dump(obj, sys.stdout, default=str, ensure_ascii=True)
+    sys.stdout.write("\n")
+
+
+def _round_text(r: dict[str, Any]) -> str:
+    """The `status` line about the last round (its error may quote users' text)."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started"]))
+    return (f"last round {r['id']} at {when}: {r['status']}, {len(r['actions'])} actions"
+            + (f", {r['duration_s']:.2f} s" if r["duration_s"] is not None else "")
+            + (f" ({printable(r['error'])})" if r["error"] else ""))
+
+
+def plan_text(report: Any) -> str:
+    """`cellsched plan` in plain text for a RoundReport, users' text escaped."""
+    out = []
+    if report.error:
+        out.append(f"round {report.status}: {printable(report.error)}")
+    for a in report.actions:
+        where = f" -> {a['cell']} on {','.join(a['nodes'])} ({a.get('partition', '')})" if "cell" in a else ""
+        out.append(printable(f"{a['kind']} job {a['job']}{where}" + (f" [{a['why']}]" if a.get("why") else "")))
+    if not report.actions and report.status == "ok":
+        out.append("nothing to do")
+    for j in report.jobs:
+        if j.reason and j.phase in ("held", "loose", "bad", "operator-hold"):
+            out.append(f"job {printable(j.job_id)} waits: {printable(j.reason)}")
+    return "\n".join(out)
 
 
 @click.command()
@@ -147,11 +180,10 @@ def status(config_path: str | None, as_json: bool, include_finished: bool, histo
             job = state.jobs().get(history_of)
             who = viewer()
             if job is None or (who is not None and job.user != who):
-                raise ControllerError(f"no managed job {history_of} of yours in the controller's state")
+                raise ControllerError(f"no managed job {printable(history_of)} of yours in the controller's state")
             events = state.history(history_of)
             if as_json:
-                json.dump({"job_id": history_of, "history": events}, sys.stdout)
-                sys.stdout.write("\n")
+                _json_out({"job_id": history_of, "history": events})
             else:
                 click.echo(_history_text(history_of, events))
             return
@@ -160,16 +192,12 @@ def status(config_path: str | None, as_json: bool, include_finished: bool, histo
     finally:
         state.close()
     if as_json:
-        json.dump({"jobs": rows, "last_round": last[0] if last else None}, sys.stdout, default=str)
-        sys.stdout.write("\n")
+        _json_out({"jobs": rows, "last_round": last[0] if last else None})
         return
     click.echo(_table(rows))
     if last:
-        r = last[0]
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started"]))
-        click.echo(f"\nlast round {r['id']} at {when}: {r['status']}, {len(r['actions'])} actions"
-                   + (f", {r['duration_s']:.2f} s" if r["duration_s"] is not None else "")
-                   + (f" ({r['error']})" if r["error"] else ""))
+        click.echo("\n" + _round_text(last[0]))
+
 
 
 @click.command()
@@ -190,23 +218,15 @@ def plan(config_path: str | None, as_json: bool) -> None:
         try:
             ctl = Controller(config, state=state, readonly=True)
         except (ValueError, SlurmError) as exc:  # an unknown backend, or pyslurm missing
-            raise ControllerError(str(exc)) from None
+            raise ControllerError(printable(exc)) from None
         report = ctl.round(dry_run=True)
     finally:
         state.close()
     if as_json:
-        json.dump(report.to_dict(), sys.stdout, default=str)
-        sys.stdout.write("\n")
+        _json_out(report.to_dict())
     else:
-        if report.error:
-            click.echo(f"round {report.status}: {report.error}")
-        for a in report.actions:
-            where = f" -> {a['cell']} on {','.join(a['nodes'])} ({a.get('partition', '')})" if "cell" in a else ""
-            click.echo(f"{a['kind']} job {a['job']}{where}" + (f" [{a['why']}]" if a.get("why") else ""))
-        if not report.actions and report.status == "ok":
-            click.echo("nothing to do")
-        for j in report.jobs:
-            if j.reason and j.phase in ("held", "loose", "bad", "operator-hold"):
-                click.echo(f"job {j.job_id} waits: {j.reason}")
+        text = plan_text(report)
+        if text:
+            click.echo(text)
     if report.status != "ok":
         sys.exit(3 if report.status == "slurm-unavailable" else 1)

@@ -1,6 +1,8 @@
 """Log lines on stderr: one JSON object per line (or plain text).
 
-Structured fields travel in ``extra={"fields": {...}}``.
+Structured fields travel in ``extra={"fields": {...}}``. Either way a record
+is one line with no control, C1 or bidi character: fields carry users' text
+(job names, reasons, errors quoting them).
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ import json
 import logging
 import sys
 import time
+
+from slurm_ext.textsafe import printable
 
 
 class JsonFormatter(logging.Formatter):
@@ -22,15 +26,26 @@ class JsonFormatter(logging.Formatter):
         d.update(getattr(record, "fields", None) or {})
         if record.exc_info:
             d["exception"] = self.formatException(record.exc_info)
-        return json.dumps(d, default=str, separators=(",", ":"))
+        return json.dumps(d, default=str, separators=(",", ":"), ensure_ascii=True)  # controls, non-ASCII: \uXXXX
+
+
+def _value(v: object) -> str:
+    """A logfmt value: escaped, quoted when it holds a space, '=' or '"'."""
+    s = printable(v)
+    if s and not any(c in s for c in ' ="'):
+        return s
+    return '"' + s.replace('"', '\\"') + '"'
 
 
 class TextFormatter(logging.Formatter):
+    """`time level msg k=v ...`; the traceback, if any, as an escaped exception= field."""
+
     def format(self, record: logging.LogRecord) -> str:
-        fields = getattr(record, "fields", None) or {}
-        extra = " ".join(f"{k}={v}" for k, v in fields.items())
-        line = f"{self.formatTime(record)} {record.levelname.lower()} {record.getMessage()}" + (f" {extra}" if extra else "")
-        return line + ("\n" + self.formatException(record.exc_info) if record.exc_info else "")
+        fields = dict(getattr(record, "fields", None) or {})
+        if record.exc_info:
+            fields["exception"] = self.formatException(record.exc_info)
+        line = f"{self.formatTime(record)} {record.levelname.lower()} {printable(record.getMessage())}"
+        return " ".join([line, *(f"{printable(k)}={_value(v)}" for k, v in fields.items())])
 
 
 def setup(fmt: str = "json", level: str = "info", stream=None) -> logging.Logger:

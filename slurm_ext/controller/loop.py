@@ -20,7 +20,7 @@ from slurm_ext.controller import inputs as inp
 from slurm_ext.controller import metrics as mx
 from slurm_ext.controller import relaunch
 from slurm_ext.controller.notify import sd_notify
-from slurm_ext.controller.progress import ProgressReader, collect_progress, progress_file
+from slurm_ext.controller.progress import Progress, ProgressFiles, ProgressReader, collect_progress
 from slurm_ext.controller.reconcile import MOVE, PLACE, Outcome, Waiting, apply, checked, decide, intent_outcomes
 from slurm_ext.records import ClusterSnapshot
 from slurm_ext.state import JobStatus, StateStore
@@ -93,14 +93,18 @@ class Controller:
                  policy: Policy | None = None, estimator: EstimatorLike | None = None,
                  metrics: mx.Metrics | None = None, readonly: bool = False,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-                 progress: ProgressReader = progress_file) -> None:
+                 progress: ProgressReader | None = None) -> None:
         """`clock` / `sleep` are wall time on a real cluster and the
-        simulator's clock in a simulation; `progress` tells how far a job is."""
+        simulator's clock in a simulation; `progress` tells how far a job is
+        (default: the jobs' progress files, read as userfiles says)."""
         self.config = config
         self.readonly = readonly
         self.clock = clock
         self.sleep = sleep
-        self.progress = progress
+        cc = config.controller
+        self.progress = progress or ProgressFiles(cc.read_timeout_s, cc.read_budget_s)
+        self._doubts: dict[str, str] = {}  # job -> why its progress file was not used (logged when it changes)
+        self.stop = threading.Event()  # set: the round in progress stops waiting (run(stop=...) shares it)
         self.backend = backend or get_backend(config.controller.backend, **(
             {"timeout": config.controller.slurm_timeout_s} if config.controller.backend == "cli" else {}))
         self.state = state or StateStore(config.controller.state_path, readonly=readonly)
@@ -164,7 +168,7 @@ class Controller:
                 jobs = inp.classify(snap, known, opens, released)
         jobs = self._review_failures(jobs, listed, now, round_id, dry_run)
 
-        prog = collect_progress(jobs, now, {j for j, r in known.items() if r.finished}, self.progress)
+        prog = self._progress(jobs, known, now)
         progress, progress_src = prog.done, prog.source
         if not dry_run:
             self._measure_restarts(jobs, prog.first_step_at, now, round_id)
@@ -185,14 +189,14 @@ class Controller:
         actions = decide(jobs, desired, built.view, cc.checkpoint_root, now=now, checkpoint_timeout_s=cc.checkpoint_timeout_s)
 
         t2 = time.perf_counter()
-        waiting = Waiting(cc.checkpoint_wait_s, cc.checkpoint_poll_s, self.sleep)
+        waiting = Waiting(cc.checkpoint_wait_s, cc.checkpoint_poll_s, self.sleep, self.stop.is_set)
         outcomes: list[Outcome] = [] if dry_run else apply(actions, self.backend, self.state, round_id, self.clock, waiting)
         apply_s = time.perf_counter() - t2
         failed = {o.action.job_id: o.error for o in outcomes if not o.ok}
         placed = {o.action.job_id for o in outcomes if o.ok and o.action.kind in (PLACE, MOVE) and not o.error}
 
         reasons = {**reply.reasons, **built.skipped, **crashed, **rejected, **failed}
-        statuses = tuple(self._status(m, reasons, placed, progress, progress_src) for m in jobs)
+        statuses = tuple(self._status(m, reasons, placed, progress, progress_src, prog.notes) for m in jobs)
         if not dry_run:
             self._finish(jobs, statuses, known, snap, now, round_id)
         summaries = tuple(o.summary() for o in outcomes) if not dry_run else tuple(a.summary() for a in actions)
@@ -249,6 +253,22 @@ class Controller:
                     "job": f.job_id, "cell": f.cell, "relaunch": f.relaunch, "reason": f.reason}})
         return relaunch.apply_review(jobs, failures)
 
+    def _progress(self, jobs: tuple[inp.ManagedJob, ...], known: Mapping[str, Any], now: float) -> Progress:
+        """This round's progress: the jobs' own reports where believed
+        (slurm_ext.controller.progress), read within the round's budget."""
+        start_round = getattr(self.progress, "start_round", None)
+        if start_round is not None:
+            start_round()
+        previous = {j: (r.iterations_done, r.updated) for j, r in known.items() if r.iterations_done is not None}
+        prog = collect_progress(jobs, now, {j for j, r in known.items() if r.finished}, self.progress,
+                                previous=previous, rate_factor=self.config.controller.progress_rate_factor)
+        for job_id, why in prog.notes.items():
+            if self._doubts.get(job_id) != why:
+                log.warning("progress not used", extra={"fields": {"job": job_id, "why": why}})
+                self.metrics.inc("errors_total", labels={"kind": "progress"})
+        self._doubts = dict(prog.notes)
+        return prog
+
     def _measure_restarts(self, jobs: tuple[inp.ManagedJob, ...], first_step_at: Mapping[str, float], now: float,
                           round_id: int | None) -> None:
         """Restart cost of each moved job, once it runs again: from the
@@ -261,7 +281,7 @@ class Controller:
             first = first_step_at.get(m.job_id)
             if signalled_at is None or first is None or m.phase != inp.RUNNING or first <= signalled_at:
                 continue
-            cost = first - signalled_at
+            cost = min(first - signalled_at, self.config.controller.max_restart_cost_s)  # the job's own word: bounded
             self.state.add_history(m.job_id, "resumed", now, round_id, m.current.cell.key() if m.current else "",
                                    value=round(cost, 3))
             log.info("restart measured", extra={"fields": {"job": m.job_id, "restart_s": round(cost, 3)}})
@@ -282,7 +302,7 @@ class Controller:
                 log.warning("job refused", extra={"fields": {"job": m.job_id, "user": m.job.user, "reason": m.reason}})
 
     def _status(self, m: inp.ManagedJob, reasons: Mapping[str, str], placed: set[str],
-                progress: Mapping[str, float], src: Mapping[str, str]) -> JobStatus:
+                progress: Mapping[str, float], src: Mapping[str, str], notes: Mapping[str, str]) -> JobStatus:
         j = m.job
         phase = inp.RELEASED if m.job_id in placed else m.phase
         if m.job_id in placed:
@@ -293,6 +313,8 @@ class Controller:
             reason = f"released; Slurm: {j.reason}" if j.reason and j.reason != "None" else "released"
         else:
             reason = m.reason
+        if m.job_id in notes:
+            reason = f"{reason}; {notes[m.job_id]}" if reason else notes[m.job_id]
         return JobStatus(m.job_id, j.user, j.state, phase, reason, j.submit_time, j.start_time,
                          j.end_time if j.finished else None, j.exit_code, progress.get(m.job_id),
                          src.get(m.job_id), m.phase == inp.FINISHED)
@@ -345,7 +367,7 @@ class Controller:
     def run(self, *, once: bool = False, dry_run: bool = False, stop: threading.Event | None = None,
             on_round: Callable[[RoundReport], None] | None = None) -> RoundReport | None:
         """Rounds until `stop` is set (or one with `once`)."""
-        stop = stop or threading.Event()
+        stop = self.stop = stop or self.stop
         cc = self.config.controller
         sd_notify("READY=1", "STATUS=starting")
         watcher = _Watcher(self.backend, cc.kick_file)

@@ -10,6 +10,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Mapping
 
+from slurm_ext.textsafe import printable
+
 Labels = tuple[tuple[str, str], ...]
 
 
@@ -18,7 +20,15 @@ def _labels(labels: Mapping[str, str] | None) -> Labels:
 
 
 def _escape(v: str) -> str:
-    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    """A label value for the text format: `printable` (no control, C1 or bidi
+    character, which Prometheus would pass on to dashboards), then the
+    format's own escapes for backslash, double quote and newline."""
+    return printable(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _help(text: str) -> str:
+    """A HELP text: the format escapes backslash and newline."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
 class Metrics:
@@ -60,7 +70,7 @@ class Metrics:
             for name in sorted(self._values):
                 full = self.prefix + name
                 kind, help_text = self._meta.get(name, ("gauge", ""))
-                out.append(f"# HELP {full} {help_text}")
+                out.append(f"# HELP {full} {_help(help_text)}")
                 out.append(f"# TYPE {full} {kind}")
                 for labels, value in sorted(self._values[name].items()):
                     lab = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)

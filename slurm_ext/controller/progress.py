@@ -1,15 +1,24 @@
-"""How far a running job is: its own progress file, else an estimate."""
+"""How far a running job is: its own progress file, else an estimate.
+
+The file is the job's own word, so it is checked (`believe`): progress
+never goes back and never passes the job's iterations, it may not run
+faster than `rate_factor` times its cell's estimate, and its first step
+must lie within its run. A report that fails is not used: the job is
+scheduled on the estimate, and its status says why.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import pwd
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Collection
+from typing import Callable, Collection, Mapping
 
 from slurm_ext.controller import inputs as inp
+from slurm_ext.controller.userfiles import BoundedReader, Refused, read_owned_file
 
 
 @dataclass(frozen=True)
@@ -47,25 +56,64 @@ def read_progress(checkpoint_dir: str | None) -> float | None:
 
 
 def read_progress_file(checkpoint_dir: str | None) -> JobProgress | None:
-    """The whole progress record of ``<checkpoint_dir>/progress.json``."""
+    """The whole progress record of ``<checkpoint_dir>/progress.json`` (a
+    regular file, not a link, of at most MAX_BYTES; None otherwise)."""
     if not checkpoint_dir:
         return None
-    path = Path(checkpoint_dir) / PROGRESS_FILE
     try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-        if len(raw) > MAX_BYTES:
-            return None
+        raw = read_owned_file(os.path.join(checkpoint_dir, PROGRESS_FILE), None, MAX_BYTES)
+        return None if raw is None else parse_progress(raw)
+    except (Refused, Unreadable):
+        return None
+
+
+class Unreadable(Exception):
+    """A job's progress record exists but cannot be used (the message says why)."""
+
+
+def parse_progress(raw: bytes) -> JobProgress:
+    """A progress record from the file's bytes; Unreadable when it is not one."""
+    try:
         data = json.loads(raw)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    value = data.get("iterations_done", data.get("step"))
+    except ValueError:
+        raise Unreadable("not JSON") from None
+    value = data.get("iterations_done", data.get("step")) if isinstance(data, dict) else None
     if not _number(value):
-        return None
+        raise Unreadable("no iterations_done (a number >= 0)")
     first = data.get("first_step_at")
     return JobProgress(float(value), float(first) if _number(first) else None)
+
+
+class ProgressFiles:
+    """The ProgressReader of a real cluster: ``<checkpoint_dir>/progress.json``
+    read as slurm_ext.controller.userfiles says (a regular file of the job's
+    user, never followed or waited for), each read within `timeout_s` and
+    all of a round's (from `start_round`) within `budget_s`. Raises
+    Unreadable for a file it will not use."""
+
+    def __init__(self, timeout_s: float = 0.5, budget_s: float = 5.0) -> None:
+        self.reader = BoundedReader(timeout_s, budget_s, MAX_BYTES)
+
+    def start_round(self) -> None:
+        self.reader.reset()
+
+    def __call__(self, m: inp.ManagedJob) -> JobProgress | None:
+        if m.plan is None or not m.plan.checkpoint_dir:
+            return None
+        uid = m.job.uid if m.job.uid is not None else _uid_of(m.job.user)
+        if uid is None:
+            raise Unreadable(f"the uid of user {m.job.user!r} is unknown")
+        got = self.reader.read(os.path.join(m.plan.checkpoint_dir, PROGRESS_FILE), uid)
+        if got.error:
+            raise Unreadable(got.error)
+        return None if got.data is None else parse_progress(got.data)
+
+
+def _uid_of(user: str) -> int | None:
+    try:
+        return pwd.getpwnam(user).pw_uid if user else None
+    except KeyError:
+        return None
 
 
 def _number(value: object) -> bool:
@@ -79,38 +127,84 @@ def estimate_done(start_time: float | None, now: float, iter_time_s: float | Non
     return min(float(iterations), max(0.0, (now - start_time) / iter_time_s))
 
 
-def progress_file(m: inp.ManagedJob) -> JobProgress | None:
-    """The ProgressReader of a real cluster: ``<checkpoint_dir>/progress.json``."""
-    return read_progress_file(m.plan.checkpoint_dir) if m.plan else None
+#: how far (s) a reported first step may lie outside the job's run (clocks differ)
+CLOCK_SLACK_S = 60.0
 
 
 @dataclass(frozen=True)
 class Progress:
     """One round's progress of the managed jobs: iterations done, where the
-    number came from ("file" or "estimate"), and first-step times."""
+    number came from ("file" or "estimate"), first-step times, and why a
+    job's own report was not used (`notes`)."""
 
     done: dict[str, float]
     source: dict[str, str]
     first_step_at: dict[str, float]
+    notes: dict[str, str]
 
 
-def collect_progress(jobs: tuple[inp.ManagedJob, ...], now: float, ended: Collection[str] = (),
-                     read: ProgressReader = progress_file) -> Progress:
+def doubt(p: JobProgress, m: inp.ManagedJob, prev: tuple[float, float] | None, now: float, rate_factor: float) -> str:
+    """Why job `m`'s report `p` is not believed ("" when it is). `prev`:
+    the iterations the controller last took as done and when."""
+    total = m.spec.iterations if m.spec is not None else math.inf
+    if p.iterations_done > total:
+        return f"reports {p.iterations_done:g} iterations, beyond the job's {total}"
+    iter_s = m.current.iter_time_s if m.current is not None else None
+    base, since = prev if prev is not None else (0.0, m.job.start_time)
+    if iter_s and iter_s > 0 and since is not None:
+        allowed = base + rate_factor * max(0.0, now - since) / iter_s + 1
+        if p.iterations_done > allowed:
+            return (f"reports {p.iterations_done:g} iterations, more than {rate_factor:g} times "
+                    f"its cell's estimate allows ({allowed:.0f})")
+    first = p.first_step_at
+    start = m.job.start_time if m.job.start_time is not None else -math.inf
+    if first is not None and not start - CLOCK_SLACK_S <= first <= now + CLOCK_SLACK_S:
+        return f"its first step ({first:.0f}) lies outside its run"
+    return ""
+
+
+def _estimate(m: inp.ManagedJob, prev: tuple[float, float] | None, now: float) -> float | None:
+    """The controller's own count: the last one plus the estimated iterations
+    since (while running), or, never counted, the estimate of this run."""
+    running = m.phase == inp.RUNNING and m.current is not None and m.spec is not None
+    if prev is not None:
+        gain = estimate_done(prev[1], now, m.current.iter_time_s, m.spec.iterations) if running else 0.0
+        return min(float(m.spec.iterations) if m.spec else math.inf, prev[0] + gain)
+    if running:
+        return estimate_done(m.job.start_time, now, m.current.iter_time_s, m.spec.iterations)
+    return None
+
+
+def collect_progress(jobs: tuple[inp.ManagedJob, ...], now: float, ended: Collection[str], read: ProgressReader, *,
+                     previous: Mapping[str, tuple[float, float]] | None = None,
+                     rate_factor: float = 10.0) -> Progress:
     """Iterations done per job: what `read` reports (the job's progress
-    file), else (running) an estimate from its run time. Jobs that just
-    ended are read once more; `ended` were read before."""
+    file) when it is believed (`doubt`; never less than `previous`, the
+    last count and its time), else the estimate. Jobs that just ended are
+    read once more; `ended` were read before."""
+    previous = previous or {}
     done: dict[str, float] = {}
     src: dict[str, str] = {}
     first: dict[str, float] = {}
+    notes: dict[str, str] = {}
     for m in jobs:
         if m.spec is None or not (m.phase in inp.SCHEDULED or (m.phase == inp.FINISHED and m.job_id not in ended)):
             continue
-        p = read(m)
+        prev = previous.get(m.job_id)
+        try:
+            p = read(m)
+        except Unreadable as exc:
+            p, notes[m.job_id] = None, f"progress file not read: {exc}"
         if p is not None:
-            done[m.job_id], src[m.job_id] = p.iterations_done, "file"
+            why = doubt(p, m, prev, now, rate_factor)
+            if why:
+                p, notes[m.job_id] = None, f"progress file ignored: {why}"
+        if p is not None:
+            done[m.job_id], src[m.job_id] = max(p.iterations_done, prev[0] if prev else 0.0), "file"
             if p.first_step_at is not None:
                 first[m.job_id] = p.first_step_at
-        elif m.phase == inp.RUNNING and m.current is not None:
-            done[m.job_id] = estimate_done(m.job.start_time, now, m.current.iter_time_s, m.spec.iterations)
-            src[m.job_id] = "estimate"
-    return Progress(done, src, first)
+            continue
+        estimate = _estimate(m, prev, now)
+        if estimate is not None:
+            done[m.job_id], src[m.job_id] = estimate, "estimate"
+    return Progress(done, src, first, notes)

@@ -282,11 +282,14 @@ def intent_outcomes(jobs: tuple[ManagedJob, ...], open_plans: Mapping[str, PlanR
 @dataclass(frozen=True)
 class Waiting:
     """How `apply` waits for jobs asked to checkpoint: up to `checkpoint_wait_s`
-    in this round, polling Slurm every `poll_s` with `sleep`."""
+    in this round, polling Slurm every `poll_s` with `sleep`, and not once
+    `stopping()` (the daemon was told to stop: the moves' intents stay open
+    and a later round finishes them)."""
 
     checkpoint_wait_s: float = 60.0
     poll_s: float = 1.0
     sleep: Callable[[float], None] = time.sleep
+    stopping: Callable[[], bool] = lambda: False
 
 
 _FAILURES = (SlurmCommandError, UpdateNotApplied, ValueError)
@@ -350,7 +353,7 @@ def _finish_moves(signalled: dict[str, tuple[Action, int]], backend: Backend, st
         jobs = {j.job_id: j for j in backend.observe().jobs if j.job_id in signalled}
         ended = {j: job for j, job in jobs.items() if not job.holds_resources}
         ended.update({j: None for j in signalled if j not in jobs})
-        if len(ended) == len(signalled) or clock() >= deadline:
+        if len(ended) == len(signalled) or clock() >= deadline or waiting.stopping():
             break
         waiting.sleep(min(waiting.poll_s, max(0.0, deadline - clock())))
     outcomes = []

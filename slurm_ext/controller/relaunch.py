@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from slurm_ext.controller import inputs as inp
-from slurm_ext.controller.progress import JobProgress, ProgressReader
+from slurm_ext.controller.progress import JobProgress, ProgressReader, Unreadable
 
 #: Slurm end states of a run that may have died before training
 FAILED_STATES = ("FAILED", "BOOT_FAIL", "OUT_OF_MEMORY")
@@ -66,7 +66,11 @@ def review(jobs: Sequence[inp.ManagedJob], read: ProgressReader, recorded: Mappi
         past = list(recorded.get(m.job_id, ()))
         new = job.end_time not in past
         if new:
-            if trained(job.start_time, read(m)):
+            try:
+                report = read(m)
+            except Unreadable:
+                report = None  # no word of a step: relaunched, at most max_relaunches times
+            if trained(job.start_time, report):
                 continue
             past.append(job.end_time)
         cell = m.plan.cell or ""

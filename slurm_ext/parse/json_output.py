@@ -99,6 +99,7 @@ def job_record(j: Mapping[str, Any]) -> SlurmJob:
             job_id=job_id,
             name=text(j.get("name")),
             user=text(j.get("user_name")) or text(j.get("user_id")),
+            uid=integer(j.get("user_id")),
             state=state,
             reason=reason,
             partition=text(j.get("partition")),

@@ -78,6 +78,12 @@ def _user(value: str) -> str:
     return value.split("(", 1)[0]
 
 
+def _uid(value: str) -> int | None:
+    """``root(0)`` -> 0 (None when not given)."""
+    inside = value.partition("(")[2].rstrip(")")
+    return int(inside) if inside.isdigit() else None
+
+
 def _tasks_per_node(value: str | None) -> int | None:
     """The node part of ``NtasksPerN:B:S:C=2:0:*:*`` (0 or * = not set)."""
     first = (value or "").split(":", 1)[0]
@@ -101,6 +107,7 @@ def job_record(f: dict[str, str]) -> SlurmJob:
             job_id=job_id,
             name=text(f.get("JobName")),
             user=_user(text(f.get("UserId"))),
+            uid=_uid(text(f.get("UserId"))),
             state=state,
             reason=reason,
             partition=text(f.get("Partition")),

@@ -76,6 +76,8 @@ class SimOptions:
     job gets (max_gpus at least the job's request). solver: the
     controller's SolverConfig (seed given by `seed`); its default lets the
     policy resize and move running elastic jobs (allow_resize).
+    progress_rate_factor: the controller's (a job whose progress runs faster
+    than this many times its estimate is scheduled on the estimate).
     """
 
     interval_s: float = 60.0
@@ -96,6 +98,7 @@ class SimOptions:
     min_gpus: int = 1
     max_gpus: int = 16
     min_job_age_s: float = 300.0
+    progress_rate_factor: float = 10.0
     solver: SolverConfig = field(default_factory=SolverConfig)
 
     def __post_init__(self) -> None:
@@ -449,7 +452,8 @@ class Simulator:
         config = Config(controller=ControllerConfig(policy=self.policy_name, state_path=str(state_path),
                                                     interval_s=self.options.interval_s,
                                                     min_gap_s=self.options.min_gap_s,
-                                                    checkpoint_root="/tmp/cellsched-sim", kick_file=""),
+                                                    checkpoint_root="/tmp/cellsched-sim", kick_file="",
+                                                    progress_rate_factor=self.options.progress_rate_factor),
                         solver=dataclasses.replace(self.options.solver, seed=self.options.seed))
         state = StateStore(state_path)
         logger = logging.getLogger("cellsched")

@@ -16,7 +16,7 @@ from slurm_ext.config import Config, ConfigError, from_dict, load
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller.metrics import Metrics, serve
 from slurm_ext.controller.notify import sd_notify
-from slurm_ext.controller.progress import Progress, collect_progress, default_checkpoint_dir, estimate_done, read_progress
+from slurm_ext.controller.progress import Progress, ProgressFiles, collect_progress, default_checkpoint_dir, estimate_done, read_progress
 from slurm_ext.controller.reconcile import HOLD, PLACE, checked, choose_partition, decide, intent_outcomes
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
@@ -268,12 +268,14 @@ def test_progress(tmp_path):
 def test_collect_progress_prefers_the_job_file(tmp_path):
     ac = json.loads(plan_comment("4", ("n2",)))
     ac["plan"]["checkpoint_dir"] = str(tmp_path)
-    running = managed_job("4", held=False, state="RUNNING", nodes=("n2",), start_time=990.0, admin_comment=json.dumps(ac))
-    other = managed_job("5", held=False, state="RUNNING", nodes=("n1",), start_time=990.0, admin_comment=plan_comment("5", ("n1",)))
+    mine = dict(held=False, state="RUNNING", start_time=990.0, uid=os.getuid())
+    running = managed_job("4", nodes=("n2",), admin_comment=json.dumps(ac), **mine)
+    other = managed_job("5", nodes=("n1",), admin_comment=plan_comment("5", ("n1",)), **mine)
     jobs = inp.classify(snapshot(running, other, managed_job("2")), {}, {})
-    assert collect_progress(jobs, 1000.0) == Progress({"4": 20.0, "5": 20.0}, {"4": "estimate", "5": "estimate"}, {})  # 10 s / 0.5 s
+    read = ProgressFiles()
+    assert collect_progress(jobs, 1000.0, (), read) == Progress({"4": 20.0, "5": 20.0}, {"4": "estimate", "5": "estimate"}, {}, {})  # 10 s / 0.5 s
     (tmp_path / "progress.json").write_text(json.dumps({"step": 7, "iterations_done": 7, "time": 999.0, "first_step_at": 995.5}))
-    assert collect_progress(jobs, 1000.0) == Progress({"4": 7.0, "5": 20.0}, {"4": "file", "5": "estimate"}, {"4": 995.5})
+    assert collect_progress(jobs, 1000.0, (), read) == Progress({"4": 7.0, "5": 20.0}, {"4": "file", "5": "estimate"}, {"4": 995.5}, {})
 
 
 def test_metrics_exposition_over_http():

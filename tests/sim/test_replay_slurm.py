@@ -57,6 +57,9 @@ SOLVER = SolverConfig(w_age=0.0, time_limit_s=30.0)
 MAX_GPUS = 8
 #: seconds per iteration, on every cell: a job's run time is its iterations x ITER_S
 ITER_S = 1.0
+#: ITER_S is a stand-in clock, up to 30 times faster than the estimates: the
+#: simulated jobs' progress (exact) is believed as it is
+RATE_FACTOR = 1000.0
 #: (arrival s, model, global batch, iterations, static GPU request); 22 GPUs are
 #: not enough for all of it at once, so jobs queue and the placement order matters
 TRACE = (
@@ -148,7 +151,7 @@ def simulate(workdir: Path, profiles: Path) -> tuple[list[Placement], dict[str, 
     real_names = dict(zip((name for name, _, _ in sim_nodes), shape))
     options = SimOptions(interval_s=1e6, min_gap_s=0.0, early_rounds=True, skip_idle_rounds=True, start_delay_s=0.0,
                          restart_per_gpu_s=0.0, restart_max_s=0.0, elastic=False, min_gpus=1, max_gpus=MAX_GPUS,
-                         solver=SOLVER)
+                         progress_rate_factor=RATE_FACTOR, solver=SOLVER)
     workdir.mkdir()
     sim = Simulator(trace(), cluster, POLICY, speed=constant_speed, estimator=estimator(profiles), options=options,
                     state_dir=workdir)
@@ -175,7 +178,8 @@ class Replay:
         self.script.chmod(0o755)
         config = Config(controller=ControllerConfig(policy=POLICY, state_path=str(self.state_path),
                                                     profiles_path=str(profiles), kick_file="",
-                                                    checkpoint_root=str(workdir / "ckpt"), slurm_timeout_s=60.0),
+                                                    checkpoint_root=str(workdir / "ckpt"), slurm_timeout_s=60.0,
+                                                    progress_rate_factor=RATE_FACTOR),
                         solver=SOLVER)
         self.controller = Controller(config)
         self.backend: Backend = get_backend("cli", timeout=60.0)

@@ -111,6 +111,7 @@ def test_newer_schema_jobs(sample):
     requeued = jobs["103"]
     assert (requeued.state, requeued.reason, requeued.held, requeued.excluded_nodes) == ("PENDING", "BeginTime", False, ("gv03",))
     assert (requeued.eligible_time, held.eligible_time) == (1732000030.0, None)  # when a requeued job may start again
+    assert (held.user, held.uid) == ("alice", 1000)
     assert (jobs["104"].state, jobs["104"].exit_code) == ("FAILED", 3)
     assert (jobs["105"].state, jobs["105"].exit_code, jobs["105"].gpus_per_node) == ("CANCELLED", 143, None)
 

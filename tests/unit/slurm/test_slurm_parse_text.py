@@ -28,6 +28,7 @@ def test_text_job_fields(sample, utc):
     assert (jobs["3"].exit_code, jobs["4"].exit_code) == (143, 3)  # ExitCode=0:15, 3:0
     assert jobs["6"].nodes == ("n1", "n2") and jobs["6"].comment == "ctl:placed"
     assert jobs["1"].start_time == jobs["1"].eligible_time == 1795232892.0
+    assert (jobs["1"].user, jobs["1"].uid) == ("root", 0)  # UserId=root(0)
     assert (jobs["1"].num_tasks, jobs["1"].tasks_per_node, jobs["1"].work_dir) == (4, None, "/tmp/devcluster")
 
 
