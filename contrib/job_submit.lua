@@ -14,7 +14,7 @@ written by `cellsched sbatch`):
             "cellsched/v1 @AdminComment";
           * the job is held (priority 0) whether or not it asked to be;
           * a tagged Comment whose JSON is obviously malformed (not one
-            {...} object of printable ASCII, or over 4096 bytes) is refused.
+            {...} object of printable ASCII, or over 1011 bytes) is refused.
   modify  * a non-admin may not change a managed job's Comment,
             AdminComment, priority (hold, release), partition, features,
             node count, node lists or GPU requests: the controller owns them.
@@ -37,7 +37,7 @@ change its Comment, features or node count while it is pending.
 
 local TAG = "cellsched/v1 "
 local MARKER = TAG .. "@AdminComment"
-local MAX_SPEC_BYTES = 4096
+local MAX_SPEC_BYTES = 1011  -- 1024 bytes of Comment (Slurm's limit) less the tag
 
 -- uids allowed to change managed jobs: root and the controller's user
 local ADMIN_UIDS = { [0] = true }

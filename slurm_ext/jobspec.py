@@ -31,8 +31,11 @@ TAG = "cellsched/v1 "
 #: the Comment of a managed job once job_submit.lua moved its spec to AdminComment
 ADMIN_MARKER = TAG + "@AdminComment"
 SPEC_VERSION = 1
-#: a spec is small; anything larger is refused before it reaches Slurm
-MAX_SPEC_BYTES = 4096
+#: Slurm keeps at most 1024 bytes of a job's Comment (sbatch fails beyond:
+#: "Pathname of a file, directory or other parameter too long")
+MAX_COMMENT_BYTES = 1024
+#: a spec travels in the Comment after TAG; anything larger is refused before it reaches Slurm
+MAX_SPEC_BYTES = MAX_COMMENT_BYTES - len(TAG)
 _GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 _PARTITION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _PRINTABLE = re.compile(r"^[^\x00-\x1f\x7f]{1,255}$")
@@ -123,7 +126,8 @@ class JobSpec:
         d = {k: v for k, v in asdict(self).items() if v is not None}
         text = json.dumps(d, separators=(",", ":"), sort_keys=True)
         if len(text.encode()) > MAX_SPEC_BYTES:
-            raise JobSpecError("spec", f"is {len(text.encode())} bytes, more than {MAX_SPEC_BYTES}")
+            raise JobSpecError("spec", f"is {len(text.encode())} bytes, more than {MAX_SPEC_BYTES} (Slurm keeps "
+                                       f"{MAX_COMMENT_BYTES} bytes of a job comment; use a smaller model spec file)")
         return text
 
     def to_comment(self) -> str:

@@ -151,6 +151,8 @@ def doubt(p: JobProgress, m: inp.ManagedJob, prev: tuple[float, float] | None, n
         return f"reports {p.iterations_done:g} iterations, beyond the job's {total}"
     iter_s = m.current.iter_time_s if m.current is not None else None
     base, since = prev if prev is not None else (0.0, m.job.start_time)
+    if since is None and p.iterations_done > 0:
+        return f"reports {p.iterations_done:g} iterations before it ever ran"
     if iter_s and iter_s > 0 and since is not None:
         allowed = base + rate_factor * max(0.0, now - since) / iter_s + 1
         if p.iterations_done > allowed:

@@ -387,3 +387,41 @@ def _early_rounds(log_path: Path) -> list[str]:
 def _rounds(tmp_path: Path) -> int:
     with StateStore(tmp_path / "state.sqlite", readonly=True) as st:
         return len(st.rounds(limit=1000))
+
+
+def _children(pid: int) -> set[int]:
+    """The pids of a process's children (e.g. a pending scontrol)."""
+    return {int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()}
+
+
+def test_sigterm_ends_the_daemon_within_5_s_while_a_slurm_call_hangs(slurm_cluster, tmp_path):
+    """slurmctld stopped (SIGSTOP: calls hang until their timeout, up to
+    slurm_timeout_s, 30 s here); SIGTERM during such a call ends the daemon
+    within 5 s."""
+    config = write_config(tmp_path / "c.toml", tmp_path / "state.sqlite", interval_s=1.0, watch_s=0.2, slurm_timeout_s=30.0)
+    log_path = tmp_path / "controller.log"
+    ctld = int((slurm_cluster.lab / "run" / "slurmctld.pid").read_text())
+    with log_path.open("ab") as log:
+        proc = _start_controller(config, log)
+        try:
+            wait_until(lambda: '"msg":"round"' in log_path.read_text(), 60, "a first round")
+            os.kill(ctld, signal.SIGSTOP)
+            seen: dict[int, float] = {}
+
+            def hanging() -> bool:  # a Slurm command that has been waiting for a second
+                now, kids = time.monotonic(), _children(proc.pid)
+                for kid in kids:
+                    seen.setdefault(kid, now)
+                return any(now - seen[k] >= 1.0 for k in kids)
+
+            wait_until(hanging, 30, "a Slurm call to hang", interval=0.05)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(timeout=30)
+            took = time.monotonic() - t0
+        finally:
+            os.kill(ctld, signal.SIGCONT)
+            if proc.poll() is None:
+                proc.kill()
+    assert rc == 0 and took < 5.0, (rc, took, log_path.read_text()[-2000:])
+    wait_until(lambda: get_backend("cli").observe() is not None, 60, "slurmctld to answer again")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -93,7 +95,7 @@ def test_a_read_that_hangs_is_abandoned_and_not_tried_again_while_it_hangs(monke
 # --- what a progress file says ---------------------------------------------
 
 
-def running_job(tmp_path, uid: int, start: float = 900.0) -> inp.ManagedJob:
+def running_job(tmp_path, uid: int, start: float | None = 900.0) -> inp.ManagedJob:
     plan = JobPlan(dp=2, global_batch=64, gpu_types=("a40",), nodes=("n4",), gpus_per_node=2, cell="a40:1x2:pp1",
                    job_id="5", iter_time_s=2.0, checkpoint_dir=str(tmp_path))
     ac = json.dumps({"spec": json.loads(SPEC.to_json()), "plan": json.loads(plan.to_json())})
@@ -112,10 +114,11 @@ def running_job(tmp_path, uid: int, start: float = 900.0) -> inp.ManagedJob:
     (JobProgress(20, first_step_at=950.0), None, ""),
     (JobProgress(20, first_step_at=1e12), None, "its first step (1000000000000) lies outside its run"),
     (JobProgress(20, first_step_at=100.0), None, "its first step (100) lies outside its run"),
+    (JobProgress(20), "never ran", "reports 20 iterations before it ever ran"),  # no count, no start time
 ])
 def test_a_report_is_believed_only_within_reason(tmp_path, report, prev, why):
-    m = running_job(tmp_path, os.getuid())
-    got = doubt(report, m, prev, 1000.0, rate_factor=3.0)
+    m = running_job(tmp_path, os.getuid(), start=None if prev == "never ran" else 900.0)
+    got = doubt(report, m, None if prev == "never ran" else prev, 1000.0, rate_factor=3.0)
     assert (why in got) if why else got == "", got
 
 
@@ -152,3 +155,19 @@ def test_the_wait_for_a_checkpoint_ends_when_the_daemon_stops():
     stop = threading.Event()
     stop.set()
     assert Waiting(stopping=stop.is_set).stopping()
+
+
+def test_a_stop_ends_the_process_after_the_grace_even_if_the_main_thread_hangs():
+    """What SIGTERM starts (controller_cmd.stop_within): the loop is asked to
+    stop; a main thread stuck in a call is cut after the grace, exit 0."""
+    code = ("import threading, time\n"
+            "from slurm_ext.controller import logs\n"
+            "from slurm_ext.cli.controller_cmd import stop_within\n"
+            "logs.setup('json')\n"
+            "stop = threading.Event()\n"
+            "threading.Thread(target=stop_within, args=(stop, 0.3), daemon=True).start()\n"
+            "time.sleep(60)  # a call that hangs\n")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0 and time.monotonic() - t0 < 30, proc.stderr
+    assert '"msg":"stopping now","grace_s":0.3' in proc.stderr
