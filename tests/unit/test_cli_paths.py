@@ -137,7 +137,8 @@ def test_simulate_limit_jobs_max_time_and_seed(tmp_path):
 def test_profile_no_comm(tmp_path):
     """`cellsched profile --no-comm` (the plugged-in command) stores layer records and no comm curves."""
     db = tmp_path / "p.sqlite"
-    proc = cellsched("profile", "--model", "gpt-tiny", "--tp", "1,2", "--micro-batch", "1", "--no-comm",
+    # --comm first, then --no-comm (the last one wins): were --no-comm ignored, comm would be profiled
+    proc = cellsched("profile", "--model", "gpt-tiny", "--tp", "1,2", "--micro-batch", "1", "--comm", "--no-comm",
                      "--comm-ranks", "2", "--warmup", "0", "--repeat", "1", "--threads", "1", "--db", str(db))
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
