@@ -143,13 +143,17 @@ class Progress:
     notes: dict[str, str]
 
 
-def doubt(p: JobProgress, m: inp.ManagedJob, prev: tuple[float, float] | None, now: float, rate_factor: float) -> str:
+def doubt(p: JobProgress, m: inp.ManagedJob, prev: tuple[float, float] | None, now: float, rate_factor: float,
+          iter_s: float | None = None) -> str:
     """Why job `m`'s report `p` is not believed ("" when it is). `prev`:
-    the iterations the controller last took as done and when."""
+    the iterations the controller last took as done and when; `iter_s`: the
+    fastest estimated iteration time of the cells it ran in since (default:
+    its current cell's)."""
     total = m.spec.iterations if m.spec is not None else math.inf
     if p.iterations_done > total:
         return f"reports {p.iterations_done:g} iterations, beyond the job's {total}"
-    iter_s = m.current.iter_time_s if m.current is not None else None
+    if iter_s is None:
+        iter_s = m.current.iter_time_s if m.current is not None else None
     base, since = prev if prev is not None else (0.0, m.job.start_time)
     if since is None and p.iterations_done > 0:
         return f"reports {p.iterations_done:g} iterations before it ever ran"
@@ -179,12 +183,14 @@ def _estimate(m: inp.ManagedJob, prev: tuple[float, float] | None, now: float) -
 
 def collect_progress(jobs: tuple[inp.ManagedJob, ...], now: float, ended: Collection[str], read: ProgressReader, *,
                      previous: Mapping[str, tuple[float, float]] | None = None,
-                     rate_factor: float = 10.0) -> Progress:
+                     rate_factor: float = 10.0, iter_times: Mapping[str, float] | None = None) -> Progress:
     """Iterations done per job: what `read` reports (the job's progress
     file) when it is believed (`doubt`; never less than `previous`, the
-    last count and its time), else the estimate. Jobs that just ended are
-    read once more; `ended` were read before."""
-    previous = previous or {}
+    last count and its time; `iter_times`: the fastest estimated iteration
+    time of each job's cells since then), else the estimate. An infinite
+    `rate_factor` trusts the reports as they are (the simulator's own
+    counts). Jobs that just ended are read once more; `ended` were read before."""
+    previous, iter_times = previous or {}, iter_times or {}
     done: dict[str, float] = {}
     src: dict[str, str] = {}
     first: dict[str, float] = {}
@@ -197,12 +203,13 @@ def collect_progress(jobs: tuple[inp.ManagedJob, ...], now: float, ended: Collec
             p = read(m)
         except Unreadable as exc:
             p, notes[m.job_id] = None, f"progress file not read: {exc}"
-        if p is not None:
-            why = doubt(p, m, prev, now, rate_factor)
+        if p is not None and math.isfinite(rate_factor):
+            why = doubt(p, m, prev, now, rate_factor, iter_times.get(m.job_id))
             if why:
                 p, notes[m.job_id] = None, f"progress file ignored: {why}"
         if p is not None:
-            done[m.job_id], src[m.job_id] = max(p.iterations_done, prev[0] if prev else 0.0), "file"
+            floor = prev[0] if prev and math.isfinite(rate_factor) else 0.0
+            done[m.job_id], src[m.job_id] = max(p.iterations_done, floor), "file"
             if p.first_step_at is not None:
                 first[m.job_id] = p.first_step_at
             continue

@@ -77,7 +77,9 @@ class SimOptions:
     controller's SolverConfig (seed given by `seed`); its default lets the
     policy resize and move running elastic jobs (allow_resize).
     progress_rate_factor: the controller's (a job whose progress runs faster
-    than this many times its estimate is scheduled on the estimate).
+    than this many times its estimate is scheduled on the estimate; None:
+    the simulated counts are taken as they are, as under the executed-seconds
+    progress model, see `effective`).
     """
 
     interval_s: float = 60.0
@@ -98,7 +100,7 @@ class SimOptions:
     min_gpus: int = 1
     max_gpus: int = 16
     min_job_age_s: float = 300.0
-    progress_rate_factor: float = 10.0
+    progress_rate_factor: float | None = 10.0
     solver: SolverConfig = field(default_factory=SolverConfig)
 
     def __post_init__(self) -> None:
@@ -119,10 +121,16 @@ class SimOptions:
 
     def effective(self) -> SimOptions:
         """The options as they apply: arena_compat fixes the round grid and
-        makes checkpoints and starts instantaneous."""
-        if not self.arena_compat:
-            return self
-        return dataclasses.replace(self, interval_s=300.0, early_rounds=False, checkpoint_s=0.0, start_delay_s=0.0,
+        makes checkpoints and starts instantaneous. Under the executed-seconds
+        progress model a job's iterations done are its executed seconds at
+        its current speed, so a move rescales them (even down): they are taken
+        as they are, without the checks a job's own report gets."""
+        o = self
+        if o.progress_model == EXECUTED_SECONDS:
+            o = dataclasses.replace(o, progress_rate_factor=None)
+        if not o.arena_compat:
+            return o
+        return dataclasses.replace(o, interval_s=300.0, early_rounds=False, checkpoint_s=0.0, start_delay_s=0.0,
                                    charge_first_start=True)
 
 
@@ -453,7 +461,8 @@ class Simulator:
                                                     interval_s=self.options.interval_s,
                                                     min_gap_s=self.options.min_gap_s,
                                                     checkpoint_root="/tmp/cellsched-sim", kick_file="",
-                                                    progress_rate_factor=self.options.progress_rate_factor),
+                                                    progress_rate_factor=math.inf if self.options.progress_rate_factor is None
+                                                    else self.options.progress_rate_factor),
                         solver=dataclasses.replace(self.options.solver, seed=self.options.seed))
         state = StateStore(state_path)
         logger = logging.getLogger("cellsched")
