@@ -171,3 +171,18 @@ def test_a_stop_ends_the_process_after_the_grace_even_if_the_main_thread_hangs()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0 and time.monotonic() - t0 < 30, proc.stderr
     assert '"msg":"stopping now","grace_s":0.3' in proc.stderr
+
+
+def test_a_job_moved_since_its_last_count_is_bounded_by_the_faster_cell(tmp_path):
+    m = running_job(tmp_path, os.getuid())  # now in a cell of 2 s per iteration
+    report = JobProgress(99)  # 89 in 20 s: 0.22 s per iteration, as in its earlier cell (0.2 s)
+    assert "more than 3 times" in doubt(report, m, (10.0, 980.0), 1000.0, rate_factor=3.0)
+    assert doubt(report, m, (10.0, 980.0), 1000.0, rate_factor=3.0, iter_s=0.2) == ""
+
+
+def test_the_simulators_counts_are_taken_as_they_are(tmp_path):
+    """An infinite rate factor (the simulator's executed-seconds counts): no checks, no floor."""
+    m = running_job(tmp_path, os.getuid())
+    write(tmp_path, {"iterations_done": 4})
+    got = collect_progress((m,), 1000.0, (), ProgressFiles(), previous={"5": (10.0, 980.0)}, rate_factor=float("inf"))
+    assert got.done == {"5": 4.0} and got.notes == {}
