@@ -60,6 +60,11 @@ class SimError(ValueError):
     """A simulation that cannot run as asked (the message says why)."""
 
 
+#: a simulation repeats exactly whatever the machine's load: CP-SAT's
+#: deterministic budget decides each round, this wall-clock limit is a safety net
+SIM_TIME_LIMIT_S = 60.0
+
+
 @dataclass(frozen=True)
 class SimOptions:
     """How a simulation runs.
@@ -101,7 +106,7 @@ class SimOptions:
     max_gpus: int = 16
     min_job_age_s: float = 300.0
     progress_rate_factor: float | None = 10.0
-    solver: SolverConfig = field(default_factory=SolverConfig)
+    solver: SolverConfig = field(default_factory=lambda: SolverConfig(time_limit_s=SIM_TIME_LIMIT_S))
 
     def __post_init__(self) -> None:
         for name in ("interval_s", "min_gap_s", "checkpoint_s", "start_delay_s", "min_job_age_s"):
