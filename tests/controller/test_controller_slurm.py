@@ -425,3 +425,41 @@ def test_sigterm_ends_the_daemon_within_5_s_while_a_slurm_call_hangs(slurm_clust
                 proc.kill()
     assert rc == 0 and took < 5.0, (rc, took, log_path.read_text()[-2000:])
     wait_until(lambda: get_backend("cli").observe() is not None, 60, "slurmctld to answer again")
+
+
+#: the daemon, with one fake: every read of a progress file hangs, as on a hung network or FUSE mount
+HUNG_READ = """
+import sys, threading
+from slurm_ext.controller import userfiles
+never = threading.Event()
+userfiles.read_owned_file = lambda path, uid, max_bytes: never.wait()
+from slurm_ext.cli import main
+main(["controller", "run", "--config", sys.argv[1]])
+"""
+
+
+def test_sigterm_ends_the_daemon_within_5_s_while_a_progress_read_hangs(slurm_cluster, tmp_path):
+    """A running job's progress read never returns: rounds go on without it
+    (read abandoned after read_timeout_s), and SIGTERM ends the daemon within 5 s."""
+    config = write_config(tmp_path / "c.toml", tmp_path / "state.sqlite", interval_s=0.5, watch_s=0.2)
+    job = submit_managed("gpt-350m", tmp_path, done_file=tmp_path / "done.txt", sleep=300)
+    script = tmp_path / "hung_read.py"
+    script.write_text(HUNG_READ)
+    log_path = tmp_path / "controller.log"
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen([sys.executable, str(script), str(config)], stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            wait_until(lambda: "no answer within 0.50 s" in log_path.read_text(), 120, "a progress read to hang")
+            hung_at = log_path.read_text().count('"msg":"round"')
+            wait_until(lambda: log_path.read_text().count('"msg":"round"') >= hung_at + 2, 60,
+                       "rounds to go on while the read hangs")
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(timeout=30)
+            took = time.monotonic() - t0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            subprocess.run(["scancel", job], check=False, timeout=30)
+    assert rc == 0 and took < 5.0, (rc, took, log_path.read_text()[-2000:])
+    assert "an earlier read of it has not returned" in log_path.read_text()  # no second thread on the hung path
