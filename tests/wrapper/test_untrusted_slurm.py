@@ -168,6 +168,32 @@ def test_a_hostile_progress_file_neither_stalls_nor_steers_the_controller(plain_
         cancel(plain_cluster, ids)
 
 
+def test_progress_that_jumps_backwards_does_not_take_the_count_back(plain_cluster, users, alice_dir, tmp_path):
+    rounds = Rounds(plain_cluster, tmp_path)
+    ids = []
+    try:
+        alice = submit(plain_cluster, "cs_alice", SPEC, str(alice_dir))
+        ids.append(alice)
+        assert alice in rounds.round().placements
+        wait_for(lambda: plain_cluster.backend.job(alice).state == "RUNNING", timeout=60, what="alice's job to run")
+        ckpt = alice_dir / ".cellsched" / alice
+        as_alice(plain_cluster, "mkdir", "-p", str(ckpt))
+        as_alice(plain_cluster, "tee", str(ckpt / "progress.json"), stdin=json.dumps({"iterations_done": 2}))
+
+        def counted() -> tuple[float | None, str | None]:
+            rounds.round()
+            with StateStore(rounds.state_path, readonly=True) as st:
+                row = st.jobs(job_ids=[alice])[alice]
+            return row.iterations_done, row.progress_source
+
+        wait_for(lambda: counted() == (2.0, "file"), timeout=60, what="the count of 2 to be taken from the file")
+        as_alice(plain_cluster, "tee", str(ckpt / "progress.json"), stdin=json.dumps({"iterations_done": 1}))
+        assert counted() == (2.0, "file")  # never back
+    finally:
+        rounds.close()
+        cancel(plain_cluster, ids)
+
+
 def test_escapes_in_a_job_name_and_specs_at_the_size_limit(plain_cluster, users, alice_dir, tmp_path):
     rounds = Rounds(plain_cluster, tmp_path)
     ids = []
