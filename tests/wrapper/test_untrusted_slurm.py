@@ -124,6 +124,7 @@ class Rounds:
         config = Config(controller=ControllerConfig(state_path=str(self.state_path), kick_file="", checkpoint_root=str(tmp)),
                         solver=SolverConfig(time_limit_s=30.0))
         self.ctl = Controller(config, backend=cluster.backend)
+        self.ids: list[str] = []
 
     def round(self):
         report = self.ctl.round()
@@ -135,91 +136,82 @@ class Rounds:
         logging.getLogger("cellsched").handlers.clear()
 
 
+@pytest.fixture
+def rounds(plain_cluster, tmp_path):
+    """The controller on the test cluster; the jobs in `rounds.ids` are cancelled at the end."""
+    r = Rounds(plain_cluster, tmp_path)
+    yield r
+    r.close()
+    cancel(plain_cluster, r.ids)
+
+
 @pytest.mark.parametrize("plant", [plant_fifo, plant_dev_zero, plant_link_to_root_file, plant_linked_dir_to_root,
                                    plant_1gb, plant_beyond_the_end, plant_far_future_first_step,
                                    plant_negative_first_step, plant_almost_done])
 def test_a_hostile_progress_file_neither_stalls_nor_steers_the_controller(plain_cluster, users, alice_dir, secret,
-                                                                            tmp_path, plant):
-    rounds = Rounds(plain_cluster, tmp_path)
-    ids = []
-    try:
-        alice = submit(plain_cluster, "cs_alice", SPEC, str(alice_dir))
-        ids.append(alice)
-        normal = rounds.round()  # places alice's job: a normal round
-        assert alice in normal.placements, normal
-        ckpt = alice_dir / ".cellsched" / alice
-        as_alice(plain_cluster, "mkdir", "-p", str(ckpt))
-        plant(plain_cluster, ckpt, secret)
-        bob = submit(plain_cluster, "cs_bob", BOB, "/tmp")
-        ids.append(bob)
-        hostile = rounds.round()
-        assert bob in hostile.placements, hostile  # the other user's job is placed
-        assert hostile.total_s < normal.total_s + 2.0, (hostile.total_s, normal.total_s)
+                                                                            rounds, plant):
+    alice = submit(plain_cluster, "cs_alice", SPEC, str(alice_dir))
+    rounds.ids.append(alice)
+    normal = rounds.round()  # places alice's job: a normal round
+    assert alice in normal.placements, normal
+    ckpt = alice_dir / ".cellsched" / alice
+    as_alice(plain_cluster, "mkdir", "-p", str(ckpt))
+    plant(plain_cluster, ckpt, secret)
+    bob = submit(plain_cluster, "cs_bob", BOB, "/tmp")
+    rounds.ids.append(bob)
+    hostile = rounds.round()
+    assert bob in hostile.placements, hostile  # the other user's job is placed
+    assert hostile.total_s < normal.total_s + 2.0, (hostile.total_s, normal.total_s)
+    rounds.round()
+    with StateStore(rounds.state_path, readonly=True) as st:
+        row = st.jobs(job_ids=[alice])[alice]
+        status = _table(job_rows(st, now=0.0))
+    assert row.iterations_done is None or row.iterations_done < 1000, row  # never the claim of 10**9 or 999,990
+    word = secret[1]
+    assert word not in rounds.log.getvalue() and word not in status
+    assert word.encode() not in rounds.state_path.read_bytes()
+
+
+def test_progress_that_jumps_backwards_does_not_take_the_count_back(plain_cluster, users, alice_dir, rounds):
+    alice = submit(plain_cluster, "cs_alice", SPEC, str(alice_dir))
+    rounds.ids.append(alice)
+    assert alice in rounds.round().placements
+    wait_for(lambda: plain_cluster.backend.job(alice).state == "RUNNING", timeout=60, what="alice's job to run")
+    ckpt = alice_dir / ".cellsched" / alice
+    as_alice(plain_cluster, "mkdir", "-p", str(ckpt))
+    as_alice(plain_cluster, "tee", str(ckpt / "progress.json"), stdin=json.dumps({"iterations_done": 2}))
+
+    def counted() -> tuple[float | None, str | None]:
         rounds.round()
         with StateStore(rounds.state_path, readonly=True) as st:
             row = st.jobs(job_ids=[alice])[alice]
-            status = _table(job_rows(st, now=0.0))
-        assert row.iterations_done is None or row.iterations_done < 1000, row  # never the claim of 10**9 or 999,990
-        word = secret[1]
-        assert word not in rounds.log.getvalue() and word not in status
-        assert word.encode() not in rounds.state_path.read_bytes()
-    finally:
-        rounds.close()
-        cancel(plain_cluster, ids)
+        return row.iterations_done, row.progress_source
+
+    wait_for(lambda: counted() == (2.0, "file"), timeout=60, what="the count of 2 to be taken from the file")
+    as_alice(plain_cluster, "tee", str(ckpt / "progress.json"), stdin=json.dumps({"iterations_done": 1}))
+    assert counted() == (2.0, "file")  # never back
 
 
-def test_progress_that_jumps_backwards_does_not_take_the_count_back(plain_cluster, users, alice_dir, tmp_path):
-    rounds = Rounds(plain_cluster, tmp_path)
-    ids = []
-    try:
-        alice = submit(plain_cluster, "cs_alice", SPEC, str(alice_dir))
-        ids.append(alice)
-        assert alice in rounds.round().placements
-        wait_for(lambda: plain_cluster.backend.job(alice).state == "RUNNING", timeout=60, what="alice's job to run")
-        ckpt = alice_dir / ".cellsched" / alice
-        as_alice(plain_cluster, "mkdir", "-p", str(ckpt))
-        as_alice(plain_cluster, "tee", str(ckpt / "progress.json"), stdin=json.dumps({"iterations_done": 2}))
-
-        def counted() -> tuple[float | None, str | None]:
-            rounds.round()
-            with StateStore(rounds.state_path, readonly=True) as st:
-                row = st.jobs(job_ids=[alice])[alice]
-            return row.iterations_done, row.progress_source
-
-        wait_for(lambda: counted() == (2.0, "file"), timeout=60, what="the count of 2 to be taken from the file")
-        as_alice(plain_cluster, "tee", str(ckpt / "progress.json"), stdin=json.dumps({"iterations_done": 1}))
-        assert counted() == (2.0, "file")  # never back
-    finally:
-        rounds.close()
-        cancel(plain_cluster, ids)
-
-
-def test_escapes_in_a_job_name_and_specs_at_the_size_limit(plain_cluster, users, alice_dir, tmp_path):
-    rounds = Rounds(plain_cluster, tmp_path)
-    ids = []
+def test_escapes_in_a_job_name_and_specs_at_the_size_limit(plain_cluster, users, alice_dir, rounds):
     base = dict(family="gpt", layers=2, hidden=64, heads=4, seq_len=32, vocab=256)
     small = JobSpec(model="m.json", global_batch=8, iterations=10, gpu_types=("a10",), model_def={**base, "name": "x"})
     pad = MAX_SPEC_BYTES - len(small.to_json())
     at_limit = dataclasses.replace(small, model_def={**base, "name": "x" * (1 + pad)})
     assert len(at_limit.to_json()) == MAX_SPEC_BYTES
-    try:
-        named = submit(plain_cluster, "cs_alice", JobSpec(model="gpt-tiny", global_batch=8, iterations=10, gpu_types=("a40",)),
-                       str(alice_dir), "-J", "\x1b]0;pwned\x07\x1b[2J\u202eevil")
-        limit = submit(plain_cluster, "cs_alice", at_limit, str(alice_dir))  # a Comment of 1024 bytes, Slurm's most
-        hostile_model = TAG + json.dumps({"model": "\u202eevil\x9b[2J", "global_batch": 8, "iterations": 10})
-        proc = plain_cluster.run(["sbatch", "--parsable", "-H", f"--comment={hostile_model}", "-D", str(alice_dir),
-                                  "-o", "/dev/null", "--wrap", "sleep 300"], user="cs_alice")
-        assert proc.returncode == 0, proc.stderr
-        refused = proc.stdout.strip()
-        ids += [named, limit, refused]
-        report = rounds.round()
-        assert named in report.placements and limit in report.placements, report
-        with StateStore(rounds.state_path, readonly=True) as st:
-            rows = {r["job_id"]: r for r in job_rows(st, now=0.0)}
-            status = _table(list(rows.values()))
-        assert "evil" in rows[refused]["reason"] and "\\u202eevil" in status, status  # shown, escaped
-        assert not any(c in status for c in "\x1b\x07\x9b\u202e"), repr(status)
-        assert not any(c in rounds.log.getvalue() for c in "\x1b\x07\u202e")
-    finally:
-        rounds.close()
-        cancel(plain_cluster, ids)
+    named = submit(plain_cluster, "cs_alice", JobSpec(model="gpt-tiny", global_batch=8, iterations=10, gpu_types=("a40",)),
+                   str(alice_dir), "-J", "\x1b]0;pwned\x07\x1b[2J\u202eevil")
+    limit = submit(plain_cluster, "cs_alice", at_limit, str(alice_dir))  # a Comment of 1024 bytes, Slurm's most
+    hostile_model = TAG + json.dumps({"model": "\u202eevil\x9b[2J", "global_batch": 8, "iterations": 10})
+    proc = plain_cluster.run(["sbatch", "--parsable", "-H", f"--comment={hostile_model}", "-D", str(alice_dir),
+                              "-o", "/dev/null", "--wrap", "sleep 300"], user="cs_alice")
+    assert proc.returncode == 0, proc.stderr
+    refused = proc.stdout.strip()
+    rounds.ids += [named, limit, refused]
+    report = rounds.round()
+    assert named in report.placements and limit in report.placements, report
+    with StateStore(rounds.state_path, readonly=True) as st:
+        rows = {r["job_id"]: r for r in job_rows(st, now=0.0)}
+        status = _table(list(rows.values()))
+    assert "evil" in rows[refused]["reason"] and "\\u202eevil" in status, status  # shown, escaped
+    assert not any(c in status for c in "\x1b\x07\x9b\u202e"), repr(status)
+    assert not any(c in rounds.log.getvalue() for c in "\x1b\x07\u202e")
