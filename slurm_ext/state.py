@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-SCHEMA_VERSION = 2  # 2: cell_history.value (measured restart cost of "resumed" events)
+SCHEMA_VERSION = 3  # 2: cell_history.value (measured restart cost of "resumed" events); 3: jobs.progress_at
 BUSY_TIMEOUT_S = 10.0
 
 #: plan statuses: "intent" (written, Slurm not yet touched), "signalled"
@@ -46,6 +46,7 @@ CREATE TABLE IF NOT EXISTS jobs (
   exit_code INTEGER,
   iterations_done REAL,
   progress_source TEXT,
+  progress_at REAL,
   finished INTEGER NOT NULL DEFAULT 0,
   updated REAL NOT NULL
 );
@@ -138,13 +139,15 @@ class JobStatus:
 @dataclass(frozen=True)
 class JobRow(JobStatus):
     """A managed job as the state DB keeps it: the last status seen, plus
-    its spec as first accepted (or why it was refused)."""
+    its spec as first accepted (or why it was refused). `progress_at`: when
+    `iterations_done` was counted (`updated` moves on every round)."""
 
     spec: str | None
     spec_source: str | None
     bad_reason: str | None
     first_seen: float
     updated: float
+    progress_at: float | None = None
 
 
 def _nodes_text(nodes: Iterable[tuple[str, int]]) -> str:
@@ -219,6 +222,8 @@ class StateStore:
             cols = {r[1] for r in self._db.execute("PRAGMA table_info(cell_history)")}
             if version < 2 and "value" not in cols:
                 self._db.execute("ALTER TABLE cell_history ADD COLUMN value REAL")
+            if version < 3 and "progress_at" not in {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}:
+                self._db.execute("ALTER TABLE jobs ADD COLUMN progress_at REAL")
             self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
 
     def close(self) -> None:
@@ -269,14 +274,15 @@ class StateStore:
         """Record what this round saw of each managed job (and which ended)."""
         rows = [
             (s.user, s.slurm_state, s.phase, s.reason, s.submit_time, s.start_time, s.end_time, s.exit_code,
-             s.iterations_done, s.progress_source, int(s.finished), now, s.job_id)
+             s.iterations_done, s.progress_source, s.iterations_done, now, int(s.finished), now, s.job_id)
             for s in statuses
         ]
         with self._tx():
             self._db.executemany(
                 "UPDATE jobs SET user = ?, slurm_state = ?, phase = ?, reason = ?, submit_time = ?, start_time = ?, "
                 "end_time = ?, exit_code = ?, iterations_done = COALESCE(?, iterations_done), "
-                "progress_source = COALESCE(?, progress_source), finished = ?, updated = ? WHERE job_id = ?",
+                "progress_source = COALESCE(?, progress_source), "
+                "progress_at = CASE WHEN ? IS NULL THEN progress_at ELSE ? END, finished = ?, updated = ? WHERE job_id = ?",
                 rows,
             )
 

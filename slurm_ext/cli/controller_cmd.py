@@ -16,6 +16,7 @@ import click
 
 from slurm_ext.config import Config, ConfigError, load
 from slurm_ext.state import StateError, StateStore
+from slurm_ext.textsafe import printable
 
 
 class ControllerError(click.ClickException):
@@ -60,6 +61,17 @@ def open_state(config: Config, *, readonly: bool) -> StateStore:
         raise ControllerError(str(exc)) from None
 
 
+def new_controller(config: Config, state: StateStore, *, readonly: bool):
+    """The Controller; a one-line error for an unknown backend or a missing pyslurm."""
+    from slurm_ext.backends import SlurmError
+    from slurm_ext.controller.loop import Controller
+
+    try:
+        return Controller(config, state=state, readonly=readonly)
+    except (ValueError, SlurmError) as exc:
+        raise ControllerError(printable(exc)) from None
+
+
 @click.group()
 def controller() -> None:
     """The cellsched scheduling daemon."""
@@ -73,9 +85,8 @@ def controller() -> None:
 @click.option("--backend", help="Slurm backend (cli, pyslurm, auto; overrides the config).")
 def run(config_path: str | None, once: bool, dry_run: bool, interval: float | None, backend: str | None) -> None:
     """Observe the cluster, place managed jobs, release them; every interval."""
-    from slurm_ext.backends import SlurmError
     from slurm_ext.controller import logs
-    from slurm_ext.controller.loop import Controller, LockError, StateLock
+    from slurm_ext.controller.loop import LockError, StateLock
     from slurm_ext.controller.metrics import serve
 
     config = load_config(config_path, interval=interval, backend=backend)
@@ -91,10 +102,7 @@ def run(config_path: str | None, once: bool, dry_run: bool, interval: float | No
     except LockError as exc:
         raise ControllerError(str(exc)) from None
     try:
-        try:
-            ctl = Controller(config, state=state, readonly=dry_run)
-        except (ValueError, SlurmError) as exc:  # an unknown backend, or pyslurm missing
-            raise ControllerError(str(exc)) from None
+        ctl = new_controller(config, state, readonly=dry_run)
         if config.metrics.port and not once:
             try:
                 serve(ctl.metrics, config.metrics.port, config.metrics.address)

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from slurm_ext.cli.controller_cmd import ControllerError, load_config, open_state
+from slurm_ext.cli.controller_cmd import ControllerError, load_config, new_controller, open_state
 from slurm_ext.state import StateStore
 from slurm_ext.textsafe import printable
 from solver.plan import JobPlan, PlanError
@@ -199,7 +199,6 @@ def status(config_path: str | None, as_json: bool, include_finished: bool, histo
         click.echo("\n" + _round_text(last[0]))
 
 
-
 @click.command()
 @_CONFIG
 @_JSON
@@ -209,17 +208,10 @@ def plan(config_path: str | None, as_json: bool) -> None:
     For root and the SlurmUser only: it shows every user's placements."""
     if viewer() is not None:
         raise ControllerError("`cellsched plan` shows every user's jobs and is for root and the SlurmUser; use `cellsched status`")
-    from slurm_ext.backends import SlurmError
-    from slurm_ext.controller.loop import Controller
-
     config = load_config(config_path)
     state = open_state(config, readonly=True)
     try:
-        try:
-            ctl = Controller(config, state=state, readonly=True)
-        except (ValueError, SlurmError) as exc:  # an unknown backend, or pyslurm missing
-            raise ControllerError(printable(exc)) from None
-        report = ctl.round(dry_run=True)
+        report = new_controller(config, state, readonly=True).round(dry_run=True)
     finally:
         state.close()
     if as_json:

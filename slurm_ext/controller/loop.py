@@ -105,7 +105,6 @@ class Controller:
         self.progress = progress or ProgressFiles(cc.read_timeout_s, cc.read_budget_s)
         self._doubts: dict[str, str] = {}  # job -> why its progress file was not used (logged when it changes)
         self._iter_s: dict[str, float] = {}  # job -> estimated iteration time of its cell at the last round
-        self._counted: dict[str, tuple[float, float]] = {}  # job -> (iterations done, when): the last count
         self.stop = threading.Event()  # set: the round in progress stops waiting (run(stop=...) shares it)
         self.backend = backend or get_backend(config.controller.backend, **(
             {"timeout": config.controller.slurm_timeout_s} if config.controller.backend == "cli" else {}))
@@ -261,9 +260,8 @@ class Controller:
         start_round = getattr(self.progress, "start_round", None)
         if start_round is not None:
             start_round()
-        # the last count and its time (the state's row after a restart: its time may be later than the count's)
-        previous = {j: (r.iterations_done, r.updated) for j, r in known.items() if r.iterations_done is not None}
-        previous.update({j: c for j, c in self._counted.items() if j in previous or j in known})
+        previous = {j: (r.iterations_done, r.updated if r.progress_at is None else r.progress_at)
+                    for j, r in known.items() if r.iterations_done is not None}
         # a job moved since the last round ran part of the time in its earlier cell: the faster one bounds it
         now_s = {m.job_id: m.current.iter_time_s for m in jobs if m.current is not None and m.current.iter_time_s}
         fastest = {j: min(s, self._iter_s.get(j, s)) for j, s in now_s.items()}
@@ -271,7 +269,6 @@ class Controller:
         prog = collect_progress(jobs, now, {j for j, r in known.items() if r.finished}, self.progress,
                                 previous=previous, rate_factor=self.config.controller.progress_rate_factor,
                                 iter_times=fastest)
-        self._counted = {**{j: c for j, c in self._counted.items() if j in known}, **{j: (d, now) for j, d in prog.done.items()}}
         for job_id, why in prog.notes.items():
             if self._doubts.get(job_id) != why:
                 log.warning("progress not used", extra={"fields": {"job": job_id, "why": why}})

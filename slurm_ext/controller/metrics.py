@@ -21,9 +21,9 @@ def _labels(labels: Mapping[str, str] | None) -> Labels:
 
 def _escape(v: str) -> str:
     """A label value for the text format: `printable` (no control, C1 or bidi
-    character, which Prometheus would pass on to dashboards), then the
-    format's own escapes for backslash, double quote and newline."""
-    return printable(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    character, which Prometheus would pass on to dashboards; newlines become
+    a visible escape), then the format's own escapes for backslash and quote."""
+    return printable(v).replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _help(text: str) -> str:

@@ -1,6 +1,6 @@
 """How far a running job is: its own progress file, else an estimate.
 
-The file is the job's own word, so it is checked (`believe`): progress
+The file is the job's own word, so it is checked (`doubt`): progress
 never goes back and never passes the job's iterations, it may not run
 faster than `rate_factor` times its cell's estimate, and its first step
 must lie within its run. A report that fails is not used: the job is
@@ -14,7 +14,6 @@ import math
 import os
 import pwd
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Collection, Mapping
 
 from slurm_ext.controller import inputs as inp
@@ -172,10 +171,11 @@ def doubt(p: JobProgress, m: inp.ManagedJob, prev: tuple[float, float] | None, n
 def _estimate(m: inp.ManagedJob, prev: tuple[float, float] | None, now: float) -> float | None:
     """The controller's own count: the last one plus the estimated iterations
     since (while running), or, never counted, the estimate of this run."""
-    running = m.phase == inp.RUNNING and m.current is not None and m.spec is not None
+    assert m.spec is not None
+    running = m.phase == inp.RUNNING and m.current is not None
     if prev is not None:
         gain = estimate_done(prev[1], now, m.current.iter_time_s, m.spec.iterations) if running else 0.0
-        return min(float(m.spec.iterations) if m.spec else math.inf, prev[0] + gain)
+        return min(float(m.spec.iterations), prev[0] + gain)
     if running:
         return estimate_done(m.job.start_time, now, m.current.iter_time_s, m.spec.iterations)
     return None

@@ -18,6 +18,7 @@ jobs) and would still need the same checks and time limit. The rules:
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import threading
@@ -41,7 +42,7 @@ def read_owned_file(path: str, uid: int | None, max_bytes: int) -> bytes | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        if exc.errno == getattr(os, "ELOOP", 40):
+        if exc.errno == errno.ELOOP:
             raise Refused("a symbolic link") from None
         raise Refused(exc.strerror or type(exc).__name__) from None
     try:

@@ -186,3 +186,24 @@ def test_the_simulators_counts_are_taken_as_they_are(tmp_path):
     write(tmp_path, {"iterations_done": 4})
     got = collect_progress((m,), 1000.0, (), ProgressFiles(), previous={"5": (10.0, 980.0)}, rate_factor=float("inf"))
     assert got.done == {"5": 4.0} and got.notes == {}
+
+
+def test_the_state_keeps_when_a_count_was_taken(tmp_path):
+    """progress_at moves only with a count (`updated` moves every round); a schema-2 state gains the column."""
+    from slurm_ext.state import JobStatus, StateStore
+
+    def status(done):
+        return JobStatus("5", "alice", "RUNNING", "running", "", 800.0, 900.0, None, None, done, "file", False)
+
+    with StateStore(tmp_path / "s.sqlite") as st:
+        st.accept_spec("5", "alice", SPEC.to_json(), "comment", 900.0)
+        st.save_statuses([status(10.0)], 950.0)
+        st.save_statuses([status(None)], 1000.0)  # a round without a count
+        row = st.jobs()["5"]
+        assert (row.iterations_done, row.progress_at, row.updated) == (10.0, 950.0, 1000.0)
+        st._db.execute("ALTER TABLE jobs DROP COLUMN progress_at")
+        st._db.execute("UPDATE meta SET value = '2' WHERE key = 'schema'")
+    with StateStore(tmp_path / "s.sqlite") as st:
+        assert st.jobs()["5"].progress_at is None
+        st.save_statuses([status(12.0)], 1100.0)
+        assert st.jobs()["5"].progress_at == 1100.0
