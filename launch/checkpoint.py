@@ -2,6 +2,8 @@
 
 Contract with the controller (a resize is: signal, wait, requeue):
 
+The constants are ``solver.contract``'s.
+
 - Trigger: send SIGUSR1 (or SIGTERM) to the job's tasks, e.g.
   ``scancel --signal=USR1 --full JOBID``. Every rank sets a flag; at the next
   step boundary the ranks agree (one all-reduce) and save together, so
@@ -31,9 +33,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-EXIT_CHECKPOINTED = 75
+from solver.contract import CHECKPOINT_SIGNALS, EXIT_CHECKPOINTED
+
 LATEST = "LATEST"
-SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+SIGNALS = tuple(signal.Signals[f"SIG{name}"] for name in CHECKPOINT_SIGNALS)
 
 
 def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:

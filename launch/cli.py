@@ -17,7 +17,7 @@ instead of killing the task; ``launch.checkpoint.StopRequest`` unblocks it
 once its handler is in place. A CMD that never creates a StopRequest never
 sees SIGUSR1 (the controller then requeues it after checkpoint_timeout_s).
 
-Keep this path light: stdlib and ``solver.plan`` only (no torch).
+Keep this path light: stdlib and ``solver.contract`` only (no torch).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from dataclasses import replace
 from launch import scontrol
 from launch.layout import shares_in_step_order
 from launch.slurm_env import SlurmEnv, SlurmEnvError
+from solver import contract
 from solver.plan import JobPlan, PlanError
 
 EXIT_USAGE = 2
@@ -46,26 +47,19 @@ class LaunchError(Exception):
 
 def load_plan(env: Mapping[str, str], slurm: SlurmEnv) -> JobPlan:
     """The job's plan from CELLSCHED_PLAN or the job's AdminComment."""
-    text = env.get("CELLSCHED_PLAN", "").strip()
     try:
-        if text.startswith("{"):
-            plan = JobPlan.from_json(text)
-        elif text:
+        plan = contract.plan_from_env(env)
+        if plan is None:
             try:
-                with open(text, encoding="utf-8") as f:
-                    plan = JobPlan.from_json(f.read())
-            except OSError as e:
-                raise LaunchError(f"CELLSCHED_PLAN names file {text!r} that cannot be read: {e.strerror}") from None
-        else:
-            try:
-                found = scontrol.job_plan_dict(slurm.job_id)
+                comment = scontrol.job_admin_comment(slurm.job_id)
             except scontrol.ScontrolError as e:
-                raise LaunchError(f"no CELLSCHED_PLAN and the AdminComment cannot be read: {e}") from None
-            except ValueError as e:
-                raise LaunchError(f"job {slurm.job_id}: {e}") from None
-            if found is None:
-                raise LaunchError(f"no plan: CELLSCHED_PLAN is unset and job {slurm.job_id} has no AdminComment")
-            plan = JobPlan.from_dict(found)
+                raise LaunchError(f"no {contract.ENV_PLAN} and the AdminComment cannot be read: {e}") from None
+            if comment is None:
+                raise LaunchError(f"no plan: {contract.ENV_PLAN} is unset and job {slurm.job_id} has no AdminComment")
+            plan = contract.admin_comment_plan(comment)
+            if plan is None:
+                raise LaunchError(f"no plan: {contract.ENV_PLAN} is unset and job {slurm.job_id}'s AdminComment "
+                                  "holds none")
     except PlanError as e:
         raise LaunchError(f"bad plan: {e}") from None
     if plan.job_id is not None and str(plan.job_id) != slurm.job_id:
@@ -94,15 +88,15 @@ def master_addr(env: Mapping[str, str], slurm: SlurmEnv) -> str:
     A single-node step rendezvous over loopback; otherwise the head node's
     NodeAddr from scontrol, since node names need not resolve.
     """
-    if env.get("CELLSCHED_MASTER_ADDR", "").strip():
-        return env["CELLSCHED_MASTER_ADDR"].strip()
+    if env.get(contract.ENV_MASTER_ADDR, "").strip():
+        return env[contract.ENV_MASTER_ADDR].strip()
     if slurm.nnodes == 1:
         return "127.0.0.1"
     try:
         return scontrol.node_addr(slurm.head_node)
     except scontrol.ScontrolError as e:
         raise LaunchError(
-            f"cannot find the address of node {slurm.head_node} (set CELLSCHED_MASTER_ADDR): {e}"
+            f"cannot find the address of node {slurm.head_node} (set {contract.ENV_MASTER_ADDR}): {e}"
         ) from None
 
 
@@ -110,10 +104,10 @@ def master_port(env: Mapping[str, str], slurm: SlurmEnv) -> int:
     """A port fixed by (cluster, job, step), so every task computes the same
     one. The cluster (``SLURM_WORKING_CLUSTER``: name, controller host and
     port) keeps two clusters on one machine, whose job ids repeat, apart."""
-    text = env.get("CELLSCHED_MASTER_PORT", "").strip()
+    text = env.get(contract.ENV_MASTER_PORT, "").strip()
     if text:
         if not text.isdigit() or not 0 < int(text) < 65536:
-            raise LaunchError(f"CELLSCHED_MASTER_PORT={text!r} is not a port number")
+            raise LaunchError(f"{contract.ENV_MASTER_PORT}={text!r} is not a port number")
         return int(text)
     key = f"{slurm.job_id}.{slurm.step_id}"
     cluster = env.get("SLURM_WORKING_CLUSTER", "")
@@ -140,10 +134,10 @@ def task_env(env: Mapping[str, str], slurm: SlurmEnv, plan: JobPlan) -> dict[str
         "GROUP_RANK": str(slurm.nodeid),
         "MASTER_ADDR": master_addr(env, slurm),
         "MASTER_PORT": str(master_port(env, slurm)),
-        "CELLSCHED_PLAN": plan.to_json(),
-        "CELLSCHED_PP": str(plan.pp),
-        "CELLSCHED_DP": str(plan.dp),
-        "CELLSCHED_TP": str(plan.tp),
+        contract.ENV_PLAN: plan.to_json(),
+        contract.ENV_PP: str(plan.pp),
+        contract.ENV_DP: str(plan.dp),
+        contract.ENV_TP: str(plan.tp),
     }
     if "CUDA_VISIBLE_DEVICES" not in env:
         gpus = gpu_count()

@@ -22,6 +22,7 @@ dp rank, each split into ``plan.micro_batches`` micro-batches.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -30,6 +31,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from launch.layout import DIMS, Coords, Layout, LayoutError, largest_remainder, split_layers, virtual_worker_blocks
+from solver import contract
 from solver.plan import JobPlan, PlanError
 
 
@@ -85,19 +87,15 @@ class ParallelContext:
         return dist.get_process_group_ranks(self.group(dim))
 
 
-def plan_from_env(env: dict[str, str] | None = None) -> JobPlan:
+def plan_from_env(env: Mapping[str, str] | None = None) -> JobPlan:
     """The plan the launcher put into CELLSCHED_PLAN (inline JSON or a path)."""
-    env = os.environ if env is None else env
-    text = env.get("CELLSCHED_PLAN", "").strip()
-    if not text:
-        raise ParallelError("CELLSCHED_PLAN is not set: start the job with cellsched-launch or pass plan=")
-    if not text.startswith("{"):
-        with open(text, encoding="utf-8") as f:
-            text = f.read()
     try:
-        return JobPlan.from_json(text)
+        plan = contract.plan_from_env(env)
     except PlanError as e:
-        raise ParallelError(f"CELLSCHED_PLAN: {e}") from None
+        raise ParallelError(f"{contract.ENV_PLAN}: {e}") from None
+    if plan is None:
+        raise ParallelError(f"{contract.ENV_PLAN} is not set: start the job with cellsched-launch or pass plan=")
+    return plan
 
 
 def unit_counts(plan: JobPlan) -> tuple[int, ...]:

@@ -14,7 +14,8 @@ import os
 import time
 from pathlib import Path
 
-PROGRESS_FILE = "progress.json"
+from solver.contract import PROGRESS_FILE
+
 _first_step_at: float | None = None
 
 

@@ -11,6 +11,8 @@ import json
 import re
 import subprocess
 
+from solver.plan import PlanError
+
 #: Seconds one scontrol call may take.
 TIMEOUT_S = 15.0
 
@@ -34,12 +36,10 @@ def scontrol(*args: str, timeout: float = TIMEOUT_S) -> str:
     return done.stdout
 
 
-def admin_comment_plan(job_line: str) -> dict | None:
-    """The plan object stored in a job's AdminComment, or None when it is empty.
-
-    The comment is either the plan object itself or ``{"plan": {...}, ...}``.
-    The JSON value runs to its own end, so spaces inside it are harmless.
-    """
+def admin_comment_json(job_line: str) -> str | None:
+    """The JSON text of the AdminComment in one ``scontrol show -o job`` line;
+    None when it is empty. The JSON value runs to its own end, so spaces
+    inside it are harmless; decoding it is ``solver.contract``'s."""
     m = re.search(r"(?:^|\s)AdminComment=", job_line)
     if not m:
         return None
@@ -47,17 +47,15 @@ def admin_comment_plan(job_line: str) -> dict | None:
     if not rest or rest[0].isspace() or rest.startswith("(null)"):
         return None
     try:
-        value, _ = json.JSONDecoder().raw_decode(rest)
+        _, end = json.JSONDecoder().raw_decode(rest)
     except json.JSONDecodeError as e:
-        raise ValueError(f"AdminComment is not a JSON plan ({e}): {rest.split()[0][:60]!r}") from None
-    if isinstance(value, dict) and isinstance(value.get("plan"), dict):
-        return value["plan"]
-    return value
+        raise PlanError(f"the AdminComment is not JSON ({e}): {rest.split()[0][:60]!r}") from None
+    return rest[:end]
 
 
-def job_plan_dict(job_id: str) -> dict | None:
-    """``scontrol show -o job JOB_ID`` -> the plan in its AdminComment."""
-    return admin_comment_plan(scontrol("show", "-o", "job", job_id))
+def job_admin_comment(job_id: str) -> str | None:
+    """``scontrol show -o job JOB_ID`` -> the JSON text of its AdminComment."""
+    return admin_comment_json(scontrol("show", "-o", "job", job_id))
 
 
 def node_addr(node: str) -> str:

@@ -25,6 +25,7 @@ import json
 import re
 from dataclasses import asdict, dataclass, fields
 
+from solver import contract
 from solver.models import ModelSpec, ModelSpecError, get_model, spec_from_dict
 
 TAG = "cellsched/v1 "
@@ -179,13 +180,9 @@ def spec_of_job(comment: str | None, admin_comment: str | None) -> JobSpec | Non
     AdminComment is a JSON object with a "spec" key, else the Comment's.
     None when the job is not managed; JobSpecError when it is, but the spec
     is malformed."""
-    if admin_comment:
-        try:
-            d = json.loads(admin_comment)
-        except json.JSONDecodeError:
-            d = None
-        if isinstance(d, dict) and "spec" in d:
-            return JobSpec.from_dict(d["spec"])
+    d = contract.admin_comment_dict(admin_comment)
+    if contract.SPEC_KEY in d:
+        return JobSpec.from_dict(d[contract.SPEC_KEY])
     return JobSpec.from_comment(comment)
 
 

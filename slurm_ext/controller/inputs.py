@@ -12,10 +12,11 @@ import json
 from dataclasses import dataclass
 from typing import Mapping
 
-from slurm_ext.jobspec import JobSpec, JobSpecError, is_managed_comment
+from slurm_ext.jobspec import JobSpec, JobSpecError, is_managed_comment, spec_of_job
 from slurm_ext.records import ClusterSnapshot, SlurmJob
 from slurm_ext.state import JobRow, PlanRow
 from slurm_ext.view import to_cluster_view
+from solver import contract
 from solver.cells import in_partitions
 from solver.mixed import parse_key
 from solver.plan import JobPlan, PlanError, default_virtual_workers
@@ -35,9 +36,6 @@ CHECKPOINTED = "checkpointed"  # ended with a checkpoint (or its node failed): r
 #: phases the solver sees
 SCHEDULED = (HELD, LOOSE, RELEASED, RUNNING, CHECKPOINTING, CHECKPOINTED)
 
-#: the exit status by which ``cellsched-launch`` says "checkpointed, run me
-#: again" (EX_TEMPFAIL); a managed job that ends with it is requeued
-EXIT_CHECKPOINTED = 75
 #: Slurm states after which a managed job is requeued rather than given up
 #: (its node failed under it and Slurm did not requeue it itself)
 REQUEUE_STATES = ("NODE_FAIL",)
@@ -70,33 +68,19 @@ class ManagedJob:
         return self.job.job_id
 
 
-def admin_comment_dict(text: str | None) -> dict:
-    """A job's AdminComment as a JSON object ({} when empty or not JSON)."""
-    if not text:
-        return {}
-    try:
-        d = json.loads(text)
-    except ValueError:
-        return {}
-    return d if isinstance(d, dict) else {}
-
-
 @functools.lru_cache(maxsize=8192)
 def admin_comment_plan(text: str | None) -> JobPlan | None:
     """The plan in an AdminComment, None when there is none (or it is
     malformed). Cached by text: every round parses every job's comment."""
-    raw = admin_comment_dict(text).get("plan")
-    if raw is None:
-        return None
     try:
-        return JobPlan.from_dict(raw)
+        return contract.admin_comment_plan(text)
     except PlanError:
         return None
 
 
 @functools.lru_cache(maxsize=8192)
 def _has_spec(admin_comment: str | None) -> bool:
-    return "spec" in admin_comment_dict(admin_comment)
+    return contract.SPEC_KEY in contract.admin_comment_dict(admin_comment)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -112,17 +96,14 @@ def is_managed(job: SlurmJob, known: Mapping[str, JobRow]) -> bool:
 
 def read_spec(job: SlurmJob, known: JobRow | None) -> tuple[JobSpec | None, str | None, str, str]:
     """(spec, its JSON, source, error): the stored copy when there is one,
-    else AdminComment["spec"], else the Comment tag; always re-validated."""
+    else the job's own (`jobspec.spec_of_job`); always re-validated."""
     try:
         if known is not None and known.spec is not None:
             return _stored_spec(known.spec), known.spec, "state", ""
-        admin = admin_comment_dict(job.admin_comment)
-        if "spec" in admin:
-            spec, source = JobSpec.from_dict(admin["spec"]), "admin_comment"
-        else:
-            spec, source = JobSpec.from_comment(job.comment), "comment"
+        spec = spec_of_job(job.comment, job.admin_comment)
         if spec is None:
             return None, None, "", "no spec"
+        source = "admin_comment" if _has_spec(job.admin_comment) else "comment"
         return spec, spec.to_json(), source, ""
     except (JobSpecError, ValueError, TypeError) as exc:
         return None, None, "", f"bad spec: {exc}"
@@ -191,7 +172,7 @@ def same_plan(job: SlurmJob, row: PlanRow) -> bool:
 def checkpointed(job: SlurmJob) -> bool:
     """Did the job end in a way that asks for it to be run again from its
     checkpoint (exit 75, or its node failed)?"""
-    return job.finished and (job.exit_code == EXIT_CHECKPOINTED or job.state in REQUEUE_STATES)
+    return job.finished and (job.exit_code == contract.EXIT_CHECKPOINTED or job.state in REQUEUE_STATES)
 
 
 def classify(snapshot: ClusterSnapshot, known: Mapping[str, JobRow], intents: Mapping[str, PlanRow],

@@ -18,6 +18,7 @@ from typing import Callable, Collection, Mapping
 
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller.userfiles import BoundedReader, Refused, read_owned_file
+from solver.contract import PROGRESS_FILE
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,6 @@ class JobProgress:
 #: real cluster; the simulated backend's own counter in the simulator
 ProgressReader = Callable[["inp.ManagedJob"], "JobProgress | None"]
 
-PROGRESS_FILE = "progress.json"
 #: a progress file is small; anything larger is ignored
 MAX_BYTES = 65536
 

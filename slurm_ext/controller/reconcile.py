@@ -39,6 +39,7 @@ from slurm_ext.controller.inputs import (CHECKPOINTED, CHECKPOINTING, HELD, LOOS
                                          ManagedJob, checkpointed, fixed_virtual_workers, same_plan)
 from slurm_ext.controller.progress import default_checkpoint_dir
 from slurm_ext.state import PlanRow, StateStore
+from solver import contract
 from solver.placement import PlanError, validate_plan
 from solver.plan import JobPlan
 from solver.types import ClusterView, Placement
@@ -49,10 +50,6 @@ PLACE = "place"  # (hold or requeue held,) update, release
 HOLD = "hold"  # keep a loose job from starting anywhere
 MOVE = "move"  # signal a running job to checkpoint, wait, requeue held, update, release
 REQUEUE = "requeue"  # requeue a checkpointed (or unresponsive) job held, to be placed later
-
-#: the signal that asks ``cellsched-launch`` to checkpoint and exit 75
-CHECKPOINT_SIGNAL = "USR1"
-
 
 @dataclass(frozen=True)
 class Action:
@@ -162,10 +159,6 @@ def job_plan(m: ManagedJob, p: Placement, checkpoint_root: str, view: ClusterVie
     )
 
 
-def admin_comment(spec_json: str, plan: JobPlan) -> str:
-    return json.dumps({"spec": json.loads(spec_json), "plan": json.loads(plan.to_json())}, separators=(",", ":"), sort_keys=True)
-
-
 def checked(view: ClusterView, placements: Mapping[str, Placement],
             first: frozenset[str] | set[str] = frozenset()) -> tuple[dict[str, Placement], dict[str, str]]:
     """The placements that can be carried out together, and why the others
@@ -247,7 +240,7 @@ def decide(jobs: tuple[ManagedJob, ...], desired: Mapping[str, Placement], view:
                            req_nodes=tuple(sorted(p.node_names)), gres_per_node=p.cell.gpus_per_node,
                            num_tasks=p.cell.num_gpus, tasks_per_node=p.cell.gpus_per_node,
                            min_cpus_per_node=p.cell.gpus_per_node,
-                           admin_comment=admin_comment(m.spec_json, plan), start_soon=restart)
+                           admin_comment=contract.encode_admin_comment(json.loads(m.spec_json), plan), start_soon=restart)
         if m.phase == RUNNING:
             actions.append(Action(MOVE, m.job_id, "resize" if p.cell.num_gpus != m.current.cell.num_gpus else "move",
                                   p, plan, update))
@@ -332,7 +325,7 @@ def _signal(a: Action, backend: Backend, state: StateStore, round_id: int | None
     intent = state.begin_plan(a.job_id, round_id, p.cell.key(), p.nodes, a.update.partition or "", a.plan.to_json(),
                               a.update.admin_comment or "", clock())
     try:
-        backend.signal(a.job_id, CHECKPOINT_SIGNAL, target=STEPS)
+        backend.signal(a.job_id, contract.CHECKPOINT_SIGNAL, target=STEPS)
     except _FAILURES as exc:
         state.set_plan_status(intent, "failed", clock(), str(exc))
         raise

@@ -49,8 +49,8 @@ is done then (see `settle`).
 from __future__ import annotations
 
 import heapq
-import json
 import math
+import signal as signals
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -69,10 +69,9 @@ from slurm_ext.backends.base import (
 from slurm_ext.jobspec import JobSpec, JobSpecError
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
 from slurm_ext.sim.types import ClusterSpec
+from solver.contract import CHECKPOINT_SIGNALS, EXIT_CHECKPOINTED, admin_comment_plan
 from solver.plan import JobPlan, PlanError
 
-#: exit code with which the launch runtime ends a job it checkpointed on request
-EXIT_CHECKPOINTED = 75
 #: progress models in quantum (round) mode
 EXECUTED_SECONDS, ITERATIONS = "executed-seconds", "iterations"
 
@@ -83,7 +82,8 @@ RestartCostFn = Callable[[JobSpec, int, bool], float]
 #: listener(kind, job_id): "submit", "start", "stall-end", "end", "requeue", "node"
 Listener = Callable[[str, str], None]
 
-_CHECKPOINT_SIGNALS = frozenset({"USR1", "10", "TERM", "15"})
+#: the launcher's checkpoint signals, by name and by number (as scancel takes them)
+_CHECKPOINT_SIGNALS = frozenset(CHECKPOINT_SIGNALS) | {str(signals.Signals[f"SIG{n}"].value) for n in CHECKPOINT_SIGNALS}
 _KILL_SIGNALS = {"TERM": 143, "15": 143, "KILL": 137, "9": 137, "INT": 130, "2": 130}
 
 
@@ -742,11 +742,7 @@ class SimBackend:
 
 
 def _plan_of(admin_comment: str) -> JobPlan | None:
-    if not admin_comment:
-        return None
     try:
-        raw = json.loads(admin_comment)
-        return JobPlan.from_dict(raw["plan"]) if isinstance(raw, dict) and "plan" in raw else None
-    except (ValueError, KeyError, TypeError, PlanError):
+        return admin_comment_plan(admin_comment)
+    except PlanError:
         return None
-

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from slurm_ext.backends import get_backend
-from slurm_ext.controller.inputs import admin_comment_dict
+from solver.contract import admin_comment_dict
 from controller_support import DEMO_JOB, write_config
 from support import console_script, wait_for
 

@@ -22,7 +22,7 @@ import pytest
 
 from slurm_ext.backends import SubmitRequest, get_backend
 from slurm_ext.config import load
-from slurm_ext.controller.inputs import admin_comment_dict
+from solver.contract import admin_comment_dict
 from slurm_ext.controller.loop import Controller
 from slurm_ext.records import ClusterSnapshot
 from slurm_ext.state import StateStore

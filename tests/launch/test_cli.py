@@ -139,10 +139,9 @@ def fake_scontrol(tmp_path, comment):
     return d, log
 
 
-@pytest.mark.parametrize("wrapped", [False, True])
-def test_plan_from_admin_comment_and_master_from_node_addr(tmp_path, wrapped):
+def test_plan_from_admin_comment_and_master_from_node_addr(tmp_path):
     plan = {"pp": 1, "dp": 4, "tp": 1, "cell": "a100 x 4"}  # a space inside the JSON
-    comment = json.dumps({"plan": plan, "round": 3} if wrapped else plan)
+    comment = json.dumps({"spec": {"model": "gpt-s"}, "plan": plan})
     d, log = fake_scontrol(tmp_path, comment)
     task = {**task_envs(4, nnodes=2)[3], "SLURM_STEP_NODELIST": "gpu[3-4]", "SLURM_JOB_NODELIST": "gpu[3-4]"}
     e = child_env(launch(["--", sys.executable, "-c", SHOW_ENV], task, plan=None, path_prefix=d))
@@ -158,8 +157,14 @@ def test_empty_admin_comment_is_named(tmp_path):
     assert r.returncode == 2 and "job 4242 has no AdminComment" in r.stderr
 
 
+def test_admin_comment_without_a_plan_is_named(tmp_path):
+    d, _ = fake_scontrol(tmp_path, json.dumps(PLAN))  # a bare plan is not the contract's {"plan": ...}
+    r = launch(["--", "true"], task_envs(4)[0], plan=None, path_prefix=d)
+    assert r.returncode == 2 and "job 4242's AdminComment holds none" in r.stderr
+
+
 def test_unknown_head_node_is_named(tmp_path):
-    d, _ = fake_scontrol(tmp_path, json.dumps(PLAN))
+    d, _ = fake_scontrol(tmp_path, json.dumps({"plan": PLAN}))
     r = launch(["--", "true"], task_envs(4, nnodes=2)[0], plan=None, path_prefix=d)
     assert r.returncode == 2 and "cannot find the address of node n1" in r.stderr and "not found" in r.stderr
 

@@ -76,7 +76,7 @@ def test_batch_job_reads_plan_from_admin_comment(slurm_cluster, tmp_path, refere
     job_id = subprocess.run(submit, env=job_env(), capture_output=True, text=True, timeout=30,
                             check=True).stdout.strip().split(";")[0]
     try:
-        plan = json.dumps({**PLAN, "job_id": job_id}, separators=(",", ":"))
+        plan = json.dumps({"plan": {**PLAN, "job_id": job_id}}, separators=(",", ":"))
         for cmd in (["scontrol", "update", f"JobId={job_id}", f"AdminComment={plan}"], ["scontrol", "release", job_id]):
             subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True)
 

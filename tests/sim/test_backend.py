@@ -9,7 +9,8 @@ import pytest
 
 from slurm_ext.backends.base import JobUpdate, SlurmCommandError, SubmitRequest, UpdateNotApplied
 from slurm_ext.jobspec import JobSpec
-from slurm_ext.sim.backend import EXIT_CHECKPOINTED, ITERATIONS, SimBackend
+from slurm_ext.sim.backend import ITERATIONS, SimBackend
+from solver.contract import EXIT_CHECKPOINTED
 from slurm_ext.sim.types import ClusterSpec, NodeGroup
 from solver.plan import JobPlan
 

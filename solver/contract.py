@@ -1,0 +1,97 @@
+"""The contract between the controller and the jobs it places, defined once.
+
+Both sides stand on this module (stdlib and ``solver.plan`` only, so
+``cellsched-launch`` starts fast):
+
+* **AdminComment**: a JSON object ``{"spec": {...}, "plan": {...}}``. The
+  spec is the job's validated spec (written by ``job_submit.lua`` or the
+  controller); the plan is a ``solver.plan.JobPlan`` the controller writes
+  when it places the job, and the launcher reads back.
+* **Environment**: ``cellsched-launch`` gives each task its plan in
+  ``ENV_PLAN`` (inline JSON, or a path to a JSON file), and its degrees in
+  ``ENV_PP`` / ``ENV_DP`` / ``ENV_TP``; ``ENV_MASTER_ADDR`` /
+  ``ENV_MASTER_PORT`` override the rendezvous.
+* **Checkpoint**: to resize or move a running job the controller sends
+  ``CHECKPOINT_SIGNAL`` to its steps; every task checkpoints and exits with
+  ``EXIT_CHECKPOINTED`` (EX_TEMPFAIL: "stopped on purpose, run me again"),
+  and the controller requeues it. ``CHECKPOINT_SIGNALS`` are the signals the
+  launcher answers that way.
+* **Progress**: the job writes ``<checkpoint_dir>/PROGRESS_FILE``; the
+  controller reads it (as untrusted input) to count iterations done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from solver.plan import JobPlan, PlanError
+
+EXIT_CHECKPOINTED = 75
+CHECKPOINT_SIGNAL = "USR1"
+CHECKPOINT_SIGNALS = ("USR1", "TERM")
+PROGRESS_FILE = "progress.json"
+
+ENV_PLAN = "CELLSCHED_PLAN"
+ENV_PP = "CELLSCHED_PP"
+ENV_DP = "CELLSCHED_DP"
+ENV_TP = "CELLSCHED_TP"
+ENV_MASTER_ADDR = "CELLSCHED_MASTER_ADDR"
+ENV_MASTER_PORT = "CELLSCHED_MASTER_PORT"
+
+SPEC_KEY = "spec"
+PLAN_KEY = "plan"
+
+
+def admin_comment_dict(text: str | None) -> dict[str, Any]:
+    """A job's AdminComment as a JSON object ({} when empty or not an object)."""
+    if not text:
+        return {}
+    try:
+        d = json.loads(text)
+    except ValueError:
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def admin_comment_spec(text: str | None) -> dict[str, Any] | None:
+    """The raw spec object in an AdminComment; None when it holds none."""
+    spec = admin_comment_dict(text).get(SPEC_KEY)
+    return spec if isinstance(spec, dict) else None
+
+
+def admin_comment_plan(text: str | None) -> JobPlan | None:
+    """The plan in an AdminComment; None when it holds none. PlanError when
+    the plan is there but malformed."""
+    raw = admin_comment_dict(text).get(PLAN_KEY)
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise PlanError(f"the AdminComment's plan must be a JSON object, got {type(raw).__name__}")
+    return JobPlan.from_dict(raw)
+
+
+def encode_admin_comment(spec: Mapping[str, Any], plan: JobPlan | None = None) -> str:
+    """The AdminComment of a job with this spec (and plan): compact, sorted JSON."""
+    d: dict[str, Any] = {SPEC_KEY: dict(spec)}
+    if plan is not None:
+        d[PLAN_KEY] = json.loads(plan.to_json())
+    return json.dumps(d, separators=(",", ":"), sort_keys=True)
+
+
+def plan_from_env(env: Mapping[str, str] | None = None) -> JobPlan | None:
+    """The plan in ``ENV_PLAN`` (inline JSON or a file path); None when unset.
+    PlanError when it is malformed or names a file that cannot be read."""
+    env = os.environ if env is None else env
+    text = env.get(ENV_PLAN, "").strip()
+    if not text:
+        return None
+    if not text.startswith("{"):
+        try:
+            with open(text, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise PlanError(f"{ENV_PLAN} names file {text!r} that cannot be read: {e.strerror}") from None
+    return JobPlan.from_json(text)
