@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-SCHEMA_VERSION = 3  # 2: cell_history.value (measured restart cost of "resumed" events); 3: jobs.progress_at
+from solver import sqlitedb
+
 BUSY_TIMEOUT_S = 10.0
 
 #: plan statuses: "intent" (written, Slurm not yet touched), "signalled"
@@ -28,9 +29,8 @@ BUSY_TIMEOUT_S = 10.0
 OPEN = ("intent", "signalled", "requeued", "updated")
 _OPEN_SQL = "(" + ", ".join(f"'{s}'" for s in OPEN) + ")"
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS jobs (
+_CREATE = (
+    """CREATE TABLE jobs (
   job_id TEXT PRIMARY KEY,
   user TEXT NOT NULL DEFAULT '',
   spec TEXT,
@@ -49,8 +49,8 @@ CREATE TABLE IF NOT EXISTS jobs (
   progress_at REAL,
   finished INTEGER NOT NULL DEFAULT 0,
   updated REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS plans (
+)""",
+    """CREATE TABLE plans (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
   job_id TEXT NOT NULL,
   round_id INTEGER,
@@ -63,10 +63,10 @@ CREATE TABLE IF NOT EXISTS plans (
   error TEXT,
   created REAL NOT NULL,
   applied_at REAL
-);
-CREATE INDEX IF NOT EXISTS plans_job ON plans (job_id, id);
-CREATE INDEX IF NOT EXISTS plans_status ON plans (status);
-CREATE TABLE IF NOT EXISTS cell_history (
+)""",
+    """CREATE INDEX plans_job ON plans (job_id, id)""",
+    """CREATE INDEX plans_status ON plans (status)""",
+    """CREATE TABLE cell_history (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
   job_id TEXT NOT NULL,
   time REAL NOT NULL,
@@ -75,9 +75,9 @@ CREATE TABLE IF NOT EXISTS cell_history (
   cell TEXT NOT NULL DEFAULT '',
   nodes TEXT NOT NULL DEFAULT '',
   value REAL
-);
-CREATE INDEX IF NOT EXISTS cell_history_job ON cell_history (job_id, id);
-CREATE TABLE IF NOT EXISTS rounds (
+)""",
+    """CREATE INDEX cell_history_job ON cell_history (job_id, id)""",
+    """CREATE TABLE rounds (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
   started REAL NOT NULL,
   duration_s REAL,
@@ -90,8 +90,8 @@ CREATE TABLE IF NOT EXISTS rounds (
   num_jobs INTEGER,
   actions TEXT,
   error TEXT
-);
-"""
+)""",
+)
 
 
 class StateError(RuntimeError):
@@ -162,28 +162,19 @@ def _nodes_parse(text: str) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-def _where(conditions: tuple[str, ...], job_ids: Iterable[str] | None) -> tuple[str, tuple]:
-    """A WHERE clause of `conditions`, limited to `job_ids` when given (one JSON parameter, any count)."""
-    args: tuple = ()
-    if job_ids is not None:
-        conditions += ("job_id IN (SELECT value FROM json_each(?))",)
-        args = (json.dumps(list(job_ids)),)
-    return ("WHERE " + " AND ".join(conditions) if conditions else ""), args
+def _add_history_value(db: sqlite3.Connection) -> None:
+    if "value" not in {r[1] for r in db.execute("PRAGMA table_info(cell_history)")}:
+        db.execute("ALTER TABLE cell_history ADD COLUMN value REAL")
 
 
-def _connect_readonly(path: str) -> sqlite3.Connection:
-    """A read-only connection, also for users who may read but not write the
-    DB's directory. While the controller runs, its WAL files exist and plain
-    read-only access sees everything; once it has stopped (WAL checkpointed
-    into the file and removed), such a user cannot create the WAL index, so
-    the file is read as it is on disk (``immutable``), which is then complete."""
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-    try:
-        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        return db
-    except sqlite3.OperationalError:
-        db.close()
-        return sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+def _add_progress_at(db: sqlite3.Connection) -> None:
+    if "progress_at" not in {r[1] for r in db.execute("PRAGMA table_info(jobs)")}:
+        db.execute("ALTER TABLE jobs ADD COLUMN progress_at REAL")
+
+
+#: version 2: cell_history.value (the measured restart cost of "resumed" events); 3: jobs.progress_at
+SCHEMA = sqlitedb.Schema("state file", 3, _CREATE, {2: _add_history_value, 3: _add_progress_at},
+                         legacy_version_key="schema")
 
 
 class StateStore:
@@ -196,35 +187,18 @@ class StateStore:
             if readonly:
                 if self.path != ":memory:" and not Path(self.path).exists():
                     raise StateError(f"state file {self.path} does not exist (has the controller run yet?)")
-                self._db = _connect_readonly(self.path)
+                self._db = sqlitedb.connect(self.path, BUSY_TIMEOUT_S, readonly=True)
+                sqlitedb.check_readable(self._db, SCHEMA, self.path)
             else:
                 if self.path != ":memory:":
                     Path(self.path).expanduser().parent.mkdir(parents=True, exist_ok=True)
-                self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-                self._db.execute("PRAGMA journal_mode = WAL")
-                self._db.execute("PRAGMA synchronous = NORMAL")
-                self._db.executescript(_SCHEMA)
-                row = self._db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
-                if row is None:
-                    self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-                elif int(row[0]) > SCHEMA_VERSION:
-                    raise StateError(f"state file {self.path} has schema {row[0]}, newer than this cellsched ({SCHEMA_VERSION})")
-                elif int(row[0]) < SCHEMA_VERSION:
-                    self._migrate(int(row[0]))
+                self._db = sqlitedb.connect(self.path, BUSY_TIMEOUT_S)
+                sqlitedb.open_schema(self._db, SCHEMA, self.path)
                 self._db.execute("UPDATE rounds SET status = 'interrupted' WHERE status = 'running'")
-            self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        except sqlitedb.SchemaError as exc:
+            raise StateError(str(exc)) from None
         except sqlite3.Error as exc:
             raise StateError(f"state file {self.path}: {exc}") from exc
-
-    def _migrate(self, version: int) -> None:
-        """Bring an older state file up to SCHEMA_VERSION."""
-        with self._tx():
-            cols = {r[1] for r in self._db.execute("PRAGMA table_info(cell_history)")}
-            if version < 2 and "value" not in cols:
-                self._db.execute("ALTER TABLE cell_history ADD COLUMN value REAL")
-            if version < 3 and "progress_at" not in {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}:
-                self._db.execute("ALTER TABLE jobs ADD COLUMN progress_at REAL")
-            self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
 
     def close(self) -> None:
         self._db.close()
@@ -236,13 +210,13 @@ class StateStore:
         self.close()
 
     def _tx(self) -> Any:
-        return _Tx(self._db)
+        return sqlitedb.transaction(self._db)
 
     # --- jobs -------------------------------------------------------------
 
     def jobs(self, *, include_finished: bool = True, job_ids: Iterable[str] | None = None) -> dict[str, JobRow]:
         """The stored jobs (only those of `job_ids` when given)."""
-        where, args = _where(("finished = 0",) if not include_finished else (), job_ids)
+        where, args = sqlitedb.where(("finished = 0",) if not include_finished else (), any_of={"job_id": job_ids})
         cur = self._db.execute(f"SELECT * FROM jobs {where} ORDER BY CAST(job_id AS INTEGER)", args)
         cols = [d[0] for d in cur.description]
         out = {}
@@ -342,7 +316,7 @@ class StateStore:
 
     def latest_plans(self, *, applied_only: bool = True, job_ids: Iterable[str] | None = None) -> dict[str, PlanRow]:
         """The newest (applied) plan of each job (of `job_ids` when given)."""
-        where, args = _where(("status = 'released'",) if applied_only else (), job_ids)
+        where, args = sqlitedb.where(("status = 'released'",) if applied_only else (), any_of={"job_id": job_ids})
         newest = f"WHERE id IN (SELECT MAX(id) FROM plans {where} GROUP BY job_id) ORDER BY id"
         return {p.job_id: p for p in self._plans(newest, args)}
 
@@ -426,24 +400,6 @@ class StateStore:
             d["actions"] = json.loads(d["actions"]) if d["actions"] else []
             out.append(d)
         return out
-
-
-class _Tx:
-    """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error); nested use is a no-op."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
-        self.outer = False
-
-    def __enter__(self) -> None:
-        if not self.db.in_transaction:
-            self.db.execute("BEGIN IMMEDIATE")
-            self.outer = True
-
-    def __exit__(self, exc_type: object, *_: object) -> None:
-        if not self.outer:
-            return
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
 
 
 __all__ = ["JobRow", "JobStatus", "OPEN", "PlanRow", "StateError", "StateStore"]

@@ -19,21 +19,19 @@ import math
 import os
 import pathlib
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import fields
-from typing import Any
 
+from solver import sqlitedb
 from solver.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord
 
-SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 30.0
 ENV_VAR = "CELLSCHED_PROFILES"
 
 #: Which record wins when several sources hold the same cell (lowest first).
 SOURCE_PREFERENCE = ("measured", "arena-optimal", "arena-estimated")
 
-_SCHEMA = (
-    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+_CREATE = (
     """CREATE TABLE cells (
         model TEXT NOT NULL, global_batch INTEGER NOT NULL, gpu_type TEXT NOT NULL,
         num_nodes INTEGER NOT NULL, gpus_per_node INTEGER NOT NULL,
@@ -61,6 +59,7 @@ _SCHEMA = (
     )""",
 )
 
+SCHEMA = sqlitedb.Schema("profile store", 1, _CREATE)
 _CELL_COLS = "model, global_batch, gpu_type, num_nodes, gpus_per_node, pp, dp, tp, source, iter_time_s"
 _LAYER_COLS = "model_sig, gpu_type, tp, micro_batch, layer, kind, fwd_s, bwd_s, param_bytes, act_bytes, out_bytes"
 _COMM_COLS = "link, op, nranks, nbytes, time_s"
@@ -91,7 +90,7 @@ class ProfileStore:
                 raise ProfileStoreError(f"profile store {self.path}: directory {parent} does not exist")
             self.path = str(pathlib.Path(self.path).expanduser())
         try:
-            self._conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            self._conn = sqlitedb.connect(self.path, BUSY_TIMEOUT_S)
             self._open(seed)
         except sqlite3.DatabaseError as exc:
             with contextlib.suppress(Exception):
@@ -114,69 +113,26 @@ class ProfileStore:
     # ---- lifecycle -------------------------------------------------------
 
     def _open(self, seed: bool) -> None:
-        self._conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-        if self.path != ":memory:":
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            self._conn.execute("PRAGMA synchronous = NORMAL")
-        if self._schema_version() is None:
-            with self.transaction():  # re-check under the write lock: another process may have won
-                if self._schema_version() is None:
-                    self._create(seed)
-        version = self._schema_version()
-        if version is None or version > SCHEMA_VERSION:
-            raise ProfileStoreError(
-                f"profile store {self.path} has schema version {version}, newer than this "
-                f"cellsched understands ({SCHEMA_VERSION}); upgrade cellsched or use another --db")
+        def create() -> None:
+            if seed:
+                from solver.profiles.arena import seed_store
 
-    def _schema_version(self) -> int | None:
-        tables = {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if "meta" not in tables:
-            if tables:
-                raise ProfileStoreError(
-                    f"{self.path} is an SQLite database but not a cellsched profile store "
-                    f"(tables: {', '.join(sorted(tables))})")
-            return None
-        row = self._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if row is None:
-            raise ProfileStoreError(f"profile store {self.path}: meta table has no schema_version")
+                sqlitedb.set_meta(self._conn, "seeded", seed_store(self))
+                self.seeded_now = True
+
         try:
-            return int(row[0])
-        except ValueError:
-            raise ProfileStoreError(f"profile store {self.path}: bad schema_version {row[0]!r}") from None
-
-    def _create(self, seed: bool) -> None:
-        for stmt in _SCHEMA:
-            self._conn.execute(stmt)
-        self._set_meta("schema_version", str(SCHEMA_VERSION))
-        if seed:
-            from solver.profiles.arena import seed_store
-
-            self._set_meta("seeded", seed_store(self))
-            self.seeded_now = True
-
-    def _set_meta(self, key: str, value: str) -> None:
-        self._conn.execute(
-            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            (key, value))
+            sqlitedb.open_schema(self._conn, SCHEMA, self.path, create)
+        except sqlitedb.SchemaError as exc:
+            raise ProfileStoreError(f"{exc} (use another --db)") from None
 
     def meta(self) -> dict[str, str]:
         """The store's meta rows (schema_version, and seeded: what seeded it)."""
         return dict(self._conn.execute("SELECT key, value FROM meta ORDER BY key"))
 
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[None]:
+    def transaction(self) -> contextlib.AbstractContextManager[None]:
         """One write transaction: several puts commit together or not at all
         (joins the open one when nested)."""
-        if self._conn.in_transaction:
-            yield
-            return
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        self._conn.execute("COMMIT")
+        return sqlitedb.transaction(self._conn)
 
     def close(self) -> None:
         self._conn.close()
@@ -210,7 +166,7 @@ class ProfileStore:
     def cells(self, model: str | None = None, global_batch: int | None = None,
               gpu_type: str | None = None) -> list[CellRecord]:
         """All cell records matching the given filters, in key order."""
-        where, args = _where(model=model, global_batch=global_batch, gpu_type=gpu_type)
+        where, args = sqlitedb.where(model=model, global_batch=global_batch, gpu_type=gpu_type)
         rows = self._conn.execute(
             f"SELECT {_CELL_COLS} FROM cells{where} ORDER BY "
             "model, global_batch, gpu_type, num_nodes, gpus_per_node, pp, dp, tp, source", args)
@@ -222,7 +178,7 @@ class ProfileStore:
         record of plan=(pp, dp, tp); from `source`, or else the preferred
         source (measured, then arena-optimal, then arena-estimated, then others)."""
         pp, dp, tp = plan if plan is not None else (0, 0, 0)
-        where, args = _where(model=model, global_batch=global_batch, gpu_type=gpu_type, num_nodes=num_nodes,
+        where, args = sqlitedb.where(model=model, global_batch=global_batch, gpu_type=gpu_type, num_nodes=num_nodes,
                              gpus_per_node=gpus_per_node, pp=pp, dp=dp, tp=tp, source=source)
         row = self._conn.execute(
             f"SELECT {_CELL_COLS} FROM cells{where} ORDER BY {_SOURCE_ORDER} LIMIT 1", args).fetchone()
@@ -277,7 +233,7 @@ class ProfileStore:
 
     def comm(self, link: str, op: str, nranks: int | None = None) -> list[CommRecord]:
         """Timings of one op over one link (optionally among `nranks`), by size."""
-        where, args = _where(link=link, op=op, nranks=nranks)
+        where, args = sqlitedb.where(link=link, op=op, nranks=nranks)
         rows = self._conn.execute(f"SELECT {_COMM_COLS} FROM comm{where} ORDER BY nbytes, nranks", args)
         return [CommRecord(*r) for r in rows]
 
@@ -314,13 +270,6 @@ class ProfileStore:
 
 
 # ---- helpers ---------------------------------------------------------------
-
-def _where(**filters: Any) -> tuple[str, tuple]:
-    used = [(k, v) for k, v in filters.items() if v is not None]
-    if not used:
-        return "", ()
-    return " WHERE " + " AND ".join(f"{k} = ?" for k, _ in used), tuple(v for _, v in used)
-
 
 def _cell(row: tuple) -> CellRecord:
     model, batch, gpu, nodes, per_node, pp, dp, tp, source, t = row

@@ -202,8 +202,10 @@ def test_the_state_keeps_when_a_count_was_taken(tmp_path):
         row = st.jobs()["5"]
         assert (row.iterations_done, row.progress_at, row.updated) == (10.0, 950.0, 1000.0)
         st._db.execute("ALTER TABLE jobs DROP COLUMN progress_at")
-        st._db.execute("UPDATE meta SET value = '2' WHERE key = 'schema'")
+        st._db.execute("DELETE FROM meta WHERE key = 'schema_version'")  # as the files of schema 2 were
+        st._db.execute("INSERT INTO meta VALUES ('schema', '2')")
     with StateStore(tmp_path / "s.sqlite") as st:
+        assert dict(st._db.execute("SELECT key, value FROM meta")) == {"schema_version": "3"}
         assert st.jobs()["5"].progress_at is None
         st.save_statuses([status(12.0)], 1100.0)
         assert st.jobs()["5"].progress_at == 1100.0
