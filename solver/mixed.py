@@ -45,10 +45,10 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 
+from solver.profiles.records import NET_GBPS
 from solver.types import Cell, Estimate, EstimatorLike, JobRequest, ParallelPlan, SolverConfig
 
-#: Network bandwidth (GB/s) and per-message latency (s) when the inner estimator knows no GPU spec.
-DEFAULT_NET_GBPS = 12.5
+#: per-message latency (s) on the network; its bandwidth is NET_GBPS when the inner estimator knows no GPU spec
 NET_LATENCY_S = 2.5e-5
 
 
@@ -171,7 +171,7 @@ class MixedEstimator:
         if store is not None and hasattr(store, "gpus"):
             gpus = store.gpus()
         bws = [gpus[t].inter_bw_gbps for t in types if t in gpus]
-        return (min(bws) if bws else DEFAULT_NET_GBPS) * 1e9
+        return (min(bws) if bws else NET_GBPS) * 1e9
 
     def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
         if not cell.mixed:

@@ -91,10 +91,14 @@ def utility(job: JobRequest, est: Estimate, ref: Estimate, p: float) -> float:
     return (throughput(job, est) / t_ref) ** p if t_ref > 0 and est.feasible else 0.0
 
 
-def restart_factor(job: JobRequest, config: SolverConfig) -> float:
-    """Multiplier on the value of a running job that changes cell or nodes."""
+def restart_factor(job: JobRequest, config: SolverConfig, *, penalty: float | None = None,
+                   at_least: float = -math.inf) -> float:
+    """Multiplier on the value of a running job that changes cell or nodes:
+    ``1 - penalty * restart cost / horizon`` (penalty: config.restart_penalty
+    unless given), not below `at_least`. Sia's own rule is penalty 1, at least 0."""
     cost = job.restart_cost_s if job.restart_cost_s is not None else config.default_restart_cost_s
-    return 1.0 - config.restart_penalty * cost / max(config.horizon_s, 1e-9)
+    weight = config.restart_penalty if penalty is None else penalty
+    return max(at_least, 1.0 - weight * cost / max(config.horizon_s, 1e-9))
 
 
 def to_int(value: float) -> int:

@@ -28,11 +28,6 @@ from solver.policies.common import Feasible, dp_estimate, layouts, reply
 from solver.types import EstimatorLike, JobRequest, ScheduleReply, ScheduleRequest, SolverConfig
 
 
-def restart_factor(job: JobRequest, config: SolverConfig) -> float:
-    cost = job.restart_cost_s if job.restart_cost_s is not None else config.default_restart_cost_s
-    return max(0.0, 1.0 - cost / max(config.horizon_s, 1e-9))
-
-
 class SiaPolicy:
     name = "sia"
 
@@ -74,7 +69,7 @@ class SiaPolicy:
             stay = job.current is not None and fits(cluster, job.current, _used(fixed))
             if stay and all(e.cell != job.current.cell for e in ests):
                 stay = False
-            options[job.job_id] = job_options(job, ests, ref, 1.0, self.p, restart_factor(job, cfg), stay,
+            options[job.job_id] = job_options(job, ests, ref, 1.0, self.p, objective.restart_factor(job, cfg, penalty=1.0, at_least=0.0), stay,
                                               cfg.max_cells_per_job)
         t1 = time.perf_counter()
         result = place_jobs(Space.of(cluster, fixed), jobs, options, cfg,

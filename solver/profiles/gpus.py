@@ -17,11 +17,7 @@ gloo): a small, round guess of one socket (16 GB, 1 TFLOP/s, 20 GB/s memory,
 
 from __future__ import annotations
 
-from solver.profiles.records import GpuSpec
-
-#: 100 Gb/s between nodes, in GB/s.
-NET_GBPS = 12.5
-PCIE4_GBPS = 32.0
+from solver.profiles.records import NET_GBPS, PCIE4_GBPS, GpuSpec
 
 #: name -> (peak fp16 TFLOP/s, intra link, intra GB/s); Arena's four types
 #: take memory and memory bandwidth from Arena's specs.

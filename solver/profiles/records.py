@@ -72,6 +72,12 @@ class CommRecord:
     time_s: float
 
 
+#: the default network between nodes: 100 Gb/s, in GB/s
+NET_GBPS = 12.5
+#: the default link between the GPUs of a node: PCIe 4.0 x16, one way, in GB/s
+PCIE4_GBPS = 32.0
+
+
 @dataclass(frozen=True)
 class GpuSpec:
     """Datasheet numbers for the analytic fallback."""
@@ -81,5 +87,5 @@ class GpuSpec:
     peak_tflops: float
     mem_bw_gbps: float
     intra_link: str = "pcie"
-    intra_bw_gbps: float = 32.0
-    inter_bw_gbps: float = 12.5
+    intra_bw_gbps: float = PCIE4_GBPS
+    inter_bw_gbps: float = NET_GBPS
