@@ -202,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from launch import profiler
-    from solver.estimator import COMPOSED, Estimator
+    from solver.estimator import Estimator
+    from solver.types import EstimateSource
     from solver.profiles.store import ProfileStore
     from solver.types import Cell
 
@@ -224,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.quick and n > cores:
                 continue
             cell = Cell("cpu", 1, n, pp)
-            assert est.estimate_model(model, BATCH, cell).source == COMPOSED
+            assert est.estimate_model(model, BATCH, cell).source == EstimateSource.COMPOSED
             predicted = next(t for p, t, _ in est.plans(model, BATCH, cell)
                              if (p.dp, p.tp, p.micro_batches) == (dp, tp, m))
             b = BATCH // dp // m

@@ -71,15 +71,13 @@ from solver.cost.comm import Links, load_curves
 from solver.cost.layers import LayerCosts, StageCosts, analytic_layers, layers_from_records, split_stages
 from solver.cost.pipeline import dp_sync_time, pipeline_cost, update_time
 from solver.models import ModelSpec
-from solver.profiles.records import CellRecord, GpuSpec
-from solver.types import Cell, Estimate, JobRequest, ParallelPlan
+from solver.profiles.records import CellRecord, GpuSpec, ProfileSource
+from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
 
 if TYPE_CHECKING:
     from solver.profiles.store import ProfileStore
 
-MEASURED, ARENA_OPTIMAL, ARENA_ESTIMATED = "measured", "arena-optimal", "arena-estimated"
-COMPOSED, ANALYTIC = "composed", "analytic"
-_CELL_SOURCES = (MEASURED, ARENA_OPTIMAL)  # cell-level, in order of preference
+_CELL_SOURCES = (ProfileSource.MEASURED, ProfileSource.ARENA_OPTIMAL)  # cell-level, in order of preference
 _GB = 1e9
 _MAX_SIGS = 4096
 
@@ -104,7 +102,7 @@ class _Found:
     `best`: index of the fastest plan that fits in memory, `fastest`: of the
     fastest plan at all (None when there are no candidates)."""
 
-    source: str
+    source: EstimateSource
     plans: tuple[_Cand, ...]
     best: int | None
     fastest: int | None
@@ -237,9 +235,9 @@ class Estimator:
                     cur = cell_records.get(key)
                     if cur is None or _CELL_SOURCES.index(r.source) < _CELL_SOURCES.index(cur.source):
                         cell_records[key] = r
-            elif r.source == MEASURED:
+            elif r.source == ProfileSource.MEASURED:
                 plan_records.setdefault(key, {})[(r.pp, r.dp, r.tp)] = r
-            elif r.source == ARENA_ESTIMATED:
+            elif r.source == ProfileSource.ARENA_ESTIMATED:
                 arena_plans.setdefault(key, []).append(r)
         layer_batches: dict[tuple[str, int], list[int]] = {}
         for gpu_type, tp, mb in self.store.layer_keys(model.signature):
@@ -271,8 +269,8 @@ class Estimator:
         near = sizes[max(0, i - 1):i + 1]
         return min(near, key=lambda s: (abs(math.log(s / b)), -s))
 
-    def _stages(self, md: _ModelData, source: str, gpu_type: str, tp: int, b: int, pp: int) -> StageCosts:
-        ref = self._ref_batch(md, gpu_type, tp, b) if source == COMPOSED else None
+    def _stages(self, md: _ModelData, source: EstimateSource, gpu_type: str, tp: int, b: int, pp: int) -> StageCosts:
+        ref = self._ref_batch(md, gpu_type, tp, b) if source == EstimateSource.COMPOSED else None
         key = (gpu_type, tp, ref, pp)
         st = md.stage_costs.get(key)
         if st is None:
@@ -299,13 +297,13 @@ class Estimator:
             return 0
         return self._costs(md, gpu_type, tp, sizes[0]).num_layers
 
-    def _source(self, md: _ModelData, cell: Cell, tps: list[int]) -> tuple[str, list[int]]:
+    def _source(self, md: _ModelData, cell: Cell, tps: list[int]) -> tuple[EstimateSource, list[int]]:
         composed = [tp for tp in tps if self._profiled_layers(md, cell.gpu_type, tp) >= cell.pp]
         if composed:
-            return COMPOSED, composed
+            return EstimateSource.COMPOSED, composed
         if cell.gpu_type in self._gpus:
-            return ANALYTIC, tps
-        return "", []
+            return EstimateSource.ANALYTIC, tps
+        return EstimateSource.NONE, []
 
     def _tp_options(self, model: ModelSpec, cell: Cell) -> list[int]:
         """The tp degrees a cell allows (before any source or V narrows them)."""
@@ -314,7 +312,7 @@ class Estimator:
             return []
         return [tp for tp in _divisors(g) if self._tp_ok(model, tp, g) and cell.num_gpus % (pp * tp) == 0]
 
-    def _found(self, md: _ModelData, batch: int, cell: Cell, source: str | None = None,
+    def _found(self, md: _ModelData, batch: int, cell: Cell, source: EstimateSource | None = None,
                every: bool = False, vw: int | None = None) -> _Found:
         """Candidate plans of the cell under `source` (None: the best available)
         for V = `vw` virtual workers (None: one per dp rank).
@@ -332,9 +330,9 @@ class Estimator:
         if source is None:
             chosen, tps = self._source(md, cell, tps)
         else:  # analytic on purpose (calibration)
-            chosen, tps = (ANALYTIC, tps) if cell.gpu_type in self._gpus else ("", [])
+            chosen, tps = (EstimateSource.ANALYTIC, tps) if cell.gpu_type in self._gpus else (EstimateSource.NONE, [])
         plans: list[_Cand] = []
-        prune_m = chosen == ANALYTIC and not every
+        prune_m = chosen == EstimateSource.ANALYTIC and not every
         links = self._links_of(cell.gpu_type)
         spec = self._gpus.get(cell.gpu_type)
         mem_bw = spec.mem_bw_gbps if spec is not None else 0.0
@@ -374,8 +372,8 @@ class Estimator:
         found = md.found[key] = _Found(chosen, tuple(plans), best, fastest)
         return found
 
-    def _scale(self, md: _ModelData, batch: int, cell: Cell, source: str) -> float:
-        if source != ANALYTIC:
+    def _scale(self, md: _ModelData, batch: int, cell: Cell, source: EstimateSource) -> float:
+        if source != EstimateSource.ANALYTIC:
             return 1.0
         return self._calibration(md, batch, cell) or 1.0
 
@@ -407,7 +405,7 @@ class Estimator:
             times = []
             for pp in self._stage_counts(md.model, rec.num_gpus):
                 f = self._found(md, rec.global_batch, Cell(rec.gpu_type, rec.num_nodes, rec.gpus_per_node, pp),
-                                ANALYTIC)
+                                EstimateSource.ANALYTIC)
                 if f.fastest is not None:
                     times.append(f.plans[f.fastest].time_s)
             md.ratios[key] = rec.iter_time_s / min(times) if times else None
@@ -423,7 +421,7 @@ class Estimator:
         if vw is not None:
             why = self._vw_problem(md.model, batch, cell, vw)
             if why:
-                src = MEASURED if rec is not None else (self._found(md, batch, cell, vw=vw).source or "none")
+                src = EstimateSource.MEASURED if rec is not None else self._found(md, batch, cell, vw=vw).source
                 return self._infeasible(cell, src, why)
         if rec is not None:
             return self._from_measured(md, batch, cell, rec, vw)
@@ -439,18 +437,18 @@ class Estimator:
         return ""
 
     @staticmethod
-    def _infeasible(cell: Cell, source: str, note: str, mem_gb: float = math.inf) -> Estimate:
+    def _infeasible(cell: Cell, source: EstimateSource, note: str, mem_gb: float = math.inf) -> Estimate:
         return Estimate(cell, None, math.inf, mem_gb, source, note)
 
     def _from_model(self, md: _ModelData, batch: int, cell: Cell, vw: int | None = None) -> Estimate:
         found = self._found(md, batch, cell, vw=vw)
-        if not found.source:
-            return self._infeasible(cell, "none", "no profile, measurement or GPU spec for this cell")
-        factor = self._calibration(md, batch, cell) if found.source == ANALYTIC else None
-        scale, source = (1.0, found.source) if factor is None else (factor, found.source + "+calibrated")
+        if found.source == EstimateSource.NONE:
+            return self._infeasible(cell, EstimateSource.NONE, "no profile, measurement or GPU spec for this cell")
+        factor = self._calibration(md, batch, cell) if found.source == EstimateSource.ANALYTIC else None
+        scale, source = (1.0, found.source) if factor is None else (factor, EstimateSource.ANALYTIC_CALIBRATED)
         limit = self.mem_limit_gb(cell.gpu_type) * _GB
         measured = md.plan_records.get((batch, cell.gpu_type, cell.num_nodes, cell.gpus_per_node), {})
-        best: tuple[float, int, str] | None = None
+        best: tuple[float, int, EstimateSource] | None = None
         for i, c in enumerate(found.plans):
             rec = measured.get((cell.pp, c.dp, c.tp))
             if rec is not None:
@@ -458,7 +456,7 @@ class Estimator:
                     continue
                 t = rec.iter_time_s if vw is None else rec.iter_time_s * self._plan_ratio(md, batch, cell, c, vw,
                                                                                           found.source)
-                cand = (t, i, MEASURED)
+                cand = (t, i, EstimateSource.MEASURED)
             elif c.mem_bytes > limit:
                 continue
             else:
@@ -474,7 +472,7 @@ class Estimator:
         time_s, i, src = best
         return Estimate(cell, found.plan(i, cell.pp), time_s, found.plans[i].mem_bytes / _GB, src)
 
-    def _plan_ratio(self, md: _ModelData, batch: int, cell: Cell, c: _Cand, vw: int, source: str) -> float:
+    def _plan_ratio(self, md: _ModelData, batch: int, cell: Cell, c: _Cand, vw: int, source: EstimateSource) -> float:
         """What V costs a per-plan measurement of (cell.pp, c.dp, c.tp): the
         `source` model's time of candidate c under V over its best time of that
         plan without V (at least 1), else the busiest rank's k x dp / V."""
@@ -518,9 +516,9 @@ class Estimator:
     def _from_measured(self, md: _ModelData, batch: int, cell: Cell, rec: CellRecord,
                        vw: int | None = None) -> Estimate:
         if rec.oom:
-            return self._infeasible(cell, MEASURED, f"OOM ({rec.source} record)")
+            return self._infeasible(cell, EstimateSource.MEASURED, f"OOM ({rec.source} record)")
         if cell.pp > md.model.num_layers:
-            return self._infeasible(cell, MEASURED, "more pipeline stages than layers")
+            return self._infeasible(cell, EstimateSource.MEASURED, "more pipeline stages than layers")
         t_star = rec.iter_time_s
         p_star, i_star, model_star = self._measured_plan(md, batch, cell)
         if vw is not None:
@@ -530,16 +528,16 @@ class Estimator:
         if cell.pp == p_star:
             if i_star is None:
                 return Estimate(cell, ParallelPlan(cell.pp, cell.num_gpus // cell.pp, 1), t_star, math.nan,
-                                MEASURED, f"{rec.source}; plan and memory not modelled")
+                                EstimateSource.MEASURED, f"{rec.source}; plan and memory not modelled")
             mem = found.plans[i_star].mem_bytes
             note = rec.source + ("; the memory model exceeds the limit, the measured run fits" if mem > limit else "")
-            return Estimate(cell, found.plan(i_star, cell.pp), t_star, mem / _GB, MEASURED, note)
+            return Estimate(cell, found.plan(i_star, cell.pp), t_star, mem / _GB, EstimateSource.MEASURED, note)
         if model_star is None or found.best is None:
             why = "OOM at this pp (model)" if found.plans else "no model for this pp"
-            return self._infeasible(cell, MEASURED + "+pp", f"{why}; measured optimum at pp={p_star}")
+            return self._infeasible(cell, EstimateSource.MEASURED_PP, f"{why}; measured optimum at pp={p_star}")
         c = found.plans[found.best]
         return Estimate(cell, found.plan(found.best, cell.pp), max(t_star, t_star * c.time_s / model_star),
-                        c.mem_bytes / _GB, MEASURED + "+pp",
+                        c.mem_bytes / _GB, EstimateSource.MEASURED_PP,
                         f"{rec.source} optimum at pp={p_star}, scaled by the {found.source} model")
 
     def _measured_vw(self, md: _ModelData, batch: int, cell: Cell, rec: CellRecord, vw: int, p_star: int,
@@ -547,7 +545,7 @@ class Estimator:
         """A cell record carried to V virtual workers (see the module doc)."""
         t_star, pp = rec.iter_time_s, cell.pp
         found = self._found(md, batch, cell, vw=vw)
-        source = MEASURED if pp == p_star else MEASURED + "+pp"
+        source = EstimateSource.MEASURED if pp == p_star else EstimateSource.MEASURED_PP
         if model_star is None:  # the optimum's plan is not modelled: price the busiest rank only
             if pp != p_star:
                 why = "OOM at this pp (model)" if found.plans else "no model for this pp"

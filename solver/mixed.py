@@ -46,7 +46,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from solver.profiles.records import NET_GBPS
-from solver.types import Cell, Estimate, EstimatorLike, JobRequest, ParallelPlan, SolverConfig
+from solver.types import Cell, Estimate, EstimateSource, EstimatorLike, JobRequest, ParallelPlan, SolverConfig
 
 #: per-message latency (s) on the network; its bandwidth is NET_GBPS when the inner estimator knows no GPU spec
 NET_LATENCY_S = 2.5e-5
@@ -184,29 +184,29 @@ class MixedEstimator:
 
     def _price(self, job: JobRequest, cell: Cell) -> Estimate:
         if len(cell.parts) != 2 or cell.pp != 1:
-            return Estimate(cell, None, math.inf, math.inf, "none", "mixed cells hold two types, pp 1")
+            return Estimate(cell, None, math.inf, math.inf, EstimateSource.NONE, "mixed cells hold two types, pp 1")
         vw = job.virtual_workers
         part_job = job if vw is None else dataclasses.replace(job, virtual_workers=None)  # speeds per sample
         subs = [self.inner.estimate(part_job, Cell(t, n, cell.gpus_per_node, 1)) for t, n in cell.parts]
         bad = [e for e in subs if not e.feasible]
         if bad:
-            return Estimate(cell, None, math.inf, min(e.mem_per_gpu_gb for e in bad), "none",
+            return Estimate(cell, None, math.inf, min(e.mem_per_gpu_gb for e in bad), EstimateSource.NONE,
                             f"part {bad[0].cell.key()} infeasible: {bad[0].note}")
         tps = {e.plan.tp for e in subs}
         if len(tps) != 1:
-            return Estimate(cell, None, math.inf, math.inf, "none", f"parts want different tp {sorted(tps)}")
+            return Estimate(cell, None, math.inf, math.inf, EstimateSource.NONE, f"parts want different tp {sorted(tps)}")
         tp = tps.pop()
         batch = job.global_batch
         ranks = [e.cell.num_gpus // tp for e in subs]
         per_sample = [e.iter_time_s * r / batch for e, r in zip(subs, ranks)]
         if vw is not None and (batch % vw or vw < sum(ranks)):
             why = "do not divide the global batch" if batch % vw else f"are fewer than the {sum(ranks)} dp ranks"
-            return Estimate(cell, None, math.inf, math.inf, "none", f"V={vw} virtual workers {why}")
+            return Estimate(cell, None, math.inf, math.inf, EstimateSource.NONE, f"V={vw} virtual workers {why}")
         split = split_batch(batch, ranks, per_sample, max(e.plan.micro_batches for e in subs), vw)
         if split is None:
             why = (f"global batch {batch} < {sum(ranks)} dp ranks" if vw is None else
                    f"V={vw} virtual workers do not split into whole ones per rank over {ranks[0]}+{ranks[1]} ranks")
-            return Estimate(cell, None, math.inf, math.inf, "none", why)
+            return Estimate(cell, None, math.inf, math.inf, EstimateSource.NONE, why)
         shares, m = split
         compute = max(s * c for s, c in zip(shares, per_sample))
         grad_bytes = job.model.params * job.model.dtype_bytes / tp
@@ -220,9 +220,9 @@ class MixedEstimator:
         limit = getattr(self.inner, "mem_limit_gb", None)
         for (t, _), need in zip(cell.parts, mems):
             if limit is not None and need > limit(t):
-                return Estimate(cell, None, math.inf, mem, "none", f"OOM: {need:.1f} GB per {t} GPU")
+                return Estimate(cell, None, math.inf, mem, EstimateSource.NONE, f"OOM: {need:.1f} GB per {t} GPU")
         plan = ParallelPlan(1, sum(ranks), tp, m, shares)
-        source = "mixed:" + "+".join(sorted({e.source for e in subs}))
+        parts = "+".join(sorted({e.source for e in subs}))
         vws = "" if vw is None else f" ({shares[0] * vw // batch}, {shares[1] * vw // batch} of V={vw})"
-        return Estimate(cell, plan, compute + sync, mem, source,
-                        f"shares {shares} per rank{vws}; sync {sync:.4f} s")
+        return Estimate(cell, plan, compute + sync, mem, EstimateSource.MIXED,
+                        f"parts {parts}; shares {shares} per rank{vws}; sync {sync:.4f} s")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Mapping, Protocol
 
 from solver.models import ModelSpec
@@ -155,15 +156,25 @@ class ParallelPlan:
         return self.pp * self.dp * self.tp
 
 
+class EstimateSource(StrEnum):
+    """Where an estimate's time comes from."""
+
+    MEASURED = "measured"  # a measured (or Arena-optimal) cell time
+    MEASURED_PP = "measured+pp"  # a measured cell's time carried to another pipeline-stage count
+    COMPOSED = "composed"  # from layer profiles and communication tables
+    ANALYTIC = "analytic"  # from GPU datasheet numbers
+    ANALYTIC_CALIBRATED = "analytic+calibrated"  # analytic, scaled by the model's measured cells
+    ARENA_TABLE = "arena-table"  # Arena's simulator lookup (solver.profiles.arena_lookup)
+    MIXED = "mixed"  # a mixed-GPU-type cell, from its parts' estimates (solver.mixed)
+    NONE = "none"  # no data: infeasible
+
+
 @dataclass(frozen=True)
 class Estimate:
     """The estimator's answer for one (job, cell): the best plan found inside
     the cell, its iteration time and per-GPU memory, and where it came from.
 
-    `source` is one of "measured", "measured+pp" (a measured cell's time
-    carried to another pipeline-stage count), "composed", "analytic",
-    "analytic+calibrated", "arena-table" (Arena's simulator lookup,
-    solver.profiles.arena_lookup) or "none".
+    `source` says where the time comes from (EstimateSource).
     An infeasible estimate (OOM, no data) has iter_time_s = inf.
     """
 
@@ -171,7 +182,7 @@ class Estimate:
     plan: ParallelPlan | None
     iter_time_s: float
     mem_per_gpu_gb: float
-    source: str
+    source: EstimateSource
     note: str = ""
 
     @property
@@ -309,16 +320,36 @@ class ScheduleRequest:
     now: float = 0.0
 
 
+class SolverStatus(StrEnum):
+    """How a round's placement was found: CP-SAT's (or the LP's) own status,
+    the greedy plan, or why no solver ran."""
+
+    OPTIMAL = "OPTIMAL"
+    FEASIBLE = "FEASIBLE"
+    INFEASIBLE = "INFEASIBLE"
+    UNBOUNDED = "UNBOUNDED"
+    MODEL_INVALID = "MODEL_INVALID"
+    UNKNOWN = "UNKNOWN"  # stopped (time limit) before any solution
+    NOT_SOLVED = "NOT_SOLVED"
+    GREEDY = "GREEDY"  # the greedy plan won or stood in
+    NOT_RUN = "NOT_RUN"
+    ERROR = "ERROR"  # the solver raised (the reply's reasons say what)
+
+    @property
+    def solved(self) -> bool:
+        return self in (SolverStatus.OPTIMAL, SolverStatus.FEASIBLE)
+
+
 @dataclass(frozen=True)
 class ScheduleReply:
     """A policy's decision: the placement of every job that should run now.
 
     Jobs absent from `placements` stay (or become) pending; `reasons` says why.
-    `status` is the solver's status ("OPTIMAL", "FEASIBLE", "GREEDY", ...).
+    `status` is the solver's status.
     """
 
     placements: Mapping[str, Placement]
-    status: str
+    status: SolverStatus
     objective: float = 0.0
     bound: float = 0.0
     build_s: float = 0.0

@@ -11,7 +11,7 @@ from ortools.sat.python import cp_model
 
 from solver.placement.model import Model
 from solver.placement.nodes import ClassKey
-from solver.types import SolverConfig
+from solver.types import SolverConfig, SolverStatus
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,8 @@ class Solved:
     """What the solver chose: option index per job, and per free option either
     class counts (aggregated) or node names (exact)."""
 
-    status: str
+    status: SolverStatus
+    error: str = ""  # what the solver raised (status ERROR)
     choice: dict[str, int] = field(default_factory=dict)
     counts: dict[str, dict[ClassKey, int]] = field(default_factory=dict)
     nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -109,7 +110,7 @@ def solve_cpsat(m: Model, config: SolverConfig, hint: Sequence[int] | None = Non
         hi, lo = r.hi - const, None if r.lo is None else r.lo - const
         if top > hi or (lo is not None and low < lo):  # otherwise no free column can break the row
             if not vs:
-                return Solved("INFEASIBLE", build_s=time.perf_counter() - t0)
+                return Solved(SolverStatus.INFEASIBLE, build_s=time.perf_counter() - t0)
             linear = proto.constraints.add().linear
             linear.vars.extend(vs)
             linear.coeffs.extend(cs)
@@ -132,13 +133,13 @@ def solve_cpsat(m: Model, config: SolverConfig, hint: Sequence[int] | None = Non
     t1 = time.perf_counter()
     code = solver.solve(cp)
     t2 = time.perf_counter()
-    status = solver.status_name(code)
+    status = SolverStatus(solver.status_name(code))
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return Solved(status, build_s=t1 - t0, solve_s=t2 - t1)
     sol = list(solver.response_proto.solution)
     values = [fixed[c] if index[c] < 0 else sol[index[c]] for c in range(len(m.ub))]
     objective_value = offset + int(round(solver.objective_value))
     bound = offset + int(round(solver.best_objective_bound))
-    if status == "OPTIMAL" and bound > objective_value:  # stopped by relative_gap_limit
-        status = "FEASIBLE"
-    return Solved(status, *decode(m, values), objective_value, bound, t1 - t0, t2 - t1, len(proto.variables))
+    if status == SolverStatus.OPTIMAL and bound > objective_value:  # stopped by relative_gap_limit
+        status = SolverStatus.FEASIBLE
+    return Solved(status, "", *decode(m, values), objective_value, bound, t1 - t0, t2 - t1, len(proto.variables))

@@ -24,13 +24,13 @@ from solver.placement.lp import integral_jobs, solve_lp
 from solver.placement.model import build, hint_values
 from solver.placement.objective import SCALE
 from solver.placement.space import Space
-from solver.types import JobRequest, Placement, SolverConfig
+from solver.types import JobRequest, Placement, SolverConfig, SolverStatus
 
 
 @dataclass(frozen=True)
 class Result:
     placements: dict[str, Placement]
-    status: str
+    status: SolverStatus
     objective: float
     bound: float
     build_s: float = 0.0
@@ -117,11 +117,11 @@ def _solve(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Seque
     built = time.perf_counter() - t0
     if not exact and sum(1 for xs in m.choices if xs) >= config.lp_first_min_jobs:
         lp = solve_lp(m, config.time_limit_s)
-        if lp.status == "OPTIMAL":
+        if lp.status == SolverStatus.OPTIMAL:
             left = config.time_limit_s - (time.perf_counter() - t0)
             sub = solve_cpsat(m, config, fixed=integral_jobs(m, lp.values), time_limit_s=left)
-            if sub.status in ("OPTIMAL", "FEASIBLE"):
-                status = "OPTIMAL" if sub.objective >= lp.bound else "FEASIBLE"
+            if sub.status.solved:
+                status = SolverStatus.OPTIMAL if sub.objective >= lp.bound else SolverStatus.FEASIBLE
                 return replace(sub, status=status, bound=max(lp.bound, sub.objective),
                                build_s=built + lp.build_s + sub.build_s, solve_s=lp.solve_s + sub.solve_s)
         built += lp.build_s + lp.solve_s
@@ -149,36 +149,37 @@ def place_jobs(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, S
         return warm_plan[0]
 
     exact = space.num_nodes <= config.exact_node_model_max_nodes
-    solved = Solved("NOT_RUN")
+    solved = Solved(SolverStatus.NOT_RUN)
     if use_cpsat and any(options.values()):
         try:
             solved = _solve(space, jobs, options, config, warm, exact)
         except Exception as e:  # solver trouble must not leave the cluster without a plan
-            solved = Solved(f"ERROR: {type(e).__name__}: {e}")
+            solved = Solved(SolverStatus.ERROR, f"{type(e).__name__}: {e}")
     elif not any(options.values()):
-        solved = Solved("OPTIMAL")
+        solved = Solved(SolverStatus.OPTIMAL)
     t1 = time.perf_counter()
     repaired: list[str] = []
     dropped: list[str] = []
-    if solved.status in ("OPTIMAL", "FEASIBLE"):
+    if solved.status.solved:
         chosen, repaired, dropped = assign_nodes(space, jobs, options, solved)
         if (repaired or dropped) and exact:
             chosen, repaired, dropped = _exact_nodes(space, jobs, options, solved), [], []
-        status = solved.status if not (repaired or dropped) else "FEASIBLE"
+        status = solved.status if not (repaired or dropped) else SolverStatus.FEASIBLE
         place_s = time.perf_counter() - t1
         value = value_of(chosen)
         if (warm_plan or max(solved.bound, value) - value > config.relative_gap_limit * value) \
                 and value_of(warm()) > value:
-            chosen, status = warm(), "GREEDY"
+            chosen, status = warm(), SolverStatus.GREEDY
         objective, bound = value_of(chosen), max(solved.bound, value_of(chosen))
     else:
-        chosen, status = warm(), "GREEDY"
+        chosen, status = warm(), SolverStatus.GREEDY
         objective = bound = value_of(chosen)
         place_s = 0.0
     reasons = {j: "its cell could not be put on concrete nodes, and no other option fit" for j in dropped
                if j not in chosen}
-    if status == "GREEDY" and solved.status not in ("OPTIMAL", "FEASIBLE"):
-        reasons.update({j.job_id: f"greedy plan (CP-SAT: {solved.status})" for j in jobs if j.job_id not in chosen})
+    if status == SolverStatus.GREEDY and not solved.status.solved:
+        why = f"{solved.status}: {solved.error}" if solved.error else solved.status
+        reasons.update({j.job_id: f"greedy plan (CP-SAT: {why})" for j in jobs if j.job_id not in chosen})
     placements = {jid: o.placement(nodes, part) for jid, (o, nodes, part) in chosen.items()}
     t2 = time.perf_counter()
     return Result(placements, status, objective / SCALE, bound / SCALE,

@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from ortools.linear_solver import pywraplp
 
 from solver.placement.model import Model
+from solver.types import SolverStatus
 
 _TOL = 1e-6
 
 
 @dataclass(frozen=True)
 class Relaxation:
-    status: str
+    status: SolverStatus
     values: tuple[float, ...] = ()
     objective: float = 0.0
     build_s: float = 0.0
@@ -64,9 +65,9 @@ def solve_lp(m: Model, time_limit_s: float) -> Relaxation:
     code = lp.Solve()
     t2 = time.perf_counter()
     if code != pywraplp.Solver.OPTIMAL:
-        return Relaxation({pywraplp.Solver.INFEASIBLE: "INFEASIBLE", pywraplp.Solver.UNBOUNDED: "UNBOUNDED"}.get(
-            code, "NOT_SOLVED"), build_s=t1 - t0, solve_s=t2 - t1)
-    return Relaxation("OPTIMAL", tuple(v.solution_value() for v in cols), obj.Value(), t1 - t0, t2 - t1)
+        status = {pywraplp.Solver.INFEASIBLE: SolverStatus.INFEASIBLE, pywraplp.Solver.UNBOUNDED: SolverStatus.UNBOUNDED}
+        return Relaxation(status.get(code, SolverStatus.NOT_SOLVED), build_s=t1 - t0, solve_s=t2 - t1)
+    return Relaxation(SolverStatus.OPTIMAL, tuple(v.solution_value() for v in cols), obj.Value(), t1 - t0, t2 - t1)
 
 
 def integral_jobs(m: Model, values: tuple[float, ...]) -> dict[int, int]:

@@ -22,13 +22,11 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from solver.profiles.records import CellRecord
+from solver.profiles.records import CellRecord, ProfileSource
 
 if TYPE_CHECKING:
     from solver.profiles.store import ProfileStore
 
-OPTIMAL = "arena-optimal"
-ESTIMATED = "arena-estimated"
 OPTIMAL_FILE = "profiles_optimal.json"
 ESTIMATED_FILE = "profiles_plans_estimated.json"
 TRACE_FILE = "traces/simulate_trace_philly.csv"
@@ -126,9 +124,9 @@ def arena_kind(data: Any) -> str | None:
     if not isinstance(first, dict):
         return None
     if "comm_profile_prefix" in first and "dup_index" in first:
-        return ESTIMATED
+        return ProfileSource.ARENA_ESTIMATED
     if "is_best_locality" in first or (first.get("raw_key") or [None])[0] == "optimal":
-        return OPTIMAL
+        return ProfileSource.ARENA_OPTIMAL
     return None
 
 
@@ -143,7 +141,7 @@ def arena_records(data: Any, path: str = "<data>") -> tuple[str, list[CellRecord
     recs: list[CellRecord] = []
     for i, raw in enumerate(data["records"]):
         get = _getter(raw, f"{path}: records[{i}]")
-        if kind == ESTIMATED:
+        if kind == ProfileSource.ARENA_ESTIMATED:
             if get("comm_profile_prefix", int) != get("num_nodes", int):
                 skipped["comm_profile_prefix != num_nodes"] += 1
                 continue
@@ -160,7 +158,7 @@ def arena_records(data: Any, path: str = "<data>") -> tuple[str, list[CellRecord
         elif not isinstance(t, (int, float)) or isinstance(t, bool) or t <= 0:
             raise ArenaFormatError(f"{path}: records[{i}]: field 'iter_time_s' must be a positive number "
                                    f"for status {status!r}, got {t!r}")
-        plan = (get("pp", int), get("dp", int), get("tp", int)) if kind == ESTIMATED else (None, None, None)
+        plan = (get("pp", int), get("dp", int), get("tp", int)) if kind == ProfileSource.ARENA_ESTIMATED else (None, None, None)
         recs.append(CellRecord(
             model=get("trace_model_name", str), global_batch=get("batch_size", int), gpu_type=get("gpu_type", str),
             num_nodes=get("num_nodes", int), gpus_per_node=get("gpus_per_node", int),

@@ -39,12 +39,12 @@ import os
 import pathlib
 from typing import Callable
 
-from solver.profiles.arena import (OPTIMAL, OPTIMAL_FILE, ArenaFormatError, arena_records, load_device_specs,
+from solver.profiles.arena import (OPTIMAL_FILE, ArenaFormatError, arena_records, load_device_specs,
                                    load_dp_mem, load_sim_constants, shipped_path)
 from solver.models import aliases
-from solver.types import Cell, Estimate, JobRequest, ParallelPlan
+from solver.profiles.records import ProfileSource
+from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
 
-SOURCE = "arena-table"
 MAX_ITER_TIME_S = 300.0
 PREC = 3
 
@@ -61,7 +61,7 @@ class ArenaTable:
         except json.JSONDecodeError as exc:
             raise ArenaFormatError(f"{src}: not valid JSON: {exc.msg} at line {exc.lineno}") from None
         kind, recs, _ = arena_records(data, str(src))
-        if kind != OPTIMAL:
+        if kind != ProfileSource.ARENA_OPTIMAL:
             raise ArenaFormatError(f"{src}: expected Arena's {OPTIMAL_FILE} (optimal-plan records), got {kind}")
         #: None = OOM (-1 in Arena's database)
         self._times: dict[_Key, float | None] = {
@@ -139,19 +139,19 @@ class ArenaTable:
     def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
         """The cell's Arena time; infeasible for pp > 1 (Arena has no per-plan times)."""
         if cell.pp != 1:
-            return Estimate(cell, None, math.inf, 0.0, SOURCE,
+            return Estimate(cell, None, math.inf, 0.0, EstimateSource.ARENA_TABLE,
                             f"Arena's table has no pipeline dimension: only pp=1 cells, got pp={cell.pp}")
         vw = job.virtual_workers
         if vw is not None and (job.global_batch % vw or cell.num_gpus > vw):
             why = "do not divide the global batch" if job.global_batch % vw else "need dp <= V for the DP plan"
-            return Estimate(cell, None, math.inf, 0.0, SOURCE, f"V={vw} virtual workers {why}")
+            return Estimate(cell, None, math.inf, 0.0, EstimateSource.ARENA_TABLE, f"V={vw} virtual workers {why}")
         t, how = self.lookup(job.model.name, job.global_batch, cell.gpu_type, cell.num_nodes, cell.gpus_per_node)
         if t is None:
-            return Estimate(cell, None, math.inf, 0.0, SOURCE, how)
+            return Estimate(cell, None, math.inf, 0.0, EstimateSource.ARENA_TABLE, how)
         if vw is not None and vw % cell.num_gpus:
             f = -(-vw // cell.num_gpus) * cell.num_gpus / vw  # the busiest rank's k x dp / V
             t, how = t * f, f"{how}; x{f:.4g} for V={vw} over dp={cell.num_gpus}"
-        return Estimate(cell, ParallelPlan(1, cell.num_gpus, 1), t, 0.0, SOURCE,
+        return Estimate(cell, ParallelPlan(1, cell.num_gpus, 1), t, 0.0, EstimateSource.ARENA_TABLE,
                         f"{how}; real plan is Arena's unrecorded best plan, shown as DP")
 
 

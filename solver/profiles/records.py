@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
+
+
+class ProfileSource(StrEnum):
+    """Where a cell record comes from (other names are kept as given, and rank last)."""
+
+    MEASURED = "measured"  # our profiler
+    ARENA_OPTIMAL = "arena-optimal"  # Arena's measured optimal-plan table
+    ARENA_ESTIMATED = "arena-estimated"  # Arena's per-plan profiler estimates
 
 
 @dataclass(frozen=True)
@@ -23,7 +32,7 @@ class CellRecord:
     pp: int | None = None
     dp: int | None = None
     tp: int | None = None
-    source: str = "measured"
+    source: str = ProfileSource.MEASURED  # or any name an importer gives
 
     @property
     def num_gpus(self) -> int:

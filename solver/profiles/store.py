@@ -23,13 +23,13 @@ from collections.abc import Iterable
 from dataclasses import fields
 
 from solver import sqlitedb
-from solver.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord
+from solver.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord, ProfileSource
 
 BUSY_TIMEOUT_S = 30.0
 ENV_VAR = "CELLSCHED_PROFILES"
 
 #: Which record wins when several sources hold the same cell (lowest first).
-SOURCE_PREFERENCE = ("measured", "arena-optimal", "arena-estimated")
+SOURCE_PREFERENCE = (ProfileSource.MEASURED, ProfileSource.ARENA_OPTIMAL, ProfileSource.ARENA_ESTIMATED)
 
 _CREATE = (
     """CREATE TABLE cells (

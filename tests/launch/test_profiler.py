@@ -9,7 +9,8 @@ from click.testing import CliRunner
 
 from launch import profiler
 from slurm_ext.cli import main
-from solver.estimator import COMPOSED, Estimator
+from solver.estimator import Estimator
+from solver.types import EstimateSource
 from solver.models import get_model
 from solver.profiles.store import ProfileStore
 from solver.types import Cell
@@ -66,7 +67,7 @@ def test_comm_records_from_two_gloo_processes(store):
 
 def test_estimator_composes_from_the_profile(store):
     est = Estimator(store).estimate_model(MODEL, 8, Cell("cpu", 1, 2, pp=2))
-    assert est.feasible and est.source == COMPOSED and est.iter_time_s > 0
+    assert est.feasible and est.source == EstimateSource.COMPOSED and est.iter_time_s > 0
 
 
 def test_update_bandwidth_reproduces_an_optimizer_step():

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from solver.profiles.arena import (ArenaFormatError, ESTIMATED, OPTIMAL, import_arena, load_cluster_spec,
+from solver.profiles.records import ProfileSource
+from solver.profiles.arena import (ArenaFormatError, import_arena, load_cluster_spec,
                                    load_dp_mem, load_sim_constants, shipped_path)
 from solver.profiles.store import ProfileStore
 
@@ -21,11 +22,11 @@ def store():
 def test_optimal_import_matches_source(store):
     source = json.loads(shipped_path("profiles_optimal.json").read_text())["records"]
     report = import_arena(store, shipped_path("profiles_optimal.json"))
-    assert (report.kind, report.imported, report.skipped) == (OPTIMAL, 329, {})
+    assert (report.kind, report.imported, report.skipped) == (ProfileSource.ARENA_OPTIMAL, 329, {})
     recs = store.cells()
     assert len(recs) == len(source) == 329
     assert sum(r.oom for r in recs) == sum(r["status"] == "oom" for r in source) == 11
-    assert all(r.source == OPTIMAL and r.pp is None for r in recs)
+    assert all(r.source == ProfileSource.ARENA_OPTIMAL and r.pp is None for r in recs)
     moe = store.cell("moe__2.4B", 256, "a40", 4, 2)
     assert moe.iter_time_s == pytest.approx(6.482, abs=5e-4)
     # kept as is even though over one 300 s scheduling interval
@@ -35,13 +36,13 @@ def test_optimal_import_matches_source(store):
 
 def test_estimated_import_keeps_simulator_convention(store):
     report = import_arena(store, shipped_path("profiles_plans_estimated.json"))
-    assert report.kind == ESTIMATED
+    assert report.kind == ProfileSource.ARENA_ESTIMATED
     assert report.imported == 1944
     assert report.skipped == {"comm_profile_prefix != num_nodes": 104, "duplicate plan (dup_index > 0)": 180,
                               "unlabelled infeasible": 8}
     recs = store.cells()
     assert len(recs) == 1944
-    assert all(r.pp * r.dp * r.tp == r.num_gpus and r.source == ESTIMATED for r in recs)
+    assert all(r.pp * r.dp * r.tp == r.num_gpus and r.source == ProfileSource.ARENA_ESTIMATED for r in recs)
     assert not {r.gpu_type for r in recs} & {"v100"}
     assert store.cell("moe__2.4B", 512, "a100", 1, 2, plan=(1, 2, 1)).iter_time_s == pytest.approx(9.242, abs=5e-4)
     assert store.cell("moe__2.4B", 512, "a100", 1, 2, plan=(1, 1, 2)).iter_time_s == pytest.approx(11.661, abs=5e-4)

@@ -10,7 +10,8 @@ import pytest
 
 from solver.models import get_model
 from solver.profiles.arena import ArenaFormatError, load_device_specs, shipped_path
-from solver.profiles.arena_lookup import SOURCE, ArenaTable, arena_dp_feasible
+from solver.profiles.arena_lookup import ArenaTable, arena_dp_feasible
+from solver.types import EstimateSource
 from solver.types import Cell, JobRequest
 
 
@@ -26,7 +27,7 @@ def job(model: str, batch: int) -> JobRequest:
 def test_exact_entry_moe_2_4b(table):
     assert table.iter_time("moe__2.4B", 256, "a40", 4, 2) == 6.482
     est = table.estimate(job("moe__2.4B", 256), Cell("a40", 4, 2))
-    assert est.feasible and est.iter_time_s == 6.482 and est.source == SOURCE == "arena-table"
+    assert est.feasible and est.iter_time_s == 6.482 and est.source == EstimateSource.ARENA_TABLE == "arena-table"
     assert (est.plan.pp, est.plan.dp, est.plan.tp) == (1, 8, 1)
     assert "best plan" in est.note
 

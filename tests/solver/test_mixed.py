@@ -14,7 +14,7 @@ from solver.placement import PlanError, validate_plan
 from solver.placement.candidates import fits
 from solver.policies.cellsched import CellschedPolicy
 from solver.profiles.store import ProfileStore
-from solver.types import (Cell, ClusterView, Estimate, JobRequest, NodeView, ParallelPlan, Placement, ScheduleRequest,
+from solver.types import (Cell, ClusterView, Estimate, EstimateSource, JobRequest, NodeView, ParallelPlan, Placement, ScheduleRequest,
                           SolverConfig)
 
 CFG = SolverConfig()
@@ -131,7 +131,7 @@ def test_pricing_composes_the_parts(estimator):
     est = estimator.estimate(j, cell)
     a10, a40 = (estimator.estimate(j, Cell(t, n, 2, 1)) for t, n in cell.parts)
     assert a40 is estimator.inner.estimate(j, Cell("a40", 2, 2, 1))  # single-type cells are the inner's
-    assert est.feasible and est.source.startswith("mixed:") and est.plan.pp == 1 and est.plan.dp == 6
+    assert est.feasible and est.source == EstimateSource.MIXED and est.note.startswith("parts ") and est.plan.pp == 1 and est.plan.dp == 6
     s10, s40 = est.plan.shares
     assert 2 * s10 + 4 * s40 == j.global_batch
     per_sample = (a10.iter_time_s * 2 / 24, a40.iter_time_s * 4 / 24)  # s per sample and rank
