@@ -183,7 +183,7 @@ class Users:
 
 def _runs_as(user: str, python: str, pythonpath: str | None) -> bool:
     env = ["env", f"PYTHONPATH={pythonpath}"] if pythonpath else []
-    probe = ["runuser", "-u", user, "--", *env, python, "-c", "import click, slurm_ext.wrapper"]
+    probe = ["runuser", "-u", user, "--", *env, python, "-c", "import click, slurm_ext.wrapper.command"]
     return subprocess.run(probe, cwd="/tmp", capture_output=True, timeout=60, check=False).returncode == 0
 
 

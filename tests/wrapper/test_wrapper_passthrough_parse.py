@@ -8,8 +8,8 @@ import io
 
 import pytest
 
-from slurm_ext import wrapper
 from slurm_ext.backends.cli import CliBackend
+from slurm_ext.wrapper.command import main
 
 ERR = "/data/logs/err-%j.txt"
 
@@ -41,7 +41,7 @@ def test_account_qos_and_stderr_reach_sbatch(tmp_path, snapshot, how):
     script.write_text("\n".join([*lines, "srun true"]) + "\n")
     rec = SbatchRecorder(snapshot)
     out, err = io.StringIO(), io.StringIO()
-    code = wrapper.main(["--parsable", *opts, str(script), "-q", "arg"], backend_for=lambda name: rec,
+    code = main(["--parsable", *opts, str(script), "-q", "arg"], backend_for=lambda name: rec,
                         stdout=out, stderr=err, environ={})
     assert (code, out.getvalue(), err.getvalue()) == (0, "4242\n", "")
     (argv,) = rec.calls
