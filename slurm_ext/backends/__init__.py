@@ -81,7 +81,7 @@ def get_backend(name: str = "auto", **opts: Any) -> Backend:
     """A backend by name: "cli", "pyslurm", "auto" (or one registered later).
 
     `opts` go to the backend's constructor (for "cli": timeout,
-    ping_timeout, mode, slurm_conf).
+    ping_timeout, mode, slurm_conf, run).
     """
     if name == "auto":
         name = "pyslurm" if pyslurm_matches() else "cli"

@@ -15,7 +15,7 @@ import os
 import re
 import subprocess
 import time
-from typing import Mapping
+from typing import Callable, Mapping
 
 from slurm_ext.backends.base import (
     START_SOON,
@@ -46,6 +46,8 @@ _UNREACHABLE = (
     "Communication connection failure",
 )
 _ALREADY_DONE = ("already completing or completed", "Job/step already completing")
+#: what runs a command: subprocess.run, or a stand-in taking the same arguments
+Runner = Callable[..., subprocess.CompletedProcess[str]]
 
 
 def slurm_version(text: str) -> tuple[int, int] | None:
@@ -55,7 +57,10 @@ def slurm_version(text: str) -> tuple[int, int] | None:
 
 
 class CliBackend:
-    """Backend over sbatch / squeue / sinfo / scontrol / scancel."""
+    """Backend over sbatch / squeue / sinfo / scontrol / scancel.
+
+    `run` runs each command (subprocess.run; tests pass a stand-in that
+    records the argument lists)."""
 
     name = "cli"
 
@@ -66,6 +71,7 @@ class CliBackend:
         ping_timeout: float = 3.0,
         mode: str = "auto",
         slurm_conf: str | None = None,
+        run: Runner = subprocess.run,
     ) -> None:
         if mode not in ("auto", "json", "text"):
             raise ValueError(f"mode must be 'auto', 'json' or 'text', got {mode!r}")
@@ -75,6 +81,7 @@ class CliBackend:
         self.ping_timeout = ping_timeout
         self.mode = mode
         self.slurm_conf = slurm_conf
+        self._runner = run
         self._version: tuple[int, int] | None = None
 
     # --- running commands --------------------------------------------------
@@ -90,7 +97,7 @@ class CliBackend:
         """Run a Slurm command; its stdout, or a SlurmError."""
         limit = timeout or self.timeout
         try:
-            proc = subprocess.run(args, capture_output=True, text=True, timeout=limit, env=self._env(env), check=False)
+            proc = self._runner(args, capture_output=True, text=True, timeout=limit, env=self._env(env), check=False)
         except subprocess.TimeoutExpired as exc:
             raise SlurmUnavailable(f"{args[0]} did not answer within {limit:g} s (is slurmctld up?)") from exc
         except FileNotFoundError as exc:

@@ -18,6 +18,6 @@ def sbatch(args: tuple[str, ...]) -> None:
     Use instead of sbatch: cellsched sbatch [OPTIONS] [--] SCRIPT [ARGS...];
     `cellsched sbatch --help` lists the options.
     """
-    from slurm_ext.wrapper import main
+    from slurm_ext.wrapper.command import main
 
     sys.exit(main(args))

@@ -48,7 +48,7 @@ from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.backend import EXECUTED_SECONDS, ITERATIONS, RestartCostFn, SimBackend, SpeedFn
 from slurm_ext.sim.types import ClusterSpec, JobOutcome, RoundStat, Sample, SimRun, TraceJob
 from slurm_ext.state import StateStore
-from slurm_ext.wrapper import provisional_gres
+from slurm_ext.wrapper.submission import provisional_gres
 from solver.plan import JobPlan
 from solver.types import Cell, EstimatorLike, Policy, SolverConfig
 

@@ -5,6 +5,8 @@
 * `Recorder`: a backend whose observe() returns a given snapshot and which
   records submit() calls, raising if `forbid_submit` (it proves that bad
   input never reaches Slurm).
+* `cli_recorder`: the real cli backend over that snapshot, recording the
+  commands it would run (sbatch answers with job 4242).
 * `wrap_cluster(plugin)`: a real Slurm dev cluster of its own (LAB
   /tmp/cellsched-wrap, ports 14817/14900+), started with or without
   contrib/job_submit.lua; one instance, restarted only when the mode
@@ -27,6 +29,7 @@ from typing import Iterator
 import click
 import pytest
 
+from golden import ArgvRecorder
 from slurm_ext.backends.base import SubmitRequest
 from slurm_ext.backends.cli import CliBackend
 from slurm_ext.records import ClusterSnapshot, SlurmNode, SlurmPartition
@@ -94,6 +97,25 @@ def make_recorder(snapshot: ClusterSnapshot):
         return Recorder(snap or snapshot, forbid_submit=forbid_submit)
 
     return make
+
+
+class SnapshotCliBackend(CliBackend):
+    """The real cli backend over a fixed snapshot: `runner.calls` are the
+    commands it would run (sbatch answers with job 4242)."""
+
+    def __init__(self, snap: ClusterSnapshot) -> None:
+        self.runner = ArgvRecorder(lambda args: "4242\n")
+        super().__init__(run=self.runner)
+        self.snap = snap
+
+    def observe(self) -> ClusterSnapshot:
+        return self.snap
+
+
+@pytest.fixture
+def cli_recorder(snapshot: ClusterSnapshot) -> SnapshotCliBackend:
+    """A SnapshotCliBackend over the dev cluster's shape."""
+    return SnapshotCliBackend(snapshot)
 
 
 @dataclass
@@ -183,7 +205,7 @@ class Users:
 
 def _runs_as(user: str, python: str, pythonpath: str | None) -> bool:
     env = ["env", f"PYTHONPATH={pythonpath}"] if pythonpath else []
-    probe = ["runuser", "-u", user, "--", *env, python, "-c", "import click, slurm_ext.wrapper"]
+    probe = ["runuser", "-u", user, "--", *env, python, "-c", "import click, slurm_ext.wrapper.command"]
     return subprocess.run(probe, cwd="/tmp", capture_output=True, timeout=60, check=False).returncode == 0
 
 

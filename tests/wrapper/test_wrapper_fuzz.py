@@ -11,8 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurm_ext import wrapper
 from slurm_ext.jobspec import JobSpec, JobSpecError
+from slurm_ext.wrapper.command import main
+from slurm_ext.wrapper.options import DIRECTIVE_KEYS, OPTIONS
 
 ERROR = re.compile(r"^cellsched sbatch: error: (?P<field>[^:\n]+): (?P<msg>[^\n]+)\n$")
 SCRIPT = "#!/bin/bash\nsrun true\n"
@@ -34,7 +35,7 @@ def job_script(tmp_path):
 
 def refused(argv: list[str], rec) -> tuple[str, str]:
     out, err = io.StringIO(), io.StringIO()
-    code = wrapper.main(argv, backend_for=lambda name: rec, stdout=out, stderr=err, environ={})
+    code = main(argv, backend_for=lambda name: rec, stdout=out, stderr=err, environ={})
     assert not rec.submitted
     assert code == 2 and out.getvalue() == "", (argv, out.getvalue(), err.getvalue())
     m = ERROR.match(err.getvalue())
@@ -73,7 +74,7 @@ def test_broken_directive_lines(key, value, shape, make_recorder, job_script):
     else:
         line = "echo start\n#CELLSCHED model=gpt-1.3b"
     text = f"#!/bin/bash\n{line}\nsrun true\n"
-    known = set(wrapper._DIRECTIVE_KEYS)
+    known = set(DIRECTIVE_KEYS)
     if shape == "kv" and key.strip() in known and value.strip() and "\n" not in key + value and "\r" not in key + value:
         return  # a well-formed line (its value is checked by the other tests)
     if "\x00" in text or "\r" in text:
@@ -87,7 +88,7 @@ def test_broken_directive_lines(key, value, shape, make_recorder, job_script):
 @FUZZ
 @given(name=st.text(ODD, min_size=1, max_size=20))
 def test_unknown_options(name, make_recorder, job_script):
-    known = {o.name for o in wrapper.OPTIONS} | {"no-elastic", "help"}
+    known = {o.name for o in OPTIONS} | {"no-elastic", "help"}
     if name.split("=", 1)[0] in known or "\x00" in name or name.startswith("-") or not name.split("=", 1)[0]:
         name = "x" + name.replace("\x00", "")
     field, msg = refused([f"--{name}"] + argv_of(VALID) + [job_script()], make_recorder())

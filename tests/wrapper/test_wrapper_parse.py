@@ -10,9 +10,13 @@ import pathlib
 
 import pytest
 
-from slurm_ext import wrapper
 from slurm_ext.jobspec import JobSpec, MAX_SPEC_BYTES
-from slurm_ext.wrapper import WrapperError, parse_argv, parse_directives, prepare
+from slurm_ext.wrapper.argv import parse_argv
+from slurm_ext.wrapper.command import main
+from slurm_ext.wrapper.directives import parse_directives
+from slurm_ext.wrapper.model import MAX_MODEL_FILE_BYTES
+from slurm_ext.wrapper.options import OPTIONS
+from slurm_ext.wrapper.submission import prepare
 
 BASE = ["--model", "gpt-1.3b", "--global-batch", "64", "--iterations", "100"]
 
@@ -25,7 +29,7 @@ def script(tmp_path: pathlib.Path, *lines: str, name: str = "job.sh") -> str:
 
 def run(argv: list[str], rec, environ: dict | None = None) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    code = wrapper.main(argv, backend_for=lambda name: rec, stdout=out, stderr=err, environ=environ or {})
+    code = main(argv, backend_for=lambda name: rec, stdout=out, stderr=err, environ=environ or {})
     return code, out.getvalue(), err.getvalue()
 
 
@@ -138,7 +142,7 @@ def test_bad_options_are_refused_naming_the_field(tmp_path, make_recorder, args,
 
 def test_unknown_backend_is_refused(tmp_path):
     out, err = io.StringIO(), io.StringIO()
-    code = wrapper.main(BASE + ["--backend", "nope", script(tmp_path)], stdout=out, stderr=err, environ={})
+    code = main(BASE + ["--backend", "nope", script(tmp_path)], stdout=out, stderr=err, environ={})
     assert code == 2 and err.getvalue().startswith("cellsched sbatch: error: backend: unknown backend 'nope'")
 
 
@@ -187,7 +191,7 @@ def test_oversized_spec_is_refused(tmp_path, make_recorder):
 
 def test_model_spec_file_is_refused_unless_a_small_regular_file(tmp_path, make_recorder):
     big = tmp_path / "big.json"
-    big.write_text(" " * (wrapper.MAX_MODEL_FILE_BYTES + 1))
+    big.write_text(" " * (MAX_MODEL_FILE_BYTES + 1))
     for model, expected in [("/dev/zero", "is not a regular file"), (str(big), "bytes, more than"),
                             (str(tmp_path), "is not a regular file")]:
         args = ["--model", model, "--global-batch", "8", "--iterations", "1", script(tmp_path)]
@@ -260,5 +264,5 @@ def test_model_spec_file_travels_inline(tmp_path, make_recorder):
 def test_help_lists_every_option(make_recorder):
     code, out, _ = run(["--help"], make_recorder())
     assert code == 0
-    for opt in wrapper.OPTIONS:
+    for opt in OPTIONS:
         assert f"--{opt.name}" in out

@@ -8,29 +8,13 @@ import io
 
 import pytest
 
-from slurm_ext import wrapper
-from slurm_ext.backends.cli import CliBackend
+from slurm_ext.wrapper.command import main
 
 ERR = "/data/logs/err-%j.txt"
 
 
-class SbatchRecorder(CliBackend):
-    """The real cli backend, with a fixed snapshot and sbatch recorded instead of run."""
-
-    def __init__(self, snap) -> None:
-        super().__init__()
-        self.snap, self.calls = snap, []
-
-    def observe(self):
-        return self.snap
-
-    def _run(self, args, *, timeout=None, env=None) -> str:
-        self.calls.append(list(args))
-        return "4242\n"
-
-
 @pytest.mark.parametrize("how", ["short", "long", "directives"])
-def test_account_qos_and_stderr_reach_sbatch(tmp_path, snapshot, how):
+def test_account_qos_and_stderr_reach_sbatch(tmp_path, cli_recorder, how):
     """-A/-q/-e (or --account/--qos/--error, or #SBATCH lines) become sbatch's --account/--qos/--error."""
     lines = ["#!/bin/bash", "#CELLSCHED model=gpt-tiny", "#CELLSCHED global-batch=8", "#CELLSCHED iterations=10"]
     opts = {"short": ["-A", "someacct", "-q", "someqos", "-e", ERR],
@@ -39,12 +23,11 @@ def test_account_qos_and_stderr_reach_sbatch(tmp_path, snapshot, how):
         lines += ["#SBATCH -A someacct", "#SBATCH --qos=someqos", f"#SBATCH -e {ERR}"]
     script = tmp_path / "job.sh"
     script.write_text("\n".join([*lines, "srun true"]) + "\n")
-    rec = SbatchRecorder(snapshot)
     out, err = io.StringIO(), io.StringIO()
-    code = wrapper.main(["--parsable", *opts, str(script), "-q", "arg"], backend_for=lambda name: rec,
-                        stdout=out, stderr=err, environ={})
+    code = main(["--parsable", *opts, str(script), "-q", "arg"], backend_for=lambda name: cli_recorder,
+                stdout=out, stderr=err, environ={})
     assert (code, out.getvalue(), err.getvalue()) == (0, "4242\n", "")
-    (argv,) = rec.calls
+    (argv,) = cli_recorder.runner.calls
     assert argv[:2] == ["sbatch", "--parsable"]
     options, script_part = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     assert {"--account=someacct", "--qos=someqos", f"--error={ERR}", "--hold"} <= set(options)
