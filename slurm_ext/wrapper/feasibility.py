@@ -81,7 +81,7 @@ def fits_some_cell(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
     from solver.mixed import MixedEstimator
     from solver.profiles import ProfileStore
     from solver.profiles.store import ENV_VAR
-    from solver.types import JobRequest, SolverConfig
+    from solver.types import EstimateSource, JobRequest, SolverConfig
 
     model = spec.model_spec()
     job = JobRequest(job_id="new", model=model, global_batch=spec.global_batch, iterations=spec.iterations,
@@ -97,7 +97,7 @@ def fits_some_cell(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
         notes: list[str] = []
         for cell in sorted(cells, key=lambda c: (-c.num_gpus, c.num_nodes, c.pp, c.gpu_type)):
             est = estimator.estimate(job, cell)
-            if est.feasible or not math.isfinite(estimator.mem_limit_gb(cell.gpu_type)) or est.source == "none":
+            if est.feasible or not math.isfinite(estimator.mem_limit_gb(cell.gpu_type)) or est.source == EstimateSource.NONE:
                 return None
             notes.append(f"{cell.key()}: {est.note}")
     finally:
