@@ -14,19 +14,48 @@ import json
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
+from enum import StrEnum
 from typing import Any, Iterable, Mapping
 
 from solver import sqlitedb
 
 BUSY_TIMEOUT_S = 10.0
 
-#: plan statuses: "intent" (written, Slurm not yet touched), "signalled"
-#: (a running job was asked to checkpoint for this plan), "requeued" (it
-#: was requeued held), "updated" (the job carries the plan, not yet
-#: released), "released" (applied), "failed", "superseded" (a newer plan
-#: replaced it), "abandoned" (the job was found released with another
-#: plan), "gone" (the job ended first)
-OPEN = ("intent", "signalled", "requeued", "updated")
+
+
+class PlanStatus(StrEnum):
+    """Where a plan is on its way into Slurm."""
+
+    INTENT = "intent"  # written, Slurm not yet touched
+    SIGNALLED = "signalled"  # a running job was asked to checkpoint for this plan
+    REQUEUED = "requeued"  # the job was requeued held
+    UPDATED = "updated"  # the job carries the plan, not yet released
+    RELEASED = "released"  # applied
+    FAILED = "failed"
+    SUPERSEDED = "superseded"  # a newer plan of the job replaced it
+    ABANDONED = "abandoned"  # the job was found released with another plan
+    GONE = "gone"  # the job ended (or vanished) first
+
+
+class HistoryEvent(StrEnum):
+    """What ``cell_history`` records of a job."""
+
+    PLACED = "placed"  # released with a plan (cell, nodes)
+    SIGNALLED = "signalled"  # asked to checkpoint for a move
+    REQUEUED = "requeued"
+    RESUMED = "resumed"  # its first progress after a (re)start; value: the measured restart cost (s)
+    RUN_FAILED = "run-failed"  # a run ended in failure in this cell; value: when
+    FINISHED = "finished"  # cell: the Slurm state it ended in
+
+
+#: the statuses of a plan not yet carried out, in the order a plan passes them
+OPEN = (PlanStatus.INTENT, PlanStatus.SIGNALLED, PlanStatus.REQUEUED, PlanStatus.UPDATED)
+_ENDS = (PlanStatus.RELEASED, PlanStatus.FAILED, PlanStatus.SUPERSEDED, PlanStatus.ABANDONED, PlanStatus.GONE)
+#: status -> the statuses it may change to: an open plan moves on (never back) or ends; an ended one stays
+TRANSITIONS: dict[PlanStatus, frozenset[PlanStatus]] = {
+    **{s: frozenset(OPEN[i + 1:] + _ENDS) for i, s in enumerate(OPEN)},
+    **{s: frozenset() for s in _ENDS},
+}
 _OPEN_SQL = "(" + ", ".join(f"'{s}'" for s in OPEN) + ")"
 
 _CREATE = (
@@ -108,14 +137,14 @@ class PlanRow:
     partition: str
     plan: str
     admin_comment: str
-    status: str
+    status: PlanStatus
     error: str | None
     created: float
     applied_at: float | None
 
     @property
     def applied(self) -> bool:
-        return self.status == "released"
+        return self.status == PlanStatus.RELEASED
 
 
 @dataclass(frozen=True)
@@ -278,7 +307,8 @@ class StateStore:
         old = f"{job_id}~{int(row[0])}"
         with self._tx():
             self._db.execute("UPDATE jobs SET job_id = ?, finished = 1 WHERE job_id = ?", (old, job_id))
-            self._db.execute("UPDATE plans SET job_id = ?, status = CASE WHEN status IN " + _OPEN_SQL + " THEN 'gone' ELSE status END WHERE job_id = ?", (old, job_id))
+            self._db.execute("UPDATE plans SET job_id = ?, status = CASE WHEN status IN " + _OPEN_SQL + " THEN ? ELSE status END WHERE job_id = ?",
+                             (old, PlanStatus.GONE, job_id))
             self._db.execute("UPDATE cell_history SET job_id = ? WHERE job_id = ?", (old, job_id))
 
     # --- plans ------------------------------------------------------------
@@ -287,28 +317,36 @@ class StateStore:
                    plan_json: str, admin_comment: str, now: float) -> int:
         """Write an intent (before Slurm is touched); older open plans of the job are superseded."""
         with self._tx():
-            self._db.execute("UPDATE plans SET status = 'superseded' WHERE job_id = ? AND status IN " + _OPEN_SQL, (job_id,))
+            self._db.execute("UPDATE plans SET status = ? WHERE job_id = ? AND status IN " + _OPEN_SQL,
+                             (PlanStatus.SUPERSEDED, job_id))
             cur = self._db.execute(
                 "INSERT INTO plans (job_id, round_id, cell, nodes, partition, plan, admin_comment, status, created) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, 'intent', ?)",
-                (job_id, round_id, cell, _nodes_text(nodes), partition, plan_json, admin_comment, now),
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (job_id, round_id, cell, _nodes_text(nodes), partition, plan_json, admin_comment, PlanStatus.INTENT, now),
             )
             return int(cur.lastrowid)
 
-    def set_plan_status(self, plan_id: int, status: str, now: float, error: str | None = None) -> None:
+    def set_plan_status(self, plan_id: int, status: PlanStatus, now: float, error: str | None = None) -> None:
+        """Move a plan on; StateError when TRANSITIONS does not allow it."""
+        status = PlanStatus(status)
         with self._tx():
+            row = self._db.execute("SELECT status FROM plans WHERE id = ?", (plan_id,)).fetchone()
+            if row is None:
+                raise StateError(f"no plan {plan_id}")
+            if status not in TRANSITIONS[PlanStatus(row[0])]:
+                raise StateError(f"plan {plan_id}: {row[0]} -> {status} is not a status change a plan makes")
             self._db.execute(
-                "UPDATE plans SET status = ?, error = ?, applied_at = CASE WHEN ? = 'released' THEN ? ELSE applied_at END WHERE id = ?",
-                (status, error, status, now, plan_id),
+                "UPDATE plans SET status = ?, error = ?, applied_at = CASE WHEN ? THEN ? ELSE applied_at END WHERE id = ?",
+                (status, error, status == PlanStatus.RELEASED, now, plan_id),
             )
-            if status == "released":
+            if status == PlanStatus.RELEASED:
                 row = self._db.execute("SELECT job_id, round_id, cell, nodes FROM plans WHERE id = ?", (plan_id,)).fetchone()
-                self._db.execute("INSERT INTO cell_history (job_id, time, round_id, event, cell, nodes) VALUES (?, ?, ?, 'placed', ?, ?)",
-                                 (row[0], now, row[1], row[2], row[3]))
+                self._db.execute("INSERT INTO cell_history (job_id, time, round_id, event, cell, nodes) VALUES (?, ?, ?, ?, ?, ?)",
+                                 (row[0], now, row[1], HistoryEvent.PLACED, row[2], row[3]))
 
     def _plans(self, where: str, args: tuple = ()) -> list[PlanRow]:
         rows = self._db.execute(f"SELECT * FROM plans {where}", args).fetchall()
-        return [PlanRow(r[0], r[1], r[2], r[3], _nodes_parse(r[4]), *r[5:]) for r in rows]
+        return [PlanRow(*r[:4], _nodes_parse(r[4]), *r[5:8], PlanStatus(r[8]), *r[9:]) for r in rows]
 
     def open_plans(self) -> dict[str, PlanRow]:
         """The newest unfinished intent of each job."""
@@ -316,7 +354,7 @@ class StateStore:
 
     def latest_plans(self, *, applied_only: bool = True, job_ids: Iterable[str] | None = None) -> dict[str, PlanRow]:
         """The newest (applied) plan of each job (of `job_ids` when given)."""
-        where, args = sqlitedb.where(("status = 'released'",) if applied_only else (), any_of={"job_id": job_ids})
+        where, args = sqlitedb.where(status=PlanStatus.RELEASED if applied_only else None, any_of={"job_id": job_ids})
         newest = f"WHERE id IN (SELECT MAX(id) FROM plans {where} GROUP BY job_id) ORDER BY id"
         return {p.job_id: p for p in self._plans(newest, args)}
 
@@ -326,19 +364,19 @@ class StateStore:
     def cell_failures(self) -> dict[str, dict[str, int]]:
         """job -> cell key -> failed applies and runs that failed before training."""
         out: dict[str, dict[str, int]] = {}
-        for sql in ("SELECT job_id, cell, COUNT(*) FROM plans WHERE status = 'failed' GROUP BY job_id, cell",
-                    "SELECT job_id, cell, COUNT(*) FROM cell_history WHERE event = 'run-failed' GROUP BY job_id, cell"):
-            for job_id, cell, n in self._db.execute(sql):
+        for sql, arg in (("SELECT job_id, cell, COUNT(*) FROM plans WHERE status = ? GROUP BY job_id, cell",
+                          PlanStatus.FAILED),
+                         ("SELECT job_id, cell, COUNT(*) FROM cell_history WHERE event = ? GROUP BY job_id, cell",
+                          HistoryEvent.RUN_FAILED)):
+            for job_id, cell, n in self._db.execute(sql, (arg,)):
                 out.setdefault(job_id, {})[cell] = out.get(job_id, {}).get(cell, 0) + n
         return out
 
     def run_failures(self, job_ids: Iterable[str]) -> dict[str, list[float]]:
         """job -> end times of its runs that failed before training (the "run-failed" events)."""
         out: dict[str, list[float]] = {}
-        ids = json.dumps(sorted(set(job_ids)))
-        for job_id, value in self._db.execute(
-                "SELECT job_id, value FROM cell_history WHERE event = 'run-failed' AND job_id IN "
-                "(SELECT value FROM json_each(?)) ORDER BY id", (ids,)):
+        where, args = sqlitedb.where(event=HistoryEvent.RUN_FAILED, any_of={"job_id": sorted(set(job_ids))})
+        for job_id, value in self._db.execute(f"SELECT job_id, value FROM cell_history{where} ORDER BY id", args):
             out.setdefault(job_id, []).append(value)
         return out
 
@@ -349,7 +387,7 @@ class StateStore:
         cols = ("time", "round_id", "event", "cell", "nodes", "value")
         return [dict(zip(cols, r)) for r in self._db.execute(f"SELECT {', '.join(cols)} FROM cell_history WHERE job_id = ? ORDER BY id", (job_id,))]
 
-    def add_history(self, job_id: str, event: str, now: float, round_id: int | None = None, cell: str = "", nodes: str = "",
+    def add_history(self, job_id: str, event: HistoryEvent, now: float, round_id: int | None = None, cell: str = "", nodes: str = "",
                     value: float | None = None) -> None:
         with self._tx():
             self._db.execute("INSERT INTO cell_history (job_id, time, round_id, event, cell, nodes, value) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -360,9 +398,9 @@ class StateStore:
         not been measured yet (no "resumed" event after the last signal)."""
         out: dict[str, float] = {}
         for job_id, event, t in self._db.execute(
-                "SELECT job_id, event, time FROM cell_history WHERE event IN ('signalled', 'resumed') AND job_id IN "
-                "(SELECT job_id FROM jobs WHERE finished = 0) ORDER BY id"):
-            if event == "signalled":
+                "SELECT job_id, event, time FROM cell_history WHERE event IN (?, ?) AND job_id IN "
+                "(SELECT job_id FROM jobs WHERE finished = 0) ORDER BY id", (HistoryEvent.SIGNALLED, HistoryEvent.RESUMED)):
+            if event == HistoryEvent.SIGNALLED:
                 out[job_id] = t
             else:
                 out.pop(job_id, None)
@@ -371,7 +409,8 @@ class StateStore:
     def restart_costs(self) -> dict[str, float]:
         """job -> its last measured restart cost (signal to first step after resume), s."""
         return {j: v for j, v in self._db.execute(
-            "SELECT job_id, value FROM cell_history WHERE event = 'resumed' AND value IS NOT NULL ORDER BY id")}
+            "SELECT job_id, value FROM cell_history WHERE event = ? AND value IS NOT NULL ORDER BY id",
+            (HistoryEvent.RESUMED,))}
 
     # --- rounds -----------------------------------------------------------
 
@@ -402,4 +441,4 @@ class StateStore:
         return out
 
 
-__all__ = ["JobRow", "JobStatus", "OPEN", "PlanRow", "StateError", "StateStore"]
+__all__ = ["JobRow", "JobStatus", "OPEN", "PlanRow", "PlanStatus", "StateError", "StateStore", "TRANSITIONS", "HistoryEvent"]

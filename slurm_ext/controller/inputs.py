@@ -14,7 +14,7 @@ from typing import Mapping
 
 from slurm_ext.jobspec import JobSpec, JobSpecError, is_managed_comment, spec_of_job
 from slurm_ext.records import ClusterSnapshot, SlurmJob
-from slurm_ext.state import JobRow, PlanRow
+from slurm_ext.state import JobRow, PlanRow, PlanStatus
 from slurm_ext.view import to_cluster_view
 from solver import contract
 from solver.cells import in_partitions
@@ -39,8 +39,6 @@ SCHEDULED = (HELD, LOOSE, RELEASED, RUNNING, CHECKPOINTING, CHECKPOINTED)
 #: Slurm states after which a managed job is requeued rather than given up
 #: (its node failed under it and Slurm did not requeue it itself)
 REQUEUE_STATES = ("NODE_FAIL",)
-#: open intents that wait for a running job to checkpoint
-SIGNALLED = "signalled"
 
 
 @dataclass(frozen=True)
@@ -215,7 +213,7 @@ def classify(snapshot: ClusterSnapshot, known: Mapping[str, JobRow], intents: Ma
             current = placement_of(job.job_id, plan) if plan else None
             if current is None or sorted(current.node_names) != sorted(job.nodes):
                 out.append(ManagedJob(job, UNPLANNED, spec, spec_json, source, "runs without a cellsched plan", plan, None, intent))
-            elif intent is not None and intent.status == SIGNALLED:
+            elif intent is not None and intent.status == PlanStatus.SIGNALLED:
                 out.append(ManagedJob(job, CHECKPOINTING, spec, spec_json, source, "asked to checkpoint for a move",
                                       plan, current, intent))
             else:

@@ -35,10 +35,10 @@ from typing import Callable, Mapping
 
 from slurm_ext.backends import Backend, JobUpdate, SlurmCommandError, SlurmUnavailable, UpdateNotApplied
 from slurm_ext.backends import STEPS
-from slurm_ext.controller.inputs import (CHECKPOINTED, CHECKPOINTING, HELD, LOOSE, RELEASED, RUNNING, SIGNALLED,
+from slurm_ext.controller.inputs import (CHECKPOINTED, CHECKPOINTING, HELD, LOOSE, RELEASED, RUNNING,
                                          ManagedJob, checkpointed, fixed_virtual_workers, same_plan)
 from slurm_ext.controller.progress import default_checkpoint_dir
-from slurm_ext.state import PlanRow, StateStore
+from slurm_ext.state import HistoryEvent, PlanRow, PlanStatus, StateStore
 from solver import contract
 from solver.placement import PlanError, validate_plan
 from solver.plan import JobPlan
@@ -251,24 +251,24 @@ def decide(jobs: tuple[ManagedJob, ...], desired: Mapping[str, Placement], view:
     return tuple(actions)
 
 
-def intent_outcomes(jobs: tuple[ManagedJob, ...], open_plans: Mapping[str, PlanRow]) -> dict[str, str]:
+def intent_outcomes(jobs: tuple[ManagedJob, ...], open_plans: Mapping[str, PlanRow]) -> dict[str, PlanStatus]:
     """How each open intent ended, for jobs no longer held: "released" when
     the job carries its plan, "abandoned" when it carries another, "gone"
     when the job ended or vanished first. Held jobs keep theirs open."""
     by_id = {m.job_id: m for m in jobs}
-    out: dict[str, str] = {}
+    out: dict[str, PlanStatus] = {}
     for job_id, row in open_plans.items():
         m = by_id.get(job_id)
         if m is None:
-            out[job_id] = "gone"
-        elif row.status == SIGNALLED and (m.job.holds_resources or checkpointed(m.job)):
+            out[job_id] = PlanStatus.GONE
+        elif row.status == PlanStatus.SIGNALLED and (m.job.holds_resources or checkpointed(m.job)):
             continue  # still checkpointing, or checkpointed and to be requeued
         elif m.job.held and not m.job.finished:
             continue
         elif same_plan(m.job, row):
-            out[job_id] = "released"
+            out[job_id] = PlanStatus.RELEASED
         else:
-            out[job_id] = "gone" if m.job.finished else "abandoned"
+            out[job_id] = PlanStatus.GONE if m.job.finished else "abandoned"
     return out
 
 
@@ -301,7 +301,7 @@ def apply(actions: tuple[Action, ...], backend: Backend, state: StateStore, roun
                 backend.hold(a.job_id)
             elif a.kind == REQUEUE:
                 backend.requeue(a.job_id, hold=True)
-                state.add_history(a.job_id, "requeued", clock(), round_id)
+                state.add_history(a.job_id, HistoryEvent.REQUEUED, clock(), round_id)
             elif a.kind == PLACE:
                 _place(a, backend, state, round_id, clock)
             elif a.kind == MOVE:
@@ -327,10 +327,10 @@ def _signal(a: Action, backend: Backend, state: StateStore, round_id: int | None
     try:
         backend.signal(a.job_id, contract.CHECKPOINT_SIGNAL, target=STEPS)
     except _FAILURES as exc:
-        state.set_plan_status(intent, "failed", clock(), str(exc))
+        state.set_plan_status(intent, PlanStatus.FAILED, clock(), str(exc))
         raise
-    state.set_plan_status(intent, SIGNALLED, clock())
-    state.add_history(a.job_id, SIGNALLED, clock(), round_id, p.cell.key())
+    state.set_plan_status(intent, PlanStatus.SIGNALLED, clock())
+    state.add_history(a.job_id, HistoryEvent.SIGNALLED, clock(), round_id, p.cell.key())
     log.info("asked to checkpoint", extra={"fields": a.summary()})
     return intent
 
@@ -356,7 +356,7 @@ def _finish_moves(signalled: dict[str, tuple[Action, int]], backend: Backend, st
             continue
         job = ended[job_id]
         if job is None or not checkpointed(job):  # type: ignore[arg-type]
-            state.set_plan_status(intent, "gone", clock())
+            state.set_plan_status(intent, PlanStatus.GONE, clock())
             outcomes.append(Outcome(a, False, "the job ended without a checkpoint" if job is not None else "the job vanished"))
             continue
         try:
@@ -380,17 +380,17 @@ def _place(a: Action, backend: Backend, state: StateStore, round_id: int | None,
     try:
         if a.kind == MOVE or a.requeue_first:
             backend.requeue(a.job_id, hold=True)
-            state.set_plan_status(intent, "requeued", clock())
-            state.add_history(a.job_id, "requeued", clock(), round_id)
+            state.set_plan_status(intent, PlanStatus.REQUEUED, clock())
+            state.add_history(a.job_id, HistoryEvent.REQUEUED, clock(), round_id)
         elif a.hold_first:
             backend.hold(a.job_id)
         backend.update(a.job_id, a.update)
-        state.set_plan_status(intent, "updated", clock())
+        state.set_plan_status(intent, PlanStatus.UPDATED, clock())
         backend.release(a.job_id)
     except SlurmUnavailable:
         raise
     except _FAILURES as exc:
-        state.set_plan_status(intent, "failed", clock(), str(exc))
+        state.set_plan_status(intent, PlanStatus.FAILED, clock(), str(exc))
         raise
-    state.set_plan_status(intent, "released", clock())
+    state.set_plan_status(intent, PlanStatus.RELEASED, clock())
     log.info("placed", extra={"fields": a.summary()})

@@ -379,3 +379,27 @@ def test_one_controller_per_state_file(tmp_path):
             StateLock(str(tmp_path / "s.sqlite")).__enter__()
     with StateLock(str(tmp_path / "s.sqlite")):  # free again once released
         pass
+
+
+def test_plan_status_transitions_are_checked(tmp_path):
+    """A plan moves on (intent -> signalled -> requeued -> updated) or ends; it never goes back, and an ended plan
+    stays ended."""
+    from slurm_ext.state import PlanStatus, StateError, StateStore
+
+    with StateStore(tmp_path / "s.sqlite") as st:
+        plan = st.begin_plan("1", None, "a100 x 2", [("n1", 2)], "a100", "{}", "{}", 10.0)
+        for status in (PlanStatus.SIGNALLED, PlanStatus.REQUEUED, PlanStatus.UPDATED, PlanStatus.RELEASED):
+            st.set_plan_status(plan, status, 11.0)
+        assert st.plans_of("1")[0].applied
+        for bad in (PlanStatus.UPDATED, PlanStatus.FAILED, PlanStatus.RELEASED):
+            with pytest.raises(StateError, match=f"released -> {bad} is not a status change"):
+                st.set_plan_status(plan, bad, 12.0)
+        other = st.begin_plan("2", None, "a100 x 2", [("n2", 2)], "a100", "{}", "{}", 10.0)
+        st.set_plan_status(other, PlanStatus.UPDATED, 11.0)
+        with pytest.raises(StateError, match="updated -> signalled"):
+            st.set_plan_status(other, PlanStatus.SIGNALLED, 12.0)
+        with pytest.raises(ValueError):
+            st.set_plan_status(other, "done", 12.0)  # not a status at all
+        assert [p.status for p in st.plans_of("2")] == [PlanStatus.UPDATED]
+        with pytest.raises(StateError, match="no plan 99"):
+            st.set_plan_status(99, PlanStatus.RELEASED, 12.0)
