@@ -32,7 +32,7 @@ from solver.models import get_model
 from solver.placement import validate_plan
 from solver.policies import get_policy
 from solver.profiles.arena import TRACE_FILE, shipped_path
-from solver.profiles.store import ProfileStore
+from solver.profiles.seed import open_store
 from solver.types import ClusterView, JobRequest, NodeView, ScheduleRequest, SolverConfig
 
 ARENA = {"a100": (80, 4), "v100": (20, 16), "a40": (160, 2), "a10": (160, 2)}  # nodes, GPUs per node
@@ -106,7 +106,7 @@ def run_size(name: str, cluster: ClusterView, num_jobs: int, rounds: int, rows: 
     the first variant's plan."""
     rng = random.Random(seed)
     source = JobSource(rows, rng)
-    estimators = {v: Estimator(ProfileStore(":memory:")) for v in variants}
+    estimators = {v: Estimator(open_store(":memory:")) for v in variants}
     policies = {v: get_policy("cellsched") for v in variants}
     jobs = [source.new(0.0) for _ in range(num_jobs)]
     gpus = sum(n.gpus_total for n in cluster.nodes)

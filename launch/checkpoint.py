@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from solver.contract import CHECKPOINT_SIGNALS, EXIT_CHECKPOINTED
+from solver.contract import CHECKPOINT_SIGNALS
 
 LATEST = "LATEST"
 SIGNALS = tuple(signal.Signals[f"SIG{name}"] for name in CHECKPOINT_SIGNALS)

@@ -14,7 +14,8 @@ import pathlib
 import click
 
 from solver.models import ModelSpecError, get_model
-from solver.profiles.store import ENV_VAR, ProfileStore, ProfileStoreError
+from solver.profiles.store import ENV_VAR, ProfileStoreError
+from solver.profiles.seed import open_store
 
 
 def _ints(_ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
@@ -63,7 +64,7 @@ def profile(model_name: str, tp: tuple[int, ...], micro_batch: tuple[int, ...], 
     if gpu_type == "auto":
         gpu_type = profiler.detect_gpu_type(torch.cuda.current_device()) if on_gpu else "cpu"
     try:
-        store = ProfileStore(db)
+        store = open_store(db)
     except ProfileStoreError as exc:
         raise click.ClickException(str(exc)) from None
     with store:

@@ -17,6 +17,7 @@ from solver.profiles.arena import ArenaFormatError
 from solver.profiles.exchange import ProfileFileError, export_jsonl, import_file
 from solver.profiles.records import CellRecord
 from solver.profiles.store import ENV_VAR, ProfileStore, ProfileStoreError
+from solver.profiles.seed import open_store
 
 
 class ProfilesError(click.ClickException):
@@ -43,7 +44,7 @@ def _db_option(f):
 
 def _store(ctx: click.Context) -> ProfileStore:
     try:
-        store = ProfileStore(ctx.ensure_object(dict).get("db"))
+        store = open_store(ctx.ensure_object(dict).get("db"))
     except ProfileStoreError as exc:
         raise ProfilesError(str(exc)) from None
     ctx.call_on_close(store.close)

@@ -67,9 +67,9 @@ def truth_and_estimator(profiles: str | None) -> tuple[Callable[..., Any], Any]:
         table = ArenaTable(profiles)
         return table_speed(table), table
     from solver.estimator import Estimator
-    from solver.profiles.store import ProfileStore
+    from solver.profiles.seed import open_store
 
-    est = Estimator(ProfileStore(profiles))
+    est = Estimator(open_store(profiles))
     return estimator_speed(est), est
 
 

@@ -79,7 +79,7 @@ def fits_some_cell(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
     from solver.cells import enumerate_cells
     from solver.estimator import Estimator
     from solver.mixed import MixedEstimator
-    from solver.profiles import ProfileStore
+    from solver.profiles.seed import open_store
     from solver.profiles.store import ENV_VAR
     from solver.types import EstimateSource, JobRequest, SolverConfig
 
@@ -91,7 +91,7 @@ def fits_some_cell(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
     if not cells:
         return f"no cell of this cluster can hold {model.name} with min-gpus={spec.min_gpus} on one GPU type"
     env_path = os.environ.get(ENV_VAR)
-    store = ProfileStore(env_path if env_path and os.path.isfile(env_path) else ":memory:")
+    store = open_store(env_path if env_path and os.path.isfile(env_path) else ":memory:")
     try:
         estimator = MixedEstimator(Estimator(store))
         notes: list[str] = []

@@ -39,7 +39,8 @@ import os
 import pathlib
 from typing import Callable
 
-from solver.profiles.arena import (OPTIMAL_FILE, ArenaFormatError, arena_records, load_device_specs,
+from solver.profiles.arena_import import arena_records
+from solver.profiles.arena import (OPTIMAL_FILE, ArenaFormatError, load_device_specs,
                                    load_dp_mem, load_sim_constants, shipped_path)
 from solver.models import aliases
 from solver.profiles.records import ProfileSource

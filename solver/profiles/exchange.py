@@ -13,7 +13,8 @@ import os
 from dataclasses import MISSING, asdict, fields
 from typing import IO, Any
 
-from solver.profiles.arena import ArenaFormatError, ImportReport, import_arena_data
+from solver.profiles.arena import ArenaFormatError
+from solver.profiles.arena_import import ImportReport, import_arena_data
 from solver.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord
 from solver.profiles.store import InvalidRecordError, ProfileStore
 

@@ -17,6 +17,7 @@ gloo): a small, round guess of one socket (16 GB, 1 TFLOP/s, 20 GB/s memory,
 
 from __future__ import annotations
 
+from solver.profiles.arena import load_device_specs
 from solver.profiles.records import NET_GBPS, PCIE4_GBPS, GpuSpec
 
 #: name -> (peak fp16 TFLOP/s, intra link, intra GB/s); Arena's four types
@@ -45,8 +46,6 @@ def default_gpu_specs(arena_specs: dict[str, dict] | None = None) -> dict[str, G
     (read from the shipped copy when None).
     """
     if arena_specs is None:
-        from solver.profiles.arena import load_device_specs
-
         arena_specs = load_device_specs()["simulator_gpu_specs"]
     specs: dict[str, GpuSpec] = {}
     for name, (tflops, link, link_bw) in _DATASHEET.items():

@@ -3,9 +3,8 @@ communication tables and GPU specs.
 
 Safe for one writer and many readers: files use WAL, every connection waits
 on a busy timeout, every write is one transaction and an upsert (a re-import
-replaces rows instead of duplicating them). A new store is seeded once with
-the shipped Arena data and GPU specs; a ``meta`` row records that, so a store
-emptied on purpose stays empty.
+replaces rows instead of duplicating them). The store fills nothing itself:
+``solver.profiles.seed.open_store`` seeds a new one.
 
 In the ``cells`` table a plan of ``pp = dp = tp = 0`` stands for "best plan /
 plan unknown" (SQLite keys treat NULLs as distinct, so 0 keeps upserts exact);
@@ -19,7 +18,7 @@ import math
 import os
 import pathlib
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import fields
 
 from solver import sqlitedb
@@ -81,7 +80,12 @@ class InvalidRecordError(ProfileStoreError, ValueError):
 class ProfileStore:
     """Cached profiles in one SQLite file (or ``":memory:"``)."""
 
-    def __init__(self, path: str | os.PathLike | None = None, *, seed: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike | None = None, *,
+                 on_create: Callable[[ProfileStore], str] | None = None) -> None:
+        """Open (or create) the store at `path` (None: ``default_path()``).
+        `on_create` fills a new store in the transaction that creates it and
+        returns what it put there (kept as the ``seeded`` meta row);
+        ``solver.profiles.seed.open_store`` seeds that way."""
         self.path = str(self.default_path() if path is None else path)
         self.seeded_now = False
         if self.path != ":memory:":
@@ -91,7 +95,7 @@ class ProfileStore:
             self.path = str(pathlib.Path(self.path).expanduser())
         try:
             self._conn = sqlitedb.connect(self.path, BUSY_TIMEOUT_S)
-            self._open(seed)
+            self._open(on_create)
         except sqlite3.DatabaseError as exc:
             with contextlib.suppress(Exception):
                 self._conn.close()
@@ -112,12 +116,10 @@ class ProfileStore:
 
     # ---- lifecycle -------------------------------------------------------
 
-    def _open(self, seed: bool) -> None:
+    def _open(self, on_create: Callable[[ProfileStore], str] | None) -> None:
         def create() -> None:
-            if seed:
-                from solver.profiles.arena import seed_store
-
-                sqlitedb.set_meta(self._conn, "seeded", seed_store(self))
+            if on_create is not None:
+                sqlitedb.set_meta(self._conn, "seeded", on_create(self))
                 self.seeded_now = True
 
         try:

@@ -12,7 +12,7 @@ from slurm_ext.cli import main
 from solver.estimator import Estimator
 from solver.types import EstimateSource
 from solver.models import get_model
-from solver.profiles.store import ProfileStore
+from solver.profiles.seed import open_store
 from solver.types import Cell
 
 MODEL = get_model("gpt-tiny")
@@ -29,7 +29,7 @@ def store(tmp_path_factory):
     rows = [json.loads(line) for line in result.output.splitlines()]
     assert {(r["tp"], r["micro_batch"]) for r in rows if "tp" in r} == {(1, 1), (1, 2), (2, 1), (2, 2)}
     assert rows[-1]["link"] == "loopback" and rows[-1]["ranks"] == 2
-    with ProfileStore(db) as s:
+    with open_store(db) as s:
         yield s
 
 

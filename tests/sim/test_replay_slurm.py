@@ -42,7 +42,7 @@ from slurm_ext.state import StateStore
 from solver.estimator import Estimator
 from solver.mixed import MixedEstimator
 from solver.plan import JobPlan
-from solver.profiles.store import ProfileStore
+from solver.profiles.seed import open_store
 from solver.types import SolverConfig
 from support import ROOT, SHAPE, read_shape, wait_for
 
@@ -111,7 +111,7 @@ def constant_speed(spec: JobSpec, gpu_type: str, num_nodes: int, gpus_per_node: 
 
 def estimator(profiles: Path) -> MixedEstimator:
     """What the controller builds from its config's profiles_path (loop._make_estimator)."""
-    return MixedEstimator(Estimator(ProfileStore(str(profiles))))
+    return MixedEstimator(Estimator(open_store(str(profiles))))
 
 
 def placements(state_path: Path, ids: Mapping[str, str], round_time: Mapping[int, float],
@@ -275,7 +275,7 @@ def test_replay_on_sim_and_slurm_places_the_same(slurm_cluster, tmp_path):
     """Same trace, policy and profiles: the simulator and the real cluster
     place the same jobs in the same rounds, in the same cells and nodes."""
     profiles = tmp_path / "profiles.sqlite"
-    ProfileStore(str(profiles)).close()  # seeded once, read by both runs
+    open_store(str(profiles)).close()  # seeded once, read by both runs
     sim_placed, sim_specs = simulate(tmp_path / "sim", profiles)
     # the trace exercises queueing: several rounds place jobs, some jobs wait
     arrival = {j.job_id: j.submit_time for j in trace()}

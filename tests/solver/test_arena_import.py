@@ -8,14 +8,14 @@ import json
 import pytest
 
 from solver.profiles.records import ProfileSource
-from solver.profiles.arena import (ArenaFormatError, import_arena, load_cluster_spec,
-                                   load_dp_mem, load_sim_constants, shipped_path)
+from solver.profiles.arena import ArenaFormatError, load_cluster_spec, load_dp_mem, load_sim_constants, shipped_path
+from solver.profiles.arena_import import import_arena
 from solver.profiles.store import ProfileStore
 
 
 @pytest.fixture
 def store():
-    with ProfileStore(":memory:", seed=False) as s:
+    with ProfileStore(":memory:") as s:
         yield s
 
 

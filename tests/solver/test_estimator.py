@@ -18,6 +18,7 @@ from solver.models import ModelSpec, get_model
 from solver.profiles.gpus import default_gpu_specs
 from solver.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord
 from solver.profiles.store import ProfileStore
+from solver.profiles.seed import open_store
 from solver.types import Cell, JobRequest
 
 HAND = ModelSpec("hand", "gpt", num_layers=4, hidden=64, heads=4, seq_len=8, vocab=16, params=1e6)
@@ -33,7 +34,7 @@ def layer_recs(gpu: str, tp: int, times, params=(2000, 4000, 4000, 2000), acts=(
 
 
 def hand_store() -> ProfileStore:
-    s = ProfileStore(":memory:", seed=False)
+    s = ProfileStore(":memory:")
     s.put_gpu(G)
     s.put_gpu(GpuSpec("g2", mem_gb=0.0002, peak_tflops=100.0, mem_bw_gbps=1000.0, intra_link="nvlink",
                       intra_bw_gbps=100.0, inter_bw_gbps=10.0))
@@ -191,7 +192,7 @@ def test_cache_and_job_interface():
 
 @pytest.fixture(scope="module")
 def arena() -> tuple[ProfileStore, Estimator]:
-    store = ProfileStore(":memory:")
+    store = open_store(":memory:")
     return store, Estimator(store)
 
 
@@ -253,13 +254,13 @@ def test_unmeasured_layout_is_calibrated(arena):
 
 
 def test_calibration_moves_toward_held_out_measurement():
-    full = ProfileStore(":memory:")
+    full = open_store(":memory:")
     model = get_model("moe__2.4B")
     held = full.cell("moe__2.4B", 256, "a40", 4, 2)
-    bare = ProfileStore(":memory:", seed=False)
+    bare = ProfileStore(":memory:")
     for spec in default_gpu_specs().values():
         bare.put_gpu(spec)
-    cal = ProfileStore(":memory:", seed=False)
+    cal = ProfileStore(":memory:")
     for spec in default_gpu_specs().values():
         cal.put_gpu(spec)
     cal.put_cells(r for r in full.cells(model="moe__2.4B")
@@ -275,7 +276,7 @@ def test_calibration_moves_toward_held_out_measurement():
 # ---- properties --------------------------------------------------------------------
 
 def random_store(times_by_tp: dict[int, list[float]], mb: int, mem_gb: float) -> ProfileStore:
-    s = ProfileStore(":memory:", seed=False)
+    s = ProfileStore(":memory:")
     s.put_gpu(GpuSpec("g", mem_gb=mem_gb, peak_tflops=100.0, mem_bw_gbps=1000.0, intra_link="nvlink",
                       intra_bw_gbps=100.0, inter_bw_gbps=10.0))
     for tp, times in times_by_tp.items():
@@ -318,7 +319,7 @@ def test_analytic_search_finds_fastest_and_memory_falls_with_micro_batches(shape
     assume(cell.pp <= layers)
     params = 12.0 * layers * hidden * hidden + 1000 * hidden
     model = ModelSpec(f"m{layers}", "gpt", layers, hidden, heads, seq, 1000, params)
-    store = ProfileStore(":memory:", seed=False)
+    store = ProfileStore(":memory:")
     for spec in default_gpu_specs().values():
         store.put_gpu(spec)
     est = Estimator(store, mem_fraction=mem_fraction)

@@ -13,7 +13,7 @@ from solver.models import ModelSpec, get_model
 from solver.placement import PlanError, validate_plan
 from solver.placement.candidates import fits
 from solver.policies.cellsched import CellschedPolicy
-from solver.profiles.store import ProfileStore
+from solver.profiles.seed import open_store
 from solver.types import (Cell, ClusterView, Estimate, EstimateSource, JobRequest, NodeView, ParallelPlan, Placement, ScheduleRequest,
                           SolverConfig)
 
@@ -36,7 +36,7 @@ def job(model: str = "gpt-tiny", batch: int = 24, **kw) -> JobRequest:
 
 @pytest.fixture(scope="module")
 def estimator() -> MixedEstimator:
-    return MixedEstimator(Estimator(ProfileStore(":memory:")))
+    return MixedEstimator(Estimator(open_store(":memory:")))
 
 
 def test_mixed_cells_only_where_no_single_type_can_serve():

@@ -8,13 +8,14 @@ import pytest
 
 from solver.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord
 from solver.profiles.store import InvalidRecordError, ProfileStore, ProfileStoreError
+from solver.profiles.seed import open_store
 
 CELL = CellRecord("gpt-1.3b", 64, "a100", 2, 4, 1.25, source="measured")
 
 
 @pytest.fixture
 def store():
-    with ProfileStore(":memory:", seed=False) as s:
+    with ProfileStore(":memory:") as s:
         yield s
 
 
@@ -96,7 +97,7 @@ def test_failed_batch_writes_nothing(store):
 
 def test_reader_reads_while_writer_writes(tmp_path):
     path = tmp_path / "p.sqlite"
-    with ProfileStore(path, seed=False) as writer, ProfileStore(path, seed=False) as reader:
+    with ProfileStore(path) as writer, ProfileStore(path) as reader:
         writer.put_cells([CELL])
         with writer.transaction():
             writer.put_cells([CellRecord("gpt-1.3b", 128, "a100", 2, 4, 2.5)])
@@ -108,27 +109,27 @@ def test_reader_reads_while_writer_writes(tmp_path):
 
 def test_rejects_newer_schema_and_foreign_files(tmp_path):
     path = tmp_path / "p.sqlite"
-    ProfileStore(path, seed=False).close()
+    ProfileStore(path).close()
     with sqlite3.connect(path) as conn:
         conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
     with pytest.raises(ProfileStoreError, match="schema version 99"):
-        ProfileStore(path)
+        open_store(path)
     other = tmp_path / "other.sqlite"
     with sqlite3.connect(other) as conn:
         conn.execute("CREATE TABLE t (x)")
     with pytest.raises(ProfileStoreError, match="not a cellsched profile store"):
-        ProfileStore(other)
+        open_store(other)
     junk = tmp_path / "junk.sqlite"
     junk.write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(ProfileStoreError, match="junk.sqlite"):
-        ProfileStore(junk)
+        open_store(junk)
     with pytest.raises(ProfileStoreError, match="does not exist"):
-        ProfileStore(tmp_path / "missing" / "p.sqlite")
+        open_store(tmp_path / "missing" / "p.sqlite")
 
 
 def test_seeds_a_new_store_once(tmp_path):
     path = tmp_path / "p.sqlite"
-    with ProfileStore(path) as store:
+    with open_store(path) as store:
         assert store.seeded_now
         assert "arena-optimal=329" in store.meta()["seeded"]
         counts = store.counts()
@@ -136,15 +137,15 @@ def test_seeds_a_new_store_once(tmp_path):
         assert set(store.gpus()) == {"a100", "v100", "a40", "a10", "h100", "h200", "cpu"}
     with sqlite3.connect(path) as conn:
         conn.execute("DELETE FROM cells")
-    with ProfileStore(path) as store:  # emptied on purpose: stays empty
+    with open_store(path) as store:  # emptied on purpose: stays empty
         assert not store.seeded_now
         assert store.cells() == []
-    with ProfileStore(tmp_path / "bare.sqlite", seed=False) as bare:
+    with ProfileStore(tmp_path / "bare.sqlite") as bare:
         assert bare.counts()["cells"] == 0 and "seeded" not in bare.meta()
 
 
 def test_seeded_gpu_specs():
-    with ProfileStore(":memory:") as store:
+    with open_store(":memory:") as store:
         a100, a40 = store.gpu("a100"), store.gpu("a40")
     assert (a100.mem_gb, a100.mem_bw_gbps, a100.peak_tflops, a100.intra_link) == (40.0, 1935.0, 312.0, "nvlink")
     assert (a40.mem_gb, a40.peak_tflops, a40.intra_link, a40.inter_bw_gbps) == (48.0, 149.7, "pcie", 12.5)

@@ -18,7 +18,7 @@ from solver.plan import largest_remainder, virtual_worker_counts
 from solver.policies import get_policy
 from solver.policies.common import dp_estimate
 from solver.profiles.records import CellRecord
-from solver.profiles.store import ProfileStore
+from solver.profiles.seed import open_store
 from solver.types import Cell, ClusterView, JobRequest, NodeView, ScheduleRequest, SolverConfig
 
 from test_estimator import HAND, hand_store
@@ -50,7 +50,7 @@ def test_no_virtual_workers_is_unchanged_hand(batch, cell, plan, time_s, mem, so
 
 @pytest.fixture(scope="module")
 def shipped() -> MixedEstimator:
-    return MixedEstimator(Estimator(ProfileStore(":memory:")))
+    return MixedEstimator(Estimator(open_store(":memory:")))
 
 
 SHIPPED_BEFORE = [  # (model, batch, cell, (pp, dp, tp, m, shares), time, source)

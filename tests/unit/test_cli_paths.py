@@ -15,12 +15,11 @@ import subprocess
 import tomllib
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 
 from slurm_ext.cli import main
 from solver.profiles.arena import TRACE_FILE, shipped_path
-from solver.profiles.store import ProfileStore
+from solver.profiles.seed import open_store
 from support import ROOT, console_script
 
 SACCT = ROOT / "tests" / "sim" / "data" / "sacct_sample.txt"
@@ -99,7 +98,7 @@ def test_simulate_sacct_trace(tmp_path):
     res = CliRunner().invoke(main, ["simulate", "--trace-format", "sacct", "--out", str(tmp_path / "x")])
     assert res.exit_code == 2 and "--trace is required with --trace-format sacct" in res.output
     store = tmp_path / "profiles.sqlite"
-    ProfileStore(store).close()  # the default model of unmanaged sacct jobs (gpt-1.3b) is priced by the store
+    open_store(store).close()  # the default model of unmanaged sacct jobs (gpt-1.3b) is priced by the store
     doc = simulate(tmp_path, "--trace", str(SACCT), "--trace-format", "sacct", "--cluster",
                    str(ROOT / "etc" / "sim-cluster.toml"), "--profiles", str(store), "--policy", "cellsched")
     assert doc["meta"]["trace_format"] == "sacct" and doc["meta"]["jobs"] == 3
@@ -145,6 +144,6 @@ def test_profile_no_comm(tmp_path):
     assert lines[0] == f"profiled gpt-tiny on cpu (12 layer records) into {db}"
     assert [ln.split()[:2] for ln in lines[1:]] == [["tp=1", "micro_batch=1"], ["tp=2", "micro_batch=1"]]
     assert not any("link=" in ln for ln in lines)
-    with ProfileStore(db) as store:
+    with open_store(db) as store:
         counts = store.counts()
     assert counts["layers"] == 12 and counts["comm"] == 0

@@ -12,6 +12,7 @@ from slurm_ext.cli import main
 from solver.profiles.arena import shipped_path
 from solver.profiles.records import CommRecord, LayerRecord
 from solver.profiles.store import ProfileStore
+from solver.profiles.seed import open_store
 from support import console_script
 
 
@@ -50,28 +51,28 @@ def test_show_table_and_json(tmp_path, monkeypatch):
 
 def test_export_import_round_trip(tmp_path):
     src, dst, out = tmp_path / "src.sqlite", tmp_path / "dst.sqlite", tmp_path / "all.jsonl"
-    with ProfileStore(src) as store:
+    with open_store(src) as store:
         store.put_layers([LayerRecord("sig", "a100", 1, 2, i, "block", 0.1, 0.2, 10, 20, 30) for i in range(3)])
         store.put_comm([CommRecord("net", "allreduce", 8, 1 << 20, 0.002)])
         before = store.counts()
         cells = store.cells()
     assert run("--db", str(src), "export", str(out)).exit_code == 0
     assert len(out.read_text().splitlines()) == 1 + sum(before.values())
-    ProfileStore(dst, seed=False).close()
+    ProfileStore(dst).close()
     res = run("--db", str(dst), "import", str(out))
     assert res.exit_code == 0 and f"imported {sum(before.values())}" in res.output
-    with ProfileStore(dst) as store:
+    with open_store(dst) as store:
         assert store.counts() == before
         assert store.cells() == cells
         assert store.layers("sig", "a100", 1, 2)[2].layer == 2
     res = run("--db", str(dst), "import", str(out))  # again: same result
-    with ProfileStore(dst) as store:
+    with open_store(dst) as store:
         assert store.counts() == before
 
 
 def test_import_arena_files_by_shape(tmp_path):
     db = tmp_path / "p.sqlite"
-    ProfileStore(db, seed=False).close()
+    ProfileStore(db).close()
     res = run("--db", str(db), "import", str(shipped_path("profiles_optimal.json")),
               str(shipped_path("profiles_plans_estimated.json")))
     assert res.exit_code == 0
@@ -89,7 +90,7 @@ def test_import_arena_files_by_shape(tmp_path):
 ])
 def test_bad_files_exit_2_and_import_nothing(tmp_path, content, message):
     db, bad = tmp_path / "p.sqlite", tmp_path / "x.json"
-    ProfileStore(db, seed=False).close()
+    ProfileStore(db).close()
     good = tmp_path / "good.jsonl"
     good.write_text('{"format": "cellsched-profiles", "version": 1}\n'
                     '{"record": "gpu", "name": "g", "mem_gb": 1, "peak_tflops": 1, "mem_bw_gbps": 1}\n')
@@ -97,7 +98,7 @@ def test_bad_files_exit_2_and_import_nothing(tmp_path, content, message):
     res = CliRunner().invoke(main, ["profiles", "--db", str(db), "import", str(good), str(bad)])
     assert res.exit_code == 2
     assert message in res.output and "Traceback" not in res.output
-    with ProfileStore(db) as store:
+    with open_store(db) as store:
         assert store.counts() == {"cells": 0, "layers": 0, "comm": 0, "gpus": 0}
 
 
