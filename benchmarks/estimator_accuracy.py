@@ -7,7 +7,7 @@
    memory, that update bandwidth, intra link "loopback").
 2. Predict each plan's iteration time with the solver's Estimator (source
    "composed", cell "cpu" x one node x ranks).
-3. Run the reference trainer (contrib/examples/train_gpt.py) under that plan
+3. Run the reference trainer (minigpt's Trainer, as contrib/examples/train_gpt.py does) under that plan
    on local processes started through the real launcher, with the stage
    split the estimator assumed (plan.stage_layers), and take the median
    steady-state step time over all ranks.
@@ -85,7 +85,8 @@ def worker(steps: int, warmup: int) -> None:
     import torch
 
     from launch.parallel import init_parallel, plan_from_env
-    from train_gpt import GPTConfig, TrainConfig, Trainer
+    from minigpt.model import GPTConfig
+    from minigpt.trainer import TrainConfig, Trainer
 
     torch.set_num_threads(1)
     cfg = GPTConfig(**SHAPE)
@@ -174,7 +175,8 @@ def optimizer_step_s(model) -> float:
     """Median seconds of the trainer's AdamW step over the whole model."""
     import torch
 
-    from train_gpt import GPTConfig, build_full_model, make_optimizer
+    from minigpt.model import GPTConfig, build_full_model
+    from minigpt.trainer import make_optimizer
 
     net = build_full_model(GPTConfig(**SHAPE), seed=0)
     opt = make_optimizer(net.parameters(), 1e-3)

@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 
 from controller_support import ROOT, wait_until, write_config
+from minigpt.model import GPTConfig
+from minigpt.trainer import TrainConfig, reference_losses
 from slurm_ext.backends import get_backend
 from slurm_ext.config import load
 from slurm_ext.controller.inputs import admin_comment_plan
 from slurm_ext.controller.loop import Controller
-from train_gpt import GPTConfig, TrainConfig, reference_losses
 
 pytestmark = pytest.mark.slurm
 

@@ -10,9 +10,10 @@ import torch
 
 from slurm_ext.controller.progress import read_progress
 
+from minigpt.model import GPTConfig
+from minigpt.trainer import TrainConfig, reference_losses
 from solver.contract import EXIT_CHECKPOINTED
 from srun_local import free_port, start, wait
-from train_gpt import GPTConfig, TrainConfig, reference_losses
 from trainer_runs import check, checkpoint_state, train
 
 V = 4

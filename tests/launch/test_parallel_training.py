@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from train_gpt import GPTConfig, TrainConfig, reference_losses
+from minigpt.model import GPTConfig
+from minigpt.trainer import TrainConfig, reference_losses
 from trainer_runs import train
 
 STEPS = 20

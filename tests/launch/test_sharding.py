@@ -13,10 +13,11 @@ import torch.multiprocessing as mp
 
 from launch.elastic import ordered_sum
 from launch.sharding import ShardedOptimizer, ShardingError, ShardLayout, sharding_mode, state_numel
+from minigpt.model import GPTConfig
+from minigpt.trainer import TrainConfig, reference_run
 from solver.plan import JobPlan, PlanError
 from srun_local import free_port
 from trainer_runs import checkpoint_state, relative_error, train
-from train_gpt import GPTConfig, TrainConfig, reference_run
 
 SHAPE = {"layers": 2, "hidden": 16, "heads": 2, "seq": 8, "vocab": 32}
 FLAGS = tuple(x for k, v in SHAPE.items() for x in (f"--{k}", str(v)))

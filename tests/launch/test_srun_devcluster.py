@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from train_gpt import GPTConfig, TrainConfig, reference_losses
+from minigpt.model import GPTConfig
+from minigpt.trainer import TrainConfig, reference_losses
 
 pytestmark = pytest.mark.slurm
 

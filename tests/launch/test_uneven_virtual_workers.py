@@ -6,7 +6,8 @@ import shutil
 import pytest
 import torch
 
-from train_gpt import GPTConfig, TrainConfig, reference_losses
+from minigpt.model import GPTConfig
+from minigpt.trainer import TrainConfig, reference_losses
 from trainer_runs import checkpoint_state, train
 
 V = 4

@@ -1,0 +1,9 @@
+"""A small GPT with pipeline, data and tensor parallelism: the library behind ``train_gpt.py``.
+
+- ``minigpt.model``: ``GPTConfig``, the blocks and pipeline stages, building the
+  whole model from a seed and cutting a stage's tensor-parallel shard from it;
+- ``minigpt.tensor_parallel``: column- and row-parallel linear layers;
+- ``minigpt.data``: the seeded synthetic dataset, drawn by virtual workers;
+- ``minigpt.trainer``: ``TrainConfig``, ``Trainer`` (``Trainer.train_step``) and
+  ``reference_losses`` (the same training on one process without torch.distributed).
+"""

@@ -1,0 +1,76 @@
+"""Tensor-parallel linear layers (Megatron style) over a torch.distributed group."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+class _CopyToTP(torch.autograd.Function):
+    """Identity forward; all-reduce the gradient backward (enters a TP region)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """All-reduce forward; identity backward (leaves a TP region)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.contiguous()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class ColumnParallelLinear(nn.Module):
+    """``y = x A^T + b`` with the rows of A (output features) split over TP ranks."""
+
+    shard_dims = {"weight": 0, "bias": 0}
+
+    def __init__(self, d_in: int, d_out: int, tp: int = 1, group=None, bias: bool = True):
+        super().__init__()
+        if d_out % tp:
+            raise ValueError(f"{d_out} output features do not split over tp={tp}")
+        self.tp, self.group = tp, group
+        self.weight = nn.Parameter(torch.empty(d_out // tp, d_in))
+        self.bias = nn.Parameter(torch.empty(d_out // tp)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp > 1:
+            x = _CopyToTP.apply(x, self.group)
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """``y = x A^T + b`` with the columns of A (input features) split over TP ranks."""
+
+    shard_dims = {"weight": 1}
+
+    def __init__(self, d_in: int, d_out: int, tp: int = 1, group=None):
+        super().__init__()
+        if d_in % tp:
+            raise ValueError(f"{d_in} input features do not split over tp={tp}")
+        self.tp, self.group = tp, group
+        self.weight = nn.Parameter(torch.empty(d_out, d_in // tp))
+        self.bias = nn.Parameter(torch.empty(d_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight)
+        if self.tp > 1:
+            y = _ReduceFromTP.apply(y, self.group)
+        return y + self.bias
