@@ -3,7 +3,8 @@
 #
 #   bash contrib/test.sh [PYTEST_ARGS...]
 #
-# Sets up Debian's Slurm + munge and a .venv (contrib/setup.sh), then runs
+# Sets up Debian's Slurm + munge and a .venv (contrib/setup.sh), checks the
+# code with ruff (lint and format, configured in pyproject.toml), then runs
 # pytest. The integration tests start their own local Slurm dev cluster
 # (contrib/dev-cluster/devcluster.sh, under /tmp/cellsched-test-cluster) and
 # stop it at the end.
@@ -13,4 +14,6 @@ bash contrib/setup.sh
 VENV=${VENV:-.venv}
 # tests run the installed console scripts (cellsched, cellsched-launch) from the venv
 export PATH="$PWD/$VENV/bin:$PATH"
+"$VENV/bin/ruff" check .
+"$VENV/bin/ruff" format --check .
 exec "$VENV/bin/python" -m pytest -q "$@"

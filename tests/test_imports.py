@@ -1,0 +1,117 @@
+"""The shape of the packages: imports point down (solver <- slurm_ext, launch)
+and no module imports itself back through others, lazily or not. Read from
+the source (every import statement, also inside functions; those under
+``if TYPE_CHECKING:`` do not run and are left out)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from support import ROOT
+
+PACKAGES = ("solver", "slurm_ext", "launch")
+#: package -> ours it may import
+ALLOWED = {"solver": {"solver"}, "slurm_ext": {"slurm_ext", "solver"}, "launch": {"launch", "solver"}}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _type_checking_only(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            return True
+    return False
+
+
+def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """Our modules that module `name` imports (the module itself when it is
+    one, else the package it comes from)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        if _type_checking_only(node, parents):
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports_of(name, path, known) for name, path in known.items()}
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in g[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_reader_sees_imports():
+    g = graph()
+    assert "solver.plan" in g["solver.contract"] and "solver.contract" in g["launch.cli"]
+    assert "solver.profiles.store" in g["solver.profiles"]  # a package's __init__ counts as a module
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles():
+    assert cycles(graph()) == []
+
+
+def test_imports_point_down():
+    wrong = sorted(f"{m} imports {t}" for m, ts in graph().items() for t in ts
+                   if t.partition(".")[0] not in ALLOWED[m.partition(".")[0]])
+    assert wrong == []
