@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Mapping
 
 from slurm_ext.jobspec import JobSpec, JobSpecError, is_managed_comment, spec_of_job
@@ -22,19 +22,23 @@ from solver.mixed import parse_key
 from solver.plan import JobPlan, PlanError, default_virtual_workers
 from solver.types import Cell, ClusterView, JobRequest, ParallelPlan, Placement, ScheduleRequest, SolverConfig
 
-#: phases of a managed job
-HELD = "held"  # held, waiting for a placement
-LOOSE = "loose"  # pending, not held, no plan: gets held, then placed
-RELEASED = "released"  # released with a plan, waiting for Slurm to start it
-RUNNING = "running"
-FINISHED = "finished"
-UNPLANNED = "unplanned"  # runs without a plan (released by someone else)
-OPERATOR_HOLD = "operator-hold"  # held again after it was released: left to the operator
-BAD = "bad"  # its spec was refused
-CHECKPOINTING = "checkpointing"  # asked to checkpoint for a move; keeps its GPUs until it ends
-CHECKPOINTED = "checkpointed"  # ended with a checkpoint (or its node failed): requeued and placed again
+class Phase(StrEnum):
+    """Where a managed job is, as one round sees it."""
+
+    HELD = "held"  # held, waiting for a placement
+    LOOSE = "loose"  # pending, not held, no plan: gets held, then placed
+    RELEASED = "released"  # released with a plan, waiting for Slurm to start it
+    RUNNING = "running"
+    FINISHED = "finished"
+    UNPLANNED = "unplanned"  # runs without a plan (released by someone else)
+    OPERATOR_HOLD = "operator-hold"  # held again after it was released: left to the operator
+    BAD = "bad"  # its spec was refused
+    CHECKPOINTING = "checkpointing"  # asked to checkpoint for a move; keeps its GPUs until it ends
+    CHECKPOINTED = "checkpointed"  # ended with a checkpoint (or its node failed): requeued and placed again
+
+
 #: phases the solver sees
-SCHEDULED = (HELD, LOOSE, RELEASED, RUNNING, CHECKPOINTING, CHECKPOINTED)
+SCHEDULED = (Phase.HELD, Phase.LOOSE, Phase.RELEASED, Phase.RUNNING, Phase.CHECKPOINTING, Phase.CHECKPOINTED)
 
 #: Slurm states after which a managed job is requeued rather than given up
 #: (its node failed under it and Slurm did not requeue it itself)
@@ -52,7 +56,7 @@ class ManagedJob:
     """
 
     job: SlurmJob
-    phase: str
+    phase: Phase
     spec: JobSpec | None = None
     spec_json: str | None = None
     spec_source: str = ""
@@ -180,8 +184,8 @@ def classify(snapshot: ClusterSnapshot, known: Mapping[str, JobRow], intents: Ma
     `known`: the state's jobs; `intents`: open intents by job; `released`:
     jobs the controller released before (a held one is then left alone).
     A job id that Slurm reuses (another submit time) is a new job. A job
-    that ended checkpointed is CHECKPOINTED (to be requeued); a running job
-    with a signalled intent is CHECKPOINTING. A spec read for the first time
+    that ended checkpointed is Phase.CHECKPOINTED (to be requeued); a running job
+    with a signalled intent is Phase.CHECKPOINTING. A spec read for the first time
     is the one the controller accepts (`with_virtual_workers`).
     """
     out = []
@@ -200,41 +204,41 @@ def classify(snapshot: ClusterSnapshot, known: Mapping[str, JobRow], intents: Ma
         plan = admin_comment_plan(job.admin_comment)
         intent = intents.get(job.job_id)
         if job.finished and spec is not None and checkpointed(job):
-            out.append(ManagedJob(job, CHECKPOINTED, spec, spec_json, source,
+            out.append(ManagedJob(job, Phase.CHECKPOINTED, spec, spec_json, source,
                                   f"checkpointed ({job.state.lower()}, exit {job.exit_code}); to be requeued", plan, None, intent))
             continue
         if job.finished:
-            out.append(ManagedJob(job, FINISHED, spec, spec_json, source, job.state.lower(), plan, None, intent))
+            out.append(ManagedJob(job, Phase.FINISHED, spec, spec_json, source, job.state.lower(), plan, None, intent))
             continue
         if spec is None:
-            out.append(ManagedJob(job, BAD, None, None, "", error, plan, None, intent))
+            out.append(ManagedJob(job, Phase.BAD, None, None, "", error, plan, None, intent))
             continue
         if job.holds_resources:
             current = placement_of(job.job_id, plan) if plan else None
             if current is None or sorted(current.node_names) != sorted(job.nodes):
-                out.append(ManagedJob(job, UNPLANNED, spec, spec_json, source, "runs without a cellsched plan", plan, None, intent))
+                out.append(ManagedJob(job, Phase.UNPLANNED, spec, spec_json, source, "runs without a cellsched plan", plan, None, intent))
             elif intent is not None and intent.status == PlanStatus.SIGNALLED:
-                out.append(ManagedJob(job, CHECKPOINTING, spec, spec_json, source, "asked to checkpoint for a move",
+                out.append(ManagedJob(job, Phase.CHECKPOINTING, spec, spec_json, source, "asked to checkpoint for a move",
                                       plan, current, intent))
             else:
-                out.append(ManagedJob(job, RUNNING, spec, spec_json, source, "", plan, current, intent))
+                out.append(ManagedJob(job, Phase.RUNNING, spec, spec_json, source, "", plan, current, intent))
             continue
         if job.held:
             if intent is not None:
                 current = intent_placement(intent)
-                out.append(ManagedJob(job, HELD, spec, spec_json, source, "", plan, current, intent))
+                out.append(ManagedJob(job, Phase.HELD, spec, spec_json, source, "", plan, current, intent))
             elif job.job_id in released and row is not None:
-                out.append(ManagedJob(job, OPERATOR_HOLD, spec, spec_json, source,
+                out.append(ManagedJob(job, Phase.OPERATOR_HOLD, spec, spec_json, source,
                                       f"held again after cellsched released it ({job.reason or 'held'}); release it to continue",
                                       plan, None, None))
             else:
-                out.append(ManagedJob(job, HELD, spec, spec_json, source, "", plan, None, None))
+                out.append(ManagedJob(job, Phase.HELD, spec, spec_json, source, "", plan, None, None))
             continue
         current = placement_of(job.job_id, plan) if plan else None
         if current is None:
-            out.append(ManagedJob(job, LOOSE, spec, spec_json, source, "pending without a plan", plan, None, intent))
+            out.append(ManagedJob(job, Phase.LOOSE, spec, spec_json, source, "pending without a plan", plan, None, intent))
         else:
-            out.append(ManagedJob(job, RELEASED, spec, spec_json, source, job.reason, plan, current, intent))
+            out.append(ManagedJob(job, Phase.RELEASED, spec, spec_json, source, job.reason, plan, current, intent))
     return tuple(out)
 
 
@@ -276,11 +280,11 @@ def build_request(snapshot: ClusterSnapshot, jobs: tuple[ManagedJob, ...], progr
     """The ScheduleRequest of a round: jobs in a scheduled phase, with their
     progress and measured restart cost; the view counts GPUs of every job
     that has no placement of ours (unmanaged, or running without a plan) as
-    taken. A CHECKPOINTING job keeps its placement (it is not elastic this
+    taken. A Phase.CHECKPOINTING job keeps its placement (it is not elastic this
     round), and so does a running job whose current run has not reported a
     step yet (`started_training`, from `first_step_at`; None: not checked);
-    a CHECKPOINTED one is placed like a pending job."""
-    placed_ids = [m.job_id for m in jobs if m.phase in (RUNNING, CHECKPOINTING) and m.current is not None]
+    a Phase.CHECKPOINTED one is placed like a pending job."""
+    placed_ids = [m.job_id for m in jobs if m.phase in (Phase.RUNNING, Phase.CHECKPOINTING) and m.current is not None]
     view = to_cluster_view(snapshot, placed_ids)
     requests: list[JobRequest] = []
     skipped: dict[str, str] = {}
@@ -299,8 +303,8 @@ def build_request(snapshot: ClusterSnapshot, jobs: tuple[ManagedJob, ...], progr
                 gpu_types=spec.gpu_types,
                 min_gpus=spec.min_gpus,
                 max_gpus=spec.max_gpus,
-                elastic=spec.elastic and m.phase != CHECKPOINTING and (
-                    m.phase != RUNNING or first_step_at is None or started_training(m, first_step_at)),
+                elastic=spec.elastic and m.phase != Phase.CHECKPOINTING and (
+                    m.phase != Phase.RUNNING or first_step_at is None or started_training(m, first_step_at)),
                 submit_time=m.job.submit_time or 0.0,
                 requested_gpus=spec.requested_gpus,
                 requested_gpu_type=spec.requested_gpu_type,

@@ -172,7 +172,7 @@ def _estimate(m: inp.ManagedJob, prev: tuple[float, float] | None, now: float) -
     """The controller's own count: the last one plus the estimated iterations
     since (while running), or, never counted, the estimate of this run."""
     assert m.spec is not None
-    running = m.phase == inp.RUNNING and m.current is not None
+    running = m.phase == inp.Phase.RUNNING and m.current is not None
     if prev is not None:
         gain = estimate_done(prev[1], now, m.current.iter_time_s, m.spec.iterations) if running else 0.0
         return min(float(m.spec.iterations), prev[0] + gain)
@@ -196,7 +196,7 @@ def collect_progress(jobs: tuple[inp.ManagedJob, ...], now: float, ended: Collec
     first: dict[str, float] = {}
     notes: dict[str, str] = {}
     for m in jobs:
-        if m.spec is None or not (m.phase in inp.SCHEDULED or (m.phase == inp.FINISHED and m.job_id not in ended)):
+        if m.spec is None or not (m.phase in inp.SCHEDULED or (m.phase == inp.Phase.FINISHED and m.job_id not in ended)):
             continue
         prev = previous.get(m.job_id)
         try:

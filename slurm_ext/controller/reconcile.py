@@ -11,7 +11,7 @@ steps (SIGUSR1: ``cellsched-launch`` checkpoints and exits 75), wait for it
 to end (bounded), requeue it held, update it to the new placement with
 StartTime=now+1 (Slurm would wait 120 s; never the second the job ended in,
 see JobUpdate.start_soon) and release it. A job that does not
-end within the wait stays CHECKPOINTING with its intent open and is finished
+end within the wait stays Phase.CHECKPOINTING with its intent open and is finished
 by a later round; one that ignores the signal past the timeout is requeued
 anyway (Slurm's SIGTERM makes the launcher checkpoint too). Any managed job
 that ends checkpointed (exit 75, or its node failed) is requeued and placed
@@ -35,8 +35,7 @@ from typing import Callable, Mapping
 
 from slurm_ext.backends import Backend, JobUpdate, SlurmCommandError, SlurmUnavailable, UpdateNotApplied
 from slurm_ext.backends import STEPS
-from slurm_ext.controller.inputs import (CHECKPOINTED, CHECKPOINTING, HELD, LOOSE, RELEASED, RUNNING,
-                                         ManagedJob, checkpointed, fixed_virtual_workers, same_plan)
+from slurm_ext.controller.inputs import ManagedJob, Phase, checkpointed, fixed_virtual_workers, same_plan
 from slurm_ext.controller.progress import default_checkpoint_dir
 from slurm_ext.state import HistoryEvent, PlanRow, PlanStatus, StateStore
 from solver import contract
@@ -189,7 +188,7 @@ def waiting_for_begin_time(m: ManagedJob, now: float) -> bool:
     cred_expire (120 s by default) for its BeginTime unless told to start
     soon. One this controller released with `start_soon` waits at most a
     second: it is left alone (placing it again would restart it twice)."""
-    if m.phase != RELEASED or m.job.reason != "BeginTime":
+    if m.phase != Phase.RELEASED or m.job.reason != "BeginTime":
         return False
     return m.job.eligible_time is None or m.job.eligible_time > now + START_SOON_SLACK_S
 
@@ -210,29 +209,29 @@ def decide(jobs: tuple[ManagedJob, ...], desired: Mapping[str, Placement], view:
     actions: list[Action] = []
     for m in jobs:
         p = desired.get(m.job_id)
-        if m.phase == LOOSE and p is None:
+        if m.phase == Phase.LOOSE and p is None:
             actions.append(Action(HOLD, m.job_id, "pending without a plan"))
             continue
-        if m.phase == CHECKPOINTING:
+        if m.phase == Phase.CHECKPOINTING:
             if m.intent is not None and now - m.intent.created > checkpoint_timeout_s:
                 actions.append(Action(REQUEUE, m.job_id, f"no checkpoint {checkpoint_timeout_s:.0f} s after the signal"))
             continue
-        if m.phase == CHECKPOINTED and p is None:
+        if m.phase == Phase.CHECKPOINTED and p is None:
             actions.append(Action(REQUEUE, m.job_id, "checkpointed; waits for a placement"))
             continue
-        if p is None or m.phase not in (HELD, LOOSE, RELEASED, RUNNING, CHECKPOINTED) or m.spec_json is None:
+        if p is None or m.phase not in (Phase.HELD, Phase.LOOSE, Phase.RELEASED, Phase.RUNNING, Phase.CHECKPOINTED) or m.spec_json is None:
             continue
-        if m.phase in (RELEASED, RUNNING) and p.same_resources(m.current) and not waiting_for_begin_time(m, now):
+        if m.phase in (Phase.RELEASED, Phase.RUNNING) and p.same_resources(m.current) and not waiting_for_begin_time(m, now):
             continue
-        if m.phase == RUNNING and not (m.spec is not None and m.spec.elastic):
+        if m.phase == Phase.RUNNING and not (m.spec is not None and m.spec.elastic):
             continue  # only elastic jobs are moved while they run
         partition = choose_partition(view, p, getattr(m.spec, "partitions", None))
         if partition is None:
             continue  # validate() keeps such placements out; nothing to carry out
         plan = job_plan(m, p, checkpoint_root, view)
         # a job that ran before (requeued: its BeginTime is cred_expire away) starts in the next whole second
-        restart = m.phase in (RUNNING, CHECKPOINTED) or waiting_for_begin_time(m, now) or (
-            m.phase == HELD and m.plan is not None)
+        restart = m.phase in (Phase.RUNNING, Phase.CHECKPOINTED) or waiting_for_begin_time(m, now) or (
+            m.phase == Phase.HELD and m.plan is not None)
         # A mixed-type cell: no feature constraint (each node's own type is
         # what ReqNodeList names), untyped gres per node (see the README).
         features = "" if p.cell.mixed else p.cell.gpu_type
@@ -241,13 +240,13 @@ def decide(jobs: tuple[ManagedJob, ...], desired: Mapping[str, Placement], view:
                            num_tasks=p.cell.num_gpus, tasks_per_node=p.cell.gpus_per_node,
                            min_cpus_per_node=p.cell.gpus_per_node,
                            admin_comment=contract.encode_admin_comment(json.loads(m.spec_json), plan), start_soon=restart)
-        if m.phase == RUNNING:
+        if m.phase == Phase.RUNNING:
             actions.append(Action(MOVE, m.job_id, "resize" if p.cell.num_gpus != m.current.cell.num_gpus else "move",
                                   p, plan, update))
             continue
-        why = {CHECKPOINTED: "resume", RELEASED: "move"}.get(m.phase, "recover" if m.intent is not None and m.phase == HELD else "new")
-        actions.append(Action(PLACE, m.job_id, why, p, plan, update, hold_first=m.phase in (LOOSE, RELEASED),
-                              requeue_first=m.phase == CHECKPOINTED))
+        why = {Phase.CHECKPOINTED: "resume", Phase.RELEASED: "move"}.get(m.phase, "recover" if m.intent is not None and m.phase == Phase.HELD else "new")
+        actions.append(Action(PLACE, m.job_id, why, p, plan, update, hold_first=m.phase in (Phase.LOOSE, Phase.RELEASED),
+                              requeue_first=m.phase == Phase.CHECKPOINTED))
     return tuple(actions)
 
 

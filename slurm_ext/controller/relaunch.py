@@ -25,8 +25,6 @@ from slurm_ext.controller.progress import JobProgress, ProgressReader, Unreadabl
 
 #: Slurm end states of a run that may have died before training
 FAILED_STATES = ("FAILED", "BOOT_FAIL", "OUT_OF_MEMORY")
-#: the cell_history event of a run that ended before its first step
-RUN_FAILED = "run-failed"
 
 
 @dataclass(frozen=True)
@@ -59,7 +57,7 @@ def review(jobs: Sequence[inp.ManagedJob], read: ProgressReader, recorded: Mappi
     out: dict[str, RunFailure] = {}
     for m in jobs:
         job = m.job
-        if m.phase != inp.FINISHED or m.spec is None or m.plan is None or job.state not in FAILED_STATES:
+        if m.phase != inp.Phase.FINISHED or m.spec is None or m.plan is None or job.state not in FAILED_STATES:
             continue
         if m.plan.job_id not in (None, m.job_id) or job.end_time is None:
             continue
@@ -95,7 +93,7 @@ def apply_review(jobs: Sequence[inp.ManagedJob], failures: Mapping[str, RunFailu
         if f is None:
             out.append(m)
         elif f.relaunch:
-            out.append(dataclasses.replace(m, phase=inp.CHECKPOINTED, reason=f.reason))
+            out.append(dataclasses.replace(m, phase=inp.Phase.CHECKPOINTED, reason=f.reason))
         else:
             out.append(dataclasses.replace(m, reason=f.reason))
     return tuple(out)

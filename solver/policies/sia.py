@@ -25,7 +25,7 @@ import time
 from solver.placement import Space, job_options, objective, place_jobs, split_fixed
 from solver.placement.candidates import fits
 from solver.policies.common import Feasible, dp_estimate, layouts, reply
-from solver.types import EstimatorLike, JobRequest, ScheduleReply, ScheduleRequest, SolverConfig
+from solver.types import EstimatorLike, ScheduleReply, ScheduleRequest
 
 
 class SiaPolicy:

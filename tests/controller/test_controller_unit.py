@@ -150,8 +150,8 @@ def test_classify_phases():
     done = managed_job("8", held=False, state="COMPLETED", exit_code=0)
     jobs = {m.job_id: m for m in inp.classify(snapshot(plain, held, released, running, bad, loose, rogue, done), {}, {})}
     assert "1" not in jobs  # not managed
-    assert {k: m.phase for k, m in jobs.items()} == {"2": inp.HELD, "3": inp.RELEASED, "4": inp.RUNNING, "5": inp.BAD,
-                                                      "6": inp.LOOSE, "7": inp.UNPLANNED, "8": inp.FINISHED}
+    assert {k: m.phase for k, m in jobs.items()} == {"2": inp.Phase.HELD, "3": inp.Phase.RELEASED, "4": inp.Phase.RUNNING, "5": inp.Phase.BAD,
+                                                      "6": inp.Phase.LOOSE, "7": inp.Phase.UNPLANNED, "8": inp.Phase.FINISHED}
     assert jobs["4"].current == placement("4", ("n2",))
     assert "model" in jobs["5"].reason
     assert jobs["3"].plan.checkpoint_dir == "/ckpt/3"
@@ -244,7 +244,7 @@ def test_intent_outcomes(tmp_path):
     jobs = inp.classify(snapshot(held, released, other), {}, opens)
     assert intent_outcomes(jobs, opens) == {"3": "released", "4": "abandoned", "9": "gone"}
     held_job = next(m for m in jobs if m.job_id == "2")
-    assert held_job.phase == inp.HELD and held_job.current == placement("2", ("n2",))  # recovered from the intent
+    assert held_job.phase == inp.Phase.HELD and held_job.current == placement("2", ("n2",))  # recovered from the intent
 
 
 # --- progress, metrics, notify, status ----------------------------------------

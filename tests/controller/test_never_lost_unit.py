@@ -18,7 +18,7 @@ from slurm_ext.controller.progress import JobProgress
 from slurm_ext.controller.reconcile import PLACE, REQUEUE, decide
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
-from slurm_ext.state import StateStore
+from slurm_ext.state import HistoryEvent, StateStore
 from solver.mixed import mixed_cell
 from solver.plan import JobPlan
 from solver.types import Cell, ParallelPlan, Placement
@@ -84,7 +84,7 @@ def test_a_placed_job_keeps_the_virtual_workers_of_its_plan():
     ac = json.dumps({"spec": json.loads(spec.to_json()), "plan": json.loads(plan.to_json())})
     job = held("5", spec, state="COMPLETED", held=False, exit_code=75, admin_comment=ac, end_time=990.0)
     (m,) = inp.classify(snapshot(job), {}, {})
-    assert m.phase == inp.CHECKPOINTED and inp.fixed_virtual_workers(m) == 8
+    assert m.phase == inp.Phase.CHECKPOINTED and inp.fixed_virtual_workers(m) == 8
     p = Placement("5", Cell("a40", 2, 2, 1), (("n4", 2), ("n5", 2)), ParallelPlan(1, 4, 1, 2), 0.5)
     view = inp.build_request(snapshot(job), (m,), {}, Config().solver).view
     (a,) = decide((m,), {"5": p}, view, "/ck")
@@ -136,7 +136,7 @@ def test_a_run_that_failed_before_its_first_step_is_relaunched():
                 "2": JobProgress(40, first_step_at=955.0),  # this run trained: the program's own failure
                 "3": None}  # never wrote progress
     jobs = inp.classify(snapshot(ended("1"), ended("2"), ended("3"), ended("4", state="CANCELLED")), {}, {})
-    assert [m.phase for m in jobs] == [inp.FINISHED] * 4
+    assert [m.phase for m in jobs] == [inp.Phase.FINISHED] * 4
     read_calls: list[str] = []
 
     def read(m):
@@ -149,7 +149,7 @@ def test_a_run_that_failed_before_its_first_step_is_relaunched():
     assert (f.cell, f.end_time, f.new, f.relaunch) == ("a40:1x2:pp1", 960.0, True, True)
     assert "failed before training (failed, exit 1 in a40:1x2:pp1, failure 1 of 3" in f.reason
     after = relaunch.apply_review(jobs, failures)
-    assert [m.phase for m in after] == [inp.CHECKPOINTED, inp.FINISHED, inp.CHECKPOINTED, inp.FINISHED]
+    assert [m.phase for m in after] == [inp.Phase.CHECKPOINTED, inp.Phase.FINISHED, inp.Phase.CHECKPOINTED, inp.Phase.FINISHED]
     view = inp.build_request(snapshot(), after, {}, Config().solver).view
     p = Placement("1", Cell("a40", 1, 2, 1), (("n5", 2),), ParallelPlan(1, 2, 1), 0.5)
     actions = {a.job_id: a for a in decide(after, {"1": p}, view, "/ck")}
@@ -169,14 +169,14 @@ def test_a_recorded_failure_is_not_read_again_and_a_job_that_keeps_failing_is_gi
     f = given_up["1"]
     assert not f.relaunch and "failed before training 4 times" in f.reason and "not requeued again" in f.reason
     (m,) = relaunch.apply_review(jobs, given_up)
-    assert m.phase == inp.FINISHED and m.reason == f.reason
+    assert m.phase == inp.Phase.FINISHED and m.reason == f.reason
 
 
 def test_run_failures_count_against_their_cell(tmp_path):
     with StateStore(tmp_path / "s.sqlite") as st:
-        st.add_history("1", relaunch.RUN_FAILED, 100.0, None, "a40:1x2:pp1", value=90.0)
-        st.add_history("1", relaunch.RUN_FAILED, 200.0, None, "a40:1x2:pp1", value=190.0)
-        st.add_history("2", relaunch.RUN_FAILED, 200.0, None, "a10:1x2:pp1", value=195.0)
+        st.add_history("1", HistoryEvent.RUN_FAILED, 100.0, None, "a40:1x2:pp1", value=90.0)
+        st.add_history("1", HistoryEvent.RUN_FAILED, 200.0, None, "a40:1x2:pp1", value=190.0)
+        st.add_history("2", HistoryEvent.RUN_FAILED, 200.0, None, "a10:1x2:pp1", value=195.0)
         assert st.cell_failures() == {"1": {"a40:1x2:pp1": 2}, "2": {"a10:1x2:pp1": 1}}
         assert st.run_failures(["1", "3"]) == {"1": [90.0, 190.0]}
 
@@ -189,7 +189,7 @@ def test_a_running_job_is_moved_only_once_its_current_run_reported_a_step():
     job = held("5", spec, state="RUNNING", held=False, admin_comment=ac, nodes=("n4",), start_time=950.0,
                gpus_per_node=2)
     (m,) = inp.classify(snapshot(job), {}, {})
-    assert m.phase == inp.RUNNING
+    assert m.phase == inp.Phase.RUNNING
 
     def elastic(first_step_at):
         return inp.build_request(snapshot(job), (m,), {}, Config().solver, first_step_at=first_step_at).request.jobs[0].elastic
@@ -205,7 +205,7 @@ def test_a_requeued_held_job_is_released_to_start_in_the_next_second():
     is cred_expire away, so its placement asks to start soon."""
     job = dataclasses.replace(ended("1"), state="PENDING", held=True, reason="JobHeldAdmin", exit_code=None)
     (m,) = inp.classify(snapshot(job), {}, {})
-    assert m.phase == inp.HELD and m.plan is not None
+    assert m.phase == inp.Phase.HELD and m.plan is not None
     view = inp.build_request(snapshot(job), (m,), {}, Config().solver).view
     p = Placement("1", Cell("a40", 1, 2, 1), (("n5", 2),), ParallelPlan(1, 2, 1), 0.5)
     (a,) = decide((m,), {"1": p}, view, "/ck")
@@ -227,7 +227,7 @@ def test_a_job_released_to_start_soon_is_not_placed_again_while_it_waits_that_se
     for eligible, placed_again in ((1000.8, False), (1001.0, False), (1010.0, True), (None, True)):
         j = dataclasses.replace(job, eligible_time=eligible)
         (m,) = inp.classify(snapshot(j), {}, {})
-        assert m.phase == inp.RELEASED and m.current is not None and p.same_resources(m.current)
+        assert m.phase == inp.Phase.RELEASED and m.current is not None and p.same_resources(m.current)
         view = inp.build_request(snapshot(j), (m,), {}, Config().solver).view
         actions = decide((m,), {"1": p}, view, "/ck", now=1000.0)
         assert [(a.kind, a.update.start_soon, a.hold_first) for a in actions] == ([(PLACE, True, True)] if placed_again else []), eligible
