@@ -2,7 +2,7 @@
 simulated clock (``SimBackend``).
 
 It mirrors what the cli backend shows of a real Slurm 22.05 (see
-reference/slurm-22.05/NOTES.md and tests/slurm/):
+reference/slurm-22.05/NOTES.md and tests/slurm_ext/backends/):
 
 * nodes ``<type>-<NNN>`` with typed GRES ``gpu:<type>:N`` and
   ``Features=<type>``; one partition per GPU type plus ``all`` (the default);

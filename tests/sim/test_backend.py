@@ -1,5 +1,5 @@
 """SimBackend: the Backend protocol's semantics on the simulated Slurm
-(what tests/slurm/ checks on the real one), and its simulated runs."""
+(what tests/slurm_ext/backends/ checks on the real one), and its simulated runs."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ are answered with the recorded outputs under data/ (22.05: the dev cluster;
 
 After a meant change, rewrite the golden file and review its diff:
 
-    CELLSCHED_UPDATE_GOLDEN=1 python -m pytest -q tests/unit/slurm/test_slurm_argv_golden.py
+    CELLSCHED_UPDATE_GOLDEN=1 python -m pytest -q tests/slurm_ext/backends/test_slurm_argv_golden.py
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ directory reads as $TMP.
 
 After a meant change, rewrite the golden file and review its diff:
 
-    CELLSCHED_UPDATE_GOLDEN=1 python -m pytest -q tests/wrapper/test_wrapper_argv_golden.py
+    CELLSCHED_UPDATE_GOLDEN=1 python -m pytest -q tests/slurm_ext/wrapper/test_wrapper_argv_golden.py
 """
 
 from __future__ import annotations

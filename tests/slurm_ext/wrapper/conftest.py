@@ -35,7 +35,7 @@ from slurm_ext.backends.cli import CliBackend
 from slurm_ext.records import ClusterSnapshot, SlurmNode, SlurmPartition
 from support import console_script
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 DEVCLUSTER = ROOT / "contrib" / "dev-cluster" / "devcluster.sh"
 SHAPE = ROOT / "contrib" / "dev-cluster" / "cluster.conf"
 PLUGIN = ROOT / "contrib" / "job_submit.lua"

@@ -20,7 +20,7 @@ EVIL = ["; rm -rf / #", "$(touch /tmp/cellsched-pwned)", "`touch /tmp/cellsched-
 
 
 def hello() -> str:
-    return str(pathlib.Path(__file__).resolve().parents[2] / "contrib" / "examples" / "hello_job.sh")
+    return str(pathlib.Path(__file__).resolve().parents[3] / "contrib" / "examples" / "hello_job.sh")
 
 
 def submitted_id(proc) -> str:
