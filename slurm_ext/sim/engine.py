@@ -42,8 +42,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from slurm_ext.backends.base import SubmitRequest
 from slurm_ext.config import Config, ControllerConfig
-from slurm_ext.controller.loop import OK, Controller
 from slurm_ext.controller.progress import JobProgress
+from slurm_ext.controller.report import OK
+from slurm_ext.controller.round import Controller
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.backend import EXECUTED_SECONDS, ITERATIONS, RestartCostFn, SimBackend, SpeedFn
 from slurm_ext.sim.types import ClusterSpec, JobOutcome, RoundStat, Sample, SimRun, TraceJob

@@ -23,7 +23,7 @@ from controller_support import ROOT, wait_until, write_config
 from slurm_ext.backends import get_backend
 from slurm_ext.config import load
 from slurm_ext.controller.inputs import admin_comment_plan
-from slurm_ext.controller.loop import Controller
+from slurm_ext.controller.round import Controller
 from train_gpt import GPTConfig, TrainConfig, reference_losses
 
 pytestmark = pytest.mark.slurm

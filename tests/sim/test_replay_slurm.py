@@ -32,7 +32,8 @@ import pytest
 from slurm_ext.backends import get_backend
 from slurm_ext.backends.base import Backend
 from slurm_ext.config import Config, ControllerConfig
-from slurm_ext.controller.loop import OK, Controller
+from slurm_ext.controller.report import OK
+from slurm_ext.controller.round import Controller
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import SlurmJob
 from slurm_ext.sim.clusterspec import load_cluster_spec, node_names
@@ -110,7 +111,7 @@ def constant_speed(spec: JobSpec, gpu_type: str, num_nodes: int, gpus_per_node: 
 
 
 def estimator(profiles: Path) -> MixedEstimator:
-    """What the controller builds from its config's profiles_path (loop._make_estimator)."""
+    """What the controller builds from its config's profiles_path (round._make_estimator)."""
     return MixedEstimator(Estimator(ProfileStore(str(profiles))))
 
 

@@ -1,17 +1,13 @@
-"""The controller: one round = observe -> decide -> act; the daemon loop
-around it (interval, early rounds on new or ended jobs and on the kick file,
-backoff while Slurm is away, systemd notifications, metrics)."""
+"""One controller round: observe -> decide -> act (the Controller). The
+daemon that repeats it is slurm_ext.controller.daemon; `cellsched plan` and
+the simulator run single rounds."""
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import logging
-import os
 import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from slurm_ext.backends import Backend, SlurmUnavailable, get_backend
@@ -19,42 +15,15 @@ from slurm_ext.config import Config
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller import metrics as mx
 from slurm_ext.controller import relaunch
-from slurm_ext.controller.notify import sd_notify
 from slurm_ext.controller.progress import Progress, ProgressFiles, ProgressReader, collect_progress
 from slurm_ext.controller.reconcile import MOVE, PLACE, Outcome, Waiting, apply, checked, decide, intent_outcomes
+from slurm_ext.controller.report import ERROR, OK, UNAVAILABLE, RoundReport
+from slurm_ext.controller.round_metrics import declare_metrics, record_cluster, record_round
 from slurm_ext.records import ClusterSnapshot
 from slurm_ext.state import JobStatus, StateStore
 from solver.types import EstimatorLike, Policy, ScheduleReply, ScheduleRequest
 
 log = logging.getLogger("cellsched.controller")
-
-OK, UNAVAILABLE, ERROR = "ok", "slurm-unavailable", "error"
-
-
-@dataclass(frozen=True)
-class RoundReport:
-    """What one round did (also what `cellsched plan` prints)."""
-
-    round_id: int | None
-    status: str
-    started: float
-    observe_s: float = 0.0
-    solve_s: float = 0.0
-    apply_s: float = 0.0
-    total_s: float = 0.0
-    solver_status: str = ""
-    objective: float = 0.0
-    num_jobs: int = 0
-    actions: tuple[dict, ...] = ()
-    jobs: tuple[JobStatus, ...] = ()
-    placements: Mapping[str, dict] = field(default_factory=dict)
-    error: str = ""
-    dry_run: bool = False
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["jobs"] = [dataclasses.asdict(j) for j in self.jobs]
-        return d
 
 
 def _make_policy(config: Config) -> Policy:
@@ -69,21 +38,6 @@ def _make_estimator(config: Config) -> EstimatorLike:
     from solver.profiles.store import ProfileStore
 
     return MixedEstimator(Estimator(ProfileStore(config.controller.profiles_path or None)))
-
-
-def declare_metrics(m: mx.Metrics) -> None:
-    for name, kind, text in (
-        ("round_duration_seconds", "gauge", "Duration of the last round"),
-        ("round_phase_seconds", "gauge", "Duration of the last round's phases (observe, solve, apply)"),
-        ("solve_seconds", "gauge", "Solver time of the last round"),
-        ("last_round_timestamp_seconds", "gauge", "When the last round ended"),
-        ("rounds_total", "counter", "Rounds by status"),
-        ("jobs", "gauge", "Managed jobs by phase"),
-        ("gpus", "gauge", "GPUs by type and use (total, used, managed)"),
-        ("actions_total", "counter", "Actions by kind and result"),
-        ("errors_total", "counter", "Errors by kind"),
-    ):
-        m.declare(name, kind, text)
 
 
 class Controller:
@@ -105,7 +59,7 @@ class Controller:
         self.progress = progress or ProgressFiles(cc.read_timeout_s, cc.read_budget_s)
         self._doubts: dict[str, str] = {}  # job -> why its progress file was not used (logged when it changes)
         self._iter_s: dict[str, float] = {}  # job -> estimated iteration time of its cell at the last round
-        self.stop = threading.Event()  # set: the round in progress stops waiting (run(stop=...) shares it)
+        self.stop = threading.Event()  # set: the round in progress stops waiting (daemon.run(stop=...) shares it)
         self.backend = backend or get_backend(config.controller.backend, **(
             {"timeout": config.controller.slurm_timeout_s} if config.controller.backend == "cli" else {}))
         self.state = state or StateStore(config.controller.state_path, readonly=readonly)
@@ -144,7 +98,7 @@ class Controller:
                                         num_jobs=report.num_jobs, actions=report.actions, error=report.error or None)
             except Exception:
                 log.exception("could not record the round", extra={"fields": {"round": round_id}})
-        self._round_metrics(report)
+        record_round(self.metrics, report, self.clock)
         return report
 
     def _round(self, round_id: int | None, started: float, t0: float, dry_run: bool, timings: dict[str, float]) -> RoundReport:
@@ -203,7 +157,7 @@ class Controller:
         summaries = tuple(o.summary() for o in outcomes) if not dry_run else tuple(a.summary() for a in actions)
         for o in outcomes:
             self.metrics.inc("actions_total", labels={"kind": o.action.kind, "result": "ok" if o.ok else "failed"})
-        self._cluster_metrics(snap, jobs)
+        record_cluster(self.metrics, snap, jobs)
         report = RoundReport(
             round_id, OK, started, timings["observe_s"], solve_s, apply_s, time.perf_counter() - t0,
             reply.status, float(reply.objective), len(built.request.jobs), summaries, statuses,
@@ -335,134 +289,6 @@ class Controller:
                 self.state.add_history(m.job_id, "finished", now, round_id, m.job.state, "")
         self.state.mark_vanished({j.job_id for j in snap.jobs}, now)
 
-    # --- metrics ----------------------------------------------------------
-
-    def _round_metrics(self, r: RoundReport) -> None:
-        m = self.metrics
-        m.inc("rounds_total", labels={"status": r.status})
-        m.set("round_duration_seconds", r.total_s)
-        for phase in ("observe", "solve", "apply"):
-            m.set("round_phase_seconds", getattr(r, f"{phase}_s"), {"phase": phase})
-        m.set("solve_seconds", r.solve_s)
-        m.set("last_round_timestamp_seconds", self.clock())
-
-    def _cluster_metrics(self, snap: ClusterSnapshot, jobs: tuple[inp.ManagedJob, ...]) -> None:
-        phases: dict[mx.Labels, float] = {(("phase", p),): 0.0 for p in
-                                          (inp.HELD, inp.LOOSE, inp.RELEASED, inp.RUNNING, inp.UNPLANNED, inp.OPERATOR_HOLD, inp.BAD)}
-        for j in jobs:
-            if j.phase != inp.FINISHED:
-                key = (("phase", j.phase),)
-                phases[key] = phases.get(key, 0.0) + 1
-        self.metrics.replace("jobs", phases)
-        gpus: dict[mx.Labels, float] = {}
-        managed = {j.job_id for j in jobs}
-        for n in snap.nodes:
-            if n.gpu_type:
-                for use, v in (("total", n.gpus_total), ("used", n.gpus_alloc)):
-                    key = (("gpu_type", n.gpu_type), ("use", use))
-                    gpus[key] = gpus.get(key, 0.0) + v
-        types = {n.name: n.gpu_type for n in snap.nodes}
-        for job in snap.jobs:
-            if job.job_id in managed and job.holds_resources and job.gpus_per_node:
-                for name in job.nodes:
-                    key = (("gpu_type", types.get(name) or "unknown"), ("use", "managed"))
-                    gpus[key] = gpus.get(key, 0.0) + job.gpus_per_node
-        self.metrics.replace("gpus", gpus)
-
-    # --- the daemon -------------------------------------------------------
-
-    def run(self, *, once: bool = False, dry_run: bool = False, stop: threading.Event | None = None,
-            on_round: Callable[[RoundReport], None] | None = None) -> RoundReport | None:
-        """Rounds until `stop` is set (or one with `once`)."""
-        stop = self.stop = stop or self.stop
-        cc = self.config.controller
-        sd_notify("READY=1", "STATUS=starting")
-        watcher = _Watcher(self.backend, cc.kick_file)
-        failures = 0
-        report = None
-        while not stop.is_set():
-            report = self.round(dry_run=dry_run)
-            if on_round:
-                on_round(report)
-            sd_notify("WATCHDOG=1", f"STATUS=round {report.round_id}: {report.status}, {report.num_jobs} jobs, "
-                                    f"{len(report.actions)} actions, {report.total_s:.2f} s")
-            if once:
-                return report
-            if report.status == UNAVAILABLE:
-                failures += 1
-                delay = min(cc.interval_s, 2.0 ** (failures - 1))
-                log.info("backing off", extra={"fields": {"delay_s": delay, "failures": failures}})
-                _sleep(stop, delay)
-                continue
-            if failures:
-                log.info("slurm available again", extra={"fields": {"after_failures": failures}})
-            failures = 0
-            watcher.wait(stop, cc.interval_s, cc.watch_s, cc.min_gap_s, since=time.monotonic() - report.total_s)
-        sd_notify("STOPPING=1")
-        return report
-
-
-def _sleep(stop: threading.Event, seconds: float) -> None:
-    stop.wait(max(0.0, seconds))
-
-
-class _Watcher:
-    """Decides when the next round starts: after `interval`, or earlier (but
-    not before `min_gap` after the last round began) when a job was submitted
-    or ended, or the kick file was touched."""
-
-    def __init__(self, backend: Backend, kick_file: str) -> None:
-        self.backend = backend
-        self.kick = Path(kick_file) if kick_file else None
-        if self.kick is not None and self.kick.parent.is_dir() and not self.kick.exists():
-            try:  # anyone may touch it to ask for an early round
-                self.kick.touch()
-                self.kick.chmod(0o666)
-            except OSError:
-                pass
-        self.kick_mtime = self._kick_mtime()
-        self.known: dict[str, bool] | None = None  # job id -> finished
-
-    def _kick_mtime(self) -> float | None:
-        try:
-            return os.stat(self.kick).st_mtime if self.kick else None
-        except OSError:
-            return None
-
-    def _jobs_changed(self) -> bool:
-        try:
-            jobs = {j.job_id: j.finished for j in self.backend.observe().jobs}
-        except Exception:
-            return False  # the round will see (and log) it
-        before, self.known = self.known, jobs
-        if before is None:
-            return False
-        new = set(jobs) - set(before)
-        ended = {j for j, fin in before.items() if not fin and (jobs.get(j) is None or jobs[j])}
-        return bool(new or ended)
-
-    def wait(self, stop: threading.Event, interval: float, watch: float, min_gap: float, since: float) -> None:
-        deadline = since + interval
-        next_watch = time.monotonic() + watch
-        self._jobs_changed()  # baseline: the state right after the round
-        while not stop.is_set():
-            now = time.monotonic()
-            if now >= deadline:
-                return
-            trigger = ""
-            mtime = self._kick_mtime()
-            if mtime != self.kick_mtime:
-                self.kick_mtime = mtime
-                trigger = "kick"
-            if not trigger and now >= next_watch:
-                next_watch = now + watch
-                trigger = "jobs" if self._jobs_changed() else ""
-            if trigger:
-                log.info("early round", extra={"fields": {"trigger": trigger}})
-                _sleep(stop, since + min_gap - time.monotonic())
-                return
-            _sleep(stop, min(0.5, max(0.0, deadline - now), max(0.05, next_watch - now)))
-
 
 def _keep_running(jobs: tuple[inp.ManagedJob, ...], placements: Mapping[str, Any]) -> dict[str, Any]:
     """The policy's placements, except that a running job keeps its GPUs when
@@ -476,32 +302,3 @@ def _keep_running(jobs: tuple[inp.ManagedJob, ...], placements: Mapping[str, Any
         if m.job_id not in out or not elastic:
             out[m.job_id] = m.current
     return out
-
-
-class LockError(RuntimeError):
-    """Another controller runs on the same state file."""
-
-
-class StateLock:
-    """An exclusive flock next to the state file, held while the daemon runs
-    (released by the kernel if the process dies)."""
-
-    def __init__(self, state_path: str) -> None:
-        self.path = state_path + ".lock"
-        self._fd: int | None = None
-
-    def __enter__(self) -> StateLock:
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise LockError(f"another controller holds {self.path}") from None
-        self._fd = fd
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None

@@ -1,0 +1,39 @@
+"""What one round did: its status and its RoundReport (also what `cellsched
+plan` prints and what the simulator counts)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from slurm_ext.state import JobStatus
+
+#: a round's status: it ran; Slurm could not be reached; something else failed
+OK, UNAVAILABLE, ERROR = "ok", "slurm-unavailable", "error"
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    """What one round did (also what `cellsched plan` prints)."""
+
+    round_id: int | None
+    status: str
+    started: float
+    observe_s: float = 0.0
+    solve_s: float = 0.0
+    apply_s: float = 0.0
+    total_s: float = 0.0
+    solver_status: str = ""
+    objective: float = 0.0
+    num_jobs: int = 0
+    actions: tuple[dict, ...] = ()
+    jobs: tuple[JobStatus, ...] = ()
+    placements: Mapping[str, dict] = field(default_factory=dict)
+    error: str = ""
+    dry_run: bool = False
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["jobs"] = [dataclasses.asdict(j) for j in self.jobs]
+        return d
