@@ -414,8 +414,7 @@ class Simulator:
         self._sample_due = False
         t0 = time.perf_counter()
         b = self.backend
-        queued = sum(1 for j in b.jobs.values() if j.state == "PENDING")
-        s = Sample(b.now, queued, len(b.running), b.throughput(), b.gpus_used())
+        s = Sample(b.now, b.num_pending(), b.num_running(), b.throughput(), b.gpus_used())
         if self.samples and self.samples[-1].time == s.time:
             self.samples[-1] = s
         elif not self.samples or (self.samples[-1].queued, self.samples[-1].running, self.samples[-1].throughput,
@@ -450,7 +449,7 @@ class Simulator:
         self._sample()
 
     def _live(self) -> bool:
-        return bool(self.backend.running or self.backend.eligible)
+        return self.backend.has_active_jobs()
 
     # --- running ------------------------------------------------------------------
 
@@ -541,23 +540,16 @@ class Simulator:
     def _compat_sample(self, T: float) -> None:
         """One sample per round, as Arena counts it: the jobs running in
         [T, T+300) at their speed, each restarting job's share of the round
-        lost to its restart charge taken off."""
+        lost to its restart charge taken off (SimBackend.round_throughput)."""
         b = self.backend
-        q = self.quantum or 300.0
-        thr = 0.0
-        for j in b.running.values():
-            if j.iter_time and j.spec is not None and not j.checkpointing:
-                stalled = min(q, max(0.0, j.stall_until - T))
-                thr += j.spec.global_batch / j.iter_time * (1.0 - stalled / q)
-        queued = sum(1 for j in b.jobs.values() if j.state == "PENDING")
-        s = Sample(T, queued, len(b.running), thr, b.gpus_used())
+        s = Sample(T, b.num_pending(), b.num_running(), b.round_throughput(T), b.gpus_used())
         if self.samples and self.samples[-1].time == T:
             self.samples[-1] = s
         else:
             self.samples.append(s)
 
     def progress(self) -> SimProgress:
-        done = sum(1 for sid in self.slurm_ids.values() if self.backend.all_jobs[sid].state == "COMPLETED")
+        done = sum(1 for sid in self.slurm_ids.values() if self.backend.is_completed(sid))
         return SimProgress(self.backend.now, self.t0, self.trace[-1].submit_time, len(self.slurm_ids),
                            done, len(self.trace), len(self.rounds))
 
@@ -568,14 +560,9 @@ class Simulator:
             if sid is None:
                 outcomes.append(JobOutcome(tj.job_id, tj.submit_time, None, None, False))
                 continue
-            j = self.backend.all_jobs[sid]
-            cells: list[str] = []
-            for c in j.cells:
-                if not cells or cells[-1] != c:
-                    cells.append(c)
-            done = j.state == "COMPLETED"
-            outcomes.append(JobOutcome(tj.job_id, tj.submit_time, j.first_start, j.end_time if done else None, done,
-                                       max(0, j.starts - 1), j.gpu_seconds, tuple(cells)))
+            a = self.backend.account(sid)
+            outcomes.append(JobOutcome(tj.job_id, tj.submit_time, a.first_start, a.end_time, a.completed,
+                                       a.restarts, a.gpu_seconds, a.cells))
         o = self.options
         meta: dict[str, object] = {
             "mode": "arena-compat" if o.arena_compat else "event",
