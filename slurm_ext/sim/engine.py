@@ -448,8 +448,10 @@ class Simulator:
         self._sample_due = True
         self._sample()
 
-    def _live(self) -> bool:
-        return self.backend.has_active_jobs()
+    def _drained(self) -> bool:
+        """Nothing left to happen: every arrival submitted, no job running or
+        waiting to start on its own, no change the controller has not seen."""
+        return self._next >= len(self.trace) and not self.backend.has_active_jobs() and not self.dirty
 
     # --- running ------------------------------------------------------------------
 
@@ -481,12 +483,10 @@ class Simulator:
             controller = Controller(config, backend=self.backend, state=state, policy=self.policy,
                                     estimator=self.estimator, clock=self._clock, sleep=self._sleep,
                                     progress=self._progress)
+            step = self._step_arena_round if self.quantum is not None else self._step_to_next_event
             last_report = 0.0
             while True:
-                if self.quantum is not None:
-                    more = self._compat_step(controller)
-                else:
-                    more = self._step(controller)
+                more = step(controller)
                 if progress_callback is not None and (time.perf_counter() - last_report > 0.5 or not more):
                     last_report = time.perf_counter()
                     progress_callback(self.progress())
@@ -504,11 +504,21 @@ class Simulator:
     def _over_time(self, t: float) -> bool:
         return self.options.max_time_s is not None and t > self.t0 + self.options.max_time_s
 
-    def _step(self, controller: Controller) -> bool:
+    def _step_to_next_event(self, controller: Controller) -> bool:
+        """The event-driven simulation (the default): to the next thing
+        that happens, whichever comes first: a job event or an arrival
+        (processed, which may ask for an early round), or a controller round
+        (run). Samples whenever something changed. False when the
+        simulation is over: no event left, or past max_time_s.
+
+        Arena-compatible runs step by `_step_arena_round` instead: Arena's
+        simulator works on a fixed grid of rounds, not on events, and the two
+        differ in when arrivals are submitted, when a job's completion is
+        seen, how often a round is considered and what a sample measures."""
         t_ev = self.backend.next_event_time()
         t_arr = self.trace[self._next].submit_time if self._next < len(self.trace) else math.inf
         t_round = self._next_round
-        if not self.options.skip_idle_rounds and self._next >= len(self.trace) and not self._live() and not self.dirty:
+        if not self.options.skip_idle_rounds and self._drained():
             return False
         t = min(t_ev, t_arr, t_round)
         if math.isinf(t) or self._over_time(t):
@@ -521,11 +531,20 @@ class Simulator:
         self._sample()
         return True
 
-    def _compat_step(self, controller: Controller) -> bool:
+    def _step_arena_round(self, controller: Controller) -> bool:
+        """Arena-compatible mode: one round of Arena's fixed grid (every
+        300 s from the first arrival, whether anything happened or
+        not). At the round start T the backend settles the round (job events
+        up to T, progress, the completions seen at T), the arrivals of
+        [T, T+300) are submitted, the controller round runs (or
+        is skipped when idle), and one sample is taken for the round. False
+        when the simulation is over: nothing left (see `_drained`), or past
+        max_time_s. See `_step_to_next_event` for why this is a step of
+        its own."""
         T = self._next_round
         if self._over_time(T):
             return False
-        if self._next >= len(self.trace) and not self._live() and not self.dirty:
+        if self._drained():
             return False
         self.backend.settle(T)
         end = T + 300.0
@@ -533,14 +552,15 @@ class Simulator:
             self._submit(self.trace[self._next])
             self._next += 1
         self._round(controller)
-        self._compat_sample(T)
+        self._round_sample(T)
         self._next_round = T + 300.0
         return True
 
-    def _compat_sample(self, T: float) -> None:
-        """One sample per round, as Arena counts it: the jobs running in
-        [T, T+300) at their speed, each restarting job's share of the round
-        lost to its restart charge taken off (SimBackend.round_throughput)."""
+    def _round_sample(self, T: float) -> None:
+        """Arena-compatible mode: one sample per round, as Arena counts it:
+        the jobs running in [T, T+300) at their speed, each restarting job's
+        share of the round lost to its restart charge taken off
+        (SimBackend.round_throughput)."""
         b = self.backend
         s = Sample(T, b.num_pending(), b.num_running(), b.round_throughput(T), b.gpus_used())
         if self.samples and self.samples[-1].time == T:
