@@ -17,16 +17,17 @@ grows between rounds, so a job the policy left waiting next to free GPUs
 waits until the next change. The simulation ends when no event is left.
 
 Arena-compatible mode (``arena_compat``) reproduces the conventions of
-Arena's own simulator (solver/data/arena/README.md): fixed 300 s rounds from
-the first arrival, no early rounds; arrivals within the 300 s after a round
-start are submitted at that round start; at each round start the backend
-settles the round (progress, completions: a job finished mid-round ends at
-the next boundary, its GPUs taken until then), then the round's arrivals are
-submitted, then the controller round runs; checkpoints and starts take no
-time; restart charges as Arena's (see `restart_cost_for`); the truth speed
-and the estimator are Arena's profile lookup (`ArenaTable`); Gavel and Sia
-get Arena's DP memory rule. Progress follows Arena's executed-seconds model
-by default (``progress_model="iterations"`` for the strict one).
+Arena's own simulator (solver/data/arena/README.md): fixed rounds of
+`ARENA_ROUND_S` (Arena's SCHEDULING_INTERVAL, 300 s) from the first arrival,
+no early rounds; arrivals within a round are submitted at its start; at
+each round start the backend settles the round (progress, completions: a
+job finished mid-round ends at the next boundary, its GPUs taken until
+then), then the round's arrivals are submitted, then the controller round
+runs; checkpoints and starts take no time; restart charges as Arena's (see
+`restart_cost_for`); the truth speed and the estimator are Arena's profile
+lookup (`ArenaTable`); Gavel and Sia get Arena's DP memory rule. Progress
+follows Arena's executed-seconds model by default
+(``progress_model="iterations"`` for the strict one).
 """
 
 from __future__ import annotations
@@ -51,10 +52,15 @@ from slurm_ext.sim.types import ClusterSpec, JobOutcome, RoundStat, Sample, SimR
 from slurm_ext.state import StateStore
 from slurm_ext.wrapper import provisional_gres
 from solver.plan import JobPlan
+from solver.profiles.arena import load_sim_constants
 from solver.types import Cell, EstimatorLike, Policy, SolverConfig
 
 #: policies that search plans with pruning in Arena's simulator (cheap restarts)
 PRUNED_POLICIES = ("cellsched", "cellsched-static")
+
+#: the round length of Arena's simulator (its SCHEDULING_INTERVAL, solver/data/arena/sim_constants.json):
+#: in arena_compat mode the rounds, the arrival grid and the throughput samples
+ARENA_ROUND_S = float(load_sim_constants()["SCHEDULING_INTERVAL"])
 
 
 class SimError(ValueError):
@@ -136,7 +142,7 @@ class SimOptions:
             o = dataclasses.replace(o, progress_rate_factor=None)
         if not o.arena_compat:
             return o
-        return dataclasses.replace(o, interval_s=300.0, early_rounds=False, checkpoint_s=0.0, start_delay_s=0.0,
+        return dataclasses.replace(o, interval_s=ARENA_ROUND_S, early_rounds=False, checkpoint_s=0.0, start_delay_s=0.0,
                                    charge_first_start=True)
 
 
@@ -166,8 +172,6 @@ def restart_cost_for(policy: str, options: SimOptions) -> RestartCostFn:
     not the restart's)."""
     per, cap = options.restart_per_gpu_s, options.restart_max_s
     if per is None or cap is None:
-        from solver.profiles.arena import load_sim_constants
-
         c = load_sim_constants()
         c = c.get("constants", c)
         pruned = policy in PRUNED_POLICIES or not options.arena_compat
@@ -291,7 +295,7 @@ class Simulator:
         self.policy = policy
         self.restart_cost = restart_cost or restart_cost_for(self.policy_name, o)
         self.t0 = jobs[0].submit_time
-        self.quantum = 300.0 if o.arena_compat else None
+        self.quantum = ARENA_ROUND_S if o.arena_compat else None
         self.trace = [self._quantized(j) for j in jobs] if o.arena_compat else jobs
         self.arrival_time = {j.job_id: j.submit_time for j in self.trace}
         self._state_dir = state_dir
@@ -317,8 +321,9 @@ class Simulator:
     # --- plumbing ---------------------------------------------------------------
 
     def _quantized(self, job: TraceJob) -> TraceJob:
-        k = math.floor((job.submit_time - self.t0) / 300.0)
-        return dataclasses.replace(job, submit_time=self.t0 + 300.0 * k)
+        """The job submitted at the start of the Arena round its arrival falls in."""
+        k = math.floor((job.submit_time - self.t0) / ARENA_ROUND_S)
+        return dataclasses.replace(job, submit_time=self.t0 + ARENA_ROUND_S * k)
 
     def _speed(self, spec: JobSpec, gpu_type: str, num_nodes: int, gpus_per_node: int, plan: JobPlan | None) -> float | None:
         try:
@@ -533,10 +538,10 @@ class Simulator:
 
     def _step_arena_round(self, controller: Controller) -> bool:
         """Arena-compatible mode: one round of Arena's fixed grid (every
-        300 s from the first arrival, whether anything happened or
+        ARENA_ROUND_S from the first arrival, whether anything happened or
         not). At the round start T the backend settles the round (job events
         up to T, progress, the completions seen at T), the arrivals of
-        [T, T+300) are submitted, the controller round runs (or
+        [T, T + ARENA_ROUND_S) are submitted, the controller round runs (or
         is skipped when idle), and one sample is taken for the round. False
         when the simulation is over: nothing left (see `_drained`), or past
         max_time_s. See `_step_to_next_event` for why this is a step of
@@ -547,20 +552,20 @@ class Simulator:
         if self._drained():
             return False
         self.backend.settle(T)
-        end = T + 300.0
+        end = T + ARENA_ROUND_S
         while self._next < len(self.trace) and self.trace[self._next].submit_time < end:
             self._submit(self.trace[self._next])
             self._next += 1
         self._round(controller)
         self._round_sample(T)
-        self._next_round = T + 300.0
+        self._next_round = T + ARENA_ROUND_S
         return True
 
     def _round_sample(self, T: float) -> None:
         """Arena-compatible mode: one sample per round, as Arena counts it:
-        the jobs running in [T, T+300) at their speed, each restarting job's
-        share of the round lost to its restart charge taken off
-        (SimBackend.round_throughput)."""
+        the jobs running in [T, T + ARENA_ROUND_S) at their speed, each
+        restarting job's share of the round lost to its restart charge taken
+        off (SimBackend.round_throughput)."""
         b = self.backend
         s = Sample(T, b.num_pending(), b.num_running(), b.round_throughput(T), b.gpus_used())
         if self.samples and self.samples[-1].time == T:
