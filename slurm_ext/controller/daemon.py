@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 
 from slurm_ext.controller.notify import sd_notify
 from slurm_ext.controller.report import UNAVAILABLE, RoundReport
-from slurm_ext.controller.watcher import Watcher, sleep
+from slurm_ext.controller.watcher import Watcher, wait_unless_stopped
 
 if TYPE_CHECKING:
     from slurm_ext.controller.round import Controller
@@ -45,7 +45,7 @@ def run(controller: Controller, *, once: bool = False, dry_run: bool = False, st
             failures += 1
             delay = min(cc.interval_s, 2.0 ** (failures - 1))
             log.info("backing off", extra={"fields": {"delay_s": delay, "failures": failures}})
-            sleep(stop, delay)
+            wait_unless_stopped(stop, delay)
             continue
         if failures:
             log.info("slurm available again", extra={"fields": {"after_failures": failures}})

@@ -14,7 +14,7 @@ from slurm_ext.backends import Backend
 log = logging.getLogger("cellsched.controller")
 
 
-def sleep(stop: threading.Event, seconds: float) -> None:
+def wait_unless_stopped(stop: threading.Event, seconds: float) -> None:
     """Wait `seconds` (none when negative), less when `stop` is set."""
     stop.wait(max(0.0, seconds))
 
@@ -72,6 +72,6 @@ class Watcher:
                 trigger = "jobs" if self._jobs_changed() else ""
             if trigger:
                 log.info("early round", extra={"fields": {"trigger": trigger}})
-                sleep(stop, since + min_gap - time.monotonic())
+                wait_unless_stopped(stop, since + min_gap - time.monotonic())
                 return
-            sleep(stop, min(0.5, max(0.0, deadline - now), max(0.05, next_watch - now)))
+            wait_unless_stopped(stop, min(0.5, max(0.0, deadline - now), max(0.05, next_watch - now)))
