@@ -9,7 +9,8 @@ import os
 import signal
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from slurm_ext.controller.notify import sd_notify
 from slurm_ext.controller.report import UNAVAILABLE, RoundReport

@@ -4,8 +4,8 @@ plan` prints and what the simulator counts)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from slurm_ext.state import JobStatus
 

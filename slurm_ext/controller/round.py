@@ -8,7 +8,8 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from slurm_ext.backends import Backend, SlurmUnavailable, get_backend
 from slurm_ext.config import Config
@@ -101,7 +102,8 @@ class Controller:
         record_round(self.metrics, report, self.clock)
         return report
 
-    def _round(self, round_id: int | None, started: float, t0: float, dry_run: bool, timings: dict[str, float]) -> RoundReport:
+    def _round(self, round_id: int | None, started: float, t0: float, dry_run: bool,
+               timings: dict[str, float]) -> RoundReport:
         cfg = self.config
         snap = self.backend.observe()
         now = snap.taken_at
@@ -128,7 +130,8 @@ class Controller:
         if not dry_run:
             self._measure_restarts(jobs, prog.first_step_at, now, round_id)
         max_fail = cfg.controller.max_cell_failures
-        excluded = {j: frozenset(c for c, n in f.items() if n >= max_fail) for j, f in self.state.cell_failures().items()}
+        excluded = {j: frozenset(c for c, n in f.items() if n >= max_fail)
+                    for j, f in self.state.cell_failures().items()}
         built = inp.build_request(snap, jobs, progress, cfg.solver, excluded, restart_costs=self.state.restart_costs(),
                                   first_step_at=prog.first_step_at)
 
@@ -141,11 +144,13 @@ class Controller:
             log.error("placement rejected", extra={"fields": {"job": job_id, "error": why}})
             self.metrics.inc("errors_total", labels={"kind": "invalid_placement"})
         cc = cfg.controller
-        actions = decide(jobs, desired, built.view, cc.checkpoint_root, now=now, checkpoint_timeout_s=cc.checkpoint_timeout_s)
+        actions = decide(jobs, desired, built.view, cc.checkpoint_root, now=now,
+                         checkpoint_timeout_s=cc.checkpoint_timeout_s)
 
         t2 = time.perf_counter()
         waiting = Waiting(cc.checkpoint_wait_s, cc.checkpoint_poll_s, self.sleep, self.stop.is_set)
-        outcomes: list[Outcome] = [] if dry_run else apply(actions, self.backend, self.state, round_id, self.clock, waiting)
+        outcomes: list[Outcome] = ([] if dry_run else
+                                   apply(actions, self.backend, self.state, round_id, self.clock, waiting))
         apply_s = time.perf_counter() - t2
         failed = {o.action.job_id: o.error for o in outcomes if not o.ok}
         placed = {o.action.job_id for o in outcomes if o.ok and o.action.kind in (PLACE, MOVE) and not o.error}
@@ -179,7 +184,8 @@ class Controller:
         try:
             return self.policy.schedule(request, self.estimator), {}
         except Exception as exc:
-            log.error("solver failed; looking for the job it fails on", extra={"fields": {"error": f"{type(exc).__name__}: {exc}"}})
+            log.error("solver failed; looking for the job it fails on",
+                      extra={"fields": {"error": f"{type(exc).__name__}: {exc}"}})
         placed = tuple(j for j in request.jobs if j.current is not None)
         bad: dict[str, str] = {}
         for job in request.jobs:
@@ -256,7 +262,8 @@ class Controller:
                 row = None
             if m.spec_json is not None and m.spec_source != "state":
                 self.state.accept_spec(m.job_id, m.job.user, m.spec_json, m.spec_source, now)
-                log.info("job accepted", extra={"fields": {"job": m.job_id, "user": m.job.user, "spec_from": m.spec_source}})
+                log.info("job accepted",
+                         extra={"fields": {"job": m.job_id, "user": m.job.user, "spec_from": m.spec_source}})
             elif m.phase == inp.BAD and (row is None or row.bad_reason != m.reason):
                 self.state.mark_bad(m.job_id, m.job.user, m.reason, now)
                 self.metrics.inc("errors_total", labels={"kind": "bad_spec"})

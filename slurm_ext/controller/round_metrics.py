@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller import metrics as mx
@@ -38,8 +38,8 @@ def record_round(m: mx.Metrics, r: RoundReport, clock: Callable[[], float]) -> N
 
 def record_cluster(m: mx.Metrics, snap: ClusterSnapshot, jobs: tuple[inp.ManagedJob, ...]) -> None:
     """The managed jobs by phase; the GPUs by type: total, used, used by managed jobs."""
-    phases: dict[mx.Labels, float] = {(("phase", p),): 0.0 for p in
-                                      (inp.HELD, inp.LOOSE, inp.RELEASED, inp.RUNNING, inp.UNPLANNED, inp.OPERATOR_HOLD, inp.BAD)}
+    shown = (inp.HELD, inp.LOOSE, inp.RELEASED, inp.RUNNING, inp.UNPLANNED, inp.OPERATOR_HOLD, inp.BAD)
+    phases: dict[mx.Labels, float] = {(("phase", p),): 0.0 for p in shown}
     for j in jobs:
         if j.phase != inp.FINISHED:
             key = (("phase", j.phase),)
