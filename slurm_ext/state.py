@@ -37,6 +37,16 @@ class PlanStatus(StrEnum):
     GONE = "gone"  # the job ended (or vanished) first
 
 
+class RoundStatus(StrEnum):
+    """How a round ended (``running`` while it runs)."""
+
+    RUNNING = "running"
+    OK = "ok"
+    UNAVAILABLE = "slurm-unavailable"  # Slurm could not be reached
+    ERROR = "error"  # something else failed
+    INTERRUPTED = "interrupted"  # the controller stopped during it
+
+
 class HistoryEvent(StrEnum):
     """What ``cell_history`` records of a job."""
 
@@ -223,7 +233,7 @@ class StateStore:
                     Path(self.path).expanduser().parent.mkdir(parents=True, exist_ok=True)
                 self._db = sqlitedb.connect(self.path, BUSY_TIMEOUT_S)
                 sqlitedb.open_schema(self._db, SCHEMA, self.path)
-                self._db.execute("UPDATE rounds SET status = 'interrupted' WHERE status = 'running'")
+                self._db.execute("UPDATE rounds SET status = ? WHERE status = ?", (RoundStatus.INTERRUPTED, RoundStatus.RUNNING))
         except sqlitedb.SchemaError as exc:
             raise StateError(str(exc)) from None
         except sqlite3.Error as exc:
@@ -416,7 +426,7 @@ class StateStore:
 
     def begin_round(self, now: float) -> int:
         with self._tx():
-            return int(self._db.execute("INSERT INTO rounds (started, status) VALUES (?, 'running')", (now,)).lastrowid)
+            return int(self._db.execute("INSERT INTO rounds (started, status) VALUES (?, ?)", (now, RoundStatus.RUNNING)).lastrowid)
 
     def finish_round(self, round_id: int, *, status: str, duration_s: float, observe_s: float | None = None,
                      solve_s: float | None = None, apply_s: float | None = None, objective: float | None = None,
@@ -441,4 +451,4 @@ class StateStore:
         return out
 
 
-__all__ = ["JobRow", "JobStatus", "OPEN", "PlanRow", "PlanStatus", "StateError", "StateStore", "TRANSITIONS", "HistoryEvent"]
+__all__ = ["JobRow", "JobStatus", "OPEN", "PlanRow", "PlanStatus", "StateError", "StateStore", "TRANSITIONS", "HistoryEvent", "RoundStatus"]

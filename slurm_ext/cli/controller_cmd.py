@@ -4,38 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
-import os
-import signal
 import sys
 import threading
-import time
 from pathlib import Path
 
 import click
 
 from slurm_ext.config import Config, ConfigError, load
-from slurm_ext.state import StateError, StateStore
+from slurm_ext.state import RoundStatus, StateError, StateStore
 from slurm_ext.textsafe import printable
 
 
 class ControllerError(click.ClickException):
     exit_code = 2
-
-
-#: SIGTERM / SIGINT end the daemon within this many seconds, whatever it is doing
-STOP_GRACE_S = 4.0
-
-
-def stop_within(stop: threading.Event, grace_s: float = STOP_GRACE_S) -> None:
-    """Ask the loop to stop (the round in progress finishes its current
-    action and stops waiting); if the process still runs `grace_s` later (a
-    Slurm command or a read that hangs), end it: every action is journalled
-    before it is taken, and the next start finishes a round cut short."""
-    stop.set()
-    time.sleep(grace_s)
-    logging.getLogger("cellsched.controller").warning("stopping now", extra={"fields": {"grace_s": grace_s}})
-    os._exit(0)
 
 
 def load_config(path: str | None, *, interval: float | None = None, backend: str | None = None) -> Config:
@@ -64,7 +45,7 @@ def open_state(config: Config, *, readonly: bool) -> StateStore:
 def new_controller(config: Config, state: StateStore, *, readonly: bool):
     """The Controller; a one-line error for an unknown backend or a missing pyslurm."""
     from slurm_ext.backends import SlurmError
-    from slurm_ext.controller.loop import Controller
+    from slurm_ext.controller.round import Controller
 
     try:
         return Controller(config, state=state, readonly=readonly)
@@ -85,17 +66,14 @@ def controller() -> None:
 @click.option("--backend", help="Slurm backend (cli, pyslurm, auto; overrides the config).")
 def run(config_path: str | None, once: bool, dry_run: bool, interval: float | None, backend: str | None) -> None:
     """Observe the cluster, place managed jobs, release them; every interval."""
-    from slurm_ext.controller import logs
-    from slurm_ext.controller.loop import LockError, StateLock
+    from slurm_ext.controller import daemon, logs
+    from slurm_ext.controller.lock import LockError, StateLock
     from slurm_ext.controller.metrics import serve
 
     config = load_config(config_path, interval=interval, backend=backend)
     logs.setup(config.log.format, config.log.level)
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        # set from another thread: Event.set() inside a handler can deadlock
-        # with the main thread's Event.wait() holding the same lock
-        signal.signal(sig, lambda *_: threading.Thread(target=stop_within, args=(stop,), daemon=True).start())
+    daemon.stop_on_signals(stop)
     state = open_state(config, readonly=dry_run)
     try:
         lock = None if dry_run else StateLock(config.controller.state_path).__enter__()
@@ -108,7 +86,7 @@ def run(config_path: str | None, once: bool, dry_run: bool, interval: float | No
                 serve(ctl.metrics, config.metrics.port, config.metrics.address)
             except OSError as exc:
                 raise ControllerError(f"metrics on {config.metrics.address}:{config.metrics.port}: {exc.strerror}") from None
-        report = ctl.run(once=once, dry_run=dry_run, stop=stop)
+        report = daemon.run(ctl, once=once, dry_run=dry_run, stop=stop)
     finally:
         if lock is not None:
             lock.__exit__()
@@ -116,4 +94,4 @@ def run(config_path: str | None, once: bool, dry_run: bool, interval: float | No
     if once and report is not None:
         json.dump(report.to_dict(), sys.stdout, default=str)
         sys.stdout.write("\n")
-        sys.exit({"ok": 0, "slurm-unavailable": 3}.get(report.status, 1))
+        sys.exit({RoundStatus.OK: 0, RoundStatus.UNAVAILABLE: 3}.get(report.status, 1))

@@ -240,7 +240,7 @@ def simulate(trace_path: str | None, trace_format: str, iteration_scale: int | N
     request. Without options this replays Arena's Philly trace on Arena's
     cluster with Arena's profiles.
     """
-    from slurm_ext.sim.engine import SimError, SimOptions
+    from slurm_ext.sim.engine import ARENA_ROUND_S, SimError, SimOptions
     from solver.policies import POLICIES
 
     policies = policies or ("cellsched", "fcfs")
@@ -249,8 +249,8 @@ def simulate(trace_path: str | None, trace_format: str, iteration_scale: int | N
         raise SimulateError(f"--policy: unknown policy {unknown[0]!r} (known: {', '.join(sorted(POLICIES))})")
     if len(set(policies)) != len(policies):
         raise SimulateError("--policy: a policy is given twice")
-    if arena_compat and interval not in (None, 300.0):
-        raise SimulateError("--interval: --arena-compat fixes rounds at 300 s")
+    if arena_compat and interval not in (None, ARENA_ROUND_S):
+        raise SimulateError(f"--interval: --arena-compat fixes rounds at {ARENA_ROUND_S:g} s")
     kind = _profiles_kind(profiles)
     trace = load_trace(trace_path, trace_format, iteration_scale, limit_jobs)
     cluster = load_cluster(cluster_path)

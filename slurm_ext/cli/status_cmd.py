@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from slurm_ext.cli.controller_cmd import ControllerError, load_config, new_controller, open_state
-from slurm_ext.state import StateStore
+from slurm_ext.state import RoundStatus, StateStore
 from slurm_ext.textsafe import printable
 from solver.plan import JobPlan, PlanError
 
@@ -152,7 +152,7 @@ def plan_text(report: Any) -> str:
     for a in report.actions:
         where = f" -> {a['cell']} on {','.join(a['nodes'])} ({a.get('partition', '')})" if "cell" in a else ""
         out.append(printable(f"{a['kind']} job {a['job']}{where}" + (f" [{a['why']}]" if a.get("why") else "")))
-    if not report.actions and report.status == "ok":
+    if not report.actions and report.status == RoundStatus.OK:
         out.append("nothing to do")
     for j in report.jobs:
         if j.reason and j.phase in ("held", "loose", "bad", "operator-hold"):
@@ -221,4 +221,4 @@ def plan(config_path: str | None, as_json: bool) -> None:
         if text:
             click.echo(text)
     if report.status != "ok":
-        sys.exit(3 if report.status == "slurm-unavailable" else 1)
+        sys.exit(3 if report.status == RoundStatus.UNAVAILABLE else 1)

@@ -177,6 +177,20 @@ class SimJob:
         return self.state not in ("PENDING", "RUNNING")
 
 
+@dataclass(frozen=True)
+class JobAccount:
+    """What became of one job: its first start; its end when it completed;
+    its restarts (starts after the first); GPU-seconds held; the cells it
+    ran in, in order (a cell repeated back to back once)."""
+
+    first_start: float | None
+    end_time: float | None
+    completed: bool
+    restarts: int
+    gpu_seconds: float
+    cells: tuple[str, ...]
+
+
 class SimBackend:
     """The Backend protocol over a simulated cluster; the engine drives its
     clock with `advance` (and `settle` in quantum mode)."""
@@ -425,12 +439,54 @@ class SimBackend:
                 total += j.spec.global_batch / j.iter_time
         return total
 
+    def round_throughput(self, start: float) -> float:
+        """Quantum mode: samples/s of the running jobs over the round
+        [start, start + quantum_s), as Arena counts it: each job at its
+        speed, less its restart stall's share of the round."""
+        if self.quantum_s is None:
+            raise RuntimeError("round_throughput() is for quantum (arena-compat) mode")
+        q = self.quantum_s
+        thr = 0.0
+        for j in self.running.values():
+            if j.iter_time and j.spec is not None and not j.checkpointing:
+                stalled = min(q, max(0.0, j.stall_until - start))
+                thr += j.spec.global_batch / j.iter_time * (1.0 - stalled / q)
+        return thr
+
     def gpus_used(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for n in self.nodes.values():
             if n.alloc:
                 out[n.gpu_type] = out.get(n.gpu_type, 0) + n.alloc
         return out
+
+    # --- counts and accounting (what the engine samples and reports) -----------
+
+    def num_pending(self) -> int:
+        """Jobs pending (held or not)."""
+        return sum(1 for j in self.jobs.values() if j.state == "PENDING")
+
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_active_jobs(self) -> bool:
+        """Is a job running, or pending without a hold (it starts without the controller)?"""
+        return bool(self.running or self.eligible)
+
+    def is_completed(self, job_id: str) -> bool:
+        """Did the job (any job ever submitted) complete?"""
+        return self.all_jobs[job_id].state == "COMPLETED"
+
+    def account(self, job_id: str) -> JobAccount:
+        """What became of a job ever submitted (see JobAccount)."""
+        j = self.all_jobs[job_id]
+        cells: list[str] = []
+        for c in j.cells:
+            if not cells or cells[-1] != c:
+                cells.append(c)
+        done = j.state == "COMPLETED"
+        return JobAccount(j.first_start, j.end_time if done else None, done, max(0, j.starts - 1), j.gpu_seconds,
+                          tuple(cells))
 
     # --- writing ---------------------------------------------------------------
 

@@ -17,16 +17,17 @@ grows between rounds, so a job the policy left waiting next to free GPUs
 waits until the next change. The simulation ends when no event is left.
 
 Arena-compatible mode (``arena_compat``) reproduces the conventions of
-Arena's own simulator (solver/data/arena/README.md): fixed 300 s rounds from
-the first arrival, no early rounds; arrivals within the 300 s after a round
-start are submitted at that round start; at each round start the backend
-settles the round (progress, completions: a job finished mid-round ends at
-the next boundary, its GPUs taken until then), then the round's arrivals are
-submitted, then the controller round runs; checkpoints and starts take no
-time; restart charges as Arena's (see `restart_cost_for`); the truth speed
-and the estimator are Arena's profile lookup (`ArenaTable`); Gavel and Sia
-get Arena's DP memory rule. Progress follows Arena's executed-seconds model
-by default (``progress_model="iterations"`` for the strict one).
+Arena's own simulator (solver/data/arena/README.md): fixed rounds of
+`ARENA_ROUND_S` (Arena's SCHEDULING_INTERVAL, 300 s) from the first arrival,
+no early rounds; arrivals within a round are submitted at its start; at
+each round start the backend settles the round (progress, completions: a
+job finished mid-round ends at the next boundary, its GPUs taken until
+then), then the round's arrivals are submitted, then the controller round
+runs; checkpoints and starts take no time; restart charges as Arena's (see
+`restart_cost_for`); the truth speed and the estimator are Arena's profile
+lookup (`ArenaTable`); Gavel and Sia get Arena's DP memory rule. Progress
+follows Arena's executed-seconds model by default
+(``progress_model="iterations"`` for the strict one).
 """
 
 from __future__ import annotations
@@ -42,18 +43,23 @@ from typing import Any, Callable, Mapping, Sequence
 
 from slurm_ext.backends.base import SubmitRequest
 from slurm_ext.config import Config, ControllerConfig
-from slurm_ext.controller.loop import OK, Controller
 from slurm_ext.controller.progress import JobProgress
+from slurm_ext.controller.round import Controller
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.backend import EXECUTED_SECONDS, ITERATIONS, RestartCostFn, SimBackend, SpeedFn
 from slurm_ext.sim.types import ClusterSpec, JobOutcome, RoundStat, Sample, SimRun, TraceJob
-from slurm_ext.state import StateStore
+from slurm_ext.state import RoundStatus, StateStore
 from slurm_ext.wrapper.submission import provisional_gres
 from solver.plan import JobPlan
+from solver.profiles.arena import load_sim_constants
 from solver.types import Cell, EstimatorLike, Policy, SolverConfig
 
 #: policies that search plans with pruning in Arena's simulator (cheap restarts)
 PRUNED_POLICIES = ("cellsched", "cellsched-static")
+
+#: the round length of Arena's simulator (its SCHEDULING_INTERVAL, solver/data/arena/sim_constants.json):
+#: in arena_compat mode the rounds, the arrival grid and the throughput samples
+ARENA_ROUND_S = float(load_sim_constants()["SCHEDULING_INTERVAL"])
 
 
 class SimError(ValueError):
@@ -135,7 +141,7 @@ class SimOptions:
             o = dataclasses.replace(o, progress_rate_factor=None)
         if not o.arena_compat:
             return o
-        return dataclasses.replace(o, interval_s=300.0, early_rounds=False, checkpoint_s=0.0, start_delay_s=0.0,
+        return dataclasses.replace(o, interval_s=ARENA_ROUND_S, early_rounds=False, checkpoint_s=0.0, start_delay_s=0.0,
                                    charge_first_start=True)
 
 
@@ -165,8 +171,6 @@ def restart_cost_for(policy: str, options: SimOptions) -> RestartCostFn:
     not the restart's)."""
     per, cap = options.restart_per_gpu_s, options.restart_max_s
     if per is None or cap is None:
-        from solver.profiles.arena import load_sim_constants
-
         c = load_sim_constants()
         c = c.get("constants", c)
         pruned = policy in PRUNED_POLICIES or not options.arena_compat
@@ -290,7 +294,7 @@ class Simulator:
         self.policy = policy
         self.restart_cost = restart_cost or restart_cost_for(self.policy_name, o)
         self.t0 = jobs[0].submit_time
-        self.quantum = 300.0 if o.arena_compat else None
+        self.quantum = ARENA_ROUND_S if o.arena_compat else None
         self.trace = [self._quantized(j) for j in jobs] if o.arena_compat else jobs
         self.arrival_time = {j.job_id: j.submit_time for j in self.trace}
         self._state_dir = state_dir
@@ -316,8 +320,9 @@ class Simulator:
     # --- plumbing ---------------------------------------------------------------
 
     def _quantized(self, job: TraceJob) -> TraceJob:
-        k = math.floor((job.submit_time - self.t0) / 300.0)
-        return dataclasses.replace(job, submit_time=self.t0 + 300.0 * k)
+        """The job submitted at the start of the Arena round its arrival falls in."""
+        k = math.floor((job.submit_time - self.t0) / ARENA_ROUND_S)
+        return dataclasses.replace(job, submit_time=self.t0 + ARENA_ROUND_S * k)
 
     def _speed(self, spec: JobSpec, gpu_type: str, num_nodes: int, gpus_per_node: int, plan: JobPlan | None) -> float | None:
         try:
@@ -413,8 +418,7 @@ class Simulator:
         self._sample_due = False
         t0 = time.perf_counter()
         b = self.backend
-        queued = sum(1 for j in b.jobs.values() if j.state == "PENDING")
-        s = Sample(b.now, queued, len(b.running), b.throughput(), b.gpus_used())
+        s = Sample(b.now, b.num_pending(), b.num_running(), b.throughput(), b.gpus_used())
         if self.samples and self.samples[-1].time == s.time:
             self.samples[-1] = s
         elif not self.samples or (self.samples[-1].queued, self.samples[-1].running, self.samples[-1].throughput,
@@ -436,7 +440,7 @@ class Simulator:
         finally:
             self._in_round = False
         failed = sum(1 for a in report.actions if not a.get("ok", True))
-        if report.status != OK or failed:
+        if report.status != RoundStatus.OK or failed:
             self.dirty = True
         self.rounds.append(RoundStat(self._last_round, report.solve_s, report.total_s, report.num_jobs, len(report.actions)))
         for k in ("solve_s", "observe_s", "apply_s"):
@@ -448,8 +452,10 @@ class Simulator:
         self._sample_due = True
         self._sample()
 
-    def _live(self) -> bool:
-        return bool(self.backend.running or self.backend.eligible)
+    def _drained(self) -> bool:
+        """Nothing left to happen: every arrival submitted, no job running or
+        waiting to start on its own, no change the controller has not seen."""
+        return self._next >= len(self.trace) and not self.backend.has_active_jobs() and not self.dirty
 
     # --- running ------------------------------------------------------------------
 
@@ -481,12 +487,10 @@ class Simulator:
             controller = Controller(config, backend=self.backend, state=state, policy=self.policy,
                                     estimator=self.estimator, clock=self._clock, sleep=self._sleep,
                                     progress=self._progress)
+            step = self._step_arena_round if self.quantum is not None else self._step_to_next_event
             last_report = 0.0
             while True:
-                if self.quantum is not None:
-                    more = self._compat_step(controller)
-                else:
-                    more = self._step(controller)
+                more = step(controller)
                 if progress_callback is not None and (time.perf_counter() - last_report > 0.5 or not more):
                     last_report = time.perf_counter()
                     progress_callback(self.progress())
@@ -504,11 +508,21 @@ class Simulator:
     def _over_time(self, t: float) -> bool:
         return self.options.max_time_s is not None and t > self.t0 + self.options.max_time_s
 
-    def _step(self, controller: Controller) -> bool:
+    def _step_to_next_event(self, controller: Controller) -> bool:
+        """The event-driven simulation (the default): to the next thing
+        that happens, whichever comes first: a job event or an arrival
+        (processed, which may ask for an early round), or a controller round
+        (run). Samples whenever something changed. False when the
+        simulation is over: no event left, or past max_time_s.
+
+        Arena-compatible runs step by `_step_arena_round` instead: Arena's
+        simulator works on a fixed grid of rounds, not on events, and the two
+        differ in when arrivals are submitted, when a job's completion is
+        seen, how often a round is considered and what a sample measures."""
         t_ev = self.backend.next_event_time()
         t_arr = self.trace[self._next].submit_time if self._next < len(self.trace) else math.inf
         t_round = self._next_round
-        if not self.options.skip_idle_rounds and self._next >= len(self.trace) and not self._live() and not self.dirty:
+        if not self.options.skip_idle_rounds and self._drained():
             return False
         t = min(t_ev, t_arr, t_round)
         if math.isinf(t) or self._over_time(t):
@@ -521,42 +535,45 @@ class Simulator:
         self._sample()
         return True
 
-    def _compat_step(self, controller: Controller) -> bool:
+    def _step_arena_round(self, controller: Controller) -> bool:
+        """Arena-compatible mode: one round of Arena's fixed grid (every
+        ARENA_ROUND_S from the first arrival, whether anything happened or
+        not). At the round start T the backend settles the round (job events
+        up to T, progress, the completions seen at T), the arrivals of
+        [T, T + ARENA_ROUND_S) are submitted, the controller round runs (or
+        is skipped when idle), and one sample is taken for the round. False
+        when the simulation is over: nothing left (see `_drained`), or past
+        max_time_s. See `_step_to_next_event` for why this is a step of
+        its own."""
         T = self._next_round
         if self._over_time(T):
             return False
-        if self._next >= len(self.trace) and not self._live() and not self.dirty:
+        if self._drained():
             return False
         self.backend.settle(T)
-        end = T + 300.0
+        end = T + ARENA_ROUND_S
         while self._next < len(self.trace) and self.trace[self._next].submit_time < end:
             self._submit(self.trace[self._next])
             self._next += 1
         self._round(controller)
-        self._compat_sample(T)
-        self._next_round = T + 300.0
+        self._round_sample(T)
+        self._next_round = T + ARENA_ROUND_S
         return True
 
-    def _compat_sample(self, T: float) -> None:
-        """One sample per round, as Arena counts it: the jobs running in
-        [T, T+300) at their speed, each restarting job's share of the round
-        lost to its restart charge taken off."""
+    def _round_sample(self, T: float) -> None:
+        """Arena-compatible mode: one sample per round, as Arena counts it:
+        the jobs running in [T, T + ARENA_ROUND_S) at their speed, each
+        restarting job's share of the round lost to its restart charge taken
+        off (SimBackend.round_throughput)."""
         b = self.backend
-        q = self.quantum or 300.0
-        thr = 0.0
-        for j in b.running.values():
-            if j.iter_time and j.spec is not None and not j.checkpointing:
-                stalled = min(q, max(0.0, j.stall_until - T))
-                thr += j.spec.global_batch / j.iter_time * (1.0 - stalled / q)
-        queued = sum(1 for j in b.jobs.values() if j.state == "PENDING")
-        s = Sample(T, queued, len(b.running), thr, b.gpus_used())
+        s = Sample(T, b.num_pending(), b.num_running(), b.round_throughput(T), b.gpus_used())
         if self.samples and self.samples[-1].time == T:
             self.samples[-1] = s
         else:
             self.samples.append(s)
 
     def progress(self) -> SimProgress:
-        done = sum(1 for sid in self.slurm_ids.values() if self.backend.all_jobs[sid].state == "COMPLETED")
+        done = sum(1 for sid in self.slurm_ids.values() if self.backend.is_completed(sid))
         return SimProgress(self.backend.now, self.t0, self.trace[-1].submit_time, len(self.slurm_ids),
                            done, len(self.trace), len(self.rounds))
 
@@ -567,14 +584,9 @@ class Simulator:
             if sid is None:
                 outcomes.append(JobOutcome(tj.job_id, tj.submit_time, None, None, False))
                 continue
-            j = self.backend.all_jobs[sid]
-            cells: list[str] = []
-            for c in j.cells:
-                if not cells or cells[-1] != c:
-                    cells.append(c)
-            done = j.state == "COMPLETED"
-            outcomes.append(JobOutcome(tj.job_id, tj.submit_time, j.first_start, j.end_time if done else None, done,
-                                       max(0, j.starts - 1), j.gpu_seconds, tuple(cells)))
+            a = self.backend.account(sid)
+            outcomes.append(JobOutcome(tj.job_id, tj.submit_time, a.first_start, a.end_time, a.completed,
+                                       a.restarts, a.gpu_seconds, a.cells))
         o = self.options
         meta: dict[str, object] = {
             "mode": "arena-compat" if o.arena_compat else "event",

@@ -23,7 +23,7 @@ import pytest
 from slurm_ext.backends import SubmitRequest, get_backend
 from slurm_ext.config import load
 from solver.contract import admin_comment_dict
-from slurm_ext.controller.loop import Controller
+from slurm_ext.controller.round import Controller
 from slurm_ext.records import ClusterSnapshot
 from slurm_ext.state import StateStore
 from controller_support import SHAPE, cellsched, submit_managed, wait_until, write_config

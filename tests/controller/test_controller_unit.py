@@ -342,7 +342,7 @@ def test_cli_status_without_state_is_a_clean_error(tmp_path):
 def test_a_job_the_solver_fails_on_is_left_out(tmp_path):
     """The real cellsched policy behind a wrapper that fails on one job: the
     round still places the others and names the culprit."""
-    from slurm_ext.controller.loop import Controller
+    from slurm_ext.controller.round import Controller
     from solver.policies import get_policy
 
     class Picky:
@@ -372,7 +372,7 @@ def test_a_job_the_solver_fails_on_is_left_out(tmp_path):
 
 
 def test_one_controller_per_state_file(tmp_path):
-    from slurm_ext.controller.loop import LockError, StateLock
+    from slurm_ext.controller.lock import LockError, StateLock
 
     with StateLock(str(tmp_path / "s.sqlite")):
         with pytest.raises(LockError, match="another controller"):

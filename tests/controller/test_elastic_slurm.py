@@ -22,7 +22,7 @@ from controller_support import ROOT, submit_managed, wait_until, write_config
 from slurm_ext.backends import get_backend
 from slurm_ext.config import load
 from slurm_ext.controller.inputs import admin_comment_plan
-from slurm_ext.controller.loop import Controller
+from slurm_ext.controller.round import Controller
 from slurm_ext.controller.progress import read_progress_file
 from trainer_runs import train
 

@@ -25,7 +25,7 @@ from minigpt.trainer import TrainConfig, reference_losses
 from slurm_ext.backends import get_backend
 from slurm_ext.config import load
 from slurm_ext.controller.inputs import admin_comment_plan
-from slurm_ext.controller.loop import Controller
+from slurm_ext.controller.round import Controller
 
 pytestmark = pytest.mark.slurm
 

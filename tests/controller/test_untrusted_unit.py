@@ -158,11 +158,11 @@ def test_the_wait_for_a_checkpoint_ends_when_the_daemon_stops():
 
 
 def test_a_stop_ends_the_process_after_the_grace_even_if_the_main_thread_hangs():
-    """What SIGTERM starts (controller_cmd.stop_within): the loop is asked to
+    """What SIGTERM starts (daemon.stop_within): the loop is asked to
     stop; a main thread stuck in a call is cut after the grace, exit 0."""
     code = ("import threading, time\n"
             "from slurm_ext.controller import logs\n"
-            "from slurm_ext.cli.controller_cmd import stop_within\n"
+            "from slurm_ext.controller.daemon import stop_within\n"
             "logs.setup('json')\n"
             "stop = threading.Event()\n"
             "threading.Thread(target=stop_within, args=(stop, 0.3), daemon=True).start()\n"

@@ -242,6 +242,37 @@ def test_quantum_mode_completes_at_round_boundaries_and_rescales_executed_second
         assert b.observe().job(job_id).state == ("COMPLETED" if model == "executed-seconds" else "RUNNING")
 
 
+def test_the_counts_and_accounts_the_engine_reads():
+    """What the engine samples and reports, through SimBackend's public methods."""
+    b = backend(checkpoint_s=0.0, restart_cost=lambda s, gpus, first: 10.0)
+    held, running = submit(b), submit(b, spec(iterations=50))
+    place(b, running, ("a100-1",), 4)  # 1 s per iteration after a 10 s stall
+    assert (b.num_pending(), b.num_running(), b.has_active_jobs()) == (1, 1, True)
+    b.advance(20.0)
+    b.signal(running, "USR1", target="steps")
+    b.advance(20.0)
+    b.requeue(running, hold=True)
+    place(b, running, ("a100-1", "a100-2"), 4, now=True)
+    assert not b.is_completed(running)
+    b.advance(100.0)
+    assert (b.num_pending(), b.num_running(), b.has_active_jobs(), b.is_completed(running)) == (1, 0, False, True)
+    a = b.account(running)
+    assert (a.first_start, a.completed, a.restarts, a.cells) == (0.0, True, 1, ("a100:1x4", "a100:2x4"))
+    assert a.end_time == 20.0 + 10.0 + 40 * 0.5 and a.gpu_seconds == 4 * 20.0 + 8 * 30.0
+    assert b.account(held) == type(a)(None, None, False, 0, 0.0, ())
+    with pytest.raises(RuntimeError, match="quantum"):
+        b.round_throughput(0.0)
+
+
+def test_a_rounds_throughput_takes_the_restart_stall_off():
+    """Quantum mode: a job stalled for a third of the round counts two thirds of its speed."""
+    b = backend(quantum_s=300.0, checkpoint_s=0.0, restart_cost=lambda s, gpus, first: 100.0)
+    job_id = submit(b)
+    place(b, job_id, ("a100-1",), 4)  # 1 s per iteration, 64 samples per iteration
+    assert b.round_throughput(0.0) == pytest.approx(64.0 * 2 / 3)
+    assert b.round_throughput(300.0) == 64.0
+
+
 def test_the_sim_backend_is_registered():
     from slurm_ext.backends import get_backend
 

@@ -32,7 +32,8 @@ import pytest
 from slurm_ext.backends import get_backend
 from slurm_ext.backends.base import Backend
 from slurm_ext.config import Config, ControllerConfig
-from slurm_ext.controller.loop import OK, Controller
+from slurm_ext.state import RoundStatus
+from slurm_ext.controller.round import Controller
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import SlurmJob
 from slurm_ext.sim.clusterspec import load_cluster_spec, node_names
@@ -110,7 +111,7 @@ def constant_speed(spec: JobSpec, gpu_type: str, num_nodes: int, gpus_per_node: 
 
 
 def estimator(profiles: Path) -> MixedEstimator:
-    """What the controller builds from its config's profiles_path (loop._make_estimator)."""
+    """What the controller builds from its config's profiles_path (round._make_estimator)."""
     return MixedEstimator(Estimator(open_store(str(profiles))))
 
 
@@ -251,7 +252,7 @@ class Replay:
             wait_for(self.quiet, timeout=SLURM_WAIT_S, interval=0.3, what="Slurm to settle before a round")
             self.late_s = max(self.late_s, time.monotonic() - start - now)
             report = self.controller.round()
-            assert report.status == OK, report.error
+            assert report.status == RoundStatus.OK, report.error
             assert report.round_id is not None
             self.round_time[report.round_id] = now
             assert all(a.get("ok") for a in report.actions), report.actions

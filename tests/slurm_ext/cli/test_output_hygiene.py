@@ -15,8 +15,8 @@ import pytest
 
 from slurm_ext.cli import status_cmd
 from slurm_ext.controller.logs import JsonFormatter, TextFormatter
-from slurm_ext.controller.loop import RoundReport
 from slurm_ext.controller.metrics import Metrics
+from slurm_ext.controller.report import RoundReport
 from slurm_ext.state import JobStatus, StateStore
 from slurm_ext.textsafe import printable
 

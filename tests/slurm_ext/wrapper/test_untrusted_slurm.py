@@ -23,7 +23,8 @@ import pytest
 from slurm_ext.cli.status_cmd import _table, job_rows
 from slurm_ext.config import Config, ControllerConfig
 from slurm_ext.controller import logs
-from slurm_ext.controller.loop import OK, Controller
+from slurm_ext.state import RoundStatus
+from slurm_ext.controller.round import Controller
 from slurm_ext.jobspec import MAX_SPEC_BYTES, TAG, JobSpec
 from slurm_ext.state import StateStore
 from solver.types import SolverConfig
@@ -128,7 +129,7 @@ class Rounds:
 
     def round(self):
         report = self.ctl.round()
-        assert report.status == OK, report
+        assert report.status == RoundStatus.OK, report
         return report
 
     def close(self) -> None:

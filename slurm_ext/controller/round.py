@@ -1,60 +1,30 @@
-"""The controller: one round = observe -> decide -> act; the daemon loop
-around it (interval, early rounds on new or ended jobs and on the kick file,
-backoff while Slurm is away, systemd notifications, metrics)."""
+"""One controller round: observe -> decide -> act (the Controller). The
+daemon that repeats it is slurm_ext.controller.daemon; `cellsched plan` and
+the simulator run single rounds."""
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import logging
-import os
 import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from slurm_ext.backends import Backend, SlurmUnavailable, get_backend
 from slurm_ext.config import Config
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller import metrics as mx
 from slurm_ext.controller import relaunch
-from slurm_ext.controller.notify import sd_notify
 from slurm_ext.controller.progress import Progress, ProgressFiles, ProgressReader, collect_progress
 from slurm_ext.controller.reconcile import MOVE, PLACE, Outcome, Waiting, apply, checked, decide, intent_outcomes
+from slurm_ext.controller.report import RoundReport
+from slurm_ext.controller.round_metrics import declare_metrics, record_cluster, record_round
 from slurm_ext.records import ClusterSnapshot
-from slurm_ext.state import JobStatus, StateStore
+from slurm_ext.state import HistoryEvent, JobStatus, PlanStatus, RoundStatus, StateStore
 from solver.types import EstimatorLike, Policy, ScheduleReply, ScheduleRequest
 
 log = logging.getLogger("cellsched.controller")
-
-OK, UNAVAILABLE, ERROR = "ok", "slurm-unavailable", "error"
-
-
-@dataclass(frozen=True)
-class RoundReport:
-    """What one round did (also what `cellsched plan` prints)."""
-
-    round_id: int | None
-    status: str
-    started: float
-    observe_s: float = 0.0
-    solve_s: float = 0.0
-    apply_s: float = 0.0
-    total_s: float = 0.0
-    solver_status: str = ""
-    objective: float = 0.0
-    num_jobs: int = 0
-    actions: tuple[dict, ...] = ()
-    jobs: tuple[JobStatus, ...] = ()
-    placements: Mapping[str, dict] = field(default_factory=dict)
-    error: str = ""
-    dry_run: bool = False
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["jobs"] = [dataclasses.asdict(j) for j in self.jobs]
-        return d
 
 
 def _make_policy(config: Config) -> Policy:
@@ -66,24 +36,9 @@ def _make_policy(config: Config) -> Policy:
 def _make_estimator(config: Config) -> EstimatorLike:
     from solver.estimator import Estimator
     from solver.mixed import MixedEstimator
-    from solver.profiles.store import ProfileStore
+    from solver.profiles.seed import open_store
 
-    return MixedEstimator(Estimator(ProfileStore(config.controller.profiles_path or None)))
-
-
-def declare_metrics(m: mx.Metrics) -> None:
-    for name, kind, text in (
-        ("round_duration_seconds", "gauge", "Duration of the last round"),
-        ("round_phase_seconds", "gauge", "Duration of the last round's phases (observe, solve, apply)"),
-        ("solve_seconds", "gauge", "Solver time of the last round"),
-        ("last_round_timestamp_seconds", "gauge", "When the last round ended"),
-        ("rounds_total", "counter", "Rounds by status"),
-        ("jobs", "gauge", "Managed jobs by phase"),
-        ("gpus", "gauge", "GPUs by type and use (total, used, managed)"),
-        ("actions_total", "counter", "Actions by kind and result"),
-        ("errors_total", "counter", "Errors by kind"),
-    ):
-        m.declare(name, kind, text)
+    return MixedEstimator(Estimator(open_store(config.controller.profiles_path or None)))
 
 
 class Controller:
@@ -105,7 +60,7 @@ class Controller:
         self.progress = progress or ProgressFiles(cc.read_timeout_s, cc.read_budget_s)
         self._doubts: dict[str, str] = {}  # job -> why its progress file was not used (logged when it changes)
         self._iter_s: dict[str, float] = {}  # job -> estimated iteration time of its cell at the last round
-        self.stop = threading.Event()  # set: the round in progress stops waiting (run(stop=...) shares it)
+        self.stop = threading.Event()  # set: the round in progress stops waiting (daemon.run(stop=...) shares it)
         self.backend = backend or get_backend(config.controller.backend, **(
             {"timeout": config.controller.slurm_timeout_s} if config.controller.backend == "cli" else {}))
         self.state = state or StateStore(config.controller.state_path, readonly=readonly)
@@ -129,12 +84,12 @@ class Controller:
         except SlurmUnavailable as exc:
             self.metrics.inc("errors_total", labels={"kind": "slurm_unavailable"})
             log.warning("slurm unavailable", extra={"fields": {"round": round_id, "error": str(exc)}})
-            report = RoundReport(round_id, UNAVAILABLE, started, total_s=time.perf_counter() - t0, error=str(exc),
+            report = RoundReport(round_id, RoundStatus.UNAVAILABLE, started, total_s=time.perf_counter() - t0, error=str(exc),
                                  dry_run=dry_run, **timings)
         except Exception as exc:  # a bug or an unexpected answer must not stop the daemon
             self.metrics.inc("errors_total", labels={"kind": "round"})
             log.exception("round failed", extra={"fields": {"round": round_id}})
-            report = RoundReport(round_id, ERROR, started, total_s=time.perf_counter() - t0,
+            report = RoundReport(round_id, RoundStatus.ERROR, started, total_s=time.perf_counter() - t0,
                                  error=f"{type(exc).__name__}: {exc}", dry_run=dry_run, **timings)
         if round_id is not None:
             try:
@@ -144,10 +99,11 @@ class Controller:
                                         num_jobs=report.num_jobs, actions=report.actions, error=report.error or None)
             except Exception:
                 log.exception("could not record the round", extra={"fields": {"round": round_id}})
-        self._round_metrics(report)
+        record_round(self.metrics, report, self.clock)
         return report
 
-    def _round(self, round_id: int | None, started: float, t0: float, dry_run: bool, timings: dict[str, float]) -> RoundReport:
+    def _round(self, round_id: int | None, started: float, t0: float, dry_run: bool,
+               timings: dict[str, float]) -> RoundReport:
         cfg = self.config
         snap = self.backend.observe()
         now = snap.taken_at
@@ -156,7 +112,7 @@ class Controller:
         listed = [j.job_id for j in snap.jobs]  # Slurm's jobs: the state's other rows are history
         known = self.state.jobs(job_ids=listed)
         latest = self.state.latest_plans(applied_only=False, job_ids=listed)
-        released = {j for j, p in latest.items() if p.status == "released"}
+        released = {j for j, p in latest.items() if p.status == PlanStatus.RELEASED}
         opens = self.state.open_plans()
         jobs = inp.classify(snap, known, opens, released)
         if not dry_run:
@@ -174,7 +130,8 @@ class Controller:
         if not dry_run:
             self._measure_restarts(jobs, prog.first_step_at, now, round_id)
         max_fail = cfg.controller.max_cell_failures
-        excluded = {j: frozenset(c for c, n in f.items() if n >= max_fail) for j, f in self.state.cell_failures().items()}
+        excluded = {j: frozenset(c for c, n in f.items() if n >= max_fail)
+                    for j, f in self.state.cell_failures().items()}
         built = inp.build_request(snap, jobs, progress, cfg.solver, excluded, restart_costs=self.state.restart_costs(),
                                   first_step_at=prog.first_step_at)
 
@@ -187,11 +144,13 @@ class Controller:
             log.error("placement rejected", extra={"fields": {"job": job_id, "error": why}})
             self.metrics.inc("errors_total", labels={"kind": "invalid_placement"})
         cc = cfg.controller
-        actions = decide(jobs, desired, built.view, cc.checkpoint_root, now=now, checkpoint_timeout_s=cc.checkpoint_timeout_s)
+        actions = decide(jobs, desired, built.view, cc.checkpoint_root, now=now,
+                         checkpoint_timeout_s=cc.checkpoint_timeout_s)
 
         t2 = time.perf_counter()
         waiting = Waiting(cc.checkpoint_wait_s, cc.checkpoint_poll_s, self.sleep, self.stop.is_set)
-        outcomes: list[Outcome] = [] if dry_run else apply(actions, self.backend, self.state, round_id, self.clock, waiting)
+        outcomes: list[Outcome] = ([] if dry_run else
+                                   apply(actions, self.backend, self.state, round_id, self.clock, waiting))
         apply_s = time.perf_counter() - t2
         failed = {o.action.job_id: o.error for o in outcomes if not o.ok}
         placed = {o.action.job_id for o in outcomes if o.ok and o.action.kind in (PLACE, MOVE) and not o.error}
@@ -203,9 +162,9 @@ class Controller:
         summaries = tuple(o.summary() for o in outcomes) if not dry_run else tuple(a.summary() for a in actions)
         for o in outcomes:
             self.metrics.inc("actions_total", labels={"kind": o.action.kind, "result": "ok" if o.ok else "failed"})
-        self._cluster_metrics(snap, jobs)
+        record_cluster(self.metrics, snap, jobs)
         report = RoundReport(
-            round_id, OK, started, timings["observe_s"], solve_s, apply_s, time.perf_counter() - t0,
+            round_id, RoundStatus.OK, started, timings["observe_s"], solve_s, apply_s, time.perf_counter() - t0,
             reply.status, float(reply.objective), len(built.request.jobs), summaries, statuses,
             {j: {"cell": p.cell.key(), "nodes": [f"{n}:{g}" for n, g in p.nodes],
                  "pp": p.plan.pp, "dp": p.plan.dp, "tp": p.plan.tp} for j, p in desired.items()},
@@ -225,7 +184,8 @@ class Controller:
         try:
             return self.policy.schedule(request, self.estimator), {}
         except Exception as exc:
-            log.error("solver failed; looking for the job it fails on", extra={"fields": {"error": f"{type(exc).__name__}: {exc}"}})
+            log.error("solver failed; looking for the job it fails on",
+                      extra={"fields": {"error": f"{type(exc).__name__}: {exc}"}})
         placed = tuple(j for j in request.jobs if j.current is not None)
         bad: dict[str, str] = {}
         for job in request.jobs:
@@ -248,7 +208,7 @@ class Controller:
                                    self.config.controller.max_relaunches)
         for f in failures.values():
             if f.new and not dry_run:
-                self.state.add_history(f.job_id, relaunch.RUN_FAILED, now, round_id, f.cell, value=f.end_time)
+                self.state.add_history(f.job_id, HistoryEvent.RUN_FAILED, now, round_id, f.cell, value=f.end_time)
                 self.metrics.inc("errors_total", labels={"kind": "run_failed"})
                 log.warning("run failed before training", extra={"fields": {
                     "job": f.job_id, "cell": f.cell, "relaunch": f.relaunch, "reason": f.reason}})
@@ -286,10 +246,10 @@ class Controller:
         for m in jobs:
             signalled_at = pending.get(m.job_id)
             first = first_step_at.get(m.job_id)
-            if signalled_at is None or first is None or m.phase != inp.RUNNING or first <= signalled_at:
+            if signalled_at is None or first is None or m.phase != inp.Phase.RUNNING or first <= signalled_at:
                 continue
             cost = min(first - signalled_at, self.config.controller.max_restart_cost_s)  # the job's own word: bounded
-            self.state.add_history(m.job_id, "resumed", now, round_id, m.current.cell.key() if m.current else "",
+            self.state.add_history(m.job_id, HistoryEvent.RESUMED, now, round_id, m.current.cell.key() if m.current else "",
                                    value=round(cost, 3))
             log.info("restart measured", extra={"fields": {"job": m.job_id, "restart_s": round(cost, 3)}})
 
@@ -302,8 +262,9 @@ class Controller:
                 row = None
             if m.spec_json is not None and m.spec_source != "state":
                 self.state.accept_spec(m.job_id, m.job.user, m.spec_json, m.spec_source, now)
-                log.info("job accepted", extra={"fields": {"job": m.job_id, "user": m.job.user, "spec_from": m.spec_source}})
-            elif m.phase == inp.BAD and (row is None or row.bad_reason != m.reason):
+                log.info("job accepted",
+                         extra={"fields": {"job": m.job_id, "user": m.job.user, "spec_from": m.spec_source}})
+            elif m.phase == inp.Phase.BAD and (row is None or row.bad_reason != m.reason):
                 self.state.mark_bad(m.job_id, m.job.user, m.reason, now)
                 self.metrics.inc("errors_total", labels={"kind": "bad_spec"})
                 log.warning("job refused", extra={"fields": {"job": m.job_id, "user": m.job.user, "reason": m.reason}})
@@ -311,12 +272,12 @@ class Controller:
     def _status(self, m: inp.ManagedJob, reasons: Mapping[str, str], placed: set[str],
                 progress: Mapping[str, float], src: Mapping[str, str], notes: Mapping[str, str]) -> JobStatus:
         j = m.job
-        phase = inp.RELEASED if m.job_id in placed else m.phase
+        phase = inp.Phase.RELEASED if m.job_id in placed else m.phase
         if m.job_id in placed:
             reason = "released this round"
         elif m.job_id in reasons:
             reason = reasons[m.job_id]
-        elif m.phase == inp.RELEASED:
+        elif m.phase == inp.Phase.RELEASED:
             reason = f"released; Slurm: {j.reason}" if j.reason and j.reason != "None" else "released"
         else:
             reason = m.reason
@@ -324,144 +285,16 @@ class Controller:
             reason = f"{reason}; {notes[m.job_id]}" if reason else notes[m.job_id]
         return JobStatus(m.job_id, j.user, j.state, phase, reason, j.submit_time, j.start_time,
                          j.end_time if j.finished else None, j.exit_code, progress.get(m.job_id),
-                         src.get(m.job_id), m.phase == inp.FINISHED)
+                         src.get(m.job_id), m.phase == inp.Phase.FINISHED)
 
     def _finish(self, jobs: tuple[inp.ManagedJob, ...], statuses: tuple[JobStatus, ...], known: Mapping[str, Any],
                 snap: ClusterSnapshot, now: float, round_id: int | None) -> None:
         self.state.save_statuses(statuses, now)
         for m in jobs:
             row = known.get(m.job_id)
-            if m.phase == inp.FINISHED and (row is None or not row.finished):
-                self.state.add_history(m.job_id, "finished", now, round_id, m.job.state, "")
+            if m.phase == inp.Phase.FINISHED and (row is None or not row.finished):
+                self.state.add_history(m.job_id, HistoryEvent.FINISHED, now, round_id, m.job.state, "")
         self.state.mark_vanished({j.job_id for j in snap.jobs}, now)
-
-    # --- metrics ----------------------------------------------------------
-
-    def _round_metrics(self, r: RoundReport) -> None:
-        m = self.metrics
-        m.inc("rounds_total", labels={"status": r.status})
-        m.set("round_duration_seconds", r.total_s)
-        for phase in ("observe", "solve", "apply"):
-            m.set("round_phase_seconds", getattr(r, f"{phase}_s"), {"phase": phase})
-        m.set("solve_seconds", r.solve_s)
-        m.set("last_round_timestamp_seconds", self.clock())
-
-    def _cluster_metrics(self, snap: ClusterSnapshot, jobs: tuple[inp.ManagedJob, ...]) -> None:
-        phases: dict[mx.Labels, float] = {(("phase", p),): 0.0 for p in
-                                          (inp.HELD, inp.LOOSE, inp.RELEASED, inp.RUNNING, inp.UNPLANNED, inp.OPERATOR_HOLD, inp.BAD)}
-        for j in jobs:
-            if j.phase != inp.FINISHED:
-                key = (("phase", j.phase),)
-                phases[key] = phases.get(key, 0.0) + 1
-        self.metrics.replace("jobs", phases)
-        gpus: dict[mx.Labels, float] = {}
-        managed = {j.job_id for j in jobs}
-        for n in snap.nodes:
-            if n.gpu_type:
-                for use, v in (("total", n.gpus_total), ("used", n.gpus_alloc)):
-                    key = (("gpu_type", n.gpu_type), ("use", use))
-                    gpus[key] = gpus.get(key, 0.0) + v
-        types = {n.name: n.gpu_type for n in snap.nodes}
-        for job in snap.jobs:
-            if job.job_id in managed and job.holds_resources and job.gpus_per_node:
-                for name in job.nodes:
-                    key = (("gpu_type", types.get(name) or "unknown"), ("use", "managed"))
-                    gpus[key] = gpus.get(key, 0.0) + job.gpus_per_node
-        self.metrics.replace("gpus", gpus)
-
-    # --- the daemon -------------------------------------------------------
-
-    def run(self, *, once: bool = False, dry_run: bool = False, stop: threading.Event | None = None,
-            on_round: Callable[[RoundReport], None] | None = None) -> RoundReport | None:
-        """Rounds until `stop` is set (or one with `once`)."""
-        stop = self.stop = stop or self.stop
-        cc = self.config.controller
-        sd_notify("READY=1", "STATUS=starting")
-        watcher = _Watcher(self.backend, cc.kick_file)
-        failures = 0
-        report = None
-        while not stop.is_set():
-            report = self.round(dry_run=dry_run)
-            if on_round:
-                on_round(report)
-            sd_notify("WATCHDOG=1", f"STATUS=round {report.round_id}: {report.status}, {report.num_jobs} jobs, "
-                                    f"{len(report.actions)} actions, {report.total_s:.2f} s")
-            if once:
-                return report
-            if report.status == UNAVAILABLE:
-                failures += 1
-                delay = min(cc.interval_s, 2.0 ** (failures - 1))
-                log.info("backing off", extra={"fields": {"delay_s": delay, "failures": failures}})
-                _sleep(stop, delay)
-                continue
-            if failures:
-                log.info("slurm available again", extra={"fields": {"after_failures": failures}})
-            failures = 0
-            watcher.wait(stop, cc.interval_s, cc.watch_s, cc.min_gap_s, since=time.monotonic() - report.total_s)
-        sd_notify("STOPPING=1")
-        return report
-
-
-def _sleep(stop: threading.Event, seconds: float) -> None:
-    stop.wait(max(0.0, seconds))
-
-
-class _Watcher:
-    """Decides when the next round starts: after `interval`, or earlier (but
-    not before `min_gap` after the last round began) when a job was submitted
-    or ended, or the kick file was touched."""
-
-    def __init__(self, backend: Backend, kick_file: str) -> None:
-        self.backend = backend
-        self.kick = Path(kick_file) if kick_file else None
-        if self.kick is not None and self.kick.parent.is_dir() and not self.kick.exists():
-            try:  # anyone may touch it to ask for an early round
-                self.kick.touch()
-                self.kick.chmod(0o666)
-            except OSError:
-                pass
-        self.kick_mtime = self._kick_mtime()
-        self.known: dict[str, bool] | None = None  # job id -> finished
-
-    def _kick_mtime(self) -> float | None:
-        try:
-            return os.stat(self.kick).st_mtime if self.kick else None
-        except OSError:
-            return None
-
-    def _jobs_changed(self) -> bool:
-        try:
-            jobs = {j.job_id: j.finished for j in self.backend.observe().jobs}
-        except Exception:
-            return False  # the round will see (and log) it
-        before, self.known = self.known, jobs
-        if before is None:
-            return False
-        new = set(jobs) - set(before)
-        ended = {j for j, fin in before.items() if not fin and (jobs.get(j) is None or jobs[j])}
-        return bool(new or ended)
-
-    def wait(self, stop: threading.Event, interval: float, watch: float, min_gap: float, since: float) -> None:
-        deadline = since + interval
-        next_watch = time.monotonic() + watch
-        self._jobs_changed()  # baseline: the state right after the round
-        while not stop.is_set():
-            now = time.monotonic()
-            if now >= deadline:
-                return
-            trigger = ""
-            mtime = self._kick_mtime()
-            if mtime != self.kick_mtime:
-                self.kick_mtime = mtime
-                trigger = "kick"
-            if not trigger and now >= next_watch:
-                next_watch = now + watch
-                trigger = "jobs" if self._jobs_changed() else ""
-            if trigger:
-                log.info("early round", extra={"fields": {"trigger": trigger}})
-                _sleep(stop, since + min_gap - time.monotonic())
-                return
-            _sleep(stop, min(0.5, max(0.0, deadline - now), max(0.05, next_watch - now)))
 
 
 def _keep_running(jobs: tuple[inp.ManagedJob, ...], placements: Mapping[str, Any]) -> dict[str, Any]:
@@ -470,38 +303,9 @@ def _keep_running(jobs: tuple[inp.ManagedJob, ...], placements: Mapping[str, Any
     (the controller does not preempt), or it is checkpointing already."""
     out = dict(placements)
     for m in jobs:
-        if m.current is None or m.phase not in (inp.RUNNING, inp.CHECKPOINTING):
+        if m.current is None or m.phase not in (inp.Phase.RUNNING, inp.Phase.CHECKPOINTING):
             continue
-        elastic = m.spec is not None and m.spec.elastic and m.phase == inp.RUNNING
+        elastic = m.spec is not None and m.spec.elastic and m.phase == inp.Phase.RUNNING
         if m.job_id not in out or not elastic:
             out[m.job_id] = m.current
     return out
-
-
-class LockError(RuntimeError):
-    """Another controller runs on the same state file."""
-
-
-class StateLock:
-    """An exclusive flock next to the state file, held while the daemon runs
-    (released by the kernel if the process dies)."""
-
-    def __init__(self, state_path: str) -> None:
-        self.path = state_path + ".lock"
-        self._fd: int | None = None
-
-    def __enter__(self) -> StateLock:
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise LockError(f"another controller holds {self.path}") from None
-        self._fd = fd
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None

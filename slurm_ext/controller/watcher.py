@@ -1,0 +1,77 @@
+"""When the daemon's next round starts: after the interval, or earlier
+when a job was submitted or ended, or the kick file was touched."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+from slurm_ext.backends import Backend
+
+log = logging.getLogger("cellsched.controller")
+
+
+def wait_unless_stopped(stop: threading.Event, seconds: float) -> None:
+    """Wait `seconds` (none when negative), less when `stop` is set."""
+    stop.wait(max(0.0, seconds))
+
+
+class Watcher:
+    """Decides when the next round starts: after `interval`, or earlier (but
+    not before `min_gap` after the last round began) when a job was submitted
+    or ended, or the kick file was touched."""
+
+    def __init__(self, backend: Backend, kick_file: str) -> None:
+        self.backend = backend
+        self.kick = Path(kick_file) if kick_file else None
+        if self.kick is not None and self.kick.parent.is_dir() and not self.kick.exists():
+            try:  # anyone may touch it to ask for an early round
+                self.kick.touch()
+                self.kick.chmod(0o666)
+            except OSError:
+                pass
+        self.kick_mtime = self._kick_mtime()
+        self.known: dict[str, bool] | None = None  # job id -> finished
+
+    def _kick_mtime(self) -> float | None:
+        try:
+            return os.stat(self.kick).st_mtime if self.kick else None
+        except OSError:
+            return None
+
+    def _jobs_changed(self) -> bool:
+        try:
+            jobs = {j.job_id: j.finished for j in self.backend.observe().jobs}
+        except Exception:
+            return False  # the round will see (and log) it
+        before, self.known = self.known, jobs
+        if before is None:
+            return False
+        new = set(jobs) - set(before)
+        ended = {j for j, fin in before.items() if not fin and (jobs.get(j) is None or jobs[j])}
+        return bool(new or ended)
+
+    def wait(self, stop: threading.Event, interval: float, watch: float, min_gap: float, since: float) -> None:
+        deadline = since + interval
+        next_watch = time.monotonic() + watch
+        self._jobs_changed()  # baseline: the state right after the round
+        while not stop.is_set():
+            now = time.monotonic()
+            if now >= deadline:
+                return
+            trigger = ""
+            mtime = self._kick_mtime()
+            if mtime != self.kick_mtime:
+                self.kick_mtime = mtime
+                trigger = "kick"
+            if not trigger and now >= next_watch:
+                next_watch = now + watch
+                trigger = "jobs" if self._jobs_changed() else ""
+            if trigger:
+                log.info("early round", extra={"fields": {"trigger": trigger}})
+                wait_unless_stopped(stop, since + min_gap - time.monotonic())
+                return
+            wait_unless_stopped(stop, min(0.5, max(0.0, deadline - now), max(0.05, next_watch - now)))

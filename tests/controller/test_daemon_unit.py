@@ -1,0 +1,79 @@
+"""The daemon around the rounds (slurm_ext.controller.daemon, watcher):
+one round with `once`, backoff while Slurm is away, early rounds on the
+kick file; no Slurm, a stand-in controller."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from slurm_ext.config import from_dict
+from slurm_ext.controller import daemon
+from slurm_ext.controller.report import RoundReport
+from slurm_ext.state import RoundStatus
+from slurm_ext.controller.watcher import Watcher
+from slurm_ext.records import ClusterSnapshot
+
+
+class _Backend:
+    name = "still"
+
+    def observe(self) -> ClusterSnapshot:
+        return ClusterSnapshot(nodes=(), partitions=(), jobs=(), taken_at=0.0)
+
+
+class _Rounds:
+    """What daemon.run uses of a Controller; its rounds report `statuses` in turn."""
+
+    def __init__(self, tmp_path, statuses, interval_s=0.05):
+        self.config = from_dict({"controller": {"state_path": str(tmp_path / "s.sqlite"), "interval_s": interval_s,
+                                                "kick_file": ""}})
+        self.backend = _Backend()
+        self.stop = threading.Event()
+        self.statuses = list(statuses)
+        self.calls: list[bool] = []
+
+    def round(self, *, dry_run: bool = False) -> RoundReport:
+        self.calls.append(dry_run)
+        return RoundReport(len(self.calls), self.statuses.pop(0), 0.0)
+
+
+def test_once_runs_one_round_and_shares_the_stop_event(tmp_path, monkeypatch):
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    ctl = _Rounds(tmp_path, [RoundStatus.OK, RoundStatus.OK])
+    stop = threading.Event()
+    report = daemon.run(ctl, once=True, dry_run=True, stop=stop)
+    assert (report.round_id, report.status, ctl.calls, ctl.stop is stop) == (1, RoundStatus.OK, [True], True)
+
+
+def test_rounds_go_on_until_stopped_and_back_off_while_slurm_is_away(tmp_path, monkeypatch):
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    ctl = _Rounds(tmp_path, [RoundStatus.UNAVAILABLE, RoundStatus.UNAVAILABLE, RoundStatus.OK])
+    seen: list[str] = []
+
+    def on_round(r: RoundReport) -> None:
+        seen.append(r.status)
+        if len(seen) == 3:
+            ctl.stop.set()
+
+    last = daemon.run(ctl, on_round=on_round)
+    assert seen == [RoundStatus.UNAVAILABLE, RoundStatus.UNAVAILABLE, RoundStatus.OK] and last.round_id == 3
+
+
+def test_a_touched_kick_file_ends_the_wait_early(tmp_path):
+    kick = tmp_path / "kick"
+    watcher = Watcher(_Backend(), str(kick))
+    assert kick.exists()  # made for anyone to touch
+    st = kick.stat()
+    os.utime(kick, (st.st_atime, st.st_mtime + 10))
+    t0 = time.monotonic()
+    watcher.wait(threading.Event(), interval=30.0, watch=30.0, min_gap=0.0, since=t0)
+    assert time.monotonic() - t0 < 5.0
+
+
+def test_without_a_change_the_wait_lasts_the_interval(tmp_path):
+    watcher = Watcher(_Backend(), "")
+    t0 = time.monotonic()
+    watcher.wait(threading.Event(), interval=0.3, watch=0.1, min_gap=0.0, since=t0)
+    assert 0.3 <= time.monotonic() - t0 < 5.0
