@@ -22,7 +22,7 @@ from solver.profiles.arena import TRACE_FILE, shipped_path
 from solver.profiles.seed import open_store
 from support import ROOT, console_script
 
-SACCT = ROOT / "tests" / "sim" / "data" / "sacct_sample.txt"
+SACCT = ROOT / "tests" / "slurm_ext" / "sim" / "data" / "sacct_sample.txt"
 
 
 def cellsched(*args: str, timeout: float = 120, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:

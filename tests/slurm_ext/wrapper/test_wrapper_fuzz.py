@@ -112,6 +112,8 @@ def test_bad_names_and_texts(option, value, make_recorder, job_script):
         value += " "
     if option == "time" and re.fullmatch(r"(\d+-)?\d+(:\d+){0,2}|UNLIMITED", value):
         value += "x"
+    if option == "mail-type" and re.fullmatch(r"[A-Z0-9_]+(,[A-Z0-9_]+)*", value):
+        value += "X"  # a list of mail types, maybe valid (TIME_LIMIT_80): no mail type ends in X
     field, msg = refused(argv_of({**VALID, option: value}) + [job_script()], make_recorder())
     assert field in (option, "arguments", "--" + option), (field, msg)
 

@@ -10,7 +10,7 @@ import pytest
 from slurm_ext.sim.clusterspec import ClusterSpecError, arena_cluster, load_cluster_spec, node_names
 from slurm_ext.sim.types import NodeGroup
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 DEV_CONF = ROOT / "contrib" / "dev-cluster" / "cluster.conf"
 
 

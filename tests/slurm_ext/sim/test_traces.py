@@ -1,6 +1,6 @@
 """Trace readers: Arena's shipped Philly trace and a Slurm accounting export.
 
-tests/sim/data/sacct_sample.txt is hand-written after the sacct man page
+tests/slurm_ext/sim/data/sacct_sample.txt is hand-written after the sacct man page
 (`sacct -a -P -X -o JobID,JobName,User,Submit,Start,End,State,AllocTRES,NNodes,Comment`,
 plus step rows as printed without -X); the reference folder has no real
 sacct output (the dev cluster runs without slurmdbd).

@@ -12,7 +12,7 @@ from typing import Any
 import support
 from support import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEMO_JOB = ROOT / "contrib" / "examples" / "demo_job.sh"
 #: node -> (gpu type, gpus) of contrib/dev-cluster/cluster.conf
 SHAPE = support.read_shape(support.SHAPE)

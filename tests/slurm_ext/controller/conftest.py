@@ -5,4 +5,4 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "contrib" / "examples"))  # minigpt
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "contrib" / "examples"))  # minigpt

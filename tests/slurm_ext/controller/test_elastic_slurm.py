@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))  # trainer_runs, srun_local
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "launch"))  # trainer_runs, srun_local
 
 from controller_support import ROOT, submit_managed, wait_until, write_config
 from slurm_ext.backends import get_backend

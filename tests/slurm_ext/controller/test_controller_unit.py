@@ -24,7 +24,7 @@ from slurm_ext.state import JobStatus, StateStore
 from solver.plan import JobPlan
 from solver.types import Cell, ParallelPlan, Placement
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SPEC = JobSpec(model="gpt-350m", global_batch=64, iterations=100)
 NODES = (("n1", "a100", 4), ("n2", "a100", 4), ("n3", "v100", 8), ("n4", "a40", 2))
 
