@@ -63,18 +63,40 @@ def main() -> int:
             t0 = time.perf_counter()
             for k in range(args.jobs):
                 spec = JobSpec(model=MODELS[k % len(MODELS)], global_batch=(16, 32, 64, 128)[k % 4], iterations=1000)
-                ids.append(backend.submit(SubmitRequest(script=str(script), hold=True, gres_per_node=1, comment=spec.to_comment(),
-                                                        output="/dev/null", job_name=f"bench{k}")))
+                ids.append(
+                    backend.submit(
+                        SubmitRequest(
+                            script=str(script),
+                            hold=True,
+                            gres_per_node=1,
+                            comment=spec.to_comment(),
+                            output="/dev/null",
+                            job_name=f"bench{k}",
+                        )
+                    )
+                )
             print(json.dumps({"submitted": len(ids), "submit_s": round(time.perf_counter() - t0, 3)}), flush=True)
-            config = Config(controller=ControllerConfig(state_path=f"{tmp}/state.sqlite", kick_file="", checkpoint_root=tmp),
-                            solver=SolverConfig(allow_resize=False), metrics=MetricsConfig(port=0))
+            config = Config(
+                controller=ControllerConfig(state_path=f"{tmp}/state.sqlite", kick_file="", checkpoint_root=tmp),
+                solver=SolverConfig(allow_resize=False),
+                metrics=MetricsConfig(port=0),
+            )
             ctl = Controller(config)
             for k in range(-1, args.rounds):
                 r = ctl.round(dry_run=k < 0)
-                print(json.dumps({"round": "dry-run" if k < 0 else k + 1, "status": r.status, "jobs": r.num_jobs,
-                                  "actions": len(r.actions), "solver": r.solver_status,
-                                  **{f: round(getattr(r, f), 3) for f in ("observe_s", "solve_s", "apply_s", "total_s")}}),
-                      flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "round": "dry-run" if k < 0 else k + 1,
+                            "status": r.status,
+                            "jobs": r.num_jobs,
+                            "actions": len(r.actions),
+                            "solver": r.solver_status,
+                            **{f: round(getattr(r, f), 3) for f in ("observe_s", "solve_s", "apply_s", "total_s")},
+                        }
+                    ),
+                    flush=True,
+                )
                 if r.status != "ok":
                     print(r.error, file=sys.stderr)
                     return 1

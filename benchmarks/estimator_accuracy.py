@@ -58,16 +58,37 @@ SHAPE = {"layers": 4, "hidden": 192, "heads": 4, "seq": 256, "vocab": 256}
 BATCH = 8
 MICRO_BATCHES = (1, 2, 4, 8)
 #: (pp, dp, tp, micro-batches)
-PLANS = [(1, 1, 1, 1), (1, 1, 1, 2), (2, 1, 1, 2), (2, 1, 1, 4), (1, 2, 1, 1), (1, 2, 1, 2), (1, 1, 2, 1),
-         (1, 1, 2, 2), (2, 2, 1, 2), (1, 2, 2, 1), (2, 2, 2, 2)]
+PLANS = [
+    (1, 1, 1, 1),
+    (1, 1, 1, 2),
+    (2, 1, 1, 2),
+    (2, 1, 1, 4),
+    (1, 2, 1, 1),
+    (1, 2, 1, 2),
+    (1, 1, 2, 1),
+    (1, 1, 2, 2),
+    (2, 2, 1, 2),
+    (1, 2, 2, 1),
+    (2, 2, 2, 2),
+]
 
 
 def model_spec():
     from solver.models import spec_from_dict
 
     s = SHAPE
-    return spec_from_dict({"name": "gpt-bench", "family": "gpt", "layers": s["layers"], "hidden": s["hidden"],
-                           "heads": s["heads"], "seq_len": s["seq"], "vocab": s["vocab"], "dtype": "fp32"})
+    return spec_from_dict(
+        {
+            "name": "gpt-bench",
+            "family": "gpt",
+            "layers": s["layers"],
+            "hidden": s["hidden"],
+            "heads": s["heads"],
+            "seq_len": s["seq"],
+            "vocab": s["vocab"],
+            "dtype": "fp32",
+        }
+    )
 
 
 # ---------------------------------------------------------------- one rank
@@ -83,10 +104,10 @@ def worker(steps: int, warmup: int) -> None:
     """One training rank (started by the launcher): prints, per timed step, the
     wall time and how long this rank waited for a CPU (another process had it)."""
     import torch
-
-    from launch.parallel import init_parallel, plan_from_env
     from minigpt.model import GPTConfig
     from minigpt.trainer import TrainConfig, Trainer
+
+    from launch.parallel import init_parallel, plan_from_env
 
     torch.set_num_threads(1)
     cfg = GPTConfig(**SHAPE)
@@ -114,14 +135,47 @@ def measure(plan: dict, steps: int, warmup: int, timeout: float = 300) -> dict:
     """Run every rank of `plan` as a one-node Slurm step would, through the launcher."""
     n = plan["pp"] * plan["dp"] * plan["tp"]
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CELLSCHED_"))}
-    base.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "CELLSCHED_PLAN": json.dumps(plan),
-                 "CELLSCHED_MASTER_PORT": str(free_port())})
-    step = {"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0", "SLURM_NTASKS": str(n), "SLURM_NNODES": "1",
-            "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "localhost", "SLURM_TASKS_PER_NODE": str(n)}
-    cmd = [sys.executable, "-m", "launch", "--", sys.executable, __file__, "--worker", "--steps", str(steps),
-           "--warmup", str(warmup)]
-    procs = [subprocess.Popen(cmd, env={**base, **step, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)}, cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(n)]
+    base.update(
+        {
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(REPO),
+            "CELLSCHED_PLAN": json.dumps(plan),
+            "CELLSCHED_MASTER_PORT": str(free_port()),
+        }
+    )
+    step = {
+        "SLURM_JOB_ID": "1",
+        "SLURM_STEP_ID": "0",
+        "SLURM_NTASKS": str(n),
+        "SLURM_NNODES": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_JOB_NODELIST": "localhost",
+        "SLURM_TASKS_PER_NODE": str(n),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "launch",
+        "--",
+        sys.executable,
+        __file__,
+        "--worker",
+        "--steps",
+        str(steps),
+        "--warmup",
+        str(warmup),
+    ]
+    procs = [
+        subprocess.Popen(
+            cmd,
+            env={**base, **step, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)},
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(n)
+    ]
     try:
         outs = [p.communicate(timeout=timeout) for p in procs]
     finally:
@@ -135,9 +189,12 @@ def measure(plan: dict, steps: int, warmup: int, timeout: float = 300) -> dict:
     ranks = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
     wall = [max(w) for w in zip(*(r["wall"] for r in ranks))]  # a step ends with its slowest rank
     wait = [max(d) for d in zip(*(r["wait"] for r in ranks))]
-    return {"measured_s": statistics.median(wall), "fastest_s": min(wall),
-            "uncontended_s": statistics.median(w - d for w, d in zip(wall, wait)),
-            "cpu_wait_pct": 100 * statistics.median(d / w for w, d in zip(wall, wait))}
+    return {
+        "measured_s": statistics.median(wall),
+        "fastest_s": min(wall),
+        "uncontended_s": statistics.median(w - d for w, d in zip(wall, wait)),
+        "cpu_wait_pct": 100 * statistics.median(d / w for w, d in zip(wall, wait)),
+    }
 
 
 def pct_error(predicted: float, measured: float) -> float:
@@ -153,8 +210,15 @@ def cpu_spec(comm, update_gbps: float):
     from solver.profiles.records import GpuSpec
 
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
-    return GpuSpec("cpu", mem_gb=mem_gb, peak_tflops=0.1, mem_bw_gbps=update_gbps, intra_link=LOOPBACK,
-                   intra_bw_gbps=curve_bandwidth_gbps(comm), inter_bw_gbps=curve_bandwidth_gbps(comm))
+    return GpuSpec(
+        "cpu",
+        mem_gb=mem_gb,
+        peak_tflops=0.1,
+        mem_bw_gbps=update_gbps,
+        intra_link=LOOPBACK,
+        intra_bw_gbps=curve_bandwidth_gbps(comm),
+        inter_bw_gbps=curve_bandwidth_gbps(comm),
+    )
 
 
 def stage_layers(store, model, pp: int, tp: int, b: int) -> tuple[int, ...]:
@@ -166,7 +230,7 @@ def stage_layers(store, model, pp: int, tp: int, b: int) -> tuple[int, ...]:
     kinds = [r.kind for r in recs]
     out, start = [], 0
     for size in sizes:
-        out.append(sum(k == "block" for k in kinds[start:start + size]))
+        out.append(sum(k == "block" for k in kinds[start : start + size]))
         start += size
     return tuple(out)
 
@@ -174,7 +238,6 @@ def stage_layers(store, model, pp: int, tp: int, b: int) -> tuple[int, ...]:
 def optimizer_step_s(model) -> float:
     """Median seconds of the trainer's AdamW step over the whole model."""
     import torch
-
     from minigpt.model import GPTConfig, build_full_model
     from minigpt.trainer import make_optimizer
 
@@ -205,9 +268,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from launch import profiler
     from solver.estimator import Estimator
-    from solver.types import EstimateSource
     from solver.profiles.store import ProfileStore
-    from solver.types import Cell
+    from solver.types import Cell, EstimateSource
 
     torch.set_num_threads(1)
     cores = len(os.sched_getaffinity(0))
@@ -228,34 +290,63 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             cell = Cell("cpu", 1, n, pp)
             assert est.estimate_model(model, BATCH, cell).source == EstimateSource.COMPOSED
-            predicted = next(t for p, t, _ in est.plans(model, BATCH, cell)
-                             if (p.dp, p.tp, p.micro_batches) == (dp, tp, m))
+            predicted = next(
+                t for p, t, _ in est.plans(model, BATCH, cell) if (p.dp, p.tp, p.micro_batches) == (dp, tp, m)
+            )
             b = BATCH // dp // m
-            plan = {"pp": pp, "dp": dp, "tp": tp, "micro_batches": m, "global_batch": BATCH,
-                    "stage_layers": list(stage_layers(store, model, pp, tp, b))}
+            plan = {
+                "pp": pp,
+                "dp": dp,
+                "tp": tp,
+                "micro_batches": m,
+                "global_batch": BATCH,
+                "stage_layers": list(stage_layers(store, model, pp, tp, b)),
+            }
             got = measure(plan, args.steps, args.warmup)
-            row = {"pp": pp, "dp": dp, "tp": tp, "micro_batches": m, "micro_batch_size": b, "ranks": n,
-                   "oversubscribed": n > cores, "stage_layers": plan["stage_layers"],
-                   "predicted_s": round(predicted, 4), **{k: round(v, 4) for k, v in got.items()},
-                   "error_pct": pct_error(predicted, got["measured_s"]),
-                   "error_fastest_pct": pct_error(predicted, got["fastest_s"]),
-                   "error_uncontended_pct": pct_error(predicted, got["uncontended_s"])}
+            row = {
+                "pp": pp,
+                "dp": dp,
+                "tp": tp,
+                "micro_batches": m,
+                "micro_batch_size": b,
+                "ranks": n,
+                "oversubscribed": n > cores,
+                "stage_layers": plan["stage_layers"],
+                "predicted_s": round(predicted, 4),
+                **{k: round(v, 4) for k, v in got.items()},
+                "error_pct": pct_error(predicted, got["measured_s"]),
+                "error_fastest_pct": pct_error(predicted, got["fastest_s"]),
+                "error_uncontended_pct": pct_error(predicted, got["uncontended_s"]),
+            }
             rows.append(row)
             print(json.dumps(row), flush=True)
+
     def mape(key: str, over: bool | None = None) -> float | None:
         errs = [abs(r[key]) for r in rows if over is None or r["oversubscribed"] == over]
         return round(statistics.mean(errs), 1) if errs else None
 
-    print(json.dumps({
-        "summary": "estimator accuracy", "model": model.signature, "global_batch": BATCH, "cores": cores,
-        "plans": len(rows), "plans_oversubscribed": sum(r["oversubscribed"] for r in rows),
-        "mape_pct_fitting": mape("error_pct", False), "mape_pct_oversubscribed": mape("error_pct", True),
-        "mape_fastest_pct_fitting": mape("error_fastest_pct", False),
-        "mape_uncontended_pct_fitting": mape("error_uncontended_pct", False),
-        "mape_uncontended_pct_oversubscribed": mape("error_uncontended_pct", True),
-        "mape_uncontended_pct_all": mape("error_uncontended_pct"),
-        "optimizer_step_s": round(optimizer_step_s(model), 4), "update_gbps": round(update_gbps, 2),
-        "profile_s": round(profile_s, 1), "total_s": round(time.perf_counter() - t_start, 1)}))
+    print(
+        json.dumps(
+            {
+                "summary": "estimator accuracy",
+                "model": model.signature,
+                "global_batch": BATCH,
+                "cores": cores,
+                "plans": len(rows),
+                "plans_oversubscribed": sum(r["oversubscribed"] for r in rows),
+                "mape_pct_fitting": mape("error_pct", False),
+                "mape_pct_oversubscribed": mape("error_pct", True),
+                "mape_fastest_pct_fitting": mape("error_fastest_pct", False),
+                "mape_uncontended_pct_fitting": mape("error_uncontended_pct", False),
+                "mape_uncontended_pct_oversubscribed": mape("error_uncontended_pct", True),
+                "mape_uncontended_pct_all": mape("error_uncontended_pct"),
+                "optimizer_step_s": round(optimizer_step_s(model), 4),
+                "update_gbps": round(update_gbps, 2),
+                "profile_s": round(profile_s, 1),
+                "total_s": round(time.perf_counter() - t_start, 1),
+            }
+        )
+    )
     return 0
 
 

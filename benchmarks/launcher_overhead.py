@@ -26,18 +26,30 @@ import sys
 import time
 
 PLAN = {"pp": 2, "dp": 2, "tp": 2, "micro_batches": 4}
-TASK = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8",
-        "SLURM_NNODES": "2", "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "4(x2)",
-        "CELLSCHED_PLAN": json.dumps(PLAN), "CELLSCHED_MASTER_ADDR": "127.0.0.1"}
+TASK = {
+    "SLURM_JOB_ID": "7",
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "5",
+    "SLURM_LOCALID": "1",
+    "SLURM_NTASKS": "8",
+    "SLURM_NNODES": "2",
+    "SLURM_NODEID": "1",
+    "SLURM_JOB_NODELIST": "n[1-2]",
+    "SLURM_TASKS_PER_NODE": "4(x2)",
+    "CELLSCHED_PLAN": json.dumps(PLAN),
+    "CELLSCHED_MASTER_ADDR": "127.0.0.1",
+}
 
 
 def commands() -> dict[str, list[str]]:
     py = sys.executable
     launcher = shutil.which("cellsched-launch")
     launch = [launcher] if launcher else [py, "-m", "launch"]
-    return {"python": [py, "-c", "pass"],
-            "launch+python": [*launch, "--", py, "-c", "pass"],
-            "python+torch": [py, "-c", "import torch"]}
+    return {
+        "python": [py, "-c", "pass"],
+        "launch+python": [*launch, "--", py, "-c", "pass"],
+        "python+torch": [py, "-c", "import torch"],
+    }
 
 
 def run_once(argv: list[str], env: dict[str, str]) -> float:
@@ -61,12 +73,29 @@ def main(argv: list[str] | None = None) -> int:
     med = {name: statistics.median(ts) for name, ts in times.items()}
     for name, ts in times.items():
         p90 = sorted(ts)[max(0, int(round(0.9 * len(ts))) - 1)]
-        print(json.dumps({"command": " ".join(cmds[name]), "name": name, "runs": len(ts),
-                          "median_s": round(med[name], 4), "p90_s": round(p90, 4)}))
+        print(
+            json.dumps(
+                {
+                    "command": " ".join(cmds[name]),
+                    "name": name,
+                    "runs": len(ts),
+                    "median_s": round(med[name], 4),
+                    "p90_s": round(p90, 4),
+                }
+            )
+        )
     overhead = med["launch+python"] - med["python"]
-    print(json.dumps({"summary": "launcher overhead", "overhead_s": round(overhead, 4),
-                      "torch_import_s": round(med["python+torch"] - med["python"], 4),
-                      "target_s": 1.0, "ok": overhead < 1.0}))
+    print(
+        json.dumps(
+            {
+                "summary": "launcher overhead",
+                "overhead_s": round(overhead, 4),
+                "torch_import_s": round(med["python+torch"] - med["python"], 4),
+                "target_s": 1.0,
+                "ok": overhead < 1.0,
+            }
+        )
+    )
     return 0 if overhead < 1.0 else 1
 
 

@@ -57,13 +57,27 @@ class JobSource:
     def new(self, now: float) -> JobRequest:
         r = self.rng.choice(self.rows)
         self.count += 1
-        return JobRequest(f"job{self.count:06d}", get_model(r["model_name"]), int(r["batch_size"]),
-                          max(1, int(r["num_iteration"]) // 5), elastic=True, submit_time=now,
-                          requested_gpus=int(r["num_gpu"]), requested_gpu_type=r["gpu_type"])
+        return JobRequest(
+            f"job{self.count:06d}",
+            get_model(r["model_name"]),
+            int(r["batch_size"]),
+            max(1, int(r["num_iteration"]) // 5),
+            elastic=True,
+            submit_time=now,
+            requested_gpus=int(r["num_gpu"]),
+            requested_gpu_type=r["gpu_type"],
+        )
 
 
-def advance(jobs: list[JobRequest], placements, source: JobSource, rng: random.Random, now: float,
-            dt: float = 300.0, churn: float = 0.05) -> list[JobRequest]:
+def advance(
+    jobs: list[JobRequest],
+    placements,
+    source: JobSource,
+    rng: random.Random,
+    now: float,
+    dt: float = 300.0,
+    churn: float = 0.05,
+) -> list[JobRequest]:
     """The jobs of the next round: progress, ~churn of the running finish, as many arrive."""
     out, finished = [], 0
     for j in jobs:
@@ -79,27 +93,51 @@ def advance(jobs: list[JobRequest], placements, source: JobSource, rng: random.R
 def _line(name: str, variant: str, rnd: int, gpus: int, jobs: list[JobRequest], rep, round_s: float) -> dict:
     moved = sum(1 for j in jobs if j.current is not None and not j.current.same_resources(rep.placements.get(j.job_id)))
     return {
-        "size": name, "variant": variant, "round": rnd, "cold": rnd == 0, "gpus": gpus, "jobs": len(jobs),
-        "cells": rep.num_cells, "build_s": round(rep.build_s, 3), "solve_s": round(rep.solve_s, 3),
-        "place_s": round(rep.place_s, 3), "round_s": round(round_s, 3),
-        "objective": round(rep.objective, 3), "bound": round(rep.bound, 3),
-        "gap": round(rep.gap, 4) if rep.gap != float("inf") else None, "status": rep.status,
-        "placed": len(rep.placements), "gpus_used": sum(p.cell.num_gpus for p in rep.placements.values()),
+        "size": name,
+        "variant": variant,
+        "round": rnd,
+        "cold": rnd == 0,
+        "gpus": gpus,
+        "jobs": len(jobs),
+        "cells": rep.num_cells,
+        "build_s": round(rep.build_s, 3),
+        "solve_s": round(rep.solve_s, 3),
+        "place_s": round(rep.place_s, 3),
+        "round_s": round(round_s, 3),
+        "objective": round(rep.objective, 3),
+        "bound": round(rep.bound, 3),
+        "gap": round(rep.gap, 4) if rep.gap != float("inf") else None,
+        "status": rep.status,
+        "placed": len(rep.placements),
+        "gpus_used": sum(p.cell.num_gpus for p in rep.placements.values()),
         "moved_or_resized": moved,
     }
 
 
 def _summary(name: str, variant: str, gpus: int, num_jobs: int, times: list[float], gaps: list[float]) -> dict:
     times = sorted(times)
-    return {"summary": name, "variant": variant, "gpus": gpus, "jobs": num_jobs, "warm_rounds": len(times),
-            "median_round_s": round(statistics.median(times), 3) if times else None,
-            "p95_round_s": round(times[min(len(times) - 1, int(0.95 * len(times)))], 3) if times else None,
-            "max_round_s": round(times[-1], 3) if times else None,
-            "max_gap": round(max(gaps), 4) if gaps else None}
+    return {
+        "summary": name,
+        "variant": variant,
+        "gpus": gpus,
+        "jobs": num_jobs,
+        "warm_rounds": len(times),
+        "median_round_s": round(statistics.median(times), 3) if times else None,
+        "p95_round_s": round(times[min(len(times) - 1, int(0.95 * len(times)))], 3) if times else None,
+        "max_round_s": round(times[-1], 3) if times else None,
+        "max_gap": round(max(gaps), 4) if gaps else None,
+    }
 
 
-def run_size(name: str, cluster: ClusterView, num_jobs: int, rounds: int, rows: list[dict],
-             variants: dict[str, SolverConfig], seed: int) -> dict[str, dict]:
+def run_size(
+    name: str,
+    cluster: ClusterView,
+    num_jobs: int,
+    rounds: int,
+    rows: list[dict],
+    variants: dict[str, SolverConfig],
+    seed: int,
+) -> dict[str, dict]:
     """Rounds of one size. With several variants each solves the same request
     every round (in alternating order, each with its own policy and
     Estimator, so no variant gets the other's cache hits); the jobs follow
@@ -138,10 +176,19 @@ def run_size(name: str, cluster: ClusterView, num_jobs: int, rounds: int, rows: 
         base = out[list(variants)[-1]]
         for v in list(variants)[:-1]:
             ratios = sorted(a / b for a, b in zip(times[v], times[list(variants)[-1]]))
-            print(json.dumps({"compare": name, "variant": v, "vs": list(variants)[-1],
-                              "median_ratio": round(statistics.median(ratios), 3) if ratios else None,
-                              "median_s": [out[v]["median_round_s"], base["median_round_s"]],
-                              "p95_s": [out[v]["p95_round_s"], base["p95_round_s"]]}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "compare": name,
+                        "variant": v,
+                        "vs": list(variants)[-1],
+                        "median_ratio": round(statistics.median(ratios), 3) if ratios else None,
+                        "median_s": [out[v]["median_round_s"], base["median_round_s"]],
+                        "p95_s": [out[v]["p95_round_s"], base["p95_round_s"]],
+                    }
+                ),
+                flush=True,
+            )
     return out
 
 
@@ -153,19 +200,31 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sizes", default="64,1280,10240", help="comma-separated sizes to run (GPUs)")
     ap.add_argument("--skip-large", action="store_true", help="leave out the 10,240-GPU size")
-    ap.add_argument("--compare", action="store_true",
-                    help="also run CP-SAT on the whole model (no LP first) on the same requests and print ratios")
+    ap.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run CP-SAT on the whole model (no LP first) on the same requests and print ratios",
+    )
     args = ap.parse_args()
     rows = load_trace(args.trace or shipped_path(TRACE_FILE))
     wanted = set(args.sizes.split(",")) - ({"10240"} if args.skip_large else set())
     if args.quick:
-        sizes = [("64", cluster_of(SMALL), 20, 2, SolverConfig(seed=args.seed)),
-                 ("1280", cluster_of(ARENA), 100, 2, SolverConfig(seed=args.seed, time_limit_s=2.0))]
+        sizes = [
+            ("64", cluster_of(SMALL), 20, 2, SolverConfig(seed=args.seed)),
+            ("1280", cluster_of(ARENA), 100, 2, SolverConfig(seed=args.seed, time_limit_s=2.0)),
+        ]
     else:
-        sizes = [("64", cluster_of(SMALL), 20, args.rounds, SolverConfig(seed=args.seed)),
-                 ("1280", cluster_of(ARENA), 500, args.rounds, SolverConfig(seed=args.seed, time_limit_s=2.0)),
-                 ("10240", cluster_of(ARENA, 8), 4000, max(1, args.rounds // 5),
-                  SolverConfig(seed=args.seed, time_limit_s=10.0, deterministic_time=20.0))]
+        sizes = [
+            ("64", cluster_of(SMALL), 20, args.rounds, SolverConfig(seed=args.seed)),
+            ("1280", cluster_of(ARENA), 500, args.rounds, SolverConfig(seed=args.seed, time_limit_s=2.0)),
+            (
+                "10240",
+                cluster_of(ARENA, 8),
+                4000,
+                max(1, args.rounds // 5),
+                SolverConfig(seed=args.seed, time_limit_s=10.0, deterministic_time=20.0),
+            ),
+        ]
     for name, cluster, n, rounds, cfg in sizes:
         if name not in wanted:
             continue

@@ -27,7 +27,6 @@ import signal
 import sys
 import zlib
 from collections.abc import Mapping, Sequence
-
 from dataclasses import replace
 
 from launch import scontrol
@@ -58,8 +57,9 @@ def load_plan(env: Mapping[str, str], slurm: SlurmEnv) -> JobPlan:
                 raise LaunchError(f"no plan: {contract.ENV_PLAN} is unset and job {slurm.job_id} has no AdminComment")
             plan = contract.admin_comment_plan(comment)
             if plan is None:
-                raise LaunchError(f"no plan: {contract.ENV_PLAN} is unset and job {slurm.job_id}'s AdminComment "
-                                  "holds none")
+                raise LaunchError(
+                    f"no plan: {contract.ENV_PLAN} is unset and job {slurm.job_id}'s AdminComment holds none"
+                )
     except PlanError as e:
         raise LaunchError(f"bad plan: {e}") from None
     if plan.job_id is not None and str(plan.job_id) != slurm.job_id:

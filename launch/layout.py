@@ -10,8 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from solver.plan import PlanError, virtual_worker_counts
-from solver.plan import largest_remainder  # noqa: F401  (re-exported: launch code splits with it)
+from solver.plan import (
+    PlanError,
+    largest_remainder,  # noqa: F401  (re-exported: launch code splits with it)
+    virtual_worker_counts,
+)
 
 DIMS = ("pp", "dp", "tp")
 
@@ -69,7 +72,9 @@ def split_layers(num_layers: int, pp: int, stage_layers: Sequence[int] | None = 
     """Layer indices of each pipeline stage: as given, else as even as possible."""
     if stage_layers is not None:
         if len(stage_layers) != pp or sum(stage_layers) != num_layers:
-            raise LayoutError(f"stage_layers {list(stage_layers)} must give {pp} stages adding up to {num_layers} layers")
+            raise LayoutError(
+                f"stage_layers {list(stage_layers)} must give {pp} stages adding up to {num_layers} layers"
+            )
         sizes = list(stage_layers)
     else:
         if num_layers < pp:
@@ -79,9 +84,7 @@ def split_layers(num_layers: int, pp: int, stage_layers: Sequence[int] | None = 
     return tuple(range(s, s + n) for s, n in zip(starts, sizes))
 
 
-def virtual_worker_blocks(
-    virtual_workers: int, dp: int, shares: Sequence[float] | None = None
-) -> tuple[range, ...]:
+def virtual_worker_blocks(virtual_workers: int, dp: int, shares: Sequence[float] | None = None) -> tuple[range, ...]:
     """Contiguous blocks of virtual data-parallel workers, one per dp rank.
 
     Rank d runs ``virtual_worker_counts(V, dp, shares)[d]`` consecutive
@@ -101,14 +104,19 @@ def virtual_worker_blocks(
     return tuple(range(s, s + n) for s, n in zip(starts, counts))
 
 
-def shares_in_step_order(shares: Sequence[float], plan_nodes: Sequence[str],
-                         step_nodes: Sequence[str]) -> tuple[float, ...] | None:
+def shares_in_step_order(
+    shares: Sequence[float], plan_nodes: Sequence[str], step_nodes: Sequence[str]
+) -> tuple[float, ...] | None:
     """Per-dp-rank batch shares listed node by node in `plan_nodes` order,
     re-listed in the step's node order (pp 1: each node holds an equal block
     of consecutive dp ranks); None when the node lists do not match."""
-    if sorted(plan_nodes) != sorted(step_nodes) or len(set(plan_nodes)) != len(plan_nodes) \
-            or not plan_nodes or len(shares) % len(plan_nodes):
+    if (
+        sorted(plan_nodes) != sorted(step_nodes)
+        or len(set(plan_nodes)) != len(plan_nodes)
+        or not plan_nodes
+        or len(shares) % len(plan_nodes)
+    ):
         return None
     k = len(shares) // len(plan_nodes)
-    block = {n: tuple(shares[i * k:(i + 1) * k]) for i, n in enumerate(plan_nodes)}
+    block = {n: tuple(shares[i * k : (i + 1) * k]) for i, n in enumerate(plan_nodes)}
     return tuple(s for n in step_nodes for s in block[n])

@@ -163,7 +163,9 @@ def init_parallel(
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     except (KeyError, ValueError) as e:
-        raise ParallelError(f"RANK/WORLD_SIZE missing or malformed ({e}): start the job with cellsched-launch") from None
+        raise ParallelError(
+            f"RANK/WORLD_SIZE missing or malformed ({e}): start the job with cellsched-launch"
+        ) from None
     if world != layout.world_size:
         raise ParallelError(f"WORLD_SIZE={world} but the plan needs pp*dp*tp = {layout.world_size}")
     v = plan.virtual_workers or plan.dp

@@ -14,8 +14,8 @@ import pathlib
 import click
 
 from solver.models import ModelSpecError, get_model
-from solver.profiles.store import ENV_VAR, ProfileStoreError
 from solver.profiles.seed import open_store
+from solver.profiles.store import ENV_VAR, ProfileStoreError
 
 
 def _ints(_ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
@@ -32,22 +32,46 @@ def _ints(_ctx: click.Context, param: click.Parameter, value: str) -> tuple[int,
 @click.option("--model", "model_name", required=True, help="Model preset name or spec file (.json/.toml).")
 @click.option("--tp", default="1", callback=_ints, show_default=True, help="Tensor-parallel degrees to simulate.")
 @click.option("--micro-batch", default="1,2,4", callback=_ints, show_default=True, help="Micro-batch sizes.")
-@click.option("--gpu-type", default="auto", show_default=True,
-              help='GPU type to store the profile under; "auto": from NVML, "cpu" without a GPU.')
-@click.option("--db", type=click.Path(dir_okay=False, path_type=pathlib.Path),
-              help=f"Profile store. Default: ${ENV_VAR}, else ~/.local/share/cellsched/profiles.sqlite.")
-@click.option("--comm/--no-comm", default=None,
-              help="Also profile p2p and all-reduce (default: when this node has >= 2 GPUs; "
-                   "on CPU among --comm-ranks local gloo processes over loopback).")
-@click.option("--comm-ranks", type=click.IntRange(min=2), default=None,
-              help="Processes for --comm (default: the GPU count, 2 on CPU).")
+@click.option(
+    "--gpu-type",
+    default="auto",
+    show_default=True,
+    help='GPU type to store the profile under; "auto": from NVML, "cpu" without a GPU.',
+)
+@click.option(
+    "--db",
+    type=click.Path(dir_okay=False, path_type=pathlib.Path),
+    help=f"Profile store. Default: ${ENV_VAR}, else ~/.local/share/cellsched/profiles.sqlite.",
+)
+@click.option(
+    "--comm/--no-comm",
+    default=None,
+    help="Also profile p2p and all-reduce (default: when this node has >= 2 GPUs; "
+    "on CPU among --comm-ranks local gloo processes over loopback).",
+)
+@click.option(
+    "--comm-ranks",
+    type=click.IntRange(min=2),
+    default=None,
+    help="Processes for --comm (default: the GPU count, 2 on CPU).",
+)
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
 @click.option("--repeat", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="torch CPU threads (default: torch's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON lines.")
-def profile(model_name: str, tp: tuple[int, ...], micro_batch: tuple[int, ...], gpu_type: str,
-            db: pathlib.Path | None, comm: bool | None, comm_ranks: int | None, warmup: int, repeat: int,
-            threads: int | None, as_json: bool) -> None:
+def profile(
+    model_name: str,
+    tp: tuple[int, ...],
+    micro_batch: tuple[int, ...],
+    gpu_type: str,
+    db: pathlib.Path | None,
+    comm: bool | None,
+    comm_ranks: int | None,
+    warmup: int,
+    repeat: int,
+    threads: int | None,
+    as_json: bool,
+) -> None:
     """Profile MODEL's layers (forward, backward, memory) per tp degree and
     micro-batch on one device, and optionally the interconnect."""
     import torch
@@ -69,8 +93,9 @@ def profile(model_name: str, tp: tuple[int, ...], micro_batch: tuple[int, ...], 
         raise click.ClickException(str(exc)) from None
     with store:
         try:
-            layers = profiler.profile_layers(model, tps=tp, micro_batches=micro_batch, gpu_type=gpu_type,
-                                             warmup=warmup, repeat=repeat)
+            layers = profiler.profile_layers(
+                model, tps=tp, micro_batches=micro_batch, gpu_type=gpu_type, warmup=warmup, repeat=repeat
+            )
         except profiler.ProfileError as exc:
             raise click.UsageError(str(exc)) from None
         store.put_layers(layers)
@@ -86,9 +111,15 @@ def profile(model_name: str, tp: tuple[int, ...], micro_batch: tuple[int, ...], 
             except profiler.ProfileError as exc:
                 raise click.UsageError(str(exc)) from None
             store.put_comm(recs)
-            rows.append({"link": link, "ranks": ranks, "records": len(recs),
-                         "p2p_gbps": round(profiler.curve_bandwidth_gbps(recs), 3),
-                         "allreduce_gbps": round(profiler.curve_bandwidth_gbps(recs, "allreduce"), 3)})
+            rows.append(
+                {
+                    "link": link,
+                    "ranks": ranks,
+                    "records": len(recs),
+                    "p2p_gbps": round(profiler.curve_bandwidth_gbps(recs), 3),
+                    "allreduce_gbps": round(profiler.curve_bandwidth_gbps(recs, "allreduce"), 3),
+                }
+            )
     if as_json:
         for row in rows:
             click.echo(json.dumps(row))

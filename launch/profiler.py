@@ -46,8 +46,23 @@ from solver.profiles.records import CommRecord, LayerRecord
 #: Model dtype -> torch dtype.
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 #: Known GPU types, as NVML names contain them (longer names first).
-GPU_TYPES = ("h200", "h100", "gh200", "a100", "a800", "h800", "a40", "a30", "a10", "l40s", "l40", "l4",
-             "v100", "t4", "p100")
+GPU_TYPES = (
+    "h200",
+    "h100",
+    "gh200",
+    "a100",
+    "a800",
+    "h800",
+    "a40",
+    "a30",
+    "a10",
+    "l40s",
+    "l40",
+    "l4",
+    "v100",
+    "t4",
+    "p100",
+)
 LOOPBACK = "loopback"
 #: Message sizes of the communication curves (bytes): 1 KiB .. 16 MiB, x4.
 COMM_SIZES = tuple(4**k * 1024 for k in range(8))
@@ -137,8 +152,10 @@ class Head(nn.Module):
 
 def check_profilable(model: ModelSpec, tp: int) -> None:
     if model.family not in TRANSFORMER_FAMILIES or model.num_experts > 1:
-        raise ProfileError(f"model {model.name!r}: only dense transformers can be profiled "
-                           f"(family {model.family}, {model.num_experts} experts)")
+        raise ProfileError(
+            f"model {model.name!r}: only dense transformers can be profiled "
+            f"(family {model.family}, {model.num_experts} experts)"
+        )
     if tp < 1 or model.heads % tp:
         raise ProfileError(f"model {model.name!r}: tp={tp} does not divide its {model.heads} heads")
 
@@ -184,8 +201,9 @@ def compute_clock(device: torch.device) -> Callable[[], float]:
     return time.perf_counter
 
 
-def _median_times(module: nn.Module, run: Callable[[], torch.Tensor], device: torch.device, warmup: int,
-                  repeat: int) -> tuple[float, float]:
+def _median_times(
+    module: nn.Module, run: Callable[[], torch.Tensor], device: torch.device, warmup: int, repeat: int
+) -> tuple[float, float]:
     """Forward and backward seconds of the fastest of `repeat` runs of `run` (a
     forward call; fastest by their sum; timed by ``compute_clock``):
     interference (other processes, clocks ramping) only adds time, and the
@@ -208,9 +226,17 @@ def _median_times(module: nn.Module, run: Callable[[], torch.Tensor], device: to
     return min(zip(fwd, bwd), key=sum)
 
 
-def profile_layers(model: ModelSpec, *, tps: Sequence[int] = (1,), micro_batches: Sequence[int] = (1, 2, 4),
-                   gpu_type: str = "cpu", device: torch.device | str | None = None, warmup: int = 2,
-                   repeat: int = 5, seed: int = 0) -> list[LayerRecord]:
+def profile_layers(
+    model: ModelSpec,
+    *,
+    tps: Sequence[int] = (1,),
+    micro_batches: Sequence[int] = (1, 2, 4),
+    gpu_type: str = "cpu",
+    device: torch.device | str | None = None,
+    warmup: int = 2,
+    repeat: int = 5,
+    seed: int = 0,
+) -> list[LayerRecord]:
     """LayerRecords of every (tp, micro-batch): layer 0 "embed", 1..L "block", L+1 "head".
 
     Blocks are alike, so one block is measured and its record repeated."""
@@ -226,8 +252,9 @@ def profile_layers(model: ModelSpec, *, tps: Sequence[int] = (1,), micro_batches
     sig, s, h = model.signature, model.seq_len, model.hidden
     out: list[LayerRecord] = []
     for tp in tps:
-        embed, block, head = (layer.to(device=device, dtype=dtype)
-                              for layer in (Embed(model), BlockShard(model, tp), Head(model)))
+        embed, block, head = (
+            layer.to(device=device, dtype=dtype) for layer in (Embed(model), BlockShard(model, tp), Head(model))
+        )
         for b in micro_batches:
             tokens = torch.randint(model.vocab, (b, s), device=device)
             x = torch.randn(b, s, h, device=device, dtype=dtype, requires_grad=True)
@@ -236,8 +263,11 @@ def profile_layers(model: ModelSpec, *, tps: Sequence[int] = (1,), micro_batches
                 x.grad = None
                 return x
 
-            runs = {"embed": (embed, lambda: embed(tokens)), "block": (block, lambda: block(fresh())),
-                    "head": (head, lambda: head(fresh(), tokens))}
+            runs = {
+                "embed": (embed, lambda: embed(tokens)),
+                "block": (block, lambda: block(fresh())),
+                "head": (head, lambda: head(fresh(), tokens)),
+            }
             measured = {}
             for kind, (layer, run) in runs.items():
                 act, y = saved_bytes(layer, run)
@@ -252,8 +282,15 @@ def profile_layers(model: ModelSpec, *, tps: Sequence[int] = (1,), micro_batches
 # -------------------------------------------------------------------- update
 
 
-def profile_update(model: ModelSpec, *, device: torch.device | str | None = None,
-                   optimizer_bytes_per_param: float = 16.0, warmup: int = 2, repeat: int = 5, seed: int = 0) -> float:
+def profile_update(
+    model: ModelSpec,
+    *,
+    device: torch.device | str | None = None,
+    optimizer_bytes_per_param: float = 16.0,
+    warmup: int = 2,
+    repeat: int = 5,
+    seed: int = 0,
+) -> float:
     """Effective memory bandwidth (GB/s) of an AdamW step over the embedding,
     one block and the head: ``params x 2 x optimizer_bytes_per_param / time``
     (the fastest of `repeat` steps), so the estimator's update term gives
@@ -304,15 +341,25 @@ def _timed(op: Callable[[], object], device: torch.device, warmup: int, repeat: 
     return statistics.median(times)
 
 
-def _comm_worker(rank: int, world: int, port: int, backend: str, link: str, sizes: Sequence[int], warmup: int,
-                 repeat: int, result: str) -> None:
+def _comm_worker(
+    rank: int,
+    world: int,
+    port: int,
+    backend: str,
+    link: str,
+    sizes: Sequence[int],
+    warmup: int,
+    repeat: int,
+    result: str,
+) -> None:
     """One rank of the communication profile; rank 0 writes the records to `result`."""
     torch.set_num_threads(1)
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
+    )
     counts = sorted({n for n in (2, 4, 8, 16, world) if n <= world})
     groups = {n: dist.new_group(list(range(n))) for n in counts}  # every rank must create every group
     recs: list[CommRecord] = []
@@ -342,8 +389,15 @@ def _comm_worker(rank: int, world: int, port: int, backend: str, link: str, size
     dist.destroy_process_group()
 
 
-def profile_comm(world: int, *, link: str, backend: str | None = None, sizes: Iterable[int] = COMM_SIZES,
-                 warmup: int = 2, repeat: int = 5) -> list[CommRecord]:
+def profile_comm(
+    world: int,
+    *,
+    link: str,
+    backend: str | None = None,
+    sizes: Iterable[int] = COMM_SIZES,
+    warmup: int = 2,
+    repeat: int = 5,
+) -> list[CommRecord]:
     """p2p (ranks 0 <-> 1) and all-reduce (among 2, 4, ... `world` ranks) times
     against message size, measured by `world` local processes."""
     if world < 2:
@@ -353,8 +407,13 @@ def profile_comm(world: int, *, link: str, backend: str | None = None, sizes: It
         raise ProfileError(f"{world} ranks need {world} GPUs, this node has {torch.cuda.device_count()}")
     with tempfile.TemporaryDirectory(prefix="cellsched-comm-") as tmp:
         result = os.path.join(tmp, "comm.json")
-        mp.start_processes(_comm_worker, args=(world, _free_port(), backend, link, tuple(sizes), warmup, repeat,
-                                               result), nprocs=world, join=True, start_method="spawn")
+        mp.start_processes(
+            _comm_worker,
+            args=(world, _free_port(), backend, link, tuple(sizes), warmup, repeat, result),
+            nprocs=world,
+            join=True,
+            start_method="spawn",
+        )
         with open(result, encoding="utf-8") as f:
             return [CommRecord(**r) for r in json.load(f)]
 
@@ -366,9 +425,18 @@ def summarize(recs: Sequence[LayerRecord]) -> list[dict]:
     """One row per (tp, micro-batch): whole-model forward/backward ms and MB."""
     rows: dict[tuple[int, int], dict] = {}
     for r in recs:
-        row = rows.setdefault((r.tp, r.micro_batch), {"tp": r.tp, "micro_batch": r.micro_batch, "layers": 0,
-                                                      "fwd_ms": 0.0, "bwd_ms": 0.0, "params_mb": 0.0,
-                                                      "act_mb": 0.0})
+        row = rows.setdefault(
+            (r.tp, r.micro_batch),
+            {
+                "tp": r.tp,
+                "micro_batch": r.micro_batch,
+                "layers": 0,
+                "fwd_ms": 0.0,
+                "bwd_ms": 0.0,
+                "params_mb": 0.0,
+                "act_mb": 0.0,
+            },
+        )
         row["layers"] += 1
         row["fwd_ms"] += r.fwd_s * 1e3
         row["bwd_ms"] += r.bwd_s * 1e3

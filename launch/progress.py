@@ -19,7 +19,9 @@ from solver.contract import PROGRESS_FILE
 _first_step_at: float | None = None
 
 
-def write_progress(checkpoint_dir: str | os.PathLike, step: int, iterations_done: float | None = None, **extra: object) -> Path:
+def write_progress(
+    checkpoint_dir: str | os.PathLike, step: int, iterations_done: float | None = None, **extra: object
+) -> Path:
     """Record that `step` iterations are done (atomically: temp file + rename)."""
     global _first_step_at
     if _first_step_at is None:
@@ -27,8 +29,13 @@ def write_progress(checkpoint_dir: str | os.PathLike, step: int, iterations_done
     d = Path(checkpoint_dir)
     d.mkdir(parents=True, exist_ok=True)
     path = d / PROGRESS_FILE
-    record = {"step": step, "iterations_done": step if iterations_done is None else iterations_done, "time": time.time(),
-              "first_step_at": _first_step_at, **extra}
+    record = {
+        "step": step,
+        "iterations_done": step if iterations_done is None else iterations_done,
+        "time": time.time(),
+        "first_step_at": _first_step_at,
+        **extra,
+    }
     tmp = path.with_name(f".{PROGRESS_FILE}.tmp.{os.getpid()}")
     tmp.write_text(json.dumps(record, separators=(",", ":")))
     os.replace(tmp, path)

@@ -67,7 +67,7 @@ class ShardLayout:
             expect = stop
 
     @classmethod
-    def proportional(cls, numel: int, weights: Sequence[float]) -> "ShardLayout":
+    def proportional(cls, numel: int, weights: Sequence[float]) -> ShardLayout:
         """Slices of NUMEL elements sized in proportion to WEIGHTS."""
         sizes = largest_remainder(numel, weights)
         starts = [sum(sizes[:r]) for r in range(len(sizes))]

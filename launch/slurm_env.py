@@ -40,7 +40,8 @@ class SlurmEnv:
             raise SlurmEnvError(f"node list has {len(self.nodelist)} nodes but SLURM_NNODES={self.nnodes}")
         if len(self.tasks_per_node) != self.nnodes or sum(self.tasks_per_node) != self.ntasks:
             raise SlurmEnvError(
-                f"tasks per node {list(self.tasks_per_node)} do not add up to {self.ntasks} tasks on {self.nnodes} nodes"
+                f"tasks per node {list(self.tasks_per_node)} do not add up to {self.ntasks} tasks "
+                f"on {self.nnodes} nodes"
             )
         if not 0 <= self.nodeid < self.nnodes:
             raise SlurmEnvError(f"SLURM_NODEID={self.nodeid} is outside 0..{self.nnodes - 1}")
@@ -58,7 +59,7 @@ class SlurmEnv:
         return self.nodelist[0]
 
     @classmethod
-    def from_environ(cls, env: Mapping[str, str] | None = None) -> "SlurmEnv":
+    def from_environ(cls, env: Mapping[str, str] | None = None) -> SlurmEnv:
         env = os.environ if env is None else env
 
         def first(*names: str) -> str:

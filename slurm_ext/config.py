@@ -12,9 +12,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from solver.types import SolverConfig
 
@@ -74,7 +75,13 @@ class ControllerConfig:
                 raise ConfigError(f"controller.{name} must be > 0, got {getattr(self, name)}")
         if self.min_gap_s < 0:
             raise ConfigError(f"controller.min_gap_s must be >= 0, got {self.min_gap_s}")
-        for name in ("checkpoint_poll_s", "checkpoint_timeout_s", "read_timeout_s", "read_budget_s", "max_restart_cost_s"):
+        for name in (
+            "checkpoint_poll_s",
+            "checkpoint_timeout_s",
+            "read_timeout_s",
+            "read_budget_s",
+            "max_restart_cost_s",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"controller.{name} must be > 0, got {getattr(self, name)}")
         if self.checkpoint_wait_s < 0:
@@ -124,7 +131,12 @@ class Config:
     source: str = ""  # the file it was read from ("" = defaults)
 
 
-_SECTIONS: dict[str, type] = {"controller": ControllerConfig, "solver": SolverConfig, "metrics": MetricsConfig, "log": LogConfig}
+_SECTIONS: dict[str, type] = {
+    "controller": ControllerConfig,
+    "solver": SolverConfig,
+    "metrics": MetricsConfig,
+    "log": LogConfig,
+}
 
 
 def _typed(section: str, key: str, want: Any, value: Any) -> Any:

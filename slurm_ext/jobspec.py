@@ -94,17 +94,25 @@ class JobSpec:
                 raise JobSpecError("gpu_types", "must be a non-empty list of GPU type names")
             for t in self.gpu_types:
                 if not isinstance(t, str) or not _GPU_TYPE.match(t):
-                    raise JobSpecError("gpu_types", f"{t!r} is not a GPU type name (lower-case letters, digits, - or _)")
+                    raise JobSpecError(
+                        "gpu_types", f"{t!r} is not a GPU type name (lower-case letters, digits, - or _)"
+                    )
         if self.partitions is not None:
             if not isinstance(self.partitions, tuple) or not self.partitions:
                 raise JobSpecError("partitions", "must be a non-empty list of partition names")
             for p in self.partitions:
                 if not isinstance(p, str) or not _PARTITION.match(p):
-                    raise JobSpecError("partitions", f"{p!r} is not a partition name (letters, digits, '.', '_' or '-')")
-        if self.requested_gpu_type is not None and (not isinstance(self.requested_gpu_type, str) or not _GPU_TYPE.match(self.requested_gpu_type)):
+                    raise JobSpecError(
+                        "partitions", f"{p!r} is not a partition name (letters, digits, '.', '_' or '-')"
+                    )
+        if self.requested_gpu_type is not None and (
+            not isinstance(self.requested_gpu_type, str) or not _GPU_TYPE.match(self.requested_gpu_type)
+        ):
             raise JobSpecError("requested_gpu_type", f"{self.requested_gpu_type!r} is not a GPU type name")
         if self.version != SPEC_VERSION:
-            raise JobSpecError("version", f"unsupported spec version {self.version!r} (this cellsched reads {SPEC_VERSION})")
+            raise JobSpecError(
+                "version", f"unsupported spec version {self.version!r} (this cellsched reads {SPEC_VERSION})"
+            )
         self.model_spec()  # raises JobSpecError naming the model field
 
     def model_spec(self) -> ModelSpec:
@@ -121,21 +129,24 @@ class JobSpec:
             return get_model(self.model)
         except ModelSpecError as e:
             msg = str(e)
-            raise JobSpecError("model", msg[len("model: "):] if msg.startswith("model: ") else msg) from None
+            raise JobSpecError("model", msg[len("model: ") :] if msg.startswith("model: ") else msg) from None
 
     def to_json(self) -> str:
         d = {k: v for k, v in asdict(self).items() if v is not None}
         text = json.dumps(d, separators=(",", ":"), sort_keys=True)
         if len(text.encode()) > MAX_SPEC_BYTES:
-            raise JobSpecError("spec", f"is {len(text.encode())} bytes, more than {MAX_SPEC_BYTES} (Slurm keeps "
-                                       f"{MAX_COMMENT_BYTES} bytes of a job comment; use a smaller model spec file)")
+            raise JobSpecError(
+                "spec",
+                f"is {len(text.encode())} bytes, more than {MAX_SPEC_BYTES} (Slurm keeps "
+                f"{MAX_COMMENT_BYTES} bytes of a job comment; use a smaller model spec file)",
+            )
         return text
 
     def to_comment(self) -> str:
         return TAG + self.to_json()
 
     @classmethod
-    def from_dict(cls, d: object) -> "JobSpec":
+    def from_dict(cls, d: object) -> JobSpec:
         if not isinstance(d, dict):
             raise JobSpecError("spec", f"must be a JSON object, got {type(d).__name__}")
         known = {f.name for f in fields(cls)}
@@ -154,7 +165,7 @@ class JobSpec:
         return cls(**kw)
 
     @classmethod
-    def from_json(cls, text: str) -> "JobSpec":
+    def from_json(cls, text: str) -> JobSpec:
         if len(text.encode()) > MAX_SPEC_BYTES:
             raise JobSpecError("spec", f"is more than {MAX_SPEC_BYTES} bytes")
         try:
@@ -164,7 +175,7 @@ class JobSpec:
         return cls.from_dict(d)
 
     @classmethod
-    def from_comment(cls, comment: str | None) -> "JobSpec | None":
+    def from_comment(cls, comment: str | None) -> JobSpec | None:
         """The spec in a job's Comment; None when the job is not managed
         (no tag); JobSpecError when it is tagged but malformed, or when it
         holds only ADMIN_MARKER (the spec is in AdminComment: `spec_of_job`)."""
@@ -172,7 +183,7 @@ class JobSpec:
             return None
         if comment == ADMIN_MARKER:
             raise JobSpecError("spec", "the Comment holds only the marker; the spec is in AdminComment")
-        return cls.from_json(comment[len(TAG):])
+        return cls.from_json(comment[len(TAG) :])
 
 
 def spec_of_job(comment: str | None, admin_comment: str | None) -> JobSpec | None:

@@ -14,12 +14,30 @@ from solver.hostlist import compress_hostlist  # noqa: F401  (re-exported: recor
 
 #: node base states / flags under which no new work can start on a node
 UNAVAILABLE_STATES = frozenset({"down", "inval", "fail", "future", "unknown"})
-UNAVAILABLE_FLAGS = frozenset({"DRAIN", "DRAINED", "DRAINING", "NOT_RESPONDING", "FAIL", "INVALID", "INVALID_REG", "POWERED_DOWN", "POWERING_DOWN", "MAINTENANCE", "REBOOT_ISSUED"})
+UNAVAILABLE_FLAGS = frozenset(
+    {
+        "DRAIN",
+        "DRAINED",
+        "DRAINING",
+        "NOT_RESPONDING",
+        "FAIL",
+        "INVALID",
+        "INVALID_REG",
+        "POWERED_DOWN",
+        "POWERING_DOWN",
+        "MAINTENANCE",
+        "REBOOT_ISSUED",
+    }
+)
 
 #: job states in which a job holds its nodes' resources
-HOLDS_RESOURCES = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING", "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING"})
+HOLDS_RESOURCES = frozenset(
+    {"RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING", "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING"}
+)
 #: job states after which a job will not run again (unless requeued)
-FINISHED = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"})
+FINISHED = frozenset(
+    {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
+)
 
 
 @dataclass(frozen=True)
@@ -152,6 +170,7 @@ class ClusterSnapshot:
 
 
 # --- hostlists -----------------------------------------------------------
+
 
 def expand_hostlist(text: str | None) -> tuple[str, ...]:
     """``n[1-3,5]`` -> (n1, n2, n3, n5) (solver.hostlist); "", None and

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from enum import StrEnum
-from typing import Any, Iterable, Mapping
+from pathlib import Path
+from typing import Any
 
 from solver import sqlitedb
 
 BUSY_TIMEOUT_S = 10.0
-
 
 
 class PlanStatus(StrEnum):
@@ -63,7 +63,7 @@ OPEN = (PlanStatus.INTENT, PlanStatus.SIGNALLED, PlanStatus.REQUEUED, PlanStatus
 _ENDS = (PlanStatus.RELEASED, PlanStatus.FAILED, PlanStatus.SUPERSEDED, PlanStatus.ABANDONED, PlanStatus.GONE)
 #: status -> the statuses it may change to: an open plan moves on (never back) or ends; an ended one stays
 TRANSITIONS: dict[PlanStatus, frozenset[PlanStatus]] = {
-    **{s: frozenset(OPEN[i + 1:] + _ENDS) for i, s in enumerate(OPEN)},
+    **{s: frozenset(OPEN[i + 1 :] + _ENDS) for i, s in enumerate(OPEN)},
     **{s: frozenset() for s in _ENDS},
 }
 _OPEN_SQL = "(" + ", ".join(f"'{s}'" for s in OPEN) + ")"
@@ -212,8 +212,9 @@ def _add_progress_at(db: sqlite3.Connection) -> None:
 
 
 #: version 2: cell_history.value (the measured restart cost of "resumed" events); 3: jobs.progress_at
-SCHEMA = sqlitedb.Schema("state file", 3, _CREATE, {2: _add_history_value, 3: _add_progress_at},
-                         legacy_version_key="schema")
+SCHEMA = sqlitedb.Schema(
+    "state file", 3, _CREATE, {2: _add_history_value, 3: _add_progress_at}, legacy_version_key="schema"
+)
 
 
 class StateStore:
@@ -233,7 +234,9 @@ class StateStore:
                     Path(self.path).expanduser().parent.mkdir(parents=True, exist_ok=True)
                 self._db = sqlitedb.connect(self.path, BUSY_TIMEOUT_S)
                 sqlitedb.open_schema(self._db, SCHEMA, self.path)
-                self._db.execute("UPDATE rounds SET status = ? WHERE status = ?", (RoundStatus.INTERRUPTED, RoundStatus.RUNNING))
+                self._db.execute(
+                    "UPDATE rounds SET status = ? WHERE status = ?", (RoundStatus.INTERRUPTED, RoundStatus.RUNNING)
+                )
         except sqlitedb.SchemaError as exc:
             raise StateError(str(exc)) from None
         except sqlite3.Error as exc:
@@ -286,8 +289,23 @@ class StateStore:
     def save_statuses(self, statuses: Iterable[JobStatus], now: float) -> None:
         """Record what this round saw of each managed job (and which ended)."""
         rows = [
-            (s.user, s.slurm_state, s.phase, s.reason, s.submit_time, s.start_time, s.end_time, s.exit_code,
-             s.iterations_done, s.progress_source, s.iterations_done, now, int(s.finished), now, s.job_id)
+            (
+                s.user,
+                s.slurm_state,
+                s.phase,
+                s.reason,
+                s.submit_time,
+                s.start_time,
+                s.end_time,
+                s.exit_code,
+                s.iterations_done,
+                s.progress_source,
+                s.iterations_done,
+                now,
+                int(s.finished),
+                now,
+                s.job_id,
+            )
             for s in statuses
         ]
         with self._tx():
@@ -295,7 +313,8 @@ class StateStore:
                 "UPDATE jobs SET user = ?, slurm_state = ?, phase = ?, reason = ?, submit_time = ?, start_time = ?, "
                 "end_time = ?, exit_code = ?, iterations_done = COALESCE(?, iterations_done), "
                 "progress_source = COALESCE(?, progress_source), "
-                "progress_at = CASE WHEN ? IS NULL THEN progress_at ELSE ? END, finished = ?, updated = ? WHERE job_id = ?",
+                "progress_at = CASE WHEN ? IS NULL THEN progress_at ELSE ? END, finished = ?, updated = ? "
+                "WHERE job_id = ?",
                 rows,
             )
 
@@ -305,7 +324,11 @@ class StateStore:
         gone = [j for (j,) in self._db.execute("SELECT job_id FROM jobs WHERE finished = 0") if j not in live]
         with self._tx():
             for j in gone:
-                self._db.execute("UPDATE jobs SET finished = 1, phase = 'finished', reason = 'no longer listed by Slurm', updated = ? WHERE job_id = ?", (now, j))
+                self._db.execute(
+                    "UPDATE jobs SET finished = 1, phase = 'finished', reason = 'no longer listed by Slurm', "
+                    "updated = ? WHERE job_id = ?",
+                    (now, j),
+                )
                 self._db.execute("UPDATE plans SET status = 'gone' WHERE job_id = ? AND status IN " + _OPEN_SQL, (j,))
         return gone
 
@@ -317,22 +340,47 @@ class StateStore:
         old = f"{job_id}~{int(row[0])}"
         with self._tx():
             self._db.execute("UPDATE jobs SET job_id = ?, finished = 1 WHERE job_id = ?", (old, job_id))
-            self._db.execute("UPDATE plans SET job_id = ?, status = CASE WHEN status IN " + _OPEN_SQL + " THEN ? ELSE status END WHERE job_id = ?",
-                             (old, PlanStatus.GONE, job_id))
+            self._db.execute(
+                "UPDATE plans SET job_id = ?, status = CASE WHEN status IN "
+                + _OPEN_SQL
+                + " THEN ? ELSE status END WHERE job_id = ?",
+                (old, PlanStatus.GONE, job_id),
+            )
             self._db.execute("UPDATE cell_history SET job_id = ? WHERE job_id = ?", (old, job_id))
 
     # --- plans ------------------------------------------------------------
 
-    def begin_plan(self, job_id: str, round_id: int | None, cell: str, nodes: Iterable[tuple[str, int]], partition: str,
-                   plan_json: str, admin_comment: str, now: float) -> int:
+    def begin_plan(
+        self,
+        job_id: str,
+        round_id: int | None,
+        cell: str,
+        nodes: Iterable[tuple[str, int]],
+        partition: str,
+        plan_json: str,
+        admin_comment: str,
+        now: float,
+    ) -> int:
         """Write an intent (before Slurm is touched); older open plans of the job are superseded."""
         with self._tx():
-            self._db.execute("UPDATE plans SET status = ? WHERE job_id = ? AND status IN " + _OPEN_SQL,
-                             (PlanStatus.SUPERSEDED, job_id))
+            self._db.execute(
+                "UPDATE plans SET status = ? WHERE job_id = ? AND status IN " + _OPEN_SQL,
+                (PlanStatus.SUPERSEDED, job_id),
+            )
             cur = self._db.execute(
                 "INSERT INTO plans (job_id, round_id, cell, nodes, partition, plan, admin_comment, status, created) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (job_id, round_id, cell, _nodes_text(nodes), partition, plan_json, admin_comment, PlanStatus.INTENT, now),
+                (
+                    job_id,
+                    round_id,
+                    cell,
+                    _nodes_text(nodes),
+                    partition,
+                    plan_json,
+                    admin_comment,
+                    PlanStatus.INTENT,
+                    now,
+                ),
             )
             return int(cur.lastrowid)
 
@@ -346,13 +394,18 @@ class StateStore:
             if status not in TRANSITIONS[PlanStatus(row[0])]:
                 raise StateError(f"plan {plan_id}: {row[0]} -> {status} is not a status change a plan makes")
             self._db.execute(
-                "UPDATE plans SET status = ?, error = ?, applied_at = CASE WHEN ? THEN ? ELSE applied_at END WHERE id = ?",
+                "UPDATE plans SET status = ?, error = ?, applied_at = CASE WHEN ? THEN ? ELSE applied_at END "
+                "WHERE id = ?",
                 (status, error, status == PlanStatus.RELEASED, now, plan_id),
             )
             if status == PlanStatus.RELEASED:
-                row = self._db.execute("SELECT job_id, round_id, cell, nodes FROM plans WHERE id = ?", (plan_id,)).fetchone()
-                self._db.execute("INSERT INTO cell_history (job_id, time, round_id, event, cell, nodes) VALUES (?, ?, ?, ?, ?, ?)",
-                                 (row[0], now, row[1], HistoryEvent.PLACED, row[2], row[3]))
+                row = self._db.execute(
+                    "SELECT job_id, round_id, cell, nodes FROM plans WHERE id = ?", (plan_id,)
+                ).fetchone()
+                self._db.execute(
+                    "INSERT INTO cell_history (job_id, time, round_id, event, cell, nodes) VALUES (?, ?, ?, ?, ?, ?)",
+                    (row[0], now, row[1], HistoryEvent.PLACED, row[2], row[3]),
+                )
 
     def _plans(self, where: str, args: tuple = ()) -> list[PlanRow]:
         rows = self._db.execute(f"SELECT * FROM plans {where}", args).fetchall()
@@ -374,10 +427,13 @@ class StateStore:
     def cell_failures(self) -> dict[str, dict[str, int]]:
         """job -> cell key -> failed applies and runs that failed before training."""
         out: dict[str, dict[str, int]] = {}
-        for sql, arg in (("SELECT job_id, cell, COUNT(*) FROM plans WHERE status = ? GROUP BY job_id, cell",
-                          PlanStatus.FAILED),
-                         ("SELECT job_id, cell, COUNT(*) FROM cell_history WHERE event = ? GROUP BY job_id, cell",
-                          HistoryEvent.RUN_FAILED)):
+        for sql, arg in (
+            ("SELECT job_id, cell, COUNT(*) FROM plans WHERE status = ? GROUP BY job_id, cell", PlanStatus.FAILED),
+            (
+                "SELECT job_id, cell, COUNT(*) FROM cell_history WHERE event = ? GROUP BY job_id, cell",
+                HistoryEvent.RUN_FAILED,
+            ),
+        ):
             for job_id, cell, n in self._db.execute(sql, (arg,)):
                 out.setdefault(job_id, {})[cell] = out.get(job_id, {}).get(cell, 0) + n
         return out
@@ -395,21 +451,39 @@ class StateStore:
         resumed (value = measured restart cost, s), run-failed (a run that
         ended before training; value = its end time), finished."""
         cols = ("time", "round_id", "event", "cell", "nodes", "value")
-        return [dict(zip(cols, r)) for r in self._db.execute(f"SELECT {', '.join(cols)} FROM cell_history WHERE job_id = ? ORDER BY id", (job_id,))]
+        return [
+            dict(zip(cols, r))
+            for r in self._db.execute(
+                f"SELECT {', '.join(cols)} FROM cell_history WHERE job_id = ? ORDER BY id", (job_id,)
+            )
+        ]
 
-    def add_history(self, job_id: str, event: HistoryEvent, now: float, round_id: int | None = None, cell: str = "", nodes: str = "",
-                    value: float | None = None) -> None:
+    def add_history(
+        self,
+        job_id: str,
+        event: HistoryEvent,
+        now: float,
+        round_id: int | None = None,
+        cell: str = "",
+        nodes: str = "",
+        value: float | None = None,
+    ) -> None:
         with self._tx():
-            self._db.execute("INSERT INTO cell_history (job_id, time, round_id, event, cell, nodes, value) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                             (job_id, now, round_id, event, cell, nodes, value))
+            self._db.execute(
+                "INSERT INTO cell_history (job_id, time, round_id, event, cell, nodes, value) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (job_id, now, round_id, event, cell, nodes, value),
+            )
 
     def pending_restarts(self) -> dict[str, float]:
         """job -> time it was asked to checkpoint, for jobs whose restart has
         not been measured yet (no "resumed" event after the last signal)."""
         out: dict[str, float] = {}
         for job_id, event, t in self._db.execute(
-                "SELECT job_id, event, time FROM cell_history WHERE event IN (?, ?) AND job_id IN "
-                "(SELECT job_id FROM jobs WHERE finished = 0) ORDER BY id", (HistoryEvent.SIGNALLED, HistoryEvent.RESUMED)):
+            "SELECT job_id, event, time FROM cell_history WHERE event IN (?, ?) AND job_id IN "
+            "(SELECT job_id FROM jobs WHERE finished = 0) ORDER BY id",
+            (HistoryEvent.SIGNALLED, HistoryEvent.RESUMED),
+        ):
             if event == HistoryEvent.SIGNALLED:
                 out[job_id] = t
             else:
@@ -418,26 +492,56 @@ class StateStore:
 
     def restart_costs(self) -> dict[str, float]:
         """job -> its last measured restart cost (signal to first step after resume), s."""
-        return {j: v for j, v in self._db.execute(
-            "SELECT job_id, value FROM cell_history WHERE event = ? AND value IS NOT NULL ORDER BY id",
-            (HistoryEvent.RESUMED,))}
+        return {
+            j: v
+            for j, v in self._db.execute(
+                "SELECT job_id, value FROM cell_history WHERE event = ? AND value IS NOT NULL ORDER BY id",
+                (HistoryEvent.RESUMED,),
+            )
+        }
 
     # --- rounds -----------------------------------------------------------
 
     def begin_round(self, now: float) -> int:
         with self._tx():
-            return int(self._db.execute("INSERT INTO rounds (started, status) VALUES (?, ?)", (now, RoundStatus.RUNNING)).lastrowid)
+            return int(
+                self._db.execute(
+                    "INSERT INTO rounds (started, status) VALUES (?, ?)", (now, RoundStatus.RUNNING)
+                ).lastrowid
+            )
 
-    def finish_round(self, round_id: int, *, status: str, duration_s: float, observe_s: float | None = None,
-                     solve_s: float | None = None, apply_s: float | None = None, objective: float | None = None,
-                     solver_status: str | None = None, num_jobs: int | None = None,
-                     actions: Iterable[Mapping[str, Any]] = (), error: str | None = None) -> None:
+    def finish_round(
+        self,
+        round_id: int,
+        *,
+        status: str,
+        duration_s: float,
+        observe_s: float | None = None,
+        solve_s: float | None = None,
+        apply_s: float | None = None,
+        objective: float | None = None,
+        solver_status: str | None = None,
+        num_jobs: int | None = None,
+        actions: Iterable[Mapping[str, Any]] = (),
+        error: str | None = None,
+    ) -> None:
         with self._tx():
             self._db.execute(
                 "UPDATE rounds SET status = ?, duration_s = ?, observe_s = ?, solve_s = ?, apply_s = ?, objective = ?, "
                 "solver_status = ?, num_jobs = ?, actions = ?, error = ? WHERE id = ?",
-                (status, duration_s, observe_s, solve_s, apply_s, objective, solver_status, num_jobs,
-                 json.dumps(list(actions), separators=(",", ":")), error, round_id),
+                (
+                    status,
+                    duration_s,
+                    observe_s,
+                    solve_s,
+                    apply_s,
+                    objective,
+                    solver_status,
+                    num_jobs,
+                    json.dumps(list(actions), separators=(",", ":")),
+                    error,
+                    round_id,
+                ),
             )
 
     def rounds(self, limit: int = 20) -> list[dict[str, Any]]:
@@ -451,4 +555,15 @@ class StateStore:
         return out
 
 
-__all__ = ["JobRow", "JobStatus", "OPEN", "PlanRow", "PlanStatus", "StateError", "StateStore", "TRANSITIONS", "HistoryEvent", "RoundStatus"]
+__all__ = [
+    "JobRow",
+    "JobStatus",
+    "OPEN",
+    "PlanRow",
+    "PlanStatus",
+    "StateError",
+    "StateStore",
+    "TRANSITIONS",
+    "HistoryEvent",
+    "RoundStatus",
+]

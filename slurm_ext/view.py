@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Collection
+from collections.abc import Collection
 
 from slurm_ext.records import ClusterSnapshot
 from solver.types import ClusterView, NodeView
@@ -35,6 +35,8 @@ def to_cluster_view(snapshot: ClusterSnapshot, managed_job_ids: Collection[str])
             continue  # the solver only places GPU work
         held = max(unmanaged_req[n.name], n.gpus_alloc - managed_req[n.name])
         free = min(n.gpus_total, max(0, n.gpus_total - held)) if n.available else 0
-        nodes.append(NodeView(name=n.name, gpu_type=n.gpu_type, gpus_total=n.gpus_total, gpus_free=free, partitions=n.partitions))
+        nodes.append(
+            NodeView(name=n.name, gpu_type=n.gpu_type, gpus_total=n.gpus_total, gpus_free=free, partitions=n.partitions)
+        )
     partitions = {p.name: p.nodes for p in snapshot.partitions}
     return ClusterView(nodes=tuple(nodes), partitions=partitions)

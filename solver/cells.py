@@ -59,8 +59,11 @@ def enumerate_cells(job: JobRequest, cluster: ClusterView, config: SolverConfig)
     allowed = None if job.gpu_types is None else set(job.gpu_types)
     sizes_of: dict[str, list[int]] = {}
     for node in cluster.nodes:
-        if (allowed is None or node.gpu_type in allowed) and node.gpus_total > 0 and (
-                job.partitions is None or in_partitions(node, job.partitions, cluster)):
+        if (
+            (allowed is None or node.gpu_type in allowed)
+            and node.gpus_total > 0
+            and (job.partitions is None or in_partitions(node, job.partitions, cluster))
+        ):
             sizes_of.setdefault(node.gpu_type, []).append(node.gpus_total)
     max_pp = min(config.max_pp, job.model.num_layers)
     cells: list[Cell] = []
@@ -131,8 +134,9 @@ def prune_dominated(estimates: Iterable[Estimate], config: SolverConfig) -> list
         mandatory.add(min(alive, key=lambda e: (e.iter_time_s, _order(e))).cell)
         mandatory.add(min(alive, key=lambda e: (e.cell.num_gpus, e.iter_time_s, _order(e))).cell)
     if len(kept) > config.max_cells_per_job:
-        rest = sorted((e for e in kept if e.cell not in mandatory),
-                      key=lambda e: (e.iter_time_s * e.cell.num_gpus, _order(e)))
+        rest = sorted(
+            (e for e in kept if e.cell not in mandatory), key=lambda e: (e.iter_time_s * e.cell.num_gpus, _order(e))
+        )
         room = max(0, config.max_cells_per_job - len(mandatory))
         kept = [e for e in kept if e.cell in mandatory] + rest[:room]
     return sorted(kept, key=_order)

@@ -143,9 +143,17 @@ def busiest_factor(virtual_workers: int, dp: int) -> float:
 class Estimator:
     """Estimates cells from a ProfileStore (see the module doc)."""
 
-    def __init__(self, store: ProfileStore, *, mem_fraction: float = 0.9, optimizer_bytes_per_param: float = 16.0,
-                 efficiency: float = 0.4, layer_overhead_s: float = 2e-4, max_pp: int = 8,
-                 update_bytes_per_param: float | None = None) -> None:
+    def __init__(
+        self,
+        store: ProfileStore,
+        *,
+        mem_fraction: float = 0.9,
+        optimizer_bytes_per_param: float = 16.0,
+        efficiency: float = 0.4,
+        layer_overhead_s: float = 2e-4,
+        max_pp: int = 8,
+        update_bytes_per_param: float | None = None,
+    ) -> None:
         """`store` is a ProfileStore (read here once for GPU specs and comm
         curves, later once per model); `efficiency` is the fraction of peak
         TFLOP/s the analytic model assumes; `layer_overhead_s` the fixed time
@@ -160,8 +168,9 @@ class Estimator:
         self.store = store
         self.mem_fraction = mem_fraction
         self.optimizer_bytes_per_param = optimizer_bytes_per_param
-        self.update_bytes_per_param = (2 * optimizer_bytes_per_param if update_bytes_per_param is None
-                                       else update_bytes_per_param)
+        self.update_bytes_per_param = (
+            2 * optimizer_bytes_per_param if update_bytes_per_param is None else update_bytes_per_param
+        )
         self.efficiency = efficiency
         self.layer_overhead_s = layer_overhead_s
         self.max_pp = max_pp
@@ -180,8 +189,9 @@ class Estimator:
     def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
         return self.estimate_model(job.model, job.global_batch, cell, job.virtual_workers)
 
-    def estimate_model(self, model: ModelSpec, global_batch: int, cell: Cell,
-                       virtual_workers: int | None = None) -> Estimate:
+    def estimate_model(
+        self, model: ModelSpec, global_batch: int, cell: Cell, virtual_workers: int | None = None
+    ) -> Estimate:
         """The cell's estimate for a job of V = `virtual_workers` (None: dp free)."""
         memo = self._sigs.get(id(model))
         if memo is None or memo[0] is not model:
@@ -194,8 +204,9 @@ class Estimator:
             est = self._cache[key] = self._estimate(self._data(model), global_batch, cell, virtual_workers)
         return est
 
-    def plans(self, model: ModelSpec, global_batch: int, cell: Cell,
-              virtual_workers: int | None = None) -> list[tuple[ParallelPlan, float, float]]:
+    def plans(
+        self, model: ModelSpec, global_batch: int, cell: Cell, virtual_workers: int | None = None
+    ) -> list[tuple[ParallelPlan, float, float]]:
         """Every candidate plan of the cell under its model source (composed,
         else analytic, calibrated as in `estimate`): (plan, iteration time s,
         peak memory GB per GPU), feasible or not; with V = `virtual_workers`,
@@ -266,7 +277,7 @@ class Estimator:
         i = bisect.bisect_left(sizes, b)
         if i < len(sizes) and sizes[i] == b:
             return b
-        near = sizes[max(0, i - 1):i + 1]
+        near = sizes[max(0, i - 1) : i + 1]
         return min(near, key=lambda s: (abs(math.log(s / b)), -s))
 
     def _stages(self, md: _ModelData, source: EstimateSource, gpu_type: str, tp: int, b: int, pp: int) -> StageCosts:
@@ -283,8 +294,13 @@ class Estimator:
         costs = md.layer_costs.get(key)
         if costs is None:
             if ref is None:
-                costs = analytic_layers(md.model, self._gpus[gpu_type], tp, efficiency=self.efficiency,
-                                        layer_overhead_s=self.layer_overhead_s)
+                costs = analytic_layers(
+                    md.model,
+                    self._gpus[gpu_type],
+                    tp,
+                    efficiency=self.efficiency,
+                    layer_overhead_s=self.layer_overhead_s,
+                )
             else:
                 costs = layers_from_records(self.store.layers(md.model.signature, gpu_type, tp, ref))
             md.layer_costs[key] = costs
@@ -312,8 +328,15 @@ class Estimator:
             return []
         return [tp for tp in _divisors(g) if self._tp_ok(model, tp, g) and cell.num_gpus % (pp * tp) == 0]
 
-    def _found(self, md: _ModelData, batch: int, cell: Cell, source: EstimateSource | None = None,
-               every: bool = False, vw: int | None = None) -> _Found:
+    def _found(
+        self,
+        md: _ModelData,
+        batch: int,
+        cell: Cell,
+        source: EstimateSource | None = None,
+        every: bool = False,
+        vw: int | None = None,
+    ) -> _Found:
         """Candidate plans of the cell under `source` (None: the best available)
         for V = `vw` virtual workers (None: one per dp rank).
 
@@ -352,12 +375,23 @@ class Estimator:
                 st = self._stages(md, chosen, cell.gpu_type, tp, b, pp)
                 if st is not last_st:  # gradient sync and weight update: once per iteration
                     sync = dp_sync_time(st, dp=dp, tp=tp, gpus_per_node=g, links=links) + update_time(
-                        st, dtype_bytes=model.dtype_bytes, update_bytes_per_param=self.update_bytes_per_param,
-                        mem_bw_gbps=mem_bw)
+                        st,
+                        dtype_bytes=model.dtype_bytes,
+                        update_bytes_per_param=self.update_bytes_per_param,
+                        mem_bw_gbps=mem_bw,
+                    )
                     last_st = st
-                t, mem = pipeline_cost(st, dp=dp, tp=tp, m=m, b=b, gpus_per_node=g, links=links,
-                                       dtype_bytes=model.dtype_bytes,
-                                       optimizer_bytes_per_param=self.optimizer_bytes_per_param)
+                t, mem = pipeline_cost(
+                    st,
+                    dp=dp,
+                    tp=tp,
+                    m=m,
+                    b=b,
+                    gpus_per_node=g,
+                    links=links,
+                    dtype_bytes=model.dtype_bytes,
+                    optimizer_bytes_per_param=self.optimizer_bytes_per_param,
+                )
                 t = (t if k == 1 else k * t) + sync
                 i = len(plans)
                 plans.append(_Cand(dp, tp, m, t, mem))
@@ -404,8 +438,12 @@ class Estimator:
         if key not in md.ratios:
             times = []
             for pp in self._stage_counts(md.model, rec.num_gpus):
-                f = self._found(md, rec.global_batch, Cell(rec.gpu_type, rec.num_nodes, rec.gpus_per_node, pp),
-                                EstimateSource.ANALYTIC)
+                f = self._found(
+                    md,
+                    rec.global_batch,
+                    Cell(rec.gpu_type, rec.num_nodes, rec.gpus_per_node, pp),
+                    EstimateSource.ANALYTIC,
+                )
                 if f.fastest is not None:
                     times.append(f.plans[f.fastest].time_s)
             md.ratios[key] = rec.iter_time_s / min(times) if times else None
@@ -454,8 +492,11 @@ class Estimator:
             if rec is not None:
                 if rec.oom:
                     continue
-                t = rec.iter_time_s if vw is None else rec.iter_time_s * self._plan_ratio(md, batch, cell, c, vw,
-                                                                                          found.source)
+                t = (
+                    rec.iter_time_s
+                    if vw is None
+                    else rec.iter_time_s * self._plan_ratio(md, batch, cell, c, vw, found.source)
+                )
                 cand = (t, i, EstimateSource.MEASURED)
             elif c.mem_bytes > limit:
                 continue
@@ -467,8 +508,9 @@ class Estimator:
             if not found.plans:
                 return self._infeasible(cell, found.source, "no valid plan (tp, dp, batch divisibility)")
             least = min(c.mem_bytes for c in found.plans) / _GB
-            return self._infeasible(cell, found.source,
-                                    f"OOM: least plan needs {least:.1f} GB > {limit / _GB:.1f} GB", least)
+            return self._infeasible(
+                cell, found.source, f"OOM: least plan needs {least:.1f} GB > {limit / _GB:.1f} GB", least
+            )
         time_s, i, src = best
         return Estimate(cell, found.plan(i, cell.pp), time_s, found.plans[i].mem_bytes / _GB, src)
 
@@ -489,8 +531,11 @@ class Estimator:
         limit = self.mem_limit_gb(cell.gpu_type) * _GB
         allowed = set(self._stage_counts(md.model, cell.num_gpus))
         for recs in (list(md.plan_records.get(layout, {}).values()), md.arena_plans.get(layout, [])):
-            ok = sorted((r.iter_time_s, r.pp, r.dp, r.tp) for r in recs
-                        if not r.oom and r.pp in allowed and self._tp_ok(md.model, r.tp, cell.gpus_per_node))
+            ok = sorted(
+                (r.iter_time_s, r.pp, r.dp, r.tp)
+                for r in recs
+                if not r.oom and r.pp in allowed and self._tp_ok(md.model, r.tp, cell.gpus_per_node)
+            )
             if ok:
                 _, pp, dp, tp = ok[0]
                 found = self._found(md, batch, Cell(cell.gpu_type, cell.num_nodes, cell.gpus_per_node, pp))
@@ -498,8 +543,11 @@ class Estimator:
                 if not idx:
                     return pp, None, None
                 fit = [j for j in idx if found.plans[j].mem_bytes <= limit]
-                i = (min(fit, key=lambda j: found.plans[j].time_s) if fit
-                     else min(idx, key=lambda j: found.plans[j].mem_bytes))
+                i = (
+                    min(fit, key=lambda j: found.plans[j].time_s)
+                    if fit
+                    else min(idx, key=lambda j: found.plans[j].mem_bytes)
+                )
                 return pp, i, found.plans[i].time_s
         options = []
         for pp in sorted(allowed):
@@ -513,8 +561,9 @@ class Estimator:
         _, t, pp, i = min(options)
         return pp, i, t
 
-    def _from_measured(self, md: _ModelData, batch: int, cell: Cell, rec: CellRecord,
-                       vw: int | None = None) -> Estimate:
+    def _from_measured(
+        self, md: _ModelData, batch: int, cell: Cell, rec: CellRecord, vw: int | None = None
+    ) -> Estimate:
         if rec.oom:
             return self._infeasible(cell, EstimateSource.MEASURED, f"OOM ({rec.source} record)")
         if cell.pp > md.model.num_layers:
@@ -527,8 +576,14 @@ class Estimator:
         limit = self.mem_limit_gb(cell.gpu_type) * _GB
         if cell.pp == p_star:
             if i_star is None:
-                return Estimate(cell, ParallelPlan(cell.pp, cell.num_gpus // cell.pp, 1), t_star, math.nan,
-                                EstimateSource.MEASURED, f"{rec.source}; plan and memory not modelled")
+                return Estimate(
+                    cell,
+                    ParallelPlan(cell.pp, cell.num_gpus // cell.pp, 1),
+                    t_star,
+                    math.nan,
+                    EstimateSource.MEASURED,
+                    f"{rec.source}; plan and memory not modelled",
+                )
             mem = found.plans[i_star].mem_bytes
             note = rec.source + ("; the memory model exceeds the limit, the measured run fits" if mem > limit else "")
             return Estimate(cell, found.plan(i_star, cell.pp), t_star, mem / _GB, EstimateSource.MEASURED, note)
@@ -536,12 +591,26 @@ class Estimator:
             why = "OOM at this pp (model)" if found.plans else "no model for this pp"
             return self._infeasible(cell, EstimateSource.MEASURED_PP, f"{why}; measured optimum at pp={p_star}")
         c = found.plans[found.best]
-        return Estimate(cell, found.plan(found.best, cell.pp), max(t_star, t_star * c.time_s / model_star),
-                        c.mem_bytes / _GB, EstimateSource.MEASURED_PP,
-                        f"{rec.source} optimum at pp={p_star}, scaled by the {found.source} model")
+        return Estimate(
+            cell,
+            found.plan(found.best, cell.pp),
+            max(t_star, t_star * c.time_s / model_star),
+            c.mem_bytes / _GB,
+            EstimateSource.MEASURED_PP,
+            f"{rec.source} optimum at pp={p_star}, scaled by the {found.source} model",
+        )
 
-    def _measured_vw(self, md: _ModelData, batch: int, cell: Cell, rec: CellRecord, vw: int, p_star: int,
-                     i_star: int | None, model_star: float | None) -> Estimate:
+    def _measured_vw(
+        self,
+        md: _ModelData,
+        batch: int,
+        cell: Cell,
+        rec: CellRecord,
+        vw: int,
+        p_star: int,
+        i_star: int | None,
+        model_star: float | None,
+    ) -> Estimate:
         """A cell record carried to V virtual workers (see the module doc)."""
         t_star, pp = rec.iter_time_s, cell.pp
         found = self._found(md, batch, cell, vw=vw)
@@ -556,11 +625,18 @@ class Estimator:
             elif cell.num_gpus // pp <= vw:
                 plan, mem = ParallelPlan(pp, cell.num_gpus // pp, 1), math.nan
             else:
-                return self._infeasible(cell, source, f"{rec.source}; plan not modelled, and pure data parallelism "
-                                        f"needs dp > V={vw}")
+                return self._infeasible(
+                    cell, source, f"{rec.source}; plan not modelled, and pure data parallelism needs dp > V={vw}"
+                )
             f = busiest_factor(vw, plan.dp)
-            return Estimate(cell, plan, t_star * f, mem, source,
-                            f"{rec.source}; plan not modelled; x{f:.4g} for V={vw} over dp={plan.dp}")
+            return Estimate(
+                cell,
+                plan,
+                t_star * f,
+                mem,
+                source,
+                f"{rec.source}; plan not modelled; x{f:.4g} for V={vw} over dp={plan.dp}",
+            )
         i, extra = found.best, ""
         if i is None and pp == p_star and found.plans:  # the measured run fits: its (dp, tp) under V
             c_star = self._found(md, batch, cell).plans[i_star]
@@ -574,6 +650,11 @@ class Estimator:
         c = found.plans[i]
         # max(T*, T* x model_V / model(p*)); T* kept where they differ by rounding only
         t = t_star if c.time_s <= model_star * (1 + 1e-9) else t_star * c.time_s / model_star
-        return Estimate(cell, found.plan(i, pp), t, c.mem_bytes / _GB, source,
-                        f"{rec.source} optimum at pp={p_star}, x{t / t_star:.4g} by the {found.source} model for "
-                        f"V={vw}{extra}")
+        return Estimate(
+            cell,
+            found.plan(i, pp),
+            t,
+            c.mem_bytes / _GB,
+            source,
+            f"{rec.source} optimum at pp={p_star}, x{t / t_star:.4g} by the {found.source} model for V={vw}{extra}",
+        )

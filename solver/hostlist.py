@@ -85,7 +85,7 @@ def _ranges(nums: list[int], width: int) -> str:
     return ",".join(out)
 
 
-def compress_hostlist(names: "list[str] | tuple[str, ...]") -> str:
+def compress_hostlist(names: list[str] | tuple[str, ...]) -> str:
     """Inverse of expand_hostlist for a trailing number: (n1, n2, n3, n5) ->
     ``n[1-3,5]``. Prefixes keep their order of first appearance; numbers are
     sorted and de-duplicated; zero padding is kept (gpu08, gpu10 -> gpu[08,10])."""

@@ -100,11 +100,16 @@ def mixed_cells(job: JobRequest, sizes_of: Mapping[str, Sequence[int]], config: 
                     if cell.key() not in job.excluded_cells:
                         out.append(cell)
     out.sort(key=lambda c: (c.num_gpus, c.num_nodes, c.parts))
-    return out[:config.max_mixed_cells]
+    return out[: config.max_mixed_cells]
 
 
-def split_batch(batch: int, ranks: Sequence[int], sec_per_sample: Sequence[float],
-                micro_batches: int, virtual_workers: int | None = None) -> tuple[tuple[int, ...], int] | None:
+def split_batch(
+    batch: int,
+    ranks: Sequence[int],
+    sec_per_sample: Sequence[float],
+    micro_batches: int,
+    virtual_workers: int | None = None,
+) -> tuple[tuple[int, ...], int] | None:
     """(samples per rank of each part, micro-batches) for two parts with
     `ranks` dp ranks whose ranks take `sec_per_sample` s per sample: whole
     multiples of the micro-batch count adding up to `batch`, slowest part
@@ -190,11 +195,19 @@ class MixedEstimator:
         subs = [self.inner.estimate(part_job, Cell(t, n, cell.gpus_per_node, 1)) for t, n in cell.parts]
         bad = [e for e in subs if not e.feasible]
         if bad:
-            return Estimate(cell, None, math.inf, min(e.mem_per_gpu_gb for e in bad), EstimateSource.NONE,
-                            f"part {bad[0].cell.key()} infeasible: {bad[0].note}")
+            return Estimate(
+                cell,
+                None,
+                math.inf,
+                min(e.mem_per_gpu_gb for e in bad),
+                EstimateSource.NONE,
+                f"part {bad[0].cell.key()} infeasible: {bad[0].note}",
+            )
         tps = {e.plan.tp for e in subs}
         if len(tps) != 1:
-            return Estimate(cell, None, math.inf, math.inf, EstimateSource.NONE, f"parts want different tp {sorted(tps)}")
+            return Estimate(
+                cell, None, math.inf, math.inf, EstimateSource.NONE, f"parts want different tp {sorted(tps)}"
+            )
         tp = tps.pop()
         batch = job.global_batch
         ranks = [e.cell.num_gpus // tp for e in subs]
@@ -204,8 +217,11 @@ class MixedEstimator:
             return Estimate(cell, None, math.inf, math.inf, EstimateSource.NONE, f"V={vw} virtual workers {why}")
         split = split_batch(batch, ranks, per_sample, max(e.plan.micro_batches for e in subs), vw)
         if split is None:
-            why = (f"global batch {batch} < {sum(ranks)} dp ranks" if vw is None else
-                   f"V={vw} virtual workers do not split into whole ones per rank over {ranks[0]}+{ranks[1]} ranks")
+            why = (
+                f"global batch {batch} < {sum(ranks)} dp ranks"
+                if vw is None
+                else f"V={vw} virtual workers do not split into whole ones per rank over {ranks[0]}+{ranks[1]} ranks"
+            )
             return Estimate(cell, None, math.inf, math.inf, EstimateSource.NONE, why)
         shares, m = split
         compute = max(s * c for s, c in zip(shares, per_sample))
@@ -214,8 +230,9 @@ class MixedEstimator:
         sync = 2 * (n - 1) * NET_LATENCY_S + 2.0 * (n - 1) / n * grad_bytes / self._net_bps([t for t, _ in cell.parts])
         # a rank's micro-batch is shares/m here (batch/V/m with V), batch/(ranks*m_i) in the part's own estimate
         mb = [s / m for s in shares] if vw is None else [batch / vw / m] * 2
-        mems = [e.mem_per_gpu_gb * max(1.0, b / (batch / (r * e.plan.micro_batches)))
-                for e, b, r in zip(subs, mb, ranks)]
+        mems = [
+            e.mem_per_gpu_gb * max(1.0, b / (batch / (r * e.plan.micro_batches))) for e, b, r in zip(subs, mb, ranks)
+        ]
         mem = max(mems)
         limit = getattr(self.inner, "mem_limit_gb", None)
         for (t, _), need in zip(cell.parts, mems):
@@ -224,5 +241,11 @@ class MixedEstimator:
         plan = ParallelPlan(1, sum(ranks), tp, m, shares)
         parts = "+".join(sorted({e.source for e in subs}))
         vws = "" if vw is None else f" ({shares[0] * vw // batch}, {shares[1] * vw // batch} of V={vw})"
-        return Estimate(cell, plan, compute + sync, mem, EstimateSource.MIXED,
-                        f"parts {parts}; shares {shares} per rank{vws}; sync {sync:.4f} s")
+        return Estimate(
+            cell,
+            plan,
+            compute + sync,
+            mem,
+            EstimateSource.MIXED,
+            f"parts {parts}; shares {shares} per rank{vws}; sync {sync:.4f} s",
+        )

@@ -44,8 +44,15 @@ FAMILIES = ("gpt", "bert", "moe", "wide_resnet", "custom")
 TRANSFORMER_FAMILIES = ("gpt", "bert", "moe", "custom")
 
 #: Upper bounds beyond which a spec is surely a typo.
-LIMITS = {"num_layers": 10_000, "hidden": 1_000_000, "heads": 10_000, "seq_len": 10_000_000,
-          "vocab": 10_000_000, "num_experts": 10_000, "params": 1e14}
+LIMITS = {
+    "num_layers": 10_000,
+    "hidden": 1_000_000,
+    "heads": 10_000,
+    "seq_len": 10_000_000,
+    "vocab": 10_000_000,
+    "num_experts": 10_000,
+    "params": 1e14,
+}
 
 
 class ModelSpecError(ValueError):
@@ -108,8 +115,10 @@ class ModelSpec:
         if self.hidden % self.heads:
             raise ModelSpecError(f"{where}: field 'hidden' ({self.hidden}) must be divisible by 'heads' ({self.heads})")
         if self.family in TRANSFORMER_FAMILIES and self.params <= self.vocab * self.hidden:
-            raise ModelSpecError(f"{where}: field 'params' ({self.params:g}) must exceed the embedding "
-                                 f"(vocab x hidden = {self.vocab * self.hidden:g})")
+            raise ModelSpecError(
+                f"{where}: field 'params' ({self.params:g}) must exceed the embedding "
+                f"(vocab x hidden = {self.vocab * self.hidden:g})"
+            )
 
     @property
     def signature(self) -> str:
@@ -158,6 +167,7 @@ class ModelSpec:
 
 # ---- parameter counts ------------------------------------------------------------
 
+
 def _expert_params(h: int) -> float:
     return 8.0 * h * h + 5.0 * h
 
@@ -192,35 +202,80 @@ def parse_size(value: Any, field: str = "params") -> float:
 # ---- presets ----------------------------------------------------------------------
 
 _RESNET50_PARAMS = 25.6e6
-_RESNET50_ACTS = 28e6          # stored values per 224x224 sample
+_RESNET50_ACTS = 28e6  # stored values per 224x224 sample
 _MACS_PER_PARAM = 165.0
 
 
-def _transformer(name: str, family: str, layers: int, hidden: int, heads: int, seq: int, vocab: int,
-                 experts: int = 1, dtype: str = "fp16") -> ModelSpec:
-    return ModelSpec(name, family, layers, hidden, heads, seq, vocab,
-                     transformer_params(layers, hidden, vocab, experts), dtype, experts)
+def _transformer(
+    name: str,
+    family: str,
+    layers: int,
+    hidden: int,
+    heads: int,
+    seq: int,
+    vocab: int,
+    experts: int = 1,
+    dtype: str = "fp16",
+) -> ModelSpec:
+    return ModelSpec(
+        name,
+        family,
+        layers,
+        hidden,
+        heads,
+        seq,
+        vocab,
+        transformer_params(layers, hidden, vocab, experts),
+        dtype,
+        experts,
+    )
 
 
 def _wide_resnet(name: str, params: float, num_layers: int = 16, dtype: str = "fp32") -> ModelSpec:
     width = math.sqrt(params / _RESNET50_PARAMS)  # channel width relative to ResNet-50
     return ModelSpec(
-        name, "wide_resnet", num_layers=num_layers, hidden=max(int(round(64 * width)), 1), heads=1,
-        seq_len=224, vocab=1000, params=params, dtype=dtype,
+        name,
+        "wide_resnet",
+        num_layers=num_layers,
+        hidden=max(int(round(64 * width)), 1),
+        heads=1,
+        seq_len=224,
+        vocab=1000,
+        params=params,
+        dtype=dtype,
         flops_per_sample_override=3.0 * 2.0 * _MACS_PER_PARAM * params,
-        act_bytes_per_sample_override=_RESNET50_ACTS * width * DTYPE_BYTES[dtype])
+        act_bytes_per_sample_override=_RESNET50_ACTS * width * DTYPE_BYTES[dtype],
+    )
 
 
 #: Alpa's GPT/BERT benchmark shapes: size -> (layers, hidden, heads).
-_BERT = {"760M": (24, 1536, 16), "1.3B": (24, 2048, 32), "2.6B": (32, 2560, 32),
-         "6.7B": (32, 4096, 32), "15B": (48, 5120, 40), "39B": (48, 8192, 64)}
+_BERT = {
+    "760M": (24, 1536, 16),
+    "1.3B": (24, 2048, 32),
+    "2.6B": (32, 2560, 32),
+    "6.7B": (32, 4096, 32),
+    "15B": (48, 5120, 40),
+    "39B": (48, 8192, 64),
+}
 #: Alpa's MoE benchmark shapes: size -> (layers, hidden, heads, experts).
-_MOE = {"690M": (8, 768, 16, 16), "1.3B": (16, 768, 16, 16), "2.4B": (16, 1024, 16, 16),
-        "10B": (16, 1536, 16, 32), "27B": (16, 2048, 16, 48), "70B": (32, 2048, 16, 64)}
+_MOE = {
+    "690M": (8, 768, 16, 16),
+    "1.3B": (16, 768, 16, 16),
+    "2.4B": (16, 1024, 16, 16),
+    "10B": (16, 1536, 16, 32),
+    "27B": (16, 2048, 16, 48),
+    "70B": (32, 2048, 16, 64),
+}
 #: GPT-3 paper shapes: name -> (layers, hidden, heads).
-_GPT3 = {"gpt-125m": (12, 768, 12), "gpt-350m": (24, 1024, 16), "gpt-760m": (24, 1536, 16),
-         "gpt-1.3b": (24, 2048, 16), "gpt-2.7b": (32, 2560, 32), "gpt-6.7b": (32, 4096, 32),
-         "gpt-13b": (40, 5120, 40)}
+_GPT3 = {
+    "gpt-125m": (12, 768, 12),
+    "gpt-350m": (24, 1024, 16),
+    "gpt-760m": (24, 1536, 16),
+    "gpt-1.3b": (24, 2048, 16),
+    "gpt-2.7b": (32, 2560, 32),
+    "gpt-6.7b": (32, 4096, 32),
+    "gpt-13b": (40, 5120, 40),
+}
 _WIDE_RESNET = ("500M", "1B", "2B", "4B", "6.8B", "13B")
 
 
@@ -228,8 +283,10 @@ def _build_presets() -> dict[str, ModelSpec]:
     out: list[ModelSpec] = []
     out += [_wide_resnet(f"wide_resnet__{size}", parse_size(size)) for size in _WIDE_RESNET]
     out += [_transformer(f"bert__{s}", "bert", *shape, seq=1024, vocab=51200) for s, shape in _BERT.items()]
-    out += [_transformer(f"moe__{s}", "moe", layers, hidden, heads, 1024, 32000, experts)
-            for s, (layers, hidden, heads, experts) in _MOE.items()]
+    out += [
+        _transformer(f"moe__{s}", "moe", layers, hidden, heads, 1024, 32000, experts)
+        for s, (layers, hidden, heads, experts) in _MOE.items()
+    ]
     out += [_transformer(n, "gpt", *shape, seq=2048, vocab=50257) for n, shape in _GPT3.items()]
     out.append(_transformer("gpt-tiny", "gpt", 4, 64, 4, 32, 256, dtype="fp32"))
     return {spec.name: spec for spec in out}
@@ -259,8 +316,20 @@ def aliases(name: str) -> list[str]:
 
 # ---- spec files ---------------------------------------------------------------------
 
-_KEYS = {"name", "family", "layers", "num_layers", "hidden", "heads", "seq_len", "vocab", "params", "dtype",
-         "num_experts", "moe_top_k"}
+_KEYS = {
+    "name",
+    "family",
+    "layers",
+    "num_layers",
+    "hidden",
+    "heads",
+    "seq_len",
+    "vocab",
+    "params",
+    "dtype",
+    "num_experts",
+    "moe_top_k",
+}
 
 
 def spec_from_dict(data: Any, where: str = "model spec") -> ModelSpec:
@@ -301,8 +370,9 @@ def spec_from_dict(data: Any, where: str = "model spec") -> ModelSpec:
         if family == "wide_resnet":
             params = parse_size(need("params"))
             if not 0 < params <= LIMITS["params"]:
-                raise ModelSpecError(f"field 'params' must be positive and at most {LIMITS['params']:g}, "
-                                     f"got {data['params']!r}")
+                raise ModelSpecError(
+                    f"field 'params' must be positive and at most {LIMITS['params']:g}, got {data['params']!r}"
+                )
             return _wide_resnet(name, params, integer(layers_key, need("layers", "num_layers")), dtype)
         layers = integer(layers_key, need("layers", "num_layers"))
         hidden = integer("hidden", need("hidden"))
@@ -311,10 +381,8 @@ def spec_from_dict(data: Any, where: str = "model spec") -> ModelSpec:
         vocab = integer("vocab", need("vocab"))
         experts = integer("num_experts", data.get("num_experts", 1))
         top_k = integer("moe_top_k", data.get("moe_top_k", 2))
-        params = (parse_size(data["params"]) if "params" in data
-                  else transformer_params(layers, hidden, vocab, experts))
-        return ModelSpec(name, family, layers, hidden, heads, seq_len, vocab, params, dtype, experts,
-                         moe_top_k=top_k)
+        params = parse_size(data["params"]) if "params" in data else transformer_params(layers, hidden, vocab, experts)
+        return ModelSpec(name, family, layers, hidden, heads, seq_len, vocab, params, dtype, experts, moe_top_k=top_k)
     except ModelSpecError as exc:
         msg = str(exc)
         raise ModelSpecError(msg if msg.startswith(where) else f"{where}: {msg}") from None
@@ -343,5 +411,4 @@ def get_model(name_or_path: str | pathlib.Path) -> ModelSpec:
         return load_spec_file(path)
     close = difflib.get_close_matches(key.lower(), list(_LOOKUP), n=4, cutoff=0.6)
     hint = f"; did you mean {', '.join(dict.fromkeys(_LOOKUP[c] for c in close))}?" if close else ""
-    raise ModelSpecError(f"model: unknown preset {key!r}{hint} (see list_presets(), or give a .json/.toml "
-                         "spec file)")
+    raise ModelSpecError(f"model: unknown preset {key!r}{hint} (see list_presets(), or give a .json/.toml spec file)")

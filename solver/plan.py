@@ -94,12 +94,17 @@ class JobPlan:
             if len(self.stage_layers) != self.pp or any(int(n) < 1 for n in self.stage_layers):
                 raise PlanError(f"plan field 'stage_layers' needs {self.pp} positive entries (one per stage)")
         if self.virtual_workers is not None:
-            if not isinstance(self.virtual_workers, int) or isinstance(self.virtual_workers, bool) \
-                    or self.virtual_workers < 1:
+            if (
+                not isinstance(self.virtual_workers, int)
+                or isinstance(self.virtual_workers, bool)
+                or self.virtual_workers < 1
+            ):
                 raise PlanError(f"plan field 'virtual_workers' must be an integer >= 1, got {self.virtual_workers!r}")
             if self.virtual_workers < self.dp:
-                raise PlanError(f"plan field 'virtual_workers' ({self.virtual_workers}) must be at least dp ({self.dp}):"
-                                " every dp rank runs at least one virtual worker")
+                raise PlanError(
+                    f"plan field 'virtual_workers' ({self.virtual_workers}) must be at least dp ({self.dp}):"
+                    " every dp rank runs at least one virtual worker"
+                )
         if self.version > PLAN_VERSION:
             raise PlanError(f"plan version {self.version} is newer than this cellsched understands ({PLAN_VERSION})")
 
@@ -116,7 +121,7 @@ class JobPlan:
         return text
 
     @classmethod
-    def from_dict(cls, d: object) -> "JobPlan":
+    def from_dict(cls, d: object) -> JobPlan:
         if not isinstance(d, dict):
             raise PlanError(f"plan must be a JSON object, got {type(d).__name__}")
         known = {f.name for f in fields(cls)}
@@ -135,7 +140,7 @@ class JobPlan:
             raise PlanError(str(e)) from None
 
     @classmethod
-    def from_json(cls, text: str) -> "JobPlan":
+    def from_json(cls, text: str) -> JobPlan:
         if text is None or not str(text).strip():
             raise PlanError("plan is empty")
         if len(text.encode()) > MAX_PLAN_BYTES:

@@ -72,8 +72,7 @@ def _connect_readonly(path: str, busy_timeout_s: float) -> sqlite3.Connection:
         db.execute("SELECT count(*) FROM sqlite_master").fetchone()
     except sqlite3.OperationalError:
         db.close()
-        db = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, timeout=busy_timeout_s,
-                             isolation_level=None)
+        db = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, timeout=busy_timeout_s, isolation_level=None)
     db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
     return db
 
@@ -99,8 +98,9 @@ def schema_version(db: sqlite3.Connection, schema: Schema, where: str) -> int | 
     tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if "meta" not in tables:
         if tables - {"sqlite_sequence"}:
-            raise SchemaError(f"{where} is an SQLite database but not a cellsched {schema.kind} "
-                              f"(tables: {', '.join(sorted(tables))})")
+            raise SchemaError(
+                f"{where} is an SQLite database but not a cellsched {schema.kind} (tables: {', '.join(sorted(tables))})"
+            )
         return None
     keys = (VERSION_KEY,) + ((schema.legacy_version_key,) if schema.legacy_version_key else ())
     for key in keys:
@@ -114,12 +114,15 @@ def schema_version(db: sqlite3.Connection, schema: Schema, where: str) -> int | 
 
 
 def set_meta(db: sqlite3.Connection, key: str, value: str) -> None:
-    db.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-               (key, value))
+    db.execute(
+        "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        (key, value),
+    )
 
 
-def open_schema(db: sqlite3.Connection, schema: Schema, where: str,
-                on_create: Callable[[], None] | None = None) -> bool:
+def open_schema(
+    db: sqlite3.Connection, schema: Schema, where: str, on_create: Callable[[], None] | None = None
+) -> bool:
     """Bring the file to ``schema.version``: create it when new (then call
     ``on_create`` in the same transaction), migrate it when older. True when
     it was created now."""
@@ -144,8 +147,10 @@ def open_schema(db: sqlite3.Connection, schema: Schema, where: str,
                     db.execute("DELETE FROM meta WHERE key = ?", (schema.legacy_version_key,))
             version = schema.version if version is None else max(version, schema.version)
     if version > schema.version:
-        raise SchemaError(f"{schema.kind} {where} has schema version {version}, newer than this cellsched "
-                          f"understands ({schema.version}); upgrade cellsched")
+        raise SchemaError(
+            f"{schema.kind} {where} has schema version {version}, newer than this cellsched "
+            f"understands ({schema.version}); upgrade cellsched"
+        )
     return created
 
 
@@ -153,12 +158,15 @@ def check_readable(db: sqlite3.Connection, schema: Schema, where: str) -> None:
     """A read-only open: the file must be of this kind and not newer."""
     version = schema_version(db, schema, where)
     if version is not None and version > schema.version:
-        raise SchemaError(f"{schema.kind} {where} has schema version {version}, newer than this cellsched "
-                          f"understands ({schema.version}); upgrade cellsched")
+        raise SchemaError(
+            f"{schema.kind} {where} has schema version {version}, newer than this cellsched "
+            f"understands ({schema.version}); upgrade cellsched"
+        )
 
 
-def where(conditions: Iterable[str] = (), *, any_of: Mapping[str, Iterable[Any] | None] | None = None,
-          **equals: Any) -> tuple[str, tuple]:
+def where(
+    conditions: Iterable[str] = (), *, any_of: Mapping[str, Iterable[Any] | None] | None = None, **equals: Any
+) -> tuple[str, tuple]:
     """`` WHERE ...`` (with a leading space; "" when nothing is asked) and its
     parameters: the raw `conditions`, ``column = ?`` for each of `equals` that
     is not None, and ``column IN (...)`` for each of `any_of` that is not None

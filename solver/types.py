@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Mapping, Protocol
+from typing import Protocol
 
 from solver.models import ModelSpec
 
@@ -100,9 +101,13 @@ class Cell:
             raise ValueError(f"invalid cell {self}")
         if self.num_gpus % self.pp:
             raise ValueError(f"cell {self}: pp={self.pp} does not divide {self.num_gpus} GPUs")
-        if self.parts and (len(self.parts) < 2 or len({t for t, _ in self.parts}) != len(self.parts)
-                           or any(n < 1 for _, n in self.parts) or sum(n for _, n in self.parts) != self.num_nodes
-                           or self.gpu_type != "+".join(t for t, _ in self.parts)):
+        if self.parts and (
+            len(self.parts) < 2
+            or len({t for t, _ in self.parts}) != len(self.parts)
+            or any(n < 1 for _, n in self.parts)
+            or sum(n for _, n in self.parts) != self.num_nodes
+            or self.gpu_type != "+".join(t for t, _ in self.parts)
+        ):
             raise ValueError(f"invalid mixed cell {self}")
 
     @property

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
-
 from support import SHAPE, TEST_CLUSTER_ENV, DevCluster, read_shape, wait_for
 
 
@@ -28,7 +28,11 @@ def slurm_cluster() -> Iterator[DevCluster]:
     started = cluster.devcluster("up", timeout=300)
     if started.returncode != 0:
         cluster.devcluster("down")
-        pytest.fail(f"the Slurm dev cluster did not start (devcluster.sh up, exit {started.returncode}):\n{started.stderr[-4000:]}", pytrace=False)
+        pytest.fail(
+            f"the Slurm dev cluster did not start (devcluster.sh up, exit {started.returncode}):\n"
+            f"{started.stderr[-4000:]}",
+            pytrace=False,
+        )
     previous = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(cluster.conf)
     try:
@@ -53,8 +57,14 @@ def _slurm_jobs_cleaned_up(request: pytest.FixtureRequest) -> Iterator[None]:
     env = {**cluster.env, "SLURM_CONF": str(cluster.conf)}
 
     def live() -> list[str]:
-        out = subprocess.run(["squeue", "-h", "-t", "PD,R,CG,CF,S", "-o", "%i"], env=env, capture_output=True, text=True,
-                             timeout=10, check=False).stdout
+        out = subprocess.run(
+            ["squeue", "-h", "-t", "PD,R,CG,CF,S", "-o", "%i"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout
         return out.split()
 
     jobs = live()
@@ -88,7 +98,9 @@ def wait_job_state() -> Callable[..., Any]:
             return wait_for(check, timeout=timeout, what=f"job {job_id} to be {sorted(wanted)}")
         except AssertionError as exc:
             last = seen[-1] if seen else None
-            raise AssertionError(f"{exc}; last seen: {last.state if last else '?'} ({last.reason if last else ''})") from None
+            raise AssertionError(
+                f"{exc}; last seen: {last.state if last else '?'} ({last.reason if last else ''})"
+            ) from None
 
     return wait
 

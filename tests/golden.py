@@ -14,8 +14,9 @@ import difflib
 import json
 import os
 import subprocess
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import pytest
 
@@ -48,5 +49,8 @@ def check_golden(path: Path, recorded: Mapping[str, Any]) -> None:
     expected = path.read_text()
     if json.loads(text) != json.loads(expected):
         diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True), str(path), "recorded"))
-        pytest.fail(f"the recorded argument lists differ from {path} (if the change is meant, rewrite it with "
-                    f"{UPDATE_ENV}=1 and review its diff):\n{diff}", pytrace=False)
+        pytest.fail(
+            f"the recorded argument lists differ from {path} (if the change is meant, rewrite it with "
+            f"{UPDATE_ENV}=1 and review its diff):\n{diff}",
+            pytrace=False,
+        )

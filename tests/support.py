@@ -8,9 +8,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVCLUSTER = ROOT / "contrib" / "dev-cluster" / "devcluster.sh"
@@ -40,7 +41,14 @@ class DevCluster:
 
     def devcluster(self, command: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
         """Run `devcluster.sh <command>` for this cluster."""
-        return subprocess.run(["bash", str(DEVCLUSTER), command], env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
+        return subprocess.run(
+            ["bash", str(DEVCLUSTER), command],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
 
 
 def read_shape(path: Path) -> dict[str, tuple[str, int]]:
@@ -52,8 +60,9 @@ def read_shape(path: Path) -> dict[str, tuple[str, int]]:
     return shape
 
 
-
-def wait_for(predicate: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.2, what: str = "a condition") -> Any:
+def wait_for(
+    predicate: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.2, what: str = "a condition"
+) -> Any:
     """Poll `predicate` until it returns something truthy; return that."""
     deadline = time.monotonic() + timeout
     while True:
@@ -72,6 +81,8 @@ def console_script(name: str = "cellsched") -> str:
     beside = Path(sys.executable).parent / name
     found = str(beside) if os.access(beside, os.X_OK) else shutil.which(name)
     if found is None:
-        raise AssertionError(f"the {name} console script is not installed next to {sys.executable} nor on PATH "
-                             f"(pip install -e . in the venv that runs pytest)")
+        raise AssertionError(
+            f"the {name} console script is not installed next to {sys.executable} nor on PATH "
+            f"(pip install -e . in the venv that runs pytest)"
+        )
     return found

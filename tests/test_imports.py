@@ -112,6 +112,10 @@ def test_no_import_cycles():
 
 
 def test_imports_point_down():
-    wrong = sorted(f"{m} imports {t}" for m, ts in graph().items() for t in ts
-                   if t.partition(".")[0] not in ALLOWED[m.partition(".")[0]])
+    wrong = sorted(
+        f"{m} imports {t}"
+        for m, ts in graph().items()
+        for t in ts
+        if t.partition(".")[0] not in ALLOWED[m.partition(".")[0]]
+    )
     assert wrong == []

@@ -27,13 +27,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from minigpt.model import GPTConfig
+from minigpt.trainer import DTYPES, TrainConfig, Trainer
 
 from launch import checkpoint
 from launch.parallel import ParallelContext, init_parallel, plan_from_env
 from launch.progress import write_progress
 from launch.sharding import state_numel
-from minigpt.model import GPTConfig
-from minigpt.trainer import DTYPES, TrainConfig, Trainer
 from solver.contract import EXIT_CHECKPOINTED
 
 
@@ -87,8 +87,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dataset-size", type=int, default=512)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ap.add_argument("--out", help="write the loss sequence here (rank 0)")
-    ap.add_argument("--step-delay", type=float, default=0.0,
-                    help="sleep this many seconds after each step (to watch a job being moved)")
+    ap.add_argument(
+        "--step-delay",
+        type=float,
+        default=0.0,
+        help="sleep this many seconds after each step (to watch a job being moved)",
+    )
     ap.add_argument("--report", help="directory for one JSON file per rank describing its layout")
     ap.add_argument(
         "--shard-state",

@@ -8,13 +8,13 @@ CLI. Further backends (the simulated cluster) register in BACKENDS.
 from __future__ import annotations
 
 import subprocess
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from slurm_ext.backends.base import (
     ALL,
     BATCH,
     STEPS,
-    check_signal_target,
     Backend,
     JobUpdate,
     SlurmCommandError,
@@ -22,6 +22,7 @@ from slurm_ext.backends.base import (
     SlurmUnavailable,
     SubmitRequest,
     UpdateNotApplied,
+    check_signal_target,
 )
 
 
@@ -59,7 +60,9 @@ def running_slurm_version(timeout: float = 5.0) -> tuple[int, int] | None:
     from slurm_ext.backends.cli import slurm_version
 
     try:
-        out = subprocess.run(["sinfo", "--version"], capture_output=True, text=True, timeout=timeout, check=False).stdout
+        out = subprocess.run(
+            ["sinfo", "--version"], capture_output=True, text=True, timeout=timeout, check=False
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
     return slurm_version(out)

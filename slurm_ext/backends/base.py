@@ -9,8 +9,9 @@ the CLI only ever see this surface.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Collection, Mapping, Protocol
+from typing import Protocol
 
 from slurm_ext.records import ClusterSnapshot, SlurmJob
 
@@ -52,7 +53,9 @@ class UpdateNotApplied(SlurmError):
     `job` is the job as read back after the update.
     """
 
-    def __init__(self, job_id: str, mismatches: Mapping[str, tuple[object, object]], job: SlurmJob | None, detail: str = "") -> None:
+    def __init__(
+        self, job_id: str, mismatches: Mapping[str, tuple[object, object]], job: SlurmJob | None, detail: str = ""
+    ) -> None:
         self.job_id = job_id
         self.mismatches = dict(mismatches)
         self.job = job
@@ -95,17 +98,29 @@ def _check(cond: bool, where: str, msg: str, value: object) -> None:
 
 def _positive(where: str, value: int | None, minimum: int = 1) -> None:
     if value is not None:
-        _check(isinstance(value, int) and not isinstance(value, bool) and value >= minimum, where, f"must be an integer >= {minimum}", value)
+        _check(
+            isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
+            where,
+            f"must be an integer >= {minimum}",
+            value,
+        )
 
 
 def _one_line(where: str, value: str | None) -> None:
     if value is not None:
-        _check(isinstance(value, str) and "\n" not in value and "\r" not in value, where, "must be one line of text", value)
+        _check(
+            isinstance(value, str) and "\n" not in value and "\r" not in value, where, "must be one line of text", value
+        )
 
 
 def _nodes(where: str, value: tuple[str, ...] | None) -> None:
     if value is not None:
-        _check(isinstance(value, tuple) and all(isinstance(n, str) and _NODE.match(n) for n in value), where, "must be a tuple of node names", value)
+        _check(
+            isinstance(value, tuple) and all(isinstance(n, str) and _NODE.match(n) for n in value),
+            where,
+            "must be a tuple of node names",
+            value,
+        )
 
 
 @dataclass(frozen=True)
@@ -144,7 +159,9 @@ class SubmitRequest:
         _check(isinstance(self.script, str) and bool(self.script.strip()), w + "script", "must be a path", self.script)
         for name in ("script_args", "extra_args"):
             v = getattr(self, name)
-            _check(isinstance(v, tuple) and all(isinstance(a, str) for a in v), w + name, "must be a tuple of strings", v)
+            _check(
+                isinstance(v, tuple) and all(isinstance(a, str) for a in v), w + name, "must be a tuple of strings", v
+            )
         _positive(w + "gres_per_node", self.gres_per_node, minimum=0)
         for name in ("nodes", "ntasks_per_node", "cpus_per_task"):
             _positive(w + name, getattr(self, name))
@@ -162,13 +179,17 @@ class SubmitRequest:
         for name in ("comment", "constraint", "output", "error", "export", "workdir"):
             _one_line(w + name, getattr(self, name))
         if self.time_limit is not None:
-            ok = (isinstance(self.time_limit, int) and not isinstance(self.time_limit, bool) and self.time_limit > 0) or (
-                isinstance(self.time_limit, str) and bool(re.match(r"^(\d+-)?\d+(:\d+){0,2}$|^UNLIMITED$", self.time_limit))
+            ok = (
+                isinstance(self.time_limit, int) and not isinstance(self.time_limit, bool) and self.time_limit > 0
+            ) or (
+                isinstance(self.time_limit, str)
+                and bool(re.match(r"^(\d+-)?\d+(:\d+){0,2}$|^UNLIMITED$", self.time_limit))
             )
             _check(ok, w + "time_limit", "must be minutes > 0 or Slurm time text like '1:00:00'", self.time_limit)
         _check(isinstance(self.hold, bool), w + "hold", "must be a bool", self.hold)
         _check(
-            isinstance(self.env, Mapping) and all(isinstance(k, str) and _ENV_KEY.match(k) and isinstance(v, str) for k, v in self.env.items()),
+            isinstance(self.env, Mapping)
+            and all(isinstance(k, str) and _ENV_KEY.match(k) and isinstance(v, str) for k, v in self.env.items()),
             w + "env",
             "must map variable names to strings",
             self.env,
@@ -208,9 +229,19 @@ class JobUpdate:
     def __post_init__(self) -> None:
         w = "JobUpdate."
         if self.partition is not None:
-            _check(isinstance(self.partition, str) and bool(_NAME.match(self.partition)), w + "partition", "must be a partition name", self.partition)
+            _check(
+                isinstance(self.partition, str) and bool(_NAME.match(self.partition)),
+                w + "partition",
+                "must be a partition name",
+                self.partition,
+            )
         if self.features is not None:
-            _check(isinstance(self.features, str) and bool(re.match(r"^[A-Za-z0-9_.,&|\[\]()*:-]*$", self.features)), w + "features", "must be a feature expression", self.features)
+            _check(
+                isinstance(self.features, str) and bool(re.match(r"^[A-Za-z0-9_.,&|\[\]()*:-]*$", self.features)),
+                w + "features",
+                "must be a feature expression",
+                self.features,
+            )
         _positive(w + "num_nodes", self.num_nodes)
         _positive(w + "gres_per_node", self.gres_per_node, minimum=0)
         _positive(w + "num_tasks", self.num_tasks)
@@ -224,7 +255,9 @@ class JobUpdate:
             raise ValueError("JobUpdate: no field to change")
 
 
-def update_mismatches(job: SlurmJob, change: JobUpdate, partition_nodes: Collection[str] | None = None) -> dict[str, tuple[object, object]]:
+def update_mismatches(
+    job: SlurmJob, change: JobUpdate, partition_nodes: Collection[str] | None = None
+) -> dict[str, tuple[object, object]]:
     """Fields of `change` that `job` (read back after the update) does not show.
 
     With `partition_nodes` (the nodes of the job's partition(s)), required
@@ -239,8 +272,11 @@ def update_mismatches(job: SlurmJob, change: JobUpdate, partition_nodes: Collect
 
     cmp("partition", change.partition, job.partition)
     cmp("features", change.features, job.features)
-    pinned = change.req_nodes is not None and len(change.req_nodes) == change.num_nodes and \
-        sorted(change.req_nodes) == sorted(job.required_nodes)
+    pinned = (
+        change.req_nodes is not None
+        and len(change.req_nodes) == change.num_nodes
+        and sorted(change.req_nodes) == sorted(job.required_nodes)
+    )
     if not pinned:  # a requeued job shows its old node count until it starts; ReqNodeList pins the count
         cmp("num_nodes", change.num_nodes, job.num_nodes)
     if change.req_nodes is not None:

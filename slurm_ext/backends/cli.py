@@ -15,14 +15,13 @@ import os
 import re
 import subprocess
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from slurm_ext.backends.base import (
-    START_SOON,
     ALL,
     BATCH,
+    START_SOON,
     STEPS,
-    check_signal_target,
     JobUpdate,
     SlurmCommandError,
     SlurmUnavailable,
@@ -30,6 +29,7 @@ from slurm_ext.backends.base import (
     UpdateNotApplied,
     check_job_id,
     check_signal,
+    check_signal_target,
     update_mismatches,
 )
 from slurm_ext.parse import json_output, scontrol_text
@@ -130,7 +130,7 @@ class CliBackend:
         return self._version
 
     def _style(self) -> str:
-        """"scontrol-json" (23.02+), "sinfo-json" (21.08-22.05) or "text"."""
+        """ "scontrol-json" (23.02+), "sinfo-json" (21.08-22.05) or "text"."""
         if self.mode == "text":
             return "text"
         v = self.version()

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import importlib
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from slurm_ext.backends.base import (
-    START_SOON,
     ALL,
     BATCH,
+    START_SOON,
     STEPS,
-    check_signal_target,
     JobUpdate,
     SlurmCommandError,
     SlurmError,
@@ -27,10 +27,19 @@ from slurm_ext.backends.base import (
     UpdateNotApplied,
     check_job_id,
     check_signal,
+    check_signal_target,
     update_mismatches,
 )
 from slurm_ext.parse.values import epoch, gpu_gres, integer, job_state, minutes, node_state, text, words
-from slurm_ext.records import FINISHED, ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition, compress_hostlist, expand_hostlist
+from slurm_ext.records import (
+    FINISHED,
+    ClusterSnapshot,
+    SlurmJob,
+    SlurmNode,
+    SlurmPartition,
+    compress_hostlist,
+    expand_hostlist,
+)
 
 
 def gres_dict_gpus(gres: Mapping[str, Any] | None) -> tuple[str | None, int]:
@@ -269,7 +278,9 @@ class PyslurmBackend:
         if job.required_nodes:
             parts = self._call("Partitions.load", self.ps.Partitions.load)
             wanted = set(job.partition.split(","))
-            part_nodes = {n for p in parts.values() if text(_get(p, "name")) in wanted for n in partition_record(p).nodes}
+            part_nodes = {
+                n for p in parts.values() if text(_get(p, "name")) in wanted for n in partition_record(p).nodes
+            }
         bad = update_mismatches(job, change, part_nodes)
         if bad:
             raise UpdateNotApplied(job_id, bad, job, failure)
@@ -291,4 +302,9 @@ class PyslurmBackend:
 
     def signal(self, job_id: str, signal: str, *, target: str = BATCH) -> None:
         check_signal(signal)
-        self._call("Job.send_signal", self._job(job_id).send_signal, signal, steps={BATCH: "batch", STEPS: "children", ALL: "all"}[check_signal_target(target)])
+        self._call(
+            "Job.send_signal",
+            self._job(job_id).send_signal,
+            signal,
+            steps={BATCH: "batch", STEPS: "children", ALL: "all"}[check_signal_target(target)],
+        )

@@ -59,8 +59,15 @@ def controller() -> None:
 
 
 @controller.command()
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file (default: $CELLSCHED_CONFIG, else /etc/cellsched/cellsched.toml).")
-@click.option("--once", is_flag=True, help="Run one round, print its report as JSON, exit (0 ok, 3 Slurm unavailable, 1 error).")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="Config file (default: $CELLSCHED_CONFIG, else /etc/cellsched/cellsched.toml).",
+)
+@click.option(
+    "--once", is_flag=True, help="Run one round, print its report as JSON, exit (0 ok, 3 Slurm unavailable, 1 error)."
+)
 @click.option("--dry-run", is_flag=True, help="Decide but change nothing (neither Slurm nor the state).")
 @click.option("--interval", type=click.FloatRange(min=0.1), help="Seconds between rounds (overrides the config).")
 @click.option("--backend", help="Slurm backend (cli, pyslurm, auto; overrides the config).")
@@ -85,7 +92,9 @@ def run(config_path: str | None, once: bool, dry_run: bool, interval: float | No
             try:
                 serve(ctl.metrics, config.metrics.port, config.metrics.address)
             except OSError as exc:
-                raise ControllerError(f"metrics on {config.metrics.address}:{config.metrics.port}: {exc.strerror}") from None
+                raise ControllerError(
+                    f"metrics on {config.metrics.address}:{config.metrics.port}: {exc.strerror}"
+                ) from None
         report = daemon.run(ctl, once=once, dry_run=dry_run, stop=stop)
     finally:
         if lock is not None:

@@ -16,8 +16,8 @@ from solver.models import ModelSpecError, get_model
 from solver.profiles.arena import ArenaFormatError
 from solver.profiles.exchange import ProfileFileError, export_jsonl, import_file
 from solver.profiles.records import CellRecord
-from solver.profiles.store import ENV_VAR, ProfileStore, ProfileStoreError
 from solver.profiles.seed import open_store
+from solver.profiles.store import ENV_VAR, ProfileStore, ProfileStoreError
 
 
 class ProfilesError(click.ClickException):
@@ -26,8 +26,10 @@ class ProfilesError(click.ClickException):
     exit_code = 2
 
 
-_DB_HELP = (f"Profile store (SQLite file). Default: ${ENV_VAR}, else ~/.local/share/cellsched/profiles.sqlite. "
-            "A new store is seeded once with the shipped Arena profiles and GPU specs.")
+_DB_HELP = (
+    f"Profile store (SQLite file). Default: ${ENV_VAR}, else ~/.local/share/cellsched/profiles.sqlite. "
+    "A new store is seeded once with the shipped Arena profiles and GPU specs."
+)
 
 
 def _db_option(f):
@@ -38,8 +40,13 @@ def _db_option(f):
         if value is not None:
             ctx.ensure_object(dict)["db"] = value
 
-    return click.option("--db", type=click.Path(dir_okay=False, path_type=pathlib.Path), expose_value=False,
-                        callback=remember, help=_DB_HELP)(f)
+    return click.option(
+        "--db",
+        type=click.Path(dir_okay=False, path_type=pathlib.Path),
+        expose_value=False,
+        callback=remember,
+        help=_DB_HELP,
+    )(f)
 
 
 def _store(ctx: click.Context) -> ProfileStore:
@@ -84,8 +91,10 @@ def list_cmd(ctx: click.Context, model: str | None, as_json: bool) -> None:
     groups: dict[tuple[str, str, str], list[CellRecord]] = collections.defaultdict(list)
     for rec in recs:
         groups[(rec.model, rec.gpu_type, rec.source)].append(rec)
-    rows = [{"model": m, "gpu_type": g, "source": s, "records": len(v), "oom": sum(r.oom for r in v)}
-            for (m, g, s), v in sorted(groups.items())]
+    rows = [
+        {"model": m, "gpu_type": g, "source": s, "records": len(v), "oom": sum(r.oom for r in v)}
+        for (m, g, s), v in sorted(groups.items())
+    ]
     totals = store.counts()
     if as_json:
         click.echo(json.dumps({"db": store.path, "cells": rows, "totals": totals}, indent=1))
@@ -100,8 +109,7 @@ def list_cmd(ctx: click.Context, model: str | None, as_json: bool) -> None:
 
 @profiles.command("import")
 @_db_option
-@click.argument("files", nargs=-1, required=True,
-                type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path))
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=pathlib.Path))
 @click.pass_context
 def import_cmd(ctx: click.Context, files: tuple[pathlib.Path, ...]) -> None:
     """Import profile files into the store (all of them, or none on error).
@@ -164,14 +172,31 @@ def show_cmd(ctx: click.Context, model: str, batch: int | None, gpu_type: str | 
         click.echo(json.dumps([asdict(r) for r in recs], indent=1))
         return
     if not recs:
-        click.echo(f"no cell records for model {model}"
-                   + (f", batch {batch}" if batch else "") + (f", GPU type {gpu_type}" if gpu_type else ""))
+        click.echo(
+            f"no cell records for model {model}"
+            + (f", batch {batch}" if batch else "")
+            + (f", GPU type {gpu_type}" if gpu_type else "")
+        )
         return
     dash = lambda v: "-" if v is None else v  # noqa: E731
-    _table(["model", "batch", "gpu_type", "layout", "pp", "dp", "tp", "source", "iter_time_s", "samples/s"],
-           [[r.model, r.global_batch, r.gpu_type, f"{r.num_nodes}x{r.gpus_per_node}", dash(r.pp), dash(r.dp),
-             dash(r.tp), r.source, "oom" if r.oom else f"{r.iter_time_s:.3f}",
-             "-" if r.oom else f"{r.global_batch / r.iter_time_s:.3f}"] for r in recs])
+    _table(
+        ["model", "batch", "gpu_type", "layout", "pp", "dp", "tp", "source", "iter_time_s", "samples/s"],
+        [
+            [
+                r.model,
+                r.global_batch,
+                r.gpu_type,
+                f"{r.num_nodes}x{r.gpus_per_node}",
+                dash(r.pp),
+                dash(r.dp),
+                dash(r.tp),
+                r.source,
+                "oom" if r.oom else f"{r.iter_time_s:.3f}",
+                "-" if r.oom else f"{r.global_batch / r.iter_time_s:.3f}",
+            ]
+            for r in recs
+        ],
+    )
 
 
 def _table(header: list[str], rows: list[list[object]]) -> None:

@@ -8,9 +8,10 @@ import logging
 import pathlib
 import sys
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, TextIO
+from typing import Any, TextIO
 
 import click
 
@@ -41,7 +42,7 @@ class Job:
 
 
 def _profiles_kind(path: str | None) -> str:
-    """"arena" (Arena's profiles_optimal.json, also the default) or "store" (a profile-store SQLite file)."""
+    """ "arena" (Arena's profiles_optimal.json, also the default) or "store" (a profile-store SQLite file)."""
     if path is None:
         return "arena"
     p = pathlib.Path(path)
@@ -112,8 +113,9 @@ class ProgressBar:
         decile = int(10 * finished / total) if total else 10
         if decile > self.printed[policy]:
             self.printed[policy] = decile
-            self.stream.write(f"{PROG}: {policy}: {finished}/{total} jobs finished, {sim_s:.0f} simulated s, "
-                              f"{rounds} rounds\n")
+            self.stream.write(
+                f"{PROG}: {policy}: {finished}/{total} jobs finished, {sim_s:.0f} simulated s, {rounds} rounds\n"
+            )
             self.stream.flush()
 
     def close(self) -> None:
@@ -196,41 +198,108 @@ def load_cluster(path: str | None) -> ClusterSpec:
 
 
 @click.command("simulate", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
-              help="Trace file. Default: Arena's Philly trace shipped with cellsched (1,938 jobs).")
-@click.option("--trace-format", type=click.Choice(["arena", "sacct"]), default="arena", show_default=True,
-              help="arena: Arena's CSV; sacct: a `sacct -P` export (iterations from run times at the requested cell's speed).")
-@click.option("--iteration-scale", type=click.IntRange(min=1), default=None,
-              help="Arena traces: iterations = num_iteration // this (default 5, Arena's own convention).")
-@click.option("--cluster", "cluster_path", type=click.Path(dir_okay=False), default=None,
-              help="Cluster spec (Arena's cluster_spec.json or our TOML/JSON node groups). Default: Arena's cluster, 1,280 GPUs.")
-@click.option("--profiles", type=click.Path(dir_okay=False), default=None,
-              help="Arena's profiles_optimal.json (its lookup is both the truth and the estimate) or a profile-store "
-                   "SQLite file (its estimator is both). Default: the shipped Arena profiles.")
-@click.option("--policy", "policies", multiple=True,
-              help="Policy to simulate; repeat for several (cellsched, cellsched-static, fcfs, fcfs-backfill, gavel, sia). "
-                   "Default: cellsched and fcfs.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
-              help="Directory for results.json, results.md and the plots.")
+@click.option(
+    "--trace",
+    "trace_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Trace file. Default: Arena's Philly trace shipped with cellsched (1,938 jobs).",
+)
+@click.option(
+    "--trace-format",
+    type=click.Choice(["arena", "sacct"]),
+    default="arena",
+    show_default=True,
+    help="arena: Arena's CSV; sacct: a `sacct -P` export (iterations from run times at the requested cell's speed).",
+)
+@click.option(
+    "--iteration-scale",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Arena traces: iterations = num_iteration // this (default 5, Arena's own convention).",
+)
+@click.option(
+    "--cluster",
+    "cluster_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Cluster spec (Arena's cluster_spec.json or our TOML/JSON node groups). Default: Arena's cluster, 1,280 GPUs.",
+)
+@click.option(
+    "--profiles",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Arena's profiles_optimal.json (its lookup is both the truth and the estimate) or a profile-store "
+    "SQLite file (its estimator is both). Default: the shipped Arena profiles.",
+)
+@click.option(
+    "--policy",
+    "policies",
+    multiple=True,
+    help="Policy to simulate; repeat for several (cellsched, cellsched-static, fcfs, fcfs-backfill, gavel, sia). "
+    "Default: cellsched and fcfs.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    required=True,
+    help="Directory for results.json, results.md and the plots.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of a Markdown table.")
-@click.option("--arena-compat", is_flag=True,
-              help="Arena's conventions: fixed 300 s rounds, quantized arrivals, completions seen at round boundaries, "
-                   "executed-seconds progress, Arena's restart charges.")
-@click.option("--progress-model", type=click.Choice(["executed-seconds", "iterations"]), default="executed-seconds",
-              show_default=True, help="With --arena-compat: Arena's progress quirk, or strict iteration counting.")
-@click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Seconds between controller rounds (default 60; 300 with --arena-compat, which fixes it).")
+@click.option(
+    "--arena-compat",
+    is_flag=True,
+    help="Arena's conventions: fixed 300 s rounds, quantized arrivals, completions seen at round boundaries, "
+    "executed-seconds progress, Arena's restart charges.",
+)
+@click.option(
+    "--progress-model",
+    type=click.Choice(["executed-seconds", "iterations"]),
+    default="executed-seconds",
+    show_default=True,
+    help="With --arena-compat: Arena's progress quirk, or strict iteration counting.",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds between controller rounds (default 60; 300 with --arena-compat, which fixes it).",
+)
 @click.option("--limit-jobs", type=click.IntRange(min=1), default=None, help="Simulate only the first N jobs.")
-@click.option("--max-time", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Stop this many simulated seconds after the first arrival.")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Policies simulated in parallel processes.")
+@click.option(
+    "--max-time",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Stop this many simulated seconds after the first arrival.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Policies simulated in parallel processes.",
+)
 @click.option("--no-plots", is_flag=True, help="Do not draw the PNG plots.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Solver seed.")
-def simulate(trace_path: str | None, trace_format: str, iteration_scale: int | None, cluster_path: str | None,
-             profiles: str | None, policies: tuple[str, ...], out_dir: str, as_json: bool, arena_compat: bool,
-             progress_model: str, interval: float | None, limit_jobs: int | None, max_time: float | None,
-             workers: int, no_plots: bool, seed: int) -> None:
+def simulate(
+    trace_path: str | None,
+    trace_format: str,
+    iteration_scale: int | None,
+    cluster_path: str | None,
+    profiles: str | None,
+    policies: tuple[str, ...],
+    out_dir: str,
+    as_json: bool,
+    arena_compat: bool,
+    progress_model: str,
+    interval: float | None,
+    limit_jobs: int | None,
+    max_time: float | None,
+    workers: int,
+    no_plots: bool,
+    seed: int,
+) -> None:
     """Replay a job trace through the real controller and policies on a
     simulated Slurm cluster, and write a report (results.json, results.md,
     plots) to --out. Progress goes to stderr; the summary table to stdout.
@@ -255,8 +324,13 @@ def simulate(trace_path: str | None, trace_format: str, iteration_scale: int | N
     trace = load_trace(trace_path, trace_format, iteration_scale, limit_jobs)
     cluster = load_cluster(cluster_path)
     try:
-        options = SimOptions(interval_s=interval or 60.0, arena_compat=arena_compat, progress_model=progress_model,
-                             max_time_s=max_time, seed=seed)
+        options = SimOptions(
+            interval_s=interval or 60.0,
+            arena_compat=arena_compat,
+            progress_model=progress_model,
+            max_time_s=max_time,
+            seed=seed,
+        )
         truth_and_estimator(profiles)  # fail here, not in a worker
     except SimError as exc:
         raise SimulateError(str(exc)) from None
@@ -273,16 +347,32 @@ def simulate(trace_path: str | None, trace_format: str, iteration_scale: int | N
         bar.close()
     from slurm_ext.sim.report import markdown_table, summaries, write_report
 
-    meta = {"trace": trace_path or "shipped Philly trace (Arena)", "trace_format": trace_format,
-            "jobs": len(trace), "cluster": cluster_path or "Arena's cluster", "gpus": cluster.total_gpus,
-            "profiles": profiles or "shipped Arena profiles", "profiles_kind": kind,
-            "mode": "arena-compat" if arena_compat else "event", "interval_s": options.effective().interval_s,
-            "wall_s": round(time.perf_counter() - t0, 1)}
+    meta = {
+        "trace": trace_path or "shipped Philly trace (Arena)",
+        "trace_format": trace_format,
+        "jobs": len(trace),
+        "cluster": cluster_path or "Arena's cluster",
+        "gpus": cluster.total_gpus,
+        "profiles": profiles or "shipped Arena profiles",
+        "profiles_kind": kind,
+        "mode": "arena-compat" if arena_compat else "event",
+        "interval_s": options.effective().interval_s,
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
     results = summaries(runs)
     written = write_report(runs, out_dir, plots=not no_plots, meta=meta, results=results)
     if as_json:
-        click.echo(json.dumps({"meta": meta, "summary": {r.policy: r.to_dict() for r in results},
-                               "files": {k: str(v) for k, v in written.items()}}, indent=1, default=str))
+        click.echo(
+            json.dumps(
+                {
+                    "meta": meta,
+                    "summary": {r.policy: r.to_dict() for r in results},
+                    "files": {k: str(v) for k, v in written.items()},
+                },
+                indent=1,
+                default=str,
+            )
+        )
     else:
         click.echo(markdown_table(results), nl=False)
         click.echo(f"\nwritten: {', '.join(str(v) for v in written.values())}", err=True)

@@ -19,8 +19,12 @@ from slurm_ext.state import RoundStatus, StateStore
 from slurm_ext.textsafe import printable
 from solver.plan import JobPlan, PlanError
 
-_CONFIG = click.option("--config", "config_path", type=click.Path(dir_okay=False),
-                       help="Config file (default: $CELLSCHED_CONFIG, else /etc/cellsched/cellsched.toml).")
+_CONFIG = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="Config file (default: $CELLSCHED_CONFIG, else /etc/cellsched/cellsched.toml).",
+)
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 
@@ -44,7 +48,9 @@ def viewer() -> str | None:
     return None if uid == 0 or name == slurm_user() else name
 
 
-def job_rows(state: StateStore, *, now: float, only_user: str | None = None, include_finished: bool = False) -> list[dict[str, Any]]:
+def job_rows(
+    state: StateStore, *, now: float, only_user: str | None = None, include_finished: bool = False
+) -> list[dict[str, Any]]:
     """One dict per managed job: id, user, state, phase, cell, nodes, plan
     (pp/dp/tp ...), estimated samples/s, progress, time in queue, reason."""
     plans = state.latest_plans(applied_only=True)
@@ -63,29 +69,35 @@ def job_rows(state: StateStore, *, now: float, only_user: str | None = None, inc
         iterations = spec.get("iterations")
         done = job.iterations_done
         queued_until = job.start_time if job.start_time else (job.end_time if job.finished else now)
-        rows.append({
-            "job_id": job.job_id,
-            "user": job.user,
-            "state": job.slurm_state or "?",
-            "phase": job.phase,
-            "model": spec.get("model"),
-            "cell": p.cell if p else None,
-            "gpu_type": plan.gpu_types[0] if plan and plan.gpu_types else None,
-            "gpus": plan.world_size if plan else None,
-            "nodes": [f"{n}:{g}" for n, g in p.nodes] if p else [],
-            "partition": p.partition if p else None,
-            "pp": plan.pp if plan else None,
-            "dp": plan.dp if plan else None,
-            "tp": plan.tp if plan else None,
-            "plan": json.loads(p.plan) if p else None,
-            "samples_per_s": round(plan.global_batch / plan.iter_time_s, 3) if plan and plan.global_batch and plan.iter_time_s else None,
-            "iterations_done": done,
-            "iterations": iterations,
-            "progress_source": job.progress_source,
-            "queued_s": round(max(0.0, queued_until - job.submit_time), 1) if job.submit_time and queued_until else None,
-            "reason": job.bad_reason or job.reason,
-            "exit_code": job.exit_code,
-        })
+        rows.append(
+            {
+                "job_id": job.job_id,
+                "user": job.user,
+                "state": job.slurm_state or "?",
+                "phase": job.phase,
+                "model": spec.get("model"),
+                "cell": p.cell if p else None,
+                "gpu_type": plan.gpu_types[0] if plan and plan.gpu_types else None,
+                "gpus": plan.world_size if plan else None,
+                "nodes": [f"{n}:{g}" for n, g in p.nodes] if p else [],
+                "partition": p.partition if p else None,
+                "pp": plan.pp if plan else None,
+                "dp": plan.dp if plan else None,
+                "tp": plan.tp if plan else None,
+                "plan": json.loads(p.plan) if p else None,
+                "samples_per_s": round(plan.global_batch / plan.iter_time_s, 3)
+                if plan and plan.global_batch and plan.iter_time_s
+                else None,
+                "iterations_done": done,
+                "iterations": iterations,
+                "progress_source": job.progress_source,
+                "queued_s": round(max(0.0, queued_until - job.submit_time), 1)
+                if job.submit_time and queued_until
+                else None,
+                "reason": job.bad_reason or job.reason,
+                "exit_code": job.exit_code,
+            }
+        )
     return rows
 
 
@@ -104,12 +116,20 @@ def _table(rows: list[dict[str, Any]]) -> str:
         prog = "-"
         if r["iterations"]:
             prog = f"{int(r['iterations_done'] or 0)}/{r['iterations']}"
-        lines.append((
-            r["job_id"], r["user"], r["state"], r["cell"] or "-", ",".join(r["nodes"]) or "-",
-            f"{r['pp']}/{r['dp']}/{r['tp']}" if r["pp"] else "-",
-            f"{r['samples_per_s']:.1f}" if r["samples_per_s"] else "-",
-            prog, _fmt_time(r["queued_s"]), r["reason"] or "",
-        ))
+        lines.append(
+            (
+                r["job_id"],
+                r["user"],
+                r["state"],
+                r["cell"] or "-",
+                ",".join(r["nodes"]) or "-",
+                f"{r['pp']}/{r['dp']}/{r['tp']}" if r["pp"] else "-",
+                f"{r['samples_per_s']:.1f}" if r["samples_per_s"] else "-",
+                prog,
+                _fmt_time(r["queued_s"]),
+                r["reason"] or "",
+            )
+        )
     lines = [tuple(printable(c) for c in line) for line in lines]
     widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)) + "  " + line[-1] for line in lines)
@@ -139,9 +159,11 @@ def _json_out(obj: Any) -> None:
 def _round_text(r: dict[str, Any]) -> str:
     """The `status` line about the last round (its error may quote users' text)."""
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started"]))
-    return (f"last round {r['id']} at {when}: {r['status']}, {len(r['actions'])} actions"
-            + (f", {r['duration_s']:.2f} s" if r["duration_s"] is not None else "")
-            + (f" ({printable(r['error'])})" if r["error"] else ""))
+    return (
+        f"last round {r['id']} at {when}: {r['status']}, {len(r['actions'])} actions"
+        + (f", {r['duration_s']:.2f} s" if r["duration_s"] is not None else "")
+        + (f" ({printable(r['error'])})" if r["error"] else "")
+    )
 
 
 def plan_text(report: Any) -> str:
@@ -164,9 +186,13 @@ def plan_text(report: Any) -> str:
 @_CONFIG
 @_JSON
 @click.option("--all", "include_finished", is_flag=True, help="Include finished jobs.")
-@click.option("--history", "history_of", metavar="JOBID",
-              help="Show one job's history: cells it was placed in, moves (signalled, requeued, resumed with the "
-                   "measured restart cost), end.")
+@click.option(
+    "--history",
+    "history_of",
+    metavar="JOBID",
+    help="Show one job's history: cells it was placed in, moves (signalled, requeued, resumed with the "
+    "measured restart cost), end.",
+)
 def status(config_path: str | None, as_json: bool, include_finished: bool, history_of: str | None) -> None:
     """Managed jobs: cell, plan, speed, progress, time in queue, why pending.
 
@@ -207,7 +233,9 @@ def plan(config_path: str | None, as_json: bool) -> None:
 
     For root and the SlurmUser only: it shows every user's placements."""
     if viewer() is not None:
-        raise ControllerError("`cellsched plan` shows every user's jobs and is for root and the SlurmUser; use `cellsched status`")
+        raise ControllerError(
+            "`cellsched plan` shows every user's jobs and is for root and the SlurmUser; use `cellsched status`"
+        )
     config = load_config(config_path)
     state = open_state(config, readonly=True)
     try:

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from slurm_ext.controller.notify import sd_notify
 from slurm_ext.controller.report import RoundReport
-from slurm_ext.state import RoundStatus
 from slurm_ext.controller.watcher import Watcher, wait_unless_stopped
+from slurm_ext.state import RoundStatus
 
 if TYPE_CHECKING:
     from slurm_ext.controller.round import Controller
@@ -26,8 +26,14 @@ log = logging.getLogger("cellsched.controller")
 STOP_GRACE_S = 4.0
 
 
-def run(controller: Controller, *, once: bool = False, dry_run: bool = False, stop: threading.Event | None = None,
-        on_round: Callable[[RoundReport], None] | None = None) -> RoundReport | None:
+def run(
+    controller: Controller,
+    *,
+    once: bool = False,
+    dry_run: bool = False,
+    stop: threading.Event | None = None,
+    on_round: Callable[[RoundReport], None] | None = None,
+) -> RoundReport | None:
     """Rounds until `stop` is set (or one with `once`); the last round's report."""
     stop = controller.stop = stop or controller.stop
     cc = controller.config.controller
@@ -39,8 +45,11 @@ def run(controller: Controller, *, once: bool = False, dry_run: bool = False, st
         report = controller.round(dry_run=dry_run)
         if on_round:
             on_round(report)
-        sd_notify("WATCHDOG=1", f"STATUS=round {report.round_id}: {report.status}, {report.num_jobs} jobs, "
-                                f"{len(report.actions)} actions, {report.total_s:.2f} s")
+        sd_notify(
+            "WATCHDOG=1",
+            f"STATUS=round {report.round_id}: {report.status}, {report.num_jobs} jobs, "
+            f"{len(report.actions)} actions, {report.total_s:.2f} s",
+        )
         if once:
             return report
         if report.status == RoundStatus.UNAVAILABLE:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Mapping
 
 from slurm_ext.jobspec import JobSpec, JobSpecError, is_managed_comment, spec_of_job
 from slurm_ext.records import ClusterSnapshot, SlurmJob
@@ -21,6 +21,7 @@ from solver.cells import in_partitions
 from solver.mixed import parse_key
 from solver.plan import JobPlan, PlanError, default_virtual_workers
 from solver.types import Cell, ClusterView, JobRequest, ParallelPlan, Placement, ScheduleRequest, SolverConfig
+
 
 class Phase(StrEnum):
     """Where a managed job is, as one round sees it."""
@@ -93,7 +94,11 @@ def _stored_spec(text: str) -> JobSpec:
 
 def is_managed(job: SlurmJob, known: Mapping[str, JobRow]) -> bool:
     row = known.get(job.job_id)
-    return (row is not None and (row.spec is not None or row.bad_reason is not None)) or is_managed_comment(job.comment) or _has_spec(job.admin_comment)
+    return (
+        (row is not None and (row.spec is not None or row.bad_reason is not None))
+        or is_managed_comment(job.comment)
+        or _has_spec(job.admin_comment)
+    )
 
 
 def read_spec(job: SlurmJob, known: JobRow | None) -> tuple[JobSpec | None, str | None, str, str]:
@@ -113,8 +118,12 @@ def read_spec(job: SlurmJob, known: JobRow | None) -> tuple[JobSpec | None, str 
 
 def capacity(spec: JobSpec, view: ClusterView) -> int:
     """GPUs of the nodes the job may run on (its GPU types and partitions)."""
-    return sum(n.gpus_total for n in view.nodes if (spec.gpu_types is None or n.gpu_type in spec.gpu_types)
-               and (spec.partitions is None or in_partitions(n, spec.partitions, view)))
+    return sum(
+        n.gpus_total
+        for n in view.nodes
+        if (spec.gpu_types is None or n.gpu_type in spec.gpu_types)
+        and (spec.partitions is None or in_partitions(n, spec.partitions, view))
+    )
 
 
 def with_virtual_workers(spec: JobSpec, view: ClusterView) -> JobSpec:
@@ -131,7 +140,7 @@ def with_virtual_workers(spec: JobSpec, view: ClusterView) -> JobSpec:
     return dataclasses.replace(spec, virtual_workers=v)
 
 
-def fixed_virtual_workers(m: "ManagedJob") -> int | None:
+def fixed_virtual_workers(m: ManagedJob) -> int | None:
     """The job's V when it is fixed: its spec's, else its plan's (a job placed
     before keeps the virtual workers its checkpoints hold); None while a
     never-placed job may still pick its dp freely."""
@@ -153,8 +162,9 @@ def placement_of(job_id: str, plan: JobPlan) -> Placement | None:
         par = ParallelPlan(plan.pp, plan.dp, plan.tp, plan.micro_batches)
         if par.num_gpus != cell.num_gpus:
             return None
-        return Placement(job_id, cell, tuple((n, plan.gpus_per_node) for n in plan.nodes), par,
-                         float(plan.iter_time_s or 0.0))
+        return Placement(
+            job_id, cell, tuple((n, plan.gpus_per_node) for n in plan.nodes), par, float(plan.iter_time_s or 0.0)
+        )
     except (ValueError, TypeError):
         return None
 
@@ -177,8 +187,12 @@ def checkpointed(job: SlurmJob) -> bool:
     return job.finished and (job.exit_code == contract.EXIT_CHECKPOINTED or job.state in REQUEUE_STATES)
 
 
-def classify(snapshot: ClusterSnapshot, known: Mapping[str, JobRow], intents: Mapping[str, PlanRow],
-             released: frozenset[str] | set[str] = frozenset()) -> tuple[ManagedJob, ...]:
+def classify(
+    snapshot: ClusterSnapshot,
+    known: Mapping[str, JobRow],
+    intents: Mapping[str, PlanRow],
+    released: frozenset[str] | set[str] = frozenset(),
+) -> tuple[ManagedJob, ...]:
     """Every managed job in the snapshot with its phase.
 
     `known`: the state's jobs; `intents`: open intents by job; `released`:
@@ -204,8 +218,19 @@ def classify(snapshot: ClusterSnapshot, known: Mapping[str, JobRow], intents: Ma
         plan = admin_comment_plan(job.admin_comment)
         intent = intents.get(job.job_id)
         if job.finished and spec is not None and checkpointed(job):
-            out.append(ManagedJob(job, Phase.CHECKPOINTED, spec, spec_json, source,
-                                  f"checkpointed ({job.state.lower()}, exit {job.exit_code}); to be requeued", plan, None, intent))
+            out.append(
+                ManagedJob(
+                    job,
+                    Phase.CHECKPOINTED,
+                    spec,
+                    spec_json,
+                    source,
+                    f"checkpointed ({job.state.lower()}, exit {job.exit_code}); to be requeued",
+                    plan,
+                    None,
+                    intent,
+                )
+            )
             continue
         if job.finished:
             out.append(ManagedJob(job, Phase.FINISHED, spec, spec_json, source, job.state.lower(), plan, None, intent))
@@ -216,10 +241,33 @@ def classify(snapshot: ClusterSnapshot, known: Mapping[str, JobRow], intents: Ma
         if job.holds_resources:
             current = placement_of(job.job_id, plan) if plan else None
             if current is None or sorted(current.node_names) != sorted(job.nodes):
-                out.append(ManagedJob(job, Phase.UNPLANNED, spec, spec_json, source, "runs without a cellsched plan", plan, None, intent))
+                out.append(
+                    ManagedJob(
+                        job,
+                        Phase.UNPLANNED,
+                        spec,
+                        spec_json,
+                        source,
+                        "runs without a cellsched plan",
+                        plan,
+                        None,
+                        intent,
+                    )
+                )
             elif intent is not None and intent.status == PlanStatus.SIGNALLED:
-                out.append(ManagedJob(job, Phase.CHECKPOINTING, spec, spec_json, source, "asked to checkpoint for a move",
-                                      plan, current, intent))
+                out.append(
+                    ManagedJob(
+                        job,
+                        Phase.CHECKPOINTING,
+                        spec,
+                        spec_json,
+                        source,
+                        "asked to checkpoint for a move",
+                        plan,
+                        current,
+                        intent,
+                    )
+                )
             else:
                 out.append(ManagedJob(job, Phase.RUNNING, spec, spec_json, source, "", plan, current, intent))
             continue
@@ -228,15 +276,27 @@ def classify(snapshot: ClusterSnapshot, known: Mapping[str, JobRow], intents: Ma
                 current = intent_placement(intent)
                 out.append(ManagedJob(job, Phase.HELD, spec, spec_json, source, "", plan, current, intent))
             elif job.job_id in released and row is not None:
-                out.append(ManagedJob(job, Phase.OPERATOR_HOLD, spec, spec_json, source,
-                                      f"held again after cellsched released it ({job.reason or 'held'}); release it to continue",
-                                      plan, None, None))
+                out.append(
+                    ManagedJob(
+                        job,
+                        Phase.OPERATOR_HOLD,
+                        spec,
+                        spec_json,
+                        source,
+                        f"held again after cellsched released it ({job.reason or 'held'}); release it to continue",
+                        plan,
+                        None,
+                        None,
+                    )
+                )
             else:
                 out.append(ManagedJob(job, Phase.HELD, spec, spec_json, source, "", plan, None, None))
             continue
         current = placement_of(job.job_id, plan) if plan else None
         if current is None:
-            out.append(ManagedJob(job, Phase.LOOSE, spec, spec_json, source, "pending without a plan", plan, None, intent))
+            out.append(
+                ManagedJob(job, Phase.LOOSE, spec, spec_json, source, "pending without a plan", plan, None, intent)
+            )
         else:
             out.append(ManagedJob(job, Phase.RELEASED, spec, spec_json, source, job.reason, plan, current, intent))
     return tuple(out)
@@ -272,11 +332,16 @@ def started_training(m: ManagedJob, first_step_at: Mapping[str, float]) -> bool:
     return first is not None and (m.job.start_time is None or first >= m.job.start_time)
 
 
-def build_request(snapshot: ClusterSnapshot, jobs: tuple[ManagedJob, ...], progress: Mapping[str, float],
-                  config: SolverConfig, excluded: Mapping[str, frozenset[str]] | None = None,
-                  previous: Mapping[str, Placement] | None = None,
-                  restart_costs: Mapping[str, float] | None = None,
-                  first_step_at: Mapping[str, float] | None = None) -> Inputs:
+def build_request(
+    snapshot: ClusterSnapshot,
+    jobs: tuple[ManagedJob, ...],
+    progress: Mapping[str, float],
+    config: SolverConfig,
+    excluded: Mapping[str, frozenset[str]] | None = None,
+    previous: Mapping[str, Placement] | None = None,
+    restart_costs: Mapping[str, float] | None = None,
+    first_step_at: Mapping[str, float] | None = None,
+) -> Inputs:
     """The ScheduleRequest of a round: jobs in a scheduled phase, with their
     progress and measured restart cost; the view counts GPUs of every job
     that has no placement of ours (unmanaged, or running without a plan) as
@@ -293,29 +358,33 @@ def build_request(snapshot: ClusterSnapshot, jobs: tuple[ManagedJob, ...], progr
             continue
         spec = m.spec
         try:
-            requests.append(JobRequest(
-                job_id=m.job_id,
-                model=spec.model_spec(),
-                global_batch=spec.global_batch,
-                iterations=spec.iterations,
-                iterations_done=min(float(spec.iterations), progress.get(m.job_id, 0.0)),
-                user=m.job.user,
-                gpu_types=spec.gpu_types,
-                min_gpus=spec.min_gpus,
-                max_gpus=spec.max_gpus,
-                elastic=spec.elastic and m.phase != Phase.CHECKPOINTING and (
-                    m.phase != Phase.RUNNING or first_step_at is None or started_training(m, first_step_at)),
-                submit_time=m.job.submit_time or 0.0,
-                requested_gpus=spec.requested_gpus,
-                requested_gpu_type=spec.requested_gpu_type,
-                partitions=getattr(spec, "partitions", None),
-                current=m.current,
-                excluded_cells=(excluded or {}).get(m.job_id, frozenset()),
-                restart_cost_s=(restart_costs or {}).get(m.job_id),
-                virtual_workers=fixed_virtual_workers(m),
-            ))
+            requests.append(
+                JobRequest(
+                    job_id=m.job_id,
+                    model=spec.model_spec(),
+                    global_batch=spec.global_batch,
+                    iterations=spec.iterations,
+                    iterations_done=min(float(spec.iterations), progress.get(m.job_id, 0.0)),
+                    user=m.job.user,
+                    gpu_types=spec.gpu_types,
+                    min_gpus=spec.min_gpus,
+                    max_gpus=spec.max_gpus,
+                    elastic=spec.elastic
+                    and m.phase != Phase.CHECKPOINTING
+                    and (m.phase != Phase.RUNNING or first_step_at is None or started_training(m, first_step_at)),
+                    submit_time=m.job.submit_time or 0.0,
+                    requested_gpus=spec.requested_gpus,
+                    requested_gpu_type=spec.requested_gpu_type,
+                    partitions=getattr(spec, "partitions", None),
+                    current=m.current,
+                    excluded_cells=(excluded or {}).get(m.job_id, frozenset()),
+                    restart_cost_s=(restart_costs or {}).get(m.job_id),
+                    virtual_workers=fixed_virtual_workers(m),
+                )
+            )
         except (JobSpecError, ValueError, TypeError) as exc:
             skipped[m.job_id] = f"cannot schedule: {exc}"
-    request = ScheduleRequest(cluster=view, jobs=tuple(requests), previous=dict(previous or {}), config=config,
-                              now=snapshot.taken_at)
+    request = ScheduleRequest(
+        cluster=view, jobs=tuple(requests), previous=dict(previous or {}), config=config, now=snapshot.taken_at
+    )
     return Inputs(view=view, request=request, jobs=jobs, skipped=skipped)

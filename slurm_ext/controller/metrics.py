@@ -7,8 +7,8 @@ the HTTP endpoint (any path) in a daemon thread.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Mapping
 
 from slurm_ext.textsafe import printable
 

@@ -13,8 +13,8 @@ import json
 import math
 import os
 import pwd
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Callable, Collection, Mapping
 
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller.userfiles import BoundedReader, Refused, read_owned_file
@@ -142,8 +142,14 @@ class Progress:
     notes: dict[str, str]
 
 
-def doubt(p: JobProgress, m: inp.ManagedJob, prev: tuple[float, float] | None, now: float, rate_factor: float,
-          iter_s: float | None = None) -> str:
+def doubt(
+    p: JobProgress,
+    m: inp.ManagedJob,
+    prev: tuple[float, float] | None,
+    now: float,
+    rate_factor: float,
+    iter_s: float | None = None,
+) -> str:
     """Why job `m`'s report `p` is not believed ("" when it is). `prev`:
     the iterations the controller last took as done and when; `iter_s`: the
     fastest estimated iteration time of the cells it ran in since (default:
@@ -159,8 +165,10 @@ def doubt(p: JobProgress, m: inp.ManagedJob, prev: tuple[float, float] | None, n
     if iter_s and iter_s > 0 and since is not None:
         allowed = base + rate_factor * max(0.0, now - since) / iter_s + 1
         if p.iterations_done > allowed:
-            return (f"reports {p.iterations_done:g} iterations, more than {rate_factor:g} times "
-                    f"its cell's estimate allows ({allowed:.0f})")
+            return (
+                f"reports {p.iterations_done:g} iterations, more than {rate_factor:g} times "
+                f"its cell's estimate allows ({allowed:.0f})"
+            )
     first = p.first_step_at
     start = m.job.start_time if m.job.start_time is not None else -math.inf
     if first is not None and not start - CLOCK_SLACK_S <= first <= now + CLOCK_SLACK_S:
@@ -181,9 +189,16 @@ def _estimate(m: inp.ManagedJob, prev: tuple[float, float] | None, now: float) -
     return None
 
 
-def collect_progress(jobs: tuple[inp.ManagedJob, ...], now: float, ended: Collection[str], read: ProgressReader, *,
-                     previous: Mapping[str, tuple[float, float]] | None = None,
-                     rate_factor: float = 10.0, iter_times: Mapping[str, float] | None = None) -> Progress:
+def collect_progress(
+    jobs: tuple[inp.ManagedJob, ...],
+    now: float,
+    ended: Collection[str],
+    read: ProgressReader,
+    *,
+    previous: Mapping[str, tuple[float, float]] | None = None,
+    rate_factor: float = 10.0,
+    iter_times: Mapping[str, float] | None = None,
+) -> Progress:
     """Iterations done per job: what `read` reports (the job's progress
     file) when it is believed (`doubt`; never less than `previous`, the
     last count and its time; `iter_times`: the fastest estimated iteration
@@ -196,7 +211,9 @@ def collect_progress(jobs: tuple[inp.ManagedJob, ...], now: float, ended: Collec
     first: dict[str, float] = {}
     notes: dict[str, str] = {}
     for m in jobs:
-        if m.spec is None or not (m.phase in inp.SCHEDULED or (m.phase == inp.Phase.FINISHED and m.job_id not in ended)):
+        if m.spec is None or not (
+            m.phase in inp.SCHEDULED or (m.phase == inp.Phase.FINISHED and m.job_id not in ended)
+        ):
             continue
         prev = previous.get(m.job_id)
         try:

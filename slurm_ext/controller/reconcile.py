@@ -30,11 +30,10 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
-from slurm_ext.backends import Backend, JobUpdate, SlurmCommandError, SlurmUnavailable, UpdateNotApplied
-from slurm_ext.backends import STEPS
+from slurm_ext.backends import STEPS, Backend, JobUpdate, SlurmCommandError, SlurmUnavailable, UpdateNotApplied
 from slurm_ext.controller.inputs import ManagedJob, Phase, checkpointed, fixed_virtual_workers, same_plan
 from slurm_ext.controller.progress import default_checkpoint_dir
 from slurm_ext.state import HistoryEvent, PlanRow, PlanStatus, StateStore
@@ -49,6 +48,7 @@ PLACE = "place"  # (hold or requeue held,) update, release
 HOLD = "hold"  # keep a loose job from starting anywhere
 MOVE = "move"  # signal a running job to checkpoint, wait, requeue held, update, release
 REQUEUE = "requeue"  # requeue a checkpointed (or unresponsive) job held, to be placed later
+
 
 @dataclass(frozen=True)
 class Action:
@@ -100,8 +100,11 @@ def choose_partition(view: ClusterView, placement: Placement, allowed: tuple[str
         return placement.partition
     want = set(placement.node_names)
     types = {n.name: n.gpu_type for n in view.nodes}
-    fits = [(name, nodes) for name, nodes in view.partitions.items()
-            if want <= set(nodes) and (allowed is None or name in allowed)]
+    fits = [
+        (name, nodes)
+        for name, nodes in view.partitions.items()
+        if want <= set(nodes) and (allowed is None or name in allowed)
+    ]
     if not fits:
         return None
     per_type = [f for f in fits if all(types.get(n) == placement.cell.gpu_type for n in f[1])]
@@ -145,21 +148,35 @@ def job_plan(m: ManagedJob, p: Placement, checkpoint_root: str, view: ClusterVie
     spec = m.spec
     assert spec is not None
     old = m.plan
-    ckpt = (old.checkpoint_dir if old and old.checkpoint_dir else
-            default_checkpoint_dir(m.job_id, m.job.user, m.job.work_dir or None, checkpoint_root))
+    ckpt = (
+        old.checkpoint_dir
+        if old and old.checkpoint_dir
+        else default_checkpoint_dir(m.job_id, m.job.user, m.job.work_dir or None, checkpoint_root)
+    )
     vw = plan_virtual_workers(m, p)
     nodes, shares = mixed_layout(p, view) if p.cell.mixed and view is not None else (p.node_names, None)
     keep_m = old is not None and old.virtual_workers == vw and (spec.global_batch // vw) % old.micro_batches == 0
     return JobPlan(
-        pp=p.plan.pp, dp=p.plan.dp, tp=p.plan.tp, micro_batches=old.micro_batches if keep_m else p.plan.micro_batches,
-        global_batch=spec.global_batch, gpu_types=tuple(t for t, _ in p.cell.by_type()), nodes=nodes,
-        gpus_per_node=p.cell.gpus_per_node, batch_shares=shares, virtual_workers=vw, checkpoint_dir=ckpt,
-        cell=p.cell.key(), job_id=m.job_id, iter_time_s=round(p.iter_time_s, 6) if p.iter_time_s else None,
+        pp=p.plan.pp,
+        dp=p.plan.dp,
+        tp=p.plan.tp,
+        micro_batches=old.micro_batches if keep_m else p.plan.micro_batches,
+        global_batch=spec.global_batch,
+        gpu_types=tuple(t for t, _ in p.cell.by_type()),
+        nodes=nodes,
+        gpus_per_node=p.cell.gpus_per_node,
+        batch_shares=shares,
+        virtual_workers=vw,
+        checkpoint_dir=ckpt,
+        cell=p.cell.key(),
+        job_id=m.job_id,
+        iter_time_s=round(p.iter_time_s, 6) if p.iter_time_s else None,
     )
 
 
-def checked(view: ClusterView, placements: Mapping[str, Placement],
-            first: frozenset[str] | set[str] = frozenset()) -> tuple[dict[str, Placement], dict[str, str]]:
+def checked(
+    view: ClusterView, placements: Mapping[str, Placement], first: frozenset[str] | set[str] = frozenset()
+) -> tuple[dict[str, Placement], dict[str, str]]:
     """The placements that can be carried out together, and why the others
     cannot (solver.placement.validate_plan; on a failure, placements are
     admitted one at a time, the jobs in `first` (already placed) first)."""
@@ -193,8 +210,15 @@ def waiting_for_begin_time(m: ManagedJob, now: float) -> bool:
     return m.job.eligible_time is None or m.job.eligible_time > now + START_SOON_SLACK_S
 
 
-def decide(jobs: tuple[ManagedJob, ...], desired: Mapping[str, Placement], view: ClusterView,
-           checkpoint_root: str, *, now: float = 0.0, checkpoint_timeout_s: float = float("inf")) -> tuple[Action, ...]:
+def decide(
+    jobs: tuple[ManagedJob, ...],
+    desired: Mapping[str, Placement],
+    view: ClusterView,
+    checkpoint_root: str,
+    *,
+    now: float = 0.0,
+    checkpoint_timeout_s: float = float("inf"),
+) -> tuple[Action, ...]:
     """Actions that make Slurm match `desired`.
 
     A held (or loose) job with a placement is placed; a released job whose
@@ -214,14 +238,24 @@ def decide(jobs: tuple[ManagedJob, ...], desired: Mapping[str, Placement], view:
             continue
         if m.phase == Phase.CHECKPOINTING:
             if m.intent is not None and now - m.intent.created > checkpoint_timeout_s:
-                actions.append(Action(REQUEUE, m.job_id, f"no checkpoint {checkpoint_timeout_s:.0f} s after the signal"))
+                actions.append(
+                    Action(REQUEUE, m.job_id, f"no checkpoint {checkpoint_timeout_s:.0f} s after the signal")
+                )
             continue
         if m.phase == Phase.CHECKPOINTED and p is None:
             actions.append(Action(REQUEUE, m.job_id, "checkpointed; waits for a placement"))
             continue
-        if p is None or m.phase not in (Phase.HELD, Phase.LOOSE, Phase.RELEASED, Phase.RUNNING, Phase.CHECKPOINTED) or m.spec_json is None:
+        if (
+            p is None
+            or m.phase not in (Phase.HELD, Phase.LOOSE, Phase.RELEASED, Phase.RUNNING, Phase.CHECKPOINTED)
+            or m.spec_json is None
+        ):
             continue
-        if m.phase in (Phase.RELEASED, Phase.RUNNING) and p.same_resources(m.current) and not waiting_for_begin_time(m, now):
+        if (
+            m.phase in (Phase.RELEASED, Phase.RUNNING)
+            and p.same_resources(m.current)
+            and not waiting_for_begin_time(m, now)
+        ):
             continue
         if m.phase == Phase.RUNNING and not (m.spec is not None and m.spec.elastic):
             continue  # only elastic jobs are moved while they run
@@ -230,23 +264,48 @@ def decide(jobs: tuple[ManagedJob, ...], desired: Mapping[str, Placement], view:
             continue  # validate() keeps such placements out; nothing to carry out
         plan = job_plan(m, p, checkpoint_root, view)
         # a job that ran before (requeued: its BeginTime is cred_expire away) starts in the next whole second
-        restart = m.phase in (Phase.RUNNING, Phase.CHECKPOINTED) or waiting_for_begin_time(m, now) or (
-            m.phase == Phase.HELD and m.plan is not None)
+        restart = (
+            m.phase in (Phase.RUNNING, Phase.CHECKPOINTED)
+            or waiting_for_begin_time(m, now)
+            or (m.phase == Phase.HELD and m.plan is not None)
+        )
         # A mixed-type cell: no feature constraint (each node's own type is
         # what ReqNodeList names), untyped gres per node (see the README).
         features = "" if p.cell.mixed else p.cell.gpu_type
-        update = JobUpdate(partition=partition, features=features, num_nodes=p.cell.num_nodes,
-                           req_nodes=tuple(sorted(p.node_names)), gres_per_node=p.cell.gpus_per_node,
-                           num_tasks=p.cell.num_gpus, tasks_per_node=p.cell.gpus_per_node,
-                           min_cpus_per_node=p.cell.gpus_per_node,
-                           admin_comment=contract.encode_admin_comment(json.loads(m.spec_json), plan), start_soon=restart)
+        update = JobUpdate(
+            partition=partition,
+            features=features,
+            num_nodes=p.cell.num_nodes,
+            req_nodes=tuple(sorted(p.node_names)),
+            gres_per_node=p.cell.gpus_per_node,
+            num_tasks=p.cell.num_gpus,
+            tasks_per_node=p.cell.gpus_per_node,
+            min_cpus_per_node=p.cell.gpus_per_node,
+            admin_comment=contract.encode_admin_comment(json.loads(m.spec_json), plan),
+            start_soon=restart,
+        )
         if m.phase == Phase.RUNNING:
-            actions.append(Action(MOVE, m.job_id, "resize" if p.cell.num_gpus != m.current.cell.num_gpus else "move",
-                                  p, plan, update))
+            actions.append(
+                Action(
+                    MOVE, m.job_id, "resize" if p.cell.num_gpus != m.current.cell.num_gpus else "move", p, plan, update
+                )
+            )
             continue
-        why = {Phase.CHECKPOINTED: "resume", Phase.RELEASED: "move"}.get(m.phase, "recover" if m.intent is not None and m.phase == Phase.HELD else "new")
-        actions.append(Action(PLACE, m.job_id, why, p, plan, update, hold_first=m.phase in (Phase.LOOSE, Phase.RELEASED),
-                              requeue_first=m.phase == Phase.CHECKPOINTED))
+        why = {Phase.CHECKPOINTED: "resume", Phase.RELEASED: "move"}.get(
+            m.phase, "recover" if m.intent is not None and m.phase == Phase.HELD else "new"
+        )
+        actions.append(
+            Action(
+                PLACE,
+                m.job_id,
+                why,
+                p,
+                plan,
+                update,
+                hold_first=m.phase in (Phase.LOOSE, Phase.RELEASED),
+                requeue_first=m.phase == Phase.CHECKPOINTED,
+            )
+        )
     return tuple(actions)
 
 
@@ -287,8 +346,14 @@ class Waiting:
 _FAILURES = (SlurmCommandError, UpdateNotApplied, ValueError)
 
 
-def apply(actions: tuple[Action, ...], backend: Backend, state: StateStore, round_id: int | None,
-          clock: Callable[[], float] = time.time, waiting: Waiting = Waiting()) -> list[Outcome]:
+def apply(
+    actions: tuple[Action, ...],
+    backend: Backend,
+    state: StateStore,
+    round_id: int | None,
+    clock: Callable[[], float] = time.time,
+    waiting: Waiting = Waiting(),
+) -> list[Outcome]:
     """Carry the actions out, one job at a time; a failing job is recorded
     and skipped. Moves are signalled together first, then waited for
     together. SlurmUnavailable stops the round (the intents stay open)."""
@@ -321,8 +386,16 @@ def _signal(a: Action, backend: Backend, state: StateStore, round_id: int | None
     """Write the move's intent (status signalled) and ask the job to checkpoint."""
     assert a.placement is not None and a.plan is not None and a.update is not None
     p = a.placement
-    intent = state.begin_plan(a.job_id, round_id, p.cell.key(), p.nodes, a.update.partition or "", a.plan.to_json(),
-                              a.update.admin_comment or "", clock())
+    intent = state.begin_plan(
+        a.job_id,
+        round_id,
+        p.cell.key(),
+        p.nodes,
+        a.update.partition or "",
+        a.plan.to_json(),
+        a.update.admin_comment or "",
+        clock(),
+    )
     try:
         backend.signal(a.job_id, contract.CHECKPOINT_SIGNAL, target=STEPS)
     except _FAILURES as exc:
@@ -334,8 +407,14 @@ def _signal(a: Action, backend: Backend, state: StateStore, round_id: int | None
     return intent
 
 
-def _finish_moves(signalled: dict[str, tuple[Action, int]], backend: Backend, state: StateStore, round_id: int | None,
-                  clock: Callable[[], float], waiting: Waiting) -> list[Outcome]:
+def _finish_moves(
+    signalled: dict[str, tuple[Action, int]],
+    backend: Backend,
+    state: StateStore,
+    round_id: int | None,
+    clock: Callable[[], float],
+    waiting: Waiting,
+) -> list[Outcome]:
     """Wait (bounded) for the signalled jobs to end, then requeue, update and
     release each that checkpointed. Jobs still running are left to a later
     round (their intent stays open)."""
@@ -356,7 +435,9 @@ def _finish_moves(signalled: dict[str, tuple[Action, int]], backend: Backend, st
         job = ended[job_id]
         if job is None or not checkpointed(job):  # type: ignore[arg-type]
             state.set_plan_status(intent, PlanStatus.GONE, clock())
-            outcomes.append(Outcome(a, False, "the job ended without a checkpoint" if job is not None else "the job vanished"))
+            outcomes.append(
+                Outcome(a, False, "the job ended without a checkpoint" if job is not None else "the job vanished")
+            )
             continue
         try:
             _place(a, backend, state, round_id, clock, intent=intent)
@@ -369,13 +450,27 @@ def _finish_moves(signalled: dict[str, tuple[Action, int]], backend: Backend, st
     return outcomes
 
 
-def _place(a: Action, backend: Backend, state: StateStore, round_id: int | None, clock: Callable[[], float],
-           intent: int | None = None) -> None:
+def _place(
+    a: Action,
+    backend: Backend,
+    state: StateStore,
+    round_id: int | None,
+    clock: Callable[[], float],
+    intent: int | None = None,
+) -> None:
     assert a.placement is not None and a.plan is not None and a.update is not None
     p = a.placement
     if intent is None:
-        intent = state.begin_plan(a.job_id, round_id, p.cell.key(), p.nodes, a.update.partition or "", a.plan.to_json(),
-                                  a.update.admin_comment or "", clock())
+        intent = state.begin_plan(
+            a.job_id,
+            round_id,
+            p.cell.key(),
+            p.nodes,
+            a.update.partition or "",
+            a.plan.to_json(),
+            a.update.admin_comment or "",
+            clock(),
+        )
     try:
         if a.kind == MOVE or a.requeue_first:
             backend.requeue(a.job_id, hold=True)

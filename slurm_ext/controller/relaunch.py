@@ -46,8 +46,9 @@ def trained(job_start: float | None, progress: JobProgress | None) -> bool:
     return job_start is None or progress.first_step_at >= job_start
 
 
-def review(jobs: Sequence[inp.ManagedJob], read: ProgressReader, recorded: Mapping[str, Sequence[float]],
-           max_relaunches: int) -> dict[str, RunFailure]:
+def review(
+    jobs: Sequence[inp.ManagedJob], read: ProgressReader, recorded: Mapping[str, Sequence[float]], max_relaunches: int
+) -> dict[str, RunFailure]:
     """The managed jobs whose last run failed before training, by job id.
 
     `recorded`: the end times of each job's run failures recorded so far (a
@@ -74,12 +75,16 @@ def review(jobs: Sequence[inp.ManagedJob], read: ProgressReader, recorded: Mappi
         cell = m.plan.cell or ""
         exit_text = f"{job.state.lower()}, exit {job.exit_code}"
         if len(past) > max_relaunches:
-            reason = (f"its run failed before training {len(past)} times (last: {exit_text} in {cell}); "
-                      f"not requeued again (max_relaunches = {max_relaunches})")
+            reason = (
+                f"its run failed before training {len(past)} times (last: {exit_text} in {cell}); "
+                f"not requeued again (max_relaunches = {max_relaunches})"
+            )
             out[m.job_id] = RunFailure(m.job_id, cell, job.end_time, new, False, reason)
         else:
-            reason = (f"its run failed before training ({exit_text} in {cell}, failure {len(past)} of "
-                      f"{max_relaunches} allowed); requeued from its checkpoint")
+            reason = (
+                f"its run failed before training ({exit_text} in {cell}, failure {len(past)} of "
+                f"{max_relaunches} allowed); requeued from its checkpoint"
+            )
             out[m.job_id] = RunFailure(m.job_id, cell, job.end_time, new, True, reason)
     return out
 

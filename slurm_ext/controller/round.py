@@ -44,11 +44,20 @@ def _make_estimator(config: Config) -> EstimatorLike:
 class Controller:
     """Runs rounds against one backend with one state DB."""
 
-    def __init__(self, config: Config, *, backend: Backend | None = None, state: StateStore | None = None,
-                 policy: Policy | None = None, estimator: EstimatorLike | None = None,
-                 metrics: mx.Metrics | None = None, readonly: bool = False,
-                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-                 progress: ProgressReader | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        backend: Backend | None = None,
+        state: StateStore | None = None,
+        policy: Policy | None = None,
+        estimator: EstimatorLike | None = None,
+        metrics: mx.Metrics | None = None,
+        readonly: bool = False,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        progress: ProgressReader | None = None,
+    ) -> None:
         """`clock` / `sleep` are wall time on a real cluster and the
         simulator's clock in a simulation; `progress` tells how far a job is
         (default: the jobs' progress files, read as userfiles says)."""
@@ -61,8 +70,10 @@ class Controller:
         self._doubts: dict[str, str] = {}  # job -> why its progress file was not used (logged when it changes)
         self._iter_s: dict[str, float] = {}  # job -> estimated iteration time of its cell at the last round
         self.stop = threading.Event()  # set: the round in progress stops waiting (daemon.run(stop=...) shares it)
-        self.backend = backend or get_backend(config.controller.backend, **(
-            {"timeout": config.controller.slurm_timeout_s} if config.controller.backend == "cli" else {}))
+        self.backend = backend or get_backend(
+            config.controller.backend,
+            **({"timeout": config.controller.slurm_timeout_s} if config.controller.backend == "cli" else {}),
+        )
         self.state = state or StateStore(config.controller.state_path, readonly=readonly)
         self.policy = policy or _make_policy(config)
         self.estimator = estimator or _make_estimator(config)
@@ -84,26 +95,50 @@ class Controller:
         except SlurmUnavailable as exc:
             self.metrics.inc("errors_total", labels={"kind": "slurm_unavailable"})
             log.warning("slurm unavailable", extra={"fields": {"round": round_id, "error": str(exc)}})
-            report = RoundReport(round_id, RoundStatus.UNAVAILABLE, started, total_s=time.perf_counter() - t0, error=str(exc),
-                                 dry_run=dry_run, **timings)
+            report = RoundReport(
+                round_id,
+                RoundStatus.UNAVAILABLE,
+                started,
+                total_s=time.perf_counter() - t0,
+                error=str(exc),
+                dry_run=dry_run,
+                **timings,
+            )
         except Exception as exc:  # a bug or an unexpected answer must not stop the daemon
             self.metrics.inc("errors_total", labels={"kind": "round"})
             log.exception("round failed", extra={"fields": {"round": round_id}})
-            report = RoundReport(round_id, RoundStatus.ERROR, started, total_s=time.perf_counter() - t0,
-                                 error=f"{type(exc).__name__}: {exc}", dry_run=dry_run, **timings)
+            report = RoundReport(
+                round_id,
+                RoundStatus.ERROR,
+                started,
+                total_s=time.perf_counter() - t0,
+                error=f"{type(exc).__name__}: {exc}",
+                dry_run=dry_run,
+                **timings,
+            )
         if round_id is not None:
             try:
-                self.state.finish_round(round_id, status=report.status, duration_s=report.total_s,
-                                        observe_s=report.observe_s, solve_s=report.solve_s, apply_s=report.apply_s,
-                                        objective=report.objective, solver_status=report.solver_status,
-                                        num_jobs=report.num_jobs, actions=report.actions, error=report.error or None)
+                self.state.finish_round(
+                    round_id,
+                    status=report.status,
+                    duration_s=report.total_s,
+                    observe_s=report.observe_s,
+                    solve_s=report.solve_s,
+                    apply_s=report.apply_s,
+                    objective=report.objective,
+                    solver_status=report.solver_status,
+                    num_jobs=report.num_jobs,
+                    actions=report.actions,
+                    error=report.error or None,
+                )
             except Exception:
                 log.exception("could not record the round", extra={"fields": {"round": round_id}})
         record_round(self.metrics, report, self.clock)
         return report
 
-    def _round(self, round_id: int | None, started: float, t0: float, dry_run: bool,
-               timings: dict[str, float]) -> RoundReport:
+    def _round(
+        self, round_id: int | None, started: float, t0: float, dry_run: bool, timings: dict[str, float]
+    ) -> RoundReport:
         cfg = self.config
         snap = self.backend.observe()
         now = snap.taken_at
@@ -130,27 +165,38 @@ class Controller:
         if not dry_run:
             self._measure_restarts(jobs, prog.first_step_at, now, round_id)
         max_fail = cfg.controller.max_cell_failures
-        excluded = {j: frozenset(c for c, n in f.items() if n >= max_fail)
-                    for j, f in self.state.cell_failures().items()}
-        built = inp.build_request(snap, jobs, progress, cfg.solver, excluded, restart_costs=self.state.restart_costs(),
-                                  first_step_at=prog.first_step_at)
+        excluded = {
+            j: frozenset(c for c, n in f.items() if n >= max_fail) for j, f in self.state.cell_failures().items()
+        }
+        built = inp.build_request(
+            snap,
+            jobs,
+            progress,
+            cfg.solver,
+            excluded,
+            restart_costs=self.state.restart_costs(),
+            first_step_at=prog.first_step_at,
+        )
 
         t1 = time.perf_counter()
         reply, crashed = self._solve(built.request)
         timings["solve_s"] = solve_s = time.perf_counter() - t1
-        desired, rejected = checked(built.view, _keep_running(jobs, reply.placements),
-                                    {m.job_id for m in jobs if m.current is not None})
+        desired, rejected = checked(
+            built.view, _keep_running(jobs, reply.placements), {m.job_id for m in jobs if m.current is not None}
+        )
         for job_id, why in rejected.items():
             log.error("placement rejected", extra={"fields": {"job": job_id, "error": why}})
             self.metrics.inc("errors_total", labels={"kind": "invalid_placement"})
         cc = cfg.controller
-        actions = decide(jobs, desired, built.view, cc.checkpoint_root, now=now,
-                         checkpoint_timeout_s=cc.checkpoint_timeout_s)
+        actions = decide(
+            jobs, desired, built.view, cc.checkpoint_root, now=now, checkpoint_timeout_s=cc.checkpoint_timeout_s
+        )
 
         t2 = time.perf_counter()
         waiting = Waiting(cc.checkpoint_wait_s, cc.checkpoint_poll_s, self.sleep, self.stop.is_set)
-        outcomes: list[Outcome] = ([] if dry_run else
-                                   apply(actions, self.backend, self.state, round_id, self.clock, waiting))
+        outcomes: list[Outcome] = (
+            [] if dry_run else apply(actions, self.backend, self.state, round_id, self.clock, waiting)
+        )
         apply_s = time.perf_counter() - t2
         failed = {o.action.job_id: o.error for o in outcomes if not o.ok}
         placed = {o.action.job_id for o in outcomes if o.ok and o.action.kind in (PLACE, MOVE) and not o.error}
@@ -164,17 +210,48 @@ class Controller:
             self.metrics.inc("actions_total", labels={"kind": o.action.kind, "result": "ok" if o.ok else "failed"})
         record_cluster(self.metrics, snap, jobs)
         report = RoundReport(
-            round_id, RoundStatus.OK, started, timings["observe_s"], solve_s, apply_s, time.perf_counter() - t0,
-            reply.status, float(reply.objective), len(built.request.jobs), summaries, statuses,
-            {j: {"cell": p.cell.key(), "nodes": [f"{n}:{g}" for n, g in p.nodes],
-                 "pp": p.plan.pp, "dp": p.plan.dp, "tp": p.plan.tp} for j, p in desired.items()},
+            round_id,
+            RoundStatus.OK,
+            started,
+            timings["observe_s"],
+            solve_s,
+            apply_s,
+            time.perf_counter() - t0,
+            reply.status,
+            float(reply.objective),
+            len(built.request.jobs),
+            summaries,
+            statuses,
+            {
+                j: {
+                    "cell": p.cell.key(),
+                    "nodes": [f"{n}:{g}" for n, g in p.nodes],
+                    "pp": p.plan.pp,
+                    "dp": p.plan.dp,
+                    "tp": p.plan.tp,
+                }
+                for j, p in desired.items()
+            },
             dry_run=dry_run,
         )
-        log.info("round", extra={"fields": {"round": round_id, "status": report.status, "jobs": report.num_jobs,
-                                            "actions": len(summaries), "failed": len(failed), "solver": reply.status,
-                                            "observe_s": round(report.observe_s, 3), "solve_s": round(solve_s, 3),
-                                            "apply_s": round(apply_s, 3), "total_s": round(report.total_s, 3),
-                                            "dry_run": dry_run}})
+        log.info(
+            "round",
+            extra={
+                "fields": {
+                    "round": round_id,
+                    "status": report.status,
+                    "jobs": report.num_jobs,
+                    "actions": len(summaries),
+                    "failed": len(failed),
+                    "solver": reply.status,
+                    "observe_s": round(report.observe_s, 3),
+                    "solve_s": round(solve_s, 3),
+                    "apply_s": round(apply_s, 3),
+                    "total_s": round(report.total_s, 3),
+                    "dry_run": dry_run,
+                }
+            },
+        )
         return report
 
     def _solve(self, request: ScheduleRequest) -> tuple[ScheduleReply, dict[str, str]]:
@@ -184,8 +261,10 @@ class Controller:
         try:
             return self.policy.schedule(request, self.estimator), {}
         except Exception as exc:
-            log.error("solver failed; looking for the job it fails on",
-                      extra={"fields": {"error": f"{type(exc).__name__}: {exc}"}})
+            log.error(
+                "solver failed; looking for the job it fails on",
+                extra={"fields": {"error": f"{type(exc).__name__}: {exc}"}},
+            )
         placed = tuple(j for j in request.jobs if j.current is not None)
         bad: dict[str, str] = {}
         for job in request.jobs:
@@ -200,18 +279,22 @@ class Controller:
         rest = tuple(j for j in request.jobs if j.job_id not in bad)
         return self.policy.schedule(dataclasses.replace(request, jobs=rest), self.estimator), bad
 
-    def _review_failures(self, jobs: tuple[inp.ManagedJob, ...], listed: list[str], now: float,
-                         round_id: int | None, dry_run: bool) -> tuple[inp.ManagedJob, ...]:
+    def _review_failures(
+        self, jobs: tuple[inp.ManagedJob, ...], listed: list[str], now: float, round_id: int | None, dry_run: bool
+    ) -> tuple[inp.ManagedJob, ...]:
         """Jobs whose run ended before training are requeued and placed again
         (slurm_ext.controller.relaunch); a new failure is recorded against its cell."""
-        failures = relaunch.review(jobs, self.progress, self.state.run_failures(listed),
-                                   self.config.controller.max_relaunches)
+        failures = relaunch.review(
+            jobs, self.progress, self.state.run_failures(listed), self.config.controller.max_relaunches
+        )
         for f in failures.values():
             if f.new and not dry_run:
                 self.state.add_history(f.job_id, HistoryEvent.RUN_FAILED, now, round_id, f.cell, value=f.end_time)
                 self.metrics.inc("errors_total", labels={"kind": "run_failed"})
-                log.warning("run failed before training", extra={"fields": {
-                    "job": f.job_id, "cell": f.cell, "relaunch": f.relaunch, "reason": f.reason}})
+                log.warning(
+                    "run failed before training",
+                    extra={"fields": {"job": f.job_id, "cell": f.cell, "relaunch": f.relaunch, "reason": f.reason}},
+                )
         return relaunch.apply_review(jobs, failures)
 
     def _progress(self, jobs: tuple[inp.ManagedJob, ...], known: Mapping[str, Any], now: float) -> Progress:
@@ -220,15 +303,24 @@ class Controller:
         start_round = getattr(self.progress, "start_round", None)
         if start_round is not None:
             start_round()
-        previous = {j: (r.iterations_done, r.updated if r.progress_at is None else r.progress_at)
-                    for j, r in known.items() if r.iterations_done is not None}
+        previous = {
+            j: (r.iterations_done, r.updated if r.progress_at is None else r.progress_at)
+            for j, r in known.items()
+            if r.iterations_done is not None
+        }
         # a job moved since the last round ran part of the time in its earlier cell: the faster one bounds it
         now_s = {m.job_id: m.current.iter_time_s for m in jobs if m.current is not None and m.current.iter_time_s}
         fastest = {j: min(s, self._iter_s.get(j, s)) for j, s in now_s.items()}
         self._iter_s = now_s
-        prog = collect_progress(jobs, now, {j for j, r in known.items() if r.finished}, self.progress,
-                                previous=previous, rate_factor=self.config.controller.progress_rate_factor,
-                                iter_times=fastest)
+        prog = collect_progress(
+            jobs,
+            now,
+            {j for j, r in known.items() if r.finished},
+            self.progress,
+            previous=previous,
+            rate_factor=self.config.controller.progress_rate_factor,
+            iter_times=fastest,
+        )
         for job_id, why in prog.notes.items():
             if self._doubts.get(job_id) != why:
                 log.warning("progress not used", extra={"fields": {"job": job_id, "why": why}})
@@ -236,8 +328,9 @@ class Controller:
         self._doubts = dict(prog.notes)
         return prog
 
-    def _measure_restarts(self, jobs: tuple[inp.ManagedJob, ...], first_step_at: Mapping[str, float], now: float,
-                          round_id: int | None) -> None:
+    def _measure_restarts(
+        self, jobs: tuple[inp.ManagedJob, ...], first_step_at: Mapping[str, float], now: float, round_id: int | None
+    ) -> None:
         """Restart cost of each moved job, once it runs again: from the
         signal to the end of the first step after the resume (the job's own
         progress record). Stored as a "resumed" event; the solver charges it
@@ -249,8 +342,14 @@ class Controller:
             if signalled_at is None or first is None or m.phase != inp.Phase.RUNNING or first <= signalled_at:
                 continue
             cost = min(first - signalled_at, self.config.controller.max_restart_cost_s)  # the job's own word: bounded
-            self.state.add_history(m.job_id, HistoryEvent.RESUMED, now, round_id, m.current.cell.key() if m.current else "",
-                                   value=round(cost, 3))
+            self.state.add_history(
+                m.job_id,
+                HistoryEvent.RESUMED,
+                now,
+                round_id,
+                m.current.cell.key() if m.current else "",
+                value=round(cost, 3),
+            )
             log.info("restart measured", extra={"fields": {"job": m.job_id, "restart_s": round(cost, 3)}})
 
     def _remember(self, jobs: tuple[inp.ManagedJob, ...], known: Mapping[str, Any], now: float) -> None:
@@ -262,15 +361,23 @@ class Controller:
                 row = None
             if m.spec_json is not None and m.spec_source != "state":
                 self.state.accept_spec(m.job_id, m.job.user, m.spec_json, m.spec_source, now)
-                log.info("job accepted",
-                         extra={"fields": {"job": m.job_id, "user": m.job.user, "spec_from": m.spec_source}})
+                log.info(
+                    "job accepted", extra={"fields": {"job": m.job_id, "user": m.job.user, "spec_from": m.spec_source}}
+                )
             elif m.phase == inp.Phase.BAD and (row is None or row.bad_reason != m.reason):
                 self.state.mark_bad(m.job_id, m.job.user, m.reason, now)
                 self.metrics.inc("errors_total", labels={"kind": "bad_spec"})
                 log.warning("job refused", extra={"fields": {"job": m.job_id, "user": m.job.user, "reason": m.reason}})
 
-    def _status(self, m: inp.ManagedJob, reasons: Mapping[str, str], placed: set[str],
-                progress: Mapping[str, float], src: Mapping[str, str], notes: Mapping[str, str]) -> JobStatus:
+    def _status(
+        self,
+        m: inp.ManagedJob,
+        reasons: Mapping[str, str],
+        placed: set[str],
+        progress: Mapping[str, float],
+        src: Mapping[str, str],
+        notes: Mapping[str, str],
+    ) -> JobStatus:
         j = m.job
         phase = inp.Phase.RELEASED if m.job_id in placed else m.phase
         if m.job_id in placed:
@@ -283,12 +390,30 @@ class Controller:
             reason = m.reason
         if m.job_id in notes:
             reason = f"{reason}; {notes[m.job_id]}" if reason else notes[m.job_id]
-        return JobStatus(m.job_id, j.user, j.state, phase, reason, j.submit_time, j.start_time,
-                         j.end_time if j.finished else None, j.exit_code, progress.get(m.job_id),
-                         src.get(m.job_id), m.phase == inp.Phase.FINISHED)
+        return JobStatus(
+            m.job_id,
+            j.user,
+            j.state,
+            phase,
+            reason,
+            j.submit_time,
+            j.start_time,
+            j.end_time if j.finished else None,
+            j.exit_code,
+            progress.get(m.job_id),
+            src.get(m.job_id),
+            m.phase == inp.Phase.FINISHED,
+        )
 
-    def _finish(self, jobs: tuple[inp.ManagedJob, ...], statuses: tuple[JobStatus, ...], known: Mapping[str, Any],
-                snap: ClusterSnapshot, now: float, round_id: int | None) -> None:
+    def _finish(
+        self,
+        jobs: tuple[inp.ManagedJob, ...],
+        statuses: tuple[JobStatus, ...],
+        known: Mapping[str, Any],
+        snap: ClusterSnapshot,
+        now: float,
+        round_id: int | None,
+    ) -> None:
         self.state.save_statuses(statuses, now)
         for m in jobs:
             row = known.get(m.job_id)

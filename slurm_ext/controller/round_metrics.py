@@ -38,7 +38,15 @@ def record_round(m: mx.Metrics, r: RoundReport, clock: Callable[[], float]) -> N
 
 def record_cluster(m: mx.Metrics, snap: ClusterSnapshot, jobs: tuple[inp.ManagedJob, ...]) -> None:
     """The managed jobs by phase; the GPUs by type: total, used, used by managed jobs."""
-    shown = (inp.Phase.HELD, inp.Phase.LOOSE, inp.Phase.RELEASED, inp.Phase.RUNNING, inp.Phase.UNPLANNED, inp.Phase.OPERATOR_HOLD, inp.Phase.BAD)
+    shown = (
+        inp.Phase.HELD,
+        inp.Phase.LOOSE,
+        inp.Phase.RELEASED,
+        inp.Phase.RUNNING,
+        inp.Phase.UNPLANNED,
+        inp.Phase.OPERATOR_HOLD,
+        inp.Phase.BAD,
+    )
     phases: dict[mx.Labels, float] = {(("phase", p),): 0.0 for p in shown}
     for j in jobs:
         if j.phase != inp.Phase.FINISHED:

@@ -10,7 +10,8 @@ with nested ``nodes`` / ``partition`` / ``maximums`` objects).
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from slurm_ext.parse.values import (
     ParseError,
@@ -38,7 +39,9 @@ def load(data: str | bytes | Mapping[str, Any], key: str) -> list[dict[str, Any]
         raise ParseError(f"expected a JSON object with {key!r}, got {type(data).__name__}")
     errors = [e for e in data.get("errors") or [] if e]
     if errors:
-        msgs = "; ".join(text(e.get("description") or e.get("error") or e) if isinstance(e, dict) else str(e) for e in errors)
+        msgs = "; ".join(
+            text(e.get("description") or e.get("error") or e) if isinstance(e, dict) else str(e) for e in errors
+        )
         raise ParseError(f"Slurm reported errors: {msgs}")
     if key not in data or not isinstance(data[key], list):
         raise ParseError(f"JSON has no {key!r} list (keys: {sorted(data)})")

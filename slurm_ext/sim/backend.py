@@ -51,8 +51,8 @@ from __future__ import annotations
 import heapq
 import math
 import signal as signals
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from slurm_ext.backends.base import (
     ALL,
@@ -83,7 +83,9 @@ RestartCostFn = Callable[[JobSpec, int, bool], float]
 Listener = Callable[[str, str], None]
 
 #: the launcher's checkpoint signals, by name and by number (as scancel takes them)
-_CHECKPOINT_SIGNALS = frozenset(CHECKPOINT_SIGNALS) | {str(signals.Signals[f"SIG{n}"].value) for n in CHECKPOINT_SIGNALS}
+_CHECKPOINT_SIGNALS = frozenset(CHECKPOINT_SIGNALS) | {
+    str(signals.Signals[f"SIG{n}"].value) for n in CHECKPOINT_SIGNALS
+}
 _KILL_SIGNALS = {"TERM": 143, "15": 143, "KILL": 137, "9": 137, "INT": 130, "2": 130}
 
 
@@ -197,19 +199,37 @@ class SimBackend:
 
     name = "sim"
 
-    def __init__(self, cluster: ClusterSpec, *, speed: SpeedFn | None = None,
-                 restart_cost: RestartCostFn | None = None, checkpoint_s: float = 5.0, start_delay_s: float = 0.0,
-                 min_job_age_s: float = 300.0, requeue_delay_s: float = 120.0, node_fail_requeue: bool = True,
-                 quantum_s: float | None = None, progress_model: str = EXECUTED_SECONDS, start_time: float = 0.0,
-                 user: str = "sim", listener: Listener | None = None) -> None:
-        for name, value in (("checkpoint_s", checkpoint_s), ("start_delay_s", start_delay_s),
-                            ("min_job_age_s", min_job_age_s), ("requeue_delay_s", requeue_delay_s)):
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        *,
+        speed: SpeedFn | None = None,
+        restart_cost: RestartCostFn | None = None,
+        checkpoint_s: float = 5.0,
+        start_delay_s: float = 0.0,
+        min_job_age_s: float = 300.0,
+        requeue_delay_s: float = 120.0,
+        node_fail_requeue: bool = True,
+        quantum_s: float | None = None,
+        progress_model: str = EXECUTED_SECONDS,
+        start_time: float = 0.0,
+        user: str = "sim",
+        listener: Listener | None = None,
+    ) -> None:
+        for name, value in (
+            ("checkpoint_s", checkpoint_s),
+            ("start_delay_s", start_delay_s),
+            ("min_job_age_s", min_job_age_s),
+            ("requeue_delay_s", requeue_delay_s),
+        ):
             if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
                 raise ValueError(f"SimBackend: {name} must be a number >= 0, got {value!r}")
         if quantum_s is not None and not quantum_s > 0:
             raise ValueError(f"SimBackend: quantum_s must be > 0, got {quantum_s!r}")
         if progress_model not in (EXECUTED_SECONDS, ITERATIONS):
-            raise ValueError(f"SimBackend: progress_model must be {EXECUTED_SECONDS!r} or {ITERATIONS!r}, got {progress_model!r}")
+            raise ValueError(
+                f"SimBackend: progress_model must be {EXECUTED_SECONDS!r} or {ITERATIONS!r}, got {progress_model!r}"
+            )
         self.speed = speed
         self.restart_cost = restart_cost or _no_cost
         self.checkpoint_s = float(checkpoint_s)
@@ -228,7 +248,9 @@ class SimBackend:
         types = sorted({n.gpu_type for n in self.nodes.values()})
         if "all" in types:
             raise ValueError("SimBackend: a GPU type may not be called 'all' (the partition of every node)")
-        self.partitions: dict[str, tuple[str, ...]] = {t: tuple(n for n, x in self.nodes.items() if x.gpu_type == t) for t in types}
+        self.partitions: dict[str, tuple[str, ...]] = {
+            t: tuple(n for n, x in self.nodes.items() if x.gpu_type == t) for t in types
+        }
         self.partitions["all"] = tuple(self.nodes)
         self._node_partitions = {n: (x.gpu_type, "all") for n, x in self.nodes.items()}
         self._partition_records = tuple(SlurmPartition(p, ns, "UP", p == "all") for p, ns in self.partitions.items())
@@ -323,24 +345,52 @@ class SimBackend:
                 state = "down"
             else:
                 state = "idle" if n.alloc == 0 else ("allocated" if n.alloc >= n.gpus else "mixed")
-            n.record = SlurmNode(name=n.name, address="127.0.0.1", partitions=self._node_partitions[n.name],
-                                 features=(n.gpu_type,), gpu_type=n.gpu_type, gpus_total=n.gpus, gpus_alloc=n.alloc,
-                                 cpus_total=4 * n.gpus, cpus_alloc=4 * n.alloc, state=state,
-                                 flags=("DRAIN",) if n.drain else (), reason=n.reason)
+            n.record = SlurmNode(
+                name=n.name,
+                address="127.0.0.1",
+                partitions=self._node_partitions[n.name],
+                features=(n.gpu_type,),
+                gpu_type=n.gpu_type,
+                gpus_total=n.gpus,
+                gpus_alloc=n.alloc,
+                cpus_total=4 * n.gpus,
+                cpus_alloc=4 * n.alloc,
+                state=state,
+                flags=("DRAIN",) if n.drain else (),
+                reason=n.reason,
+            )
         return n.record
 
     def _job_record(self, j: SimJob) -> SlurmJob:
         if j.record is None:
             j.record = SlurmJob(
-                job_id=j.job_id, name=j.name, user=j.user, state=j.state, reason=self._reason(j),
-                partition=j.partition, nodes=j.nodes, num_nodes=len(j.nodes) if j.nodes else j.num_nodes,
-                gpus_per_node=j.gres or None, gpu_type=None, held=j.held and j.state == "PENDING", features=j.features,
-                required_nodes=j.required, excluded_nodes=j.excluded, comment=j.comment, admin_comment=j.admin_comment,
-                submit_time=j.submit_time, start_time=j.start_time,
-                eligible_time=j.begin_time if j.state == "PENDING" else None, end_time=j.end_time if j.finished else None,
-                exit_code=j.exit_code if j.finished else None, time_limit=None,
-                batch_host=j.nodes[0] if j.running and j.nodes else "", num_tasks=j.num_tasks,
-                tasks_per_node=j.tasks_per_node, work_dir=j.work_dir)
+                job_id=j.job_id,
+                name=j.name,
+                user=j.user,
+                state=j.state,
+                reason=self._reason(j),
+                partition=j.partition,
+                nodes=j.nodes,
+                num_nodes=len(j.nodes) if j.nodes else j.num_nodes,
+                gpus_per_node=j.gres or None,
+                gpu_type=None,
+                held=j.held and j.state == "PENDING",
+                features=j.features,
+                required_nodes=j.required,
+                excluded_nodes=j.excluded,
+                comment=j.comment,
+                admin_comment=j.admin_comment,
+                submit_time=j.submit_time,
+                start_time=j.start_time,
+                eligible_time=j.begin_time if j.state == "PENDING" else None,
+                end_time=j.end_time if j.finished else None,
+                exit_code=j.exit_code if j.finished else None,
+                time_limit=None,
+                batch_host=j.nodes[0] if j.running and j.nodes else "",
+                num_tasks=j.num_tasks,
+                tasks_per_node=j.tasks_per_node,
+                work_dir=j.work_dir,
+            )
         return j.record
 
     def _reason(self, j: SimJob) -> str:
@@ -391,7 +441,13 @@ class SimBackend:
             done = math.floor(job.exec_s / job.iter_time)
         else:
             done = job.done
-            if job.running and not job.checkpointing and job.iter_time and self.quantum_s is None and t > job.accrue_from:
+            if (
+                job.running
+                and not job.checkpointing
+                and job.iter_time
+                and self.quantum_s is None
+                and t > job.accrue_from
+            ):
                 done += (t - job.accrue_from) / job.iter_time
         return float(min(done, job.spec.iterations)) if job.spec else float(done)
 
@@ -485,8 +541,9 @@ class SimBackend:
             if not cells or cells[-1] != c:
                 cells.append(c)
         done = j.state == "COMPLETED"
-        return JobAccount(j.first_start, j.end_time if done else None, done, max(0, j.starts - 1), j.gpu_seconds,
-                          tuple(cells))
+        return JobAccount(
+            j.first_start, j.end_time if done else None, done, max(0, j.starts - 1), j.gpu_seconds, tuple(cells)
+        )
 
     # --- writing ---------------------------------------------------------------
 
@@ -494,20 +551,34 @@ class SimBackend:
         partition = req.partition or "all"
         for p in partition.split(","):
             if p not in self.partitions:
-                raise SlurmCommandError(["sbatch", f"--partition={partition}"], 1,
-                                        "sbatch: error: invalid partition specified: " + p)
+                raise SlurmCommandError(
+                    ["sbatch", f"--partition={partition}"], 1, "sbatch: error: invalid partition specified: " + p
+                )
         job_id = str(self._next_id)
         self._next_id += 1
         try:
             spec = JobSpec.from_comment(req.comment)
         except JobSpecError:
             spec = None
-        job = SimJob(job_id=job_id, seq=self._next_id, name=req.job_name or req.script.rsplit("/", 1)[-1],
-                     user=self.user, submit_time=self.now, partition=partition, gres=req.gres_per_node,
-                     num_nodes=req.nodes or 1, comment=req.comment or "", features=req.constraint or "",
-                     held=req.hold, hold_reason="JobHeldUser" if req.hold else "", work_dir=req.workdir or "",
-                     num_tasks=None if req.ntasks_per_node is None else req.ntasks_per_node * (req.nodes or 1),
-                     tasks_per_node=req.ntasks_per_node, begin_time=self.now, spec=spec)
+        job = SimJob(
+            job_id=job_id,
+            seq=self._next_id,
+            name=req.job_name or req.script.rsplit("/", 1)[-1],
+            user=self.user,
+            submit_time=self.now,
+            partition=partition,
+            gres=req.gres_per_node,
+            num_nodes=req.nodes or 1,
+            comment=req.comment or "",
+            features=req.constraint or "",
+            held=req.hold,
+            hold_reason="JobHeldUser" if req.hold else "",
+            work_dir=req.workdir or "",
+            num_tasks=None if req.ntasks_per_node is None else req.ntasks_per_node * (req.nodes or 1),
+            tasks_per_node=req.ntasks_per_node,
+            begin_time=self.now,
+            spec=spec,
+        )
         self.jobs[job_id] = self.all_jobs[job_id] = job
         if not job.held:
             self.eligible[job_id] = job
@@ -521,9 +592,20 @@ class SimBackend:
         if job.state != "PENDING":
             if change.admin_comment is not None:
                 job.admin_comment = change.admin_comment
-            others = any(getattr(change, f) not in (None, False) for f in
-                         ("partition", "features", "num_nodes", "req_nodes", "exc_nodes", "gres_per_node",
-                          "num_tasks", "tasks_per_node", "start_soon"))
+            others = any(
+                getattr(change, f) not in (None, False)
+                for f in (
+                    "partition",
+                    "features",
+                    "num_nodes",
+                    "req_nodes",
+                    "exc_nodes",
+                    "gres_per_node",
+                    "num_tasks",
+                    "tasks_per_node",
+                    "start_soon",
+                )
+            )
             if others:
                 failures.append(f"Job is no longer pending execution for job {job_id}")
         else:
@@ -589,8 +671,9 @@ class SimBackend:
     def requeue(self, job_id: str, *, hold: bool = False) -> None:
         job = self._get(job_id)
         if job.state == "PENDING":
-            raise SlurmCommandError(["scontrol", "requeuehold" if hold else "requeue", job_id], 1,
-                                    "Job is pending execution")
+            raise SlurmCommandError(
+                ["scontrol", "requeuehold" if hold else "requeue", job_id], 1, "Job is pending execution"
+            )
         if job.running:
             self._end(job, "REQUEUED", None, notify=False)
         self._requeue(job, hold)
@@ -631,7 +714,9 @@ class SimBackend:
         if job.state == "PENDING":
             raise SlurmCommandError(["scancel", f"--signal={signal}", job_id], 1, "Job is pending execution")
         if not job.running:
-            raise SlurmCommandError(["scancel", f"--signal={signal}", job_id], 1, "Job/step already completing or completed")
+            raise SlurmCommandError(
+                ["scancel", f"--signal={signal}", job_id], 1, "Job/step already completing or completed"
+            )
         to_launcher = target in (STEPS, ALL)
         elastic = job.spec is not None and job.spec.elastic
         if to_launcher and sig in _CHECKPOINT_SIGNALS and elastic:
@@ -646,7 +731,7 @@ class SimBackend:
             self._end(job, "FAILED", _KILL_SIGNALS[sig])
 
     def set_node_state(self, name: str, state: str) -> None:
-        """"down" (its running jobs fail, and are requeued), "drain" (no new
+        """ "down" (its running jobs fail, and are requeued), "drain" (no new
         work) or "idle" (back in service)."""
         node = self.nodes.get(name)
         if node is None:
@@ -714,8 +799,16 @@ class SimBackend:
             return None, "Resources"
         chosen = list(job.required)
         if len(chosen) < job.num_nodes:
-            free = [n for name, n in self.nodes.items() if name in allowed and name not in chosen
-                    and name not in job.excluded and n.usable and ok_features(n) and n.gpus - n.alloc >= gres]
+            free = [
+                n
+                for name, n in self.nodes.items()
+                if name in allowed
+                and name not in chosen
+                and name not in job.excluded
+                and n.usable
+                and ok_features(n)
+                and n.gpus - n.alloc >= gres
+            ]
             if gres and not any(self.nodes[n].gpus >= gres for n in allowed):
                 return None, "BadConstraints"
             free.sort(key=lambda n: (n.gpus - n.alloc, n.name))  # best fit

@@ -82,6 +82,7 @@ def node_names(spec: ClusterSpec) -> list[tuple[str, str, int]]:
 
 # ---- formats -----------------------------------------------------------------------
 
+
 def _ours(data: dict, where: str) -> ClusterSpec:
     unknown = sorted(set(data) - {"name", "nodes"})
     if unknown:
@@ -103,9 +104,14 @@ def _ours(data: dict, where: str) -> ClusterSpec:
         for key in ("gpu_type", "count", "gpus_per_node"):
             if key not in g:
                 raise ClusterSpecError(f"{at}: missing field {key!r}")
-        groups.append(NodeGroup(_gpu_type(g["gpu_type"], at), _positive(g["count"], f"{at}: field 'count'"),
-                                _positive(g["gpus_per_node"], f"{at}: field 'gpus_per_node'"),
-                                _mem(g.get("mem_gb"), f"{at}: field 'mem_gb'")))
+        groups.append(
+            NodeGroup(
+                _gpu_type(g["gpu_type"], at),
+                _positive(g["count"], f"{at}: field 'count'"),
+                _positive(g["gpus_per_node"], f"{at}: field 'gpus_per_node'"),
+                _mem(g.get("mem_gb"), f"{at}: field 'mem_gb'"),
+            )
+        )
     return ClusterSpec(tuple(groups), name)
 
 
@@ -130,8 +136,9 @@ def _arena(data: dict, where: str) -> ClusterSpec:
         else:
             raise ClusterSpecError(f"{at}: missing field 'gpus_per_node' (no Arena node capacity for {gpu_type!r})")
         if "total_gpus" in entry and entry["total_gpus"] != count * per:
-            raise ClusterSpecError(f"{at}: field 'total_gpus' = {entry['total_gpus']!r} but node_num x gpus_per_node "
-                                   f"= {count * per}")
+            raise ClusterSpecError(
+                f"{at}: field 'total_gpus' = {entry['total_gpus']!r} but node_num x gpus_per_node = {count * per}"
+            )
         mem = memory.get(gpu_type, {}).get("max_mem_gb")
         groups.append(NodeGroup(gpu_type, count, per, None if mem is None else float(mem)))
     return ClusterSpec(tuple(groups), "arena")
@@ -139,8 +146,9 @@ def _arena(data: dict, where: str) -> ClusterSpec:
 
 def _gpu_type(value: Any, at: str) -> str:
     if not isinstance(value, str) or not _GPU_TYPE.match(value):
-        raise ClusterSpecError(f"{at}: field 'gpu_type' must be a lower-case GPU type name "
-                               f"(letters, digits, - or _), got {value!r}")
+        raise ClusterSpecError(
+            f"{at}: field 'gpu_type' must be a lower-case GPU type name (letters, digits, - or _), got {value!r}"
+        )
     return value
 
 

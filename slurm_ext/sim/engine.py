@@ -37,9 +37,10 @@ import logging
 import math
 import tempfile
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from slurm_ext.backends.base import SubmitRequest
 from slurm_ext.config import Config, ControllerConfig
@@ -141,8 +142,14 @@ class SimOptions:
             o = dataclasses.replace(o, progress_rate_factor=None)
         if not o.arena_compat:
             return o
-        return dataclasses.replace(o, interval_s=ARENA_ROUND_S, early_rounds=False, checkpoint_s=0.0, start_delay_s=0.0,
-                                   charge_first_start=True)
+        return dataclasses.replace(
+            o,
+            interval_s=ARENA_ROUND_S,
+            early_rounds=False,
+            checkpoint_s=0.0,
+            start_delay_s=0.0,
+            charge_first_start=True,
+        )
 
 
 @dataclass(frozen=True)
@@ -245,17 +252,25 @@ class LogCollector(logging.Handler):
         self.counts[msg] = self.counts.get(msg, 0) + 1
         if len(self.examples) < self.keep:
             fields = getattr(record, "fields", None) or {}
-            self.examples.append({"level": record.levelname, "message": msg,
-                                  **{k: str(v) for k, v in fields.items()}})
+            self.examples.append({"level": record.levelname, "message": msg, **{k: str(v) for k, v in fields.items()}})
 
 
 class Simulator:
     """One policy over one trace on one simulated cluster."""
 
-    def __init__(self, trace: Sequence[TraceJob], cluster: ClusterSpec, policy: str | Policy, *,
-                 speed: SpeedFn | None = None, estimator: EstimatorLike | None = None,
-                 options: SimOptions | None = None, policy_opts: Mapping[str, Any] | None = None,
-                 restart_cost: RestartCostFn | None = None, state_dir: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        trace: Sequence[TraceJob],
+        cluster: ClusterSpec,
+        policy: str | Policy,
+        *,
+        speed: SpeedFn | None = None,
+        estimator: EstimatorLike | None = None,
+        options: SimOptions | None = None,
+        policy_opts: Mapping[str, Any] | None = None,
+        restart_cost: RestartCostFn | None = None,
+        state_dir: str | Path | None = None,
+    ) -> None:
         """`speed` is the truth (how fast jobs really run), `estimator` what
         the policy believes; in arena_compat mode both default to Arena's
         profile table. `policy` is a name for solver.policies.get_policy
@@ -298,10 +313,18 @@ class Simulator:
         self.trace = [self._quantized(j) for j in jobs] if o.arena_compat else jobs
         self.arrival_time = {j.job_id: j.submit_time for j in self.trace}
         self._state_dir = state_dir
-        self.backend = SimBackend(cluster, speed=self._speed, restart_cost=self.restart_cost,
-                                  checkpoint_s=o.checkpoint_s, start_delay_s=o.start_delay_s,
-                                  min_job_age_s=o.min_job_age_s, quantum_s=self.quantum,
-                                  progress_model=o.progress_model, start_time=self.t0, listener=self._on_event)
+        self.backend = SimBackend(
+            cluster,
+            speed=self._speed,
+            restart_cost=self.restart_cost,
+            checkpoint_s=o.checkpoint_s,
+            start_delay_s=o.start_delay_s,
+            min_job_age_s=o.min_job_age_s,
+            quantum_s=self.quantum,
+            progress_model=o.progress_model,
+            start_time=self.t0,
+            listener=self._on_event,
+        )
         self._nodes_snapshot = self.backend.observe()
         self.slurm_ids: dict[str, str] = {}  # trace job id -> Slurm job id
         self.skipped: dict[str, str] = {}  # trace jobs never submitted: why
@@ -314,8 +337,14 @@ class Simulator:
         self._last_round = -math.inf
         self._next_round = self.t0
         self._in_round = False
-        self.timings: dict[str, float] = {"round_s": 0.0, "solve_s": 0.0, "observe_s": 0.0, "apply_s": 0.0,
-                                          "sample_s": 0.0, "backend_s": 0.0}
+        self.timings: dict[str, float] = {
+            "round_s": 0.0,
+            "solve_s": 0.0,
+            "observe_s": 0.0,
+            "apply_s": 0.0,
+            "sample_s": 0.0,
+            "backend_s": 0.0,
+        }
 
     # --- plumbing ---------------------------------------------------------------
 
@@ -324,7 +353,9 @@ class Simulator:
         k = math.floor((job.submit_time - self.t0) / ARENA_ROUND_S)
         return dataclasses.replace(job, submit_time=self.t0 + ARENA_ROUND_S * k)
 
-    def _speed(self, spec: JobSpec, gpu_type: str, num_nodes: int, gpus_per_node: int, plan: JobPlan | None) -> float | None:
+    def _speed(
+        self, spec: JobSpec, gpu_type: str, num_nodes: int, gpus_per_node: int, plan: JobPlan | None
+    ) -> float | None:
         try:
             return self.speed(spec, gpu_type, num_nodes, gpus_per_node, plan)
         except (ValueError, KeyError):
@@ -376,10 +407,16 @@ class Simulator:
                 return "its requested cell has no speed to turn its duration into iterations"
             iterations = max(1, round(job.duration_s / t))
         try:
-            return JobSpec(model=job.model, global_batch=job.global_batch, iterations=iterations,
-                           elastic=self.options.elastic, min_gpus=self.options.min_gpus,
-                           max_gpus=max(self.options.max_gpus, job.requested_gpus),
-                           requested_gpus=job.requested_gpus, requested_gpu_type=job.requested_gpu_type)
+            return JobSpec(
+                model=job.model,
+                global_batch=job.global_batch,
+                iterations=iterations,
+                elastic=self.options.elastic,
+                min_gpus=self.options.min_gpus,
+                max_gpus=max(self.options.max_gpus, job.requested_gpus),
+                requested_gpus=job.requested_gpus,
+                requested_gpu_type=job.requested_gpu_type,
+            )
         except ValueError as exc:
             return str(exc)
 
@@ -388,15 +425,25 @@ class Simulator:
         if isinstance(spec, str):
             self.skipped[job.job_id] = spec
             return
-        req = SubmitRequest(script="sim-job.sh", job_name=None, gres_per_node=provisional_gres(spec, self._nodes_snapshot),
-                            nodes=1, hold=True, comment=spec.to_comment())
+        req = SubmitRequest(
+            script="sim-job.sh",
+            job_name=None,
+            gres_per_node=provisional_gres(spec, self._nodes_snapshot),
+            nodes=1,
+            hold=True,
+            comment=spec.to_comment(),
+        )
         self.slurm_ids[job.job_id] = self.backend.submit(req)
 
     def _advance_to(self, t: float) -> None:
         """Arrivals and job events up to `t`, in time order; no rounds."""
         while True:
             t_ev = self.backend.next_event_time()
-            t_arr = self.trace[self._next].submit_time if self._next < len(self.trace) and self.quantum is None else math.inf
+            t_arr = (
+                self.trace[self._next].submit_time
+                if self._next < len(self.trace) and self.quantum is None
+                else math.inf
+            )
             nxt = min(t_ev, t_arr)
             if nxt > t:
                 break
@@ -421,8 +468,12 @@ class Simulator:
         s = Sample(b.now, b.num_pending(), b.num_running(), b.throughput(), b.gpus_used())
         if self.samples and self.samples[-1].time == s.time:
             self.samples[-1] = s
-        elif not self.samples or (self.samples[-1].queued, self.samples[-1].running, self.samples[-1].throughput,
-                                  dict(self.samples[-1].gpus_used)) != (s.queued, s.running, s.throughput, dict(s.gpus_used)):
+        elif not self.samples or (
+            self.samples[-1].queued,
+            self.samples[-1].running,
+            self.samples[-1].throughput,
+            dict(self.samples[-1].gpus_used),
+        ) != (s.queued, s.running, s.throughput, dict(s.gpus_used)):
             self.samples.append(s)
         self.timings["sample_s"] += time.perf_counter() - t0
 
@@ -442,7 +493,9 @@ class Simulator:
         failed = sum(1 for a in report.actions if not a.get("ok", True))
         if report.status != RoundStatus.OK or failed:
             self.dirty = True
-        self.rounds.append(RoundStat(self._last_round, report.solve_s, report.total_s, report.num_jobs, len(report.actions)))
+        self.rounds.append(
+            RoundStat(self._last_round, report.solve_s, report.total_s, report.num_jobs, len(report.actions))
+        )
         for k in ("solve_s", "observe_s", "apply_s"):
             self.timings[k] += getattr(report, k)
         self.timings["round_s"] += report.total_s
@@ -468,13 +521,20 @@ class Simulator:
             tmp = tempfile.TemporaryDirectory(prefix="cellsched-sim-")
             state_dir = tmp.name
         state_path = Path(state_dir) / f"state-{self.policy_name}.sqlite"
-        config = Config(controller=ControllerConfig(policy=self.policy_name, state_path=str(state_path),
-                                                    interval_s=self.options.interval_s,
-                                                    min_gap_s=self.options.min_gap_s,
-                                                    checkpoint_root="/tmp/cellsched-sim", kick_file="",
-                                                    progress_rate_factor=math.inf if self.options.progress_rate_factor is None
-                                                    else self.options.progress_rate_factor),
-                        solver=dataclasses.replace(self.options.solver, seed=self.options.seed))
+        config = Config(
+            controller=ControllerConfig(
+                policy=self.policy_name,
+                state_path=str(state_path),
+                interval_s=self.options.interval_s,
+                min_gap_s=self.options.min_gap_s,
+                checkpoint_root="/tmp/cellsched-sim",
+                kick_file="",
+                progress_rate_factor=math.inf
+                if self.options.progress_rate_factor is None
+                else self.options.progress_rate_factor,
+            ),
+            solver=dataclasses.replace(self.options.solver, seed=self.options.seed),
+        )
         state = StateStore(state_path)
         logger = logging.getLogger("cellsched")
         collector = LogCollector()
@@ -484,9 +544,16 @@ class Simulator:
         logger.propagate = False  # collected into the run's meta, not printed
         self.log = collector
         try:
-            controller = Controller(config, backend=self.backend, state=state, policy=self.policy,
-                                    estimator=self.estimator, clock=self._clock, sleep=self._sleep,
-                                    progress=self._progress)
+            controller = Controller(
+                config,
+                backend=self.backend,
+                state=state,
+                policy=self.policy,
+                estimator=self.estimator,
+                clock=self._clock,
+                sleep=self._sleep,
+                progress=self._progress,
+            )
             step = self._step_arena_round if self.quantum is not None else self._step_to_next_event
             last_report = 0.0
             while True:
@@ -574,8 +641,15 @@ class Simulator:
 
     def progress(self) -> SimProgress:
         done = sum(1 for sid in self.slurm_ids.values() if self.backend.is_completed(sid))
-        return SimProgress(self.backend.now, self.t0, self.trace[-1].submit_time, len(self.slurm_ids),
-                           done, len(self.trace), len(self.rounds))
+        return SimProgress(
+            self.backend.now,
+            self.t0,
+            self.trace[-1].submit_time,
+            len(self.slurm_ids),
+            done,
+            len(self.trace),
+            len(self.rounds),
+        )
 
     def _result(self, wall_s: float, state_path: Path) -> SimRun:
         outcomes = []
@@ -585,8 +659,18 @@ class Simulator:
                 outcomes.append(JobOutcome(tj.job_id, tj.submit_time, None, None, False))
                 continue
             a = self.backend.account(sid)
-            outcomes.append(JobOutcome(tj.job_id, tj.submit_time, a.first_start, a.end_time, a.completed,
-                                       a.restarts, a.gpu_seconds, a.cells))
+            outcomes.append(
+                JobOutcome(
+                    tj.job_id,
+                    tj.submit_time,
+                    a.first_start,
+                    a.end_time,
+                    a.completed,
+                    a.restarts,
+                    a.gpu_seconds,
+                    a.cells,
+                )
+            )
         o = self.options
         meta: dict[str, object] = {
             "mode": "arena-compat" if o.arena_compat else "event",
@@ -603,8 +687,15 @@ class Simulator:
             "controller_warnings": dict(self.log.counts),
             "controller_warning_examples": list(self.log.examples),
         }
-        return SimRun(self.policy_name, tuple(outcomes), tuple(self.samples), tuple(self.rounds),
-                      self.cluster.gpus_by_type(), wall_s, meta)
+        return SimRun(
+            self.policy_name,
+            tuple(outcomes),
+            tuple(self.samples),
+            tuple(self.rounds),
+            self.cluster.gpus_by_type(),
+            wall_s,
+            meta,
+        )
 
 
 def simulate(trace: Sequence[TraceJob], cluster: ClusterSpec, policy: str, **kw: Any) -> SimRun:

@@ -23,8 +23,9 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from slurm_ext.sim.types import Sample, SimRun
 
@@ -65,6 +66,7 @@ class PolicyResult:
 
 
 # ---- numbers ---------------------------------------------------------------------
+
 
 def _mean(xs: Sequence[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
@@ -116,21 +118,32 @@ def summarize(run: SimRun) -> PolicyResult:
     length = span[1] - span[0] if span else 0.0
     above = [(d, s) for d, s in pieces if s.throughput > ARENA_MIN_THROUGHPUT]
     above_time = sum(d for d, _ in above)
-    util = {t: (_weighted(pieces, lambda s, t=t: s.gpus_used.get(t, 0), length) or 0.0) / n
-            for t, n in sorted(run.gpus_total.items()) if n > 0}
+    util = {
+        t: (_weighted(pieces, lambda s, t=t: s.gpus_used.get(t, 0), length) or 0.0) / n
+        for t, n in sorted(run.gpus_total.items())
+        if n > 0
+    }
     ends = [j.end_time for j in run.jobs if j.end_time is not None]
     return PolicyResult(
-        policy=run.policy, jobs_total=len(run.jobs), jobs_finished=len(jcts),
-        avg_jct_s=_mean(jcts), median_jct_s=percentile(jcts, 50), p95_jct_s=percentile(jcts, 95),
+        policy=run.policy,
+        jobs_total=len(run.jobs),
+        jobs_finished=len(jcts),
+        avg_jct_s=_mean(jcts),
+        median_jct_s=percentile(jcts, 50),
+        p95_jct_s=percentile(jcts, 95),
         avg_queue_s=_mean(queues),
         makespan_s=max(ends) - min(j.submit_time for j in run.jobs) if ends else None,
         avg_throughput=_weighted(pieces, lambda s: s.throughput, length),
         peak_throughput=max((s.throughput for s in run.samples), default=None),
         avg_throughput_arena=(sum(d * s.throughput for d, s in above) / above_time) if above_time > 0 else None,
-        gpu_util_by_type=util, restarts=sum(j.restarts for j in run.jobs),
+        gpu_util_by_type=util,
+        restarts=sum(j.restarts for j in run.jobs),
         round_mean_s=_mean([r.total_s for r in run.rounds]),
         round_max_s=max((r.total_s for r in run.rounds), default=None),
-        solve_mean_s=_mean([r.solve_s for r in run.rounds]), rounds=len(run.rounds), wall_s=run.wall_s)
+        solve_mean_s=_mean([r.solve_s for r in run.rounds]),
+        rounds=len(run.rounds),
+        wall_s=run.wall_s,
+    )
 
 
 def summaries(runs: Sequence[SimRun]) -> list[PolicyResult]:
@@ -143,11 +156,14 @@ def summaries(runs: Sequence[SimRun]) -> list[PolicyResult]:
         return results
     done = [{j.job_id: j.jct for j in run.jobs if j.jct is not None} for run in runs]
     common = set.intersection(*(set(d) for d in done))
-    return [replace(r, avg_jct_common_s=_mean([d[j] for j in sorted(common)]), jobs_common=len(common))
-            for r, d in zip(results, done)]
+    return [
+        replace(r, avg_jct_common_s=_mean([d[j] for j in sorted(common)]), jobs_common=len(common))
+        for r, d in zip(results, done)
+    ]
 
 
 # ---- text ------------------------------------------------------------------------
+
 
 def _num(x: float | None, digits: int = 0) -> str:
     return "-" if x is None else f"{x:,.{digits}f}"
@@ -157,8 +173,21 @@ def markdown_table(results: Sequence[PolicyResult]) -> str:
     """One row per policy; with an fcfs row, a column of avg JCT / fcfs's."""
     fcfs = next((r.avg_jct_s for r in results if r.policy == "fcfs"), None)
     ratio = fcfs is not None and fcfs > 0
-    head = ["policy", "finished", "avg JCT s", "median JCT s", "p95 JCT s", "avg queue s", "makespan s",
-            "avg thr", "Arena avg thr", "peak thr", "restarts", "round mean/max s", "solve mean s"]
+    head = [
+        "policy",
+        "finished",
+        "avg JCT s",
+        "median JCT s",
+        "p95 JCT s",
+        "avg queue s",
+        "makespan s",
+        "avg thr",
+        "Arena avg thr",
+        "peak thr",
+        "restarts",
+        "round mean/max s",
+        "solve mean s",
+    ]
     common = next((r.jobs_common for r in results if r.jobs_common is not None), None)
     if ratio:
         head.insert(3, "JCT vs fcfs")
@@ -166,10 +195,21 @@ def markdown_table(results: Sequence[PolicyResult]) -> str:
         head.insert(3, f"avg JCT s, {common} jobs all finished")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
-        row = [r.policy, f"{r.jobs_finished}/{r.jobs_total}", _num(r.avg_jct_s), _num(r.median_jct_s),
-               _num(r.p95_jct_s), _num(r.avg_queue_s), _num(r.makespan_s), _num(r.avg_throughput, 1),
-               _num(r.avg_throughput_arena, 1), _num(r.peak_throughput, 1), str(r.restarts),
-               f"{_num(r.round_mean_s, 3)}/{_num(r.round_max_s, 3)}", _num(r.solve_mean_s, 3)]
+        row = [
+            r.policy,
+            f"{r.jobs_finished}/{r.jobs_total}",
+            _num(r.avg_jct_s),
+            _num(r.median_jct_s),
+            _num(r.p95_jct_s),
+            _num(r.avg_queue_s),
+            _num(r.makespan_s),
+            _num(r.avg_throughput, 1),
+            _num(r.avg_throughput_arena, 1),
+            _num(r.peak_throughput, 1),
+            str(r.restarts),
+            f"{_num(r.round_mean_s, 3)}/{_num(r.round_max_s, 3)}",
+            _num(r.solve_mean_s, 3),
+        ]
         if ratio:
             row.insert(3, "-" if r.avg_jct_s is None else f"{r.avg_jct_s / fcfs:.2f}x")
         if common is not None:
@@ -178,9 +218,14 @@ def markdown_table(results: Sequence[PolicyResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(runs: Sequence[SimRun], out_dir: str | pathlib.Path, *, plots: bool = True,
-                 meta: Mapping[str, Any] | None = None,
-                 results: Sequence[PolicyResult] | None = None) -> dict[str, pathlib.Path]:
+def write_report(
+    runs: Sequence[SimRun],
+    out_dir: str | pathlib.Path,
+    *,
+    plots: bool = True,
+    meta: Mapping[str, Any] | None = None,
+    results: Sequence[PolicyResult] | None = None,
+) -> dict[str, pathlib.Path]:
     """Write results.json, results.md and (with plots) the PNGs into
     out_dir; returns {file name: path}. `results`: the runs' `summaries`
     when the caller has them already."""
@@ -190,8 +235,14 @@ def write_report(runs: Sequence[SimRun], out_dir: str | pathlib.Path, *, plots: 
     doc = {
         "meta": dict(meta or {}),
         "summary": {r.policy: r.to_dict() for r in results},
-        "runs": {run.policy: {"meta": dict(run.meta), "gpus_total": dict(run.gpus_total),
-                              "jobs": [_outcome(j) for j in run.jobs]} for run in runs},
+        "runs": {
+            run.policy: {
+                "meta": dict(run.meta),
+                "gpus_total": dict(run.gpus_total),
+                "jobs": [_outcome(j) for j in run.jobs],
+            }
+            for run in runs
+        },
     }
     written = {"results.json": out / "results.json", "results.md": out / "results.md"}
     written["results.json"].write_text(json.dumps(doc, indent=1, default=str, allow_nan=False) + "\n")
@@ -214,15 +265,16 @@ def _outcome(j) -> dict[str, Any]:
 
 # ---- plots -----------------------------------------------------------------------
 
+
 def write_plots(runs: Sequence[SimRun], out_dir: pathlib.Path) -> dict[str, pathlib.Path]:
     """The four PNGs (matplotlib, Agg canvas, imported here only). Time axes
     are hours since the earliest submit of all runs; a plot with nothing to
     show says so instead of failing."""
-    from matplotlib.figure import Figure   # lazy: the simulator runs without matplotlib when plots=False
+    from matplotlib.figure import Figure  # lazy: the simulator runs without matplotlib when plots=False
 
     spans = [s for s in (timeline(r) for r in runs) if s is not None]
     origin = min((s[0] for s in spans), default=0.0)
-    hours = lambda t: (t - origin) / 3600.0   # noqa: E731
+    hours = lambda t: (t - origin) / 3600.0  # noqa: E731
     written: dict[str, pathlib.Path] = {}
 
     def save(fig, name: str) -> None:
@@ -254,8 +306,10 @@ def write_plots(runs: Sequence[SimRun], out_dir: pathlib.Path) -> dict[str, path
     save(fig, "jct_cdf.png")
 
     # queue length and throughput over time
-    for name, value, label in (("queue_length.png", lambda s: s.queued, "jobs queued"),
-                               ("throughput.png", lambda s: s.throughput, "throughput (samples/s)")):
+    for name, value, label in (
+        ("queue_length.png", lambda s: s.queued, "jobs queued"),
+        ("throughput.png", lambda s: s.throughput, "throughput (samples/s)"),
+    ):
         fig = Figure(figsize=(8, 4.5))
         ax = fig.add_subplot()
         shown = 0

@@ -28,15 +28,23 @@ import datetime as dt
 import os
 import re
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping
 
 from slurm_ext.jobspec import JobSpec, JobSpecError
 from slurm_ext.sim.types import TraceJob
 from solver.models import ModelSpecError, get_model
 
-ARENA_COLUMNS = ("job_id", "submission_time", "num_iteration", "model_name", "deadline", "batch_size",
-                 "num_gpu", "gpu_type")
+ARENA_COLUMNS = (
+    "job_id",
+    "submission_time",
+    "num_iteration",
+    "model_name",
+    "deadline",
+    "batch_size",
+    "num_gpu",
+    "gpu_type",
+)
 SACCT_REQUIRED = ("JobID", "Submit", "AllocTRES")
 DEFAULT_MODEL = "gpt-1.3b"
 DEFAULT_BATCH = 128
@@ -61,6 +69,7 @@ def _by_submit(jobs: list[TraceJob]) -> tuple[TraceJob, ...]:
 
 
 # ---- Arena CSV -------------------------------------------------------------------------
+
 
 def read_arena_trace(path: str | os.PathLike, *, iteration_scale: int = 1) -> tuple[TraceJob, ...]:
     """Read an Arena trace CSV; see the module doc."""
@@ -97,12 +106,19 @@ def read_arena_trace(path: str | os.PathLike, *, iteration_scale: int = 1) -> tu
             gpu_type = raw["gpu_type"] or None
             if gpu_type is not None and not _GPU_TYPE.match(gpu_type):
                 raise TraceError(path, line, "gpu_type", f"must be a lower-case GPU type name, got {gpu_type!r}")
-            jobs.append(TraceJob(
-                job_id=job_id, submit_time=fields.number("submission_time"),
-                model=fields.model("model_name"), global_batch=fields.positive_int("batch_size"),
-                iterations=max(1, fields.positive_int("num_iteration") // iteration_scale),
-                requested_gpus=fields.positive_int("num_gpu"), requested_gpu_type=gpu_type,
-                deadline=fields.number("deadline") if raw["deadline"] else None, line=line))
+            jobs.append(
+                TraceJob(
+                    job_id=job_id,
+                    submit_time=fields.number("submission_time"),
+                    model=fields.model("model_name"),
+                    global_batch=fields.positive_int("batch_size"),
+                    iterations=max(1, fields.positive_int("num_iteration") // iteration_scale),
+                    requested_gpus=fields.positive_int("num_gpu"),
+                    requested_gpu_type=gpu_type,
+                    deadline=fields.number("deadline") if raw["deadline"] else None,
+                    line=line,
+                )
+            )
     return _by_submit(jobs)
 
 
@@ -150,6 +166,7 @@ class _Fields:
 
 # ---- Slurm accounting ------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class SacctTrace:
     """The jobs of an accounting export and the rows skipped, by reason."""
@@ -158,15 +175,26 @@ class SacctTrace:
     skipped: Mapping[str, int] = field(default_factory=dict)
 
 
-def read_sacct(path: str | os.PathLike, *, default_model: str = DEFAULT_MODEL, default_batch: int = DEFAULT_BATCH,
-               include_non_gpu: bool = False) -> tuple[TraceJob, ...]:
+def read_sacct(
+    path: str | os.PathLike,
+    *,
+    default_model: str = DEFAULT_MODEL,
+    default_batch: int = DEFAULT_BATCH,
+    include_non_gpu: bool = False,
+) -> tuple[TraceJob, ...]:
     """The jobs of a ``sacct -P`` export (see the module doc)."""
-    return load_sacct(path, default_model=default_model, default_batch=default_batch,
-                      include_non_gpu=include_non_gpu).jobs
+    return load_sacct(
+        path, default_model=default_model, default_batch=default_batch, include_non_gpu=include_non_gpu
+    ).jobs
 
 
-def load_sacct(path: str | os.PathLike, *, default_model: str = DEFAULT_MODEL, default_batch: int = DEFAULT_BATCH,
-               include_non_gpu: bool = False) -> SacctTrace:
+def load_sacct(
+    path: str | os.PathLike,
+    *,
+    default_model: str = DEFAULT_MODEL,
+    default_batch: int = DEFAULT_BATCH,
+    include_non_gpu: bool = False,
+) -> SacctTrace:
     """Like read_sacct, also counting the rows it skipped."""
     model = get_model(default_model).name
     if isinstance(default_batch, bool) or not isinstance(default_batch, int) or default_batch < 1:
@@ -182,7 +210,7 @@ def load_sacct(path: str | os.PathLike, *, default_model: str = DEFAULT_MODEL, d
     head_line, head = numbered[0]
     cols = head.split("|")
     if cols and cols[-1] == "":
-        cols.pop()          # `sacct -p` ends every line with '|'
+        cols.pop()  # `sacct -p` ends every line with '|'
     lower = [c.strip().lower() for c in cols]
     for name in SACCT_REQUIRED:
         if name.lower() not in lower:
@@ -221,14 +249,22 @@ def _split_row(path: str | os.PathLike, line: int, text: str, ncols: int, commen
     if len(values) == ncols + 1 and values[-1] == "":
         values.pop()
     if len(values) > ncols and comment_last:
-        values = values[:ncols - 1] + ["|".join(values[ncols - 1:])]   # a '|' inside the Comment
+        values = values[: ncols - 1] + ["|".join(values[ncols - 1 :])]  # a '|' inside the Comment
     if len(values) != ncols:
         raise TraceError(path, line, None, f"expected {ncols} '|'-separated fields, got {len(values)}")
     return values
 
 
-_FIELD_NAMES = {"jobid": "JobID", "submit": "Submit", "start": "Start", "end": "End", "alloctres": "AllocTRES",
-                "reqtres": "ReqTRES", "comment": "Comment", "user": "User"}
+_FIELD_NAMES = {
+    "jobid": "JobID",
+    "submit": "Submit",
+    "start": "Start",
+    "end": "End",
+    "alloctres": "AllocTRES",
+    "reqtres": "ReqTRES",
+    "comment": "Comment",
+    "user": "User",
+}
 
 
 @dataclass(frozen=True)
@@ -273,13 +309,23 @@ class _SacctRow:
             raise self.fail("end", f"is before Start ({end.isoformat()} < {start.isoformat()})")
         user = self.raw.get("user") or "sim"
         if spec is not None:
-            return TraceJob(job_id, 0.0, spec.model, spec.global_batch, spec.iterations,
-                            spec.requested_gpus or gpus, spec.requested_gpu_type or gpu_type,
-                            duration_s=duration, user=user, line=self.line), submit
+            return TraceJob(
+                job_id,
+                0.0,
+                spec.model,
+                spec.global_batch,
+                spec.iterations,
+                spec.requested_gpus or gpus,
+                spec.requested_gpu_type or gpu_type,
+                duration_s=duration,
+                user=user,
+                line=self.line,
+            ), submit
         if duration is None:
             return "not ended" if end is None else "no start time"
-        return TraceJob(job_id, 0.0, model, batch, None, gpus, gpu_type, duration_s=duration, user=user,
-                        line=self.line), submit
+        return TraceJob(
+            job_id, 0.0, model, batch, None, gpus, gpu_type, duration_s=duration, user=user, line=self.line
+        ), submit
 
 
 def parse_tres_gpus(tres: str, fail: Callable[[str], Exception] | None = None) -> tuple[int, str | None]:

@@ -4,8 +4,8 @@ and the tokens of one #SBATCH line."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 from slurm_ext.wrapper.options import BY_LONG, BY_SHORT, PROG, REFUSED_BY_NAME, Setting, WrapperError, supported_text
 
@@ -41,8 +41,9 @@ def _unknown_option(token: str, where: str) -> WrapperError:
     return WrapperError(shown, f"unknown option ({where}); {supported_text()}")
 
 
-def parse_options(tokens: list[str], origin: str, *, stop_at_script: bool, sbatch_line: bool = False
-                  ) -> tuple[dict[str, Setting], list[str], bool]:
+def parse_options(
+    tokens: list[str], origin: str, *, stop_at_script: bool, sbatch_line: bool = False
+) -> tuple[dict[str, Setting], list[str], bool]:
     """Options from `tokens`; returns (settings, the rest from the script on, help asked).
 
     `sbatch_line`: the tokens of an #SBATCH line, where only pass-through options are known."""
@@ -51,7 +52,7 @@ def parse_options(tokens: list[str], origin: str, *, stop_at_script: bool, sbatc
     while i < len(tokens):
         tok = tokens[i]
         if tok == "--" and stop_at_script:
-            return settings, tokens[i + 1:], help_asked
+            return settings, tokens[i + 1 :], help_asked
         if not tok.startswith("-") or tok == "-":
             if stop_at_script:
                 return settings, tokens[i:], help_asked

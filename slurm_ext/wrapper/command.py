@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from typing import Callable, Iterable, Mapping, TextIO
+from collections.abc import Callable, Iterable, Mapping
+from typing import TextIO
 
 from slurm_ext.backends.base import Backend, SlurmError
 from slurm_ext.wrapper.argv import parse_argv
@@ -13,9 +14,14 @@ from slurm_ext.wrapper.submission import prepare
 EXIT_USAGE = 2
 
 
-def main(argv: Iterable[str], *, backend_for: Callable[[str], Backend] | None = None,
-         stdout: TextIO | None = None, stderr: TextIO | None = None,
-         environ: Mapping[str, str] | None = None) -> int:
+def main(
+    argv: Iterable[str],
+    *,
+    backend_for: Callable[[str], Backend] | None = None,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> int:
     """Run `cellsched sbatch`; returns the exit status (0, 1 Slurm error, 2 bad input)."""
     out, err = stdout or sys.stdout, stderr or sys.stderr
     args = list(argv)

@@ -22,14 +22,15 @@ def parse_directives(text: str) -> tuple[dict[str, Setting], dict[str, Setting]]
         is_cs = line.startswith("#CELLSCHED")
         if not in_header:
             if is_cs:
-                raise WrapperError(where, "#CELLSCHED after the first command is not read; "
-                                          "move it to the top of the script")
+                raise WrapperError(
+                    where, "#CELLSCHED after the first command is not read; move it to the top of the script"
+                )
             continue
         if stripped and not stripped.startswith("#"):
             in_header = False
             continue
         if is_cs:
-            body = line[len("#CELLSCHED"):]
+            body = line[len("#CELLSCHED") :]
             if not body[:1].isspace():
                 raise WrapperError(where, _MALFORMED)
             key, eq, value = body.strip().partition("=")
@@ -50,7 +51,7 @@ def parse_directives(text: str) -> tuple[dict[str, Setting], dict[str, Setting]]
                 cellsched[key] = Setting(value, where)
         elif line.startswith("#SBATCH"):
             try:
-                tokens = shlex.split(line[len("#SBATCH"):], comments=True)
+                tokens = shlex.split(line[len("#SBATCH") :], comments=True)
             except ValueError as exc:
                 raise WrapperError(where, f"malformed #SBATCH line ({exc})") from None
             found, _, _ = parse_options(tokens, where, stop_at_script=False, sbatch_line=True)

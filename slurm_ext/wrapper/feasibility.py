@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import ClusterSnapshot
@@ -13,8 +13,12 @@ from slurm_ext.wrapper.options import Setting, WrapperError
 from slurm_ext.wrapper.values import field_name
 
 
-def check_against_cluster(spec: JobSpec, snapshot: ClusterSnapshot, settings: Mapping[str, Setting],
-                          fits: Callable[[JobSpec, ClusterSnapshot], str | None] | None = None) -> None:
+def check_against_cluster(
+    spec: JobSpec,
+    snapshot: ClusterSnapshot,
+    settings: Mapping[str, Setting],
+    fits: Callable[[JobSpec, ClusterSnapshot], str | None] | None = None,
+) -> None:
     """GPU types and partitions exist; the job fits some cell of the cluster
     (`fits`, fits_some_cell by default, says why not)."""
 
@@ -39,7 +43,8 @@ def check_against_cluster(spec: JobSpec, snapshot: ClusterSnapshot, settings: Ma
         if spec.gpu_types is not None and node.gpu_type not in spec.gpu_types:
             continue
         if spec.partitions is not None and not any(
-                p in node.partitions or node.name in known_parts[p].nodes for p in spec.partitions):
+            p in node.partitions or node.name in known_parts[p].nodes for p in spec.partitions
+        ):
             continue
         capacity[node.gpu_type] = capacity.get(node.gpu_type, 0) + node.gpus_total
     scope = "the allowed GPU types" + (" in the chosen partitions" if spec.partitions else "")
@@ -52,16 +57,21 @@ def check_against_cluster(spec: JobSpec, snapshot: ClusterSnapshot, settings: Ma
         pass
     elif spec.min_gpus > largest:
         detail = ", ".join(f"{t}: {n}" for t, n in sorted(capacity.items()))
-        raise WrapperError(where("min-gpus"), f"{spec.min_gpus} GPUs of one type can never be had: "
-                                              f"{scope} have at most {largest} ({detail})")
+        raise WrapperError(
+            where("min-gpus"),
+            f"{spec.min_gpus} GPUs of one type can never be had: {scope} have at most {largest} ({detail})",
+        )
     if spec.requested_gpus is not None and spec.requested_gpus > largest:
-        raise WrapperError(where("gpus"), f"{spec.requested_gpus} GPUs of one type can never be had: "
-                                          f"{scope} have at most {largest}")
+        raise WrapperError(
+            where("gpus"), f"{spec.requested_gpus} GPUs of one type can never be had: {scope} have at most {largest}"
+        )
     if spec.requested_gpu_type is not None and spec.requested_gpus is not None:
         of_type = capacity.get(spec.requested_gpu_type, 0)
         if spec.requested_gpus > of_type:
-            raise WrapperError(where("gpus"), f"{spec.requested_gpus} {spec.requested_gpu_type} GPUs can never be "
-                                              f"had: {scope} have {of_type}")
+            raise WrapperError(
+                where("gpus"),
+                f"{spec.requested_gpus} {spec.requested_gpu_type} GPUs can never be had: {scope} have {of_type}",
+            )
     reason = (fits or fits_some_cell)(spec, snapshot)
     if reason:
         raise WrapperError(where("model"), reason)
@@ -84,9 +94,17 @@ def fits_some_cell(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
     from solver.types import EstimateSource, JobRequest, SolverConfig
 
     model = spec.model_spec()
-    job = JobRequest(job_id="new", model=model, global_batch=spec.global_batch, iterations=spec.iterations,
-                     gpu_types=spec.gpu_types, min_gpus=spec.min_gpus, max_gpus=spec.max_gpus,
-                     partitions=spec.partitions, requested_gpus=spec.requested_gpus)
+    job = JobRequest(
+        job_id="new",
+        model=model,
+        global_batch=spec.global_batch,
+        iterations=spec.iterations,
+        gpu_types=spec.gpu_types,
+        min_gpus=spec.min_gpus,
+        max_gpus=spec.max_gpus,
+        partitions=spec.partitions,
+        requested_gpus=spec.requested_gpus,
+    )
     cells = enumerate_cells(job, to_cluster_view(snapshot, ()), SolverConfig())
     if not cells:
         return f"no cell of this cluster can hold {model.name} with min-gpus={spec.min_gpus} on one GPU type"
@@ -97,10 +115,16 @@ def fits_some_cell(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
         notes: list[str] = []
         for cell in sorted(cells, key=lambda c: (-c.num_gpus, c.num_nodes, c.pp, c.gpu_type)):
             est = estimator.estimate(job, cell)
-            if est.feasible or not math.isfinite(estimator.mem_limit_gb(cell.gpu_type)) or est.source == EstimateSource.NONE:
+            if (
+                est.feasible
+                or not math.isfinite(estimator.mem_limit_gb(cell.gpu_type))
+                or est.source == EstimateSource.NONE
+            ):
                 return None
             notes.append(f"{cell.key()}: {est.note}")
     finally:
         store.close()
-    return (f"{model.name} with global batch {spec.global_batch} fits no cell of this cluster "
-            f"({len(cells)} tried, largest first: {'; '.join(notes[:2])})")
+    return (
+        f"{model.name} with global batch {spec.global_batch} fits no cell of this cluster "
+        f"({len(cells)} tried, largest first: {'; '.join(notes[:2])})"
+    )

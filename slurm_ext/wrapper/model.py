@@ -36,8 +36,10 @@ def load_model(s: Setting, cwd: pathlib.Path) -> tuple[str, dict | None, ModelSp
             raise WrapperError(field, f"no such spec file {name!r}")
         close = difflib.get_close_matches(name.strip().lower(), list(presets), n=4, cutoff=0.6)
         hint = f"; did you mean {', '.join(dict.fromkeys(presets[c] for c in close))}?" if close else ""
-        raise WrapperError(field, f"unknown model {name!r}{hint} (presets: {', '.join(list_presets())}; "
-                           "or give a .json/.toml spec file)")
+        raise WrapperError(
+            field,
+            f"unknown model {name!r}{hint} (presets: {', '.join(list_presets())}; or give a .json/.toml spec file)",
+        )
     try:
         st = path.stat()
     except OSError as exc:
@@ -50,7 +52,17 @@ def load_model(s: Setting, cwd: pathlib.Path) -> tuple[str, dict | None, ModelSp
         spec = load_spec_file(path)
     except ModelSpecError as exc:
         raise WrapperError(field, str(exc)) from None
-    definition = {"name": spec.name, "family": spec.family, "num_layers": spec.num_layers, "hidden": spec.hidden,
-                  "heads": spec.heads, "seq_len": spec.seq_len, "vocab": spec.vocab, "params": spec.params,
-                  "dtype": spec.dtype, "num_experts": spec.num_experts, "moe_top_k": spec.moe_top_k}
+    definition = {
+        "name": spec.name,
+        "family": spec.family,
+        "num_layers": spec.num_layers,
+        "hidden": spec.hidden,
+        "heads": spec.heads,
+        "seq_len": spec.seq_len,
+        "vocab": spec.vocab,
+        "params": spec.params,
+        "dtype": spec.dtype,
+        "num_experts": spec.num_experts,
+        "moe_top_k": spec.moe_top_k,
+    }
     return path.name, definition, spec

@@ -53,8 +53,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("job-name", "value", "job name", short="J", passthrough=True),
     Option("output", "value", "stdout file pattern", short="o", passthrough=True),
     Option("error", "value", "stderr file pattern", short="e", passthrough=True),
-    Option("open-mode", "value", "append or truncate the output files (append keeps the log of every run of a job"
-           " that is moved or requeued)", passthrough=True),
+    Option(
+        "open-mode",
+        "value",
+        "append or truncate the output files (append keeps the log of every run of a job that is moved or requeued)",
+        passthrough=True,
+    ),
     Option("time", "value", "time limit (minutes, or [D-]H:M:S)", short="t", passthrough=True),
     Option("account", "value", "account to charge", short="A", passthrough=True),
     Option("qos", "value", "quality of service", short="q", passthrough=True),
@@ -72,14 +76,51 @@ BY_SHORT = {o.short: o for o in OPTIONS if o.short}
 DIRECTIVE_KEYS = tuple(o.name for o in OPTIONS if o.kind != "switch" and o.name != "backend")
 #: sbatch options the scheduler decides; refused with a reason
 _REFUSED = {
-    ("gres", "gpus", "gpus-per-node", "gpus-per-task", "gpus-per-socket", "cpus-per-gpu", "mem-per-gpu",
-     "G", "tres-per-task"): "GPU counts and types are the scheduler's business: use --min-gpus/--max-gpus/"
-                            "--gpu-types (--gpus N for a static hint)",
-    ("nodes", "N", "nodelist", "w", "exclude", "x", "ntasks", "n", "ntasks-per-node", "constraint", "C",
-     "cluster-constraint", "exclusive", "switches"): "nodes, node lists and constraints are the scheduler's business:"
-                                                      " restrict GPU types with --gpu-types and partitions with -p",
-    ("hold", "H", "comment", "admin-comment", "priority", "nice", "dependency", "d", "begin", "b", "array", "a",
-     "requeue", "no-requeue"): "the scheduler holds, orders and releases managed jobs itself",
+    (
+        "gres",
+        "gpus",
+        "gpus-per-node",
+        "gpus-per-task",
+        "gpus-per-socket",
+        "cpus-per-gpu",
+        "mem-per-gpu",
+        "G",
+        "tres-per-task",
+    ): "GPU counts and types are the scheduler's business: use --min-gpus/--max-gpus/"
+    "--gpu-types (--gpus N for a static hint)",
+    (
+        "nodes",
+        "N",
+        "nodelist",
+        "w",
+        "exclude",
+        "x",
+        "ntasks",
+        "n",
+        "ntasks-per-node",
+        "constraint",
+        "C",
+        "cluster-constraint",
+        "exclusive",
+        "switches",
+    ): "nodes, node lists and constraints are the scheduler's business:"
+    " restrict GPU types with --gpu-types and partitions with -p",
+    (
+        "hold",
+        "H",
+        "comment",
+        "admin-comment",
+        "priority",
+        "nice",
+        "dependency",
+        "d",
+        "begin",
+        "b",
+        "array",
+        "a",
+        "requeue",
+        "no-requeue",
+    ): "the scheduler holds, orders and releases managed jobs itself",
 }
 REFUSED_BY_NAME = {name: why for names, why in _REFUSED.items() for name in names}
 
@@ -92,11 +133,16 @@ def supported_text() -> str:
 
 def usage_text() -> str:
     """The `--help` text."""
-    lines = [f"Usage: {PROG} [OPTIONS] [--] SCRIPT [ARGS...]", "",
-             "Submit a training job that cellsched schedules: it is held, and the controller picks its",
-             "GPU type, count, nodes and parallel plan. Settings may also come from '#CELLSCHED key=value'",
-             "lines at the top of SCRIPT (key = a long option name, e.g. '#CELLSCHED global-batch=512');",
-             "the command line wins.", "", "Options:"]
+    lines = [
+        f"Usage: {PROG} [OPTIONS] [--] SCRIPT [ARGS...]",
+        "",
+        "Submit a training job that cellsched schedules: it is held, and the controller picks its",
+        "GPU type, count, nodes and parallel plan. Settings may also come from '#CELLSCHED key=value'",
+        "lines at the top of SCRIPT (key = a long option name, e.g. '#CELLSCHED global-batch=512');",
+        "the command line wins.",
+        "",
+        "Options:",
+    ]
     for o in OPTIONS:
         flag = (f"-{o.short}, " if o.short else "    ") + f"--{o.name}" + ("/--no-" + o.name if o.negatable else "")
         flag += " VALUE" if o.kind == "value" else ""

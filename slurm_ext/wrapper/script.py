@@ -29,8 +29,9 @@ def read_script(path_text: str, cwd: pathlib.Path) -> tuple[pathlib.Path, str]:
     except OSError as exc:
         raise WrapperError("script", f"cannot read {path_text!r} ({exc.strerror})") from None
     if not data.startswith(b"#!"):
-        raise WrapperError("script", f"{path_text!r} does not start with '#!' "
-                                     "(an interpreter line, as sbatch requires)")
+        raise WrapperError(
+            "script", f"{path_text!r} does not start with '#!' (an interpreter line, as sbatch requires)"
+        )
     if b"\x00" in data:
         raise WrapperError("script", f"{path_text!r} contains NUL bytes (not a text script)")
     if b"\r\n" in data:

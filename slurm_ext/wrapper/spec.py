@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pathlib
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 from slurm_ext.jobspec import JobSpec, JobSpecError
 from slurm_ext.wrapper.model import load_model
@@ -13,9 +13,17 @@ from slurm_ext.wrapper.values import NAME, field_name, name_list, one_line, whol
 
 _GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 #: JobSpecError field -> the option that sets it
-_SPEC_TO_OPTION = {"global_batch": "global-batch", "gpu_types": "gpu-types", "min_gpus": "min-gpus",
-                   "max_gpus": "max-gpus", "requested_gpus": "gpus", "requested_gpu_type": "gpu-type",
-                   "virtual_workers": "virtual-workers", "model_def": "model", "partitions": "partition"}
+_SPEC_TO_OPTION = {
+    "global_batch": "global-batch",
+    "gpu_types": "gpu-types",
+    "min_gpus": "min-gpus",
+    "max_gpus": "max-gpus",
+    "requested_gpus": "gpus",
+    "requested_gpu_type": "gpu-type",
+    "virtual_workers": "virtual-workers",
+    "model_def": "model",
+    "partitions": "partition",
+}
 
 
 def build_spec(settings: Mapping[str, Setting], cwd: pathlib.Path) -> JobSpec:
@@ -32,33 +40,50 @@ def build_spec(settings: Mapping[str, Setting], cwd: pathlib.Path) -> JobSpec:
     gpus = whole_number("gpus", get("gpus"), 1, 100_000)
     workers = whole_number("virtual-workers", get("virtual-workers"), 1, 100_000)
     if min_gpus is not None and max_gpus is not None and min_gpus > max_gpus:
-        raise WrapperError(field_name("min-gpus", settings["min-gpus"]),
-                           f"{min_gpus} is more than max-gpus ({max_gpus})")
+        raise WrapperError(
+            field_name("min-gpus", settings["min-gpus"]), f"{min_gpus} is more than max-gpus ({max_gpus})"
+        )
     if gpus is not None:
         if min_gpus is not None and gpus < min_gpus:
             raise WrapperError(field_name("gpus", settings["gpus"]), f"{gpus} is less than min-gpus ({min_gpus})")
         if max_gpus is not None and gpus > max_gpus:
             raise WrapperError(field_name("gpus", settings["gpus"]), f"{gpus} is more than max-gpus ({max_gpus})")
     if workers is not None and global_batch is not None and global_batch % workers:
-        raise WrapperError(field_name("virtual-workers", settings["virtual-workers"]),
-                           f"{workers} does not divide global-batch ({global_batch})")
-    gpu_types = (name_list("gpu-types", settings["gpu-types"], _GPU_TYPE, "GPU type name")
-                 if "gpu-types" in settings else None)
+        raise WrapperError(
+            field_name("virtual-workers", settings["virtual-workers"]),
+            f"{workers} does not divide global-batch ({global_batch})",
+        )
+    gpu_types = (
+        name_list("gpu-types", settings["gpu-types"], _GPU_TYPE, "GPU type name") if "gpu-types" in settings else None
+    )
     gpu_type = one_line("gpu-type", get("gpu-type"), _GPU_TYPE, "a GPU type name")
     if gpu_type is not None and gpu_types is not None and gpu_type not in gpu_types:
-        raise WrapperError(field_name("gpu-type", settings["gpu-type"]),
-                           f"{gpu_type!r} is not among gpu-types ({','.join(gpu_types)})")
-    partitions = (name_list("partition", settings["partition"], NAME, "partition name")
-                  if "partition" in settings else None)
+        raise WrapperError(
+            field_name("gpu-type", settings["gpu-type"]), f"{gpu_type!r} is not among gpu-types ({','.join(gpu_types)})"
+        )
+    partitions = (
+        name_list("partition", settings["partition"], NAME, "partition name") if "partition" in settings else None
+    )
     elastic = get("elastic")
     try:
-        spec = JobSpec(model=model, global_batch=global_batch, iterations=iterations, model_def=model_def,
-                       gpu_types=gpu_types, min_gpus=min_gpus or 1, max_gpus=max_gpus,
-                       elastic=bool(elastic.value) if elastic else False, requested_gpus=gpus,
-                       requested_gpu_type=gpu_type, virtual_workers=workers, partitions=partitions)
+        spec = JobSpec(
+            model=model,
+            global_batch=global_batch,
+            iterations=iterations,
+            model_def=model_def,
+            gpu_types=gpu_types,
+            min_gpus=min_gpus or 1,
+            max_gpus=max_gpus,
+            elastic=bool(elastic.value) if elastic else False,
+            requested_gpus=gpus,
+            requested_gpu_type=gpu_type,
+            virtual_workers=workers,
+            partitions=partitions,
+        )
         spec.to_json()  # the size limit
         return spec
     except JobSpecError as exc:
         name = _SPEC_TO_OPTION.get(exc.field, exc.field)
-        raise WrapperError(field_name(name, settings[name]) if name in settings else name,
-                           str(exc).removeprefix(f"{exc.field}: ")) from None
+        raise WrapperError(
+            field_name(name, settings[name]) if name in settings else name, str(exc).removeprefix(f"{exc.field}: ")
+        ) from None

@@ -7,8 +7,8 @@ import json
 import os
 import pathlib
 import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterable, Mapping
 
 from slurm_ext.backends.base import Backend, SubmitRequest
 from slurm_ext.jobspec import JobSpec
@@ -25,8 +25,23 @@ from slurm_ext.wrapper.values import NAME, field_name, name_list, one_line
 _TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^UNLIMITED$")
 _OPEN_MODE = re.compile(r"^(append|truncate)$")
 _MAIL_TYPE = re.compile(r"^[A-Za-z_0-9]+$")
-_MAIL_TYPES = frozenset({"NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT",
-                         "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS"})
+_MAIL_TYPES = frozenset(
+    {
+        "NONE",
+        "BEGIN",
+        "END",
+        "FAIL",
+        "REQUEUE",
+        "ALL",
+        "INVALID_DEPEND",
+        "STAGE_OUT",
+        "TIME_LIMIT",
+        "TIME_LIMIT_90",
+        "TIME_LIMIT_80",
+        "TIME_LIMIT_50",
+        "ARRAY_TASKS",
+    }
+)
 _MAIL_USER = re.compile(r"^[^\s,;'\"<>()`$\\]{1,254}$")
 
 
@@ -50,9 +65,14 @@ def provisional_gres(spec: JobSpec, snapshot: ClusterSnapshot) -> int:
     """The untyped GPUs per node the held job is submitted with: min_gpus on
     one node, capped by the largest allowed node (the controller sets the
     real layout before it releases the job)."""
-    sizes = [n.gpus_total for n in snapshot.nodes if n.gpu_type and n.gpus_total > 0
-             and (spec.gpu_types is None or n.gpu_type in spec.gpu_types)
-             and (spec.partitions is None or set(spec.partitions) & set(n.partitions))]
+    sizes = [
+        n.gpus_total
+        for n in snapshot.nodes
+        if n.gpu_type
+        and n.gpus_total > 0
+        and (spec.gpu_types is None or n.gpu_type in spec.gpu_types)
+        and (spec.partitions is None or set(spec.partitions) & set(n.partitions))
+    ]
     return max(1, min(spec.min_gpus, max(sizes, default=1)))
 
 
@@ -64,9 +84,14 @@ def merge(*layers: Mapping[str, Setting]) -> dict[str, Setting]:
     return merged
 
 
-def prepare(argv: Iterable[str], backend_for: Callable[[str], Backend], *, environ: Mapping[str, str] | None = None,
-            cwd: str | os.PathLike[str] | None = None,
-            fits: Callable[[JobSpec, ClusterSnapshot], str | None] | None = None) -> Submission:
+def prepare(
+    argv: Iterable[str],
+    backend_for: Callable[[str], Backend],
+    *,
+    environ: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    fits: Callable[[JobSpec, ClusterSnapshot], str | None] | None = None,
+) -> Submission:
     """Parse and validate everything; the Submission to hand to the backend.
 
     `backend_for(name)` gives the backend (its `observe` is called once).
@@ -82,8 +107,9 @@ def prepare(argv: Iterable[str], backend_for: Callable[[str], Backend], *, envir
     from_script, from_sbatch = parse_directives(text)
     settings = merge(inv.settings, from_script, from_sbatch)
     spec = build_spec(settings, base)
-    name = one_line("job-name", settings.get("job-name"), NAME,
-                    "a job name (letters, digits, '.', '_', '-'; at most 128)")
+    name = one_line(
+        "job-name", settings.get("job-name"), NAME, "a job name (letters, digits, '.', '_', '-'; at most 128)"
+    )
     output = one_line("output", settings.get("output"))
     error = one_line("error", settings.get("error"))
     time_limit = one_line("time", settings.get("time"), _TIME, "a time limit (minutes, or [D-]H:M:S, or UNLIMITED)")
@@ -99,8 +125,10 @@ def prepare(argv: Iterable[str], backend_for: Callable[[str], Backend], *, envir
         types = tuple(t.upper() for t in types)
         bad = [t for t in types if t not in _MAIL_TYPES]
         if bad:
-            raise WrapperError(field_name("mail-type", settings["mail-type"]),
-                               f"{bad[0]!r} is not one of {', '.join(sorted(_MAIL_TYPES))}")
+            raise WrapperError(
+                field_name("mail-type", settings["mail-type"]),
+                f"{bad[0]!r} is not one of {', '.join(sorted(_MAIL_TYPES))}",
+            )
         extra.append("--mail-type=" + ",".join(types))
     mail_user = one_line("mail-user", settings.get("mail-user"), _MAIL_USER, "a mail address")
     if mail_user is not None:
@@ -120,13 +148,30 @@ def prepare(argv: Iterable[str], backend_for: Callable[[str], Backend], *, envir
             extra.append("--partition=" + ",".join(spec.partitions))
     comment = spec.to_comment()
     try:
-        request = SubmitRequest(script=str(script), script_args=inv.script_args, job_name=name, partition=partition,
-                                gres_per_node=provisional_gres(spec, snapshot), nodes=1, time_limit=time_limit,
-                                hold=True, comment=comment,
-                                constraint="|".join(spec.gpu_types) if spec.gpu_types else None,
-                                output=output, error=error, export=export, account=account, qos=qos,
-                                extra_args=tuple(extra))
+        request = SubmitRequest(
+            script=str(script),
+            script_args=inv.script_args,
+            job_name=name,
+            partition=partition,
+            gres_per_node=provisional_gres(spec, snapshot),
+            nodes=1,
+            time_limit=time_limit,
+            hold=True,
+            comment=comment,
+            constraint="|".join(spec.gpu_types) if spec.gpu_types else None,
+            output=output,
+            error=error,
+            export=export,
+            account=account,
+            qos=qos,
+            extra_args=tuple(extra),
+        )
     except ValueError as exc:  # the request's own checks: name what it names
         raise WrapperError("request", str(exc)) from None
-    return Submission(spec, request, parsable=bool(settings.get("parsable", Setting(False, "")).value),
-                      dry_run=bool(settings.get("dry-run", Setting(False, "")).value), backend=backend_name)
+    return Submission(
+        spec,
+        request,
+        parsable=bool(settings.get("parsable", Setting(False, "")).value),
+        dry_run=bool(settings.get("dry-run", Setting(False, "")).value),
+        backend=backend_name,
+    )

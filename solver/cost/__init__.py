@@ -6,6 +6,13 @@ from solver.cost.layers import LayerCosts, StageCosts, analytic_layers, layers_f
 from solver.cost.pipeline import PlanCost, plan_cost
 
 __all__ = [
-    "CommCurve", "LayerCosts", "Links", "PlanCost", "StageCosts", "analytic_layers", "layers_from_records",
-    "plan_cost", "split_stages",
+    "CommCurve",
+    "LayerCosts",
+    "Links",
+    "PlanCost",
+    "StageCosts",
+    "analytic_layers",
+    "layers_from_records",
+    "plan_cost",
+    "split_stages",
 ]

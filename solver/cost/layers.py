@@ -25,8 +25,17 @@ from solver.profiles.records import GpuSpec, LayerRecord
 #: TP all-reduces per micro-batch (forward + backward) of one layer, by
 #: kind; any other kind is a whole transformer block: 2 forward, 2 backward.
 TP_ALLREDUCES_BY_KIND = {
-    "embed": 0, "embedding": 0, "head": 0, "lm_head": 0, "loss": 0, "pool": 0, "stem": 0,
-    "attention": 2, "attn": 2, "mlp": 2, "ffn": 2,
+    "embed": 0,
+    "embedding": 0,
+    "head": 0,
+    "lm_head": 0,
+    "loss": 0,
+    "pool": 0,
+    "stem": 0,
+    "attention": 2,
+    "attn": 2,
+    "mlp": 2,
+    "ffn": 2,
 }
 TP_ALLREDUCES_PER_BLOCK = 4
 
@@ -88,8 +97,9 @@ def layers_from_records(recs: Sequence[LayerRecord]) -> LayerCosts:
     )
 
 
-def analytic_layers(model: ModelSpec, spec: GpuSpec, tp: int, *, efficiency: float,
-                    layer_overhead_s: float) -> LayerCosts:
+def analytic_layers(
+    model: ModelSpec, spec: GpuSpec, tp: int, *, efficiency: float, layer_overhead_s: float
+) -> LayerCosts:
     """Uniform LayerCosts from the model's cost helpers and the GPU's datasheet."""
     n = model.num_layers
     flops_per_s = spec.peak_tflops * 1e12 * efficiency * (FP32_SPEED if model.dtype == "fp32" else 1.0)
@@ -135,7 +145,7 @@ def balanced_sizes(weights: Sequence[float], pp: int) -> tuple[int, ...]:
     sizes = fill(hi)
     while len(sizes) < pp:  # fewer stages than asked: split the longest (never raises the max)
         i = max(range(len(sizes)), key=lambda j: (sizes[j], -j))
-        sizes[i:i + 1] = [sizes[i] - sizes[i] // 2, sizes[i] // 2]
+        sizes[i : i + 1] = [sizes[i] - sizes[i] // 2, sizes[i] // 2]
     return tuple(sizes)
 
 
@@ -170,5 +180,12 @@ def split_stages(costs: LayerCosts, pp: int, ref_batch: float = 1.0) -> StageCos
                 groups[nbytes] = groups.get(nbytes, 0) + count
         cols["tpar"].append(tuple(sorted(groups.items())))
         start += size
-    return StageCosts(sizes, tuple(cols["tps"]), tuple(cols["fix"]), tuple(cols["act"]), tuple(cols["out"]),
-                      tuple(cols["par"]), tuple(cols["tpar"]))
+    return StageCosts(
+        sizes,
+        tuple(cols["tps"]),
+        tuple(cols["fix"]),
+        tuple(cols["act"]),
+        tuple(cols["out"]),
+        tuple(cols["par"]),
+        tuple(cols["tpar"]),
+    )

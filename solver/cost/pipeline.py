@@ -81,8 +81,18 @@ def update_time(st: StageCosts, *, dtype_bytes: int, update_bytes_per_param: flo
     return max(st.param_bytes) / dtype_bytes * update_bytes_per_param / (mem_bw_gbps * 1e9)
 
 
-def pipeline_cost(st: StageCosts, *, dp: int, tp: int, m: int, b: float, gpus_per_node: int, links: Links,
-                  dtype_bytes: int, optimizer_bytes_per_param: float) -> tuple[float, float]:
+def pipeline_cost(
+    st: StageCosts,
+    *,
+    dp: int,
+    tp: int,
+    m: int,
+    b: float,
+    gpus_per_node: int,
+    links: Links,
+    dtype_bytes: int,
+    optimizer_bytes_per_param: float,
+) -> tuple[float, float]:
     """(time without the gradient sync, peak memory) of a plan; see plan_cost."""
     pp, s, g = st.pp, dp * tp, gpus_per_node
     intra = links.intra
@@ -101,20 +111,41 @@ def pipeline_cost(st: StageCosts, *, dp: int, tp: int, m: int, b: float, gpus_pe
                 p2p += 2 * links.p2p(NET, size * max(1, min(s, g) // tp))
             else:
                 p2p += 2 * links.p2p(intra, size)
-        mem = (st.param_bytes[k] / dtype_bytes * optimizer_bytes_per_param
-               + st.act_per_sample[k] * b * (m if m < pp - k else pp - k))
+        mem = st.param_bytes[k] / dtype_bytes * optimizer_bytes_per_param + st.act_per_sample[k] * b * (
+            m if m < pp - k else pp - k
+        )
         if mem > peak:
             peak = mem
     return (m - 1) * slowest + total + p2p, peak
 
 
-def plan_cost(st: StageCosts, *, dp: int, tp: int, m: int, b: float, gpus_per_node: int, links: Links,
-              dtype_bytes: int, optimizer_bytes_per_param: float, mem_bw_gbps: float = 0.0,
-              update_bytes_per_param: float | None = None) -> PlanCost:
+def plan_cost(
+    st: StageCosts,
+    *,
+    dp: int,
+    tp: int,
+    m: int,
+    b: float,
+    gpus_per_node: int,
+    links: Links,
+    dtype_bytes: int,
+    optimizer_bytes_per_param: float,
+    mem_bw_gbps: float = 0.0,
+    update_bytes_per_param: float | None = None,
+) -> PlanCost:
     """Time and memory of plan (st.pp, dp, tp) with m micro-batches of b samples
     (the update is priced when `mem_bw_gbps` is given)."""
-    t, mem = pipeline_cost(st, dp=dp, tp=tp, m=m, b=b, gpus_per_node=gpus_per_node, links=links,
-                           dtype_bytes=dtype_bytes, optimizer_bytes_per_param=optimizer_bytes_per_param)
+    t, mem = pipeline_cost(
+        st,
+        dp=dp,
+        tp=tp,
+        m=m,
+        b=b,
+        gpus_per_node=gpus_per_node,
+        links=links,
+        dtype_bytes=dtype_bytes,
+        optimizer_bytes_per_param=optimizer_bytes_per_param,
+    )
     upd = 2 * optimizer_bytes_per_param if update_bytes_per_param is None else update_bytes_per_param
     t += update_time(st, dtype_bytes=dtype_bytes, update_bytes_per_param=upd, mem_bw_gbps=mem_bw_gbps)
     return PlanCost(t + dp_sync_time(st, dp=dp, tp=tp, gpus_per_node=gpus_per_node, links=links), mem)

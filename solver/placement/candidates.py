@@ -8,8 +8,8 @@ not move is *fixed*: it keeps its placement and only takes capacity away.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from solver.placement import objective
 from solver.types import Cell, ClusterView, Estimate, JobRequest, NodeView, ParallelPlan, Placement, SolverConfig
@@ -35,8 +35,9 @@ class Option:
         return Placement(self.job_id, self.cell, nodes, self.plan, self.iter_time_s, partition, self.source)
 
 
-def fits(cluster: ClusterView | Mapping[str, NodeView], placement: Placement,
-         used: Mapping[str, int] | None = None) -> bool:
+def fits(
+    cluster: ClusterView | Mapping[str, NodeView], placement: Placement, used: Mapping[str, int] | None = None
+) -> bool:
     """True when `placement` still fits its nodes (type, free GPUs minus
     `used`); pass the nodes by name when checking many placements."""
     by_name = {n.name: n for n in cluster.nodes} if isinstance(cluster, ClusterView) else cluster
@@ -104,8 +105,9 @@ def job_options(
             continue
         base = weight * (objective.utility(job, est, ref, p) if utilities is None else utilities[i])
         if cur is not None and stay_ok and est.cell == cur.cell:
-            pinned = Option(job.job_id, est.cell, est.plan, est.iter_time_s, objective.to_int(base),
-                            tuple(cur.nodes), est.source)
+            pinned = Option(
+                job.job_id, est.cell, est.plan, est.iter_time_s, objective.to_int(base), tuple(cur.nodes), est.source
+            )
         value = objective.to_int(base * (restart_mult if cur is not None and stay_ok else 1.0))
         if value > 0:
             opts.append(Option(job.job_id, est.cell, est.plan, est.iter_time_s, value, None, est.source))

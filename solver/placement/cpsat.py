@@ -4,8 +4,8 @@ columns fixed (the jobs the LP relaxation already placed, lp.py)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 from ortools.sat.python import cp_model
 
@@ -80,8 +80,13 @@ def decode(m: Model, values: Sequence[int]) -> tuple[dict, dict, dict]:
     return choice, counts, nodes
 
 
-def solve_cpsat(m: Model, config: SolverConfig, hint: Sequence[int] | None = None,
-                fixed: Mapping[int, int] | None = None, time_limit_s: float | None = None) -> Solved:
+def solve_cpsat(
+    m: Model,
+    config: SolverConfig,
+    hint: Sequence[int] | None = None,
+    fixed: Mapping[int, int] | None = None,
+    time_limit_s: float | None = None,
+) -> Solved:
     """Solve `m` with the `fixed` columns held at their values; never raises
     for solver trouble. The objective and bound include the fixed part.
 

@@ -16,7 +16,7 @@ Every step checks exact node capacity, so the result is always placeable.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from solver.placement.candidates import Option
 from solver.placement.nodes import Ledger
@@ -26,8 +26,14 @@ from solver.types import JobRequest, Placement
 Chosen = dict[str, tuple[Option, tuple[tuple[str, int], ...], str | None]]
 
 
-def try_place(space: Space, ledger: Ledger, job: JobRequest, opt: Option,
-              nodes: tuple[str, ...] | None = None, spread: bool = False):
+def try_place(
+    space: Space,
+    ledger: Ledger,
+    job: JobRequest,
+    opt: Option,
+    nodes: tuple[str, ...] | None = None,
+    spread: bool = False,
+):
     """Place `opt` (on `nodes` when given) if it fits; returns (nodes, partition) or None."""
     cell = opt.cell
     if opt.pinned is not None:
@@ -49,8 +55,11 @@ def try_place(space: Space, ledger: Ledger, job: JobRequest, opt: Option,
         if names is None:
             return None
         nodes = tuple(names)
-    elif len(set(nodes)) != cell.num_nodes or any(ledger.free.get(n, -1) < cell.gpus_per_node for n in nodes) \
-            or not cell.holds_types([space.types.get(n, "") for n in nodes]):
+    elif (
+        len(set(nodes)) != cell.num_nodes
+        or any(ledger.free.get(n, -1) < cell.gpus_per_node for n in nodes)
+        or not cell.holds_types([space.types.get(n, "") for n in nodes])
+    ):
         return None
     ok, part = space.partition_of(job, nodes)
     if not ok:
@@ -58,8 +67,9 @@ def try_place(space: Space, ledger: Ledger, job: JobRequest, opt: Option,
     return ledger.place(cell, nodes), part
 
 
-def _pick_parts(space: Space, ledger: Ledger, job: JobRequest, opt: Option, partition: str | None,
-                spread: bool) -> list[str] | None:
+def _pick_parts(
+    space: Space, ledger: Ledger, job: JobRequest, opt: Option, partition: str | None, spread: bool
+) -> list[str] | None:
     """Nodes for each GPU type of the option's cell (within `partition` when given)."""
     cell, names = opt.cell, []
     for n_nodes, groups in space.part_classes(job, cell):
@@ -76,8 +86,12 @@ def release(ledger: Ledger, opt: Option, nodes: tuple[tuple[str, int], ...]) -> 
         ledger.give_back(name, g, opt.cell.num_nodes > 1)
 
 
-def greedy(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]],
-           preferred: Mapping[str, Placement] = {}) -> Chosen:
+def greedy(
+    space: Space,
+    jobs: Sequence[JobRequest],
+    options: Mapping[str, Sequence[Option]],
+    preferred: Mapping[str, Placement] = {},
+) -> Chosen:
     """A placeable choice of (option, nodes, partition) per job."""
     ledger = space.ledger()
     by_id = {j.job_id: j for j in jobs}

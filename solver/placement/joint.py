@@ -14,8 +14,8 @@ greedy plan is returned with status "GREEDY".
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping, Sequence
 
 from solver.placement.candidates import Option
 from solver.placement.cpsat import Solved, solve_cpsat
@@ -41,8 +41,9 @@ class Result:
     dropped: tuple[str, ...] = ()
 
 
-def assign_nodes(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]],
-                 solved: Solved) -> tuple[Chosen, list[str], list[str]]:
+def assign_nodes(
+    space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]], solved: Solved
+) -> tuple[Chosen, list[str], list[str]]:
     """Concrete nodes for CP-SAT's choice: pinned options first, then shares
     largest first (multi-node jobs first among equal shares) within the
     planned classes, least-loaded node first.
@@ -96,8 +97,9 @@ def assign_nodes(space: Space, jobs: Sequence[JobRequest], options: Mapping[str,
     return chosen, repaired, unplaced
 
 
-def _exact_nodes(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]],
-                 solved: Solved) -> Chosen:
+def _exact_nodes(
+    space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]], solved: Solved
+) -> Chosen:
     """The exact model's own node choice (always placeable)."""
     by_id = {j.job_id: j for j in jobs}
     out: Chosen = {}
@@ -108,8 +110,14 @@ def _exact_nodes(space: Space, jobs: Sequence[JobRequest], options: Mapping[str,
     return out
 
 
-def _solve(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]],
-           config: SolverConfig, warm: Callable[[], Chosen], exact: bool) -> Solved:
+def _solve(
+    space: Space,
+    jobs: Sequence[JobRequest],
+    options: Mapping[str, Sequence[Option]],
+    config: SolverConfig,
+    warm: Callable[[], Chosen],
+    exact: bool,
+) -> Solved:
     """CP-SAT on what the LP relaxation leaves open, or on the whole model
     (warm-started from `warm()`)."""
     t0 = time.perf_counter()
@@ -122,8 +130,13 @@ def _solve(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Seque
             sub = solve_cpsat(m, config, fixed=integral_jobs(m, lp.values), time_limit_s=left)
             if sub.status.solved:
                 status = SolverStatus.OPTIMAL if sub.objective >= lp.bound else SolverStatus.FEASIBLE
-                return replace(sub, status=status, bound=max(lp.bound, sub.objective),
-                               build_s=built + lp.build_s + sub.build_s, solve_s=lp.solve_s + sub.solve_s)
+                return replace(
+                    sub,
+                    status=status,
+                    bound=max(lp.bound, sub.objective),
+                    build_s=built + lp.build_s + sub.build_s,
+                    solve_s=lp.solve_s + sub.solve_s,
+                )
         built += lp.build_s + lp.solve_s
     t1 = time.perf_counter()
     hint = hint_values(m, options, warm(), {n: c for c, names in space.classes.items() for n in names})
@@ -132,8 +145,14 @@ def _solve(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Seque
     return replace(solved, build_s=built + solved.build_s)
 
 
-def place_jobs(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]],
-               config: SolverConfig, preferred: Mapping[str, Placement] = {}, use_cpsat: bool = True) -> Result:
+def place_jobs(
+    space: Space,
+    jobs: Sequence[JobRequest],
+    options: Mapping[str, Sequence[Option]],
+    config: SolverConfig,
+    preferred: Mapping[str, Placement] = {},
+    use_cpsat: bool = True,
+) -> Result:
     """Choose at most one option per job and concrete nodes for each.
 
     The greedy plan is computed when needed: as CP-SAT's warm start, as the
@@ -167,21 +186,32 @@ def place_jobs(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, S
         status = solved.status if not (repaired or dropped) else SolverStatus.FEASIBLE
         place_s = time.perf_counter() - t1
         value = value_of(chosen)
-        if (warm_plan or max(solved.bound, value) - value > config.relative_gap_limit * value) \
-                and value_of(warm()) > value:
+        if (warm_plan or max(solved.bound, value) - value > config.relative_gap_limit * value) and value_of(
+            warm()
+        ) > value:
             chosen, status = warm(), SolverStatus.GREEDY
         objective, bound = value_of(chosen), max(solved.bound, value_of(chosen))
     else:
         chosen, status = warm(), SolverStatus.GREEDY
         objective = bound = value_of(chosen)
         place_s = 0.0
-    reasons = {j: "its cell could not be put on concrete nodes, and no other option fit" for j in dropped
-               if j not in chosen}
+    reasons = {
+        j: "its cell could not be put on concrete nodes, and no other option fit" for j in dropped if j not in chosen
+    }
     if status == SolverStatus.GREEDY and not solved.status.solved:
         why = f"{solved.status}: {solved.error}" if solved.error else solved.status
         reasons.update({j.job_id: f"greedy plan (CP-SAT: {why})" for j in jobs if j.job_id not in chosen})
     placements = {jid: o.placement(nodes, part) for jid, (o, nodes, part) in chosen.items()}
     t2 = time.perf_counter()
-    return Result(placements, status, objective / SCALE, bound / SCALE,
-                  build_s=t2 - t0 - solved.solve_s - place_s, solve_s=solved.solve_s, place_s=place_s,
-                  reasons=reasons, repaired=tuple(repaired), dropped=tuple(dropped))
+    return Result(
+        placements,
+        status,
+        objective / SCALE,
+        bound / SCALE,
+        build_s=t2 - t0 - solved.solve_s - place_s,
+        solve_s=solved.solve_s,
+        place_s=place_s,
+        reasons=reasons,
+        repaired=tuple(repaired),
+        dropped=tuple(dropped),
+    )

@@ -65,7 +65,10 @@ def solve_lp(m: Model, time_limit_s: float) -> Relaxation:
     code = lp.Solve()
     t2 = time.perf_counter()
     if code != pywraplp.Solver.OPTIMAL:
-        status = {pywraplp.Solver.INFEASIBLE: SolverStatus.INFEASIBLE, pywraplp.Solver.UNBOUNDED: SolverStatus.UNBOUNDED}
+        status = {
+            pywraplp.Solver.INFEASIBLE: SolverStatus.INFEASIBLE,
+            pywraplp.Solver.UNBOUNDED: SolverStatus.UNBOUNDED,
+        }
         return Relaxation(status.get(code, SolverStatus.NOT_SOLVED), build_s=t1 - t0, solve_s=t2 - t1)
     return Relaxation(SolverStatus.OPTIMAL, tuple(v.solution_value() for v in cols), obj.Value(), t1 - t0, t2 - t1)
 

@@ -34,8 +34,8 @@ largest first); otherwise the node post-pass repairs what it cannot place.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Hashable, Mapping, Sequence
 
 from solver.placement.candidates import Option
 from solver.placement.greedy import Chosen
@@ -203,7 +203,9 @@ def _class_rows(m: Model, space: Space, c, terms: list[tuple[int, int, int]], pi
         m.add_le(row, hi)
 
 
-def hint_values(m: Model, options: Mapping[str, Sequence[Option]], chosen: Chosen, class_of: Mapping[str, Hashable]) -> list[int]:
+def hint_values(
+    m: Model, options: Mapping[str, Sequence[Option]], chosen: Chosen, class_of: Mapping[str, Hashable]
+) -> list[int]:
     """Column values of a placeable choice (the warm start)."""
     vals = [0] * len(m.ub)
     for (jid, k), v in m.x.items():

@@ -18,7 +18,7 @@ scanning every node.
 
 from __future__ import annotations
 
-from typing import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 from solver.types import Cell, ClusterView, JobRequest, NodeView
 
@@ -107,8 +107,9 @@ class Ledger:
         self.links[name] -= int(multi)
         self._add(name)
 
-    def pick(self, groups: Iterable[Hashable], n: int, g: int, multi: bool, spread: bool,
-             exclude: Iterable[str] = ()) -> list[str] | None:
+    def pick(
+        self, groups: Iterable[Hashable], n: int, g: int, multi: bool, spread: bool, exclude: Iterable[str] = ()
+    ) -> list[str] | None:
         """`n` distinct nodes from `groups` with >= `g` free GPUs, best first,
         or None when there are not enough."""
         keys = []

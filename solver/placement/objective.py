@@ -38,8 +38,8 @@ Values are scaled by SCALE and rounded to integers for CP-SAT.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from statistics import median
-from typing import Iterable, Mapping, Sequence
 
 from solver.types import Estimate, JobRequest, SolverConfig
 
@@ -91,8 +91,9 @@ def utility(job: JobRequest, est: Estimate, ref: Estimate, p: float) -> float:
     return (throughput(job, est) / t_ref) ** p if t_ref > 0 and est.feasible else 0.0
 
 
-def restart_factor(job: JobRequest, config: SolverConfig, *, penalty: float | None = None,
-                   at_least: float = -math.inf) -> float:
+def restart_factor(
+    job: JobRequest, config: SolverConfig, *, penalty: float | None = None, at_least: float = -math.inf
+) -> float:
     """Multiplier on the value of a running job that changes cell or nodes:
     ``1 - penalty * restart cost / horizon`` (penalty: config.restart_penalty
     unless given), not below `at_least`. Sia's own rule is penalty 1, at least 0."""

@@ -3,8 +3,8 @@ jobs, grouped into node classes, and which classes a job may use."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from solver.placement.nodes import ClassKey, Ledger, common_partition, eligible, node_classes, node_partitions
 from solver.types import Cell, ClusterView, JobRequest, Placement
@@ -19,7 +19,7 @@ class Space:
     types: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, cluster: ClusterView, fixed: Mapping[str, Placement] = {}) -> "Space":
+    def of(cls, cluster: ClusterView, fixed: Mapping[str, Placement] = {}) -> Space:
         free = {n.name: n.gpus_free for n in cluster.nodes}
         for p in fixed.values():
             for name, g in p.nodes:
@@ -35,8 +35,7 @@ class Space:
         """Classes whose nodes can each take one of the cell's node shares
         (of `gpu_type`, default the cell's own)."""
         want = cell.gpu_type if gpu_type is None else gpu_type
-        return [k for k in self.classes
-                if k[0] == want and k[1] >= cell.gpus_per_node and eligible(job, k[2])]
+        return [k for k in self.classes if k[0] == want and k[1] >= cell.gpus_per_node and eligible(job, k[2])]
 
     def part_classes(self, job: JobRequest, cell: Cell) -> list[tuple[int, list[ClassKey]]]:
         """(nodes, classes) of each GPU type of the cell (one entry unless mixed)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from solver.placement.nodes import in_partition
 from solver.types import ClusterView, Placement

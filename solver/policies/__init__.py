@@ -6,38 +6,45 @@ get_policy(name, **opts): "cellsched", "cellsched-static", "fcfs",
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from solver.types import Policy
 
 
 def _cellsched(**opts: Any) -> Policy:
     from solver.policies.cellsched import CellschedPolicy
+
     return CellschedPolicy(**opts)
 
 
 def _cellsched_static(**opts: Any) -> Policy:
     from solver.policies.cellsched import CellschedPolicy
+
     return CellschedPolicy(elastic=False, **opts)
 
 
 def _fcfs(**opts: Any) -> Policy:
     from solver.policies.fcfs import FcfsPolicy
+
     return FcfsPolicy(**opts)
 
 
 def _fcfs_backfill(**opts: Any) -> Policy:
     from solver.policies.fcfs import FcfsPolicy
+
     return FcfsPolicy(backfill=True, **opts)
 
 
 def _gavel(**opts: Any) -> Policy:
     from solver.policies.gavel import GavelPolicy
+
     return GavelPolicy(**opts)
 
 
 def _sia(**opts: Any) -> Policy:
     from solver.policies.sia import SiaPolicy
+
     return SiaPolicy(**opts)
 
 

@@ -18,8 +18,7 @@ from __future__ import annotations
 import time
 
 from solver.cells import enumerate_cells, prune_dominated
-from solver.placement import Space, job_options, place_jobs, split_fixed
-from solver.placement import objective
+from solver.placement import Space, job_options, objective, place_jobs, split_fixed
 from solver.placement.candidates import fits
 from solver.policies.common import reply
 from solver.types import ClusterView, Estimate, EstimatorLike, JobRequest, ScheduleReply, ScheduleRequest, SolverConfig
@@ -29,15 +28,32 @@ _MEMO_MAX = 4096
 
 def _shape(job: JobRequest) -> tuple:
     """What a job's cells and estimates depend on."""
-    return (job.model.signature, job.global_batch, job.gpu_types, job.min_gpus, job.max_gpus,
-            job.requested_gpus, job.excluded_cells, job.partitions, job.virtual_workers)
+    return (
+        job.model.signature,
+        job.global_batch,
+        job.gpu_types,
+        job.min_gpus,
+        job.max_gpus,
+        job.requested_gpus,
+        job.excluded_cells,
+        job.partitions,
+        job.virtual_workers,
+    )
 
 
 def _context(cluster: ClusterView, estimator: EstimatorLike, cfg: SolverConfig) -> tuple:
     nodes = sorted({(n.gpu_type, n.gpus_total, n.partitions) for n in cluster.nodes})
     counts = tuple((k, sum(1 for n in cluster.nodes if (n.gpu_type, n.gpus_total, n.partitions) == k)) for k in nodes)
-    return (id(estimator), counts, tuple(sorted(cluster.partitions.items())), cfg.max_pp, cfg.max_cells_per_job,
-            cfg.fairness_p, cfg.mixed_cells, cfg.max_mixed_cells)
+    return (
+        id(estimator),
+        counts,
+        tuple(sorted(cluster.partitions.items())),
+        cfg.max_pp,
+        cfg.max_cells_per_job,
+        cfg.fairness_p,
+        cfg.mixed_cells,
+        cfg.max_mixed_cells,
+    )
 
 
 class CellschedPolicy:
@@ -47,8 +63,9 @@ class CellschedPolicy:
         self._memo_ctx: tuple | None = None
         self._memo: dict[tuple, tuple[Estimate | None, list[Estimate], list[float]]] = {}
 
-    def _cells(self, job: JobRequest, cluster: ClusterView, estimator: EstimatorLike,
-               cfg: SolverConfig) -> tuple[Estimate | None, list[Estimate], list[float]]:
+    def _cells(
+        self, job: JobRequest, cluster: ClusterView, estimator: EstimatorLike, cfg: SolverConfig
+    ) -> tuple[Estimate | None, list[Estimate], list[float]]:
         """(reference estimate, pruned estimates, their utilities) of the job's shape."""
         key = _shape(job)
         hit = self._memo.get(key)
@@ -89,12 +106,25 @@ class CellschedPolicy:
                 reasons[job.job_id] = "no feasible cell (every cell out of memory or without data)"
                 continue
             stay = job.current is not None and fits(by_name, job.current, used)
-            options[job.job_id] = job_options(job, ests[job.job_id], ref, weights[job.job_id], cfg.fairness_p,
-                                              objective.restart_factor(job, cfg), stay, cfg.max_cells_per_job,
-                                              utils[job.job_id])
+            options[job.job_id] = job_options(
+                job,
+                ests[job.job_id],
+                ref,
+                weights[job.job_id],
+                cfg.fairness_p,
+                objective.restart_factor(job, cfg),
+                stay,
+                cfg.max_cells_per_job,
+                utils[job.job_id],
+            )
         t1 = time.perf_counter()
-        result = place_jobs(Space.of(cluster, fixed), jobs, options, cfg,
-                            preferred={**request.previous, **{j.job_id: j.current for j in jobs if j.current}})
+        result = place_jobs(
+            Space.of(cluster, fixed),
+            jobs,
+            options,
+            cfg,
+            preferred={**request.previous, **{j.job_id: j.current for j in jobs if j.current}},
+        )
         for job in jobs:
             if job.job_id not in result.placements and job.job_id not in reasons:
                 reasons[job.job_id] = "waiting: the GPUs are worth more to other jobs this round"

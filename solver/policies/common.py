@@ -4,7 +4,7 @@ estimates, the optional feasibility rule, and building a reply."""
 from __future__ import annotations
 
 import functools
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from solver.placement import Result
 from solver.types import Cell, ClusterView, Estimate, EstimatorLike, JobRequest, ParallelPlan, Placement, ScheduleReply
@@ -49,13 +49,26 @@ def dp_estimate(job: JobRequest, cell: Cell, estimator: EstimatorLike, feasible:
     est = estimator.estimate(job, cell)
     if not est.feasible:
         return None
-    return Estimate(cell, ParallelPlan(1, cell.num_gpus, 1), est.iter_time_s, est.mem_per_gpu_gb,
-                    est.source, est.note)
+    return Estimate(cell, ParallelPlan(1, cell.num_gpus, 1), est.iter_time_s, est.mem_per_gpu_gb, est.source, est.note)
 
 
-def reply(fixed: Mapping[str, Placement], result: Result, num_cells: int, reasons: Mapping[str, str],
-          extra_build_s: float = 0.0) -> ScheduleReply:
+def reply(
+    fixed: Mapping[str, Placement],
+    result: Result,
+    num_cells: int,
+    reasons: Mapping[str, str],
+    extra_build_s: float = 0.0,
+) -> ScheduleReply:
     placements = {**fixed, **result.placements}
     why = {k: v for k, v in {**reasons, **result.reasons}.items() if k not in placements}
-    return ScheduleReply(placements, result.status, result.objective, result.bound,
-                         extra_build_s + result.build_s, result.solve_s, num_cells, why, result.place_s)
+    return ScheduleReply(
+        placements,
+        result.status,
+        result.objective,
+        result.bound,
+        extra_build_s + result.build_s,
+        result.solve_s,
+        num_cells,
+        why,
+        result.place_s,
+    )

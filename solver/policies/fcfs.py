@@ -71,5 +71,6 @@ class FcfsPolicy:
             if not self.backfill:
                 blocked.add(gpu_type)
         dt = time.perf_counter() - t0
-        return reply(fixed, Result(placed, "HEURISTIC", float(len(placed)), float(len(placed)), place_s=dt),
-                     cells, reasons, dt)
+        return reply(
+            fixed, Result(placed, "HEURISTIC", float(len(placed)), float(len(placed)), place_s=dt), cells, reasons, dt
+        )

@@ -30,8 +30,9 @@ from solver.policies.common import Feasible, dp_estimate, layouts, reply
 from solver.types import Estimate, EstimatorLike, JobRequest, ScheduleReply, ScheduleRequest
 
 
-def max_min_fractions(jobs: list[JobRequest], tput: dict[tuple[str, str], float], gpus: dict[str, int],
-                      capacity: dict[str, int]) -> dict[tuple[str, str], float]:
+def max_min_fractions(
+    jobs: list[JobRequest], tput: dict[tuple[str, str], float], gpus: dict[str, int], capacity: dict[str, int]
+) -> dict[tuple[str, str], float]:
     """Gavel's max-min fair time fractions X[j, t] (see the module doc)."""
     types = sorted(capacity)
     solver = pywraplp.Solver.CreateSolver("GLOP")
@@ -106,14 +107,19 @@ class GavelPolicy:
                 return 0.0
             return job.iterations_done * job.global_batch / fastest / age
 
-        prio = sorted(((v / max(share(by_id[j]), 1e-6), j, t) for (j, t), v in x.items() if v > 1e-6),
-                      key=lambda p: (-p[0], by_id[p[1]].current is None, order[p[1]], p[2]))
+        prio = sorted(
+            ((v / max(share(by_id[j]), 1e-6), j, t) for (j, t), v in x.items() if v > 1e-6),
+            key=lambda p: (-p[0], by_id[p[1]].current is None, order[p[1]], p[2]),
+        )
         ledger = space.ledger()
         # The controller never preempts: a running job holds its GPUs until
         # its turn, then stays (its pair is its own type) or moves if the
         # new type has room; one that never gets a turn keeps running.
-        stays = {j.job_id: Option(j.job_id, j.current.cell, j.current.plan, j.current.iter_time_s, 0, j.current.nodes)
-                 for j in jobs if j.current is not None}
+        stays = {
+            j.job_id: Option(j.job_id, j.current.cell, j.current.plan, j.current.iter_time_s, 0, j.current.nodes)
+            for j in jobs
+            if j.current is not None
+        }
         held = {jid: by_id[jid].current for jid, o in stays.items() if try_place(space, ledger, by_id[jid], o)}
         placed = {}
         for _, jid, t in prio:
@@ -137,10 +143,19 @@ class GavelPolicy:
         placed.update({jid: cur for jid, cur in held.items() if jid not in placed})
         for job in jobs:
             if job.job_id not in placed:
-                reasons[job.job_id] = ("no feasible GPU type" if not any((job.job_id, t) in tput for t in types)
-                                       else "waiting: lower max-min priority this round")
-        fair = min((sum(x.get((j.job_id, t), 0.0) * tput.get((j.job_id, t), 0.0) for t in types)
-                    / max(tput.get((j.job_id, t), 0.0) for t in types) for j in jobs
-                    if any((j.job_id, t) in tput for t in types)), default=0.0)
+                reasons[job.job_id] = (
+                    "no feasible GPU type"
+                    if not any((job.job_id, t) in tput for t in types)
+                    else "waiting: lower max-min priority this round"
+                )
+        fair = min(
+            (
+                sum(x.get((j.job_id, t), 0.0) * tput.get((j.job_id, t), 0.0) for t in types)
+                / max(tput.get((j.job_id, t), 0.0) for t in types)
+                for j in jobs
+                if any((j.job_id, t) in tput for t in types)
+            ),
+            default=0.0,
+        )
         result = Result(placed, "HEURISTIC", fair, fair, solve_s=t1 - t_est, place_s=time.perf_counter() - t1)
         return reply(fixed, result, sum(len(v) for v in ests.values()), reasons, t_est - t0)

@@ -69,11 +69,20 @@ class SiaPolicy:
             stay = job.current is not None and fits(cluster, job.current, _used(fixed))
             if stay and all(e.cell != job.current.cell for e in ests):
                 stay = False
-            options[job.job_id] = job_options(job, ests, ref, 1.0, self.p, objective.restart_factor(job, cfg, penalty=1.0, at_least=0.0), stay,
-                                              cfg.max_cells_per_job)
+            options[job.job_id] = job_options(
+                job,
+                ests,
+                ref,
+                1.0,
+                self.p,
+                objective.restart_factor(job, cfg, penalty=1.0, at_least=0.0),
+                stay,
+                cfg.max_cells_per_job,
+            )
         t1 = time.perf_counter()
-        result = place_jobs(Space.of(cluster, fixed), jobs, options, cfg,
-                            preferred={j.job_id: j.current for j in jobs if j.current})
+        result = place_jobs(
+            Space.of(cluster, fixed), jobs, options, cfg, preferred={j.job_id: j.current for j in jobs if j.current}
+        )
         for job in jobs:
             if job.job_id not in result.placements and job.job_id not in reasons:
                 reasons[job.job_id] = "waiting: not chosen by the goodput ILP this round"

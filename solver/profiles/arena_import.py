@@ -61,7 +61,8 @@ def arena_records(data: Any, path: str = "<data>") -> tuple[str, list[CellRecord
     if kind is None:
         raise ArenaFormatError(
             f"{path}: not an Arena profile file (expected {OPTIMAL_FILE} or {ESTIMATED_FILE} shape: "
-            "an object with a non-empty 'records' list)")
+            "an object with a non-empty 'records' list)"
+        )
     skipped: collections.Counter[str] = collections.Counter()
     recs: list[CellRecord] = []
     for i, raw in enumerate(data["records"]):
@@ -81,13 +82,28 @@ def arena_records(data: Any, path: str = "<data>") -> tuple[str, list[CellRecord
         if status == "oom":
             t = None
         elif not isinstance(t, (int, float)) or isinstance(t, bool) or t <= 0:
-            raise ArenaFormatError(f"{path}: records[{i}]: field 'iter_time_s' must be a positive number "
-                                   f"for status {status!r}, got {t!r}")
-        plan = (get("pp", int), get("dp", int), get("tp", int)) if kind == ProfileSource.ARENA_ESTIMATED else (None, None, None)
-        recs.append(CellRecord(
-            model=get("trace_model_name", str), global_batch=get("batch_size", int), gpu_type=get("gpu_type", str),
-            num_nodes=get("num_nodes", int), gpus_per_node=get("gpus_per_node", int),
-            iter_time_s=None if t is None else float(t), pp=plan[0], dp=plan[1], tp=plan[2], source=kind))
+            raise ArenaFormatError(
+                f"{path}: records[{i}]: field 'iter_time_s' must be a positive number for status {status!r}, got {t!r}"
+            )
+        plan = (
+            (get("pp", int), get("dp", int), get("tp", int))
+            if kind == ProfileSource.ARENA_ESTIMATED
+            else (None, None, None)
+        )
+        recs.append(
+            CellRecord(
+                model=get("trace_model_name", str),
+                global_batch=get("batch_size", int),
+                gpu_type=get("gpu_type", str),
+                num_nodes=get("num_nodes", int),
+                gpus_per_node=get("gpus_per_node", int),
+                iter_time_s=None if t is None else float(t),
+                pp=plan[0],
+                dp=plan[1],
+                tp=plan[2],
+                source=kind,
+            )
+        )
     return kind, recs, dict(skipped)
 
 
@@ -118,6 +134,7 @@ def import_arena(store: ProfileStore, path: str | os.PathLike) -> ImportReport:
         try:
             data = json.load(fh)
         except json.JSONDecodeError as exc:
-            raise ArenaFormatError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}, "
-                                   f"column {exc.colno}") from None
+            raise ArenaFormatError(
+                f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
+            ) from None
     return import_arena_data(store, data, str(path))

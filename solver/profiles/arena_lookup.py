@@ -37,19 +37,25 @@ import json
 import math
 import os
 import pathlib
-from typing import Callable
+from collections.abc import Callable
 
-from solver.profiles.arena_import import arena_records
-from solver.profiles.arena import (OPTIMAL_FILE, ArenaFormatError, load_device_specs,
-                                   load_dp_mem, load_sim_constants, shipped_path)
 from solver.models import aliases
+from solver.profiles.arena import (
+    OPTIMAL_FILE,
+    ArenaFormatError,
+    load_device_specs,
+    load_dp_mem,
+    load_sim_constants,
+    shipped_path,
+)
+from solver.profiles.arena_import import arena_records
 from solver.profiles.records import ProfileSource
 from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
 
 MAX_ITER_TIME_S = 300.0
 PREC = 3
 
-_Key = tuple[str, int, str, int, int]   # model, batch, gpu type, nodes, gpus per node
+_Key = tuple[str, int, str, int, int]  # model, batch, gpu type, nodes, gpus per node
 
 
 class ArenaTable:
@@ -66,7 +72,8 @@ class ArenaTable:
             raise ArenaFormatError(f"{src}: expected Arena's {OPTIMAL_FILE} (optimal-plan records), got {kind}")
         #: None = OOM (-1 in Arena's database)
         self._times: dict[_Key, float | None] = {
-            (r.model, r.global_batch, r.gpu_type.lower(), r.num_nodes, r.gpus_per_node): r.iter_time_s for r in recs}
+            (r.model, r.global_batch, r.gpu_type.lower(), r.num_nodes, r.gpus_per_node): r.iter_time_s for r in recs
+        }
         #: lower-case preset alias (``moe-2.4b``) -> Arena trace name (``moe__2.4B``)
         self._names: dict[str, str] = {a.lower(): m for m in {k[0] for k in self._times} for a in aliases(m)}
         consts = load_sim_constants()
@@ -74,9 +81,11 @@ class ArenaTable:
         self.param_factor = float(consts["PARAM_NUM_SCALE_FACTOR"])
         specs = load_device_specs()
         self.node_capacity: dict[str, int] = {
-            k.lower(): int(v) for k, v in specs["node_capacity_gpus_per_node"].items()}
+            k.lower(): int(v) for k, v in specs["node_capacity_gpus_per_node"].items()
+        }
         self.param_order: dict[str, list[str]] = {
-            fam: list(cfg["param_num"]) for fam, cfg in specs["supported_model_cfgs"].items()}
+            fam: list(cfg["param_num"]) for fam, cfg in specs["supported_model_cfgs"].items()
+        }
         self._cache: dict[_Key, tuple[float | None, str]] = {}
 
     def __len__(self) -> int:
@@ -89,8 +98,9 @@ class ArenaTable:
         infeasible. `model` is a trace name or one of its preset aliases."""
         return self.lookup(model, batch, gpu_type, num_nodes, gpus_per_node)[0]
 
-    def lookup(self, model: str, batch: int, gpu_type: str, num_nodes: int,
-               gpus_per_node: int) -> tuple[float | None, str]:
+    def lookup(
+        self, model: str, batch: int, gpu_type: str, num_nodes: int, gpus_per_node: int
+    ) -> tuple[float | None, str]:
         """(iteration time or None, a note saying which step decided and why)."""
         model = self._names.get(model.lower(), model)
         key = (model, int(batch), gpu_type.lower(), int(num_nodes), int(gpus_per_node))
@@ -110,8 +120,12 @@ class ArenaTable:
             best_key = (model, batch, gpu, *best)
             if best_key in self._times:
                 steps = int(math.log2(best[1] // per)) if best[1] // per >= 1 else 0
-                return self._time(self._times[best_key], batch, self.locality_factor ** steps,
-                                  f"best locality {best[0]}x{best[1]} x{self.locality_factor}^{steps}")
+                return self._time(
+                    self._times[best_key],
+                    batch,
+                    self.locality_factor**steps,
+                    f"best locality {best[0]}x{best[1]} x{self.locality_factor}^{steps}",
+                )
         family, _, size = model.partition("__")
         sizes = self.param_order.get(family, [])
         if size in sizes:
@@ -120,8 +134,12 @@ class ArenaTable:
                 grown = (f"{family}__{sizes[j]}", batch, gpu, nodes, per)
                 if grown in self._times:
                     steps = j - idx
-                    return self._time(self._times[grown], batch, self.param_factor ** steps,
-                                      f"from {grown[0]} x{self.param_factor}^{steps}")
+                    return self._time(
+                        self._times[grown],
+                        batch,
+                        self.param_factor**steps,
+                        f"from {grown[0]} x{self.param_factor}^{steps}",
+                    )
         return None, f"no Arena profile for {model} B={batch} on {gpu} {nodes}x{per}"
 
     @staticmethod
@@ -140,8 +158,14 @@ class ArenaTable:
     def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
         """The cell's Arena time; infeasible for pp > 1 (Arena has no per-plan times)."""
         if cell.pp != 1:
-            return Estimate(cell, None, math.inf, 0.0, EstimateSource.ARENA_TABLE,
-                            f"Arena's table has no pipeline dimension: only pp=1 cells, got pp={cell.pp}")
+            return Estimate(
+                cell,
+                None,
+                math.inf,
+                0.0,
+                EstimateSource.ARENA_TABLE,
+                f"Arena's table has no pipeline dimension: only pp=1 cells, got pp={cell.pp}",
+            )
         vw = job.virtual_workers
         if vw is not None and (job.global_batch % vw or cell.num_gpus > vw):
             why = "do not divide the global batch" if job.global_batch % vw else "need dp <= V for the DP plan"
@@ -152,12 +176,19 @@ class ArenaTable:
         if vw is not None and vw % cell.num_gpus:
             f = -(-vw // cell.num_gpus) * cell.num_gpus / vw  # the busiest rank's k x dp / V
             t, how = t * f, f"{how}; x{f:.4g} for V={vw} over dp={cell.num_gpus}"
-        return Estimate(cell, ParallelPlan(1, cell.num_gpus, 1), t, 0.0, EstimateSource.ARENA_TABLE,
-                        f"{how}; real plan is Arena's unrecorded best plan, shown as DP")
+        return Estimate(
+            cell,
+            ParallelPlan(1, cell.num_gpus, 1),
+            t,
+            0.0,
+            EstimateSource.ARENA_TABLE,
+            f"{how}; real plan is Arena's unrecorded best plan, shown as DP",
+        )
 
 
-def arena_dp_feasible(dp_mem: str | os.PathLike | None = None,
-                      device_specs: str | os.PathLike | None = None) -> Callable[[JobRequest, Cell], bool]:
+def arena_dp_feasible(
+    dp_mem: str | os.PathLike | None = None, device_specs: str | os.PathLike | None = None
+) -> Callable[[JobRequest, Cell], bool]:
     """Arena's baseline memory test (README "Feasibility") as a `Feasible`.
 
     (M, B, T, N) is infeasible when (M, B) is absent from dp_mem.json, N is

@@ -83,11 +83,13 @@ def import_jsonl_text(store: ProfileStore, text: str, path: str = "<text>") -> I
             raise ProfileFileError(f"{where}: not valid JSON: {exc.msg} (column {exc.colno})") from None
         if not header_seen:
             if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-                raise ProfileFileError(f"{where}: first line must be the header "
-                                       f'{{"format": "{FORMAT}", "version": {VERSION}}}')
+                raise ProfileFileError(
+                    f'{where}: first line must be the header {{"format": "{FORMAT}", "version": {VERSION}}}'
+                )
             if obj.get("version") != VERSION:
-                raise ProfileFileError(f"{where}: field 'version' is {obj.get('version')!r}; "
-                                       f"this cellsched reads version {VERSION}")
+                raise ProfileFileError(
+                    f"{where}: field 'version' is {obj.get('version')!r}; this cellsched reads version {VERSION}"
+                )
             header_seen = True
             continue
         kind, rec = _record(obj, where)
@@ -132,8 +134,7 @@ def import_file(store: ProfileStore, path: str | os.PathLike) -> ImportReport:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ProfileFileError(f"{name}: not valid JSON: {exc.msg} at line {exc.lineno}, "
-                               f"column {exc.colno}") from None
+        raise ProfileFileError(f"{name}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
     try:
         return import_arena_data(store, data, name)
     except (ArenaFormatError, InvalidRecordError) as exc:

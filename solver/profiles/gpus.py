@@ -30,12 +30,33 @@ _DATASHEET: dict[str, tuple[float, str, float]] = {
 }
 
 _DATASHEET_ONLY: tuple[GpuSpec, ...] = (
-    GpuSpec("h100", mem_gb=80.0, peak_tflops=989.0, mem_bw_gbps=3350.0,
-            intra_link="nvlink", intra_bw_gbps=900.0, inter_bw_gbps=NET_GBPS),
-    GpuSpec("h200", mem_gb=141.0, peak_tflops=989.0, mem_bw_gbps=4800.0,
-            intra_link="nvlink", intra_bw_gbps=900.0, inter_bw_gbps=NET_GBPS),
-    GpuSpec("cpu", mem_gb=16.0, peak_tflops=1.0, mem_bw_gbps=20.0,
-            intra_link="loopback", intra_bw_gbps=5.0, inter_bw_gbps=NET_GBPS),
+    GpuSpec(
+        "h100",
+        mem_gb=80.0,
+        peak_tflops=989.0,
+        mem_bw_gbps=3350.0,
+        intra_link="nvlink",
+        intra_bw_gbps=900.0,
+        inter_bw_gbps=NET_GBPS,
+    ),
+    GpuSpec(
+        "h200",
+        mem_gb=141.0,
+        peak_tflops=989.0,
+        mem_bw_gbps=4800.0,
+        intra_link="nvlink",
+        intra_bw_gbps=900.0,
+        inter_bw_gbps=NET_GBPS,
+    ),
+    GpuSpec(
+        "cpu",
+        mem_gb=16.0,
+        peak_tflops=1.0,
+        mem_bw_gbps=20.0,
+        intra_link="loopback",
+        intra_bw_gbps=5.0,
+        inter_bw_gbps=NET_GBPS,
+    ),
 )
 
 

@@ -64,7 +64,8 @@ _LAYER_COLS = "model_sig, gpu_type, tp, micro_batch, layer, kind, fwd_s, bwd_s, 
 _COMM_COLS = "link, op, nranks, nbytes, time_s"
 _GPU_COLS = "name, mem_gb, peak_tflops, mem_bw_gbps, intra_link, intra_bw_gbps, inter_bw_gbps"
 _SOURCE_ORDER = (
-    "CASE source " + " ".join(f"WHEN '{s}' THEN {i}" for i, s in enumerate(SOURCE_PREFERENCE))
+    "CASE source "
+    + " ".join(f"WHEN '{s}' THEN {i}" for i, s in enumerate(SOURCE_PREFERENCE))
     + f" ELSE {len(SOURCE_PREFERENCE)} END, source"
 )
 
@@ -80,8 +81,9 @@ class InvalidRecordError(ProfileStoreError, ValueError):
 class ProfileStore:
     """Cached profiles in one SQLite file (or ``":memory:"``)."""
 
-    def __init__(self, path: str | os.PathLike | None = None, *,
-                 on_create: Callable[[ProfileStore], str] | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike | None = None, *, on_create: Callable[[ProfileStore], str] | None = None
+    ) -> None:
         """Open (or create) the store at `path` (None: ``default_path()``).
         `on_create` fills a new store in the transaction that creates it and
         returns what it put there (kept as the ``seeded`` meta row);
@@ -109,8 +111,11 @@ class ProfileStore:
     def default_path() -> pathlib.Path:
         """``$CELLSCHED_PROFILES`` if set, else ~/.local/share/cellsched/profiles.sqlite."""
         env = os.environ.get(ENV_VAR)
-        path = pathlib.Path(env).expanduser() if env else (
-            pathlib.Path.home() / ".local" / "share" / "cellsched" / "profiles.sqlite")
+        path = (
+            pathlib.Path(env).expanduser()
+            if env
+            else (pathlib.Path.home() / ".local" / "share" / "cellsched" / "profiles.sqlite")
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
         return path
 
@@ -156,34 +161,68 @@ class ProfileStore:
         for rec in recs:
             _check_cell(rec)
             plan = (rec.pp, rec.dp, rec.tp) if rec.pp is not None else (0, 0, 0)
-            rows.append((rec.model, rec.global_batch, rec.gpu_type, rec.num_nodes, rec.gpus_per_node,
-                         *plan, rec.source, rec.iter_time_s))
+            rows.append(
+                (
+                    rec.model,
+                    rec.global_batch,
+                    rec.gpu_type,
+                    rec.num_nodes,
+                    rec.gpus_per_node,
+                    *plan,
+                    rec.source,
+                    rec.iter_time_s,
+                )
+            )
         with self.transaction():
             self._conn.executemany(
                 f"INSERT INTO cells ({_CELL_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?) "
                 "ON CONFLICT (model, global_batch, gpu_type, num_nodes, gpus_per_node, pp, dp, tp, source) "
-                "DO UPDATE SET iter_time_s = excluded.iter_time_s", rows)
+                "DO UPDATE SET iter_time_s = excluded.iter_time_s",
+                rows,
+            )
         return len(rows)
 
-    def cells(self, model: str | None = None, global_batch: int | None = None,
-              gpu_type: str | None = None) -> list[CellRecord]:
+    def cells(
+        self, model: str | None = None, global_batch: int | None = None, gpu_type: str | None = None
+    ) -> list[CellRecord]:
         """All cell records matching the given filters, in key order."""
         where, args = sqlitedb.where(model=model, global_batch=global_batch, gpu_type=gpu_type)
         rows = self._conn.execute(
             f"SELECT {_CELL_COLS} FROM cells{where} ORDER BY "
-            "model, global_batch, gpu_type, num_nodes, gpus_per_node, pp, dp, tp, source", args)
+            "model, global_batch, gpu_type, num_nodes, gpus_per_node, pp, dp, tp, source",
+            args,
+        )
         return [_cell(r) for r in rows]
 
-    def cell(self, model: str, global_batch: int, gpu_type: str, num_nodes: int, gpus_per_node: int, *,
-             plan: tuple[int, int, int] | None = None, source: str | None = None) -> CellRecord | None:
+    def cell(
+        self,
+        model: str,
+        global_batch: int,
+        gpu_type: str,
+        num_nodes: int,
+        gpus_per_node: int,
+        *,
+        plan: tuple[int, int, int] | None = None,
+        source: str | None = None,
+    ) -> CellRecord | None:
         """One cell's record: the best-plan record (plan=None) or the per-plan
         record of plan=(pp, dp, tp); from `source`, or else the preferred
         source (measured, then arena-optimal, then arena-estimated, then others)."""
         pp, dp, tp = plan if plan is not None else (0, 0, 0)
-        where, args = sqlitedb.where(model=model, global_batch=global_batch, gpu_type=gpu_type, num_nodes=num_nodes,
-                             gpus_per_node=gpus_per_node, pp=pp, dp=dp, tp=tp, source=source)
+        where, args = sqlitedb.where(
+            model=model,
+            global_batch=global_batch,
+            gpu_type=gpu_type,
+            num_nodes=num_nodes,
+            gpus_per_node=gpus_per_node,
+            pp=pp,
+            dp=dp,
+            tp=tp,
+            source=source,
+        )
         row = self._conn.execute(
-            f"SELECT {_CELL_COLS} FROM cells{where} ORDER BY {_SOURCE_ORDER} LIMIT 1", args).fetchone()
+            f"SELECT {_CELL_COLS} FROM cells{where} ORDER BY {_SOURCE_ORDER} LIMIT 1", args
+        ).fetchone()
         return None if row is None else _cell(row)
 
     # ---- (b) layer-level and communication -------------------------------
@@ -200,21 +239,27 @@ class ProfileStore:
                 "ON CONFLICT (model_sig, gpu_type, tp, micro_batch, layer) DO UPDATE SET "
                 "kind = excluded.kind, fwd_s = excluded.fwd_s, bwd_s = excluded.bwd_s, "
                 "param_bytes = excluded.param_bytes, act_bytes = excluded.act_bytes, "
-                "out_bytes = excluded.out_bytes", rows)
+                "out_bytes = excluded.out_bytes",
+                rows,
+            )
         return len(rows)
 
     def layers(self, model_sig: str, gpu_type: str, tp: int, micro_batch: int) -> list[LayerRecord]:
         """A model's layer profiles on one GPU type at (tp, micro_batch), by layer."""
         rows = self._conn.execute(
             f"SELECT {_LAYER_COLS} FROM layers WHERE model_sig = ? AND gpu_type = ? AND tp = ? "
-            "AND micro_batch = ? ORDER BY layer", (model_sig, gpu_type, tp, micro_batch))
+            "AND micro_batch = ? ORDER BY layer",
+            (model_sig, gpu_type, tp, micro_batch),
+        )
         return [LayerRecord(*r) for r in rows]
 
     def layer_keys(self, model_sig: str) -> list[tuple[str, int, int]]:
         """The (gpu_type, tp, micro_batch) combinations profiled for a model."""
         rows = self._conn.execute(
             "SELECT DISTINCT gpu_type, tp, micro_batch FROM layers WHERE model_sig = ? "
-            "ORDER BY gpu_type, tp, micro_batch", (model_sig,))
+            "ORDER BY gpu_type, tp, micro_batch",
+            (model_sig,),
+        )
         return [tuple(r) for r in rows]
 
     def layer_models(self) -> list[str]:
@@ -230,7 +275,9 @@ class ProfileStore:
         with self.transaction():
             self._conn.executemany(
                 f"INSERT INTO comm ({_COMM_COLS}) VALUES (?,?,?,?,?) "
-                "ON CONFLICT (link, op, nranks, nbytes) DO UPDATE SET time_s = excluded.time_s", rows)
+                "ON CONFLICT (link, op, nranks, nbytes) DO UPDATE SET time_s = excluded.time_s",
+                rows,
+            )
         return len(rows)
 
     def comm(self, link: str, op: str, nranks: int | None = None) -> list[CommRecord]:
@@ -254,7 +301,8 @@ class ProfileStore:
                 "mem_gb = excluded.mem_gb, peak_tflops = excluded.peak_tflops, "
                 "mem_bw_gbps = excluded.mem_bw_gbps, intra_link = excluded.intra_link, "
                 "intra_bw_gbps = excluded.intra_bw_gbps, inter_bw_gbps = excluded.inter_bw_gbps",
-                tuple(getattr(spec, f.name) for f in fields(GpuSpec)))
+                tuple(getattr(spec, f.name) for f in fields(GpuSpec)),
+            )
 
     def gpu(self, name: str) -> GpuSpec | None:
         row = self._conn.execute(f"SELECT {_GPU_COLS} FROM gpus WHERE name = ?", (name,)).fetchone()
@@ -267,11 +315,14 @@ class ProfileStore:
 
     def counts(self) -> dict[str, int]:
         """Rows per table: cells, layers, comm, gpus."""
-        return {t: self._conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
-                for t in ("cells", "layers", "comm", "gpus")}
+        return {
+            t: self._conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+            for t in ("cells", "layers", "comm", "gpus")
+        }
 
 
 # ---- helpers ---------------------------------------------------------------
+
 
 def _cell(row: tuple) -> CellRecord:
     model, batch, gpu, nodes, per_node, pp, dp, tp, source, t = row
@@ -306,8 +357,12 @@ def _ints(rec: object, *names: str, minimum: int = 1) -> None:
 def _reals(rec: object, *names: str, positive: bool = False) -> None:
     for name in names:
         value = getattr(rec, name)
-        ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-              and (value > 0 if positive else value >= 0))
+        ok = (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and (value > 0 if positive else value >= 0)
+        )
         if not ok:
             raise _bad(rec, name, "must be a finite number " + ("> 0" if positive else ">= 0"))
 
@@ -322,8 +377,7 @@ def _check_cell(rec: CellRecord) -> None:
     if any(p is not None for p in plan):
         _ints(rec, "pp", "dp", "tp")
         if rec.pp * rec.dp * rec.tp != rec.num_gpus:
-            raise _bad(rec, "pp", f"pp*dp*tp = {rec.pp * rec.dp * rec.tp} must equal the cell's "
-                                  f"{rec.num_gpus} GPUs")
+            raise _bad(rec, "pp", f"pp*dp*tp = {rec.pp * rec.dp * rec.tp} must equal the cell's {rec.num_gpus} GPUs")
 
 
 def _check_layer(rec: LayerRecord) -> None:

@@ -50,7 +50,9 @@ def task_envs(ntasks: int, nnodes: int = 1, job_id: str = "4242", step_id: str =
     return envs
 
 
-def start(cmd: list[str], ntasks: int, nnodes: int = 1, env: dict[str, str] | None = None, **kw) -> list[subprocess.Popen]:
+def start(
+    cmd: list[str], ntasks: int, nnodes: int = 1, env: dict[str, str] | None = None, **kw
+) -> list[subprocess.Popen]:
     """Start every task of the step; each is ``python -m launch -- CMD``."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CELLSCHED_"))}
     base.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})})
@@ -84,7 +86,9 @@ def wait(procs: list[subprocess.Popen], timeout: float = 300) -> list[Task]:
     return out
 
 
-def srun(cmd: list[str], ntasks: int, nnodes: int = 1, env: dict[str, str] | None = None, timeout: float = 300, **kw) -> list[Task]:
+def srun(
+    cmd: list[str], ntasks: int, nnodes: int = 1, env: dict[str, str] | None = None, timeout: float = 300, **kw
+) -> list[Task]:
     return wait(start(cmd, ntasks, nnodes, env, **kw), timeout)
 
 

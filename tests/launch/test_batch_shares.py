@@ -4,7 +4,6 @@ import json
 
 import pytest
 import torch
-
 from trainer_runs import checkpoint_state, relative_error, train
 
 FLAGS = ("--layers", "2", "--hidden", "16", "--heads", "2", "--seq", "8", "--vocab", "32", "--global-batch", "16")
@@ -28,7 +27,14 @@ def flat(state, names):
 @pytest.mark.parametrize("pp", [1, 2])
 def test_shares_3_to_1_update_like_the_even_split(tmp_path, even, pp):
     even_run, even_state = even
-    run = train(plan(tmp_path / "ckpt", pp=pp, batch_shares=[3, 1]), tmp_path / "l.json", 10, *FLAGS, "--report", str(tmp_path / "r"))
+    run = train(
+        plan(tmp_path / "ckpt", pp=pp, batch_shares=[3, 1]),
+        tmp_path / "l.json",
+        10,
+        *FLAGS,
+        "--report",
+        str(tmp_path / "r"),
+    )
 
     shares = [json.loads((tmp_path / "r" / f"rank-{r}.json").read_text())["batch"] for r in (0, 1)]
     assert [s[:4] for s in shares] == [[0, 12, 6, 2], [12, 4, 2, 2]]  # offset, size, micro-batch size, count

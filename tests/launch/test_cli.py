@@ -8,7 +8,6 @@ import sys
 import time
 
 import pytest
-
 from srun_local import REPO, task_envs
 
 PLAN = {"pp": 2, "dp": 2, "tp": 1, "micro_batches": 4}
@@ -35,7 +34,10 @@ def child_env(result):
 
 def test_sets_torch_distributed_variables_and_execs():
     tasks = task_envs(4, nnodes=2)
-    seen = [child_env(launch(["--", sys.executable, "-c", SHOW_ENV], t, extra={"CELLSCHED_MASTER_ADDR": "10.1.2.3"})) for t in tasks]
+    seen = [
+        child_env(launch(["--", sys.executable, "-c", SHOW_ENV], t, extra={"CELLSCHED_MASTER_ADDR": "10.1.2.3"}))
+        for t in tasks
+    ]
     assert [e["RANK"] for e in seen] == ["0", "1", "2", "3"]
     assert [e["LOCAL_RANK"] for e in seen] == ["0", "1", "0", "1"]
     assert {e["WORLD_SIZE"] for e in seen} == {"4"} and {e["LOCAL_WORLD_SIZE"] for e in seen} == {"2"}
@@ -53,7 +55,9 @@ def test_port_depends_on_job_and_step_and_can_be_overridden():
     assert len({port(job_id="7", step_id="0"), port(job_id="7", step_id="1"), port(job_id="8", step_id="0")}) == 3
     # two clusters on one machine repeat job ids: the cluster (name:host:port of its slurmctld) tells them apart
     other = task_envs(4, job_id="7", step_id="0")[0] | {"SLURM_WORKING_CLUSTER": "cellsched:localhost:19817:9728:109"}
-    assert child_env(launch(["--", sys.executable, "-c", SHOW_ENV], other))["MASTER_PORT"] != port(job_id="7", step_id="0")
+    assert child_env(launch(["--", sys.executable, "-c", SHOW_ENV], other))["MASTER_PORT"] != port(
+        job_id="7", step_id="0"
+    )
     forced = launch(["--", sys.executable, "-c", SHOW_ENV], task_envs(4)[0], extra={"CELLSCHED_MASTER_PORT": "31234"})
     assert child_env(forced)["MASTER_PORT"] == "31234"
 
@@ -215,8 +219,14 @@ def test_a_checkpoint_request_during_start_up_waits_for_the_handler(tmp_path):
     env.update(task_envs(1)[0])
     env["CELLSCHED_PLAN"] = json.dumps({"dp": 1})
     env["PYTHONPATH"] = str(REPO)
-    proc = subprocess.Popen([sys.executable, "-m", "launch", "--", sys.executable, "-c", child], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launch", "--", sys.executable, "-c", child],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)

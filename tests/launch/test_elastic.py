@@ -7,14 +7,13 @@ import sys
 import time
 
 import torch
-
-from slurm_ext.controller.progress import read_progress
-
 from minigpt.model import GPTConfig
 from minigpt.trainer import TrainConfig, reference_losses
-from solver.contract import EXIT_CHECKPOINTED
 from srun_local import free_port, start, wait
 from trainer_runs import check, checkpoint_state, train
+
+from slurm_ext.controller.progress import read_progress
+from solver.contract import EXIT_CHECKPOINTED
 
 V = 4
 FLAGS = ("--layers", "2", "--hidden", "16", "--heads", "2", "--seq", "8", "--vocab", "32")
@@ -57,7 +56,9 @@ def test_resume_on_fewer_ranks_is_bitwise_identical(tmp_path):
 def test_signal_checkpoints_exits_75_and_resumes(tmp_path):
     ckpt = tmp_path / "ckpt"
     env = {"CELLSCHED_PLAN": json.dumps(plan(ckpt, dp=2)), "CELLSCHED_MASTER_PORT": str(free_port())}
-    procs = start([sys.executable, "contrib/examples/train_gpt.py", "--steps", "100000", "--dtype", "float64", *FLAGS], 2, env=env)
+    procs = start(
+        [sys.executable, "contrib/examples/train_gpt.py", "--steps", "100000", "--dtype", "float64", *FLAGS], 2, env=env
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

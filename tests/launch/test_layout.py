@@ -63,8 +63,12 @@ def test_largest_remainder_is_the_closest_whole_split(n):
             got = largest_remainder(total, weights)
             assert sum(got) == total and err(got) == best, (total, weights, got)
             # equal weights: the lower index first (e.g. 10 by (1, 1, 1) is 4, 3, 3)
-            assert all(got[i] >= got[j] for i in range(n) for j in range(n)
-                       if weights[i] > weights[j] or (weights[i] == weights[j] and i < j)), (total, weights, got)
+            assert all(
+                got[i] >= got[j]
+                for i in range(n)
+                for j in range(n)
+                if weights[i] > weights[j] or (weights[i] == weights[j] and i < j)
+            ), (total, weights, got)
             # equal remainders (of any weights): the leftover to the lower index (3 by (2, 2, 5): quotas
             # 2/3, 2/3, 5/3 -> 0, 0, 1 and two units left for remainders 2/3, 2/3, 2/3 -> 1, 1, 1)
             floors = [int(q) for q in quotas]
@@ -111,17 +115,24 @@ def test_virtual_worker_blocks_are_contiguous_and_uneven():
 
 def test_uneven_batch_slices():
     def fields(plan, global_batch):
-        return [(s.offset, s.size, s.micro_batch_size, s.num_micro_batches, s.virtual_workers)
-                for s in (batch_slice(plan, d, global_batch) for d in range(plan.dp))]
+        return [
+            (s.offset, s.size, s.micro_batch_size, s.num_micro_batches, s.virtual_workers)
+            for s in (batch_slice(plan, d, global_batch) for d in range(plan.dp))
+        ]
 
     # V=4 over dp=3: 16 samples, 4 per worker, 2 micro-batches of 2 per worker
     assert fields(JobPlan(dp=3, micro_batches=2, virtual_workers=4), 16) == [
-        (0, 8, 2, 4, range(0, 2)), (8, 4, 2, 2, range(2, 3)), (12, 4, 2, 2, range(3, 4))]
+        (0, 8, 2, 4, range(0, 2)),
+        (8, 4, 2, 2, range(2, 3)),
+        (12, 4, 2, 2, range(3, 4)),
+    ]
     # V=5 over dp=2, one micro-batch: 10 samples, 2 per worker
     assert fields(JobPlan(dp=2, virtual_workers=5), 10) == [(0, 6, 2, 3, range(0, 3)), (6, 4, 2, 2, range(3, 5))]
     # batch shares with virtual workers move whole workers: 3:1 of V=4
     assert fields(JobPlan(dp=2, micro_batches=2, virtual_workers=4, batch_shares=(3, 1)), 16) == [
-        (0, 12, 2, 6, range(0, 3)), (12, 4, 2, 2, range(3, 4))]
+        (0, 12, 2, 6, range(0, 3)),
+        (12, 4, 2, 2, range(3, 4)),
+    ]
     assert unit_counts(JobPlan(dp=3, virtual_workers=4)) == (2, 1, 1)
     assert unit_counts(JobPlan(dp=2, virtual_workers=4, batch_shares=(3, 1))) == (3, 1)
     assert unit_counts(JobPlan(dp=2, batch_shares=(3, 1))) == (1, 1)  # legacy: one slice of samples per rank
@@ -150,8 +161,11 @@ def test_virtual_worker_covers_its_shard_and_resumes():
 
 
 def test_ordered_sum_runs_left_to_right():
-    xs = [torch.tensor([1e16], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64),
-          torch.tensor([-1e16], dtype=torch.float64)]
+    xs = [
+        torch.tensor([1e16], dtype=torch.float64),
+        torch.tensor([1.0], dtype=torch.float64),
+        torch.tensor([-1e16], dtype=torch.float64),
+    ]
     assert ordered_sum(xs, None).item() == 0.0  # 1e16 + 1 rounds to 1e16; adding the big ones first gives 1
     assert ordered_sum(xs, None, [3]).item() == 0.0
     with pytest.raises(ValueError, match="3 local units, counts say \\[2\\]"):

@@ -4,7 +4,6 @@ import itertools
 import json
 
 import pytest
-
 from minigpt.model import GPTConfig
 from minigpt.trainer import TrainConfig, reference_losses
 from trainer_runs import train

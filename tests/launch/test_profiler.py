@@ -10,10 +10,9 @@ from click.testing import CliRunner
 from launch import profiler
 from slurm_ext.cli import main
 from solver.estimator import Estimator
-from solver.types import EstimateSource
 from solver.models import get_model
 from solver.profiles.seed import open_store
-from solver.types import Cell
+from solver.types import Cell, EstimateSource
 
 MODEL = get_model("gpt-tiny")
 SIG = MODEL.signature
@@ -22,8 +21,25 @@ SIG = MODEL.signature
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     db = tmp_path_factory.mktemp("profile") / "profiles.sqlite"
-    args = ["profile", "--model", "gpt-tiny", "--tp", "1,2", "--micro-batch", "1,2", "--db", str(db),
-            "--comm", "--warmup", "1", "--repeat", "3", "--threads", "1", "--json"]
+    args = [
+        "profile",
+        "--model",
+        "gpt-tiny",
+        "--tp",
+        "1,2",
+        "--micro-batch",
+        "1,2",
+        "--db",
+        str(db),
+        "--comm",
+        "--warmup",
+        "1",
+        "--repeat",
+        "3",
+        "--threads",
+        "1",
+        "--json",
+    ]
     result = CliRunner().invoke(main, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in result.output.splitlines()]
@@ -119,10 +135,19 @@ def test_gpu_type_here_is_cpu():
     assert profiler.detect_gpu_type() == "cpu"
 
 
-@pytest.mark.parametrize("name, kind", [("NVIDIA A100-SXM4-40GB", "a100"), ("NVIDIA A10", "a10"),
-                                        ("NVIDIA A10G", "a10"), ("Tesla V100-SXM2-16GB", "v100"),
-                                        ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
-                                        ("NVIDIA A40", "a40"), ("NVIDIA GeForce RTX 4090", "geforce-rtx-4090")])
+@pytest.mark.parametrize(
+    "name, kind",
+    [
+        ("NVIDIA A100-SXM4-40GB", "a100"),
+        ("NVIDIA A10", "a10"),
+        ("NVIDIA A10G", "a10"),
+        ("Tesla V100-SXM2-16GB", "v100"),
+        ("NVIDIA H100 80GB HBM3", "h100"),
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA A40", "a40"),
+        ("NVIDIA GeForce RTX 4090", "geforce-rtx-4090"),
+    ],
+)
 def test_gpu_type_of_nvml_names(name, kind):
     assert profiler.gpu_type_of(name) == kind
 

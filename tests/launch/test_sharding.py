@@ -10,14 +10,14 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from minigpt.model import GPTConfig
+from minigpt.trainer import TrainConfig, reference_run
+from srun_local import free_port
+from trainer_runs import checkpoint_state, relative_error, train
 
 from launch.elastic import ordered_sum
 from launch.sharding import ShardedOptimizer, ShardingError, ShardLayout, sharding_mode, state_numel
-from minigpt.model import GPTConfig
-from minigpt.trainer import TrainConfig, reference_run
 from solver.plan import JobPlan, PlanError
-from srun_local import free_port
-from trainer_runs import checkpoint_state, relative_error, train
 
 SHAPE = {"layers": 2, "hidden": 16, "heads": 2, "seq": 8, "vocab": 32}
 FLAGS = tuple(x for k, v in SHAPE.items() for x in (f"--{k}", str(v)))
@@ -31,7 +31,7 @@ def hamilton(total: int, weights) -> list[int]:
     remainders, ties to the lower rank."""
     quotas = [Fraction(total * w, sum(weights)) for w in weights]
     parts = [math.floor(q) for q in quotas]
-    for r in sorted(range(len(parts)), key=lambda r: (parts[r] - quotas[r], r))[:total - sum(parts)]:
+    for r in sorted(range(len(parts)), key=lambda r: (parts[r] - quotas[r], r))[: total - sum(parts)]:
         parts[r] += 1
     return parts
 
@@ -55,16 +55,19 @@ def test_3_to_1_gives_75_and_25_percent():
     assert ShardLayout.proportional(1000, (3, 1)).bounds == ((0, 750), (750, 1000))
 
 
-@pytest.mark.parametrize("numel, weights, sizes", [
-    (1000, (3, 1), (750, 250)),  # quotas 750, 250: no leftover
-    (12_345, (80, 40, 24), (6858, 3429, 2058)),  # 6858.33, 3429.17, 2057.5: floors add to 12344, 1 left -> .5
-    (7, (1, 1, 1), (3, 2, 2)),  # 2.33 each: floors 6, 1 left, a tie -> rank 0
-    (10, (1, 1, 1, 1), (3, 3, 2, 2)),  # 2.5 each: floors 8, 2 left, ties -> ranks 0 and 1
-    (8, (5, 3, 2), (4, 2, 2)),  # 4, 2.4, 1.6: floors 7, 1 left -> .6 (rank 2), not the larger weight
-    (100, (1, 2, 4), (14, 29, 57)),  # 14.29, 28.57, 57.14: floors 99, 1 left -> .57 (rank 1)
-    (5, (1000, 1, 1), (5, 0, 0)),  # 4.99, 0.005, 0.005: floors 4, 1 left -> .99; a rank may own nothing
-    (0, (1, 2), (0, 0)),
-])
+@pytest.mark.parametrize(
+    "numel, weights, sizes",
+    [
+        (1000, (3, 1), (750, 250)),  # quotas 750, 250: no leftover
+        (12_345, (80, 40, 24), (6858, 3429, 2058)),  # 6858.33, 3429.17, 2057.5: floors add to 12344, 1 left -> .5
+        (7, (1, 1, 1), (3, 2, 2)),  # 2.33 each: floors 6, 1 left, a tie -> rank 0
+        (10, (1, 1, 1, 1), (3, 3, 2, 2)),  # 2.5 each: floors 8, 2 left, ties -> ranks 0 and 1
+        (8, (5, 3, 2), (4, 2, 2)),  # 4, 2.4, 1.6: floors 7, 1 left -> .6 (rank 2), not the larger weight
+        (100, (1, 2, 4), (14, 29, 57)),  # 14.29, 28.57, 57.14: floors 99, 1 left -> .57 (rank 1)
+        (5, (1000, 1, 1), (5, 0, 0)),  # 4.99, 0.005, 0.005: floors 4, 1 left -> .99; a rank may own nothing
+        (0, (1, 2), (0, 0)),
+    ],
+)
 def test_slices_by_hand(numel, weights, sizes):
     """Slice sizes and bounds worked out by hand (largest remainder, ties to the lower rank)."""
     starts = tuple(itertools.accumulate(sizes, initial=0))
@@ -185,9 +188,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
             ref.step()
             results[f"{oname}/{wname}"] = {
                 "param_err": max(relative_error(a, b) for a, b in zip(params, ref_params)),
-                "state_err": max(
-                    relative_error(a[k], b[k]) for a, b in zip(full, ref_state) for k in b if b[k].dim()
-                ),
+                "state_err": max(relative_error(a[k], b[k]) for a, b in zip(full, ref_state) for k in b if b[k].dim()),
                 "state_keys_equal": all(sorted(a) == sorted(b) for a, b in zip(full, ref_state)),
                 "state_numel": state_numel(sharded.optimizer),
                 "slice": layout.sizes[rank],
@@ -253,8 +254,13 @@ def _state_reports(directory, ranks):
 
 
 def test_memory_3_to_1_with_batch_3_to_1_matches_one_process(tmp_path):
-    plan = {"dp": 2, "micro_batches": 2, "batch_shares": [3, 1], "state_shares": [3, 1],
-            "checkpoint_dir": str(tmp_path / "ckpt")}
+    plan = {
+        "dp": 2,
+        "micro_batches": 2,
+        "batch_shares": [3, 1],
+        "state_shares": [3, 1],
+        "checkpoint_dir": str(tmp_path / "ckpt"),
+    }
     run = train(plan, tmp_path / "l.json", 10, *FLAGS, "--global-batch", "16", "--report", str(tmp_path / "r"))
     losses, ref = _reference(10, 2, 16)
     state = checkpoint_state(tmp_path / "ckpt")
@@ -275,11 +281,27 @@ def test_resume_on_three_ranks_with_other_memory_weights(tmp_path):
     """5 steps sharded 3:1 on 2 ranks, then 5 more sharded 1:2:1 on 3 ranks."""
     ckpt = str(tmp_path / "ckpt")
     flags = (*FLAGS, "--global-batch", "12")
-    train({"dp": 2, "virtual_workers": 6, "batch_shares": [3, 1], "state_shares": [3, 1], "checkpoint_dir": ckpt},
-          tmp_path / "a.json", 5, *flags)
-    run = train({"dp": 3, "virtual_workers": 6, "batch_shares": [1, 2, 1], "state_sharding": "memory",
-                 "state_shares": [1, 2, 1], "checkpoint_dir": ckpt},
-                tmp_path / "b.json", 10, *flags, "--report", str(tmp_path / "r"))
+    train(
+        {"dp": 2, "virtual_workers": 6, "batch_shares": [3, 1], "state_shares": [3, 1], "checkpoint_dir": ckpt},
+        tmp_path / "a.json",
+        5,
+        *flags,
+    )
+    run = train(
+        {
+            "dp": 3,
+            "virtual_workers": 6,
+            "batch_shares": [1, 2, 1],
+            "state_sharding": "memory",
+            "state_shares": [1, 2, 1],
+            "checkpoint_dir": ckpt,
+        },
+        tmp_path / "b.json",
+        10,
+        *flags,
+        "--report",
+        str(tmp_path / "r"),
+    )
     losses, ref = _reference(10, 6, 12)
     state = checkpoint_state(tmp_path / "ckpt")
     assert state["step"] == 10 and run.printed == list(range(6, 11))

@@ -1,10 +1,9 @@
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from srun_local import task_envs
 
 from launch.slurm_env import SlurmEnv, SlurmEnvError, expand_hostlist, expand_tasks_per_node
-
-from srun_local import task_envs
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from minigpt.model import GPTConfig
 from minigpt.trainer import TrainConfig, reference_losses
 
@@ -37,8 +36,19 @@ def job_env(**extra: str) -> dict[str, str]:
 
 def train_cmd(out: Path) -> list[str]:
     launcher = shutil.which("cellsched-launch") or pytest.fail("cellsched-launch is not on PATH")
-    return [launcher, "--", sys.executable, TRAIN, *MODEL, "--steps", str(STEPS),
-            "--out", str(out / "losses.json"), "--report", str(out / "ranks")]
+    return [
+        launcher,
+        "--",
+        sys.executable,
+        TRAIN,
+        *MODEL,
+        "--steps",
+        str(STEPS),
+        "--out",
+        str(out / "losses.json"),
+        "--report",
+        str(out / "ranks"),
+    ]
 
 
 def megatron_rank(p: int, d: int, t: int) -> int:
@@ -51,9 +61,11 @@ def check_run(out: Path, reference: list[float]) -> None:
         info = json.loads((out / "ranks" / f"rank-{rank}.json").read_text())
         p, d, t = info["coords"]
         assert megatron_rank(p, d, t) == rank
-        assert info["groups"] == {"pp": [megatron_rank(i, d, t) for i in (0, 1)],
-                                  "dp": [megatron_rank(p, i, t) for i in (0, 1)],
-                                  "tp": [megatron_rank(p, d, i) for i in (0, 1)]}
+        assert info["groups"] == {
+            "pp": [megatron_rank(i, d, t) for i in (0, 1)],
+            "dp": [megatron_rank(p, i, t) for i in (0, 1)],
+            "tp": [megatron_rank(p, d, i) for i in (0, 1)],
+        }
     losses = json.loads((out / "losses.json").read_text())["losses"]
     assert len(losses) == STEPS and losses[-1] < losses[0]
     for step, (got, want) in enumerate(zip(losses, reference), 1):
@@ -62,8 +74,15 @@ def check_run(out: Path, reference: list[float]) -> None:
 
 def test_srun_with_plan_in_env(slurm_cluster, tmp_path, reference):
     env = job_env(CELLSCHED_PLAN=json.dumps(PLAN))
-    done = subprocess.run(["srun", *WHERE, "-J", "cs-srun", *train_cmd(tmp_path)], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        ["srun", *WHERE, "-J", "cs-srun", *train_cmd(tmp_path)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     check_run(tmp_path, reference)
 
@@ -72,18 +91,33 @@ def test_batch_job_reads_plan_from_admin_comment(slurm_cluster, tmp_path, refere
     script = tmp_path / "job.sh"
     script.write_text(f"#!/bin/bash\nexec {shlex.join(['srun', *train_cmd(tmp_path)])}\n")
     script.chmod(0o755)
-    submit = ["sbatch", "--parsable", "--hold", *WHERE, "-J", "cs-admin-plan", "-o", str(tmp_path / "job.out"),
-              "--chdir", str(REPO), str(script)]
-    job_id = subprocess.run(submit, env=job_env(), capture_output=True, text=True, timeout=30,
-                            check=True).stdout.strip().split(";")[0]
+    submit = [
+        "sbatch",
+        "--parsable",
+        "--hold",
+        *WHERE,
+        "-J",
+        "cs-admin-plan",
+        "-o",
+        str(tmp_path / "job.out"),
+        "--chdir",
+        str(REPO),
+        str(script),
+    ]
+    job_id = (
+        subprocess.run(submit, env=job_env(), capture_output=True, text=True, timeout=30, check=True)
+        .stdout.strip()
+        .split(";")[0]
+    )
     try:
         plan = json.dumps({"plan": {**PLAN, "job_id": job_id}}, separators=(",", ":"))
         for cmd in (["scontrol", "update", f"JobId={job_id}", f"AdminComment={plan}"], ["scontrol", "release", job_id]):
             subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True)
 
         def finished() -> str | None:
-            line = subprocess.run(["scontrol", "show", "-o", "job", job_id], capture_output=True, text=True,
-                                  timeout=30, check=True).stdout
+            line = subprocess.run(
+                ["scontrol", "show", "-o", "job", job_id], capture_output=True, text=True, timeout=30, check=True
+            ).stdout
             state = line.split("JobState=", 1)[1].split()[0]
             return None if state in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING") else state
 

@@ -5,7 +5,6 @@ import shutil
 
 import pytest
 import torch
-
 from minigpt.model import GPTConfig
 from minigpt.trainer import TrainConfig, reference_losses
 from trainer_runs import checkpoint_state, train
@@ -42,8 +41,9 @@ def runs(tmp_path_factory):
     for dp in (1, 2, 3, 4):
         d = tmp_path_factory.mktemp(f"dp{dp}")
         extra = {"checkpoint_every": 3} if dp == 2 else {}
-        run = train(plan(d / "ckpt", dp, **extra), d / "l.json", STEPS, "--dtype", "float64", *FLAGS,
-                    "--report", str(d / "r"))
+        run = train(
+            plan(d / "ckpt", dp, **extra), d / "l.json", STEPS, "--dtype", "float64", *FLAGS, "--report", str(d / "r")
+        )
         out[dp] = (run, d)
     return out
 
@@ -80,8 +80,14 @@ def test_batch_shares_move_whole_virtual_workers(tmp_path):
     update is bitwise the even split's (float32 here, float64 above)."""
     flags = ("--dtype", "float32", *FLAGS)
     even = train(plan(tmp_path / "even", 2), tmp_path / "even.json", STEPS, *flags)
-    mixed = train(plan(tmp_path / "mixed", 2, batch_shares=[3, 1]), tmp_path / "mixed.json", STEPS, *flags,
-                  "--report", str(tmp_path / "r"))
+    mixed = train(
+        plan(tmp_path / "mixed", 2, batch_shares=[3, 1]),
+        tmp_path / "mixed.json",
+        STEPS,
+        *flags,
+        "--report",
+        str(tmp_path / "r"),
+    )
     assert batches(tmp_path / "r", 2) == [[0, 6, 1, 6, [0, 1, 2]], [6, 2, 1, 2, [3]]]
     assert mixed.losses == even.losses
     assert same_state(checkpoint_state(tmp_path / "mixed"), checkpoint_state(tmp_path / "even"))
@@ -89,8 +95,16 @@ def test_batch_shares_move_whole_virtual_workers(tmp_path):
 
 def test_state_sharding_with_uneven_counts_equals_the_replicated_path(runs, tmp_path):
     run3, d3 = runs[3]
-    sharded = train(plan(tmp_path / "ckpt", 3, state_shares=[1, 2, 1]), tmp_path / "l.json", STEPS,
-                    "--dtype", "float64", *FLAGS, "--report", str(tmp_path / "r"))
+    sharded = train(
+        plan(tmp_path / "ckpt", 3, state_shares=[1, 2, 1]),
+        tmp_path / "l.json",
+        STEPS,
+        "--dtype",
+        "float64",
+        *FLAGS,
+        "--report",
+        str(tmp_path / "r"),
+    )
     assert [json.loads((tmp_path / "r" / f"state-{r}.json").read_text())["mode"] for r in range(3)] == ["memory"] * 3
     assert sharded.losses == run3.losses
     assert same_state(checkpoint_state(tmp_path / "ckpt"), checkpoint_state(d3 / "ckpt"))

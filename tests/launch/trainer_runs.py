@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
 from srun_local import Task, free_port, srun
 
 TRAIN = "contrib/examples/train_gpt.py"

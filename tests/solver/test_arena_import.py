@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from solver.profiles.records import ProfileSource
 from solver.profiles.arena import ArenaFormatError, load_cluster_spec, load_dp_mem, load_sim_constants, shipped_path
 from solver.profiles.arena_import import import_arena
+from solver.profiles.records import ProfileSource
 from solver.profiles.store import ProfileStore
 
 
@@ -38,8 +38,11 @@ def test_estimated_import_keeps_simulator_convention(store):
     report = import_arena(store, shipped_path("profiles_plans_estimated.json"))
     assert report.kind == ProfileSource.ARENA_ESTIMATED
     assert report.imported == 1944
-    assert report.skipped == {"comm_profile_prefix != num_nodes": 104, "duplicate plan (dup_index > 0)": 180,
-                              "unlabelled infeasible": 8}
+    assert report.skipped == {
+        "comm_profile_prefix != num_nodes": 104,
+        "duplicate plan (dup_index > 0)": 180,
+        "unlabelled infeasible": 8,
+    }
     recs = store.cells()
     assert len(recs) == 1944
     assert all(r.pp * r.dp * r.tp == r.num_gpus and r.source == ProfileSource.ARENA_ESTIMATED for r in recs)

@@ -11,8 +11,7 @@ import pytest
 from solver.models import get_model
 from solver.profiles.arena import ArenaFormatError, load_device_specs, shipped_path
 from solver.profiles.arena_lookup import ArenaTable, arena_dp_feasible
-from solver.types import EstimateSource
-from solver.types import Cell, JobRequest
+from solver.types import Cell, EstimateSource, JobRequest
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +44,7 @@ def test_grown_param_num_wide_resnet_1b(table):
     # the 1B/1024 entry is empty; 2B B=1024 8x2 = 52.155 s -> 19.634 x 1.8
     t, how = table.lookup("wide_resnet__1B", 1024, "a40", 8, 2)
     assert t == 28.975 and "wide_resnet__2B" in how
-    est = table.estimate(job("wide-resnet-1b", 1024), Cell("a40", 8, 2))   # alias resolves to the trace name
+    est = table.estimate(job("wide-resnet-1b", 1024), Cell("a40", 8, 2))  # alias resolves to the trace name
     assert est.iter_time_s == 28.975
 
 
@@ -56,9 +55,14 @@ def test_oom_is_infeasible(table):
 
 
 def test_over_one_interval_is_rejected(table):
-    raw = [r for r in json.loads(shipped_path("profiles_optimal.json").read_text())["records"]
-           if r["trace_model_name"] == "wide_resnet__6.8B" and r["batch_size"] == 512
-           and r["gpu_type"] == "a40" and r["num_nodes"] == 4]
+    raw = [
+        r
+        for r in json.loads(shipped_path("profiles_optimal.json").read_text())["records"]
+        if r["trace_model_name"] == "wide_resnet__6.8B"
+        and r["batch_size"] == 512
+        and r["gpu_type"] == "a40"
+        and r["num_nodes"] == 4
+    ]
     assert raw[0]["iter_time_s"] > 300
     t, how = table.lookup("wide_resnet__6.8B", 512, "a40", 4, 2)
     assert t is None and "exceeds" in how
@@ -79,19 +83,23 @@ def test_wrong_file_kind_names_the_file(tmp_path):
 
 def test_device_memory_matches_readme():
     specs = load_device_specs()["simulator_gpu_specs"]
-    assert {g: specs[g]["max_mem_gb"] for g in ("a100", "v100", "a40", "a10")} == \
-        {"a100": 40, "v100": 32, "a40": 48, "a10": 24}
+    assert {g: specs[g]["max_mem_gb"] for g in ("a100", "v100", "a40", "a10")} == {
+        "a100": 40,
+        "v100": 32,
+        "a40": 48,
+        "a10": 24,
+    }
 
 
 def test_dp_feasibility_rules():
     feasible = arena_dp_feasible()
-    wrn = job("wide_resnet__500M", 256)     # 1 GPU: 24.519 GB per GPU
-    assert feasible(wrn, Cell("a40", 1, 1))                  # 1.2*24.519 = 29.4 <= 0.8*48
-    assert not feasible(wrn, Cell("a10", 1, 1))              # 29.4 > 0.8*24 = 19.2
-    assert not feasible(job("wide_resnet__500M", 512), Cell("a100", 1, 1))   # recorded -1 (OOM)
-    assert not feasible(job("moe__10B", 256), Cell("a100", 2, 4))            # absent from dp_mem
-    assert not feasible(wrn, Cell("a40", 3, 1))                              # 3 GPUs: not a dp_mem key
-    assert feasible(job("wide_resnet__500M", 512), Cell("a100", 1, 2))       # 24.614*1.2 = 29.5 <= 32
+    wrn = job("wide_resnet__500M", 256)  # 1 GPU: 24.519 GB per GPU
+    assert feasible(wrn, Cell("a40", 1, 1))  # 1.2*24.519 = 29.4 <= 0.8*48
+    assert not feasible(wrn, Cell("a10", 1, 1))  # 29.4 > 0.8*24 = 19.2
+    assert not feasible(job("wide_resnet__500M", 512), Cell("a100", 1, 1))  # recorded -1 (OOM)
+    assert not feasible(job("moe__10B", 256), Cell("a100", 2, 4))  # absent from dp_mem
+    assert not feasible(wrn, Cell("a40", 3, 1))  # 3 GPUs: not a dp_mem key
+    assert feasible(job("wide_resnet__500M", 512), Cell("a100", 1, 2))  # 24.614*1.2 = 29.5 <= 32
 
 
 def test_preset_aliases_resolve_to_trace_names(table):

@@ -30,8 +30,16 @@ def job(**kw) -> JobRequest:
 def test_exact_cells_of_a_small_request():
     cells = enumerate_cells(job(gpu_types=("a100",), min_gpus=2, max_gpus=4), cluster(), CFG)
     assert [c.key() for c in cells] == [
-        "a100:1x2:pp1", "a100:1x2:pp2", "a100:2x1:pp1", "a100:2x1:pp2",
-        "a100:1x4:pp1", "a100:1x4:pp2", "a100:1x4:pp4", "a100:2x2:pp1", "a100:2x2:pp2", "a100:2x2:pp4",
+        "a100:1x2:pp1",
+        "a100:1x2:pp2",
+        "a100:2x1:pp1",
+        "a100:2x1:pp2",
+        "a100:1x4:pp1",
+        "a100:1x4:pp2",
+        "a100:1x4:pp4",
+        "a100:2x2:pp1",
+        "a100:2x2:pp2",
+        "a100:2x2:pp4",
     ]  # 4x1 needs four A100 nodes; there are two
 
 
@@ -94,8 +102,12 @@ def test_deterministic_order_fewest_nodes_first():
 
 
 @settings(max_examples=60, deadline=None)
-@given(sizes=st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=6),
-       lo=st.integers(1, 8), span=st.integers(0, 8), layers=st.integers(1, 12))
+@given(
+    sizes=st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=6),
+    lo=st.integers(1, 8),
+    span=st.integers(0, 8),
+    layers=st.integers(1, 12),
+)
 def test_cells_honour_limits(sizes, lo, span, layers):
     nodes = tuple(NodeView(f"n{i}", "g", s, s) for i, s in enumerate(sizes))
     model = ModelSpec("p", "gpt", num_layers=layers, hidden=64, heads=4, seq_len=16, vocab=32, params=1e6)
@@ -112,6 +124,7 @@ def test_cells_honour_limits(sizes, lo, span, layers):
 
 
 # ---- pruning -----------------------------------------------------------------------
+
 
 def est(layout: str, t: float, pp: int = 1, gpu: str = "a100") -> Estimate:
     n, g = map(int, layout.split("x"))
@@ -150,8 +163,16 @@ def test_types_do_not_dominate_each_other():
 
 
 def test_cap_keeps_fastest_and_smallest_of_each_type():
-    es = [est("1x1", 40), est("2x1", 21), est("4x1", 11), est("8x1", 6.5), est("16x1", 3.9),
-          est("1x1", 50, gpu="a40"), est("2x1", 24, gpu="a40"), est("4x1", 12.5, gpu="a40")]
+    es = [
+        est("1x1", 40),
+        est("2x1", 21),
+        est("4x1", 11),
+        est("8x1", 6.5),
+        est("16x1", 3.9),
+        est("1x1", 50, gpu="a40"),
+        est("2x1", 24, gpu="a40"),
+        est("4x1", 12.5, gpu="a40"),
+    ]
     kept = prune_dominated(es, SolverConfig(max_cells_per_job=5))
     assert len(kept) == 5
     must = {"a100:1x1", "a100:16x1", "a40:1x1", "a40:4x1"}
@@ -161,9 +182,17 @@ def test_cap_keeps_fastest_and_smallest_of_each_type():
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["1x1", "1x2", "2x1", "1x4", "2x2", "4x1", "2x4", "4x2"]),
-                          st.sampled_from([1, 2]), st.sampled_from(["a", "b"]),
-                          st.floats(1, 100) | st.just(math.inf)), max_size=20))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["1x1", "1x2", "2x1", "1x4", "2x2", "4x1", "2x4", "4x2"]),
+            st.sampled_from([1, 2]),
+            st.sampled_from(["a", "b"]),
+            st.floats(1, 100) | st.just(math.inf),
+        ),
+        max_size=20,
+    )
+)
 def test_prune_leaves_no_dominated_cell(items):
     es = [est(lay, t, pp if int(lay[0]) * int(lay[-1]) % pp == 0 else 1, gpu) for lay, pp, gpu, t in items]
     kept = prune_dominated(es, CFG)
@@ -172,8 +201,11 @@ def test_prune_leaves_no_dominated_cell(items):
         for b in kept:
             if a is not b and a.cell.gpu_type == b.cell.gpu_type:
                 assert a.cell.layout != b.cell.layout
-                assert not (a.iter_time_s <= b.iter_time_s and a.cell.num_gpus <= b.cell.num_gpus
-                            and a.cell.gpus_per_node <= b.cell.gpus_per_node)
+                assert not (
+                    a.iter_time_s <= b.iter_time_s
+                    and a.cell.num_gpus <= b.cell.num_gpus
+                    and a.cell.gpus_per_node <= b.cell.gpus_per_node
+                )
     for t in {e.cell.gpu_type for e in es if e.feasible}:  # the fastest of each type survives
         fastest = min(e.iter_time_s for e in es if e.feasible and e.cell.gpu_type == t)
         assert any(e.iter_time_s == fastest for e in kept if e.cell.gpu_type == t)

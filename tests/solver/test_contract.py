@@ -19,7 +19,9 @@ def test_admin_comment_round_trip():
     assert ", " not in text and ": " not in text  # compact separators
 
 
-@pytest.mark.parametrize("text", [None, "", "(null)", "not json", "[1, 2]", '{"spec": {}}', json.dumps(json.loads(PLAN.to_json()))])
+@pytest.mark.parametrize(
+    "text", [None, "", "(null)", "not json", "[1, 2]", '{"spec": {}}', json.dumps(json.loads(PLAN.to_json()))]
+)
 def test_admin_comment_without_plan(text):
     assert contract.admin_comment_plan(text) is None
 

@@ -17,46 +17,79 @@ from solver.estimator import Estimator
 from solver.models import ModelSpec, get_model
 from solver.profiles.gpus import default_gpu_specs
 from solver.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord
-from solver.profiles.store import ProfileStore
 from solver.profiles.seed import open_store
+from solver.profiles.store import ProfileStore
 from solver.types import Cell, JobRequest
 
 HAND = ModelSpec("hand", "gpt", num_layers=4, hidden=64, heads=4, seq_len=8, vocab=16, params=1e6)
-G = GpuSpec("g", mem_gb=80.0, peak_tflops=100.0, mem_bw_gbps=1000.0, intra_link="nvlink",
-            intra_bw_gbps=100.0, inter_bw_gbps=10.0)
+G = GpuSpec(
+    "g",
+    mem_gb=80.0,
+    peak_tflops=100.0,
+    mem_bw_gbps=1000.0,
+    intra_link="nvlink",
+    intra_bw_gbps=100.0,
+    inter_bw_gbps=10.0,
+)
 TIMES = (1.0, 2.0, 3.0, 2.0)  # fwd + bwd of each layer at micro-batch 2, tp 1
 
 
-def layer_recs(gpu: str, tp: int, times, params=(2000, 4000, 4000, 2000), acts=(100, 200, 300, 200),
-               mb: int = 2, sig: str = HAND.signature) -> list[LayerRecord]:
-    return [LayerRecord(sig, gpu, tp, mb, i, "block", t * 0.25, t * 0.75, p, a, 1500)
-            for i, (t, p, a) in enumerate(zip(times, params, acts))]
+def layer_recs(
+    gpu: str,
+    tp: int,
+    times,
+    params=(2000, 4000, 4000, 2000),
+    acts=(100, 200, 300, 200),
+    mb: int = 2,
+    sig: str = HAND.signature,
+) -> list[LayerRecord]:
+    return [
+        LayerRecord(sig, gpu, tp, mb, i, "block", t * 0.25, t * 0.75, p, a, 1500)
+        for i, (t, p, a) in enumerate(zip(times, params, acts))
+    ]
 
 
 def hand_store() -> ProfileStore:
     s = ProfileStore(":memory:")
     s.put_gpu(G)
-    s.put_gpu(GpuSpec("g2", mem_gb=0.0002, peak_tflops=100.0, mem_bw_gbps=1000.0, intra_link="nvlink",
-                      intra_bw_gbps=100.0, inter_bw_gbps=10.0))
+    s.put_gpu(
+        GpuSpec(
+            "g2",
+            mem_gb=0.0002,
+            peak_tflops=100.0,
+            mem_bw_gbps=1000.0,
+            intra_link="nvlink",
+            intra_bw_gbps=100.0,
+            inter_bw_gbps=10.0,
+        )
+    )
     s.put_gpu(GpuSpec("tiny", mem_gb=1e-5, peak_tflops=100.0, mem_bw_gbps=1000.0))
     for gpu in ("g", "g2", "tiny"):
         s.put_layers(layer_recs(gpu, 1, TIMES))
     s.put_layers(layer_recs("g", 2, [t / 4 for t in TIMES]))
     s.put_layers(layer_recs("g2", 2, [t / 4 for t in TIMES], params=(8000,) * 4))
-    s.put_comm([CommRecord("nvlink", "p2p", 2, 1000, 0.1), CommRecord("nvlink", "p2p", 2, 2000, 0.2),
-                CommRecord("net", "p2p", 2, 1000, 1.0), CommRecord("net", "p2p", 2, 2000, 2.0),
-                CommRecord("nvlink", "allreduce", 2, 10000, 0.01),
-                CommRecord("nvlink", "allreduce", 2, 20000, 0.02)])
+    s.put_comm(
+        [
+            CommRecord("nvlink", "p2p", 2, 1000, 0.1),
+            CommRecord("nvlink", "p2p", 2, 2000, 0.2),
+            CommRecord("net", "p2p", 2, 1000, 1.0),
+            CommRecord("net", "p2p", 2, 2000, 2.0),
+            CommRecord("nvlink", "allreduce", 2, 10000, 0.01),
+            CommRecord("nvlink", "allreduce", 2, 20000, 0.02),
+        ]
+    )
     return s
 
 
 def plan_of(est: Estimator, cell: Cell, batch: int, pp: int, dp: int, tp: int, m: int) -> tuple[float, float]:
-    [(t, mem)] = [(t, mem) for p, t, mem in est.plans(HAND, batch, cell) if (p.pp, p.dp, p.tp, p.micro_batches)
-                  == (pp, dp, tp, m)]
+    [(t, mem)] = [
+        (t, mem) for p, t, mem in est.plans(HAND, batch, cell) if (p.pp, p.dp, p.tp, p.micro_batches) == (pp, dp, tp, m)
+    ]
     return t, mem
 
 
 # ---- composed: hand-computed examples ---------------------------------------------
+
 
 def test_composed_two_stage_pipeline_by_hand():
     est = Estimator(hand_store())
@@ -97,8 +130,17 @@ def test_composed_tensor_parallel_allreduces():
 
 def test_weight_update_priced_at_memory_bandwidth():
     store = hand_store()
-    store.put_gpu(GpuSpec("slow", mem_gb=80.0, peak_tflops=100.0, mem_bw_gbps=1e-6, intra_link="nvlink",
-                          intra_bw_gbps=100.0, inter_bw_gbps=10.0))
+    store.put_gpu(
+        GpuSpec(
+            "slow",
+            mem_gb=80.0,
+            peak_tflops=100.0,
+            mem_bw_gbps=1e-6,
+            intra_link="nvlink",
+            intra_bw_gbps=100.0,
+            inter_bw_gbps=10.0,
+        )
+    )
     store.put_layers(layer_recs("slow", 1, TIMES))
     # dp 2 as in the all-reduce example, plus the update of the one stage's 12000 B = 6000 fp16
     # parameters: 6000 x 2 x 16 B (state read and written once) at 1000 B/s = 192 s
@@ -131,8 +173,9 @@ def test_picks_fastest_plan_that_fits():
     cell = Cell("g2", 1, 2, pp=1)  # tp 2 is faster but its parameters do not fit in 0.18 MB
     e = est.estimate_model(HAND, 8, cell)
     assert e.feasible and e.plan.tp == 1 and e.iter_time_s == pytest.approx(16.012)
-    assert any(p.tp == 2 and t < e.iter_time_s and mem > est.mem_limit_gb("g2") for p, t, mem in
-               est.plans(HAND, 8, cell))
+    assert any(
+        p.tp == 2 and t < e.iter_time_s and mem > est.mem_limit_gb("g2") for p, t, mem in est.plans(HAND, 8, cell)
+    )
 
 
 def test_out_of_memory_is_infeasible():
@@ -148,8 +191,12 @@ def test_no_data_is_infeasible():
 
 def test_cell_measurement_and_other_pp():
     s = hand_store()
-    s.put_cells([CellRecord("hand", 8, "g", 1, 2, 20.0, source="arena-optimal"),
-                 CellRecord("hand", 8, "g", 1, 2, 19.0, source="measured")])
+    s.put_cells(
+        [
+            CellRecord("hand", 8, "g", 1, 2, 20.0, source="arena-optimal"),
+            CellRecord("hand", 8, "g", 1, 2, 19.0, source="measured"),
+        ]
+    )
     est = Estimator(s)
     # composed best: pp1 8.096 s (tp 2) < pp2 21.65 s, so the optimum is at pp 1
     e1 = est.estimate_model(HAND, 8, Cell("g", 1, 2, pp=1))
@@ -165,8 +212,12 @@ def test_per_plan_measurement_counts_for_its_plan_only():
     e = est.estimate_model(HAND, 8, Cell("g", 1, 2, pp=1))
     assert e.iter_time_s == 5.0 and e.source == "measured" and (e.plan.dp, e.plan.tp) == (2, 1)
     # tp 2 (modelled 8.096 s) measured out of memory, tp 1 measured slow: the slow one it is
-    s.put_cells([CellRecord("hand", 8, "g", 1, 2, None, pp=1, dp=1, tp=2, source="measured"),
-                 CellRecord("hand", 8, "g", 1, 2, 50.0, pp=1, dp=2, tp=1, source="measured")])
+    s.put_cells(
+        [
+            CellRecord("hand", 8, "g", 1, 2, None, pp=1, dp=1, tp=2, source="measured"),
+            CellRecord("hand", 8, "g", 1, 2, 50.0, pp=1, dp=2, tp=1, source="measured"),
+        ]
+    )
     e = Estimator(s).estimate_model(HAND, 8, Cell("g", 1, 2, pp=1))
     assert e.iter_time_s == 50.0 and e.source == "measured" and e.plan.tp == 1
     s.put_cells([CellRecord("hand", 8, "g", 1, 2, None, pp=1, dp=2, tp=1, source="measured")])
@@ -190,6 +241,7 @@ def test_cache_and_job_interface():
 
 # ---- measured: Arena's database --------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def arena() -> tuple[ProfileStore, Estimator]:
     store = open_store(":memory:")
@@ -201,11 +253,14 @@ def stage_cells(model: ModelSpec, gpu: str, nodes: int, per_node: int) -> list[C
     return [Cell(gpu, nodes, per_node, p) for p in range(1, min(8, n, model.num_layers) + 1) if n % p == 0]
 
 
-@pytest.mark.parametrize("name, batch, gpu, nodes, per_node, expect", [
-    ("moe__2.4B", 256, "a40", 4, 2, 6.482),
-    ("moe__10B", 256, "a100", 2, 4, 2.634),
-    ("bert__760M", 128, "a10", 1, 2, 9.050),
-])
+@pytest.mark.parametrize(
+    "name, batch, gpu, nodes, per_node, expect",
+    [
+        ("moe__2.4B", 256, "a40", 4, 2, 6.482),
+        ("moe__10B", 256, "a100", 2, 4, 2.634),
+        ("bert__760M", 128, "a10", 1, 2, 9.050),
+    ],
+)
 def test_arena_values_exact(arena, name, batch, gpu, nodes, per_node, expect):
     store, est = arena
     rec = store.cell(name, batch, gpu, nodes, per_node)
@@ -223,8 +278,10 @@ def test_every_arena_record_reproduced(arena, name):
     recs = [r for r in store.cells(model=name) if r.source == "arena-optimal"]
     assert recs
     for r in recs:
-        es = [est.estimate_model(model, r.global_batch, c)
-              for c in stage_cells(model, r.gpu_type, r.num_nodes, r.gpus_per_node)]
+        es = [
+            est.estimate_model(model, r.global_batch, c)
+            for c in stage_cells(model, r.gpu_type, r.num_nodes, r.gpus_per_node)
+        ]
         if r.oom:
             assert all(not e.feasible and "OOM" in e.note for e in es)
             continue
@@ -263,8 +320,11 @@ def test_calibration_moves_toward_held_out_measurement():
     cal = ProfileStore(":memory:")
     for spec in default_gpu_specs().values():
         cal.put_gpu(spec)
-    cal.put_cells(r for r in full.cells(model="moe__2.4B")
-                  if r.source == "arena-optimal" and (r.global_batch, r.gpu_type, r.num_nodes) != (256, "a40", 4))
+    cal.put_cells(
+        r
+        for r in full.cells(model="moe__2.4B")
+        if r.source == "arena-optimal" and (r.global_batch, r.gpu_type, r.num_nodes) != (256, "a40", 4)
+    )
     cells = stage_cells(model, "a40", 4, 2)
     plain = min(Estimator(bare).estimate_model(model, 256, c).iter_time_s for c in cells)
     calibrated = [Estimator(cal).estimate_model(model, 256, c) for c in cells]
@@ -275,24 +335,47 @@ def test_calibration_moves_toward_held_out_measurement():
 
 # ---- properties --------------------------------------------------------------------
 
+
 def random_store(times_by_tp: dict[int, list[float]], mb: int, mem_gb: float) -> ProfileStore:
     s = ProfileStore(":memory:")
-    s.put_gpu(GpuSpec("g", mem_gb=mem_gb, peak_tflops=100.0, mem_bw_gbps=1000.0, intra_link="nvlink",
-                      intra_bw_gbps=100.0, inter_bw_gbps=10.0))
+    s.put_gpu(
+        GpuSpec(
+            "g",
+            mem_gb=mem_gb,
+            peak_tflops=100.0,
+            mem_bw_gbps=1000.0,
+            intra_link="nvlink",
+            intra_bw_gbps=100.0,
+            inter_bw_gbps=10.0,
+        )
+    )
     for tp, times in times_by_tp.items():
         n = len(times)
         s.put_layers(layer_recs("g", tp, times, params=(4000 // tp,) * n, acts=(300 // tp,) * n, mb=mb))
     return s
 
 
-CELLS = [Cell("g", 1, 1), Cell("g", 1, 2), Cell("g", 1, 2, 2), Cell("g", 2, 1, 2), Cell("g", 2, 2, 2),
-         Cell("g", 2, 2, 4), Cell("g", 1, 4, 2), Cell("g", 4, 1, 4)]
+CELLS = [
+    Cell("g", 1, 1),
+    Cell("g", 1, 2),
+    Cell("g", 1, 2, 2),
+    Cell("g", 2, 1, 2),
+    Cell("g", 2, 2, 2),
+    Cell("g", 2, 2, 4),
+    Cell("g", 1, 4, 2),
+    Cell("g", 4, 1, 4),
+]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(times=st.lists(st.floats(0.01, 5.0), min_size=4, max_size=6), tp2=st.booleans(),
-       mb=st.sampled_from([1, 2, 4]), batch=st.sampled_from([4, 8, 16, 24]), cell=st.sampled_from(CELLS),
-       mem_kb=st.floats(10.0, 200.0))
+@given(
+    times=st.lists(st.floats(0.01, 5.0), min_size=4, max_size=6),
+    tp2=st.booleans(),
+    mb=st.sampled_from([1, 2, 4]),
+    batch=st.sampled_from([4, 8, 16, 24]),
+    cell=st.sampled_from(CELLS),
+    mem_kb=st.floats(10.0, 200.0),
+)
 def test_estimate_is_fastest_feasible_composed_plan(times, tp2, mb, batch, cell, mem_kb):
     by_tp = {1: times, 2: [t / 1.7 for t in times]} if tp2 else {1: times}
     est = Estimator(random_store(by_tp, mb, mem_kb * 1e-6))
@@ -306,14 +389,23 @@ def test_estimate_is_fastest_feasible_composed_plan(times, tp2, mb, batch, cell,
     assert (e.iter_time_s, e.plan) in feasible
 
 
-SHAPES = st.tuples(st.sampled_from([2, 4, 8, 12]), st.sampled_from([256, 512, 1024]), st.sampled_from([8, 16]),
-                   st.sampled_from([128, 512, 2048]))
+SHAPES = st.tuples(
+    st.sampled_from([2, 4, 8, 12]),
+    st.sampled_from([256, 512, 1024]),
+    st.sampled_from([8, 16]),
+    st.sampled_from([128, 512, 2048]),
+)
 
 
 @settings(max_examples=40, deadline=None)
-@given(shape=SHAPES, batch=st.sampled_from([8, 32, 96, 256]), cell=st.sampled_from(
-    [Cell("a100", 1, 4, p) for p in (1, 2, 4)] + [Cell("a40", 4, 2, p) for p in (1, 2, 8)] + [Cell("a100", 2, 4, 8)]),
-    mem_fraction=st.floats(0.05, 0.9))
+@given(
+    shape=SHAPES,
+    batch=st.sampled_from([8, 32, 96, 256]),
+    cell=st.sampled_from(
+        [Cell("a100", 1, 4, p) for p in (1, 2, 4)] + [Cell("a40", 4, 2, p) for p in (1, 2, 8)] + [Cell("a100", 2, 4, 8)]
+    ),
+    mem_fraction=st.floats(0.05, 0.9),
+)
 def test_analytic_search_finds_fastest_and_memory_falls_with_micro_batches(shape, batch, cell, mem_fraction):
     layers, hidden, heads, seq = shape
     assume(cell.pp <= layers)
@@ -339,6 +431,7 @@ def test_analytic_search_finds_fastest_and_memory_falls_with_micro_batches(shape
 
 # ---- cost-model pieces ---------------------------------------------------------------
 
+
 def test_comm_curve_interpolates_and_extrapolates():
     c = CommCurve.of([CommRecord("x", "p2p", 2, 1000, 0.1), CommRecord("x", "p2p", 2, 3000, 0.2)])
     assert c.time(1000) == 0.1 and c.time(2000) == pytest.approx(0.15)
@@ -347,8 +440,10 @@ def test_comm_curve_interpolates_and_extrapolates():
 
 
 def test_allreduce_from_other_rank_count_and_fallback():
-    links = Links(G, load_curves([CommRecord("nvlink", "allreduce", 4, 1000, 1.0),
-                                  CommRecord("nvlink", "allreduce", 4, 2000, 2.0)]))
+    links = Links(
+        G,
+        load_curves([CommRecord("nvlink", "allreduce", 4, 1000, 1.0), CommRecord("nvlink", "allreduce", 4, 2000, 2.0)]),
+    )
     # 8 ranks move 2*7/8 of the buffer, 4 ranks 2*3/4: scale the bytes by that ratio
     assert links.allreduce("nvlink", 1200, 8) == pytest.approx(1.2 * ring_factor(8) / ring_factor(4))
     assert links.allreduce("net", 1e9, 2) == pytest.approx(2 * 2.5e-5 + 1e9 / 10e9)
@@ -377,6 +472,7 @@ def test_balanced_sizes_is_optimal(weights, pp):
 def test_locality_matches_rank_placement(ranks, per_node, stage):
     def node(r):
         return r // per_node
+
     first = stage * ranks
     crosses = any(node(first + i) != node(first + ranks + i) for i in range(ranks))
     spans = len({node(first + i) for i in range(ranks)}) > 1

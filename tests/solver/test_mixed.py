@@ -14,8 +14,18 @@ from solver.placement import PlanError, validate_plan
 from solver.placement.candidates import fits
 from solver.policies.cellsched import CellschedPolicy
 from solver.profiles.seed import open_store
-from solver.types import (Cell, ClusterView, Estimate, EstimateSource, JobRequest, NodeView, ParallelPlan, Placement, ScheduleRequest,
-                          SolverConfig)
+from solver.types import (
+    Cell,
+    ClusterView,
+    Estimate,
+    EstimateSource,
+    JobRequest,
+    NodeView,
+    ParallelPlan,
+    Placement,
+    ScheduleRequest,
+    SolverConfig,
+)
 
 CFG = SolverConfig()
 CELL = "a10x1+a40x2:3x2:pp1"
@@ -79,8 +89,12 @@ def brute_split(batch, ranks, cost, micro_batches, vw=None):
         m = max(d for d in range(1, min(micro_batches, per) + 1) if per % d == 0)
         return (m, min(max(u0 * per * cost[0], u1 * per * cost[1]) for u0, u1 in units)) if units else None
     for m in (d for d in range(micro_batches, 0, -1) if micro_batches % d == 0):  # largest m with a split
-        splits = [(a, b) for a in range(m, batch + 1, m) for b in range(m, batch + 1, m)
-                  if ranks[0] * a + ranks[1] * b == batch]
+        splits = [
+            (a, b)
+            for a in range(m, batch + 1, m)
+            for b in range(m, batch + 1, m)
+            if ranks[0] * a + ranks[1] * b == batch
+        ]
         if splits:
             return m, min(max(a * cost[0], b * cost[1]) for a, b in splits)
     return None
@@ -93,8 +107,10 @@ def test_split_batch_matches_brute_force_over_every_split(ranks, cost):
     for batch in range(1, 25):
         for micro_batches in (1, 2, 4, 6):
             for vw in (None, *(v for v in range(1, batch + 1) if batch % v == 0)):
-                got, want = split_batch(batch, ranks, cost, micro_batches, vw), brute_split(
-                    batch, ranks, cost, micro_batches, vw)
+                got, want = (
+                    split_batch(batch, ranks, cost, micro_batches, vw),
+                    brute_split(batch, ranks, cost, micro_batches, vw),
+                )
                 case = (batch, micro_batches, vw)
                 assert (got is None) == (want is None), case
                 if got is None:
@@ -117,8 +133,9 @@ class PartTimes:
 def test_pricing_by_hand():
     """A mixed estimate from hand-computed shares, compute time and gradient sync."""
     model = ModelSpec("m", "gpt", 4, 256, 4, 128, 1000, 1.5e9)  # fp16: 3e9 gradient bytes
-    est = MixedEstimator(PartTimes(), net_gbps=10.0).estimate(JobRequest("j", model, 24, 10),
-                                                              mixed_cell((("a10", 1), ("a40", 2)), 2))
+    est = MixedEstimator(PartTimes(), net_gbps=10.0).estimate(
+        JobRequest("j", model, 24, 10), mixed_cell((("a10", 1), ("a40", 2)), 2)
+    )
     # per rank and sample: a10 6 s x 2 ranks / 24 = 0.5 s, a40 2 s x 4 ranks / 24 = 1/3 s; 2 s10 + 4 s40 = 24:
     # (s10, s40) = (2, 5): max(1, 5/3) = 5/3; (4, 4): 2; (6, 3): 3; (8, 2): 4; (10, 1): 5 -> (2, 5)
     # sync over 3 nodes: 2 x 2 x 25 us + 2 x 2/3 x 3e9 B / 10 GB/s = 0.0001 + 0.4
@@ -131,7 +148,13 @@ def test_pricing_composes_the_parts(estimator):
     est = estimator.estimate(j, cell)
     a10, a40 = (estimator.estimate(j, Cell(t, n, 2, 1)) for t, n in cell.parts)
     assert a40 is estimator.inner.estimate(j, Cell("a40", 2, 2, 1))  # single-type cells are the inner's
-    assert est.feasible and est.source == EstimateSource.MIXED and est.note.startswith("parts ") and est.plan.pp == 1 and est.plan.dp == 6
+    assert (
+        est.feasible
+        and est.source == EstimateSource.MIXED
+        and est.note.startswith("parts ")
+        and est.plan.pp == 1
+        and est.plan.dp == 6
+    )
     s10, s40 = est.plan.shares
     assert 2 * s10 + 4 * s40 == j.global_batch
     per_sample = (a10.iter_time_s * 2 / 24, a40.iter_time_s * 4 / 24)  # s per sample and rank

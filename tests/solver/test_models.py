@@ -21,8 +21,11 @@ def test_every_arena_model_has_a_preset():
         trace_models = {row["model_name"] for row in csv.DictReader(fh)}
     profiled = {r["trace_model_name"] for r in json.loads(shipped_path("profiles_optimal.json").read_text())["records"]}
     assert trace_models | profiled <= set(list_presets())
-    for family, sizes in {"wide_resnet": "500M 1B 2B 4B 6.8B 13B", "bert": "760M 1.3B 2.6B 6.7B 15B 39B",
-                          "moe": "690M 1.3B 2.4B 10B 27B 70B"}.items():
+    for family, sizes in {
+        "wide_resnet": "500M 1B 2B 4B 6.8B 13B",
+        "bert": "760M 1.3B 2.6B 6.7B 15B 39B",
+        "moe": "690M 1.3B 2.4B 10B 27B 70B",
+    }.items():
         for size in sizes.split():
             assert get_model(f"{family}__{size}").family == family
 
@@ -68,13 +71,18 @@ def test_unknown_preset_suggests_close_matches():
 
 def test_spec_files_json_and_toml(tmp_path):
     js = tmp_path / "mine.json"
-    js.write_text(json.dumps({"family": "gpt", "layers": 8, "hidden": 512, "heads": 8, "seq_len": 1024,
-                              "vocab": 32000, "params": "42M"}))
+    js.write_text(
+        json.dumps(
+            {"family": "gpt", "layers": 8, "hidden": 512, "heads": 8, "seq_len": 1024, "vocab": 32000, "params": "42M"}
+        )
+    )
     spec = get_model(str(js))
     assert (spec.name, spec.num_layers, spec.params, spec.dtype) == ("mine", 8, 42e6, "fp16")
     toml = tmp_path / "moe.toml"
-    toml.write_text('name = "my-moe"\nfamily = "moe"\nnum_layers = 4\nhidden = 256\nheads = 4\n'
-                    'seq_len = 128\nvocab = 1000\nnum_experts = 8\ndtype = "bf16"\n')
+    toml.write_text(
+        'name = "my-moe"\nfamily = "moe"\nnum_layers = 4\nhidden = 256\nheads = 4\n'
+        'seq_len = 128\nvocab = 1000\nnum_experts = 8\ndtype = "bf16"\n'
+    )
     moe = get_model(toml)
     assert (moe.name, moe.num_experts, moe.dtype) == ("my-moe", 8, "bf16")
     assert moe.params > 8 * 4 * 8 * 256 * 256  # computed from the shape
@@ -83,22 +91,25 @@ def test_spec_files_json_and_toml(tmp_path):
 GOOD = {"family": "gpt", "layers": 8, "hidden": 512, "heads": 8, "seq_len": 1024, "vocab": 32000}
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"family": None}, "family"),
-    ({"hidden": None}, "hidden"),
-    ({"hidden": "512"}, "hidden"),
-    ({"layers": 0}, "layers"),
-    ({"heads": -2}, "heads"),
-    ({"heads": 7}, "hidden"),
-    ({"dtype": "fp8"}, "dtype"),
-    ({"family": "rnn"}, "family"),
-    ({"params": "lots"}, "params"),
-    ({"params": 1e16}, "params"),
-    ({"params": 10}, "params"),
-    ({"vocab": 10**9}, "vocab"),
-    ({"num_experts": 1.5}, "num_experts"),
-    ({"colour": "red"}, "colour"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"family": None}, "family"),
+        ({"hidden": None}, "hidden"),
+        ({"hidden": "512"}, "hidden"),
+        ({"layers": 0}, "layers"),
+        ({"heads": -2}, "heads"),
+        ({"heads": 7}, "hidden"),
+        ({"dtype": "fp8"}, "dtype"),
+        ({"family": "rnn"}, "family"),
+        ({"params": "lots"}, "params"),
+        ({"params": 1e16}, "params"),
+        ({"params": 10}, "params"),
+        ({"vocab": 10**9}, "vocab"),
+        ({"num_experts": 1.5}, "num_experts"),
+        ({"colour": "red"}, "colour"),
+    ],
+)
 def test_bad_spec_files_name_the_field(tmp_path, change, field):
     data = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
     path = tmp_path / "bad.json"

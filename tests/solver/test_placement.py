@@ -30,6 +30,7 @@ def opt(jid: str, cell: Cell, value: int, pinned=None) -> Option:
 
 # ---------- random small instances ----------
 
+
 def random_instance(rng: random.Random):
     types = rng.sample(["a100", "v100", "a40"], rng.choice([2, 3]))
     nodes, budget = [], 16
@@ -123,8 +124,13 @@ def test_cpsat_matches_brute_force(seed, exact_config):
     assert res.status == "OPTIMAL"
     assert units(res.objective) == brute_force(cluster, options)
     assert units(res.objective) == sum(  # the reported objective is what the placements are worth
-        max(o.value for o in options[j] if o.cell == p.cell and (o.pinned is None or sorted(o.pinned) == sorted(p.nodes)))
-        for j, p in res.placements.items())
+        max(
+            o.value
+            for o in options[j]
+            if o.cell == p.cell and (o.pinned is None or sorted(o.pinned) == sorted(p.nodes))
+        )
+        for j, p in res.placements.items()
+    )
 
 
 def test_aggregated_model_on_small_instances_is_placeable():
@@ -144,6 +150,7 @@ def test_exact_model_uses_distinct_nodes(exact_config):
 
 
 # ---------- scale ----------
+
 
 def arena_cluster(scale: int = 1) -> ClusterView:
     spec = {"a100": (80, 4), "v100": (20, 16), "a40": (160, 2), "a10": (160, 2)}
@@ -166,7 +173,7 @@ def large_instance(seed: int, num_jobs: int = 500):
             for gpus in (1, 2, 4, 8, 16):
                 per = min(gpus, size[t])
                 cell = Cell(t, gpus // per, per)
-                val = int(1000 * speed[t] * gpus ** 0.5 * (0.9 if cell.num_nodes > 1 else 1.0) * rng.uniform(0.8, 1.2))
+                val = int(1000 * speed[t] * gpus**0.5 * (0.9 if cell.num_nodes > 1 else 1.0) * rng.uniform(0.8, 1.2))
                 opts.append(opt(jid, cell, val))
         opts.sort(key=lambda o: -o.value)
         jobs.append(job(jid))
@@ -226,9 +233,13 @@ def test_fractional_slot_counts_do_not_leave_cpsat_without_a_solution(exact_conf
     # LP keeps one job per node and gives q the two half-free nodes as one.
     cluster = ClusterView((NodeView("a", "a100", 2, 2), NodeView("b", "a100", 2, 2)))
     one = Cell("a100", 1, 1)
-    options = {"p1": [opt("p1", one, 100, (("a", 1),))], "p2": [opt("p2", one, 10, (("a", 1),))],
-               "p3": [opt("p3", one, 100, (("b", 1),))], "p4": [opt("p4", one, 10, (("b", 1),))],
-               "q": [opt("q", Cell("a100", 1, 2), 150)]}
+    options = {
+        "p1": [opt("p1", one, 100, (("a", 1),))],
+        "p2": [opt("p2", one, 10, (("a", 1),))],
+        "p3": [opt("p3", one, 100, (("b", 1),))],
+        "p4": [opt("p4", one, 10, (("b", 1),))],
+        "q": [opt("q", Cell("a100", 1, 2), 150)],
+    }
     jobs = [job(j) for j in options]
     m = build(Space.of(cluster), jobs, options, exact=False)
     lp = solve_lp(m, exact_config().time_limit_s)
@@ -241,6 +252,7 @@ def test_fractional_slot_counts_do_not_leave_cpsat_without_a_solution(exact_conf
 
 
 # ---------- determinism, warm start, time limit, fallback ----------
+
 
 def test_same_seed_same_plan(exact_config):
     cluster, jobs, options = large_instance(1, 200)
@@ -290,6 +302,7 @@ def test_warm_start_from_previous_keeps_an_optimal_plan(exact_config):
 
 
 # ---------- validate_plan ----------
+
 
 def test_validate_plan_rejects_violations():
     cluster = ClusterView((NodeView("a", "a100", 4, 4), NodeView("b", "a100", 4, 2), NodeView("v", "v100", 4, 4)))

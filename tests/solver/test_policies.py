@@ -43,8 +43,13 @@ def table_for(jobs, cluster, speed: dict[tuple[str, str], float], scaling: float
                     for pp in (1, 2, 4):
                         if gpus % pp == 0 and pp <= 4:
                             cell = Cell(t, gpus // per, per, pp)
-                            table[(j.job_id, cell.key())] = (10.0 / speed[(j.job_id, t)] / gpus ** scaling
-                                                             * 1.1 ** (pp - 1) * (1.1 if gpus > per else 1.0))
+                            table[(j.job_id, cell.key())] = (
+                                10.0
+                                / speed[(j.job_id, t)]
+                                / gpus**scaling
+                                * 1.1 ** (pp - 1)
+                                * (1.1 if gpus > per else 1.0)
+                            )
     return TableEstimator(table)
 
 
@@ -72,8 +77,9 @@ def move_case(fast: float, **jobkw):
 
 
 #: SolverConfig fields of the move cases: a move keeps 80% of its value
-MOVE = dict(fairness_p=1.0, w_short_jobs=0.0, w_age=0.0, restart_penalty=1.0, default_restart_cost_s=60.0,
-            horizon_s=300.0)
+MOVE = dict(
+    fairness_p=1.0, w_short_jobs=0.0, w_age=0.0, restart_penalty=1.0, default_restart_cost_s=60.0, horizon_s=300.0
+)
 
 
 @pytest.mark.parametrize("fast,moves", [(1.1, False), (2.0, True)])
@@ -92,11 +98,14 @@ def test_measured_restart_cost_overrides_default(exact_config):
     assert rep.placements["j"].cell.gpu_type == "a10"
 
 
-@pytest.mark.parametrize("policy,elastic,extra", [
-    ("cellsched", False, {}),
-    ("cellsched-static", True, {}),
-    ("cellsched", True, {"allow_resize": False}),
-])
+@pytest.mark.parametrize(
+    "policy,elastic,extra",
+    [
+        ("cellsched", False, {}),
+        ("cellsched-static", True, {}),
+        ("cellsched", True, {"allow_resize": False}),
+    ],
+)
 def test_running_job_keeps_placement(policy, elastic, extra, exact_config):
     j, est = move_case(10.0, elastic=elastic)
     rep = get_policy(policy).schedule(ScheduleRequest(TWO_TYPES, (j,), config=exact_config(**MOVE, **extra)), est)
@@ -110,8 +119,7 @@ def test_non_elastic_running_jobs_are_never_stopped_for_pending_ones(exact_confi
     est = table_for([r, p], cluster, {("r", "a100"): 1.0, ("p", "a100"): 5.0})
     cell = Cell("a100", 1, 4)
     r = running(r, cell, [("a100-0", 4)], est.table[("r", cell.key())])
-    rep = get_policy("cellsched").schedule(ScheduleRequest(cluster, (r, p), config=exact_config(**MOVE), now=0.0),
-                                           est)
+    rep = get_policy("cellsched").schedule(ScheduleRequest(cluster, (r, p), config=exact_config(**MOVE), now=0.0), est)
     assert rep.placements["r"] == r.current and "p" not in rep.placements and rep.reasons["p"]
 
 
@@ -121,10 +129,20 @@ def random_cluster_and_jobs(seed: int, n_jobs: int = 12):
     nodes += [NodeView(f"v100-{i}", "v100", 8, 8) for i in range(2)]
     nodes += [NodeView(f"a10-{i}", "a10", 2, 2) for i in range(4)]
     cluster = ClusterView(tuple(nodes))
-    jobs = [job(f"j{i}", elastic=True, submit_time=float(i), iterations=rng.randint(100, 5000),
-                requested_gpus=rng.choice([1, 2, 4]), requested_gpu_type=rng.choice(["a100", "v100", "a10"]))
-            for i in range(n_jobs)]
-    speed = {(j.job_id, t): s * rng.uniform(0.7, 1.3) for j in jobs for t, s in (("a100", 3), ("v100", 1.5), ("a10", 1))}
+    jobs = [
+        job(
+            f"j{i}",
+            elastic=True,
+            submit_time=float(i),
+            iterations=rng.randint(100, 5000),
+            requested_gpus=rng.choice([1, 2, 4]),
+            requested_gpu_type=rng.choice(["a100", "v100", "a10"]),
+        )
+        for i in range(n_jobs)
+    ]
+    speed = {
+        (j.job_id, t): s * rng.uniform(0.7, 1.3) for j in jobs for t, s in (("a100", 3), ("v100", 1.5), ("a10", 1))
+    }
     return cluster, jobs, table_for(jobs, cluster, speed)
 
 
@@ -160,8 +178,9 @@ def test_cellsched_uses_all_gpus_when_jobs_can_grow(exact_config):
 
 # ---------- FCFS ----------
 
-FCFS_CLUSTER = ClusterView(tuple(NodeView(f"a100-{i}", "a100", 4, 4) for i in range(2))
-                           + (NodeView("v100-0", "v100", 4, 4),))
+FCFS_CLUSTER = ClusterView(
+    tuple(NodeView(f"a100-{i}", "a100", 4, 4) for i in range(2)) + (NodeView("v100-0", "v100", 4, 4),)
+)
 
 
 def fcfs_jobs():
@@ -200,12 +219,16 @@ def test_fcfs_relaxes_locality_and_keeps_running_jobs():
 
 def test_fcfs_feasible_rule_is_respected():
     jobs, est, _ = fcfs_jobs()
-    never_v100 = lambda j, c: c.gpu_type != "v100"
+
+    def never_v100(j, c):
+        return c.gpu_type != "v100"
+
     rep = get_policy("fcfs", feasible=never_v100).schedule(ScheduleRequest(FCFS_CLUSTER, tuple(jobs)), est)
     assert "j4" not in rep.placements and "feasible" in rep.reasons["j4"]
 
 
 # ---------- Gavel and Sia ----------
+
 
 def hetero_case():
     cluster = ClusterView((NodeView("a100-0", "a100", 1, 1), NodeView("a10-0", "a10", 1, 1)))
@@ -229,7 +252,8 @@ def test_baselines_prefer_the_faster_gpu_type(name, exact_config):
 def test_baselines_respect_the_feasible_rule(name, exact_config):
     cluster, jobs, est = hetero_case()
     rep = get_policy(name, feasible=lambda j, c: not (j.job_id == "x" and c.gpu_type == "a100")).schedule(
-        ScheduleRequest(cluster, jobs, config=exact_config()), est)
+        ScheduleRequest(cluster, jobs, config=exact_config()), est
+    )
     assert rep.placements["x"].cell.gpu_type == "a10"
 
 
@@ -248,8 +272,9 @@ def test_no_policy_preempts_a_running_job(name, exact_config):
     and older), but the controller never preempts: the running elastic job
     keeps it (and any plan that dropped it would be rejected)."""
     cluster = ClusterView((NodeView("a100-0", "a100", 1, 1),))
-    old = job("old", requested_gpus=1, max_gpus=1, elastic=True, iterations_done=900.0, iterations=10**6,
-              submit_time=999.0)
+    old = job(
+        "old", requested_gpus=1, max_gpus=1, elastic=True, iterations_done=900.0, iterations=10**6, submit_time=999.0
+    )
     new = job("new", requested_gpus=1, max_gpus=1, submit_time=0.0, iterations=10)
     est = table_for([old, new], cluster, {("old", "a100"): 0.2, ("new", "a100"): 5.0})
     old = running(old, Cell("a100", 1, 1), [("a100-0", 1)], est.estimate(old, Cell("a100", 1, 1)).iter_time_s)

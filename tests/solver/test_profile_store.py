@@ -7,8 +7,8 @@ import sqlite3
 import pytest
 
 from solver.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord
-from solver.profiles.store import InvalidRecordError, ProfileStore, ProfileStoreError
 from solver.profiles.seed import open_store
+from solver.profiles.store import InvalidRecordError, ProfileStore, ProfileStoreError
 
 CELL = CellRecord("gpt-1.3b", 64, "a100", 2, 4, 1.25, source="measured")
 
@@ -70,20 +70,27 @@ def test_layers_comm_gpus_round_trip(store):
     assert store.counts() == {"cells": 0, "layers": 4, "comm": 4, "gpus": 1}
 
 
-@pytest.mark.parametrize("rec, field", [
-    (CellRecord("m", 0, "a100", 1, 1, 1.0), "global_batch"),
-    (CellRecord("m", 8, "", 1, 1, 1.0), "gpu_type"),
-    (CellRecord("m", 8, "a100", 1, 1, -1.0), "iter_time_s"),
-    (CellRecord("m", 8, "a100", 1, 2, 1.0, pp=1, dp=1, tp=1), "pp"),
-    (CellRecord("m", 8, "a100", 1, 2, 1.0, pp=1, dp=None, tp=2), "dp"),
-    (LayerRecord("s", "a100", 0, 1, 0, "b", 0.1, 0.1, 1, 1, 1), "tp"),
-    (LayerRecord("s", "a100", 1, 1, 0, "b", float("nan"), 0.1, 1, 1, 1), "fwd_s"),
-    (CommRecord("nvlink", "p2p", 2, -1, 0.1), "nbytes"),
-    (GpuSpec("g", 0.0, 1.0, 1.0), "mem_gb"),
-])
+@pytest.mark.parametrize(
+    "rec, field",
+    [
+        (CellRecord("m", 0, "a100", 1, 1, 1.0), "global_batch"),
+        (CellRecord("m", 8, "", 1, 1, 1.0), "gpu_type"),
+        (CellRecord("m", 8, "a100", 1, 1, -1.0), "iter_time_s"),
+        (CellRecord("m", 8, "a100", 1, 2, 1.0, pp=1, dp=1, tp=1), "pp"),
+        (CellRecord("m", 8, "a100", 1, 2, 1.0, pp=1, dp=None, tp=2), "dp"),
+        (LayerRecord("s", "a100", 0, 1, 0, "b", 0.1, 0.1, 1, 1, 1), "tp"),
+        (LayerRecord("s", "a100", 1, 1, 0, "b", float("nan"), 0.1, 1, 1, 1), "fwd_s"),
+        (CommRecord("nvlink", "p2p", 2, -1, 0.1), "nbytes"),
+        (GpuSpec("g", 0.0, 1.0, 1.0), "mem_gb"),
+    ],
+)
 def test_bad_records_name_their_field_and_write_nothing(store, rec, field):
-    put = {CellRecord: store.put_cells, LayerRecord: store.put_layers, CommRecord: store.put_comm,
-           GpuSpec: lambda r: store.put_gpu(r[0])}[type(rec)]
+    put = {
+        CellRecord: store.put_cells,
+        LayerRecord: store.put_layers,
+        CommRecord: store.put_comm,
+        GpuSpec: lambda r: store.put_gpu(r[0]),
+    }[type(rec)]
     with pytest.raises(InvalidRecordError, match=rf"\.{field}:"):
         put([rec])
     assert store.counts() == {"cells": 0, "layers": 0, "comm": 0, "gpus": 0}

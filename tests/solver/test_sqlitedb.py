@@ -13,8 +13,9 @@ def _add_b(db):
     db.execute("ALTER TABLE t ADD COLUMN b INTEGER")
 
 
-V2 = sqlitedb.Schema("test file", 2, ("CREATE TABLE t (a INTEGER, b INTEGER)",), {2: _add_b},
-                     legacy_version_key="schema")
+V2 = sqlitedb.Schema(
+    "test file", 2, ("CREATE TABLE t (a INTEGER, b INTEGER)",), {2: _add_b}, legacy_version_key="schema"
+)
 
 
 def test_create_then_open_again(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from test_estimator import HAND, hand_store
 
 from solver.cells import enumerate_cells
 from solver.estimator import Estimator, busiest_factor
@@ -20,8 +21,6 @@ from solver.policies.common import dp_estimate
 from solver.profiles.records import CellRecord
 from solver.profiles.seed import open_store
 from solver.types import Cell, ClusterView, JobRequest, NodeView, ScheduleRequest, SolverConfig
-
-from test_estimator import HAND, hand_store
 
 # Update of the hand model's one stage: 6000 fp16 parameters x 32 B at 1000 GB/s.
 UPDATE = 6000 * 32 / 1e12
@@ -58,8 +57,7 @@ SHIPPED_BEFORE = [  # (model, batch, cell, (pp, dp, tp, m, shares), time, source
     ("moe__2.4B", 256, Cell("a40", 4, 2, 1), (1, 8, 1, 16, ()), 9.323505031180776, "measured+pp"),
     ("bert__760M", 128, Cell("a100", 1, 4, 1), (1, 4, 1, 8, ()), 1.7485484376022737, "analytic+calibrated"),
     ("gpt-1.3b", 256, Cell("a100", 1, 4, 1), (1, 4, 1, 64, ()), 9.220204295965715, "analytic"),
-    ("bert__760M", 128, mixed_cell((("a100", 1), ("a40", 4)), 2), (1, 10, 1, 8, (32, 8)), 1.9139688169691602,
-     "mixed"),
+    ("bert__760M", 128, mixed_cell((("a100", 1), ("a40", 4)), 2), (1, 10, 1, 8, (32, 8)), 1.9139688169691602, "mixed"),
 ]
 
 
@@ -71,6 +69,7 @@ def test_no_virtual_workers_is_unchanged_shipped(shipped, name, batch, cell, pla
 
 
 # ---- the estimator under V ------------------------------------------------------------------
+
 
 def test_three_ranks_run_four_virtual_workers_priced_by_the_busiest():
     est = Estimator(hand_store())
@@ -105,12 +104,18 @@ def test_dp_two_under_v_four_by_hand():
     # 1x2 at tp 1: dp 2 runs 2 virtual workers of 2 samples each: 2 x 8 s + all-reduce 0.012 s + update,
     # the same as one replica of 4 samples without V
     est = Estimator(hand_store())
-    [(t, _)] = [(t, mem) for p, t, mem in est.plans(HAND, 8, Cell("g", 1, 2, 1), 4)
-                if (p.dp, p.tp, p.micro_batches) == (2, 1, 1)]
+    [(t, _)] = [
+        (t, mem)
+        for p, t, mem in est.plans(HAND, 8, Cell("g", 1, 2, 1), 4)
+        if (p.dp, p.tp, p.micro_batches) == (2, 1, 1)
+    ]
     assert t == pytest.approx(16.012 + UPDATE, rel=1e-12)
     # tp 2 (dp 1) runs all 4 in turn: 4 x (2 s + 16 all-reduces of 1500 B = 0.024 s)
-    [(t, _)] = [(t, mem) for p, t, mem in est.plans(HAND, 8, Cell("g", 1, 2, 1), 4)
-                if (p.dp, p.tp, p.micro_batches) == (1, 2, 1)]
+    [(t, _)] = [
+        (t, mem)
+        for p, t, mem in est.plans(HAND, 8, Cell("g", 1, 2, 1), 4)
+        if (p.dp, p.tp, p.micro_batches) == (1, 2, 1)
+    ]
     assert t == pytest.approx(4 * 2.024 + UPDATE, rel=1e-12)
 
 
@@ -118,8 +123,11 @@ def test_pipeline_fill_paid_per_virtual_worker():
     # 1x2 at pp 2 (stages 1.5 and 2.5 s per sample), batch 8, V=2 on dp 1: each of 2 virtual workers runs
     # m=4 micro-batches of 1: (4-1) x 2.5 + (1.5 + 2.5) + 2 p2p of 750 B (0.075 s) = 11.65 s, twice
     est = Estimator(hand_store())
-    [(t, _)] = [(t, mem) for p, t, mem in est.plans(HAND, 8, Cell("g", 1, 2, 2), 2)
-                if (p.dp, p.tp, p.micro_batches) == (1, 1, 4)]
+    [(t, _)] = [
+        (t, mem)
+        for p, t, mem in est.plans(HAND, 8, Cell("g", 1, 2, 2), 2)
+        if (p.dp, p.tp, p.micro_batches) == (1, 1, 4)
+    ]
     assert t == pytest.approx(2 * 11.65 + 3000 * 32 / 1e12, rel=1e-12)
 
 
@@ -143,8 +151,12 @@ def test_cache_key_holds_v():
 
 def test_measured_cell_under_v():
     s = hand_store()
-    s.put_cells([CellRecord("hand", 12, "g2", 1, 2, 30.0, source="measured"),
-                 CellRecord("hand", 8, "g", 1, 2, 19.0, source="measured")])
+    s.put_cells(
+        [
+            CellRecord("hand", 12, "g2", 1, 2, 30.0, source="measured"),
+            CellRecord("hand", 8, "g", 1, 2, 19.0, source="measured"),
+        ]
+    )
     est = Estimator(s)
     # g: the measured optimum is tp 2 (dp 1, 8.096 s modelled); V=2 runs it as 2 x (4 samples in 4.048 s):
     # the model says V costs nothing, so the measured time stands
@@ -194,6 +206,7 @@ def test_job_request_validates_virtual_workers():
 
 # ---- mixed cells ------------------------------------------------------------------------------
 
+
 def test_split_batch_moves_whole_virtual_workers():
     # 4 fast ranks (1 s/sample) and 2 slow (2 s/sample), V=24 of 1 sample: 4 u0 + 2 u1 = 24 with the least
     # max(u0, 2 u1): (5, 2) -> max(5, 4); (4, 4) -> 8
@@ -234,13 +247,13 @@ def test_mixed_shares_are_whole_virtual_workers(shipped, vw):
 def test_mixed_infeasible_with_v(shipped):
     cell = mixed_cell((("a10", 1), ("a40", 2)), 2)
     for vw, why in ((4, "fewer than the 6 dp ranks"), (5, "do not divide the global batch")):
-        j = JobRequest("j", get_model("gpt-tiny"), 24, 100, gpu_types=("a40", "a10"), min_gpus=6,
-                       virtual_workers=vw)
+        j = JobRequest("j", get_model("gpt-tiny"), 24, 100, gpu_types=("a40", "a10"), min_gpus=6, virtual_workers=vw)
         e = shipped.estimate(j, cell)
         assert not e.feasible and why in e.note
 
 
 # ---- cells and policies ------------------------------------------------------------------------
+
 
 def two_gpu_nodes(n: int = 8) -> ClusterView:
     return ClusterView(tuple(NodeView(f"n{i}", "g", 2, 2, ("p",)) for i in range(n)))

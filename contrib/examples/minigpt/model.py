@@ -34,7 +34,7 @@ class GPTConfig:
             raise ValueError(f"hidden size {self.hidden} is not divisible by {self.heads} heads")
 
     @classmethod
-    def from_preset(cls, name: str) -> "GPTConfig":
+    def from_preset(cls, name: str) -> GPTConfig:
         """A model preset from solver.models (layers, hidden, heads, seq, vocab)."""
         try:
             from solver.models import get_model

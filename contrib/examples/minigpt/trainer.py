@@ -226,12 +226,14 @@ class Trainer:
         with torch.no_grad():
             for name, p in zip(self.names, self.params):
                 p.copy_(slice_full(state["model"][name], self.dims[name], ctx.tp_rank, ctx.tp))
-                per_param.append({
-                    k: slice_full(v, self.dims[name], ctx.tp_rank, ctx.tp).to(p.device).clone()
-                    if torch.is_tensor(v) and v.shape == state["model"][name].shape
-                    else v
-                    for k, v in state["optim"][name].items()
-                })
+                per_param.append(
+                    {
+                        k: slice_full(v, self.dims[name], ctx.tp_rank, ctx.tp).to(p.device).clone()
+                        if torch.is_tensor(v) and v.shape == state["model"][name].shape
+                        else v
+                        for k, v in state["optim"][name].items()
+                    }
+                )
         if self.sharded is not None:
             self.sharded.load_full_optimizer_state(per_param)  # this rank's slice of it
         else:

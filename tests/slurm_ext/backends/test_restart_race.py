@@ -43,12 +43,24 @@ def test_a_restart_never_starts_in_the_second_its_job_ended_in(slurm_cluster, tm
     inside = 0
     for attempt in range(TRIES):
         runs = tmp_path / f"runs-{attempt}"
-        job_id = backend.submit(SubmitRequest(script=str(script), script_args=(str(runs),), partition="a40",
-                                              gres_per_node=1, nodes=1, output=str(tmp_path / f"{attempt}.out"),
-                                              extra_args=("--requeue",)))
+        job_id = backend.submit(
+            SubmitRequest(
+                script=str(script),
+                script_args=(str(runs),),
+                partition="a40",
+                gres_per_node=1,
+                nodes=1,
+                output=str(tmp_path / f"{attempt}.out"),
+                extra_args=("--requeue",),
+            )
+        )
         try:
-            first = wait_until(lambda: (lambda j: j if j is not None and j.finished else None)(backend.job(job_id)),
-                               timeout=60, what=f"job {job_id}'s first run to end", interval=0.01)
+            first = wait_until(
+                lambda: (lambda j: j if j is not None and j.finished else None)(backend.job(job_id)),
+                timeout=60,
+                what=f"job {job_id}'s first run to end",
+                interval=0.01,
+            )
             assert first.exit_code == 75, first
             while True:  # requeue, update and release at once, as the controller restarts a job
                 try:
@@ -61,10 +73,17 @@ def test_a_restart_never_starts_in_the_second_its_job_ended_in(slurm_cluster, tm
             released_at = time.time()
             ended_at = first.end_time if first.end_time is not None else released_at
             inside += math.floor(released_at) == math.floor(ended_at)
-            done = wait_until(lambda: (lambda j: j if j is not None and j.finished and j.exit_code != 75 else None)(
-                backend.job(job_id)), timeout=60, what=f"job {job_id}'s second run to end", interval=0.1)
-            assert (done.state, done.exit_code) == ("COMPLETED", 0), \
+            done = wait_until(
+                lambda: (lambda j: j if j is not None and j.finished and j.exit_code != 75 else None)(
+                    backend.job(job_id)
+                ),
+                timeout=60,
+                what=f"job {job_id}'s second run to end",
+                interval=0.1,
+            )
+            assert (done.state, done.exit_code) == ("COMPLETED", 0), (
                 f"try {attempt}: the restarted job died ({done.state}, exit {done.exit_code}, {done.reason})"
+            )
             assert Path(runs).read_text().split("\n")[:2] == ["run 0", "run 1"]
         finally:
             backend.cancel(job_id)

@@ -13,12 +13,12 @@ After a meant change, rewrite the golden file and review its diff:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
-
 from golden import ArgvRecorder, check_golden
+
 from slurm_ext.backends.base import ALL, STEPS, JobUpdate, SubmitRequest, UpdateNotApplied
 from slurm_ext.backends.cli import CliBackend
 
@@ -26,27 +26,44 @@ GOLDEN = Path(__file__).parent / "golden" / "cli_backend.json"
 PING = "Slurmctld(primary) at localhost is UP\n"
 #: Slurm release -> (what `sinfo --version` prints, command prefix -> the data/ file of its output)
 RELEASES = {
-    "22.05": ("slurm-wlm 22.05.8\n", {
-        ("sinfo", "--json"): "sinfo.json",
-        ("squeue", "--json", "--states=all"): "squeue.json",
-        ("scontrol", "-d", "-o", "show", "node"): "scontrol_show_-o_node.txt",
-        ("scontrol", "-o", "show", "partition"): "scontrol_show_-o_partition.txt",
-        ("scontrol", "-o", "show", "job"): "scontrol_show_-o_job.txt",
-    }),
-    "23.11": ("slurm 23.11.4\n", {
-        ("scontrol", "--json", "show", "node"): "scontrol_show_node_v0.0.41.json",
-        ("scontrol", "--json", "show", "partition"): "scontrol_show_partition_v0.0.41.json",
-        ("squeue", "--json", "--states=all"): "squeue_v0.0.41.json",
-    }),
+    "22.05": (
+        "slurm-wlm 22.05.8\n",
+        {
+            ("sinfo", "--json"): "sinfo.json",
+            ("squeue", "--json", "--states=all"): "squeue.json",
+            ("scontrol", "-d", "-o", "show", "node"): "scontrol_show_-o_node.txt",
+            ("scontrol", "-o", "show", "partition"): "scontrol_show_-o_partition.txt",
+            ("scontrol", "-o", "show", "job"): "scontrol_show_-o_job.txt",
+        },
+    ),
+    "23.11": (
+        "slurm 23.11.4\n",
+        {
+            ("scontrol", "--json", "show", "node"): "scontrol_show_node_v0.0.41.json",
+            ("scontrol", "--json", "show", "partition"): "scontrol_show_partition_v0.0.41.json",
+            ("squeue", "--json", "--states=all"): "squeue_v0.0.41.json",
+        },
+    ),
 }
 #: job 9 of the 22.05 set as it is: held in "all", features v100, 1 node, 2 GPUs, 1 task
-PLACED = JobUpdate(partition="all", features="v100", num_nodes=1, gres_per_node=2, num_tasks=1, min_cpus_per_node=2,
-                   start_soon=True)
+PLACED = JobUpdate(
+    partition="all", features="v100", num_nodes=1, gres_per_node=2, num_tasks=1, min_cpus_per_node=2, start_soon=True
+)
 #: job 102 of the 23.11 set as it is; with no partition text recorded for that cluster its pinned
 #: nodes read as outside their partition, so this update ends in UpdateNotApplied
-EVERY_FIELD = JobUpdate(partition="a100", features="a100", num_nodes=2, req_nodes=("gn01", "gn02"), exc_nodes=(),
-                        gres_per_node=4, num_tasks=8, tasks_per_node=4, min_cpus_per_node=8,
-                        admin_comment='{"cell":"a100:2x4:pp1"}', start_soon=True)
+EVERY_FIELD = JobUpdate(
+    partition="a100",
+    features="a100",
+    num_nodes=2,
+    req_nodes=("gn01", "gn02"),
+    exc_nodes=(),
+    gres_per_node=4,
+    num_tasks=8,
+    tasks_per_node=4,
+    min_cpus_per_node=8,
+    admin_comment='{"cell":"a100:2x4:pp1"}',
+    start_soon=True,
+)
 
 
 def slurm(release: str, sample: Callable[[str], str]) -> ArgvRecorder:
@@ -61,7 +78,7 @@ def slurm(release: str, sample: Callable[[str], str]) -> ArgvRecorder:
         if args[0] == "sbatch":
             return "4242\n"
         for prefix, name in outputs.items():
-            if tuple(args[:len(prefix)]) == prefix:
+            if tuple(args[: len(prefix)]) == prefix:
                 return sample(name)
         return ""
 
@@ -69,12 +86,28 @@ def slurm(release: str, sample: Callable[[str], str]) -> ArgvRecorder:
 
 
 def requests(script: str) -> dict[str, SubmitRequest]:
-    every = SubmitRequest(script=script, script_args=("--lr", "3e-4", "two words"), job_name="train",
-                          partition="a100,v100", gres_per_node=4, nodes=2, ntasks_per_node=4, cpus_per_task=2,
-                          time_limit="1:00:00", hold=True, comment='cellsched/v1 {"model":"gpt-1.3b"}',
-                          constraint="a100|v100", output="out-%j.txt", error="err-%j.txt", export="ALL,FOO=1",
-                          account="acct", qos="normal", extra_args=("--open-mode=append", "--mail-type=END"),
-                          workdir="/work", env={"CELLSCHED_X": "1"})
+    every = SubmitRequest(
+        script=script,
+        script_args=("--lr", "3e-4", "two words"),
+        job_name="train",
+        partition="a100,v100",
+        gres_per_node=4,
+        nodes=2,
+        ntasks_per_node=4,
+        cpus_per_task=2,
+        time_limit="1:00:00",
+        hold=True,
+        comment='cellsched/v1 {"model":"gpt-1.3b"}',
+        constraint="a100|v100",
+        output="out-%j.txt",
+        error="err-%j.txt",
+        export="ALL,FOO=1",
+        account="acct",
+        qos="normal",
+        extra_args=("--open-mode=append", "--mail-type=END"),
+        workdir="/work",
+        env={"CELLSCHED_X": "1"},
+    )
     return {"submit: every field": every, "submit: script only": SubmitRequest(script=script)}
 
 
@@ -109,5 +142,6 @@ def test_cli_backend_argument_lists(tmp_path, sample):
         CliBackend(run=runner).update("102", EVERY_FIELD)
     recorded["update: every field, read back with the partition's nodes"] = runner.calls
     text = str(tmp_path)
-    check_golden(GOLDEN, {name: [[a.replace(text, "$TMP") for a in args] for args in calls]
-                          for name, calls in recorded.items()})
+    check_golden(
+        GOLDEN, {name: [[a.replace(text, "$TMP") for a in args] for args in calls] for name, calls in recorded.items()}
+    )

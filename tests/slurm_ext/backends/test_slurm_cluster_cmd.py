@@ -36,7 +36,9 @@ def test_table(sample):
 
 def test_table_shows_drained_nodes_with_nothing_free(sample):
     s = snap(sample)
-    s = dataclasses.replace(s, nodes=tuple(dataclasses.replace(n, flags=("DRAIN",)) if n.name == "n4" else n for n in s.nodes))
+    s = dataclasses.replace(
+        s, nodes=tuple(dataclasses.replace(n, flags=("DRAIN",)) if n.name == "n4" else n for n in s.nodes)
+    )
     assert ("v100", "n4", "v100", "0/4", "idle+drain") in table_rows(s)
 
 
@@ -45,11 +47,33 @@ def test_json(sample):
     assert sorted(doc) == ["nodes", "partitions", "taken_at"]
     n1 = doc["nodes"][0]
     assert sorted(n1) == sorted(
-        ["name", "address", "port", "partitions", "features", "gpu_type", "gpus_total", "gpus_alloc", "gpus_free",
-         "cpus_total", "cpus_alloc", "memory_mb", "state", "flags", "reason", "available"]
+        [
+            "name",
+            "address",
+            "port",
+            "partitions",
+            "features",
+            "gpu_type",
+            "gpus_total",
+            "gpus_alloc",
+            "gpus_free",
+            "cpus_total",
+            "cpus_alloc",
+            "memory_mb",
+            "state",
+            "flags",
+            "reason",
+            "available",
+        ]
     )
     assert (n1["name"], n1["gpus_total"], n1["gpus_alloc"], n1["gpus_free"]) == ("n1", 4, 3, 1)
-    assert doc["partitions"][2] == {"name": "all", "nodes": ["n1", "n2", "n3", "n4"], "state": "UP", "default": True, "max_time": None}
+    assert doc["partitions"][2] == {
+        "name": "all",
+        "nodes": ["n1", "n2", "n3", "n4"],
+        "state": "UP",
+        "default": True,
+        "max_time": None,
+    }
     json.dumps(doc)
 
 
@@ -63,7 +87,9 @@ def test_unreachable_controller_exits_2_with_one_line(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, ["cluster", "--backend", "cli"])
     assert result.exit_code == 2
     assert result.stdout == ""
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith("cellsched cluster: Slurm unavailable: slurmctld is not responding")
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(
+        "cellsched cluster: Slurm unavailable: slurmctld is not responding"
+    )
 
 
 def test_unknown_backend_exits_1():

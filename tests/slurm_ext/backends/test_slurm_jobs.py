@@ -42,19 +42,46 @@ def test_held_untyped_job_runs_where_the_update_puts_it(tmp_path, backend, jobs,
         f"srun bash -c 'echo $SLURMD_NODENAME > {out}.task$SLURM_PROCID'\n"
         "sleep 60\n"
     )
-    req = SubmitRequest(script=script(tmp_path, body), job_name="cs-place", gres_per_node=1, nodes=1, hold=True,
-                        output=str(tmp_path / "out.txt"), workdir=str(tmp_path), comment="cellsched-test")
+    req = SubmitRequest(
+        script=script(tmp_path, body),
+        job_name="cs-place",
+        gres_per_node=1,
+        nodes=1,
+        hold=True,
+        output=str(tmp_path / "out.txt"),
+        workdir=str(tmp_path),
+        comment="cellsched-test",
+    )
     job_id = backend.submit(req)
     jobs.append(job_id)
     held = backend.observe().job(job_id)
-    assert (held.state, held.held, held.gpus_per_node, held.gpu_type, held.partition) == ("PENDING", True, 1, None, "all")
+    assert (held.state, held.held, held.gpus_per_node, held.gpu_type, held.partition) == (
+        "PENDING",
+        True,
+        1,
+        None,
+        "all",
+    )
     assert held.comment == "cellsched-test"
 
-    plan = '{"cell":"a40:2x2:pp1","job":"%s"}' % job_id
-    change = JobUpdate(partition="a40", features="a40", num_nodes=2, req_nodes=("n4", "n5"), gres_per_node=2,
-                       num_tasks=4, tasks_per_node=2, admin_comment=plan)
+    plan = f'{{"cell":"a40:2x2:pp1","job":"{job_id}"}}'
+    change = JobUpdate(
+        partition="a40",
+        features="a40",
+        num_nodes=2,
+        req_nodes=("n4", "n5"),
+        gres_per_node=2,
+        num_tasks=4,
+        tasks_per_node=2,
+        admin_comment=plan,
+    )
     updated = backend.update(job_id, change)
-    assert (updated.partition, updated.features, updated.num_nodes, updated.required_nodes) == ("a40", "a40", 2, ("n4", "n5"))
+    assert (updated.partition, updated.features, updated.num_nodes, updated.required_nodes) == (
+        "a40",
+        "a40",
+        2,
+        ("n4", "n5"),
+    )
     assert (updated.num_tasks, updated.tasks_per_node, updated.work_dir) == (4, 2, str(tmp_path))
     assert (updated.gpus_per_node, updated.admin_comment, updated.held) == (2, plan, True)
 
@@ -72,13 +99,25 @@ def test_held_untyped_job_runs_where_the_update_puts_it(tmp_path, backend, jobs,
     assert expand_hostlist(batch[0]) == ("n4", "n5") and batch[1] == "0,1" and batch[2] == "0,1"
     assert n4 == ["n4", "0,1"] and n5 == ["n5", "0,1"]
     # a plain `srun` starts one task per GPU: NumTasks/TasksPerNode stuck
-    tasks = wait_until(lambda: len(list(tmp_path.glob("where.task*"))) == 4 and sorted(
-        p.read_text().strip() for p in tmp_path.glob("where.task*")), timeout=20, what="one task per GPU")
+    tasks = wait_until(
+        lambda: (
+            len(list(tmp_path.glob("where.task*"))) == 4
+            and sorted(p.read_text().strip() for p in tmp_path.glob("where.task*"))
+        ),
+        timeout=20,
+        what="one task per GPU",
+    )
     assert tasks == ["n4", "n4", "n5", "n5"]
 
 
 def test_requeue_then_cancel(tmp_path, backend, jobs, wait_job_state):
-    req = SubmitRequest(script=script(tmp_path, "sleep 120\n"), job_name="cs-requeue", gres_per_node=1, partition="a100", output="/dev/null")
+    req = SubmitRequest(
+        script=script(tmp_path, "sleep 120\n"),
+        job_name="cs-requeue",
+        gres_per_node=1,
+        partition="a100",
+        output="/dev/null",
+    )
     job_id = backend.submit(req)
     jobs.append(job_id)
     wait_job_state(backend, job_id, "RUNNING")
@@ -92,7 +131,13 @@ def test_requeue_then_cancel(tmp_path, backend, jobs, wait_job_state):
 
 
 def test_requeue_held_and_hold_release(tmp_path, backend, jobs, wait_job_state):
-    req = SubmitRequest(script=script(tmp_path, "sleep 120\n"), job_name="cs-rqhold", gres_per_node=1, partition="a100", output="/dev/null")
+    req = SubmitRequest(
+        script=script(tmp_path, "sleep 120\n"),
+        job_name="cs-rqhold",
+        gres_per_node=1,
+        partition="a100",
+        output="/dev/null",
+    )
     job_id = backend.submit(req)
     jobs.append(job_id)
     wait_job_state(backend, job_id, "RUNNING")
@@ -120,7 +165,9 @@ def test_signal_reaches_the_batch_shell(tmp_path, backend, jobs, wait_job_state,
 def test_typed_gres_job_rejects_the_update(tmp_path, backend, jobs):
     """A job submitted with a typed GPU request cannot take an untyped Gres:
     Slurm refuses the whole update; nothing may pass as applied."""
-    req = SubmitRequest(script=script(tmp_path, "sleep 60\n"), hold=True, output="/dev/null", extra_args=("--gres=gpu:a100:1",))
+    req = SubmitRequest(
+        script=script(tmp_path, "sleep 60\n"), hold=True, output="/dev/null", extra_args=("--gres=gpu:a100:1",)
+    )
     job_id = backend.submit(req)
     jobs.append(job_id)
     with pytest.raises(UpdateNotApplied) as info:

@@ -55,16 +55,24 @@ def test_drained_node_is_unavailable_until_undrained(slurm_cluster, backend, wai
         view = to_cluster_view(backend.observe(), managed_job_ids=set())
         assert view.node(node).gpus_free == 0
     finally:
-        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=True, timeout=10, capture_output=True)
+        subprocess.run(
+            ["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=True, timeout=10, capture_output=True
+        )
     # RESUME leaves the node "not responding" until slurmd answers a ping
-    n = wait_until(lambda: (x := backend.observe().node(node)).available and x, timeout=15, what=f"{node} to be available")
+    n = wait_until(
+        lambda: (x := backend.observe().node(node)).available and x, timeout=15, what=f"{node} to be available"
+    )
     assert n.flags == () and n.state == "idle"
 
 
 def test_cluster_command_json_matches_sinfo(slurm_cluster):
-    out = subprocess.run(["cellsched", "cluster", "--json", "--backend", "cli"], capture_output=True, text=True, timeout=30, check=True).stdout
+    out = subprocess.run(
+        ["cellsched", "cluster", "--json", "--backend", "cli"], capture_output=True, text=True, timeout=30, check=True
+    ).stdout
     doc = json.loads(out)
-    sinfo = subprocess.run(["sinfo", "-N", "-h", "-o", "%N|%P|%G|%t|%f|%c|%m|%a"], capture_output=True, text=True, timeout=10, check=True).stdout
+    sinfo = subprocess.run(
+        ["sinfo", "-N", "-h", "-o", "%N|%P|%G|%t|%f|%c|%m|%a"], capture_output=True, text=True, timeout=10, check=True
+    ).stdout
     rows = [line.split("|") for line in sinfo.splitlines()]
     nodes = {n["name"]: n for n in doc["nodes"]}
     parts = {p["name"]: p for p in doc["partitions"]}
@@ -77,5 +85,7 @@ def test_cluster_command_json_matches_sinfo(slurm_cluster):
         assert {"idle": "idle", "mix": "mixed", "alloc": "allocated"}[state] == n["state"]
         assert features == ",".join(n["features"]) and int(cpus) == n["cpus_total"] and int(mem) == n["memory_mb"]
         assert avail == "up" and parts[part.rstrip("*")]["state"] == "UP"
-    table = subprocess.run(["cellsched", "cluster", "--backend", "cli"], capture_output=True, text=True, timeout=30, check=True).stdout
+    table = subprocess.run(
+        ["cellsched", "cluster", "--backend", "cli"], capture_output=True, text=True, timeout=30, check=True
+    ).stdout
     assert len(table.splitlines()) == 1 + len(rows)

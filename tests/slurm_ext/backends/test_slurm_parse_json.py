@@ -22,7 +22,14 @@ def test_squeue_22_05_jobs(sample):
     assert (j6.comment, j6.batch_host, j6.exit_code, j6.end_time) == ("ctl:placed", "n1", None, None)
     # held by the user (priority 0, JobHeldUser), untyped gres with a feature constraint
     j9 = jobs["9"]
-    assert (j9.state, j9.held, j9.reason, j9.gpus_per_node, j9.gpu_type, j9.features) == ("PENDING", True, "JobHeldUser", 2, None, "v100")
+    assert (j9.state, j9.held, j9.reason, j9.gpus_per_node, j9.gpu_type, j9.features) == (
+        "PENDING",
+        True,
+        "JobHeldUser",
+        2,
+        None,
+        "v100",
+    )
     # pending for resources: not held
     assert (jobs["8"].held, jobs["8"].reason, jobs["8"].num_nodes) == (False, "Resources", 2)
     # exit codes decoded from raw wait status: exit(3) -> 768, SIGTERM -> 15
@@ -38,7 +45,13 @@ def test_squeue_22_05_jobs(sample):
 
 def test_restd_job_and_partitions(sample):
     (job,) = J.parse_jobs(sample("restd_v0.0.38_job_1.json"))
-    assert (job.job_id, job.state, job.comment, job.gpu_type, job.gpus_per_node) == ("1", "CANCELLED", "changed", "a100", 1)
+    assert (job.job_id, job.state, job.comment, job.gpu_type, job.gpus_per_node) == (
+        "1",
+        "CANCELLED",
+        "changed",
+        "a100",
+        1,
+    )
     parts = {p.name: p for p in J.parse_partitions(sample("restd_v0.0.38_partitions.json"))}
     assert parts["all"].default and not parts["a100"].default
     assert parts["v100"].nodes == ("n3", "n4")
@@ -55,7 +68,13 @@ def test_sinfo_22_05_nodes(sample):
         "n4": ("v100", 4, 0),
     }
     n1 = nodes["n1"]
-    assert (n1.address, n1.port, n1.partitions, n1.features, n1.state) == ("127.0.0.1", 17001, ("a100", "all"), ("a100",), "mixed")
+    assert (n1.address, n1.port, n1.partitions, n1.features, n1.state) == (
+        "127.0.0.1",
+        17001,
+        ("a100", "all"),
+        ("a100",),
+        "mixed",
+    )
     assert (n1.cpus_total, n1.cpus_alloc, n1.memory_mb, n1.available) == (4, 1, 4000, True)
     assert nodes["n4"].state == "idle" and nodes["n4"].gpus_free == 4
 
@@ -103,13 +122,31 @@ def test_newer_schema_jobs(sample):
     assert J.slurm_version(text) == (24, 5, 4)
     jobs = by_id(J.parse_jobs(text))
     held = jobs["101"]
-    assert (held.state, held.held, held.gpus_per_node, held.gpu_type, held.time_limit, held.start_time) == ("PENDING", True, 2, None, None, None)
+    assert (held.state, held.held, held.gpus_per_node, held.gpu_type, held.time_limit, held.start_time) == (
+        "PENDING",
+        True,
+        2,
+        None,
+        None,
+        None,
+    )
     run = jobs["102"]
-    assert (run.state, run.nodes, run.gpus_per_node, run.gpu_type, run.time_limit) == ("RUNNING", ("gn01", "gn02"), 4, "a100", 60)
+    assert (run.state, run.nodes, run.gpus_per_node, run.gpu_type, run.time_limit) == (
+        "RUNNING",
+        ("gn01", "gn02"),
+        4,
+        "a100",
+        60,
+    )
     assert run.admin_comment == '{"cell":"a100:2x4:pp1"}'
     assert run.required_nodes == ("gn01", "gn02") and run.end_time == 1732003620.0
     requeued = jobs["103"]
-    assert (requeued.state, requeued.reason, requeued.held, requeued.excluded_nodes) == ("PENDING", "BeginTime", False, ("gv03",))
+    assert (requeued.state, requeued.reason, requeued.held, requeued.excluded_nodes) == (
+        "PENDING",
+        "BeginTime",
+        False,
+        ("gv03",),
+    )
     assert (requeued.eligible_time, held.eligible_time) == (1732000030.0, None)  # when a requeued job may start again
     assert (held.user, held.uid) == ("alice", 1000)
     assert (jobs["104"].state, jobs["104"].exit_code) == ("FAILED", 3)
@@ -118,9 +155,21 @@ def test_newer_schema_jobs(sample):
 
 def test_newer_schema_nodes_and_partitions(sample):
     nodes = {n.name: n for n in J.parse_nodes(sample("scontrol_show_node_v0.0.41.json"))}
-    assert (nodes["gn01"].state, nodes["gn01"].gpus_total, nodes["gn01"].gpus_alloc, nodes["gn01"].available) == ("allocated", 4, 4, True)
+    assert (nodes["gn01"].state, nodes["gn01"].gpus_total, nodes["gn01"].gpus_alloc, nodes["gn01"].available) == (
+        "allocated",
+        4,
+        4,
+        True,
+    )
     gv = nodes["gv03"]
-    assert (gv.state, gv.flags, gv.reason, gv.available, gv.gpus_total, gv.gpu_type) == ("idle", ("DRAIN",), "bad gpu 3", False, 8, "v100")
+    assert (gv.state, gv.flags, gv.reason, gv.available, gv.gpus_total, gv.gpu_type) == (
+        "idle",
+        ("DRAIN",),
+        "bad gpu 3",
+        False,
+        8,
+        "v100",
+    )
     assert (nodes["ga7"].state, nodes["ga7"].available) == ("down", False)
     parts = {p.name: p for p in J.parse_partitions(sample("scontrol_show_partition_v0.0.41.json"))}
     assert parts["a100"].max_time == 2880 and parts["all"].max_time is None

@@ -34,7 +34,12 @@ def test_text_job_fields(sample, utc):
 
 def test_nodes_detailed_have_gpu_use(sample):
     nodes = {n.name: n for n in T.parse_nodes(sample("scontrol_-d_show_node.txt"))}
-    assert {n: (x.gpus_total, x.gpus_alloc) for n, x in nodes.items()} == {"n1": (4, 3), "n2": (4, 3), "n3": (4, 2), "n4": (4, 0)}
+    assert {n: (x.gpus_total, x.gpus_alloc) for n, x in nodes.items()} == {
+        "n1": (4, 3),
+        "n2": (4, 3),
+        "n3": (4, 2),
+        "n4": (4, 0),
+    }
     assert nodes == {n.name: n for n in J.parse_nodes(sample("sinfo.json"))}
 
 
@@ -58,7 +63,13 @@ def test_fields_with_spaces_and_drain_reason():
         "RealMemory=1000 State=MIXED+DRAIN Partitions=a40,all Reason=fan broken [root@2026-11-21T03:48:12]"
     )
     (node,) = T.parse_nodes(line)
-    assert (node.state, node.flags, node.reason, node.available, node.gpus_alloc) == ("mixed", ("DRAIN",), "fan broken", False, 1)
+    assert (node.state, node.flags, node.reason, node.available, node.gpus_alloc) == (
+        "mixed",
+        ("DRAIN",),
+        "fan broken",
+        False,
+        1,
+    )
 
 
 def test_empty_and_bad_text():

@@ -3,7 +3,14 @@
 import pytest
 
 from slurm_ext.backends import get_backend
-from slurm_ext.backends.base import JobUpdate, SubmitRequest, UpdateNotApplied, check_job_id, check_signal, update_mismatches
+from slurm_ext.backends.base import (
+    JobUpdate,
+    SubmitRequest,
+    UpdateNotApplied,
+    check_job_id,
+    check_signal,
+    update_mismatches,
+)
 from slurm_ext.backends.cli import CliBackend, slurm_version
 from slurm_ext.records import SlurmJob
 
@@ -60,11 +67,25 @@ def test_ids_and_signals():
 
 
 def test_update_mismatches():
-    job = SlurmJob(job_id="5", partition="a40", features="a40", num_nodes=2, required_nodes=("n5", "n4"), gpus_per_node=2, admin_comment="p")
-    ok = JobUpdate(partition="a40", features="a40", num_nodes=2, req_nodes=("n4", "n5"), gres_per_node=2, admin_comment="p")
+    job = SlurmJob(
+        job_id="5",
+        partition="a40",
+        features="a40",
+        num_nodes=2,
+        required_nodes=("n5", "n4"),
+        gpus_per_node=2,
+        admin_comment="p",
+    )
+    ok = JobUpdate(
+        partition="a40", features="a40", num_nodes=2, req_nodes=("n4", "n5"), gres_per_node=2, admin_comment="p"
+    )
     assert update_mismatches(job, ok, partition_nodes={"n4", "n5"}) == {}
     bad = JobUpdate(partition="v100", gres_per_node=4, admin_comment="q")
-    assert update_mismatches(job, bad) == {"partition": ("v100", "a40"), "gres_per_node": (4, 2), "admin_comment": ("q", "p")}
+    assert update_mismatches(job, bad) == {
+        "partition": ("v100", "a40"),
+        "gres_per_node": (4, 2),
+        "admin_comment": ("q", "p"),
+    }
     # a ReqNodeList outside the partition "sticks" but the job can never start
     outside = update_mismatches(job, JobUpdate(req_nodes=("n4", "n5")), partition_nodes={"n4"})
     assert outside == {"req_nodes": ("nodes of partition a40", "n5 outside it")}

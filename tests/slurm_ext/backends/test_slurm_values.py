@@ -35,8 +35,22 @@ def test_number_rejects_text():
         (15, 143),  # killed by SIGTERM
         ("3:0", 3),
         ("0:15", 143),
-        ({"status": ["EXITED"], "return_code": {"set": True, "infinite": False, "number": 3}, "signal": {"id": {"set": False, "infinite": False, "number": 0}, "name": ""}}, 3),
-        ({"status": ["SIGNALED"], "return_code": {"set": True, "infinite": False, "number": 0}, "signal": {"id": {"set": True, "infinite": False, "number": 9}, "name": "KILL"}}, 137),
+        (
+            {
+                "status": ["EXITED"],
+                "return_code": {"set": True, "infinite": False, "number": 3},
+                "signal": {"id": {"set": False, "infinite": False, "number": 0}, "name": ""},
+            },
+            3,
+        ),
+        (
+            {
+                "status": ["SIGNALED"],
+                "return_code": {"set": True, "infinite": False, "number": 0},
+                "signal": {"id": {"set": True, "infinite": False, "number": 9}, "name": "KILL"},
+            },
+            137,
+        ),
     ],
 )
 def test_exit_status(value, expected):
@@ -93,8 +107,18 @@ def test_gpu_gres(value, expected):
 
 @pytest.mark.parametrize(
     "value, expected",
-    [("UNLIMITED", None), (None, None), (-1, None), (60, 60), ("30", 30), ("1:00:00", 60), ("2-00:00:00", 2880), ("0:30", 1),
-     ({"set": True, "infinite": True, "number": 0}, None), ({"set": True, "infinite": False, "number": 90}, 90)],
+    [
+        ("UNLIMITED", None),
+        (None, None),
+        (-1, None),
+        (60, 60),
+        ("30", 30),
+        ("1:00:00", 60),
+        ("2-00:00:00", 2880),
+        ("0:30", 1),
+        ({"set": True, "infinite": True, "number": 0}, None),
+        ({"set": True, "infinite": False, "number": 90}, 90),
+    ],
 )
 def test_minutes(value, expected):
     assert minutes(value) == expected

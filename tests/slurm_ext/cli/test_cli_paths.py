@@ -16,18 +16,19 @@ import tomllib
 from pathlib import Path
 
 from click.testing import CliRunner
+from support import ROOT, console_script
 
 from slurm_ext.cli import main
 from solver.profiles.arena import TRACE_FILE, shipped_path
 from solver.profiles.seed import open_store
-from support import ROOT, console_script
 
 SACCT = ROOT / "tests" / "slurm_ext" / "sim" / "data" / "sacct_sample.txt"
 
 
 def cellsched(*args: str, timeout: float = 120, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([console_script(), *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          check=False)
+    return subprocess.run(
+        [console_script(), *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, check=False
+    )
 
 
 def simulate(tmp_path: Path, *args: str) -> dict:
@@ -55,8 +56,10 @@ def test_controller_backend_overrides_the_config(tmp_path):
     """--backend beats the config's backend; unknown or unusable backends are one-line errors (exit 2)."""
     state = tmp_path / "state.sqlite"
     config = tmp_path / "c.toml"
-    config.write_text(f'[controller]\nbackend = "bogus"\nstate_path = "{state}"\nkick_file = ""\n'
-                      '[metrics]\nport = 0\n[log]\nformat = "json"\n')
+    config.write_text(
+        f'[controller]\nbackend = "bogus"\nstate_path = "{state}"\nkick_file = ""\n'
+        '[metrics]\nport = 0\n[log]\nformat = "json"\n'
+    )
     proc = cellsched("controller", "run", "--once", "--config", str(config))
     assert proc.returncode == 2 and "unknown backend 'bogus'; choose one of: auto, cli, pyslurm, sim" in proc.stderr
     proc = cellsched("controller", "run", "--once", "--config", str(config), "--backend", "sim")
@@ -85,7 +88,9 @@ def test_simulate_readme_example_verbatim(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = proc.stdout.splitlines()
     assert table[0].startswith("| policy | finished | avg JCT s |")
-    assert any(r.startswith("| cellsched | 150/150 |") for r in table) and any(r.startswith("| fcfs | 150/150 |") for r in table)
+    assert any(r.startswith("| cellsched | 150/150 |") for r in table) and any(
+        r.startswith("| fcfs | 150/150 |") for r in table
+    )
     doc = json.loads((tmp_path / "sim" / "results.json").read_text())
     assert (doc["meta"]["jobs"], doc["meta"]["gpus"], doc["meta"]["mode"]) == (150, 1280, "arena-compat")
     for policy in ("cellsched", "fcfs"):
@@ -99,8 +104,19 @@ def test_simulate_sacct_trace(tmp_path):
     assert res.exit_code == 2 and "--trace is required with --trace-format sacct" in res.output
     store = tmp_path / "profiles.sqlite"
     open_store(store).close()  # the default model of unmanaged sacct jobs (gpt-1.3b) is priced by the store
-    doc = simulate(tmp_path, "--trace", str(SACCT), "--trace-format", "sacct", "--cluster",
-                   str(ROOT / "etc" / "sim-cluster.toml"), "--profiles", str(store), "--policy", "cellsched")
+    doc = simulate(
+        tmp_path,
+        "--trace",
+        str(SACCT),
+        "--trace-format",
+        "sacct",
+        "--cluster",
+        str(ROOT / "etc" / "sim-cluster.toml"),
+        "--profiles",
+        str(store),
+        "--policy",
+        "cellsched",
+    )
     assert doc["meta"]["trace_format"] == "sacct" and doc["meta"]["jobs"] == 3
     jobs = outcomes(doc)
     assert list(jobs) == ["102", "101", "106"]  # steps, CPU-only, unstarted and running jobs left out
@@ -137,8 +153,27 @@ def test_profile_no_comm(tmp_path):
     """`cellsched profile --no-comm` (the plugged-in command) stores layer records and no comm curves."""
     db = tmp_path / "p.sqlite"
     # --comm first, then --no-comm (the last one wins): were --no-comm ignored, comm would be profiled
-    proc = cellsched("profile", "--model", "gpt-tiny", "--tp", "1,2", "--micro-batch", "1", "--comm", "--no-comm",
-                     "--comm-ranks", "2", "--warmup", "0", "--repeat", "1", "--threads", "1", "--db", str(db))
+    proc = cellsched(
+        "profile",
+        "--model",
+        "gpt-tiny",
+        "--tp",
+        "1,2",
+        "--micro-batch",
+        "1",
+        "--comm",
+        "--no-comm",
+        "--comm-ranks",
+        "2",
+        "--warmup",
+        "0",
+        "--repeat",
+        "1",
+        "--threads",
+        "1",
+        "--db",
+        str(db),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert lines[0] == f"profiled gpt-tiny on cpu (12 layer records) into {db}"

@@ -37,21 +37,24 @@ def assert_clean(text: str, *, lines: int | None = None) -> None:
 # --- the escaping function ----------------------------------------------------
 
 
-@pytest.mark.parametrize("raw, shown", [
-    ("plain ascii: a-z 0-9 !#$%&'()*+,-./:;<=>?@[]^_`{|}~", "plain ascii: a-z 0-9 !#$%&'()*+,-./:;<=>?@[]^_`{|}~"),
-    ("café 日本 Ωμέγα 😀", "café 日本 Ωμέγα 😀"),
-    ("a\\b", "a\\\\b"),
-    ("\\x1b", "\\\\x1b"),  # a user's literal backslash-x cannot pass for an escape
-    ("\x1b[31mred\x1b[0m", "\\x1b[31mred\\x1b[0m"),
-    ("\x1b]0;pwned\x07", "\\x1b]0;pwned\\x07"),
-    ("a\r\nb\tc", "a\\r\\nb\\tc"),
-    ("\x00\x01\x1f\x7f", "\\x00\\x01\\x1f\\x7f"),
-    ("\x80\x85\x9b\x9f\xa0", "\\x80\\x85\\x9b\\x9f\xa0"),  # C1 escaped, NBSP (a letter-ish char) kept
-    ("\u202a\u202b\u202c\u202d\u202e", "\\u202a\\u202b\\u202c\\u202d\\u202e"),
-    ("\u2066\u2067\u2068\u2069", "\\u2066\\u2067\\u2068\\u2069"),
-    ("\u2028\u2029\u200e\u200f\u061c", "\\u2028\\u2029\\u200e\\u200f\\u061c"),
-    ("\udc9b", "\\udc9b"),  # a lone surrogate (undecodable byte) would crash a strict stdout
-])
+@pytest.mark.parametrize(
+    "raw, shown",
+    [
+        ("plain ascii: a-z 0-9 !#$%&'()*+,-./:;<=>?@[]^_`{|}~", "plain ascii: a-z 0-9 !#$%&'()*+,-./:;<=>?@[]^_`{|}~"),
+        ("café 日本 Ωμέγα 😀", "café 日本 Ωμέγα 😀"),
+        ("a\\b", "a\\\\b"),
+        ("\\x1b", "\\\\x1b"),  # a user's literal backslash-x cannot pass for an escape
+        ("\x1b[31mred\x1b[0m", "\\x1b[31mred\\x1b[0m"),
+        ("\x1b]0;pwned\x07", "\\x1b]0;pwned\\x07"),
+        ("a\r\nb\tc", "a\\r\\nb\\tc"),
+        ("\x00\x01\x1f\x7f", "\\x00\\x01\\x1f\\x7f"),
+        ("\x80\x85\x9b\x9f\xa0", "\\x80\\x85\\x9b\\x9f\xa0"),  # C1 escaped, NBSP (a letter-ish char) kept
+        ("\u202a\u202b\u202c\u202d\u202e", "\\u202a\\u202b\\u202c\\u202d\\u202e"),
+        ("\u2066\u2067\u2068\u2069", "\\u2066\\u2067\\u2068\\u2069"),
+        ("\u2028\u2029\u200e\u200f\u061c", "\\u2028\\u2029\\u200e\\u200f\\u061c"),
+        ("\udc9b", "\\udc9b"),  # a lone surrogate (undecodable byte) would crash a strict stdout
+    ],
+)
 def test_printable_escapes_exactly_the_unsafe_characters(raw, shown):
     assert printable(raw) == shown
 
@@ -70,8 +73,13 @@ def _state(tmp_path) -> StateStore:
     st = StateStore(tmp_path / "s.sqlite")
     st.accept_spec("2", HOSTILE, json.dumps({"model": HOSTILE, "global_batch": 64, "iterations": 100}), "comment", 1.0)
     st.mark_bad("3", "bob", "bad spec: " + HOSTILE, 1.0)
-    st.save_statuses([JobStatus("2", HOSTILE, "PENDING", "held", HOSTILE, 900.0, None, None, None, None, None, False),
-                      JobStatus("3", "bob", "PENDING", "bad", "", 900.0, None, None, None, None, None, False)], 2.0)
+    st.save_statuses(
+        [
+            JobStatus("2", HOSTILE, "PENDING", "held", HOSTILE, 900.0, None, None, None, None, None, False),
+            JobStatus("3", "bob", "PENDING", "bad", "", 900.0, None, None, None, None, None, False),
+        ],
+        2.0,
+    )
     rid = st.begin_round(3.0)
     st.finish_round(rid, status="error", duration_s=0.5, error="ValueError: job name " + HOSTILE)
     st.add_history("2", "placed", 4.0, rid, "a100:1x2:pp1", "n1" + HOSTILE)
@@ -105,10 +113,21 @@ def test_status_and_plan_json_is_ascii(tmp_path, capsys):
 
 
 def _report() -> RoundReport:
-    actions = ({"kind": "place", "job": "2", "cell": "a100:1x2:pp1", "nodes": ["n1:2"], "partition": "a100",
-                "why": "requested by " + HOSTILE},)
-    jobs = (JobStatus("2", HOSTILE, "PENDING", "held", "waiting for " + HOSTILE,
-                      900.0, None, None, None, None, None, False),)
+    actions = (
+        {
+            "kind": "place",
+            "job": "2",
+            "cell": "a100:1x2:pp1",
+            "nodes": ["n1:2"],
+            "partition": "a100",
+            "why": "requested by " + HOSTILE,
+        },
+    )
+    jobs = (
+        JobStatus(
+            "2", HOSTILE, "PENDING", "held", "waiting for " + HOSTILE, 900.0, None, None, None, None, None, False
+        ),
+    )
     return RoundReport(None, "error", 1000.0, actions=actions, jobs=jobs, error="SlurmError: " + HOSTILE, dry_run=True)
 
 
@@ -140,8 +159,15 @@ def _record(with_exc: bool = False) -> logging.LogRecord:
         except ValueError:
             exc_info = sys.exc_info()
     return logging.getLogger("cellsched.test").makeRecord(
-        "cellsched.test", logging.WARNING, __file__, 1, "job refused: %s", (HOSTILE,), exc_info,
-        extra={"fields": {"job": "2", "user": HOSTILE, "reason": "x error=forged " + HOSTILE}})
+        "cellsched.test",
+        logging.WARNING,
+        __file__,
+        1,
+        "job refused: %s",
+        (HOSTILE,),
+        exc_info,
+        extra={"fields": {"job": "2", "user": HOSTILE, "reason": "x error=forged " + HOSTILE}},
+    )
 
 
 @pytest.mark.parametrize("with_exc", [False, True])

@@ -7,13 +7,13 @@ import subprocess
 
 import pytest
 from click.testing import CliRunner
+from support import console_script
 
 from slurm_ext.cli import main
 from solver.profiles.arena import shipped_path
 from solver.profiles.records import CommRecord, LayerRecord
-from solver.profiles.store import ProfileStore
 from solver.profiles.seed import open_store
-from support import console_script
+from solver.profiles.store import ProfileStore
 
 
 def run(*args: str):
@@ -73,27 +73,42 @@ def test_export_import_round_trip(tmp_path):
 def test_import_arena_files_by_shape(tmp_path):
     db = tmp_path / "p.sqlite"
     ProfileStore(db).close()
-    res = run("--db", str(db), "import", str(shipped_path("profiles_optimal.json")),
-              str(shipped_path("profiles_plans_estimated.json")))
+    res = run(
+        "--db",
+        str(db),
+        "import",
+        str(shipped_path("profiles_optimal.json")),
+        str(shipped_path("profiles_plans_estimated.json")),
+    )
     assert res.exit_code == 0
     assert "arena-optimal: imported 329" in res.output and "arena-estimated: imported 1944" in res.output
 
 
-@pytest.mark.parametrize("content, message", [
-    ("{\n  oops", "line 2"),
-    ('{"format": "cellsched-profiles", "version": 1}\n{"record": "cell", "model": "m"}\n',
-     "x.json:2: cell record lacks field"),
-    ('{"format": "cellsched-profiles", "version": 1}\n{"record": "cell", "model": "m", "global_batch": 0, '
-     '"gpu_type": "a100", "num_nodes": 1, "gpus_per_node": 1, "iter_time_s": 1.0}\n', "global_batch"),
-    ('{"format": "cellsched-profiles", "version": 7}\n', "'version'"),
-    ('{"records": [{"foo": 1}]}', "not an Arena profile file"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{\n  oops", "line 2"),
+        (
+            '{"format": "cellsched-profiles", "version": 1}\n{"record": "cell", "model": "m"}\n',
+            "x.json:2: cell record lacks field",
+        ),
+        (
+            '{"format": "cellsched-profiles", "version": 1}\n{"record": "cell", "model": "m", "global_batch": 0, '
+            '"gpu_type": "a100", "num_nodes": 1, "gpus_per_node": 1, "iter_time_s": 1.0}\n',
+            "global_batch",
+        ),
+        ('{"format": "cellsched-profiles", "version": 7}\n', "'version'"),
+        ('{"records": [{"foo": 1}]}', "not an Arena profile file"),
+    ],
+)
 def test_bad_files_exit_2_and_import_nothing(tmp_path, content, message):
     db, bad = tmp_path / "p.sqlite", tmp_path / "x.json"
     ProfileStore(db).close()
     good = tmp_path / "good.jsonl"
-    good.write_text('{"format": "cellsched-profiles", "version": 1}\n'
-                    '{"record": "gpu", "name": "g", "mem_gb": 1, "peak_tflops": 1, "mem_bw_gbps": 1}\n')
+    good.write_text(
+        '{"format": "cellsched-profiles", "version": 1}\n'
+        '{"record": "gpu", "name": "g", "mem_gb": 1, "peak_tflops": 1, "mem_bw_gbps": 1}\n'
+    )
     bad.write_text(content)
     res = CliRunner().invoke(main, ["profiles", "--db", str(db), "import", str(good), str(bad)])
     assert res.exit_code == 2

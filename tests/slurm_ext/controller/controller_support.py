@@ -21,29 +21,67 @@ SHAPE = support.read_shape(support.SHAPE)
 def write_config(path: Path, state: Path, **controller: Any) -> Path:
     """A controller config for tests: state under tmp, short intervals, JSON logs, no metrics. CP-SAT's
     deterministic budget decides each plan (the tests assert exact plans), never the wall clock."""
-    opts = {"state_path": str(state), "interval_s": 1.0, "watch_s": 0.5, "min_gap_s": 0.2,
-            "kick_file": str(path.parent / "kick"), "checkpoint_root": str(path.parent / "ckpt"), **controller}
+    opts = {
+        "state_path": str(state),
+        "interval_s": 1.0,
+        "watch_s": 0.5,
+        "min_gap_s": 0.2,
+        "kick_file": str(path.parent / "kick"),
+        "checkpoint_root": str(path.parent / "ckpt"),
+        **controller,
+    }
     lines = ["[controller]"] + [f"{k} = {json.dumps(v)}" for k, v in opts.items()]
-    lines += ["[metrics]", "port = 0", "[log]", 'format = "json"', "[solver]", "time_limit_s = 30.0", "deterministic = true"]
+    lines += [
+        "[metrics]",
+        "port = 0",
+        "[log]",
+        'format = "json"',
+        "[solver]",
+        "time_limit_s = 30.0",
+        "deterministic = true",
+    ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
 def cellsched(*args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run the `cellsched` command (this interpreter's package) with an argument list."""
-    proc = subprocess.run([sys.executable, "-m", "slurm_ext", *args], capture_output=True, text=True, timeout=timeout,
-                          env=os.environ.copy(), check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurm_ext", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=os.environ.copy(),
+        check=False,
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"cellsched {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+        raise AssertionError(
+            f"cellsched {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+        )
     return proc
 
 
-def submit_managed(model: str, out_dir: Path, *, done_file: Path, sleep: float = 2, batch: int = 64,
-                   extra: tuple[str, ...] = ()) -> str:
+def submit_managed(
+    model: str, out_dir: Path, *, done_file: Path, sleep: float = 2, batch: int = 64, extra: tuple[str, ...] = ()
+) -> str:
     """Submit demo_job.sh as a managed job through `cellsched sbatch`; its id."""
     env_opt = f"--export=ALL,DEMO_DONE_FILE={done_file},DEMO_SLEEP={sleep}"
-    proc = cellsched("sbatch", "--parsable", "--model", model, "--global-batch", str(batch), "--iterations", "50",
-                     "-o", str(out_dir / "%j.out"), env_opt, *extra, "--", str(DEMO_JOB))
+    proc = cellsched(
+        "sbatch",
+        "--parsable",
+        "--model",
+        model,
+        "--global-batch",
+        str(batch),
+        "--iterations",
+        "50",
+        "-o",
+        str(out_dir / "%j.out"),
+        env_opt,
+        *extra,
+        "--",
+        str(DEMO_JOB),
+    )
     job_id = proc.stdout.strip().splitlines()[-1]
     assert job_id.isdigit(), proc.stdout
     return job_id

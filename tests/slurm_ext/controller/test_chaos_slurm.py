@@ -35,11 +35,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "launch"))  # trainer_runs, srun_local
 
 from controller_support import ROOT, wait_until, write_config
+from trainer_runs import train
+
 from slurm_ext.backends import get_backend
 from slurm_ext.backends.base import SlurmUnavailable
 from slurm_ext.controller.progress import read_progress
 from slurm_ext.state import StateStore
-from trainer_runs import train
 
 pytestmark = pytest.mark.slurm
 
@@ -82,8 +83,21 @@ def _submit(directory: Path, rng: random.Random) -> tuple[str, int]:
     directory.mkdir(parents=True)
     steps = _steps(rng)
     launcher = shutil.which("cellsched-launch", path=_env()["PATH"]) or pytest.fail("cellsched-launch not on PATH")
-    cmd = ["srun", "--kill-on-bad-exit=1", launcher, "--", sys.executable, str(TRAIN), *TRAIN_FLAGS,
-           "--steps", str(steps), "--step-delay", "0.1", "--out", str(directory / "losses.json")]
+    cmd = [
+        "srun",
+        "--kill-on-bad-exit=1",
+        launcher,
+        "--",
+        sys.executable,
+        str(TRAIN),
+        *TRAIN_FLAGS,
+        "--steps",
+        str(steps),
+        "--step-delay",
+        "0.1",
+        "--out",
+        str(directory / "losses.json"),
+    ]
     script = directory / "train.sh"
     script.write_text("#!/bin/bash\nexec " + " ".join(f"'{c}'" for c in cmd) + "\n")
     script.chmod(0o755)
@@ -91,10 +105,34 @@ def _submit(directory: Path, rng: random.Random) -> tuple[str, int]:
     opts = ["--min-gpus", str(rng.choice((1, 2))), "--max-gpus", str(rng.choice((4, 8)))]
     if types:
         opts += ["--gpu-types", ",".join(types)]
-    proc = subprocess.run([sys.executable, "-m", "slurm_ext", "sbatch", "--parsable", "--model", "gpt-350m",
-                           "--global-batch", str(BATCH), "--iterations", "200000", "--elastic",
-                           "-o", str(directory / "job-%j.out"), "--open-mode", "append", *opts, "--", str(script)],
-                          cwd=directory, env=_env(), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slurm_ext",
+            "sbatch",
+            "--parsable",
+            "--model",
+            "gpt-350m",
+            "--global-batch",
+            str(BATCH),
+            "--iterations",
+            "200000",
+            "--elastic",
+            "-o",
+            str(directory / "job-%j.out"),
+            "--open-mode",
+            "append",
+            *opts,
+            "--",
+            str(script),
+        ],
+        cwd=directory,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip().splitlines()[-1], steps
 
@@ -118,8 +156,12 @@ class Daemon:
 
     def start(self) -> None:
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "slurm_ext", "controller", "run", "--config",
-                                          str(self.config)], stdout=subprocess.DEVNULL, stderr=log, env=os.environ.copy())
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "slurm_ext", "controller", "run", "--config", str(self.config)],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                env=os.environ.copy(),
+            )
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -169,8 +211,9 @@ def _kill_at_a_random_point(daemon: Daemon, rng: random.Random, chaos: Chaos) ->
         marks = ("placed", "asked to checkpoint", "job accepted")
         before = sum(daemon.log_count(m) for m in marks)
         try:
-            wait_until(lambda: sum(daemon.log_count(m) for m in marks) > before, 20, "an action to kill in",
-                       interval=0.01)
+            wait_until(
+                lambda: sum(daemon.log_count(m) for m in marks) > before, 20, "an action to kill in", interval=0.01
+            )
         except AssertionError:
             pass  # nothing to act on now: killed wherever it is
         chaos.counts["kills inside an apply"] += 1
@@ -188,8 +231,20 @@ def _event(rng: random.Random, chaos: Chaos, cluster, daemon: Daemon, state: Pat
     if kind == "blocker":
         node = rng.choice([n for n in nodes if n != chaos.down])
         gpu_type, gpus = cluster.shape[node]
-        out = _run("sbatch", "--parsable", "-p", gpu_type, "-w", node, "-N1", f"--gres=gpu:{rng.randint(1, gpus)}",
-                   "-o", "/dev/null", "--wrap", "sleep 3600")
+        out = _run(
+            "sbatch",
+            "--parsable",
+            "-p",
+            gpu_type,
+            "-w",
+            node,
+            "-N1",
+            f"--gres=gpu:{rng.randint(1, gpus)}",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "sleep 3600",
+        )
         chaos.blockers.append(out.stdout.strip().split(";")[0])
     elif kind == "unblock" and chaos.blockers:
         _run("scancel", chaos.blockers.pop(rng.randrange(len(chaos.blockers))))
@@ -226,8 +281,11 @@ def _submit_next(chaos: Chaos, tmp_path: Path, rng: random.Random) -> None:
 def _resume(node: str) -> None:
     """Bring a drained node back (RESUME; refused when Slurm already did it)."""
     _run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
-    wait_until(lambda: not any(w in _run("sinfo", "-h", "-n", node, "-o", "%T").stdout for w in ("drain", "down")),
-               30, f"node {node} back in service")
+    wait_until(
+        lambda: not any(w in _run("sinfo", "-h", "-n", node, "-o", "%T").stdout for w in ("drain", "down")),
+        30,
+        f"node {node} back in service",
+    )
 
 
 def _ctld_answers() -> bool:
@@ -252,8 +310,16 @@ def _references(needed: dict[tuple[int, int], int], tmp_path: Path) -> dict[tupl
 def test_chaos_loses_no_job(slurm_cluster, tmp_path):
     rng = random.Random(SEED)
     print(f"\nchaos: seed {SEED}, {JOBS} jobs, {EVENTS} events")
-    config = write_config(tmp_path / "c.toml", tmp_path / "state.sqlite", interval_s=1.0, watch_s=0.3,
-                          min_gap_s=0.2, checkpoint_wait_s=20.0, checkpoint_timeout_s=120.0, checkpoint_poll_s=0.3)
+    config = write_config(
+        tmp_path / "c.toml",
+        tmp_path / "state.sqlite",
+        interval_s=1.0,
+        watch_s=0.3,
+        min_gap_s=0.2,
+        checkpoint_wait_s=20.0,
+        checkpoint_timeout_s=120.0,
+        checkpoint_poll_s=0.3,
+    )
     with config.open("a") as f:
         f.write("max_pp = 1\n")  # data parallelism only: a resize changes dp, the losses stay bitwise
     state = tmp_path / "state.sqlite"
@@ -262,7 +328,9 @@ def test_chaos_loses_no_job(slurm_cluster, tmp_path):
     daemon.start()
     backend = get_backend("cli")
     first = max(2, JOBS // 4)  # a few jobs are there from the start, the others arrive between the events
-    arrivals = {round((k - first + 1) * EVENTS / (JOBS - first + 1)) for k in range(first, JOBS)} if JOBS > first else set()
+    arrivals = (
+        {round((k - first + 1) * EVENTS / (JOBS - first + 1)) for k in range(first, JOBS)} if JOBS > first else set()
+    )
     try:
         for _ in range(first):
             _submit_next(chaos, tmp_path, rng)
@@ -280,8 +348,12 @@ def test_chaos_loses_no_job(slurm_cluster, tmp_path):
         for b in chaos.blockers:
             _run("scancel", b)
         ids = list(chaos.jobs)
-        wait_until(lambda: all((lambda j: j is not None and j.finished)(backend.observe().job(i)) for i in ids),
-                   900, "every job to finish", interval=2)
+        wait_until(
+            lambda: all((lambda j: j is not None and j.finished)(backend.observe().job(i)) for i in ids),
+            900,
+            "every job to finish",
+            interval=2,
+        )
         chaos.counts["drain_s"] = round(time.monotonic() - t0) - chaos.counts["events_s"]
         _next_round(state, daemon, "the last job ended")
     finally:
@@ -290,8 +362,9 @@ def test_chaos_loses_no_job(slurm_cluster, tmp_path):
     assert rc == 0, log_tail
 
     snap = backend.observe()
-    assert [(i, snap.job(i).state, snap.job(i).exit_code) for i in ids if snap.job(i).state != "COMPLETED"] == [], \
+    assert [(i, snap.job(i).state, snap.job(i).exit_code) for i in ids if snap.job(i).state != "COMPLETED"] == [], (
         f"seed {SEED}: jobs lost\n{log_tail}"
+    )
     live = _run("squeue", "-h", "-t", "PD,R,CG,S", "-o", "%i %T %r").stdout.split("\n")
     assert [line for line in live if line.strip()] == [], f"seed {SEED}: jobs left behind"
     runs: dict[str, tuple[int, int, int, list[float]]] = {}
@@ -302,7 +375,7 @@ def test_chaos_loses_no_job(slurm_cluster, tmp_path):
             assert [e["event"] for e in history].count("finished") == 1, (i, history)
             plans = [json.loads(p.plan) for p in st.plans_of(i) if p.applied]
             assert {(p["pp"], p["tp"]) for p in plans} == {(1, 1)}, (i, plans)
-            (v, m), = {(p["virtual_workers"], p["micro_batches"]) for p in plans}
+            ((v, m),) = {(p["virtual_workers"], p["micro_batches"]) for p in plans}
             steps = int((chaos.jobs[i] / "steps").read_text())
             out = json.loads((chaos.jobs[i] / "losses.json").read_text())
             assert out["steps"] == list(range(1, steps + 1)), f"seed {SEED}: job {i} did not train each step once"
@@ -321,11 +394,14 @@ def test_chaos_loses_no_job(slurm_cluster, tmp_path):
         needed[(v, m)] = max(steps, needed.get((v, m), 0))
     refs = _references(needed, tmp_path)
     for i, (v, m, steps, losses) in runs.items():
-        assert losses == refs[(v, m)][:steps], \
+        assert losses == refs[(v, m)][:steps], (
             f"seed {SEED}: job {i}'s losses are not bitwise those of an uninterrupted run (V={v}, m={m})"
+        )
     chaos.counts["rounds"] = _rounds_done(state)
-    print("chaos summary: " + json.dumps({"seed": SEED, "jobs": len(ids), "events": EVENTS, **chaos.counts},
-                                         sort_keys=True))
+    print(
+        "chaos summary: "
+        + json.dumps({"seed": SEED, "jobs": len(ids), "events": EVENTS, **chaos.counts}, sort_keys=True)
+    )
 
 
 def _gpus(cell: str) -> int:

@@ -10,18 +10,20 @@ import sqlite3
 import subprocess
 
 import pytest
+from controller_support import DEMO_JOB, write_config
+from support import console_script, wait_for
 
 from slurm_ext.backends import get_backend
 from solver.contract import admin_comment_dict
-from controller_support import DEMO_JOB, write_config
-from support import console_script, wait_for
 
 pytestmark = pytest.mark.slurm
 
 
 def cs(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([console_script(), *args], capture_output=True, text=True, timeout=timeout, check=False)
-    assert proc.returncode == 0, f"cellsched {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"cellsched {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    )
     return proc
 
 
@@ -30,8 +32,21 @@ def test_dry_run_plan_and_status_text(slurm_cluster, tmp_path):
     backend = get_backend("cli")
     state = tmp_path / "state.sqlite"
     config = str(write_config(tmp_path / "c.toml", state))
-    job = cs("sbatch", "--parsable", "--model", "gpt-350m", "--global-batch", "64", "--iterations", "50",
-             "-o", str(tmp_path / "%j.out"), "--export=ALL,DEMO_SLEEP=1", "--", str(DEMO_JOB)).stdout.strip()
+    job = cs(
+        "sbatch",
+        "--parsable",
+        "--model",
+        "gpt-350m",
+        "--global-batch",
+        "64",
+        "--iterations",
+        "50",
+        "-o",
+        str(tmp_path / "%j.out"),
+        "--export=ALL,DEMO_SLEEP=1",
+        "--",
+        str(DEMO_JOB),
+    ).stdout.strip()
     assert job.isdigit(), job
 
     dry = json.loads(cs("controller", "run", "--once", "--dry-run", "--backend", "cli", "--config", config).stdout)
@@ -48,9 +63,24 @@ def test_dry_run_plan_and_status_text(slurm_cluster, tmp_path):
     assert [(a["kind"], a["job"]) for a in placed["actions"]] == [("place", job)]
     plan = admin_comment_dict(backend.job(job).admin_comment)["plan"]
     lines = cs("status", "--config", config).stdout.splitlines()
-    assert lines[0].split() == ["JOBID", "USER", "STATE", "CELL", "NODES", "PP/DP/TP", "SAMPLES/S", "PROGRESS", "QUEUED", "REASON"]
+    assert lines[0].split() == [
+        "JOBID",
+        "USER",
+        "STATE",
+        "CELL",
+        "NODES",
+        "PP/DP/TP",
+        "SAMPLES/S",
+        "PROGRESS",
+        "QUEUED",
+        "REASON",
+    ]
     row = next(ln.split() for ln in lines[1:] if ln.startswith(job + " "))
-    assert row[1] == "root" and row[3] == plan["cell"] and row[4] == ",".join(f"{n}:{plan['gpus_per_node']}" for n in plan["nodes"])
+    assert (
+        row[1] == "root"
+        and row[3] == plan["cell"]
+        and row[4] == ",".join(f"{n}:{plan['gpus_per_node']}" for n in plan["nodes"])
+    )
     assert row[5] == f"{plan['pp']}/{plan['dp']}/{plan['tp']}" and row[7].endswith("/50")
     assert any(ln.startswith("last round 1 at ") and ": ok, 1 actions" in ln for ln in lines), lines
     assert "nothing to do" in cs("plan", "--config", config).stdout  # placed: the next round leaves it alone
@@ -62,9 +92,13 @@ def test_daemon_runs_every_interval_and_stops_on_sigterm(slurm_cluster, tmp_path
     config = str(write_config(tmp_path / "c.toml", state, interval_s=3600.0))
     log = tmp_path / "controller.log"
     with open(log, "w") as err:
-        daemon = subprocess.Popen([console_script(), "controller", "run", "--config", config, "--interval", "0.5"],
-                                  stdout=subprocess.DEVNULL, stderr=err)
+        daemon = subprocess.Popen(
+            [console_script(), "controller", "run", "--config", config, "--interval", "0.5"],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     try:
+
         def ok_rounds() -> list[dict]:
             lines = [json.loads(ln) for ln in log.read_text().splitlines() if ln.startswith("{")]
             return [r for r in lines if r.get("msg") == "round" and r["status"] == "ok" and not r["dry_run"]]

@@ -19,14 +19,14 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from controller_support import SHAPE, cellsched, submit_managed, wait_until, write_config
 
 from slurm_ext.backends import SubmitRequest, get_backend
 from slurm_ext.config import load
-from solver.contract import admin_comment_dict
 from slurm_ext.controller.round import Controller
 from slurm_ext.records import ClusterSnapshot
 from slurm_ext.state import StateStore
-from controller_support import SHAPE, cellsched, submit_managed, wait_until, write_config
+from solver.contract import admin_comment_dict
 
 MODELS = ("gpt-1.3b", "bert__760M", "moe__690M", "wide_resnet__500M", "gpt-350m", "gpt-2.7b", "bert__1.3B")
 
@@ -64,8 +64,13 @@ def test_jobs_of_different_models_are_placed_run_and_complete(slurm_cluster, tmp
     # an unmanaged job holding both a10 GPUs of n6 for the whole test
     script = tmp_path / "plain.sh"
     script.write_text("#!/bin/bash\nsleep 300\n")
-    plain = subprocess.run(["sbatch", "--parsable", "-p", "a10", "--gres=gpu:2", "-o", str(tmp_path / "plain.out"), str(script)],
-                           capture_output=True, text=True, timeout=20, check=True).stdout.strip()
+    plain = subprocess.run(
+        ["sbatch", "--parsable", "-p", "a10", "--gres=gpu:2", "-o", str(tmp_path / "plain.out"), str(script)],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=True,
+    ).stdout.strip()
     wait_until(lambda: backend.observe().job(plain).state == "RUNNING", 20, "the unmanaged job to run")
     before = backend.observe().job(plain)
     ids = [submit_managed(m, tmp_path, done_file=done, sleep=2) for m in MODELS]
@@ -73,8 +78,15 @@ def test_jobs_of_different_models_are_placed_run_and_complete(slurm_cluster, tmp
     managed = set(ids)
     # a managed job whose spec the controller refuses (the wrapper would not submit it)
     bad_spec = '{"model":"no-such-model","global_batch":8,"iterations":5}'
-    bad = backend.submit(SubmitRequest(script=str(script), hold=True, gres_per_node=1, comment="cellsched/v1 " + bad_spec,
-                                       output=str(tmp_path / "bad.out")))
+    bad = backend.submit(
+        SubmitRequest(
+            script=str(script),
+            hold=True,
+            gres_per_node=1,
+            comment="cellsched/v1 " + bad_spec,
+            output=str(tmp_path / "bad.out"),
+        )
+    )
 
     # `cellsched plan` decides without changing anything
     planned = json.loads(cellsched("plan", "--json", "--config", str(config)).stdout)
@@ -144,7 +156,12 @@ def test_jobs_of_different_models_are_placed_run_and_complete(slurm_cluster, tmp
     after = backend.observe().job(plain)
     assert after.state == "RUNNING"
     assert (after.partition, after.admin_comment, after.features, after.nodes, after.comment) == (
-        before.partition, before.admin_comment, before.features, before.nodes, before.comment)
+        before.partition,
+        before.admin_comment,
+        before.features,
+        before.nodes,
+        before.comment,
+    )
     with StateStore(tmp_path / "state.sqlite", readonly=True) as st:
         assert plain not in st.jobs()
         assert not st.plans_of(plain)
@@ -206,8 +223,12 @@ def test_a_round_cut_short_is_finished_by_the_next(slurm_cluster, tmp_path, cras
 
 
 def _start_controller(config: Path, log) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "slurm_ext", "controller", "run", "--config", str(config)],
-                            stdout=subprocess.DEVNULL, stderr=log, env=os.environ.copy())
+    return subprocess.Popen(
+        [sys.executable, "-m", "slurm_ext", "controller", "run", "--config", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        env=os.environ.copy(),
+    )
 
 
 def _round_left_running(state_path: Path) -> set[int]:
@@ -229,8 +250,10 @@ def test_sigkill_at_random_points_loses_nothing(slurm_cluster, tmp_path):
     config = write_config(tmp_path / "c.toml", tmp_path / "state.sqlite", interval_s=0.3, min_gap_s=0.0, watch_s=0.2)
     models = ("gpt-125m", "gpt-350m", "bert__760M", "moe__690M", "wide_resnet__500M", "gpt-1.3b")
     # at least 4 GPUs each: about 5 run at a time, so placements come in waves
-    ids = [submit_managed(models[k % len(models)], tmp_path, done_file=done, sleep=1, batch=32, extra=("--min-gpus", "4"))
-           for k in range(24)]
+    ids = [
+        submit_managed(models[k % len(models)], tmp_path, done_file=done, sleep=1, batch=32, extra=("--min-gpus", "4"))
+        for k in range(24)
+    ]
     rng = random.Random(20240611)
     log_path = tmp_path / "controller.log"
     with log_path.open("ab") as log:
@@ -252,7 +275,9 @@ def test_sigkill_at_random_points_loses_nothing(slurm_cluster, tmp_path):
         assert len(mid_round) >= 2, f"only {len(mid_round)} of {kill} kills landed in the middle of a round"
         proc = _start_controller(config, log)
         try:
-            wait_until(lambda: all(backend.observe().job(i).finished for i in ids), 180, "all jobs to finish", interval=1)
+            wait_until(
+                lambda: all(backend.observe().job(i).finished for i in ids), 180, "all jobs to finish", interval=1
+            )
         finally:
             proc.send_signal(signal.SIGTERM)
             rc = proc.wait(timeout=30)
@@ -287,7 +312,9 @@ def test_slurmctld_outage_backs_off_and_resumes(slurm_cluster, tmp_path):
             started = slurm_cluster.devcluster("start-ctld")
             assert started.returncode == 0, started.stderr
             second = submit_managed("bert__760M", tmp_path, done_file=done, sleep=1)
-            wait_until(lambda: backend.observe().job(second).state == "COMPLETED", 60, "the job submitted after the outage")
+            wait_until(
+                lambda: backend.observe().job(second).state == "COMPLETED", 60, "the job submitted after the outage"
+            )
             assert proc.poll() is None
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -331,8 +358,12 @@ def test_daemon_starts_rounds_early_notifies_systemd_and_serves_metrics(slurm_cl
         sock.bind(str(sock_path))
         sock.settimeout(30)
         env = {**os.environ, "NOTIFY_SOCKET": str(sock_path)}
-        proc = subprocess.Popen([sys.executable, "-m", "slurm_ext", "controller", "run", "--config", str(config)],
-                                stdout=subprocess.DEVNULL, stderr=log, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "slurm_ext", "controller", "run", "--config", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            env=env,
+        )
         try:
             assert sock.recv(4096).startswith(b"READY=1")
             first = sock.recv(4096).decode()  # after the first round
@@ -341,7 +372,11 @@ def test_daemon_starts_rounds_early_notifies_systemd_and_serves_metrics(slurm_cl
             t0 = time.monotonic()
             wait_until(lambda: not backend.observe().job(job).held, 15, "the new job to be released")
             assert time.monotonic() - t0 < 10  # long before the 60 s interval
-            body = wait_until(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode(), 10, "metrics")
+            body = wait_until(
+                lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode(),
+                10,
+                "metrics",
+            )
             assert 'cellsched_actions_total{kind="place",result="ok"} 1' in body
             assert 'cellsched_rounds_total{status="ok"}' in body
             assert 'cellsched_gpus{gpu_type="v100",use="total"} 8' in body
@@ -350,7 +385,9 @@ def test_daemon_starts_rounds_early_notifies_systemd_and_serves_metrics(slurm_cl
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=30) == 0
     # the watch off: only the kick file starts an early round
-    config.write_text(config.read_text().replace("watch_s = 0.5", "watch_s = 1000.0").replace(f"port = {port}", "port = 0"))
+    config.write_text(
+        config.read_text().replace("watch_s = 0.5", "watch_s = 1000.0").replace(f"port = {port}", "port = 0")
+    )
     with (tmp_path / "controller.log").open("ab") as log:
         rounds_before = _finished_rounds(tmp_path)
         proc = _start_controller(config, log)
@@ -361,7 +398,7 @@ def test_daemon_starts_rounds_early_notifies_systemd_and_serves_metrics(slurm_cl
             (tmp_path / "kick").touch()
             wait_until(lambda: not backend.observe().job(job2).held, 10, "the kicked round to release the job")
             # the only early round since was the kick's: the new job alone started none (the watch is off)
-            assert _early_rounds(tmp_path / "controller.log")[len(early_before):] == ["kick"]
+            assert _early_rounds(tmp_path / "controller.log")[len(early_before) :] == ["kick"]
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
@@ -398,7 +435,9 @@ def test_sigterm_ends_the_daemon_within_5_s_while_a_slurm_call_hangs(slurm_clust
     """slurmctld stopped (SIGSTOP: calls hang until their timeout, up to
     slurm_timeout_s, 30 s here); SIGTERM during such a call ends the daemon
     within 5 s."""
-    config = write_config(tmp_path / "c.toml", tmp_path / "state.sqlite", interval_s=1.0, watch_s=0.2, slurm_timeout_s=30.0)
+    config = write_config(
+        tmp_path / "c.toml", tmp_path / "state.sqlite", interval_s=1.0, watch_s=0.2, slurm_timeout_s=30.0
+    )
     log_path = tmp_path / "controller.log"
     ctld = int((slurm_cluster.lab / "run" / "slurmctld.pid").read_text())
     with log_path.open("ab") as log:
@@ -451,8 +490,11 @@ def test_sigterm_ends_the_daemon_within_5_s_while_a_progress_read_hangs(slurm_cl
         try:
             wait_until(lambda: "no answer within 0.50 s" in log_path.read_text(), 120, "a progress read to hang")
             hung_at = log_path.read_text().count('"msg":"round"')
-            wait_until(lambda: log_path.read_text().count('"msg":"round"') >= hung_at + 2, 60,
-                       "rounds to go on while the read hangs")
+            wait_until(
+                lambda: log_path.read_text().count('"msg":"round"') >= hung_at + 2,
+                60,
+                "rounds to go on while the read hangs",
+            )
             t0 = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             rc = proc.wait(timeout=30)

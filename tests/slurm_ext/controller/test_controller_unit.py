@@ -16,7 +16,14 @@ from slurm_ext.config import Config, ConfigError, from_dict, load
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller.metrics import Metrics, serve
 from slurm_ext.controller.notify import sd_notify
-from slurm_ext.controller.progress import Progress, ProgressFiles, collect_progress, default_checkpoint_dir, estimate_done, read_progress
+from slurm_ext.controller.progress import (
+    Progress,
+    ProgressFiles,
+    collect_progress,
+    default_checkpoint_dir,
+    estimate_done,
+    read_progress,
+)
 from slurm_ext.controller.reconcile import HOLD, PLACE, checked, choose_partition, decide, intent_outcomes
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
@@ -30,25 +37,50 @@ NODES = (("n1", "a100", 4), ("n2", "a100", 4), ("n3", "v100", 8), ("n4", "a40", 
 
 
 def snapshot(*jobs: SlurmJob, alloc: dict[str, int] | None = None) -> ClusterSnapshot:
-    nodes = tuple(SlurmNode(name=n, gpu_type=t, gpus_total=g, gpus_alloc=(alloc or {}).get(n, 0), state="idle",
-                            partitions=(t, "all")) for n, t, g in NODES)
-    parts = tuple(SlurmPartition(name=t, nodes=tuple(n for n, tt, _ in NODES if tt == t)) for t in ("a100", "v100", "a40"))
+    nodes = tuple(
+        SlurmNode(
+            name=n, gpu_type=t, gpus_total=g, gpus_alloc=(alloc or {}).get(n, 0), state="idle", partitions=(t, "all")
+        )
+        for n, t, g in NODES
+    )
+    parts = tuple(
+        SlurmPartition(name=t, nodes=tuple(n for n, tt, _ in NODES if tt == t)) for t in ("a100", "v100", "a40")
+    )
     parts += (SlurmPartition(name="all", nodes=tuple(n for n, _, _ in NODES)),)
     return ClusterSnapshot(nodes=nodes, partitions=parts, jobs=jobs, taken_at=1000.0)
 
 
 def managed_job(job_id: str, **kw) -> SlurmJob:
-    base = dict(job_id=job_id, user="alice", state="PENDING", held=True, reason="JobHeldUser", partition="all",
-                comment=SPEC.to_comment(), submit_time=900.0, gpus_per_node=1)
+    base = dict(
+        job_id=job_id,
+        user="alice",
+        state="PENDING",
+        held=True,
+        reason="JobHeldUser",
+        partition="all",
+        comment=SPEC.to_comment(),
+        submit_time=900.0,
+        gpus_per_node=1,
+    )
     base.update(kw)
     return SlurmJob(**base)
 
 
 def plan_comment(job_id: str, nodes: tuple[str, ...], gpu_type: str = "a100", gpn: int = 2, pp: int = 1) -> str:
     dp = len(nodes) * gpn // pp
-    plan = JobPlan(pp=pp, dp=dp, tp=1, global_batch=64, gpu_types=(gpu_type,), nodes=nodes, gpus_per_node=gpn,
-                   cell=f"{gpu_type}:{len(nodes)}x{gpn}:pp{pp}", job_id=job_id, iter_time_s=0.5,
-                   checkpoint_dir=f"/ckpt/{job_id}")
+    plan = JobPlan(
+        pp=pp,
+        dp=dp,
+        tp=1,
+        global_batch=64,
+        gpu_types=(gpu_type,),
+        nodes=nodes,
+        gpus_per_node=gpn,
+        cell=f"{gpu_type}:{len(nodes)}x{gpn}:pp{pp}",
+        job_id=job_id,
+        iter_time_s=0.5,
+        checkpoint_dir=f"/ckpt/{job_id}",
+    )
     return json.dumps({"spec": json.loads(SPEC.to_json()), "plan": json.loads(plan.to_json())}, separators=(",", ":"))
 
 
@@ -94,7 +126,13 @@ def test_config_from_env_and_values(tmp_path, monkeypatch):
     f.write_text('[controller]\ninterval_s = 5\npolicy = "fcfs"\n[solver]\nseed = 7\nw_age = 1\n[metrics]\nport = 0\n')
     monkeypatch.setenv("CELLSCHED_CONFIG", str(f))
     c = load()
-    assert (c.controller.interval_s, c.controller.policy, c.solver.seed, c.solver.w_age, c.metrics.port) == (5.0, "fcfs", 7, 1.0, 0)
+    assert (c.controller.interval_s, c.controller.policy, c.solver.seed, c.solver.w_age, c.metrics.port) == (
+        5.0,
+        "fcfs",
+        7,
+        1.0,
+        0,
+    )
     assert c.source == str(f)
 
 
@@ -148,10 +186,19 @@ def test_classify_phases():
     loose = managed_job("6", held=False, reason="Priority")
     rogue = managed_job("7", held=False, state="RUNNING", nodes=("n3",))
     done = managed_job("8", held=False, state="COMPLETED", exit_code=0)
-    jobs = {m.job_id: m for m in inp.classify(snapshot(plain, held, released, running, bad, loose, rogue, done), {}, {})}
+    jobs = {
+        m.job_id: m for m in inp.classify(snapshot(plain, held, released, running, bad, loose, rogue, done), {}, {})
+    }
     assert "1" not in jobs  # not managed
-    assert {k: m.phase for k, m in jobs.items()} == {"2": inp.Phase.HELD, "3": inp.Phase.RELEASED, "4": inp.Phase.RUNNING, "5": inp.Phase.BAD,
-                                                      "6": inp.Phase.LOOSE, "7": inp.Phase.UNPLANNED, "8": inp.Phase.FINISHED}
+    assert {k: m.phase for k, m in jobs.items()} == {
+        "2": inp.Phase.HELD,
+        "3": inp.Phase.RELEASED,
+        "4": inp.Phase.RUNNING,
+        "5": inp.Phase.BAD,
+        "6": inp.Phase.LOOSE,
+        "7": inp.Phase.UNPLANNED,
+        "8": inp.Phase.FINISHED,
+    }
     assert jobs["4"].current == placement("4", ("n2",))
     assert "model" in jobs["5"].reason
     assert jobs["3"].plan.checkpoint_dir == "/ckpt/3"
@@ -167,14 +214,20 @@ def test_stored_spec_wins_and_admin_comment_beats_comment(tmp_path):
         (m,) = inp.classify(snapshot(j), st.jobs(), {})
         assert (m.spec, m.spec_source) == (SPEC, "state")
         # the same id, submitted at another time: a new job, the stored spec does not apply
-        st.save_statuses([JobStatus("2", "alice", "PENDING", "held", "", 900.0, None, None, None, None, None, False)], 2.0)
-        (m,) = inp.classify(snapshot(managed_job("2", submit_time=5000.0, admin_comment=j.admin_comment)), st.jobs(), {})
+        st.save_statuses(
+            [JobStatus("2", "alice", "PENDING", "held", "", 900.0, None, None, None, None, None, False)], 2.0
+        )
+        (m,) = inp.classify(
+            snapshot(managed_job("2", submit_time=5000.0, admin_comment=j.admin_comment)), st.jobs(), {}
+        )
         assert m.spec == other
 
 
 def test_request_counts_unmanaged_gpus_as_taken_and_keeps_running_jobs():
     plain = SlurmJob(job_id="1", state="RUNNING", nodes=("n1",), gpus_per_node=3, partition="a100")
-    running = managed_job("4", held=False, state="RUNNING", nodes=("n2",), gpus_per_node=2, admin_comment=plan_comment("4", ("n2",)))
+    running = managed_job(
+        "4", held=False, state="RUNNING", nodes=("n2",), gpus_per_node=2, admin_comment=plan_comment("4", ("n2",))
+    )
     snap = snapshot(plain, running, managed_job("2"), alloc={"n1": 3, "n2": 2})
     jobs = inp.classify(snap, {}, {})
     built = inp.build_request(snap, jobs, {"4": 30.0}, Config().solver)
@@ -201,9 +254,21 @@ def test_decide_places_held_jobs_with_the_per_type_partition():
     ac = json.loads(u.admin_comment)
     assert JobSpec.from_dict(ac["spec"]) == SPEC
     plan = JobPlan.from_dict(ac["plan"])
-    assert (plan.pp, plan.dp, plan.tp, plan.nodes, plan.gpus_per_node, plan.gpu_types) == (1, 4, 1, ("n1", "n2"), 2, ("a100",))
+    assert (plan.pp, plan.dp, plan.tp, plan.nodes, plan.gpus_per_node, plan.gpu_types) == (
+        1,
+        4,
+        1,
+        ("n1", "n2"),
+        2,
+        ("a100",),
+    )
     assert (plan.job_id, plan.cell, plan.global_batch, plan.checkpoint_dir, plan.virtual_workers) == (
-        "2", "a100:2x2:pp1", 64, "/ck/alice/2", 4)
+        "2",
+        "a100:2x2:pp1",
+        64,
+        "/ck/alice/2",
+        4,
+    )
 
 
 def test_decide_leaves_unchanged_and_running_jobs_alone():
@@ -217,7 +282,10 @@ def test_decide_leaves_unchanged_and_running_jobs_alone():
     assert [(a.kind, a.job_id) for a in decide(jobs, same, view, "/ck")] == [(HOLD, "6")]
     moved = {"3": placement("3", ("n3",), "v100", 2), "4": placement("4", ("n2",))}
     acts = decide(jobs, moved, view, "/ck")
-    assert [(a.kind, a.job_id, a.hold_first, a.why) for a in acts] == [(PLACE, "3", True, "move"), (HOLD, "6", False, "pending without a plan")]
+    assert [(a.kind, a.job_id, a.hold_first, a.why) for a in acts] == [
+        (PLACE, "3", True, "move"),
+        (HOLD, "6", False, "pending without a plan"),
+    ]
     assert json.loads(acts[0].update.admin_comment)["plan"]["checkpoint_dir"] == "/ckpt/3"  # kept from the old plan
 
 
@@ -227,7 +295,9 @@ def test_choose_partition_and_checked():
     assert choose_partition(view, placement("x", ("n1",))) == "a100"
     assert choose_partition(view, placement("x", ("n1",)), allowed=("all",)) == "all"
     assert choose_partition(view, placement("x", ("n1",)), allowed=("v100",)) is None
-    ok, rejected = checked(view, {"a": placement("a", ("n4",), "a40", 2), "b": placement("b", ("n4",), "a40", 2)}, {"b"})
+    ok, rejected = checked(
+        view, {"a": placement("a", ("n4",), "a40", 2), "b": placement("b", ("n4",), "a40", 2)}, {"b"}
+    )
     assert set(ok) == {"b"} and "n4" in rejected["a"]
 
 
@@ -273,9 +343,15 @@ def test_collect_progress_prefers_the_job_file(tmp_path):
     other = managed_job("5", nodes=("n1",), admin_comment=plan_comment("5", ("n1",)), **mine)
     jobs = inp.classify(snapshot(running, other, managed_job("2")), {}, {})
     read = ProgressFiles()
-    assert collect_progress(jobs, 1000.0, (), read) == Progress({"4": 20.0, "5": 20.0}, {"4": "estimate", "5": "estimate"}, {}, {})  # 10 s / 0.5 s
-    (tmp_path / "progress.json").write_text(json.dumps({"step": 7, "iterations_done": 7, "time": 999.0, "first_step_at": 995.5}))
-    assert collect_progress(jobs, 1000.0, (), read) == Progress({"4": 7.0, "5": 20.0}, {"4": "file", "5": "estimate"}, {"4": 995.5}, {})
+    assert collect_progress(jobs, 1000.0, (), read) == Progress(
+        {"4": 20.0, "5": 20.0}, {"4": "estimate", "5": "estimate"}, {}, {}
+    )  # 10 s / 0.5 s
+    (tmp_path / "progress.json").write_text(
+        json.dumps({"step": 7, "iterations_done": 7, "time": 999.0, "first_step_at": 995.5})
+    )
+    assert collect_progress(jobs, 1000.0, (), read) == Progress(
+        {"4": 7.0, "5": 20.0}, {"4": "file", "5": "estimate"}, {"4": 995.5}, {}
+    )
 
 
 def test_metrics_exposition_over_http():
@@ -312,13 +388,26 @@ def test_status_rows_filter_by_user(tmp_path):
         plan = JobPlan.from_dict(json.loads(plan_comment("2", ("n1",)))["plan"])
         pid = st.begin_plan("2", 1, plan.cell, (("n1", 2),), "a100", plan.to_json(), "", 2.0)
         st.set_plan_status(pid, "released", 3.0)
-        st.save_statuses([JobStatus("2", "alice", "RUNNING", "running", "", 900.0, 950.0, None, None, 20.0, "file", False),
-                          JobStatus("3", "bob", "PENDING", "held", "waiting", 900.0, None, None, None, None, None, False)], 4.0)
+        st.save_statuses(
+            [
+                JobStatus("2", "alice", "RUNNING", "running", "", 900.0, 950.0, None, None, 20.0, "file", False),
+                JobStatus("3", "bob", "PENDING", "held", "waiting", 900.0, None, None, None, None, None, False),
+            ],
+            4.0,
+        )
         rows = {r["job_id"]: r for r in job_rows(st, now=1000.0)}
         assert set(rows) == {"2", "3"}
         r = rows["2"]
-        assert (r["cell"], r["nodes"], r["pp"], r["dp"], r["tp"], r["iterations_done"], r["iterations"], r["queued_s"]) == (
-            "a100:1x2:pp1", ["n1:2"], 1, 2, 1, 20.0, 100, 50.0)
+        assert (
+            r["cell"],
+            r["nodes"],
+            r["pp"],
+            r["dp"],
+            r["tp"],
+            r["iterations_done"],
+            r["iterations"],
+            r["queued_s"],
+        ) == ("a100:1x2:pp1", ["n1:2"], 1, 2, 1, 20.0, 100, 50.0)
         assert r["samples_per_s"] == 128.0 and r["plan"] == json.loads(plan.to_json())
         assert rows["3"]["reason"] == "waiting" and rows["3"]["queued_s"] == 100.0
         assert [r["job_id"] for r in job_rows(st, now=1000.0, only_user="bob")] == ["3"]

@@ -11,9 +11,9 @@ import time
 from slurm_ext.config import from_dict
 from slurm_ext.controller import daemon
 from slurm_ext.controller.report import RoundReport
-from slurm_ext.state import RoundStatus
 from slurm_ext.controller.watcher import Watcher
 from slurm_ext.records import ClusterSnapshot
+from slurm_ext.state import RoundStatus
 
 
 class _Backend:
@@ -27,8 +27,9 @@ class _Rounds:
     """What daemon.run uses of a Controller; its rounds report `statuses` in turn."""
 
     def __init__(self, tmp_path, statuses, interval_s=0.05):
-        self.config = from_dict({"controller": {"state_path": str(tmp_path / "s.sqlite"), "interval_s": interval_s,
-                                                "kick_file": ""}})
+        self.config = from_dict(
+            {"controller": {"state_path": str(tmp_path / "s.sqlite"), "interval_s": interval_s, "kick_file": ""}}
+        )
         self.backend = _Backend()
         self.stop = threading.Event()
         self.statuses = list(statuses)

@@ -19,12 +19,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "launch"))  # trainer_runs, srun_local
 
 from controller_support import ROOT, submit_managed, wait_until, write_config
+from trainer_runs import train
+
 from slurm_ext.backends import get_backend
 from slurm_ext.config import load
 from slurm_ext.controller.inputs import admin_comment_plan
-from slurm_ext.controller.round import Controller
 from slurm_ext.controller.progress import read_progress_file
-from trainer_runs import train
+from slurm_ext.controller.round import Controller
 
 pytestmark = pytest.mark.slurm
 
@@ -62,28 +63,82 @@ def _submit_elastic(tmp_path: Path, *extra: str, step_delay: float = 0.3, fail_r
     `fail_restart`, that restart of the job dies before training, once."""
     launcher = shutil.which("cellsched-launch", path=_env()["PATH"]) or pytest.fail("cellsched-launch not on PATH")
     script = tmp_path / "train.sh"
-    cmd = ["srun", launcher, "--", sys.executable, str(TRAIN), *TRAIN_FLAGS, "--steps", str(STEPS),
-           "--step-delay", str(step_delay), "--out", str(tmp_path / "losses.json")]
+    cmd = [
+        "srun",
+        launcher,
+        "--",
+        sys.executable,
+        str(TRAIN),
+        *TRAIN_FLAGS,
+        "--steps",
+        str(STEPS),
+        "--step-delay",
+        str(step_delay),
+        "--out",
+        str(tmp_path / "losses.json"),
+    ]
     fail = ""
     if fail_restart is not None:
         marker = tmp_path / "failed-once"
-        fail = (f'if [ "${{SLURM_RESTART_COUNT:-0}}" = {fail_restart} ] && [ ! -e {marker} ]; then '
-                f"touch {marker}; echo 'injected start-up failure' >&2; exit 1; fi\n")
+        fail = (
+            f'if [ "${{SLURM_RESTART_COUNT:-0}}" = {fail_restart} ] && [ ! -e {marker} ]; then '
+            f"touch {marker}; echo 'injected start-up failure' >&2; exit 1; fi\n"
+        )
     script.write_text("#!/bin/bash\n" + fail + "exec " + " ".join(f"'{c}'" for c in cmd) + "\n")
     script.chmod(0o755)
-    proc = subprocess.run([sys.executable, "-m", "slurm_ext", "sbatch", "--parsable", "--model", "gpt-350m",
-                           "--global-batch", "256", "--iterations", "200000", "--elastic",
-                           "-o", str(tmp_path / "job-%j.out"), *extra,
-                           "--", str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slurm_ext",
+            "sbatch",
+            "--parsable",
+            "--model",
+            "gpt-350m",
+            "--global-batch",
+            "256",
+            "--iterations",
+            "200000",
+            "--elastic",
+            "-o",
+            str(tmp_path / "job-%j.out"),
+            *extra,
+            "--",
+            str(script),
+        ],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip().splitlines()[-1]
 
 
 def _blocker(node: str, partition: str, gpus: int) -> str:
     """An unmanaged job holding `gpus` GPUs of `node`."""
-    out = subprocess.run(["sbatch", "--parsable", "-p", partition, "-w", node, "-N1", f"--gres=gpu:{gpus}",
-                          "-o", "/dev/null", "--wrap", "sleep 600"], env=_env(), capture_output=True, text=True,
-                         timeout=30, check=True)
+    out = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-p",
+            partition,
+            "-w",
+            node,
+            "-N1",
+            f"--gres=gpu:{gpus}",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "sleep 600",
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     return out.stdout.strip().split(";")[0]
 
 
@@ -99,6 +154,7 @@ def _wait_state(backend, job_id: str, states: tuple[str, ...], timeout: float, t
     def reached():
         j = _job(backend, job_id)
         return j if j is not None and j.state in states else None
+
     try:
         return wait_until(reached, timeout, f"job {job_id} in {states}")
     except AssertionError:
@@ -164,8 +220,13 @@ def test_default_elastic_job_grows_shrinks_survives_a_failed_restart_and_complet
     wait_until(lambda: _first_step_after(backend, job, signalled_at), 60, "the first step on four GPUs")
     ctl.round()  # measures the restart
 
-    other = submit_managed("gpt-350m", tmp_path, done_file=tmp_path / "done.txt", sleep=1,
-                           extra=("--gpu-types", "a40", "--min-gpus", "2", "--max-gpus", "2"))
+    other = submit_managed(
+        "gpt-350m",
+        tmp_path,
+        done_file=tmp_path / "done.txt",
+        sleep=1,
+        extra=("--gpu-types", "a40", "--min-gpus", "2", "--max-gpus", "2"),
+    )
     shrink = ctl.round()
     kinds = {a["job"]: a["kind"] for a in shrink.actions}
     assert kinds.get(job) == "move" and shrink.placements[job]["cell"] == "a40:1x2:pp1", shrink.actions
@@ -177,9 +238,12 @@ def test_default_elastic_job_grows_shrinks_survives_a_failed_restart_and_complet
 
     plans = [json.loads(p.plan) for p in ctl.state.plans_of(job)]
     assert {(p["dp"], p["virtual_workers"], p["micro_batches"]) for p in plans} == {
-        (2, 4, first_plan["micro_batches"]), (4, 4, first_plan["micro_batches"])}, plans
-    assert _losses(tmp_path) == uninterrupted(tmp_path, first_plan), \
+        (2, 4, first_plan["micro_batches"]),
+        (4, 4, first_plan["micro_batches"]),
+    }, plans
+    assert _losses(tmp_path) == uninterrupted(tmp_path, first_plan), (
         "the resized run's losses are not bitwise those of an uninterrupted run"
+    )
     events = [(e["event"], e["cell"]) for e in ctl.state.history(job)]
     assert events[:2] == [("placed", "a40:1x2:pp1"), ("signalled", "a40:2x2:pp1")], events
     assert ("run-failed", "a40:2x2:pp1") in events and ("signalled", "a40:1x2:pp1") in events, events
@@ -188,8 +252,13 @@ def test_default_elastic_job_grows_shrinks_survives_a_failed_restart_and_complet
     assert restart and all(0 < r < 120 for r in restart), restart
     print(f"\nmeasured restart costs (signal -> first step after resume): {restart} s")
 
-    shown = subprocess.run([sys.executable, "-m", "slurm_ext", "status", "--config", str(tmp_path / "cellsched.toml"),
-                            "--history", job], env=_env(), capture_output=True, text=True, timeout=60)
+    shown = subprocess.run(
+        [sys.executable, "-m", "slurm_ext", "status", "--config", str(tmp_path / "cellsched.toml"), "--history", job],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert shown.returncode == 0, shown.stderr
     for word in ("a40:1x2:pp1", "a40:2x2:pp1", "resumed", "run-failed"):
         assert word in shown.stdout, shown.stdout
@@ -202,20 +271,32 @@ def test_job_on_a_node_set_down_is_replaced_and_completes(slurm_cluster, tmp_pat
     placed = ctl.round()
     assert placed.placements[job]["cell"] == "a40:1x2:pp1"
     node = _wait_state(backend, job, ("RUNNING",), 60, tmp_path).nodes[0]
-    wait_until(lambda: (_progress(backend, job) or 0) and _progress(backend, job).iterations_done >= 3, 60, "three steps")
+    wait_until(
+        lambda: (_progress(backend, job) or 0) and _progress(backend, job).iterations_done >= 3, 60, "three steps"
+    )
     env = _env()
     try:
-        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=cellsched-test"], env=env,
-                       check=True, timeout=30)
+        subprocess.run(
+            ["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=cellsched-test"],
+            env=env,
+            check=True,
+            timeout=30,
+        )
         # keep it out of service (the fake node's slurmd would bring it back at once)
-        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=cellsched-test"], env=env,
-                       check=True, timeout=30)
+        subprocess.run(
+            ["scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=cellsched-test"],
+            env=env,
+            check=True,
+            timeout=30,
+        )
         wait_until(lambda: _job(backend, job).state != "RUNNING", 30, "the job to leave the failed node")
         again = ctl.round()
         assert again.placements[job]["cell"] == "a40:1x2:pp1", again.placements
         other = _wait_state(backend, job, ("RUNNING",), 60, tmp_path)
         assert other.nodes[0] != node
-        done = _wait_state(backend, job, ("COMPLETED", "FAILED"), 300, tmp_path)  # a bound, not a pace: slow on loaded cores
+        done = _wait_state(
+            backend, job, ("COMPLETED", "FAILED"), 300, tmp_path
+        )  # a bound, not a pace: slow on loaded cores
         assert done.state == "COMPLETED", _log(tmp_path)
     finally:
         subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=env, timeout=30, check=False)

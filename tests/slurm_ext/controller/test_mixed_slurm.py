@@ -18,10 +18,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from controller_support import ROOT, wait_until, write_config
 from minigpt.model import GPTConfig
 from minigpt.trainer import TrainConfig, reference_losses
+
 from slurm_ext.backends import get_backend
 from slurm_ext.config import load
 from slurm_ext.controller.inputs import admin_comment_plan
@@ -42,16 +42,57 @@ def _env() -> dict[str, str]:
 def _submit(tmp_path: Path) -> str:
     launcher = shutil.which("cellsched-launch", path=_env()["PATH"]) or pytest.fail("cellsched-launch not on PATH")
     script = tmp_path / "train.sh"
-    cmd = ["srun", launcher, "--", sys.executable, str(TRAIN), "--model", "gpt-tiny", "--dtype", "float64",
-           "--global-batch", str(BATCH), "--steps", str(STEPS), "--out", str(tmp_path / "losses.json"),
-           "--report", str(tmp_path / "report")]
+    cmd = [
+        "srun",
+        launcher,
+        "--",
+        sys.executable,
+        str(TRAIN),
+        "--model",
+        "gpt-tiny",
+        "--dtype",
+        "float64",
+        "--global-batch",
+        str(BATCH),
+        "--steps",
+        str(STEPS),
+        "--out",
+        str(tmp_path / "losses.json"),
+        "--report",
+        str(tmp_path / "report"),
+    ]
     script.write_text("#!/bin/bash\nexec " + " ".join(f"'{c}'" for c in cmd) + "\n")
     script.chmod(0o755)
-    proc = subprocess.run([sys.executable, "-m", "slurm_ext", "sbatch", "--parsable", "--model", "gpt-tiny",
-                           "--global-batch", str(BATCH), "--iterations", str(STEPS), "--gpu-types", "a40,a10",
-                           "--min-gpus", "6", "--virtual-workers", str(VIRTUAL_WORKERS),
-                           "-o", str(tmp_path / "job-%j.out"), "--", str(script)],
-                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slurm_ext",
+            "sbatch",
+            "--parsable",
+            "--model",
+            "gpt-tiny",
+            "--global-batch",
+            str(BATCH),
+            "--iterations",
+            str(STEPS),
+            "--gpu-types",
+            "a40,a10",
+            "--min-gpus",
+            "6",
+            "--virtual-workers",
+            str(VIRTUAL_WORKERS),
+            "-o",
+            str(tmp_path / "job-%j.out"),
+            "--",
+            str(script),
+        ],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip().splitlines()[-1]
 
@@ -97,8 +138,9 @@ def test_job_spanning_two_gpu_types_trains_like_the_reference(slurm_cluster, tmp
         raise AssertionError(f"{_job(backend, job)}\n{_log(tmp_path)}") from None
     assert done.state == "COMPLETED", _log(tmp_path)
     assert sorted(done.nodes) == ["n4", "n5", "n6"]
-    detail = subprocess.run(["scontrol", "-d", "show", "job", job], env=_env(), capture_output=True, text=True,
-                            timeout=30).stdout
+    detail = subprocess.run(
+        ["scontrol", "-d", "show", "job", job], env=_env(), capture_output=True, text=True, timeout=30
+    ).stdout
     assert "JOB_GRES=gpu:a40:4,gpu:a10:2" in detail, detail  # one job, the GPUs of both types
 
     sizes = [json.loads((tmp_path / "report" / f"rank-{r}.json").read_text())["batch"][1] for r in range(6)]
@@ -106,8 +148,12 @@ def test_job_spanning_two_gpu_types_trains_like_the_reference(slurm_cluster, tmp
     assert sizes == [BATCH * s / total for s in shares], (sizes, shares)
 
     losses = json.loads((tmp_path / "losses.json").read_text())["losses"]
-    ref = reference_losses(GPTConfig.from_preset("gpt-tiny"), TrainConfig(global_batch=BATCH, dtype="float64"), STEPS,
-                           virtual_workers=VIRTUAL_WORKERS)
+    ref = reference_losses(
+        GPTConfig.from_preset("gpt-tiny"),
+        TrainConfig(global_batch=BATCH, dtype="float64"),
+        STEPS,
+        virtual_workers=VIRTUAL_WORKERS,
+    )
     assert len(losses) == STEPS
     worst = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
     assert worst <= 1e-5, f"losses differ from the single-process reference by {worst:.2e} (relative)"

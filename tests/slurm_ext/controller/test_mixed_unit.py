@@ -16,16 +16,29 @@ NODES = (("n4", "a40"), ("n5", "a40"), ("n6", "a10"))
 
 
 def snapshot(*jobs: SlurmJob) -> ClusterSnapshot:
-    nodes = tuple(SlurmNode(name=n, gpu_type=t, gpus_total=2, gpus_alloc=0, state="idle", partitions=(t, "all"))
-                  for n, t in NODES)
-    parts = (SlurmPartition(name="a40", nodes=("n4", "n5")), SlurmPartition(name="a10", nodes=("n6",)),
-             SlurmPartition(name="all", nodes=("n4", "n5", "n6")))
+    nodes = tuple(
+        SlurmNode(name=n, gpu_type=t, gpus_total=2, gpus_alloc=0, state="idle", partitions=(t, "all")) for n, t in NODES
+    )
+    parts = (
+        SlurmPartition(name="a40", nodes=("n4", "n5")),
+        SlurmPartition(name="a10", nodes=("n6",)),
+        SlurmPartition(name="all", nodes=("n4", "n5", "n6")),
+    )
     return ClusterSnapshot(nodes=nodes, partitions=parts, jobs=jobs, taken_at=1000.0)
 
 
 def test_a_mixed_placement_is_released_as_one_ordinary_job():
-    job = SlurmJob(job_id="7", user="alice", state="PENDING", held=True, reason="JobHeldUser", partition="a40",
-                   comment=SPEC.to_comment(), submit_time=900.0, gpus_per_node=2)
+    job = SlurmJob(
+        job_id="7",
+        user="alice",
+        state="PENDING",
+        held=True,
+        reason="JobHeldUser",
+        partition="a40",
+        comment=SPEC.to_comment(),
+        submit_time=900.0,
+        gpus_per_node=2,
+    )
     snap = snapshot(job)
     jobs = inp.classify(snap, {}, {})
     view = inp.build_request(snap, jobs, {}, Config().solver).view

@@ -24,13 +24,14 @@ from solver.plan import JobPlan
 from solver.types import Cell, ParallelPlan, Placement
 
 #: the dev cluster's shape: 22 GPUs, 4 of them A40
-NODES = (("n1", "a100", 4), ("n2", "a100", 4), ("n3", "v100", 8), ("n4", "a40", 2), ("n5", "a40", 2),
-         ("n6", "a10", 2))
+NODES = (("n1", "a100", 4), ("n2", "a100", 4), ("n3", "v100", 8), ("n4", "a40", 2), ("n5", "a40", 2), ("n6", "a10", 2))
 
 
 def snapshot(*jobs: SlurmJob) -> ClusterSnapshot:
-    nodes = tuple(SlurmNode(name=n, gpu_type=t, gpus_total=g, gpus_alloc=0, state="idle", partitions=(t, "all"))
-                  for n, t, g in NODES)
+    nodes = tuple(
+        SlurmNode(name=n, gpu_type=t, gpus_total=g, gpus_alloc=0, state="idle", partitions=(t, "all"))
+        for n, t, g in NODES
+    )
     types = sorted({t for _, t, _ in NODES})
     parts = tuple(SlurmPartition(name=t, nodes=tuple(n for n, tt, _ in NODES if tt == t)) for t in types)
     parts += (SlurmPartition(name="all", nodes=tuple(n for n, _, _ in NODES)),)
@@ -38,21 +39,33 @@ def snapshot(*jobs: SlurmJob) -> ClusterSnapshot:
 
 
 def held(job_id: str, spec: JobSpec, **kw) -> SlurmJob:
-    base = dict(job_id=job_id, user="alice", state="PENDING", held=True, reason="JobHeldUser", partition="all",
-                comment=spec.to_comment(), submit_time=900.0, gpus_per_node=1)
+    base = dict(
+        job_id=job_id,
+        user="alice",
+        state="PENDING",
+        held=True,
+        reason="JobHeldUser",
+        partition="all",
+        comment=spec.to_comment(),
+        submit_time=900.0,
+        gpus_per_node=1,
+    )
     return SlurmJob(**{**base, **kw})
 
 
 # --- V is fixed when the job is accepted ---------------------------------------
 
 
-@pytest.mark.parametrize("spec_kw, v", [
-    (dict(gpu_types=("a40",), min_gpus=2), 4),  # 4 A40s; 4 divides 256
-    (dict(gpu_types=("a40",), min_gpus=2, max_gpus=3), 4),  # covers dp 3; 3 does not divide 256, 4 does
-    (dict(), 32),  # every type: 22 GPUs; the smallest divisor of 256 from 22 up is 32
-    (dict(partitions=("a100", "a10")), 16),  # 8 + 2 = 10 GPUs -> 16
-    (dict(max_gpus=2), 2),
-])
+@pytest.mark.parametrize(
+    "spec_kw, v",
+    [
+        (dict(gpu_types=("a40",), min_gpus=2), 4),  # 4 A40s; 4 divides 256
+        (dict(gpu_types=("a40",), min_gpus=2, max_gpus=3), 4),  # covers dp 3; 3 does not divide 256, 4 does
+        (dict(), 32),  # every type: 22 GPUs; the smallest divisor of 256 from 22 up is 32
+        (dict(partitions=("a100", "a10")), 16),  # 8 + 2 = 10 GPUs -> 16
+        (dict(max_gpus=2), 2),
+    ],
+)
 def test_an_elastic_job_is_accepted_with_virtual_workers_that_cover_its_largest_dp(spec_kw, v):
     spec = JobSpec(model="gpt-350m", global_batch=256, iterations=100, elastic=True, **spec_kw)
     (m,) = inp.classify(snapshot(held("5", spec)), {}, {})
@@ -79,8 +92,16 @@ def test_virtual_workers_divide_the_global_batch_and_a_users_choice_is_kept():
 
 def test_a_placed_job_keeps_the_virtual_workers_of_its_plan():
     spec = JobSpec(model="gpt-350m", global_batch=64, iterations=100)  # accepted before V was fixed at acceptance
-    plan = JobPlan(dp=2, global_batch=64, gpu_types=("a40",), nodes=("n4",), gpus_per_node=2, virtual_workers=8,
-                   cell="a40:1x2:pp1", job_id="5")
+    plan = JobPlan(
+        dp=2,
+        global_batch=64,
+        gpu_types=("a40",),
+        nodes=("n4",),
+        gpus_per_node=2,
+        virtual_workers=8,
+        cell="a40:1x2:pp1",
+        job_id="5",
+    )
     ac = json.dumps({"spec": json.loads(spec.to_json()), "plan": json.loads(plan.to_json())})
     job = held("5", spec, state="COMPLETED", held=False, exit_code=75, admin_comment=ac, end_time=990.0)
     (m,) = inp.classify(snapshot(job), {}, {})
@@ -124,17 +145,29 @@ SPEC = JobSpec(model="gpt-350m", global_batch=64, iterations=100, elastic=True, 
 
 
 def ended(job_id: str, state: str = "FAILED", exit_code: int = 1, start: float = 950.0, end: float = 960.0) -> SlurmJob:
-    plan = JobPlan(dp=2, global_batch=64, gpu_types=("a40",), nodes=("n4",), gpus_per_node=2, virtual_workers=4,
-                   cell="a40:1x2:pp1", job_id=job_id, checkpoint_dir=f"/ck/{job_id}")
+    plan = JobPlan(
+        dp=2,
+        global_batch=64,
+        gpu_types=("a40",),
+        nodes=("n4",),
+        gpus_per_node=2,
+        virtual_workers=4,
+        cell="a40:1x2:pp1",
+        job_id=job_id,
+        checkpoint_dir=f"/ck/{job_id}",
+    )
     ac = json.dumps({"spec": json.loads(SPEC.to_json()), "plan": json.loads(plan.to_json())})
-    return held(job_id, SPEC, state=state, held=False, exit_code=exit_code, admin_comment=ac, start_time=start,
-                end_time=end)
+    return held(
+        job_id, SPEC, state=state, held=False, exit_code=exit_code, admin_comment=ac, start_time=start, end_time=end
+    )
 
 
 def test_a_run_that_failed_before_its_first_step_is_relaunched():
-    progress = {"1": JobProgress(30, first_step_at=900.0),  # its last step is of an earlier run
-                "2": JobProgress(40, first_step_at=955.0),  # this run trained: the program's own failure
-                "3": None}  # never wrote progress
+    progress = {
+        "1": JobProgress(30, first_step_at=900.0),  # its last step is of an earlier run
+        "2": JobProgress(40, first_step_at=955.0),  # this run trained: the program's own failure
+        "3": None,
+    }  # never wrote progress
     jobs = inp.classify(snapshot(ended("1"), ended("2"), ended("3"), ended("4", state="CANCELLED")), {}, {})
     assert [m.phase for m in jobs] == [inp.Phase.FINISHED] * 4
     read_calls: list[str] = []
@@ -149,7 +182,12 @@ def test_a_run_that_failed_before_its_first_step_is_relaunched():
     assert (f.cell, f.end_time, f.new, f.relaunch) == ("a40:1x2:pp1", 960.0, True, True)
     assert "failed before training (failed, exit 1 in a40:1x2:pp1, failure 1 of 3" in f.reason
     after = relaunch.apply_review(jobs, failures)
-    assert [m.phase for m in after] == [inp.Phase.CHECKPOINTED, inp.Phase.FINISHED, inp.Phase.CHECKPOINTED, inp.Phase.FINISHED]
+    assert [m.phase for m in after] == [
+        inp.Phase.CHECKPOINTED,
+        inp.Phase.FINISHED,
+        inp.Phase.CHECKPOINTED,
+        inp.Phase.FINISHED,
+    ]
     view = inp.build_request(snapshot(), after, {}, Config().solver).view
     p = Placement("1", Cell("a40", 1, 2, 1), (("n5", 2),), ParallelPlan(1, 2, 1), 0.5)
     actions = {a.job_id: a for a in decide(after, {"1": p}, view, "/ck")}
@@ -183,16 +221,29 @@ def test_run_failures_count_against_their_cell(tmp_path):
 
 def test_a_running_job_is_moved_only_once_its_current_run_reported_a_step():
     spec = JobSpec(model="gpt-350m", global_batch=64, iterations=100, elastic=True, virtual_workers=4)
-    plan = JobPlan(dp=2, global_batch=64, gpu_types=("a40",), nodes=("n4",), gpus_per_node=2, virtual_workers=4,
-                   cell="a40:1x2:pp1", job_id="5")
+    plan = JobPlan(
+        dp=2,
+        global_batch=64,
+        gpu_types=("a40",),
+        nodes=("n4",),
+        gpus_per_node=2,
+        virtual_workers=4,
+        cell="a40:1x2:pp1",
+        job_id="5",
+    )
     ac = json.dumps({"spec": json.loads(spec.to_json()), "plan": json.loads(plan.to_json())})
-    job = held("5", spec, state="RUNNING", held=False, admin_comment=ac, nodes=("n4",), start_time=950.0,
-               gpus_per_node=2)
+    job = held(
+        "5", spec, state="RUNNING", held=False, admin_comment=ac, nodes=("n4",), start_time=950.0, gpus_per_node=2
+    )
     (m,) = inp.classify(snapshot(job), {}, {})
     assert m.phase == inp.Phase.RUNNING
 
     def elastic(first_step_at):
-        return inp.build_request(snapshot(job), (m,), {}, Config().solver, first_step_at=first_step_at).request.jobs[0].elastic
+        return (
+            inp.build_request(snapshot(job), (m,), {}, Config().solver, first_step_at=first_step_at)
+            .request.jobs[0]
+            .elastic
+        )
 
     assert elastic({"5": 951.5})  # this run trained: its launcher handles the checkpoint signal
     assert not elastic({"5": 900.0})  # the step is of an earlier run: this one is still starting up
@@ -220,9 +271,19 @@ def test_a_job_released_to_start_soon_is_not_placed_again_while_it_waits_that_se
     """The round after a restart was released (StartTime=now+1) sees it
     pending with Reason=BeginTime for up to a second: it keeps its plan. A
     job Slurm requeued itself (cred_expire away) is placed again to start soon."""
-    job = dataclasses.replace(ended("1"), state="PENDING", held=False, reason="BeginTime", exit_code=None,
-                              nodes=(), required_nodes=("n4",), partition="a40", features="a40", num_nodes=1,
-                              gpus_per_node=2)
+    job = dataclasses.replace(
+        ended("1"),
+        state="PENDING",
+        held=False,
+        reason="BeginTime",
+        exit_code=None,
+        nodes=(),
+        required_nodes=("n4",),
+        partition="a40",
+        features="a40",
+        num_nodes=1,
+        gpus_per_node=2,
+    )
     p = Placement("1", Cell("a40", 1, 2, 1), (("n4", 2),), ParallelPlan(1, 2, 1), 0.5)
     for eligible, placed_again in ((1000.8, False), (1001.0, False), (1010.0, True), (None, True)):
         j = dataclasses.replace(job, eligible_time=eligible)
@@ -230,4 +291,6 @@ def test_a_job_released_to_start_soon_is_not_placed_again_while_it_waits_that_se
         assert m.phase == inp.Phase.RELEASED and m.current is not None and p.same_resources(m.current)
         view = inp.build_request(snapshot(j), (m,), {}, Config().solver).view
         actions = decide((m,), {"1": p}, view, "/ck", now=1000.0)
-        assert [(a.kind, a.update.start_soon, a.hold_first) for a in actions] == ([(PLACE, True, True)] if placed_again else []), eligible
+        assert [(a.kind, a.update.start_soon, a.hold_first) for a in actions] == (
+            [(PLACE, True, True)] if placed_again else []
+        ), eligible

@@ -34,13 +34,16 @@ def test_a_regular_file_of_the_user_is_read(tmp_path):
     assert read_owned_file(str(tmp_path / "absent"), os.getuid(), 100) is None
 
 
-@pytest.mark.parametrize("make, why", [
-    (lambda p: os.mkfifo(p), "not a regular file"),  # opened without waiting for a writer, then refused
-    (lambda p: os.symlink("/dev/zero", p), "a symbolic link"),
-    (lambda p: os.symlink("/etc/shadow", p), "a symbolic link"),
-    (lambda p: p.write_bytes(b"x" * 101), "101 bytes, more than 100"),
-    (lambda p: os.mkdir(p), "not a regular file"),
-])
+@pytest.mark.parametrize(
+    "make, why",
+    [
+        (lambda p: os.mkfifo(p), "not a regular file"),  # opened without waiting for a writer, then refused
+        (lambda p: os.symlink("/dev/zero", p), "a symbolic link"),
+        (lambda p: os.symlink("/etc/shadow", p), "a symbolic link"),
+        (lambda p: p.write_bytes(b"x" * 101), "101 bytes, more than 100"),
+        (lambda p: os.mkdir(p), "not a regular file"),
+    ],
+)
 def test_what_is_not_a_small_regular_file_is_refused_at_once(tmp_path, make, why):
     path = tmp_path / "progress.json"
     make(path)
@@ -96,26 +99,50 @@ def test_a_read_that_hangs_is_abandoned_and_not_tried_again_while_it_hangs(monke
 
 
 def running_job(tmp_path, uid: int, start: float | None = 900.0) -> inp.ManagedJob:
-    plan = JobPlan(dp=2, global_batch=64, gpu_types=("a40",), nodes=("n4",), gpus_per_node=2, cell="a40:1x2:pp1",
-                   job_id="5", iter_time_s=2.0, checkpoint_dir=str(tmp_path))
+    plan = JobPlan(
+        dp=2,
+        global_batch=64,
+        gpu_types=("a40",),
+        nodes=("n4",),
+        gpus_per_node=2,
+        cell="a40:1x2:pp1",
+        job_id="5",
+        iter_time_s=2.0,
+        checkpoint_dir=str(tmp_path),
+    )
     ac = json.dumps({"spec": json.loads(SPEC.to_json()), "plan": json.loads(plan.to_json())})
-    job = SlurmJob(job_id="5", user="alice", uid=uid, state="RUNNING", partition="a40", nodes=("n4",), num_nodes=1,
-                   gpus_per_node=2, comment=SPEC.to_comment(), admin_comment=ac, start_time=start, submit_time=800.0)
+    job = SlurmJob(
+        job_id="5",
+        user="alice",
+        uid=uid,
+        state="RUNNING",
+        partition="a40",
+        nodes=("n4",),
+        num_nodes=1,
+        gpus_per_node=2,
+        comment=SPEC.to_comment(),
+        admin_comment=ac,
+        start_time=start,
+        submit_time=800.0,
+    )
     nodes = (SlurmNode(name="n4", gpu_type="a40", gpus_total=2, gpus_alloc=2, state="allocated", partitions=("a40",)),)
     (m,) = inp.classify(ClusterSnapshot(nodes, (SlurmPartition("a40", ("n4",)),), (job,), 1000.0), {}, {})
     return m
 
 
-@pytest.mark.parametrize("report, prev, why", [
-    (JobProgress(50), None, ""),  # 100 s at 2 s/iteration: 50, believed
-    (JobProgress(150), None, "reports 150 iterations, beyond the job's 100"),
-    (JobProgress(99), (10.0, 980.0), "more than 3 times its cell's estimate allows (41)"),  # 10 + 3 * 20 / 2 + 1
-    (JobProgress(40), (10.0, 980.0), ""),
-    (JobProgress(20, first_step_at=950.0), None, ""),
-    (JobProgress(20, first_step_at=1e12), None, "its first step (1000000000000) lies outside its run"),
-    (JobProgress(20, first_step_at=100.0), None, "its first step (100) lies outside its run"),
-    (JobProgress(20), "never ran", "reports 20 iterations before it ever ran"),  # no count, no start time
-])
+@pytest.mark.parametrize(
+    "report, prev, why",
+    [
+        (JobProgress(50), None, ""),  # 100 s at 2 s/iteration: 50, believed
+        (JobProgress(150), None, "reports 150 iterations, beyond the job's 100"),
+        (JobProgress(99), (10.0, 980.0), "more than 3 times its cell's estimate allows (41)"),  # 10 + 3 * 20 / 2 + 1
+        (JobProgress(40), (10.0, 980.0), ""),
+        (JobProgress(20, first_step_at=950.0), None, ""),
+        (JobProgress(20, first_step_at=1e12), None, "its first step (1000000000000) lies outside its run"),
+        (JobProgress(20, first_step_at=100.0), None, "its first step (100) lies outside its run"),
+        (JobProgress(20), "never ran", "reports 20 iterations before it ever ran"),  # no count, no start time
+    ],
+)
 def test_a_report_is_believed_only_within_reason(tmp_path, report, prev, why):
     m = running_job(tmp_path, os.getuid(), start=None if prev == "never ran" else 900.0)
     got = doubt(report, m, None if prev == "never ran" else prev, 1000.0, rate_factor=3.0)
@@ -160,13 +187,15 @@ def test_the_wait_for_a_checkpoint_ends_when_the_daemon_stops():
 def test_a_stop_ends_the_process_after_the_grace_even_if_the_main_thread_hangs():
     """What SIGTERM starts (daemon.stop_within): the loop is asked to
     stop; a main thread stuck in a call is cut after the grace, exit 0."""
-    code = ("import threading, time\n"
-            "from slurm_ext.controller import logs\n"
-            "from slurm_ext.controller.daemon import stop_within\n"
-            "logs.setup('json')\n"
-            "stop = threading.Event()\n"
-            "threading.Thread(target=stop_within, args=(stop, 0.3), daemon=True).start()\n"
-            "time.sleep(60)  # a call that hangs\n")
+    code = (
+        "import threading, time\n"
+        "from slurm_ext.controller import logs\n"
+        "from slurm_ext.controller.daemon import stop_within\n"
+        "logs.setup('json')\n"
+        "stop = threading.Event()\n"
+        "threading.Thread(target=stop_within, args=(stop, 0.3), daemon=True).start()\n"
+        "time.sleep(60)  # a call that hangs\n"
+    )
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0 and time.monotonic() - t0 < 30, proc.stderr

@@ -10,8 +10,8 @@ import pytest
 from slurm_ext.backends.base import JobUpdate, SlurmCommandError, SubmitRequest, UpdateNotApplied
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.backend import ITERATIONS, SimBackend
-from solver.contract import EXIT_CHECKPOINTED
 from slurm_ext.sim.types import ClusterSpec, NodeGroup
+from solver.contract import EXIT_CHECKPOINTED
 from solver.plan import JobPlan
 
 CLUSTER = ClusterSpec((NodeGroup("a100", 2, 4), NodeGroup("v100", 2, 8)))
@@ -33,16 +33,28 @@ def spec(iterations: int = 100, elastic: bool = True) -> JobSpec:
 
 
 def submit(b: SimBackend, s: JobSpec | None = None, hold: bool = True) -> str:
-    return b.submit(SubmitRequest(script="job.sh", gres_per_node=1, nodes=1, hold=hold,
-                                  comment=(s or spec()).to_comment()))
+    return b.submit(
+        SubmitRequest(script="job.sh", gres_per_node=1, nodes=1, hold=hold, comment=(s or spec()).to_comment())
+    )
 
 
 def place(b: SimBackend, job_id: str, nodes: tuple[str, ...], gpn: int, *, now: bool = False) -> None:
     gpu_type = nodes[0].split("-")[0]
     plan = JobPlan(pp=1, dp=len(nodes) * gpn, tp=1, gpu_types=(gpu_type,), nodes=nodes, gpus_per_node=gpn)
-    b.update(job_id, JobUpdate(partition=gpu_type, features=gpu_type, num_nodes=len(nodes), req_nodes=nodes,
-                               gres_per_node=gpn, num_tasks=len(nodes) * gpn, tasks_per_node=gpn,
-                               admin_comment=json.dumps({"plan": json.loads(plan.to_json())}), start_soon=now))
+    b.update(
+        job_id,
+        JobUpdate(
+            partition=gpu_type,
+            features=gpu_type,
+            num_nodes=len(nodes),
+            req_nodes=nodes,
+            gres_per_node=gpn,
+            num_tasks=len(nodes) * gpn,
+            tasks_per_node=gpn,
+            admin_comment=json.dumps({"plan": json.loads(plan.to_json())}),
+            start_soon=now,
+        ),
+    )
     b.release(job_id)
 
 
@@ -51,9 +63,19 @@ def test_the_cluster_looks_like_slurm_shows_it():
     assert snap.taken_at == 1000.0
     assert [n.name for n in snap.nodes] == ["a100-1", "a100-2", "v100-1", "v100-2"]
     n = snap.node("v100-2")
-    assert (n.gpu_type, n.gpus_total, n.gpus_alloc, n.state, n.features, n.partitions) == ("v100", 8, 0, "idle", ("v100",), ("v100", "all"))
-    assert {p.name: p.nodes for p in snap.partitions} == {"a100": ("a100-1", "a100-2"), "v100": ("v100-1", "v100-2"),
-                                                         "all": ("a100-1", "a100-2", "v100-1", "v100-2")}
+    assert (n.gpu_type, n.gpus_total, n.gpus_alloc, n.state, n.features, n.partitions) == (
+        "v100",
+        8,
+        0,
+        "idle",
+        ("v100",),
+        ("v100", "all"),
+    )
+    assert {p.name: p.nodes for p in snap.partitions} == {
+        "a100": ("a100-1", "a100-2"),
+        "v100": ("v100-1", "v100-2"),
+        "all": ("a100-1", "a100-2", "v100-1", "v100-2"),
+    }
     assert [p.name for p in snap.partitions if p.default] == ["all"]
 
 
@@ -61,14 +83,32 @@ def test_a_held_job_runs_where_the_update_puts_it():
     b = backend()
     job_id = submit(b)
     held = b.observe().job(job_id)
-    assert (held.state, held.held, held.reason, held.partition, held.gpus_per_node, held.gpu_type) == ("PENDING", True, "JobHeldUser", "all", 1, None)
+    assert (held.state, held.held, held.reason, held.partition, held.gpus_per_node, held.gpu_type) == (
+        "PENDING",
+        True,
+        "JobHeldUser",
+        "all",
+        1,
+        None,
+    )
     assert held.comment.startswith("cellsched/v1 ")
     place(b, job_id, ("a100-1", "a100-2"), 2)
     job = b.observe().job(job_id)
-    assert (job.state, job.nodes, job.num_nodes, job.batch_host, job.partition, job.features) == ("RUNNING", ("a100-1", "a100-2"), 2, "a100-1", "a100", "a100")
+    assert (job.state, job.nodes, job.num_nodes, job.batch_host, job.partition, job.features) == (
+        "RUNNING",
+        ("a100-1", "a100-2"),
+        2,
+        "a100-1",
+        "a100",
+        "a100",
+    )
     assert (job.num_tasks, job.tasks_per_node, job.start_time) == (4, 2, 0.0)
     snap = b.observe()
-    assert (snap.node("a100-1").gpus_alloc, snap.node("a100-1").state, snap.node("v100-1").gpus_alloc) == (2, "mixed", 0)
+    assert (snap.node("a100-1").gpus_alloc, snap.node("a100-1").state, snap.node("v100-1").gpus_alloc) == (
+        2,
+        "mixed",
+        0,
+    )
 
 
 def test_an_update_of_a_running_job_is_refused_but_its_admin_comment_sticks():

@@ -19,7 +19,11 @@ def test_arena_cluster_is_the_shipped_1280_gpu_one():
     assert spec.total_gpus == 1280
     assert spec.gpus_by_type() == {"a100": 320, "v100": 320, "a40": 320, "a10": 320}
     assert [(g.gpu_type, g.count, g.gpus_per_node, g.mem_gb) for g in spec.groups] == [
-        ("a100", 80, 4, 40.0), ("v100", 20, 16, 32.0), ("a40", 160, 2, 48.0), ("a10", 160, 2, 24.0)]
+        ("a100", 80, 4, 40.0),
+        ("v100", 20, 16, 32.0),
+        ("a40", 160, 2, 48.0),
+        ("a10", 160, 2, 24.0),
+    ]
     names = node_names(spec)
     assert len(names) == 420
     assert names[0] == ("a100-01", "a100", 4) and names[79] == ("a100-80", "a100", 4)
@@ -38,8 +42,16 @@ def test_shipped_example_matches_dev_cluster_shape():
 
 def test_json_form_and_numbering_across_groups(tmp_path):
     path = tmp_path / "c.json"
-    path.write_text(json.dumps({"nodes": [{"gpu_type": "a100", "count": 9, "gpus_per_node": 4},
-                                          {"gpu_type": "a100", "count": 3, "gpus_per_node": 8}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "nodes": [
+                    {"gpu_type": "a100", "count": 9, "gpus_per_node": 4},
+                    {"gpu_type": "a100", "count": 3, "gpus_per_node": 8},
+                ]
+            }
+        )
+    )
     spec = load_cluster_spec(path)
     assert spec.total_gpus == 9 * 4 + 3 * 8 and spec.groups[1].mem_gb is None
     names = node_names(spec)
@@ -55,17 +67,22 @@ def test_arena_format_without_gpus_per_node_uses_node_capacity(tmp_path):
         load_cluster_spec(path)
 
 
-@pytest.mark.parametrize("body,message", [
-    ('[[nodes]]\ngpu_type = "a100"\ncount = 0\ngpus_per_node = 4\n',
-     r"c.toml: nodes\[0\]: field 'count' must be a positive integer, got 0"),
-    ('[[nodes]]\ngpu_type = "A100"\ncount = 1\ngpus_per_node = 4\n', r"nodes\[0\]: field 'gpu_type'"),
-    ('[[nodes]]\ngpu_type = "a100"\ncount = 1\n', r"nodes\[0\]: missing field 'gpus_per_node'"),
-    ('[[nodes]]\ngpu_type = "a100"\ncount = 1\ngpus_per_node = 4\ngpus = 3\n', r"nodes\[0\]: unknown field 'gpus'"),
-    ('[[nodes]]\ngpu_type = "a100"\ncount = 1\ngpus_per_node = 4\nmem_gb = "lots"\n', r"field 'mem_gb'"),
-    ('nodes = []\n', r"field 'nodes' must be a non-empty list"),
-    ('name = "x"\n', r"missing field 'nodes'"),
-    ('[[nodes]\n', r"c.toml: not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        (
+            '[[nodes]]\ngpu_type = "a100"\ncount = 0\ngpus_per_node = 4\n',
+            r"c.toml: nodes\[0\]: field 'count' must be a positive integer, got 0",
+        ),
+        ('[[nodes]]\ngpu_type = "A100"\ncount = 1\ngpus_per_node = 4\n', r"nodes\[0\]: field 'gpu_type'"),
+        ('[[nodes]]\ngpu_type = "a100"\ncount = 1\n', r"nodes\[0\]: missing field 'gpus_per_node'"),
+        ('[[nodes]]\ngpu_type = "a100"\ncount = 1\ngpus_per_node = 4\ngpus = 3\n', r"nodes\[0\]: unknown field 'gpus'"),
+        ('[[nodes]]\ngpu_type = "a100"\ncount = 1\ngpus_per_node = 4\nmem_gb = "lots"\n', r"field 'mem_gb'"),
+        ("nodes = []\n", r"field 'nodes' must be a non-empty list"),
+        ('name = "x"\n', r"missing field 'nodes'"),
+        ("[[nodes]\n", r"c.toml: not valid TOML"),
+    ],
+)
 def test_errors_name_file_and_field(tmp_path, body, message):
     path = tmp_path / "c.toml"
     path.write_text(body)

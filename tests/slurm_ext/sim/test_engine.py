@@ -96,8 +96,18 @@ def test_arena_compat_quantizes_arrivals_and_sees_completions_at_round_boundarie
     sim = Simulator(trace, ONE_NODE, "fcfs", speed=TABLE.speed, estimator=TABLE, options=SimOptions(arena_compat=True))
     result = sim.run()
     jobs = {j.job_id: j for j in result.jobs}
-    assert (jobs["a"].submit_time, jobs["a"].first_start, jobs["a"].end_time, jobs["a"].jct) == (1000.0, 1000.0, 1600.0, 600.0)
-    assert (jobs["b"].submit_time, jobs["b"].first_start, jobs["b"].end_time, jobs["b"].jct) == (1300.0, 1300.0, 2200.0, 900.0)
+    assert (jobs["a"].submit_time, jobs["a"].first_start, jobs["a"].end_time, jobs["a"].jct) == (
+        1000.0,
+        1000.0,
+        1600.0,
+        600.0,
+    )
+    assert (jobs["b"].submit_time, jobs["b"].first_start, jobs["b"].end_time, jobs["b"].jct) == (
+        1300.0,
+        1300.0,
+        2200.0,
+        900.0,
+    )
     # one sample per round; a's 150 s charge halves its share of the first round
     thr = {s.time: s.throughput for s in result.samples}
     assert thr[1000.0] == pytest.approx(32.0 * 0.5)

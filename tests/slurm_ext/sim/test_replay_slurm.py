@@ -24,28 +24,27 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import pytest
+from support import ROOT, SHAPE, read_shape, wait_for
 
 from slurm_ext.backends import get_backend
 from slurm_ext.backends.base import Backend
 from slurm_ext.config import Config, ControllerConfig
-from slurm_ext.state import RoundStatus
 from slurm_ext.controller.round import Controller
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import SlurmJob
 from slurm_ext.sim.clusterspec import load_cluster_spec, node_names
 from slurm_ext.sim.engine import SimOptions, Simulator
 from slurm_ext.sim.types import TraceJob
-from slurm_ext.state import StateStore
+from slurm_ext.state import RoundStatus, StateStore
 from solver.estimator import Estimator
 from solver.mixed import MixedEstimator
 from solver.plan import JobPlan
 from solver.profiles.seed import open_store
 from solver.types import SolverConfig
-from support import ROOT, SHAPE, read_shape, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -101,8 +100,10 @@ Placement = tuple[float, str, str, str]
 
 def trace() -> list[TraceJob]:
     """TRACE as the simulator's trace jobs j00..j19."""
-    return [TraceJob(f"j{i:02d}", float(t), model, batch, iterations, gpus, line=i + 1)
-            for i, (t, model, batch, iterations, gpus) in enumerate(TRACE)]
+    return [
+        TraceJob(f"j{i:02d}", float(t), model, batch, iterations, gpus, line=i + 1)
+        for i, (t, model, batch, iterations, gpus) in enumerate(TRACE)
+    ]
 
 
 def constant_speed(spec: JobSpec, gpu_type: str, num_nodes: int, gpus_per_node: int, plan: JobPlan | None) -> float:
@@ -115,8 +116,9 @@ def estimator(profiles: Path) -> MixedEstimator:
     return MixedEstimator(Estimator(open_store(str(profiles))))
 
 
-def placements(state_path: Path, ids: Mapping[str, str], round_time: Mapping[int, float],
-               node_name: Mapping[str, str]) -> list[Placement]:
+def placements(
+    state_path: Path, ids: Mapping[str, str], round_time: Mapping[int, float], node_name: Mapping[str, str]
+) -> list[Placement]:
     """Every "placed" event of the trace's jobs in a controller's state,
     sorted by round, then trace job."""
     out: list[Placement] = []
@@ -124,8 +126,10 @@ def placements(state_path: Path, ids: Mapping[str, str], round_time: Mapping[int
         for trace_id, slurm_id in ids.items():
             for e in state.history(slurm_id):
                 if e["event"] == "placed":
-                    nodes = ",".join(f"{node_name.get(n, n)}:{g}" for n, _, g in
-                                     (part.partition(":") for part in e["nodes"].split(",")))
+                    nodes = ",".join(
+                        f"{node_name.get(n, n)}:{g}"
+                        for n, _, g in (part.partition(":") for part in e["nodes"].split(","))
+                    )
                     out.append((round_time[e["round_id"]], trace_id, e["cell"], nodes))
     return sorted(out)
 
@@ -143,6 +147,7 @@ def show(placed: list[Placement]) -> list[str]:
 
 # --- the simulated run ---------------------------------------------------------------
 
+
 def simulate(workdir: Path, profiles: Path) -> tuple[list[Placement], dict[str, str | None]]:
     """The trace on the simulated dev cluster: placements and accepted specs."""
     cluster = load_cluster_spec(ROOT / "etc" / "sim-cluster.toml")
@@ -150,12 +155,30 @@ def simulate(workdir: Path, profiles: Path) -> tuple[list[Placement], dict[str, 
     sim_nodes = node_names(cluster)
     assert [(t, g) for _, t, g in sim_nodes] == list(shape.values()), "sim-cluster.toml is not the dev cluster"
     real_names = dict(zip((name for name, _, _ in sim_nodes), shape))
-    options = SimOptions(interval_s=1e6, min_gap_s=0.0, early_rounds=True, skip_idle_rounds=True, start_delay_s=0.0,
-                         restart_per_gpu_s=0.0, restart_max_s=0.0, elastic=False, min_gpus=1, max_gpus=MAX_GPUS,
-                         progress_rate_factor=RATE_FACTOR, solver=SOLVER)
+    options = SimOptions(
+        interval_s=1e6,
+        min_gap_s=0.0,
+        early_rounds=True,
+        skip_idle_rounds=True,
+        start_delay_s=0.0,
+        restart_per_gpu_s=0.0,
+        restart_max_s=0.0,
+        elastic=False,
+        min_gpus=1,
+        max_gpus=MAX_GPUS,
+        progress_rate_factor=RATE_FACTOR,
+        solver=SOLVER,
+    )
     workdir.mkdir()
-    sim = Simulator(trace(), cluster, POLICY, speed=constant_speed, estimator=estimator(profiles), options=options,
-                    state_dir=workdir)
+    sim = Simulator(
+        trace(),
+        cluster,
+        POLICY,
+        speed=constant_speed,
+        estimator=estimator(profiles),
+        options=options,
+        state_dir=workdir,
+    )
     run = sim.run()
     assert all(o.finished for o in run.jobs), [o for o in run.jobs if not o.finished]
     assert not run.meta["controller_warnings"], run.meta["controller_warning_examples"]
@@ -167,6 +190,7 @@ def simulate(workdir: Path, profiles: Path) -> tuple[list[Placement], dict[str, 
 
 # --- the real run -----------------------------------------------------------------------
 
+
 class Replay:
     """The harness on the real dev cluster: submits, ends jobs and runs rounds
     in the trace's event order, paced by the wall clock."""
@@ -177,11 +201,18 @@ class Replay:
         self.script = workdir / "replay_job.sh"
         self.script.write_text(JOB_SCRIPT)
         self.script.chmod(0o755)
-        config = Config(controller=ControllerConfig(policy=POLICY, state_path=str(self.state_path),
-                                                    profiles_path=str(profiles), kick_file="",
-                                                    checkpoint_root=str(workdir / "ckpt"), slurm_timeout_s=60.0,
-                                                    progress_rate_factor=RATE_FACTOR),
-                        solver=SOLVER)
+        config = Config(
+            controller=ControllerConfig(
+                policy=POLICY,
+                state_path=str(self.state_path),
+                profiles_path=str(profiles),
+                kick_file="",
+                checkpoint_root=str(workdir / "ckpt"),
+                slurm_timeout_s=60.0,
+                progress_rate_factor=RATE_FACTOR,
+            ),
+            solver=SOLVER,
+        )
         self.controller = Controller(config)
         self.backend: Backend = get_backend("cli", timeout=60.0)
         self.ids: dict[str, str] = {}  # trace job -> Slurm job id
@@ -190,12 +221,37 @@ class Replay:
 
     def submit(self, job: TraceJob) -> str:
         """`cellsched sbatch` with the spec the simulator gives the job."""
-        args = ["--parsable", "--model", job.model, "--global-batch", str(job.global_batch),
-                "--iterations", str(job.iterations), "--no-elastic", "--min-gpus", "1",
-                "--max-gpus", str(max(MAX_GPUS, job.requested_gpus)), "--gpus", str(job.requested_gpus),
-                "-J", job.job_id, "-o", str(self.workdir / "%j.out"), "--", str(self.script)]
-        proc = subprocess.run([sys.executable, "-m", "slurm_ext", "sbatch", *args], cwd=self.workdir,
-                              env=os.environ.copy(), capture_output=True, text=True, timeout=120, check=False)
+        args = [
+            "--parsable",
+            "--model",
+            job.model,
+            "--global-batch",
+            str(job.global_batch),
+            "--iterations",
+            str(job.iterations),
+            "--no-elastic",
+            "--min-gpus",
+            "1",
+            "--max-gpus",
+            str(max(MAX_GPUS, job.requested_gpus)),
+            "--gpus",
+            str(job.requested_gpus),
+            "-J",
+            job.job_id,
+            "-o",
+            str(self.workdir / "%j.out"),
+            "--",
+            str(self.script),
+        ]
+        proc = subprocess.run(
+            [sys.executable, "-m", "slurm_ext", "sbatch", *args],
+            cwd=self.workdir,
+            env=os.environ.copy(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert proc.returncode == 0, f"cellsched sbatch {job.job_id}: {proc.stderr[-2000:]}"
         job_id = proc.stdout.strip().splitlines()[-1]
         assert job_id.isdigit(), proc.stdout
@@ -223,8 +279,9 @@ class Replay:
     def wait_states(self, job_ids: list[str], want: str) -> None:
         def reached() -> bool:
             jobs = self.jobs()
-            return all(i in jobs and (jobs[i].finished if want == "finished" else jobs[i].state == want)
-                       for i in job_ids)
+            return all(
+                i in jobs and (jobs[i].finished if want == "finished" else jobs[i].state == want) for i in job_ids
+            )
 
         wait_for(reached, timeout=SLURM_WAIT_S, interval=0.3, what=f"jobs {job_ids} to be {want}")
 
@@ -265,12 +322,16 @@ class Replay:
 
     def check_completed(self) -> None:
         jobs = self.jobs()
-        bad = {t: (jobs[s].state, jobs[s].exit_code) for t, s in self.ids.items()
-               if jobs[s].state != "COMPLETED" or jobs[s].exit_code != 0}
+        bad = {
+            t: (jobs[s].state, jobs[s].exit_code)
+            for t, s in self.ids.items()
+            if jobs[s].state != "COMPLETED" or jobs[s].exit_code != 0
+        }
         assert not bad, f"replayed jobs that did not complete: {bad}"
 
 
 # --- the test ----------------------------------------------------------------------------
+
 
 def test_replay_on_sim_and_slurm_places_the_same(slurm_cluster, tmp_path):
     """Same trace, policy and profiles: the simulator and the real cluster
@@ -295,8 +356,9 @@ def test_replay_on_sim_and_slurm_places_the_same(slurm_cluster, tmp_path):
     print(f"\nreal replay: {wall:.0f} s wall; its rounds ran at most {replay.late_s:.1f} s after their trace time")
 
     if real_placed != sim_placed:
-        diff = "\n".join(difflib.unified_diff(show(sim_placed), show(real_placed), "simulator", "real Slurm",
-                                             lineterm=""))
+        diff = "\n".join(
+            difflib.unified_diff(show(sim_placed), show(real_placed), "simulator", "real Slurm", lineterm="")
+        )
         pytest.fail(f"placements differ (round time, job, cell, nodes):\n{diff}", pytrace=False)
     print("\n".join(show(real_placed)))
     assert specs(replay.state_path, replay.ids) == sim_specs, "the two runs did not get the same job specs"

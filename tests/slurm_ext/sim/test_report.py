@@ -34,9 +34,13 @@ def hand_run(policy: str = "cellsched") -> SimRun:
 
 
 def fcfs_run() -> SimRun:
-    return SimRun("fcfs", (JobOutcome("A", 0.0, 100.0, 400.0, True),), (Sample(0.0, 1, 0, 0.0, {}),
-                                                                        Sample(100.0, 0, 1, 90.0, {"a100": 8})),
-                  (), {"a100": 8})
+    return SimRun(
+        "fcfs",
+        (JobOutcome("A", 0.0, 100.0, 400.0, True),),
+        (Sample(0.0, 1, 0, 0.0, {}), Sample(100.0, 0, 1, 90.0, {"a100": 8})),
+        (),
+        {"a100": 8},
+    )
 
 
 def empty_run() -> SimRun:
@@ -49,11 +53,11 @@ def test_summarize_hand_computed():
     # JCTs 100, 200, 300; p95 = 200 + 0.9 * 100
     assert (r.avg_jct_s, r.median_jct_s) == (200.0, 200.0)
     assert r.p95_jct_s == pytest.approx(290.0)
-    assert r.avg_queue_s == pytest.approx(100.0 / 3)          # 0, 50, 50; D never started
+    assert r.avg_queue_s == pytest.approx(100.0 / 3)  # 0, 50, 50; D never started
     assert r.makespan_s == 400.0
     # timeline [0, 400]: 150*50 + 250*50 + 50*100 + 120*150 + 0*50 = 43000
     assert r.avg_throughput == pytest.approx(43000 / 400)
-    assert r.avg_throughput_arena == pytest.approx(38000 / 250)   # only the periods above 100 samples/s
+    assert r.avg_throughput_arena == pytest.approx(38000 / 250)  # only the periods above 100 samples/s
     assert r.peak_throughput == 250.0
     # a100: 4*50 + 4*50 + 4*150 = 1000 GPU-s of 8*400; v100: 8*150 = 1200 of 16*400
     assert r.gpu_util_by_type == pytest.approx({"a100": 0.3125, "v100": 0.1875})
@@ -64,8 +68,14 @@ def test_summarize_hand_computed():
 
 def test_summarize_empty_run_has_no_statistics():
     r = summarize(empty_run())
-    assert (r.jobs_total, r.jobs_finished, r.avg_jct_s, r.p95_jct_s, r.avg_queue_s, r.makespan_s) == \
-        (1, 0, None, None, None, None)
+    assert (r.jobs_total, r.jobs_finished, r.avg_jct_s, r.p95_jct_s, r.avg_queue_s, r.makespan_s) == (
+        1,
+        0,
+        None,
+        None,
+        None,
+        None,
+    )
     assert r.peak_throughput is None and r.avg_throughput_arena is None and r.rounds == 0
 
 
@@ -81,7 +91,7 @@ def test_markdown_table_has_each_policy_and_fcfs_ratio():
     rows = table.strip().splitlines()
     assert len(rows) == 2 + 3
     assert "JCT vs fcfs" in rows[0]
-    assert rows[2].startswith("| cellsched | 3/4 | 200 | 0.50x |")   # 200 / fcfs's 400
+    assert rows[2].startswith("| cellsched | 3/4 | 200 | 0.50x |")  # 200 / fcfs's 400
     assert rows[3].startswith("| fcfs | 1/1 | 400 | 1.00x |")
     assert rows[4].startswith("| empty | 0/1 | - | - |")
     assert "JCT vs fcfs" not in markdown_table([summarize(hand_run())])

@@ -35,8 +35,9 @@ gpus_per_node = 16
 
 
 def cellsched(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "slurm_ext", "simulate", *args], capture_output=True, text=True,
-                          timeout=600, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "slurm_ext", "simulate", *args], capture_output=True, text=True, timeout=600, check=False
+    )
 
 
 def inputs(tmp_path: Path) -> tuple[Path, Path]:
@@ -49,8 +50,23 @@ def inputs(tmp_path: Path) -> tuple[Path, Path]:
 def test_two_policies_end_to_end(tmp_path):
     trace, cluster = inputs(tmp_path)
     out = tmp_path / "out"
-    proc = cellsched("--trace", str(trace), "--cluster", str(cluster), "--policy", "fcfs", "--policy", "cellsched",
-                     "--out", str(out), "--json", "--workers", "2", "--interval", "30")
+    proc = cellsched(
+        "--trace",
+        str(trace),
+        "--cluster",
+        str(cluster),
+        "--policy",
+        "fcfs",
+        "--policy",
+        "cellsched",
+        "--out",
+        str(out),
+        "--json",
+        "--workers",
+        "2",
+        "--interval",
+        "30",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = json.loads(proc.stdout)
     assert set(printed["summary"]) == {"fcfs", "cellsched"}
@@ -71,8 +87,18 @@ def test_two_policies_end_to_end(tmp_path):
 
 def test_arena_compat_markdown(tmp_path):
     trace, cluster = inputs(tmp_path)
-    proc = cellsched("--trace", str(trace), "--cluster", str(cluster), "--policy", "fcfs", "--arena-compat",
-                     "--out", str(tmp_path / "o"), "--no-plots")
+    proc = cellsched(
+        "--trace",
+        str(trace),
+        "--cluster",
+        str(cluster),
+        "--policy",
+        "fcfs",
+        "--arena-compat",
+        "--out",
+        str(tmp_path / "o"),
+        "--no-plots",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("| policy |") and "| fcfs | 6/6 |" in proc.stdout
     doc = json.loads((tmp_path / "o" / "results.json").read_text())

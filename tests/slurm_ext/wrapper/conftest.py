@@ -23,17 +23,17 @@ import pwd
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import click
 import pytest
-
 from golden import ArgvRecorder
+from support import console_script
+
 from slurm_ext.backends.base import SubmitRequest
 from slurm_ext.backends.cli import CliBackend
 from slurm_ext.records import ClusterSnapshot, SlurmNode, SlurmPartition
-from support import console_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 DEVCLUSTER = ROOT / "contrib" / "dev-cluster" / "devcluster.sh"
@@ -42,8 +42,11 @@ PLUGIN = ROOT / "contrib" / "job_submit.lua"
 HELLO = ROOT / "contrib" / "examples" / "hello_job.sh"
 #: CELLSCHED_TEST_WRAP_LAB / _CTLD_PORT / _SLURMD_BASEPORT move it, so that two test runs can share a machine
 LAB = pathlib.Path(os.environ.get("CELLSCHED_TEST_WRAP_LAB", "/tmp/cellsched-wrap"))
-CLUSTER_ENV = {"LAB": str(LAB), "CTLD_PORT": os.environ.get("CELLSCHED_TEST_WRAP_CTLD_PORT", "14817"),
-               "SLURMD_BASEPORT": os.environ.get("CELLSCHED_TEST_WRAP_SLURMD_BASEPORT", "14900")}
+CLUSTER_ENV = {
+    "LAB": str(LAB),
+    "CTLD_PORT": os.environ.get("CELLSCHED_TEST_WRAP_CTLD_PORT", "14817"),
+    "SLURMD_BASEPORT": os.environ.get("CELLSCHED_TEST_WRAP_SLURMD_BASEPORT", "14900"),
+}
 USERS = ("cs_alice", "cs_bob")
 
 
@@ -59,8 +62,12 @@ def shape() -> list[tuple[str, str, int]]:
 @pytest.fixture(scope="session")
 def snapshot() -> ClusterSnapshot:
     rows = shape()
-    nodes = tuple(SlurmNode(name=n, gpu_type=t, gpus_total=g, partitions=(t, "all"), features=(t,), state="idle",
-                            cpus_total=max(8, g)) for n, t, g in rows)
+    nodes = tuple(
+        SlurmNode(
+            name=n, gpu_type=t, gpus_total=g, partitions=(t, "all"), features=(t,), state="idle", cpus_total=max(8, g)
+        )
+        for n, t, g in rows
+    )
     types = list(dict.fromkeys(t for _, t, _ in rows))
     parts = tuple(SlurmPartition(t, tuple(n for n, tt, _ in rows if tt == t)) for t in types)
     parts += (SlurmPartition("all", tuple(n for n, _, _ in rows), default=True),)
@@ -126,15 +133,30 @@ class WrapCluster:
     env: dict[str, str]
     backend: CliBackend
 
-    def run(self, args: list[str], *, user: str | None = None, users: "Users | None" = None,
-            cwd: str = "/tmp", timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def run(
+        self,
+        args: list[str],
+        *,
+        user: str | None = None,
+        users: Users | None = None,
+        cwd: str = "/tmp",
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess[str]:
         """Run a command (an argument list) with this cluster's SLURM_CONF,
         as root or as `user`; `cellsched` resolves to an install the user can run."""
         if args[0] == "cellsched":
             args = [*(users.cellsched if users else [console_script()]), *args[1:]]
         if user is not None:
-            args = ["runuser", "-u", user, "--", "env", f"SLURM_CONF={self.env['SLURM_CONF']}",
-                    *((f"PYTHONPATH={users.pythonpath}",) if users and users.pythonpath else ()), *args]
+            args = [
+                "runuser",
+                "-u",
+                user,
+                "--",
+                "env",
+                f"SLURM_CONF={self.env['SLURM_CONF']}",
+                *((f"PYTHONPATH={users.pythonpath}",) if users and users.pythonpath else ()),
+                *args,
+            ]
         return subprocess.run(args, env=self.env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
 
     def ctld_log(self) -> str:
@@ -149,7 +171,9 @@ class WrapCluster:
 class _Lab:
     def __init__(self) -> None:
         self.mode: bool | None = None
-        self.env = {k: v for k, v in os.environ.items() if k not in ("DEVCLUSTER_SHAPE", "JOB_SUBMIT_LUA", "SLURM_CONF")}
+        self.env = {
+            k: v for k, v in os.environ.items() if k not in ("DEVCLUSTER_SHAPE", "JOB_SUBMIT_LUA", "SLURM_CONF")
+        }
         self.env.update(CLUSTER_ENV)
         self.env["SLURM_CONF"] = str(LAB / "etc" / "slurm.conf")
         self.env.pop("CELLSCHED_PROFILES", None)
@@ -158,7 +182,9 @@ class _Lab:
         env = dict(self.env)
         if plugin:
             env["JOB_SUBMIT_LUA"] = str(PLUGIN)
-        return subprocess.run(["bash", str(DEVCLUSTER), command], env=env, capture_output=True, text=True, timeout=300, check=False)
+        return subprocess.run(
+            ["bash", str(DEVCLUSTER), command], env=env, capture_output=True, text=True, timeout=300, check=False
+        )
 
     def ensure(self, plugin: bool) -> WrapCluster:
         if self.mode is not plugin:
@@ -222,7 +248,9 @@ def users() -> Users:
         try:
             pwd.getpwnam(user)
         except KeyError:
-            made = subprocess.run(["useradd", "-m", "-s", "/bin/bash", user], capture_output=True, text=True, check=False)
+            made = subprocess.run(
+                ["useradd", "-m", "-s", "/bin/bash", user], capture_output=True, text=True, check=False
+            )
             if made.returncode != 0:
                 pytest.fail(f"useradd {user} failed: {made.stderr}", pytrace=False)
     uids = {u: pwd.getpwnam(u).pw_uid for u in USERS}
@@ -237,6 +265,9 @@ def users() -> Users:
     python = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
     pythonpath = f"{lib}:{ROOT}"
     if not _runs_as(USERS[0], python, pythonpath):
-        pytest.fail(f"{USERS[0]} cannot run cellsched ({python} with PYTHONPATH={pythonpath}); "
-                    f"is {ROOT} readable by other users?", pytrace=False)
+        pytest.fail(
+            f"{USERS[0]} cannot run cellsched ({python} with PYTHONPATH={pythonpath}); "
+            f"is {ROOT} readable by other users?",
+            pytrace=False,
+        )
     return Users((python, "-m", "slurm_ext"), pythonpath, uids)

@@ -19,16 +19,15 @@ import subprocess
 import tempfile
 
 import pytest
+from support import wait_for
 
 from slurm_ext.cli.status_cmd import _table, job_rows
 from slurm_ext.config import Config, ControllerConfig
 from slurm_ext.controller import logs
-from slurm_ext.state import RoundStatus
 from slurm_ext.controller.round import Controller
 from slurm_ext.jobspec import MAX_SPEC_BYTES, TAG, JobSpec
-from slurm_ext.state import StateStore
+from slurm_ext.state import RoundStatus, StateStore
 from solver.types import SolverConfig
-from support import wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -59,14 +58,35 @@ def alice_dir(users):
 
 
 def as_alice(cluster, *args: str, stdin: str | None = None) -> None:
-    proc = subprocess.run(["runuser", "-u", "cs_alice", "--", *args], input=stdin, capture_output=True, text=True,
-                          timeout=60, check=False, env=cluster.env)
+    proc = subprocess.run(
+        ["runuser", "-u", "cs_alice", "--", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=cluster.env,
+    )
     assert proc.returncode == 0, (args, proc.stderr)
 
 
 def submit(cluster, user: str, spec: JobSpec, work_dir: str, *extra: str) -> str:
-    proc = cluster.run(["sbatch", "--parsable", "-H", f"--comment={spec.to_comment()}", "-D", work_dir, "-o", "/dev/null",
-                        *extra, "--wrap", "sleep 300"], user=user)
+    proc = cluster.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-H",
+            f"--comment={spec.to_comment()}",
+            "-D",
+            work_dir,
+            "-o",
+            "/dev/null",
+            *extra,
+            "--wrap",
+            "sleep 300",
+        ],
+        user=user,
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
 
@@ -97,7 +117,9 @@ def plant_beyond_the_end(cluster, ckpt, secret):
 
 
 def plant_far_future_first_step(cluster, ckpt, secret):
-    as_alice(cluster, "tee", str(ckpt / "progress.json"), stdin=json.dumps({"iterations_done": 1, "first_step_at": 1e15}))
+    as_alice(
+        cluster, "tee", str(ckpt / "progress.json"), stdin=json.dumps({"iterations_done": 1, "first_step_at": 1e15})
+    )
 
 
 def plant_negative_first_step(cluster, ckpt, secret):
@@ -122,8 +144,10 @@ class Rounds:
         self.log = io.StringIO()
         logs.setup("json", "info", stream=self.log)
         self.state_path = tmp / "state.sqlite"
-        config = Config(controller=ControllerConfig(state_path=str(self.state_path), kick_file="", checkpoint_root=str(tmp)),
-                        solver=SolverConfig(time_limit_s=30.0))
+        config = Config(
+            controller=ControllerConfig(state_path=str(self.state_path), kick_file="", checkpoint_root=str(tmp)),
+            solver=SolverConfig(time_limit_s=30.0),
+        )
         self.ctl = Controller(config, backend=cluster.backend)
         self.ids: list[str] = []
 
@@ -146,11 +170,23 @@ def rounds(plain_cluster, tmp_path):
     cancel(plain_cluster, r.ids)
 
 
-@pytest.mark.parametrize("plant", [plant_fifo, plant_dev_zero, plant_link_to_root_file, plant_linked_dir_to_root,
-                                   plant_1gb, plant_beyond_the_end, plant_far_future_first_step,
-                                   plant_negative_first_step, plant_almost_done])
-def test_a_hostile_progress_file_neither_stalls_nor_steers_the_controller(plain_cluster, users, alice_dir, secret,
-                                                                            rounds, plant):
+@pytest.mark.parametrize(
+    "plant",
+    [
+        plant_fifo,
+        plant_dev_zero,
+        plant_link_to_root_file,
+        plant_linked_dir_to_root,
+        plant_1gb,
+        plant_beyond_the_end,
+        plant_far_future_first_step,
+        plant_negative_first_step,
+        plant_almost_done,
+    ],
+)
+def test_a_hostile_progress_file_neither_stalls_nor_steers_the_controller(
+    plain_cluster, users, alice_dir, secret, rounds, plant
+):
     alice = submit(plain_cluster, "cs_alice", SPEC, str(alice_dir))
     rounds.ids.append(alice)
     normal = rounds.round()  # places alice's job: a normal round
@@ -199,12 +235,31 @@ def test_escapes_in_a_job_name_and_specs_at_the_size_limit(plain_cluster, users,
     pad = MAX_SPEC_BYTES - len(small.to_json())
     at_limit = dataclasses.replace(small, model_def={**base, "name": "x" * (1 + pad)})
     assert len(at_limit.to_json()) == MAX_SPEC_BYTES
-    named = submit(plain_cluster, "cs_alice", JobSpec(model="gpt-tiny", global_batch=8, iterations=10, gpu_types=("a40",)),
-                   str(alice_dir), "-J", "\x1b]0;pwned\x07\x1b[2J\u202eevil")
+    named = submit(
+        plain_cluster,
+        "cs_alice",
+        JobSpec(model="gpt-tiny", global_batch=8, iterations=10, gpu_types=("a40",)),
+        str(alice_dir),
+        "-J",
+        "\x1b]0;pwned\x07\x1b[2J\u202eevil",
+    )
     limit = submit(plain_cluster, "cs_alice", at_limit, str(alice_dir))  # a Comment of 1024 bytes, Slurm's most
     hostile_model = TAG + json.dumps({"model": "\u202eevil\x9b[2J", "global_batch": 8, "iterations": 10})
-    proc = plain_cluster.run(["sbatch", "--parsable", "-H", f"--comment={hostile_model}", "-D", str(alice_dir),
-                              "-o", "/dev/null", "--wrap", "sleep 300"], user="cs_alice")
+    proc = plain_cluster.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-H",
+            f"--comment={hostile_model}",
+            "-D",
+            str(alice_dir),
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "sleep 300",
+        ],
+        user="cs_alice",
+    )
     assert proc.returncode == 0, proc.stderr
     refused = proc.stdout.strip()
     rounds.ids += [named, limit, refused]

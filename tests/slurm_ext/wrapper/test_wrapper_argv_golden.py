@@ -16,6 +16,7 @@ import io
 from pathlib import Path
 
 from golden import check_golden
+
 from slurm_ext.wrapper.command import main
 
 GOLDEN = Path(__file__).parent / "golden" / "sbatch_argv.json"
@@ -25,19 +26,50 @@ TINY_MODEL = 'family = "gpt"\nlayers = 4\nhidden = 64\nheads = 4\nseq_len = 32\n
 CASES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "defaults": (BASE, [], []),
     "typed request over two partitions": (
-        [*BASE, "--gpu-types", "a100,v100", "--min-gpus", "2", "--max-gpus", "8", "--gpus", "4", "--gpu-type", "a100",
-         "--elastic", "--virtual-workers", "8", "-p", "a100,v100", "-J", "train", "-t", "1:00:00"],
-        [], ["x", "y z"]),
+        [
+            *BASE,
+            "--gpu-types",
+            "a100,v100",
+            "--min-gpus",
+            "2",
+            "--max-gpus",
+            "8",
+            "--gpus",
+            "4",
+            "--gpu-type",
+            "a100",
+            "--elastic",
+            "--virtual-workers",
+            "8",
+            "-p",
+            "a100,v100",
+            "-J",
+            "train",
+            "-t",
+            "1:00:00",
+        ],
+        [],
+        ["x", "y z"],
+    ),
     "directives and pass-through options": (
         ["--parsable", "-J", "from-command-line", "--time=30"],
-        ["#CELLSCHED model=gpt-350m", "#CELLSCHED global-batch=32", "#CELLSCHED iterations=7",
-         "#CELLSCHED elastic=yes", "#CELLSCHED job-name=from-cellsched",
-         "#SBATCH -J from-sbatch -o out-%j.txt -e err-%j.txt", "#SBATCH -A acct -q normal --export=NONE",
-         "#SBATCH --mail-type=end,fail --mail-user=me@example.org --open-mode=append"],
-        ["--lr", "3e-4"]),
+        [
+            "#CELLSCHED model=gpt-350m",
+            "#CELLSCHED global-batch=32",
+            "#CELLSCHED iterations=7",
+            "#CELLSCHED elastic=yes",
+            "#CELLSCHED job-name=from-cellsched",
+            "#SBATCH -J from-sbatch -o out-%j.txt -e err-%j.txt",
+            "#SBATCH -A acct -q normal --export=NONE",
+            "#SBATCH --mail-type=end,fail --mail-user=me@example.org --open-mode=append",
+        ],
+        ["--lr", "3e-4"],
+    ),
     "model spec file, one partition": (
         ["--model", "$TMP/tiny.toml", "--global-batch", "8", "--iterations", "3", "-p", "a40", "--min-gpus", "2"],
-        [], []),
+        [],
+        [],
+    ),
 }
 
 

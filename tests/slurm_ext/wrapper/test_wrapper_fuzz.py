@@ -20,7 +20,9 @@ SCRIPT = "#!/bin/bash\nsrun true\n"
 VALID = {"model": "gpt-1.3b", "global-batch": "64", "iterations": "10"}
 INT_OPTIONS = ("global-batch", "iterations", "min-gpus", "max-gpus", "gpus", "virtual-workers")
 ODD = st.characters(blacklist_categories=("Cs",))  # any code point incl. controls, RTL marks, digits of other scripts
-FUZZ = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 @pytest.fixture
@@ -52,9 +54,16 @@ def not_a_valid_count(v: str) -> bool:
 
 
 @FUZZ
-@given(option=st.sampled_from(INT_OPTIONS),
-       value=st.one_of(st.text(ODD, max_size=20), st.integers(-10**30, 0).map(str), st.integers(10**13, 10**40).map(str),
-                       st.floats(allow_nan=True).map(repr), st.sampled_from(["1e3", "0x10", "1_000", " 5 5", "٣", "５", "+-1"])))
+@given(
+    option=st.sampled_from(INT_OPTIONS),
+    value=st.one_of(
+        st.text(ODD, max_size=20),
+        st.integers(-(10**30), 0).map(str),
+        st.integers(10**13, 10**40).map(str),
+        st.floats(allow_nan=True).map(repr),
+        st.sampled_from(["1e3", "0x10", "1_000", " 5 5", "٣", "５", "+-1"]),
+    ),
+)
 def test_bad_numbers(option, value, make_recorder, job_script):
     if not not_a_valid_count(value.strip()):
         value = "-" + value
@@ -63,7 +72,11 @@ def test_bad_numbers(option, value, make_recorder, job_script):
 
 
 @FUZZ
-@given(key=st.text(ODD, min_size=1, max_size=15), value=st.text(ODD, max_size=15), shape=st.sampled_from(["kv", "k", "glued", "after"]))
+@given(
+    key=st.text(ODD, min_size=1, max_size=15),
+    value=st.text(ODD, max_size=15),
+    shape=st.sampled_from(["kv", "k", "glued", "after"]),
+)
 def test_broken_directive_lines(key, value, shape, make_recorder, job_script):
     if shape == "kv":
         line = f"#CELLSCHED {key}={value}"
@@ -105,8 +118,12 @@ def test_random_argument_lists(argv, make_recorder):
 
 
 @FUZZ
-@given(option=st.sampled_from(["gpu-types", "gpu-type", "partition", "job-name", "time", "account", "qos", "mail-type", "model"]),
-       value=st.text(ODD, min_size=1, max_size=30).filter(lambda v: not re.fullmatch(r"[a-z0-9]+", v)))
+@given(
+    option=st.sampled_from(
+        ["gpu-types", "gpu-type", "partition", "job-name", "time", "account", "qos", "mail-type", "model"]
+    ),
+    value=st.text(ODD, min_size=1, max_size=30).filter(lambda v: not re.fullmatch(r"[a-z0-9]+", v)),
+)
 def test_bad_names_and_texts(option, value, make_recorder, job_script):
     if option in ("job-name", "account", "qos") and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value):
         value += " "
@@ -118,18 +135,34 @@ def test_bad_names_and_texts(option, value, make_recorder, job_script):
     assert field in (option, "arguments", "--" + option), (field, msg)
 
 
-SPEC_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(), st.text(ODD, max_size=10),
-                        st.lists(st.text(max_size=5), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=2))
+SPEC_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**20), 10**20),
+    st.floats(),
+    st.text(ODD, max_size=10),
+    st.lists(st.text(max_size=5), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+)
 VALID_SPEC = {"model": "gpt-1.3b", "global_batch": 64, "iterations": 10}
-NOT_INT = st.one_of(st.none(), st.booleans(), st.floats(), st.text(ODD, max_size=5), st.lists(st.integers(), max_size=2))
-NOT_NAMES = st.one_of(st.none(), st.just([]), st.integers(), st.text(ODD, max_size=5),
-                      st.lists(st.sampled_from(["", "A100 ", "a/b", "-x", "x" * 65, "\n", 7]), min_size=1, max_size=3))
+NOT_INT = st.one_of(
+    st.none(), st.booleans(), st.floats(), st.text(ODD, max_size=5), st.lists(st.integers(), max_size=2)
+)
+NOT_NAMES = st.one_of(
+    st.none(),
+    st.just([]),
+    st.integers(),
+    st.text(ODD, max_size=5),
+    st.lists(st.sampled_from(["", "A100 ", "a/b", "-x", "x" * 65, "\n", 7]), min_size=1, max_size=3),
+)
 #: per field, values that are wrong whatever the other fields say (None: only where the field is required)
 BAD = {
     "model": st.one_of(st.none(), st.integers(), st.sampled_from(["", "no-such-model", "gpt\n1.3b", "x" * 256])),
     "global_batch": st.one_of(NOT_INT, st.integers(max_value=0), st.integers(min_value=10**9 + 1)),
     "iterations": st.one_of(NOT_INT, st.integers(max_value=0), st.integers(min_value=10**12 + 1)),
-    "min_gpus": st.one_of(NOT_INT.filter(lambda v: v is not None), st.integers(max_value=0), st.integers(min_value=100_001)),
+    "min_gpus": st.one_of(
+        NOT_INT.filter(lambda v: v is not None), st.integers(max_value=0), st.integers(min_value=100_001)
+    ),
     "max_gpus": st.one_of(NOT_INT.filter(lambda v: v is not None), st.integers(max_value=0)),
     "virtual_workers": st.one_of(NOT_INT.filter(lambda v: v is not None), st.integers(max_value=0)),
     "elastic": st.one_of(st.integers(), st.text(max_size=5), st.just("true")),
@@ -151,13 +184,36 @@ def test_a_malformed_spec_is_refused_naming_its_field(data, field):
     named = {"model_def": ("model_def", "model")}.get(field, (field,))  # a model_def's content is the model's
     with pytest.raises(JobSpecError) as caught:
         JobSpec.from_dict(d)
-    assert caught.value.field in named and str(caught.value).startswith(f"{caught.value.field}: "), (d, str(caught.value))
+    assert caught.value.field in named and str(caught.value).startswith(f"{caught.value.field}: "), (
+        d,
+        str(caught.value),
+    )
 
 
 @FUZZ
-@given(d=st.dictionaries(st.sampled_from(["model", "global_batch", "iterations", "gpu_types", "min_gpus", "max_gpus",
-                                          "elastic", "requested_gpus", "virtual_workers", "partitions", "version",
-                                          "model_def", "bogus"]), SPEC_VALUES, max_size=8))
+@given(
+    d=st.dictionaries(
+        st.sampled_from(
+            [
+                "model",
+                "global_batch",
+                "iterations",
+                "gpu_types",
+                "min_gpus",
+                "max_gpus",
+                "elastic",
+                "requested_gpus",
+                "virtual_workers",
+                "partitions",
+                "version",
+                "model_def",
+                "bogus",
+            ]
+        ),
+        SPEC_VALUES,
+        max_size=8,
+    )
+)
 def test_any_spec_is_refused_naming_a_field_or_accepted_as_it_is(d):
     """Random dicts: a JobSpecError naming a field, or a spec that keeps every value it was given."""
     try:

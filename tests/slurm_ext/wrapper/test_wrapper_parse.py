@@ -10,7 +10,7 @@ import pathlib
 
 import pytest
 
-from slurm_ext.jobspec import JobSpec, MAX_SPEC_BYTES
+from slurm_ext.jobspec import MAX_SPEC_BYTES, JobSpec
 from slurm_ext.wrapper.argv import parse_argv
 from slurm_ext.wrapper.command import main
 from slurm_ext.wrapper.directives import parse_directives
@@ -46,18 +46,33 @@ def error_of(argv: list[str], rec, environ: dict | None = None) -> str:
 
 
 def test_option_forms_and_script_args_pass_through():
-    inv = parse_argv(["--model=gpt-1.3b", "-J", "n1", "-pall", "-t=10", "--elastic", "job.sh", "--gres=gpu:9", "-N", "3"])
+    inv = parse_argv(
+        ["--model=gpt-1.3b", "-J", "n1", "-pall", "-t=10", "--elastic", "job.sh", "--gres=gpu:9", "-N", "3"]
+    )
     assert {k: s.value for k, s in inv.settings.items()} == {
-        "model": "gpt-1.3b", "job-name": "n1", "partition": "all", "time": "10", "elastic": True}
+        "model": "gpt-1.3b",
+        "job-name": "n1",
+        "partition": "all",
+        "time": "10",
+        "elastic": True,
+    }
     assert inv.script == "job.sh" and inv.script_args == ("--gres=gpu:9", "-N", "3")
     inv = parse_argv(["--no-elastic", "--", "-odd-name.sh", "a"])
     assert inv.settings["elastic"].value is False and inv.script == "-odd-name.sh" and inv.script_args == ("a",)
 
 
 def test_directives_and_precedence(tmp_path, make_recorder):
-    path = script(tmp_path, "#CELLSCHED model=gpt-350m", "#CELLSCHED global-batch=32", "# a comment", "",
-                  "#CELLSCHED iterations = 7", "#CELLSCHED elastic=yes", "#SBATCH -J from-sbatch --time=5",
-                  "#CELLSCHED job-name=from-cellsched")
+    path = script(
+        tmp_path,
+        "#CELLSCHED model=gpt-350m",
+        "#CELLSCHED global-batch=32",
+        "# a comment",
+        "",
+        "#CELLSCHED iterations = 7",
+        "#CELLSCHED elastic=yes",
+        "#SBATCH -J from-sbatch --time=5",
+        "#CELLSCHED job-name=from-cellsched",
+    )
     rec = make_recorder()
     sub = prepare(["--global-batch", "128", path], lambda n: rec, environ={})
     assert sub.spec.model == "gpt-350m" and sub.spec.global_batch == 128 and sub.spec.iterations == 7
@@ -116,7 +131,10 @@ def test_sbatch_lines_after_the_first_command_are_not_read():
         (["--gpu-types", "a40", "--min-gpus", "5"], "min-gpus: 5 GPUs of one type can never be had"),
         (["--partition", "a10", "--min-gpus", "4"], "in the chosen partitions have at most 2"),
         (["--partition", "nope"], "partition: no partition 'nope'; partitions: a10, a100, a40, all, v100"),
-        (["--gpu-types", "a10", "--model", "gpt-13b"], "model: gpt-13b with global batch 64 fits no cell of this cluster"),
+        (
+            ["--gpu-types", "a10", "--model", "gpt-13b"],
+            "model: gpt-13b with global batch 64 fits no cell of this cluster",
+        ),
         (["--job-name", "a b"], "job-name: 'a b' is not a job name"),
         (["--job-name", "$(reboot)"], "job-name: '$(reboot)' is not a job name"),
         (["--time", "soon"], "time: 'soon' is not a time limit"),
@@ -125,7 +143,11 @@ def test_sbatch_lines_after_the_first_command_are_not_read():
         (["--open-mode", "rewrite"], "open-mode: 'rewrite' is not append or truncate"),
         (["--mail-user", "x;y"], "mail-user: 'x;y' is not a mail address"),
         (["--elastic=yes"], "--elastic: takes no value"),
-        (["--gres=gpu:4"], "--gres: not accepted by cellsched sbatch (command line): GPU counts and types are the scheduler's business"),
+        (
+            ["--gres=gpu:4"],
+            "--gres: not accepted by cellsched sbatch (command line): "
+            "GPU counts and types are the scheduler's business",
+        ),
         (["-N", "2"], "-N: not accepted"),
         (["-C", "a100"], "-C: not accepted"),
         (["--hold"], "--hold: not accepted by cellsched sbatch (command line): the scheduler holds"),
@@ -183,25 +205,45 @@ def test_required_settings(tmp_path, make_recorder):
 
 def test_oversized_spec_is_refused(tmp_path, make_recorder):
     spec_file = tmp_path / "big.json"
-    spec_file.write_text(json.dumps({"name": "m" * (MAX_SPEC_BYTES + 10), "family": "gpt", "layers": 2, "hidden": 64,
-                                     "heads": 4, "seq_len": 32, "vocab": 256}))
-    msg = error_of(["--model", str(spec_file), "--global-batch", "8", "--iterations", "1", script(tmp_path)], make_recorder())
+    spec_file.write_text(
+        json.dumps(
+            {
+                "name": "m" * (MAX_SPEC_BYTES + 10),
+                "family": "gpt",
+                "layers": 2,
+                "hidden": 64,
+                "heads": 4,
+                "seq_len": 32,
+                "vocab": 256,
+            }
+        )
+    )
+    msg = error_of(
+        ["--model", str(spec_file), "--global-batch", "8", "--iterations", "1", script(tmp_path)], make_recorder()
+    )
     assert msg.startswith("spec: is ") and f"more than {MAX_SPEC_BYTES}" in msg
 
 
 def test_model_spec_file_is_refused_unless_a_small_regular_file(tmp_path, make_recorder):
     big = tmp_path / "big.json"
     big.write_text(" " * (MAX_MODEL_FILE_BYTES + 1))
-    for model, expected in [("/dev/zero", "is not a regular file"), (str(big), "bytes, more than"),
-                            (str(tmp_path), "is not a regular file")]:
+    for model, expected in [
+        ("/dev/zero", "is not a regular file"),
+        (str(big), "bytes, more than"),
+        (str(tmp_path), "is not a regular file"),
+    ]:
         args = ["--model", model, "--global-batch", "8", "--iterations", "1", script(tmp_path)]
         assert expected in error_of(args, make_recorder())
 
 
 def test_bad_spec_file_content_names_the_model_field(tmp_path, make_recorder):
     spec_file = tmp_path / "m.json"
-    spec_file.write_text(json.dumps({"family": "gpt", "layers": -1, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 256}))
-    msg = error_of(["--model", str(spec_file), "--global-batch", "8", "--iterations", "1", script(tmp_path)], make_recorder())
+    spec_file.write_text(
+        json.dumps({"family": "gpt", "layers": -1, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 256})
+    )
+    msg = error_of(
+        ["--model", str(spec_file), "--global-batch", "8", "--iterations", "1", script(tmp_path)], make_recorder()
+    )
     assert msg.startswith("model: model spec file") and "'layers' must be positive" in msg
 
 
@@ -211,16 +253,54 @@ def test_bad_spec_file_content_names_the_model_field(tmp_path, make_recorder):
 def test_valid_submission_builds_a_held_untyped_request(tmp_path, make_recorder):
     rec = make_recorder(forbid_submit=False)
     path = script(tmp_path)
-    code, out, err = run(BASE + ["--gpu-types", "a100,v100", "--min-gpus", "2", "--max-gpus", "8", "--gpus", "4",
-                                 "--gpu-type", "a100", "--elastic", "--virtual-workers", "8", "-p", "a100,v100",
-                                 "-J", "train", "-t", "1:00:00", "--mail-type", "end,fail", "--open-mode", "append",
-                                 path, "x", "y z"], rec)
+    code, out, err = run(
+        BASE
+        + [
+            "--gpu-types",
+            "a100,v100",
+            "--min-gpus",
+            "2",
+            "--max-gpus",
+            "8",
+            "--gpus",
+            "4",
+            "--gpu-type",
+            "a100",
+            "--elastic",
+            "--virtual-workers",
+            "8",
+            "-p",
+            "a100,v100",
+            "-J",
+            "train",
+            "-t",
+            "1:00:00",
+            "--mail-type",
+            "end,fail",
+            "--open-mode",
+            "append",
+            path,
+            "x",
+            "y z",
+        ],
+        rec,
+    )
     assert (code, out, err) == (0, "Submitted batch job 4242\n", "")
     (req,) = rec.submitted
     spec = JobSpec.from_comment(req.comment)
-    assert spec == JobSpec(model="gpt-1.3b", global_batch=64, iterations=100, gpu_types=("a100", "v100"), min_gpus=2,
-                           max_gpus=8, elastic=True, requested_gpus=4, requested_gpu_type="a100", virtual_workers=8,
-                           partitions=("a100", "v100"))
+    assert spec == JobSpec(
+        model="gpt-1.3b",
+        global_batch=64,
+        iterations=100,
+        gpu_types=("a100", "v100"),
+        min_gpus=2,
+        max_gpus=8,
+        elastic=True,
+        requested_gpus=4,
+        requested_gpu_type="a100",
+        virtual_workers=8,
+        partitions=("a100", "v100"),
+    )
     assert req.comment == spec.to_comment()
     assert req.hold is True and req.gres_per_node == 2 and req.nodes == 1
     assert req.constraint == "a100|v100" and req.partition is None
@@ -253,8 +333,11 @@ def test_model_spec_file_travels_inline(tmp_path, make_recorder):
     spec_file = tmp_path / "my model.toml"
     spec_file.write_text('family = "gpt"\nlayers = 4\nhidden = 64\nheads = 4\nseq_len = 32\nvocab = 256\n')
     rec = make_recorder()
-    sub = prepare(["--model", str(spec_file), "--global-batch", "8", "--iterations", "3", script(tmp_path)],
-                  lambda n: rec, environ={})
+    sub = prepare(
+        ["--model", str(spec_file), "--global-batch", "8", "--iterations", "3", script(tmp_path)],
+        lambda n: rec,
+        environ={},
+    )
     from solver.models import load_spec_file
 
     assert sub.spec.model == "my model.toml" and sub.spec.model_def is not None

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from support import console_script, wait_for
 
 pytestmark = pytest.mark.slurm
@@ -16,10 +15,26 @@ def test_account_qos_and_stderr_on_slurm(plain_cluster, tmp_path):
     """Slurm keeps Account and the StdErr pattern; without accounting storage it drops any QOS (QOS=(null))."""
     tmp_path.chmod(0o755)
     script = tmp_path / "job.sh"
-    script.write_text("#!/bin/bash\n#CELLSCHED model=gpt-tiny\n#CELLSCHED global-batch=8\n#CELLSCHED iterations=10\n"
-                      "echo to-stderr >&2\n")
-    proc = plain_cluster.run([console_script(), "sbatch", "--parsable", "-A", "someacct", "-q", "someqos",
-                              "-e", str(tmp_path / "err-%j.txt"), "-o", str(tmp_path / "out-%j.txt"), str(script)])
+    script.write_text(
+        "#!/bin/bash\n#CELLSCHED model=gpt-tiny\n#CELLSCHED global-batch=8\n#CELLSCHED iterations=10\n"
+        "echo to-stderr >&2\n"
+    )
+    proc = plain_cluster.run(
+        [
+            console_script(),
+            "sbatch",
+            "--parsable",
+            "-A",
+            "someacct",
+            "-q",
+            "someqos",
+            "-e",
+            str(tmp_path / "err-%j.txt"),
+            "-o",
+            str(tmp_path / "out-%j.txt"),
+            str(script),
+        ]
+    )
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     job = proc.stdout.strip()
     assert job.isdigit(), proc.stdout

@@ -55,8 +55,19 @@ def denied(proc, why: str = DENIED) -> None:
 def evil_model_file(tmp: pathlib.Path) -> pathlib.Path:
     """A valid model spec whose name is full of shell metacharacters."""
     path = tmp / "evil.json"
-    path.write_text(json.dumps({"name": "x; rm -rf / $(reboot) `id` | cat > /etc/passwd\nline2", "family": "gpt",
-                                "layers": 2, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 256}))
+    path.write_text(
+        json.dumps(
+            {
+                "name": "x; rm -rf / $(reboot) `id` | cat > /etc/passwd\nline2",
+                "family": "gpt",
+                "layers": 2,
+                "hidden": 64,
+                "heads": 4,
+                "seq_len": 32,
+                "vocab": 256,
+            }
+        )
+    )
     path.chmod(0o644)
     tmp.chmod(0o755)
     return path
@@ -84,9 +95,18 @@ def test_parsable_prints_the_job_id(plain_cluster):
 
 
 MALFORMED = [
-    ["--global-batch", "-1"], ["--model", "gpt-1.3"], ["--min-gpus", "9", "--max-gpus", "2"], ["--gpu-types", "h100"],
-    ["--min-gpus", "64"], ["--model", "gpt-13b", "--gpu-types", "a10"], ["--gres=gpu:a100:2"], ["-N", "2"],
-    ["--job-name", "$(reboot)"], ["--comment", "cellsched/v1 {}"], ["--virtual-workers", "3"], ["--iterations", "\u0662"],
+    ["--global-batch", "-1"],
+    ["--model", "gpt-1.3"],
+    ["--min-gpus", "9", "--max-gpus", "2"],
+    ["--gpu-types", "h100"],
+    ["--min-gpus", "64"],
+    ["--model", "gpt-13b", "--gpu-types", "a10"],
+    ["--gres=gpu:a100:2"],
+    ["-N", "2"],
+    ["--job-name", "$(reboot)"],
+    ["--comment", "cellsched/v1 {}"],
+    ["--virtual-workers", "3"],
+    ["--iterations", "\u0662"],
 ]
 
 
@@ -127,13 +147,18 @@ def test_users_cannot_touch_each_others_jobs_without_the_plugin(plain_cluster, u
     proc = plain_cluster.run(["cellsched", "sbatch", "--parsable", hello()], user="cs_alice", users=users)
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip()
-    for attempt, why in ((["scontrol", "release", job_id], NOT_OWNER), (["scontrol", "update", f"JobId={job_id}", "Comment=x"], NOT_OWNER),
-                         (["scancel", job_id], f"Kill job error on job id {job_id}: {DENIED}")):
+    for attempt, why in (
+        (["scontrol", "release", job_id], NOT_OWNER),
+        (["scontrol", "update", f"JobId={job_id}", "Comment=x"], NOT_OWNER),
+        (["scancel", job_id], f"Kill job error on job id {job_id}: {DENIED}"),
+    ):
         denied(plain_cluster.run(attempt, user="cs_bob"), why)
     job = plain_cluster.backend.job(job_id)
     assert job.user == "cs_alice" and job.held and job.state == "PENDING" and job.comment == HELLO_SPEC.to_comment()
     # without the plugin the hold is the user's own: alice can release her job (documented limitation)
-    assert plain_cluster.run(["scontrol", "update", f"JobId={job_id}", "Comment=changed"], user="cs_alice").returncode == 0
+    assert (
+        plain_cluster.run(["scontrol", "update", f"JobId={job_id}", "Comment=changed"], user="cs_alice").returncode == 0
+    )
     assert plain_cluster.run(["scontrol", "release", job_id], user="cs_alice").returncode == 0
     assert not plain_cluster.backend.job(job_id).held
     plain_cluster.run(["scancel", job_id])
@@ -163,19 +188,30 @@ def test_plugin_stores_metacharacters_literally(lua_cluster, tmp_path):
 
 
 def test_with_the_plugin_only_admins_release_or_change_a_managed_job(lua_cluster, users):
-    job_id = lua_cluster.run(["cellsched", "sbatch", "--parsable", hello()], user="cs_alice", users=users).stdout.strip()
+    job_id = lua_cluster.run(
+        ["cellsched", "sbatch", "--parsable", hello()], user="cs_alice", users=users
+    ).stdout.strip()
     assert job_id.isdigit()
     before = lua_cluster.backend.job(job_id)
-    alice_tries = [["scontrol", "release", job_id], ["scontrol", "update", f"JobId={job_id}", "Comment=cellsched/v1 {}"],
-                   ["scontrol", "update", f"JobId={job_id}", "Features=a100"], ["scontrol", "update", f"JobId={job_id}", "NumNodes=2-2"],
-                   ["scontrol", "update", f"JobId={job_id}", "Gres=gpu:2"], ["scontrol", "hold", job_id]]
+    alice_tries = [
+        ["scontrol", "release", job_id],
+        ["scontrol", "update", f"JobId={job_id}", "Comment=cellsched/v1 {}"],
+        ["scontrol", "update", f"JobId={job_id}", "Features=a100"],
+        ["scontrol", "update", f"JobId={job_id}", "NumNodes=2-2"],
+        ["scontrol", "update", f"JobId={job_id}", "Gres=gpu:2"],
+        ["scontrol", "hold", job_id],
+    ]
     log = lua_cluster.ctld_log()
     for attempt in alice_tries:
         denied(lua_cluster.run(attempt, user="cs_alice"))
     # each refusal is the plugin's (slurmctld logs its reason; 22.05 shows the user only the error code)
-    refusals = lua_cluster.ctld_log()[len(log):].count(f"cellsched: job {job_id} is scheduled by cellsched: ")
-    assert refusals == len(alice_tries), lua_cluster.ctld_log()[len(log):]
-    bob_tries = [["scontrol", "release", job_id], ["scontrol", "update", f"JobId={job_id}", "Comment=x"], ["scancel", job_id]]
+    refusals = lua_cluster.ctld_log()[len(log) :].count(f"cellsched: job {job_id} is scheduled by cellsched: ")
+    assert refusals == len(alice_tries), lua_cluster.ctld_log()[len(log) :]
+    bob_tries = [
+        ["scontrol", "release", job_id],
+        ["scontrol", "update", f"JobId={job_id}", "Comment=x"],
+        ["scancel", job_id],
+    ]
     for attempt in bob_tries:
         denied(lua_cluster.run(attempt, user="cs_bob"))
     # bob's own cellsched cannot reach alice's job either: the wrapper only ever submits new jobs
@@ -183,13 +219,23 @@ def test_with_the_plugin_only_admins_release_or_change_a_managed_job(lua_cluster
     assert proc.returncode == 2
     after = lua_cluster.backend.job(job_id)
     assert (after.state, after.held, after.comment, after.admin_comment, after.features, after.num_nodes) == (
-        before.state, True, ADMIN_MARKER, before.admin_comment, before.features, before.num_nodes)
+        before.state,
+        True,
+        ADMIN_MARKER,
+        before.admin_comment,
+        before.features,
+        before.num_nodes,
+    )
     # a change that is not the scheduler's is still the owner's to make
     assert lua_cluster.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=30"], user="cs_alice").returncode == 0
     # the controller (root) may do everything
-    plan = json.dumps({"spec": json.loads(HELLO_SPEC.to_json()), "plan": {"cell": "a100:1x1:pp1"}}, separators=(",", ":"))
-    for attempt in (["scontrol", "update", f"JobId={job_id}", f"AdminComment={plan}", "Features=a100", "Partition=a100"],
-                    ["scontrol", "release", job_id]):
+    plan = json.dumps(
+        {"spec": json.loads(HELLO_SPEC.to_json()), "plan": {"cell": "a100:1x1:pp1"}}, separators=(",", ":")
+    )
+    for attempt in (
+        ["scontrol", "update", f"JobId={job_id}", f"AdminComment={plan}", "Features=a100", "Partition=a100"],
+        ["scontrol", "release", job_id],
+    ):
         assert lua_cluster.run(attempt).returncode == 0, attempt
     job = lua_cluster.backend.job(job_id)
     assert job.admin_comment == plan and not job.held
@@ -206,7 +252,9 @@ def test_plugin_refuses_a_malformed_tag_and_holds_a_bare_tagged_job(lua_cluster,
     assert job.held and job.comment == ADMIN_MARKER and spec_of_job(job.comment, job.admin_comment) == HELLO_SPEC
     # and an unmanaged job cannot be made managed by its owner
     plain = lua_cluster.run(["sbatch", "--parsable", "-H", hello()], user="cs_alice").stdout.strip()
-    denied(lua_cluster.run(["scontrol", "update", f"JobId={plain}", f"Comment={HELLO_SPEC.to_comment()}"], user="cs_alice"))
+    denied(
+        lua_cluster.run(["scontrol", "update", f"JobId={plain}", f"Comment={HELLO_SPEC.to_comment()}"], user="cs_alice")
+    )
     assert lua_cluster.run(["scontrol", "update", f"JobId={plain}", "Comment=fine"], user="cs_alice").returncode == 0
 
 
@@ -232,8 +280,15 @@ def test_users_read_only_their_own_jobs_through_cellsched(plain_cluster, users, 
     with StateStore(db) as st:
         for job_id, user in (("41", "cs_alice"), ("42", "cs_bob")):
             st.accept_spec(job_id, user, spec, "comment", 1.0)
-        st.save_statuses([JobStatus("41", "cs_alice", "PENDING", "held", "waiting", 900.0, None, None, None, None, None, False),
-                          JobStatus("42", "cs_bob", "PENDING", "held", "secret-of-bob", 900.0, None, None, None, None, None, False)], 2.0)
+        st.save_statuses(
+            [
+                JobStatus("41", "cs_alice", "PENDING", "held", "waiting", 900.0, None, None, None, None, None, False),
+                JobStatus(
+                    "42", "cs_bob", "PENDING", "held", "secret-of-bob", 900.0, None, None, None, None, None, False
+                ),
+            ],
+            2.0,
+        )
     for p in (state_dir, *state_dir.iterdir()):
         p.chmod(0o755 if p.is_dir() else 0o644)
     config = tmp_path / "c.toml"
