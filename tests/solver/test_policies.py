@@ -100,11 +100,7 @@ def test_measured_restart_cost_overrides_default(exact_config):
 
 @pytest.mark.parametrize(
     "policy,elastic,extra",
-    [
-        ("cellsched", False, {}),
-        ("cellsched-static", True, {}),
-        ("cellsched", True, {"allow_resize": False}),
-    ],
+    [("cellsched", False, {}), ("cellsched-static", True, {}), ("cellsched", True, {"allow_resize": False})],
 )
 def test_running_job_keeps_placement(policy, elastic, extra, exact_config):
     j, est = move_case(10.0, elastic=elastic)

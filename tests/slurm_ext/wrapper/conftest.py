@@ -35,6 +35,8 @@ from slurm_ext.backends.base import SubmitRequest
 from slurm_ext.backends.cli import CliBackend
 from slurm_ext.records import ClusterSnapshot, SlurmNode, SlurmPartition
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # wrapper_cases
+
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 DEVCLUSTER = ROOT / "contrib" / "dev-cluster" / "devcluster.sh"
 SHAPE = ROOT / "contrib" / "dev-cluster" / "cluster.conf"

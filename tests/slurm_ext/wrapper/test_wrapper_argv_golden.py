@@ -16,41 +16,16 @@ import io
 from pathlib import Path
 
 from golden import check_golden
+from wrapper_cases import BASE, TYPED_REQUEST
 
 from slurm_ext.wrapper.command import main
 
 GOLDEN = Path(__file__).parent / "golden" / "sbatch_argv.json"
-BASE = ["--model", "gpt-1.3b", "--global-batch", "64", "--iterations", "100"]
 TINY_MODEL = 'family = "gpt"\nlayers = 4\nhidden = 64\nheads = 4\nseq_len = 32\nvocab = 256\n'
 #: case -> (options before the script, the script's directive lines, the script's own arguments)
 CASES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "defaults": (BASE, [], []),
-    "typed request over two partitions": (
-        [
-            *BASE,
-            "--gpu-types",
-            "a100,v100",
-            "--min-gpus",
-            "2",
-            "--max-gpus",
-            "8",
-            "--gpus",
-            "4",
-            "--gpu-type",
-            "a100",
-            "--elastic",
-            "--virtual-workers",
-            "8",
-            "-p",
-            "a100,v100",
-            "-J",
-            "train",
-            "-t",
-            "1:00:00",
-        ],
-        [],
-        ["x", "y z"],
-    ),
+    "typed request over two partitions": ([*BASE, *TYPED_REQUEST], [], ["x", "y z"]),
     "directives and pass-through options": (
         ["--parsable", "-J", "from-command-line", "--time=30"],
         [

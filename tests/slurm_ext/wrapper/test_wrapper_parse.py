@@ -9,6 +9,7 @@ import os
 import pathlib
 
 import pytest
+from wrapper_cases import BASE, TYPED_REQUEST
 
 from slurm_ext.jobspec import MAX_SPEC_BYTES, JobSpec
 from slurm_ext.wrapper.argv import parse_argv
@@ -17,8 +18,6 @@ from slurm_ext.wrapper.directives import parse_directives
 from slurm_ext.wrapper.model import MAX_MODEL_FILE_BYTES
 from slurm_ext.wrapper.options import OPTIONS
 from slurm_ext.wrapper.submission import prepare
-
-BASE = ["--model", "gpt-1.3b", "--global-batch", "64", "--iterations", "100"]
 
 
 def script(tmp_path: pathlib.Path, *lines: str, name: str = "job.sh") -> str:
@@ -254,36 +253,7 @@ def test_valid_submission_builds_a_held_untyped_request(tmp_path, make_recorder)
     rec = make_recorder(forbid_submit=False)
     path = script(tmp_path)
     code, out, err = run(
-        BASE
-        + [
-            "--gpu-types",
-            "a100,v100",
-            "--min-gpus",
-            "2",
-            "--max-gpus",
-            "8",
-            "--gpus",
-            "4",
-            "--gpu-type",
-            "a100",
-            "--elastic",
-            "--virtual-workers",
-            "8",
-            "-p",
-            "a100,v100",
-            "-J",
-            "train",
-            "-t",
-            "1:00:00",
-            "--mail-type",
-            "end,fail",
-            "--open-mode",
-            "append",
-            path,
-            "x",
-            "y z",
-        ],
-        rec,
+        BASE + TYPED_REQUEST + ["--mail-type", "end,fail", "--open-mode", "append", path, "x", "y z"], rec
     )
     assert (code, out, err) == (0, "Submitted batch job 4242\n", "")
     (req,) = rec.submitted

@@ -1,0 +1,11 @@
+"""Command lines of `cellsched sbatch` that several wrapper tests submit."""
+
+#: the least a valid submission names
+BASE = ["--model", "gpt-1.3b", "--global-batch", "64", "--iterations", "100"]
+#: a typed, elastic request over two partitions (on top of BASE)
+# fmt: off
+TYPED_REQUEST = [
+    "--gpu-types", "a100,v100", "--min-gpus", "2", "--max-gpus", "8", "--gpus", "4", "--gpu-type", "a100",
+    "--elastic", "--virtual-workers", "8", "-p", "a100,v100", "-J", "train", "-t", "1:00:00",
+]
+# fmt: on
