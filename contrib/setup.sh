@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a development/test environment for cellsched on Debian 12 (as root).
 #
-#   bash contrib/setup.sh            # Debian packages (Slurm, munge) + .venv with cellsched[test,torch]
+#   bash contrib/setup.sh            # Debian packages (Slurm, munge, systemd-analyze) + .venv with cellsched[test,torch]
 #
 # Idempotent: installs only what is missing. The virtual environment lives in
 # .venv (override with VENV=...). torch is pinned to the CPU build 2.13.0; on a
@@ -13,7 +13,7 @@ VENV=${VENV:-.venv}
 PY=${PYTHON:-python3}
 
 need_pkgs=()
-for cmd_pkg in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge lua5.3:lua5.3; do
+for cmd_pkg in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge lua5.3:lua5.3 systemd-analyze:systemd; do
   cmd=${cmd_pkg%%:*}; pkg=${cmd_pkg#*:}
   command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || need_pkgs+=("$pkg")
 done
