@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "plan": "slurm_ext.cli.status_cmd:plan",
     "sbatch": "slurm_ext.cli.sbatch_cmd:sbatch",
     "simulate": "slurm_ext.cli.simulate_cmd:simulate",
+    "admin": "slurm_ext.cli.admin_cmd:admin",
 }
 
 
