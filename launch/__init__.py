@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from solver.extras import require
+
 if TYPE_CHECKING:
     from launch.parallel import ParallelContext, init_parallel
 
@@ -16,6 +18,7 @@ __all__ = ["ParallelContext", "init_parallel"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
+        require("torch")  # one line naming the extra, not "No module named 'torch'"
         from launch import parallel
 
         return getattr(parallel, name)

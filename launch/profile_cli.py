@@ -3,7 +3,8 @@ the profile store (run it as an ordinary one-GPU job per GPU type).
 
 It lives in launch (it runs torch on the job's device) and is registered in
 slurm_ext's command table by module path only, so neither package imports
-the other. torch loads when the command runs, not when the CLI starts.
+the other. torch loads when the command runs, not when the CLI starts;
+without it the command says which extra to install.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pathlib
 
 import click
 
+from solver.extras import require
 from solver.models import ModelSpecError, get_model
 from solver.profiles.seed import open_store
 from solver.profiles.store import ENV_VAR, ProfileStoreError
@@ -73,8 +75,8 @@ def profile(
     as_json: bool,
 ) -> None:
     """Profile MODEL's layers (forward, backward, memory) per tp degree and
-    micro-batch on one device, and optionally the interconnect."""
-    import torch
+    micro-batch on one device, and optionally the interconnect. Needs PyTorch (the `torch` extra)."""
+    torch = require("torch")
 
     from launch import profiler
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import SHAPE, TEST_CLUSTER_ENV, DevCluster, read_shape, wait_for
+from support import SHAPE, TEST_CLUSTER_ENV, DevCluster, Dist, build_dist, read_shape, wait_for
 
 
 @pytest.fixture(scope="session")
@@ -103,6 +103,12 @@ def wait_job_state() -> Callable[..., Any]:
             ) from None
 
     return wait
+
+
+@pytest.fixture(scope="session")
+def built_dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
+    """The project's sdist and wheel (`python -m build` of a copy of the tree), built once per session."""
+    return build_dist(tmp_path_factory.mktemp("build"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

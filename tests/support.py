@@ -1,8 +1,9 @@
 """Helpers shared by the test suites (importable as `support`; pytest puts
-tests/ on sys.path): the dev cluster handle and polling."""
+tests/ on sys.path): the dev cluster handle, polling, and building the package."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -12,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVCLUSTER = ROOT / "contrib" / "dev-cluster" / "devcluster.sh"
@@ -86,3 +89,53 @@ def console_script(name: str = "cellsched") -> str:
             f"(pip install -e . in the venv that runs pytest)"
         )
     return found
+
+
+#: what a copy of the source tree for a build leaves out: VCS, environments, caches, earlier builds
+BUILD_IGNORE = (
+    ".git",
+    ".venv",
+    "__pycache__",
+    "*.egg-info",
+    "build",
+    "dist",
+    ".pytest_cache",
+    ".hypothesis",
+    ".ruff_cache",
+    "*.sqlite",
+)
+
+
+@dataclass(frozen=True)
+class Dist:
+    """What `python -m build` made: the sdist, the wheel built from it, and its log."""
+
+    sdist: Path
+    wheel: Path
+    log: str
+
+
+def build_dist(workdir: Path) -> Dist:
+    """`python -m build` (isolated: setuptools comes from pip) of a copy of the
+    source tree, so that nothing is written into the checkout. Skips when pip
+    cannot install the build requirements (no index, no cache); fails on any
+    other error."""
+    for tool in ("build", "twine"):
+        if importlib.util.find_spec(tool) is None:
+            pytest.fail(f"the {tool!r} package is missing (part of the test extra: pip install -e '.[test]')")
+    src, out = workdir / "src", workdir / "dist"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*BUILD_IGNORE), symlinks=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(out), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0 and "build-requirements" in log:
+        pytest.skip(f"pip could not install the build requirements (no package index or cache?): {log[-500:]}")
+    assert proc.returncode == 0, f"python -m build failed:\n{log[-4000:]}"
+    sdists, wheels = sorted(out.glob("*.tar.gz")), sorted(out.glob("*.whl"))
+    assert len(sdists) == 1 and len(wheels) == 1, sorted(out.iterdir())
+    return Dist(sdists[0], wheels[0], log)

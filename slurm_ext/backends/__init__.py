@@ -2,7 +2,8 @@
 
 ``get_backend("cli" | "pyslurm" | "auto", **opts)``; "auto" takes pyslurm
 when it imports and was built for the running Slurm's major.minor, else the
-CLI. Further backends (the simulated cluster) register in BACKENDS.
+CLI. Asking for "pyslurm" without it raises solver.extras.MissingExtra.
+Further backends (the simulated cluster) register in BACKENDS.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def pyslurm_matches() -> bool:
 
     try:
         module = import_pyslurm()
-    except SlurmError:
+    except ImportError:  # MissingExtra: not installed, or built for another Slurm
         return False
     mine = pyslurm_version(module)
     return mine is not None and mine == running_slurm_version()

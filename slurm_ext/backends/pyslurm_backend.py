@@ -9,7 +9,6 @@ without pyslurm; the class only moves objects through them.
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -21,7 +20,6 @@ from slurm_ext.backends.base import (
     STEPS,
     JobUpdate,
     SlurmCommandError,
-    SlurmError,
     SlurmUnavailable,
     SubmitRequest,
     UpdateNotApplied,
@@ -40,6 +38,7 @@ from slurm_ext.records import (
     compress_hostlist,
     expand_hostlist,
 )
+from solver.extras import require
 
 
 def gres_dict_gpus(gres: Mapping[str, Any] | None) -> tuple[str | None, int]:
@@ -223,10 +222,8 @@ def pyslurm_version(module: Any) -> tuple[int, int] | None:
 
 
 def import_pyslurm() -> Any:
-    try:
-        return importlib.import_module("pyslurm")
-    except ImportError as exc:
-        raise SlurmError(f"the pyslurm backend needs the pyslurm package built for this Slurm ({exc})") from exc
+    """The pyslurm module; MissingExtra (one line naming the `pyslurm` extra) when it does not import."""
+    return require("pyslurm")
 
 
 class PyslurmBackend:

@@ -13,6 +13,7 @@ from importlib.metadata import entry_points
 import click
 
 from slurm_ext import __version__
+from solver.extras import MissingExtra
 
 #: command name -> "module:attribute" (imported only when the command runs,
 #: so `cellsched --help` stays fast and one broken command cannot hide others).
@@ -24,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "plan": "slurm_ext.cli.status_cmd:plan",
     "sbatch": "slurm_ext.cli.sbatch_cmd:sbatch",
     "simulate": "slurm_ext.cli.simulate_cmd:simulate",
+    "admin": "slurm_ext.cli.admin_cmd:admin",
 }
 
 
@@ -44,6 +46,14 @@ class LazyGroup(click.Group):
             return super().get_command(ctx, name)
         module, attr = target.split(":")
         return getattr(importlib.import_module(module), attr)
+
+    def invoke(self, ctx: click.Context) -> object:
+        """Run the subcommand; a missing optional dependency is one line naming its extra (exit 2)."""
+        try:
+            return super().invoke(ctx)
+        except MissingExtra as exc:
+            click.echo(f"{ctx.command_path} {ctx.invoked_subcommand}: error: {exc}", err=True)
+            ctx.exit(2)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 import click
 
 from slurm_ext.sim.types import ClusterSpec, SimRun, TraceJob
+from solver.extras import MissingExtra, require
 
 PROG = "cellsched simulate"
 EXIT_USAGE = 2
@@ -169,6 +170,15 @@ def _drain(queue: Any, bar: ProgressBar | None, timeout: float) -> None:
         return
 
 
+def _plots_missing() -> MissingExtra | None:
+    """Why the plots cannot be drawn (matplotlib, the `sim` extra, is missing), or None."""
+    try:
+        require("matplotlib.figure")
+    except MissingExtra as exc:
+        return exc
+    return None
+
+
 def load_trace(path: str | None, fmt: str, iteration_scale: int | None, limit: int | None) -> tuple[TraceJob, ...]:
     from slurm_ext.sim.traces import TraceError, read_arena_trace, read_sacct
     from solver.profiles.arena import TRACE_FILE, shipped_path
@@ -244,7 +254,7 @@ def load_cluster(path: str | None) -> ClusterSpec:
     "out_dir",
     type=click.Path(file_okay=False),
     required=True,
-    help="Directory for results.json, results.md and the plots.",
+    help="Directory for results.json, results.md and the plots (the plots need the `sim` extra: matplotlib).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of a Markdown table.")
 @click.option(
@@ -360,7 +370,10 @@ def simulate(
         "wall_s": round(time.perf_counter() - t0, 1),
     }
     results = summaries(runs)
-    written = write_report(runs, out_dir, plots=not no_plots, meta=meta, results=results)
+    plots_missing = None if no_plots else _plots_missing()
+    written = write_report(runs, out_dir, plots=not no_plots and plots_missing is None, meta=meta, results=results)
+    if plots_missing is not None:
+        click.echo(f"{PROG}: plots skipped: {plots_missing}", err=True)
     if as_json:
         click.echo(
             json.dumps(

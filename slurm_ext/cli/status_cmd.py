@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from slurm_ext.cli.controller_cmd import ControllerError, load_config, new_controller, open_state
+from slurm_ext.records import FINISHED
 from slurm_ext.state import RoundStatus, StateStore
 from slurm_ext.textsafe import printable
 from solver.plan import JobPlan, PlanError
@@ -48,11 +49,35 @@ def viewer() -> str | None:
     return None if uid == 0 or name == slurm_user() else name
 
 
+#: the STATE of a finished job whose end Slurm never showed (it vanished from squeue while live)
+ENDED = "ENDED"
+
+
+def shown_state(slurm_state: str | None, finished: bool) -> str | None:
+    """The state to show: Slurm's, its final one for a finished job (ENDED when
+    Slurm dropped the job before its end was seen); None when never seen."""
+    if finished and slurm_state not in FINISHED:
+        return ENDED
+    return slurm_state or None
+
+
+def progress_text(done: float | None, total: int | None, source: str | None, state: str | None) -> str:
+    """PROGRESS as known: "done/total" from the job's progress file, "~done/total"
+    for a live job's estimate from its run time, "-" when not known (no count,
+    only an estimate for a job that has ended, or a job whose end was not seen)."""
+    if done is None or not total or source not in ("file", "estimate") or state == ENDED:
+        return "-"
+    if source == "estimate":
+        return "-" if state in FINISHED else f"~{int(done)}/{total}"
+    return f"{int(done)}/{total}"
+
+
 def job_rows(
     state: StateStore, *, now: float, only_user: str | None = None, include_finished: bool = False
 ) -> list[dict[str, Any]]:
-    """One dict per managed job: id, user, state, phase, cell, nodes, plan
-    (pp/dp/tp ...), estimated samples/s, progress, time in queue, reason."""
+    """One dict per managed job: id, user, state (`shown_state`), phase, cell,
+    nodes, plan (pp/dp/tp ...), estimated samples/s, progress (raw, and as
+    `progress_text`), time in queue, reason. Unknown values are None."""
     plans = state.latest_plans(applied_only=True)
     rows = []
     for job in state.jobs(include_finished=include_finished).values():
@@ -67,13 +92,14 @@ def job_rows(
             except PlanError:
                 plan = None
         iterations = spec.get("iterations")
-        done = job.iterations_done
+        state = shown_state(job.slurm_state, job.finished)
         queued_until = job.start_time if job.start_time else (job.end_time if job.finished else now)
         rows.append(
             {
                 "job_id": job.job_id,
                 "user": job.user,
-                "state": job.slurm_state or "?",
+                "state": state,
+                "finished": job.finished,
                 "phase": job.phase,
                 "model": spec.get("model"),
                 "cell": p.cell if p else None,
@@ -88,9 +114,10 @@ def job_rows(
                 "samples_per_s": round(plan.global_batch / plan.iter_time_s, 3)
                 if plan and plan.global_batch and plan.iter_time_s
                 else None,
-                "iterations_done": done,
+                "iterations_done": job.iterations_done,
                 "iterations": iterations,
                 "progress_source": job.progress_source,
+                "progress": progress_text(job.iterations_done, iterations, job.progress_source, state),
                 "queued_s": round(max(0.0, queued_until - job.submit_time), 1)
                 if job.submit_time and queued_until
                 else None,
@@ -113,19 +140,16 @@ def _table(rows: list[dict[str, Any]]) -> str:
     head = ("JOBID", "USER", "STATE", "CELL", "NODES", "PP/DP/TP", "SAMPLES/S", "PROGRESS", "QUEUED", "REASON")
     lines = [head]
     for r in rows:
-        prog = "-"
-        if r["iterations"]:
-            prog = f"{int(r['iterations_done'] or 0)}/{r['iterations']}"
         lines.append(
             (
                 r["job_id"],
                 r["user"],
-                r["state"],
+                r["state"] or "-",
                 r["cell"] or "-",
                 ",".join(r["nodes"]) or "-",
                 f"{r['pp']}/{r['dp']}/{r['tp']}" if r["pp"] else "-",
                 f"{r['samples_per_s']:.1f}" if r["samples_per_s"] else "-",
-                prog,
+                r["progress"],
                 _fmt_time(r["queued_s"]),
                 r["reason"] or "",
             )
@@ -196,7 +220,10 @@ def plan_text(report: Any) -> str:
 def status(config_path: str | None, as_json: bool, include_finished: bool, history_of: str | None) -> None:
     """Managed jobs: cell, plan, speed, progress, time in queue, why pending.
 
-    Root and the SlurmUser see every job; other users see their own."""
+    Root and the SlurmUser see every job; other users see their own. A
+    finished job (--all) shows the state it ended in. PROGRESS is iterations
+    done/total from the job's progress file, ~done/total the controller's
+    estimate for a running job, and - where it is not known."""
     config = load_config(config_path)
     if not Path(config.controller.state_path).exists():
         raise ControllerError(f"no controller state at {config.controller.state_path} (has the controller run?)")

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from slurm_ext.sim.types import Sample, SimRun
+from solver.extras import require
 
 ARENA_MIN_THROUGHPUT = 100.0
 PLOTS = ("jct_cdf.png", "queue_length.png", "throughput.png", "gpu_use_by_type.png")
@@ -270,7 +271,7 @@ def write_plots(runs: Sequence[SimRun], out_dir: pathlib.Path) -> dict[str, path
     """The four PNGs (matplotlib, Agg canvas, imported here only). Time axes
     are hours since the earliest submit of all runs; a plot with nothing to
     show says so instead of failing."""
-    from matplotlib.figure import Figure  # lazy: the simulator runs without matplotlib when plots=False
+    Figure = require("matplotlib.figure").Figure  # lazy: MissingExtra without the `sim` extra
 
     spans = [s for s in (timeline(r) for r in runs) if s is not None]
     origin = min((s[0] for s in spans), default=0.0)

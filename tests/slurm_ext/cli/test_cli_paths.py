@@ -72,7 +72,11 @@ def test_controller_backend_overrides_the_config(tmp_path):
     try:
         import pyslurm  # noqa: F401
     except ImportError:
-        assert proc.returncode == 2 and "needs the pyslurm package" in proc.stderr, proc.stderr
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr == (
+            "cellsched controller: error: needs pyslurm built for this Slurm; "
+            "install it with: pip install 'cellsched[pyslurm]'\n"
+        )
         assert "Traceback" not in proc.stderr
     proc = cellsched("plan", "--config", str(config))
     assert proc.returncode == 2 and "unknown backend 'bogus'" in proc.stderr and "Traceback" not in proc.stderr
