@@ -164,38 +164,20 @@ assert ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(lambda x: x + 1)(41) == 42  
 os.execv(sys.argv[1], sys.argv[1:])
 """
 
-TRACE = """job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,gpu_type
-j1,100,1500,bert__760M,9000,128,1,v100
-j2,150,1000,moe__2.4B,9000,256,4,a40
-j3,400,2000,moe__690M,9000,256,4,a10
-"""
-
-CLUSTER = """name = "small"
-[[nodes]]
-gpu_type = "a40"
-count = 4
-gpus_per_node = 2
-[[nodes]]
-gpu_type = "a10"
-count = 2
-gpus_per_node = 2
-[[nodes]]
-gpu_type = "v100"
-count = 1
-gpus_per_node = 16
-"""
+#: the simulator tests' small trace and cluster
+SIM_DATA = ROOT / "tests" / "slurm_ext" / "sim" / "data"
 
 
 @pytest.mark.skipif(
     sys.platform != "linux" or platform.machine() != "x86_64", reason="the W^X filter is written for x86_64 Linux"
 )
 def test_controller_rounds_run_without_writable_executable_memory(tmp_path):
-    (tmp_path / "trace.csv").write_text(TRACE)
-    (tmp_path / "cluster.toml").write_text(CLUSTER)
+    (tmp_path / "trace.csv").write_text((SIM_DATA / "small_trace.csv").read_text())
+    (tmp_path / "cluster.toml").write_text((SIM_DATA / "small_cluster.toml").read_text())
     argv = [sys.executable, "-m", "slurm_ext", "simulate", "--trace", "trace.csv", "--cluster", "cluster.toml"]
     argv += ["--policy", "cellsched", "--out", "out", "--json", "--no-plots", "--workers", "1", "--interval", "30"]
     proc = subprocess.run(
         [sys.executable, "-c", W_XOR_X, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "3/3 jobs finished" in proc.stderr, proc.stderr[-3000:]
+    assert "6/6 jobs finished" in proc.stderr, proc.stderr[-3000:]

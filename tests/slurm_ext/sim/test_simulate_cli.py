@@ -9,29 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-TRACE = """job_id,submission_time,num_iteration,model_name,deadline,batch_size,num_gpu,gpu_type
-j1,100,1500,bert__760M,9000,128,1,v100
-j2,150,1000,moe__2.4B,9000,256,4,a40
-j3,400,2000,moe__690M,9000,256,4,a10
-j4,420,1000,bert__2.6B,9000,256,4,a40
-j5,900,1500,moe__1.3B,9000,256,2,a40
-j6,950,500,moe__690M,9000,256,1,a10
-"""
-
-CLUSTER = """name = "small"
-[[nodes]]
-gpu_type = "a40"
-count = 4
-gpus_per_node = 2
-[[nodes]]
-gpu_type = "a10"
-count = 2
-gpus_per_node = 2
-[[nodes]]
-gpu_type = "v100"
-count = 1
-gpus_per_node = 16
-"""
+DATA = Path(__file__).parent / "data"
+#: a small Arena-format trace and a small cluster of three GPU types
+TRACE = (DATA / "small_trace.csv").read_text()
+CLUSTER = (DATA / "small_cluster.toml").read_text()
 
 
 def cellsched(*args: str) -> subprocess.CompletedProcess[str]:
