@@ -382,11 +382,11 @@ def apply(
     return outcomes
 
 
-def _signal(a: Action, backend: Backend, state: StateStore, round_id: int | None, clock: Callable[[], float]) -> int:
-    """Write the move's intent (status signalled) and ask the job to checkpoint."""
+def _begin(a: Action, state: StateStore, round_id: int | None, clock: Callable[[], float]) -> int:
+    """Journal the action's plan as an intent, before Slurm is touched."""
     assert a.placement is not None and a.plan is not None and a.update is not None
     p = a.placement
-    intent = state.begin_plan(
+    return state.begin_plan(
         a.job_id,
         round_id,
         p.cell.key(),
@@ -396,6 +396,13 @@ def _signal(a: Action, backend: Backend, state: StateStore, round_id: int | None
         a.update.admin_comment or "",
         clock(),
     )
+
+
+def _signal(a: Action, backend: Backend, state: StateStore, round_id: int | None, clock: Callable[[], float]) -> int:
+    """Write the move's intent (status signalled) and ask the job to checkpoint."""
+    assert a.placement is not None and a.plan is not None and a.update is not None
+    p = a.placement
+    intent = _begin(a, state, round_id, clock)
     try:
         backend.signal(a.job_id, contract.CHECKPOINT_SIGNAL, target=STEPS)
     except _FAILURES as exc:
@@ -458,19 +465,9 @@ def _place(
     clock: Callable[[], float],
     intent: int | None = None,
 ) -> None:
-    assert a.placement is not None and a.plan is not None and a.update is not None
-    p = a.placement
+    assert a.update is not None
     if intent is None:
-        intent = state.begin_plan(
-            a.job_id,
-            round_id,
-            p.cell.key(),
-            p.nodes,
-            a.update.partition or "",
-            a.plan.to_json(),
-            a.update.admin_comment or "",
-            clock(),
-        )
+        intent = _begin(a, state, round_id, clock)
     try:
         if a.kind == MOVE or a.requeue_first:
             backend.requeue(a.job_id, hold=True)
