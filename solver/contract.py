@@ -62,15 +62,21 @@ def admin_comment_spec(text: str | None) -> dict[str, Any] | None:
     return spec if isinstance(spec, dict) else None
 
 
-def admin_comment_plan(text: str | None) -> JobPlan | None:
-    """The plan in an AdminComment; None when it holds none. PlanError when
-    the plan is there but malformed."""
+def admin_comment_plan(text: str | None, *, strict: bool = True) -> JobPlan | None:
+    """The plan in an AdminComment; None when it holds none. A malformed plan
+    is a PlanError, or None when not `strict` (the scheduler's side, which
+    treats a job whose plan it cannot read as unplanned)."""
     raw = admin_comment_dict(text).get(PLAN_KEY)
     if raw is None:
         return None
-    if not isinstance(raw, dict):
-        raise PlanError(f"the AdminComment's plan must be a JSON object, got {type(raw).__name__}")
-    return JobPlan.from_dict(raw)
+    try:
+        if not isinstance(raw, dict):
+            raise PlanError(f"the AdminComment's plan must be a JSON object, got {type(raw).__name__}")
+        return JobPlan.from_dict(raw)
+    except PlanError:
+        if strict:
+            raise
+        return None
 
 
 def encode_admin_comment(spec: Mapping[str, Any], plan: JobPlan | None = None) -> str:

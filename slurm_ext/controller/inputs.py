@@ -75,10 +75,7 @@ class ManagedJob:
 def admin_comment_plan(text: str | None) -> JobPlan | None:
     """The plan in an AdminComment, None when there is none (or it is
     malformed). Cached by text: every round parses every job's comment."""
-    try:
-        return contract.admin_comment_plan(text)
-    except PlanError:
-        return None
+    return contract.admin_comment_plan(text, strict=False)
 
 
 @functools.lru_cache(maxsize=8192)

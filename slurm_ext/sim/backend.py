@@ -70,7 +70,7 @@ from slurm_ext.jobspec import JobSpec, JobSpecError
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
 from slurm_ext.sim.types import ClusterSpec
 from solver.contract import CHECKPOINT_SIGNALS, EXIT_CHECKPOINTED, admin_comment_plan
-from solver.plan import JobPlan, PlanError
+from solver.plan import JobPlan
 
 #: progress models in quantum (round) mode
 EXECUTED_SECONDS, ITERATIONS = "executed-seconds", "iterations"
@@ -840,7 +840,7 @@ class SimBackend:
         job.cells.append(f"{gpu_type}:{len(nodes)}x{job.gres}")
         job.iter_time = None
         if job.spec is not None:
-            plan = _plan_of(job.admin_comment)
+            plan = admin_comment_plan(job.admin_comment, strict=False)
             t = self.speed(job.spec, gpu_type, len(nodes), job.gres, plan) if self.speed and job.gres else None
             if t is None or not (t > 0 and math.isfinite(t)):
                 job.infeasible = True
@@ -888,10 +888,3 @@ class SimBackend:
         if notify:
             self._notify("end", job.job_id)
         self._kick()
-
-
-def _plan_of(admin_comment: str) -> JobPlan | None:
-    try:
-        return admin_comment_plan(admin_comment)
-    except PlanError:
-        return None
