@@ -46,7 +46,10 @@ class ControllerConfig:
     a round's within read_budget_s; a job may report at most
     progress_rate_factor times the iterations its cell's estimate allows, and
     a measured restart counts at most max_restart_cost_s (README: security
-    model).
+    model). Carrying a round out: placements go to Slurm apply_batch jobs per
+    step (slurm_workers ``scontrol update`` at a time with the cli backend);
+    once a round has applied for apply_budget_s, the rest are journalled and
+    carried out by the next round.
     """
 
     backend: str = "cli"
@@ -55,6 +58,9 @@ class ControllerConfig:
     watch_s: float = 5.0
     min_gap_s: float = 2.0
     slurm_timeout_s: float = 10.0
+    slurm_workers: int = 4
+    apply_batch: int = 500
+    apply_budget_s: float = 30.0
     state_path: str = "/var/lib/cellsched/state.sqlite"
     profiles_path: str = ""
     kick_file: str = "/run/cellsched/kick"
@@ -81,6 +87,7 @@ class ControllerConfig:
             "read_timeout_s",
             "read_budget_s",
             "max_restart_cost_s",
+            "apply_budget_s",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"controller.{name} must be > 0, got {getattr(self, name)}")
@@ -90,6 +97,9 @@ class ControllerConfig:
             raise ConfigError(f"controller.progress_rate_factor must be >= 1, got {self.progress_rate_factor}")
         if self.max_relaunches < 0:
             raise ConfigError(f"controller.max_relaunches must be >= 0, got {self.max_relaunches}")
+        for name in ("slurm_workers", "apply_batch"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"controller.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_cell_failures < 1:
             raise ConfigError(f"controller.max_cell_failures must be >= 1, got {self.max_cell_failures}")
         if not self.state_path:

@@ -254,6 +254,11 @@ class StateStore:
     def _tx(self) -> Any:
         return sqlitedb.transaction(self._db)
 
+    def batch(self) -> Any:
+        """One transaction for the writes inside ``with state.batch():`` (a
+        round's intents, or one step's status changes, commit together)."""
+        return self._tx()
+
     # --- jobs -------------------------------------------------------------
 
     def jobs(self, *, include_finished: bool = True, job_ids: Iterable[str] | None = None) -> dict[str, JobRow]:

@@ -24,15 +24,17 @@ UPDATE_ENV = "CELLSCHED_UPDATE_GOLDEN"
 
 
 class ArgvRecorder:
-    """A stand-in for subprocess.run: records each argument list (`calls`) and
-    exits 0 printing `answer(args)` ("" by default)."""
+    """A stand-in for subprocess.run: records each argument list (`calls`;
+    a command fed on its standard input is recorded as its argument list,
+    "<stdin>" and the lines it read) and exits 0 printing `answer(args)` ("" by
+    default)."""
 
     def __init__(self, answer: Callable[[list[str]], str] = lambda args: "") -> None:
         self.calls: list[list[str]] = []
         self._answer = answer
 
-    def __call__(self, args: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
-        self.calls.append(list(args))
+    def __call__(self, args: list[str], *, input: str | None = None, **_: Any) -> subprocess.CompletedProcess[str]:
+        self.calls.append(list(args) + (["<stdin>", *input.splitlines()] if input is not None else []))
         return subprocess.CompletedProcess(args, 0, stdout=self._answer(list(args)), stderr="")
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from slurm_ext.backends.base import (
     ALL,
     BATCH,
+    JOB_FAILURES,
     STEPS,
     Backend,
     JobUpdate,
@@ -99,6 +100,7 @@ def get_backend(name: str = "auto", **opts: Any) -> Backend:
 __all__ = [
     "ALL",
     "BATCH",
+    "JOB_FAILURES",
     "STEPS",
     "check_signal_target",
     "BACKENDS",

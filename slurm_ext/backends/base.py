@@ -9,7 +9,7 @@ the CLI only ever see this surface.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Protocol
 
@@ -330,3 +330,59 @@ class Backend(Protocol):
         but not the batch shell ("steps": how a running ``srun
         cellsched-launch`` is asked to checkpoint), or both ("all")."""
         ...
+
+    # Many jobs at once: how a round carries out hundreds of placements. Each
+    # job's result stands alone (one bad job does not fail the others);
+    # SlurmUnavailable still stops the whole call.
+
+    def update_many(self, changes: Mapping[str, JobUpdate]) -> dict[str, SlurmJob | Exception]:
+        """`update` for each job: its read-back, or why its update failed."""
+        ...
+
+    def hold_many(self, job_ids: Sequence[str]) -> dict[str, Exception]:
+        """Hold the jobs; the ones that failed, and why."""
+        ...
+
+    def release_many(self, job_ids: Sequence[str]) -> dict[str, Exception]:
+        """Release the jobs; the ones that failed, and why."""
+        ...
+
+    def requeue_many(self, job_ids: Sequence[str], *, hold: bool = False) -> dict[str, Exception]:
+        """Requeue the jobs; the ones that failed, and why."""
+        ...
+
+
+#: what a failed step of one job in a `*_many` call may raise (SlurmUnavailable is not one)
+JOB_FAILURES = (SlurmCommandError, UpdateNotApplied, ValueError)
+
+
+class OneAtATime:
+    """The `*_many` calls as one call per job, for backends whose calls are
+    cheap in-process requests (pyslurm, the simulated cluster)."""
+
+    def _each(self, call: Callable[[str], object], job_ids: Sequence[str]) -> dict[str, Exception]:
+        failed: dict[str, Exception] = {}
+        for job_id in job_ids:
+            try:
+                call(job_id)
+            except JOB_FAILURES as exc:
+                failed[job_id] = exc
+        return failed
+
+    def update_many(self, changes: Mapping[str, JobUpdate]) -> dict[str, SlurmJob | Exception]:
+        out: dict[str, SlurmJob | Exception] = {}
+        for job_id, change in changes.items():
+            try:
+                out[job_id] = self.update(job_id, change)  # type: ignore[attr-defined]
+            except JOB_FAILURES as exc:
+                out[job_id] = exc
+        return out
+
+    def hold_many(self, job_ids: Sequence[str]) -> dict[str, Exception]:
+        return self._each(self.hold, job_ids)  # type: ignore[attr-defined]
+
+    def release_many(self, job_ids: Sequence[str]) -> dict[str, Exception]:
+        return self._each(self.release, job_ids)  # type: ignore[attr-defined]
+
+    def requeue_many(self, job_ids: Sequence[str], *, hold: bool = False) -> dict[str, Exception]:
+        return self._each(lambda j: self.requeue(j, hold=hold), job_ids)  # type: ignore[attr-defined]

@@ -7,6 +7,15 @@
 
 Every call is an argument list with a timeout; a slurmctld that does not
 answer raises SlurmUnavailable within about `ping_timeout` seconds.
+
+Many jobs at once (a round placing hundreds): one ``scontrol`` reads the
+updates of UPDATES_PER_CALL jobs from its standard input (a process per job
+costs ~10 ms of CPU; see `_stdin_line` for why a line is read exactly as the
+argument list it stands for), `workers` such calls at a time, then one
+read-back checks every job;
+``scontrol hold|release|requeuehold`` take the whole list in one call, and
+only when that call fails is each job it left undone tried alone, for its own
+error.
 """
 
 from __future__ import annotations
@@ -15,7 +24,9 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from slurm_ext.backends.base import (
     ALL,
@@ -48,6 +59,14 @@ _UNREACHABLE = (
 _ALREADY_DONE = ("already completing or completed", "Job/step already completing")
 #: what runs a command: subprocess.run, or a stand-in taking the same arguments
 Runner = Callable[..., subprocess.CompletedProcess[str]]
+#: job ids per ``scontrol hold|release|requeuehold`` call
+IDS_PER_CALL = 200
+#: job updates one ``scontrol`` reads from its standard input
+UPDATES_PER_CALL = 50
+#: a token scontrol's command reader takes verbatim: printable ASCII, no blank
+_VERBATIM = re.compile(r"^[\x21-\x7e]+$")
+#: the longest command line fed to scontrol (its reader without readline takes 4095 bytes)
+_LINE_MAX = 4000
 
 
 def slurm_version(text: str) -> tuple[int, int] | None:
@@ -60,7 +79,9 @@ class CliBackend:
     """Backend over sbatch / squeue / sinfo / scontrol / scancel.
 
     `run` runs each command (subprocess.run; tests pass a stand-in that
-    records the argument lists)."""
+    records the argument lists); `workers`: how many ``scontrol update``
+    run at once in `update_many` (slurmctld serialises job updates under
+    one lock: more only adds waiting; benchmarks/controller_round.py)."""
 
     name = "cli"
 
@@ -71,12 +92,16 @@ class CliBackend:
         ping_timeout: float = 3.0,
         mode: str = "auto",
         slurm_conf: str | None = None,
+        workers: int = 4,
         run: Runner = subprocess.run,
     ) -> None:
         if mode not in ("auto", "json", "text"):
             raise ValueError(f"mode must be 'auto', 'json' or 'text', got {mode!r}")
         if timeout <= 0 or ping_timeout <= 0:
             raise ValueError("timeout and ping_timeout must be > 0")
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.workers = workers
         self.timeout = timeout
         self.ping_timeout = ping_timeout
         self.mode = mode
@@ -93,11 +118,21 @@ class CliBackend:
         env.update(extra or {})
         return env
 
-    def _run(self, args: list[str], *, timeout: float | None = None, env: Mapping[str, str] | None = None) -> str:
-        """Run a Slurm command; its stdout, or a SlurmError."""
+    def _run(
+        self,
+        args: list[str],
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: str | None = None,
+    ) -> str:
+        """Run a Slurm command (fed `stdin`); its stdout, or a SlurmError."""
         limit = timeout or self.timeout
+        extra = {"input": stdin} if stdin is not None else {}
         try:
-            proc = self._runner(args, capture_output=True, text=True, timeout=limit, env=self._env(env), check=False)
+            proc = self._runner(
+                args, capture_output=True, text=True, timeout=limit, env=self._env(env), check=False, **extra
+            )
         except subprocess.TimeoutExpired as exc:
             raise SlurmUnavailable(f"{args[0]} did not answer within {limit:g} s (is slurmctld up?)") from exc
         except FileNotFoundError as exc:
@@ -168,22 +203,34 @@ class CliBackend:
     def job(self, job_id: str) -> SlurmJob:
         """One job, read now."""
         check_job_id(job_id)
-        if self._style() == "text":
-            found = scontrol_text.parse_jobs(self._run(["scontrol", "-o", "show", "job", job_id]))
-        else:
-            found = json_output.parse_jobs(self._run(["squeue", "--json", "--states=all", f"--jobs={job_id}"]))
-        for j in found:
-            if j.job_id == job_id:
-                return j
-        raise SlurmCommandError(["squeue", f"--jobs={job_id}"], 0, f"job {job_id} not found")
+        found = self.jobs([job_id])
+        if job_id not in found:
+            raise SlurmCommandError(["squeue", f"--jobs={job_id}"], 0, f"job {job_id} not found")
+        return found[job_id]
 
-    def _partition_nodes(self, partitions: str) -> set[str]:
-        """Nodes of a job's partition list ("a40" or "a40,all")."""
-        nodes: set[str] = set()
-        for name in filter(None, partitions.split(",")):
-            for p in scontrol_text.parse_partitions(self._run(["scontrol", "-o", "show", "partition", name])):
-                nodes.update(p.nodes)
-        return nodes
+    def jobs(self, job_ids: Sequence[str]) -> dict[str, SlurmJob]:
+        """These jobs, read now in one call (those Slurm no longer knows are missing)."""
+        wanted = {check_job_id(j) for j in job_ids}
+        if self._style() == "text":
+            one = [next(iter(wanted))] if len(wanted) == 1 else []
+            found = scontrol_text.parse_jobs(self._run(["scontrol", "-o", "show", "job", *one]))
+        else:  # 22.05 answers with every job whatever --jobs says; later ones filter
+            found = json_output.parse_jobs(
+                self._run(["squeue", "--json", "--states=all", f"--jobs={','.join(sorted(wanted))}"])
+            )
+        return {j.job_id: j for j in found if j.job_id in wanted}
+
+    def _jobs_or_none(self, job_ids: Sequence[str]) -> dict[str, SlurmJob]:
+        """`jobs`, but {} when Slurm refuses to show them (one job it no longer knows)."""
+        try:
+            return self.jobs(job_ids)
+        except SlurmCommandError:
+            return {}
+
+    def _partition_nodes(self) -> dict[str, set[str]]:
+        """partition -> its nodes, read now."""
+        parts = scontrol_text.parse_partitions(self._run(["scontrol", "-o", "show", "partition"]))
+        return {p.name: set(p.nodes) for p in parts}
 
     # --- writing -------------------------------------------------------------
 
@@ -220,47 +267,81 @@ class CliBackend:
         return job_id
 
     def update(self, job_id: str, change: JobUpdate) -> SlurmJob:
-        check_job_id(job_id)
-        args = ["scontrol", "update", f"JobId={job_id}"]
-        if change.partition is not None:
-            args.append(f"Partition={change.partition}")
-        if change.features is not None:
-            args.append(f"Features={change.features}")
-        if change.num_nodes is not None:
-            args.append(f"NumNodes={change.num_nodes}-{change.num_nodes}")
-        if change.req_nodes is not None:
-            args.append(f"ReqNodeList={compress_hostlist(change.req_nodes)}")
-        if change.exc_nodes is not None:
-            args.append(f"ExcNodeList={compress_hostlist(change.exc_nodes)}")
-        if change.gres_per_node is not None:
-            args.append(f"Gres=gpu:{change.gres_per_node}")
-        if change.num_tasks is not None:
-            args.append(f"NumTasks={change.num_tasks}")
-        if change.tasks_per_node is not None:
-            args.append(f"TasksPerNode={change.tasks_per_node}")
-        if change.min_cpus_per_node is not None:
-            args.append(f"MinCPUsNode={change.min_cpus_per_node}")
-        if change.admin_comment is not None:
-            args.append(f"AdminComment={change.admin_comment}")
-        if change.start_soon:
-            args.append(f"StartTime={START_SOON}")
-        failure = ""
+        result = self.update_many({job_id: change})[job_id]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def update_many(self, changes: Mapping[str, JobUpdate]) -> dict[str, SlurmJob | Exception]:
+        argvs = {check_job_id(j): _update_args(j, c) for j, c in changes.items()}
+        if not argvs:
+            return {}
+        lines = {j: _stdin_line(a) for j, a in argvs.items()}
+        fed = [j for j, line in lines.items() if line is not None] if len(argvs) > 1 else []
+        chunks = [fed[k : k + UPDATES_PER_CALL] for k in range(0, len(fed), UPDATES_PER_CALL)]
+        failures = dict.fromkeys(argvs, "")
+        with ThreadPoolExecutor(max_workers=min(self.workers, len(argvs))) as pool:  # SlurmUnavailable comes through
+            # a chunk whose scontrol failed: its jobs again, each alone, for each one's own message
+            alone = [j for j in argvs if lines[j] is None]
+            fed_ok = pool.map(self._feed, [[lines[j] for j in chunk] for chunk in chunks])  # type: ignore[misc]
+            alone += [j for chunk, ok in zip(chunks, fed_ok) if not ok for j in chunk]
+            failures.update(zip(alone, pool.map(self._try, [argvs[j] for j in alone])))
+        jobs = self._jobs_or_none(list(argvs))
+        members = self._partition_nodes() if any(j.required_nodes for j in jobs.values()) else {}
+        out: dict[str, SlurmJob | Exception] = {}
+        for job_id, change in changes.items():
+            args, failure, job = argvs[job_id], failures[job_id], jobs.get(job_id)
+            if job is None:  # e.g. no such job: Slurm's own message says it best
+                out[job_id] = SlurmCommandError(
+                    args if failure else ["squeue", f"--jobs={job_id}"], 1, failure or f"job {job_id} not found"
+                )
+                continue
+            nodes = (
+                set().union(*(members.get(p, set()) for p in job.partition.split(","))) if job.required_nodes else None
+            )
+            bad = update_mismatches(job, change, nodes)
+            if bad:  # some fields may have been applied despite a failure, others ignored without one
+                out[job_id] = UpdateNotApplied(job_id, bad, job, failure)
+            elif failure:
+                out[job_id] = SlurmCommandError(args, 1, failure)
+            else:
+                out[job_id] = job
+        return out
+
+    def _feed(self, lines: list[str]) -> bool:
+        """One ``scontrol`` reading these command lines; did every one succeed?
+        INPUTRC=/dev/null: no site or user readline bindings (scontrol reads
+        its input through readline when it is built with it)."""
+        limit = self.timeout + 0.1 * len(lines)
+        return not self._try(["scontrol"], stdin="\n".join(lines) + "\n", timeout=limit, env={"INPUTRC": "/dev/null"})
+
+    def _try(self, args: list[str], **run: Any) -> str:
+        """Run a command; "" when it succeeded, else Slurm's message."""
         try:
-            self._run(args)
+            self._run(args, **run)
         except SlurmCommandError as exc:
-            failure = exc.stderr or str(exc)  # some fields may still have been applied
-        try:
-            job = self.job(job_id)
-        except SlurmCommandError:
-            if failure:  # e.g. no such job: Slurm's own message says it best
-                raise SlurmCommandError(args, 1, failure) from None
-            raise
-        bad = update_mismatches(job, change, self._partition_nodes(job.partition) if job.required_nodes else None)
-        if bad:
-            raise UpdateNotApplied(job_id, bad, job, failure)
-        if failure:
-            raise SlurmCommandError(args, 1, failure)
-        return job
+            return exc.stderr or str(exc)
+        return ""
+
+    def _many(self, verb: list[str], job_ids: Sequence[str], done: Callable[[SlurmJob], bool]) -> dict[str, Exception]:
+        """`verb` for the whole list, IDS_PER_CALL ids a call. When a call
+        fails, the jobs it left undone (read back; `done` tells) are tried
+        one at a time, so each failure carries that job's own message."""
+        ids = [check_job_id(j) for j in job_ids]
+        failed: dict[str, Exception] = {}
+        for k in range(0, len(ids), IDS_PER_CALL):
+            chunk = ids[k : k + IDS_PER_CALL]
+            if not self._try([*verb, *chunk]):
+                continue
+            now = self._jobs_or_none(chunk)
+            for job_id in chunk:
+                if job_id in now and done(now[job_id]):
+                    continue
+                try:
+                    self._run([*verb, job_id])
+                except SlurmCommandError as exc:
+                    failed[job_id] = exc
+        return failed
 
     def hold(self, job_id: str) -> None:
         self._run(["scontrol", "hold", check_job_id(job_id)])
@@ -270,6 +351,19 @@ class CliBackend:
 
     def requeue(self, job_id: str, *, hold: bool = False) -> None:
         self._run(["scontrol", "requeuehold" if hold else "requeue", check_job_id(job_id)])
+
+    def hold_many(self, job_ids: Sequence[str]) -> dict[str, Exception]:
+        return self._many(["scontrol", "hold"], job_ids, lambda j: j.held)
+
+    def release_many(self, job_ids: Sequence[str]) -> dict[str, Exception]:
+        return self._many(["scontrol", "release"], job_ids, lambda j: not j.held and not j.finished)
+
+    def requeue_many(self, job_ids: Sequence[str], *, hold: bool = False) -> dict[str, Exception]:
+        verb = ["scontrol", "requeuehold" if hold else "requeue"]
+        # requeued: on its way out (COMPLETING, REQUEUE*), or pending again (and held, if asked)
+        return self._many(
+            verb, job_ids, lambda j: j.state.startswith(("COMPLETING", "REQUEUE")) or (j.pending and j.held == hold)
+        )
 
     def cancel(self, job_id: str) -> None:
         """Cancel; a job that already finished counts as cancelled."""
@@ -285,3 +379,47 @@ class CliBackend:
         # scancel --signal without --batch/--full signals the steps only
         where = {BATCH: ["--batch"], STEPS: [], ALL: ["--full"]}[check_signal_target(target)]
         self._run(["scancel", f"--signal={signal}", *where, job_id])
+
+
+def _stdin_line(args: list[str]) -> str | None:
+    """An ``scontrol update`` argument list as one line of scontrol's command
+    reader, or None when the line might not read back as exactly these
+    arguments. scontrol splits a line at blanks only (quotes just keep blanks
+    inside a token) and reads every other byte as it is: measured on Slurm
+    22.05 with quotes, backslashes, ``#!$(`` and unbalanced quotes in an
+    AdminComment. So a line of tokens that are printable ASCII without blanks
+    (no control character a line editor might act on, no newline) and shorter
+    than scontrol's line buffer is these arguments and nothing else: no token
+    can reach another job. Every job is read back afterwards anyway."""
+    if not all(_VERBATIM.match(a) for a in args[1:]):
+        return None
+    line = " ".join(args[1:])
+    return line if len(line) <= _LINE_MAX else None
+
+
+def _update_args(job_id: str, change: JobUpdate) -> list[str]:
+    """The ``scontrol update`` argument list carrying `change`."""
+    args = ["scontrol", "update", f"JobId={job_id}"]
+    if change.partition is not None:
+        args.append(f"Partition={change.partition}")
+    if change.features is not None:
+        args.append(f"Features={change.features}")
+    if change.num_nodes is not None:
+        args.append(f"NumNodes={change.num_nodes}-{change.num_nodes}")
+    if change.req_nodes is not None:
+        args.append(f"ReqNodeList={compress_hostlist(change.req_nodes)}")
+    if change.exc_nodes is not None:
+        args.append(f"ExcNodeList={compress_hostlist(change.exc_nodes)}")
+    if change.gres_per_node is not None:
+        args.append(f"Gres=gpu:{change.gres_per_node}")
+    if change.num_tasks is not None:
+        args.append(f"NumTasks={change.num_tasks}")
+    if change.tasks_per_node is not None:
+        args.append(f"TasksPerNode={change.tasks_per_node}")
+    if change.min_cpus_per_node is not None:
+        args.append(f"MinCPUsNode={change.min_cpus_per_node}")
+    if change.admin_comment is not None:
+        args.append(f"AdminComment={change.admin_comment}")
+    if change.start_soon:
+        args.append(f"StartTime={START_SOON}")
+    return args

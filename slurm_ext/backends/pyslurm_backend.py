@@ -19,6 +19,7 @@ from slurm_ext.backends.base import (
     START_SOON,
     STEPS,
     JobUpdate,
+    OneAtATime,
     SlurmCommandError,
     SlurmUnavailable,
     SubmitRequest,
@@ -226,7 +227,7 @@ def import_pyslurm() -> Any:
     return require("pyslurm")
 
 
-class PyslurmBackend:
+class PyslurmBackend(OneAtATime):
     """Backend over pyslurm's object API."""
 
     name = "pyslurm"

@@ -5,6 +5,9 @@ Slurm; it writes an intent to the state before touching a job and marks it
 after each step, so a round cut short (crash, SIGKILL, Slurm gone) is
 finished by the next one: a job updated but not released is released if its
 plan still fits (else planned again); a job already released is left alone.
+Placements go to Slurm in batches, one call (or one journal transaction) per
+step for the whole batch; each job still passes its steps in the same order,
+so the same recovery holds for a batch cut short between any two steps.
 
 Moving a running elastic job (resize, other nodes or GPU type): signal its
 steps (SIGUSR1: ``cellsched-launch`` checkpoints and exits 75), wait for it
@@ -33,7 +36,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from slurm_ext.backends import STEPS, Backend, JobUpdate, SlurmCommandError, SlurmUnavailable, UpdateNotApplied
+from slurm_ext.backends import JOB_FAILURES, STEPS, Backend, JobUpdate
 from slurm_ext.controller.inputs import ManagedJob, Phase, checkpointed, fixed_virtual_workers, same_plan
 from slurm_ext.controller.progress import default_checkpoint_dir
 from slurm_ext.state import HistoryEvent, PlanRow, PlanStatus, StateStore
@@ -343,7 +346,8 @@ class Waiting:
     stopping: Callable[[], bool] = lambda: False
 
 
-_FAILURES = (SlurmCommandError, UpdateNotApplied, ValueError)
+#: the outcome of a placement left for the next round
+DEFERRED = "deferred to the next round: this round's apply budget is spent"
 
 
 def apply(
@@ -353,33 +357,58 @@ def apply(
     round_id: int | None,
     clock: Callable[[], float] = time.time,
     waiting: Waiting = Waiting(),
+    *,
+    batch: int = 500,
+    budget_s: float = float("inf"),
 ) -> list[Outcome]:
-    """Carry the actions out, one job at a time; a failing job is recorded
-    and skipped. Moves are signalled together first, then waited for
-    together. SlurmUnavailable stops the round (the intents stay open)."""
-    outcomes = []
+    """Carry the actions out, many jobs per Slurm call: holds, requeues and
+    the moves' signals first, then the placements `batch` jobs at a time
+    (`_place_many`), then the moves whose jobs checkpointed (waited for
+    together). A failing job is recorded and skipped. Once `budget_s` (wall
+    time) is spent, the placements not begun are journalled and the next
+    round carries them out. SlurmUnavailable stops the round (the intents
+    stay open)."""
+    t0 = time.monotonic()
+    of = {kind: [a for a in actions if a.kind == kind] for kind in (HOLD, REQUEUE, MOVE, PLACE)}
+    outcomes = _outcomes(of[HOLD], backend.hold_many([a.job_id for a in of[HOLD]]) if of[HOLD] else {})
+    if of[REQUEUE]:
+        failed = backend.requeue_many([a.job_id for a in of[REQUEUE]], hold=True)
+        with state.batch():
+            for a in of[REQUEUE]:
+                if a.job_id not in failed:
+                    state.add_history(a.job_id, HistoryEvent.REQUEUED, clock(), round_id)
+        outcomes += _outcomes(of[REQUEUE], failed)
     signalled: dict[str, tuple[Action, int]] = {}
-    for a in actions:
+    for a in of[MOVE]:
         try:
-            if a.kind == HOLD:
-                backend.hold(a.job_id)
-            elif a.kind == REQUEUE:
-                backend.requeue(a.job_id, hold=True)
-                state.add_history(a.job_id, HistoryEvent.REQUEUED, clock(), round_id)
-            elif a.kind == PLACE:
-                _place(a, backend, state, round_id, clock)
-            elif a.kind == MOVE:
-                signalled[a.job_id] = (a, _signal(a, backend, state, round_id, clock))
-                continue
-            outcomes.append(Outcome(a, True))
-        except SlurmUnavailable:
-            raise
-        except _FAILURES as exc:
-            log.warning("action failed", extra={"fields": {**a.summary(), "error": str(exc)}})
-            outcomes.append(Outcome(a, False, str(exc)))
+            signalled[a.job_id] = (a, _signal(a, backend, state, round_id, clock))
+        except JOB_FAILURES as exc:
+            outcomes += _outcomes([a], {a.job_id: exc})
+    places = of[PLACE]
+    for k in range(0, len(places), batch):
+        if time.monotonic() - t0 > budget_s:
+            outcomes += _defer(places[k:], state, round_id, clock)
+            break
+        outcomes += _place_many(places[k : k + batch], backend, state, round_id, clock)
     if signalled:
         outcomes += _finish_moves(signalled, backend, state, round_id, clock, waiting)
     return outcomes
+
+
+def _outcomes(actions: list[Action], failed: Mapping[str, Exception]) -> list[Outcome]:
+    out = []
+    for a in actions:
+        if a.job_id in failed:
+            log.warning("action failed", extra={"fields": {**a.summary(), "error": str(failed[a.job_id])}})
+            out.append(Outcome(a, False, str(failed[a.job_id])))
+        else:
+            out.append(Outcome(a, True))
+    return out
+
+
+def _step(step: str, jobs: int) -> None:
+    """Log one step of a batch (tests that kill the controller wait for these)."""
+    log.info("apply step", extra={"fields": {"step": step, "jobs": jobs}})
 
 
 def _begin(a: Action, state: StateStore, round_id: int | None, clock: Callable[[], float]) -> int:
@@ -398,6 +427,16 @@ def _begin(a: Action, state: StateStore, round_id: int | None, clock: Callable[[
     )
 
 
+def _defer(actions: list[Action], state: StateStore, round_id: int | None, clock: Callable[[], float]) -> list[Outcome]:
+    """Journal placements this round has no time left for: a held job's
+    open intent is carried out by the next round if it still fits."""
+    with state.batch():
+        for a in actions:
+            _begin(a, state, round_id, clock)
+    _step("deferred", len(actions))
+    return [Outcome(a, True, DEFERRED) for a in actions]
+
+
 def _signal(a: Action, backend: Backend, state: StateStore, round_id: int | None, clock: Callable[[], float]) -> int:
     """Write the move's intent (status signalled) and ask the job to checkpoint."""
     assert a.placement is not None and a.plan is not None and a.update is not None
@@ -405,7 +444,7 @@ def _signal(a: Action, backend: Backend, state: StateStore, round_id: int | None
     intent = _begin(a, state, round_id, clock)
     try:
         backend.signal(a.job_id, contract.CHECKPOINT_SIGNAL, target=STEPS)
-    except _FAILURES as exc:
+    except JOB_FAILURES as exc:
         state.set_plan_status(intent, PlanStatus.FAILED, clock(), str(exc))
         raise
     state.set_plan_status(intent, PlanStatus.SIGNALLED, clock())
@@ -423,8 +462,8 @@ def _finish_moves(
     waiting: Waiting,
 ) -> list[Outcome]:
     """Wait (bounded) for the signalled jobs to end, then requeue, update and
-    release each that checkpointed. Jobs still running are left to a later
-    round (their intent stays open)."""
+    release those that checkpointed, together. Jobs still running are left
+    to a later round (their intent stays open)."""
     deadline = clock() + waiting.checkpoint_wait_s
     ended: dict[str, object] = {}
     while True:
@@ -435,6 +474,7 @@ def _finish_moves(
             break
         waiting.sleep(min(waiting.poll_s, max(0.0, deadline - clock())))
     outcomes = []
+    ready: dict[str, int] = {}
     for job_id, (a, intent) in signalled.items():
         if job_id not in ended:
             outcomes.append(Outcome(a, True, "still checkpointing; finished by a later round"))
@@ -446,42 +486,67 @@ def _finish_moves(
                 Outcome(a, False, "the job ended without a checkpoint" if job is not None else "the job vanished")
             )
             continue
-        try:
-            _place(a, backend, state, round_id, clock, intent=intent)
-            outcomes.append(Outcome(a, True))
-        except SlurmUnavailable:
-            raise
-        except _FAILURES as exc:
-            log.warning("move failed", extra={"fields": {**a.summary(), "error": str(exc)}})
-            outcomes.append(Outcome(a, False, str(exc)))
+        ready[job_id] = intent
+    if ready:
+        outcomes += _place_many([signalled[j][0] for j in ready], backend, state, round_id, clock, ready)
     return outcomes
 
 
-def _place(
-    a: Action,
+def _place_many(
+    actions: list[Action],
     backend: Backend,
     state: StateStore,
     round_id: int | None,
     clock: Callable[[], float],
-    intent: int | None = None,
-) -> None:
-    assert a.update is not None
-    if intent is None:
-        intent = _begin(a, state, round_id, clock)
-    try:
-        if a.kind == MOVE or a.requeue_first:
-            backend.requeue(a.job_id, hold=True)
-            state.set_plan_status(intent, PlanStatus.REQUEUED, clock())
-            state.add_history(a.job_id, HistoryEvent.REQUEUED, clock(), round_id)
-        elif a.hold_first:
-            backend.hold(a.job_id)
-        backend.update(a.job_id, a.update)
-        state.set_plan_status(intent, PlanStatus.UPDATED, clock())
-        backend.release(a.job_id)
-    except SlurmUnavailable:
-        raise
-    except _FAILURES as exc:
-        state.set_plan_status(intent, PlanStatus.FAILED, clock(), str(exc))
-        raise
-    state.set_plan_status(intent, PlanStatus.RELEASED, clock())
-    log.info("placed", extra={"fields": a.summary()})
+    intents: Mapping[str, int] | None = None,
+) -> list[Outcome]:
+    """Place the jobs, one Slurm call (or journal transaction) per step for
+    them all: journal the intents; requeue held (moved and checkpointed
+    jobs) or hold (pending jobs not held); update; release. A job whose step
+    fails drops out with its plan failed. Each job passes the steps in the
+    order one job alone would, and the journal says how far it got, so a
+    SIGKILL between any two steps leaves what the next round finishes."""
+    intent = dict(intents or {})
+    with state.batch():
+        for a in actions:
+            if a.job_id not in intent:
+                intent[a.job_id] = _begin(a, state, round_id, clock)
+    _step("journalled", len(actions))
+    errors: dict[str, Exception] = {}
+    requeue = [a.job_id for a in actions if a.kind == MOVE or a.requeue_first]
+    if requeue:
+        errors.update(backend.requeue_many(requeue, hold=True))
+        with state.batch():
+            for job_id in requeue:
+                if job_id not in errors:
+                    state.set_plan_status(intent[job_id], PlanStatus.REQUEUED, clock())
+                    state.add_history(job_id, HistoryEvent.REQUEUED, clock(), round_id)
+        _step("requeued", len(requeue))
+    hold = [a.job_id for a in actions if a.hold_first and a.job_id not in requeue]
+    if hold:
+        errors.update(backend.hold_many(hold))
+        _step("held", len(hold))
+    changes = {a.job_id: a.update for a in actions if a.job_id not in errors and a.update is not None}
+    updated = []
+    for job_id, result in backend.update_many(changes).items() if changes else ():
+        if isinstance(result, Exception):
+            errors[job_id] = result
+        else:
+            updated.append(job_id)
+    with state.batch():
+        for job_id in updated:
+            state.set_plan_status(intent[job_id], PlanStatus.UPDATED, clock())
+    _step("updated", len(updated))
+    if updated:
+        errors.update(backend.release_many(updated))
+    with state.batch():
+        for a in actions:
+            if a.job_id in errors:
+                state.set_plan_status(intent[a.job_id], PlanStatus.FAILED, clock(), str(errors[a.job_id]))
+            else:
+                state.set_plan_status(intent[a.job_id], PlanStatus.RELEASED, clock())
+    _step("released", len(updated) - len(set(updated) & set(errors)))
+    for a in actions:
+        if a.job_id not in errors:
+            log.info("placed", extra={"fields": a.summary()})
+    return _outcomes(actions, errors)

@@ -72,7 +72,11 @@ class Controller:
         self.stop = threading.Event()  # set: the round in progress stops waiting (daemon.run(stop=...) shares it)
         self.backend = backend or get_backend(
             config.controller.backend,
-            **({"timeout": config.controller.slurm_timeout_s} if config.controller.backend == "cli" else {}),
+            **(
+                {"timeout": config.controller.slurm_timeout_s, "workers": config.controller.slurm_workers}
+                if config.controller.backend == "cli"
+                else {}
+            ),
         )
         self.state = state or StateStore(config.controller.state_path, readonly=readonly)
         self.policy = policy or _make_policy(config)
@@ -195,7 +199,18 @@ class Controller:
         t2 = time.perf_counter()
         waiting = Waiting(cc.checkpoint_wait_s, cc.checkpoint_poll_s, self.sleep, self.stop.is_set)
         outcomes: list[Outcome] = (
-            [] if dry_run else apply(actions, self.backend, self.state, round_id, self.clock, waiting)
+            []
+            if dry_run
+            else apply(
+                actions,
+                self.backend,
+                self.state,
+                round_id,
+                self.clock,
+                waiting,
+                batch=cc.apply_batch,
+                budget_s=cc.apply_budget_s,
+            )
         )
         apply_s = time.perf_counter() - t2
         failed = {o.action.job_id: o.error for o in outcomes if not o.ok}

@@ -58,6 +58,7 @@ from slurm_ext.backends.base import (
     ALL,
     STEPS,
     JobUpdate,
+    OneAtATime,
     SlurmCommandError,
     SubmitRequest,
     UpdateNotApplied,
@@ -193,7 +194,7 @@ class JobAccount:
     cells: tuple[str, ...]
 
 
-class SimBackend:
+class SimBackend(OneAtATime):
     """The Backend protocol over a simulated cluster; the engine drives its
     clock with `advance` (and `settle` in quantum mode)."""
 

@@ -121,6 +121,14 @@ def test_cli_backend_argument_lists(tmp_path, sample):
         "job: json": ("22.05", "auto", lambda b: b.job("9")),
         "job: text": ("22.05", "text", lambda b: b.job("9")),
         "update: placement, read back": ("22.05", "auto", lambda b: b.update("9", PLACED)),
+        "update_many: two jobs, one read-back": (
+            "22.05",
+            "auto",
+            lambda b: b.update_many({"9": PLACED, "7": JobUpdate(admin_comment="{}")}),
+        ),
+        "hold_many": ("22.05", "auto", lambda b: b.hold_many(["9", "7"])),
+        "release_many": ("22.05", "auto", lambda b: b.release_many(["9", "7"])),
+        "requeue_many: held": ("22.05", "auto", lambda b: b.requeue_many(["7", "9"], hold=True)),
         "hold": ("22.05", "auto", lambda b: b.hold("9")),
         "release": ("22.05", "auto", lambda b: b.release("9")),
         "requeue": ("22.05", "auto", lambda b: b.requeue("7")),
@@ -135,7 +143,7 @@ def test_cli_backend_argument_lists(tmp_path, sample):
     recorded = {}
     for name, (release, mode, call) in cases.items():
         runner = slurm(release, sample)
-        call(CliBackend(mode=mode, run=runner))
+        call(CliBackend(mode=mode, run=runner, workers=1))  # one worker: the commands in a fixed order
         recorded[name] = runner.calls
     runner = slurm("23.11", sample)
     with pytest.raises(UpdateNotApplied, match="req_nodes"):

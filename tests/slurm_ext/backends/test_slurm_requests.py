@@ -11,7 +11,7 @@ from slurm_ext.backends.base import (
     check_signal,
     update_mismatches,
 )
-from slurm_ext.backends.cli import CliBackend, slurm_version
+from slurm_ext.backends.cli import CliBackend, _stdin_line, _update_args, slurm_version
 from slurm_ext.records import SlurmJob
 
 
@@ -111,3 +111,24 @@ def test_slurm_version_text():
     assert slurm_version("slurm-wlm 22.05.8\n") == (22, 5)
     assert slurm_version("slurm 24.11.1") == (24, 11)
     assert slurm_version("nonsense") is None
+
+
+@pytest.mark.parametrize(
+    "comment",
+    [
+        '{"name":"two words"}',  # a blank: scontrol would split the token there
+        '{"name":"tab\there"}',
+        '{"x":"\x7f\x7fJobId=1"}',  # DEL: a line editor deletes the bytes before it
+        '{"x":"\x15"}',  # ^U: kills the line in readline
+        '{"name":"caf\u00e9"}',  # not ASCII
+        '{"x":"' + "a" * 4000 + '"}',  # longer than scontrol's line buffer
+    ],
+)
+def test_an_update_that_could_read_differently_is_not_fed_to_scontrol(comment):
+    assert _stdin_line(_update_args("7", JobUpdate(partition="a40", admin_comment=comment))) is None
+
+
+def test_a_plain_update_is_fed_as_exactly_its_arguments():
+    change = JobUpdate(partition="a40", req_nodes=("n4", "n5"), admin_comment='{"a":"it\'s\\"#!$(id)`"}')
+    args = _update_args("7", change)
+    assert _stdin_line(args) == " ".join(args[1:]) and _stdin_line(args).split(" ") == args[1:]

@@ -133,7 +133,7 @@ def test_a_restart_asks_for_the_next_whole_second():
     sent: list[list[str]] = []
     backend = CliBackend()
     backend._run = lambda args, **kw: sent.append(list(args))  # the argument list is the contract
-    backend.job = lambda job_id: SlurmJob(job_id=job_id, user="alice", state="PENDING", partition="a40")
+    backend.jobs = lambda ids: {i: SlurmJob(job_id=i, user="alice", state="PENDING", partition="a40") for i in ids}
     backend.update("42", JobUpdate(partition="a40", start_soon=True))
     assert sent == [["scontrol", "update", "JobId=42", "Partition=a40", "StartTime=now+1"]]
 
