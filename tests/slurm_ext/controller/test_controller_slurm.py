@@ -242,37 +242,50 @@ def _round_left_running(state_path: Path) -> set[int]:
 
 
 def test_sigkill_at_random_points_loses_nothing(slurm_cluster, tmp_path):
-    """24 jobs; the controller is SIGKILLed at random moments (25 times, and
-    on until two kills have landed in the middle of a round) and restarted;
-    every job runs exactly once and none stays held."""
+    """24 jobs; the controller is SIGKILLed at random moments, inside batched
+    applies (after a batch's intents are journalled, after its updates) and
+    right after a placement (25 times, and on until two kills have landed in
+    the middle of a round and two inside a batch) and restarted; every job
+    runs exactly once and none stays held."""
     backend = get_backend("cli")
     done = tmp_path / "done.txt"
     config = write_config(tmp_path / "c.toml", tmp_path / "state.sqlite", interval_s=0.3, min_gap_s=0.0, watch_s=0.2)
     models = ("gpt-125m", "gpt-350m", "bert__760M", "moe__690M", "wide_resnet__500M", "gpt-1.3b")
     # at least 4 GPUs each: about 5 run at a time, so placements come in waves
     ids = [
-        submit_managed(models[k % len(models)], tmp_path, done_file=done, sleep=1, batch=32, extra=("--min-gpus", "4"))
+        submit_managed(models[k % len(models)], tmp_path, done_file=done, sleep=3, batch=32, extra=("--min-gpus", "4"))
         for k in range(24)
     ]
     rng = random.Random(20240611)
     log_path = tmp_path / "controller.log"
+    # what a kill waits for in the log, then the most it waits on: a batch's intents journalled, a random
+    # moment, a batch's updates done (its release follows within milliseconds), a placement
+    marks = (('"step":"journalled"', 0.02), (None, 2.0), ('"step":"updated"', 0.005), ('"msg":"placed"', 0.08))
     with log_path.open("ab") as log:
-        kill, mid_round = 0, set()
-        while kill < 25 or (len(mid_round) < 2 and kill < 60):
-            placed_before = log_path.read_text().count('"msg":"placed"')
+        kill, mid_round, in_batch = 0, set(), 0
+        while kill < 25 or ((len(mid_round) < 2 or in_batch < 2) and kill < 60):
+            before = log_path.stat().st_size
+            mark, delay = marks[kill % len(marks)]
             proc = _start_controller(config, log)
-            if kill % 2:  # at a random moment
-                time.sleep(rng.uniform(0.3, 2.0))
-            else:  # in the middle of applying a round: right after a job was placed
+            if mark is None:
+                time.sleep(rng.uniform(0.3, delay))
+            else:
                 deadline = time.monotonic() + 4
-                while time.monotonic() < deadline and log_path.read_text().count('"msg":"placed"') == placed_before:
-                    time.sleep(0.01)
-                time.sleep(rng.uniform(0.0, 0.08))
+                with log_path.open("rb") as seen:
+                    seen.seek(before)
+                    text = b""
+                    while time.monotonic() < deadline and mark.encode() not in text:
+                        text += seen.read()
+                        time.sleep(0.002)
+                time.sleep(rng.uniform(0.0, delay))
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=10)
             kill += 1
             mid_round |= _round_left_running(tmp_path / "state.sqlite")
+            run = log_path.read_bytes()[before:].decode()
+            in_batch += run.count('"step":"journalled"') > run.count('"step":"released"')
         assert len(mid_round) >= 2, f"only {len(mid_round)} of {kill} kills landed in the middle of a round"
+        assert in_batch >= 2, f"only {in_batch} of {kill} kills landed inside a batched apply"
         proc = _start_controller(config, log)
         try:
             wait_until(
