@@ -59,7 +59,7 @@ class ControllerConfig:
     min_gap_s: float = 2.0
     slurm_timeout_s: float = 10.0
     slurm_workers: int = 4
-    apply_batch: int = 500
+    apply_batch: int = 1000
     apply_budget_s: float = 30.0
     state_path: str = "/var/lib/cellsched/state.sqlite"
     profiles_path: str = ""

@@ -358,7 +358,7 @@ def apply(
     clock: Callable[[], float] = time.time,
     waiting: Waiting = Waiting(),
     *,
-    batch: int = 500,
+    batch: int = 1000,
     budget_s: float = float("inf"),
 ) -> list[Outcome]:
     """Carry the actions out, many jobs per Slurm call: holds, requeues and

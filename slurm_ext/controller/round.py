@@ -214,9 +214,10 @@ class Controller:
         )
         apply_s = time.perf_counter() - t2
         failed = {o.action.job_id: o.error for o in outcomes if not o.ok}
+        later = {o.action.job_id: o.error for o in outcomes if o.ok and o.error}  # deferred, still checkpointing
         placed = {o.action.job_id for o in outcomes if o.ok and o.action.kind in (PLACE, MOVE) and not o.error}
 
-        reasons = {**reply.reasons, **built.skipped, **crashed, **rejected, **failed}
+        reasons = {**reply.reasons, **built.skipped, **crashed, **rejected, **failed, **later}
         statuses = tuple(self._status(m, reasons, placed, progress, progress_src, prog.notes) for m in jobs)
         if not dry_run:
             self._finish(jobs, statuses, known, snap, now, round_id)

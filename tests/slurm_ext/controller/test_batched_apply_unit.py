@@ -117,6 +117,7 @@ def test_placements_past_the_apply_budget_are_journalled_and_carried_out_by_the_
     report = first.round()
     assert report.status == "ok" and not released  # Slurm untouched
     assert {a["job"]: a["error"] for a in report.actions} == dict.fromkeys(ids, DEFERRED)
+    assert {j.job_id: j.reason for j in report.jobs} == dict.fromkeys(ids, DEFERRED)  # what status shows
     intents = first.state.open_plans()
     assert {j: p.status for j, p in intents.items()} == dict.fromkeys(ids, PlanStatus.INTENT)
     first.state.close()

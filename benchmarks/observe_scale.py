@@ -1,0 +1,161 @@
+"""How long the cli backend takes to read a large cluster: `observe()` over
+generated Slurm output of `--jobs` jobs and `--nodes` nodes.
+
+    python benchmarks/observe_scale.py [--jobs 10000] [--nodes 1000] [--repeat 5]
+
+The output is made from the recorded real outputs in
+tests/slurm_ext/backends/data (Slurm 22.05: ``squeue --json``, ``sinfo
+--json``, ``scontrol -o show partition``; the 23.11 JSON set): their records
+copied with new job ids and node names until the sizes are reached. The
+commands are answered from memory (the backend's `run` seam), so this
+measures cellsched's parsing and snapshot building, not slurmctld. One JSON
+line per schema: the sizes, the output's bytes, and the median of
+`--repeat` observes (observe_s) with its parts. Target (issue: the
+controller at cluster scale): observe_s <= 1 s at 10,000 jobs, 1,000 nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from slurm_ext.backends.cli import CliBackend  # noqa: E402
+from slurm_ext.parse import json_output, scontrol_text  # noqa: E402
+from slurm_ext.records import compress_hostlist  # noqa: E402
+
+DATA = ROOT / "tests" / "slurm_ext" / "backends" / "data"
+
+
+def grow(records: list[dict], n: int, rename) -> list[dict]:
+    """`n` copies of `records` in turn, each passed through rename(copy, k)."""
+    out = []
+    for k in range(n):
+        r = copy.deepcopy(records[k % len(records)])
+        rename(r, k)
+        out.append(r)
+    return out
+
+
+def node_types(nodes: list[dict], n: int) -> dict[str, list[str]]:
+    """partition -> generated node names (node k takes template k % len's partitions)."""
+    parts: dict[str, list[str]] = {}
+    for k in range(n):
+        for p in nodes[k % len(nodes)].get("partitions", []):
+            parts.setdefault(p, []).append(f"n{k + 1}")
+    return parts
+
+
+def outputs_2205(jobs: int, nodes: int) -> dict[tuple[str, ...], str]:
+    squeue = json.loads((DATA / "squeue.json").read_text())
+    sinfo = json.loads((DATA / "sinfo.json").read_text())
+    squeue["jobs"] = grow(squeue["jobs"], jobs, lambda r, k: r.update(job_id=k + 1))
+    parts = node_types(sinfo["nodes"], nodes)
+    sinfo["nodes"] = grow(sinfo["nodes"], nodes, lambda r, k: r.update(name=f"n{k + 1}", hostname=f"n{k + 1}"))
+    lines = []
+    for line in (DATA / "scontrol_show_-o_partition.txt").read_text().splitlines():
+        name = line.split()[0].split("=", 1)[1]
+        members = parts.get(name, [])
+        words = [
+            f"Nodes={compress_hostlist(members)}"
+            if w.startswith("Nodes=")
+            else f"TotalNodes={len(members)}"
+            if w.startswith("TotalNodes=")
+            else w
+            for w in line.split()
+        ]
+        lines.append(" ".join(words))
+    return {
+        ("sinfo", "--version"): "slurm-wlm 22.05.8\n",
+        ("squeue", "--json", "--states=all"): json.dumps(squeue),
+        ("sinfo", "--json"): json.dumps(sinfo),
+        ("scontrol", "-o", "show", "partition"): "\n".join(lines) + "\n",
+    }
+
+
+def outputs_2311(jobs: int, nodes: int) -> dict[tuple[str, ...], str]:
+    squeue = json.loads((DATA / "squeue_v0.0.41.json").read_text())
+    shown = json.loads((DATA / "scontrol_show_node_v0.0.41.json").read_text())
+    partitions = json.loads((DATA / "scontrol_show_partition_v0.0.41.json").read_text())
+    squeue["jobs"] = grow(squeue["jobs"], jobs, lambda r, k: r.update(job_id=k + 1))
+    parts = node_types(shown["nodes"], nodes)
+    shown["nodes"] = grow(shown["nodes"], nodes, lambda r, k: r.update(name=f"n{k + 1}", hostname=f"n{k + 1}"))
+    for p in partitions["partitions"]:
+        members = parts.get(p["name"], [])
+        p["nodes"].update(configured=compress_hostlist(members), total=len(members))
+    return {
+        ("sinfo", "--version"): "slurm 23.11.4\n",
+        ("squeue", "--json", "--states=all"): json.dumps(squeue),
+        ("scontrol", "--json", "show", "node"): json.dumps(shown),
+        ("scontrol", "--json", "show", "partition"): json.dumps(partitions),
+    }
+
+
+def backend(outputs: dict[tuple[str, ...], str]) -> CliBackend:
+    def run(args: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        if args[:2] == ["scontrol", "ping"]:
+            return subprocess.CompletedProcess(args, 0, "Slurmctld(primary) at ctl is UP\n", "")
+        for prefix, text in outputs.items():
+            if tuple(args[: len(prefix)]) == prefix:
+                return subprocess.CompletedProcess(args, 0, text, "")
+        raise AssertionError(f"no recorded output for {args}")
+
+    return CliBackend(run=run)
+
+
+def timed(fn, repeat: int) -> tuple[float, object]:
+    times, result = [], None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=10_000)
+    ap.add_argument("--nodes", type=int, default=1_000)
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    worst = 0.0
+    for schema, make in (("22.05", outputs_2205), ("23.11", outputs_2311)):
+        outputs = make(args.jobs, args.nodes)
+        jobs_text = outputs[("squeue", "--json", "--states=all")]
+        nodes_text = next(t for k, t in outputs.items() if k[-1] == "node" or k == ("sinfo", "--json"))
+        observe_s, snap = timed(backend(outputs).observe, args.repeat)
+        jobs_s, _ = timed(lambda: json_output.parse_jobs(jobs_text), args.repeat)
+        nodes_s, _ = timed(lambda: json_output.parse_nodes(nodes_text), args.repeat)
+        if schema == "22.05":
+            part_text = outputs[("scontrol", "-o", "show", "partition")]
+            partitions_s, _ = timed(lambda: scontrol_text.parse_partitions(part_text), args.repeat)
+        else:
+            part_text = outputs[("scontrol", "--json", "show", "partition")]
+            partitions_s, _ = timed(lambda: json_output.parse_partitions(part_text), args.repeat)
+        assert len(snap.jobs) == args.jobs and len(snap.nodes) == args.nodes, (len(snap.jobs), len(snap.nodes))
+        worst = max(worst, observe_s)
+        row = {
+            "schema": schema,
+            "jobs": len(snap.jobs),
+            "nodes": len(snap.nodes),
+            "partitions": len(snap.partitions),
+            "bytes": sum(len(t) for t in outputs.values()),
+            "observe_s": round(observe_s, 3),
+            "parse_jobs_s": round(jobs_s, 3),
+            "parse_nodes_s": round(nodes_s, 3),
+            "parse_partitions_s": round(partitions_s, 3),
+        }
+        print(json.dumps(row), flush=True)
+    return 0 if worst <= 1.0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
