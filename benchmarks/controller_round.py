@@ -1,6 +1,6 @@
 """One in-process `Controller.round()` on the real dev cluster with many pending jobs.
 
-    python benchmarks/controller_round.py [--nodes 96] [--jobs 300] [--rounds 2] [--workers 1,4,8,16]
+    python benchmarks/controller_round.py [--nodes 96 | --shape SHAPE] [--jobs 300] [--rounds 2] [--workers 1,4,8]
 
 Starts its own dev cluster (LAB=/tmp/cellsched-bench, `--nodes` nodes that
 cycle through a100 x4, a40 x2, v100 x8, a10 x2; --use-running to take the
@@ -137,13 +137,14 @@ def rounds(args: argparse.Namespace, workers: int) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=96, help="nodes of the cluster this starts")
+    ap.add_argument("--shape", help="the cluster's shape instead (a DEVCLUSTER_SHAPE: a file, or 'n1:a100:4,...')")
     ap.add_argument("--jobs", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--workers", default="8", help="comma-separated: concurrent scontrol updates, one run each")
     ap.add_argument("--lab", default=CLUSTER_ENV["LAB"], help="where the cluster this starts lives")
     ap.add_argument("--use-running", action="store_true", help="use the cluster $SLURM_CONF points at")
     args = ap.parse_args()
-    env = {**CLUSTER_ENV, "LAB": args.lab, "DEVCLUSTER_SHAPE": shape(args.nodes)}
+    env = {**CLUSTER_ENV, "LAB": args.lab, "DEVCLUSTER_SHAPE": args.shape or shape(args.nodes)}
     worst = 0
     for w in args.workers.split(","):
         if not args.use_running:  # a fresh cluster for each run: no jobs of the run before in its queue
