@@ -282,7 +282,7 @@ class CliBackend:
         failures = dict.fromkeys(argvs, "")
         with ThreadPoolExecutor(max_workers=min(self.workers, len(argvs))) as pool:  # SlurmUnavailable comes through
             # a chunk whose scontrol failed: its jobs again, each alone, for each one's own message
-            alone = [j for j in argvs if lines[j] is None]
+            alone = [j for j in argvs if j not in fed]
             fed_ok = pool.map(self._feed, [[lines[j] for j in chunk] for chunk in chunks])  # type: ignore[misc]
             alone += [j for chunk, ok in zip(chunks, fed_ok) if not ok for j in chunk]
             failures.update(zip(alone, pool.map(self._try, [argvs[j] for j in alone])))
@@ -398,28 +398,23 @@ def _stdin_line(args: list[str]) -> str | None:
 
 
 def _update_args(job_id: str, change: JobUpdate) -> list[str]:
-    """The ``scontrol update`` argument list carrying `change`."""
-    args = ["scontrol", "update", f"JobId={job_id}"]
-    if change.partition is not None:
-        args.append(f"Partition={change.partition}")
-    if change.features is not None:
-        args.append(f"Features={change.features}")
-    if change.num_nodes is not None:
-        args.append(f"NumNodes={change.num_nodes}-{change.num_nodes}")
-    if change.req_nodes is not None:
-        args.append(f"ReqNodeList={compress_hostlist(change.req_nodes)}")
-    if change.exc_nodes is not None:
-        args.append(f"ExcNodeList={compress_hostlist(change.exc_nodes)}")
-    if change.gres_per_node is not None:
-        args.append(f"Gres=gpu:{change.gres_per_node}")
-    if change.num_tasks is not None:
-        args.append(f"NumTasks={change.num_tasks}")
-    if change.tasks_per_node is not None:
-        args.append(f"TasksPerNode={change.tasks_per_node}")
-    if change.min_cpus_per_node is not None:
-        args.append(f"MinCPUsNode={change.min_cpus_per_node}")
-    if change.admin_comment is not None:
-        args.append(f"AdminComment={change.admin_comment}")
-    if change.start_soon:
-        args.append(f"StartTime={START_SOON}")
-    return args
+    """The ``scontrol update`` argument list carrying `change` (its fields that are set)."""
+    c = change
+
+    def given(value: object, shown: object = None) -> str | None:
+        return None if value is None else str(value if shown is None else shown)
+
+    fields = (
+        ("Partition", given(c.partition)),
+        ("Features", given(c.features)),
+        ("NumNodes", given(c.num_nodes, f"{c.num_nodes}-{c.num_nodes}")),
+        ("ReqNodeList", given(c.req_nodes, c.req_nodes is not None and compress_hostlist(c.req_nodes))),
+        ("ExcNodeList", given(c.exc_nodes, c.exc_nodes is not None and compress_hostlist(c.exc_nodes))),
+        ("Gres", given(c.gres_per_node, f"gpu:{c.gres_per_node}")),
+        ("NumTasks", given(c.num_tasks)),
+        ("TasksPerNode", given(c.tasks_per_node)),
+        ("MinCPUsNode", given(c.min_cpus_per_node)),
+        ("AdminComment", given(c.admin_comment)),
+        ("StartTime", START_SOON if c.start_soon else None),
+    )
+    return ["scontrol", "update", f"JobId={job_id}", *(f"{k}={v}" for k, v in fields if v is not None)]
