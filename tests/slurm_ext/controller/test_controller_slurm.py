@@ -195,7 +195,7 @@ class _CrashingBackend:
         return call
 
 
-@pytest.mark.parametrize("crash_before", ["update", "release"])
+@pytest.mark.parametrize("crash_before", ["update_many", "release_many"])
 def test_a_round_cut_short_is_finished_by_the_next(slurm_cluster, tmp_path, crash_before):
     """Killed before the update or between update and release: the next
     controller (same state file) places the job exactly once."""
