@@ -29,13 +29,21 @@ def backend(slurm_cluster):
 
 @pytest.fixture
 def held(backend, tmp_path: Path):
-    """submit(n) -> n held jobs; all cancelled after the test."""
+    """submit(n, later=False) -> n held jobs (`later`: that may not start for an
+    hour, so they stay pending once released); all cancelled after the test."""
     ids: list[str] = []
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\nsleep 30\n")
 
-    def submit(n: int) -> list[str]:
-        req = SubmitRequest(script=str(script), gres_per_node=1, nodes=1, hold=True, output="/dev/null")
+    def submit(n: int, later: bool = False) -> list[str]:
+        req = SubmitRequest(
+            script=str(script),
+            gres_per_node=1,
+            nodes=1,
+            hold=True,
+            output="/dev/null",
+            extra_args=("--begin=now+3600",) if later else (),
+        )
         new = [backend.submit(req) for _ in range(n)]
         ids.extend(new)
         return new
@@ -69,17 +77,18 @@ def test_updates_of_many_jobs_are_applied_read_back_and_fail_alone(backend, held
 
 
 def test_hold_release_and_requeue_take_lists_and_name_the_job_that_failed(backend, held, wait_until, wait_job_state):
-    a, b, gone = held(3)
+    a, b, gone = held(3, later=True)
     backend.cancel(gone)
     assert backend.release_many([a, b, gone]).keys() == {gone}
     snap = backend.observe()
-    assert not snap.job(a).held and not snap.job(b).held
+    assert [(snap.job(j).state, snap.job(j).held) for j in (a, b)] == [("PENDING", False)] * 2
     assert backend.hold_many([a, gone, b]).keys() == {gone}
     snap = backend.observe()
-    assert snap.job(a).held and snap.job(b).held
-    backend.release_many([b])
-    wait_job_state(backend, b, "RUNNING", timeout=60)
-    failed = backend.requeue_many([b, "999999"], hold=True)  # Slurm no longer knows job 999999
+    assert [(snap.job(j).state, snap.job(j).held) for j in (a, b)] == [("PENDING", True)] * 2
+    (c,) = held(1)
+    backend.release_many([c])
+    wait_job_state(backend, c, "RUNNING", timeout=60)
+    failed = backend.requeue_many([c, "999999"], hold=True)  # Slurm no longer knows job 999999
     assert failed.keys() == {"999999"} and isinstance(failed["999999"], SlurmCommandError)
-    wait_until(lambda: backend.job(b).held and backend.job(b).pending, timeout=60, what="the job requeued held")
+    wait_until(lambda: backend.job(c).held and backend.job(c).pending, timeout=60, what="the job requeued held")
     assert backend.release_many([]) == {} and backend.update_many({}) == {}
