@@ -9,7 +9,7 @@ the CLI only ever see this surface.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Protocol
 
@@ -360,29 +360,27 @@ class OneAtATime:
     """The `*_many` calls as one call per job, for backends whose calls are
     cheap in-process requests (pyslurm, the simulated cluster)."""
 
-    def _each(self, call: Callable[[str], object], job_ids: Sequence[str]) -> dict[str, Exception]:
-        failed: dict[str, Exception] = {}
+    def _each(self, call: Callable[[str], object], job_ids: Iterable[str]) -> dict[str, object]:
+        """job -> what `call(job)` returned, or the JOB_FAILURES it raised."""
+        out: dict[str, object] = {}
         for job_id in job_ids:
             try:
-                call(job_id)
-            except JOB_FAILURES as exc:
-                failed[job_id] = exc
-        return failed
-
-    def update_many(self, changes: Mapping[str, JobUpdate]) -> dict[str, SlurmJob | Exception]:
-        out: dict[str, SlurmJob | Exception] = {}
-        for job_id, change in changes.items():
-            try:
-                out[job_id] = self.update(job_id, change)  # type: ignore[attr-defined]
+                out[job_id] = call(job_id)
             except JOB_FAILURES as exc:
                 out[job_id] = exc
         return out
 
+    def _failed(self, call: Callable[[str], object], job_ids: Iterable[str]) -> dict[str, Exception]:
+        return {j: r for j, r in self._each(call, job_ids).items() if isinstance(r, Exception)}
+
+    def update_many(self, changes: Mapping[str, JobUpdate]) -> dict[str, SlurmJob | Exception]:
+        return self._each(lambda j: self.update(j, changes[j]), changes)  # type: ignore[attr-defined,return-value]
+
     def hold_many(self, job_ids: Sequence[str]) -> dict[str, Exception]:
-        return self._each(self.hold, job_ids)  # type: ignore[attr-defined]
+        return self._failed(self.hold, job_ids)  # type: ignore[attr-defined]
 
     def release_many(self, job_ids: Sequence[str]) -> dict[str, Exception]:
-        return self._each(self.release, job_ids)  # type: ignore[attr-defined]
+        return self._failed(self.release, job_ids)  # type: ignore[attr-defined]
 
     def requeue_many(self, job_ids: Sequence[str], *, hold: bool = False) -> dict[str, Exception]:
-        return self._each(lambda j: self.requeue(j, hold=hold), job_ids)  # type: ignore[attr-defined]
+        return self._failed(lambda j: self.requeue(j, hold=hold), job_ids)  # type: ignore[attr-defined]

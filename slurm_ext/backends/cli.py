@@ -401,16 +401,16 @@ def _update_args(job_id: str, change: JobUpdate) -> list[str]:
     """The ``scontrol update`` argument list carrying `change` (its fields that are set)."""
     c = change
 
-    def given(value: object, shown: object = None) -> str | None:
-        return None if value is None else str(value if shown is None else shown)
+    def given(value: Any, shown: Callable[[Any], object] = str) -> str | None:
+        return None if value is None else str(shown(value))
 
     fields = (
         ("Partition", given(c.partition)),
         ("Features", given(c.features)),
-        ("NumNodes", given(c.num_nodes, f"{c.num_nodes}-{c.num_nodes}")),
-        ("ReqNodeList", given(c.req_nodes, c.req_nodes is not None and compress_hostlist(c.req_nodes))),
-        ("ExcNodeList", given(c.exc_nodes, c.exc_nodes is not None and compress_hostlist(c.exc_nodes))),
-        ("Gres", given(c.gres_per_node, f"gpu:{c.gres_per_node}")),
+        ("NumNodes", given(c.num_nodes, lambda n: f"{n}-{n}")),
+        ("ReqNodeList", given(c.req_nodes, compress_hostlist)),
+        ("ExcNodeList", given(c.exc_nodes, compress_hostlist)),
+        ("Gres", given(c.gres_per_node, "gpu:{}".format)),
         ("NumTasks", given(c.num_tasks)),
         ("TasksPerNode", given(c.tasks_per_node)),
         ("MinCPUsNode", given(c.min_cpus_per_node)),

@@ -427,12 +427,26 @@ def _begin(a: Action, state: StateStore, round_id: int | None, clock: Callable[[
     )
 
 
+def _journal(
+    actions: list[Action],
+    state: StateStore,
+    round_id: int | None,
+    clock: Callable[[], float],
+    written: Mapping[str, int] | None = None,
+) -> dict[str, int]:
+    """Each action's intent id: those `written` already, the others journalled now in one transaction."""
+    intent = dict(written or {})
+    with state.batch():
+        for a in actions:
+            if a.job_id not in intent:
+                intent[a.job_id] = _begin(a, state, round_id, clock)
+    return intent
+
+
 def _defer(actions: list[Action], state: StateStore, round_id: int | None, clock: Callable[[], float]) -> list[Outcome]:
     """Journal placements this round has no time left for: a held job's
     open intent is carried out by the next round if it still fits."""
-    with state.batch():
-        for a in actions:
-            _begin(a, state, round_id, clock)
+    _journal(actions, state, round_id, clock)
     _step("deferred", len(actions))
     return [Outcome(a, True, DEFERRED) for a in actions]
 
@@ -506,11 +520,7 @@ def _place_many(
     fails drops out with its plan failed. Each job passes the steps in the
     order one job alone would, and the journal says how far it got, so a
     SIGKILL between any two steps leaves what the next round finishes."""
-    intent = dict(intents or {})
-    with state.batch():
-        for a in actions:
-            if a.job_id not in intent:
-                intent[a.job_id] = _begin(a, state, round_id, clock)
+    intent = _journal(actions, state, round_id, clock, intents)
     _step("journalled", len(actions))
     errors: dict[str, Exception] = {}
     requeue = [a.job_id for a in actions if a.kind == MOVE or a.requeue_first]

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +91,49 @@ def submit_managed(
 def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.5) -> Any:
     """wait_for with positional timeout/what, as these tests call it."""
     return wait_for(predicate, timeout=timeout, what=what, interval=interval)
+
+
+#: the calls through which a round's apply changes Slurm
+WRITES = ("hold_many", "requeue_many", "update_many", "release_many")
+
+
+class Killed(BaseException):
+    """The controller's process ends here (a SIGKILL between two Slurm calls): nothing catches it."""
+
+
+class DiesAt:
+    """A backend that dies (Killed) at its `at`-th call of `methods`: before
+    Slurm carries it out, or (`after`) once it has. `released` counts the
+    jobs its release_many released; `writes` the calls so far."""
+
+    def __init__(
+        self,
+        inner: Any,
+        at: int | None = 1,
+        *,
+        after: bool = False,
+        methods: tuple[str, ...] = WRITES,
+        released: Counter | None = None,
+    ) -> None:
+        self.inner, self.at, self.after, self.methods, self.writes = inner, at, after, methods, 0
+        self.released = Counter() if released is None else released
+        self.name = inner.name
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self.inner, name)
+        if name not in self.methods:
+            return call
+
+        def write(ids: Any, *args: Any, **kw: Any) -> Any:
+            self.writes += 1
+            dies = self.writes == self.at
+            if dies and not self.after:
+                raise Killed(name)
+            out = call(ids, *args, **kw)
+            if name == "release_many":
+                self.released.update(j for j in ids if j not in out)
+            if dies:
+                raise Killed(name)
+            return out
+
+        return write

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from controller_support import DiesAt, Killed
 
 from slurm_ext.backends.base import SubmitRequest
 from slurm_ext.config import from_dict
@@ -26,39 +27,6 @@ from slurm_ext.sim.types import ClusterSpec, NodeGroup
 from slurm_ext.state import PlanStatus, StateStore
 
 CLUSTER = ClusterSpec((NodeGroup("a100", 4, 4), NodeGroup("v100", 2, 8)))
-WRITES = ("hold_many", "requeue_many", "update_many", "release_many")
-
-
-class Killed(BaseException):
-    """The controller's process ends here: nothing catches it."""
-
-
-class DiesAt:
-    """A backend that dies at its `at`-th write call, before it reaches
-    Slurm or (`after`) once Slurm carried it out; it counts releases."""
-
-    def __init__(self, inner: SimBackend, at: int | None, after: bool, released: Counter) -> None:
-        self.inner, self.at, self.after, self.released, self.writes = inner, at, after, released, 0
-        self.name = inner.name
-
-    def __getattr__(self, name: str):
-        call = getattr(self.inner, name)
-        if name not in WRITES:
-            return call
-
-        def write(ids, *args, **kw):
-            self.writes += 1
-            dies = self.writes == self.at
-            if dies and not self.after:
-                raise Killed(name)
-            out = call(ids, *args, **kw)
-            if name == "release_many":
-                self.released.update(j for j in ids if j not in out)
-            if dies:
-                raise Killed(name)
-            return out
-
-        return write
 
 
 def cluster_with_jobs() -> tuple[SimBackend, list[str]]:
@@ -78,7 +46,7 @@ def controller(tmp_path, backend, sim: SimBackend, **cc) -> Controller:
 
 def writes_of_one_round(tmp_path) -> int:
     sim, _ = cluster_with_jobs()
-    probe = DiesAt(sim, None, False, Counter())
+    probe = DiesAt(sim, None)
     ctl = controller(tmp_path / "probe", probe, sim)
     assert ctl.round().status == "ok"
     ctl.state.close()
@@ -94,11 +62,11 @@ def test_the_probe_round_makes_the_writes_of_a_batch(tmp_path):
 def test_a_batch_cut_short_at_any_step_is_finished_by_the_next_start(tmp_path, at, after):
     sim, ids = cluster_with_jobs()
     released: Counter = Counter()
-    first = controller(tmp_path, DiesAt(sim, at, after, released), sim)
+    first = controller(tmp_path, DiesAt(sim, at, after=after, released=released), sim)
     with pytest.raises(Killed):
         first.round()
     first.state.close()
-    second = controller(tmp_path, DiesAt(sim, None, False, released), sim)  # a new process, the same state file
+    second = controller(tmp_path, DiesAt(sim, None, released=released), sim)  # a new process, the same state file
     for _ in range(3):
         sim.advance(sim.now + 5)  # released jobs start
         assert second.round().status == "ok"
@@ -113,7 +81,7 @@ def test_a_batch_cut_short_at_any_step_is_finished_by_the_next_start(tmp_path, a
 def test_placements_past_the_apply_budget_are_journalled_and_carried_out_by_the_next_round(tmp_path):
     sim, ids = cluster_with_jobs()
     released: Counter = Counter()
-    first = controller(tmp_path, DiesAt(sim, None, False, released), sim, apply_budget_s=1e-9, apply_batch=2)
+    first = controller(tmp_path, DiesAt(sim, None, released=released), sim, apply_budget_s=1e-9, apply_batch=2)
     report = first.round()
     assert report.status == "ok" and not released  # Slurm untouched
     assert {a["job"]: a["error"] for a in report.actions} == dict.fromkeys(ids, DEFERRED)
@@ -121,7 +89,7 @@ def test_placements_past_the_apply_budget_are_journalled_and_carried_out_by_the_
     intents = first.state.open_plans()
     assert {j: p.status for j, p in intents.items()} == dict.fromkeys(ids, PlanStatus.INTENT)
     first.state.close()
-    second = controller(tmp_path, DiesAt(sim, None, False, released), sim, apply_batch=2)
+    second = controller(tmp_path, DiesAt(sim, None, released=released), sim, apply_batch=2)
     report = second.round()
     assert {a["job"]: a["why"] for a in report.actions} == dict.fromkeys(ids, "recover")
     assert released == Counter({j: 1 for j in ids})

@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from controller_support import SHAPE, cellsched, submit_managed, wait_until, write_config
+from controller_support import SHAPE, DiesAt, Killed, cellsched, submit_managed, wait_until, write_config
 
 from slurm_ext.backends import SubmitRequest, get_backend
 from slurm_ext.config import load
@@ -170,31 +170,6 @@ def test_jobs_of_different_models_are_placed_run_and_complete(slurm_cluster, tmp
     _cancel_all(backend)
 
 
-class _Crash(BaseException):
-    """Stands for the process dying between two Slurm calls."""
-
-
-class _CrashingBackend:
-    """The real backend, dying right before call number `at` of `method`."""
-
-    def __init__(self, inner, method: str, at: int = 1) -> None:
-        self.inner, self.method, self.at, self.calls = inner, method, at, 0
-        self.name = inner.name
-
-    def __getattr__(self, name):
-        attr = getattr(self.inner, name)
-        if name != self.method:
-            return attr
-
-        def call(*args, **kwargs):
-            self.calls += 1
-            if self.calls == self.at:
-                raise _Crash(name)
-            return attr(*args, **kwargs)
-
-        return call
-
-
 @pytest.mark.parametrize("crash_before", ["update_many", "release_many"])
 def test_a_round_cut_short_is_finished_by_the_next(slurm_cluster, tmp_path, crash_before):
     """Killed before the update or between update and release: the next
@@ -204,8 +179,8 @@ def test_a_round_cut_short_is_finished_by_the_next(slurm_cluster, tmp_path, cras
     config = load(write_config(tmp_path / "c.toml", tmp_path / "state.sqlite"))
     job = submit_managed("gpt-350m", tmp_path, done_file=done, sleep=1)
     with StateStore(config.controller.state_path) as st:
-        ctl = Controller(config, backend=_CrashingBackend(real, crash_before), state=st)
-        with pytest.raises(_Crash):
+        ctl = Controller(config, backend=DiesAt(real, methods=(crash_before,)), state=st)
+        with pytest.raises(Killed):
             ctl.round()
         assert list(st.open_plans()) == [job]
         assert real.observe().job(job).held
