@@ -197,6 +197,28 @@ def from_dict(data: Mapping[str, Any], source: str = "") -> Config:
     return Config(**built, source=source)
 
 
+def solver_options(base: SolverConfig, text: str, where: str = "policy options") -> SolverConfig:
+    """`base` with ``key=value[,key=value]`` solver keys set (values as in
+    TOML, bare words as strings); ConfigError names a bad key or value."""
+    known = {f.name for f in fields(SolverConfig)}
+    changes: dict[str, Any] = {}
+    for item in text.split(","):
+        key, eq, raw = (part.strip() for part in item.partition("="))
+        if not key or not eq or not raw:
+            raise ConfigError(f"{where}: expected key=value, got {item.strip()!r}")
+        if key not in known:
+            raise ConfigError(f"{where}: unknown solver key {key!r}")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        changes[key] = _typed("solver", key, getattr(base, key), value)
+    try:
+        return dataclasses.replace(base, **changes)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
 def load(path: str | os.PathLike | None = None) -> Config:
     """The configuration: `path`, else $CELLSCHED_CONFIG, else the system file
     when it exists, else the defaults. A named file that is missing is an error."""

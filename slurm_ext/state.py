@@ -10,6 +10,7 @@ placements and ends) and ``rounds`` (timings, objective, actions).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from collections.abc import Iterable, Mapping
@@ -67,6 +68,21 @@ TRANSITIONS: dict[PlanStatus, frozenset[PlanStatus]] = {
     **{s: frozenset() for s in _ENDS},
 }
 _OPEN_SQL = "(" + ", ".join(f"'{s}'" for s in OPEN) + ")"
+
+_SPEEDS = """CREATE TABLE speeds (
+  job_id TEXT NOT NULL,
+  gpu_type TEXT NOT NULL,
+  user TEXT NOT NULL DEFAULT '',
+  model TEXT NOT NULL DEFAULT '',
+  cell TEXT NOT NULL DEFAULT '',
+  estimated_s REAL NOT NULL,
+  observed_s REAL NOT NULL,
+  ratio REAL NOT NULL,
+  samples INTEGER NOT NULL,
+  calibrated_s REAL,
+  updated REAL NOT NULL,
+  PRIMARY KEY (job_id, gpu_type)
+)"""
 
 _CREATE = (
     """CREATE TABLE jobs (
@@ -130,6 +146,7 @@ _CREATE = (
   actions TEXT,
   error TEXT
 )""",
+    _SPEEDS,
 )
 
 
@@ -189,6 +206,26 @@ class JobRow(JobStatus):
     progress_at: float | None = None
 
 
+@dataclass(frozen=True)
+class SpeedRow:
+    """A job's iteration time on one GPU type: the estimate of its cell (the
+    uncalibrated one the ratio is taken against), what it reached, the
+    ratio's running mean over `samples` rounds (solver.calibration.running_ratio),
+    and the calibrated estimate of that round."""
+
+    job_id: str
+    gpu_type: str
+    user: str
+    model: str
+    cell: str
+    estimated_s: float
+    observed_s: float
+    ratio: float
+    samples: int
+    calibrated_s: float | None
+    updated: float
+
+
 def _nodes_text(nodes: Iterable[tuple[str, int]]) -> str:
     return ",".join(f"{n}:{g}" for n, g in nodes)
 
@@ -211,9 +248,14 @@ def _add_progress_at(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE jobs ADD COLUMN progress_at REAL")
 
 
-#: version 2: cell_history.value (the measured restart cost of "resumed" events); 3: jobs.progress_at
+def _add_speeds(db: sqlite3.Connection) -> None:
+    db.execute(_SPEEDS.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
+
+
+#: version 2: cell_history.value (the measured restart cost of "resumed" events); 3: jobs.progress_at;
+#: 4: the speeds table (observed against estimated iteration times, for calibration)
 SCHEMA = sqlitedb.Schema(
-    "state file", 3, _CREATE, {2: _add_history_value, 3: _add_progress_at}, legacy_version_key="schema"
+    "state file", 4, _CREATE, {2: _add_history_value, 3: _add_progress_at, 4: _add_speeds}, legacy_version_key="schema"
 )
 
 
@@ -352,6 +394,7 @@ class StateStore:
                 (old, PlanStatus.GONE, job_id),
             )
             self._db.execute("UPDATE cell_history SET job_id = ? WHERE job_id = ?", (old, job_id))
+            self._db.execute("UPDATE OR REPLACE speeds SET job_id = ? WHERE job_id = ?", (old, job_id))
 
     # --- plans ------------------------------------------------------------
 
@@ -443,12 +486,14 @@ class StateStore:
                 out.setdefault(job_id, {})[cell] = out.get(job_id, {}).get(cell, 0) + n
         return out
 
-    def run_failures(self, job_ids: Iterable[str]) -> dict[str, list[float]]:
-        """job -> end times of its runs that failed before training (the "run-failed" events)."""
-        out: dict[str, list[float]] = {}
+    def run_failures(self, job_ids: Iterable[str]) -> dict[str, list[tuple[float, str]]]:
+        """job -> (end time, cell key) of its runs that failed before training (the "run-failed" events)."""
+        out: dict[str, list[tuple[float, str]]] = {}
         where, args = sqlitedb.where(event=HistoryEvent.RUN_FAILED, any_of={"job_id": sorted(set(job_ids))})
-        for job_id, value in self._db.execute(f"SELECT job_id, value FROM cell_history{where} ORDER BY id", args):
-            out.setdefault(job_id, []).append(value)
+        for job_id, value, cell in self._db.execute(
+            f"SELECT job_id, value, cell FROM cell_history{where} ORDER BY id", args
+        ):
+            out.setdefault(job_id, []).append((value, cell))
         return out
 
     def history(self, job_id: str) -> list[dict[str, Any]]:
@@ -504,6 +549,25 @@ class StateStore:
                 (HistoryEvent.RESUMED,),
             )
         }
+
+    # --- speeds (calibration) ----------------------------------------------
+
+    def record_speeds(self, rows: Iterable[SpeedRow]) -> None:
+        """Store these speeds (one row per job and GPU type: the newest replaces)."""
+        with self._tx():
+            self._db.executemany(
+                "INSERT OR REPLACE INTO speeds (job_id, gpu_type, user, model, cell, estimated_s, observed_s, "
+                "ratio, samples, calibrated_s, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [dataclasses.astuple(r) for r in rows],
+            )
+
+    def speeds(self, *, job_ids: Iterable[str] | None = None, limit: int | None = None) -> list[SpeedRow]:
+        """Stored speeds (of `job_ids`; the `limit` most recently updated), newest first."""
+        where, args = sqlitedb.where(any_of={"job_id": job_ids})
+        tail = f" LIMIT {int(limit)}" if limit is not None else ""
+        cur = self._db.execute(f"SELECT * FROM speeds {where} ORDER BY updated DESC, job_id{tail}", args)
+        cols = [d[0] for d in cur.description]
+        return [SpeedRow(**dict(zip(cols, r))) for r in cur]
 
     # --- rounds -----------------------------------------------------------
 

@@ -15,7 +15,7 @@ Enumeration, for each GPU type the job allows:
 * pipeline stages pp: the divisors of N with pp <= min(config.max_pp,
   model.num_layers).
 
-Cells whose key is in ``job.excluded_cells`` are skipped, and so, for a job
+Cells the job excludes (``JobRequest.excludes``: by key or size) are skipped, and so, for a job
 with V virtual workers, are cells with N > V x pp x g: tp divides g, so
 every plan would need dp = N / (pp tp) > V. Order: GPU type
 (name), N ascending, nodes ascending, pp ascending; then the mixed-type cells
@@ -76,7 +76,7 @@ def enumerate_cells(job: JobRequest, cluster: ClusterView, config: SolverConfig)
                     if job.virtual_workers is not None and count > job.virtual_workers * pp * per_node:
                         continue  # every plan would need dp > V
                     cell = Cell(gpu_type, num_nodes, per_node, pp)
-                    if cell.key() not in job.excluded_cells:
+                    if not job.excludes(cell):
                         cells.append(cell)
     return cells + mixed_cells(job, sizes_of, config)
 

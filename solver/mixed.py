@@ -97,7 +97,7 @@ def mixed_cells(job: JobRequest, sizes_of: Mapping[str, Sequence[int]], config: 
                 a2 = sum(1 for s in sizes_of[t2] if s >= g)
                 for n1 in range(max(1, nodes - a2), min(a1, nodes - 1) + 1):
                     cell = mixed_cell(((t1, n1), (t2, nodes - n1)), g)
-                    if cell.key() not in job.excluded_cells:
+                    if not job.excludes(cell):
                         out.append(cell)
     out.sort(key=lambda c: (c.num_gpus, c.num_nodes, c.parts))
     return out[: config.max_mixed_cells]

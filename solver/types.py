@@ -136,6 +136,21 @@ class Cell:
         name = "+".join(f"{t}x{n}" for t, n in self.parts) if self.parts else self.gpu_type
         return f"{name}:{self.layout}:pp{self.pp}"
 
+    def size_key(self) -> str:
+        """The cell's key without its node layout, e.g. ``a100:8gpus:pp2``:
+        what fits in a GPU's memory depends on it, not on the layout."""
+        return size_key_of(self.key()) or ""
+
+
+def size_key_of(cell_key: str) -> str | None:
+    """``a100:2x4:pp2`` -> ``a100:8gpus:pp2``; None for text that is not a cell key."""
+    try:
+        name, layout, pp = cell_key.split(":")
+        nodes, per_node = (int(v) for v in layout.split("x"))
+    except ValueError:
+        return None
+    return f"{name}:{nodes * per_node}gpus:{pp}"
+
 
 @dataclass(frozen=True)
 class ParallelPlan:
@@ -227,8 +242,9 @@ class JobRequest:
     `current` is the placement of a running job (None when pending).
     `requested_gpus` / `requested_gpu_type` are what a static-parallelism user
     asked for; baselines such as FCFS use them, cellsched treats them as a hint.
-    `excluded_cells` holds cell keys the job must not be placed in again
-    (e.g. it failed twice there).
+    `excluded_cells` holds cell keys (or size keys, `Cell.size_key`: every
+    layout of that size) the job must not be placed in again (e.g. it failed
+    twice there); `excludes` tells.
     `virtual_workers` is the job's EasyScale V, fixed once accepted: any dp <=
     V runs it (dp rank d runs ``solver.plan.virtual_worker_counts(V, dp)[d]``
     virtual workers of global_batch / V samples each, one after the other).
@@ -264,6 +280,12 @@ class JobRequest:
         v = self.virtual_workers
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             raise ValueError(f"job {self.job_id}: virtual_workers must be an integer >= 1, got {v!r}")
+
+    def excludes(self, cell: Cell) -> bool:
+        """Is `cell` (its key or its size) in `excluded_cells`?"""
+        return bool(self.excluded_cells) and (
+            cell.key() in self.excluded_cells or cell.size_key() in self.excluded_cells
+        )
 
     @property
     def remaining_iterations(self) -> float:
@@ -312,6 +334,8 @@ class SolverConfig:
     mixed_cells: bool = True
     #: At most this many mixed cells per job.
     max_mixed_cells: int = 8
+    #: Correct estimates by the iteration times jobs report (solver.calibration; the controller applies it).
+    calibrate: bool = True
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,13 @@ policies on the simulated Slurm, and write a report."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import pathlib
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -33,46 +34,36 @@ class SimulateError(click.ClickException):
 
 @dataclass(frozen=True)
 class Job:
-    """Everything one worker needs to simulate one policy (picklable)."""
+    """Everything one worker needs to simulate one policy (picklable):
+    `label` is the --policy string, `policy` its name, `options` the
+    SimOptions with its solver keys set."""
 
+    label: str
     policy: str
     trace: tuple[TraceJob, ...]
     cluster: ClusterSpec
-    profiles: str | None
+    conditions: Any
     options: Any
 
 
-def _profiles_kind(path: str | None) -> str:
-    """ "arena" (Arena's profiles_optimal.json, also the default) or "store" (a profile-store SQLite file)."""
-    if path is None:
-        return "arena"
-    p = pathlib.Path(path)
-    if not p.is_file():
-        raise SimulateError(f"--profiles: no such file {path!r}")
-    with p.open("rb") as fh:
-        head = fh.read(16)
-    if head.startswith(b"SQLite format 3"):
-        return "store"
-    if head.lstrip()[:1] in (b"{", b"["):
-        return "arena"
-    raise SimulateError(f"--profiles: {path!r} is neither Arena's profiles JSON nor a profile-store SQLite file")
+def parse_policies(texts: Sequence[str], base: Any) -> list[tuple[str, str, Any]]:
+    """(label, policy name, SolverConfig) of each ``NAME[:key=value,...]``."""
+    from slurm_ext.config import ConfigError, solver_options
+    from solver.policies import POLICIES
 
-
-def truth_and_estimator(profiles: str | None) -> tuple[Callable[..., Any], Any]:
-    """(speed, estimator): Arena's table (lookup with its fallbacks) for a
-    profiles JSON, the store's estimator for a SQLite profile store."""
-    from slurm_ext.sim.engine import estimator_speed, table_speed
-
-    if _profiles_kind(profiles) == "arena":
-        from solver.profiles.arena_lookup import ArenaTable
-
-        table = ArenaTable(profiles)
-        return table_speed(table), table
-    from solver.estimator import Estimator
-    from solver.profiles.seed import open_store
-
-    est = Estimator(open_store(profiles))
-    return estimator_speed(est), est
+    out = []
+    for text in texts:
+        name, colon, rest = text.partition(":")
+        if name not in POLICIES:
+            raise SimulateError(f"--policy: unknown policy {name!r} (known: {', '.join(sorted(POLICIES))})")
+        try:
+            cfg = solver_options(base, rest, f"--policy {text}") if colon else base
+        except ConfigError as exc:
+            raise SimulateError(str(exc)) from None
+        out.append((text, name, cfg))
+    if len({label for label, _, _ in out}) != len(out):
+        raise SimulateError("--policy: a policy is given twice")
+    return out
 
 
 def _run_one(job: Job, progress: Any = None) -> SimRun:
@@ -80,12 +71,11 @@ def _run_one(job: Job, progress: Any = None) -> SimRun:
     from slurm_ext.sim.engine import Simulator
 
     logging.getLogger("cellsched").setLevel(logging.WARNING)
-    speed, estimator = truth_and_estimator(job.profiles)
-    sim = Simulator(job.trace, job.cluster, job.policy, speed=speed, estimator=estimator, options=job.options)
+    sim = Simulator(job.trace, job.cluster, job.policy, conditions=job.conditions, options=job.options, label=job.label)
 
     def report(p: Any) -> None:
         if progress is not None:
-            progress.put((job.policy, p.finished, p.total, p.time - p.start, p.rounds))
+            progress.put((job.label, p.finished, p.total, p.time - p.start, p.rounds))
 
     return sim.run(report)
 
@@ -236,18 +226,51 @@ def load_cluster(path: str | None) -> ClusterSpec:
     help="Cluster spec (Arena's cluster_spec.json or our TOML/JSON node groups). Default: Arena's cluster, 1,280 GPUs.",
 )
 @click.option(
-    "--profiles",
-    type=click.Path(dir_okay=False),
+    "--truth",
     default=None,
-    help="Arena's profiles_optimal.json (its lookup is both the truth and the estimate) or a profile-store "
-    "SQLite file (its estimator is both). Default: the shipped Arena profiles.",
+    metavar="arena|PATH",
+    help="How fast jobs really run: arena (Arena's measured optimal-plan table, the default), an Arena "
+    "profiles_optimal.json, or a profile-store SQLite file (our estimator over it).",
+)
+@click.option("--profiles", type=click.Path(dir_okay=False), default=None, help="Same as --truth PATH.")
+@click.option(
+    "--estimates",
+    type=click.Choice(["truth", "arena-estimated", "store"]),
+    default=None,
+    help="What the policies believe: truth (the truth's own table: estimation error costs nothing; the default), "
+    "arena-estimated (Arena's profiler estimates, our estimator where Arena has none), store (our estimator "
+    "over the truth's store, or the default profile store).",
+)
+@click.option(
+    "--noise",
+    type=click.FloatRange(0, 2),
+    default=None,
+    metavar="SIGMA",
+    help="Seeded per-job multiplicative noise on the truth, exp(N(0, SIGMA)) per job and half that per GPU type "
+    "(default 0).",
+)
+@click.option(
+    "--restart-cost",
+    default=None,
+    metavar="model|SECONDS",
+    help="The restart cost every policy pays: seconds per (re)start, or 'model' (start-up measured on the dev "
+    "cluster + the training state written and read at 2 GB/s). Default: min(10 s x GPUs, 40 s) for every "
+    "policy; with --arena-compat, Arena's per-policy charges.",
+)
+@click.option(
+    "--realistic",
+    is_flag=True,
+    help="Estimates are not the truth: --estimates arena-estimated, the measured truth, --noise 0.1 and "
+    "--restart-cost model for every policy (each can still be set).",
 )
 @click.option(
     "--policy",
     "policies",
     multiple=True,
+    metavar="NAME[:KEY=VALUE,...]",
     help="Policy to simulate; repeat for several (cellsched, cellsched-static, fcfs, fcfs-backfill, gavel, sia). "
-    "Default: cellsched and fcfs.",
+    "Solver keys after a colon set that run's configuration, e.g. cellsched:calibrate=false (the whole string "
+    "labels the run). Default: cellsched and fcfs.",
 )
 @click.option(
     "--out",
@@ -297,7 +320,12 @@ def simulate(
     trace_format: str,
     iteration_scale: int | None,
     cluster_path: str | None,
+    truth: str | None,
     profiles: str | None,
+    estimates: str | None,
+    noise: float | None,
+    restart_cost: str | None,
+    realistic: bool,
     policies: tuple[str, ...],
     out_dir: str,
     as_json: bool,
@@ -319,18 +347,41 @@ def simulate(
     request. Without options this replays Arena's Philly trace on Arena's
     cluster with Arena's profiles.
     """
+    from slurm_ext.sim.conditions import Conditions, ConditionsError, RestartModel, truth_kind
     from slurm_ext.sim.engine import ARENA_ROUND_S, SimError, SimOptions
-    from solver.policies import POLICIES
 
-    policies = policies or ("cellsched", "fcfs")
-    unknown = [p for p in policies if p not in POLICIES]
-    if unknown:
-        raise SimulateError(f"--policy: unknown policy {unknown[0]!r} (known: {', '.join(sorted(POLICIES))})")
-    if len(set(policies)) != len(policies):
-        raise SimulateError("--policy: a policy is given twice")
     if arena_compat and interval not in (None, ARENA_ROUND_S):
         raise SimulateError(f"--interval: --arena-compat fixes rounds at {ARENA_ROUND_S:g} s")
-    kind = _profiles_kind(profiles)
+    if arena_compat and realistic:
+        raise SimulateError("--realistic: Arena's conventions (--arena-compat) are not realistic ones; choose one")
+    if truth and profiles:
+        raise SimulateError("--profiles: give --truth or --profiles, not both")
+    source = truth or profiles
+    if source not in (None, "arena") and truth_kind(source) is None:
+        what = (
+            "no such file"
+            if not pathlib.Path(source).is_file()
+            else "neither Arena's profiles JSON nor a profile-store SQLite file"
+        )
+        raise SimulateError(f"{'--truth' if truth else '--profiles'}: {source!r}: {what}")
+    try:
+        given = {
+            "truth": source,
+            "estimates": estimates,
+            "noise": noise,
+            "restart": RestartModel.parse(restart_cost) if restart_cost else None,
+            "seed": seed,
+        }
+        conditions = (
+            Conditions.realistic(**given)
+            if realistic
+            else Conditions(**{k: v for k, v in given.items() if v is not None})
+        )
+        conditions.speed_and_estimator()  # fail here, not in a worker
+    except ConditionsError as exc:
+        raise SimulateError(str(exc)) from None
+    except (ValueError, OSError) as exc:
+        raise SimulateError(f"--truth: {exc}") from None
     trace = load_trace(trace_path, trace_format, iteration_scale, limit_jobs)
     cluster = load_cluster(cluster_path)
     try:
@@ -341,12 +392,14 @@ def simulate(
             max_time_s=max_time,
             seed=seed,
         )
-        truth_and_estimator(profiles)  # fail here, not in a worker
     except SimError as exc:
         raise SimulateError(str(exc)) from None
-    except (ValueError, OSError) as exc:
-        raise SimulateError(f"--profiles: {exc}") from None
-    jobs = [Job(p, trace, cluster, profiles, options) for p in policies]
+    runs_of = parse_policies(policies or ("cellsched", "fcfs"), options.solver)
+    jobs = [
+        Job(label, name, trace, cluster, conditions, dataclasses.replace(options, solver=cfg))
+        for label, name, cfg in runs_of
+    ]
+    policies = tuple(label for label, _, _ in runs_of)
     bar = ProgressBar(policies, sys.stderr)
     t0 = time.perf_counter()
     try:
@@ -363,9 +416,8 @@ def simulate(
         "jobs": len(trace),
         "cluster": cluster_path or "Arena's cluster",
         "gpus": cluster.total_gpus,
-        "profiles": profiles or "shipped Arena profiles",
-        "profiles_kind": kind,
-        "mode": "arena-compat" if arena_compat else "event",
+        **conditions.describe(),
+        "mode": "arena-compat" if arena_compat else ("realistic" if realistic else "event"),
         "interval_s": options.effective().interval_s,
         "wall_s": round(time.perf_counter() - t0, 1),
     }
@@ -391,4 +443,4 @@ def simulate(
         click.echo(f"\nwritten: {', '.join(str(v) for v in written.values())}", err=True)
 
 
-__all__ = ["simulate", "run_all", "truth_and_estimator", "ProgressBar", "SimulateError"]
+__all__ = ["simulate", "run_all", "parse_policies", "ProgressBar", "SimulateError"]

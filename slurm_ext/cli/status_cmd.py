@@ -16,7 +16,7 @@ import click
 
 from slurm_ext.cli.controller_cmd import ControllerError, load_config, new_controller, open_state
 from slurm_ext.records import FINISHED
-from slurm_ext.state import RoundStatus, StateStore
+from slurm_ext.state import RoundStatus, SpeedRow, StateStore
 from slurm_ext.textsafe import printable
 from solver.plan import JobPlan, PlanError
 
@@ -72,13 +72,27 @@ def progress_text(done: float | None, total: int | None, source: str | None, sta
     return f"{int(done)}/{total}"
 
 
+def speed_fields(sp: SpeedRow | None) -> dict[str, Any]:
+    """A job's seconds per iteration on its last GPU type: the profile's
+    estimate, the controller's calibrated estimate and what the job reported."""
+    return {
+        "iter_s_profile": round(sp.estimated_s, 4) if sp else None,
+        "iter_s_estimated": round(sp.calibrated_s, 4) if sp and sp.calibrated_s else None,
+        "iter_s_observed": round(sp.observed_s, 4) if sp else None,
+    }
+
+
 def job_rows(
     state: StateStore, *, now: float, only_user: str | None = None, include_finished: bool = False
 ) -> list[dict[str, Any]]:
     """One dict per managed job: id, user, state (`shown_state`), phase, cell,
-    nodes, plan (pp/dp/tp ...), estimated samples/s, progress (raw, and as
-    `progress_text`), time in queue, reason. Unknown values are None."""
+    nodes, plan (pp/dp/tp ...), estimated samples/s, seconds per iteration
+    (`speed_fields`), progress (raw, and as `progress_text`), time in queue,
+    reason. Unknown values are None."""
     plans = state.latest_plans(applied_only=True)
+    speeds: dict[str, SpeedRow] = {}
+    for sp in state.speeds():  # newest first: the job's last GPU type
+        speeds.setdefault(sp.job_id, sp)
     rows = []
     for job in state.jobs(include_finished=include_finished).values():
         if only_user is not None and job.user != only_user:
@@ -114,6 +128,7 @@ def job_rows(
                 "samples_per_s": round(plan.global_batch / plan.iter_time_s, 3)
                 if plan and plan.global_batch and plan.iter_time_s
                 else None,
+                **speed_fields(speeds.get(job.job_id)),
                 "iterations_done": job.iterations_done,
                 "iterations": iterations,
                 "progress_source": job.progress_source,
@@ -137,7 +152,19 @@ def _fmt_time(s: float | None) -> str:
 
 def _table(rows: list[dict[str, Any]]) -> str:
     """The `status` table; every cell escaped (users name jobs and write reasons)."""
-    head = ("JOBID", "USER", "STATE", "CELL", "NODES", "PP/DP/TP", "SAMPLES/S", "PROGRESS", "QUEUED", "REASON")
+    head = (
+        "JOBID",
+        "USER",
+        "STATE",
+        "CELL",
+        "NODES",
+        "PP/DP/TP",
+        "SAMPLES/S",
+        "S/IT(EST/OBS)",
+        "PROGRESS",
+        "QUEUED",
+        "REASON",
+    )
     lines = [head]
     for r in rows:
         lines.append(
@@ -149,6 +176,9 @@ def _table(rows: list[dict[str, Any]]) -> str:
                 ",".join(r["nodes"]) or "-",
                 f"{r['pp']}/{r['dp']}/{r['tp']}" if r["pp"] else "-",
                 f"{r['samples_per_s']:.1f}" if r["samples_per_s"] else "-",
+                f"{r['iter_s_estimated'] or r['iter_s_profile']:.3g}/{r['iter_s_observed']:.3g}"
+                if r["iter_s_observed"]
+                else "-",
                 r["progress"],
                 _fmt_time(r["queued_s"]),
                 r["reason"] or "",
@@ -219,6 +249,10 @@ def plan_text(report: Any) -> str:
 )
 def status(config_path: str | None, as_json: bool, include_finished: bool, history_of: str | None) -> None:
     """Managed jobs: cell, plan, speed, progress, time in queue, why pending.
+
+    S/IT(EST/OBS): seconds per iteration the controller now estimates for the
+    job's cell (its profile's estimate corrected by what jobs reach), and
+    what the job itself reported.
 
     Root and the SlurmUser see every job; other users see their own. A
     finished job (--all) shows the state it ended in. PROGRESS is iterations

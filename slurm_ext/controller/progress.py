@@ -14,7 +14,7 @@ import math
 import os
 import pwd
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller.userfiles import BoundedReader, Refused, read_owned_file
@@ -24,10 +24,12 @@ from solver.contract import PROGRESS_FILE
 @dataclass(frozen=True)
 class JobProgress:
     """How far a job is: iterations done and, when known, when the first
-    step of its current run ended (the end of a restart)."""
+    step of its current run ended (the end of a restart) and the seconds per
+    iteration it reaches now."""
 
     iterations_done: float
     first_step_at: float | None = None
+    iter_time_s: float | None = None
 
 
 #: how the controller learns a job's progress: the job's progress file on a
@@ -36,6 +38,8 @@ ProgressReader = Callable[["inp.ManagedJob"], "JobProgress | None"]
 
 #: a progress file is small; anything larger is ignored
 MAX_BYTES = 65536
+#: a reported iteration time above this (s) is not one
+MAX_ITER_TIME_S = 86400.0
 
 
 def default_checkpoint_dir(job_id: str, user: str, work_dir: str | None, root: str) -> str:
@@ -48,7 +52,7 @@ def default_checkpoint_dir(job_id: str, user: str, work_dir: str | None, root: s
 
 def read_progress(checkpoint_dir: str | None) -> float | None:
     """Iterations done from ``<checkpoint_dir>/progress.json``
-    ({"step", "iterations_done", "time", "first_step_at"}); None when absent
+    ({"step", "iterations_done", "time", "first_step_at", "iter_time_s"}); None when absent
     or unreadable."""
     p = read_progress_file(checkpoint_dir)
     return None if p is None else p.iterations_done
@@ -80,7 +84,12 @@ def parse_progress(raw: bytes) -> JobProgress:
     if not _number(value):
         raise Unreadable("no iterations_done (a number >= 0)")
     first = data.get("first_step_at")
-    return JobProgress(float(value), float(first) if _number(first) else None)
+    speed = data.get("iter_time_s")
+    return JobProgress(
+        float(value),
+        float(first) if _number(first) else None,
+        float(speed) if _number(speed) and 0 < speed <= MAX_ITER_TIME_S else None,
+    )
 
 
 class ProgressFiles:
@@ -133,13 +142,15 @@ CLOCK_SLACK_S = 60.0
 @dataclass(frozen=True)
 class Progress:
     """One round's progress of the managed jobs: iterations done, where the
-    number came from ("file" or "estimate"), first-step times, and why a
-    job's own report was not used (`notes`)."""
+    number came from ("file" or "estimate"), first-step times, the seconds
+    per iteration jobs report (`iter_time`), and why a job's own report was
+    not used (`notes`)."""
 
     done: dict[str, float]
     source: dict[str, str]
     first_step_at: dict[str, float]
     notes: dict[str, str]
+    iter_time: dict[str, float] = field(default_factory=dict)
 
 
 def doubt(
@@ -210,6 +221,7 @@ def collect_progress(
     src: dict[str, str] = {}
     first: dict[str, float] = {}
     notes: dict[str, str] = {}
+    speed: dict[str, float] = {}
     for m in jobs:
         if m.spec is None or not (
             m.phase in inp.SCHEDULED or (m.phase == inp.Phase.FINISHED and m.job_id not in ended)
@@ -229,8 +241,10 @@ def collect_progress(
             done[m.job_id], src[m.job_id] = max(p.iterations_done, floor), "file"
             if p.first_step_at is not None:
                 first[m.job_id] = p.first_step_at
+            if p.iter_time_s is not None:
+                speed[m.job_id] = p.iter_time_s
             continue
         estimate = _estimate(m, prev, now)
         if estimate is not None:
             done[m.job_id], src[m.job_id] = estimate, "estimate"
-    return Progress(done, src, first, notes)
+    return Progress(done, src, first, notes, speed)

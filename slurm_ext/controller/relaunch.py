@@ -9,8 +9,9 @@ controller then requeues the job held and places it again, like a
 checkpointed one; the failure is recorded against the cell it ran in (a
 "run-failed" event, which counts towards ``max_cell_failures``, so a cell
 that keeps failing is avoided) and is shown by ``cellsched status
---history``. After ``max_relaunches`` such failures the job is left to end
-FAILED, with a reason that says so. A run that trained and then failed is
+--history``. After ``max_relaunches`` such failures (`counted`: the first
+failure in each size of cell is free) the job is left to end FAILED, with a
+reason that says so. A run that trained and then failed is
 the program's own failure and is left alone.
 """
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller.progress import JobProgress, ProgressReader, Unreadable
+from solver.types import size_key_of
 
 #: Slurm end states of a run that may have died before training
 FAILED_STATES = ("FAILED", "BOOT_FAIL", "OUT_OF_MEMORY")
@@ -46,14 +48,27 @@ def trained(job_start: float | None, progress: JobProgress | None) -> bool:
     return job_start is None or progress.first_step_at >= job_start
 
 
+def counted(failures: Sequence[tuple[float, str]]) -> int:
+    """The failures that count towards max_relaunches: all but the first in
+    each size of cell (solver.types.size_key_of). A failure in a size the job
+    had not failed in says something about that size (it does not fit), and
+    the controller keeps the job out of it (round.excluded_cells); one that
+    repeats says something about the job."""
+    sizes = {size_key_of(cell) or cell for _, cell in failures}
+    return len(failures) - max(0, len(sizes) - 1)
+
+
 def review(
-    jobs: Sequence[inp.ManagedJob], read: ProgressReader, recorded: Mapping[str, Sequence[float]], max_relaunches: int
+    jobs: Sequence[inp.ManagedJob],
+    read: ProgressReader,
+    recorded: Mapping[str, Sequence[tuple[float, str]]],
+    max_relaunches: int,
 ) -> dict[str, RunFailure]:
     """The managed jobs whose last run failed before training, by job id.
 
-    `recorded`: the end times of each job's run failures recorded so far (a
-    failure seen in an earlier round is not read again); `read`: the
-    progress reader (only a new failure's progress record is read).
+    `recorded`: the (end time, cell key) of each job's run failures recorded
+    so far (a failure seen in an earlier round is not read again); `read`:
+    the progress reader (only a new failure's progress record is read).
     """
     out: dict[str, RunFailure] = {}
     for m in jobs:
@@ -62,8 +77,9 @@ def review(
             continue
         if m.plan.job_id not in (None, m.job_id) or job.end_time is None:
             continue
+        cell = m.plan.cell or ""
         past = list(recorded.get(m.job_id, ()))
-        new = job.end_time not in past
+        new = job.end_time not in [t for t, _ in past]
         if new:
             try:
                 report = read(m)
@@ -71,10 +87,10 @@ def review(
                 report = None  # no word of a step: relaunched, at most max_relaunches times
             if trained(job.start_time, report):
                 continue
-            past.append(job.end_time)
-        cell = m.plan.cell or ""
+            past.append((job.end_time, cell))
+        count = counted(past)
         exit_text = f"{job.state.lower()}, exit {job.exit_code}"
-        if len(past) > max_relaunches:
+        if count > max_relaunches:
             reason = (
                 f"its run failed before training {len(past)} times (last: {exit_text} in {cell}); "
                 f"not requeued again (max_relaunches = {max_relaunches})"
@@ -82,7 +98,7 @@ def review(
             out[m.job_id] = RunFailure(m.job_id, cell, job.end_time, new, False, reason)
         else:
             reason = (
-                f"its run failed before training ({exit_text} in {cell}, failure {len(past)} of "
+                f"its run failed before training ({exit_text} in {cell}, failure {count} of "
                 f"{max_relaunches} allowed); requeued from its checkpoint"
             )
             out[m.job_id] = RunFailure(m.job_id, cell, job.end_time, new, True, reason)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -21,10 +22,14 @@ from slurm_ext.controller.reconcile import MOVE, PLACE, Outcome, Waiting, apply,
 from slurm_ext.controller.report import RoundReport
 from slurm_ext.controller.round_metrics import declare_metrics, record_cluster, record_round
 from slurm_ext.records import ClusterSnapshot
-from slurm_ext.state import HistoryEvent, JobStatus, PlanStatus, RoundStatus, StateStore
-from solver.types import EstimatorLike, Policy, ScheduleReply, ScheduleRequest
+from slurm_ext.state import HistoryEvent, JobStatus, PlanStatus, RoundStatus, SpeedRow, StateStore
+from solver.calibration import CalibratedEstimator, Calibration, Observation, running_ratio
+from solver.types import EstimatorLike, Policy, ScheduleReply, ScheduleRequest, size_key_of
 
 log = logging.getLogger("cellsched.controller")
+
+#: calibration uses the speeds of this many (job, GPU type) pairs, the most recently seen
+CALIBRATION_ROWS = 2000
 
 
 def _make_policy(config: Config) -> Policy:
@@ -80,7 +85,8 @@ class Controller:
         )
         self.state = state or StateStore(config.controller.state_path, readonly=readonly)
         self.policy = policy or _make_policy(config)
-        self.estimator = estimator or _make_estimator(config)
+        #: the policy's estimator: the given one (or the profile store's), corrected by what jobs reach
+        self.estimator = CalibratedEstimator(estimator or _make_estimator(config))
         self.metrics = metrics or mx.Metrics()
         declare_metrics(self.metrics)
 
@@ -169,9 +175,7 @@ class Controller:
         if not dry_run:
             self._measure_restarts(jobs, prog.first_step_at, now, round_id)
         max_fail = cfg.controller.max_cell_failures
-        excluded = {
-            j: frozenset(c for c, n in f.items() if n >= max_fail) for j, f in self.state.cell_failures().items()
-        }
+        excluded = {j: excluded_cells(f, max_fail) for j, f in self.state.cell_failures().items()}
         built = inp.build_request(
             snap,
             jobs,
@@ -182,6 +186,7 @@ class Controller:
             first_step_at=prog.first_step_at,
         )
 
+        self._calibrate(built.request, prog.iter_time, now, dry_run)
         t1 = time.perf_counter()
         reply, crashed = self._solve(built.request)
         timings["solve_s"] = solve_s = time.perf_counter() - t1
@@ -294,6 +299,44 @@ class Controller:
                 log.error("solver fails on job", extra={"fields": {"job": job.job_id, "error": bad[job.job_id]}})
         rest = tuple(j for j in request.jobs if j.job_id not in bad)
         return self.policy.schedule(dataclasses.replace(request, jobs=rest), self.estimator), bad
+
+    def _calibrate(self, request: ScheduleRequest, observed: Mapping[str, float], now: float, dry_run: bool) -> None:
+        """Correct the estimates by the iteration times running jobs report
+        (solver.calibration; off with the solver's `calibrate`): each
+        report is a ratio to the uncalibrated estimate of the job's cell, kept
+        per job and GPU type in the state DB (the newest CALIBRATION_ROWS
+        rows calibrate)."""
+        if not self.config.solver.calibrate:
+            self.estimator.calibration = Calibration()
+            return
+        rows = {(r.job_id, r.gpu_type): r for r in self.state.speeds(limit=CALIBRATION_ROWS)}
+        seen: dict[tuple[str, str], tuple[SpeedRow, Any]] = {}
+        for job in request.jobs:
+            t = observed.get(job.job_id)
+            cell = job.current.cell if job.current is not None else None
+            if t is None or cell is None or cell.mixed:
+                continue
+            est = self.estimator.inner.estimate(job, cell)
+            if not est.feasible:
+                continue
+            prev = rows.get((job.job_id, cell.gpu_type))
+            ratio, n = running_ratio((prev.ratio, prev.samples) if prev else None, t / est.iter_time_s)
+            row = SpeedRow(
+                job.job_id, cell.gpu_type, job.user, job.model.name, cell.key(), est.iter_time_s, t, ratio, n, None, now
+            )
+            rows[(job.job_id, cell.gpu_type)] = row
+            seen[(job.job_id, cell.gpu_type)] = (row, job)
+        bound = self.config.controller.progress_rate_factor
+        self.estimator.calibration = Calibration(
+            (Observation(r.job_id, r.user, r.model, r.gpu_type, r.ratio, r.samples) for r in rows.values()),
+            max_factor=bound if math.isfinite(bound) else 10.0,
+        )
+        if dry_run or not seen:
+            return
+        self.state.record_speeds(
+            dataclasses.replace(row, calibrated_s=self.estimator.estimate(job, job.current.cell).iter_time_s)
+            for row, job in seen.values()
+        )
 
     def _review_failures(
         self, jobs: tuple[inp.ManagedJob, ...], listed: list[str], now: float, round_id: int | None, dry_run: bool
@@ -436,6 +479,21 @@ class Controller:
             if m.phase == inp.Phase.FINISHED and (row is None or not row.finished):
                 self.state.add_history(m.job_id, HistoryEvent.FINISHED, now, round_id, m.job.state, "")
         self.state.mark_vanished({j.job_id for j in snap.jobs}, now)
+
+
+def excluded_cells(failures: Mapping[str, int], max_failures: int) -> frozenset[str]:
+    """The cells a job is kept out of: a cell that failed it `max_failures`
+    times, and every layout of a size (Cell.size_key: GPU type, GPU count,
+    stages; what decides whether it fits in memory) whose layouts together
+    failed it that often."""
+    sizes: dict[str, int] = {}
+    for key, n in failures.items():
+        size = size_key_of(key)
+        if size is not None:
+            sizes[size] = sizes.get(size, 0) + n
+    return frozenset([c for c, n in failures.items() if n >= max_failures]) | {
+        s for s, n in sizes.items() if n >= max_failures
+    }
 
 
 def _keep_running(jobs: tuple[inp.ManagedJob, ...], placements: Mapping[str, Any]) -> dict[str, Any]:

@@ -38,7 +38,8 @@ limits, priorities (eligible jobs start in submit order, each as soon as it
 fits, like backfill without reservations), time limits.
 
 Progress: a running job progresses at ``speed(spec, gpu_type, num_nodes,
-gpus_per_node, plan)`` seconds per iteration after a restart stall of
+gpus_per_node, plan)`` seconds per iteration (times ``speed_factor(job id,
+GPU type)`` when given: noise on the truth) after a restart stall of
 ``restart_cost(spec, gpus, first_start)`` seconds, and completes (exit 0)
 after its iterations. With `quantum_s` set (Arena-compatible rounds) the
 backend schedules no completions itself: the engine calls `settle(now)` at
@@ -216,6 +217,7 @@ class SimBackend(OneAtATime):
         start_time: float = 0.0,
         user: str = "sim",
         listener: Listener | None = None,
+        speed_factor: Callable[[str, str], float] | None = None,
     ) -> None:
         for name, value in (
             ("checkpoint_s", checkpoint_s),
@@ -233,6 +235,7 @@ class SimBackend(OneAtATime):
             )
         self.speed = speed
         self.restart_cost = restart_cost or _no_cost
+        self.speed_factor = speed_factor  # (job id, GPU type) -> factor on the speed's time (noise)
         self.checkpoint_s = float(checkpoint_s)
         self.start_delay_s = float(start_delay_s)
         self.min_job_age_s = float(min_job_age_s)
@@ -434,6 +437,14 @@ class SimBackend(OneAtATime):
             return None
         t = job.stall_until + job.iter_time
         return t if t <= self.now else None
+
+    def iter_time(self, job_id: str) -> float | None:
+        """The seconds per iteration the job runs at now, once it has made one
+        step of its current run (what its launcher reports); else None."""
+        job = self.running.get(job_id)
+        if job is None or job.checkpointing or not job.iter_time:
+            return None
+        return job.iter_time if self.now >= job.stall_until + job.iter_time else None
 
     def _progress(self, job: SimJob, t: float) -> float:
         if self.quantum_s is not None and self.progress_model == EXECUTED_SECONDS:
@@ -849,7 +860,7 @@ class SimBackend(OneAtATime):
                 self._notify("start", job.job_id)
                 self._end(job, "FAILED", 1)
                 return
-            job.iter_time = float(t)
+            job.iter_time = float(t) * (self.speed_factor(job.job_id, gpu_type) if self.speed_factor else 1.0)
             cost = max(0.0, float(self.restart_cost(job.spec, job.gpus, first)))
             if self.quantum_s is None:
                 job.penalty_left = 0.0

@@ -48,12 +48,13 @@ from slurm_ext.controller.progress import JobProgress
 from slurm_ext.controller.round import Controller
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.backend import EXECUTED_SECONDS, ITERATIONS, RestartCostFn, SimBackend, SpeedFn
+from slurm_ext.sim.conditions import Conditions, table_speed
 from slurm_ext.sim.types import ClusterSpec, JobOutcome, RoundStat, Sample, SimRun, TraceJob
 from slurm_ext.state import RoundStatus, StateStore
 from slurm_ext.wrapper.submission import provisional_gres
 from solver.plan import JobPlan
 from solver.profiles.arena import load_sim_constants
-from solver.types import Cell, EstimatorLike, Policy, SolverConfig
+from solver.types import EstimatorLike, Policy, SolverConfig
 
 #: policies that search plans with pruning in Arena's simulator (cheap restarts)
 PRUNED_POLICIES = ("cellsched", "cellsched-static")
@@ -133,7 +134,8 @@ class SimOptions:
 
     def effective(self) -> SimOptions:
         """The options as they apply: arena_compat fixes the round grid and
-        makes checkpoints and starts instantaneous. Under the executed-seconds
+        makes checkpoints and starts instantaneous, and the controller does not
+        calibrate (Arena's simulator never learns). Under the executed-seconds
         progress model a job's iterations done are its executed seconds at
         its current speed, so a move rescales them (even down): they are taken
         as they are, without the checks a job's own report gets."""
@@ -149,6 +151,7 @@ class SimOptions:
             checkpoint_s=0.0,
             start_delay_s=0.0,
             charge_first_start=True,
+            solver=dataclasses.replace(o.solver, calibrate=False),
         )
 
 
@@ -193,35 +196,6 @@ def restart_cost_for(policy: str, options: SimOptions) -> RestartCostFn:
         return min(per * gpus, cap)
 
     return cost
-
-
-def estimator_speed(estimator: EstimatorLike) -> SpeedFn:
-    """A truth speed from an estimator with ``estimate_model`` (solver.estimator.Estimator):
-    the estimated iteration time of the cell the job runs in (pp from its plan)."""
-
-    def speed(spec: JobSpec, gpu_type: str, num_nodes: int, gpus_per_node: int, plan: JobPlan | None) -> float | None:
-        if "+" in gpu_type:  # a mixed-type cell: its key is in the plan
-            from solver.mixed import parse_key
-
-            cell = parse_key(plan.cell or "") if plan else None
-            if cell is None:
-                return None
-        else:
-            pp = plan.pp if plan and (num_nodes * gpus_per_node) % plan.pp == 0 else 1
-            cell = Cell(gpu_type, num_nodes, gpus_per_node, pp)
-        est = estimator.estimate_model(spec.model_spec(), spec.global_batch, cell)  # type: ignore[attr-defined]
-        return est.iter_time_s if est.feasible else None
-
-    return speed
-
-
-def table_speed(table: Any) -> SpeedFn:
-    """A truth speed from an ``iter_time(model, batch, gpu_type, num_nodes, gpus_per_node)`` table (ArenaTable)."""
-
-    def speed(spec: JobSpec, gpu_type: str, num_nodes: int, gpus_per_node: int, plan: JobPlan | None) -> float | None:
-        return table.iter_time(spec.model, spec.global_batch, gpu_type, num_nodes, gpus_per_node)
-
-    return speed
 
 
 def best_layout(cluster: ClusterSpec, gpu_type: str | None, gpus: int) -> tuple[str, int, int] | None:
@@ -270,13 +244,24 @@ class Simulator:
         policy_opts: Mapping[str, Any] | None = None,
         restart_cost: RestartCostFn | None = None,
         state_dir: str | Path | None = None,
+        conditions: Conditions | None = None,
+        label: str | None = None,
     ) -> None:
         """`speed` is the truth (how fast jobs really run), `estimator` what
-        the policy believes; in arena_compat mode both default to Arena's
-        profile table. `policy` is a name for solver.policies.get_policy
-        (with `policy_opts`) or a Policy."""
+        the policy believes; both default to those of `conditions`
+        (slurm_ext.sim.conditions: also the noise on the truth and the
+        restart cost), in arena_compat mode to Arena's profile table.
+        `policy` is a name for solver.policies.get_policy (with
+        `policy_opts`) or a Policy; `label` names the run (default: the
+        policy's name)."""
         self.options = (options or SimOptions()).effective()
         o = self.options
+        self.conditions = conditions
+        if conditions is not None and (speed is None or estimator is None):
+            c_speed, c_est = conditions.speed_and_estimator()
+            speed, estimator = speed or c_speed, estimator or c_est
+        if restart_cost is None and conditions is not None and conditions.restart is not None:
+            restart_cost = conditions.restart.cost
         if not trace:
             raise SimError("the trace has no jobs")
         jobs = sorted(trace, key=lambda j: (j.submit_time, j.line, j.job_id))
@@ -284,6 +269,7 @@ class Simulator:
             jobs = jobs[: o.limit_jobs]
         self.cluster = cluster
         self.policy_name = policy if isinstance(policy, str) else getattr(policy, "name", type(policy).__name__)
+        self.label = label or self.policy_name
         if o.arena_compat and (speed is None or estimator is None):
             from solver.profiles.arena_lookup import ArenaTable
 
@@ -324,9 +310,11 @@ class Simulator:
             progress_model=o.progress_model,
             start_time=self.t0,
             listener=self._on_event,
+            speed_factor=self._speed_factor if conditions is not None and conditions.noise else None,
         )
         self._nodes_snapshot = self.backend.observe()
         self.slurm_ids: dict[str, str] = {}  # trace job id -> Slurm job id
+        self.trace_ids: dict[str, str] = {}  # Slurm job id -> trace job id
         self.skipped: dict[str, str] = {}  # trace jobs never submitted: why
         self.samples: list[Sample] = []
         self.rounds: list[RoundStat] = []
@@ -361,6 +349,11 @@ class Simulator:
         except (ValueError, KeyError):
             return None
 
+    def _speed_factor(self, job_id: str, gpu_type: str) -> float:
+        """The conditions' noise on the truth of a Slurm job (keyed by its trace job)."""
+        assert self.conditions is not None
+        return self.conditions.speed_factor(self.trace_ids.get(job_id, job_id), gpu_type)
+
     def _on_event(self, kind: str, job_id: str) -> None:
         self._sample_due = True
         if kind in ("submit", "end", "requeue", "node"):
@@ -391,7 +384,9 @@ class Simulator:
 
     def _progress(self, m: Any) -> JobProgress | None:
         done = self.backend.iterations_done(m.job_id)
-        return None if done is None else JobProgress(done, self.backend.first_step_at(m.job_id))
+        if done is None:
+            return None
+        return JobProgress(done, self.backend.first_step_at(m.job_id), self.backend.iter_time(m.job_id))
 
     def _spec(self, job: TraceJob) -> JobSpec | str:
         iterations = job.iterations
@@ -433,7 +428,8 @@ class Simulator:
             hold=True,
             comment=spec.to_comment(),
         )
-        self.slurm_ids[job.job_id] = self.backend.submit(req)
+        self.slurm_ids[job.job_id] = sid = self.backend.submit(req)
+        self.trace_ids[sid] = job.job_id
 
     def _advance_to(self, t: float) -> None:
         """Arrivals and job events up to `t`, in time order; no rounds."""
@@ -520,7 +516,9 @@ class Simulator:
         if state_dir is None:
             tmp = tempfile.TemporaryDirectory(prefix="cellsched-sim-")
             state_dir = tmp.name
-        state_path = Path(state_dir) / f"state-{self.policy_name}.sqlite"
+        state_path = (
+            Path(state_dir) / f"state-{''.join(c if c.isalnum() or c in '-_' else '_' for c in self.label)}.sqlite"
+        )
         config = Config(
             controller=ControllerConfig(
                 policy=self.policy_name,
@@ -674,6 +672,8 @@ class Simulator:
         o = self.options
         meta: dict[str, object] = {
             "mode": "arena-compat" if o.arena_compat else "event",
+            "policy": self.policy_name,
+            "conditions": self.conditions.describe() if self.conditions is not None else None,
             "options": {k: v for k, v in dataclasses.asdict(o).items() if k != "solver"},
             "solver": dataclasses.asdict(dataclasses.replace(o.solver, seed=o.seed)),  # the config the rounds ran with
             "jobs": len(self.trace),
@@ -688,7 +688,7 @@ class Simulator:
             "controller_warning_examples": list(self.log.examples),
         }
         return SimRun(
-            self.policy_name,
+            self.label,
             tuple(outcomes),
             tuple(self.samples),
             tuple(self.rounds),

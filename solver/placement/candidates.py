@@ -101,7 +101,7 @@ def job_options(
     opts: list[Option] = []
     pinned: Option | None = None
     for i, est in enumerate(estimates):
-        if not est.feasible or (job.excluded_cells and est.cell.key() in job.excluded_cells):
+        if not est.feasible or job.excludes(est.cell):
             continue
         base = weight * (objective.utility(job, est, ref, p) if utilities is None else utilities[i])
         if cur is not None and stay_ok and est.cell == cur.cell:

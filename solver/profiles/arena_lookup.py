@@ -37,7 +37,7 @@ import json
 import math
 import os
 import pathlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from solver.models import aliases
 from solver.profiles.arena import (
@@ -49,7 +49,7 @@ from solver.profiles.arena import (
     shipped_path,
 )
 from solver.profiles.arena_import import arena_records
-from solver.profiles.records import ProfileSource
+from solver.profiles.records import CellRecord, ProfileSource
 from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
 
 MAX_ITER_TIME_S = 300.0
@@ -61,15 +61,20 @@ _Key = tuple[str, int, str, int, int]  # model, batch, gpu type, nodes, gpus per
 class ArenaTable:
     """Arena's optimal-plan iteration times as an estimator (EstimatorLike)."""
 
-    def __init__(self, path: str | os.PathLike | None = None) -> None:
-        src = shipped_path(OPTIMAL_FILE) if path is None else pathlib.Path(path)
-        try:
-            data = json.loads(pathlib.Path(src).read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ArenaFormatError(f"{src}: not valid JSON: {exc.msg} at line {exc.lineno}") from None
-        kind, recs, _ = arena_records(data, str(src))
-        if kind != ProfileSource.ARENA_OPTIMAL:
-            raise ArenaFormatError(f"{src}: expected Arena's {OPTIMAL_FILE} (optimal-plan records), got {kind}")
+    def __init__(self, path: str | os.PathLike | None = None, *, records: Iterable[CellRecord] | None = None) -> None:
+        """Arena's ``profiles_optimal.json`` at `path` (default: the shipped
+        one), or `records` of best-plan times (one per cell)."""
+        if records is None:
+            src = shipped_path(OPTIMAL_FILE) if path is None else pathlib.Path(path)
+            try:
+                data = json.loads(pathlib.Path(src).read_text(encoding="utf-8"))
+            except json.JSONDecodeError as exc:
+                raise ArenaFormatError(f"{src}: not valid JSON: {exc.msg} at line {exc.lineno}") from None
+            kind, recs, _ = arena_records(data, str(src))
+            if kind != ProfileSource.ARENA_OPTIMAL:
+                raise ArenaFormatError(f"{src}: expected Arena's {OPTIMAL_FILE} (optimal-plan records), got {kind}")
+        else:
+            recs = list(records)
         #: None = OOM (-1 in Arena's database)
         self._times: dict[_Key, float | None] = {
             (r.model, r.global_batch, r.gpu_type.lower(), r.num_nodes, r.gpus_per_node): r.iter_time_s for r in recs
@@ -98,11 +103,15 @@ class ArenaTable:
         infeasible. `model` is a trace name or one of its preset aliases."""
         return self.lookup(model, batch, gpu_type, num_nodes, gpus_per_node)[0]
 
+    def model_name(self, model: str) -> str:
+        """The table's name of `model` (a trace name or one of its preset aliases)."""
+        return self._names.get(model.lower(), model)
+
     def lookup(
         self, model: str, batch: int, gpu_type: str, num_nodes: int, gpus_per_node: int
     ) -> tuple[float | None, str]:
         """(iteration time or None, a note saying which step decided and why)."""
-        model = self._names.get(model.lower(), model)
+        model = self.model_name(model)
         key = (model, int(batch), gpu_type.lower(), int(num_nodes), int(gpus_per_node))
         hit = self._cache.get(key)
         if hit is None:

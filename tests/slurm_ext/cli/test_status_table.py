@@ -10,10 +10,22 @@ import pytest
 
 from slurm_ext.cli import status_cmd
 from slurm_ext.jobspec import JobSpec
-from slurm_ext.state import JobStatus, StateStore
+from slurm_ext.state import JobStatus, SpeedRow, StateStore
 
 SPEC = JobSpec(model="gpt-350m", global_batch=64, iterations=100).to_json()
-HEAD = ["JOBID", "USER", "STATE", "CELL", "NODES", "PP/DP/TP", "SAMPLES/S", "PROGRESS", "QUEUED", "REASON"]
+HEAD = [
+    "JOBID",
+    "USER",
+    "STATE",
+    "CELL",
+    "NODES",
+    "PP/DP/TP",
+    "SAMPLES/S",
+    "S/IT(EST/OBS)",
+    "PROGRESS",
+    "QUEUED",
+    "REASON",
+]
 
 #: job id -> (what the controller saw: slurm state, phase, start, end, exit, iterations done, source, finished)
 SEEN = {
@@ -41,6 +53,9 @@ def rows(tmp_path):
             2.0,
         )
         assert st.mark_vanished([j for j in SEEN if j != "17"], 3.0) == ["17"]
+        # job 14 reported 0.8 s per iteration on a40 (then on a10: the newest row is shown), its profile said 0.4
+        st.record_speeds([SpeedRow("14", "a40", "alice", "gpt-350m", "a40:1x2:pp1", 0.4, 0.8, 2.0, 3, 0.79, 2.0)])
+        st.record_speeds([SpeedRow("14", "a10", "alice", "gpt-350m", "a10:1x2:pp1", 0.5, 1.5, 3.0, 1, 1.25, 2.5)])
         yield status_cmd.job_rows(st, now=1000.0, include_finished=True)
 
 
@@ -76,9 +91,18 @@ def test_unknown_values_are_dashes_never_none_or_zero(rows):
     assert "None" not in table and "?" not in table
     cols = table_columns(table)
     for job_id in ("13", "16"):  # never placed, never ran: nothing about a cell, speed or progress is known
-        assert [cols[job_id][k] for k in ("CELL", "NODES", "PP/DP/TP", "SAMPLES/S", "PROGRESS")] == ["-"] * 5
+        keys = ("CELL", "NODES", "PP/DP/TP", "SAMPLES/S", "S/IT(EST/OBS)", "PROGRESS")
+        assert [cols[job_id][k] for k in keys] == ["-"] * 6
     assert cols["13"]["QUEUED"] == "0:00:30"  # submitted at 900, cancelled at 930 without running
     assert cols["16"]["QUEUED"] == "0:01:40"  # still waiting at now=1000
+
+
+def test_the_estimated_speed_stands_against_the_observed_one(rows):
+    """The newest GPU type's speeds: the calibrated estimate against what the job reported."""
+    cols = table_columns(status_cmd._table(rows))
+    assert cols["14"]["S/IT(EST/OBS)"] == "1.25/1.5" and cols["15"]["S/IT(EST/OBS)"] == "-"
+    by_id = {r["job_id"]: r for r in rows}
+    assert [by_id["14"][k] for k in ("iter_s_profile", "iter_s_estimated", "iter_s_observed")] == [0.5, 1.25, 1.5]
 
 
 def test_json_rows_carry_the_same_state_and_progress(rows):

@@ -71,6 +71,7 @@ def test_dry_run_plan_and_status_text(slurm_cluster, tmp_path):
         "NODES",
         "PP/DP/TP",
         "SAMPLES/S",
+        "S/IT(EST/OBS)",
         "PROGRESS",
         "QUEUED",
         "REASON",
@@ -82,7 +83,7 @@ def test_dry_run_plan_and_status_text(slurm_cluster, tmp_path):
         and row[4] == ",".join(f"{n}:{plan['gpus_per_node']}" for n in plan["nodes"])
     )
     # placed this round and not started yet: no progress is known
-    assert row[5] == f"{plan['pp']}/{plan['dp']}/{plan['tp']}" and row[7] == "-"
+    assert row[5] == f"{plan['pp']}/{plan['dp']}/{plan['tp']}" and row[7] == row[8] == "-"
     assert any(ln.startswith("last round 1 at ") and ": ok, 1 actions" in ln for ln in lines), lines
     assert "nothing to do" in cs("plan", "--config", config).stdout  # placed: the next round leaves it alone
 

@@ -16,12 +16,14 @@ from slurm_ext.controller import inputs as inp
 from slurm_ext.controller import relaunch
 from slurm_ext.controller.progress import JobProgress
 from slurm_ext.controller.reconcile import PLACE, REQUEUE, decide
+from slurm_ext.controller.round import excluded_cells
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
 from slurm_ext.state import HistoryEvent, StateStore
 from solver.mixed import mixed_cell
+from solver.models import get_model
 from solver.plan import JobPlan
-from solver.types import Cell, ParallelPlan, Placement
+from solver.types import Cell, JobRequest, ParallelPlan, Placement
 
 #: the dev cluster's shape: 22 GPUs, 4 of them A40
 NODES = (("n1", "a100", 4), ("n2", "a100", 4), ("n3", "v100", 8), ("n4", "a40", 2), ("n5", "a40", 2), ("n6", "a10", 2))
@@ -201,9 +203,10 @@ def test_a_recorded_failure_is_not_read_again_and_a_job_that_keeps_failing_is_gi
     def read(m):
         raise AssertionError("a failure recorded before must not be read again")
 
-    again = relaunch.review(jobs, read, {"1": [700.0, 960.0]}, max_relaunches=3)
+    cell = "a40:1x2:pp1"
+    again = relaunch.review(jobs, read, {"1": [(700.0, cell), (960.0, cell)]}, max_relaunches=3)
     assert again["1"].relaunch and not again["1"].new
-    given_up = relaunch.review(jobs, read, {"1": [500.0, 600.0, 700.0, 960.0]}, max_relaunches=3)
+    given_up = relaunch.review(jobs, read, {"1": [(t, cell) for t in (500.0, 600.0, 700.0, 960.0)]}, max_relaunches=3)
     f = given_up["1"]
     assert not f.relaunch and "failed before training 4 times" in f.reason and "not requeued again" in f.reason
     (m,) = relaunch.apply_review(jobs, given_up)
@@ -216,7 +219,24 @@ def test_run_failures_count_against_their_cell(tmp_path):
         st.add_history("1", HistoryEvent.RUN_FAILED, 200.0, None, "a40:1x2:pp1", value=190.0)
         st.add_history("2", HistoryEvent.RUN_FAILED, 200.0, None, "a10:1x2:pp1", value=195.0)
         assert st.cell_failures() == {"1": {"a40:1x2:pp1": 2}, "2": {"a10:1x2:pp1": 1}}
-        assert st.run_failures(["1", "3"]) == {"1": [90.0, 190.0]}
+        assert st.run_failures(["1", "3"]) == {"1": [(90.0, "a40:1x2:pp1"), (190.0, "a40:1x2:pp1")]}
+
+
+def test_failures_in_new_sizes_are_free_and_a_size_that_failed_twice_is_excluded():
+    """A job that fails once in each of four sizes (it does not fit there) is
+    relaunched again; twice in one size (any layout) keeps it out of that size."""
+    jobs = inp.classify(snapshot(ended("1")), {}, {})
+    sizes = [(500.0, "a40:1x1:pp1"), (600.0, "a40:1x2:pp1"), (700.0, "a10:1x2:pp1"), (960.0, "a100:1x4:pp1")]
+    assert relaunch.counted(sizes) == 1
+    assert relaunch.review(jobs, lambda m: None, {"1": sizes}, max_relaunches=3)["1"].relaunch
+    repeats = [(500.0, "a40:1x2:pp1"), (600.0, "a40:2x1:pp1"), (700.0, "a40:1x2:pp1"), (960.0, "a10:1x2:pp1")]
+    assert relaunch.counted(repeats) == 3
+    assert not relaunch.review(jobs, lambda m: None, {"1": repeats + [(990.0, "a40:2x1:pp1")]}, 3)["1"].relaunch
+    out = excluded_cells({"a40:1x2:pp1": 1, "a40:2x1:pp1": 1, "a10:1x2:pp1": 1}, 2)
+    assert out == {"a40:2gpus:pp1"}
+    job = JobRequest("1", get_model("gpt-350m"), 8, 10, excluded_cells=out)
+    assert job.excludes(Cell("a40", 2, 1, 1)) and job.excludes(Cell("a40", 1, 2, 1))
+    assert not job.excludes(Cell("a40", 1, 2, 2)) and not job.excludes(Cell("a10", 1, 2, 1))
 
 
 def test_a_running_job_is_moved_only_once_its_current_run_reported_a_step():

@@ -219,7 +219,7 @@ def test_the_simulators_counts_are_taken_as_they_are(tmp_path):
 
 def test_the_state_keeps_when_a_count_was_taken(tmp_path):
     """progress_at moves only with a count (`updated` moves every round); a schema-2 state gains the column."""
-    from slurm_ext.state import JobStatus, StateStore
+    from slurm_ext.state import SCHEMA, JobStatus, StateStore
 
     def status(done):
         return JobStatus("5", "alice", "RUNNING", "running", "", 800.0, 900.0, None, None, done, "file", False)
@@ -231,10 +231,11 @@ def test_the_state_keeps_when_a_count_was_taken(tmp_path):
         row = st.jobs()["5"]
         assert (row.iterations_done, row.progress_at, row.updated) == (10.0, 950.0, 1000.0)
         st._db.execute("ALTER TABLE jobs DROP COLUMN progress_at")
+        st._db.execute("DROP TABLE speeds")
         st._db.execute("DELETE FROM meta WHERE key = 'schema_version'")  # as the files of schema 2 were
         st._db.execute("INSERT INTO meta VALUES ('schema', '2')")
     with StateStore(tmp_path / "s.sqlite") as st:
-        assert dict(st._db.execute("SELECT key, value FROM meta")) == {"schema_version": "3"}
-        assert st.jobs()["5"].progress_at is None
+        assert dict(st._db.execute("SELECT key, value FROM meta")) == {"schema_version": str(SCHEMA.version)}
+        assert st.jobs()["5"].progress_at is None and st.speeds() == []
         st.save_statuses([status(12.0)], 1100.0)
         assert st.jobs()["5"].progress_at == 1100.0

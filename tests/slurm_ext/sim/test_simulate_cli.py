@@ -66,6 +66,28 @@ def test_two_policies_end_to_end(tmp_path):
     assert "jobs finished" in proc.stderr  # the plain-text progress lines (stderr is not a tty)
 
 
+def test_realistic_mode_and_policy_options(tmp_path):
+    """--realistic sets every condition for every run; a --policy string with
+    solver keys labels its run and sets that run's configuration only."""
+    trace, cluster = inputs(tmp_path)
+    out = tmp_path / "out"
+    args = ["--trace", str(trace), "--cluster", str(cluster), "--realistic", "--noise", "0.2", "--no-plots"]
+    proc = cellsched(
+        *args, "--policy", "cellsched", "--policy", "cellsched:calibrate=false,w_age=0.5", "--out", str(out), "--json"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = json.loads(proc.stdout)
+    assert printed["meta"]["mode"] == "realistic" and printed["meta"]["estimates"] == "arena-estimated"
+    assert printed["meta"]["noise_sigma"] == 0.2 and "model" in printed["meta"]["restart"]
+    doc = json.loads((out / "results.json").read_text())
+    assert set(doc["runs"]) == {"cellsched", "cellsched:calibrate=false,w_age=0.5"}
+    plain, opts = doc["runs"]["cellsched"]["meta"], doc["runs"]["cellsched:calibrate=false,w_age=0.5"]["meta"]
+    assert (plain["solver"]["calibrate"], plain["solver"]["w_age"]) == (True, 0.25)
+    assert (opts["solver"]["calibrate"], opts["solver"]["w_age"], opts["policy"]) == (False, 0.5, "cellsched")
+    for run in doc["runs"].values():
+        assert all(j["finished"] for j in run["jobs"])
+
+
 def test_arena_compat_markdown(tmp_path):
     trace, cluster = inputs(tmp_path)
     proc = cellsched(
@@ -97,6 +119,13 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path):
         (("--trace", str(trace), "--policy", "lottery"), "unknown policy 'lottery'"),
         (("--trace", str(trace), "--profiles", str(trace)), "--profiles"),
         (("--trace", str(trace), "--arena-compat", "--interval", "60"), "300"),
+        (("--trace", str(trace), "--policy", "cellsched:calibrat=false"), "unknown solver key 'calibrat'"),
+        (("--trace", str(trace), "--policy", "cellsched:calibrate=maybe"), "solver.calibrate must be true or false"),
+        (("--trace", str(trace), "--policy", "sia:w_age"), "expected key=value, got 'w_age'"),
+        (("--trace", str(trace), "--policy", "sia", "--policy", "sia"), "given twice"),
+        (("--trace", str(trace), "--realistic", "--arena-compat"), "--realistic"),
+        (("--trace", str(trace), "--restart-cost", "soon"), "--restart-cost"),
+        (("--trace", str(trace), "--truth", str(tmp_path / "nope.json")), "--truth"),
     ]
     for args, words in cases:
         proc = cellsched(*args, "--out", str(tmp_path / "x"))

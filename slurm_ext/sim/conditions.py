@@ -1,0 +1,211 @@
+"""The simulated world apart from the scheduler's view of it: the truth (how
+fast jobs really run), the estimates (what the policy believes), noise on
+the truth, and the restart cost every policy pays.
+
+* truth: ``arena`` (Arena's measured optimal-plan table, the default), a
+  path to an Arena ``profiles_optimal.json``, or a profile-store SQLite file
+  (our estimator over it).
+* estimates: ``truth`` (the truth's own table, so estimation error costs
+  nothing), ``arena-estimated`` (Arena's profiler estimates,
+  solver.profiles.arena_estimates), or ``store`` (our estimator over the
+  truth's store when the truth is one, else the default profile store).
+* noise: sigma of a seeded multiplicative factor on the truth of each job,
+  exp(sigma z_job + sigma / 2 z_job,type): a part that travels with the job
+  on every GPU type and a smaller part per type (median 1). Same seed, same
+  factors, whatever the policy.
+* restart: `RestartModel`, a constant or checkpoint size over storage
+  bandwidth plus start-up.
+* realistic (`realistic`): arena-estimated estimates, the measured truth,
+  noise 0.1 and the restart model, for every policy.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from slurm_ext.jobspec import JobSpec
+from slurm_ext.sim.backend import SpeedFn
+from solver.plan import JobPlan
+from solver.types import Cell, EstimatorLike
+
+TRUTHS = ("arena",)
+ESTIMATES = ("truth", "arena-estimated", "store")
+
+#: bytes of training state per parameter a checkpoint holds (fp32 weights and Adam's two moments)
+STATE_BYTES_PER_PARAM = 12.0
+#: start-up of a restarted job on the dev cluster: requeue, begin time, Python and torch, the first step
+#: (measured: see README, "Restart cost")
+DEV_CLUSTER_STARTUP_S = 8.1
+#: storage bandwidth (GB/s) a job's checkpoint is written and read at
+STORAGE_GBPS = 2.0
+
+
+class ConditionsError(ValueError):
+    """A condition that cannot be set up (the message names it)."""
+
+
+@dataclass(frozen=True)
+class RestartModel:
+    """Seconds before a (re)started job progresses: `constant_s` when set,
+    else start-up plus writing and reading the job's training state
+    (STATE_BYTES_PER_PARAM x params) at `storage_gbps`; a first start pays
+    start-up only."""
+
+    constant_s: float | None = None
+    startup_s: float = DEV_CLUSTER_STARTUP_S
+    storage_gbps: float = STORAGE_GBPS
+
+    @classmethod
+    def parse(cls, text: str) -> RestartModel:
+        """``model`` or a number of seconds."""
+        if text == "model":
+            return cls()
+        try:
+            v = float(text)
+        except ValueError:
+            raise ConditionsError(f"--restart-cost: expected 'model' or seconds, got {text!r}") from None
+        if not (math.isfinite(v) and v >= 0):
+            raise ConditionsError(f"--restart-cost: seconds must be >= 0, got {text!r}")
+        return cls(constant_s=v)
+
+    def cost(self, spec: JobSpec, gpus: int, first_start: bool) -> float:
+        if self.constant_s is not None:
+            return self.constant_s
+        if first_start:
+            return self.startup_s
+        state = STATE_BYTES_PER_PARAM * spec.model_spec().params
+        return self.startup_s + 2 * state / (self.storage_gbps * 1e9)
+
+    def describe(self) -> str:
+        if self.constant_s is not None:
+            return f"{self.constant_s:g} s per (re)start, every policy"
+        return (
+            f"model: {self.startup_s:g} s start-up + {STATE_BYTES_PER_PARAM:g} B/param written and read "
+            f"at {self.storage_gbps:g} GB/s, every policy"
+        )
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """What a simulation's world is like (picklable; module doc)."""
+
+    truth: str = "arena"
+    estimates: str = "truth"
+    noise: float = 0.0
+    restart: RestartModel | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.estimates not in ESTIMATES:
+            raise ConditionsError(f"--estimates: expected one of {', '.join(ESTIMATES)}, got {self.estimates!r}")
+        if not (math.isfinite(self.noise) and 0 <= self.noise <= 2):
+            raise ConditionsError(f"--noise: sigma must be in [0, 2], got {self.noise!r}")
+        if self.truth not in TRUTHS:
+            p = pathlib.Path(self.truth)
+            if not p.is_file():
+                raise ConditionsError(f"--truth: expected 'arena' or a profiles file, no such file {self.truth!r}")
+            if truth_kind(self.truth) is None:
+                raise ConditionsError(
+                    f"--truth: {self.truth!r} is neither Arena's profiles JSON nor a profile-store SQLite file"
+                )
+
+    @classmethod
+    def realistic(cls, **given: Any) -> Conditions:
+        """The realistic mode, with `given` (not None) taking precedence."""
+        base = cls(estimates="arena-estimated", noise=0.1, restart=RestartModel())
+        return replace(base, **{k: v for k, v in given.items() if v is not None})
+
+    def speed_and_estimator(self) -> tuple[Callable[..., Any], Any]:
+        """(truth speed, the estimator the policy decides with)."""
+        kind = "arena" if self.truth == "arena" else truth_kind(self.truth)
+        if kind == "arena":
+            from solver.profiles.arena_lookup import ArenaTable
+
+            table = ArenaTable(None if self.truth == "arena" else self.truth)
+            speed, own = table_speed(table), table
+        else:
+            from solver.estimator import Estimator
+            from solver.profiles.seed import open_store
+
+            own = Estimator(open_store(self.truth))
+            speed = estimator_speed(own)
+        if self.estimates == "truth":
+            return speed, own
+        if self.estimates == "arena-estimated":
+            from solver.profiles.arena_estimates import ArenaEstimates
+
+            return speed, ArenaEstimates()
+        if kind == "store":
+            return speed, own
+        from solver.estimator import Estimator
+        from solver.profiles.seed import open_store
+
+        return speed, Estimator(open_store(None))
+
+    def speed_factor(self, job_key: str, gpu_type: str) -> float:
+        """The noise factor on the truth of job `job_key` (a trace job id) on
+        `gpu_type` ("a+b" for a mixed cell: its slowest part's)."""
+        if not self.noise:
+            return 1.0
+        z = random.Random(f"{self.seed}:{job_key}").gauss(0.0, 1.0)
+        parts = [random.Random(f"{self.seed}:{job_key}:{t}").gauss(0.0, 1.0) for t in gpu_type.split("+")]
+        return math.exp(self.noise * z + self.noise / 2 * max(parts))
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "truth": "Arena's measured optimal-plan table" if self.truth == "arena" else self.truth,
+            "estimates": self.estimates,
+            "noise_sigma": self.noise,
+            "restart": self.restart.describe() if self.restart else None,
+        }
+
+
+def estimator_speed(estimator: EstimatorLike) -> SpeedFn:
+    """A truth speed from an estimator with ``estimate_model`` (solver.estimator.Estimator):
+    the estimated iteration time of the cell the job runs in (pp from its plan)."""
+
+    def speed(spec: JobSpec, gpu_type: str, num_nodes: int, gpus_per_node: int, plan: JobPlan | None) -> float | None:
+        if "+" in gpu_type:  # a mixed-type cell: its key is in the plan
+            from solver.mixed import parse_key
+
+            cell = parse_key(plan.cell or "") if plan else None
+            if cell is None:
+                return None
+        else:
+            pp = plan.pp if plan and (num_nodes * gpus_per_node) % plan.pp == 0 else 1
+            cell = Cell(gpu_type, num_nodes, gpus_per_node, pp)
+        est = estimator.estimate_model(spec.model_spec(), spec.global_batch, cell)  # type: ignore[attr-defined]
+        return est.iter_time_s if est.feasible else None
+
+    return speed
+
+
+def table_speed(table: Any) -> SpeedFn:
+    """A truth speed from an ``iter_time(model, batch, gpu_type, num_nodes, gpus_per_node)`` table (ArenaTable)."""
+
+    def speed(spec: JobSpec, gpu_type: str, num_nodes: int, gpus_per_node: int, plan: JobPlan | None) -> float | None:
+        return table.iter_time(spec.model, spec.global_batch, gpu_type, num_nodes, gpus_per_node)
+
+    return speed
+
+
+def truth_kind(path: str) -> str | None:
+    """ "arena" (a JSON file), "store" (a SQLite file) or None."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(16)
+    except OSError:
+        return None
+    if head.startswith(b"SQLite format 3"):
+        return "store"
+    if head.lstrip()[:1] in (b"{", b"["):
+        return "arena"
+    return None
+
+
+__all__ = ["Conditions", "ConditionsError", "RestartModel", "ESTIMATES", "truth_kind", "table_speed", "estimator_speed"]

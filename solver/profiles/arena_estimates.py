@@ -1,0 +1,91 @@
+"""What a scheduler believes before a job runs, from Arena's own profiler:
+its per-plan estimates (``profiles_plans_estimated.json``), the best plan
+of each configuration, as an estimator (EstimatorLike).
+
+Arena's measured optimal-plan table (arena_lookup.ArenaTable) is the
+simulator's truth; these estimates are Arena's predictions of the same
+configurations and differ from it by about 15-30% (log standard deviation
+per GPU type, measured over the configurations both hold), so a
+simulation that decides with them pays for estimation error.
+
+Lookup: for a (model, GPU type) Arena estimated, Arena's own rules (exact
+layout, best locality x 0.9^log2, next larger model x 1.8^steps) over the
+best-plan table, infeasible where they find nothing, as in Arena's
+simulator. For a pair Arena has no estimate of at all (every V100 cell,
+models it never ran on a type), our estimator over a store that holds only
+these best-plan times and the GPU specs: the analytic model scaled by the
+model's estimated cells on other types, never the measured table. As in
+Arena's tables, a time is that of the best plan, so only pp = 1 cells are
+feasible (their plan shown as data parallelism).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+
+from solver.profiles.arena import ESTIMATED_FILE, load_device_specs, shipped_path
+from solver.profiles.arena_lookup import ArenaTable
+from solver.profiles.gpus import default_gpu_specs
+from solver.profiles.records import CellRecord, ProfileSource
+from solver.types import Cell, Estimate, EstimatorLike, JobRequest
+
+_Key = tuple[str, int, str, int, int]
+
+
+def best_plan_records(path: str | os.PathLike | None = None) -> list[CellRecord]:
+    """One record per (model, batch, GPU type, layout) of Arena's per-plan
+    estimates: the fastest plan's time (None when every plan is out of
+    memory). Only plans of the simulator's convention (comm profile prefix
+    = nodes), labelled ones."""
+    src = pathlib.Path(shipped_path(ESTIMATED_FILE) if path is None else path)
+    best: dict[_Key, float | None] = {}
+    for r in json.loads(src.read_text(encoding="utf-8"))["records"]:
+        if r.get("pp") is None or r.get("comm_profile_prefix") != r.get("num_nodes"):
+            continue
+        key = (r["trace_model_name"], int(r["batch_size"]), str(r["gpu_type"]).lower(), r["num_nodes"])
+        key = (*key, r["gpus_per_node"])
+        t = r["iter_time_s"] if r.get("status") == "ok" else None
+        if key not in best or (t is not None and (best[key] is None or t < best[key])):
+            best[key] = t
+    return [CellRecord(m, b, g, n, p, t, source=ProfileSource.ARENA_ESTIMATED) for (m, b, g, n, p), t in best.items()]
+
+
+class ArenaEstimates:
+    """Arena's profiler estimates, best plan per configuration (module doc)."""
+
+    def __init__(self, path: str | os.PathLike | None = None) -> None:
+        recs = best_plan_records(path)
+        self.table = ArenaTable(records=recs)
+        self._fallback_recs = recs
+        self._covered = {(r.model, r.gpu_type) for r in recs}  # (model, GPU type) pairs Arena estimated
+        self._fallback: EstimatorLike | None = None
+
+    def _estimator(self) -> EstimatorLike:
+        """Our estimator over the best-plan times (built on first use)."""
+        if self._fallback is None:
+            from solver.estimator import Estimator
+            from solver.profiles.store import ProfileStore
+
+            store = ProfileStore(":memory:")
+            store.put_cells(dataclasses.replace(r, source=ProfileSource.ARENA_OPTIMAL) for r in self._fallback_recs)
+            for spec in default_gpu_specs(load_device_specs()["simulator_gpu_specs"]).values():
+                store.put_gpu(spec)
+            self._fallback = Estimator(store)
+        return self._fallback
+
+    def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
+        """Arena's estimate by Arena's rules; ours for a (model, GPU type) Arena never estimated."""
+        est = self.table.estimate(job, cell)
+        if (
+            cell.pp != 1
+            or cell.mixed
+            or (self.table.model_name(job.model.name), cell.gpu_type.lower()) in self._covered
+        ):
+            return est
+        return self._estimator().estimate(job, cell)
+
+
+__all__ = ["ArenaEstimates", "best_plan_records"]

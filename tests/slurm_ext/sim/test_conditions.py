@@ -1,0 +1,115 @@
+"""Truth apart from the estimate: noise on the truth, the restart model,
+Arena's profiler estimates, and the controller calibrating against what the
+simulated jobs reach."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from slurm_ext.jobspec import JobSpec
+from slurm_ext.sim.clusterspec import load_cluster_spec
+from slurm_ext.sim.conditions import Conditions, ConditionsError, RestartModel
+from slurm_ext.sim.engine import SimOptions, Simulator
+from slurm_ext.sim.traces import read_arena_trace
+from slurm_ext.state import StateStore
+from solver.models import get_model
+from solver.profiles.arena import ESTIMATED_FILE, shipped_path
+from solver.profiles.arena_estimates import ArenaEstimates
+from solver.types import Cell, EstimateSource, JobRequest, SolverConfig
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_noise_is_seeded_per_job_and_type_with_median_one():
+    c = Conditions(noise=0.1, seed=3)
+    assert c.speed_factor("j1", "a100") == Conditions(noise=0.1, seed=3).speed_factor("j1", "a100")
+    assert (
+        c.speed_factor("j1", "a100")
+        != c.speed_factor("j2", "a100")
+        != Conditions(noise=0.1, seed=4).speed_factor("j2", "a100")
+    )
+    logs = [math.log(c.speed_factor(f"j{i}", "a40")) for i in range(2000)]
+    # exp(0.1 z + 0.05 z'): log mean 0, log sd sqrt(0.1^2 + 0.05^2)
+    assert abs(statistics.mean(logs)) < 0.01 and statistics.pstdev(logs) == pytest.approx(0.1118, rel=0.08)
+    mixed = c.speed_factor("j1", "a100+a40")
+    assert mixed == max(c.speed_factor("j1", "a100"), c.speed_factor("j1", "a40"))
+    assert Conditions().speed_factor("j1", "a100") == 1.0
+
+
+def test_the_restart_model_is_start_up_plus_the_state_written_and_read():
+    spec = JobSpec(model="gpt-1.3b", global_batch=64, iterations=10)
+    params = get_model("gpt-1.3b").params
+    m = RestartModel.parse("model")
+    assert m.cost(spec, 8, first_start=True) == m.startup_s
+    assert m.cost(spec, 8, first_start=False) == pytest.approx(m.startup_s + 2 * 12 * params / 2e9)
+    assert RestartModel.parse("30").cost(spec, 8, False) == 30.0 == RestartModel.parse("30").cost(spec, 1, True)
+    for bad in ("fast", "-1", "nan"):
+        with pytest.raises(ConditionsError, match="--restart-cost"):
+            RestartModel.parse(bad)
+
+
+def test_bad_conditions_name_their_option(tmp_path):
+    with pytest.raises(ConditionsError, match="--estimates"):
+        Conditions(estimates="oracle")
+    with pytest.raises(ConditionsError, match="--noise"):
+        Conditions(noise=-0.1)
+    (tmp_path / "x.txt").write_text("hello")
+    with pytest.raises(ConditionsError, match="--truth"):
+        Conditions(truth=str(tmp_path / "x.txt"))
+    r = Conditions.realistic(noise=0.2)
+    assert (r.estimates, r.noise, r.restart) == ("arena-estimated", 0.2, RestartModel())
+
+
+def test_arena_estimates_take_the_best_plan_and_ours_where_arena_has_none():
+    records = json.loads(shipped_path(ESTIMATED_FILE).read_text())["records"]
+    plans = [
+        r["iter_time_s"]
+        for r in records
+        if (r["trace_model_name"], r["batch_size"], r["gpu_type"], r["num_nodes"], r["gpus_per_node"])
+        == ("moe__2.4B", 512, "a100", 1, 2)
+        and r["comm_profile_prefix"] == 1
+        and r["status"] == "ok"
+    ]
+    est = ArenaEstimates()
+    job = JobRequest("1", get_model("moe__2.4B"), 512, 10)
+    got = est.estimate(job, Cell("a100", 1, 2, 1))
+    assert len(plans) > 1 and got.iter_time_s == pytest.approx(min(plans), abs=1e-3)
+    assert got.source == EstimateSource.ARENA_TABLE
+    v100 = est.estimate(job, Cell("v100", 1, 2, 1))  # Arena never estimated V100
+    assert v100.feasible and v100.source in (EstimateSource.ANALYTIC, EstimateSource.ANALYTIC_CALIBRATED)
+    assert not est.estimate(job, Cell("a100", 1, 2, 2)).feasible  # a best-plan time has no stage dimension
+
+
+def _run(tmp_path: Path, solver: SolverConfig, noise: float = 0.3) -> tuple[Simulator, list]:
+    trace = read_arena_trace(DATA / "small_trace.csv", iteration_scale=5)
+    sim = Simulator(
+        trace,
+        load_cluster_spec(DATA / "small_cluster.toml"),
+        "cellsched",
+        conditions=Conditions(noise=noise, seed=1),
+        options=SimOptions(solver=solver),
+        state_dir=tmp_path,
+        label="cellsched:x",
+    )
+    run = sim.run()
+    with StateStore(tmp_path / "state-cellsched_x.sqlite") as st:
+        return sim, run, st.speeds()
+
+
+def test_the_controller_learns_the_noisy_truth(tmp_path):
+    """With the truth's own table as the estimate, a job's observed / estimated
+    is exactly its noise factor, and the calibrated estimate is what it reaches."""
+    sim, run, speeds = _run(tmp_path / "on", SolverConfig())
+    assert run.policy == "cellsched:x" and all(o.finished for o in run.jobs)
+    assert speeds and {s.job_id for s in speeds} <= set(sim.trace_ids)
+    for s in speeds:
+        noise = sim.conditions.speed_factor(sim.trace_ids[s.job_id], s.gpu_type)
+        assert s.observed_s == pytest.approx(s.estimated_s * noise, rel=1e-6)
+        assert s.ratio == pytest.approx(noise, rel=1e-6) and s.calibrated_s == pytest.approx(s.observed_s, rel=1e-6)
+    _, off, none = _run(tmp_path / "off", SolverConfig(calibrate=False))
+    assert none == [] and all(o.finished for o in off.jobs)
