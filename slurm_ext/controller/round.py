@@ -30,6 +30,8 @@ log = logging.getLogger("cellsched.controller")
 
 #: calibration uses the speeds of this many (job, GPU type) pairs, the most recently seen
 CALIBRATION_ROWS = 2000
+#: a job first seen this many times slower (or faster) than its estimate is logged
+NOTICED = 1.25
 
 
 def _make_policy(config: Config) -> Policy:
@@ -326,6 +328,18 @@ class Controller:
             )
             rows[(job.job_id, cell.gpu_type)] = row
             seen[(job.job_id, cell.gpu_type)] = (row, job)
+            if prev is None and abs(math.log(ratio)) > math.log(NOTICED):
+                log.warning(
+                    "job speed differs from its estimate",
+                    extra={
+                        "fields": {
+                            "job": job.job_id,
+                            "cell": row.cell,
+                            "estimated_s": round(est.iter_time_s, 4),
+                            "observed_s": round(t, 4),
+                        }
+                    },
+                )
         bound = self.config.controller.progress_rate_factor
         self.estimator.calibration = Calibration(
             (Observation(r.job_id, r.user, r.model, r.gpu_type, r.ratio, r.samples) for r in rows.values()),

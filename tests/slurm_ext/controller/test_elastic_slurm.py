@@ -8,6 +8,7 @@ cellsched-launch; its losses must be bitwise those of an uninterrupted run."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -26,6 +27,10 @@ from slurm_ext.config import load
 from slurm_ext.controller.inputs import admin_comment_plan
 from slurm_ext.controller.progress import read_progress_file
 from slurm_ext.controller.round import Controller
+from solver.profiles.arena import load_device_specs
+from solver.profiles.gpus import default_gpu_specs
+from solver.profiles.records import CellRecord
+from solver.profiles.store import ProfileStore
 
 pytestmark = pytest.mark.slurm
 
@@ -57,7 +62,9 @@ def _env() -> dict[str, str]:
     return {**env, "OMP_NUM_THREADS": "1", "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}"}
 
 
-def _submit_elastic(tmp_path: Path, *extra: str, step_delay: float = 0.3, fail_restart: int | None = None) -> str:
+def _submit_elastic(
+    tmp_path: Path, *extra: str, step_delay: float = 0.3, fail_restart: int | None = None, batch: int = 256
+) -> str:
     """An elastic managed job running the reference trainer; scheduled as a
     long gpt-350m job (so growing it pays), trained as gpt-tiny. With
     `fail_restart`, that restart of the job dies before training, once."""
@@ -96,7 +103,7 @@ def _submit_elastic(tmp_path: Path, *extra: str, step_delay: float = 0.3, fail_r
             "--model",
             "gpt-350m",
             "--global-batch",
-            "256",
+            str(batch),
             "--iterations",
             "200000",
             "--elastic",
@@ -303,3 +310,51 @@ def test_job_on_a_node_set_down_is_replaced_and_completes(slurm_cluster, tmp_pat
     # resumed from its last checkpoint (or from the start): the steps after it
     # were done again, with the same data: the same losses
     assert _losses(tmp_path) == uninterrupted(tmp_path, json.loads(ctl.state.plans_of(job)[0].plan))
+
+
+def test_a_job_slower_than_its_profile_is_noticed_and_its_estimate_follows_within_3_rounds(
+    slurm_cluster, tmp_path, caplog
+):
+    """The profile store says 0.2 s per iteration for the job's only cell; the
+    job really takes more than twice that (a 0.4 s delay per step). The first
+    round that reads its speed logs it, and the controller's estimate for the
+    cell is within 10% of the speed the job reports in each of the next 3
+    rounds; `status` shows both."""
+    store = ProfileStore(tmp_path / "profiles.sqlite")
+    for spec in default_gpu_specs(load_device_specs()["simulator_gpu_specs"]).values():
+        store.put_gpu(spec)
+    store.put_cells([CellRecord("gpt-350m", 8, "a10", 1, 1, 0.2)])
+    store.close()
+    ctl = _controller(tmp_path, profiles_path=str(tmp_path / "profiles.sqlite"))
+    backend = get_backend("cli")
+    job = _submit_elastic(tmp_path, "--gpu-types", "a10", "--max-gpus", "1", step_delay=0.4, batch=8)
+    placed = ctl.round()
+    assert placed.placements[job]["cell"] == "a10:1x1:pp1", placed.placements
+    _wait_state(backend, job, ("RUNNING",), 60, tmp_path)
+    caplog.set_level(logging.WARNING, logger="cellsched")
+    seen: list = []
+    for _ in range(3):
+        last = seen[-1].observed_s if seen else None
+        wait_until(
+            lambda: (q := _progress(backend, job)) is not None and q.iter_time_s and q.iter_time_s != last,
+            60,
+            "a new speed report",
+        )
+        ctl.round()
+        (sp,) = [s for s in ctl.state.speeds(job_ids=[job]) if s.gpu_type == "a10"]
+        seen.append(sp)
+    print(f"\nestimated/observed s per iteration by round: {[(s.calibrated_s, s.observed_s) for s in seen]}")
+    assert all(s.estimated_s == pytest.approx(0.2) and s.observed_s >= 0.36 for s in seen), seen  # 2x its profile
+    assert all(abs(s.calibrated_s / s.observed_s - 1) <= 0.10 for s in seen), seen
+    noticed = [r for r in caplog.records if r.getMessage() == "job speed differs from its estimate"]
+    assert [r.fields["job"] for r in noticed] == [job], caplog.text
+    shown = subprocess.run(
+        [sys.executable, "-m", "slurm_ext", "status", "--config", str(tmp_path / "cellsched.toml"), "--json"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    row = next(r for r in json.loads(shown.stdout)["jobs"] if r["job_id"] == job)
+    assert row["iter_s_profile"] == 0.2 and row["iter_s_observed"] == round(seen[-1].observed_s, 4), row
+    subprocess.run(["scancel", job], env=_env(), check=True, timeout=30)
