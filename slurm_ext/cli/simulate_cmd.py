@@ -169,7 +169,11 @@ def _plots_missing() -> MissingExtra | None:
     return None
 
 
-def load_trace(path: str | None, fmt: str, iteration_scale: int | None, limit: int | None) -> tuple[TraceJob, ...]:
+def load_trace(
+    path: str | None, fmt: str, iteration_scale: int | None, limit: int | None, arrival_rate: float = 1.0
+) -> tuple[TraceJob, ...]:
+    """The trace's jobs (the first `limit`), arrivals `arrival_rate` times as
+    frequent: each submit time's distance from the first one divided by it."""
     from slurm_ext.sim.traces import TraceError, read_arena_trace, read_sacct
     from solver.profiles.arena import TRACE_FILE, shipped_path
 
@@ -185,7 +189,11 @@ def load_trace(path: str | None, fmt: str, iteration_scale: int | None, limit: i
         raise SimulateError(f"--trace: {exc}") from None
     if not trace:
         raise SimulateError(f"--trace: {path} holds no usable job")
-    return trace[:limit] if limit else trace
+    trace = trace[:limit] if limit else trace
+    if arrival_rate != 1.0:
+        t0 = min(j.submit_time for j in trace)
+        trace = tuple(dataclasses.replace(j, submit_time=t0 + (j.submit_time - t0) / arrival_rate) for j in trace)
+    return trace
 
 
 def load_cluster(path: str | None) -> ClusterSpec:
@@ -301,6 +309,13 @@ def load_cluster(path: str | None) -> ClusterSpec:
 )
 @click.option("--limit-jobs", type=click.IntRange(min=1), default=None, help="Simulate only the first N jobs.")
 @click.option(
+    "--arrival-rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Scale the trace's arrival rate: 2 submits the same jobs twice as often (a heavier load).",
+)
+@click.option(
     "--max-time",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
@@ -333,6 +348,7 @@ def simulate(
     progress_model: str,
     interval: float | None,
     limit_jobs: int | None,
+    arrival_rate: float,
     max_time: float | None,
     workers: int,
     no_plots: bool,
@@ -382,7 +398,7 @@ def simulate(
         raise SimulateError(str(exc)) from None
     except (ValueError, OSError) as exc:
         raise SimulateError(f"--truth: {exc}") from None
-    trace = load_trace(trace_path, trace_format, iteration_scale, limit_jobs)
+    trace = load_trace(trace_path, trace_format, iteration_scale, limit_jobs, arrival_rate)
     cluster = load_cluster(cluster_path)
     try:
         options = SimOptions(
@@ -413,6 +429,7 @@ def simulate(
     meta = {
         "trace": trace_path or "shipped Philly trace (Arena)",
         "trace_format": trace_format,
+        "arrival_rate": arrival_rate,
         "jobs": len(trace),
         "cluster": cluster_path or "Arena's cluster",
         "gpus": cluster.total_gpus,
