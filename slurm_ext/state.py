@@ -469,6 +469,21 @@ class StateStore:
         newest = f"WHERE id IN (SELECT MAX(id) FROM plans {where} GROUP BY job_id) ORDER BY id"
         return {p.job_id: p for p in self._plans(newest, args)}
 
+    def requeued_since_release(self, job_ids: Iterable[str]) -> set[str]:
+        """Jobs (of `job_ids`) the controller requeued held after it last
+        released them: held by the controller, not by an operator."""
+        ids = {"job_id": sorted(set(job_ids))}
+        where, args = sqlitedb.where(status=PlanStatus.RELEASED, any_of=ids)
+        released = dict(self._db.execute(f"SELECT job_id, MAX(applied_at) FROM plans{where} GROUP BY job_id", args))
+        where, args = sqlitedb.where(event=HistoryEvent.REQUEUED, any_of=ids)
+        return {
+            job_id
+            for job_id, t in self._db.execute(
+                f"SELECT job_id, MAX(time) FROM cell_history{where} GROUP BY job_id", args
+            )
+            if released.get(job_id) is not None and t > released[job_id]
+        }
+
     def plans_of(self, job_id: str) -> list[PlanRow]:
         return self._plans("WHERE job_id = ? ORDER BY id", (job_id,))
 

@@ -159,7 +159,10 @@ class Controller:
         listed = [j.job_id for j in snap.jobs]  # Slurm's jobs: the state's other rows are history
         known = self.state.jobs(job_ids=listed)
         latest = self.state.latest_plans(applied_only=False, job_ids=listed)
-        released = {j for j, p in latest.items() if p.status == PlanStatus.RELEASED}
+        # released by the controller and not requeued held by it since: held again, it is the operator's
+        released = {
+            j for j, p in latest.items() if p.status == PlanStatus.RELEASED
+        } - self.state.requeued_since_release(listed)
         opens = self.state.open_plans()
         jobs = inp.classify(snap, known, opens, released)
         if not dry_run:

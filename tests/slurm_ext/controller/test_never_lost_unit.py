@@ -19,7 +19,7 @@ from slurm_ext.controller.reconcile import PLACE, REQUEUE, decide
 from slurm_ext.controller.round import excluded_cells
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
-from slurm_ext.state import HistoryEvent, StateStore
+from slurm_ext.state import HistoryEvent, PlanStatus, StateStore
 from solver.mixed import mixed_cell
 from solver.models import get_model
 from solver.plan import JobPlan
@@ -314,3 +314,22 @@ def test_a_job_released_to_start_soon_is_not_placed_again_while_it_waits_that_se
         assert [(a.kind, a.update.start_soon, a.hold_first) for a in actions] == (
             [(PLACE, True, True)] if placed_again else []
         ), eligible
+
+
+def test_a_job_the_controller_requeued_held_is_its_own_and_an_operators_hold_is_not(tmp_path):
+    """Released at 100; job 1 is then requeued held by the controller (a
+    checkpointed or failed run waiting for a placement), job 2 is held by
+    someone else: only job 1 is the controller's to place again."""
+    with StateStore(tmp_path / "s.sqlite") as st:
+        for job_id in ("1", "2"):
+            st.accept_spec(job_id, "alice", SPEC.to_json(), "comment", 90.0)
+            plan = st.begin_plan(job_id, None, "a40:1x2:pp1", [("n4", 2)], "a40", "{}", "{}", 90.0)
+            for status in (PlanStatus.UPDATED, PlanStatus.RELEASED):
+                st.set_plan_status(plan, status, 100.0)
+        st.add_history("1", HistoryEvent.REQUEUED, 150.0, None)
+        st.add_history("2", HistoryEvent.REQUEUED, 50.0, None)  # before its last release
+        ours = st.requeued_since_release(["1", "2", "3"])
+        assert ours == {"1"}
+        released = {j for j, p in st.latest_plans().items() if p.status == PlanStatus.RELEASED} - ours
+        jobs = inp.classify(snapshot(held("1", SPEC), held("2", SPEC)), st.jobs(), {}, released)
+    assert {m.job_id: m.phase for m in jobs} == {"1": inp.Phase.HELD, "2": inp.Phase.OPERATOR_HOLD}

@@ -16,11 +16,12 @@ from slurm_ext.sim.clusterspec import load_cluster_spec
 from slurm_ext.sim.conditions import Conditions, ConditionsError, RestartModel
 from slurm_ext.sim.engine import SimOptions, Simulator
 from slurm_ext.sim.traces import read_arena_trace
+from slurm_ext.sim.types import ClusterSpec, NodeGroup, TraceJob
 from slurm_ext.state import StateStore
 from solver.models import get_model
 from solver.profiles.arena import ESTIMATED_FILE, shipped_path
 from solver.profiles.arena_estimates import ArenaEstimates
-from solver.types import Cell, EstimateSource, JobRequest, SolverConfig
+from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan, SolverConfig
 
 DATA = Path(__file__).parent / "data"
 
@@ -113,3 +114,36 @@ def test_the_controller_learns_the_noisy_truth(tmp_path):
         assert s.ratio == pytest.approx(noise, rel=1e-6) and s.calibrated_s == pytest.approx(s.observed_s, rel=1e-6)
     _, off, none = _run(tmp_path / "off", SolverConfig(calibrate=False))
     assert none == [] and all(o.finished for o in off.jobs)
+
+
+class _Times:
+    """Seconds per iteration by (model, GPU type, GPUs); None: infeasible."""
+
+    def __init__(self, times: dict[tuple[str, str, int], float]) -> None:
+        self.times = times
+
+    def speed(self, spec, gpu_type, num_nodes, gpus_per_node, plan):
+        return self.times.get((spec.model, gpu_type, num_nodes * gpus_per_node))
+
+    def estimate(self, job, cell):
+        t = self.times.get((job.model.name, cell.gpu_type, cell.num_gpus)) if cell.pp == 1 else None
+        if t is None:
+            return Estimate(cell, None, math.inf, 0.0, EstimateSource.NONE)
+        return Estimate(cell, ParallelPlan(1, cell.num_gpus, 1), t, 1.0, EstimateSource.MEASURED)
+
+
+def test_a_job_that_fails_where_it_was_estimated_to_fit_waits_held_and_runs_elsewhere():
+    """The estimate says job j fits on the free A10s; it does not (it fails
+    before its first step, twice, and the size is excluded). The A40s are
+    busy, so it is requeued held with no placement: the controller's own
+    hold, not an operator's. When the A40s free up it runs there."""
+    truth = _Times({("bert__760M", "a40", 2): 1.0, ("moe__2.4B", "a40", 2): 1.0})
+    believed = _Times({**truth.times, ("moe__2.4B", "a10", 2): 0.5})
+    trace = [TraceJob("b", 0.0, "bert__760M", 64, 1000, 2, "a40"), TraceJob("j", 10.0, "moe__2.4B", 64, 100, 2, "a40")]
+    cluster = ClusterSpec((NodeGroup("a40", 1, 2), NodeGroup("a10", 1, 2)))
+    sim = Simulator(trace, cluster, "cellsched", speed=truth.speed, estimator=believed, options=SimOptions())
+    jobs = {j.job_id: j for j in sim.run().jobs}
+    assert jobs["b"].finished and jobs["b"].cells == ("a40:1x2",)
+    j = jobs["j"]
+    assert j.finished and j.cells == ("a10:1x2", "a40:1x2") and j.first_start == 10.0, j
+    assert j.end_time > jobs["b"].end_time + 100.0  # ran its 100 iterations after b freed the A40s
