@@ -236,9 +236,10 @@ def load_cluster(path: str | None) -> ClusterSpec:
 @click.option(
     "--truth",
     default=None,
-    metavar="arena|PATH",
-    help="How fast jobs really run: arena (Arena's measured optimal-plan table, the default), an Arena "
-    "profiles_optimal.json, or a profile-store SQLite file (our estimator over it).",
+    metavar="arena|arena-filled|PATH",
+    help="How fast jobs really run: arena (Arena's measured optimal-plan table, the default), arena-filled "
+    "(that table, its gaps filled by our estimator over it), an Arena profiles_optimal.json, or a "
+    "profile-store SQLite file (our estimator over it).",
 )
 @click.option("--profiles", type=click.Path(dir_okay=False), default=None, help="Same as --truth PATH.")
 @click.option(
@@ -268,7 +269,7 @@ def load_cluster(path: str | None) -> ClusterSpec:
 @click.option(
     "--realistic",
     is_flag=True,
-    help="Estimates are not the truth: --estimates arena-estimated, the measured truth, --noise 0.1 and "
+    help="Estimates are not the truth: --estimates arena-estimated, --truth arena-filled, --noise 0.1 and "
     "--restart-cost model for every policy (each can still be set).",
 )
 @click.option(
@@ -363,7 +364,7 @@ def simulate(
     request. Without options this replays Arena's Philly trace on Arena's
     cluster with Arena's profiles.
     """
-    from slurm_ext.sim.conditions import Conditions, ConditionsError, RestartModel, truth_kind
+    from slurm_ext.sim.conditions import TRUTHS, Conditions, ConditionsError, RestartModel, truth_kind
     from slurm_ext.sim.engine import ARENA_ROUND_S, SimError, SimOptions
 
     if arena_compat and interval not in (None, ARENA_ROUND_S):
@@ -373,7 +374,7 @@ def simulate(
     if truth and profiles:
         raise SimulateError("--profiles: give --truth or --profiles, not both")
     source = truth or profiles
-    if source not in (None, "arena") and truth_kind(source) is None:
+    if source not in (None, *TRUTHS) and truth_kind(source) is None:
         what = (
             "no such file"
             if not pathlib.Path(source).is_file()

@@ -2,9 +2,11 @@
 fast jobs really run), the estimates (what the policy believes), noise on
 the truth, and the restart cost every policy pays.
 
-* truth: ``arena`` (Arena's measured optimal-plan table, the default), a
-  path to an Arena ``profiles_optimal.json``, or a profile-store SQLite file
-  (our estimator over it).
+* truth: ``arena`` (Arena's measured optimal-plan table, the default),
+  ``arena-filled`` (that table, and where its lookup finds no entry, our
+  estimator over it: solver.profiles.arena_estimates), a path to an Arena
+  ``profiles_optimal.json``, or a profile-store SQLite file (our estimator
+  over it).
 * estimates: ``truth`` (the truth's own table, so estimation error costs
   nothing), ``arena-estimated`` (Arena's profiler estimates,
   solver.profiles.arena_estimates), or ``store`` (our estimator over the
@@ -15,8 +17,8 @@ the truth, and the restart cost every policy pays.
   factors, whatever the policy.
 * restart: `RestartModel`, a constant or checkpoint size over storage
   bandwidth plus start-up.
-* realistic (`realistic`): arena-estimated estimates, the measured truth,
-  noise 0.1 and the restart model, for every policy.
+* realistic (`realistic`): arena-estimated estimates, the filled measured
+  truth, noise 0.1 and the restart model, for every policy.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from slurm_ext.sim.backend import SpeedFn
 from solver.plan import JobPlan
 from solver.types import Cell, EstimatorLike
 
-TRUTHS = ("arena",)
+TRUTHS = ("arena", "arena-filled")
 ESTIMATES = ("truth", "arena-estimated", "store")
 
 #: bytes of training state per parameter a checkpoint holds (fp32 weights and Adam's two moments)
@@ -108,7 +110,9 @@ class Conditions:
         if self.truth not in TRUTHS:
             p = pathlib.Path(self.truth)
             if not p.is_file():
-                raise ConditionsError(f"--truth: expected 'arena' or a profiles file, no such file {self.truth!r}")
+                raise ConditionsError(
+                    f"--truth: expected arena, arena-filled or a profiles file, no such file {self.truth!r}"
+                )
             if truth_kind(self.truth) is None:
                 raise ConditionsError(
                     f"--truth: {self.truth!r} is neither Arena's profiles JSON nor a profile-store SQLite file"
@@ -117,13 +121,18 @@ class Conditions:
     @classmethod
     def realistic(cls, **given: Any) -> Conditions:
         """The realistic mode, with `given` (not None) taking precedence."""
-        base = cls(estimates="arena-estimated", noise=0.1, restart=RestartModel())
+        base = cls(truth="arena-filled", estimates="arena-estimated", noise=0.1, restart=RestartModel())
         return replace(base, **{k: v for k, v in given.items() if v is not None})
 
     def speed_and_estimator(self) -> tuple[Callable[..., Any], Any]:
         """(truth speed, the estimator the policy decides with)."""
-        kind = "arena" if self.truth == "arena" else truth_kind(self.truth)
-        if kind == "arena":
+        kind = self.truth if self.truth in TRUTHS else truth_kind(self.truth)
+        if kind == "arena-filled":
+            from solver.profiles.arena_estimates import ArenaEstimates
+
+            filled = ArenaEstimates.filled_truth()
+            speed, own = table_speed(filled), filled
+        elif kind == "arena":
             from solver.profiles.arena_lookup import ArenaTable
 
             table = ArenaTable(None if self.truth == "arena" else self.truth)
@@ -158,7 +167,10 @@ class Conditions:
 
     def describe(self) -> dict[str, object]:
         return {
-            "truth": "Arena's measured optimal-plan table" if self.truth == "arena" else self.truth,
+            "truth": {
+                "arena": "Arena's measured optimal-plan table",
+                "arena-filled": "Arena's measured optimal-plan table, gaps filled by our estimator over it",
+            }.get(self.truth, self.truth),
             "estimates": self.estimates,
             "noise_sigma": self.noise,
             "restart": self.restart.describe() if self.restart else None,

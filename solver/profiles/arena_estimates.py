@@ -15,8 +15,14 @@ simulator. For a pair Arena has no estimate of at all (every V100 cell,
 models it never ran on a type), our estimator over a store that holds only
 these best-plan times and the GPU specs: the analytic model scaled by the
 model's estimated cells on other types, never the measured table. As in
-Arena's tables, a time is that of the best plan, so only pp = 1 cells are
-feasible (their plan shown as data parallelism).
+Arena's tables, a time is that of the best plan over every pipeline depth,
+so only pp = 1 cells are feasible (their plan shown as data parallelism).
+
+`ArenaEstimates.filled_truth()` is the realistic simulator's truth: Arena's
+measured table by the same rules, and where they find no entry at all (a
+layout or size Arena never ran: 16 A100s of most models), our estimator
+over the measured table, rather than a cell that fails for want of a
+number. An out-of-memory entry stays infeasible.
 """
 
 from __future__ import annotations
@@ -26,11 +32,13 @@ import json
 import os
 import pathlib
 
-from solver.profiles.arena import ESTIMATED_FILE, load_device_specs, shipped_path
+from solver.models import get_model
+from solver.profiles.arena import ESTIMATED_FILE, OPTIMAL_FILE, load_device_specs, shipped_path
+from solver.profiles.arena_import import arena_records
 from solver.profiles.arena_lookup import ArenaTable
 from solver.profiles.gpus import default_gpu_specs
 from solver.profiles.records import CellRecord, ProfileSource
-from solver.types import Cell, Estimate, EstimatorLike, JobRequest
+from solver.types import Cell, Estimate, EstimatorLike, JobRequest, ParallelPlan
 
 _Key = tuple[str, int, str, int, int]
 
@@ -56,12 +64,36 @@ def best_plan_records(path: str | os.PathLike | None = None) -> list[CellRecord]
 class ArenaEstimates:
     """Arena's profiler estimates, best plan per configuration (module doc)."""
 
-    def __init__(self, path: str | os.PathLike | None = None) -> None:
-        recs = best_plan_records(path)
+    def __init__(
+        self,
+        path: str | os.PathLike | None = None,
+        *,
+        records: list[CellRecord] | None = None,
+        fill_missing: bool = False,
+    ) -> None:
+        """Arena's estimates at `path` (default: the shipped file), or
+        `records` of best-plan times. `fill_missing`: ours wherever Arena's
+        lookup finds no entry (an out-of-memory entry stays infeasible),
+        not only for the (model, GPU type) pairs it has nothing of."""
+        recs = best_plan_records(path) if records is None else records
         self.table = ArenaTable(records=recs)
         self._fallback_recs = recs
-        self._covered = {(r.model, r.gpu_type) for r in recs}  # (model, GPU type) pairs Arena estimated
+        self._covered = {(r.model, r.gpu_type) for r in recs}  # (model, GPU type) pairs Arena has
+        self._fill_missing = fill_missing
         self._fallback: EstimatorLike | None = None
+
+    @classmethod
+    def filled_truth(cls) -> ArenaEstimates:
+        """Arena's measured optimal-plan table by Arena's rules, and where
+        they find no entry, our estimator over the measured table (module doc)."""
+        data = json.loads(shipped_path(OPTIMAL_FILE).read_text(encoding="utf-8"))
+        return cls(records=arena_records(data, OPTIMAL_FILE)[1], fill_missing=True)
+
+    def iter_time(self, model: str, batch: int, gpu_type: str, num_nodes: int, gpus_per_node: int) -> float | None:
+        """The cell's time (None: infeasible), for a truth speed."""
+        job = JobRequest("truth", get_model(model), batch, 1)
+        est = self.estimate(job, Cell(gpu_type, num_nodes, gpus_per_node, 1))
+        return est.iter_time_s if est.feasible else None
 
     def _estimator(self) -> EstimatorLike:
         """Our estimator over the best-plan times (built on first use)."""
@@ -79,13 +111,28 @@ class ArenaEstimates:
     def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
         """Arena's estimate by Arena's rules; ours for a (model, GPU type) Arena never estimated."""
         est = self.table.estimate(job, cell)
-        if (
-            cell.pp != 1
-            or cell.mixed
-            or (self.table.model_name(job.model.name), cell.gpu_type.lower()) in self._covered
-        ):
+        if cell.pp != 1 or cell.mixed:
             return est
-        return self._estimator().estimate(job, cell)
+        if self._fill_missing:
+            if est.feasible or not est.note.startswith("no Arena profile"):
+                return est
+        elif (self.table.model_name(job.model.name), cell.gpu_type.lower()) in self._covered:
+            return est
+        ours = [self._estimator().estimate(job, dataclasses.replace(cell, pp=pp)) for pp in _divisors(cell.num_gpus)]
+        best = min(ours, key=lambda e: e.iter_time_s)
+        if not best.feasible:
+            return ours[0]
+        plan = ParallelPlan(1, cell.num_gpus, 1)
+        note = (
+            f"{best.note}; best plan pp={best.cell.pp}, shown as DP as Arena's times are"
+            if best.cell.pp > 1
+            else best.note
+        )
+        return dataclasses.replace(best, cell=cell, plan=plan, note=note)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 __all__ = ["ArenaEstimates", "best_plan_records"]
