@@ -147,3 +147,14 @@ def test_a_job_that_fails_where_it_was_estimated_to_fit_waits_held_and_runs_else
     j = jobs["j"]
     assert j.finished and j.cells == ("a10:1x2", "a40:1x2") and j.first_start == 10.0, j
     assert j.end_time > jobs["b"].end_time + 100.0  # ran its 100 iterations after b freed the A40s
+
+
+def test_the_filled_truth_is_arenas_measured_table_and_ours_only_where_it_has_no_entry():
+    truth = ArenaEstimates.filled_truth()
+    assert truth.iter_time("bert__6.7B", 128, "a100", 2, 4) == pytest.approx(6.242, abs=1e-3)  # measured
+    assert truth.iter_time("bert__6.7B", 128, "a100", 2, 2) is None  # measured out of memory: stays so
+    filled = truth.estimate(JobRequest("1", get_model("bert__6.7B"), 128, 10), Cell("a100", 4, 4, 1))
+    assert filled.feasible and filled.source != EstimateSource.ARENA_TABLE  # 16 A100s: never run by Arena
+    speed, believed = Conditions.realistic().speed_and_estimator()
+    spec = JobSpec(model="bert__6.7B", global_batch=128, iterations=10)
+    assert speed(spec, "a100", 2, 4, None) == pytest.approx(6.242, abs=1e-3) and isinstance(believed, ArenaEstimates)
