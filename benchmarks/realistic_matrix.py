@@ -1,0 +1,172 @@
+"""The fair race: traces x clusters x policies in the simulator's realistic
+mode (`cellsched simulate --realistic`: Arena's profiler estimates against
+its measured times, per-job noise, the same restart model for every policy).
+
+Rows (name: simulate options):
+  philly-x1-arena, philly-x2-arena, philly-x4-arena: Arena's Philly trace
+      (1,938 jobs) at 1x, 2x and 4x its arrival rate on Arena's 1,280 GPUs;
+  philly-x1-mixed88, philly-x2-mixed88, philly-x4-mixed88: the first
+      --small-jobs jobs of it on etc/sim-mixed-88.toml (88 GPUs, four types).
+
+Each row is one `cellsched simulate` run (all policies, the same seed), kept
+in OUT/ROW/results.json: a row already there is not run again, so the
+matrix can be built over several sittings. Prints one JSON line per (row,
+policy): finished, total, avg JCT, avg JCT over the jobs that policy and
+sia both finished, and the ratio of the two averages; then a summary line
+with cellsched's mean ratio to sia over the rows. Writes OUT/matrix.md and,
+with matplotlib, OUT/matrix.png.
+
+    python benchmarks/realistic_matrix.py --out /tmp/matrix [--rows ROW,...] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+POLICIES = ("cellsched", "sia", "gavel", "fcfs")
+RATES = (1, 2, 4)
+
+
+def rows(small_jobs: int) -> dict[str, list[str]]:
+    out = {}
+    for rate in RATES:
+        out[f"philly-x{rate}-arena"] = ["--arrival-rate", str(rate)]
+        out[f"philly-x{rate}-mixed88"] = [
+            "--arrival-rate",
+            str(rate),
+            "--cluster",
+            str(REPO / "etc" / "sim-mixed-88.toml"),
+            "--limit-jobs",
+            str(small_jobs),
+        ]
+    return out
+
+
+def run_row(name: str, args: list[str], out: Path, policies: tuple[str, ...], workers: int, seed: int) -> Path:
+    """The row's results.json (simulated now unless it is there)."""
+    results = out / name / "results.json"
+    if results.exists():
+        return results
+    cmd = [sys.executable, "-m", "slurm_ext", "simulate", "--realistic", "--seed", str(seed), *args]
+    for p in policies:
+        cmd += ["--policy", p]
+    cmd += ["--workers", str(workers), "--no-plots", "--json", "--out", str(out / name)]
+    print(f"# {name}: {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
+    subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    return results
+
+
+def row_numbers(name: str, results: Path) -> list[dict[str, object]]:
+    """One dict per policy of a row (see the module doc)."""
+    doc = json.loads(results.read_text())
+    jct = {
+        policy: {j["job_id"]: j["jct"] for j in run["jobs"] if j["finished"] and j["jct"] is not None}
+        for policy, run in doc["runs"].items()
+    }
+    sia = jct.get("sia", {})
+    out = []
+    for policy, run in doc["runs"].items():
+        done = jct[policy]
+        common = sorted(set(done) & set(sia))
+        mine = statistics.mean(done[j] for j in common) if common else None
+        theirs = statistics.mean(sia[j] for j in common) if common else None
+        out.append(
+            {
+                "row": name,
+                "policy": policy,
+                "finished": len(done),
+                "total": len(run["jobs"]),
+                "avg_jct_s": round(statistics.mean(done.values()), 1) if done else None,
+                "jobs_common_with_sia": len(common),
+                "avg_jct_common_s": round(mine, 1) if mine is not None else None,
+                "sia_avg_jct_common_s": round(theirs, 1) if theirs is not None else None,
+                "vs_sia": round(mine / theirs, 4) if mine and theirs else None,
+                "wall_s": doc["meta"].get("wall_s"),
+            }
+        )
+    return out
+
+
+def markdown(numbers: list[dict[str, object]], policies: tuple[str, ...]) -> str:
+    head = "| row | " + " | ".join(f"{p}: finished, avg JCT s (vs sia)" for p in policies) + " |"
+    lines = [head, "|" + "---|" * (len(policies) + 1)]
+    for row in dict.fromkeys(n["row"] for n in numbers):
+        cells = []
+        for p in policies:
+            n = next((x for x in numbers if x["row"] == row and x["policy"] == p), None)
+            if n is None:
+                cells.append("-")
+                continue
+            ratio = f" ({n['vs_sia']:.3f}x)" if n["vs_sia"] is not None and p != "sia" else ""
+            avg = f"{n['avg_jct_s']:,.0f}" if n["avg_jct_s"] is not None else "-"
+            cells.append(f"{n['finished']}/{n['total']}, {avg}{ratio}")
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(numbers: list[dict[str, object]], policies: tuple[str, ...], path: Path) -> bool:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return False
+    rows_ = list(dict.fromkeys(n["row"] for n in numbers))
+    fig = Figure(figsize=(9, 4))
+    ax = fig.subplots()
+    width = 0.8 / len(policies)
+    for i, p in enumerate(policies):
+        ys = [next((x["vs_sia"] for x in numbers if x["row"] == r and x["policy"] == p), None) or 0 for r in rows_]
+        ax.bar([k + i * width for k in range(len(rows_))], ys, width, label=p)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(rows_))], rows_, rotation=20, fontsize=8)
+    ax.set_ylabel("avg JCT / sia's (jobs both finished)")
+    ax.set_title("Realistic mode: average JCT relative to Sia")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--rows", default=None, help="comma-separated row names (default: all six)")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--small-jobs", type=int, default=300, help="jobs of the trace on the small cluster")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    policies = tuple(args.policies.split(","))
+    table = rows(args.small_jobs)
+    chosen = args.rows.split(",") if args.rows else list(table)
+    unknown = [r for r in chosen if r not in table]
+    if unknown:
+        ap.error(f"unknown row {unknown[0]!r} (known: {', '.join(table)})")
+    args.out.mkdir(parents=True, exist_ok=True)
+    numbers = []
+    for name in chosen:
+        for n in row_numbers(name, run_row(name, table[name], args.out, policies, args.workers, args.seed)):
+            print(json.dumps(n), flush=True)
+            numbers.append(n)
+    ratios = [n["vs_sia"] for n in numbers if n["policy"] == "cellsched" and n["vs_sia"] is not None]
+    all_done = all(n["finished"] == n["total"] for n in numbers if n["policy"] == "cellsched")
+    summary = {
+        "summary": True,
+        "rows": len(ratios),
+        "cellsched_mean_vs_sia": round(statistics.mean(ratios), 4) if ratios else None,
+        "cellsched_worst_vs_sia": max(ratios) if ratios else None,
+        "cellsched_finished_every_job": all_done,
+    }
+    print(json.dumps(summary))
+    (args.out / "matrix.md").write_text(markdown(numbers, policies))
+    plot(numbers, policies, args.out / "matrix.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
