@@ -150,21 +150,25 @@ def _fmt_time(s: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+#: the columns of the `status` table (REASON, the last, is the only one whose values hold spaces)
+HEADER = (
+    "JOBID",
+    "USER",
+    "STATE",
+    "CELL",
+    "NODES",
+    "PP/DP/TP",
+    "SAMPLES/S",
+    "S/IT(EST/OBS)",
+    "PROGRESS",
+    "QUEUED",
+    "REASON",
+)
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     """The `status` table; every cell escaped (users name jobs and write reasons)."""
-    head = (
-        "JOBID",
-        "USER",
-        "STATE",
-        "CELL",
-        "NODES",
-        "PP/DP/TP",
-        "SAMPLES/S",
-        "S/IT(EST/OBS)",
-        "PROGRESS",
-        "QUEUED",
-        "REASON",
-    )
+    head = HEADER
     lines = [head]
     for r in rows:
         lines.append(

@@ -13,19 +13,7 @@ from slurm_ext.jobspec import JobSpec
 from slurm_ext.state import JobStatus, SpeedRow, StateStore
 
 SPEC = JobSpec(model="gpt-350m", global_batch=64, iterations=100).to_json()
-HEAD = [
-    "JOBID",
-    "USER",
-    "STATE",
-    "CELL",
-    "NODES",
-    "PP/DP/TP",
-    "SAMPLES/S",
-    "S/IT(EST/OBS)",
-    "PROGRESS",
-    "QUEUED",
-    "REASON",
-]
+HEAD = list(status_cmd.HEADER)
 
 #: job id -> (what the controller saw: slurm state, phase, start, end, exit, iterations done, source, finished)
 SEEN = {

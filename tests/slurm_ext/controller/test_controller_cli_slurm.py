@@ -14,6 +14,7 @@ from controller_support import DEMO_JOB, write_config
 from support import console_script, wait_for
 
 from slurm_ext.backends import get_backend
+from slurm_ext.cli.status_cmd import HEADER
 from solver.contract import admin_comment_dict
 
 pytestmark = pytest.mark.slurm
@@ -63,19 +64,7 @@ def test_dry_run_plan_and_status_text(slurm_cluster, tmp_path):
     assert [(a["kind"], a["job"]) for a in placed["actions"]] == [("place", job)]
     plan = admin_comment_dict(backend.job(job).admin_comment)["plan"]
     lines = cs("status", "--config", config).stdout.splitlines()
-    assert lines[0].split() == [
-        "JOBID",
-        "USER",
-        "STATE",
-        "CELL",
-        "NODES",
-        "PP/DP/TP",
-        "SAMPLES/S",
-        "S/IT(EST/OBS)",
-        "PROGRESS",
-        "QUEUED",
-        "REASON",
-    ]
+    assert lines[0].split() == list(HEADER)
     row = next(ln.split() for ln in lines[1:] if ln.startswith(job + " "))
     assert (
         row[1] == "root"
