@@ -36,7 +36,8 @@ Inside a cell (pp fixed) the search covers tp dividing the GPUs per node
 dividing the global batch, and every micro-batch count m dividing the
 per-replica batch. The fastest plan whose peak memory fits `mem_fraction` x
 GPU memory wins; none fitting gives an infeasible Estimate noted "OOM".
-Estimates are cached per (model signature, global batch, cell, V).
+Estimates are cached per (model signature, global batch, cell, V), until
+the store changes (`refresh`, which the controller calls every round).
 
 Virtual workers (EasyScale; ``JobRequest.virtual_workers`` = V, None = one
 per dp rank, the search above): V must divide the global batch B, plans
@@ -180,6 +181,7 @@ class Estimator:
         self._load()
 
     def _load(self) -> None:
+        self._version = self.store.version()
         self._gpus: dict[str, GpuSpec] = self.store.gpus()
         self._curves = load_curves(r for link, op in self.store.comm_keys() for r in self.store.comm(link, op))
         self._links: dict[str, Links] = {}
@@ -229,6 +231,14 @@ class Estimator:
         self._cache.clear()
         self._models.clear()
         self._load()
+
+    def refresh(self) -> bool:
+        """Follow the store: when it changed since it was read (new profiles
+        imported, by this process or another), forget every estimate (True)."""
+        if self.store.version() == self._version:
+            return False
+        self.clear_cache()
+        return True
 
     # ---- model data ----------------------------------------------------------
 

@@ -336,6 +336,8 @@ class SolverConfig:
     max_mixed_cells: int = 8
     #: Correct estimates by the iteration times jobs report (solver.calibration; the controller applies it).
     calibrate: bool = True
+    #: Weigh a job by (median remaining work / its remaining work) ** this (0: off; see placement.objective).
+    srpt_exponent: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -191,6 +191,9 @@ class Controller:
             first_step_at=prog.first_step_at,
         )
 
+        refresh = getattr(self.estimator, "refresh", None)  # the profile store may have changed
+        if refresh is not None and refresh():
+            log.info("profile store changed: estimates recomputed")
         self._calibrate(built.request, prog.iter_time, now, dry_run)
         t1 = time.perf_counter()
         reply, crashed = self._solve(built.request)

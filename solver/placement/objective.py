@@ -22,6 +22,11 @@ linear (a sum of value x chosen):
   JCT): a job with half the median remaining work weighs 2/3, one with 10x the
   median 1/11, times w_short_jobs, on top of w_throughput. Being relative to
   the round's median it needs no time unit and cannot dominate throughput.
+* `srpt_exponent` q (default 0: off) multiplies the value by
+  (R_med / R(j)) ** q, bounded to [1/10, 10] before the power: with q = 1 and
+  fairness_p = 1 the value is the job's share of its remaining work done per
+  second, and the round maximises the rate at which jobs complete (SRPT in
+  the fluid limit), which is what average JCT rewards under a queue.
 * `age` grows without bound but slowly, so a job that waits long enough
   eventually outweighs any throughput gain of the jobs ahead of it (no
   starvation), while fresh jobs are ordered by throughput alone.
@@ -45,6 +50,8 @@ from solver.types import Estimate, JobRequest, SolverConfig
 
 #: Integer units per unit of value in the CP-SAT model.
 SCALE = 10_000
+#: the srpt factor (R_med / R) is bounded by [1 / this, this]
+SRPT_BOUND = 10.0
 
 
 def throughput(job: JobRequest, est: Estimate) -> float:
@@ -73,7 +80,8 @@ def age_factor(job: JobRequest, now: float, config: SolverConfig) -> float:
 def job_weights(
     jobs: Sequence[JobRequest], refs: Mapping[str, Estimate | None], now: float, config: SolverConfig
 ) -> dict[str, float]:
-    """Per-job multiplier age(j) * (w_throughput + w_short_jobs * short(j))."""
+    """Per-job multiplier age(j) * (w_throughput + w_short_jobs * short(j)),
+    times (R_med / R(j)) ** srpt_exponent (bounded, see SRPT_BOUND)."""
     work = {j.job_id: remaining_work_s(j, refs.get(j.job_id)) for j in jobs}
     finite = [w for w in work.values() if math.isfinite(w)]
     r_med = median(finite) if finite else 0.0
@@ -81,7 +89,10 @@ def job_weights(
     for j in jobs:
         r = work[j.job_id]
         short = 0.0 if not math.isfinite(r) else (1.0 if r_med + r <= 0 else r_med / (r_med + r))
-        out[j.job_id] = age_factor(j, now, config) * (config.w_throughput + config.w_short_jobs * short)
+        w = age_factor(j, now, config) * (config.w_throughput + config.w_short_jobs * short)
+        if config.srpt_exponent and math.isfinite(r) and r > 0 and r_med > 0:
+            w *= min(SRPT_BOUND, max(1 / SRPT_BOUND, r_med / r)) ** config.srpt_exponent
+        out[j.job_id] = w
     return out
 
 

@@ -141,6 +141,11 @@ class ProfileStore:
         (joins the open one when nested)."""
         return sqlitedb.transaction(self._conn)
 
+    def version(self) -> tuple[int, int]:
+        """Changes when the store's contents may have: commits of other
+        connections (SQLite's data_version) and rows this one changed."""
+        return int(self._conn.execute("PRAGMA data_version").fetchone()[0]), self._conn.total_changes
+
     def close(self) -> None:
         self._conn.close()
 

@@ -85,3 +85,25 @@ def test_the_calibrated_estimator_scales_feasible_times_only_and_passes_the_rest
     got = est.estimate(job, A100)
     assert got.iter_time_s == pytest.approx(3.0) and got.note == "model; x1.5 calibrated"
     assert not est.estimate(job, A40).feasible
+
+
+def test_the_estimate_cache_follows_the_profile_store(tmp_path):
+    """A profile imported into the store (by another process too) replaces a
+    cached estimate at the next refresh; an unchanged store keeps the cache."""
+    from solver.estimator import Estimator
+    from solver.profiles.records import CellRecord
+    from solver.profiles.store import ProfileStore
+
+    path = tmp_path / "p.sqlite"
+    store = ProfileStore(path)
+    store.put_cells([CellRecord("gpt-350m", 8, "a10", 1, 1, 0.2)])
+    est = Estimator(store)
+    job, cell = JobRequest("1", get_model("gpt-350m"), 8, 10), Cell("a10", 1, 1, 1)
+    assert est.estimate(job, cell).iter_time_s == 0.2 and not est.refresh()
+    other = ProfileStore(path)
+    other.put_cells([CellRecord("gpt-350m", 8, "a10", 1, 1, 0.5)])
+    other.close()
+    assert est.estimate(job, cell).iter_time_s == 0.2  # cached until the next refresh
+    assert est.refresh() and est.estimate(job, cell).iter_time_s == 0.5
+    store.put_cells([CellRecord("gpt-350m", 8, "a10", 1, 1, 0.3)])  # this process's own import
+    assert est.refresh() and est.estimate(job, cell).iter_time_s == 0.3 and not est.refresh()
