@@ -9,13 +9,23 @@ from dataclasses import replace
 
 import pytest
 
-from solver.models import ModelSpec
+from solver.models import ModelSpec, get_model
 from solver.placement import Option, PlanError, Space, place_jobs, validate_plan
 from solver.placement.cpsat import solve_cpsat
 from solver.placement.lp import integral_jobs, solve_lp
 from solver.placement.model import build
 from solver.placement.nodes import Ledger
-from solver.types import Cell, ClusterView, JobRequest, NodeView, ParallelPlan, Placement, SolverConfig
+from solver.types import (
+    Cell,
+    ClusterView,
+    Estimate,
+    EstimateSource,
+    JobRequest,
+    NodeView,
+    ParallelPlan,
+    Placement,
+    SolverConfig,
+)
 
 MODEL = ModelSpec("tiny", "gpt", 4, 256, 4, 128, 1000, 1e7)
 
@@ -338,3 +348,16 @@ def test_a_running_job_is_never_dropped(exact, exact_config):
         res = place_jobs(Space.of(cluster), [job("r", current=current), job("q")], options, cfg)
         validate_plan(cluster, res.placements)
         assert set(res.placements) == want, res
+
+
+def test_srpt_exponent_weighs_a_job_by_its_share_of_the_median_remaining_work():
+    from solver.placement import objective
+
+    ref = Estimate(Cell("a100", 1, 4, 1), ParallelPlan(1, 4, 1), 1.0, 1.0, EstimateSource.MEASURED)
+    jobs = [JobRequest(str(i), get_model("gpt-350m"), 8, n) for i, n in enumerate((100, 200, 400, 100_000))]
+    refs = {j.job_id: ref for j in jobs}
+    off = SolverConfig(w_age=0.0, w_short_jobs=0.0)
+    assert set(objective.job_weights(jobs, refs, 0.0, off).values()) == {1.0}
+    on = objective.job_weights(jobs, refs, 0.0, SolverConfig(w_age=0.0, w_short_jobs=0.0, srpt_exponent=1.0))
+    # median remaining work: 300 s; the longest job's factor is bounded at 1/10
+    assert [round(on[j.job_id], 6) for j in jobs] == [3.0, 1.5, 0.75, 0.1]
