@@ -3,8 +3,10 @@ the store with sane values, and the estimator composes plans from them."""
 
 import json
 import sys
+from types import SimpleNamespace
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from launch import profiler
@@ -72,7 +74,7 @@ def test_layer_records_are_complete_and_sane(store):
 
 
 def test_comm_records_from_two_gloo_processes(store):
-    for op in ("p2p", "allreduce"):
+    for op in ("p2p", "allreduce", "allgather"):
         recs = store.comm("loopback", op, nranks=2)
         assert [r.nbytes for r in recs] == list(profiler.COMM_SIZES)
         assert all(r.time_s > 0 for r in recs)
@@ -155,3 +157,20 @@ def test_gpu_type_of_nvml_names(name, kind):
 def test_tp_that_does_not_divide_the_heads_is_refused(tmp_path):
     result = CliRunner().invoke(main, ["profile", "--model", "gpt-tiny", "--tp", "3", "--db", str(tmp_path / "p")])
     assert result.exit_code == 2 and "tp=3 does not divide its 4 heads" in result.output
+
+
+def test_collective_time_is_the_mean_of_calls_after_busy_ranks(monkeypatch):
+    """Each call is timed after the rank computed for busy_s (not counted); the record is their mean."""
+    clock = {"t": 0.0}
+    steps = iter([9.0, 9.0, 1.0, 3.0, 8.0])  # two warm-up calls, then 1, 3 and 8 s
+
+    def busy(seconds, _scratch):
+        clock["t"] += seconds
+
+    def op():
+        clock["t"] += next(steps)
+
+    monkeypatch.setattr(profiler, "time", SimpleNamespace(perf_counter=lambda: clock["t"]))
+    monkeypatch.setattr(profiler, "_busy", busy)
+    # the mean of 1, 3 and 8 s (a median would say 3), without the 0.5 s of compute before each
+    assert profiler._timed(op, torch.device("cpu"), 2, 3, 0.5) == pytest.approx(4.0)
