@@ -7,7 +7,7 @@ communication curves once per link.
   device: the block keeps heads/tp attention heads and 4h/tp MLP columns, so
   it runs exactly the shard's matmuls, without the collectives (the
   estimator adds those from the communication curves: 4 all-reduces per
-  "block", none for "embed" / "head"). Times are of the fastest run, on the
+  "block", none for "embed" / "head"). Times are of the median run, on the
   device's compute clock (``compute_clock``: CPU time for a one-thread CPU
   profile, so a busy machine does not inflate them). Memory: parameter bytes of the shard,
   activation bytes autograd keeps for backward (the tensors it saves,
@@ -207,10 +207,11 @@ def compute_clock(device: torch.device) -> Callable[[], float]:
 def _median_times(
     module: nn.Module, run: Callable[[], torch.Tensor], device: torch.device, warmup: int, repeat: int
 ) -> tuple[float, float]:
-    """Forward and backward seconds of the fastest of `repeat` runs of `run` (a
-    forward call; fastest by their sum; timed by ``compute_clock``):
-    interference (other processes, clocks ramping) only adds time, and the
-    two halves come from one run."""
+    """Forward and backward seconds of the median of `repeat` runs of `run` (a
+    forward call; median by their sum, the two halves from that one run;
+    timed by ``compute_clock``): a step pays a layer's typical time, not its
+    luckiest (on CPU time the runs differ by a few percent only, so this is
+    also about their mean)."""
     fwd, bwd = [], []
     clock = compute_clock(device)
     for i in range(warmup + repeat):
@@ -226,7 +227,8 @@ def _median_times(
         if i >= warmup:
             fwd.append(t1 - t0)
             bwd.append(t2 - t1)
-    return min(zip(fwd, bwd), key=sum)
+    runs = sorted(zip(fwd, bwd), key=sum)
+    return runs[(len(runs) - 1) // 2]
 
 
 def profile_layers(
@@ -296,8 +298,8 @@ def profile_update(
 ) -> float:
     """Effective memory bandwidth (GB/s) of an AdamW step over the embedding,
     one block and the head: ``params x 2 x optimizer_bytes_per_param / time``
-    (the fastest of `repeat` steps), so the estimator's update term gives
-    back the measured step time."""
+    (the median of `repeat` steps, what a training step pays), so the
+    estimator's update term gives back the measured step time."""
     check_profilable(model, 1)
     if warmup < 0 or repeat < 1:
         raise ProfileError(f"need warmup >= 0 and repeat >= 1, got {warmup} and {repeat}")
@@ -317,7 +319,7 @@ def profile_update(
         if i >= warmup:
             times.append(clock() - t0)
     n = sum(p.numel() for p in params)
-    return n * 2 * optimizer_bytes_per_param / min(times) / 1e9
+    return n * 2 * optimizer_bytes_per_param / sorted(times)[(len(times) - 1) // 2] / 1e9
 
 
 # ------------------------------------------------------------- communication

@@ -174,3 +174,22 @@ def test_collective_time_is_the_mean_of_calls_after_busy_ranks(monkeypatch):
     monkeypatch.setattr(profiler, "_busy", busy)
     # the mean of 1, 3 and 8 s (a median would say 3), without the 0.5 s of compute before each
     assert profiler._timed(op, torch.device("cpu"), 2, 3, 0.5) == pytest.approx(4.0)
+
+
+def test_layer_time_is_the_median_run(monkeypatch):
+    """Forward and backward come from the run of median total time (not the fastest), both from that run."""
+    clock = {"t": 0.0, "i": 0}
+    # clock readings per run: start, after forward, after backward; runs of (fwd, bwd) =
+    # warm-up (9, 9), then (1, 1), (2, 4), (1, 2): totals 2, 6, 3 -> the median run is (1, 2)
+    halves = iter([9.0, 9.0, 1.0, 1.0, 2.0, 4.0, 1.0, 2.0])
+
+    def now():
+        clock["i"] += 1
+        if clock["i"] % 3 != 1:  # the start of a run reads the clock without time passing
+            clock["t"] += next(halves)
+        return clock["t"]
+
+    monkeypatch.setattr(profiler, "compute_clock", lambda _device: now)
+    layer = torch.nn.Linear(2, 2)
+    x = torch.ones(1, 2)
+    assert profiler._median_times(layer, lambda: layer(x), torch.device("cpu"), 1, 3) == (1.0, 2.0)
