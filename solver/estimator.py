@@ -29,7 +29,10 @@ Sources, first that applies (the Estimate's ``source`` says which):
 
 Modelled times (composed and analytic) include the weight update, a sweep
 over the optimizer state at the GPU's memory bandwidth (``mem_bw_gbps``; see
-``solver.cost.pipeline``).
+``solver.cost.pipeline``), and the dp gradient sync: a ring all-reduce, or
+with ``grad_sync="allgather"`` an all-gather of each rank's gradients (one
+per virtual worker it runs) added in rank order, as the reference trainer
+does for bitwise-reproducible sums.
 
 Inside a cell (pp fixed) the search covers tp dividing the GPUs per node
 (and the heads; the hidden size for non-transformers), dp = GPUs / (pp tp)

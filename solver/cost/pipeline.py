@@ -10,7 +10,9 @@ forward and its gradient back, one micro-batch)::
 
     time = (m - 1) * max_k s_k + sum_k s_k + sum_k c_k + max_k allreduce_dp(grads_k)
 
-(1F1B / GPipe), plus the weight update (the stages update in parallel)::
+(1F1B / GPipe; with the ALLGATHER sync, ``allgather_dp(units x grads_k)``
+instead: every rank's gradients gathered, then added in rank order), plus
+the weight update (the stages update in parallel)::
 
     + max_k params_k * update_bytes_per_param / mem_bw
 
