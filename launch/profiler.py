@@ -7,13 +7,14 @@ communication curves once per link.
   device: the block keeps heads/tp attention heads and 4h/tp MLP columns, so
   it runs exactly the shard's matmuls, without the collectives (the
   estimator adds those from the communication curves: 4 all-reduces per
-  "block", none for "embed" / "head"). Times are of the fastest run, on the
+  "block", none for "embed" / "head"). Times are of the median run, on the
   device's compute clock (``compute_clock``: CPU time for a one-thread CPU
   profile, so a busy machine does not inflate them). Memory: parameter bytes of the shard,
   activation bytes autograd keeps for backward (the tensors it saves,
   parameters excluded), and the bytes of the layer's output.
-* ``profile_comm``: point-to-point and all-reduce time against message size
-  among local processes (nccl over GPUs, gloo over loopback on CPU).
+* ``profile_comm``: point-to-point, all-reduce and all-gather time against
+  message size among local processes (nccl over GPUs, gloo over loopback on
+  CPU); an all-gather's size is what each rank contributes.
 * ``profile_update``: the memory bandwidth an optimizer step (AdamW) achieves
   on the model's parameters, in the estimator's terms (its traffic taken as
   2 x optimizer_bytes_per_param per parameter): the ``mem_bw_gbps`` that
@@ -28,7 +29,6 @@ import math
 import os
 import re
 import socket
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -66,6 +66,9 @@ GPU_TYPES = (
 LOOPBACK = "loopback"
 #: Message sizes of the communication curves (bytes): 1 KiB .. 16 MiB, x4.
 COMM_SIZES = tuple(4**k * 1024 for k in range(8))
+#: Seconds every rank computes before each profiled collective: about a
+#: layer's forward, so the collective meets ranks coming from compute.
+COMM_BUSY_S = 0.005
 
 
 class ProfileError(ValueError):
@@ -204,10 +207,11 @@ def compute_clock(device: torch.device) -> Callable[[], float]:
 def _median_times(
     module: nn.Module, run: Callable[[], torch.Tensor], device: torch.device, warmup: int, repeat: int
 ) -> tuple[float, float]:
-    """Forward and backward seconds of the fastest of `repeat` runs of `run` (a
-    forward call; fastest by their sum; timed by ``compute_clock``):
-    interference (other processes, clocks ramping) only adds time, and the
-    two halves come from one run."""
+    """Forward and backward seconds of the median of `repeat` runs of `run` (a
+    forward call; median by their sum, the two halves from that one run;
+    timed by ``compute_clock``): a step pays a layer's typical time, not its
+    luckiest (on CPU time the runs differ by a few percent only, so this is
+    also about their mean)."""
     fwd, bwd = [], []
     clock = compute_clock(device)
     for i in range(warmup + repeat):
@@ -223,7 +227,8 @@ def _median_times(
         if i >= warmup:
             fwd.append(t1 - t0)
             bwd.append(t2 - t1)
-    return min(zip(fwd, bwd), key=sum)
+    runs = sorted(zip(fwd, bwd), key=sum)
+    return runs[(len(runs) - 1) // 2]
 
 
 def profile_layers(
@@ -293,8 +298,8 @@ def profile_update(
 ) -> float:
     """Effective memory bandwidth (GB/s) of an AdamW step over the embedding,
     one block and the head: ``params x 2 x optimizer_bytes_per_param / time``
-    (the fastest of `repeat` steps), so the estimator's update term gives
-    back the measured step time."""
+    (the median of `repeat` steps, what a training step pays), so the
+    estimator's update term gives back the measured step time."""
     check_profilable(model, 1)
     if warmup < 0 or repeat < 1:
         raise ProfileError(f"need warmup >= 0 and repeat >= 1, got {warmup} and {repeat}")
@@ -314,7 +319,7 @@ def profile_update(
         if i >= warmup:
             times.append(clock() - t0)
     n = sum(p.numel() for p in params)
-    return n * 2 * optimizer_bytes_per_param / min(times) / 1e9
+    return n * 2 * optimizer_bytes_per_param / sorted(times)[(len(times) - 1) // 2] / 1e9
 
 
 # ------------------------------------------------------------- communication
@@ -326,19 +331,32 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _timed(op: Callable[[], object], device: torch.device, warmup: int, repeat: int) -> float:
-    """Median seconds of `repeat` calls of `op` (after `warmup` calls): a step
-    pays a collective's typical wake-up and wait, not its luckiest."""
-    for _ in range(warmup):
-        op()
-    times = []
-    for _ in range(repeat):
+def _busy(seconds: float, scratch: torch.Tensor) -> None:
+    """Keep this rank computing for `seconds` (small matmuls on the host)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        torch.mm(scratch, scratch)
+
+
+def _timed(op: Callable[[], object], device: torch.device, warmup: int, repeat: int, busy_s: float) -> float:
+    """Mean seconds of `repeat` calls of `op` (after `warmup` calls), each
+    after `busy_s` of computing on every rank, as a training step issues its
+    collectives: between layers, not back to back. The call then pays for
+    waking ranks that were busy, and the skew of their arrival; on a CPU it
+    is bimodal (the collective's threads on every rank find a core at once,
+    or wait for one), so a median says either mode and the mean is what a
+    step issuing many of them pays."""
+    scratch = torch.ones(64, 64)
+    total = 0.0
+    for i in range(warmup + repeat):
+        _busy(busy_s, scratch)
         _sync(device)
         t0 = time.perf_counter()
         op()
         _sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        if i >= warmup:
+            total += time.perf_counter() - t0
+    return total / repeat
 
 
 def _comm_worker(
@@ -350,6 +368,7 @@ def _comm_worker(
     sizes: Sequence[int],
     warmup: int,
     repeat: int,
+    busy_s: float,
     result: str,
 ) -> None:
     """One rank of the communication profile; rank 0 writes the records to `result`."""
@@ -375,13 +394,18 @@ def _comm_worker(
                 dist.send(buf, 0)
 
         dist.barrier()
-        t = _timed(ping, device, warmup, repeat) / 2
+        t = _timed(ping, device, warmup, repeat, busy_s) / 2
         recs.append(CommRecord(link, "p2p", 2, _nbytes(buf), t))
         for n in counts:
+            parts = [torch.empty_like(buf) for _ in range(n)]
             dist.barrier()
             if rank < n:
-                t = _timed(lambda: dist.all_reduce(buf, group=groups[n]), device, warmup, repeat)
+                t = _timed(lambda: dist.all_reduce(buf, group=groups[n]), device, warmup, repeat, busy_s)
                 recs.append(CommRecord(link, "allreduce", n, _nbytes(buf), t))
+            dist.barrier()
+            if rank < n:
+                t = _timed(lambda: dist.all_gather(parts, buf, group=groups[n]), device, warmup, repeat, busy_s)
+                recs.append(CommRecord(link, "allgather", n, _nbytes(buf), t))
     dist.barrier()
     if rank == 0:
         with open(result, "w", encoding="utf-8") as f:
@@ -397,9 +421,13 @@ def profile_comm(
     sizes: Iterable[int] = COMM_SIZES,
     warmup: int = 2,
     repeat: int = 5,
+    busy_s: float = COMM_BUSY_S,
 ) -> list[CommRecord]:
-    """p2p (ranks 0 <-> 1) and all-reduce (among 2, 4, ... `world` ranks) times
-    against message size, measured by `world` local processes."""
+    """p2p (ranks 0 <-> 1), all-reduce and all-gather (among 2, 4, ... `world`
+    ranks) times against message size, measured by `world` local processes,
+    each computing for `busy_s` before every call (see ``_timed``)."""
+    if busy_s < 0:
+        raise ProfileError(f"busy_s must be >= 0, got {busy_s}")
     if world < 2:
         raise ProfileError(f"communication profiling needs at least 2 ranks, got {world}")
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -409,7 +437,7 @@ def profile_comm(
         result = os.path.join(tmp, "comm.json")
         mp.start_processes(
             _comm_worker,
-            args=(world, _free_port(), backend, link, tuple(sizes), warmup, repeat, result),
+            args=(world, _free_port(), backend, link, tuple(sizes), warmup, repeat, busy_s, result),
             nprocs=world,
             join=True,
             start_method="spawn",

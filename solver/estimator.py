@@ -29,7 +29,10 @@ Sources, first that applies (the Estimate's ``source`` says which):
 
 Modelled times (composed and analytic) include the weight update, a sweep
 over the optimizer state at the GPU's memory bandwidth (``mem_bw_gbps``; see
-``solver.cost.pipeline``).
+``solver.cost.pipeline``), and the dp gradient sync: a ring all-reduce, or
+with ``grad_sync="allgather"`` an all-gather of each rank's gradients (one
+per virtual worker it runs) added in rank order, as the reference trainer
+does for bitwise-reproducible sums.
 
 Inside a cell (pp fixed) the search covers tp dividing the GPUs per node
 (and the heads; the hidden size for non-transformers), dp = GPUs / (pp tp)
@@ -70,7 +73,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from solver.cost.comm import Links, load_curves
 from solver.cost.layers import LayerCosts, StageCosts, analytic_layers, layers_from_records, split_stages
-from solver.cost.pipeline import dp_sync_time, pipeline_cost, update_time
+from solver.cost.pipeline import ALLREDUCE, GRAD_SYNCS, dp_sync_time, pipeline_cost, update_time
 from solver.models import ModelSpec
 from solver.profiles.records import CellRecord, GpuSpec, ProfileSource
 from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
@@ -154,6 +157,7 @@ class Estimator:
         layer_overhead_s: float = 2e-4,
         max_pp: int = 8,
         update_bytes_per_param: float | None = None,
+        grad_sync: str = ALLREDUCE,
     ) -> None:
         """`store` is a ProfileStore (read here once for GPU specs and comm
         curves, later once per model); `efficiency` is the fraction of peak
@@ -163,9 +167,15 @@ class Estimator:
         `update_bytes_per_param` the memory traffic of one weight update per
         parameter, priced at the GPU's ``mem_bw_gbps`` (default: the
         optimizer state read and written once, 2 x optimizer_bytes_per_param;
-        0 leaves the update out)."""
+        0 leaves the update out); `grad_sync` how gradients are summed over dp
+        ranks (``solver.cost.pipeline.GRAD_SYNCS``: "allreduce", or
+        "allgather" for trainers that add every rank's gradients in rank order,
+        as the reference trainer does)."""
         if not 0 < mem_fraction <= 1:
             raise ValueError(f"mem_fraction must be in (0, 1], got {mem_fraction}")
+        if grad_sync not in GRAD_SYNCS:
+            raise ValueError(f"grad_sync must be one of {GRAD_SYNCS}, got {grad_sync!r}")
+        self.grad_sync = grad_sync
         self.store = store
         self.mem_fraction = mem_fraction
         self.optimizer_bytes_per_param = optimizer_bytes_per_param
@@ -384,7 +394,9 @@ class Estimator:
                 b = per_worker // m
                 st = self._stages(md, chosen, cell.gpu_type, tp, b, pp)
                 if st is not last_st:  # gradient sync and weight update: once per iteration
-                    sync = dp_sync_time(st, dp=dp, tp=tp, gpus_per_node=g, links=links) + update_time(
+                    sync = dp_sync_time(
+                        st, dp=dp, tp=tp, gpus_per_node=g, links=links, collective=self.grad_sync, units=k
+                    ) + update_time(
                         st,
                         dtype_bytes=model.dtype_bytes,
                         update_bytes_per_param=self.update_bytes_per_param,

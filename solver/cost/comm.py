@@ -10,6 +10,8 @@ from the profiled curves when the store has them, else from the GpuSpec
 bandwidths with a fixed per-message latency. All-reduces are rings:
 ``2 (n-1)/n * bytes / bw`` plus ``2 (n-1)`` latencies; a curve profiled
 among n' ranks serves n ranks by scaling the bytes by the ring factor ratio.
+All-gathers (each rank contributes `bytes`) are rings too: ``(n-1) * bytes /
+bw`` plus ``n-1`` latencies, a curve of n' ranks scaled by (n-1)/(n'-1).
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ NET = "net"
 def ring_factor(n: int) -> float:
     """Bytes each rank moves in a ring all-reduce, per byte of the buffer."""
     return 2.0 * (n - 1) / n
+
+
+def gather_factor(n: int) -> float:
+    """Bytes each rank receives in an all-gather, per byte it contributes."""
+    return float(n - 1)
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,19 @@ class Links:
             if m > 1:
                 return by_n[m].time(nbytes * ring_factor(n) / ring_factor(m))
         return 2 * (n - 1) * self._lat[link] + ring_factor(n) * nbytes / self._bw[link]
+
+    def allgather(self, link: str, nbytes: float, n: int) -> float:
+        """An all-gather among `n` ranks, each contributing `nbytes`."""
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        by_n = self._curves.get((link, "allgather"))
+        if by_n:
+            if n in by_n:
+                return by_n[n].time(nbytes)
+            m = min(by_n, key=lambda k: (abs(k - n), -k))
+            if m > 1:
+                return by_n[m].time(nbytes * gather_factor(n) / gather_factor(m))
+        return (n - 1) * self._lat[link] + gather_factor(n) * nbytes / self._bw[link]
 
 
 def load_curves(records: Iterable[CommRecord]) -> dict[tuple[str, str], dict[int, CommCurve]]:

@@ -10,7 +10,9 @@ forward and its gradient back, one micro-batch)::
 
     time = (m - 1) * max_k s_k + sum_k s_k + sum_k c_k + max_k allreduce_dp(grads_k)
 
-(1F1B / GPipe), plus the weight update (the stages update in parallel)::
+(1F1B / GPipe; with the ALLGATHER sync, ``allgather_dp(units x grads_k)``
+instead: every rank's gradients gathered, then added in rank order), plus
+the weight update (the stages update in parallel)::
 
     + max_k params_k * update_bytes_per_param / mem_bw
 
@@ -38,6 +40,12 @@ from dataclasses import dataclass
 from solver.cost.comm import NET, Links
 from solver.cost.layers import StageCosts
 
+#: How a stage's gradients are summed over its dp ranks: a ring all-reduce
+#: (DDP, Megatron), or an all-gather of every rank's gradients added in rank
+#: order, bitwise the same for any dp (``launch.elastic.ordered_sum``).
+ALLREDUCE, ALLGATHER = "allreduce", "allgather"
+GRAD_SYNCS = (ALLREDUCE, ALLGATHER)
+
 
 @dataclass(frozen=True)
 class PlanCost:
@@ -61,16 +69,26 @@ def stage_spans_nodes(stage: int, ranks_per_stage: int, gpus_per_node: int) -> b
     return first // gpus_per_node != (first + ranks_per_stage - 1) // gpus_per_node
 
 
-def dp_sync_time(st: StageCosts, *, dp: int, tp: int, gpus_per_node: int, links: Links) -> float:
-    """Gradient all-reduce of the slowest stage (stages sync in parallel)."""
+def dp_sync_time(
+    st: StageCosts, *, dp: int, tp: int, gpus_per_node: int, links: Links, collective: str = ALLREDUCE, units: int = 1
+) -> float:
+    """Gradient sync of the slowest stage (stages sync in parallel): a ring
+    all-reduce of its gradient, or (ALLGATHER) an all-gather of the `units`
+    gradients each rank holds, summed locally in rank order."""
+    if collective not in GRAD_SYNCS:
+        raise ValueError(f"gradient sync must be one of {GRAD_SYNCS}, got {collective!r}")
     if dp <= 1:
         return 0.0
     s, sync = dp * tp, 0.0
     for k in range(st.pp):
-        if stage_spans_nodes(k, s, gpus_per_node):
-            sync = max(sync, links.allreduce(NET, st.param_bytes[k] * tp, dp))
+        link, nbytes = links.intra, st.param_bytes[k]
+        if stage_spans_nodes(k, s, gpus_per_node):  # the stage's tp rings share the network card
+            link, nbytes = NET, nbytes * tp
+        if collective == ALLGATHER:
+            t = links.allgather(link, nbytes * units, dp)
         else:
-            sync = max(sync, links.allreduce(links.intra, st.param_bytes[k], dp))
+            t = links.allreduce(link, nbytes, dp)
+        sync = max(sync, t)
     return sync
 
 

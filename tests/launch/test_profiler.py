@@ -3,8 +3,10 @@ the store with sane values, and the estimator composes plans from them."""
 
 import json
 import sys
+from types import SimpleNamespace
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from launch import profiler
@@ -72,7 +74,7 @@ def test_layer_records_are_complete_and_sane(store):
 
 
 def test_comm_records_from_two_gloo_processes(store):
-    for op in ("p2p", "allreduce"):
+    for op in ("p2p", "allreduce", "allgather"):
         recs = store.comm("loopback", op, nranks=2)
         assert [r.nbytes for r in recs] == list(profiler.COMM_SIZES)
         assert all(r.time_s > 0 for r in recs)
@@ -155,3 +157,39 @@ def test_gpu_type_of_nvml_names(name, kind):
 def test_tp_that_does_not_divide_the_heads_is_refused(tmp_path):
     result = CliRunner().invoke(main, ["profile", "--model", "gpt-tiny", "--tp", "3", "--db", str(tmp_path / "p")])
     assert result.exit_code == 2 and "tp=3 does not divide its 4 heads" in result.output
+
+
+def test_collective_time_is_the_mean_of_calls_after_busy_ranks(monkeypatch):
+    """Each call is timed after the rank computed for busy_s (not counted); the record is their mean."""
+    clock = {"t": 0.0}
+    steps = iter([9.0, 9.0, 1.0, 3.0, 8.0])  # two warm-up calls, then 1, 3 and 8 s
+
+    def busy(seconds, _scratch):
+        clock["t"] += seconds
+
+    def op():
+        clock["t"] += next(steps)
+
+    monkeypatch.setattr(profiler, "time", SimpleNamespace(perf_counter=lambda: clock["t"]))
+    monkeypatch.setattr(profiler, "_busy", busy)
+    # the mean of 1, 3 and 8 s (a median would say 3), without the 0.5 s of compute before each
+    assert profiler._timed(op, torch.device("cpu"), 2, 3, 0.5) == pytest.approx(4.0)
+
+
+def test_layer_time_is_the_median_run(monkeypatch):
+    """Forward and backward come from the run of median total time (not the fastest), both from that run."""
+    clock = {"t": 0.0, "i": 0}
+    # clock readings per run: start, after forward, after backward; runs of (fwd, bwd) =
+    # warm-up (9, 9), then (1, 1), (2, 4), (1, 2): totals 2, 6, 3 -> the median run is (1, 2)
+    halves = iter([9.0, 9.0, 1.0, 1.0, 2.0, 4.0, 1.0, 2.0])
+
+    def now():
+        clock["i"] += 1
+        if clock["i"] % 3 != 1:  # the start of a run reads the clock without time passing
+            clock["t"] += next(halves)
+        return clock["t"]
+
+    monkeypatch.setattr(profiler, "compute_clock", lambda _device: now)
+    layer = torch.nn.Linear(2, 2)
+    x = torch.ones(1, 2)
+    assert profiler._median_times(layer, lambda: layer(x), torch.device("cpu"), 1, 3) == (1.0, 2.0)

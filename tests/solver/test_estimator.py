@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from solver.cost.comm import CommCurve, Links, load_curves, ring_factor
+from solver.cost.comm import CommCurve, Links, gather_factor, load_curves, ring_factor
 from solver.cost.layers import balanced_sizes
-from solver.cost.pipeline import boundary_crosses_nodes, stage_spans_nodes
+from solver.cost.pipeline import ALLGATHER, boundary_crosses_nodes, dp_sync_time, stage_spans_nodes
 from solver.estimator import Estimator
 from solver.models import ModelSpec, get_model
 from solver.profiles.gpus import default_gpu_specs
@@ -166,6 +166,55 @@ def test_virtual_workers_estimate_by_hand():
     # all-reduce of 6000 B per stage (0.006 s) and the update of 3000 params x 32 B at 1000 GB/s (9.6e-8 s).
     assert (e.plan.pp, e.plan.dp, e.plan.tp, e.plan.micro_batches) == (2, 2, 1, 2) and e.source == "composed"
     assert e.iter_time_s == pytest.approx(2 * 6.65 + 0.006 + 9.6e-8, rel=1e-12)
+
+
+def gather_store() -> ProfileStore:
+    """hand_store plus an all-gather curve on nvlink: 1 s per 1000 B each rank contributes, 2 ranks."""
+    s = hand_store()
+    s.put_comm([CommRecord("nvlink", "allgather", 2, 1000, 1.0), CommRecord("nvlink", "allgather", 2, 2000, 2.0)])
+    return s
+
+
+def test_gradient_sync_by_ordered_allgather():
+    """grad_sync="allgather": each dp rank's whole gradient is gathered (then added in rank order)."""
+    est = Estimator(gather_store(), grad_sync=ALLGATHER)
+    # dp 2 in one node: 16 s per replica + all-gather of the 12000 B gradient (curve: 1 s per 1000 B) = 28 s
+    t, _ = plan_of(est, Cell("g", 1, 2, pp=1), 8, 1, 2, 1, 1)
+    assert t == pytest.approx(16 + 12.0)
+    # the all-reduce the default prices is 0.012 s (test_composed_data_parallel_gradient_allreduce)
+    t, _ = plan_of(Estimator(gather_store()), Cell("g", 1, 2, pp=1), 8, 1, 2, 1, 1)
+    assert t == pytest.approx(16.012)
+    with pytest.raises(ValueError, match="grad_sync"):
+        Estimator(gather_store(), grad_sync="reduce-scatter")
+
+
+def test_ordered_allgather_gathers_every_virtual_worker():
+    """Under V = 4 over dp 2 each rank gathers its 2 virtual workers' gradients: twice the bytes."""
+    store = gather_store()
+    store.put_gpu(replace(G, name="h"))
+    store.put_layers(layer_recs("h", 1, TIMES))  # tp 1 only: dp = 2
+    e = Estimator(store, grad_sync=ALLGATHER).estimate_model(HAND, 8, Cell("h", 1, 2, pp=1), virtual_workers=4)
+    assert (e.plan.dp, e.plan.tp) == (2, 1)
+    # 2 workers of 2 samples in turn (the 4 layers take 8 s per 2 samples) = 16 s, plus the all-gather
+    # of 2 x 12000 B (the curve extrapolated at 1 s per 1000 B) = 24 s, plus the update (~2e-7 s)
+    assert e.iter_time_s == pytest.approx(16 + 24, rel=1e-6)
+
+
+def test_dp_sync_time_by_collective():
+    """A stage's gradient sync, by hand: the all-gather's bytes scale with the units each rank holds."""
+    from solver.cost.layers import layers_from_records, split_stages
+
+    st = split_stages(layers_from_records(layer_recs("g", 1, TIMES)), 2, 2.0)  # [1,2 | 3,2]: 6000 B each
+    links = Links(G, load_curves(gather_store().comm("nvlink", "allgather")))
+    assert dp_sync_time(st, dp=2, tp=1, gpus_per_node=4, links=links, collective=ALLGATHER) == pytest.approx(6.0)
+    assert dp_sync_time(st, dp=2, tp=1, gpus_per_node=4, links=links, collective=ALLGATHER, units=3) == pytest.approx(
+        18.0
+    )
+    # no all-reduce curve here: the nvlink datasheet, 2 latencies + 6000 B at 100 GB/s
+    assert dp_sync_time(st, dp=2, tp=1, gpus_per_node=4, links=links) == pytest.approx(2e-5 + 6000 / 100e9)
+    assert dp_sync_time(st, dp=1, tp=1, gpus_per_node=4, links=links, collective=ALLGATHER) == 0.0
+    with pytest.raises(ValueError):
+        dp_sync_time(st, dp=2, tp=1, gpus_per_node=4, links=links, collective="broadcast")
 
 
 def test_picks_fastest_plan_that_fits():
@@ -449,6 +498,20 @@ def test_allreduce_from_other_rank_count_and_fallback():
     assert links.allreduce("net", 1e9, 2) == pytest.approx(2 * 2.5e-5 + 1e9 / 10e9)
     assert links.allreduce("nvlink", 1e9, 1) == 0.0
     assert links.p2p("nvlink", 1e9) == pytest.approx(1e-5 + 1e9 / 100e9)
+
+
+def test_allgather_from_curve_other_rank_count_and_fallback():
+    links = Links(
+        G,
+        load_curves([CommRecord("nvlink", "allgather", 2, 1000, 1.0), CommRecord("nvlink", "allgather", 2, 2000, 3.0)]),
+    )
+    assert links.allgather("nvlink", 1500, 2) == pytest.approx(2.0)
+    # 4 ranks each receive 3 contributions, 2 ranks 1: the 2-rank curve at 3 x the bytes (extrapolated)
+    assert gather_factor(4) == 3.0
+    assert links.allgather("nvlink", 1000, 4) == pytest.approx(3.0 * 3000 / 2000)
+    # no curve on the network: 3 latencies + 3 x 1 GB at 10 GB/s
+    assert links.allgather("net", 1e9, 4) == pytest.approx(3 * 2.5e-5 + 3e9 / 10e9)
+    assert links.allgather("nvlink", 1e9, 1) == 0.0 and links.allgather("nvlink", 0, 4) == 0.0
 
 
 @settings(max_examples=150, deadline=None)

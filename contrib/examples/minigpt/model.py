@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minigpt.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from minigpt.tensor_parallel import ColumnParallelLinear, RowParallelLinear, enter_tp
 
 
 @dataclass(frozen=True)
@@ -47,18 +47,22 @@ class GPTConfig:
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block; attention heads and MLP columns split over TP."""
+    """Pre-norm transformer block; attention heads and MLP columns split over TP.
+
+    Under TP a block all-reduces 4 times per micro-batch, as Megatron's: the
+    attention and MLP outputs forward, and the gradients of their inputs
+    backward (q, k and v enter the TP region together, once)."""
 
     def __init__(self, cfg: GPTConfig, tp: int = 1, group=None):
         super().__init__()
         if cfg.heads % tp:
             raise ValueError(f"{cfg.heads} heads do not split over tp={tp}")
         h = cfg.hidden
-        self.heads = cfg.heads // tp
+        self.heads, self.tp, self.group = cfg.heads // tp, tp, group
         self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
         # No key bias: softmax ignores it, so its gradient is only rounding
         # noise, which Adam would turn into steps.
-        self.qkv = nn.ModuleList(ColumnParallelLinear(h, h, tp, group, bias=i != 1) for i in range(3))
+        self.qkv = nn.ModuleList(ColumnParallelLinear(h, h, tp, group, bias=i != 1, enter=False) for i in range(3))
         self.proj = RowParallelLinear(h, h, tp, group)
         self.fc = ColumnParallelLinear(h, 4 * h, tp, group)
         self.out = RowParallelLinear(4 * h, h, tp, group)
@@ -66,6 +70,8 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         a = self.ln1(x)
+        if self.tp > 1:
+            a = enter_tp(a, self.group)
         q, k, v = (lin(a).view(b, s, self.heads, -1).transpose(1, 2) for lin in self.qkv)
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(att.transpose(1, 2).reshape(b, s, -1))

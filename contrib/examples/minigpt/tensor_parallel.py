@@ -37,22 +37,31 @@ class _ReduceFromTP(torch.autograd.Function):
         return grad, None
 
 
+def enter_tp(x: torch.Tensor, group) -> torch.Tensor:
+    """X entering a TP region: identity forward, its gradient all-reduced over GROUP backward."""
+    return _CopyToTP.apply(x, group)
+
+
 class ColumnParallelLinear(nn.Module):
-    """``y = x A^T + b`` with the rows of A (output features) split over TP ranks."""
+    """``y = x A^T + b`` with the rows of A (output features) split over TP ranks.
+
+    `enter`: the input enters the TP region here (its gradient is all-reduced
+    backward); False when the caller entered it already, as for linears that
+    share one input (Megatron's fused QKV: one all-reduce, not one each)."""
 
     shard_dims = {"weight": 0, "bias": 0}
 
-    def __init__(self, d_in: int, d_out: int, tp: int = 1, group=None, bias: bool = True):
+    def __init__(self, d_in: int, d_out: int, tp: int = 1, group=None, bias: bool = True, enter: bool = True):
         super().__init__()
         if d_out % tp:
             raise ValueError(f"{d_out} output features do not split over tp={tp}")
-        self.tp, self.group = tp, group
+        self.tp, self.group, self.enter = tp, group, enter
         self.weight = nn.Parameter(torch.empty(d_out // tp, d_in))
         self.bias = nn.Parameter(torch.empty(d_out // tp)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.tp > 1:
-            x = _CopyToTP.apply(x, self.group)
+        if self.tp > 1 and self.enter:
+            x = enter_tp(x, self.group)
         return F.linear(x, self.weight, self.bias)
 
 
