@@ -313,6 +313,8 @@ class SolverConfig:
     restart_penalty: float = 1.0
     default_restart_cost_s: float = 60.0
     horizon_s: float = 300.0
+    #: Weigh a move's restart cost over the job's remaining time when that is longer than horizon_s.
+    horizon_remaining: bool = True
     allow_resize: bool = True
     max_cells_per_job: int = 24
     max_pp: int = 8

@@ -178,7 +178,7 @@ class Controller:
         prog = self._progress(jobs, known, now)
         progress, progress_src = prog.done, prog.source
         if not dry_run:
-            self._measure_restarts(jobs, prog.first_step_at, now, round_id)
+            self._measure_restarts(jobs, prog.first_step_at, now, round_id, prog.iter_time)
         max_fail = cfg.controller.max_cell_failures
         excluded = {j: excluded_cells(f, max_fail) for j, f in self.state.cell_failures().items()}
         built = inp.build_request(
@@ -408,19 +408,29 @@ class Controller:
         return prog
 
     def _measure_restarts(
-        self, jobs: tuple[inp.ManagedJob, ...], first_step_at: Mapping[str, float], now: float, round_id: int | None
+        self,
+        jobs: tuple[inp.ManagedJob, ...],
+        first_step_at: Mapping[str, float],
+        now: float,
+        round_id: int | None,
+        iter_time: Mapping[str, float],
     ) -> None:
         """Restart cost of each moved job, once it runs again: from the
         signal to the end of the first step after the resume (the job's own
-        progress record). Stored as a "resumed" event; the solver charges it
-        for the job's next move."""
+        progress record), less that step (the seconds per iteration it
+        reports, else its cell's estimate): the step is work done, not lost.
+        Stored as a "resumed" event; the solver charges it for the job's next
+        move."""
         pending = self.state.pending_restarts()
         for m in jobs:
             signalled_at = pending.get(m.job_id)
             first = first_step_at.get(m.job_id)
             if signalled_at is None or first is None or m.phase != inp.Phase.RUNNING or first <= signalled_at:
                 continue
-            cost = min(first - signalled_at, self.config.controller.max_restart_cost_s)  # the job's own word: bounded
+            step = iter_time.get(m.job_id) or (m.current.iter_time_s if m.current else 0.0) or 0.0
+            step = step if math.isfinite(step) else 0.0
+            # the job's own word: bounded
+            cost = min(max(0.0, first - signalled_at - step), self.config.controller.max_restart_cost_s)
             self.state.add_history(
                 m.job_id,
                 HistoryEvent.RESUMED,

@@ -32,8 +32,10 @@ linear (a sum of value x chosen):
   starvation), while fresh jobs are ordered by throughput alone.
 * A job left unplaced is worth 0.
 * Restart penalty: a running job whose cell or nodes change gets
-  value * (1 - restart_penalty * restart_cost_s / horizon_s), restart_cost_s
-  from the job when measured, else default_restart_cost_s. A running job that
+  value * (1 - restart_penalty * restart_cost_s / H), restart_cost_s from
+  the job when measured, else default_restart_cost_s; H is horizon_s, or
+  with horizon_remaining (the default) the larger of horizon_s and the job's
+  remaining time in its current cell. A running job that
   is not elastic (or any running job when allow_resize is false) keeps its
   placement and is not part of the optimisation.
 
@@ -103,14 +105,26 @@ def utility(job: JobRequest, est: Estimate, ref: Estimate, p: float) -> float:
 
 
 def restart_factor(
-    job: JobRequest, config: SolverConfig, *, penalty: float | None = None, at_least: float = -math.inf
+    job: JobRequest,
+    config: SolverConfig,
+    *,
+    penalty: float | None = None,
+    at_least: float = -math.inf,
+    remaining_s: float | None = None,
 ) -> float:
     """Multiplier on the value of a running job that changes cell or nodes:
     ``1 - penalty * restart cost / horizon`` (penalty: config.restart_penalty
-    unless given), not below `at_least`. Sia's own rule is penalty 1, at least 0."""
+    unless given), not below `at_least`. The horizon is horizon_s, or with
+    config.horizon_remaining the larger of it and `remaining_s` (the job's
+    remaining time where it runs): the gain of a move lasts until the job
+    ends, so a restart of minutes costs a job with days left next to nothing.
+    Sia's own rule is penalty 1, at least 0, the fixed horizon."""
     cost = job.restart_cost_s if job.restart_cost_s is not None else config.default_restart_cost_s
     weight = config.restart_penalty if penalty is None else penalty
-    return max(at_least, 1.0 - weight * cost / max(config.horizon_s, 1e-9))
+    horizon = config.horizon_s
+    if config.horizon_remaining and remaining_s is not None and math.isfinite(remaining_s):
+        horizon = max(horizon, remaining_s)
+    return max(at_least, 1.0 - weight * cost / max(horizon, 1e-9))
 
 
 def to_int(value: float) -> int:

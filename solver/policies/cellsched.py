@@ -15,6 +15,7 @@ the plan depends only on the request).
 
 from __future__ import annotations
 
+import math
 import time
 
 from solver.cells import enumerate_cells, prune_dominated
@@ -112,7 +113,7 @@ class CellschedPolicy:
                 ref,
                 weights[job.job_id],
                 cfg.fairness_p,
-                objective.restart_factor(job, cfg),
+                objective.restart_factor(job, cfg, remaining_s=_remaining_s(job)),
                 stay,
                 cfg.max_cells_per_job,
                 utils[job.job_id],
@@ -129,3 +130,11 @@ class CellschedPolicy:
             if job.job_id not in result.placements and job.job_id not in reasons:
                 reasons[job.job_id] = "waiting: the GPUs are worth more to other jobs this round"
         return reply(fixed, result, sum(len(v) for v in options.values()), reasons, t1 - t0)
+
+
+def _remaining_s(job: JobRequest) -> float | None:
+    """Seconds the running job still needs in its current cell (None: not running)."""
+    cur = job.current
+    if cur is None or not cur.iter_time_s or not math.isfinite(cur.iter_time_s):
+        return None
+    return job.remaining_iterations * cur.iter_time_s

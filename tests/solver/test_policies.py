@@ -78,7 +78,13 @@ def move_case(fast: float, **jobkw):
 
 #: SolverConfig fields of the move cases: a move keeps 80% of its value
 MOVE = dict(
-    fairness_p=1.0, w_short_jobs=0.0, w_age=0.0, restart_penalty=1.0, default_restart_cost_s=60.0, horizon_s=300.0
+    fairness_p=1.0,
+    w_short_jobs=0.0,
+    w_age=0.0,
+    restart_penalty=1.0,
+    default_restart_cost_s=60.0,
+    horizon_s=300.0,
+    horizon_remaining=False,
 )
 
 
@@ -90,6 +96,17 @@ def test_elastic_job_moves_only_when_gain_pays_restart(fast, moves, exact_config
     assert rep.placements["j"].cell.gpu_type == ("a100" if moves else "a10")
     # stay is worth u(a10) = 1/fast, a move 0.8 * u(a100) = 0.8
     assert rep.objective == pytest.approx(0.8 if moves else 1 / fast, rel=1e-3)
+
+
+def test_a_restart_is_weighed_over_the_jobs_remaining_time(exact_config):
+    """A 200 s restart keeps 1/3 of a move's value over a 300 s horizon, so
+    a job twice as fast on the A100 stays; with days of work left the same
+    restart is next to nothing and it moves."""
+    for iterations, moves in ((10, False), (1_000_000, True)):
+        j, est = move_case(2.0, elastic=True, restart_cost_s=200.0, iterations=iterations)
+        cfg = exact_config(**{**MOVE, "horizon_remaining": True})
+        rep = get_policy("cellsched").schedule(ScheduleRequest(TWO_TYPES, (j,), config=cfg), est)
+        assert rep.placements["j"].cell.gpu_type == ("a100" if moves else "a10"), iterations
 
 
 def test_measured_restart_cost_overrides_default(exact_config):

@@ -158,3 +158,32 @@ def test_the_filled_truth_is_arenas_measured_table_and_ours_only_where_it_has_no
     speed, believed = Conditions.realistic().speed_and_estimator()
     spec = JobSpec(model="bert__6.7B", global_batch=128, iterations=10)
     assert speed(spec, "a100", 2, 4, None) == pytest.approx(6.242, abs=1e-3) and isinstance(believed, ArenaEstimates)
+
+
+def test_a_measured_restart_is_the_stall_not_the_first_step(tmp_path):
+    """Job j runs on the slow A10s until the A40s free up, then moves: its
+    restart is measured from the signal as its checkpoint (5 s) and the
+    stall (30 s, every restart here), without the first 10-s step on the new
+    GPUs that ends it."""
+    times = _Times({("bert__760M", "a40", 2): 1.0, ("moe__2.4B", "a40", 2): 10.0, ("moe__2.4B", "a10", 2): 100.0})
+    trace = [
+        TraceJob("b", 0.0, "bert__760M", 64, 1000, 2, "a40"),
+        TraceJob("j", 10.0, "moe__2.4B", 64, 200, 2, "a40"),
+        TraceJob("late", 1500.0, "moe__690M", 64, 10, 2, "a40"),  # runs nowhere: its arrival brings a round
+    ]
+    cluster = ClusterSpec((NodeGroup("a40", 1, 2), NodeGroup("a10", 1, 2)))
+    sim = Simulator(
+        trace,
+        cluster,
+        "cellsched",
+        speed=times.speed,
+        estimator=times,
+        conditions=Conditions(restart=RestartModel(constant_s=30.0)),
+        options=SimOptions(),
+        state_dir=tmp_path,
+    )
+    jobs = {j.job_id: j for j in sim.run().jobs}
+    assert jobs["j"].finished and jobs["j"].cells == ("a10:1x2", "a40:1x2")
+    with StateStore(tmp_path / "state-cellsched.sqlite") as st:
+        resumed = [e["value"] for e in st.history(sim.slurm_ids["j"]) if e["event"] == "resumed"]
+    assert resumed == [pytest.approx(SimOptions().checkpoint_s + 30.0)]
