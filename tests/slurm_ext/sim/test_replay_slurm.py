@@ -51,8 +51,9 @@ pytestmark = pytest.mark.slurm
 POLICY = "cellsched"
 #: the same solver settings on both sides: deterministic CP-SAT (the
 #: default), no age bonus (it grows with wall time), a generous wall-clock
-#: safety net so that a loaded machine does not cut a solve short
-SOLVER = SolverConfig(w_age=0.0, time_limit_s=30.0)
+#: safety net so that a loaded machine does not cut a solve short, and no
+#: calibration (ITER_S below is a stand-in clock, not a speed to learn)
+SOLVER = SolverConfig(w_age=0.0, time_limit_s=30.0, calibrate=False)
 #: every job: not elastic, 1 to MAX_GPUS GPUs (what the simulator's specs say)
 MAX_GPUS = 8
 #: seconds per iteration, on every cell: a job's run time is its iterations x ITER_S
