@@ -17,7 +17,7 @@ bw`` plus ``n-1`` latencies, a curve of n' ranks scaled by (n-1)/(n'-1).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from solver.profiles.records import CommRecord, GpuSpec
@@ -92,29 +92,28 @@ class Links:
 
     def allreduce(self, link: str, nbytes: float, n: int) -> float:
         """A ring all-reduce of an `nbytes` buffer among `n` ranks."""
-        if n <= 1 or nbytes <= 0:
-            return 0.0
-        by_n = self._curves.get((link, "allreduce"))
-        if by_n:
-            if n in by_n:
-                return by_n[n].time(nbytes)
-            m = min(by_n, key=lambda k: (abs(k - n), -k))
-            if m > 1:
-                return by_n[m].time(nbytes * ring_factor(n) / ring_factor(m))
-        return 2 * (n - 1) * self._lat[link] + ring_factor(n) * nbytes / self._bw[link]
+        return self._collective(link, "allreduce", nbytes, n, ring_factor, 2)
 
     def allgather(self, link: str, nbytes: float, n: int) -> float:
         """An all-gather among `n` ranks, each contributing `nbytes`."""
+        return self._collective(link, "allgather", nbytes, n, gather_factor, 1)
+
+    def _collective(
+        self, link: str, op: str, nbytes: float, n: int, factor: Callable[[int], float], steps_per_rank: int
+    ) -> float:
+        """`op` among `n` ranks: its curve for n ranks, else the nearest
+        curve's time scaled by factor(n) / factor(m), else the link's latency
+        per step (steps_per_rank x (n - 1) steps) and bandwidth."""
         if n <= 1 or nbytes <= 0:
             return 0.0
-        by_n = self._curves.get((link, "allgather"))
+        by_n = self._curves.get((link, op))
         if by_n:
             if n in by_n:
                 return by_n[n].time(nbytes)
             m = min(by_n, key=lambda k: (abs(k - n), -k))
             if m > 1:
-                return by_n[m].time(nbytes * gather_factor(n) / gather_factor(m))
-        return (n - 1) * self._lat[link] + gather_factor(n) * nbytes / self._bw[link]
+                return by_n[m].time(nbytes * factor(n) / factor(m))
+        return steps_per_rank * (n - 1) * self._lat[link] + factor(n) * nbytes / self._bw[link]
 
 
 def load_curves(records: Iterable[CommRecord]) -> dict[tuple[str, str], dict[int, CommCurve]]:
