@@ -469,10 +469,17 @@ class StateStore:
         newest = f"WHERE id IN (SELECT MAX(id) FROM plans {where} GROUP BY job_id) ORDER BY id"
         return {p.job_id: p for p in self._plans(newest, args)}
 
-    def requeued_since_release(self, job_ids: Iterable[str]) -> set[str]:
+    def released(self, job_ids: Iterable[str]) -> set[str]:
+        """Jobs (of `job_ids`) whose newest plan the controller released and
+        that it has not requeued held since: held again, they are an operator's."""
+        ids = sorted(set(job_ids))
+        latest = self.latest_plans(applied_only=False, job_ids=ids)
+        return {j for j, p in latest.items() if p.status == PlanStatus.RELEASED} - self._requeued_since_release(ids)
+
+    def _requeued_since_release(self, job_ids: list[str]) -> set[str]:
         """Jobs (of `job_ids`) the controller requeued held after it last
         released them: held by the controller, not by an operator."""
-        ids = {"job_id": sorted(set(job_ids))}
+        ids = {"job_id": job_ids}
         where, args = sqlitedb.where(status=PlanStatus.RELEASED, any_of=ids)
         released = dict(self._db.execute(f"SELECT job_id, MAX(applied_at) FROM plans{where} GROUP BY job_id", args))
         where, args = sqlitedb.where(event=HistoryEvent.REQUEUED, any_of=ids)

@@ -84,7 +84,6 @@ class Calibration:
             per_user = [statistics.median(lr for lr, _ in v) for v in by_user.values()]
             w = sum(max(wt for _, wt in v) for v in by_user.values())
             self._group[key] = statistics.median(per_user) * w / (w + 1)
-        self.jobs = len(self._own)
 
     def __bool__(self) -> bool:
         return bool(self._own)

@@ -133,7 +133,8 @@ class _ModelData:
 
 
 @functools.lru_cache(maxsize=4096)
-def _divisors(n: int) -> tuple[int, ...]:
+def divisors(n: int) -> tuple[int, ...]:
+    """The divisors of n, ascending."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return tuple(small + [n // d for d in reversed(small) if d * d != n])
 
@@ -346,7 +347,7 @@ class Estimator:
         pp, g = cell.pp, cell.gpus_per_node
         if pp > model.num_layers:
             return []
-        return [tp for tp in _divisors(g) if self._tp_ok(model, tp, g) and cell.num_gpus % (pp * tp) == 0]
+        return [tp for tp in divisors(g) if self._tp_ok(model, tp, g) and cell.num_gpus % (pp * tp) == 0]
 
     def _found(
         self,
@@ -390,7 +391,7 @@ class Estimator:
             else:  # the busiest rank runs k virtual workers of batch / V samples in turn
                 per_worker, k = batch // vw, -(-vw // dp)
             prev, last_st, sync = math.inf, None, 0.0
-            for m in _divisors(per_worker):
+            for m in divisors(per_worker):
                 b = per_worker // m
                 st = self._stages(md, chosen, cell.gpu_type, tp, b, pp)
                 if st is not last_st:  # gradient sync and weight update: once per iteration
@@ -472,7 +473,7 @@ class Estimator:
         return md.ratios[key]
 
     def _stage_counts(self, model: ModelSpec, num_gpus: int) -> list[int]:
-        return [p for p in _divisors(num_gpus) if p <= min(self.max_pp, model.num_layers)]
+        return [p for p in divisors(num_gpus) if p <= min(self.max_pp, model.num_layers)]
 
     # ---- estimates ---------------------------------------------------------------
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import pathlib
 import sys
 import time
 from collections.abc import Sequence
@@ -364,7 +363,7 @@ def simulate(
     request. Without options this replays Arena's Philly trace on Arena's
     cluster with Arena's profiles.
     """
-    from slurm_ext.sim.conditions import TRUTHS, Conditions, ConditionsError, RestartModel, truth_kind
+    from slurm_ext.sim.conditions import Conditions, ConditionsError, RestartModel, truth_problem
     from slurm_ext.sim.engine import ARENA_ROUND_S, SimError, SimOptions
 
     if arena_compat and interval not in (None, ARENA_ROUND_S):
@@ -374,13 +373,9 @@ def simulate(
     if truth and profiles:
         raise SimulateError("--profiles: give --truth or --profiles, not both")
     source = truth or profiles
-    if source not in (None, *TRUTHS) and truth_kind(source) is None:
-        what = (
-            "no such file"
-            if not pathlib.Path(source).is_file()
-            else "neither Arena's profiles JSON nor a profile-store SQLite file"
-        )
-        raise SimulateError(f"{'--truth' if truth else '--profiles'}: {source!r}: {what}")
+    problem = truth_problem(source) if source else None
+    if problem:  # named by the option it came from
+        raise SimulateError(f"{'--truth' if truth else '--profiles'}: {problem}")
     try:
         given = {
             "truth": source,

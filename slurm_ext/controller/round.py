@@ -22,7 +22,7 @@ from slurm_ext.controller.reconcile import MOVE, PLACE, Outcome, Waiting, apply,
 from slurm_ext.controller.report import RoundReport
 from slurm_ext.controller.round_metrics import declare_metrics, record_cluster, record_round
 from slurm_ext.records import ClusterSnapshot
-from slurm_ext.state import HistoryEvent, JobStatus, PlanStatus, RoundStatus, SpeedRow, StateStore
+from slurm_ext.state import HistoryEvent, JobStatus, RoundStatus, SpeedRow, StateStore
 from solver.calibration import CalibratedEstimator, Calibration, Observation, running_ratio
 from solver.types import EstimatorLike, Policy, ScheduleReply, ScheduleRequest, size_key_of
 
@@ -158,11 +158,7 @@ class Controller:
 
         listed = [j.job_id for j in snap.jobs]  # Slurm's jobs: the state's other rows are history
         known = self.state.jobs(job_ids=listed)
-        latest = self.state.latest_plans(applied_only=False, job_ids=listed)
-        # released by the controller and not requeued held by it since: held again, it is the operator's
-        released = {
-            j for j, p in latest.items() if p.status == PlanStatus.RELEASED
-        } - self.state.requeued_since_release(listed)
+        released = self.state.released(listed)
         opens = self.state.open_plans()
         jobs = inp.classify(snap, known, opens, released)
         if not dry_run:

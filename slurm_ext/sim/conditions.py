@@ -107,16 +107,9 @@ class Conditions:
             raise ConditionsError(f"--estimates: expected one of {', '.join(ESTIMATES)}, got {self.estimates!r}")
         if not (math.isfinite(self.noise) and 0 <= self.noise <= 2):
             raise ConditionsError(f"--noise: sigma must be in [0, 2], got {self.noise!r}")
-        if self.truth not in TRUTHS:
-            p = pathlib.Path(self.truth)
-            if not p.is_file():
-                raise ConditionsError(
-                    f"--truth: expected arena, arena-filled or a profiles file, no such file {self.truth!r}"
-                )
-            if truth_kind(self.truth) is None:
-                raise ConditionsError(
-                    f"--truth: {self.truth!r} is neither Arena's profiles JSON nor a profile-store SQLite file"
-                )
+        problem = truth_problem(self.truth)
+        if problem:
+            raise ConditionsError(f"--truth: {problem}")
 
     @classmethod
     def realistic(cls, **given: Any) -> Conditions:
@@ -206,6 +199,17 @@ def table_speed(table: Any) -> SpeedFn:
     return speed
 
 
+def truth_problem(truth: str) -> str | None:
+    """Why `truth` (a TRUTHS name or a profiles file) is none; None when it is one."""
+    if truth in TRUTHS:
+        return None
+    if not pathlib.Path(truth).is_file():
+        return f"expected {' or '.join(TRUTHS)} or a profiles file, no such file {truth!r}"
+    if truth_kind(truth) is None:
+        return f"{truth!r} is neither Arena's profiles JSON nor a profile-store SQLite file"
+    return None
+
+
 def truth_kind(path: str) -> str | None:
     """ "arena" (a JSON file), "store" (a SQLite file) or None."""
     try:
@@ -220,4 +224,13 @@ def truth_kind(path: str) -> str | None:
     return None
 
 
-__all__ = ["Conditions", "ConditionsError", "RestartModel", "ESTIMATES", "truth_kind", "table_speed", "estimator_speed"]
+__all__ = [
+    "Conditions",
+    "ConditionsError",
+    "RestartModel",
+    "ESTIMATES",
+    "truth_kind",
+    "truth_problem",
+    "table_speed",
+    "estimator_speed",
+]

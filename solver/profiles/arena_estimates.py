@@ -32,13 +32,14 @@ import json
 import os
 import pathlib
 
+from solver.estimator import Estimator, divisors
 from solver.models import get_model
 from solver.profiles.arena import ESTIMATED_FILE, OPTIMAL_FILE, load_device_specs, shipped_path
 from solver.profiles.arena_import import arena_records
-from solver.profiles.arena_lookup import ArenaTable
+from solver.profiles.arena_lookup import NO_PROFILE, ArenaTable
 from solver.profiles.gpus import default_gpu_specs
 from solver.profiles.records import CellRecord, ProfileSource
-from solver.types import Cell, Estimate, EstimatorLike, JobRequest, ParallelPlan
+from solver.types import Cell, Estimate, JobRequest, ParallelPlan
 
 _Key = tuple[str, int, str, int, int]
 
@@ -80,7 +81,7 @@ class ArenaEstimates:
         self._fallback_recs = recs
         self._covered = {(r.model, r.gpu_type) for r in recs}  # (model, GPU type) pairs Arena has
         self._fill_missing = fill_missing
-        self._fallback: EstimatorLike | None = None
+        self._fallback: Estimator | None = None
 
     @classmethod
     def filled_truth(cls) -> ArenaEstimates:
@@ -95,10 +96,9 @@ class ArenaEstimates:
         est = self.estimate(job, Cell(gpu_type, num_nodes, gpus_per_node, 1))
         return est.iter_time_s if est.feasible else None
 
-    def _estimator(self) -> EstimatorLike:
+    def _estimator(self) -> Estimator:
         """Our estimator over the best-plan times (built on first use)."""
         if self._fallback is None:
-            from solver.estimator import Estimator
             from solver.profiles.store import ProfileStore
 
             store = ProfileStore(":memory:")
@@ -114,11 +114,11 @@ class ArenaEstimates:
         if cell.pp != 1 or cell.mixed:
             return est
         if self._fill_missing:
-            if est.feasible or not est.note.startswith("no Arena profile"):
+            if est.feasible or not est.note.startswith(NO_PROFILE):
                 return est
         elif (self.table.model_name(job.model.name), cell.gpu_type.lower()) in self._covered:
             return est
-        ours = [self._estimator().estimate(job, dataclasses.replace(cell, pp=pp)) for pp in _divisors(cell.num_gpus)]
+        ours = [self._estimator().estimate(job, dataclasses.replace(cell, pp=pp)) for pp in divisors(cell.num_gpus)]
         best = min(ours, key=lambda e: e.iter_time_s)
         if not best.feasible:
             return ours[0]
@@ -129,10 +129,6 @@ class ArenaEstimates:
             else best.note
         )
         return dataclasses.replace(best, cell=cell, plan=plan, note=note)
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 __all__ = ["ArenaEstimates", "best_plan_records"]

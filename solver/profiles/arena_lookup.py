@@ -53,6 +53,8 @@ from solver.profiles.records import CellRecord, ProfileSource
 from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
 
 MAX_ITER_TIME_S = 300.0
+#: how a lookup that found no entry at all begins its note (not an out-of-memory entry)
+NO_PROFILE = "no Arena profile"
 PREC = 3
 
 _Key = tuple[str, int, str, int, int]  # model, batch, gpu type, nodes, gpus per node
@@ -149,7 +151,7 @@ class ArenaTable:
                         self.param_factor**steps,
                         f"from {grown[0]} x{self.param_factor}^{steps}",
                     )
-        return None, f"no Arena profile for {model} B={batch} on {gpu} {nodes}x{per}"
+        return None, f"{NO_PROFILE} for {model} B={batch} on {gpu} {nodes}x{per}"
 
     @staticmethod
     def _time(t: float | None, batch: int, factor: float, how: str) -> tuple[float | None, str]:

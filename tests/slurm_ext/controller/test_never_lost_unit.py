@@ -328,8 +328,7 @@ def test_a_job_the_controller_requeued_held_is_its_own_and_an_operators_hold_is_
                 st.set_plan_status(plan, status, 100.0)
         st.add_history("1", HistoryEvent.REQUEUED, 150.0, None)
         st.add_history("2", HistoryEvent.REQUEUED, 50.0, None)  # before its last release
-        ours = st.requeued_since_release(["1", "2", "3"])
-        assert ours == {"1"}
-        released = {j for j, p in st.latest_plans().items() if p.status == PlanStatus.RELEASED} - ours
+        released = st.released(["1", "2", "3"])
+        assert released == {"2"}
         jobs = inp.classify(snapshot(held("1", SPEC), held("2", SPEC)), st.jobs(), {}, released)
     assert {m.job_id: m.phase for m in jobs} == {"1": inp.Phase.HELD, "2": inp.Phase.OPERATOR_HOLD}
