@@ -6,7 +6,10 @@ Rows (name: simulate options):
   philly-x1-arena, philly-x2-arena, philly-x4-arena: Arena's Philly trace
       (1,938 jobs) at 1x, 2x and 4x its arrival rate on Arena's 1,280 GPUs;
   philly-x1-mixed88, philly-x2-mixed88, philly-x4-mixed88: the first
-      --small-jobs jobs of it on etc/sim-mixed-88.toml (88 GPUs, four types).
+      --small-jobs jobs of it on etc/sim-mixed-88.toml (88 GPUs, four
+      types), arrivals scaled by the cluster's size (88 / 1,280) times 1, 2
+      and 4, so that each load is the one of the same row on Arena's
+      cluster (unscaled, 88 GPUs would meet 15x the load).
 
 Each row is one `cellsched simulate` run (all policies, the same seed), kept
 in OUT/ROW/results.json: a row already there is not run again, so the
@@ -26,22 +29,32 @@ import json
 import statistics
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 POLICIES = ("cellsched", "sia", "gavel", "fcfs")
 RATES = (1, 2, 4)
+SMALL = REPO / "etc" / "sim-mixed-88.toml"
+#: GPUs of Arena's cluster, the simulator's default (1x: the trace's own load there)
+ARENA_GPUS = 1280
+
+
+def gpus_of(cluster_toml: Path) -> int:
+    doc = tomllib.loads(cluster_toml.read_text())
+    return sum(g["count"] * g["gpus_per_node"] for g in doc["nodes"])
 
 
 def rows(small_jobs: int) -> dict[str, list[str]]:
     out = {}
+    scale = gpus_of(SMALL) / ARENA_GPUS
     for rate in RATES:
         out[f"philly-x{rate}-arena"] = ["--arrival-rate", str(rate)]
         out[f"philly-x{rate}-mixed88"] = [
             "--arrival-rate",
-            str(rate),
+            f"{rate * scale:.6g}",
             "--cluster",
-            str(REPO / "etc" / "sim-mixed-88.toml"),
+            str(SMALL),
             "--limit-jobs",
             str(small_jobs),
         ]

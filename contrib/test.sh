@@ -5,9 +5,11 @@
 #
 # Sets up Debian's Slurm + munge and a .venv (contrib/setup.sh), checks the
 # code with ruff (lint and format, configured in pyproject.toml), then runs
-# pytest. The integration tests start their own local Slurm dev cluster
-# (contrib/dev-cluster/devcluster.sh, under /tmp/cellsched-test-cluster) and
-# stop it at the end.
+# pytest on 2 workers (pytest-xdist): the integration tests run one at a
+# time on one worker, against their own local Slurm dev cluster
+# (contrib/dev-cluster/devcluster.sh, under /tmp/cellsched-test-cluster,
+# started and stopped by the session), while the other worker takes the
+# rest. CELLSCHED_TEST_WORKERS=0 runs everything in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash contrib/setup.sh
@@ -16,4 +18,7 @@ VENV=${VENV:-.venv}
 export PATH="$PWD/$VENV/bin:$PATH"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
-exec "$VENV/bin/python" -m pytest -q "$@"
+workers=${CELLSCHED_TEST_WORKERS:-2}
+parallel=()
+if [ "$workers" != 0 ]; then parallel=(-n "$workers" --dist loadgroup); fi
+exec "$VENV/bin/python" -m pytest -q "${parallel[@]}" "$@"

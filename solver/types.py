@@ -340,6 +340,8 @@ class SolverConfig:
     calibrate: bool = True
     #: Weigh a job by (median remaining work / its remaining work) ** this (0: off; see placement.objective).
     srpt_exponent: float = 0.0
+    #: Weigh jobs by their rank in remaining work as heSRPT allocates (see placement.objective).
+    hesrpt: bool = False
 
 
 @dataclass(frozen=True)

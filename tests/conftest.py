@@ -112,6 +112,12 @@ def built_dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests that use the dev cluster `slurm`, and keep them together
+    on one worker when the suite runs in parallel (`-n 2 --dist loadgroup`:
+    they share one cluster and run one at a time; the other tests run beside
+    them on the other worker)."""
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slurm)
+        if item.get_closest_marker("slurm") is not None:
+            item.add_marker(pytest.mark.xdist_group("slurm"))

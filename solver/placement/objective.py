@@ -27,6 +27,11 @@ linear (a sum of value x chosen):
   fairness_p = 1 the value is the job's share of its remaining work done per
   second, and the round maximises the rate at which jobs complete (SRPT in
   the fluid limit), which is what average JCT rewards under a queue.
+* `hesrpt` (default off) multiplies the value by heSRPT's weight of the job's
+  rank in remaining work R (Berg et al., 2020; ``hesrpt_factors``): with
+  speedup k ** fairness_p, the weights make the round's GPU shares those
+  that minimise total completion time, the smallest job the largest share,
+  the largest job still a share (never starved: shares, not an order).
 * `age` grows without bound but slowly, so a job that waits long enough
   eventually outweighs any throughput gain of the jobs ahead of it (no
   starvation), while fresh jobs are ordered by throughput alone.
@@ -95,6 +100,26 @@ def job_weights(
         if config.srpt_exponent and math.isfinite(r) and r > 0 and r_med > 0:
             w *= min(SRPT_BOUND, max(1 / SRPT_BOUND, r_med / r)) ** config.srpt_exponent
         out[j.job_id] = w
+    if config.hesrpt:
+        for job_id, f in hesrpt_factors(work, config.fairness_p).items():
+            out[job_id] *= f
+    return out
+
+
+def hesrpt_factors(work: Mapping[str, float], p: float) -> dict[str, float]:
+    """heSRPT's allocation as value weights (Berg et al. 2020): with m jobs
+    ranked by remaining work, largest first (i = 1..m), the job of rank i
+    gets the share theta_i = (i/m)^(1/(1-p)) - ((i-1)/m)^(1/(1-p)), which
+    minimises total completion time for speedup k^p without arrivals. A
+    weight w on value k^p draws k proportional to w^(1/(1-p)), so the weight
+    is (m theta_i)^(1-p) (1 for equal shares). Jobs without finite work keep 1."""
+    finite = sorted((w, job_id) for job_id, w in work.items() if math.isfinite(w))
+    m, e = len(finite), 1.0 / (1.0 - min(p, 0.95))
+    out = {job_id: 1.0 for job_id in work}
+    for k, (_, job_id) in enumerate(finite):
+        i = m - k  # the smallest remaining work has rank m
+        theta = (i / m) ** e - ((i - 1) / m) ** e
+        out[job_id] = (m * theta) ** (1.0 - min(p, 0.95))
     return out
 
 

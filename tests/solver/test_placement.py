@@ -361,3 +361,17 @@ def test_srpt_exponent_weighs_a_job_by_its_share_of_the_median_remaining_work():
     on = objective.job_weights(jobs, refs, 0.0, SolverConfig(w_age=0.0, w_short_jobs=0.0, srpt_exponent=1.0))
     # median remaining work: 300 s; the longest job's factor is bounded at 1/10
     assert [round(on[j.job_id], 6) for j in jobs] == [3.0, 1.5, 0.75, 0.1]
+
+
+def test_hesrpt_weights_draw_shares_in_heSRPT_order_of_remaining_work():
+    from solver.placement import objective
+
+    ref = Estimate(Cell("a100", 1, 4, 1), ParallelPlan(1, 4, 1), 1.0, 1.0, EstimateSource.MEASURED)
+    jobs = [JobRequest(str(i), get_model("gpt-350m"), 8, n) for i, n in enumerate((400, 100, 100_000))]
+    refs = {**{j.job_id: ref for j in jobs}, "2": None}  # job 2 has no feasible cell: weight untouched
+    base = SolverConfig(w_age=0.0, w_short_jobs=0.0, fairness_p=0.5)
+    w = objective.job_weights(jobs, refs, 0.0, replace(base, hesrpt=True))
+    # two ranked jobs, p = 0.5: shares theta = 1/4 (larger) and 3/4 (smaller);
+    # weights (2 theta) ** 0.5, and k ~ w ** 2 gives the 1:3 split
+    assert round(w["0"], 6) == round(0.5**0.5, 6) and round(w["1"], 6) == round(1.5**0.5, 6) and w["2"] == 1.0
+    assert (w["1"] / w["0"]) ** 2 == pytest.approx(3.0)
