@@ -111,6 +111,7 @@ def built_dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
     return build_dist(tmp_path_factory.mktemp("build"))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the tests that use the dev cluster `slurm`, and keep them together
     on one worker when the suite runs in parallel (`-n 2 --dist loadgroup`:
