@@ -5,11 +5,12 @@
 #
 # Sets up Debian's Slurm + munge and a .venv (contrib/setup.sh), checks the
 # code with ruff (lint and format, configured in pyproject.toml), then runs
-# pytest on 2 workers (pytest-xdist): the integration tests run one at a
-# time on one worker, against their own local Slurm dev cluster
-# (contrib/dev-cluster/devcluster.sh, under /tmp/cellsched-test-cluster,
-# started and stopped by the session), while the other worker takes the
-# rest. CELLSCHED_TEST_WORKERS=0 runs everything in one process.
+# pytest on 2 workers (pytest-xdist): the integration tests, in two groups,
+# run one at a time on each worker, against that worker's own local Slurm
+# dev cluster (contrib/dev-cluster/devcluster.sh, under
+# /tmp/cellsched-test-cluster[-gwN], started and stopped by the session);
+# the other tests fill in beside them. CELLSCHED_TEST_WORKERS=0 runs
+# everything in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash contrib/setup.sh

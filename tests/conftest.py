@@ -111,14 +111,22 @@ def built_dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
     return build_dist(tmp_path_factory.mktemp("build"))
 
 
+#: Slurm test files run as group "slurm-a" when the suite runs in parallel;
+#: the others as "slurm-b" (the two take about the same time)
+SLURM_GROUP_A = frozenset(
+    {"test_chaos_slurm.py", "test_controller_slurm.py", "test_controller_cli_slurm.py", "test_mixed_slurm.py"}
+)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the tests that use the dev cluster `slurm`, and keep them together
-    on one worker when the suite runs in parallel (`-n 2 --dist loadgroup`:
-    they share one cluster and run one at a time; the other tests run beside
-    them on the other worker)."""
+    """Mark the tests that use a dev cluster `slurm`, and split them in two
+    groups for a parallel run (`-n 2 --dist loadgroup`): each group runs its
+    tests one at a time on one worker, against that worker's own cluster
+    (support.TEST_CLUSTER_ENV); the other tests fill in beside them."""
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slurm)
         if item.get_closest_marker("slurm") is not None:
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+            group = "slurm-a" if item.path.name in SLURM_GROUP_A else "slurm-b"
+            item.add_marker(pytest.mark.xdist_group(group))

@@ -19,12 +19,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DEVCLUSTER = ROOT / "contrib" / "dev-cluster" / "devcluster.sh"
 SHAPE = ROOT / "contrib" / "dev-cluster" / "cluster.conf"
-#: where the shared test cluster lives; CELLSCHED_TEST_LAB / _CTLD_PORT /
-#: _SLURMD_BASEPORT override it so that two test runs can share a machine
+#: the pytest-xdist worker this process is (gw0, gw1, ...; 0 without xdist)
+WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+#: where the session's test cluster lives: one per xdist worker (its own LAB
+#: and ports: two clusters run side by side); CELLSCHED_TEST_LAB /
+#: _CTLD_PORT / _SLURMD_BASEPORT move worker 0's, so that two test runs can
+#: share a machine
 TEST_CLUSTER_ENV = {
-    "LAB": os.environ.get("CELLSCHED_TEST_LAB", "/tmp/cellsched-test-cluster"),
-    "CTLD_PORT": os.environ.get("CELLSCHED_TEST_CTLD_PORT", "16817"),
-    "SLURMD_BASEPORT": os.environ.get("CELLSCHED_TEST_SLURMD_BASEPORT", "16900"),
+    "LAB": os.environ.get("CELLSCHED_TEST_LAB", "/tmp/cellsched-test-cluster") + (f"-gw{WORKER}" if WORKER else ""),
+    "CTLD_PORT": str(int(os.environ.get("CELLSCHED_TEST_CTLD_PORT", "16817")) + 200 * WORKER),
+    "SLURMD_BASEPORT": str(int(os.environ.get("CELLSCHED_TEST_SLURMD_BASEPORT", "16900")) + 200 * WORKER),
 }
 
 

@@ -10,15 +10,16 @@ checkpointed one; the failure is recorded against the cell it ran in (a
 "run-failed" event, which counts towards ``max_cell_failures``, so a cell
 that keeps failing is avoided) and is shown by ``cellsched status
 --history``. After ``max_relaunches`` such failures (`counted`: the first
-failure in each size of cell is free) the job is left to end FAILED, with a
-reason that says so. A run that trained and then failed is
-the program's own failure and is left alone.
+failure in each size of cell is free) a job that never trained is left to
+end FAILED, with a reason that says so; one that has trained is relaunched
+whatever the count (its failures are the cells', which are excluded). A run
+that trained and then failed is the program's own failure and is left alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from slurm_ext.controller import inputs as inp
@@ -63,12 +64,18 @@ def review(
     read: ProgressReader,
     recorded: Mapping[str, Sequence[tuple[float, str]]],
     max_relaunches: int,
+    trained_before: Collection[str] = (),
 ) -> dict[str, RunFailure]:
     """The managed jobs whose last run failed before training, by job id.
 
     `recorded`: the (end time, cell key) of each job's run failures recorded
     so far (a failure seen in an earlier round is not read again); `read`:
     the progress reader (only a new failure's progress record is read).
+    `trained_before`: jobs that have trained (iterations done): their runs'
+    failures say something about the cells they failed in, not about the
+    job, so they are always relaunched (the failed cells and sizes are
+    excluded, round.excluded_cells, and when every cell is, the job waits
+    with that reason: never given up).
     """
     out: dict[str, RunFailure] = {}
     for m in jobs:
@@ -90,7 +97,7 @@ def review(
             past.append((job.end_time, cell))
         count = counted(past)
         exit_text = f"{job.state.lower()}, exit {job.exit_code}"
-        if count > max_relaunches:
+        if count > max_relaunches and m.job_id not in trained_before:
             reason = (
                 f"its run failed before training {len(past)} times (last: {exit_text} in {cell}); "
                 f"not requeued again (max_relaunches = {max_relaunches})"

@@ -9,7 +9,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from slurm_ext.backends import Backend, SlurmUnavailable, get_backend
@@ -169,7 +169,8 @@ class Controller:
                 opens.pop(job_id)
             if settled:
                 jobs = inp.classify(snap, known, opens, released)
-        jobs = self._review_failures(jobs, listed, now, round_id, dry_run)
+        trained = {j for j, r in known.items() if (r.iterations_done or 0) > 0}
+        jobs = self._review_failures(jobs, listed, now, round_id, dry_run, trained)
 
         prog = self._progress(jobs, known, now)
         progress, progress_src = prog.done, prog.source
@@ -355,12 +356,19 @@ class Controller:
         )
 
     def _review_failures(
-        self, jobs: tuple[inp.ManagedJob, ...], listed: list[str], now: float, round_id: int | None, dry_run: bool
+        self,
+        jobs: tuple[inp.ManagedJob, ...],
+        listed: list[str],
+        now: float,
+        round_id: int | None,
+        dry_run: bool,
+        trained: Collection[str],
     ) -> tuple[inp.ManagedJob, ...]:
         """Jobs whose run ended before training are requeued and placed again
-        (slurm_ext.controller.relaunch); a new failure is recorded against its cell."""
+        (slurm_ext.controller.relaunch); a new failure is recorded against its
+        cell. `trained`: the jobs that have iterations done (never given up)."""
         failures = relaunch.review(
-            jobs, self.progress, self.state.run_failures(listed), self.config.controller.max_relaunches
+            jobs, self.progress, self.state.run_failures(listed), self.config.controller.max_relaunches, trained
         )
         for f in failures.values():
             if f.new and not dry_run:

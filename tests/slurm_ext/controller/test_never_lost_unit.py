@@ -332,3 +332,17 @@ def test_a_job_the_controller_requeued_held_is_its_own_and_an_operators_hold_is_
         assert released == {"2"}
         jobs = inp.classify(snapshot(held("1", SPEC), held("2", SPEC)), st.jobs(), {}, released)
     assert {m.job_id: m.phase for m in jobs} == {"1": inp.Phase.HELD, "2": inp.Phase.OPERATOR_HOLD}
+
+
+def test_a_job_that_has_trained_is_never_given_up_for_failures_in_cells():
+    """Failures of a job that has iterations done say that those cells do not
+    hold it (they are excluded), not that the job is broken: it is relaunched
+    however many there are; a job that never trained is still given up."""
+    jobs = inp.classify(snapshot(ended("1")), {}, {})
+    failed = [(500.0, "a40:1x2:pp1"), (600.0, "a40:2x1:pp1"), (700.0, "a10:1x2:pp1")]
+    failed += [(800.0, "a10:2x1:pp1"), (900.0, "a100:1x4:pp1"), (960.0, "a100:2x2:pp1")]
+    assert relaunch.counted(failed) > 3
+    assert not relaunch.review(jobs, lambda m: None, {"1": failed}, 3)["1"].relaunch
+    f = relaunch.review(jobs, lambda m: None, {"1": failed}, 3, trained_before={"1"})["1"]
+    assert f.relaunch and "requeued from its checkpoint" in f.reason
+    assert excluded_cells({c: 1 for _, c in failed}, 2) == {"a40:2gpus:pp1", "a10:2gpus:pp1", "a100:4gpus:pp1"}
