@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from slurm_ext.cli.controller_cmd import ControllerError, load_config, new_controller, open_state
+from slurm_ext.controller.progress import FROM_ESTIMATE, FROM_FILE
 from slurm_ext.records import FINISHED
 from slurm_ext.state import RoundStatus, SpeedRow, StateStore
 from slurm_ext.textsafe import printable
@@ -65,9 +66,9 @@ def progress_text(done: float | None, total: int | None, source: str | None, sta
     """PROGRESS as known: "done/total" from the job's progress file, "~done/total"
     for a live job's estimate from its run time, "-" when not known (no count,
     only an estimate for a job that has ended, or a job whose end was not seen)."""
-    if done is None or not total or source not in ("file", "estimate") or state == ENDED:
+    if done is None or not total or source not in (FROM_FILE, FROM_ESTIMATE) or state == ENDED:
         return "-"
-    if source == "estimate":
+    if source == FROM_ESTIMATE:
         return "-" if state in FINISHED else f"~{int(done)}/{total}"
     return f"{int(done)}/{total}"
 

@@ -36,6 +36,10 @@ class JobProgress:
 #: real cluster; the simulated backend's own counter in the simulator
 ProgressReader = Callable[["inp.ManagedJob"], "JobProgress | None"]
 
+#: where a job's count of iterations done came from: its own progress report,
+#: or the controller's estimate from its run time
+FROM_FILE, FROM_ESTIMATE = "file", "estimate"
+
 #: a progress file is small; anything larger is ignored
 MAX_BYTES = 65536
 #: a reported iteration time above this (s) is not one
@@ -238,7 +242,7 @@ def collect_progress(
                 p, notes[m.job_id] = None, f"progress file ignored: {why}"
         if p is not None:
             floor = prev[0] if prev and math.isfinite(rate_factor) else 0.0
-            done[m.job_id], src[m.job_id] = max(p.iterations_done, floor), "file"
+            done[m.job_id], src[m.job_id] = max(p.iterations_done, floor), FROM_FILE
             if p.first_step_at is not None:
                 first[m.job_id] = p.first_step_at
             if p.iter_time_s is not None:
@@ -246,5 +250,5 @@ def collect_progress(
             continue
         estimate = _estimate(m, prev, now)
         if estimate is not None:
-            done[m.job_id], src[m.job_id] = estimate, "estimate"
+            done[m.job_id], src[m.job_id] = estimate, FROM_ESTIMATE
     return Progress(done, src, first, notes, speed)

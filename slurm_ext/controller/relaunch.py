@@ -23,7 +23,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from slurm_ext.controller import inputs as inp
-from slurm_ext.controller.progress import JobProgress, ProgressReader, Unreadable
+from slurm_ext.controller.progress import FROM_FILE, JobProgress, ProgressReader, Unreadable
+from slurm_ext.state import JobStatus
 from solver.types import size_key_of
 
 #: Slurm end states of a run that may have died before training
@@ -49,6 +50,12 @@ def trained(job_start: float | None, progress: JobProgress | None) -> bool:
     return job_start is None or progress.first_step_at >= job_start
 
 
+def trained_jobs(statuses: Mapping[str, JobStatus]) -> set[str]:
+    """The jobs whose own progress reports (not the controller's estimate
+    from run time: a broken job runs too) counted iterations done."""
+    return {j for j, s in statuses.items() if s.progress_source == FROM_FILE and (s.iterations_done or 0) > 0}
+
+
 def counted(failures: Sequence[tuple[float, str]]) -> int:
     """The failures that count towards max_relaunches: all but the first in
     each size of cell (solver.types.size_key_of). A failure in a size the job
@@ -71,7 +78,7 @@ def review(
     `recorded`: the (end time, cell key) of each job's run failures recorded
     so far (a failure seen in an earlier round is not read again); `read`:
     the progress reader (only a new failure's progress record is read).
-    `trained_before`: jobs that have trained (iterations done): their runs'
+    `trained_before`: jobs that have trained (`trained_jobs`): their runs'
     failures say something about the cells they failed in, not about the
     job, so they are always relaunched (the failed cells and sizes are
     excluded, round.excluded_cells, and when every cell is, the job waits

@@ -169,8 +169,7 @@ class Controller:
                 opens.pop(job_id)
             if settled:
                 jobs = inp.classify(snap, known, opens, released)
-        trained = {j for j, r in known.items() if (r.iterations_done or 0) > 0}
-        jobs = self._review_failures(jobs, listed, now, round_id, dry_run, trained)
+        jobs = self._review_failures(jobs, listed, now, round_id, dry_run, relaunch.trained_jobs(known))
 
         prog = self._progress(jobs, known, now)
         progress, progress_src = prog.done, prog.source
@@ -366,7 +365,7 @@ class Controller:
     ) -> tuple[inp.ManagedJob, ...]:
         """Jobs whose run ended before training are requeued and placed again
         (slurm_ext.controller.relaunch); a new failure is recorded against its
-        cell. `trained`: the jobs that have iterations done (never given up)."""
+        cell. `trained`: the jobs that have trained (never given up)."""
         failures = relaunch.review(
             jobs, self.progress, self.state.run_failures(listed), self.config.controller.max_relaunches, trained
         )

@@ -19,7 +19,7 @@ from slurm_ext.controller.reconcile import PLACE, REQUEUE, decide
 from slurm_ext.controller.round import excluded_cells
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
-from slurm_ext.state import HistoryEvent, PlanStatus, StateStore
+from slurm_ext.state import HistoryEvent, JobStatus, PlanStatus, StateStore
 from solver.mixed import mixed_cell
 from solver.models import get_model
 from solver.plan import JobPlan
@@ -346,3 +346,15 @@ def test_a_job_that_has_trained_is_never_given_up_for_failures_in_cells():
     f = relaunch.review(jobs, lambda m: None, {"1": failed}, 3, trained_before={"1"})["1"]
     assert f.relaunch and "requeued from its checkpoint" in f.reason
     assert excluded_cells({c: 1 for _, c in failed}, 2) == {"a40:2gpus:pp1", "a10:2gpus:pp1", "a100:4gpus:pp1"}
+
+
+def test_only_a_jobs_own_reports_make_it_trained():
+    """The controller's estimate from run time is no evidence of training (a
+    broken job runs too): such a job is still given up after max_relaunches."""
+
+    def status(job_id: str, done: float | None, source: str | None) -> JobStatus:
+        return JobStatus(job_id, "alice", "FAILED", "finished", "", 900.0, 950.0, 960.0, 1, done, source, True)
+
+    rows = [status("1", 120.0, "file"), status("2", 120.0, "estimate"), status("3", 0.0, "file")]
+    rows.append(status("4", None, None))
+    assert relaunch.trained_jobs({s.job_id: s for s in rows}) == {"1"}
