@@ -227,8 +227,12 @@ def _median_times(
         if i >= warmup:
             fwd.append(t1 - t0)
             bwd.append(t2 - t1)
-    runs = sorted(zip(fwd, bwd), key=sum)
-    return runs[(len(runs) - 1) // 2]
+    return _median_run(list(zip(fwd, bwd)), key=sum)
+
+
+def _median_run(runs: list, key: Callable = lambda x: x):
+    """The run of median `key` (the lower one of an even count): a run that happened, not an average."""
+    return sorted(runs, key=key)[(len(runs) - 1) // 2]
 
 
 def profile_layers(
@@ -319,7 +323,7 @@ def profile_update(
         if i >= warmup:
             times.append(clock() - t0)
     n = sum(p.numel() for p in params)
-    return n * 2 * optimizer_bytes_per_param / sorted(times)[(len(times) - 1) // 2] / 1e9
+    return n * 2 * optimizer_bytes_per_param / _median_run(times) / 1e9
 
 
 # ------------------------------------------------------------- communication

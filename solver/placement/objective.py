@@ -59,6 +59,8 @@ from solver.types import Estimate, JobRequest, SolverConfig
 SCALE = 10_000
 #: the srpt factor (R_med / R) is bounded by [1 / this, this]
 SRPT_BOUND = 10.0
+#: hesrpt_factors takes fairness_p as at most this
+HESRPT_MAX_P = 0.95
 
 
 def throughput(job: JobRequest, est: Estimate) -> float:
@@ -112,14 +114,17 @@ def hesrpt_factors(work: Mapping[str, float], p: float) -> dict[str, float]:
     gets the share theta_i = (i/m)^(1/(1-p)) - ((i-1)/m)^(1/(1-p)), which
     minimises total completion time for speedup k^p without arrivals. A
     weight w on value k^p draws k proportional to w^(1/(1-p)), so the weight
-    is (m theta_i)^(1-p) (1 for equal shares). Jobs without finite work keep 1."""
+    is (m theta_i)^(1-p) (1 for equal shares). Jobs without finite work keep
+    1. p is taken as at most HESRPT_MAX_P (at p = 1 the shares become plain
+    SRPT, everything to the smallest job, and the weights unbounded)."""
     finite = sorted((w, job_id) for job_id, w in work.items() if math.isfinite(w))
-    m, e = len(finite), 1.0 / (1.0 - min(p, 0.95))
+    q = 1.0 - min(p, HESRPT_MAX_P)
+    m = len(finite)
     out = {job_id: 1.0 for job_id in work}
     for k, (_, job_id) in enumerate(finite):
         i = m - k  # the smallest remaining work has rank m
-        theta = (i / m) ** e - ((i - 1) / m) ** e
-        out[job_id] = (m * theta) ** (1.0 - min(p, 0.95))
+        theta = (i / m) ** (1 / q) - ((i - 1) / m) ** (1 / q)
+        out[job_id] = (m * theta) ** q
     return out
 
 
