@@ -98,15 +98,14 @@ def test_held_untyped_job_runs_where_the_update_puts_it(tmp_path, backend, jobs,
     batch, n4, n5 = wait_until(written, timeout=20, what="the job's files")
     assert expand_hostlist(batch[0]) == ("n4", "n5") and batch[1] == "0,1" and batch[2] == "0,1"
     assert n4 == ["n4", "0,1"] and n5 == ["n5", "0,1"]
+
     # a plain `srun` starts one task per GPU: NumTasks/TasksPerNode stuck
-    tasks = wait_until(
-        lambda: (
-            len(list(tmp_path.glob("where.task*"))) == 4
-            and sorted(p.read_text().strip() for p in tmp_path.glob("where.task*"))
-        ),
-        timeout=20,
-        what="one task per GPU",
-    )
+    def task_hosts():
+        # a file can exist before its task has written it: wait for all four written
+        hosts = sorted(p.read_text().strip() for p in tmp_path.glob("where.task*"))
+        return len(hosts) == 4 and all(hosts) and hosts
+
+    tasks = wait_until(task_hosts, timeout=20, what="one task per GPU")
     assert tasks == ["n4", "n4", "n5", "n5"]
 
 
