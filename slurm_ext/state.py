@@ -56,6 +56,7 @@ class HistoryEvent(StrEnum):
     REQUEUED = "requeued"
     RESUMED = "resumed"  # its first progress after a (re)start; value: the measured restart cost (s)
     RUN_FAILED = "run-failed"  # a run ended in failure in this cell; value: when
+    TRAINED = "trained"  # a run reported a step in this cell (once per job and cell)
     FINISHED = "finished"  # cell: the Slurm state it ended in
 
 
@@ -507,6 +508,15 @@ class StateStore:
             for job_id, cell, n in self._db.execute(sql, (arg,)):
                 out.setdefault(job_id, {})[cell] = out.get(job_id, {}).get(cell, 0) + n
         return out
+
+    def trained_cells(self) -> dict[str, frozenset[str]]:
+        """job -> the cell keys it has trained in (the "trained" events)."""
+        out: dict[str, set[str]] = {}
+        for job_id, cell in self._db.execute(
+            "SELECT DISTINCT job_id, cell FROM cell_history WHERE event = ?", (HistoryEvent.TRAINED,)
+        ):
+            out.setdefault(job_id, set()).add(cell)
+        return {j: frozenset(c) for j, c in out.items()}
 
     def run_failures(self, job_ids: Iterable[str]) -> dict[str, list[tuple[float, str]]]:
         """job -> (end time, cell key) of its runs that failed before training (the "run-failed" events)."""

@@ -12,7 +12,8 @@ that keeps failing is avoided) and is shown by ``cellsched status
 --history``. After ``max_relaunches`` such failures (`counted`: the first
 failure in each size of cell is free) a job that never trained is left to
 end FAILED, with a reason that says so; one that has trained is relaunched
-whatever the count (its failures are the cells', which are excluded). A run
+whatever the count (its failures are the cells', which are excluded, but
+never a cell it has trained in: round.excluded_cells). A run
 that trained and then failed is the program's own failure and is left alone.
 """
 
@@ -81,8 +82,8 @@ def review(
     `trained_before`: jobs that have trained (`trained_jobs`): their runs'
     failures say something about the cells they failed in, not about the
     job, so they are always relaunched (the failed cells and sizes are
-    excluded, round.excluded_cells, and when every cell is, the job waits
-    with that reason: never given up).
+    excluded, round.excluded_cells, except the cells the job has trained in:
+    it always keeps somewhere to run).
     """
     out: dict[str, RunFailure] = {}
     for m in jobs:

@@ -173,10 +173,14 @@ class Controller:
 
         prog = self._progress(jobs, known, now)
         progress, progress_src = prog.done, prog.source
+        proven = self.state.trained_cells()
         if not dry_run:
             self._measure_restarts(jobs, prog.first_step_at, now, round_id, prog.iter_time)
+            self._record_trained(jobs, prog.first_step_at, proven, now, round_id)
         max_fail = cfg.controller.max_cell_failures
-        excluded = {j: excluded_cells(f, max_fail) for j, f in self.state.cell_failures().items()}
+        excluded = {
+            j: excluded_cells(f, max_fail, proven.get(j, frozenset())) for j, f in self.state.cell_failures().items()
+        }
         built = inp.build_request(
             snap,
             jobs,
@@ -444,6 +448,29 @@ class Controller:
             )
             log.info("restart measured", extra={"fields": {"job": m.job_id, "restart_s": round(cost, 3)}})
 
+    def _record_trained(
+        self,
+        jobs: tuple[inp.ManagedJob, ...],
+        first_step_at: Mapping[str, float],
+        proven: dict[str, frozenset[str]],
+        now: float,
+        round_id: int | None,
+    ) -> None:
+        """A "trained" event for each cell a running job has reported a step
+        in since its run started, once per job and cell (`proven`, updated):
+        the job fits there, whatever failed in other layouts of its size."""
+        for m in jobs:
+            first = first_step_at.get(m.job_id)
+            if m.phase != inp.Phase.RUNNING or m.current is None or first is None:
+                continue
+            if m.job.start_time is not None and first < m.job.start_time:
+                continue  # the step was an earlier run's
+            key = m.current.cell.key()
+            if key in proven.get(m.job_id, ()):
+                continue
+            self.state.add_history(m.job_id, HistoryEvent.TRAINED, now, round_id, key)
+            proven[m.job_id] = proven.get(m.job_id, frozenset()) | {key}
+
     def _remember(self, jobs: tuple[inp.ManagedJob, ...], known: Mapping[str, Any], now: float) -> None:
         """Persist first accepted specs and refused ones (one job at a time)."""
         for m in jobs:
@@ -514,19 +541,21 @@ class Controller:
         self.state.mark_vanished({j.job_id for j in snap.jobs}, now)
 
 
-def excluded_cells(failures: Mapping[str, int], max_failures: int) -> frozenset[str]:
+def excluded_cells(failures: Mapping[str, int], max_failures: int, trained_in: Collection[str] = ()) -> frozenset[str]:
     """The cells a job is kept out of: a cell that failed it `max_failures`
     times, and every layout of a size (Cell.size_key: GPU type, GPU count,
     stages; what decides whether it fits in memory) whose layouts together
-    failed it that often."""
+    failed it that often. Never a cell in `trained_in` (the job has trained
+    there) nor its size: the job fits there, so it always keeps somewhere to
+    run and is never stranded by failures elsewhere."""
+    proven_sizes = {size_key_of(c) for c in trained_in}
     sizes: dict[str, int] = {}
     for key, n in failures.items():
         size = size_key_of(key)
         if size is not None:
             sizes[size] = sizes.get(size, 0) + n
-    return frozenset([c for c, n in failures.items() if n >= max_failures]) | {
-        s for s, n in sizes.items() if n >= max_failures
-    }
+    cells = {c for c, n in failures.items() if n >= max_failures and c not in trained_in}
+    return frozenset(cells | {s for s, n in sizes.items() if n >= max_failures and s not in proven_sizes})
 
 
 def _keep_running(jobs: tuple[inp.ManagedJob, ...], placements: Mapping[str, Any]) -> dict[str, Any]:

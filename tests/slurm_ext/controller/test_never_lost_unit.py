@@ -348,6 +348,18 @@ def test_a_job_that_has_trained_is_never_given_up_for_failures_in_cells():
     assert excluded_cells({c: 1 for _, c in failed}, 2) == {"a40:2gpus:pp1", "a10:2gpus:pp1", "a100:4gpus:pp1"}
 
 
+def test_a_job_is_never_kept_out_of_a_cell_it_has_trained_in():
+    """Failures in other layouts of a size the job has trained in do not
+    exclude that size (it fits), only the failing layout; nor do the proven
+    cell's own failures: the job always keeps somewhere to run."""
+    failures = {"a100:2x2:pp1": 2, "a100:1x4:pp1": 2, "a40:1x2:pp1": 1, "a40:2x1:pp1": 1}
+    assert excluded_cells(failures, 2) == {"a100:2x2:pp1", "a100:1x4:pp1", "a100:4gpus:pp1", "a40:2gpus:pp1"}
+    out = excluded_cells(failures, 2, trained_in={"a100:1x4:pp1"})
+    assert out == {"a100:2x2:pp1", "a40:2gpus:pp1"}
+    job = JobRequest("1", get_model("gpt-350m"), 8, 10, excluded_cells=out)
+    assert not job.excludes(Cell("a100", 1, 4, 1)) and job.excludes(Cell("a100", 2, 2, 1))
+
+
 def test_only_a_jobs_own_reports_make_it_trained():
     """The controller's estimate from run time is no evidence of training (a
     broken job runs too): such a job is still given up after max_relaunches."""

@@ -185,5 +185,8 @@ def test_a_measured_restart_is_the_stall_not_the_first_step(tmp_path):
     jobs = {j.job_id: j for j in sim.run().jobs}
     assert jobs["j"].finished and jobs["j"].cells == ("a10:1x2", "a40:1x2")
     with StateStore(tmp_path / "state-cellsched.sqlite") as st:
-        resumed = [e["value"] for e in st.history(sim.slurm_ids["j"]) if e["event"] == "resumed"]
+        history = st.history(sim.slurm_ids["j"])
+    resumed = [e["value"] for e in history if e["event"] == "resumed"]
     assert resumed == [pytest.approx(SimOptions().checkpoint_s + 30.0)]
+    # each cell it trained in, once (they can never be excluded for it: round.excluded_cells)
+    assert [e["cell"] for e in history if e["event"] == "trained"] == ["a10:1x2:pp1", "a40:1x2:pp1"]
