@@ -479,18 +479,18 @@ class StateStore:
 
     def _requeued_since_release(self, job_ids: list[str]) -> set[str]:
         """Jobs (of `job_ids`) the controller requeued held after it last
-        released them: held by the controller, not by an operator."""
-        ids = {"job_id": job_ids}
-        where, args = sqlitedb.where(status=PlanStatus.RELEASED, any_of=ids)
-        released = dict(self._db.execute(f"SELECT job_id, MAX(applied_at) FROM plans{where} GROUP BY job_id", args))
-        where, args = sqlitedb.where(event=HistoryEvent.REQUEUED, any_of=ids)
-        return {
-            job_id
-            for job_id, t in self._db.execute(
-                f"SELECT job_id, MAX(time) FROM cell_history{where} GROUP BY job_id", args
-            )
-            if released.get(job_id) is not None and t > released[job_id]
-        }
+        released them: held by the controller, not by an operator. "After"
+        is by the order of the events (a release writes a "placed" event),
+        not their times: a requeue in the same second as the release (or the
+        same simulated instant: a run that fails as it starts) is after it."""
+        where, args = sqlitedb.where(["event IN (?, ?)"], any_of={"job_id": job_ids})
+        sql = (
+            "SELECT job_id, MAX(CASE WHEN event = ? THEN id END), MAX(CASE WHEN event = ? THEN id END) "
+            f"FROM cell_history{where} GROUP BY job_id"
+        )
+        marks = (HistoryEvent.PLACED, HistoryEvent.REQUEUED)
+        rows = self._db.execute(sql, (*marks, *marks, *args))
+        return {job_id for job_id, placed, requeued in rows if requeued is not None and (placed or 0) < requeued}
 
     def plans_of(self, job_id: str) -> list[PlanRow]:
         return self._plans("WHERE job_id = ? ORDER BY id", (job_id,))

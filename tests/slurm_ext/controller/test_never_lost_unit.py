@@ -321,17 +321,20 @@ def test_a_job_the_controller_requeued_held_is_its_own_and_an_operators_hold_is_
     checkpointed or failed run waiting for a placement), job 2 is held by
     someone else: only job 1 is the controller's to place again."""
     with StateStore(tmp_path / "s.sqlite") as st:
-        for job_id in ("1", "2"):
+        st.add_history("2", HistoryEvent.REQUEUED, 50.0, None)  # before its last release
+        for job_id in ("1", "2", "4"):
             st.accept_spec(job_id, "alice", SPEC.to_json(), "comment", 90.0)
             plan = st.begin_plan(job_id, None, "a40:1x2:pp1", [("n4", 2)], "a40", "{}", "{}", 90.0)
             for status in (PlanStatus.UPDATED, PlanStatus.RELEASED):
                 st.set_plan_status(plan, status, 100.0)
         st.add_history("1", HistoryEvent.REQUEUED, 150.0, None)
-        st.add_history("2", HistoryEvent.REQUEUED, 50.0, None)  # before its last release
-        released = st.released(["1", "2", "3"])
+        # a run that failed as it started, requeued in the release's second (or simulated instant)
+        st.add_history("4", HistoryEvent.REQUEUED, 100.0, None)
+        released = st.released(["1", "2", "3", "4"])
         assert released == {"2"}
-        jobs = inp.classify(snapshot(held("1", SPEC), held("2", SPEC)), st.jobs(), {}, released)
-    assert {m.job_id: m.phase for m in jobs} == {"1": inp.Phase.HELD, "2": inp.Phase.OPERATOR_HOLD}
+        jobs = inp.classify(snapshot(held("1", SPEC), held("2", SPEC), held("4", SPEC)), st.jobs(), {}, released)
+    phases = {m.job_id: m.phase for m in jobs}
+    assert phases == {"1": inp.Phase.HELD, "2": inp.Phase.OPERATOR_HOLD, "4": inp.Phase.HELD}
 
 
 def test_a_job_that_has_trained_is_never_given_up_for_failures_in_cells():
