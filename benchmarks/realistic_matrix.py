@@ -29,25 +29,21 @@ import json
 import statistics
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this tree's simulator, not an installed one
 POLICIES = ("cellsched", "sia", "gavel", "fcfs")
 RATES = (1, 2, 4)
 SMALL = REPO / "etc" / "sim-mixed-88.toml"
-#: GPUs of Arena's cluster, the simulator's default (1x: the trace's own load there)
-ARENA_GPUS = 1280
-
-
-def gpus_of(cluster_toml: Path) -> int:
-    doc = tomllib.loads(cluster_toml.read_text())
-    return sum(g["count"] * g["gpus_per_node"] for g in doc["nodes"])
 
 
 def rows(small_jobs: int) -> dict[str, list[str]]:
+    from slurm_ext.sim.clusterspec import arena_cluster, load_cluster_spec
+
     out = {}
-    scale = gpus_of(SMALL) / ARENA_GPUS
+    # Arena's cluster is the simulator's default: 1x is the trace's own load there
+    scale = load_cluster_spec(SMALL).total_gpus / arena_cluster().total_gpus
     for rate in RATES:
         out[f"philly-x{rate}-arena"] = ["--arrival-rate", str(rate)]
         out[f"philly-x{rate}-mixed88"] = [

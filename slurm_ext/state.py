@@ -509,12 +509,11 @@ class StateStore:
                 out.setdefault(job_id, {})[cell] = out.get(job_id, {}).get(cell, 0) + n
         return out
 
-    def trained_cells(self) -> dict[str, frozenset[str]]:
-        """job -> the cell keys it has trained in (the "trained" events)."""
+    def trained_cells(self, job_ids: Iterable[str]) -> dict[str, frozenset[str]]:
+        """job (of `job_ids`) -> the cell keys it has trained in (the "trained" events)."""
         out: dict[str, set[str]] = {}
-        for job_id, cell in self._db.execute(
-            "SELECT DISTINCT job_id, cell FROM cell_history WHERE event = ?", (HistoryEvent.TRAINED,)
-        ):
+        where, args = sqlitedb.where(event=HistoryEvent.TRAINED, any_of={"job_id": sorted(set(job_ids))})
+        for job_id, cell in self._db.execute(f"SELECT DISTINCT job_id, cell FROM cell_history{where}", args):
             out.setdefault(job_id, set()).add(cell)
         return {j: frozenset(c) for j, c in out.items()}
 

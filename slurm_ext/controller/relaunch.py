@@ -24,7 +24,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from slurm_ext.controller import inputs as inp
-from slurm_ext.controller.progress import FROM_FILE, JobProgress, ProgressReader, Unreadable
+from slurm_ext.controller.progress import FROM_FILE, ProgressReader, Unreadable
 from slurm_ext.state import JobStatus
 from solver.types import size_key_of
 
@@ -44,11 +44,11 @@ class RunFailure:
     reason: str
 
 
-def trained(job_start: float | None, progress: JobProgress | None) -> bool:
-    """Did the run that started at `job_start` report a step?"""
-    if progress is None or progress.first_step_at is None:
+def trained(job_start: float | None, first_step_at: float | None) -> bool:
+    """Did the run that started at `job_start` report a step (its first at `first_step_at`)?"""
+    if first_step_at is None:
         return False
-    return job_start is None or progress.first_step_at >= job_start
+    return job_start is None or first_step_at >= job_start
 
 
 def trained_jobs(statuses: Mapping[str, JobStatus]) -> set[str]:
@@ -100,7 +100,7 @@ def review(
                 report = read(m)
             except Unreadable:
                 report = None  # no word of a step: relaunched, at most max_relaunches times
-            if trained(job.start_time, report):
+            if trained(job.start_time, report.first_step_at if report is not None else None):
                 continue
             past.append((job.end_time, cell))
         count = counted(past)

@@ -173,7 +173,7 @@ class Controller:
 
         prog = self._progress(jobs, known, now)
         progress, progress_src = prog.done, prog.source
-        proven = self.state.trained_cells()
+        proven = self.state.trained_cells(listed)
         if not dry_run:
             self._measure_restarts(jobs, prog.first_step_at, now, round_id, prog.iter_time)
             self._record_trained(jobs, prog.first_step_at, proven, now, round_id)
@@ -460,11 +460,10 @@ class Controller:
         in since its run started, once per job and cell (`proven`, updated):
         the job fits there, whatever failed in other layouts of its size."""
         for m in jobs:
-            first = first_step_at.get(m.job_id)
-            if m.phase != inp.Phase.RUNNING or m.current is None or first is None:
+            if m.phase != inp.Phase.RUNNING or m.current is None:
                 continue
-            if m.job.start_time is not None and first < m.job.start_time:
-                continue  # the step was an earlier run's
+            if not relaunch.trained(m.job.start_time, first_step_at.get(m.job_id)):
+                continue  # no step yet, or only an earlier run's
             key = m.current.cell.key()
             if key in proven.get(m.job_id, ()):
                 continue
