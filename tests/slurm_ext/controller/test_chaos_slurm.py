@@ -177,6 +177,21 @@ class Daemon:
         return self.log.read_text(errors="replace").count(f'"msg":"{msg}"') if self.log.exists() else 0
 
 
+def _all_finished(backend, state: Path, ids: list[str]) -> bool:
+    """Every job ended in Slurm, and the controller saw it end ("finished"
+    event, no open plan): a job that exits to checkpoint for a move looks
+    ended in Slurm until the controller requeues it."""
+    snap = backend.observe()
+    if not all(snap.job(i) is not None and snap.job(i).finished for i in ids):
+        return False
+    try:
+        with StateStore(state, readonly=True) as st:
+            seen = all(any(e["event"] == "finished" for e in st.history(i)) for i in ids)
+            return seen and st.open_plans() == {}
+    except Exception:  # the controller is writing it
+        return False
+
+
 def _next_round(state: Path, daemon: Daemon, what: str) -> None:
     before = _rounds_done(state)
     assert daemon.proc is not None and daemon.proc.poll() is None, daemon.log.read_text()[-3000:]
@@ -348,12 +363,7 @@ def test_chaos_loses_no_job(slurm_cluster, tmp_path):
         for b in chaos.blockers:
             _run("scancel", b)
         ids = list(chaos.jobs)
-        wait_until(
-            lambda: all((lambda j: j is not None and j.finished)(backend.observe().job(i)) for i in ids),
-            900,
-            "every job to finish",
-            interval=2,
-        )
+        wait_until(lambda: _all_finished(backend, state, ids), 900, "every job to finish", interval=2)
         chaos.counts["drain_s"] = round(time.monotonic() - t0) - chaos.counts["events_s"]
         _next_round(state, daemon, "the last job ended")
     finally:
