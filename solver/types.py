@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from solver.models import ModelSpec
+from solver.network import Network
 
 
 @dataclass(frozen=True)
@@ -32,18 +33,35 @@ class NodeView:
     gpus_total: int
     gpus_free: int
     partitions: tuple[str, ...] = ()
+    #: its network card, Gb/s (0: not known; the network is not modelled there)
+    nic_gbps: float = 0.0
+    #: its rack ("": none named)
+    rack: str = ""
 
     def __post_init__(self) -> None:
         if not 0 <= self.gpus_free <= self.gpus_total:
             raise ValueError(f"node {self.name}: gpus_free={self.gpus_free} not in [0, {self.gpus_total}]")
+        if not self.nic_gbps >= 0:
+            raise ValueError(f"node {self.name}: nic_gbps={self.nic_gbps} must be >= 0")
 
 
 @dataclass(frozen=True)
 class ClusterView:
-    """The nodes and partitions the solver may place managed jobs on."""
+    """The nodes and partitions the solver may place managed jobs on, and the
+    network between the nodes (their NICs, racks and rack uplinks, Gb/s)."""
 
     nodes: tuple[NodeView, ...]
     partitions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    uplink_gbps: Mapping[str, float] = field(default_factory=dict)
+
+    @functools.cached_property
+    def network(self) -> Network:
+        """The network of solver.network: the nodes' NICs, racks and uplinks."""
+        return Network(
+            {n.name: n.nic_gbps for n in self.nodes if n.nic_gbps > 0},
+            {n.name: n.rack for n in self.nodes if n.rack},
+            dict(self.uplink_gbps),
+        )
 
     @functools.cached_property
     def _by_type(self) -> dict[str, tuple[NodeView, ...]]:
