@@ -360,6 +360,9 @@ class SolverConfig:
     srpt_exponent: float = 0.0
     #: Weigh jobs by their rank in remaining work as heSRPT allocates (see placement.objective).
     hesrpt: bool = False
+    #: Price the slowdown of multi-node jobs that share a NIC or rack uplink (solver.network) in the
+    #: objective and the node choice; false: every job is estimated as if alone on its links.
+    contention_aware: bool = True
 
 
 @dataclass(frozen=True)
