@@ -3,13 +3,16 @@
 Found at ``--config FILE``, else ``$CELLSCHED_CONFIG``, else
 ``/etc/cellsched/cellsched.toml``; when none exists, the defaults apply.
 Sections: ``[controller]`` (the ControllerConfig fields), ``[solver]`` (the
-solver.types.SolverConfig fields), ``[metrics]``, ``[log]``. An unknown
+solver.types.SolverConfig fields), ``[network]`` (the nodes' NICs and
+racks), ``[metrics]``, ``[log]``. An unknown
 section or key is an error that names it. etc/cellsched.toml documents them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -17,6 +20,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from solver.hostlist import expand_hostlist
+from solver.network import default_nic_gbps
 from solver.types import SolverConfig
 
 DEFAULT_PATH = "/etc/cellsched/cellsched.toml"
@@ -107,6 +112,77 @@ class ControllerConfig:
 
 
 @dataclass(frozen=True)
+class NetworkConfig:
+    """[network]: the network between the nodes (Gb/s), which the solver
+    prices when jobs share it (solver.network; SolverConfig.contention_aware).
+
+    A node's NIC: its entry in `nodes` (hostlist -> Gb/s), else
+    `nic_gbps_by_type` of its GPU type, else `nic_gbps`, else the GPU type's
+    default (solver.network.NIC_GBPS_BY_TYPE, 100 Gb/s). `racks` maps a rack
+    name to its nodes (hostlist); `uplink_gbps` a rack to its uplink, for
+    racks whose uplink is oversubscribed. `modelled = false`: no NICs at all
+    (every job is priced as if alone on the network).
+    """
+
+    modelled: bool = True
+    nic_gbps: float = 0.0
+    nic_gbps_by_type: Mapping[str, float] = field(default_factory=dict)
+    nodes: Mapping[str, float] = field(default_factory=dict)
+    racks: Mapping[str, str] = field(default_factory=dict)
+    uplink_gbps: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.nic_gbps) and self.nic_gbps >= 0):
+            raise ConfigError(f"network.nic_gbps must be a number >= 0 (0: by GPU type), got {self.nic_gbps!r}")
+        for key in ("nic_gbps_by_type", "nodes", "uplink_gbps"):
+            table = getattr(self, key)
+            if not isinstance(table, Mapping):
+                raise ConfigError(f"network.{key} must be a table of Gb/s, got {table!r}")
+            for k, v in table.items():
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+                    raise ConfigError(f"network.{key}.{k} must be a positive number of Gb/s, got {v!r}")
+        if not isinstance(self.racks, Mapping):
+            raise ConfigError(f"network.racks must be a table of rack = hostlist, got {self.racks!r}")
+        for rack, hosts in self.racks.items():
+            if not isinstance(hosts, str) or not hosts:
+                raise ConfigError(f"network.racks.{rack} must be a hostlist string, got {hosts!r}")
+            try:
+                expand_hostlist(hosts)
+            except ValueError as exc:
+                raise ConfigError(f"network.racks.{rack}: {exc}") from None
+        for hosts in self.nodes:
+            try:
+                expand_hostlist(hosts)
+            except ValueError as exc:
+                raise ConfigError(f"network.nodes.{hosts}: {exc}") from None
+        unknown = sorted(set(self.uplink_gbps) - set(self.racks))
+        if unknown:
+            raise ConfigError(f"network.uplink_gbps.{unknown[0]}: no such rack in network.racks")
+
+    @functools.cached_property
+    def _node_nic(self) -> dict[str, float]:
+        return {n: float(v) for hosts, v in self.nodes.items() for n in expand_hostlist(hosts)}
+
+    @functools.cached_property
+    def _node_rack(self) -> dict[str, str]:
+        return {n: rack for rack, hosts in self.racks.items() for n in expand_hostlist(hosts)}
+
+    def nic_of(self, node: str, gpu_type: str) -> float:
+        """The NIC (Gb/s) of `node`; 0 when the network is not modelled."""
+        if not self.modelled:
+            return 0.0
+        return float(
+            self._node_nic.get(node)
+            or self.nic_gbps_by_type.get(gpu_type)
+            or self.nic_gbps
+            or default_nic_gbps(gpu_type)
+        )
+
+    def rack_of(self, node: str) -> str:
+        return self._node_rack.get(node, "")
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     """[metrics]: Prometheus text exposition; port 0 = off."""
 
@@ -136,6 +212,7 @@ class LogConfig:
 class Config:
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     solver: SolverConfig = field(default_factory=SolverConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     log: LogConfig = field(default_factory=LogConfig)
     source: str = ""  # the file it was read from ("" = defaults)
@@ -144,6 +221,7 @@ class Config:
 _SECTIONS: dict[str, type] = {
     "controller": ControllerConfig,
     "solver": SolverConfig,
+    "network": NetworkConfig,
     "metrics": MetricsConfig,
     "log": LogConfig,
 }

@@ -5,12 +5,16 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Collection
 
+from slurm_ext.config import NetworkConfig
 from slurm_ext.records import ClusterSnapshot
 from solver.types import ClusterView, NodeView
 
 
-def to_cluster_view(snapshot: ClusterSnapshot, managed_job_ids: Collection[str]) -> ClusterView:
-    """Nodes with GPUs, and partitions, as the solver sees them.
+def to_cluster_view(
+    snapshot: ClusterSnapshot, managed_job_ids: Collection[str], network: NetworkConfig | None = None
+) -> ClusterView:
+    """Nodes with GPUs, and partitions, as the solver sees them, with the
+    network of `network` (None: the [network] defaults, NICs by GPU type).
 
     A node's ``gpus_free`` is its GPUs minus those held by running (or
     completing) jobs the solver does not manage; 0 when the node cannot take
@@ -29,6 +33,7 @@ def to_cluster_view(snapshot: ClusterSnapshot, managed_job_ids: Collection[str])
         target = managed_req if job.job_id in managed else unmanaged_req
         for name in job.nodes:
             target[name] += job.gpus_per_node
+    net = network or NetworkConfig()
     nodes = []
     for n in snapshot.nodes:
         if not n.gpu_type or n.gpus_total <= 0:
@@ -36,7 +41,15 @@ def to_cluster_view(snapshot: ClusterSnapshot, managed_job_ids: Collection[str])
         held = max(unmanaged_req[n.name], n.gpus_alloc - managed_req[n.name])
         free = min(n.gpus_total, max(0, n.gpus_total - held)) if n.available else 0
         nodes.append(
-            NodeView(name=n.name, gpu_type=n.gpu_type, gpus_total=n.gpus_total, gpus_free=free, partitions=n.partitions)
+            NodeView(
+                name=n.name,
+                gpu_type=n.gpu_type,
+                gpus_total=n.gpus_total,
+                gpus_free=free,
+                partitions=n.partitions,
+                nic_gbps=net.nic_of(n.name, n.gpu_type),
+                rack=net.rack_of(n.name),
+            )
         )
     partitions = {p.name: p.nodes for p in snapshot.partitions}
-    return ClusterView(nodes=tuple(nodes), partitions=partitions)
+    return ClusterView(nodes=tuple(nodes), partitions=partitions, uplink_gbps=dict(net.uplink_gbps))

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from slurm_ext.config import NetworkConfig
 from slurm_ext.jobspec import JobSpec, JobSpecError, is_managed_comment, spec_of_job
 from slurm_ext.records import ClusterSnapshot, SlurmJob
 from slurm_ext.state import JobRow, PlanRow, PlanStatus
@@ -338,6 +339,7 @@ def build_request(
     previous: Mapping[str, Placement] | None = None,
     restart_costs: Mapping[str, float] | None = None,
     first_step_at: Mapping[str, float] | None = None,
+    network: NetworkConfig | None = None,
 ) -> Inputs:
     """The ScheduleRequest of a round: jobs in a scheduled phase, with their
     progress and measured restart cost; the view counts GPUs of every job
@@ -345,9 +347,10 @@ def build_request(
     taken. A Phase.CHECKPOINTING job keeps its placement (it is not elastic this
     round), and so does a running job whose current run has not reported a
     step yet (`started_training`, from `first_step_at`; None: not checked);
-    a Phase.CHECKPOINTED one is placed like a pending job."""
+    a Phase.CHECKPOINTED one is placed like a pending job. `network` gives
+    the view its NICs and racks (the [network] config)."""
     placed_ids = [m.job_id for m in jobs if m.phase in (Phase.RUNNING, Phase.CHECKPOINTING) and m.current is not None]
-    view = to_cluster_view(snapshot, placed_ids)
+    view = to_cluster_view(snapshot, placed_ids, network)
     requests: list[JobRequest] = []
     skipped: dict[str, str] = {}
     for m in jobs:

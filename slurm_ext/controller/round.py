@@ -189,6 +189,7 @@ class Controller:
             excluded,
             restart_costs=self.state.restart_costs(),
             first_step_at=prog.first_step_at,
+            network=cfg.network,
         )
 
         refresh = getattr(self.estimator, "refresh", None)  # the profile store may have changed
