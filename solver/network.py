@@ -154,7 +154,7 @@ def slowdowns(loads: Iterable[CommLoad], network: Network) -> dict[str, float]:
         for link, rate in links_of[c.job_id]:
             users.setdefault(link, []).append((c, rate))
     factor = {c.job_id: 1.0 for c in jobs}
-    shared = {link: us for link, us in users.items() if len(us) > 1}
+    shared = {link: us for link, us in users.items() if len(us) > 1 or us[0][1] > network.capacity(link)}
     if not shared:
         return factor
     for _ in range(_PASSES):

@@ -24,6 +24,7 @@ from slurm_ext.controller.round_metrics import declare_metrics, record_cluster, 
 from slurm_ext.records import ClusterSnapshot
 from slurm_ext.state import HistoryEvent, JobStatus, RoundStatus, SpeedRow, StateStore
 from solver.calibration import CalibratedEstimator, Calibration, Observation, running_ratio
+from solver.contention import NicAwareEstimator, contention_factors
 from solver.types import EstimatorLike, Policy, ScheduleReply, ScheduleRequest, size_key_of
 
 log = logging.getLogger("cellsched.controller")
@@ -87,8 +88,9 @@ class Controller:
         )
         self.state = state or StateStore(config.controller.state_path, readonly=readonly)
         self.policy = policy or _make_policy(config)
-        #: the policy's estimator: the given one (or the profile store's), corrected by what jobs reach
-        self.estimator = CalibratedEstimator(estimator or _make_estimator(config))
+        #: the policy's estimator: the given one (or the profile store's) on the cluster's NICs,
+        #: corrected by what jobs reach
+        self.estimator = CalibratedEstimator(NicAwareEstimator(estimator or _make_estimator(config)))
         self.metrics = metrics or mx.Metrics()
         declare_metrics(self.metrics)
 
@@ -192,6 +194,7 @@ class Controller:
             network=cfg.network,
         )
 
+        self.estimator.inner.set_cluster(built.request.cluster)
         refresh = getattr(self.estimator, "refresh", None)  # the profile store may have changed
         if refresh is not None and refresh():
             log.info("profile store changed: estimates recomputed")
@@ -312,7 +315,8 @@ class Controller:
     def _calibrate(self, request: ScheduleRequest, observed: Mapping[str, float], now: float, dry_run: bool) -> None:
         """Correct the estimates by the iteration times running jobs report
         (solver.calibration; off with the solver's `calibrate`): each
-        report is a ratio to the uncalibrated estimate of the job's cell, kept
+        report is a ratio to the uncalibrated estimate of the job's cell, on
+        its nodes next to the other running jobs (solver.contention), kept
         per job and GPU type in the state DB (the newest CALIBRATION_ROWS
         rows calibrate)."""
         if not self.config.solver.calibrate:
@@ -320,16 +324,22 @@ class Controller:
             return
         rows = {(r.job_id, r.gpu_type): r for r in self.state.speeds(limit=CALIBRATION_ROWS)}
         seen: dict[tuple[str, str], tuple[SpeedRow, Any]] = {}
+        alone = {}
         for job in request.jobs:
-            t = observed.get(job.job_id)
-            cell = job.current.cell if job.current is not None else None
-            if t is None or cell is None or cell.mixed:
-                continue
-            est = self.estimator.inner.estimate(job, cell)
-            if not est.feasible:
+            if job.current is not None and not job.current.cell.mixed:
+                est = self.estimator.inner.estimate(job, job.current.cell)
+                if est.feasible:
+                    alone[job.job_id] = (job, est)
+        # what other jobs on its links cost a job is the placement's, not the job's speed
+        loaded = contention_factors(((j, j.current, e.iter_time_s) for j, e in alone.values()), request.cluster)
+        for job, est in alone.values():
+            t, cell = observed.get(job.job_id), job.current.cell
+            if t is None:
                 continue
             prev = rows.get((job.job_id, cell.gpu_type))
-            ratio, n = running_ratio((prev.ratio, prev.samples) if prev else None, t / est.iter_time_s)
+            ratio, n = running_ratio(
+                (prev.ratio, prev.samples) if prev else None, t / (est.iter_time_s * loaded.get(job.job_id, 1.0))
+            )
             row = SpeedRow(
                 job.job_id, cell.gpu_type, job.user, job.model.name, cell.key(), est.iter_time_s, t, ratio, n, None, now
             )

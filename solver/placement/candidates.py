@@ -23,6 +23,10 @@ class Option:
     you are"; None lets the solver choose the nodes.
     """
 
+    @property
+    def multi_node(self) -> bool:
+        return self.cell.num_nodes > 1
+
     job_id: str
     cell: Cell
     plan: ParallelPlan
@@ -30,6 +34,9 @@ class Option:
     value: int
     pinned: tuple[tuple[str, int], ...] | None = None
     source: str = ""
+    #: what the job loses (objective units) when its network card is shared
+    #: with another multi-node job (0: not priced; see model.py)
+    nic_cost: int = 0
 
     def placement(self, nodes: tuple[tuple[str, int], ...], partition: str | None = None) -> Placement:
         return Placement(self.job_id, self.cell, nodes, self.plan, self.iter_time_s, partition, self.source)

@@ -143,5 +143,20 @@ def greedy(
     return chosen
 
 
-def value_of(chosen: Chosen) -> int:
-    return sum(o.value for o, _, _ in chosen.values())
+def value_of(chosen: Chosen, links: Mapping[str, int] = {}) -> int:
+    """The plan's value: its options' values, less what shared network cards
+    cost, as model.py counts it: on each node whose card carries k > 1
+    multi-node jobs (chosen, or fixed: `links`), k - 1 times twice the mean
+    nic_cost per node share of the chosen ones there."""
+    total = sum(o.value for o, _, _ in chosen.values())
+    users = dict(links)
+    costs: dict[str, list[float]] = {}
+    for o, nodes, _ in chosen.values():
+        if o.multi_node:
+            for n, _ in nodes:
+                users[n] = users.get(n, 0) + 1
+                costs.setdefault(n, []).append(o.nic_cost / o.cell.num_nodes)
+    for n, cs in costs.items():
+        if users[n] > 1 and any(cs):
+            total -= round((users[n] - 1) * 2 * sum(cs) / len(cs))
+    return total

@@ -185,15 +185,16 @@ def place_jobs(
             chosen, repaired, dropped = _exact_nodes(space, jobs, options, solved), [], []
         status = solved.status if not (repaired or dropped) else SolverStatus.FEASIBLE
         place_s = time.perf_counter() - t1
-        value = value_of(chosen)
+        value = value_of(chosen, space.links)
         if (warm_plan or max(solved.bound, value) - value > config.relative_gap_limit * value) and value_of(
-            warm()
+            warm(), space.links
         ) > value:
             chosen, status = warm(), SolverStatus.GREEDY
-        objective, bound = value_of(chosen), max(solved.bound, value_of(chosen))
+        objective = value_of(chosen, space.links)
+        bound = max(solved.bound, objective)
     else:
         chosen, status = warm(), SolverStatus.GREEDY
-        objective = bound = value_of(chosen)
+        objective = bound = value_of(chosen, space.links)
         place_s = 0.0
     reasons = {
         j: "its cell could not be put on concrete nodes, and no other option fit" for j in dropped if j not in chosen

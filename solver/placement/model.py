@@ -29,6 +29,17 @@ Every physically placeable plan (the warm start included) satisfies these.
 When share sizes divide each other (powers of two) and one job's shares
 need not be on distinct nodes they are also sufficient (pack the shares
 largest first); otherwise the node post-pass repairs what it cannot place.
+
+Network cards (when some option prices sharing one, Option.nic_cost > 0):
+each node's card carries one multi-node job for free (kappa = 1); every
+further one is an overflow o >= 0 that costs the objective. Exact model, per
+node i: sum of the multi-node shares on i (y, and pinned x) - o_i <= 1 -
+(fixed multi-node jobs on i). Aggregated, per class c: sum of its multi-node
+shares (z) - o_c <= the class's nodes with no fixed multi-node job. One unit
+of overflow is one node where two such jobs share a card; both slow down
+(each by its most shared card), so it costs 2 x the mean nic_cost per node
+share of the multi-node options that may use that node or class. Sharing then
+happens only where placing the job is worth more than what the sharing costs.
 """
 
 from __future__ import annotations
@@ -71,6 +82,8 @@ class Model:
     x: dict[tuple[str, int], int] = field(default_factory=dict)
     shares: dict[tuple[str, int], Shares] = field(default_factory=dict)
     slots: list[tuple[int, int, int, list[tuple[int, int]]]] = field(default_factory=list)  # k, f, L, pinned
+    #: network-card overflow columns: (o, {column: coefficient}, free cards)
+    overflow: list[tuple[int, dict[int, int], int]] = field(default_factory=list)
     exact: bool = False
 
     def column(self, ub: int, obj: int = 0, owner: int = -1) -> int:
@@ -98,6 +111,9 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
     class_terms: dict = defaultdict(list)  # class -> [(g, column, multiplier)]
     pins: dict[str, list[tuple[int, int]]] = defaultdict(list)  # node -> [(GPUs, x column)]
     groups_of: dict[tuple, tuple[list, int]] = {}  # (partitions, type, GPUs per node) -> (classes, their nodes)
+    priced = any(o.nic_cost > 0 for opts in options.values() for o in opts)
+    class_of = {n: c for c, names in space.classes.items() for n in names} if priced else {}
+    cards: dict = defaultdict(lambda: ({}, []))  # node (exact) or class -> ({column: shares}, [cost per share])
     for job in jobs:
         ji = len(m.jobs)
         m.jobs.append(job.job_id)
@@ -111,6 +127,8 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
                 running = job.current is not None
                 for n, g in o.pinned:
                     pins[n].append((g, v))
+                    if priced and o.multi_node:
+                        _card(cards[n if exact else class_of.get(n, n)], v, 1, o)
             else:
                 g = o.cell.gpus_per_node
                 parts = []  # (nodes, classes) per GPU type; one part unless the cell is mixed
@@ -145,6 +163,9 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
                 if not exact:
                     for c, (col, mult) in shares.items():
                         class_terms[c].append((g, col, mult))
+                if priced and o.multi_node:
+                    for c, (col, mult) in shares.items():
+                        _card(cards[c], col, mult, o)
                 m.shares[(job.job_id, k)] = shares
             m.x[(job.job_id, k)] = v
             xs.append(v)
@@ -165,7 +186,30 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
             for g, v in terms:
                 _acc(row, v, g)
             m.add_le(row, space.free[name])
+    for key, (terms, costs) in cards.items():
+        _card_row(m, space, key, terms, costs)
     return m
+
+
+def _card(entry: tuple[dict[int, int], list[float]], col: int, mult: int, o: Option) -> None:
+    terms, costs = entry
+    _acc(terms, col, mult)
+    costs.append(o.nic_cost / o.cell.num_nodes)
+
+
+def _card_row(m: Model, space: Space, key: Hashable, terms: dict[int, int], costs: list[float]) -> None:
+    """The overflow column and row of one node's (or class's) network cards."""
+    names = space.classes.get(key, (key,))  # type: ignore[call-overload]
+    free = sum(1 for n in names if not space.links.get(n, 0)) if key in space.classes else int(not space.links.get(key))
+    most = sum(a * m.ub[c] for c, a in terms.items())
+    cost = round(2 * sum(costs) / len(costs))
+    if most <= free or cost <= 0:
+        return
+    o = m.column(most - free, -cost)
+    row = dict(terms)
+    row[o] = -1
+    m.rows.append(Row(list(row), list(row.values()), free))
+    m.overflow.append((o, terms, free))
 
 
 def _class_rows(m: Model, space: Space, c, terms: list[tuple[int, int, int]], pins: Mapping[str, list]) -> None:
@@ -227,4 +271,6 @@ def hint_values(
                     vals[c] += 1
     for k, f, level, pinned in m.slots:
         vals[k] = max(0, (f - sum(u for u, v in pinned if vals[v])) // level)
+    for o, terms, free in m.overflow:
+        vals[o] = max(0, sum(a * vals[c] for c, a in terms.items()) - free)
     return vals

@@ -2,8 +2,9 @@
 
 A cell already fixes how consolidated a job is (num_nodes x gpus_per_node).
 Among the nodes that can take it, a multi-node job (it talks over the
-inter-node links) first avoids nodes that already carry another multi-node
-job, then prefers the least-loaded nodes (most free GPUs: load balance);
+inter-node links) first takes the nodes whose network card carries the fewest
+other multi-node jobs (kappa: those running and staying, and those placed
+this round), then prefers the least-loaded nodes (most free GPUs: load balance);
 `spread=False` picks best fit instead (fewest GPUs left over), which packs
 single-node jobs and keeps whole nodes free for large ones when no solver
 has planned the capacity (greedy, FCFS). Ties keep the order of the node
@@ -68,18 +69,21 @@ def node_classes(cluster: ClusterView, free: Mapping[str, int]) -> dict[ClassKey
 
 
 class Ledger:
-    """Free GPUs and multi-node jobs per node, bucketed per node group."""
+    """Free GPUs and multi-node jobs per node (on its network card), bucketed per node group."""
 
-    def __init__(self, groups: Mapping[Hashable, Sequence[str]], free: Mapping[str, int]) -> None:
+    def __init__(
+        self, groups: Mapping[Hashable, Sequence[str]], free: Mapping[str, int], links: Mapping[str, int] = {}
+    ) -> None:
+        """`links`: multi-node jobs already on each node's network card (fixed ones)."""
         self.free = {name: free[name] for names in groups.values() for name in names}
-        self.links = dict.fromkeys(self.free, 0)
+        self.links = {name: links.get(name, 0) for name in self.free}
         self.group_of = {name: g for g, names in groups.items() for name in names}
         self.buckets: dict[Hashable, dict[tuple[int, int], dict[str, None]]] = {g: {} for g in groups}
         for name in self.free:
             self._add(name)
 
     def _bkey(self, name: str) -> tuple[int, int]:
-        return self.free[name], min(self.links[name], 1)
+        return self.free[name], self.links[name]
 
     def _add(self, name: str) -> None:
         self.buckets[self.group_of[name]].setdefault(self._bkey(name), {})[name] = None

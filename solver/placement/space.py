@@ -17,15 +17,21 @@ class Space:
     classes: Mapping[ClassKey, tuple[str, ...]]
     parts: Mapping[str, tuple[str, ...]]
     types: Mapping[str, str] = field(default_factory=dict)
+    #: node -> the multi-node jobs among the fixed ones on its network card
+    links: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, cluster: ClusterView, fixed: Mapping[str, Placement] = {}) -> Space:
         free = {n.name: n.gpus_free for n in cluster.nodes}
+        links: dict[str, int] = {}
         for p in fixed.values():
             for name, g in p.nodes:
                 free[name] -= g
+                if p.cell.num_nodes > 1:
+                    links[name] = links.get(name, 0) + 1
         classes = {k: tuple(v) for k, v in node_classes(cluster, free).items()}
-        return cls(cluster, free, classes, node_partitions(cluster), {n.name: n.gpu_type for n in cluster.nodes})
+        types = {n.name: n.gpu_type for n in cluster.nodes}
+        return cls(cluster, free, classes, node_partitions(cluster), types, links)
 
     @property
     def num_nodes(self) -> int:
@@ -42,7 +48,7 @@ class Space:
         return [(n, self.classes_for(job, cell, t)) for t, n in cell.by_type()]
 
     def ledger(self) -> Ledger:
-        return Ledger(self.classes, self.free)
+        return Ledger(self.classes, self.free, self.links)
 
     def partition_of(self, job: JobRequest, names: tuple[str, ...]) -> tuple[bool, str | None]:
         return common_partition(job, [self.parts[n] for n in names])

@@ -7,6 +7,11 @@ Running elastic jobs may be resized or moved when the gain pays the restart
 penalty; with `elastic=False` ("cellsched-static") or config.allow_resize
 false, running jobs keep their placement.
 
+With `contention_aware` (and a cluster whose NICs are known), a
+multi-node option carries what sharing a network card would cost it
+(`price_cards`); the joint model charges for each card shared (model.py) and
+the node pass puts multi-node jobs on the least shared cards first.
+
 Jobs of the same shape (model, batch, constraints) share one enumeration and
 estimation; the result is memoised across rounds while the cluster's shape,
 the estimator and the cell settings stay the same (a pure function's cache:
@@ -15,12 +20,15 @@ the plan depends only on the request).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
+from collections.abc import Mapping, Sequence
 
 from solver.cells import enumerate_cells, prune_dominated
+from solver.contention import duty, nic_by_type
 from solver.placement import Space, job_options, objective, place_jobs, split_fixed
-from solver.placement.candidates import fits
+from solver.placement.candidates import Option, fits
 from solver.policies.common import reply
 from solver.types import ClusterView, Estimate, EstimatorLike, JobRequest, ScheduleReply, ScheduleRequest, SolverConfig
 
@@ -118,6 +126,8 @@ class CellschedPolicy:
                 cfg.max_cells_per_job,
                 utils[job.job_id],
             )
+        if cfg.contention_aware and cluster.network.modelled:
+            options = price_cards(jobs, options, cluster)
         t1 = time.perf_counter()
         result = place_jobs(
             Space.of(cluster, fixed),
@@ -130,6 +140,37 @@ class CellschedPolicy:
             if job.job_id not in result.placements and job.job_id not in reasons:
                 reasons[job.job_id] = "waiting: the GPUs are worth more to other jobs this round"
         return reply(fixed, result, sum(len(v) for v in options.values()), reasons, t1 - t0)
+
+
+def price_cards(
+    jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]], cluster: ClusterView
+) -> dict[str, list[Option]]:
+    """The options with their nic_cost: what a multi-node option loses when
+    a network card of its nodes carries another multi-node job. With duty d
+    (its share of the iteration on the cards alone, on this cluster's NICs)
+    next to a job of duty d', its transfers take 1 + d' times as long
+    (solver.network), its iteration 1 + d d' times, and it loses 1 - 1 / (1 +
+    d d') of its value; d' is the mean duty of this round's multi-node options."""
+    nics = nic_by_type(cluster)
+    by_id = {j.job_id: j for j in jobs}
+    duties: dict[tuple[str, int], float] = {}
+    for jid, opts in options.items():
+        for k, o in enumerate(opts):
+            if o.multi_node:
+                nic = min((nics[t] for t, _ in o.cell.by_type() if t in nics), default=None)
+                duties[(jid, k)] = duty(by_id[jid], o.cell, o.plan, nic)
+    if not duties:
+        return dict(options)
+    other = sum(duties.values()) / len(duties)
+    out: dict[str, list[Option]] = {}
+    for jid, opts in options.items():
+        out[jid] = [
+            dataclasses.replace(o, nic_cost=round(o.value * (1 - 1 / (1 + duties[(jid, k)] * other))))
+            if (jid, k) in duties
+            else o
+            for k, o in enumerate(opts)
+        ]
+    return out
 
 
 def _remaining_s(job: JobRequest) -> float | None:

@@ -1,0 +1,178 @@
+"""The network in the solver: the time-averaged contention model, NIC-aware
+estimates, and cellsched's price for sharing a network card."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from solver.contention import NicAwareEstimator, contention_factors, duty, nic_by_type
+from solver.cost.share import network_share, nominal_nic_gbps
+from solver.models import get_model
+from solver.network import CommLoad, Network, iteration_times, slowdowns
+from solver.placement import Space
+from solver.placement.candidates import Option
+from solver.placement.greedy import value_of
+from solver.policies import get_policy
+from solver.types import (
+    Cell,
+    ClusterView,
+    Estimate,
+    JobRequest,
+    NodeView,
+    ParallelPlan,
+    Placement,
+    ScheduleRequest,
+    SolverConfig,
+)
+
+GPT = get_model("gpt-1.3b")
+
+
+def test_two_jobs_that_always_communicate_take_twice_as_long_on_a_shared_card():
+    net = Network({"a": 10.0, "b": 10.0})
+    loads = [CommLoad("1", ("a", "b"), 1.0, 1.0), CommLoad("2", ("a", "b"), 1.0, 1.0)]
+    assert iteration_times(loads, net) == pytest.approx({"1": 2.0, "2": 2.0})
+
+
+def test_two_half_communicating_jobs_meet_at_the_fixed_point():
+    net = Network({"a": 10.0, "b": 10.0})
+    loads = [CommLoad("1", ("a", "b"), 1.0, 0.5), CommLoad("2", ("a", "b"), 1.0, 0.5)]
+    s = slowdowns(loads, net)["1"]
+    # s = 1 + duty(s), duty(s) = 0.5 s / (0.5 + 0.5 s): s = (1 + sqrt 5) / 2
+    assert s == pytest.approx((1 + math.sqrt(5)) / 2, rel=1e-6)
+
+
+def test_one_node_jobs_and_jobs_on_other_cards_are_not_slowed():
+    net = Network({"a": 10.0, "b": 10.0, "c": 10.0, "d": 10.0})
+    loads = [
+        CommLoad("multi", ("a", "b"), 1.0, 0.8),
+        CommLoad("single", ("a",), 1.0, 0.0),
+        CommLoad("apart", ("c", "d"), 1.0, 0.8),
+    ]
+    assert iteration_times(loads, net) == pytest.approx({"multi": 1.0, "single": 1.0, "apart": 1.0})
+
+
+def test_an_oversubscribed_uplink_slows_a_job_that_spans_racks_even_alone():
+    net = Network({n: 10.0 for n in "abcd"}, {"a": "r1", "b": "r1", "c": "r2", "d": "r2"}, {"r1": 5.0, "r2": 40.0})
+    across = CommLoad("x", ("a", "c"), 1.0, 0.5)
+    inside = CommLoad("y", ("b", "a"), 1.0, 0.5)
+    assert slowdowns([across], net) == pytest.approx({"x": 2.0})  # 10 Gb/s cards, a 5 Gb/s uplink
+    assert slowdowns([CommLoad("z", ("c", "d"), 1.0, 0.5)], net) == {"z": 1.0}
+    both = slowdowns([across, inside], net)  # they share card a; x is held back by the uplink still
+    assert both["x"] == pytest.approx(2.0) and both["y"] > 1.5
+
+
+def test_a_bad_nic_is_refused():
+    with pytest.raises(ValueError, match="nic_gbps"):
+        Network({"a": 0.0})
+
+
+def test_the_network_share_is_zero_on_one_node_and_grows_with_nodes():
+    assert network_share(GPT, 64, Cell("v100", 1, 4), None) == 0.0
+    two = network_share(GPT, 64, Cell("v100", 2, 2), None)
+    four = network_share(GPT, 64, Cell("v100", 4, 1), None)
+    assert 0 < two < 1 and 0 < four < 1
+    assert nominal_nic_gbps("v100") == 100.0
+
+
+def _cluster(nic: float, free: dict[str, int] | None = None) -> ClusterView:
+    free = free or {}
+    return ClusterView(tuple(NodeView(f"n{i}", "v100", 4, free.get(f"n{i}", 4), nic_gbps=nic) for i in range(1, 5)))
+
+
+class Table:
+    """Iteration times by cell key (missing: infeasible), DP-only plans."""
+
+    def __init__(self, times: dict[str, float]) -> None:
+        self.times = times
+
+    def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
+        t = self.times.get(cell.key())
+        plan = ParallelPlan(cell.pp, cell.num_gpus // cell.pp, 1)
+        if t is None:
+            return Estimate(cell, None, math.inf, 0.0, "table", "no entry")
+        return Estimate(cell, plan, t, 1.0, "table")
+
+
+def test_a_multi_node_cell_on_slow_cards_is_estimated_slower_and_a_one_node_cell_is_not():
+    est = NicAwareEstimator(Table({"v100:2x2:pp1": 1.0, "v100:1x4:pp1": 1.0}))
+    job = JobRequest("j", GPT, 64, 100)
+    est.set_cluster(_cluster(100.0))
+    assert est.estimate(job, Cell("v100", 2, 2)).iter_time_s == pytest.approx(1.0)
+    assert est.set_cluster(_cluster(10.0))
+    share = network_share(GPT, 64, Cell("v100", 2, 2), ParallelPlan(1, 4, 1))
+    assert est.estimate(job, Cell("v100", 2, 2)).iter_time_s == pytest.approx(1 - share + 10 * share)
+    assert est.estimate(job, Cell("v100", 1, 4)).iter_time_s == 1.0
+    assert nic_by_type(_cluster(10.0)) == {"v100": 10.0}
+
+
+def test_contention_factors_price_jobs_on_the_same_cards():
+    cluster = _cluster(10.0)
+    a, b = JobRequest("a", GPT, 64, 100), JobRequest("b", GPT, 64, 100)
+    cell, plan = Cell("v100", 2, 2), ParallelPlan(1, 4, 1)
+    pa = Placement("a", cell, (("n1", 2), ("n2", 2)), plan, 1.0)
+    pb = Placement("b", cell, (("n1", 2), ("n2", 2)), plan, 1.0)
+    apart = Placement("b", cell, (("n3", 2), ("n4", 2)), plan, 1.0)
+    d = duty(a, cell, plan, 10.0)
+    shared = contention_factors([(a, pa, 1.0), (b, pb, 1.0)], cluster)
+    assert shared["a"] == pytest.approx(shared["b"]) and 1 + d * d < shared["a"] <= 1 + d
+    assert contention_factors([(a, pa, 1.0), (b, apart, 1.0)], cluster) == pytest.approx({"a": 1.0, "b": 1.0})
+
+
+def _request(contention_aware: bool, times: dict[str, float]) -> tuple[ScheduleRequest, Table]:
+    """n3, n4 full (single-node jobs of others); n1, n2 carry a running 2x2
+    job that stays: a new job may share its cards (2x2) or run on one node (1x2)."""
+    cluster = _cluster(10.0, {"n3": 0, "n4": 0})
+    plan = ParallelPlan(1, 4, 1)
+    running = JobRequest(
+        "old",
+        GPT,
+        64,
+        10_000,
+        min_gpus=4,
+        max_gpus=4,
+        current=Placement("old", Cell("v100", 2, 2), (("n1", 2), ("n2", 2)), plan, 1.0),
+    )
+    new = JobRequest("new", GPT, 64, 10_000, min_gpus=2, max_gpus=4, elastic=True)
+    cfg = SolverConfig(contention_aware=contention_aware, mixed_cells=False)
+    return ScheduleRequest(cluster, (running, new), config=cfg), Table(times)
+
+
+def test_cellsched_keeps_a_communicating_job_off_a_shared_card_when_a_one_node_cell_is_near():
+    times = {"v100:2x2:pp1": 1.0, "v100:1x2:pp1": 1.5}
+    aware, table = _request(True, times)
+    blind, _ = _request(False, times)
+    pa = get_policy("cellsched").schedule(aware, table).placements["new"]
+    pb = get_policy("cellsched").schedule(blind, table).placements["new"]
+    assert pb.cell == Cell("v100", 2, 2)  # as if alone on its cards: the faster cell
+    assert pa.cell == Cell("v100", 1, 2)  # sharing the running job's cards costs more
+
+
+def test_cellsched_shares_a_card_when_that_pays():
+    times = {"v100:2x2:pp1": 1.0, "v100:1x2:pp1": 4.0}
+    aware, table = _request(True, times)
+    p = get_policy("cellsched").schedule(aware, table).placements["new"]
+    assert p.cell == Cell("v100", 2, 2) and sorted(p.node_names) == ["n1", "n2"]
+
+
+def test_the_node_pass_puts_a_multi_node_job_on_cards_no_fixed_job_uses():
+    cluster = _cluster(10.0)
+    plan = ParallelPlan(1, 4, 1)
+    fixed = {"old": Placement("old", Cell("v100", 2, 2), (("n1", 2), ("n2", 2)), plan, 1.0)}
+    space = Space.of(cluster, fixed)
+    assert dict(space.links) == {"n1": 1, "n2": 1}
+    ledger = space.ledger()
+    assert sorted(ledger.pick(list(space.classes), 2, 2, True, True)) == ["n3", "n4"]
+
+
+def test_a_plan_whose_multi_node_jobs_share_a_card_is_worth_less():
+    a = Option("a", Cell("v100", 2, 2), ParallelPlan(1, 4, 1), 1.0, 100, nic_cost=30)
+    b = replace(a, job_id="b")
+    shared = {"a": (a, (("n1", 2), ("n2", 2)), None), "b": (b, (("n1", 2), ("n2", 2)), None)}
+    apart = {"a": (a, (("n1", 2), ("n2", 2)), None), "b": (b, (("n3", 2), ("n4", 2)), None)}
+    assert value_of(apart) == 200
+    assert value_of(shared) == 140  # each of the two cards: 2 x the mean cost per share (15)
+    assert value_of({"b": apart["b"]}, {"n3": 1}) == 70  # sharing n3 with a fixed job: 2 x 15
