@@ -55,6 +55,7 @@ port = 0
 [log]
 format = "text"
 CONF
+bash "$DEVCLUSTER" network >>"$CONFIG"  # the nodes' network cards, from the cluster's shape
 
 echo "demo: submitting jobs through cellsched sbatch"
 ids=()

@@ -2,7 +2,7 @@
 # A real Slurm cluster with fake GPUs on this one machine, for development and
 # integration tests (Debian 12, slurm-wlm 22.05; run as root).
 #
-# Usage: devcluster.sh up|down|status|env|stop-ctld|start-ctld
+# Usage: devcluster.sh up|down|status|env|network|stop-ctld|start-ctld
 #   up          install slurm + munge if missing, write the config, start a
 #               private munged, slurmctld and one `slurmd -N <node>` per node,
 #               wait until every node is idle. Starts from a wiped state and
@@ -11,6 +11,8 @@
 #               $LAB/run and $LAB/munge), keep logs and config for post-mortems.
 #   status      sinfo of the cluster.
 #   env         print the line clients need:  eval "$(devcluster.sh env)"
+#   network     print the controller's [network] section: the NIC (Gb/s) of
+#               each node whose shape line says nic=GBPS
 #   stop-ctld   stop slurmctld only (its state is saved; slurmds keep running).
 #   start-ctld  start slurmctld again from the saved state.
 #
@@ -53,9 +55,10 @@ fail() {  # die with the tail of every log
   exit 1
 }
 
-# Print the shape as lines "name gpu_type gpus cpus", validated.
+# Print the shape as lines "name gpu_type gpus cpus nic_gbps" (nic_gbps "-"
+# when the line names none), validated.
 read_shape() {
-  local text line name type gpus cpus
+  local text line name type gpus cpus nic rest tok
   if [ -f "$SHAPE" ]; then
     text=$(cat "$SHAPE")
   else  # inline "n1:a100:4,n2:v100:8": one node per line, fields by spaces
@@ -64,18 +67,36 @@ read_shape() {
   fi
   while IFS= read -r line; do
     line=${line%%#*}
-    read -r name type gpus cpus _ <<<"$line" || true
+    read -r name type gpus rest <<<"$line" || true
     [ -n "${name:-}" ] || continue
     [[ $name =~ ^[A-Za-z][A-Za-z0-9-]*$ ]] || die "shape: bad node name '$name'"
     [[ ${type:-} =~ ^[A-Za-z0-9_-]+$ ]] || die "shape: node $name: bad gpu_type '${type:-}'"
     [[ ${gpus:-} =~ ^[1-9][0-9]*$ ]] || die "shape: node $name: gpus must be a positive integer, got '${gpus:-}'"
+    cpus= nic=-
+    for tok in ${rest:-}; do
+      case $tok in
+        nic=*) nic=${tok#nic=}
+          [[ $nic =~ ^[0-9]+([.][0-9]+)?$ ]] && [[ ! $nic =~ ^0+([.]0+)?$ ]] ||
+            die "shape: node $name: nic must be a positive number of Gb/s, got '$nic'" ;;
+        *) [ -z "$cpus" ] || die "shape: node $name: unexpected field '$tok'"
+          cpus=$tok ;;
+      esac
+    done
     if [ -z "${cpus:-}" ]; then cpus=$(( gpus > 8 ? gpus : 8 )); fi
     [[ $cpus =~ ^[1-9][0-9]*$ ]] && [ "$cpus" -ge "$gpus" ] || die "shape: node $name: cpus '$cpus' must be >= gpus ($gpus)"
-    echo "$name $type $gpus $cpus"
+    echo "$name $type $gpus $cpus $nic"
   done <<<"$text"
 }
 
 node_names() { read_shape | awk '{print $1}'; }
+
+# The controller's [network] section for the nodes whose shape line names a NIC.
+network() {
+  local shape
+  shape=$(read_shape)
+  echo "[network]"
+  awk '$5 != "-" {printf "%s%s = %s", (n++ ? ", " : "nodes = { "), $1, $5} END {if (n) print " }"}' <<<"$shape"
+}
 
 # Is pid alive (not a zombie) and one of our daemons?
 ours_alive() {
@@ -156,7 +177,7 @@ EOF
 
   echo "AutoDetect=off" >"$ETC/gres.conf"
   i=0
-  while read -r name type gpus cpus; do
+  while read -r name type gpus cpus _; do
     i=$((i + 1))
     echo "NodeName=$name NodeAddr=127.0.0.1 Port=$((SLURMD_BASEPORT + i)) CPUs=$cpus RealMemory=$MEM_MB Gres=gpu:$type:$gpus Features=$type State=UNKNOWN" >>"$SLURM_CONF"
     echo "NodeName=$name Name=gpu Type=$type File=$LAB/fakegpu/nvidia[0-$((gpus - 1))]" >>"$ETC/gres.conf"
@@ -316,7 +337,8 @@ case "${1:-}" in
   down) down ;;
   status) timeout 5 sinfo -N -o '%N %P %T %G %f' ;;
   env) echo "export SLURM_CONF=$SLURM_CONF" ;;
+  network) network ;;
   stop-ctld) stop_ctld ;;
   start-ctld) start_ctld ;;
-  *) echo "usage: $0 up|down|status|env|stop-ctld|start-ctld" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|env|network|stop-ctld|start-ctld" >&2; exit 2 ;;
 esac
