@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import urllib.request
 from pathlib import Path
@@ -119,6 +120,34 @@ def test_config_errors_name_the_key(tmp_path):
         load(bad)
     with pytest.raises(ConfigError, match="does not exist"):
         load(tmp_path / "missing.toml")
+
+
+def test_network_config_gives_each_node_its_card_and_rack_and_names_a_bad_key():
+    net = from_dict(
+        {
+            "network": {
+                "nic_gbps": 25,
+                "nic_gbps_by_type": {"a100": 200},
+                "nodes": {"n[1-2]": 10},
+                "racks": {"r1": "n[1-4]"},
+                "uplink_gbps": {"r1": 40},
+            }
+        }
+    ).network
+    assert [net.nic_of(n, t) for n, t in (("n1", "a100"), ("n3", "a100"), ("n3", "a40"))] == [10.0, 200.0, 25.0]
+    assert (net.rack_of("n4"), net.rack_of("n5")) == ("r1", "")
+    assert from_dict({}).network.nic_of("x", "a40") == 100.0  # the GPU type's default
+    assert from_dict({"network": {"modelled": False}}).network.nic_of("x", "a40") == 0.0
+    for bad, named in (
+        ({"nic_gbps": -1}, "network.nic_gbps"),
+        ({"nodes": {"n[1-": 10}}, "network.nodes.n[1-"),
+        ({"nic_gbps_by_type": {"a100": "fast"}}, "network.nic_gbps_by_type.a100"),
+        ({"uplink_gbps": {"r9": 10}}, "network.uplink_gbps.r9: no such rack"),
+        ({"racks": {"r1": 3}}, "network.racks.r1"),
+        ({"nic": 1}, "network.nic"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(named)):
+            from_dict({"network": bad})
 
 
 def test_config_from_env_and_values(tmp_path, monkeypatch):
