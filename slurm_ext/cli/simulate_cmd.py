@@ -269,14 +269,22 @@ def load_cluster(path: str | None) -> ClusterSpec:
     "--realistic",
     is_flag=True,
     help="Estimates are not the truth: --estimates arena-estimated, --truth arena-filled, --noise 0.1 and "
-    "--restart-cost model for every policy (each can still be set).",
+    "--restart-cost model for every policy (each can still be set), and contention where the cluster gives NICs.",
+)
+@click.option(
+    "--contention/--no-contention",
+    default=None,
+    help="Jobs that share network cards or rack uplinks slow each other (the truth), and the controller knows "
+    "the cluster's NICs. Default: on when the --cluster file gives nic_gbps (never with --arena-compat); "
+    "--contention on a cluster without NICs gives each GPU type's default (100 Gb/s).",
 )
 @click.option(
     "--policy",
     "policies",
     multiple=True,
     metavar="NAME[:KEY=VALUE,...]",
-    help="Policy to simulate; repeat for several (cellsched, cellsched-static, fcfs, fcfs-backfill, gavel, sia). "
+    help="Policy to simulate; repeat for several (cellsched, cellsched-static, fcfs, fcfs-backfill, gavel, sia, "
+    "srsf-avoid, srsf-accept, ada-srsf). "
     "Solver keys after a colon set that run's configuration, e.g. cellsched:calibrate=false (the whole string "
     "labels the run). Default: cellsched and fcfs.",
 )
@@ -341,6 +349,7 @@ def simulate(
     noise: float | None,
     restart_cost: str | None,
     realistic: bool,
+    contention: bool | None,
     policies: tuple[str, ...],
     out_dir: str,
     as_json: bool,
@@ -370,6 +379,8 @@ def simulate(
         raise SimulateError(f"--interval: --arena-compat fixes rounds at {ARENA_ROUND_S:g} s")
     if arena_compat and realistic:
         raise SimulateError("--realistic: Arena's conventions (--arena-compat) are not realistic ones; choose one")
+    if arena_compat and contention:
+        raise SimulateError("--contention: Arena's simulator has no contention (--arena-compat); choose one")
     if truth and profiles:
         raise SimulateError("--profiles: give --truth or --profiles, not both")
     source = truth or profiles
@@ -403,6 +414,7 @@ def simulate(
             progress_model=progress_model,
             max_time_s=max_time,
             seed=seed,
+            contention=contention,
         )
     except SimError as exc:
         raise SimulateError(str(exc)) from None
@@ -432,6 +444,7 @@ def simulate(
         **conditions.describe(),
         "mode": "arena-compat" if arena_compat else ("realistic" if realistic else "event"),
         "interval_s": options.effective().interval_s,
+        "contention": contention if contention is not None else cluster.has_network and not arena_compat,
         "wall_s": round(time.perf_counter() - t0, 1),
     }
     results = summaries(runs)

@@ -45,6 +45,12 @@ after its iterations. With `quantum_s` set (Arena-compatible rounds) the
 backend schedules no completions itself: the engine calls `settle(now)` at
 each round start, which accounts the round and completes the jobs whose work
 is done then (see `settle`).
+
+Contention (`network`, slurm_ext.sim.network; not in quantum mode): a
+multi-node job runs at its speed carried to its nodes' NICs, and the jobs
+that communicate over one NIC or rack uplink at once slow each other; their
+speeds (and completions) change whenever one of them starts, ends, leaves
+its restart stall or begins a checkpoint.
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ from slurm_ext.backends.base import (
 )
 from slurm_ext.jobspec import JobSpec, JobSpecError
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
+from slurm_ext.sim.network import Comm, NetworkTruth
 from slurm_ext.sim.types import ClusterSpec
 from solver.contract import CHECKPOINT_SIGNALS, EXIT_CHECKPOINTED, admin_comment_plan
 from solver.plan import JobPlan
@@ -151,6 +158,8 @@ class SimJob:
     # --- the simulated run
     spec: JobSpec | None = None
     iter_time: float | None = None
+    comm: Comm | None = None  # its network use alone (contention); None: one node or not modelled
+    complete_at: float = math.inf  # when its pending completion event is due (continuous mode)
     done: float = 0.0  # iterations done (strict model; continuous mode)
     exec_s: float = 0.0  # seconds executed (Arena's executed-seconds model)
     ckpt_done: float = 0.0  # progress at the last checkpoint / start
@@ -218,6 +227,7 @@ class SimBackend(OneAtATime):
         user: str = "sim",
         listener: Listener | None = None,
         speed_factor: Callable[[str, str], float] | None = None,
+        network: NetworkTruth | None = None,
     ) -> None:
         for name, value in (
             ("checkpoint_s", checkpoint_s),
@@ -236,6 +246,9 @@ class SimBackend(OneAtATime):
         self.speed = speed
         self.restart_cost = restart_cost or _no_cost
         self.speed_factor = speed_factor  # (job id, GPU type) -> factor on the speed's time (noise)
+        if network is not None and quantum_s is not None:
+            raise ValueError("SimBackend: contention (network) is not modelled in quantum (arena-compat) mode")
+        self.network = network
         self.checkpoint_s = float(checkpoint_s)
         self.start_delay_s = float(start_delay_s)
         self.min_job_age_s = float(min_job_age_s)
@@ -302,7 +315,9 @@ class SimBackend(OneAtATime):
         if kind == "sched":
             return True
         job = self.jobs.get(job_id)
-        return job is not None and job.epoch == epoch
+        if job is None or job.epoch != epoch:
+            return False
+        return kind != "complete" or self.quantum_s is not None or when == job.complete_at
 
     def _fire(self, kind: str, job_id: str) -> None:
         if kind == "sched":
@@ -313,6 +328,7 @@ class SimBackend(OneAtATime):
             return
         job = self.jobs[job_id]
         if kind == "stall-end":
+            self._rerate(job)
             self._notify("stall-end", job_id)
         elif kind == "complete":
             self._accrue(job, self.now)
@@ -738,6 +754,7 @@ class SimBackend(OneAtATime):
                 job.done = math.floor(job.done)
                 job.ckpt_done, job.ckpt_exec_s = job.done, job.exec_s
                 self._push(self.now + self.checkpoint_s, "checkpoint", job_id, job.epoch)
+                self._rerate(job)
             return
         if sig in _KILL_SIGNALS:  # the launcher or the batch shell dies: so does the job
             self._end(job, "FAILED", _KILL_SIGNALS[sig])
@@ -861,14 +878,17 @@ class SimBackend(OneAtATime):
                 self._end(job, "FAILED", 1)
                 return
             job.iter_time = float(t) * (self.speed_factor(job.job_id, gpu_type) if self.speed_factor else 1.0)
+            job.comm = None
+            if self.network is not None and len(nodes) > 1:
+                job.comm = self.network.alone(job.spec, gpu_type, nodes, job.gres, plan, job.iter_time)
+                job.iter_time = job.comm.alone_s
             cost = max(0.0, float(self.restart_cost(job.spec, job.gpus, first)))
             if self.quantum_s is None:
                 job.penalty_left = 0.0
                 job.stall_until = job.accrue_from = self.now + cost
                 if cost > 0:
                     self._push(job.stall_until, "stall-end", job.job_id, job.epoch)
-                left = max(0.0, job.spec.iterations - job.done)
-                self._push(job.accrue_from + left * job.iter_time, "complete", job.job_id, job.epoch)
+                self._schedule_completion(job)
             else:
                 # Arena: a charge within one round only lowers that round's
                 # throughput; a longer one costs the job one round of progress
@@ -877,7 +897,41 @@ class SimBackend(OneAtATime):
                 job.stall_until = self.now + min(cost, self.quantum_s)
                 if job.stall_until > self.now:
                     self._push(job.stall_until, "stall-end", job.job_id, job.epoch)
+            self._rerate(job)
         self._notify("start", job.job_id)
+
+    def _schedule_completion(self, job: SimJob) -> None:
+        """(Re)push the completion of a running job at its current speed."""
+        assert job.spec is not None and job.iter_time
+        left = max(0.0, job.spec.iterations - job.done)
+        job.complete_at = max(job.accrue_from, self.now) + left * job.iter_time
+        self._push(job.complete_at, "complete", job.job_id, job.epoch)
+
+    def _communicating(self, job: SimJob) -> bool:
+        return (
+            job.comm is not None
+            and job.comm.net_s > 0
+            and job.running
+            and not job.checkpointing
+            and self.now >= job.stall_until
+        )
+
+    def _rerate(self, changed: SimJob) -> None:
+        """Contention: the speeds of the communicating jobs after `changed`
+        started, stopped or stopped communicating; completions follow."""
+        if self.network is None or changed.comm is None or not changed.comm.net_s:
+            return
+        talking = {j.job_id: (j.nodes, j.comm) for j in self.running.values() if self._communicating(j)}
+        times = self.network.times(talking)  # type: ignore[arg-type]
+        for j in list(self.running.values()):
+            if j.comm is None or not j.comm.net_s or j.checkpointing or j.spec is None:
+                continue
+            new = times.get(j.job_id, j.comm.alone_s)
+            if new == j.iter_time:
+                continue
+            self._accrue(j, self.now)
+            j.iter_time = new
+            self._schedule_completion(j)
 
     def _end(self, job: SimJob, state: str, exit_code: int | None, notify: bool = True) -> None:
         """The job stops running (state "REQUEUED": about to be requeued)."""
@@ -892,9 +946,12 @@ class SimBackend(OneAtATime):
                 job.ckpt_done, job.ckpt_exec_s = job.done, job.exec_s
             elif not (state == "FAILED" and exit_code == EXIT_CHECKPOINTED):
                 job.done, job.exec_s = job.ckpt_done, job.ckpt_exec_s  # back to the last checkpoint
+        was_talking = job.comm is not None and bool(job.comm.net_s)
         job.checkpointing = False
         job.epoch += 1
         job.state, job.end_time, job.exit_code = state, self.now, exit_code
+        if was_talking:
+            self._rerate(job)
         self.eligible.pop(job.job_id, None)
         self._changed(job)
         if notify:

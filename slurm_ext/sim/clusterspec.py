@@ -10,6 +10,11 @@ Our format (TOML shown; JSON is ``{"name": ..., "nodes": [{...}, ...]}``)::
     count = 2              # nodes in this group
     gpus_per_node = 4
     mem_gb = 40            # optional: memory of ONE GPU, GB
+    nic_gbps = 10          # optional: each node's network card, Gb/s (contention: --contention)
+    rack = "r1"            # optional: the nodes' rack
+
+    [uplink_gbps]          # optional: racks whose uplink is oversubscribed, Gb/s
+    r1 = 40
 
 Arena's format: ``{"cluster": {gpu: {"node_num", "gpus_per_node", ...}}}``
 (gpus_per_node defaults to Arena's node capacity of that type; a
@@ -33,7 +38,7 @@ from solver.datafile import read_json_or_toml
 from solver.profiles.arena import load_device_specs, shipped_path
 
 _GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
-_GROUP_KEYS = {"gpu_type", "count", "gpus_per_node", "mem_gb"}
+_GROUP_KEYS = {"gpu_type", "count", "gpus_per_node", "mem_gb", "nic_gbps", "rack"}
 
 
 class ClusterSpecError(ValueError):
@@ -84,9 +89,9 @@ def node_names(spec: ClusterSpec) -> list[tuple[str, str, int]]:
 
 
 def _ours(data: dict, where: str) -> ClusterSpec:
-    unknown = sorted(set(data) - {"name", "nodes"})
+    unknown = sorted(set(data) - {"name", "nodes", "uplink_gbps"})
     if unknown:
-        raise ClusterSpecError(f"{where}: unknown field {unknown[0]!r} (known: name, nodes)")
+        raise ClusterSpecError(f"{where}: unknown field {unknown[0]!r} (known: name, nodes, uplink_gbps)")
     name = data.get("name", "")
     if not isinstance(name, str):
         raise ClusterSpecError(f"{where}: field 'name' must be a string, got {name!r}")
@@ -110,9 +115,19 @@ def _ours(data: dict, where: str) -> ClusterSpec:
                 _positive(g["count"], f"{at}: field 'count'"),
                 _positive(g["gpus_per_node"], f"{at}: field 'gpus_per_node'"),
                 _mem(g.get("mem_gb"), f"{at}: field 'mem_gb'"),
+                _gbps(g.get("nic_gbps"), f"{at}: field 'nic_gbps'"),
+                _rack(g.get("rack", ""), f"{at}: field 'rack'"),
             )
         )
-    return ClusterSpec(tuple(groups), name)
+    uplinks = data.get("uplink_gbps", {})
+    if not isinstance(uplinks, dict):
+        raise ClusterSpecError(f"{where}: field 'uplink_gbps' must be a table of rack = Gb/s")
+    racks = {g.rack for g in groups if g.rack}
+    for rack, v in uplinks.items():
+        if rack not in racks:
+            raise ClusterSpecError(f"{where}: uplink_gbps.{rack}: no node group is in rack {rack!r}")
+        _gbps(v, f"{where}: field 'uplink_gbps.{rack}'")
+    return ClusterSpec(tuple(groups), name, {k: float(v) for k, v in uplinks.items()})
 
 
 def _arena(data: dict, where: str) -> ClusterSpec:
@@ -155,6 +170,20 @@ def _gpu_type(value: Any, at: str) -> str:
 def _positive(value: Any, at: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ClusterSpecError(f"{at} must be a positive integer, got {value!r}")
+    return value
+
+
+def _gbps(value: Any, at: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e6:
+        raise ClusterSpecError(f"{at} must be a positive number of Gb/s, got {value!r}")
+    return float(value)
+
+
+def _rack(value: Any, at: str) -> str:
+    if not isinstance(value, str) or (value and not _GPU_TYPE.match(value)):
+        raise ClusterSpecError(f"{at} must be a rack name (lower-case letters, digits, - or _), got {value!r}")
     return value
 
 

@@ -43,15 +43,18 @@ from pathlib import Path
 from typing import Any
 
 from slurm_ext.backends.base import SubmitRequest
-from slurm_ext.config import Config, ControllerConfig
+from slurm_ext.config import Config, ControllerConfig, NetworkConfig
 from slurm_ext.controller.progress import JobProgress
 from slurm_ext.controller.round import Controller
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.backend import EXECUTED_SECONDS, ITERATIONS, RestartCostFn, SimBackend, SpeedFn
+from slurm_ext.sim.clusterspec import node_names
 from slurm_ext.sim.conditions import Conditions, table_speed
+from slurm_ext.sim.network import NetworkTruth, cluster_network
 from slurm_ext.sim.types import ClusterSpec, JobOutcome, RoundStat, Sample, SimRun, TraceJob
 from slurm_ext.state import RoundStatus, StateStore
 from slurm_ext.wrapper.submission import provisional_gres
+from solver.network import Network, default_nic_gbps
 from solver.plan import JobPlan
 from solver.profiles.arena import load_sim_constants
 from solver.types import EstimatorLike, Policy, SolverConfig
@@ -92,7 +95,11 @@ class SimOptions:
     progress_rate_factor: the controller's (a job whose progress runs faster
     than this many times its estimate is scheduled on the estimate; None:
     the simulated counts are taken as they are, as under the executed-seconds
-    progress model, see `effective`).
+    progress model, see `effective`). contention: jobs that share network
+    links slow each other (slurm_ext.sim.network), and the controller is told
+    the cluster's NICs; None: when the cluster gives NICs (never in
+    arena_compat mode); True on a cluster without NICs: each GPU type's
+    default NIC (solver.network).
     """
 
     interval_s: float = 60.0
@@ -114,6 +121,7 @@ class SimOptions:
     max_gpus: int = 16
     min_job_age_s: float = 300.0
     progress_rate_factor: float | None = 10.0
+    contention: bool | None = None
     solver: SolverConfig = field(default_factory=lambda: SolverConfig(time_limit_s=SIM_TIME_LIMIT_S))
 
     def __post_init__(self) -> None:
@@ -131,6 +139,8 @@ class SimOptions:
             raise SimError(f"SimOptions.max_time_s must be > 0, got {self.max_time_s}")
         if not 1 <= self.min_gpus <= self.max_gpus:
             raise SimError("SimOptions: need 1 <= min_gpus <= max_gpus")
+        if self.contention and self.arena_compat:
+            raise SimError("contention is not modelled in arena-compat mode (Arena's simulator has none)")
 
     def effective(self) -> SimOptions:
         """The options as they apply: arena_compat fixes the round grid and
@@ -294,6 +304,8 @@ class Simulator:
                 raise SimError(str(exc)) from None
         self.policy = policy
         self.restart_cost = restart_cost or restart_cost_for(self.policy_name, o)
+        contention = o.contention if o.contention is not None else cluster.has_network and not o.arena_compat
+        self.network = sim_network(cluster) if contention else None
         self.t0 = jobs[0].submit_time
         self.quantum = ARENA_ROUND_S if o.arena_compat else None
         self.trace = [self._quantized(j) for j in jobs] if o.arena_compat else jobs
@@ -311,6 +323,7 @@ class Simulator:
             start_time=self.t0,
             listener=self._on_event,
             speed_factor=self._speed_factor if conditions is not None and conditions.noise else None,
+            network=NetworkTruth(self.network) if self.network is not None else None,
         )
         self._nodes_snapshot = self.backend.observe()
         self.slurm_ids: dict[str, str] = {}  # trace job id -> Slurm job id
@@ -532,6 +545,7 @@ class Simulator:
                 else self.options.progress_rate_factor,
             ),
             solver=dataclasses.replace(self.options.solver, seed=self.options.seed),
+            network=network_config(self.network),
         )
         state = StateStore(state_path)
         logger = logging.getLogger("cellsched")
@@ -681,6 +695,7 @@ class Simulator:
             "infeasible_starts": self.backend.infeasible_starts,
             "rounds_run": len(self.rounds),
             "rounds_skipped": self.rounds_skipped,
+            "contention": self.network is not None,
             "observe_calls": self.backend.observe_calls,
             "simulated_s": self.backend.now - self.t0,
             "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
@@ -696,6 +711,30 @@ class Simulator:
             wall_s,
             meta,
         )
+
+
+def sim_network(cluster: ClusterSpec) -> Network:
+    """The simulated cluster's network: its NICs where the spec gives them,
+    else each GPU type's default (solver.network)."""
+    net = cluster_network(cluster)
+    nics = {name: net.nic_gbps.get(name) or default_nic_gbps(t) for name, t, _ in node_names(cluster)}
+    return dataclasses.replace(net, nic_gbps=nics)
+
+
+def network_config(network: Network | None) -> NetworkConfig:
+    """The controller's [network]: what an admin of the simulated cluster
+    would write (each node's NIC, the racks, their uplinks); not modelled
+    without contention."""
+    if network is None:
+        return NetworkConfig(modelled=False)
+    racks: dict[str, list[str]] = {}
+    for node, rack in network.rack_of.items():
+        racks.setdefault(rack, []).append(node)
+    return NetworkConfig(
+        nodes=dict(network.nic_gbps),
+        racks={r: ",".join(ns) for r, ns in racks.items()},
+        uplink_gbps=dict(network.uplink_gbps),
+    )
 
 
 def simulate(trace: Sequence[TraceJob], cluster: ClusterSpec, policy: str, **kw: Any) -> SimRun:

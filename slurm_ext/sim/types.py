@@ -33,21 +33,31 @@ class TraceJob:
 
 @dataclass(frozen=True)
 class NodeGroup:
-    """`count` nodes of one GPU type with `gpus_per_node` GPUs each."""
+    """`count` nodes of one GPU type with `gpus_per_node` GPUs each; their
+    network cards (`nic_gbps`, Gb/s; None: not modelled) and rack."""
 
     gpu_type: str
     count: int
     gpus_per_node: int
     mem_gb: float | None = None
+    nic_gbps: float | None = None
+    rack: str = ""
 
 
 @dataclass(frozen=True)
 class ClusterSpec:
     """A simulated cluster; node names are ``<gpu type>-<index>`` (1-based,
-    zero-padded), with one partition per GPU type and ``all``."""
+    zero-padded), with one partition per GPU type and ``all``. `uplink_gbps`:
+    the racks whose uplink is oversubscribed, rack -> Gb/s."""
 
     groups: tuple[NodeGroup, ...]
     name: str = ""
+    uplink_gbps: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def has_network(self) -> bool:
+        """Does the spec give the nodes' network cards?"""
+        return any(g.nic_gbps for g in self.groups)
 
     @property
     def total_gpus(self) -> int:

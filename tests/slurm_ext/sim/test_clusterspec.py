@@ -79,6 +79,12 @@ def test_arena_format_without_gpus_per_node_uses_node_capacity(tmp_path):
         ('[[nodes]]\ngpu_type = "a100"\ncount = 1\ngpus_per_node = 4\ngpus = 3\n', r"nodes\[0\]: unknown field 'gpus'"),
         ('[[nodes]]\ngpu_type = "a100"\ncount = 1\ngpus_per_node = 4\nmem_gb = "lots"\n', r"field 'mem_gb'"),
         ("nodes = []\n", r"field 'nodes' must be a non-empty list"),
+        ('[[nodes]]\ngpu_type = "a100"\ncount = 1\ngpus_per_node = 4\nnic_gbps = 0\n', r"field 'nic_gbps'"),
+        ('[[nodes]]\ngpu_type = "a100"\ncount = 1\ngpus_per_node = 4\nrack = "A B"\n', r"field 'rack'"),
+        (
+            '[uplink_gbps]\nr9 = 40\n[[nodes]]\ngpu_type = "a100"\ncount = 1\ngpus_per_node = 4\nrack = "r1"\n',
+            r"uplink_gbps.r9: no node group is in rack 'r9'",
+        ),
         ('name = "x"\n', r"missing field 'nodes'"),
         ("[[nodes]\n", r"c.toml: not valid TOML"),
     ],

@@ -124,6 +124,7 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path):
         (("--trace", str(trace), "--policy", "sia:w_age"), "expected key=value, got 'w_age'"),
         (("--trace", str(trace), "--policy", "sia", "--policy", "sia"), "given twice"),
         (("--trace", str(trace), "--realistic", "--arena-compat"), "--realistic"),
+        (("--trace", str(trace), "--contention", "--arena-compat"), "--contention"),
         (("--trace", str(trace), "--restart-cost", "soon"), "--restart-cost"),
         (("--trace", str(trace), "--truth", str(tmp_path / "nope.json")), "--truth"),
     ]
