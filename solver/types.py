@@ -363,6 +363,18 @@ class SolverConfig:
     #: Price the slowdown of multi-node jobs that share a NIC or rack uplink (solver.network) in the
     #: objective and the node choice; false: every job is estimated as if alone on its links.
     contention_aware: bool = True
+    #: How the SRSF baselines (srsf-avoid, srsf-accept, ada-srsf) pick nodes: "lwf-kappa" (the cards
+    #: carrying the fewest multi-node jobs, then the most free GPUs) or "first-fit" (cluster order); each
+    #: keeps its own cap on multi-node jobs per card. cellsched ignores it.
+    node_placement: str = "lwf-kappa"
+
+    def __post_init__(self) -> None:
+        if self.node_placement not in NODE_PLACEMENTS:
+            raise ValueError(f"node_placement must be one of {', '.join(NODE_PLACEMENTS)}, got {self.node_placement!r}")
+
+
+#: The values of SolverConfig.node_placement.
+NODE_PLACEMENTS = ("lwf-kappa", "first-fit")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """Scheduling policies, one per module, all `schedule(request, estimator) -> ScheduleReply`.
 
 get_policy(name, **opts): "cellsched", "cellsched-static", "fcfs",
-"fcfs-backfill", "gavel", "sia". Baselines take `feasible=(job, cell) -> bool`.
+"fcfs-backfill", "gavel", "sia", and the communication-contention baselines
+of Wang et al. 2020: "srsf-avoid", "srsf-accept", "ada-srsf". Baselines take
+`feasible=(job, cell) -> bool`.
 """
 
 from __future__ import annotations
@@ -48,6 +50,24 @@ def _sia(**opts: Any) -> Policy:
     return SiaPolicy(**opts)
 
 
+def _srsf_avoid(**opts: Any) -> Policy:
+    from solver.policies.srsf_avoid import SrsfAvoidPolicy
+
+    return SrsfAvoidPolicy(**opts)
+
+
+def _srsf_accept(**opts: Any) -> Policy:
+    from solver.policies.srsf_accept import SrsfAcceptPolicy
+
+    return SrsfAcceptPolicy(**opts)
+
+
+def _ada_srsf(**opts: Any) -> Policy:
+    from solver.policies.ada_srsf import AdaSrsfPolicy
+
+    return AdaSrsfPolicy(**opts)
+
+
 POLICIES: dict[str, Callable[..., Policy]] = {
     "cellsched": _cellsched,
     "cellsched-static": _cellsched_static,
@@ -55,6 +75,9 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "fcfs-backfill": _fcfs_backfill,
     "gavel": _gavel,
     "sia": _sia,
+    "srsf-avoid": _srsf_avoid,
+    "srsf-accept": _srsf_accept,
+    "ada-srsf": _ada_srsf,
 }
 
 

@@ -114,6 +114,9 @@ def test_config_errors_name_the_key(tmp_path):
         from_dict({"controller": {"interval_s": 0}})
     with pytest.raises(ConfigError, match="log.format"):
         from_dict({"log": {"format": "xml"}})
+    with pytest.raises(ConfigError, match="node_placement"):
+        from_dict({"solver": {"node_placement": "best-fit"}})
+    assert from_dict({"solver": {"node_placement": "first-fit"}}).solver.node_placement == "first-fit"
     bad = tmp_path / "bad.toml"
     bad.write_text("[controller\n")
     with pytest.raises(ConfigError, match="bad.toml"):

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 DATA = Path(__file__).parent / "data"
 #: a small Arena-format trace and a small cluster of three GPU types
 TRACE = (DATA / "small_trace.csv").read_text()
@@ -137,4 +139,21 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path):
 
 def test_help_explains_the_defaults():
     proc = cellsched("--help")
-    assert proc.returncode == 0 and "Philly" in proc.stdout and "--arena-compat" in proc.stdout
+    assert (
+        proc.returncode == 0
+        and "Philly" in proc.stdout
+        and "--arena-compat" in proc.stdout
+        and "srsf-accept" in "".join(proc.stdout.split())  # click may wrap at the hyphen
+    )
+
+
+def test_string_solver_keys_in_policy_options():
+    from slurm_ext.cli.simulate_cmd import SimulateError, parse_policies
+    from solver.types import SolverConfig
+
+    ((label, name, cfg),) = parse_policies(["ada-srsf:node_placement=first-fit"], SolverConfig())
+    assert (label, name, cfg.node_placement) == ("ada-srsf:node_placement=first-fit", "ada-srsf", "first-fit")
+    assert parse_policies(["srsf-avoid"], SolverConfig())[0][2].node_placement == "lwf-kappa"
+    for bad in ("srsf-accept:node_placement=best-fit", "srsf-accept:node_placement=2"):
+        with pytest.raises(SimulateError, match="node_placement"):
+            parse_policies([bad], SolverConfig())

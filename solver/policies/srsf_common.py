@@ -1,0 +1,233 @@
+"""What the SRSF baselines share (Wang, Shi, Wang, Chu 2020, "Communication
+Contention Aware Scheduling of Multiple Deep Learning Training Jobs").
+
+The paper schedules jobs shortest-remaining-service-first (SRSF: remaining
+iterations x iteration time x GPUs) and places them least-workload-first
+with a cap kappa on the jobs that share a link: SRSF(1) avoids contention,
+SRSF(2) accepts two jobs per link, and AdaDUAL admits a second
+communication task onto a busy link only when that finishes it sooner.
+
+What we adapt:
+
+- Non-preemptive. The paper's SRSF preempts; our controller never does, so
+  running jobs keep their placements (as in FCFS) and only pending jobs are
+  ordered. Pending jobs go by remaining service (the estimate of their
+  best-locality DP-only cell on the requested GPU type and count), then
+  submit time. A job that cannot start does not block the shorter-service
+  ones behind it: the paper allocates GPUs job by job until none is left.
+- A link is a node's network card; kappa counts the multi-node jobs on it
+  (fixed ones and those placed this round, this one included). One-node
+  jobs do not communicate and are never capped.
+- Node choice per `SolverConfig.node_placement`: "lwf-kappa" (cards with the
+  fewest multi-node jobs, then most free GPUs, then cluster order) or
+  "first-fit" (cluster order); both respect the policy's cap.
+- AdaDUAL at job level (`admit`): see there.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from solver.contention import loaded_times
+from solver.placement import Result, Space, split_fixed
+from solver.placement.candidates import Option
+from solver.placement.greedy import try_place
+from solver.placement.nodes import Ledger
+from solver.policies.common import Feasible, dp_estimate, layouts, reply
+from solver.policies.fcfs import requested
+from solver.types import (
+    Cell,
+    ClusterView,
+    Estimate,
+    EstimatorLike,
+    JobRequest,
+    Placement,
+    ScheduleReply,
+    ScheduleRequest,
+)
+
+#: (job, placement, iteration time alone on its nodes) of a placed multi-node job
+Comm = tuple[JobRequest, Placement, float]
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A pending job in SRSF order, with its feasible layouts (best locality first)."""
+
+    job: JobRequest
+    service: float
+    estimates: tuple[Estimate, ...]
+
+
+def remaining_service(job: JobRequest, est: Estimate) -> float:
+    """Remaining iterations x iteration time x GPUs (GPU-seconds)."""
+    return job.remaining_iterations * est.iter_time_s * est.cell.num_gpus
+
+
+def pick_nodes(
+    space: Space, ledger: Ledger, job: JobRequest, cell: Cell, cap: int, how: str, rank: Mapping[str, int]
+) -> tuple[str, ...] | None:
+    """Nodes for `cell` with room now, a multi-node cell only on cards that
+    carry fewer than `cap` multi-node jobs; ordered per `how` (lwf-kappa,
+    first-fit). All in one of the job's partitions; None when none fit."""
+    multi = cell.num_nodes > 1
+    for part in job.partitions if job.partitions is not None else (None,):
+        names: list[str] = []
+        for n_nodes, classes in space.part_classes(job, cell):
+            cands = [
+                name
+                for k in classes
+                if part is None or not k[2] or part in k[2]
+                for name in space.classes[k]
+                if name not in names
+                and ledger.free[name] >= cell.gpus_per_node
+                and (not multi or ledger.links[name] < cap)
+            ]
+            if how == "first-fit":
+                cands.sort(key=rank.__getitem__)
+            else:
+                cands.sort(key=lambda n: (ledger.links[n] if multi else 0, -ledger.free[n], rank[n]))
+            if len(cands) < n_nodes:
+                break
+            names += cands[:n_nodes]
+        else:
+            return tuple(names)
+    return None
+
+
+def component(cluster: ClusterView, nodes: Sequence[str], comm: Mapping[str, Comm]) -> list[Comm]:
+    """The placed multi-node jobs that share a link with a job on `nodes`,
+    directly or through one another (all that its contention couples)."""
+    net = cluster.network
+    links_of = {jid: {link for link, _ in net.links(p.node_names)} for jid, (_, p, _) in comm.items()}
+    frontier = {link for link, _ in net.links(nodes)}
+    seen, members = set(frontier), []
+    while frontier:
+        grown: set[str] = set()
+        for jid, links in links_of.items():
+            if jid not in members and links & frontier:
+                members.append(jid)
+                grown |= links - seen
+        seen |= grown
+        frontier = grown
+    return [comm[jid] for jid in members]
+
+
+def admit(cluster: ClusterView, mine: Comm, comm: Mapping[str, Comm]) -> tuple[bool, float, float]:
+    """AdaDUAL at job level: (admit, finish if sharing, finish if waiting), s from now.
+
+    Sharing: the job's remaining iterations at its iteration time next to the
+    jobs on its cards (time-averaged, as if the sharing lasted its whole run).
+    Waiting: until the last job on the cards it would share finishes (at its
+    speed now), then its remaining iterations alone. Admitted when sharing
+    is sooner. For two jobs that always communicate this is AdaDUAL's rule:
+    share when the new transfer is smaller than what the running one has left.
+    """
+    job, placement, alone = mine
+    nodes = set(placement.node_names)
+    others = [c for c in comm.values() if nodes & set(c[1].node_names)]
+    before = component(cluster, placement.node_names, comm)
+    now = loaded_times(before, cluster)
+    wait = max((c[0].remaining_iterations * now[c[0].job_id] for c in others), default=0.0)
+    with_me = loaded_times([*before, mine], cluster)
+    share = job.remaining_iterations * with_me[job.job_id]
+    waited = wait + job.remaining_iterations * alone
+    return share < waited, share, waited
+
+
+class SrsfPolicy:
+    """SRSF with at most `kappa` multi-node jobs per network card; `adaptive`:
+    AdaDUAL's admission for a second job on a card (then kappa is 2)."""
+
+    name = "srsf"
+    kappa = 1
+    adaptive = False
+
+    def __init__(self, feasible: Feasible = None) -> None:
+        self.feasible = feasible
+
+    def pending(
+        self, cluster: ClusterView, jobs: Sequence[JobRequest], estimator: EstimatorLike, reasons: dict[str, str]
+    ) -> tuple[list[Pending], int]:
+        """The pending jobs that could ever start, shortest remaining service first; cells tried."""
+        out, cells = [], 0
+        for i, job in enumerate(jobs):
+            gpu_type, gpus = requested(job, cluster.gpu_types())
+            if gpu_type is None:
+                reasons[job.job_id] = "no GPU type of the cluster is allowed"
+                continue
+            ests = []
+            for cell in layouts(cluster, gpu_type, gpus):
+                cells += 1
+                est = dp_estimate(job, cell, estimator, self.feasible)
+                if est is not None:
+                    ests.append(est)
+            if not ests:
+                reasons[job.job_id] = f"no feasible layout of {gpus} x {gpu_type}"
+                continue
+            out.append(((remaining_service(job, ests[0]), job.submit_time, i), job, tuple(ests)))
+        out.sort(key=lambda t: t[0])
+        return [Pending(job, key[0], ests) for key, job, ests in out], cells
+
+    def schedule(self, request: ScheduleRequest, estimator: EstimatorLike) -> ScheduleReply:
+        t0 = time.perf_counter()
+        cluster, how = request.cluster, request.config.node_placement
+        fixed, jobs, reasons = split_fixed(cluster, request.jobs, False, request.config)
+        space = Space.of(cluster, fixed)
+        ledger = space.ledger()
+        rank = {n.name: i for i, n in enumerate(cluster.nodes)}
+        by_id = {j.job_id: j for j in request.jobs}
+        comm: dict[str, Comm] = {
+            jid: (by_id[jid], p, p.iter_time_s)
+            for jid, p in fixed.items()
+            if p.cell.num_nodes > 1 and jid in by_id and p.iter_time_s > 0 and math.isfinite(p.iter_time_s)
+        }
+        queue, cells = self.pending(cluster, jobs, estimator, reasons)
+        placed: dict[str, Placement] = {}
+        for item in queue:
+            got, why = self._place(space, ledger, item, how, rank, comm)
+            if got is None:
+                reasons[item.job.job_id] = why
+                continue
+            placed[item.job.job_id] = got
+            if got.cell.num_nodes > 1:
+                comm[item.job.job_id] = (item.job, got, got.iter_time_s)
+        dt = time.perf_counter() - t0
+        return reply(
+            fixed, Result(placed, "HEURISTIC", float(len(placed)), float(len(placed)), place_s=dt), cells, reasons, dt
+        )
+
+    def _place(
+        self, space: Space, ledger: Ledger, item: Pending, how: str, rank: Mapping[str, int], comm: Mapping[str, Comm]
+    ) -> tuple[Placement | None, str]:
+        """The job on its first layout that fits under the cap (adaptive: first
+        alone on its cards, then sharing where AdaDUAL admits it), or why not."""
+        job = item.job
+        cell = item.estimates[0].cell
+        why = (
+            f"waiting: {cell.num_gpus} {cell.gpu_type} GPUs do not fit now with at most {self.kappa} "
+            "multi-node job(s) a network card (SRSF)"
+        )
+        caps = (1, 2) if self.adaptive else (self.kappa,)
+        for cap in caps:
+            for est in item.estimates:
+                names = pick_nodes(space, ledger, job, est.cell, cap, how, rank)
+                if names is None:
+                    continue
+                opt = Option(job.job_id, est.cell, est.plan, est.iter_time_s, 0, None, est.source)
+                pairs = tuple((n, est.cell.gpus_per_node) for n in names)
+                if cap > 1 and self.adaptive and any(ledger.links[n] for n in names):
+                    ok, share, wait = admit(space.cluster, (job, opt.placement(pairs), est.iter_time_s), comm)
+                    if not ok:
+                        why = (
+                            f"waiting: sharing a network card would finish it in {share:.0f} s, "
+                            f"waiting in {wait:.0f} s (AdaDUAL)"
+                        )
+                        continue
+                got = try_place(space, ledger, job, opt, names)
+                if got is not None:
+                    return opt.placement(*got), ""
+        return None, why
