@@ -40,10 +40,10 @@ class OneSecond:
 TIMES = OneSecond()
 
 
-def cluster(free: dict[str, int] | None = None, nodes: int = 4) -> ClusterView:
+def cluster(free: dict[str, int] | None = None, nodes: int = 4, nic: float = 10.0) -> ClusterView:
     free = free or {}
     return ClusterView(
-        tuple(NodeView(f"n{i}", "v100", 4, free.get(f"n{i}", 4), nic_gbps=10.0) for i in range(1, nodes + 1))
+        tuple(NodeView(f"n{i}", "v100", 4, free.get(f"n{i}", 4), nic_gbps=nic) for i in range(1, nodes + 1))
     )
 
 
@@ -139,7 +139,7 @@ def test_srsf_accept_shares_with_one_running_job_but_not_two():
 
 
 def test_ada_srsf_shares_when_that_finishes_sooner_and_waits_when_not():
-    cl = cluster({"n3": 0, "n4": 0})  # only a 2x2 on the running job's cards fits
+    cl = cluster({"n3": 0, "n4": 0}, nic=1.0)  # only a 2x2 on the running job's cards fits; slow cards
     # a short new job next to one with long to go: sharing ends it sooner
     r = schedule("ada-srsf", cl, [running("old", ("n1", "n2"), 2, 10_000), job("new", 4, 100)])
     assert sorted(r.placements["new"].node_names) == ["n1", "n2"]
@@ -149,16 +149,25 @@ def test_ada_srsf_shares_when_that_finishes_sooner_and_waits_when_not():
 
 
 def test_ada_srsf_admission_matches_the_contention_model():
-    """The boundary is where sharing's extra time equals the wait: iterations x
-    (shared - alone) = the running job's remaining time."""
-    cl = cluster({"n3": 0, "n4": 0})
+    """On 1 Gb/s cards (heavy contention) the boundary is where the summed
+    completions are equal: R new iterations at s_new, the old job at s_old
+    while they share (at 1 s after), against the new job after the old one's
+    1,000 s, alone. On 10 Gb/s cards sharing costs so little that even a long
+    job is admitted."""
+    mild = cluster({"n3": 0, "n4": 0})
+    old = running("old", ("n1", "n2"), 2, 1000)
+    assert "new" in schedule("ada-srsf", mild, [old, job("new", 4, 100_000)]).placements
+    cl = cluster({"n3": 0, "n4": 0}, nic=1.0)
     old = running("old", ("n1", "n2"), 2, 1000)
     probe = job("new", 4, 1)
     cell, plan = Cell("v100", 2, 2), ParallelPlan(1, 4, 1)
     mine = Placement("new", cell, (("n1", 2), ("n2", 2)), plan, 1.0)
-    shared = loaded_times([(old, old.current, 1.0), (probe, mine, 1.0)], cl)["new"]
-    assert shared > 1.0
-    limit = 1000 / (shared - 1.0)  # remaining iterations at which sharing stops paying
+    times = loaded_times([(old, old.current, 1.0), (probe, mine, 1.0)], cl)
+    s_new, s_old = times["new"], times["old"]
+    assert s_new > 1.0 and s_old > 1.0
+    # the new job ends first: R s_new + (R s_new + 1000 - R s_new / s_old) < 1000 + R + 1000
+    limit = 1000 / (2 * s_new - s_new / s_old - 1.0)
+    assert limit * 1.1 * s_new < 1000 * s_old  # within the regime where the new job ends first
     below, above = int(limit * 0.9), int(limit * 1.1) + 1
     assert "new" in schedule("ada-srsf", cl, [old, job("new", 4, below)]).placements
     assert "new" not in schedule("ada-srsf", cl, [old, job("new", 4, above)]).placements
@@ -182,9 +191,9 @@ def test_first_fit_and_lwf_kappa_choose_different_nodes():
     assert sorted(lwf.node_names) == ["n3", "n4"]  # cards without a multi-node job
     assert sorted(ff.node_names) == ["n1", "n2"]  # the first nodes that fit, sharing (kappa 2 allows it)
     one = [job("small", 1, 100)]
-    cl = cluster({"n1": 1, "n2": 2})
+    cl = cluster({"n2": 1, "n3": 2})
     assert schedule("srsf-avoid", cl, one, node_placement="first-fit").placements["small"].node_names == ("n1",)
-    assert schedule("srsf-avoid", cl, one).placements["small"].node_names == ("n3",)  # most free GPUs
+    assert schedule("srsf-avoid", cl, one).placements["small"].node_names == ("n2",)  # one-node jobs pack
 
 
 def test_a_bad_node_placement_is_refused():
