@@ -26,8 +26,8 @@ from trainer_runs import train
 from slurm_ext.backends import STEPS as TO_STEPS
 from slurm_ext.backends import get_backend
 from slurm_ext.config import load
-from slurm_ext.controller.inputs import admin_comment_plan
 from slurm_ext.controller import relaunch
+from slurm_ext.controller.inputs import admin_comment_plan
 from slurm_ext.controller.progress import read_progress_file
 from slurm_ext.controller.round import Controller
 from solver.profiles.arena import load_device_specs
