@@ -46,7 +46,10 @@ class ControllerConfig:
     max_cell_failures: a job whose placement or run failed this often in a
     cell is not placed there again. max_relaunches: how often a job whose run
     ended before its first step is requeued from its checkpoint before it is
-    left to end FAILED (slurm_ext.controller.relaunch). A job's progress
+    left to end FAILED, or, for a job that has trained, how many such
+    failures in a row since it last trained are relaunched before it is
+    parked: requeued held (a user hold), never failed, until someone
+    releases it (slurm_ext.controller.relaunch). A job's progress
     file (in the user's directory) is read within read_timeout_s, and all of
     a round's within read_budget_s; a job may report at most
     progress_rate_factor times the iterations its cell's estimate allows, and

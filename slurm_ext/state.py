@@ -57,6 +57,8 @@ class HistoryEvent(StrEnum):
     RESUMED = "resumed"  # its first progress after a (re)start; value: the measured restart cost (s)
     RUN_FAILED = "run-failed"  # a run ended in failure in this cell; value: when
     TRAINED = "trained"  # a run reported a step in this cell (once per job and cell)
+    PARKED = "parked"  # requeued held after its runs kept failing (controller.relaunch); cell: the last failed
+    UNPARKED = "unparked"  # a parked job seen released (or run again): managed again, its failure count reset
     FINISHED = "finished"  # cell: the Slurm state it ended in
 
 
@@ -527,10 +529,32 @@ class StateStore:
             out.setdefault(job_id, []).append((value, cell))
         return out
 
+    def parked(self, job_ids: Iterable[str]) -> set[str]:
+        """Jobs (of `job_ids`) parked and not seen released since (their
+        newest "parked" event is after their newest "unparked" one)."""
+        where, args = sqlitedb.where(["event IN (?, ?)"], any_of={"job_id": sorted(set(job_ids))})
+        sql = (
+            "SELECT job_id, MAX(CASE WHEN event = ? THEN id END), MAX(CASE WHEN event = ? THEN id END) "
+            f"FROM cell_history{where} GROUP BY job_id"
+        )
+        marks = (HistoryEvent.PARKED, HistoryEvent.UNPARKED)
+        rows = self._db.execute(sql, (*marks, *marks, *args))
+        return {job_id for job_id, parked, unparked in rows if parked is not None and (unparked or 0) < parked}
+
+    def trained_or_parked_at(self, job_ids: Iterable[str]) -> dict[str, float]:
+        """job (of `job_ids`) -> when it was last seen training ("trained",
+        "resumed"), parked or released from parking: the failures of its
+        runs that count towards parking it (controller.relaunch) ended after."""
+        events = (HistoryEvent.TRAINED, HistoryEvent.RESUMED, HistoryEvent.PARKED, HistoryEvent.UNPARKED)
+        where, args = sqlitedb.where(["event IN (?, ?, ?, ?)"], any_of={"job_id": sorted(set(job_ids))})
+        sql = f"SELECT job_id, MAX(time) FROM cell_history{where} GROUP BY job_id"
+        return dict(self._db.execute(sql, (*events, *args)))
+
     def history(self, job_id: str) -> list[dict[str, Any]]:
         """The job's events: placed (cell, nodes), signalled, requeued,
         resumed (value = measured restart cost, s), run-failed (a run that
-        ended before training; value = its end time), finished."""
+        ended before training; value = its end time), trained, parked,
+        unparked, finished."""
         cols = ("time", "round_id", "event", "cell", "nodes", "value")
         return [
             dict(zip(cols, r))

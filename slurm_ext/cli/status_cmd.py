@@ -236,7 +236,7 @@ def plan_text(report: Any) -> str:
     if not report.actions and report.status == RoundStatus.OK:
         out.append("nothing to do")
     for j in report.jobs:
-        if j.reason and j.phase in ("held", "loose", "bad", "operator-hold"):
+        if j.reason and j.phase in ("held", "loose", "bad", "operator-hold", "parked"):
             out.append(f"job {printable(j.job_id)} waits: {printable(j.reason)}")
     return "\n".join(out)
 

@@ -37,6 +37,7 @@ class Phase(StrEnum):
     BAD = "bad"  # its spec was refused
     CHECKPOINTING = "checkpointing"  # asked to checkpoint for a move; keeps its GPUs until it ends
     CHECKPOINTED = "checkpointed"  # ended with a checkpoint (or its node failed): requeued and placed again
+    PARKED = "parked"  # its runs kept failing (controller.relaunch): requeued held, left held until released
 
 
 #: phases the solver sees
@@ -190,11 +191,14 @@ def classify(
     known: Mapping[str, JobRow],
     intents: Mapping[str, PlanRow],
     released: frozenset[str] | set[str] = frozenset(),
+    parked: frozenset[str] | set[str] = frozenset(),
 ) -> tuple[ManagedJob, ...]:
     """Every managed job in the snapshot with its phase.
 
     `known`: the state's jobs; `intents`: open intents by job; `released`:
-    jobs the controller released before (a held one is then left alone).
+    jobs the controller released before (a held one is then left alone);
+    `parked`: jobs the controller parked (controller.relaunch): Phase.PARKED
+    while they stay held.
     A job id that Slurm reuses (another submit time) is a new job. A job
     that ended checkpointed is Phase.CHECKPOINTED (to be requeued); a running job
     with a signalled intent is Phase.CHECKPOINTING. A spec read for the first time
@@ -270,7 +274,22 @@ def classify(
                 out.append(ManagedJob(job, Phase.RUNNING, spec, spec_json, source, "", plan, current, intent))
             continue
         if job.held:
-            if intent is not None:
+            if job.job_id in parked:
+                why = row.reason if row is not None and row.phase == Phase.PARKED and row.reason else ""
+                out.append(
+                    ManagedJob(
+                        job,
+                        Phase.PARKED,
+                        spec,
+                        spec_json,
+                        source,
+                        why or f"parked: its runs kept failing; release it (scontrol release {job.job_id}) to continue",
+                        plan,
+                        None,
+                        None,
+                    )
+                )
+            elif intent is not None:
                 current = intent_placement(intent)
                 out.append(ManagedJob(job, Phase.HELD, spec, spec_json, source, "", plan, current, intent))
             elif job.job_id in released and row is not None:

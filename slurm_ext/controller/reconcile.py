@@ -229,7 +229,8 @@ def decide(
     it) is held, updated and released again; a loose job without one is
     held. A running elastic job whose placement changed is moved; a
     checkpointed job is requeued held and placed (or only requeued when it
-    has no placement this round); a job checkpointing for longer than
+    has no placement this round), a parked one only requeued held (and then
+    left alone); a job checkpointing for longer than
     `checkpoint_timeout_s` is requeued. Jobs that keep their cell are not
     touched.
     """
@@ -247,6 +248,10 @@ def decide(
             continue
         if m.phase == Phase.CHECKPOINTED and p is None:
             actions.append(Action(REQUEUE, m.job_id, "checkpointed; waits for a placement"))
+            continue
+        if m.phase == Phase.PARKED:
+            if m.job.finished:
+                actions.append(Action(REQUEUE, m.job_id, "parked; held until it is released"))
             continue
         if (
             p is None

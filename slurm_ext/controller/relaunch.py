@@ -11,15 +11,22 @@ checkpointed one; the failure is recorded against the cell it ran in (a
 that keeps failing is avoided) and is shown by ``cellsched status
 --history``. After ``max_relaunches`` such failures (`counted`: the first
 failure in each size of cell is free) a job that never trained is left to
-end FAILED, with a reason that says so; one that has trained is relaunched
-whatever the count (its failures are the cells', which are excluded, but
-never a cell it has trained in: round.excluded_cells). A run
-that trained and then failed is the program's own failure and is left alone.
+end FAILED, with a reason that says so. One that has trained is never
+given up: its failures are mostly the cells' (which are excluded, but never
+a cell it has trained in: round.excluded_cells), so it is relaunched until
+its runs have failed more than ``max_relaunches`` times (`counted`) since it
+last trained (its newest first step, `trained_at`) or was last parked; then
+it is PARKED: requeued held (``scontrol requeuehold``: a user hold its owner
+lifts with ``scontrol release``), never failed or cancelled, and left held,
+with a reason in ``cellsched status`` and the log, until someone releases
+it. Released, it is managed again and its count starts over. A run that
+trained and then failed is the program's own failure and is left alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -40,8 +47,9 @@ class RunFailure:
     cell: str
     end_time: float
     new: bool  #: not recorded before this round
-    relaunch: bool  #: requeue and place again (else: given up)
+    relaunch: bool  #: requeue and place again (else: given up, or parked)
     reason: str
+    park: bool = False  #: requeue held and leave it held until someone releases it
 
 
 def trained(job_start: float | None, first_step_at: float | None) -> bool:
@@ -73,6 +81,8 @@ def review(
     recorded: Mapping[str, Sequence[tuple[float, str]]],
     max_relaunches: int,
     trained_before: Collection[str] = (),
+    trained_at: Mapping[str, float] | None = None,
+    parked: Collection[str] = (),
 ) -> dict[str, RunFailure]:
     """The managed jobs whose last run failed before training, by job id.
 
@@ -81,9 +91,14 @@ def review(
     the progress reader (only a new failure's progress record is read).
     `trained_before`: jobs that have trained (`trained_jobs`): their runs'
     failures say something about the cells they failed in, not about the
-    job, so they are always relaunched (the failed cells and sizes are
+    job, so they are never given up (the failed cells and sizes are
     excluded, round.excluded_cells, except the cells the job has trained in:
-    it always keeps somewhere to run).
+    it always keeps somewhere to run); only the failures that ended after
+    `trained_at` (when the controller last saw the job train, or parked or
+    released it) and after the first step in its progress record count, and
+    a new failure that makes them more than `max_relaunches` parks the job.
+    `parked`: jobs parked before and not released since (their failure
+    stays parked).
     """
     out: dict[str, RunFailure] = {}
     for m in jobs:
@@ -95,17 +110,23 @@ def review(
         cell = m.plan.cell or ""
         past = list(recorded.get(m.job_id, ()))
         new = job.end_time not in [t for t, _ in past]
+        since = (trained_at or {}).get(m.job_id, -math.inf)
         if new:
             try:
                 report = read(m)
             except Unreadable:
                 report = None  # no word of a step: relaunched, at most max_relaunches times
-            if trained(job.start_time, report.first_step_at if report is not None else None):
+            first = report.first_step_at if report is not None else None
+            if trained(job.start_time, first):
                 continue
+            since = max(since, first if first is not None else -math.inf)
             past.append((job.end_time, cell))
-        count = counted(past)
         exit_text = f"{job.state.lower()}, exit {job.exit_code}"
-        if count > max_relaunches and m.job_id not in trained_before:
+        if m.job_id in trained_before or m.job_id in parked:
+            out[m.job_id] = _review_trained(m, past, since, new, m.job_id in parked, max_relaunches, exit_text)
+            continue
+        count = counted(past)
+        if count > max_relaunches:
             reason = (
                 f"its run failed before training {len(past)} times (last: {exit_text} in {cell}); "
                 f"not requeued again (max_relaunches = {max_relaunches})"
@@ -120,9 +141,41 @@ def review(
     return out
 
 
+def _review_trained(
+    m: inp.ManagedJob,
+    past: Sequence[tuple[float, str]],
+    since: float,
+    new: bool,
+    parked: bool,
+    max_relaunches: int,
+    exit_text: str,
+) -> RunFailure:
+    """The verdict on a failed run of a job that has trained: relaunched
+    while its failures since `since` count at most `max_relaunches`, else
+    parked. Only a new failure parks a job, and a parked one stays parked
+    (its requeue failed: tried again), so a failure's verdict never changes."""
+    assert m.plan is not None and m.job.end_time is not None
+    cell = m.plan.cell or ""
+    streak = [(t, c) for t, c in past if t > since]
+    count = counted(streak)
+    if (parked and not new) or (new and count > max_relaunches):
+        reason = (
+            f"parked: its run failed before training {len(streak)} times in a row since it last trained "
+            f"(last: {exit_text} in {cell}; max_relaunches = {max_relaunches}); requeued held, not failed: "
+            f"fix the cause and release it (scontrol release {m.job_id}) to continue from its checkpoint"
+        )
+        return RunFailure(m.job_id, cell, m.job.end_time, new, False, reason, park=True)
+    reason = (
+        f"its run failed before training ({exit_text} in {cell}, failure {count} of "
+        f"{max_relaunches} allowed since it last trained); requeued from its checkpoint"
+    )
+    return RunFailure(m.job_id, cell, m.job.end_time, new, True, reason)
+
+
 def apply_review(jobs: Sequence[inp.ManagedJob], failures: Mapping[str, RunFailure]) -> tuple[inp.ManagedJob, ...]:
     """The jobs with the verdicts in: relaunched ones CHECKPOINTED (requeued
-    held and placed again), given-up ones FINISHED with the reason."""
+    held and placed again), parked ones PARKED (requeued held, not placed),
+    given-up ones FINISHED with the reason."""
     out = []
     for m in jobs:
         f = failures.get(m.job_id)
@@ -130,6 +183,8 @@ def apply_review(jobs: Sequence[inp.ManagedJob], failures: Mapping[str, RunFailu
             out.append(m)
         elif f.relaunch:
             out.append(dataclasses.replace(m, phase=inp.Phase.CHECKPOINTED, reason=f.reason))
+        elif f.park:
+            out.append(dataclasses.replace(m, phase=inp.Phase.PARKED, reason=f.reason))
         else:
             out.append(dataclasses.replace(m, reason=f.reason))
     return tuple(out)

@@ -161,8 +161,9 @@ class Controller:
         listed = [j.job_id for j in snap.jobs]  # Slurm's jobs: the state's other rows are history
         known = self.state.jobs(job_ids=listed)
         released = self.state.released(listed)
+        parked = self.state.parked(listed)
         opens = self.state.open_plans()
-        jobs = inp.classify(snap, known, opens, released)
+        jobs = inp.classify(snap, known, opens, released, parked)
         if not dry_run:
             self._remember(jobs, known, now)
             settled = intent_outcomes(jobs, opens)
@@ -170,8 +171,8 @@ class Controller:
                 self.state.set_plan_status(opens[job_id].id, outcome, now)
                 opens.pop(job_id)
             if settled:
-                jobs = inp.classify(snap, known, opens, released)
-        jobs = self._review_failures(jobs, listed, now, round_id, dry_run, relaunch.trained_jobs(known))
+                jobs = inp.classify(snap, known, opens, released, parked)
+        jobs = self._review_failures(jobs, listed, now, round_id, dry_run, relaunch.trained_jobs(known), parked)
 
         prog = self._progress(jobs, known, now)
         progress, progress_src = prog.done, prog.source
@@ -377,12 +378,22 @@ class Controller:
         round_id: int | None,
         dry_run: bool,
         trained: Collection[str],
+        parked: Collection[str],
     ) -> tuple[inp.ManagedJob, ...]:
         """Jobs whose run ended before training are requeued and placed again
         (slurm_ext.controller.relaunch); a new failure is recorded against its
-        cell. `trained`: the jobs that have trained (never given up)."""
+        cell. `trained`: the jobs that have trained (never given up, parked
+        when their runs keep failing); `parked`: the jobs parked before. A
+        parked job seen released (or run again) is managed again: an
+        "unparked" event starts its count over."""
         failures = relaunch.review(
-            jobs, self.progress, self.state.run_failures(listed), self.config.controller.max_relaunches, trained
+            jobs,
+            self.progress,
+            self.state.run_failures(listed),
+            self.config.controller.max_relaunches,
+            trained,
+            self.state.trained_or_parked_at(listed),
+            parked,
         )
         for f in failures.values():
             if f.new and not dry_run:
@@ -392,7 +403,15 @@ class Controller:
                     "run failed before training",
                     extra={"fields": {"job": f.job_id, "cell": f.cell, "relaunch": f.relaunch, "reason": f.reason}},
                 )
-        return relaunch.apply_review(jobs, failures)
+                if f.park:
+                    self.state.add_history(f.job_id, HistoryEvent.PARKED, now, round_id, f.cell)
+                    log.warning("job parked", extra={"fields": {"job": f.job_id, "reason": f.reason}})
+        out = relaunch.apply_review(jobs, failures)
+        for m in out:
+            if m.job_id in parked and m.phase not in (inp.Phase.PARKED, inp.Phase.FINISHED) and not dry_run:
+                self.state.add_history(m.job_id, HistoryEvent.UNPARKED, now, round_id)
+                log.info("parked job released: managed again", extra={"fields": {"job": m.job_id, "phase": m.phase}})
+        return out
 
     def _progress(self, jobs: tuple[inp.ManagedJob, ...], known: Mapping[str, Any], now: float) -> Progress:
         """This round's progress: the jobs' own reports where believed

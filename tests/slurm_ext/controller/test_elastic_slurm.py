@@ -1,8 +1,9 @@
 """Elastic jobs on the real dev cluster: a default elastic job (no
 --virtual-workers) is grown when GPUs free up and shrunk again when another
 job needs them (checkpoint, requeue, update, release, resume); a restart
-that dies before training is requeued and completes; a job is re-placed when
-its node goes down. The training is the reference trainer under srun
+that dies before training is requeued and completes; a trained job whose
+restarts keep failing is parked held until its user releases it; a job is
+re-placed when its node goes down. The training is the reference trainer under srun
 cellsched-launch; its losses must be bitwise those of an uninterrupted run."""
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "launch"))  # train
 from controller_support import ROOT, submit_managed, wait_until, write_config
 from trainer_runs import train
 
+from slurm_ext.backends import STEPS as TO_STEPS
 from slurm_ext.backends import get_backend
 from slurm_ext.config import load
+from slurm_ext.controller import relaunch
 from slurm_ext.controller.inputs import admin_comment_plan
 from slurm_ext.controller.progress import read_progress_file
 from slurm_ext.controller.round import Controller
@@ -63,11 +66,17 @@ def _env() -> dict[str, str]:
 
 
 def _submit_elastic(
-    tmp_path: Path, *extra: str, step_delay: float = 0.3, fail_restart: int | None = None, batch: int = 256
+    tmp_path: Path,
+    *extra: str,
+    step_delay: float = 0.3,
+    fail_restart: int | None = None,
+    batch: int = 256,
+    fail_while: Path | None = None,
 ) -> str:
     """An elastic managed job running the reference trainer; scheduled as a
     long gpt-350m job (so growing it pays), trained as gpt-tiny. With
-    `fail_restart`, that restart of the job dies before training, once."""
+    `fail_restart`, that restart of the job dies before training, once; with
+    `fail_while`, every run dies before training while that file exists."""
     launcher = shutil.which("cellsched-launch", path=_env()["PATH"]) or pytest.fail("cellsched-launch not on PATH")
     script = tmp_path / "train.sh"
     cmd = [
@@ -91,6 +100,8 @@ def _submit_elastic(
             f'if [ "${{SLURM_RESTART_COUNT:-0}}" = {fail_restart} ] && [ ! -e {marker} ]; then '
             f"touch {marker}; echo 'injected start-up failure' >&2; exit 1; fi\n"
         )
+    if fail_while is not None:
+        fail += f"if [ -e {fail_while} ]; then echo 'injected start-up failure' >&2; exit 1; fi\n"
     script.write_text("#!/bin/bash\n" + fail + "exec " + " ".join(f"'{c}'" for c in cmd) + "\n")
     script.chmod(0o755)
     proc = subprocess.run(
@@ -272,6 +283,67 @@ def test_default_elastic_job_grows_shrinks_survives_a_failed_restart_and_complet
     assert shown.returncode == 0, shown.stderr
     for word in ("a40:1x2:pp1", "a40:2x2:pp1", "resumed", "run-failed"):
         assert word in shown.stdout, shown.stdout
+
+
+def _kinds(report, job: str) -> list[str]:
+    return [a["kind"] for a in report.actions if a["job"] == job]
+
+
+def test_a_trained_job_whose_restarts_keep_failing_is_parked_held_until_released(slurm_cluster, tmp_path):
+    """max_relaunches = 1. The job trains, checkpoints (as for a move), and
+    then every run dies before training: relaunched once, then parked:
+    PENDING with a user hold, its reason in `cellsched status`, never FAILED,
+    and left held by later rounds. Its user fixes the cause and releases it:
+    managed again (its count starts over), it resumes and completes."""
+    ctl = _controller(tmp_path, max_relaunches=1)
+    backend = get_backend("cli")
+    broken = tmp_path / "broken"
+    job = _submit_elastic(tmp_path, "--gpu-types", "a40", "--min-gpus", "2", "--max-gpus", "2", fail_while=broken)
+    assert job in ctl.round().placements
+    _wait_state(backend, job, ("RUNNING",), 60, tmp_path)
+    wait_until(lambda: _steps_done(backend, job) >= 3, 60, "three steps")
+    ctl.round()  # sees it train
+    assert job in relaunch.trained_jobs(ctl.state.jobs(job_ids=[job]))
+
+    broken.touch()
+    backend.signal(job, "USR1", target=TO_STEPS)
+    assert _wait_state(backend, job, ("FAILED", "COMPLETED"), 60, tmp_path).exit_code == 75, _log(tmp_path)
+    assert _kinds(ctl.round(), job) == ["place"]  # resumed from its checkpoint: that run dies before training
+    _wait_state(backend, job, ("FAILED",), 60, tmp_path)
+    assert _kinds(ctl.round(), job) == ["place"]  # failure 1 of 1 since it trained: relaunched
+    _wait_state(backend, job, ("FAILED",), 60, tmp_path)
+    assert _kinds(ctl.round(), job) == ["requeue"]  # failure 2: parked
+
+    parked = wait_until(
+        lambda: (j := _job(backend, job)) is not None and j.state == "PENDING" and j.held and j, 30, "the job held"
+    )
+    assert parked.reason == "JobHeldUser", parked  # a user hold: its owner may release it
+    assert _kinds(ctl.round(), job) == [] and _job(backend, job).held  # not released by the controller
+    row = ctl.state.jobs(job_ids=[job])[job]
+    assert row.phase == "parked" and not row.finished, row
+    assert "failed before training 2 times in a row" in row.reason and f"scontrol release {job}" in row.reason
+    shown = subprocess.run(
+        [sys.executable, "-m", "slurm_ext", "status", "--config", str(tmp_path / "cellsched.toml"), "--json"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    shown_row = next(r for r in json.loads(shown.stdout)["jobs"] if r["job_id"] == job)
+    assert shown_row["state"] == "PENDING" and shown_row["reason"] == row.reason, shown_row
+    assert _kinds(ctl.round(), job) == [] and _job(backend, job).held  # nor on later rounds
+    assert [e["event"] for e in ctl.state.history(job)].count("parked") == 1
+
+    broken.unlink()  # the user fixes the cause and releases the job
+    subprocess.run(["scontrol", "release", job], env=_env(), check=True, timeout=30)
+    wait_until(lambda: not _job(backend, job).held, 30, "the hold to go")
+    ctl.round()  # managed again: Slurm starts it on its plan, or (within its BeginTime) the controller places it
+    events = [e["event"] for e in ctl.state.history(job)]
+    assert "unparked" in events[events.index("parked") :], events
+    assert ctl.state.jobs(job_ids=[job])[job].phase != "parked"
+    done = _wait_state(backend, job, ("COMPLETED", "FAILED"), 300, tmp_path)
+    assert done.state == "COMPLETED", _log(tmp_path)
+    ctl.round()
 
 
 def test_job_on_a_node_set_down_is_replaced_and_completes(slurm_cluster, tmp_path):

@@ -339,8 +339,9 @@ def test_a_job_the_controller_requeued_held_is_its_own_and_an_operators_hold_is_
 
 def test_a_job_that_has_trained_is_never_given_up_for_failures_in_cells():
     """Failures of a job that has iterations done say that those cells do not
-    hold it (they are excluded), not that the job is broken: it is relaunched
-    however many there are; a job that never trained is still given up."""
+    hold it (they are excluded), not that the job is broken: it is never
+    given up (a failure reviewed before keeps its verdict, relaunched); a job
+    that never trained is."""
     jobs = inp.classify(snapshot(ended("1")), {}, {})
     failed = [(500.0, "a40:1x2:pp1"), (600.0, "a40:2x1:pp1"), (700.0, "a10:1x2:pp1")]
     failed += [(800.0, "a10:2x1:pp1"), (900.0, "a100:1x4:pp1"), (960.0, "a100:2x2:pp1")]
@@ -373,3 +374,94 @@ def test_only_a_jobs_own_reports_make_it_trained():
     rows = [status("1", 120.0, "file"), status("2", 120.0, "estimate"), status("3", 0.0, "file")]
     rows.append(status("4", None, None))
     assert relaunch.trained_jobs({s.job_id: s for s in rows}) == {"1"}
+
+
+# --- a trained job whose runs keep failing is parked ---------------------------
+
+CELL = "a40:1x2:pp1"
+
+
+def test_a_trained_job_failing_max_relaunches_plus_one_times_in_a_row_is_parked_not_failed():
+    """Trained (its last first step at 300), then every run fails before
+    training: the first max_relaunches failures are relaunched, the next one
+    parks the job: requeued held and not placed, never FINISHED."""
+    record = JobProgress(30, first_step_at=300.0)
+    recorded: list[tuple[float, str]] = []
+    verdicts = []
+    for end in (500.0, 600.0, 700.0, 800.0):
+        jobs = inp.classify(snapshot(ended("1", start=end - 10, end=end)), {}, {})
+        f = relaunch.review(jobs, lambda m: record, {"1": list(recorded)}, 3, trained_before={"1"})["1"]
+        assert f.new
+        verdicts.append((f.relaunch, f.park))
+        recorded.append((end, CELL))
+    assert verdicts == [(True, False)] * 3 + [(False, True)]
+    third = relaunch.review(jobs, lambda m: record, {"1": recorded[:2]}, 3, trained_before={"1"})["1"]
+    assert "failure 3 of 3 allowed since it last trained" in third.reason
+    f = relaunch.review(jobs, lambda m: record, {"1": recorded[:3]}, 3, trained_before={"1"})["1"]
+    assert "parked" in f.reason and "4 times in a row since it last trained" in f.reason
+    assert "scontrol release 1" in f.reason and "max_relaunches = 3" in f.reason
+    (m,) = relaunch.apply_review(jobs, {"1": f})
+    assert m.phase == inp.Phase.PARKED and m.reason == f.reason
+    view = inp.build_request(snapshot(), (m,), {}, Config().solver).view
+    assert inp.build_request(snapshot(), (m,), {}, Config().solver).request.jobs == ()  # not placed
+    p = Placement("1", Cell("a40", 1, 2, 1), (("n5", 2),), ParallelPlan(1, 2, 1), 0.5)
+    (a,) = decide((m,), {"1": p}, view, "/ck")
+    assert a.kind == REQUEUE  # requeued held (scontrol requeuehold: a user hold), never cancelled
+    # the same failure reviewed again (its requeue failed) stays parked; a relaunched one stays relaunched
+    again = relaunch.review(jobs, lambda m: record, {"1": recorded}, 3, trained_before={"1"}, parked={"1"})["1"]
+    assert again.park and not again.new
+    assert relaunch.review(jobs, lambda m: record, {"1": recorded}, 3, trained_before={"1"})["1"].relaunch
+
+
+def test_a_run_that_trained_in_between_resets_the_count():
+    """Three failures, a run that reached its first step (its progress
+    record's first step, or the controller's own "trained" event), then a
+    failure: the count is one, relaunched."""
+    jobs = inp.classify(snapshot(ended("1")), {}, {})
+    failed = [(500.0, CELL), (600.0, CELL), (700.0, CELL)]
+
+    def verdict(first_step_at, trained_at=None):
+        record = JobProgress(30, first_step_at=first_step_at)
+        return relaunch.review(jobs, lambda m: record, {"1": failed}, 3, {"1"}, trained_at)["1"]
+
+    assert verdict(300.0).park  # no success since 300: 4 in a row
+    assert verdict(650.0).relaunch and "failure 2 of 3" in verdict(650.0).reason  # 700 and 960
+    assert verdict(750.0).relaunch and "failure 1 of 3" in verdict(750.0).reason
+    assert verdict(300.0, {"1": 750.0}).relaunch  # seen training by the controller at 750
+    assert verdict(None, {"1": 650.0}).relaunch and verdict(None).park  # no progress record: the state's word
+
+
+def test_a_parked_job_is_left_held_until_released_then_counts_again_from_zero(tmp_path):
+    """The state remembers a parked job until an "unparked" event; a held
+    parked job is Phase.PARKED (its reason kept, no action); released by its
+    user it is managed again, and its failures count from the release."""
+    with StateStore(tmp_path / "s.sqlite") as st:
+        st.accept_spec("1", "alice", SPEC.to_json(), "comment", 90.0)
+        st.add_history("1", HistoryEvent.TRAINED, 100.0, None, CELL)
+        for t in (500.0, 600.0):
+            st.add_history("1", HistoryEvent.RUN_FAILED, t + 5, None, CELL, value=t)
+        assert st.parked(["1"]) == set() and st.trained_or_parked_at(["1", "2"]) == {"1": 100.0}
+        st.add_history("1", HistoryEvent.PARKED, 605.0, None, CELL)
+        assert st.parked(["1", "2"]) == {"1"} and st.trained_or_parked_at(["1"]) == {"1": 605.0}
+        reason = "parked: its run failed before training 2 times in a row since it last trained"
+        row = JobStatus("1", "alice", "PENDING", inp.Phase.PARKED, reason, 900.0, None, None, None, 30.0, "file", False)
+        st.save_statuses([row], 605.0)
+        job = dataclasses.replace(ended("1"), state="PENDING", held=True, reason="JobHeldUser", exit_code=None)
+        (m,) = inp.classify(snapshot(job), st.jobs(), {}, st.released(["1"]), st.parked(["1"]))
+        assert m.phase == inp.Phase.PARKED and m.reason == reason
+        view = inp.build_request(snapshot(job), (m,), {}, Config().solver).view
+        p = Placement("1", Cell("a40", 1, 2, 1), (("n5", 2),), ParallelPlan(1, 2, 1), 0.5)
+        assert decide((m,), {"1": p}, view, "/ck") == ()  # never released by the controller
+        assert relaunch.trained_jobs(st.jobs()) == {"1"}
+        # released by its user: no longer held, managed again
+        free = dataclasses.replace(job, held=False, reason="BeginTime", eligible_time=2000.0)
+        (m,) = inp.classify(snapshot(free), st.jobs(), {}, st.released(["1"]), st.parked(["1"]))
+        assert m.phase == inp.Phase.RELEASED
+        st.add_history("1", HistoryEvent.UNPARKED, 700.0, None)
+        assert st.parked(["1"]) == set() and st.trained_or_parked_at(["1"]) == {"1": 700.0}
+        # its next failure is the first since the release: relaunched (max_relaunches = 1)
+        jobs = inp.classify(snapshot(ended("1", start=950.0, end=960.0)), {}, {})
+        f = relaunch.review(
+            jobs, lambda m: None, st.run_failures(["1"]), 1, {"1"}, st.trained_or_parked_at(["1"]), st.parked(["1"])
+        )["1"]
+        assert f.relaunch and "failure 1 of 1" in f.reason
