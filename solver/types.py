@@ -364,7 +364,7 @@ class SolverConfig:
     #: objective and the node choice; false: every job is estimated as if alone on its links.
     contention_aware: bool = True
     #: How the SRSF baselines (srsf-avoid, srsf-accept, ada-srsf) pick nodes: "lwf-kappa" (the cards
-    #: carrying the fewest multi-node jobs, then the most free GPUs) or "first-fit" (cluster order); each
+    #: carrying the fewest multi-node jobs, then the fewest free GPUs that fit) or "first-fit" (cluster order); each
     #: keeps its own cap on multi-node jobs per card. cellsched ignores it.
     node_placement: str = "lwf-kappa"
 
