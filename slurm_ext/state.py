@@ -485,14 +485,18 @@ class StateStore:
         is by the order of the events (a release writes a "placed" event),
         not their times: a requeue in the same second as the release (or the
         same simulated instant: a run that fails as it starts) is after it."""
-        where, args = sqlitedb.where(["event IN (?, ?)"], any_of={"job_id": job_ids})
+        return self._newest_after(job_ids, HistoryEvent.REQUEUED, HistoryEvent.PLACED)
+
+    def _newest_after(self, job_ids: Iterable[str], event: str, other: str) -> set[str]:
+        """Jobs (of `job_ids`) with an `event` newer than their newest `other`
+        event (if any), by the order the events were written."""
+        where, args = sqlitedb.where(["event IN (?, ?)"], any_of={"job_id": sorted(set(job_ids))})
         sql = (
             "SELECT job_id, MAX(CASE WHEN event = ? THEN id END), MAX(CASE WHEN event = ? THEN id END) "
             f"FROM cell_history{where} GROUP BY job_id"
         )
-        marks = (HistoryEvent.PLACED, HistoryEvent.REQUEUED)
-        rows = self._db.execute(sql, (*marks, *marks, *args))
-        return {job_id for job_id, placed, requeued in rows if requeued is not None and (placed or 0) < requeued}
+        rows = self._db.execute(sql, (event, other, event, other, *args))
+        return {job_id for job_id, newest, before in rows if newest is not None and (before or 0) < newest}
 
     def plans_of(self, job_id: str) -> list[PlanRow]:
         return self._plans("WHERE job_id = ? ORDER BY id", (job_id,))
@@ -532,14 +536,7 @@ class StateStore:
     def parked(self, job_ids: Iterable[str]) -> set[str]:
         """Jobs (of `job_ids`) parked and not seen released since (their
         newest "parked" event is after their newest "unparked" one)."""
-        where, args = sqlitedb.where(["event IN (?, ?)"], any_of={"job_id": sorted(set(job_ids))})
-        sql = (
-            "SELECT job_id, MAX(CASE WHEN event = ? THEN id END), MAX(CASE WHEN event = ? THEN id END) "
-            f"FROM cell_history{where} GROUP BY job_id"
-        )
-        marks = (HistoryEvent.PARKED, HistoryEvent.UNPARKED)
-        rows = self._db.execute(sql, (*marks, *marks, *args))
-        return {job_id for job_id, parked, unparked in rows if parked is not None and (unparked or 0) < parked}
+        return self._newest_after(job_ids, HistoryEvent.PARKED, HistoryEvent.UNPARKED)
 
     def trained_or_parked_at(self, job_ids: Iterable[str]) -> dict[str, float]:
         """job (of `job_ids`) -> when it was last seen training ("trained",

@@ -174,11 +174,7 @@ def _positive(value: Any, at: str) -> int:
 
 
 def _gbps(value: Any, at: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e6:
-        raise ClusterSpecError(f"{at} must be a positive number of Gb/s, got {value!r}")
-    return float(value)
+    return _amount(value, at, "Gb/s")
 
 
 def _rack(value: Any, at: str) -> str:
@@ -188,8 +184,13 @@ def _rack(value: Any, at: str) -> str:
 
 
 def _mem(value: Any, at: str) -> float | None:
+    return _amount(value, at, "GB")
+
+
+def _amount(value: Any, at: str, unit: str) -> float | None:
+    """A positive number of `unit` (None when absent)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e6:
-        raise ClusterSpecError(f"{at} must be a positive number of GB, got {value!r}")
+        raise ClusterSpecError(f"{at} must be a positive number of {unit}, got {value!r}")
     return float(value)
