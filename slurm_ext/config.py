@@ -57,7 +57,9 @@ class ControllerConfig:
     model). Carrying a round out: placements go to Slurm apply_batch jobs per
     step (slurm_workers ``scontrol update`` at a time with the cli backend);
     once a round has applied for apply_budget_s, the rest are journalled and
-    carried out by the next round.
+    carried out by the next round. failsafe_after_s: once no round has
+    completed for this long, `cellsched failsafe` releases the jobs the
+    controller holds on their static request (slurm_ext.failsafe).
     """
 
     backend: str = "cli"
@@ -82,6 +84,9 @@ class ControllerConfig:
     read_budget_s: float = 5.0
     progress_rate_factor: float = 10.0
     max_restart_cost_s: float = 1800.0
+    #: 10 rounds of the default interval, and past the unit's WatchdogSec (300 s) plus its restart: a
+    #: controller that hangs or restarts comes back before the fail-safe acts
+    failsafe_after_s: float = 600.0
 
     def __post_init__(self) -> None:
         for name in ("interval_s", "watch_s", "slurm_timeout_s"):
@@ -96,6 +101,7 @@ class ControllerConfig:
             "read_budget_s",
             "max_restart_cost_s",
             "apply_budget_s",
+            "failsafe_after_s",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"controller.{name} must be > 0, got {getattr(self, name)}")

@@ -665,6 +665,16 @@ class StateStore:
                 ),
             )
 
+    def last_completed_round(self) -> float | None:
+        """When the newest round that ended ``ok`` ended (its start plus its
+        duration); None when no round has. Read-only safe: the fail-safe
+        (slurm_ext.failsafe) asks it without trusting the controller."""
+        row = self._db.execute(
+            "SELECT started + COALESCE(duration_s, 0) FROM rounds WHERE status = ? ORDER BY id DESC LIMIT 1",
+            (RoundStatus.OK,),
+        ).fetchone()
+        return None if row is None else float(row[0])
+
     def rounds(self, limit: int = 20) -> list[dict[str, Any]]:
         cur = self._db.execute("SELECT * FROM rounds ORDER BY id DESC LIMIT ?", (limit,))
         cols = [d[0] for d in cur.description]

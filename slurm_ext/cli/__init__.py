@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "cluster": "slurm_ext.cli.cluster_cmd:cluster",
     "profiles": "slurm_ext.cli.profiles_cmd:profiles",
     "controller": "slurm_ext.cli.controller_cmd:controller",
+    "failsafe": "slurm_ext.cli.failsafe_cmd:failsafe",
     "status": "slurm_ext.cli.status_cmd:status",
     "plan": "slurm_ext.cli.status_cmd:plan",
     "sbatch": "slurm_ext.cli.sbatch_cmd:sbatch",
