@@ -25,6 +25,8 @@ ADMIN_FILES: tuple[str, ...] = (
     "etc/sim-cluster.toml",
     "contrib/job_submit.lua",
     "contrib/grafana/*.json",
+    "etc/cellsched-failsafe.service",
+    "etc/cellsched-failsafe.timer",
 )
 
 
@@ -97,6 +99,7 @@ def admin() -> None:
 def files(directory: Path, force: bool) -> None:
     """Write the admin files into DIR: etc/cellsched.toml (the config),
     etc/cellsched-controller.service (the systemd unit), etc/sim-cluster.toml,
+    etc/cellsched-failsafe.service and .timer (the fail-safe's units),
     contrib/job_submit.lua (the Slurm plugin) and contrib/grafana/*.json
     (dashboards). Refuses to overwrite unless --force; prints each path written."""
     for path in write_admin_files(directory, force=force):

@@ -1,9 +1,12 @@
-"""The controller's systemd unit, etc/cellsched-controller.service.
+"""The controller's systemd unit, etc/cellsched-controller.service, and the
+fail-safe's, etc/cellsched-failsafe.service with its timer.
 
 - `systemd-analyze verify` accepts it, with no unknown or ignored directive
   (verify exits 0 on those, so its output is read too).
 - `systemd-analyze security --offline=yes` rates its exposure no worse than
   the number the README gives, so that number cannot silently go stale.
+- The same for the fail-safe's service and timer (verify; its exposure no
+  worse than the README's), and the timer runs the service's one check.
 - The controller's code runs under its MemoryDenyWriteExecute=yes: a
   `cellsched simulate` run (the controller's rounds with the cellsched
   policy: CP-SAT, numpy) in a process with systemd's W^X seccomp filter.
@@ -26,25 +29,28 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "etc" / "cellsched-controller.service"
+FAILSAFE = ROOT / "etc" / "cellsched-failsafe.service"
+FAILSAFE_TIMER = ROOT / "etc" / "cellsched-failsafe.timer"
 README = ROOT / "README.md"
 ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(
     ANALYZE is None, reason="systemd-analyze is not installed (Debian package systemd; contrib/setup.sh installs it)"
 )
-#: the README's sentence with the documented score
+#: the README's sentences with the documented scores (the controller's, the fail-safe's)
 DOCUMENTED = re.compile(r"overall\s+exposure\s+at\s+\*\*(\d+\.\d)\s+\(")
+DOCUMENTED_FAILSAFE = re.compile(r"fail-safe's\s+exposure\s+at\s+\*\*(\d+\.\d)\s+\(")
 EXPOSURE = re.compile(r"Overall exposure level for \S+: (\d+\.\d)")
 
 
-def installed_copy(tmp_path: Path) -> Path:
+def installed_copy(tmp_path: Path, unit: Path = UNIT) -> Path:
     """The unit under its own name, its ExecStart program replaced by this
     environment's `cellsched` (verify wants an executable that exists)."""
     exe = Path(sys.executable).with_name("cellsched")
     program = exe if exe.is_file() else Path(sys.executable)
-    text = UNIT.read_text()
+    text = unit.read_text()
     templated, n = re.subn(r"(?m)^ExecStart=\S+", f"ExecStart={program}", text)
     assert n == 1, "the unit should have exactly one ExecStart= line"
-    path = tmp_path / UNIT.name
+    path = tmp_path / unit.name
     path.write_text(templated)
     return path
 
@@ -60,31 +66,60 @@ def analyze(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@needs_analyze
-def test_systemd_analyze_verify_accepts_the_unit(tmp_path):
-    unit = installed_copy(tmp_path)
-    proc = analyze("verify", str(unit))
+def verified(*units: Path) -> None:
+    """`systemd-analyze verify` accepts the units, saying nothing about them."""
+    proc = analyze("verify", *map(str, units))
     about_ours = [
-        line for line in (proc.stdout + proc.stderr).splitlines() if unit.name in line or str(unit.parent) in line
+        line
+        for line in (proc.stdout + proc.stderr).splitlines()
+        if any(u.name in line or str(u.parent) in line for u in units)
     ]
     assert proc.returncode == 0, proc.stderr
     assert not about_ours, "systemd-analyze verify complains about the unit:\n" + "\n".join(about_ours)
 
 
 @needs_analyze
-def test_security_exposure_is_at_most_the_documented_score(tmp_path):
-    documented = DOCUMENTED.findall(README.read_text())
-    assert len(documented) == 1, "README should give the unit's exposure once, as 'overall exposure at **X.Y ('"
-    unit = installed_copy(tmp_path)
-    proc = analyze("security", "--offline=yes", "--no-pager", str(unit))
+def test_systemd_analyze_verify_accepts_the_unit(tmp_path):
+    verified(installed_copy(tmp_path))
+
+
+@needs_analyze
+def test_systemd_analyze_verify_accepts_the_failsafe_service_and_timer(tmp_path):
+    timer = tmp_path / FAILSAFE_TIMER.name
+    timer.write_text(FAILSAFE_TIMER.read_text())
+    verified(installed_copy(tmp_path, FAILSAFE), timer)
+
+
+def test_the_failsafe_timer_runs_one_check_of_the_failsafe_service():
+    service = {line.strip() for line in FAILSAFE.read_text().splitlines()}
+    timer = {line.strip() for line in FAILSAFE_TIMER.read_text().splitlines()}
+    (exec_start,) = (line for line in service if line.startswith("ExecStart="))
+    assert exec_start.split()[1:3] == ["failsafe", "--once"]
+    assert {"Type=oneshot", "ProtectSystem=strict", "NoNewPrivileges=yes", "MemoryDenyWriteExecute=yes"} <= service
+    assert not any(line.startswith(("ReadWritePaths=", "StateDirectory=")) for line in service)  # reads only
+    assert {f"Unit={FAILSAFE.name}", "OnUnitActiveSec=1min", "WantedBy=timers.target"} <= timer
+
+
+def exposure(tmp_path: Path, unit: Path, documented_re: re.Pattern[str]) -> tuple[float, float, str]:
+    """(the README's score of the unit, systemd-analyze's, what it marks bad)."""
+    documented = documented_re.findall(README.read_text())
+    assert len(documented) == 1, f"README should give {unit.name}'s exposure once ({documented_re.pattern})"
+    proc = analyze("security", "--offline=yes", "--no-pager", str(installed_copy(tmp_path, unit)))
     if proc.returncode != 0 and "offline" in proc.stderr:
         pytest.skip(f"this systemd-analyze has no --offline (systemd < 250): {proc.stderr.strip()[:200]}")
     found = EXPOSURE.search(proc.stdout + proc.stderr)
     assert found, f"no exposure level in systemd-analyze's output:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    bad = "\n".join(line for line in proc.stdout.splitlines() if line.startswith("✗"))
+    return float(documented[0]), float(found.group(1)), bad
+
+
+@needs_analyze
+@pytest.mark.parametrize(("unit", "documented_re"), [(UNIT, DOCUMENTED), (FAILSAFE, DOCUMENTED_FAILSAFE)])
+def test_security_exposure_is_at_most_the_documented_score(tmp_path, unit, documented_re):
+    documented, rated, bad = exposure(tmp_path, unit, documented_re)
     version = analyze("--version").stdout.splitlines()[0]
-    assert float(found.group(1)) <= float(documented[0]), (
-        f"{version} rates the unit {found.group(1)}, worse than the {documented[0]} the README documents:\n"
-        + "\n".join(line for line in proc.stdout.splitlines() if line.startswith("✗"))
+    assert rated <= documented, (
+        f"{version} rates {unit.name} {rated}, worse than the {documented} the README says:\n{bad}"
     )
 
 
@@ -181,3 +216,25 @@ def test_controller_rounds_run_without_writable_executable_memory(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "6/6 jobs finished" in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or platform.machine() != "x86_64", reason="the W^X filter is written for x86_64 Linux"
+)
+def test_the_failsafe_check_runs_without_writable_executable_memory(tmp_path):
+    """Its unit's MemoryDenyWriteExecute=yes: every module a check imports loads under the filter."""
+    import time
+
+    from slurm_ext.state import RoundStatus, StateStore
+
+    state = tmp_path / "state.sqlite"
+    with StateStore(state) as st:
+        st.finish_round(st.begin_round(time.time()), status=RoundStatus.OK, duration_s=0.1)
+    config = tmp_path / "c.toml"
+    config.write_text(f'[controller]\nstate_path = "{state}"\n')
+    argv = [sys.executable, "-m", "slurm_ext", "failsafe", "--once", "--config", str(config)]
+    proc = subprocess.run(
+        [sys.executable, "-c", W_XOR_X, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert '"acted": false' in proc.stdout, proc.stdout

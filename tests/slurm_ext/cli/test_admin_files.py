@@ -84,13 +84,20 @@ def test_globs_pick_up_dashboards_and_a_missing_file_is_named(tmp_path):
         "etc/cellsched-controller.service",
         "etc/sim-cluster.toml",
         "contrib/job_submit.lua",
+        "etc/cellsched-failsafe.service",
+        "etc/cellsched-failsafe.timer",
     ):
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / f).write_text(f)
     (tmp_path / "contrib" / "grafana").mkdir()
     for name in ("b.json", "a.json", "notes.txt"):
         (tmp_path / "contrib" / "grafana" / name).write_text("{}")
-    assert admin_files(tmp_path)[4:] == [Path("contrib/grafana/a.json"), Path("contrib/grafana/b.json")]
+    assert admin_files(tmp_path)[4:] == [
+        Path("contrib/grafana/a.json"),
+        Path("contrib/grafana/b.json"),
+        Path("etc/cellsched-failsafe.service"),
+        Path("etc/cellsched-failsafe.timer"),
+    ]
     written = write_admin_files(tmp_path / "out", root=tmp_path)
     assert [p.relative_to(tmp_path / "out") for p in written] == admin_files(tmp_path)
     (tmp_path / "etc" / "sim-cluster.toml").unlink()
