@@ -114,7 +114,9 @@ def exposure(tmp_path: Path, unit: Path, documented_re: re.Pattern[str]) -> tupl
 
 
 @needs_analyze
-@pytest.mark.parametrize(("unit", "documented_re"), [(UNIT, DOCUMENTED), (FAILSAFE, DOCUMENTED_FAILSAFE)])
+@pytest.mark.parametrize(
+    ("unit", "documented_re"), [(UNIT, DOCUMENTED), (FAILSAFE, DOCUMENTED_FAILSAFE)], ids=["controller", "failsafe"]
+)
 def test_security_exposure_is_at_most_the_documented_score(tmp_path, unit, documented_re):
     documented, rated, bad = exposure(tmp_path, unit, documented_re)
     version = analyze("--version").stdout.splitlines()[0]
