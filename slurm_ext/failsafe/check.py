@@ -98,7 +98,7 @@ def check(
         except HintError as exc:
             skipped[m.job_id] = f"no static cell: {exc}"
     for job_id, why in skipped.items():
-        log.warning("left held", extra={"fields": {"job": job_id, "why": why}})
+        log.info("left held", extra={"fields": {"job": job_id, "why": why}})
     by_id = {m.job_id: m for m in chosen.release if m.job_id in cells}
     if not by_id:
         return CheckReport(True, first.why, last, skipped=skipped)
