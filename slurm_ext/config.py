@@ -60,6 +60,13 @@ class ControllerConfig:
     carried out by the next round. failsafe_after_s: once no round has
     completed for this long, `cellsched failsafe` releases the jobs the
     controller holds on their static request (slurm_ext.failsafe).
+    Two controllers, active and standby (slurm_ext.controller.lease):
+    lease_path, a file on storage both hosts see ("" = one controller, no
+    lease); the active one renews it, and a standby takes it once it has not
+    been renewed for lease_s (a round begins only under the lease, and each
+    change to Slurm is fenced by it); lease_settle_s: how long a contender
+    waits before reading its claim back (more than a write takes; the hosts'
+    clocks must agree within it).
     """
 
     backend: str = "cli"
@@ -87,6 +94,10 @@ class ControllerConfig:
     #: 10 rounds of the default interval, and past the unit's WatchdogSec (300 s) plus its restart: a
     #: controller that hangs or restarts comes back before the fail-safe acts
     failsafe_after_s: float = 600.0
+    lease_path: str = ""
+    #: half the default interval: a standby takes over within lease_s + interval_s of the active's end
+    lease_s: float = 30.0
+    lease_settle_s: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("interval_s", "watch_s", "slurm_timeout_s"):
@@ -102,6 +113,8 @@ class ControllerConfig:
             "max_restart_cost_s",
             "apply_budget_s",
             "failsafe_after_s",
+            "lease_s",
+            "lease_settle_s",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"controller.{name} must be > 0, got {getattr(self, name)}")
@@ -118,6 +131,10 @@ class ControllerConfig:
             raise ConfigError(f"controller.max_cell_failures must be >= 1, got {self.max_cell_failures}")
         if not self.state_path:
             raise ConfigError("controller.state_path must not be empty")
+        if self.lease_settle_s * 4 > self.lease_s:
+            raise ConfigError(
+                f"controller.lease_settle_s ({self.lease_settle_s}) must be at most lease_s / 4 ({self.lease_s})"
+            )
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ class RoundStatus(StrEnum):
     UNAVAILABLE = "slurm-unavailable"  # Slurm could not be reached
     ERROR = "error"  # something else failed
     INTERRUPTED = "interrupted"  # the controller stopped during it
+    STANDBY = "standby"  # another controller holds the lease: this one changed nothing in Slurm
 
 
 class HistoryEvent(StrEnum):

@@ -62,7 +62,7 @@ def failsafe(config_path: str | None, once: bool, after: float | None, interval:
         slurm = get_backend(cc.backend, **opts)
     except (ValueError, SlurmError) as exc:
         raise ControllerError(printable(exc)) from None
-    check_once = partial(check, cc.state_path, slurm, after_s, cc.checkpoint_root)
+    check_once = partial(check, cc.state_path, slurm, after_s, cc.checkpoint_root, lease_path=cc.lease_path)
     if not once:
         stop = threading.Event()
         daemon.stop_on_signals(stop)

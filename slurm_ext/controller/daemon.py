@@ -1,6 +1,8 @@
 """The daemon around the rounds: a round every interval (earlier when the
 watcher sees a change), backoff while Slurm is away, systemd notifications,
-and SIGTERM / SIGINT ending it within a grace period."""
+SIGTERM / SIGINT ending it within a grace period, and with a lease
+(active/standby, slurm_ext.controller.lease) its keeper thread and its release
+on a clean stop."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from slurm_ext.controller.lease import LeaseKeeper
 from slurm_ext.controller.notify import sd_notify
 from slurm_ext.controller.report import RoundReport
 from slurm_ext.controller.watcher import Watcher, wait_unless_stopped
@@ -39,6 +42,26 @@ def run(
     cc = controller.config.controller
     sd_notify("READY=1", "STATUS=starting")
     watcher = Watcher(controller.backend, cc.kick_file)
+    lease = None if dry_run else controller.lease
+    if lease is not None and not once:
+        LeaseKeeper(lease, stop).start()
+    try:
+        return _rounds(controller, watcher, stop, once, dry_run, on_round)
+    finally:
+        if lease is not None:
+            lease.release()
+        sd_notify("STOPPING=1")
+
+
+def _rounds(
+    controller: Controller,
+    watcher: Watcher,
+    stop: threading.Event,
+    once: bool,
+    dry_run: bool,
+    on_round: Callable[[RoundReport], None] | None,
+) -> RoundReport | None:
+    cc = controller.config.controller
     failures = 0
     report = None
     while not stop.is_set():
@@ -62,7 +85,6 @@ def run(
             log.info("slurm available again", extra={"fields": {"after_failures": failures}})
         failures = 0
         watcher.wait(stop, cc.interval_s, cc.watch_s, cc.min_gap_s, since=time.monotonic() - report.total_s)
-    sd_notify("STOPPING=1")
     return report
 
 

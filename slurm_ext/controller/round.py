@@ -17,6 +17,7 @@ from slurm_ext.config import Config
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller import metrics as mx
 from slurm_ext.controller import relaunch
+from slurm_ext.controller.lease import FencedBackend, FileLease, LeaseLost
 from slurm_ext.controller.progress import Progress, ProgressFiles, ProgressReader, collect_progress
 from slurm_ext.controller.reconcile import MOVE, PLACE, Outcome, Waiting, apply, checked, decide, intent_outcomes
 from slurm_ext.controller.report import RoundReport
@@ -65,10 +66,13 @@ class Controller:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         progress: ProgressReader | None = None,
+        lease: FileLease | None = None,
     ) -> None:
         """`clock` / `sleep` are wall time on a real cluster and the
         simulator's clock in a simulation; `progress` tells how far a job is
-        (default: the jobs' progress files, read as userfiles says)."""
+        (default: the jobs' progress files, read as userfiles says); `lease`:
+        the active/standby lease (default: the config's lease_path, if any;
+        none for a read-only controller)."""
         self.config = config
         self.readonly = readonly
         self.clock = clock
@@ -93,6 +97,9 @@ class Controller:
         self.estimator = CalibratedEstimator(NicAwareEstimator(estimator or _make_estimator(config)))
         self.metrics = metrics or mx.Metrics()
         declare_metrics(self.metrics)
+        if lease is None and cc.lease_path and not readonly:
+            lease = FileLease(cc.lease_path, cc.lease_s, cc.lease_settle_s)
+        self.lease = lease
 
     # --- one round --------------------------------------------------------
 
@@ -105,7 +112,20 @@ class Controller:
         round_id = None if dry_run else self.state.begin_round(started)
         timings: dict[str, float] = {}
         try:
+            if self.lease is not None and not dry_run and not self.lease.acquire():
+                raise LeaseLost(_standby_reason(self.lease))
             report = self._round(round_id, started, t0, dry_run, timings)
+        except LeaseLost as exc:  # standby: nothing was (or, fenced, nothing more is) changed in Slurm
+            log.info("standby", extra={"fields": {"round": round_id, "why": str(exc)}})
+            report = RoundReport(
+                round_id,
+                RoundStatus.STANDBY,
+                started,
+                total_s=time.perf_counter() - t0,
+                error=str(exc),
+                dry_run=dry_run,
+                **timings,
+            )
         except SlurmUnavailable as exc:
             self.metrics.inc("errors_total", labels={"kind": "slurm_unavailable"})
             log.warning("slurm unavailable", extra={"fields": {"round": round_id, "error": str(exc)}})
@@ -147,6 +167,8 @@ class Controller:
                 )
             except Exception:
                 log.exception("could not record the round", extra={"fields": {"round": round_id}})
+        if self.lease is not None and report.status == RoundStatus.OK:
+            self.lease.note_round(started + report.total_s)
         record_round(self.metrics, report, self.clock)
         return report
 
@@ -216,12 +238,16 @@ class Controller:
 
         t2 = time.perf_counter()
         waiting = Waiting(cc.checkpoint_wait_s, cc.checkpoint_poll_s, self.sleep, self.stop.is_set)
+        backend: Any = self.backend
+        if self.lease is not None and not dry_run:
+            self.lease.check()  # fencing: a controller that lost the lease mid-round applies nothing
+            backend = FencedBackend(self.backend, self.lease.fence)  # ... and stops when it loses it applying
         outcomes: list[Outcome] = (
             []
             if dry_run
             else apply(
                 actions,
-                self.backend,
+                backend,
                 self.state,
                 round_id,
                 self.clock,
@@ -568,6 +594,17 @@ class Controller:
             if m.phase == inp.Phase.FINISHED and (row is None or not row.finished):
                 self.state.add_history(m.job_id, HistoryEvent.FINISHED, now, round_id, m.job.state, "")
         self.state.mark_vanished({j.job_id for j in snap.jobs}, now)
+
+
+def _standby_reason(lease: FileLease) -> str:
+    """Why this controller is standing by: who holds the lease, until when."""
+    try:
+        rec = lease.read()
+    except OSError as exc:
+        return f"the lease file cannot be read: {exc}"
+    if rec is None:
+        return "the lease was not taken (another controller took it first)"
+    return f"the lease is held by {rec.holder} (epoch {rec.epoch}) until {rec.expires_at:.3f}"
 
 
 def excluded_cells(failures: Mapping[str, int], max_failures: int, trained_in: Collection[str] = ()) -> frozenset[str]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from slurm_ext.backends import Backend, UpdateNotApplied
 from slurm_ext.controller import inputs
+from slurm_ext.controller.lease import read_record
 from slurm_ext.failsafe.decision import Verdict, select, verdict
 from slurm_ext.failsafe.hint import HintError, StaticCell, release_update, static_cell
 from slurm_ext.records import SlurmJob
@@ -62,11 +63,20 @@ class CheckReport:
         }
 
 
-def last_completed(state_path: str) -> float | None:
+def last_completed(state_path: str, lease_path: str = "") -> float | None:
     """When a controller round last completed ``ok``, read-only (StateError
-    when the file is missing or not a state file)."""
+    when the file is missing or not a state file). With a lease (two
+    controllers, slurm_ext.controller.lease), the lease's holder's last round
+    counts too: the other host's state DB is not this one."""
     with StateStore(state_path, readonly=True) as state:
-        return state.last_completed_round()
+        last = state.last_completed_round()
+    try:
+        rec = read_record(lease_path) if lease_path else None
+    except OSError as exc:
+        log.warning("lease file unreadable", extra={"fields": {"path": lease_path, "error": str(exc)}})
+        rec = None
+    times = [t for t in (last, rec.last_round_at if rec else None) if t is not None]
+    return max(times) if times else None
 
 
 def tolerated(exc: Exception, m: inputs.ManagedJob) -> bool:
@@ -76,10 +86,15 @@ def tolerated(exc: Exception, m: inputs.ManagedJob) -> bool:
 
 
 def check(
-    state_path: str, backend: Backend, after_s: float, checkpoint_root: str, clock: Callable[[], float] = time.time
+    state_path: str,
+    backend: Backend,
+    after_s: float,
+    checkpoint_root: str,
+    clock: Callable[[], float] = time.time,
+    lease_path: str = "",
 ) -> CheckReport:
     """One check: stand down, or release the qualifying held jobs."""
-    last = last_completed(state_path)
+    last = last_completed(state_path, lease_path)
     first = verdict(last, clock(), after_s)
     if not first.act:
         return CheckReport(False, first.why, last)
@@ -102,7 +117,7 @@ def check(
     by_id = {m.job_id: m for m in chosen.release if m.job_id in cells}
     if not by_id:
         return CheckReport(True, first.why, last, skipped=skipped)
-    again = verdict(last_completed(state_path), clock(), after_s)  # a controller may be back meanwhile
+    again = verdict(last_completed(state_path, lease_path), clock(), after_s)  # a controller may be back meanwhile
     if not again.act:
         return CheckReport(False, again.why, last, skipped=skipped)
     changes = {j: release_update(m, cells[j], checkpoint_root) for j, m in by_id.items()}
