@@ -42,7 +42,7 @@ def run(
     cc = controller.config.controller
     sd_notify("READY=1", "STATUS=starting")
     watcher = Watcher(controller.backend, cc.kick_file)
-    lease = None if dry_run else controller.lease
+    lease = None if dry_run else getattr(controller, "lease", None)
     if lease is not None and not once:
         LeaseKeeper(lease, stop).start()
     try:
@@ -84,6 +84,9 @@ def _rounds(
         if failures:
             log.info("slurm available again", extra={"fields": {"after_failures": failures}})
         failures = 0
+        if report.status == RoundStatus.STANDBY:  # try the lease again soon: take-over within 1.5 lease_s
+            wait_unless_stopped(stop, min(cc.interval_s, cc.lease_s / 2))
+            continue
         watcher.wait(stop, cc.interval_s, cc.watch_s, cc.min_gap_s, since=time.monotonic() - report.total_s)
     return report
 

@@ -100,6 +100,7 @@ class Controller:
         if lease is None and cc.lease_path and not readonly:
             lease = FileLease(cc.lease_path, cc.lease_s, cc.lease_settle_s)
         self.lease = lease
+        self._standing_by = False  # the last round was a standby round
 
     # --- one round --------------------------------------------------------
 
@@ -116,7 +117,9 @@ class Controller:
                 raise LeaseLost(_standby_reason(self.lease))
             report = self._round(round_id, started, t0, dry_run, timings)
         except LeaseLost as exc:  # standby: nothing was (or, fenced, nothing more is) changed in Slurm
-            log.info("standby", extra={"fields": {"round": round_id, "why": str(exc)}})
+            level = logging.DEBUG if self._standing_by else logging.INFO  # logged at info when it starts
+            self._standing_by = True
+            log.log(level, "standby", extra={"fields": {"round": round_id, "why": str(exc)}})
             report = RoundReport(
                 round_id,
                 RoundStatus.STANDBY,
@@ -168,6 +171,7 @@ class Controller:
             except Exception:
                 log.exception("could not record the round", extra={"fields": {"round": round_id}})
         if self.lease is not None and report.status == RoundStatus.OK:
+            self._standing_by = False
             self.lease.note_round(started + report.total_s)
         record_round(self.metrics, report, self.clock)
         return report
