@@ -21,6 +21,8 @@ import pytest
 from controller_support import submit_managed, write_config
 from support import console_script, wait_for
 
+from slurm_ext.backends import get_backend
+
 pytestmark = pytest.mark.slurm
 
 INTERVAL_S = 1.0
@@ -79,6 +81,7 @@ def test_one_controller_acts_and_the_standby_takes_over_after_a_sigkill(slurm_cl
                 stderr=err,
             )
     finished = tmp_path / "done"
+    backend = get_backend("cli")
     try:
         jobs = [submit_managed("gpt-350m", tmp_path, done_file=finished, sleep=1) for _ in range(3)]
         wait_for(lambda: sum(len(rounds(s)) for s in states.values()) >= 15, timeout=60, what="15 rounds")
@@ -99,6 +102,11 @@ def test_one_controller_acts_and_the_standby_takes_over_after_a_sigkill(slurm_cl
         counts = placed(*logs.values())
         assert {j: counts[j] for j in jobs} == dict.fromkeys(jobs, 1), counts
 
+        # a job the active one placed still runs when it dies: the standby leaves it be (its state file
+        # has never seen the job; it takes the spec from the AdminComment)
+        running = submit_managed("gpt-350m", tmp_path, done_file=finished, sleep=8)
+        wait_for(lambda: backend.job(running).state == "RUNNING", timeout=60, what=f"job {running} to run")
+
         # the active one dies without releasing the lease; the standby takes over and places a new job
         killed_at = time.time()
         os.kill(procs[active].pid, signal.SIGKILL)
@@ -110,10 +118,13 @@ def test_one_controller_acts_and_the_standby_takes_over_after_a_sigkill(slurm_cl
             what=f"controller {standby} to act after {active} was killed",
         )[0]
         assert first - killed_at <= 2 * INTERVAL_S, (first - killed_at, rounds(states[standby])[-10:])
-        wait_for(lambda: late in done(finished), timeout=90, what=f"job {late} placed by {standby} to complete")
+        wait_for(lambda: {late, running} <= done(finished), timeout=90, what=f"jobs {running} and {late} to complete")
         assert placed(logs[standby])[late] == 1 and placed(logs[active])[late] == 0
+        assert placed(logs[active])[running] == 1 and placed(logs[standby])[running] == 0
+        everyone = [*jobs, running, late]
         counts = placed(*logs.values())
-        assert {j: counts[j] for j in [*jobs, late]} == dict.fromkeys([*jobs, late], 1), counts
+        assert {j: counts[j] for j in everyone} == dict.fromkeys(everyone, 1), counts
+        assert all(backend.job(j).state == "COMPLETED" for j in everyone)
         taken = [ln for ln in log_lines(logs[standby]) if ln["msg"] == "lease taken"]
         assert taken and taken[-1]["epoch"] >= 2, taken
     finally:
