@@ -14,7 +14,9 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from ortools.linear_solver import pywraplp
 
@@ -31,17 +33,196 @@ class Relaxation:
     objective: float = 0.0
     build_s: float = 0.0
     solve_s: float = 0.0
+    #: an upper bound on the LP's optimum when `objective` may fall short of it (column generation)
+    upper: float | None = None
 
     @property
     def bound(self) -> int:
         """The best integer objective the LP allows."""
-        return int(math.floor(self.objective * (1 + _TOL) + _TOL))
+        top = self.objective if self.upper is None else max(self.upper, self.objective)
+        return int(math.floor(top * (1 + _TOL) + _TOL))
+
+
+#: Columns of each job in the first restricted LP: its most valuable ones, and
+#: as many of those most valuable per unit of capacity.
+START_PER_JOB = 2
+#: Stop pricing once the LP's optimum is known within this fraction.
+LP_GAP = 1e-4
+#: Columns of a job added per pricing pass (those of highest reduced cost).
+ADD_PER_JOB = 2
+#: Pricing passes before the whole LP is solved instead.
+MAX_PASSES = 30
 
 
 def solve_lp(m: Model, time_limit_s: float) -> Relaxation:
-    """Solve the LP relaxation of `m` to a vertex (GLOP's simplex)."""
+    """Solve the LP relaxation of `m` to a vertex (GLOP's simplex), by column
+    generation: a restricted LP holds every job's most valuable options
+    (and every column that is not a lone option's choice: pinned options,
+    class counts, slot counts, overflows); the others are priced with its
+    duals (reduced cost = value - duals of their rows) and the best ones
+    added until none has a positive reduced cost (the restricted optimum is
+    then an optimal vertex of the whole LP, the others staying at 0), or
+    until the whole LP's optimum is known within LP_GAP: raising each job's
+    dual by its best positive reduced cost gives a feasible dual of the
+    whole LP, whose value bounds it (`upper`). Where the restricted LP
+    fails, the whole LP is solved."""
     t0 = time.perf_counter()
+    lp = _Restricted(m)
+    lp.start()
+    build_s = time.perf_counter() - t0
+    solve_s = 0.0
+    for _ in range(MAX_PASSES):
+        left = time_limit_s - (time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        code = lp.solve(left)
+        solve_s += time.perf_counter() - t1
+        if code != pywraplp.Solver.OPTIMAL:
+            break
+        t1 = time.perf_counter()
+        obj = lp.objective()
+        upper = obj + lp.lagrangian_gap()
+        if upper - obj <= LP_GAP * max(abs(obj), 1.0):
+            values = lp.values()
+            build_s += time.perf_counter() - t1
+            return Relaxation(SolverStatus.OPTIMAL, values, obj, build_s, solve_s, upper)
+        lp.add_best()
+        build_s += time.perf_counter() - t1
+    full = _solve_whole(m, time_limit_s - (time.perf_counter() - t0))
+    return replace(full, build_s=full.build_s + build_s, solve_s=full.solve_s + solve_s)
+
+
+def _solver(time_limit_s: float) -> pywraplp.Solver:
     lp = pywraplp.Solver.CreateSolver("GLOP")
+    lp.SetTimeLimit(max(0, int(time_limit_s * 1000)))
+    # Dual simplex: 3-4x faster than the primal one on 4,000 jobs x 24 options.
+    lp.SetSolverSpecificParametersAsString("use_dual_simplex: true")
+    return lp
+
+
+class _Restricted:
+    """The LP of `m` over a growing set of its columns (rows: m.rows, then
+    each job's "at most one option" row)."""
+
+    def __init__(self, m: Model) -> None:
+        self.m = m
+        mat = m.matrix()
+        n = len(m.ub)
+        owner = np.asarray(m.owner, np.int64)
+        self.obj = np.asarray(m.obj, np.float64)
+        # the job rows: after m.rows, one per job with several columns
+        multi = [ji for ji, xs in enumerate(m.choices) if len(xs) > 1]
+        job_row = np.full(len(m.jobs) + 1, -1, np.int64)
+        job_row[multi] = len(m.rows) + np.arange(len(multi))
+        self.has_row = job_row >= 0
+        self.num_rows = len(m.rows) + len(multi)
+        choice_cols = np.fromiter((c for ji in multi for c in m.choices[ji]), np.int64)
+        choice_rows = np.repeat(job_row[multi], [len(m.choices[ji]) for ji in multi])
+        rows = np.concatenate([mat.row, choice_rows])
+        cols = np.concatenate([mat.col, choice_cols])
+        coefs = np.concatenate([mat.coef, np.ones(len(choice_cols))])
+        order = np.argsort(cols, kind="stable")  # by column: each column's entries
+        self.e_row, self.e_col, self.e_coef = rows[order], cols[order], coefs[order]
+        self.cstart = np.searchsorted(self.e_col, np.arange(n + 1))
+        self.lo = np.concatenate([mat.lo, np.full(len(multi), -np.inf)])
+        self.hi = np.concatenate([mat.hi, np.ones(len(multi))])
+        self.priceable = _lone_choices(m, n)
+        self.owner = owner
+        self.active = np.zeros(n, bool)
+        self.solver: pywraplp.Solver | None = None
+
+    def start(self) -> None:
+        """The restricted LP's rows and first columns."""
+        first = ~self.priceable
+        cand = np.flatnonzero(self.priceable)
+        mat = self.m.matrix()
+        size = np.bincount(mat.col, weights=np.maximum(mat.coef, 0.0), minlength=len(self.obj))
+        for worth in (self.obj[cand], self.obj[cand] / np.maximum(size[cand], 1.0)):
+            order = cand[np.lexsort((cand, -worth, self.owner[cand]))]
+            first[order[_rank_in_group(self.owner[order]) < START_PER_JOB]] = True
+        lp = self.solver = _solver(0.0)
+        inf = lp.infinity()
+        self.rows = [
+            lp.Constraint(-inf if lo == -np.inf else float(lo), float(hi))
+            for lo, hi in zip(self.lo.tolist(), self.hi.tolist())
+        ]
+        self.cols: dict[int, pywraplp.Variable] = {}
+        self.objective_ = lp.Objective()
+        self.objective_.SetMaximization()
+        self._add(np.flatnonzero(first))
+
+    def _add(self, cols: np.ndarray) -> None:
+        lp, obj, ub = self.solver, self.objective_, self.m.ub
+        for c in cols.tolist():
+            v = self.cols[c] = lp.NumVar(0.0, float(ub[c]), "")
+            if self.obj[c]:
+                obj.SetCoefficient(v, float(self.obj[c]))
+            a, b = self.cstart[c], self.cstart[c + 1]
+            for r, coef in zip(self.e_row[a:b].tolist(), self.e_coef[a:b].tolist()):
+                self.rows[r].SetCoefficient(v, coef)
+        self.active[cols] = True
+
+    def solve(self, time_limit_s: float) -> int:
+        self.solver.SetTimeLimit(max(0, int(time_limit_s * 1000)))
+        return self.solver.Solve()
+
+    def lagrangian_gap(self) -> float:
+        """Price the left-out columns with the current duals; returns how far
+        the whole LP's optimum may lie above the restricted one: per job its
+        best positive reduced cost (a column of a job without a choice row:
+        its reduced cost times its bound)."""
+        dual = np.fromiter((r.dual_value() for r in self.rows), np.float64, len(self.rows))
+        used = np.bincount(self.e_col, weights=dual[self.e_row] * self.e_coef, minlength=len(self.obj))
+        rc = self.obj - used
+        self.cand = np.flatnonzero(~self.active & self.priceable & (rc > _TOL * np.maximum(1.0, np.abs(self.obj))))
+        self.rc = rc
+        if not len(self.cand):
+            return 0.0
+        gain = rc[self.cand] * np.asarray(self.m.ub, np.float64)[self.cand]
+        chosen = self.has_row[self.owner[self.cand]]
+        best = np.zeros(len(self.m.jobs))
+        np.maximum.at(best, self.owner[self.cand][chosen], gain[chosen])
+        return float(best.sum() + gain[~chosen].sum())
+
+    def add_best(self) -> None:
+        """Add the priced columns of positive reduced cost, the best few per job."""
+        cand, rc = self.cand, self.rc
+        order = cand[np.lexsort((cand, -rc[cand], self.owner[cand]))]
+        self._add(order[_rank_in_group(self.owner[order]) < ADD_PER_JOB])
+
+    def values(self) -> tuple[float, ...]:
+        out = [0.0] * len(self.obj)
+        for c, v in self.cols.items():
+            out[c] = v.solution_value()
+        return tuple(out)
+
+    def objective(self) -> float:
+        return self.objective_.Value()
+
+
+def _lone_choices(m: Model, n: int) -> np.ndarray:
+    """Columns that are a free option's only column (its x, no class counts):
+    those the pricing may leave out."""
+    out = np.zeros(n, bool)
+    for key, shares in m.shares.items():
+        v = m.x[key]
+        if all(c == v for c, _ in shares.values()):
+            out[v] = True
+    return out
+
+
+def _rank_in_group(groups: np.ndarray) -> np.ndarray:
+    """Position of each entry within its run of equal values (groups sorted)."""
+    if not len(groups):
+        return groups
+    idx = np.arange(len(groups))
+    first = np.r_[True, groups[1:] != groups[:-1]]
+    return idx - np.maximum.accumulate(np.where(first, idx, 0))
+
+
+def _solve_whole(m: Model, time_limit_s: float) -> Relaxation:
+    """The LP relaxation of all of `m` at once."""
+    t0 = time.perf_counter()
+    lp = _solver(time_limit_s)
     inf = lp.infinity()
     cols = [lp.NumVar(0.0, float(ub), "") for ub in m.ub]
     for r in m.rows:
@@ -58,9 +239,6 @@ def solve_lp(m: Model, time_limit_s: float) -> Relaxation:
         if a:
             obj.SetCoefficient(cols[c], float(a))
     obj.SetMaximization()
-    lp.SetTimeLimit(max(0, int(time_limit_s * 1000)))
-    # Dual simplex: 3-4x faster than the primal one on 4,000 jobs x 24 options.
-    lp.SetSolverSpecificParametersAsString("use_dual_simplex: true")
     t1 = time.perf_counter()
     code = lp.Solve()
     t2 = time.perf_counter()

@@ -48,6 +48,8 @@ from collections import defaultdict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from solver.placement.candidates import Option
 from solver.placement.greedy import Chosen
 from solver.placement.space import Space
@@ -65,6 +67,30 @@ class Row:
     coefs: list[int]
     hi: int
     lo: int | None = None
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """A model's rows in coordinate form (entries in row order), as numpy arrays."""
+
+    row: np.ndarray  # entry -> row index
+    col: np.ndarray  # entry -> column
+    coef: np.ndarray  # entry -> coefficient
+    start: np.ndarray  # row -> its first entry (len rows + 1)
+    hi: np.ndarray
+    lo: np.ndarray  # -inf where a row has no lower side
+
+    @classmethod
+    def of(cls, m: Model) -> Matrix:
+        sizes = np.fromiter((len(r.cols) for r in m.rows), np.int64, len(m.rows))
+        start = np.zeros(len(m.rows) + 1, np.int64)
+        np.cumsum(sizes, out=start[1:])
+        total = int(start[-1])
+        col = np.fromiter((c for r in m.rows for c in r.cols), np.int64, total)
+        coef = np.fromiter((a for r in m.rows for a in r.coefs), np.float64, total)
+        hi = np.fromiter((r.hi for r in m.rows), np.float64, len(m.rows))
+        lo = np.fromiter((-np.inf if r.lo is None else r.lo for r in m.rows), np.float64, len(m.rows))
+        return cls(np.repeat(np.arange(len(m.rows)), sizes), col, coef, start, hi, lo)
 
 
 @dataclass
@@ -85,6 +111,13 @@ class Model:
     #: network-card overflow columns: (o, {column: coefficient}, free cards)
     overflow: list[tuple[int, dict[int, int], int]] = field(default_factory=list)
     exact: bool = False
+    _matrix: Matrix | None = field(default=None, repr=False)
+
+    def matrix(self) -> Matrix:
+        """The rows as one sparse matrix (computed once: build the model first)."""
+        if self._matrix is None:
+            self._matrix = Matrix.of(self)
+        return self._matrix
 
     def column(self, ub: int, obj: int = 0, owner: int = -1) -> int:
         self.ub.append(ub)

@@ -20,7 +20,6 @@ the plan depends only on the request).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -71,6 +70,7 @@ class CellschedPolicy:
         self.name = "cellsched" if elastic else "cellsched-static"
         self._memo_ctx: tuple | None = None
         self._memo: dict[tuple, tuple[Estimate | None, list[Estimate], list[float]]] = {}
+        self._duties: dict[tuple, dict[tuple, float]] = {}  # NICs by type, shape -> (cell, plan) -> duty
 
     def _cells(
         self, job: JobRequest, cluster: ClusterView, estimator: EstimatorLike, cfg: SolverConfig
@@ -97,7 +97,7 @@ class CellschedPolicy:
                 used[n] = used.get(n, 0) + g
         ctx = _context(cluster, estimator, cfg)
         if ctx != self._memo_ctx:
-            self._memo_ctx, self._memo = ctx, {}
+            self._memo_ctx, self._memo, self._duties = ctx, {}, {}
         ests, refs, utils = {}, {}, {}
         for job in jobs:
             refs[job.job_id], kept, u = self._cells(job, cluster, estimator, cfg)
@@ -127,7 +127,7 @@ class CellschedPolicy:
                 utils[job.job_id],
             )
         if cfg.contention_aware and cluster.network.modelled:
-            options = price_cards(jobs, options, cluster)
+            options = price_cards(jobs, options, cluster, self._duties)
         t1 = time.perf_counter()
         result = place_jobs(
             Space.of(cluster, fixed),
@@ -143,34 +143,52 @@ class CellschedPolicy:
 
 
 def price_cards(
-    jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]], cluster: ClusterView
+    jobs: Sequence[JobRequest],
+    options: Mapping[str, Sequence[Option]],
+    cluster: ClusterView,
+    memo: dict[tuple, dict[tuple, float]] | None = None,
 ) -> dict[str, list[Option]]:
     """The options with their nic_cost: what a multi-node option loses when
     a network card of its nodes carries another multi-node job. With duty d
     (its share of the iteration on the cards alone, on this cluster's NICs)
     next to a job of duty d', its transfers take 1 + d' times as long
     (solver.network), its iteration 1 + d d' times, and it loses 1 - 1 / (1 +
-    d d') of its value; d' is the mean duty of this round's multi-node options."""
+    d d') of its value; d' is the mean duty of this round's multi-node options.
+
+    `memo` (the caller keeps it across rounds) holds the duties computed so
+    far, per NICs and job shape, per (cell, plan): a duty depends on nothing else."""
     nics = nic_by_type(cluster)
+    memo = {} if memo is None else memo
+    nic_key = tuple(sorted(nics.items()))
     by_id = {j.job_id: j for j in jobs}
     duties: dict[tuple[str, int], float] = {}
     for jid, opts in options.items():
+        job, known = by_id[jid], None
         for k, o in enumerate(opts):
-            if o.multi_node:
+            if not o.multi_node:
+                continue
+            if known is None:
+                known = memo.setdefault((nic_key, _shape(job)), {})
+            d = known.get((o.cell, o.plan))
+            if d is None:
                 nic = min((nics[t] for t, _ in o.cell.by_type() if t in nics), default=None)
-                duties[(jid, k)] = duty(by_id[jid], o.cell, o.plan, nic)
+                d = known[(o.cell, o.plan)] = duty(job, o.cell, o.plan, nic)
+            duties[(jid, k)] = d
     if not duties:
         return dict(options)
     other = sum(duties.values()) / len(duties)
     out: dict[str, list[Option]] = {}
     for jid, opts in options.items():
         out[jid] = [
-            dataclasses.replace(o, nic_cost=round(o.value * (1 - 1 / (1 + duties[(jid, k)] * other))))
-            if (jid, k) in duties
-            else o
+            _priced(o, round(o.value * (1 - 1 / (1 + duties[(jid, k)] * other)))) if (jid, k) in duties else o
             for k, o in enumerate(opts)
         ]
     return out
+
+
+def _priced(o: Option, nic_cost: int) -> Option:
+    """`o` with its nic_cost (dataclasses.replace without its per-call overhead)."""
+    return Option(o.job_id, o.cell, o.plan, o.iter_time_s, o.value, o.pinned, o.source, nic_cost)
 
 
 def _remaining_s(job: JobRequest) -> float | None:
