@@ -47,9 +47,9 @@ class Relaxation:
 #: as many of those most valuable per unit of capacity.
 START_PER_JOB = 2
 #: Stop pricing once the LP's optimum is known within this fraction.
-LP_GAP = 1e-4
+LP_GAP = 1e-3
 #: Columns of a job added per pricing pass (those of highest reduced cost).
-ADD_PER_JOB = 2
+ADD_PER_JOB = 4
 #: Pricing passes before the whole LP is solved instead.
 MAX_PASSES = 30
 
@@ -109,11 +109,13 @@ class _Restricted:
         n = len(m.ub)
         owner = np.asarray(m.owner, np.int64)
         self.obj = np.asarray(m.obj, np.float64)
-        # the job rows: after m.rows, one per job with several columns
-        multi = [ji for ji, xs in enumerate(m.choices) if len(xs) > 1]
+        # the job rows: after m.rows, one per job with several columns (unless it has sum x = 1 there)
+        stays = set(m.stays)
+        multi = [ji for ji, xs in enumerate(m.choices) if len(xs) > 1 and ji not in stays]
         job_row = np.full(len(m.jobs) + 1, -1, np.int64)
         job_row[multi] = len(m.rows) + np.arange(len(multi))
         self.has_row = job_row >= 0
+        self.has_row[m.stays] = True
         self.num_rows = len(m.rows) + len(multi)
         choice_cols = np.fromiter((c for ji in multi for c in m.choices[ji]), np.int64)
         choice_rows = np.repeat(job_row[multi], [len(m.choices[ji]) for ji in multi])
@@ -125,7 +127,8 @@ class _Restricted:
         self.cstart = np.searchsorted(self.e_col, np.arange(n + 1))
         self.lo = np.concatenate([mat.lo, np.full(len(multi), -np.inf)])
         self.hi = np.concatenate([mat.hi, np.ones(len(multi))])
-        self.priceable = _lone_choices(m, n)
+        self.priceable = np.zeros(n, bool)
+        self.priceable[np.asarray(m.lone, np.int64)] = True
         self.owner = owner
         self.active = np.zeros(n, bool)
         self.solver: pywraplp.Solver | None = None
@@ -199,17 +202,6 @@ class _Restricted:
         return self.objective_.Value()
 
 
-def _lone_choices(m: Model, n: int) -> np.ndarray:
-    """Columns that are a free option's only column (its x, no class counts):
-    those the pricing may leave out."""
-    out = np.zeros(n, bool)
-    for key, shares in m.shares.items():
-        v = m.x[key]
-        if all(c == v for c, _ in shares.values()):
-            out[v] = True
-    return out
-
-
 def _rank_in_group(groups: np.ndarray) -> np.ndarray:
     """Position of each entry within its run of equal values (groups sorted)."""
     if not len(groups):
@@ -229,8 +221,9 @@ def _solve_whole(m: Model, time_limit_s: float) -> Relaxation:
         row = lp.Constraint(-inf if r.lo is None else float(r.lo), float(r.hi))
         for c, a in zip(r.cols, r.coefs):
             row.SetCoefficient(cols[c], float(a))
-    for xs in m.choices:
-        if len(xs) > 1:
+    stays = set(m.stays)
+    for ji, xs in enumerate(m.choices):
+        if len(xs) > 1 and ji not in stays:
             row = lp.Constraint(-inf, 1.0)
             for c in xs:
                 row.SetCoefficient(cols[c], 1.0)

@@ -53,7 +53,7 @@ import numpy as np
 from solver.placement.candidates import Option
 from solver.placement.greedy import Chosen
 from solver.placement.space import Space
-from solver.types import JobRequest
+from solver.types import Cell, JobRequest
 
 #: An option's node shares by class (aggregated) or node (exact): key -> (column, multiplier).
 Shares = dict[Hashable, tuple[int, int]]
@@ -111,6 +111,10 @@ class Model:
     #: network-card overflow columns: (o, {column: coefficient}, free cards)
     overflow: list[tuple[int, dict[int, int], int]] = field(default_factory=list)
     exact: bool = False
+    #: x columns of free options that are their class's count too (one class, no other columns)
+    lone: list[int] = field(default_factory=list)
+    #: jobs (indices) that must keep some option: their row sum x = 1 is in `rows`
+    stays: list[int] = field(default_factory=list)
     _matrix: Matrix | None = field(default=None, repr=False)
 
     def matrix(self) -> Matrix:
@@ -147,6 +151,7 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
     priced = any(o.nic_cost > 0 for opts in options.values() for o in opts)
     class_of = {n: c for c, names in space.classes.items() for n in names} if priced else {}
     cards: dict = defaultdict(lambda: ({}, []))  # node (exact) or class -> ({column: shares}, [cost per share])
+    routes: dict[tuple, list[tuple[int, list]]] = {}  # (partitions, cell) -> _route
     for job in jobs:
         ji = len(m.jobs)
         m.jobs.append(job.job_id)
@@ -164,19 +169,26 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
                         _card(cards[n if exact else class_of.get(n, n)], v, 1, o)
             else:
                 g = o.cell.gpus_per_node
-                parts = []  # (nodes, classes) per GPU type; one part unless the cell is mixed
-                for gpu_type, n_nodes in o.cell.by_type():
-                    key = (job.partitions, gpu_type, g)
-                    found = groups_of.get(key)
-                    if found is None:
-                        groups = space.classes_for(job, o.cell, gpu_type)
-                        found = groups_of[key] = (groups, sum(len(space.classes[c]) for c in groups))
-                    parts.append((n_nodes, found))
-                if any(size < n_nodes for n_nodes, (_, size) in parts):
+                route = routes.get((job.partitions, o.cell))
+                if route is None:
+                    route = routes[(job.partitions, o.cell)] = _route(space, job, o.cell, groups_of)
+                if not route:
+                    continue
+                if len(route) == 1 and not exact and len(route[0][1]) == 1:  # one class: x is its count
+                    n_nodes, (c,) = route[0]
+                    v = m.column(1, o.value, ji)
+                    shares = {c: (v, n_nodes)}
+                    class_terms[c].append((g, v, n_nodes))
+                    m.lone.append(v)
+                    if priced and o.multi_node:
+                        _card(cards[c], v, n_nodes, o)
+                    m.shares[(job.job_id, k)] = shares
+                    m.x[(job.job_id, k)] = v
+                    xs.append(v)
                     continue
                 v = m.column(1, o.value, ji)
-                shares: Shares = {}
-                for n_nodes, (groups, _) in parts:
+                shares = {}
+                for n_nodes, groups in route:
                     part: Shares = {}
                     if exact:
                         for c in groups:
@@ -196,6 +208,8 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
                 if not exact:
                     for c, (col, mult) in shares.items():
                         class_terms[c].append((g, col, mult))
+                    if all(col == v for col, _ in shares.values()):
+                        m.lone.append(v)
                 if priced and o.multi_node:
                     for c, (col, mult) in shares.items():
                         _card(cards[c], col, mult, o)
@@ -205,6 +219,7 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
         m.choices.append(xs)
         if running:
             m.rows.append(Row(xs, [1] * len(xs), 1, 1))
+            m.stays.append(ji)
     if exact:
         for name, terms in node_terms.items():
             for g, v in pins.get(name, ()):
@@ -222,6 +237,22 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
     for key, (terms, costs) in cards.items():
         _card_row(m, space, key, terms, costs)
     return m
+
+
+def _route(space: Space, job: JobRequest, cell: Cell, groups_of: dict) -> list[tuple[int, list]]:
+    """(nodes, classes) per GPU type of a free option's cell; empty when some
+    type has too few nodes for it."""
+    out = []
+    for gpu_type, n_nodes in cell.by_type():
+        key = (job.partitions, gpu_type, cell.gpus_per_node)
+        found = groups_of.get(key)
+        if found is None:
+            groups = space.classes_for(job, cell, gpu_type)
+            found = groups_of[key] = (groups, sum(len(space.classes[c]) for c in groups))
+        if found[1] < n_nodes:
+            return []
+        out.append((n_nodes, found[0]))
+    return out
 
 
 def _card(entry: tuple[dict[int, int], list[float]], col: int, mult: int, o: Option) -> None:
