@@ -11,7 +11,8 @@ current placements. Every node has a 100 Gb/s network card, in racks of 32
 behind a 4:1 oversubscribed uplink, so cellsched prices shared cards
 ("contention included"; --no-network leaves the NICs unknown).
 
-Prints one JSON line per round and a summary line per size:
+Prints one JSON line per round (round_s: wall clock; cpu_s: this process's
+CPU time, which a loaded machine disturbs less) and a summary line per size:
 
     python benchmarks/solver_scale.py            # 64 / 1,280 / 10,240 / 32,768 GPUs
     python benchmarks/solver_scale.py --quick    # smoke run
@@ -104,7 +105,9 @@ def advance(
     return out + [source.new(now) for _ in range(max(finished, 1))]
 
 
-def _line(name: str, variant: str, rnd: int, gpus: int, jobs: list[JobRequest], rep, round_s: float) -> dict:
+def _line(
+    name: str, variant: str, rnd: int, gpus: int, jobs: list[JobRequest], rep, round_s: float, cpu_s: float
+) -> dict:
     moved = sum(1 for j in jobs if j.current is not None and not j.current.same_resources(rep.placements.get(j.job_id)))
     return {
         "size": name,
@@ -118,6 +121,7 @@ def _line(name: str, variant: str, rnd: int, gpus: int, jobs: list[JobRequest], 
         "solve_s": round(rep.solve_s, 3),
         "place_s": round(rep.place_s, 3),
         "round_s": round(round_s, 3),
+        "cpu_s": round(cpu_s, 3),
         "objective": round(rep.objective, 3),
         "bound": round(rep.bound, 3),
         "gap": round(rep.gap, 4) if rep.gap != float("inf") else None,
@@ -128,7 +132,9 @@ def _line(name: str, variant: str, rnd: int, gpus: int, jobs: list[JobRequest], 
     }
 
 
-def _summary(name: str, variant: str, gpus: int, num_jobs: int, times: list[float], gaps: list[float]) -> dict:
+def _summary(
+    name: str, variant: str, gpus: int, num_jobs: int, times: list[float], gaps: list[float], cpus: list[float]
+) -> dict:
     times = sorted(times)
     return {
         "summary": name,
@@ -139,6 +145,7 @@ def _summary(name: str, variant: str, gpus: int, num_jobs: int, times: list[floa
         "median_round_s": round(statistics.median(times), 3) if times else None,
         "p95_round_s": round(times[min(len(times) - 1, int(0.95 * len(times)))], 3) if times else None,
         "max_round_s": round(times[-1], 3) if times else None,
+        "median_cpu_s": round(statistics.median(cpus), 3) if cpus else None,
         "max_gap": round(max(gaps), 4) if gaps else None,
     }
 
@@ -164,6 +171,7 @@ def run_size(
     gpus = sum(n.gpus_total for n in cluster.nodes)
     previous: dict = {}
     times: dict[str, list[float]] = {v: [] for v in variants}
+    cpus: dict[str, list[float]] = {v: [] for v in variants}
     gaps: dict[str, list[float]] = {v: [] for v in variants}
     first = next(iter(variants))
     for rnd in range(rounds + 1):
@@ -172,18 +180,19 @@ def run_size(
         replies = {}
         for v in order:
             req = ScheduleRequest(cluster, tuple(jobs), previous=previous, config=variants[v], now=now)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             rep = replies[v] = policies[v].schedule(req, estimators[v])
-            round_s = time.perf_counter() - t0
+            round_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
             validate_plan(cluster, rep.placements)
-            print(json.dumps(_line(name, v, rnd, gpus, jobs, rep, round_s)), flush=True)
+            print(json.dumps(_line(name, v, rnd, gpus, jobs, rep, round_s, cpu_s)), flush=True)
             if rnd > 0:
                 times[v].append(round_s)
+                cpus[v].append(cpu_s)
                 if rep.gap != float("inf"):
                     gaps[v].append(rep.gap)
         previous = dict(replies[first].placements)
         jobs = advance(jobs, replies[first].placements, source, rng, now + 300.0)
-    out = {v: _summary(name, v, gpus, num_jobs, times[v], gaps[v]) for v in variants}
+    out = {v: _summary(name, v, gpus, num_jobs, times[v], gaps[v], cpus[v]) for v in variants}
     for line in out.values():
         print(json.dumps(line), flush=True)
     if len(variants) > 1:
