@@ -193,10 +193,9 @@ class _Restricted:
         self._add(order[_rank_in_group(self.owner[order]) < ADD_PER_JOB])
 
     def values(self) -> tuple[float, ...]:
-        out = [0.0] * len(self.obj)
-        for c, v in self.cols.items():
-            out[c] = v.solution_value()
-        return tuple(out)
+        out = np.zeros(len(self.obj))
+        out[list(self.cols)] = [v.solution_value() for v in self.cols.values()]
+        return tuple(out.tolist())
 
     def objective(self) -> float:
         return self.objective_.Value()
@@ -255,8 +254,11 @@ def integral_jobs(m: Model, values: tuple[float, ...]) -> dict[int, int]:
     until it holds. (Leaving a job open only lowers every row's load, so one
     pass suffices; with the open jobs at 0 every other row holds.)
     """
-    free = {m.owner[c] for c, v in enumerate(values) if m.owner[c] >= 0 and abs(v - round(v)) > _TOL}
-    fixed = {c: int(round(v)) for c, v in enumerate(values) if m.owner[c] >= 0 and m.owner[c] not in free}
+    vals, owner = np.asarray(values, np.float64), np.asarray(m.owner, np.int64)
+    whole_vals = np.rint(vals)
+    open_jobs = np.unique(owner[(np.abs(vals - whole_vals) > _TOL) & (owner >= 0)])
+    keep = np.flatnonzero((owner >= 0) & ~np.isin(owner, open_jobs))
+    fixed = dict(zip(keep.tolist(), whole_vals[keep].astype(np.int64).tolist()))
     slots = {k: (f, level, pinned) for k, f, level, pinned in m.slots}
     if not slots:
         return fixed
@@ -273,10 +275,11 @@ def integral_jobs(m: Model, values: tuple[float, ...]) -> dict[int, int]:
     cols_of = defaultdict(list)
     for c in fixed:
         cols_of[m.owner[c]].append(c)
-    for r in m.rows:
+    mat, is_slot = m.matrix(), np.zeros(len(m.ub), bool)
+    is_slot[list(slots)] = True
+    for ri in np.unique(mat.row[is_slot[mat.col] & (mat.coef < 0)]).tolist():  # rows a slot count lowers
+        r = m.rows[ri]
         coef = dict(zip(r.cols, r.coefs))
-        if not any(c in slots and a < 0 for c, a in coef.items()):
-            continue
         load = sum(a * (top[c] if c in slots else fixed.get(c, 0)) for c, a in coef.items())
         if load <= r.hi:
             continue
