@@ -113,8 +113,10 @@ class Model:
     exact: bool = False
     #: x columns of free options that are their class's count too (one class, no other columns)
     lone: list[int] = field(default_factory=list)
-    #: jobs (indices) that must keep some option: their row sum x = 1 is in `rows`
-    stays: list[int] = field(default_factory=list)
+    #: x columns of pinned options (stay where it runs)
+    pinned: list[int] = field(default_factory=list)
+    #: jobs (indices) that must keep some option -> their row (sum x = 1) in `rows`
+    stays: dict[int, int] = field(default_factory=dict)
     _matrix: Matrix | None = field(default=None, repr=False)
 
     def matrix(self) -> Matrix:
@@ -162,6 +164,7 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
                 if any(space.free.get(n, 0) < g for n, g in o.pinned):
                     continue
                 v = m.column(1, o.value, ji)
+                m.pinned.append(v)
                 running = job.current is not None
                 for n, g in o.pinned:
                     pins[n].append((g, v))
@@ -218,8 +221,8 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
             xs.append(v)
         m.choices.append(xs)
         if running:
+            m.stays[ji] = len(m.rows)
             m.rows.append(Row(xs, [1] * len(xs), 1, 1))
-            m.stays.append(ji)
     if exact:
         for name, terms in node_terms.items():
             for g, v in pins.get(name, ()):
