@@ -376,7 +376,9 @@ def integral_jobs(m: Model, values: tuple[float, ...]) -> dict[int, int]:
     pass suffices; with the open jobs at 0 every other row holds.) An open
     job that must stay (model.py's sum x = 1) is counted in its pinned
     option, which it can always keep unless the fixed jobs take its room,
-    so the rows of that option are walked the same way.
+    so the rows of that option are walked the same way. A slot count
+    whose node holds no open job is fixed too, at its whole slots (the most
+    it can be, and what is best for every row it is in).
     """
     vals, owner = np.asarray(values, np.float64), np.asarray(m.owner, np.int64)
     whole_vals = np.rint(vals)
@@ -413,7 +415,8 @@ def integral_jobs(m: Model, values: tuple[float, ...]) -> dict[int, int]:
         if j in pinned_of:
             staying[pinned_of[j]] = 1
             cols = cols + [pinned_of[j]]
-        for k in {k for c in cols for k in under.get(c, ())}:
+        ks = {k for c in cols for k in under.get(c, ())}
+        for k in ks:
             top[k] = whole(k)
 
     mat = m.matrix()
@@ -432,16 +435,26 @@ def integral_jobs(m: Model, values: tuple[float, ...]) -> dict[int, int]:
             r = m.rows[ri]
             coef = dict(zip(r.cols, r.coefs))
 
-            def load() -> int:
-                return sum(a * (top[c] if c in slots else at(c)) for c, a in coef.items())
+            def term(c: int) -> int:
+                return top[c] if c in slots else at(c)
 
-            if load() <= r.hi:
+            load = sum(a * term(c) for c, a in coef.items())
+            if load <= r.hi:
                 continue
             using = [c for c, a in coef.items() if a > 0] + [v for c in coef if c in slots for _, v in slots[c][2]]
             owners = {m.owner[c] for c in using if fixed.get(c)}
             for j in sorted(owners, key=lambda j: (sum(m.obj[c] * fixed[c] for c in cols_of[j]), j)):
+                if j in pinned_of and fixed.get(pinned_of[j]):
+                    continue  # it stays where it is: releasing it frees nothing
+                touched = [*cols_of[j], pinned_of.get(j, -1)]
+                touched += [k for c in touched for k in under.get(c, ())]
+                before = {c: term(c) for c in touched if c in coef}
                 release(j)
+                load += sum(coef[c] * (term(c) - v) for c, v in before.items())
                 changed = True
-                if load() <= r.hi:
+                if load <= r.hi:
                     break
+    for k, (_, _, pinned) in slots.items():  # whole slots where no open job is pinned: the most k may be
+        if all(v in fixed for _, v in pinned):
+            fixed[k] = top[k]
     return fixed
