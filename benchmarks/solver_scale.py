@@ -241,7 +241,13 @@ def main() -> None:
     else:
         sizes = [
             ("64", lambda: cluster_of(SMALL, 1, net), 20, args.rounds, SolverConfig(seed=args.seed)),
-            ("1280", lambda: cluster_of(ARENA, 1, net), 500, args.rounds, SolverConfig(seed=args.seed, time_limit_s=2.0)),
+            (
+                "1280",
+                lambda: cluster_of(ARENA, 1, net),
+                500,
+                args.rounds,
+                SolverConfig(seed=args.seed, time_limit_s=2.0),
+            ),
             (
                 "10240",
                 lambda: cluster_of(ARENA, 8, net),

@@ -47,6 +47,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -82,12 +83,12 @@ class Matrix:
 
     @classmethod
     def of(cls, m: Model) -> Matrix:
-        sizes = np.fromiter((len(r.cols) for r in m.rows), np.int64, len(m.rows))
+        sizes = np.fromiter(map(len, (r.cols for r in m.rows)), np.int64, len(m.rows))
         start = np.zeros(len(m.rows) + 1, np.int64)
         np.cumsum(sizes, out=start[1:])
         total = int(start[-1])
-        col = np.fromiter((c for r in m.rows for c in r.cols), np.int64, total)
-        coef = np.fromiter((a for r in m.rows for a in r.coefs), np.float64, total)
+        col = np.fromiter(chain.from_iterable(r.cols for r in m.rows), np.int64, total)
+        coef = np.fromiter(chain.from_iterable(r.coefs for r in m.rows), np.float64, total)
         hi = np.fromiter((r.hi for r in m.rows), np.float64, len(m.rows))
         lo = np.fromiter((-np.inf if r.lo is None else r.lo for r in m.rows), np.float64, len(m.rows))
         return cls(np.repeat(np.arange(len(m.rows)), sizes), col, coef, start, hi, lo)
@@ -286,9 +287,10 @@ def _class_rows(m: Model, space: Space, c, terms: list[tuple[int, int, int]], pi
     plain = len(space.classes[c]) - len(pinned_nodes)
     for level in sorted({g for g, _, _ in terms}):
         row: dict[int, int] = {}
+        get = row.get
         for g, col, mult in terms:
             if g >= level:
-                _acc(row, col, g * mult)
+                row[col] = get(col, 0) + g * mult
         if all(g % level == 0 for g, _, _ in terms if g >= level):  # count whole slots of `level` GPUs
             slots = f // level
             hi = level * slots * plain

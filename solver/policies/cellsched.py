@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 
 from solver.cells import enumerate_cells, prune_dominated
 from solver.contention import duty, nic_by_type
-from solver.placement import Space, job_options, objective, place_jobs, split_fixed
-from solver.placement.candidates import Option, fits
+from solver.placement import Space, objective, place_jobs, split_fixed
+from solver.placement.candidates import Option, Pick, fits, make_options, option_picks
 from solver.policies.common import reply
 from solver.types import ClusterView, Estimate, EstimatorLike, JobRequest, ScheduleReply, ScheduleRequest, SolverConfig
 
@@ -107,7 +107,7 @@ class CellschedPolicy:
                     kept, u = kept + [cur], u + [objective.utility(job, cur, refs[job.job_id], cfg.fairness_p)]
             ests[job.job_id], utils[job.job_id] = kept, u
         weights = objective.job_weights(jobs, refs, request.now, cfg)
-        options = {}
+        picks = {}
         by_name = {n.name: n for n in cluster.nodes}
         for job in jobs:
             ref = refs[job.job_id]
@@ -115,7 +115,7 @@ class CellschedPolicy:
                 reasons[job.job_id] = "no feasible cell (every cell out of memory or without data)"
                 continue
             stay = job.current is not None and fits(by_name, job.current, used)
-            options[job.job_id] = job_options(
+            picks[job.job_id] = option_picks(
                 job,
                 ests[job.job_id],
                 ref,
@@ -126,8 +126,14 @@ class CellschedPolicy:
                 cfg.max_cells_per_job,
                 utils[job.job_id],
             )
+        costs = None
         if cfg.contention_aware and cluster.network.modelled:
-            options = price_cards(jobs, options, cluster, self._duties)
+            costs = pick_costs(jobs, ests, picks, cluster, self._duties)
+        by_id = {j.job_id: j for j in jobs}
+        options = {
+            jid: make_options(by_id[jid], ests[jid], ps, costs[jid] if costs is not None else None)
+            for jid, ps in picks.items()
+        }
         t1 = time.perf_counter()
         result = place_jobs(
             Space.of(cluster, fixed),
@@ -157,23 +163,14 @@ def price_cards(
 
     `memo` (the caller keeps it across rounds) holds the duties computed so
     far, per NICs and job shape, per (cell, plan): a duty depends on nothing else."""
-    nics = nic_by_type(cluster)
-    memo = {} if memo is None else memo
-    nic_key = tuple(sorted(nics.items()))
+    duty_of = _duties(cluster, memo)
     by_id = {j.job_id: j for j in jobs}
     duties: dict[tuple[str, int], float] = {}
     for jid, opts in options.items():
-        job, known = by_id[jid], None
+        known = None
         for k, o in enumerate(opts):
-            if not o.multi_node:
-                continue
-            if known is None:
-                known = memo.setdefault((nic_key, _shape(job)), {})
-            d = known.get((o.cell, o.plan))
-            if d is None:
-                nic = min((nics[t] for t, _ in o.cell.by_type() if t in nics), default=None)
-                d = known[(o.cell, o.plan)] = duty(job, o.cell, o.plan, nic)
-            duties[(jid, k)] = d
+            if o.multi_node:
+                known, duties[(jid, k)] = duty_of(by_id[jid], o.cell, o.plan, known)
     if not duties:
         return dict(options)
     other = sum(duties.values()) / len(duties)
@@ -184,6 +181,57 @@ def price_cards(
             for k, o in enumerate(opts)
         ]
     return out
+
+
+def pick_costs(
+    jobs: Sequence[JobRequest],
+    estimates: Mapping[str, Sequence[Estimate]],
+    picks: Mapping[str, Sequence[Pick]],
+    cluster: ClusterView,
+    memo: dict[tuple, dict[tuple, float]] | None = None,
+) -> dict[str, list[int]]:
+    """price_cards before the Options are made: each pick's nic_cost (0 on
+    one node), from the estimates the picks index."""
+    duty_of = _duties(cluster, memo)
+    by_id = {j.job_id: j for j in jobs}
+    duties: dict[str, list[float | None]] = {}
+    total, count = 0.0, 0
+    for jid, ps in picks.items():
+        known, row = None, []
+        for i, _, _ in ps:
+            e = estimates[jid][i]
+            if e.cell.num_nodes > 1:
+                known, d = duty_of(by_id[jid], e.cell, e.plan, known)
+                total, count = total + d, count + 1
+                row.append(d)
+            else:
+                row.append(None)
+        duties[jid] = row
+    other = total / count if count else 0.0
+    return {
+        jid: [0 if d is None else round(v * (1 - 1 / (1 + d * other))) for (_, v, _), d in zip(ps, duties[jid])]
+        for jid, ps in picks.items()
+    }
+
+
+def _duties(cluster: ClusterView, memo: dict[tuple, dict[tuple, float]] | None):
+    """duty_of(job, cell, plan, known) -> (known, duty): the duty of a
+    multi-node cell, memoised per NICs and job shape (`known`: that
+    shape's table, looked up once per job)."""
+    nics = nic_by_type(cluster)
+    memo = {} if memo is None else memo
+    nic_key = tuple(sorted(nics.items()))
+
+    def duty_of(job: JobRequest, cell, plan, known):
+        if known is None:
+            known = memo.setdefault((nic_key, _shape(job)), {})
+        d = known.get((cell, plan))
+        if d is None:
+            nic = min((nics[t] for t, _ in cell.by_type() if t in nics), default=None)
+            d = known[(cell, plan)] = duty(job, cell, plan, nic)
+        return known, d
+
+    return duty_of
 
 
 def _priced(o: Option, nic_cost: int) -> Option:
