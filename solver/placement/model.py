@@ -154,7 +154,7 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
     priced = any(o.nic_cost > 0 for opts in options.values() for o in opts)
     class_of = {n: c for c, names in space.classes.items() for n in names} if priced else {}
     cards: dict = defaultdict(lambda: ({}, []))  # node (exact) or class -> ({column: shares}, [cost per share])
-    routes: dict[tuple, list[tuple[int, list]]] = {}  # (partitions, cell) -> _route
+    routes: dict[tuple, list[tuple[int, list]]] = {}  # (partitions, id of a cell) -> _route
     for job in jobs:
         ji = len(m.jobs)
         m.jobs.append(job.job_id)
@@ -173,20 +173,25 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
                         _card(cards[n if exact else class_of.get(n, n)], v, 1, o)
             else:
                 g = o.cell.gpus_per_node
-                route = routes.get((job.partitions, o.cell))
+                key = (job.partitions, id(o.cell))  # the same Cell objects recur (memoised estimates)
+                route = routes.get(key)
                 if route is None:
-                    route = routes[(job.partitions, o.cell)] = _route(space, job, o.cell, groups_of)
+                    route = routes[key] = _route(space, job, o.cell, groups_of)
                 if not route:
                     continue
                 if len(route) == 1 and not exact and len(route[0][1]) == 1:  # one class: x is its count
                     n_nodes, (c,) = route[0]
-                    v = m.column(1, o.value, ji)
-                    shares = {c: (v, n_nodes)}
+                    v = len(m.ub)
+                    m.ub.append(1)
+                    m.obj.append(o.value)
+                    m.owner.append(ji)
+                    m.shares[(job.job_id, k)] = {c: (v, n_nodes)}
                     class_terms[c].append((g, v, n_nodes))
                     m.lone.append(v)
-                    if priced and o.multi_node:
-                        _card(cards[c], v, n_nodes, o)
-                    m.shares[(job.job_id, k)] = shares
+                    if priced and n_nodes > 1:
+                        terms, costs = cards[c]
+                        terms[v] = terms.get(v, 0) + n_nodes
+                        costs.append(o.nic_cost / n_nodes)
                     m.x[(job.job_id, k)] = v
                     xs.append(v)
                     continue
