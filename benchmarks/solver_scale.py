@@ -11,10 +11,12 @@ current placements. Every node has a 100 Gb/s network card, in racks of 32
 behind a 4:1 oversubscribed uplink, so cellsched prices shared cards
 ("contention included"; --no-network leaves the NICs unknown).
 
-Prints one JSON line per round (round_s: wall clock; cpu_s: this process's
+Run it from the checkout with PYTHONPATH=. to time that checkout's solver
+(without it, `solver` is whatever the environment installed). Prints one
+JSON line per round (round_s: wall clock; cpu_s: this process's
 CPU time, which a loaded machine disturbs less) and a summary line per size:
 
-    python benchmarks/solver_scale.py            # 64 / 1,280 / 10,240 / 32,768 GPUs
+    PYTHONPATH=. python benchmarks/solver_scale.py   # 64 / 1,280 / 10,240 / 32,768 GPUs
     python benchmarks/solver_scale.py --quick    # smoke run
     python benchmarks/solver_scale.py --no-network   # nodes without known NICs (no contention pricing)
     python benchmarks/solver_scale.py --sizes 1280 --compare   # LP first vs CP-SAT only

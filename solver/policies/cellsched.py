@@ -9,8 +9,9 @@ false, running jobs keep their placement.
 
 With `contention_aware` (and a cluster whose NICs are known), a
 multi-node option carries what sharing a network card would cost it
-(`price_cards`); the joint model charges for each card shared (model.py) and
-the node pass puts multi-node jobs on the least shared cards first.
+(`price_cards`; `pick_costs` prices the same before the options are made);
+the joint model charges for each card shared (model.py) and the node pass
+puts multi-node jobs on the least shared cards first.
 
 Jobs of the same shape (model, batch, constraints) share one enumeration and
 estimation; the result is memoised across rounds while the cluster's shape,
