@@ -7,12 +7,18 @@ request mix (default: the copy shipped in solver/data/arena). Per size: one
 cold round (empty caches), then warm rounds: between rounds 300 s pass,
 running jobs make progress, about 5% of them finish and as many new jobs
 arrive; each round is warm-started from the previous plan and the jobs'
-current placements.
+current placements. Every node has a 100 Gb/s network card, in racks of 32
+behind a 4:1 oversubscribed uplink, so cellsched prices shared cards
+("contention included"; --no-network leaves the NICs unknown).
 
-Prints one JSON line per round and a summary line per size:
+Run it from the checkout with PYTHONPATH=. to time that checkout's solver
+(without it, `solver` is whatever the environment installed). Prints one
+JSON line per round (round_s: wall clock; cpu_s: this process's
+CPU time, which a loaded machine disturbs less) and a summary line per size:
 
-    python benchmarks/solver_scale.py            # 64 / 1,280 / 10,240 GPUs
+    PYTHONPATH=. python benchmarks/solver_scale.py   # 64 / 1,280 / 10,240 / 32,768 GPUs
     python benchmarks/solver_scale.py --quick    # smoke run
+    python benchmarks/solver_scale.py --no-network   # nodes without known NICs (no contention pricing)
     python benchmarks/solver_scale.py --sizes 1280 --compare   # LP first vs CP-SAT only
 """
 
@@ -37,10 +43,21 @@ from solver.types import ClusterView, JobRequest, NodeView, ScheduleRequest, Sol
 
 ARENA = {"a100": (80, 4), "v100": (20, 16), "a40": (160, 2), "a10": (160, 2)}  # nodes, GPUs per node
 SMALL = {"a100": (4, 4), "v100": (1, 16), "a40": (8, 2), "a10": (8, 2)}  # 64 GPUs
+#: every node's network card, nodes per rack and each rack's uplink (4:1 oversubscribed), Gb/s
+NIC_GBPS, RACK_NODES, UPLINK_GBPS = 100.0, 32, 800.0
 
 
-def cluster_of(spec: dict[str, tuple[int, int]], scale: int = 1) -> ClusterView:
-    return ClusterView(tuple(NodeView(f"{t}-{i:05d}", t, g, g) for t, (n, g) in spec.items() for i in range(n * scale)))
+def cluster_of(spec: dict[str, tuple[int, int]], scale: float = 1, network: bool = True) -> ClusterView:
+    """`spec`'s nodes times `scale`, each with a 100 Gb/s NIC in racks of
+    RACK_NODES behind an oversubscribed uplink (network=False: none known)."""
+    names = [(f"{t}-{i:05d}", t, g) for t, (n, g) in spec.items() for i in range(int(n * scale))]
+    if not network:
+        return ClusterView(tuple(NodeView(name, t, g, g) for name, t, g in names))
+    nodes = tuple(
+        NodeView(name, t, g, g, nic_gbps=NIC_GBPS, rack=f"r{k // RACK_NODES:04d}")
+        for k, (name, t, g) in enumerate(names)
+    )
+    return ClusterView(nodes, uplink_gbps={n.rack: UPLINK_GBPS for n in nodes})
 
 
 def load_trace(path: pathlib.Path) -> list[dict]:
@@ -90,7 +107,9 @@ def advance(
     return out + [source.new(now) for _ in range(max(finished, 1))]
 
 
-def _line(name: str, variant: str, rnd: int, gpus: int, jobs: list[JobRequest], rep, round_s: float) -> dict:
+def _line(
+    name: str, variant: str, rnd: int, gpus: int, jobs: list[JobRequest], rep, round_s: float, cpu_s: float
+) -> dict:
     moved = sum(1 for j in jobs if j.current is not None and not j.current.same_resources(rep.placements.get(j.job_id)))
     return {
         "size": name,
@@ -104,6 +123,7 @@ def _line(name: str, variant: str, rnd: int, gpus: int, jobs: list[JobRequest], 
         "solve_s": round(rep.solve_s, 3),
         "place_s": round(rep.place_s, 3),
         "round_s": round(round_s, 3),
+        "cpu_s": round(cpu_s, 3),
         "objective": round(rep.objective, 3),
         "bound": round(rep.bound, 3),
         "gap": round(rep.gap, 4) if rep.gap != float("inf") else None,
@@ -114,7 +134,9 @@ def _line(name: str, variant: str, rnd: int, gpus: int, jobs: list[JobRequest], 
     }
 
 
-def _summary(name: str, variant: str, gpus: int, num_jobs: int, times: list[float], gaps: list[float]) -> dict:
+def _summary(
+    name: str, variant: str, gpus: int, num_jobs: int, times: list[float], gaps: list[float], cpus: list[float]
+) -> dict:
     times = sorted(times)
     return {
         "summary": name,
@@ -125,6 +147,7 @@ def _summary(name: str, variant: str, gpus: int, num_jobs: int, times: list[floa
         "median_round_s": round(statistics.median(times), 3) if times else None,
         "p95_round_s": round(times[min(len(times) - 1, int(0.95 * len(times)))], 3) if times else None,
         "max_round_s": round(times[-1], 3) if times else None,
+        "median_cpu_s": round(statistics.median(cpus), 3) if cpus else None,
         "max_gap": round(max(gaps), 4) if gaps else None,
     }
 
@@ -150,6 +173,7 @@ def run_size(
     gpus = sum(n.gpus_total for n in cluster.nodes)
     previous: dict = {}
     times: dict[str, list[float]] = {v: [] for v in variants}
+    cpus: dict[str, list[float]] = {v: [] for v in variants}
     gaps: dict[str, list[float]] = {v: [] for v in variants}
     first = next(iter(variants))
     for rnd in range(rounds + 1):
@@ -158,18 +182,19 @@ def run_size(
         replies = {}
         for v in order:
             req = ScheduleRequest(cluster, tuple(jobs), previous=previous, config=variants[v], now=now)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             rep = replies[v] = policies[v].schedule(req, estimators[v])
-            round_s = time.perf_counter() - t0
+            round_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
             validate_plan(cluster, rep.placements)
-            print(json.dumps(_line(name, v, rnd, gpus, jobs, rep, round_s)), flush=True)
+            print(json.dumps(_line(name, v, rnd, gpus, jobs, rep, round_s, cpu_s)), flush=True)
             if rnd > 0:
                 times[v].append(round_s)
+                cpus[v].append(cpu_s)
                 if rep.gap != float("inf"):
                     gaps[v].append(rep.gap)
         previous = dict(replies[first].placements)
         jobs = advance(jobs, replies[first].placements, source, rng, now + 300.0)
-    out = {v: _summary(name, v, gpus, num_jobs, times[v], gaps[v]) for v in variants}
+    out = {v: _summary(name, v, gpus, num_jobs, times[v], gaps[v], cpus[v]) for v in variants}
     for line in out.values():
         print(json.dumps(line), flush=True)
     if len(variants) > 1:
@@ -198,8 +223,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes and few rounds (smoke run)")
     ap.add_argument("--rounds", type=int, default=10, help="warm rounds per size (after one cold round)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--sizes", default="64,1280,10240", help="comma-separated sizes to run (GPUs)")
-    ap.add_argument("--skip-large", action="store_true", help="leave out the 10,240-GPU size")
+    ap.add_argument("--sizes", default="64,1280,10240,32768", help="comma-separated sizes to run (GPUs)")
+    ap.add_argument("--skip-large", action="store_true", help="leave out the 10,240- and 32,768-GPU sizes")
+    ap.add_argument("--no-network", action="store_true", help="nodes without known NICs (no contention pricing)")
     ap.add_argument(
         "--compare",
         action="store_true",
@@ -207,27 +233,42 @@ def main() -> None:
     )
     args = ap.parse_args()
     rows = load_trace(args.trace or shipped_path(TRACE_FILE))
-    wanted = set(args.sizes.split(",")) - ({"10240"} if args.skip_large else set())
+    wanted = set(args.sizes.split(",")) - ({"10240", "32768"} if args.skip_large else set())
+    net = not args.no_network
     if args.quick:
         sizes = [
-            ("64", cluster_of(SMALL), 20, 2, SolverConfig(seed=args.seed)),
-            ("1280", cluster_of(ARENA), 100, 2, SolverConfig(seed=args.seed, time_limit_s=2.0)),
+            ("64", lambda: cluster_of(SMALL, 1, net), 20, 2, SolverConfig(seed=args.seed)),
+            ("1280", lambda: cluster_of(ARENA, 1, net), 100, 2, SolverConfig(seed=args.seed, time_limit_s=2.0)),
         ]
     else:
         sizes = [
-            ("64", cluster_of(SMALL), 20, args.rounds, SolverConfig(seed=args.seed)),
-            ("1280", cluster_of(ARENA), 500, args.rounds, SolverConfig(seed=args.seed, time_limit_s=2.0)),
+            ("64", lambda: cluster_of(SMALL, 1, net), 20, args.rounds, SolverConfig(seed=args.seed)),
+            (
+                "1280",
+                lambda: cluster_of(ARENA, 1, net),
+                500,
+                args.rounds,
+                SolverConfig(seed=args.seed, time_limit_s=2.0),
+            ),
             (
                 "10240",
-                cluster_of(ARENA, 8),
+                lambda: cluster_of(ARENA, 8, net),
                 4000,
                 max(1, args.rounds // 5),
                 SolverConfig(seed=args.seed, time_limit_s=10.0, deterministic_time=20.0),
             ),
+            (
+                "32768",
+                lambda: cluster_of(ARENA, 25.6, net),
+                12000,
+                max(1, args.rounds // 5),
+                SolverConfig(seed=args.seed, time_limit_s=30.0, deterministic_time=60.0),
+            ),
         ]
-    for name, cluster, n, rounds, cfg in sizes:
+    for name, make, n, rounds, cfg in sizes:
         if name not in wanted:
             continue
+        cluster = make()
         variants = {"lp-first": cfg}
         if args.compare:
             variants["cpsat-only"] = replace(cfg, lp_first_min_jobs=1 << 30)

@@ -86,6 +86,66 @@ def split_fixed(
     return fixed, free_jobs, reasons
 
 
+#: One option of a job before it is an Option: (estimate index, value, pinned).
+Pick = tuple[int, int, bool]
+
+
+def option_picks(
+    job: JobRequest,
+    estimates: Sequence[Estimate],
+    ref: Estimate,
+    weight: float,
+    p: float,
+    restart_mult: float,
+    stay_ok: bool,
+    max_options: int,
+    utilities: Sequence[float] | None = None,
+) -> list[Pick]:
+    """What job_options returns, as (estimate index, value, pinned) triples:
+    cheap to weigh before the Option objects are made."""
+    cur = job.current
+    moving = cur is not None and stay_ok
+    free: list[tuple[int, int, Cell, int]] = []
+    pinned: Pick | None = None
+    for i, est in enumerate(estimates):
+        if not est.feasible or job.excludes(est.cell):
+            continue
+        base = weight * (objective.utility(job, est, ref, p) if utilities is None else utilities[i])
+        if moving and est.cell == cur.cell:
+            pinned = (i, objective.to_int(base), True)
+        value = objective.to_int(base * (restart_mult if moving else 1.0))
+        if value > 0:
+            free.append((-value, est.cell.num_gpus, est.cell, i))
+    free.sort()
+    out: list[Pick] = [(i, -v, False) for v, _, _, i in free[:max_options]]
+    if pinned is not None and pinned[1] > 0:
+        out.insert(0, pinned)
+    return out
+
+
+def make_options(
+    job: JobRequest, estimates: Sequence[Estimate], picks: Sequence[Pick], nic_costs: Sequence[int] | None = None
+) -> list[Option]:
+    """The Options of `picks` (with their nic_cost, aligned with `picks`, when given)."""
+    cur = job.current
+    out = []
+    for n, (i, value, pinned) in enumerate(picks):
+        est = estimates[i]
+        out.append(
+            Option(
+                job.job_id,
+                est.cell,
+                est.plan,  # type: ignore[arg-type]
+                est.iter_time_s,
+                value,
+                tuple(cur.nodes) if pinned and cur is not None else None,
+                est.source,
+                nic_costs[n] if nic_costs is not None else 0,
+            )
+        )
+    return out
+
+
 def job_options(
     job: JobRequest,
     estimates: Sequence[Estimate],
@@ -104,22 +164,5 @@ def job_options(
     their value; options worth <= 0 are dropped. `utilities` may carry
     objective.utility of each estimate, computed once per job shape.
     """
-    cur = job.current
-    opts: list[Option] = []
-    pinned: Option | None = None
-    for i, est in enumerate(estimates):
-        if not est.feasible or job.excludes(est.cell):
-            continue
-        base = weight * (objective.utility(job, est, ref, p) if utilities is None else utilities[i])
-        if cur is not None and stay_ok and est.cell == cur.cell:
-            pinned = Option(
-                job.job_id, est.cell, est.plan, est.iter_time_s, objective.to_int(base), tuple(cur.nodes), est.source
-            )
-        value = objective.to_int(base * (restart_mult if cur is not None and stay_ok else 1.0))
-        if value > 0:
-            opts.append(Option(job.job_id, est.cell, est.plan, est.iter_time_s, value, None, est.source))
-    opts.sort(key=lambda o: (-o.value, o.cell.num_gpus, o.cell))
-    opts = opts[:max_options]
-    if pinned is not None and pinned.value > 0:
-        opts.insert(0, pinned)
-    return opts
+    picks = option_picks(job, estimates, ref, weight, p, restart_mult, stay_ok, max_options, utilities)
+    return make_options(job, estimates, picks)

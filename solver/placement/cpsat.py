@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 from ortools.sat.python import cp_model
 
 from solver.placement.model import Model
@@ -80,6 +81,33 @@ def decode(m: Model, values: Sequence[int]) -> tuple[dict, dict, dict]:
     return choice, counts, nodes
 
 
+def _add_rows(proto, m: Model, value: np.ndarray, is_fixed: np.ndarray, ub: np.ndarray, index: np.ndarray) -> bool:
+    """The rows some free column can break, with the fixed columns' part
+    moved to the bounds; False when a row fails on fixed columns alone."""
+    mat = m.matrix()
+    rows = len(m.rows)
+    coef = mat.coef
+    free_e = ~is_fixed[mat.col]
+    const = np.bincount(mat.row, weights=np.where(free_e, 0.0, coef * value[mat.col]), minlength=rows)
+    reach = np.where(free_e, coef * ub[mat.col], 0.0)
+    top = np.bincount(mat.row, weights=np.maximum(reach, 0.0), minlength=rows)
+    low = np.bincount(mat.row, weights=np.minimum(reach, 0.0), minlength=rows)
+    hi, lo = mat.hi - const, mat.lo - const
+    some = np.bincount(mat.row, weights=free_e, minlength=rows) > 0
+    broken = (top > hi) | (low < lo)  # otherwise no free column can break the row
+    if np.any(broken & ~some):
+        return False
+    starts = mat.start.tolist()
+    for r in np.flatnonzero(broken).tolist():
+        a, b = starts[r], starts[r + 1]
+        keep = free_e[a:b]
+        linear = proto.constraints.add().linear
+        linear.vars.extend(index[mat.col[a:b][keep]].tolist())
+        linear.coeffs.extend(coef[a:b][keep].astype(np.int64).tolist())
+        linear.domain.extend((int(low[r]) if lo[r] == -np.inf else int(lo[r]), int(hi[r])))
+    return True
+
+
 def solve_cpsat(
     m: Model,
     config: SolverConfig,
@@ -97,42 +125,35 @@ def solve_cpsat(
     fixed = fixed or {}
     cp = cp_model.CpModel()
     proto = cp.proto
-    free_cols = [c for c in range(len(m.ub)) if c not in fixed]  # CP-SAT variable i is column free_cols[i]
-    index = [-1] * len(m.ub)  # column -> CP-SAT variable (-1: fixed)
-    for i, c in enumerate(free_cols):
-        index[c] = i
-        proto.variables.add().domain.extend((0, m.ub[c]))
-    for r in m.rows:
-        vs, cs, const, top, low = [], [], 0, 0, 0
-        for c, a in zip(r.cols, r.coefs):
-            if index[c] < 0:
-                const += a * fixed[c]
-            else:
-                vs.append(index[c])
-                cs.append(a)
-                top += max(a, 0) * m.ub[c]
-                low += min(a, 0) * m.ub[c]
-        hi, lo = r.hi - const, None if r.lo is None else r.lo - const
-        if top > hi or (lo is not None and low < lo):  # otherwise no free column can break the row
-            if not vs:
-                return Solved(SolverStatus.INFEASIBLE, build_s=time.perf_counter() - t0)
-            linear = proto.constraints.add().linear
-            linear.vars.extend(vs)
-            linear.coeffs.extend(cs)
-            linear.domain.extend((low if lo is None else lo, hi))
+    n = len(m.ub)
+    ub = np.asarray(m.ub, np.int64)
+    value = np.zeros(n, np.int64)  # the fixed columns' values
+    is_fixed = np.zeros(n, bool)
+    if fixed:
+        cols = np.fromiter(fixed.keys(), np.int64, len(fixed))
+        value[cols] = np.fromiter(fixed.values(), np.int64, len(fixed))
+        is_fixed[cols] = True
+    free_cols = np.flatnonzero(~is_fixed)  # CP-SAT variable i is column free_cols[i]
+    index = np.full(n, -1, np.int64)  # column -> CP-SAT variable (-1: fixed)
+    index[free_cols] = np.arange(len(free_cols))
+    for c in free_cols.tolist():
+        proto.variables.add().domain.extend((0, int(ub[c])))
+    if not _add_rows(proto, m, value, is_fixed, ub, index):
+        return Solved(SolverStatus.INFEASIBLE, build_s=time.perf_counter() - t0)
     for xs in m.choices:
-        free = [index[c] for c in xs if index[c] >= 0]
+        free = [int(index[c]) for c in xs if index[c] >= 0]
         if len(free) > 1:
             proto.constraints.add().at_most_one.literals.extend(free)
-    offset = sum(m.obj[c] * v for c, v in fixed.items())
-    terms = [(index[c], a) for c, a in enumerate(m.obj) if a and index[c] >= 0]
+    obj = np.asarray(m.obj, np.int64)
+    offset = int(obj[is_fixed] @ value[is_fixed])
+    terms = np.flatnonzero((obj != 0) & ~is_fixed)
     objective = proto.objective  # CP-SAT minimises: maximise sum a x as -(sum -a x)
-    objective.vars.extend([i for i, _ in terms])
-    objective.coeffs.extend([-a for _, a in terms])
+    objective.vars.extend(index[terms].tolist())
+    objective.coeffs.extend((-obj[terms]).tolist())
     objective.scaling_factor = -1.0
     if hint is not None:
         proto.solution_hint.vars.extend(range(len(free_cols)))
-        proto.solution_hint.values.extend([hint[c] for c in free_cols])
+        proto.solution_hint.values.extend(np.asarray(hint, np.int64)[free_cols].tolist())
     solver = cp_model.CpSolver()
     parameters(solver, config, time_limit_s)
     t1 = time.perf_counter()
@@ -141,8 +162,9 @@ def solve_cpsat(
     status = SolverStatus(solver.status_name(code))
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return Solved(status, build_s=t1 - t0, solve_s=t2 - t1)
-    sol = list(solver.response_proto.solution)
-    values = [fixed[c] if index[c] < 0 else sol[index[c]] for c in range(len(m.ub))]
+    values = value.copy()
+    values[free_cols] = np.asarray(solver.response_proto.solution, np.int64)
+    values = values.tolist()
     objective_value = offset + int(round(solver.objective_value))
     bound = offset + int(round(solver.best_objective_bound))
     if status == SolverStatus.OPTIMAL and bound > objective_value:  # stopped by relative_gap_limit

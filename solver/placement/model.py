@@ -47,11 +47,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
+
+import numpy as np
 
 from solver.placement.candidates import Option
 from solver.placement.greedy import Chosen
 from solver.placement.space import Space
-from solver.types import JobRequest
+from solver.types import Cell, JobRequest
 
 #: An option's node shares by class (aggregated) or node (exact): key -> (column, multiplier).
 Shares = dict[Hashable, tuple[int, int]]
@@ -65,6 +68,30 @@ class Row:
     coefs: list[int]
     hi: int
     lo: int | None = None
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """A model's rows in coordinate form (entries in row order), as numpy arrays."""
+
+    row: np.ndarray  # entry -> row index
+    col: np.ndarray  # entry -> column
+    coef: np.ndarray  # entry -> coefficient
+    start: np.ndarray  # row -> its first entry (len rows + 1)
+    hi: np.ndarray
+    lo: np.ndarray  # -inf where a row has no lower side
+
+    @classmethod
+    def of(cls, m: Model) -> Matrix:
+        sizes = np.fromiter(map(len, (r.cols for r in m.rows)), np.int64, len(m.rows))
+        start = np.zeros(len(m.rows) + 1, np.int64)
+        np.cumsum(sizes, out=start[1:])
+        total = int(start[-1])
+        col = np.fromiter(chain.from_iterable(r.cols for r in m.rows), np.int64, total)
+        coef = np.fromiter(chain.from_iterable(r.coefs for r in m.rows), np.float64, total)
+        hi = np.fromiter((r.hi for r in m.rows), np.float64, len(m.rows))
+        lo = np.fromiter((-np.inf if r.lo is None else r.lo for r in m.rows), np.float64, len(m.rows))
+        return cls(np.repeat(np.arange(len(m.rows)), sizes), col, coef, start, hi, lo)
 
 
 @dataclass
@@ -85,6 +112,19 @@ class Model:
     #: network-card overflow columns: (o, {column: coefficient}, free cards)
     overflow: list[tuple[int, dict[int, int], int]] = field(default_factory=list)
     exact: bool = False
+    #: x columns of free options that are their class's count too (one class, no other columns)
+    lone: list[int] = field(default_factory=list)
+    #: x columns of pinned options (stay where it runs)
+    pinned: list[int] = field(default_factory=list)
+    #: jobs (indices) that must keep some option -> their row (sum x = 1) in `rows`
+    stays: dict[int, int] = field(default_factory=dict)
+    _matrix: Matrix | None = field(default=None, repr=False)
+
+    def matrix(self) -> Matrix:
+        """The rows as one sparse matrix (computed once: build the model first)."""
+        if self._matrix is None:
+            self._matrix = Matrix.of(self)
+        return self._matrix
 
     def column(self, ub: int, obj: int = 0, owner: int = -1) -> int:
         self.ub.append(ub)
@@ -114,6 +154,7 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
     priced = any(o.nic_cost > 0 for opts in options.values() for o in opts)
     class_of = {n: c for c, names in space.classes.items() for n in names} if priced else {}
     cards: dict = defaultdict(lambda: ({}, []))  # node (exact) or class -> ({column: shares}, [cost per share])
+    routes: dict[tuple, list[tuple[int, list]]] = {}  # (partitions, id of a cell) -> _route
     for job in jobs:
         ji = len(m.jobs)
         m.jobs.append(job.job_id)
@@ -124,6 +165,7 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
                 if any(space.free.get(n, 0) < g for n, g in o.pinned):
                     continue
                 v = m.column(1, o.value, ji)
+                m.pinned.append(v)
                 running = job.current is not None
                 for n, g in o.pinned:
                     pins[n].append((g, v))
@@ -131,19 +173,31 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
                         _card(cards[n if exact else class_of.get(n, n)], v, 1, o)
             else:
                 g = o.cell.gpus_per_node
-                parts = []  # (nodes, classes) per GPU type; one part unless the cell is mixed
-                for gpu_type, n_nodes in o.cell.by_type():
-                    key = (job.partitions, gpu_type, g)
-                    found = groups_of.get(key)
-                    if found is None:
-                        groups = space.classes_for(job, o.cell, gpu_type)
-                        found = groups_of[key] = (groups, sum(len(space.classes[c]) for c in groups))
-                    parts.append((n_nodes, found))
-                if any(size < n_nodes for n_nodes, (_, size) in parts):
+                key = (job.partitions, id(o.cell))  # the same Cell objects recur (memoised estimates)
+                route = routes.get(key)
+                if route is None:
+                    route = routes[key] = _route(space, job, o.cell, groups_of)
+                if not route:
+                    continue
+                if len(route) == 1 and not exact and len(route[0][1]) == 1:  # one class: x is its count
+                    n_nodes, (c,) = route[0]
+                    v = len(m.ub)
+                    m.ub.append(1)
+                    m.obj.append(o.value)
+                    m.owner.append(ji)
+                    m.shares[(job.job_id, k)] = {c: (v, n_nodes)}
+                    class_terms[c].append((g, v, n_nodes))
+                    m.lone.append(v)
+                    if priced and n_nodes > 1:
+                        terms, costs = cards[c]
+                        terms[v] = terms.get(v, 0) + n_nodes
+                        costs.append(o.nic_cost / n_nodes)
+                    m.x[(job.job_id, k)] = v
+                    xs.append(v)
                     continue
                 v = m.column(1, o.value, ji)
-                shares: Shares = {}
-                for n_nodes, (groups, _) in parts:
+                shares = {}
+                for n_nodes, groups in route:
                     part: Shares = {}
                     if exact:
                         for c in groups:
@@ -163,6 +217,8 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
                 if not exact:
                     for c, (col, mult) in shares.items():
                         class_terms[c].append((g, col, mult))
+                    if all(col == v for col, _ in shares.values()):
+                        m.lone.append(v)
                 if priced and o.multi_node:
                     for c, (col, mult) in shares.items():
                         _card(cards[c], col, mult, o)
@@ -171,6 +227,7 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
             xs.append(v)
         m.choices.append(xs)
         if running:
+            m.stays[ji] = len(m.rows)
             m.rows.append(Row(xs, [1] * len(xs), 1, 1))
     if exact:
         for name, terms in node_terms.items():
@@ -189,6 +246,22 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
     for key, (terms, costs) in cards.items():
         _card_row(m, space, key, terms, costs)
     return m
+
+
+def _route(space: Space, job: JobRequest, cell: Cell, groups_of: dict) -> list[tuple[int, list]]:
+    """(nodes, classes) per GPU type of a free option's cell; empty when some
+    type has too few nodes for it."""
+    out = []
+    for gpu_type, n_nodes in cell.by_type():
+        key = (job.partitions, gpu_type, cell.gpus_per_node)
+        found = groups_of.get(key)
+        if found is None:
+            groups = space.classes_for(job, cell, gpu_type)
+            found = groups_of[key] = (groups, sum(len(space.classes[c]) for c in groups))
+        if found[1] < n_nodes:
+            return []
+        out.append((n_nodes, found[0]))
+    return out
 
 
 def _card(entry: tuple[dict[int, int], list[float]], col: int, mult: int, o: Option) -> None:
@@ -219,9 +292,10 @@ def _class_rows(m: Model, space: Space, c, terms: list[tuple[int, int, int]], pi
     plain = len(space.classes[c]) - len(pinned_nodes)
     for level in sorted({g for g, _, _ in terms}):
         row: dict[int, int] = {}
+        get = row.get
         for g, col, mult in terms:
             if g >= level:
-                _acc(row, col, g * mult)
+                row[col] = get(col, 0) + g * mult
         if all(g % level == 0 for g, _, _ in terms if g >= level):  # count whole slots of `level` GPUs
             slots = f // level
             hi = level * slots * plain

@@ -9,8 +9,9 @@ false, running jobs keep their placement.
 
 With `contention_aware` (and a cluster whose NICs are known), a
 multi-node option carries what sharing a network card would cost it
-(`price_cards`); the joint model charges for each card shared (model.py) and
-the node pass puts multi-node jobs on the least shared cards first.
+(`price_cards`; `pick_costs` prices the same before the options are made);
+the joint model charges for each card shared (model.py) and the node pass
+puts multi-node jobs on the least shared cards first.
 
 Jobs of the same shape (model, batch, constraints) share one enumeration and
 estimation; the result is memoised across rounds while the cluster's shape,
@@ -20,15 +21,14 @@ the plan depends only on the request).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Mapping, Sequence
 
 from solver.cells import enumerate_cells, prune_dominated
 from solver.contention import duty, nic_by_type
-from solver.placement import Space, job_options, objective, place_jobs, split_fixed
-from solver.placement.candidates import Option, fits
+from solver.placement import Space, objective, place_jobs, split_fixed
+from solver.placement.candidates import Option, Pick, fits, make_options, option_picks
 from solver.policies.common import reply
 from solver.types import ClusterView, Estimate, EstimatorLike, JobRequest, ScheduleReply, ScheduleRequest, SolverConfig
 
@@ -71,6 +71,7 @@ class CellschedPolicy:
         self.name = "cellsched" if elastic else "cellsched-static"
         self._memo_ctx: tuple | None = None
         self._memo: dict[tuple, tuple[Estimate | None, list[Estimate], list[float]]] = {}
+        self._duties: dict[tuple, dict[tuple, float]] = {}  # NICs by type, shape -> (cell, plan) -> duty
 
     def _cells(
         self, job: JobRequest, cluster: ClusterView, estimator: EstimatorLike, cfg: SolverConfig
@@ -97,7 +98,7 @@ class CellschedPolicy:
                 used[n] = used.get(n, 0) + g
         ctx = _context(cluster, estimator, cfg)
         if ctx != self._memo_ctx:
-            self._memo_ctx, self._memo = ctx, {}
+            self._memo_ctx, self._memo, self._duties = ctx, {}, {}
         ests, refs, utils = {}, {}, {}
         for job in jobs:
             refs[job.job_id], kept, u = self._cells(job, cluster, estimator, cfg)
@@ -107,7 +108,7 @@ class CellschedPolicy:
                     kept, u = kept + [cur], u + [objective.utility(job, cur, refs[job.job_id], cfg.fairness_p)]
             ests[job.job_id], utils[job.job_id] = kept, u
         weights = objective.job_weights(jobs, refs, request.now, cfg)
-        options = {}
+        picks = {}
         by_name = {n.name: n for n in cluster.nodes}
         for job in jobs:
             ref = refs[job.job_id]
@@ -115,7 +116,7 @@ class CellschedPolicy:
                 reasons[job.job_id] = "no feasible cell (every cell out of memory or without data)"
                 continue
             stay = job.current is not None and fits(by_name, job.current, used)
-            options[job.job_id] = job_options(
+            picks[job.job_id] = option_picks(
                 job,
                 ests[job.job_id],
                 ref,
@@ -126,8 +127,14 @@ class CellschedPolicy:
                 cfg.max_cells_per_job,
                 utils[job.job_id],
             )
+        costs = None
         if cfg.contention_aware and cluster.network.modelled:
-            options = price_cards(jobs, options, cluster)
+            costs = pick_costs(jobs, ests, picks, cluster, self._duties)
+        by_id = {j.job_id: j for j in jobs}
+        options = {
+            jid: make_options(by_id[jid], ests[jid], ps, costs[jid] if costs is not None else None)
+            for jid, ps in picks.items()
+        }
         t1 = time.perf_counter()
         result = place_jobs(
             Space.of(cluster, fixed),
@@ -143,34 +150,94 @@ class CellschedPolicy:
 
 
 def price_cards(
-    jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]], cluster: ClusterView
+    jobs: Sequence[JobRequest],
+    options: Mapping[str, Sequence[Option]],
+    cluster: ClusterView,
+    memo: dict[tuple, dict[tuple, float]] | None = None,
 ) -> dict[str, list[Option]]:
     """The options with their nic_cost: what a multi-node option loses when
     a network card of its nodes carries another multi-node job. With duty d
     (its share of the iteration on the cards alone, on this cluster's NICs)
     next to a job of duty d', its transfers take 1 + d' times as long
     (solver.network), its iteration 1 + d d' times, and it loses 1 - 1 / (1 +
-    d d') of its value; d' is the mean duty of this round's multi-node options."""
-    nics = nic_by_type(cluster)
+    d d') of its value; d' is the mean duty of this round's multi-node options.
+
+    `memo` (the caller keeps it across rounds) holds the duties computed so
+    far, per NICs and job shape, per (cell, plan): a duty depends on nothing else."""
+    duty_of = _duties(cluster, memo)
     by_id = {j.job_id: j for j in jobs}
     duties: dict[tuple[str, int], float] = {}
     for jid, opts in options.items():
+        known = None
         for k, o in enumerate(opts):
             if o.multi_node:
-                nic = min((nics[t] for t, _ in o.cell.by_type() if t in nics), default=None)
-                duties[(jid, k)] = duty(by_id[jid], o.cell, o.plan, nic)
+                known, duties[(jid, k)] = duty_of(by_id[jid], o.cell, o.plan, known)
     if not duties:
         return dict(options)
     other = sum(duties.values()) / len(duties)
     out: dict[str, list[Option]] = {}
     for jid, opts in options.items():
         out[jid] = [
-            dataclasses.replace(o, nic_cost=round(o.value * (1 - 1 / (1 + duties[(jid, k)] * other))))
-            if (jid, k) in duties
-            else o
+            _priced(o, round(o.value * (1 - 1 / (1 + duties[(jid, k)] * other)))) if (jid, k) in duties else o
             for k, o in enumerate(opts)
         ]
     return out
+
+
+def pick_costs(
+    jobs: Sequence[JobRequest],
+    estimates: Mapping[str, Sequence[Estimate]],
+    picks: Mapping[str, Sequence[Pick]],
+    cluster: ClusterView,
+    memo: dict[tuple, dict[tuple, float]] | None = None,
+) -> dict[str, list[int]]:
+    """price_cards before the Options are made: each pick's nic_cost (0 on
+    one node), from the estimates the picks index."""
+    duty_of = _duties(cluster, memo)
+    by_id = {j.job_id: j for j in jobs}
+    duties: dict[str, list[float | None]] = {}
+    total, count = 0.0, 0
+    for jid, ps in picks.items():
+        known, row = None, []
+        for i, _, _ in ps:
+            e = estimates[jid][i]
+            if e.cell.num_nodes > 1:
+                known, d = duty_of(by_id[jid], e.cell, e.plan, known)
+                total, count = total + d, count + 1
+                row.append(d)
+            else:
+                row.append(None)
+        duties[jid] = row
+    other = total / count if count else 0.0
+    return {
+        jid: [0 if d is None else round(v * (1 - 1 / (1 + d * other))) for (_, v, _), d in zip(ps, duties[jid])]
+        for jid, ps in picks.items()
+    }
+
+
+def _duties(cluster: ClusterView, memo: dict[tuple, dict[tuple, float]] | None):
+    """duty_of(job, cell, plan, known) -> (known, duty): the duty of a
+    multi-node cell, memoised per NICs and job shape (`known`: that
+    shape's table, looked up once per job)."""
+    nics = nic_by_type(cluster)
+    memo = {} if memo is None else memo
+    nic_key = tuple(sorted(nics.items()))
+
+    def duty_of(job: JobRequest, cell, plan, known):
+        if known is None:
+            known = memo.setdefault((nic_key, _shape(job)), {})
+        d = known.get((cell, plan))
+        if d is None:
+            nic = min((nics[t] for t, _ in cell.by_type() if t in nics), default=None)
+            d = known[(cell, plan)] = duty(job, cell, plan, nic)
+        return known, d
+
+    return duty_of
+
+
+def _priced(o: Option, nic_cost: int) -> Option:
+    """`o` with its nic_cost (dataclasses.replace without its per-call overhead)."""
+    return Option(o.job_id, o.cell, o.plan, o.iter_time_s, o.value, o.pinned, o.source, nic_cost)
 
 
 def _remaining_s(job: JobRequest) -> float | None:

@@ -375,3 +375,37 @@ def test_hesrpt_weights_draw_shares_in_heSRPT_order_of_remaining_work():
     # weights (2 theta) ** 0.5, and k ~ w ** 2 gives the 1:3 split
     assert round(w["0"], 6) == round(0.5**0.5, 6) and round(w["1"], 6) == round(1.5**0.5, 6) and w["2"] == 1.0
     assert (w["1"] / w["0"]) ** 2 == pytest.approx(3.0)
+
+
+def test_lp_by_column_generation_bounds_the_whole_lp(exact_config):
+    from solver.placement.lp import LP_GAP, _solve_whole
+
+    cluster, jobs, options = large_instance(7)
+    m = build(Space.of(cluster), jobs, options, exact=False)
+    whole = _solve_whole(m, exact_config().time_limit_s)
+    lp = solve_lp(m, exact_config().time_limit_s)
+    assert lp.status == whole.status == "OPTIMAL"
+    assert lp.objective <= whole.objective + 1e-6 and whole.objective <= lp.bound + 1
+    assert lp.bound - whole.objective <= LP_GAP * whole.objective + 1
+
+
+def test_an_open_job_that_must_stay_keeps_its_room(exact_config):
+    # r and p run on a and b (one whole node each) and must stay placed; the LP
+    # leaves r half on a, half elsewhere and q (integral) on a whole node. With
+    # r counted where it runs there is no node for q: q is left to CP-SAT too.
+    cluster = ClusterView((NodeView("a", "a100", 2, 2), NodeView("b", "a100", 2, 2)))
+    two = Cell("a100", 1, 2)
+    cur = {n: Placement(j, two, ((n, 2),), ParallelPlan(1, 2, 1), 1.0) for j, n in (("r", "a"), ("p", "b"))}
+    options = {
+        "r": [opt("r", two, 100, (("a", 2),)), opt("r", two, 90)],
+        "p": [opt("p", two, 100, (("b", 2),))],
+        "q": [opt("q", two, 150)],
+    }
+    jobs = [job("r", current=cur["a"]), job("p", current=cur["b"]), job("q")]
+    m = build(Space.of(cluster), jobs, options, exact=False)
+    values = [0.0] * len(m.ub)
+    for key, v in ((("r", 0), 0.5), (("r", 1), 0.5), (("p", 0), 1.0), (("q", 0), 1.0)):
+        values[m.x[key]] = v
+    fixed = integral_jobs(m, tuple(values))
+    assert m.x[("q", 0)] not in fixed and fixed[m.x[("p", 0)]] == 1
+    assert solve_cpsat(m, exact_config(), fixed=fixed).status == "OPTIMAL"
