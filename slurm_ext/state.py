@@ -473,6 +473,11 @@ class StateStore:
         newest = f"WHERE id IN (SELECT MAX(id) FROM plans {where} GROUP BY job_id) ORDER BY id"
         return {p.job_id: p for p in self._plans(newest, args)}
 
+    def newest_plan_times(self, job_ids: Iterable[str]) -> dict[str, float]:
+        """job (of `job_ids`) -> when its newest plan was journalled (no entry: no plan)."""
+        where, args = sqlitedb.where(any_of={"job_id": sorted(set(job_ids))})
+        return dict(self._db.execute(f"SELECT job_id, MAX(created) FROM plans{where} GROUP BY job_id", args))
+
     def released(self, job_ids: Iterable[str]) -> set[str]:
         """Jobs (of `job_ids`) whose newest plan the controller released and
         that it has not requeued held since: held again, they are an operator's."""

@@ -6,7 +6,11 @@ Both sides stand on this module (stdlib and ``solver.plan`` only, so
 * **AdminComment**: a JSON object ``{"spec": {...}, "plan": {...}}``. The
   spec is the job's validated spec (written by ``job_submit.lua`` or the
   controller); the plan is a ``solver.plan.JobPlan`` the controller writes
-  when it places the job, and the launcher reads back.
+  when it places the job, and the launcher reads back. While the controller
+  has the job held (or is moving it) the object also holds a ``Step``
+  under ``STEP_KEY``: how far it got, so that a controller that lost its
+  state DB finishes the work from Slurm alone; it is removed once the job
+  is released.
 * **Environment**: ``cellsched-launch`` gives each task its plan in
   ``ENV_PLAN`` (inline JSON, or a path to a JSON file), and its degrees in
   ``ENV_PP`` / ``ENV_DP`` / ``ENV_TP``; ``ENV_MASTER_ADDR`` /
@@ -25,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from solver.plan import JobPlan, PlanError
@@ -43,6 +48,17 @@ ENV_MASTER_PORT = "CELLSCHED_MASTER_PORT"
 
 SPEC_KEY = "spec"
 PLAN_KEY = "plan"
+STEP_KEY = "step"
+
+#: a move's job was asked to checkpoint (`Step.to` is where it goes next)
+SIGNALLED = "signalled"
+#: the job carries the plan it is about to be released with
+UPDATED = "updated"
+#: requeued held after a checkpoint, waiting for a placement
+REQUEUED = "requeued"
+#: requeued held because its runs kept failing: held until someone releases it
+PARKED = "parked"
+STEPS = (SIGNALLED, UPDATED, REQUEUED, PARKED)
 
 
 def admin_comment_dict(text: str | None) -> dict[str, Any]:
@@ -77,6 +93,52 @@ def admin_comment_plan(text: str | None, *, strict: bool = True) -> JobPlan | No
         if strict:
             raise
         return None
+
+
+@dataclass(frozen=True)
+class Step:
+    """The controller's work on a job in flight, mirrored in its AdminComment.
+
+    `step` is one of STEPS; `at` when the controller journalled it (its
+    intent's time: a state DB that has a plan of the job from then on knows
+    it); `to` a move's target plan (a JobPlan's dict) and `partition` its
+    partition."""
+
+    step: str
+    at: float
+    to: dict[str, Any] | None = None
+    partition: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"step": self.step, "at": self.at}
+        if self.to is not None:
+            d["to"] = self.to
+        if self.partition:
+            d["partition"] = self.partition
+        return d
+
+
+def admin_comment_step(text: str | None) -> Step | None:
+    """The Step in an AdminComment; None when it holds none (or a malformed one)."""
+    raw = admin_comment_dict(text).get(STEP_KEY)
+    if not isinstance(raw, dict) or raw.get("step") not in STEPS:
+        return None
+    at, to, partition = raw.get("at"), raw.get("to"), raw.get("partition", "")
+    if not isinstance(at, int | float) or isinstance(at, bool) or not isinstance(partition, str):
+        return None
+    return Step(raw["step"], float(at), to if isinstance(to, dict) else None, partition)
+
+
+def with_step(text: str, step: Step | None) -> str:
+    """The AdminComment `text` with `step` in it (None: without one); an
+    AdminComment that is not a JSON object is returned as it is."""
+    d = admin_comment_dict(text)
+    if not d:
+        return text
+    d.pop(STEP_KEY, None)
+    if step is not None:
+        d[STEP_KEY] = step.to_dict()
+    return json.dumps(d, separators=(",", ":"), sort_keys=True)
 
 
 def encode_admin_comment(spec: Mapping[str, Any], plan: JobPlan | None = None) -> str:

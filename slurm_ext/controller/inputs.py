@@ -175,9 +175,20 @@ def intent_placement(row: PlanRow) -> Placement | None:
         return None
 
 
+@functools.lru_cache(maxsize=8192)
+def admin_comment_step(text: str | None) -> contract.Step | None:
+    """The controller's Step in an AdminComment (contract.Step), cached by text."""
+    return contract.admin_comment_step(text)
+
+
 def same_plan(job: SlurmJob, row: PlanRow) -> bool:
-    """Does the job's AdminComment carry exactly this intent's plan?"""
-    return job.admin_comment == row.admin_comment
+    """Does the job's AdminComment carry exactly this intent's spec and plan
+    (with or without a Step)?"""
+    if job.admin_comment == row.admin_comment:
+        return True
+    return admin_comment_step(job.admin_comment) is not None and (
+        contract.with_step(job.admin_comment, None) == contract.with_step(row.admin_comment, None)
+    )
 
 
 def checkpointed(job: SlurmJob) -> bool:

@@ -20,6 +20,13 @@ anyway (Slurm's SIGTERM makes the launcher checkpoint too). Any managed job
 that ends checkpointed (exit 75, or its node failed) is requeued and placed
 again, so it is never lost.
 
+Every step is mirrored in the job's AdminComment too (contract.Step): the
+move's target before the signal, "updated" with the plan a job is about to
+be released with, "requeued" / "parked" on a job requeued held without a
+placement; the Step is removed (TIDY) once the job is released. A
+controller with an empty or lost state DB reads the work in flight from
+there (round.Controller rebuilds the intents) and finishes it.
+
 A mixed-GPU-type cell (solver.mixed) is released as ONE ordinary job, not a
 heterogeneous one (a pending job cannot become one by update): a partition
 holding all its nodes, Features cleared, ReqNodeList naming nodes of both
@@ -29,6 +36,7 @@ the plan lists the nodes in Slurm's task order with each dp rank's batch share.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -37,7 +45,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from slurm_ext.backends import JOB_FAILURES, STEPS, Backend, JobUpdate
-from slurm_ext.controller.inputs import ManagedJob, Phase, checkpointed, fixed_virtual_workers, same_plan
+from slurm_ext.controller.inputs import (
+    ManagedJob,
+    Phase,
+    admin_comment_step,
+    checkpointed,
+    fixed_virtual_workers,
+    same_plan,
+)
 from slurm_ext.controller.progress import default_checkpoint_dir
 from slurm_ext.state import HistoryEvent, PlanRow, PlanStatus, StateStore
 from solver import contract
@@ -51,6 +66,7 @@ PLACE = "place"  # (hold or requeue held,) update, release
 HOLD = "hold"  # keep a loose job from starting anywhere
 MOVE = "move"  # signal a running job to checkpoint, wait, requeue held, update, release
 REQUEUE = "requeue"  # requeue a checkpointed (or unresponsive) job held, to be placed later
+TIDY = "tidy"  # remove the Step from a released job's AdminComment
 
 
 @dataclass(frozen=True)
@@ -66,6 +82,10 @@ class Action:
     update: JobUpdate | None = None
     hold_first: bool = False
     requeue_first: bool = False
+    #: the job's AdminComment when decided (MOVE, REQUEUE: the Step is written into it)
+    was: str = ""
+    #: REQUEUE: the job is parked (left held until someone releases it)
+    parks: bool = False
 
     def summary(self) -> dict:
         d: dict = {"kind": self.kind, "job": self.job_id}
@@ -243,15 +263,22 @@ def decide(
         if m.phase == Phase.CHECKPOINTING:
             if m.intent is not None and now - m.intent.created > checkpoint_timeout_s:
                 actions.append(
-                    Action(REQUEUE, m.job_id, f"no checkpoint {checkpoint_timeout_s:.0f} s after the signal")
+                    Action(
+                        REQUEUE,
+                        m.job_id,
+                        f"no checkpoint {checkpoint_timeout_s:.0f} s after the signal",
+                        was=m.job.admin_comment,
+                    )
                 )
             continue
         if m.phase == Phase.CHECKPOINTED and p is None:
-            actions.append(Action(REQUEUE, m.job_id, "checkpointed; waits for a placement"))
+            actions.append(Action(REQUEUE, m.job_id, "checkpointed; waits for a placement", was=m.job.admin_comment))
             continue
         if m.phase == Phase.PARKED:
             if m.job.finished:
-                actions.append(Action(REQUEUE, m.job_id, "parked; held until it is released"))
+                actions.append(
+                    Action(REQUEUE, m.job_id, "parked; held until it is released", was=m.job.admin_comment, parks=True)
+                )
             continue
         if (
             p is None
@@ -293,11 +320,8 @@ def decide(
             start_soon=restart,
         )
         if m.phase == Phase.RUNNING:
-            actions.append(
-                Action(
-                    MOVE, m.job_id, "resize" if p.cell.num_gpus != m.current.cell.num_gpus else "move", p, plan, update
-                )
-            )
+            why = "resize" if p.cell.num_gpus != m.current.cell.num_gpus else "move"
+            actions.append(Action(MOVE, m.job_id, why, p, plan, update, was=m.job.admin_comment))
             continue
         why = {Phase.CHECKPOINTED: "resume", Phase.RELEASED: "move"}.get(
             m.phase, "recover" if m.intent is not None and m.phase == Phase.HELD else "new"
@@ -314,7 +338,21 @@ def decide(
                 requeue_first=m.phase == Phase.CHECKPOINTED,
             )
         )
+    acted = {a.job_id for a in actions}
+    for m in jobs:
+        if m.job_id not in acted and needs_tidy(m):
+            tidy = JobUpdate(admin_comment=contract.with_step(m.job.admin_comment, None))
+            actions.append(Action(TIDY, m.job_id, "released: its AdminComment loses the Step", update=tidy))
     return tuple(actions)
+
+
+def needs_tidy(m: ManagedJob) -> bool:
+    """A job released (pending or running, not held) with no open intent
+    whose AdminComment still carries a Step: the Step is removed, so that a
+    later hold of the job reads as an operator's."""
+    if m.job.held or m.job.finished or m.intent is not None:
+        return False
+    return admin_comment_step(m.job.admin_comment) is not None
 
 
 def intent_outcomes(jobs: tuple[ManagedJob, ...], open_plans: Mapping[str, PlanRow]) -> dict[str, PlanStatus]:
@@ -374,16 +412,18 @@ def apply(
     round carries them out. SlurmUnavailable stops the round (the intents
     stay open)."""
     t0 = time.monotonic()
-    of = {kind: [a for a in actions if a.kind == kind] for kind in (HOLD, REQUEUE, MOVE, PLACE)}
-    outcomes = _outcomes(of[HOLD], backend.hold_many([a.job_id for a in of[HOLD]]) if of[HOLD] else {})
+    of = {kind: [a for a in actions if a.kind == kind] for kind in (TIDY, HOLD, REQUEUE, MOVE, PLACE)}
+    outcomes = _tidy(of[TIDY], backend) if of[TIDY] else []
+    outcomes += _outcomes(of[HOLD], backend.hold_many([a.job_id for a in of[HOLD]]) if of[HOLD] else {})
     if of[REQUEUE]:
         failed = backend.requeue_many([a.job_id for a in of[REQUEUE]], hold=True)
         with state.batch():
             for a in of[REQUEUE]:
                 if a.job_id not in failed:
                     state.add_history(a.job_id, HistoryEvent.REQUEUED, clock(), round_id)
+        _mark_requeued([a for a in of[REQUEUE] if a.job_id not in failed], backend, clock())
         outcomes += _outcomes(of[REQUEUE], failed)
-    signalled: dict[str, tuple[Action, int]] = {}
+    signalled: dict[str, tuple[Action, tuple[int, float]]] = {}
     for a in of[MOVE]:
         try:
             signalled[a.job_id] = (a, _signal(a, backend, state, round_id, clock))
@@ -398,6 +438,34 @@ def apply(
     if signalled:
         outcomes += _finish_moves(signalled, backend, state, round_id, clock, waiting)
     return outcomes
+
+
+def _tidy(actions: list[Action], backend: Backend) -> list[Outcome]:
+    """Remove the Step from released jobs' AdminComments (TIDY)."""
+    results = backend.update_many({a.job_id: a.update for a in actions if a.update is not None})
+    _step("tidied", len(actions))
+    return _outcomes(actions, {j: r for j, r in results.items() if isinstance(r, Exception)})
+
+
+def _mark_requeued(actions: list[Action], backend: Backend, now: float) -> None:
+    """Write "requeued" (or "parked") into the AdminComment of jobs just
+    requeued held without a placement, so that a controller without this
+    state DB knows the hold for its own (or the job for parked). A move's
+    job keeps its "signalled" Step (where it was going). Failures are only
+    logged: the state DB knows the requeue."""
+    changes = {}
+    for a in actions:
+        old = admin_comment_step(a.was)
+        if not a.was or (old is not None and old.step == contract.SIGNALLED):
+            continue
+        step = contract.Step(contract.PARKED if a.parks else contract.REQUEUED, now)
+        changes[a.job_id] = JobUpdate(admin_comment=contract.with_step(a.was, step))
+    if not changes:
+        return
+    for job_id, result in backend.update_many(changes).items():
+        if isinstance(result, Exception):
+            log.warning("step not written", extra={"fields": {"job": job_id, "error": str(result)}})
+    _step("marked", len(changes))
 
 
 def _outcomes(actions: list[Action], failed: Mapping[str, Exception]) -> list[Outcome]:
@@ -416,8 +484,8 @@ def _step(step: str, jobs: int) -> None:
     log.info("apply step", extra={"fields": {"step": step, "jobs": jobs}})
 
 
-def _begin(a: Action, state: StateStore, round_id: int | None, clock: Callable[[], float]) -> int:
-    """Journal the action's plan as an intent, before Slurm is touched."""
+def _begin(a: Action, state: StateStore, round_id: int | None, now: float) -> int:
+    """Journal the action's plan as an intent (at `now`), before Slurm is touched."""
     assert a.placement is not None and a.plan is not None and a.update is not None
     p = a.placement
     return state.begin_plan(
@@ -428,7 +496,7 @@ def _begin(a: Action, state: StateStore, round_id: int | None, clock: Callable[[
         a.update.partition or "",
         a.plan.to_json(),
         a.update.admin_comment or "",
-        clock(),
+        now,
     )
 
 
@@ -437,14 +505,16 @@ def _journal(
     state: StateStore,
     round_id: int | None,
     clock: Callable[[], float],
-    written: Mapping[str, int] | None = None,
-) -> dict[str, int]:
-    """Each action's intent id: those `written` already, the others journalled now in one transaction."""
+    written: Mapping[str, tuple[int, float]] | None = None,
+) -> dict[str, tuple[int, float]]:
+    """Each action's intent (id, time): those `written` already, the others
+    journalled now in one transaction."""
     intent = dict(written or {})
     with state.batch():
         for a in actions:
             if a.job_id not in intent:
-                intent[a.job_id] = _begin(a, state, round_id, clock)
+                now = clock()
+                intent[a.job_id] = (_begin(a, state, round_id, now), now)
     return intent
 
 
@@ -456,12 +526,22 @@ def _defer(actions: list[Action], state: StateStore, round_id: int | None, clock
     return [Outcome(a, True, DEFERRED) for a in actions]
 
 
-def _signal(a: Action, backend: Backend, state: StateStore, round_id: int | None, clock: Callable[[], float]) -> int:
-    """Write the move's intent (status signalled) and ask the job to checkpoint."""
+def _signal(
+    a: Action, backend: Backend, state: StateStore, round_id: int | None, clock: Callable[[], float]
+) -> tuple[int, float]:
+    """Write the move's intent, then its Step ("signalled", with the target
+    plan) into the job's AdminComment, and ask the job to checkpoint (status
+    signalled). The Step comes first: a controller that finds it (without
+    this state DB) never signals the job again."""
     assert a.placement is not None and a.plan is not None and a.update is not None
     p = a.placement
-    intent = _begin(a, state, round_id, clock)
+    now = clock()
+    intent = _begin(a, state, round_id, now)
+    step = contract.Step(contract.SIGNALLED, now, json.loads(a.plan.to_json()), a.update.partition or "")
     try:
+        if a.was:
+            backend.update(a.job_id, JobUpdate(admin_comment=contract.with_step(a.was, step)))
+            _step("marked", 1)
         backend.signal(a.job_id, contract.CHECKPOINT_SIGNAL, target=STEPS)
     except JOB_FAILURES as exc:
         state.set_plan_status(intent, PlanStatus.FAILED, clock(), str(exc))
@@ -469,11 +549,11 @@ def _signal(a: Action, backend: Backend, state: StateStore, round_id: int | None
     state.set_plan_status(intent, PlanStatus.SIGNALLED, clock())
     state.add_history(a.job_id, HistoryEvent.SIGNALLED, clock(), round_id, p.cell.key())
     log.info("asked to checkpoint", extra={"fields": a.summary()})
-    return intent
+    return intent, now
 
 
 def _finish_moves(
-    signalled: dict[str, tuple[Action, int]],
+    signalled: dict[str, tuple[Action, tuple[int, float]]],
     backend: Backend,
     state: StateStore,
     round_id: int | None,
@@ -493,14 +573,14 @@ def _finish_moves(
             break
         waiting.sleep(min(waiting.poll_s, max(0.0, deadline - clock())))
     outcomes = []
-    ready: dict[str, int] = {}
+    ready: dict[str, tuple[int, float]] = {}
     for job_id, (a, intent) in signalled.items():
         if job_id not in ended:
             outcomes.append(Outcome(a, True, "still checkpointing; finished by a later round"))
             continue
         job = ended[job_id]
         if job is None or not checkpointed(job):  # type: ignore[arg-type]
-            state.set_plan_status(intent, PlanStatus.GONE, clock())
+            state.set_plan_status(intent[0], PlanStatus.GONE, clock())
             outcomes.append(
                 Outcome(a, False, "the job ended without a checkpoint" if job is not None else "the job vanished")
             )
@@ -517,15 +597,19 @@ def _place_many(
     state: StateStore,
     round_id: int | None,
     clock: Callable[[], float],
-    intents: Mapping[str, int] | None = None,
+    intents: Mapping[str, tuple[int, float]] | None = None,
 ) -> list[Outcome]:
     """Place the jobs, one Slurm call (or journal transaction) per step for
     them all: journal the intents; requeue held (moved and checkpointed
     jobs) or hold (pending jobs not held); update; release. A job whose step
     fails drops out with its plan failed. Each job passes the steps in the
     order one job alone would, and the journal says how far it got, so a
-    SIGKILL between any two steps leaves what the next round finishes."""
-    intent = _journal(actions, state, round_id, clock, intents)
+    SIGKILL between any two steps leaves what the next round finishes. The
+    update writes the Step "updated" with the plan (the job is the
+    controller's while held, for a controller without this journal too); a
+    released job's AdminComment then loses it (`_tidy`)."""
+    journalled = _journal(actions, state, round_id, clock, intents)
+    intent = {j: i for j, (i, _) in journalled.items()}
     _step("journalled", len(actions))
     errors: dict[str, Exception] = {}
     requeue = [a.job_id for a in actions if a.kind == MOVE or a.requeue_first]
@@ -541,7 +625,16 @@ def _place_many(
     if hold:
         errors.update(backend.hold_many(hold))
         _step("held", len(hold))
-    changes = {a.job_id: a.update for a in actions if a.job_id not in errors and a.update is not None}
+    changes = {
+        a.job_id: dataclasses.replace(
+            a.update,
+            admin_comment=contract.with_step(
+                a.update.admin_comment or "", contract.Step(contract.UPDATED, journalled[a.job_id][1])
+            ),
+        )
+        for a in actions
+        if a.job_id not in errors and a.update is not None
+    }
     updated = []
     for job_id, result in backend.update_many(changes).items() if changes else ():
         if isinstance(result, Exception):
@@ -561,6 +654,9 @@ def _place_many(
             else:
                 state.set_plan_status(intent[a.job_id], PlanStatus.RELEASED, clock())
     _step("released", len(updated) - len(set(updated) & set(errors)))
+    done = [a for a in actions if a.job_id in updated and a.job_id not in errors]
+    if done:
+        _tidy([Action(TIDY, a.job_id, update=JobUpdate(admin_comment=a.update.admin_comment)) for a in done], backend)
     for a in actions:
         if a.job_id not in errors:
             log.info("placed", extra={"fields": a.summary()})

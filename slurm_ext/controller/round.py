@@ -22,10 +22,12 @@ from slurm_ext.controller.progress import Progress, ProgressFiles, ProgressReade
 from slurm_ext.controller.reconcile import MOVE, PLACE, Outcome, Waiting, apply, checked, decide, intent_outcomes
 from slurm_ext.controller.report import RoundReport
 from slurm_ext.controller.round_metrics import declare_metrics, record_cluster, record_round
-from slurm_ext.records import ClusterSnapshot
-from slurm_ext.state import HistoryEvent, JobStatus, RoundStatus, SpeedRow, StateStore
+from slurm_ext.records import ClusterSnapshot, SlurmJob
+from slurm_ext.state import HistoryEvent, JobStatus, PlanRow, PlanStatus, RoundStatus, SpeedRow, StateStore
+from solver import contract
 from solver.calibration import CalibratedEstimator, Calibration, Observation, running_ratio
 from solver.contention import NicAwareEstimator, contention_factors
+from solver.plan import JobPlan, PlanError
 from solver.types import EstimatorLike, Policy, ScheduleReply, ScheduleRequest, size_key_of
 
 log = logging.getLogger("cellsched.controller")
@@ -189,6 +191,7 @@ class Controller:
         released = self.state.released(listed)
         parked = self.state.parked(listed)
         opens = self.state.open_plans()
+        opens = self._from_slurm(snap, opens, released, parked, dry_run)
         jobs = inp.classify(snap, known, opens, released, parked)
         if not dry_run:
             self._remember(jobs, known, now)
@@ -530,6 +533,45 @@ class Controller:
             self.state.add_history(m.job_id, HistoryEvent.TRAINED, now, round_id, key)
             proven[m.job_id] = proven.get(m.job_id, frozenset()) | {key}
 
+    def _from_slurm(
+        self, snap: ClusterSnapshot, opens: dict[str, PlanRow], released: set[str], parked: set[str], dry_run: bool
+    ) -> dict[str, PlanRow]:
+        """The state rebuilt from Slurm: the work in flight that the jobs'
+        AdminComments show (contract.Step) and this state DB does not know
+        (it has no plan of the job from the Step's time on: an empty or lost
+        DB, or a standby's). A job held for a move or a placement, or
+        checkpointing for a move, gets its intent journalled again (the
+        round then finishes it as its own); one requeued held is the
+        controller's (not in `released`), a parked one parked. Changes
+        `released` and `parked`; returns the open intents."""
+        marked = {}
+        for job in snap.jobs:
+            step = inp.admin_comment_step(job.admin_comment)
+            if step is not None and (job.held or (step.step == contract.SIGNALLED and job.holds_resources)):
+                marked[job.job_id] = (job, step)  # (a job released since is tidied, one finished is left)
+        if not marked:
+            return opens
+        known_at = self.state.newest_plan_times(marked)
+        restored = 0
+        for job_id, (job, step) in marked.items():
+            if job_id in known_at and known_at[job_id] >= step.at - 1e-3:
+                continue  # the state DB journalled this work (or newer)
+            released.discard(job_id)
+            if step.step == contract.PARKED:
+                parked.add(job_id)
+                continue
+            row = restored_intent(job, step)
+            if row is None or dry_run:
+                continue
+            intent = self.state.begin_plan(job_id, None, *row[:5], step.at)
+            self.state.set_plan_status(intent, row[5], step.at)
+            restored += 1
+            log.info(
+                "intent rebuilt from slurm",
+                extra={"fields": {"job": job_id, "step": step.step, "cell": row[0], "status": row[5]}},
+            )
+        return self.state.open_plans() if restored else opens
+
     def _remember(self, jobs: tuple[inp.ManagedJob, ...], known: Mapping[str, Any], now: float) -> None:
         """Persist first accepted specs and refused ones (one job at a time)."""
         for m in jobs:
@@ -626,6 +668,31 @@ def excluded_cells(failures: Mapping[str, int], max_failures: int, trained_in: C
             sizes[size] = sizes.get(size, 0) + n
     cells = {c for c, n in failures.items() if n >= max_failures and c not in trained_in}
     return frozenset(cells | {s for s, n in sizes.items() if n >= max_failures and s not in proven_sizes})
+
+
+def restored_intent(job: SlurmJob, step: contract.Step) -> tuple[Any, ...] | None:
+    """(cell, nodes, partition, plan JSON, AdminComment, status) of the intent
+    a job's Step stands for: a move signalled (its target, from the Step)
+    or a job updated for its release (the plan it carries); None for a Step
+    that stands for no intent (requeued, parked) or cannot be read."""
+    try:
+        if step.step == contract.SIGNALLED and step.to is not None:
+            plan = JobPlan.from_dict(step.to)
+            spec = contract.admin_comment_spec(job.admin_comment)
+            if spec is None:
+                return None
+            admin, partition, status = contract.encode_admin_comment(spec, plan), step.partition, PlanStatus.SIGNALLED
+        elif step.step == contract.UPDATED and job.held:
+            plan = contract.admin_comment_plan(job.admin_comment)
+            if plan is None:
+                return None
+            admin, partition, status = contract.with_step(job.admin_comment, None), job.partition, PlanStatus.UPDATED
+        else:
+            return None
+    except PlanError:
+        return None
+    nodes = tuple((n, plan.gpus_per_node) for n in plan.nodes)
+    return plan.cell or "", nodes, partition, plan.to_json(), admin, status
 
 
 def _keep_running(jobs: tuple[inp.ManagedJob, ...], placements: Mapping[str, Any]) -> dict[str, Any]:

@@ -54,11 +54,11 @@ def writes_of_one_round(tmp_path) -> int:
 
 
 def test_the_probe_round_makes_the_writes_of_a_batch(tmp_path):
-    assert writes_of_one_round(tmp_path) == 2  # update them all, release them all
+    assert writes_of_one_round(tmp_path) == 3  # update them all, release them all, tidy their AdminComments
 
 
 @pytest.mark.parametrize("after", [False, True], ids=["before", "after"])
-@pytest.mark.parametrize("at", [1, 2])
+@pytest.mark.parametrize("at", [1, 2, 3])
 def test_a_batch_cut_short_at_any_step_is_finished_by_the_next_start(tmp_path, at, after):
     sim, ids = cluster_with_jobs()
     released: Counter = Counter()

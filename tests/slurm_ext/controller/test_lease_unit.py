@@ -253,7 +253,7 @@ def test_only_the_holder_acts_and_the_standby_records_standby_rounds(tmp_path):
     rb = b.round()
     assert ra.status == RoundStatus.OK and [x["job"] for x in ra.actions] == [job]
     assert rb.status == RoundStatus.STANDBY and rb.actions == () and "held by " in rb.error
-    assert probe_a.writes == 2 and probe_b.writes == 0  # update + release by a; nothing by b
+    assert probe_a.writes == 3 and probe_b.writes == 0  # update + release + tidy by a; nothing by b
     assert b.state.rounds()[0]["status"] == "standby" and b.state.last_completed_round() is None
     rec = a.lease.read()  # renewed when the round completed, with when that was
     assert rec is not None and rec.holder == a.lease.holder and rec.last_round_at == a.state.last_completed_round()
