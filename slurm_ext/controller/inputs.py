@@ -207,7 +207,8 @@ def classify(
     """Every managed job in the snapshot with its phase.
 
     `known`: the state's jobs; `intents`: open intents by job; `released`:
-    jobs the controller released before (a held one is then left alone);
+    jobs the controller released before (a held one is then left alone:
+    Phase.OPERATOR_HOLD, when the state knows the job or it carries a plan);
     `parked`: jobs the controller parked (controller.relaunch): Phase.PARKED
     while they stay held.
     A job id that Slurm reuses (another submit time) is a new job. A job
@@ -303,7 +304,7 @@ def classify(
             elif intent is not None:
                 current = intent_placement(intent)
                 out.append(ManagedJob(job, Phase.HELD, spec, spec_json, source, "", plan, current, intent))
-            elif job.job_id in released and row is not None:
+            elif job.job_id in released and (row is not None or plan is not None):
                 out.append(
                     ManagedJob(
                         job,

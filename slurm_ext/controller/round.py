@@ -542,16 +542,22 @@ class Controller:
         DB, or a standby's). A job held for a move or a placement, or
         checkpointing for a move, gets its intent journalled again (the
         round then finishes it as its own); one requeued held is the
-        controller's (not in `released`), a parked one parked. Changes
-        `released` and `parked`; returns the open intents."""
+        controller's (not in `released`), a parked one parked. A held job
+        that carries a plan but no Step, of which the DB knows no plan, was
+        released and then held by its user or an operator: in `released`.
+        Changes `released` and `parked`; returns the open intents."""
         marked = {}
+        unmarked = []
         for job in snap.jobs:
             step = inp.admin_comment_step(job.admin_comment)
             if step is not None and (job.held or (step.step == contract.SIGNALLED and job.holds_resources)):
                 marked[job.job_id] = (job, step)  # (a job released since is tidied, one finished is left)
-        if not marked:
+            elif step is None and job.held and not job.finished and inp.admin_comment_plan(job.admin_comment):
+                unmarked.append(job.job_id)
+        if not marked and not unmarked:
             return opens
-        known_at = self.state.newest_plan_times(marked)
+        known_at = self.state.newest_plan_times([*marked, *unmarked])
+        released.update(j for j in unmarked if j not in known_at)
         restored = 0
         for job_id, (job, step) in marked.items():
             if job_id in known_at and known_at[job_id] >= step.at - 1e-3:

@@ -1,0 +1,164 @@
+"""State rebuilt from Slurm, on the simulated backend: the controller is
+"killed" (an exception nothing catches, standing for SIGKILL) right after
+each step of a move, its state file is lost, and a fresh controller on an
+EMPTY state file takes over from what the jobs' AdminComments show. It
+finishes the move: the job is signalled at most once, requeued and
+released once, never cancelled, and every job completes. A job held by its
+user after a release, and a parked job, stay held.
+
+The dev-cluster version: test_rebuild_slurm.py."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from controller_support import Killed
+
+from slurm_ext.backends.base import SubmitRequest
+from slurm_ext.config import from_dict
+from slurm_ext.controller.inputs import Phase
+from slurm_ext.controller.progress import JobProgress
+from slurm_ext.controller.round import Controller
+from slurm_ext.jobspec import JobSpec
+from slurm_ext.sim.backend import SimBackend
+from slurm_ext.sim.types import ClusterSpec, NodeGroup
+from slurm_ext.state import StateStore
+from solver import contract
+
+CLUSTER = ClusterSpec((NodeGroup("a100", 2, 4),))
+ELASTIC = JobSpec(model="gpt-350m", global_batch=64, iterations=400, elastic=True, min_gpus=1, max_gpus=8)
+FIXED = JobSpec(model="gpt-350m", global_batch=64, iterations=800, requested_gpus=4, requested_gpu_type="a100")
+
+
+class Recorder:
+    """The simulated Slurm, counting each change by (method, job), and dying
+    (Killed) right after the first call of `dies_after` = (method, job) that
+    changes that job (None: never)."""
+
+    def __init__(
+        self, sim: SimBackend, dies_after: tuple[str, str] | None = None, calls: Counter | None = None
+    ) -> None:
+        self.sim, self.dies_after = sim, dies_after
+        self.calls = Counter() if calls is None else calls
+        self.name = sim.name
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self.sim, name)
+        if name not in ("update", "update_many", "signal", "hold_many", "requeue_many", "release_many", "cancel"):
+            return call
+
+        def write(ids: Any, *args: Any, **kw: Any) -> Any:
+            out = call(ids, *args, **kw)
+            jobs = [ids] if isinstance(ids, str) else list(ids)
+            for j in jobs:
+                self.calls[(name, j)] += 1
+            if self.dies_after is not None and self.dies_after[0] == name and self.dies_after[1] in jobs:
+                self.dies_after = None
+                raise Killed(name)
+            return out
+
+        return write
+
+
+def controller(state: Path, backend: Any, sim: SimBackend) -> Controller:
+    cc = {
+        "state_path": str(state),
+        "kick_file": "",
+        "checkpoint_wait_s": 30.0,
+        "checkpoint_poll_s": 1.0,
+        "checkpoint_timeout_s": 60.0,
+    }
+    config = from_dict({"controller": cc})
+
+    def progress(m: Any) -> JobProgress | None:
+        done = sim.iterations_done(m.job_id)
+        return None if done is None else JobProgress(done, sim.first_step_at(m.job_id), sim.iter_time(m.job_id))
+
+    return Controller(
+        config,
+        backend=backend,
+        state=StateStore(state),
+        clock=lambda: sim.now,
+        sleep=lambda dt: sim.advance(sim.now + dt),
+        progress=progress,
+    )
+
+
+def submit(sim: SimBackend, spec: JobSpec) -> str:
+    return sim.submit(SubmitRequest(script="job.sh", gres_per_node=1, hold=True, comment=spec.to_comment()))
+
+
+def running_elastic_job(tmp_path: Path) -> tuple[SimBackend, str, Counter]:
+    """An elastic job placed on the whole cluster and training."""
+    sim = SimBackend(CLUSTER, speed=lambda spec, gpu_type, nodes, gpus_per_node, plan: 1.0, checkpoint_s=5.0)
+    sim.requeue_delay_s = 0.0
+    calls: Counter = Counter()
+    job = submit(sim, ELASTIC)
+    first = controller(tmp_path / "first.sqlite", Recorder(sim, calls=calls), sim)
+    assert first.round().status == "ok"
+    sim.advance(sim.now + 10)
+    assert sim.observe().job(job).state == "RUNNING" and sim.first_step_at(job) is not None
+    first.state.close()
+    return sim, job, calls
+
+
+#: the move's steps: its Step written, signalled, requeued held, updated (with its Step "updated"), released
+STEPS = ("update", "signal", "requeue_many", "update_many", "release_many")
+
+
+@pytest.mark.parametrize("dies_after", STEPS)
+def test_an_empty_state_takes_over_a_move_cut_short_after_any_step(tmp_path, dies_after):
+    sim, moved, calls = running_elastic_job(tmp_path)
+    other = submit(sim, FIXED)  # room for it: the elastic job shrinks (a move)
+    dying = controller(tmp_path / "first.sqlite", Recorder(sim, (dies_after, moved), calls), sim)
+    with pytest.raises(Killed):
+        dying.round()
+    dying.state.close()
+    assert calls[("signal", moved)] == (dies_after != "update")
+    (tmp_path / "first.sqlite").unlink()  # the state is lost
+    fresh = controller(tmp_path / "fresh.sqlite", Recorder(sim, calls=calls), sim)
+    for _ in range(400):
+        assert fresh.round().status == "ok"
+        if all(sim.all_jobs[j].state == "COMPLETED" for j in (moved, other)):
+            break
+        sim.advance(sim.now + 5)
+    assert {j: sim.all_jobs[j].state for j in (moved, other)} == {moved: "COMPLETED", other: "COMPLETED"}
+    assert calls[("signal", moved)] <= 1  # a job mid-checkpoint is never signalled again
+    assert calls[("requeue_many", moved)] == 1  # the move's one restart
+    assert calls[("release_many", moved)] == 2 and calls[("release_many", other)] == 1  # first placement, move
+    assert not any(name == "cancel" for name, _ in calls)
+    assert sim.all_jobs[moved].restarts == 1 and sim.all_jobs[other].restarts == 0
+    assert contract.admin_comment_step(sim.all_jobs[moved].admin_comment) is None  # tidied once released
+    assert fresh.state.open_plans() == {}
+    fresh.state.close()
+
+
+def test_an_empty_state_leaves_a_job_held_by_its_user_and_a_parked_job_held(tmp_path):
+    sim, job, calls = running_elastic_job(tmp_path)
+    parked = submit(sim, FIXED)
+    sim.advance(sim.now + 1)
+    sim.requeue(job, hold=True)  # its user (or an operator): held, with the plan cellsched gave it
+    plan_comment = contract.encode_admin_comment(
+        contract.admin_comment_spec(sim.observe().job(job).admin_comment) or {},
+        contract.admin_comment_plan(sim.observe().job(job).admin_comment),
+    )
+    step = contract.Step(contract.PARKED, sim.now)
+    sim.update(parked, _comment(contract.with_step(plan_comment, step)))  # parked by the lost controller
+    fresh = controller(tmp_path / "fresh.sqlite", Recorder(sim, calls=calls), sim)
+    report = fresh.round()
+    assert report.status == "ok"
+    phases = {s.job_id: s.phase for s in report.jobs}
+    assert phases == {job: Phase.OPERATOR_HOLD, parked: Phase.PARKED}
+    assert calls[("release_many", job)] == 1 and calls[("release_many", parked)] == 0  # the first placement only
+    snap = sim.observe()
+    assert snap.job(job).held and snap.job(parked).held
+    fresh.state.close()
+
+
+def _comment(text: str) -> Any:
+    from slurm_ext.backends.base import JobUpdate
+
+    return JobUpdate(admin_comment=text)
