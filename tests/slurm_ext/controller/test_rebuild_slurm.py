@@ -1,0 +1,78 @@
+"""State rebuilt from Slurm, on the real dev cluster: an elastic job of the
+reference trainer grows (a move); the controller "dies" (Killed: nothing
+catches it, as with SIGKILL, and it makes no further Slurm call) right
+after it signalled the job to checkpoint, or right after it requeued the
+checkpointed job held; its state file is deleted. A fresh controller on an
+EMPTY state file takes over from the jobs' AdminComments: it finishes the
+move (never signals the job again, never cancels it, releases it once) and
+the job completes, each training step run once.
+
+The simulated version, every step of a move: test_rebuild_unit.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import Counter
+
+import pytest
+from controller_support import Killed, wait_until
+from test_elastic_slurm import STEPS, _blocker, _controller, _env, _job, _steps_done, _submit_elastic, _wait_state
+from test_rebuild_unit import Recorder
+
+from slurm_ext.backends import get_backend
+from solver import contract
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.mark.parametrize("dies_after", ["signal", "requeue_many"])
+def test_a_fresh_controller_on_an_empty_state_finishes_a_move_cut_short(slurm_cluster, tmp_path, dies_after):
+    backend = get_backend("cli")
+    blocker = _blocker("n5", "a40", 2)
+    _wait_state(backend, blocker, ("RUNNING",), 30, tmp_path)
+    job = _submit_elastic(tmp_path, "--gpu-types", "a40", "--min-gpus", "2", step_delay=0.2)
+    calls: Counter = Counter()
+    (tmp_path / "first").mkdir()
+    (tmp_path / "fresh").mkdir()
+    first = _controller(tmp_path / "first", checkpoint_wait_s=60.0, checkpoint_poll_s=0.3)
+    first.backend = Recorder(backend, calls=calls)
+    assert first.round().placements[job]["cell"] == "a40:1x2:pp1"
+    _wait_state(backend, job, ("RUNNING",), 60, tmp_path)
+    wait_until(lambda: _steps_done(backend, job) >= 3, 60, "three steps on two GPUs")
+    first.round()  # sees the job train: it may be moved from now on
+
+    subprocess.run(["scancel", blocker], env=_env(), check=True, timeout=30)
+    wait_until(lambda: _job(backend, blocker) is None or _job(backend, blocker).finished, 30, "the blocker to end")
+    first.backend = Recorder(backend, (dies_after, job), calls)
+    with pytest.raises(Killed):
+        first.round()  # the move: its Step written, signalled (, checkpointed, requeued held) ... killed
+    first.state.close()
+    assert calls[("signal", job)] == 1
+    shown = _job(backend, job)
+    assert contract.admin_comment_step(shown.admin_comment).step == contract.SIGNALLED
+    if dies_after == "requeue_many":
+        assert shown.held and shown.state == "PENDING"
+    for f in (tmp_path / "first").glob("state.sqlite*"):
+        f.unlink()  # the state is lost
+
+    fresh = _controller(tmp_path / "fresh", checkpoint_wait_s=60.0, checkpoint_poll_s=0.3)
+    fresh.backend = Recorder(backend, calls=calls)
+
+    def completed() -> bool:
+        fresh.round()
+        j = _job(backend, job)
+        return j is not None and j.state in ("COMPLETED", "FAILED", "CANCELLED")
+
+    wait_until(completed, 300, f"job {job} to end", interval=0.5)
+    done = _job(backend, job)
+    assert done.state == "COMPLETED", done
+    assert calls[("signal", job)] == 1  # never signalled again mid-checkpoint
+    assert calls[("requeue_many", job)] == 1  # the move's one restart
+    assert calls[("release_many", job)] == 2  # its first placement and the move
+    assert not any(name == "cancel" for name, _ in calls)
+    assert [e["cell"] for e in fresh.state.history(job) if e["event"] == "placed"] == ["a40:2x2:pp1"]
+    assert fresh.state.open_plans() == {}
+    out = json.loads((tmp_path / "losses.json").read_text())
+    assert out["steps"] == list(range(1, STEPS + 1)), "a step was trained twice (or not at all)"
+    fresh.state.close()
