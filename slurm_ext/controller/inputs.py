@@ -241,7 +241,8 @@ def classify(
                     source,
                     f"checkpointed ({job.state.lower()}, exit {job.exit_code}); to be requeued",
                     plan,
-                    None,
+                    # a move's job: its target, carried out if it still fits (as for a held job)
+                    intent_placement(intent) if intent is not None and intent.status == PlanStatus.SIGNALLED else None,
                     intent,
                 )
             )
