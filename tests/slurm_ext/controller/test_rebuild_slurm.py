@@ -26,7 +26,10 @@ from solver import contract
 pytestmark = pytest.mark.slurm
 
 
-@pytest.mark.parametrize("dies_after", ["signal", "requeue_many"])
+#: the kill point on real Slurm: mid-checkpoint, the hardest (the fresh controller must neither signal
+#: again nor take the job for lost); after the requeue, and every other step, on the simulated Slurm
+#: (test_rebuild_unit.py), which keeps this suite's time down
+@pytest.mark.parametrize("dies_after", ["signal"])
 def test_a_fresh_controller_on_an_empty_state_finishes_a_move_cut_short(slurm_cluster, tmp_path, dies_after):
     backend = get_backend("cli")
     blocker = _blocker("n5", "a40", 2)
