@@ -12,11 +12,15 @@ The simulated version, every step of a move: test_rebuild_unit.py."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from collections import Counter
+from pathlib import Path
 
 import pytest
-from controller_support import Killed, wait_until
+from controller_support import Killed, wait_until, write_config
+from support import console_script
 from test_elastic_slurm import STEPS, _blocker, _controller, _env, _job, _steps_done, _submit_elastic, _wait_state
 from test_rebuild_unit import Recorder
 
@@ -79,3 +83,99 @@ def test_a_fresh_controller_on_an_empty_state_finishes_a_move_cut_short(slurm_cl
     out = json.loads((tmp_path / "losses.json").read_text())
     assert out["steps"] == list(range(1, STEPS + 1)), "a step was trained twice (or not at all)"
     fresh.state.close()
+
+
+def test_the_standby_finishes_a_move_after_the_active_daemon_is_sigkilled_and_its_state_deleted(
+    slurm_cluster, tmp_path
+):
+    """Two `cellsched controller run` daemons share a lease. The active one
+    starts a move (a blocker leaves: the job grows from 2 to 4 A40s) and is
+    SIGKILLed as soon as the job's AdminComment shows the move's signal; its
+    state file is deleted. The standby takes the lease and finishes the move
+    on its target without signalling the job again, and the job completes
+    with each training step run once."""
+    backend = get_backend("cli")
+    blocker = _blocker("n5", "a40", 2)
+    _wait_state(backend, blocker, ("RUNNING",), 30, tmp_path)
+    job = _submit_elastic(tmp_path, "--gpu-types", "a40", "--min-gpus", "2", step_delay=0.2)
+    lease = tmp_path / "shared" / "lease"
+    lease.parent.mkdir()
+    names = ("a", "b")
+    states = {n: tmp_path / n / "state.sqlite" for n in names}
+    logs = {n: tmp_path / n / "controller.log" for n in names}
+    procs: dict[str, subprocess.Popen] = {}
+    for n in names:
+        (tmp_path / n).mkdir()
+        config = write_config(
+            tmp_path / n / "c.toml",
+            states[n],
+            interval_s=1.5,
+            lease_path=str(lease),
+            lease_s=1.0,
+            lease_settle_s=0.1,
+            checkpoint_wait_s=60.0,
+            checkpoint_poll_s=0.3,
+        )
+        with config.open("a") as f:
+            f.write("max_pp = 1\n")  # data-parallel plans: a resize changes dp only
+    try:
+        for n in names:
+            with open(logs[n], "w") as err:
+                procs[n] = subprocess.Popen(
+                    [console_script(), "controller", "run", "--config", str(tmp_path / n / "c.toml")],
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                    env=_env(),
+                )
+        _wait_state(backend, job, ("RUNNING",), 90, tmp_path)
+        wait_until(lambda: _steps_done(backend, job) >= 3, 60, "three steps on two GPUs")
+        active = next(n for n in names if _placed(logs[n], job))
+        standby = next(n for n in names if n != active)
+        assert _placed(logs[active], job) == ["a40:1x2:pp1"]
+
+        subprocess.run(["scancel", blocker], env=_env(), check=True, timeout=30)
+
+        def signalled() -> bool:
+            j = _job(backend, job)
+            step = contract.admin_comment_step(j.admin_comment) if j is not None else None
+            return step is not None and step.step == contract.SIGNALLED
+
+        wait_until(signalled, 120, "the move's signal", interval=0.05)
+        os.kill(procs[active].pid, signal.SIGKILL)
+        procs[active].wait(timeout=30)
+        for f in states[active].parent.glob("state.sqlite*"):
+            f.unlink()  # the state is lost
+
+        def ended() -> bool:  # (FAILED with exit 75 is its checkpoint: the standby requeues it)
+            j = _job(backend, job)
+            return j is not None and j.state in ("COMPLETED", "CANCELLED")
+
+        wait_until(ended, 300, f"job {job} to end", interval=0.5)
+        assert _job(backend, job).state == "COMPLETED", _job(backend, job)
+        # the standby finishes the move once (from the AdminComment's Step while the job checkpoints, or
+        # from its checkpoint once it has: whichever it finds), and never signals it again
+        assert _placed(logs[standby], job) == ["a40:2x2:pp1"]
+        assert not [ln for ln in _lines(logs[standby]) if ln["msg"] == "asked to checkpoint"]
+        assert _placed(logs[active], job) == ["a40:1x2:pp1"]
+        out = json.loads((tmp_path / "losses.json").read_text())
+        assert out["steps"] == list(range(1, STEPS + 1)), "a step was trained twice (or not at all)"
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+    for n in names:
+        assert "Traceback" not in logs[n].read_text(), logs[n].read_text()[-3000:]
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.startswith("{")]
+
+
+def _placed(log: Path, job: str) -> list[str]:
+    """The cells the controller logging to `log` placed `job` in, in order."""
+    return [ln["cell"] for ln in _lines(log) if ln["msg"] == "placed" and ln["job"] == job]
