@@ -18,6 +18,13 @@ from typing import Any
 import pytest
 from support import SHAPE, TEST_CLUSTER_ENV, DevCluster, Dist, build_dist, read_shape, wait_for
 
+# One torch (OpenMP) thread per process, in the test processes and what they
+# start (trainer ranks set it themselves): the suite runs two xdist workers
+# beside trainer ranks and Slurm jobs on a few cores, where torch's default,
+# a spinning thread per core, makes an in-process training run 10 to 50 times
+# slower. Set before any test module imports torch; a value given is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[DevCluster]:

@@ -14,6 +14,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -38,16 +41,30 @@ from solver.profiles.store import ProfileStore
 pytestmark = pytest.mark.slurm
 
 TRAIN = ROOT / "contrib" / "examples" / "train_gpt.py"
+#: the steps a job trains: the default test's job must still be training when it is shrunk, after
+#: its grow and a failed restart; the other jobs meet their events within their first few steps
 STEPS = 60
-TRAIN_FLAGS = ("--model", "gpt-tiny", "--dtype", "float64")  # global batch: the plan's (256)
+SHORT_STEPS = 30
+#: global batch: the plan's (64 by default: gpt-350m gets one sample per micro-batch, so a step of
+#: 256 samples is 256 micro-batches; 64 is a quarter of the compute, with the same cells and V)
+TRAIN_FLAGS = ("--model", "gpt-tiny", "--dtype", "float64")
 
 
-def uninterrupted(tmp_path: Path, plan: dict) -> list[float]:
+def uninterrupted(tmp_path: Path, plan: dict, steps: int = STEPS) -> list[float]:
     """The losses of the same training run without a stop, under `plan`
     (the job's first plan), on local ranks."""
     keep = ("pp", "dp", "tp", "micro_batches", "virtual_workers", "global_batch")
-    run = train({k: plan[k] for k in keep if k in plan}, tmp_path / "uninterrupted.json", STEPS, *TRAIN_FLAGS)
+    run = train({k: plan[k] for k in keep if k in plan}, tmp_path / "uninterrupted.json", steps, *TRAIN_FLAGS)
     return run.losses
+
+
+@contextmanager
+def _meanwhile(fn: Callable[..., list[float]], *args: object) -> Iterator[Future]:
+    """fn(*args) in a thread while the block waits on the cluster (the job
+    mostly sleeps between its steps); yields its Future; leaving the block
+    waits for it."""
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(fn, *args)
 
 
 def _controller(tmp_path: Path, **controller: object) -> Controller:
@@ -70,8 +87,9 @@ def _submit_elastic(
     *extra: str,
     step_delay: float = 0.3,
     fail_restart: int | None = None,
-    batch: int = 256,
+    batch: int = 64,
     fail_while: Path | None = None,
+    steps: int = STEPS,
 ) -> str:
     """An elastic managed job running the reference trainer; scheduled as a
     long gpt-350m job (so growing it pays), trained as gpt-tiny. With
@@ -87,7 +105,7 @@ def _submit_elastic(
         str(TRAIN),
         *TRAIN_FLAGS,
         "--steps",
-        str(STEPS),
+        str(steps),
         "--step-delay",
         str(step_delay),
         "--out",
@@ -250,7 +268,8 @@ def test_default_elastic_job_grows_shrinks_survives_a_failed_restart_and_complet
     assert kinds.get(job) == "move" and shrink.placements[job]["cell"] == "a40:1x2:pp1", shrink.actions
     assert other in shrink.placements, shrink.placements
     assert json.loads(ctl.state.plans_of(job)[-1].plan)["dp"] == 2
-    done = _wait_state(backend, job, ("COMPLETED", "FAILED"), 300, tmp_path)
+    with _meanwhile(uninterrupted, tmp_path, first_plan) as reference:
+        done = _wait_state(backend, job, ("COMPLETED", "FAILED"), 300, tmp_path)
     assert done.state == "COMPLETED", _log(tmp_path)
     ctl.round()
 
@@ -259,7 +278,7 @@ def test_default_elastic_job_grows_shrinks_survives_a_failed_restart_and_complet
         (2, 4, first_plan["micro_batches"]),
         (4, 4, first_plan["micro_batches"]),
     }, plans
-    assert _losses(tmp_path) == uninterrupted(tmp_path, first_plan), (
+    assert _losses(tmp_path) == reference.result(), (
         "the resized run's losses are not bitwise those of an uninterrupted run"
     )
     history = [(e["event"], e["cell"]) for e in ctl.state.history(job)]
@@ -298,7 +317,9 @@ def test_a_trained_job_whose_restarts_keep_failing_is_parked_held_until_released
     ctl = _controller(tmp_path, max_relaunches=1)
     backend = get_backend("cli")
     broken = tmp_path / "broken"
-    job = _submit_elastic(tmp_path, "--gpu-types", "a40", "--min-gpus", "2", "--max-gpus", "2", fail_while=broken)
+    job = _submit_elastic(
+        tmp_path, "--gpu-types", "a40", "--min-gpus", "2", "--max-gpus", "2", fail_while=broken, steps=SHORT_STEPS
+    )
     assert job in ctl.round().placements
     _wait_state(backend, job, ("RUNNING",), 60, tmp_path)
     wait_until(lambda: _steps_done(backend, job) >= 3, 60, "three steps")
@@ -349,7 +370,9 @@ def test_a_trained_job_whose_restarts_keep_failing_is_parked_held_until_released
 def test_job_on_a_node_set_down_is_replaced_and_completes(slurm_cluster, tmp_path):
     ctl = _controller(tmp_path)
     backend = get_backend("cli")
-    job = _submit_elastic(tmp_path, "--gpu-types", "a40", "--min-gpus", "2", "--max-gpus", "2", step_delay=0.3)
+    job = _submit_elastic(
+        tmp_path, "--gpu-types", "a40", "--min-gpus", "2", "--max-gpus", "2", step_delay=0.3, steps=SHORT_STEPS
+    )
     placed = ctl.round()
     assert placed.placements[job]["cell"] == "a40:1x2:pp1"
     node = _wait_state(backend, job, ("RUNNING",), 60, tmp_path).nodes[0]
@@ -376,15 +399,17 @@ def test_job_on_a_node_set_down_is_replaced_and_completes(slurm_cluster, tmp_pat
         assert again.placements[job]["cell"] == "a40:1x2:pp1", again.placements
         other = _wait_state(backend, job, ("RUNNING",), 60, tmp_path)
         assert other.nodes[0] != node
-        done = _wait_state(
-            backend, job, ("COMPLETED", "FAILED"), 300, tmp_path
-        )  # a bound, not a pace: slow on loaded cores
+        first_plan = json.loads(ctl.state.plans_of(job)[0].plan)
+        with _meanwhile(uninterrupted, tmp_path, first_plan, SHORT_STEPS) as reference:
+            done = _wait_state(
+                backend, job, ("COMPLETED", "FAILED"), 300, tmp_path
+            )  # a bound, not a pace: slow on loaded cores
         assert done.state == "COMPLETED", _log(tmp_path)
     finally:
         subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=env, timeout=30, check=False)
     # resumed from its last checkpoint (or from the start): the steps after it
     # were done again, with the same data: the same losses
-    assert _losses(tmp_path) == uninterrupted(tmp_path, json.loads(ctl.state.plans_of(job)[0].plan))
+    assert _losses(tmp_path) == reference.result()
 
 
 class _Records(logging.Handler):
@@ -422,7 +447,7 @@ def test_a_job_slower_than_its_profile_is_noticed_and_its_estimate_follows_withi
     store.close()
     ctl = _controller(tmp_path, profiles_path=str(tmp_path / "profiles.sqlite"))
     backend = get_backend("cli")
-    job = _submit_elastic(tmp_path, "--gpu-types", "a10", "--max-gpus", "1", step_delay=0.4, batch=8)
+    job = _submit_elastic(tmp_path, "--gpu-types", "a10", "--max-gpus", "1", step_delay=0.4, batch=8, steps=SHORT_STEPS)
     placed = ctl.round()
     assert placed.placements[job]["cell"] == "a10:1x1:pp1", placed.placements
     _wait_state(backend, job, ("RUNNING",), 60, tmp_path)
