@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -17,6 +18,22 @@ ROOT = Path(__file__).resolve().parents[3]
 DEMO_JOB = ROOT / "contrib" / "examples" / "demo_job.sh"
 #: node -> (gpu type, gpus) of contrib/dev-cluster/cluster.conf
 SHAPE = support.read_shape(support.SHAPE)
+
+
+def log_lines(path: Path) -> list[dict]:
+    """The JSON lines of a controller's log."""
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.startswith("{")]
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Stop a daemon: SIGTERM, then SIGKILL after 30 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def write_config(path: Path, state: Path, **controller: Any) -> Path:

@@ -9,12 +9,10 @@ state, a completion, a log line)."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-from pathlib import Path
 
 import pytest
-from controller_support import DEMO_JOB, submit_managed, write_config
+from controller_support import DEMO_JOB, log_lines, stop, submit_managed, write_config
 from support import console_script, wait_for
 
 from slurm_ext.backends import SubmitRequest, get_backend
@@ -26,20 +24,6 @@ def cs(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([console_script(), *args], capture_output=True, text=True, timeout=timeout, check=False)
     assert proc.returncode == 0, f"cellsched {' '.join(args)}: {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
     return proc
-
-
-def log_lines(path: Path) -> list[dict]:
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.startswith("{")]
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_failsafe_releases_held_jobs_without_a_controller_and_stands_down_when_one_is_back(slurm_cluster, tmp_path):

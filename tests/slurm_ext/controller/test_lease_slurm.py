@@ -8,7 +8,6 @@ event (a round recorded, a job done), never a fixed time."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sqlite3
@@ -18,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from controller_support import submit_managed, write_config
+from controller_support import log_lines, stop, submit_managed, write_config
 from support import console_script, wait_for
 
 from slurm_ext.backends import get_backend
@@ -44,10 +43,6 @@ def rounds(state: Path) -> list[tuple[float, float, str]]:
 
 def acting(state: Path) -> list[tuple[float, float]]:
     return [(a, b) for a, b, s in rounds(state) if s != "standby"]
-
-
-def log_lines(path: Path) -> list[dict]:
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.startswith("{")]
 
 
 def placed(*logs: Path) -> Counter:
@@ -131,12 +126,6 @@ def test_one_controller_acts_and_the_standby_takes_over_after_a_sigkill(slurm_cl
         assert taken and taken[-1]["epoch"] >= 2, taken
     finally:
         for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            stop(p)
     for n in names:
         assert "Traceback" not in logs[n].read_text(), logs[n].read_text()[-3000:]

@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from controller_support import Killed, wait_until, write_config
+from controller_support import Killed, log_lines, stop, wait_until, write_config
 from support import console_script
 from test_elastic_slurm import STEPS, _blocker, _controller, _env, _job, _steps_done, _submit_elastic, _wait_state
 from test_rebuild_unit import Recorder
@@ -155,27 +155,17 @@ def test_the_standby_finishes_a_move_after_the_active_daemon_is_sigkilled_and_it
         # the standby finishes the move once (from the AdminComment's Step while the job checkpoints, or
         # from its checkpoint once it has: whichever it finds), and never signals it again
         assert _placed(logs[standby], job) == ["a40:2x2:pp1"]
-        assert not [ln for ln in _lines(logs[standby]) if ln["msg"] == "asked to checkpoint"]
+        assert not [ln for ln in log_lines(logs[standby]) if ln["msg"] == "asked to checkpoint"]
         assert _placed(logs[active], job) == ["a40:1x2:pp1"]
         out = json.loads((tmp_path / "losses.json").read_text())
         assert out["steps"] == list(range(1, STEPS + 1)), "a step was trained twice (or not at all)"
     finally:
         for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            stop(p)
     for n in names:
         assert "Traceback" not in logs[n].read_text(), logs[n].read_text()[-3000:]
 
 
-def _lines(path: Path) -> list[dict]:
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.startswith("{")]
-
-
 def _placed(log: Path, job: str) -> list[str]:
     """The cells the controller logging to `log` placed `job` in, in order."""
-    return [ln["cell"] for ln in _lines(log) if ln["msg"] == "placed" and ln["job"] == job]
+    return [ln["cell"] for ln in log_lines(log) if ln["msg"] == "placed" and ln["job"] == job]
