@@ -123,6 +123,54 @@ def built_dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
 SLURM_GROUP_A = frozenset(
     {"test_chaos_slurm.py", "test_controller_slurm.py", "test_controller_cli_slurm.py", "test_mixed_slurm.py"}
 )
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With `--dist loadgroup`, xdist hands out the work units in the order
+    pytest_collection_modifyitems leaves them (not by their number of tests):
+    the two Slurm groups first, one to each worker."""
+    if getattr(config.option, "dist", None) == "loadgroup":
+        config.option.loadscopereorder = False
+
+
+def _shared_fixture_groups(items: list[pytest.Item]) -> dict[str, str]:
+    """nodeid -> a group name, for the tests (not in a group yet) that share
+    a module- or session-scoped fixture of this suite (a venv, a built wheel,
+    training runs): xdist would otherwise make it on each worker that runs
+    one of them. Tests linked through several such fixtures share a group."""
+    parent: dict[Any, Any] = {}
+
+    def find(x: Any) -> Any:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        for name in getattr(item, "fixturenames", ()):
+            fixturedef = defs[name][-1] if defs.get(name) else None
+            if fixturedef is None or fixturedef.scope == "function":
+                continue
+            code = getattr(fixturedef.func, "__code__", None)
+            if code is None or not Path(code.co_filename).resolve().is_relative_to(TESTS):
+                continue  # pytest's own (tmp_path_factory, ...)
+            key = (name, str(item.path) if fixturedef.scope == "module" else "")
+            parent[find(item.nodeid)] = find(key)
+    members: dict[Any, list[Any]] = {}
+    for x in parent:
+        members.setdefault(find(x), []).append(x)
+    groups = {}
+    for xs in members.values():
+        ids = [x for x in xs if isinstance(x, str)]
+        if len(ids) > 1:
+            fixture, module = min(x for x in xs if isinstance(x, tuple))
+            name = "-".join(filter(None, ("shares", fixture, Path(module).stem if module else "")))
+            groups.update(dict.fromkeys(ids, name))
+    return groups
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
@@ -130,10 +178,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the tests that use a dev cluster `slurm`, and split them in two
     groups for a parallel run (`-n 2 --dist loadgroup`): each group runs its
     tests one at a time on one worker, against that worker's own cluster
-    (support.TEST_CLUSTER_ENV); the other tests fill in beside them."""
+    (support.TEST_CLUSTER_ENV); the other tests fill in beside them, those
+    that share an expensive fixture (_shared_fixture_groups) on one worker,
+    these groups before the single tests."""
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slurm)
         if item.get_closest_marker("slurm") is not None:
             group = "slurm-a" if item.path.name in SLURM_GROUP_A else "slurm-b"
             item.add_marker(pytest.mark.xdist_group(group))
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # one process: the files' own order
+    shared = _shared_fixture_groups(items)
+    for item in items:
+        if item.nodeid in shared:
+            item.add_marker(pytest.mark.xdist_group(shared[item.nodeid]))
+    order = {"slurm-a": 0, "slurm-b": 1}
+
+    def rank(item: pytest.Item) -> int:
+        marker = item.get_closest_marker("xdist_group")
+        return 3 if marker is None else order.get(marker.args[0], 2)
+
+    items.sort(key=rank)  # stable: each file's tests keep their order
