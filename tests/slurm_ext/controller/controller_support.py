@@ -25,6 +25,17 @@ def log_lines(path: Path) -> list[dict]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.startswith("{")]
 
 
+def start_daemon(config: Path, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`cellsched controller run --config CONFIG`, its stderr (the JSON log) in `log`."""
+    with open(log, "w") as err:
+        return subprocess.Popen(
+            [support.console_script(), "controller", "run", "--config", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=env,
+        )
+
+
 def stop(proc: subprocess.Popen) -> None:
     """Stop a daemon: SIGTERM, then SIGKILL after 30 s."""
     if proc.poll() is None:

@@ -17,8 +17,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from controller_support import log_lines, stop, submit_managed, write_config
-from support import console_script, wait_for
+from controller_support import log_lines, start_daemon, stop, submit_managed, write_config
+from support import wait_for
 
 from slurm_ext.backends import get_backend
 
@@ -71,12 +71,7 @@ def test_one_controller_acts_and_the_standby_takes_over_after_a_sigkill(slurm_cl
             lease_settle_s=0.1,
         )
     for n in names:  # started together
-        with open(logs[n], "w") as err:
-            procs[n] = subprocess.Popen(
-                [console_script(), "controller", "run", "--config", str(tmp_path / n / "c.toml")],
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-            )
+        procs[n] = start_daemon(tmp_path / n / "c.toml", logs[n])
     finished = tmp_path / "done"
     backend = get_backend("cli")
     try:

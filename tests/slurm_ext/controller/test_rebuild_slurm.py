@@ -19,8 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from controller_support import Killed, log_lines, stop, wait_until, write_config
-from support import console_script
+from controller_support import Killed, log_lines, start_daemon, stop, wait_until, write_config
 from test_elastic_slurm import STEPS, _blocker, _controller, _env, _job, _steps_done, _submit_elastic, _wait_state
 from test_rebuild_unit import Recorder
 
@@ -120,13 +119,7 @@ def test_the_standby_finishes_a_move_after_the_active_daemon_is_sigkilled_and_it
             f.write("max_pp = 1\n")  # data-parallel plans: a resize changes dp only
     try:
         for n in names:
-            with open(logs[n], "w") as err:
-                procs[n] = subprocess.Popen(
-                    [console_script(), "controller", "run", "--config", str(tmp_path / n / "c.toml")],
-                    stdout=subprocess.DEVNULL,
-                    stderr=err,
-                    env=_env(),
-                )
+            procs[n] = start_daemon(tmp_path / n / "c.toml", logs[n], _env())
         _wait_state(backend, job, ("RUNNING",), 90, tmp_path)
         wait_until(lambda: _steps_done(backend, job) >= 3, 60, "three steps on two GPUs")
         active = next(n for n in names if _placed(logs[n], job))
