@@ -13,7 +13,7 @@ import pytest
 from slurm_ext.cli.simulate_cmd import SimulateError, parse_policies
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.backend import run_kinds
-from slurm_ext.sim.conditions import TableTruth, mixed_time, table_speed
+from slurm_ext.sim.conditions import Conditions, TableTruth, estimator_speed, mixed_time, table_speed
 from slurm_ext.sim.engine import SimOptions, Simulator
 from slurm_ext.sim.report import kinds_table, summaries, write_report
 from slurm_ext.sim.types import (
@@ -28,10 +28,12 @@ from slurm_ext.sim.types import (
     SimRun,
     TraceJob,
 )
+from solver.estimator import Estimator
 from solver.mixed import NET_LATENCY_S, MixedEstimator, mixed_cell
 from solver.models import get_model
 from solver.plan import JobPlan
 from solver.profiles.records import NET_GBPS
+from solver.profiles.seed import open_store
 from solver.types import JobRequest, SolverConfig
 
 MODEL, BATCH = "bert__760M", 64
@@ -87,6 +89,34 @@ def test_a_mixed_cells_truth_is_composed_from_its_parts_at_the_plans_shares():
     assert speed(SPEC, "a10+a40", 2, 2, swapped) == pytest.approx(0.75 + sync_s())
     # the A40s overloaded: 28 samples per A40 rank, 4 per A10 rank
     assert speed(SPEC, "a40+a10", 2, 2, plan((28.0, 28.0, 4.0, 4.0))) == pytest.approx(28 / 32 + sync_s())
+
+
+def _plan_of(est, cell) -> JobPlan:
+    """The plan the controller writes for `est` (reconcile.mixed_layout): nodes
+    in the cluster's order, each dp rank's share of its part."""
+    nodes = tuple(f"{t}-{i + 1}" for t, n in cell.parts for i in range(n))
+    per_node = cell.gpus_per_node // est.plan.tp
+    shares = tuple(float(s) for (_, n), s in zip(cell.parts, est.plan.shares) for _ in range(n * per_node))
+    return JobPlan(pp=1, dp=est.plan.dp, tp=est.plan.tp, nodes=nodes, batch_shares=shares, cell=cell.key())
+
+
+@pytest.mark.parametrize("truth", ["arena-filled", "store"])
+def test_with_the_truth_as_estimates_a_mixed_cell_runs_as_estimated(truth):
+    """The policies' MixedEstimator over the truth's own table (or the truth
+    store's estimator) and the composed truth agree exactly on a mixed cell
+    run with the plan the estimate gives: one composition."""
+    if truth == "arena-filled":
+        speed, believed = Conditions(truth="arena-filled", estimates="truth").speed_and_estimator()
+        model, batch = "bert__2.6B", 128
+    else:
+        believed = Estimator(open_store(None))
+        speed = estimator_speed(believed, mixed=True)
+        model, batch = "bert__760M", 64
+    cell = mixed_cell((("a40", 2), ("a10", 2)), 2)
+    est = MixedEstimator(believed).estimate(JobRequest("j", get_model(model), batch, 10), cell)
+    assert est.feasible, est.note
+    spec = JobSpec(model=model, global_batch=batch, iterations=10)
+    assert speed(spec, "a40+a10", 4, 2, _plan_of(est, cell)) == pytest.approx(est.iter_time_s, rel=1e-9)
 
 
 def test_a_mixed_cell_without_a_truth_for_a_part_has_none():
