@@ -13,6 +13,9 @@ multi-node option carries what sharing a network card would cost it
 the joint model charges for each card shared (model.py) and the node pass
 puts multi-node jobs on the least shared cards first.
 
+With config.state_sharding false, every job is estimated with replicated
+optimizer state only (JobRequest.state_sharding cleared for the round).
+
 Jobs of the same shape (model, batch, constraints) share one enumeration and
 estimation; the result is memoised across rounds while the cluster's shape,
 the estimator and the cell settings stay the same (a pure function's cache:
@@ -21,6 +24,7 @@ the plan depends only on the request).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -47,6 +51,7 @@ def _shape(job: JobRequest) -> tuple:
         job.excluded_cells,
         job.partitions,
         job.virtual_workers,
+        job.state_sharding,
     )
 
 
@@ -62,6 +67,7 @@ def _context(cluster: ClusterView, estimator: EstimatorLike, cfg: SolverConfig) 
         cfg.fairness_p,
         cfg.mixed_cells,
         cfg.max_mixed_cells,
+        cfg.max_mixed_types,
     )
 
 
@@ -91,7 +97,7 @@ class CellschedPolicy:
     def schedule(self, request: ScheduleRequest, estimator: EstimatorLike) -> ScheduleReply:
         t0 = time.perf_counter()
         cfg, cluster = request.config, request.cluster
-        fixed, jobs, reasons = split_fixed(cluster, request.jobs, self.elastic, cfg)
+        fixed, jobs, reasons = split_fixed(cluster, _configured(request.jobs, cfg), self.elastic, cfg)
         used: dict[str, int] = {}
         for p in fixed.values():
             for n, g in p.nodes:
@@ -238,6 +244,15 @@ def _duties(cluster: ClusterView, memo: dict[tuple, dict[tuple, float]] | None):
 def _priced(o: Option, nic_cost: int) -> Option:
     """`o` with its nic_cost (dataclasses.replace without its per-call overhead)."""
     return Option(o.job_id, o.cell, o.plan, o.iter_time_s, o.value, o.pinned, o.source, nic_cost)
+
+
+def _configured(jobs: Sequence[JobRequest], cfg: SolverConfig) -> Sequence[JobRequest]:
+    """The jobs as this round's config lets them run: without state sharding
+    when config.state_sharding is false (the estimator then prices replicated
+    optimizer state only)."""
+    if cfg.state_sharding:
+        return jobs
+    return [j if not j.state_sharding else dataclasses.replace(j, state_sharding=False) for j in jobs]
 
 
 def _remaining_s(job: JobRequest) -> float | None:
