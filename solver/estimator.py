@@ -289,6 +289,26 @@ class Estimator:
         scale = self._scale(md, global_batch, cell, found.source)
         return [(found.plan(i, cell.pp), c.time_s * scale, c.mem_bytes / _GB) for i, c in enumerate(found.plans)]
 
+    def layer_costs(self, model: ModelSpec, gpu_type: str, tp: int, b: int) -> LayerCosts | None:
+        """Per-layer costs of `model` on one GPU of `gpu_type` at tensor
+        parallel degree `tp` for micro-batches of `b` samples: the layer
+        profile (at the nearest profiled micro-batch, per sample), else the
+        datasheet (analytic); None when neither exists (solver.mixed prices
+        pipelines across types from these)."""
+        md = self._data(model)
+        if md.layer_batches.get((gpu_type, tp)):
+            return self._costs(md, gpu_type, tp, self._ref_batch(md, gpu_type, tp, b))
+        if gpu_type in self._gpus:
+            return self._costs(md, gpu_type, tp, None)
+        return None
+
+    def links_of(self, gpu_type: str) -> Links:
+        """Communication costs of `gpu_type`'s intra-node link and the network."""
+        return self._links_of(gpu_type)
+
+    def gpu_spec(self, gpu_type: str) -> GpuSpec | None:
+        return self._gpus.get(gpu_type)
+
     def mem_limit_gb(self, gpu_type: str) -> float:
         """Memory a plan may use per GPU of this type (inf when the type is unknown)."""
         spec = self._gpus.get(gpu_type)
@@ -625,6 +645,8 @@ class Estimator:
     # ---- estimates ---------------------------------------------------------------
 
     def _estimate(self, md: _ModelData, batch: int, cell: Cell, vw: int | None = None, shard: bool = False) -> Estimate:
+        if cell.mixed:
+            return self._infeasible(cell, EstimateSource.NONE, "mixed-type cells are priced by solver.mixed")
         rec = md.cell_records.get((batch, cell.gpu_type, cell.num_nodes, cell.gpus_per_node))
         if vw is not None:
             why = self._vw_problem(md.model, batch, cell, vw)

@@ -20,23 +20,41 @@ Jobs of the same shape (model, batch, constraints) share one enumeration and
 estimation; the result is memoised across rounds while the cluster's shape,
 the estimator and the cell settings stay the same (a pure function's cache:
 the plan depends only on the request).
+
+Mixed-type cells (solver.mixed): those a job needs are among its cells;
+the others that may pay are estimated once per shape (the
+max_mixed_cells best kept) and offered in a round only when faster than
+the fastest single-type cell the job could get now (`FreeNow`: the GPUs no
+other job holds, plus its own), in the same joint model.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import time
 from collections.abc import Mapping, Sequence
 
-from solver.cells import enumerate_cells, prune_dominated
+from solver.cells import enumerate_cells, optional_mixed_cells, prune_dominated
 from solver.contention import duty, nic_by_type
 from solver.placement import Space, objective, place_jobs, split_fixed
 from solver.placement.candidates import Option, Pick, fits, make_options, option_picks
 from solver.policies.common import reply
-from solver.types import ClusterView, Estimate, EstimatorLike, JobRequest, ScheduleReply, ScheduleRequest, SolverConfig
+from solver.types import (
+    Cell,
+    ClusterView,
+    Estimate,
+    EstimatorLike,
+    JobRequest,
+    ScheduleReply,
+    ScheduleRequest,
+    SolverConfig,
+)
 
 _MEMO_MAX = 4096
+#: (reference, pruned estimates, their utilities, mixed estimates that may pay, their utilities) of a job shape
+_Shape = tuple[Estimate | None, list[Estimate], list[float], list[Estimate], list[float]]
 
 
 def _shape(job: JobRequest) -> tuple:
@@ -76,19 +94,30 @@ class CellschedPolicy:
         self.elastic = elastic
         self.name = "cellsched" if elastic else "cellsched-static"
         self._memo_ctx: tuple | None = None
-        self._memo: dict[tuple, tuple[Estimate | None, list[Estimate], list[float]]] = {}
+        self._memo: dict[tuple, _Shape] = {}
         self._duties: dict[tuple, dict[tuple, float]] = {}  # NICs by type, shape -> (cell, plan) -> duty
 
-    def _cells(
-        self, job: JobRequest, cluster: ClusterView, estimator: EstimatorLike, cfg: SolverConfig
-    ) -> tuple[Estimate | None, list[Estimate], list[float]]:
-        """(reference estimate, pruned estimates, their utilities) of the job's shape."""
+    def _cells(self, job: JobRequest, cluster: ClusterView, estimator: EstimatorLike, cfg: SolverConfig) -> _Shape:
+        """(reference estimate, pruned estimates, their utilities, the mixed
+        estimates that may pay and their utilities) of the job's shape."""
         key = _shape(job)
         hit = self._memo.get(key)
         if hit is None:
             all_est = [estimator.estimate(job, c) for c in enumerate_cells(job, cluster, cfg)]
             ref, kept = objective.reference(job, all_est), prune_dominated(all_est, cfg)
-            hit = (ref, kept, [objective.utility(job, e, ref, cfg.fairness_p) if ref else 0.0 for e in kept])
+            optional: list[Estimate] = []
+            if ref is not None:
+                extra = [estimator.estimate(job, c) for c in optional_mixed_cells(job, cluster, cfg)]
+                optional = sorted(
+                    prune_dominated(extra, cfg), key=lambda e: (e.iter_time_s * e.cell.num_gpus, e.cell.key())
+                )[: cfg.max_mixed_cells]
+            hit = (
+                ref,
+                kept,
+                [objective.utility(job, e, ref, cfg.fairness_p) if ref else 0.0 for e in kept],
+                optional,
+                [objective.utility(job, e, ref, cfg.fairness_p) for e in optional] if ref else [],
+            )
             if len(self._memo) >= _MEMO_MAX:
                 self._memo.clear()
             self._memo[key] = hit
@@ -106,8 +135,15 @@ class CellschedPolicy:
         if ctx != self._memo_ctx:
             self._memo_ctx, self._memo, self._duties = ctx, {}, {}
         ests, refs, utils = {}, {}, {}
+        free_now: FreeNow | None = None
         for job in jobs:
-            refs[job.job_id], kept, u = self._cells(job, cluster, estimator, cfg)
+            refs[job.job_id], kept, u, optional, opt_u = self._cells(job, cluster, estimator, cfg)
+            if optional:
+                if free_now is None:
+                    free_now = FreeNow(cluster, used, jobs)
+                pays = free_now.paying(job, kept, optional)
+                if pays:
+                    kept, u = kept + [optional[i] for i in pays], u + [opt_u[i] for i in pays]
             if job.current is not None and all(e.cell != job.current.cell for e in kept):
                 cur = estimator.estimate(job, job.current.cell)
                 if cur.feasible and refs[job.job_id] is not None:
@@ -244,6 +280,50 @@ def _duties(cluster: ClusterView, memo: dict[tuple, dict[tuple, float]] | None):
 def _priced(o: Option, nic_cost: int) -> Option:
     """`o` with its nic_cost (dataclasses.replace without its per-call overhead)."""
     return Option(o.job_id, o.cell, o.plan, o.iter_time_s, o.value, o.pinned, o.source, nic_cost)
+
+
+class FreeNow:
+    """The GPUs free now on each node: not held by a fixed job nor by a running
+    one (the solver may still move those); per GPU type, sorted."""
+
+    def __init__(self, cluster: ClusterView, used: Mapping[str, int], jobs: Sequence[JobRequest]) -> None:
+        held = dict(used)
+        for j in jobs:
+            if j.current is not None:
+                for n, g in j.current.nodes:
+                    held[n] = held.get(n, 0) + g
+        self.free = {n.name: max(0, n.gpus_free - held.get(n.name, 0)) for n in cluster.nodes}
+        self.type_of = {n.name: n.gpu_type for n in cluster.nodes}
+        by_type: dict[str, list[int]] = {}
+        for n in cluster.nodes:
+            by_type.setdefault(n.gpu_type, []).append(self.free[n.name])
+        self.sorted = {t: sorted(v) for t, v in by_type.items()}
+
+    def _lists(self, job: JobRequest) -> dict[str, list[int]]:
+        """Per type, the free GPUs of its nodes plus what `job` holds there."""
+        if job.current is None:
+            return self.sorted
+        mine = dict(job.current.nodes)
+        out = dict(self.sorted)
+        for t in {self.type_of.get(n) for n in mine} - {None}:
+            out[t] = sorted(self.free[n] + mine.get(n, 0) for n, tt in self.type_of.items() if tt == t)
+        return out
+
+    @staticmethod
+    def _fits(cell: Cell, lists: Mapping[str, list[int]]) -> bool:
+        for t, n in cell.by_type():
+            free = lists.get(t, [])
+            if len(free) - bisect.bisect_left(free, cell.gpus_per_node) < n:
+                return False
+        return True
+
+    def paying(self, job: JobRequest, kept: Sequence[Estimate], optional: Sequence[Estimate]) -> list[int]:
+        """Indices of the `optional` mixed estimates faster than the fastest
+        single-type cell in `kept` the job could get now."""
+        lists = self._lists(job)
+        now = [e.iter_time_s for e in kept if not e.cell.mixed and self._fits(e.cell, lists)]
+        best = min(now, default=math.inf)
+        return [i for i, e in enumerate(optional) if e.iter_time_s < best]
 
 
 def _configured(jobs: Sequence[JobRequest], cfg: SolverConfig) -> Sequence[JobRequest]:
