@@ -278,14 +278,20 @@ class Estimator:
         return est
 
     def plans(
-        self, model: ModelSpec, global_batch: int, cell: Cell, virtual_workers: int | None = None
+        self,
+        model: ModelSpec,
+        global_batch: int,
+        cell: Cell,
+        virtual_workers: int | None = None,
+        state_sharding: bool = False,
     ) -> list[tuple[ParallelPlan, float, float]]:
         """Every candidate plan of the cell under its model source (composed,
         else analytic, calibrated as in `estimate`): (plan, iteration time s,
         peak memory GB per GPU), feasible or not; with V = `virtual_workers`,
-        those of the module doc's virtual-worker search."""
+        those of the module doc's virtual-worker search; with
+        `state_sharding`, also each plan of dp > 1 with its state sharded."""
         md = self._data(model)
-        found = self._found(md, global_batch, cell, every=True, vw=virtual_workers)
+        found = self._found(md, global_batch, cell, every=True, vw=virtual_workers, shard=state_sharding)
         scale = self._scale(md, global_batch, cell, found.source)
         return [(found.plan(i, cell.pp), c.time_s * scale, c.mem_bytes / _GB) for i, c in enumerate(found.plans)]
 

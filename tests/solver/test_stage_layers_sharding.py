@@ -235,3 +235,35 @@ def test_policy_option_turns_sharding_off():
     assert on.placements["j"].plan.sharded
     off = CellschedPolicy().schedule(ScheduleRequest(cluster, (job,), config=cfg), est)
     assert "j" not in off.placements
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    times=st.lists(st.floats(0.01, 5.0), min_size=4, max_size=4),
+    batch=st.sampled_from([4, 8, 16]),
+    pp=st.sampled_from([1, 2]),
+    mem_kb=st.floats(40.0, 200.0),
+)
+def test_estimate_is_replicated_unless_sharding_fits_alone_or_clearly_faster(times, batch, pp, mem_kb):
+    s = ProfileStore(":memory:")
+    s.put_gpu(spec("r", mem_kb * 1e-6))
+    s.put_layers(
+        [
+            LayerRecord(HAND.signature, "r", 1, 2, i, "block", t * 0.25, t * 0.75, p, 200, 1500)
+            for i, (t, p) in enumerate(zip(times, PARAMS))
+        ]
+    )
+    est = Estimator(s)
+    cell = Cell("r", 2, 2, pp)
+    e = est.estimate_model(HAND, batch, cell)
+    limit = est.mem_limit_gb("r")
+    fits = [(t, p) for p, t, mem in est.plans(HAND, batch, cell, state_sharding=True) if mem <= limit]
+    plain = min((t for t, p in fits if not p.sharded), default=None)
+    sharded = min((t for t, p in fits if p.sharded), default=None)
+    if plain is None and sharded is None:
+        assert not e.feasible
+    elif sharded is not None and (plain is None or sharded < plain * (1 - est.shard_min_gain)):
+        assert e.plan.sharded and e.iter_time_s == pytest.approx(sharded, rel=1e-12)
+    else:
+        assert not e.plan.sharded and e.iter_time_s == pytest.approx(plain, rel=1e-12)
+    assert not e.feasible or e.mem_per_gpu_gb <= limit
