@@ -104,6 +104,7 @@ __all__ = [
     "stage_layers_for",
     "stage_layers_in_order",
     "stages_per_part",
+    "task_stage_types",
 ]
 
 
@@ -170,6 +171,24 @@ def stage_layers_in_order(
         taken[t] = taken.get(t, 0) + 1
     total = sum(priced) if num_layers is None else num_layers
     return stage_layers_for(total, weights, weights)
+
+
+def task_stage_types(cell: Cell, plan: ParallelPlan, node_types: Sequence[str]) -> tuple[str, ...] | None:
+    """The GPU type of each pipeline stage when the job's tasks lie node by
+    node in this order (`node_types`: each node's type, gpus_per_node tasks
+    each; ranks in Megatron order, stage s = ranks [s dp tp, (s+1) dp tp));
+    None when a stage would span types or the nodes do not hold the plan."""
+    per_stage = plan.dp * plan.tp
+    ranks = [t for t in node_types for _ in range(cell.gpus_per_node)]
+    if len(ranks) != plan.pp * per_stage:
+        return None
+    out = []
+    for s in range(plan.pp):
+        kinds = set(ranks[s * per_stage : (s + 1) * per_stage])
+        if len(kinds) != 1:
+            return None
+        out.append(kinds.pop())
+    return tuple(out)
 
 
 def needs_mixed(job: JobRequest, sizes_of: Mapping[str, Sequence[int]]) -> bool:
