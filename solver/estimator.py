@@ -105,7 +105,8 @@ class _Cand(NamedTuple):
     `layers`: the trainer's layers per stage of its split; `twin`: for a
     plan with sharded optimizer state, the index of the same plan with
     replicated state (-1: this plan's state is replicated); `state_bytes`:
-    its optimizer state per GPU at the stage of peak memory."""
+    its optimizer state per GPU at the stage of peak memory (-1: not worked
+    out yet, see Estimator._state_gb)."""
 
     dp: int
     tp: int
@@ -137,9 +138,6 @@ class _Found:
             pp, c.dp, c.tp, c.m, stage_layers=c.layers if pp > 1 else (), state_shares=(1.0,) if c.twin >= 0 else ()
         )
 
-    def state_gb(self, i: int) -> float:
-        return self.plans[i].state_bytes / _GB
-
 
 def pick_sharded(plain: tuple[float, int] | None, sharded: tuple[float, int] | None, min_gain: float):
     """The better of the best fitting plan with replicated state and the best
@@ -167,6 +165,7 @@ class _ModelData:
     calibration: dict[tuple[str, int, int], float | None] = field(default_factory=dict)
     ratios: dict[_Layout, float | None] = field(default_factory=dict)
     found_sharded: dict[tuple, _Found] = field(default_factory=dict)
+    shard_deltas: dict[tuple, float] = field(default_factory=dict)  # sharded step - replicated step
 
 
 @functools.lru_cache(maxsize=4096)
@@ -514,14 +513,7 @@ class Estimator:
                 )
                 t = (t if k == 1 else k * t) + sync
                 i = len(plans)
-                state = replicated_state(
-                    st,
-                    m=m,
-                    b=b,
-                    dtype_bytes=model.dtype_bytes,
-                    optimizer_bytes_per_param=self.optimizer_bytes_per_param,
-                )
-                plans.append(_Cand(dp, tp, m, t, mem, st.blocks, -1, state))
+                plans.append(_Cand(dp, tp, m, t, mem, st.blocks, -1, -1.0))
                 if fastest is None or t < plans[fastest].time_s:
                     fastest = i
                 fits = mem <= limit
@@ -548,51 +540,63 @@ class Estimator:
         spec = self._gpus.get(cell.gpu_type)
         mem_bw = spec.mem_bw_gbps if spec is not None else 0.0
         limit = self.mem_limit_gb(cell.gpu_type) * _GB
-        plans = list(plain.plans)
-        steps: dict[tuple[int, int, int], float] = {}  # (tp, m, k) -> the step with replicated state
-        best_s = None
-        for i, c in enumerate(plain.plans):
-            if c.dp < 2:
-                continue
-            if vw is None:
-                per_worker, k = batch // c.dp, 1
-            else:
-                per_worker, k = batch // vw, -(-vw // c.dp)
-            b = per_worker // c.m
-            st = self._stages(md, plain.source, cell.gpu_type, c.tp, b, pp)
-            f = 1.0 / c.dp
-            mem, st_bytes = sharded_memory(
-                st,
-                m=c.m,
-                b=b,
-                dtype_bytes=model.dtype_bytes,
-                optimizer_bytes_per_param=self.optimizer_bytes_per_param,
-                fraction=f,
-            )
-            key = (id(st), c.dp, k)
+        steps = md.shard_deltas
+
+        def delta(st: StageCosts, dp: int, tp: int, k: int) -> float:
+            key = (cell.gpu_type, id(st), dp, k, g)
             if key not in steps:
                 plain_step = dp_sync_time(
-                    st, dp=c.dp, tp=c.tp, gpus_per_node=g, links=links, collective=self.grad_sync, units=k
+                    st, dp=dp, tp=tp, gpus_per_node=g, links=links, collective=self.grad_sync, units=k
                 ) + update_time(
                     st,
                     dtype_bytes=model.dtype_bytes,
                     update_bytes_per_param=self.update_bytes_per_param,
                     mem_bw_gbps=mem_bw,
                 )
-                sharded_step = sharded_step_time(
-                    st,
-                    dp=c.dp,
-                    tp=c.tp,
-                    gpus_per_node=g,
-                    links=links,
-                    units=k,
-                    fraction=f,
-                    dtype_bytes=model.dtype_bytes,
-                    update_bytes_per_param=self.update_bytes_per_param,
-                    mem_bw_gbps=mem_bw,
+                steps[key] = (
+                    sharded_step_time(
+                        st,
+                        dp=dp,
+                        tp=tp,
+                        gpus_per_node=g,
+                        links=links,
+                        units=k,
+                        fraction=1.0 / dp,
+                        dtype_bytes=model.dtype_bytes,
+                        update_bytes_per_param=self.update_bytes_per_param,
+                        mem_bw_gbps=mem_bw,
+                    )
+                    - plain_step
                 )
-                steps[key] = sharded_step - plain_step
-            t = c.time_s + steps[key]
+            return steps[key]
+
+        twins: list[tuple[int, StageCosts, int, int]] = []  # (replicated plan, its stages, b, k)
+        for i, c in enumerate(plain.plans):
+            if c.dp < 2:
+                continue
+            per_worker, k = (batch // c.dp, 1) if vw is None else (batch // vw, -(-vw // c.dp))
+            b = per_worker // c.m
+            twins.append((i, self._stages(md, plain.source, cell.gpu_type, c.tp, b, pp), b, k))
+        if plain.best is not None and not every:  # no sharded plan can win by shard_min_gain: none at all
+            bar = plain.plans[plain.best].time_s * (1.0 - self.shard_min_gain)
+            if all(
+                plain.plans[i].time_s + delta(st, plain.plans[i].dp, plain.plans[i].tp, k) >= bar
+                for i, st, _, k in twins
+            ):
+                return plain
+        plans = list(plain.plans)
+        best_s = None
+        for i, st, b, k in twins:
+            c = plain.plans[i]
+            mem, st_bytes = sharded_memory(
+                st,
+                m=c.m,
+                b=b,
+                dtype_bytes=model.dtype_bytes,
+                optimizer_bytes_per_param=self.optimizer_bytes_per_param,
+                fraction=1.0 / c.dp,
+            )
+            t = c.time_s + delta(st, c.dp, c.tp, k)
             j = len(plans)
             plans.append(_Cand(c.dp, c.tp, c.m, t, mem, c.layers, i, st_bytes))
             if mem <= limit and (best_s is None or t < plans[best_s].time_s):
@@ -601,6 +605,25 @@ class Estimator:
         sharded_best = None if best_s is None else (plans[best_s].time_s, best_s)
         pick = pick_sharded(plain_best, sharded_best, self.shard_min_gain)
         return _Found(plain.source, tuple(plans), None if pick is None else pick[1], plain.fastest)
+
+    def _state_gb(self, md: _ModelData, batch: int, cell: Cell, found: _Found, i: int, vw: int | None = None) -> float:
+        """The optimizer state (GB per GPU, at the stage of peak memory) of candidate i."""
+        c = found.plans[i]
+        if c.state_bytes >= 0:
+            return c.state_bytes / _GB
+        per_worker = batch // c.dp if vw is None else batch // vw
+        b = per_worker // c.m
+        st = self._stages(md, found.source, cell.gpu_type, c.tp, b, cell.pp)
+        return (
+            replicated_state(
+                st,
+                m=c.m,
+                b=b,
+                dtype_bytes=md.model.dtype_bytes,
+                optimizer_bytes_per_param=self.optimizer_bytes_per_param,
+            )
+            / _GB
+        )
 
     def _scale(self, md: _ModelData, batch: int, cell: Cell, source: EstimateSource) -> float:
         if source != EstimateSource.ANALYTIC:
@@ -731,7 +754,12 @@ class Estimator:
             )
         time_s, i, src = best
         return Estimate(
-            cell, found.plan(i, cell.pp), time_s, found.plans[i].mem_bytes / _GB, src, state_gb=found.state_gb(i)
+            cell,
+            found.plan(i, cell.pp),
+            time_s,
+            found.plans[i].mem_bytes / _GB,
+            src,
+            state_gb=self._state_gb(md, batch, cell, found, i, vw),
         )
 
     def _plan_ratio(self, md: _ModelData, batch: int, cell: Cell, c: _Cand, vw: int, source: EstimateSource) -> float:
@@ -814,7 +842,7 @@ class Estimator:
                 mem / _GB,
                 EstimateSource.MEASURED,
                 note,
-                state_gb=found.state_gb(i_star),
+                state_gb=self._state_gb(md, batch, cell, found, i_star),
             )
         if model_star is None or found.best is None:
             why = "OOM at this pp (model)" if found.plans else "no model for this pp"
@@ -827,7 +855,7 @@ class Estimator:
             c.mem_bytes / _GB,
             EstimateSource.MEASURED_PP,
             f"{rec.source} optimum at pp={p_star}, scaled by the {found.source} model",
-            state_gb=found.state_gb(found.best),
+            state_gb=self._state_gb(md, batch, cell, found, found.best),
         )
 
     def _measured_vw(
@@ -888,5 +916,5 @@ class Estimator:
             c.mem_bytes / _GB,
             source,
             f"{rec.source} optimum at pp={p_star}, x{t / t_star:.4g} by the {found.source} model for V={vw}{extra}",
-            state_gb=found.state_gb(i),
+            state_gb=self._state_gb(md, batch, cell, found, i, vw),
         )

@@ -77,7 +77,9 @@ busiest rank's ceil(V / dp) virtual workers one after the other.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -197,10 +199,14 @@ def needs_mixed(job: JobRequest, sizes_of: Mapping[str, Sequence[int]]) -> bool:
 
 
 def _counts(job: JobRequest, hi: int) -> list[int]:
-    counts = {1 << i for i in range(hi.bit_length())} | {job.min_gpus}
-    if job.requested_gpus is not None:
-        counts.add(job.requested_gpus)
-    return sorted(c for c in counts if job.min_gpus <= c <= hi)
+    return _counts_of(job.min_gpus, job.requested_gpus, hi)
+
+
+def _counts_of(min_gpus: int, requested: int | None, hi: int) -> list[int]:
+    counts = {1 << i for i in range(hi.bit_length())} | {min_gpus}
+    if requested is not None:
+        counts.add(requested)
+    return sorted(c for c in counts if min_gpus <= c <= hi)
 
 
 def mixed_cells(job: JobRequest, sizes_of: Mapping[str, Sequence[int]], config: SolverConfig) -> list[Cell]:
@@ -242,6 +248,11 @@ def _needed(
     return out[: config.max_mixed_cells]
 
 
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
 def _splits(nodes: int, avail: Sequence[int]) -> list[tuple[int, ...]]:
     """Every split of `nodes` over the types, each at least one and at most its available nodes."""
     if len(avail) == 1:
@@ -274,40 +285,67 @@ def _few_splits(nodes: int, avail: Sequence[int]) -> list[tuple[int, ...]]:
 def _optional(
     job: JobRequest, sizes_of: Mapping[str, Sequence[int]], combos: list[tuple[str, ...]], config: SolverConfig
 ) -> list[Cell]:
-    caps = {t: sum(s) for t, s in sizes_of.items()}
-    max_pp = min(config.max_pp, job.model.num_layers)
+    sizes = tuple(sorted((t, tuple(sorted(v))) for t, v in sizes_of.items()))
+    budget = OPTIONAL_PER_CELL * config.max_mixed_cells
+    cells = _optional_of(
+        sizes,
+        tuple(combos),
+        job.min_gpus,
+        job.max_gpus,
+        job.requested_gpus,
+        min(config.max_pp, job.model.num_layers),
+        job.virtual_workers,
+        budget + len(job.excluded_cells),
+    )
+    return [c for c in cells if not job.excludes(c)][:budget]
+
+
+@functools.lru_cache(maxsize=1024)
+def _optional_of(
+    sizes: tuple[tuple[str, tuple[int, ...]], ...],
+    combos: tuple[tuple[str, ...], ...],
+    min_gpus: int,
+    max_gpus: int | None,
+    requested: int | None,
+    max_pp: int,
+    vw: int | None,
+    budget: int,
+) -> tuple[Cell, ...]:
+    """The "when they pay" candidates of a job of this shape (a pure function of the arguments: cached)."""
+    ordered = dict(sizes)
+    caps = {t: sum(s) for t, s in ordered.items()}
     by_count: dict[int, list[Cell]] = {}
+
+    def at_least(t: str, g: int) -> int:
+        return len(ordered[t]) - bisect.bisect_left(ordered[t], g)
+
     for combo in combos:
         total = sum(caps[t] for t in combo)
-        hi = total if job.max_gpus is None else min(job.max_gpus, total)
-        for count in _counts(job, hi):
-            for nodes in range(len(combo), count + 1):  # the fewest nodes first: the first layout that fits
-                if count % nodes:
+        hi = total if max_gpus is None else min(max_gpus, total)
+        most = max(max(ordered[t]) for t in combo)
+        for count in _counts_of(min_gpus, requested, hi):
+            for nodes in _divisors(count):  # the fewest nodes first: the first layout that fits
+                if nodes < len(combo) or count // nodes > most:
                     continue
                 g = count // nodes
-                splits = _few_splits(nodes, [sum(1 for s in sizes_of[t] if s >= g) for t in combo])
+                splits = _few_splits(nodes, [at_least(t, g) for t in combo])
                 if not splits:
                     continue
                 for split in splits:
-                    for pp in range(1, max_pp + 1):
-                        if count % pp:
+                    common = math.gcd(*(n * g for n in split))  # a stage's GPUs must divide every part's
+                    pps = sorted({count // d for d in _divisors(common) if count // d <= max_pp})
+                    for pp in [1] + [p for p in pps if p > 1]:
+                        if vw is not None and count > vw * pp * g:
                             continue
-                        cell = mixed_cell(tuple(zip(combo, split)), g, pp)
-                        if pp > 1 and stages_per_part(cell) is None:
-                            continue
-                        if job.virtual_workers is not None and count > job.virtual_workers * pp * g:
-                            continue
-                        if not job.excludes(cell):
-                            by_count.setdefault(count, []).append(cell)
+                        by_count.setdefault(count, []).append(mixed_cell(tuple(zip(combo, split)), g, pp))
                 break
     out: list[Cell] = []
-    budget = OPTIONAL_PER_CELL * config.max_mixed_cells
     lists = [by_count[c] for c in sorted(by_count)]
     for row in itertools.zip_longest(*lists):  # spread over the GPU counts
         for cell in row:
             if cell is not None and len(out) < budget:
                 out.append(cell)
-    return out
+    return tuple(out)
 
 
 def split_batch(
@@ -628,7 +666,6 @@ class MixedEstimator:
         limits = [self.inner.mem_limit_gb(t) * 1e9 for t in types]
         best: tuple[float, ParallelPlan, float, float] | None = None
         best_sharded: tuple[float, ParallelPlan, float, float] | None = None
-        least_ratio = math.inf
         for tp in (d for d in range(1, g + 1) if g % d == 0 and width % d == 0 and per_stage % d == 0):
             dp = per_stage // tp
             if vw is None:
@@ -639,7 +676,8 @@ class MixedEstimator:
                 if batch % vw or dp > vw:
                     continue
                 per_worker, units = batch // vw, -(-vw // dp)
-            for m in (d for d in range(1, per_worker + 1) if per_worker % d == 0):
+            prev = math.inf
+            for m in _divisors(per_worker):
                 b = per_worker // m
                 sides = []
                 for t, spec, lim in zip(types, specs, limits):
@@ -649,6 +687,7 @@ class MixedEstimator:
                     sides.append(TypeSide(t, costs, links_of(t), lim, spec.mem_bw_gbps))
                 if len(sides) != len(types):
                     continue
+                t_plain: float | None = None
                 for sharded in (False, True) if shard and dp > 1 else (False,):
                     c = typed_pipeline_cost(
                         sides,
@@ -668,7 +707,6 @@ class MixedEstimator:
                     )
                     if c is None:
                         continue
-                    least_ratio = min(least_ratio, c.mem_ratio)
                     plan = ParallelPlan(
                         cell.pp,
                         dp,
@@ -683,6 +721,11 @@ class MixedEstimator:
                             best_sharded = cand
                     elif best is None or cand[0] < best[0]:
                         best = cand
+                    if not sharded:
+                        t_plain = c.time_s
+                if t_plain is not None and t_plain > prev:
+                    break  # past the optimum: time is unimodal in m, and the replicated plan fits here
+                prev = t_plain if t_plain is not None else prev
 
         def est(c: tuple[float, ParallelPlan, float, float] | None) -> Estimate | None:
             if c is None:

@@ -23,9 +23,11 @@ the plan depends only on the request).
 
 Mixed-type cells (solver.mixed): those a job needs are among its cells;
 the others that may pay are estimated once per shape (the
-max_mixed_cells best kept) and offered in a round only when faster than
-the fastest single-type cell the job could get now (`FreeNow`: the GPUs no
-other job holds, plus its own), in the same joint model.
+max_mixed_cells best kept) and offered in a round only when the job could
+get it now and it is faster than the fastest single-type cell the job could
+get now (`FreeNow`: the GPUs no other job holds, plus its own), in the same
+joint model; at most MIXED_OFFERS of them per job and round (the fastest
+first: multi-type options make the joint model slower to solve).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ from solver.types import (
 )
 
 _MEMO_MAX = 4096
+#: at most this many mixed cells that pay are offered per job and round
+MIXED_OFFERS = 1
 #: (reference, pruned estimates, their utilities, mixed estimates that may pay, their utilities) of a job shape
 _Shape = tuple[Estimate | None, list[Estimate], list[float], list[Estimate], list[float]]
 
@@ -318,12 +322,21 @@ class FreeNow:
         return True
 
     def paying(self, job: JobRequest, kept: Sequence[Estimate], optional: Sequence[Estimate]) -> list[int]:
-        """Indices of the `optional` mixed estimates faster than the fastest
-        single-type cell in `kept` the job could get now."""
+        """Indices of the `optional` mixed estimates the job could get now and
+        that are faster than the fastest single-type cell in `kept` it could
+        get now."""
         lists = self._lists(job)
         now = [e.iter_time_s for e in kept if not e.cell.mixed and self._fits(e.cell, lists)]
         best = min(now, default=math.inf)
-        return [i for i, e in enumerate(optional) if e.iter_time_s < best]
+        pays = [i for i, e in enumerate(optional) if e.iter_time_s < best and self._fits(e.cell, lists)]
+        if len(pays) <= MIXED_OFFERS:
+            return pays
+        # the fastest, then the fewest GPUs (keeps the joint model's multi-type options few)
+        first = min(pays, key=lambda i: (optional[i].iter_time_s, optional[i].cell.num_gpus))
+        rest = sorted(
+            (i for i in pays if i != first), key=lambda i: (optional[i].cell.num_gpus, optional[i].iter_time_s)
+        )
+        return sorted([first, *rest[: MIXED_OFFERS - 1]])
 
 
 def _configured(jobs: Sequence[JobRequest], cfg: SolverConfig) -> Sequence[JobRequest]:

@@ -254,19 +254,22 @@ def fake(cell: Cell, t: float) -> Estimate:
     return Estimate(cell, ParallelPlan(1, cell.num_gpus, 1), t, 1.0, EstimateSource.ANALYTIC)
 
 
-def test_a_mixed_cell_is_offered_only_when_it_beats_the_best_single_cell_free_now():
+def test_a_mixed_cell_is_offered_only_when_free_now_and_faster_than_the_best_single_cell_free_now():
     a40_1, a40_2, a10 = Cell("a40", 1, 2), Cell("a40", 2, 2), Cell("a10", 1, 2)
     kept = [fake(a40_1, 2.0), fake(a40_2, 1.2), fake(a10, 4.0)]
     optional = [fake(mixed_cell((("a10", 1), ("a40", 2)), 2), 1.0), fake(mixed_cell((("a10", 1), ("a40", 1)), 2), 1.5)]
     j = job(min_gpus=2)
     assert FreeNow(cluster(), {}, [j]).paying(j, kept, optional) == [0]  # a40:2x2 (1.2 s) is free: only 1.0 s pays
-    assert FreeNow(cluster(), {"n5": 2}, [j]).paying(j, kept, optional) == [0, 1]  # a fixed job holds n5
+    assert FreeNow(cluster(), {"n5": 2}, [j]).paying(j, kept, optional) == [
+        1
+    ]  # a fixed job holds n5: 3x2 no longer fits
     held = Placement("j", a40_1, (("n5", 2),), ParallelPlan(1, 2, 1), 2.0)
     mine = replace(j, current=held)
     assert FreeNow(cluster(), {}, [mine]).paying(mine, kept, optional) == [0]  # n5 is its own: a40:2x2 again
     other = replace(job(min_gpus=2), job_id="k", current=replace(held, job_id="k"))
-    assert FreeNow(cluster(), {}, [j, other]).paying(j, kept, optional) == [0, 1]  # another running job holds n5
-    assert FreeNow(cluster(a40_free=0), {}, [j]).paying(j, kept, optional) == [0, 1]  # only the a10 is free
+    assert FreeNow(cluster(), {}, [j, other]).paying(j, kept, optional) == [1]  # another running job holds n5
+    assert FreeNow(cluster(a40_free=0), {}, [j]).paying(j, kept, optional) == []  # only the a10 is free: no mixed cell
+    assert FreeNow(cluster(), {"n5": 2, "n6": 2}, [j]).paying(j, kept, optional) == []  # nor without the a10
 
 
 def test_policy_places_a_mixed_cell_when_it_pays(estimator, exact_config):
