@@ -191,8 +191,8 @@ def state_fields(p: Placement, view: ClusterView | None, nodes: tuple[str, ...])
             layers = stage_layers_in_order(cell, layers, stage_types)
         if plan.sharded:
             sharding = "memory"
-            if cell.pp == 1 and len(plan.state_shares) == len(cell.parts):
-                shares = _per_rank(p, view, nodes, plan.state_shares)
+            if cell.pp == 1 and len(plan.state_shares) == len(cell.parts):  # weights: 4 decimals (GB) are plenty
+                shares = _per_rank(p, view, nodes, [max(round(w, 4), 1e-4) for w in plan.state_shares])
             else:
                 shares = (1.0,) * plan.dp
     return StateFields(layers, sharding, shares)

@@ -314,3 +314,14 @@ def test_gpt13b_mixed_cell_stays_infeasible_where_an_a10_cannot_hold_even_the_re
     cell = mixed_cell((("a10", 1), ("a40", 2)), 2)
     assert not estimator.estimate(job("gpt-13b"), cell).feasible
     assert not estimator.estimate(job("gpt-13b", state_sharding=False), cell).feasible
+
+
+def test_three_types_as_data_parallel_groups(estimator):
+    cell = mixed_cell((("a10", 1), ("a40", 1), ("v100", 1)), 2)
+    e = estimator.estimate(job(gpu_types=None, min_gpus=2), cell)
+    assert e.feasible and len(e.plan.shares) == 3 and e.plan.dp == 6
+    assert sum(2 * s for s in e.plan.shares) == 24  # two dp ranks per part
+    parts = [estimator.estimate(job(gpu_types=None, min_gpus=2), Cell(t, 1, 2, 1)) for t, _ in cell.parts]
+    per_sample = [p.iter_time_s * 2 / 24 for p in parts]
+    compute = max(s * c for s, c in zip(e.plan.shares, per_sample))
+    assert compute == pytest.approx(brute_units(24, (2, 2, 2), per_sample), rel=1e-12)
