@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+from dataclasses import replace
 
 import pytest
 
-from solver.cells import enumerate_cells
+from solver.cells import enumerate_cells, optional_mixed_cells
 from solver.estimator import Estimator
-from solver.mixed import MixedEstimator, mixed_cell, parse_key, split_batch
+from solver.mixed import OPTIONAL_PER_CELL, MixedEstimator, mixed_cell, parse_key, split_batch, stages_per_part
 from solver.models import ModelSpec, get_model
 from solver.placement import PlanError, validate_plan
 from solver.placement.candidates import fits
-from solver.policies.cellsched import CellschedPolicy
+from solver.policies.cellsched import CellschedPolicy, FreeNow
 from solver.profiles.seed import open_store
 from solver.types import (
     Cell,
@@ -190,3 +192,136 @@ def test_mixed_placements_are_checked_per_type():
     with pytest.raises(PlanError):
         validate_plan(cl, {"j": Placement("j", cell, (("n4", 2), ("n6", 2), ("n2", 2)), plan, 1.0)})
     assert math.isclose(sum(s * n for s, n in zip(plan.shares, (2, 4))), 24)
+
+
+# ---- issue 15: more types, cells that pay, sharded state, pipelines across types ----------------------------
+
+
+def test_mixed_keys_with_pipelines_and_more_types():
+    for cell in (
+        mixed_cell((("a100", 1), ("a10", 1)), 1, 2),
+        mixed_cell((("a10", 1), ("a40", 2), ("v100", 1)), 2),
+        mixed_cell((("a10", 2), ("a40", 2)), 2, 4),
+    ):
+        assert parse_key(cell.key()) == cell
+    assert mixed_cell((("a100", 1), ("a10", 1)), 1, 2).key() == "a100x1+a10x1:2x1:pp2"
+    assert parse_key("a100x1+a10x1:2x1:ppx") is None and parse_key("a100x1+a10x1:3x1:pp2") is None
+    assert stages_per_part(mixed_cell((("a10", 2), ("a40", 2)), 2, 4)) == (2, 2)
+    assert stages_per_part(mixed_cell((("a10", 1), ("a40", 2)), 2, 2)) is None  # 3 GPUs a stage: not whole
+    assert stages_per_part(mixed_cell((("a10", 1), ("a40", 2)), 2, 1)) is None  # pp 1: not a pipeline
+
+
+def brute_units(units, ranks, cost):
+    best = None
+    for us in itertools.product(*(range(1, units // r + 1) for r in ranks)):
+        if sum(r * u for r, u in zip(ranks, us)) == units:
+            worst = max(u * c for u, c in zip(us, cost))
+            best = worst if best is None else min(best, worst)
+    return best
+
+
+@pytest.mark.parametrize("ranks", [(1, 1, 1), (2, 1, 3), (1, 2, 2), (4, 2, 1, 1)])
+@pytest.mark.parametrize("cost", [(1.0, 1.0, 1.0, 1.0), (1.0, 2.0, 3.0, 1.5), (0.5, 1.7, 1.0, 4.0)])
+def test_split_batch_over_three_and_more_parts_matches_brute_force(ranks, cost):
+    cost = cost[: len(ranks)]
+    for batch in range(1, 25):
+        got, want = split_batch(batch, ranks, cost, 1), brute_units(batch, ranks, cost)
+        assert (got is None) == (want is None), batch
+        if got is not None:
+            shares, m = got
+            assert m == 1 and sum(r * s for r, s in zip(ranks, shares)) == batch and min(shares) >= 1
+            assert max(s * c for s, c in zip(shares, cost)) == pytest.approx(want, rel=1e-12), batch
+
+
+def test_cells_that_may_pay_are_enumerated_bounded():
+    j = job(min_gpus=2, max_gpus=6)
+    assert all(not c.mixed for c in enumerate_cells(j, cluster(), CFG))  # a single type can hold it: none needed
+    opt = optional_mixed_cells(j, cluster(), CFG)
+    assert opt and len(opt) <= OPTIONAL_PER_CELL * CFG.max_mixed_cells
+    assert all(c.mixed and len(c.parts) <= CFG.max_mixed_types and c.num_gpus <= 6 for c in opt)
+    assert all(c.pp == 1 or stages_per_part(c) is not None for c in opt)
+    assert any(c.pp > 1 for c in opt) and any(c.pp == 1 for c in opt)
+    assert optional_mixed_cells(j, cluster(), SolverConfig(mixed_cells=False)) == []
+    assert optional_mixed_cells(job(), cluster(), CFG) == []  # it needs mixed cells: enumerate_cells has them
+    wide = optional_mixed_cells(
+        job(gpu_types=None, min_gpus=4, max_gpus=16), cluster(), SolverConfig(max_mixed_types=3)
+    )
+    assert any(len(c.parts) == 3 for c in wide)
+    assert all(len(c.parts) == 2 for c in optional_mixed_cells(job(gpu_types=None, min_gpus=4), cluster(), CFG))
+
+
+def fake(cell: Cell, t: float) -> Estimate:
+    return Estimate(cell, ParallelPlan(1, cell.num_gpus, 1), t, 1.0, EstimateSource.ANALYTIC)
+
+
+def test_a_mixed_cell_is_offered_only_when_free_now_and_faster_than_the_best_single_cell_free_now():
+    a40_1, a40_2, a10 = Cell("a40", 1, 2), Cell("a40", 2, 2), Cell("a10", 1, 2)
+    kept = [fake(a40_1, 2.0), fake(a40_2, 1.2), fake(a10, 4.0)]
+    optional = [fake(mixed_cell((("a10", 1), ("a40", 2)), 2), 1.0), fake(mixed_cell((("a10", 1), ("a40", 1)), 2), 1.5)]
+    j = job(min_gpus=2)
+    assert FreeNow(cluster(), {}, [j]).paying(j, kept, optional) == [0]  # a40:2x2 (1.2 s) is free: only 1.0 s pays
+    assert FreeNow(cluster(), {"n5": 2}, [j]).paying(j, kept, optional) == [
+        1
+    ]  # a fixed job holds n5: 3x2 no longer fits
+    held = Placement("j", a40_1, (("n5", 2),), ParallelPlan(1, 2, 1), 2.0)
+    mine = replace(j, current=held)
+    assert FreeNow(cluster(), {}, [mine]).paying(mine, kept, optional) == [0]  # n5 is its own: a40:2x2 again
+    other = replace(job(min_gpus=2), job_id="k", current=replace(held, job_id="k"))
+    assert FreeNow(cluster(), {}, [j, other]).paying(j, kept, optional) == [1]  # another running job holds n5
+    assert FreeNow(cluster(a40_free=0), {}, [j]).paying(j, kept, optional) == []  # only the a10 is free: no mixed cell
+    assert FreeNow(cluster(), {"n5": 2, "n6": 2}, [j]).paying(j, kept, optional) == []  # nor without the a10
+
+
+def test_policy_places_a_mixed_cell_when_it_pays(estimator, exact_config):
+    """gpt-2.7b on a40 + a10 nodes: with one a40 node taken, the a40 + a10 cell beats the a40 node alone."""
+    nodes = list(cluster().nodes)
+    busy = ClusterView(tuple(replace(n, gpus_free=0) if n.name == "n5" else n for n in nodes))
+    j = job("gpt-2.7b", min_gpus=2, max_gpus=4)
+    cfg = exact_config()
+    reply = CellschedPolicy().schedule(ScheduleRequest(busy, (j,), config=cfg), estimator)
+    p = reply.placements["j"]
+    assert p.cell.mixed and {n for n, _ in p.nodes} == {"n4", "n6"}
+    validate_plan(busy, reply.placements)
+    single = CellschedPolicy().schedule(ScheduleRequest(busy, (j,), config=exact_config(mixed_cells=False)), estimator)
+    q = single.placements["j"]
+    assert not q.cell.mixed and p.iter_time_s < q.iter_time_s
+
+
+def test_mixed_state_sharded_by_free_memory(estimator):
+    """gpt-13b on one a100x4 and two a40x4 nodes: the replicated state fits neither type; sharded
+    by each GPU's free memory (limit - parameters, gradients, activations) it fits the sum."""
+    cell = mixed_cell((("a100", 1), ("a40", 2)), 4)
+    off = estimator.estimate(job("gpt-13b", gpu_types=None, state_sharding=False), cell)
+    assert not off.feasible
+    e = estimator.estimate(job("gpt-13b", gpu_types=None), cell)
+    assert e.feasible and e.plan.sharded and len(e.plan.state_shares) == 2
+    free100, free40 = e.plan.state_shares
+    assert free40 > free100 > 0  # an a40 has more memory left for state than an a100-40GB
+    limit = max(estimator.mem_limit_gb("a100"), estimator.mem_limit_gb("a40"))
+    assert e.mem_per_gpu_gb <= limit + 1e-9
+    # the cell's whole state fits the free memory of its ranks, and no more than that is claimed
+    ranks = [4 // e.plan.tp, 8 // e.plan.tp]
+    assert e.state_gb <= max(free100, free40) + 1e-9
+    assert sum(r * f for r, f in zip(ranks, e.plan.state_shares)) >= e.state_gb * sum(ranks) / max(ranks) - 1e-9
+    # a cell that fits replicated stays replicated
+    ok = estimator.estimate(job("gpt-2.7b", gpu_types=None), cell)
+    assert ok.feasible and not ok.plan.sharded
+
+
+def test_gpt13b_mixed_cell_stays_infeasible_where_an_a10_cannot_hold_even_the_replicated_half(estimator):
+    """a10x1+a40x2:3x2: at tp 2 gpt-13b's parameters and gradients alone (6.5e9 x 4 B = 26 GB) pass an
+    a10's 21.6 GB, so no state split can help; with sharding off it is infeasible too."""
+    cell = mixed_cell((("a10", 1), ("a40", 2)), 2)
+    assert not estimator.estimate(job("gpt-13b"), cell).feasible
+    assert not estimator.estimate(job("gpt-13b", state_sharding=False), cell).feasible
+
+
+def test_three_types_as_data_parallel_groups(estimator):
+    cell = mixed_cell((("a10", 1), ("a40", 1), ("v100", 1)), 2)
+    e = estimator.estimate(job(gpu_types=None, min_gpus=2), cell)
+    assert e.feasible and len(e.plan.shares) == 3 and e.plan.dp == 6
+    assert sum(2 * s for s in e.plan.shares) == 24  # two dp ranks per part
+    parts = [estimator.estimate(job(gpu_types=None, min_gpus=2), Cell(t, 1, 2, 1)) for t, _ in cell.parts]
+    per_sample = [p.iter_time_s * 2 / 24 for p in parts]
+    compute = max(s * c for s, c in zip(e.plan.shares, per_sample))
+    assert compute == pytest.approx(brute_units(24, (2, 2, 2), per_sample), rel=1e-12)
