@@ -332,9 +332,19 @@ class JobRequest:
             raise ValueError(f"job {self.job_id}: virtual_workers must be an integer >= 1, got {v!r}")
 
     def excludes(self, cell: Cell) -> bool:
-        """Is `cell` (its key or its size) in `excluded_cells`?"""
-        return bool(self.excluded_cells) and (
-            cell.key() in self.excluded_cells or cell.size_key() in self.excluded_cells
+        """Is `cell` (its key or its size) in `excluded_cells`? A mixed cell
+        also is when one of its parts, as a single-type cell of the same
+        nodes and stages, is: a job that failed before its first step on
+        2 A10s is not sent to a cell that gives one of its parts 2 A10s."""
+        if not self.excluded_cells:
+            return False
+        if cell.key() in self.excluded_cells or cell.size_key() in self.excluded_cells:
+            return True
+        # a part runs the whole model (pp 1: data parallel across types) or its share of the stages
+        return any(
+            self.excludes(Cell(t, n, cell.gpus_per_node, 1 if cell.pp == 1 else cell.pp * n // cell.num_nodes))
+            for t, n in cell.parts
+            if cell.pp == 1 or (cell.pp * n) % cell.num_nodes == 0
         )
 
     @property

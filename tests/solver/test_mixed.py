@@ -325,3 +325,15 @@ def test_three_types_as_data_parallel_groups(estimator):
     per_sample = [p.iter_time_s * 2 / 24 for p in parts]
     compute = max(s * c for s, c in zip(e.plan.shares, per_sample))
     assert compute == pytest.approx(brute_units(24, (2, 2, 2), per_sample), rel=1e-12)
+
+
+def test_a_mixed_cell_is_excluded_with_a_part_the_job_failed_in():
+    """A job kept out of 2 A10s (by size) or of one A10 node (by key) is not
+    given a mixed cell whose A10 part is that; other mixed cells stay."""
+    by_size = replace(job(), excluded_cells=frozenset({"a10:2gpus:pp1"}))
+    by_key = replace(job(), excluded_cells=frozenset({"a10:1x2:pp1"}))
+    for j in (by_size, by_key):
+        assert j.excludes(mixed_cell((("a40", 1), ("a10", 1)), 2))
+        assert not j.excludes(mixed_cell((("a40", 1), ("a10", 2)), 2))  # 4 A10s: not what failed
+        assert not j.excludes(mixed_cell((("a40", 1), ("a100", 1)), 2))
+    assert not job().excludes(mixed_cell((("a40", 1), ("a10", 1)), 2))
