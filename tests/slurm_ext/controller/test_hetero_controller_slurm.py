@@ -41,10 +41,26 @@ from solver.types import Cell, ClusterView, JobRequest, NodeView
 pytestmark = pytest.mark.slurm
 
 #: 4 layers like gpt-tiny, 22 GB of training state each (16 bytes per parameter)
-WIDE = {"name": "gpt-wide-4l", "family": "gpt", "num_layers": 4, "hidden": 10752, "heads": 16, "seq_len": 32}
+WIDE = {
+    "name": "gpt-wide-4l",
+    "family": "gpt",
+    "num_layers": 4,
+    "hidden": 10752,
+    "heads": 16,
+    "seq_len": 32,
+    "vocab": 256,
+}
 PIPELINE = Training(steps=8, global_batch=8)
 #: 4 layers like gpt-tiny, 29 GB of training state each
-CEPHALO = {"name": "gpt-cephalo-4l", "family": "gpt", "num_layers": 4, "hidden": 12288, "heads": 16, "seq_len": 32}
+CEPHALO = {
+    "name": "gpt-cephalo-4l",
+    "family": "gpt",
+    "num_layers": 4,
+    "hidden": 12288,
+    "heads": 16,
+    "seq_len": 32,
+    "vocab": 256,
+}
 SHARDED = Training(steps=8, global_batch=24, virtual_workers=24)  # one sample per virtual worker
 
 
@@ -60,7 +76,7 @@ def controller(tmp_path: Path, **solver: object) -> Controller:
 
 def spec_file(tmp_path: Path, model: dict) -> Path:
     path = tmp_path / f"{model['name']}.json"
-    path.write_text(json.dumps({**model, "vocab": 256}))
+    path.write_text(json.dumps(model))
     return path
 
 
