@@ -5,8 +5,9 @@ single-process reference.
 A plan source is a function ``submit(script, out) -> job id`` that submits
 the job script and leaves the job released with its plan in its AdminComment
 (where ``cellsched-launch`` reads it): ``explicit_plan`` writes a given plan
-with scontrol, as the controller would; a controller-driven source (submit
-through ``cellsched sbatch``, then a controller round) fits the same slot.
+with scontrol, as the controller would; ``Managed`` submits the job through
+``cellsched sbatch`` with a job spec and lets a real controller round choose
+the cell and write the plan.
 ``run_job`` waits for the job to end and reads back the plan it ran under,
 so the checks (``check_losses``, ``check_stages``, ``check_state``) hold for
 any source. Needs the ``slurm_cluster`` fixture (SLURM_CONF set) and
@@ -25,6 +26,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from minigpt.model import GPTConfig
 from minigpt.trainer import TrainConfig, reference_losses
@@ -126,6 +128,34 @@ def explicit_plan(plan: JobPlan, sbatch_args: Sequence[str]) -> Submit:
         return job_id
 
     return submit
+
+
+@dataclass
+class Managed:
+    """A source through the controller: submits the job script with
+    ``cellsched sbatch OPTIONS`` (the job spec: --model, --gpu-types, ...),
+    from the job's output directory (its working directory), then runs one
+    round of CONTROLLER (a ``slurm_ext.controller.round.Controller``), which
+    must place it; `placed` keeps that round's placement of the job (cell,
+    nodes, pp, dp, tp) and `round` the round's report."""
+
+    controller: Any
+    options: tuple[str, ...]
+    placed: dict = field(default_factory=dict)
+    round: Any = None
+
+    def __call__(self, script: Path, out: Path) -> str:
+        argv = [sys.executable, "-m", "slurm_ext", "sbatch", "--parsable", *self.options]
+        argv += ["-o", str(out / "job-%j.out"), "--", str(script)]
+        done = subprocess.run(argv, cwd=out, env=job_env(), capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, f"cellsched sbatch exited {done.returncode}: {done.stderr[-2000:]}"
+        job_id = done.stdout.strip().splitlines()[-1]
+        assert job_id.isdigit(), done.stdout
+        self.round = self.controller.round()
+        acted = [a for a in self.round.actions if a["job"] == job_id]
+        assert acted and acted[0]["kind"] == "place" and acted[0]["ok"], (self.round.actions, self.round.jobs)
+        self.placed = dict(self.round.placements[job_id])
+        return job_id
 
 
 def plan_for(plan: JobPlan, job_id: str) -> JobPlan:
