@@ -55,10 +55,12 @@ of cell: single, mixed-dp, mixed-pipeline, state-sharded), then a summary
 line (the ratio of the two averages over the jobs both finished, and
 whether it meets the issue's goal of at least 10% lower), and writes
 OUT/heterogeneity.md. The run is kept in OUT/results.json (not run again
-when there). With the default 150 jobs it takes 1 to 1.5 minutes on two
-busy cores (both policies in parallel); at --load 2 about 4 minutes.
+when there). With the default 150 jobs it takes 1.3 to 1.7 minutes on two
+busy cores (both policies in parallel), at --load 0.5 or 2 too.
 `--cluster` and `--models all` run another cluster and slice (the first
---jobs of every model, rate = load x GPUs / 1,280).
+--jobs of every model, rate = load x GPUs / 1,280): 300 jobs on
+etc/sim-mixed-88.toml took 32 minutes while other simulations shared the
+cores.
 
     python benchmarks/heterogeneity.py --out /tmp/hetero [--jobs 150] [--load 1] [--seed 0] [--workers 2]
         [--cluster etc/sim-hetero-24.toml] [--models large|all]
