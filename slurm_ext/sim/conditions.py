@@ -243,7 +243,7 @@ class TableTruth:
         self.table = table
 
     def __getattr__(self, name: str) -> Any:
-        if name in TableTruth.LAYER_API and name != "table":
+        if name in TableTruth.LAYER_API:
             return getattr(self.__dict__["table"], name)
         raise AttributeError(name)
 
