@@ -117,19 +117,27 @@ def test_a_mixed_cells_truth_is_composed_from_its_parts_at_the_plans_shares():
     assert composed(*want) < composed(16, 16)
 
 
-def _plan_of(est, cell) -> JobPlan:
-    """The plan the controller writes for `est` (reconcile.mixed_layout): nodes
-    in the cluster's order, each dp rank's share of its part."""
+def _plan_of(est, cell, vw: int | None = None) -> JobPlan:
+    """The plan the controller writes for `est` (reconcile.mixed_layout,
+    state_fields): nodes in the cluster's order, each dp rank's share of its
+    part, and where the state is sharded each rank's weight (4 decimals)."""
     nodes = tuple(f"{t}-{i + 1}" for t, n in cell.parts for i in range(n))
     per_node = cell.gpus_per_node // est.plan.tp
-    shares = tuple(float(s) for (_, n), s in zip(cell.parts, est.plan.shares) for _ in range(n * per_node))
+
+    def per_rank(values):
+        return tuple(float(v) for (_, n), v in zip(cell.parts, values) for _ in range(n * per_node))
+
+    sharded = est.plan.sharded
     return JobPlan(
         pp=1,
         dp=est.plan.dp,
         tp=est.plan.tp,
         micro_batches=est.plan.micro_batches,
         nodes=nodes,
-        batch_shares=shares,
+        batch_shares=per_rank(est.plan.shares),
+        state_sharding="memory" if sharded else None,
+        state_shares=per_rank(round(w, 4) for w in est.plan.state_shares) if sharded else None,
+        virtual_workers=vw,
         cell=cell.key(),
     )
 
@@ -151,6 +159,24 @@ def test_with_the_truth_as_estimates_a_mixed_cell_runs_as_estimated(truth):
     assert est.feasible, est.note
     spec = JobSpec(model=model, global_batch=batch, iterations=10)
     assert speed(spec, "a40+a10", 4, 2, _plan_of(est, cell)) == pytest.approx(est.iter_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("vw", [None, 24])
+def test_a_sharded_plan_with_virtual_workers_runs_as_estimated(vw):
+    """gpt-2.7b on one a10 node and two a40 nodes fits only with its state sharded: the truth (the same
+    store's estimator) times the plan's shares, micro-batches per virtual worker, virtual workers per
+    rank and state slices as the estimate did; the same plan with its state replicated is timed
+    without the slices' gathers."""
+    believed = Estimator(open_store(":memory:"))
+    speed = estimator_speed(believed, mixed=True)
+    cell = mixed_cell((("a10", 1), ("a40", 2)), 2)
+    est = MixedEstimator(believed).estimate(JobRequest("j", get_model("gpt-2.7b"), 24, 10, virtual_workers=vw), cell)
+    assert est.feasible and est.plan.sharded, est.note
+    spec = JobSpec(model="gpt-2.7b", global_batch=24, iterations=10)
+    sharded = _plan_of(est, cell, vw)
+    assert speed(spec, "a10+a40", 3, 2, sharded) == pytest.approx(est.iter_time_s, rel=1e-6)
+    replicated = dataclasses.replace(sharded, state_sharding=None, state_shares=None)
+    assert speed(spec, "a10+a40", 3, 2, replicated) < est.iter_time_s
 
 
 def test_a_mixed_cell_without_a_truth_for_a_part_has_none():
