@@ -262,13 +262,16 @@ def mixed_time(
     """The true iteration time of a job in the mixed-type cell of its plan
     (None: no truth, the job fails at start like in an unknown cell).
 
-    `truth` (MixedEstimator over the truth) composes the cell at the batch
-    shares best for the truth; the job runs those of its plan (the policy's
-    belief), so a pp-1 cell's compute is taken again at the plan's shares:
-    part i, whose nodes run S_i of the B samples, takes S_i T_i / B (T_i:
-    the part's truth with all B samples, as MixedEstimator prices it); the
-    rest of the composed time (the gradient sync) stays. The cell is the
-    plan's key; it must be the cell the job got (types, nodes, GPUs per node)."""
+    `truth` (MixedEstimator over the truth) composes the cell; the job runs
+    the batch shares of its plan (the policy's belief), not the truth's best
+    ones, so a pp-1 cell is timed by the same composition at the plan's
+    shares (``MixedEstimator.dp_time``): each part's compute at the samples
+    its ranks run (its type's samples spread over the truth's ranks of the
+    part) and micro-batches (with virtual workers, the plan's per virtual
+    worker times the most a rank runs), one gradient sync, and the update;
+    sharded as the plan says (each type's slices by its ranks' state
+    weights). The cell is the plan's key; it must be the cell the job got
+    (types, nodes, GPUs per node)."""
     cell = parse_key(plan.cell or "") if plan is not None else None
     types = sorted(gpu_type.split("+"))
     if cell is None or not cell.mixed or sorted(t for t, _ in cell.parts) != types:
@@ -280,15 +283,30 @@ def mixed_time(
     if not est.feasible or est.plan is None:
         return None
     assert plan is not None
-    planned = plan_samples(plan, cell, spec.global_batch)
+    batch = spec.global_batch
+    planned = plan_samples(plan, cell, batch)
     if planned is None or cell.pp != 1 or len(est.plan.shares) != len(cell.parts):
         return est.iter_time_s
-    batch = spec.global_batch
-    whole = [truth.inner.estimate(job, Cell(t, n, cell.gpus_per_node, 1)).iter_time_s for t, n in cell.parts]
     ranks = [n * cell.gpus_per_node // est.plan.tp for _, n in cell.parts]
-    best = max(s * r * t / batch for s, r, t in zip(est.plan.shares, ranks, whole))
-    ran = max(planned[p] * t / batch for (p, _), t in zip(cell.parts, whole))
-    return est.iter_time_s - best + ran
+    samples = [planned[t] / r for (t, _), r in zip(cell.parts, ranks)]
+    vw = plan.virtual_workers
+    units = [1] * len(samples) if not vw else [max(1, math.ceil(s * vw / batch - 1e-9)) for s in samples]
+    micro = [plan.micro_batches * u for u in units]
+    weights = plan_state(plan, cell)
+    slices = None if weights is None else [weights[t] / r for (t, _), r in zip(cell.parts, ranks)]
+    return truth.dp_time(job, cell, samples, micro, max(units), slices)
+
+
+def _rank_types(plan: JobPlan, cell: Cell) -> list[str] | None:
+    """The GPU type of each dp rank of a pp-1 plan of `cell` (the node of its
+    first task: tasks node by node in the plan's node order, tp innermost);
+    None when the plan does not lay out the cell."""
+    g = cell.gpus_per_node
+    if plan.pp != 1 or len(plan.nodes) != cell.num_nodes or plan.dp * plan.tp != cell.num_gpus:
+        return None
+    kinds = {t for t, _ in cell.parts}
+    out = [node_type(plan.nodes[d * plan.tp // g]) for d in range(plan.dp)]
+    return out if all(t in kinds for t in out) else None
 
 
 def plan_samples(plan: JobPlan, cell: Cell, batch: int) -> dict[str, float] | None:
@@ -296,18 +314,31 @@ def plan_samples(plan: JobPlan, cell: Cell, batch: int) -> dict[str, float] | No
     plan: its dp ranks' batch shares (even without), each rank on the node of
     its first task (tasks node by node in the plan's node order, Megatron
     order: tp innermost). None when the plan does not lay out the cell."""
-    g = cell.gpus_per_node
-    if plan.pp != 1 or len(plan.nodes) != cell.num_nodes or plan.dp * plan.tp != cell.num_gpus:
+    types = _rank_types(plan, cell)
+    if types is None:
         return None
     weights = plan.batch_shares or (1.0,) * plan.dp
-    kinds = {t for t, _ in cell.parts}
-    out = dict.fromkeys(kinds, 0.0)
+    out = dict.fromkeys((t for t, _ in cell.parts), 0.0)
     total = float(sum(weights))
-    for d, w in enumerate(weights):
-        t = node_type(plan.nodes[d * plan.tp // g])
-        if t not in kinds:
-            return None
+    for t, w in zip(types, weights):
         out[t] += batch * w / total
+    return out
+
+
+def plan_state(plan: JobPlan, cell: Cell) -> dict[str, float] | None:
+    """The fraction of the optimizer state each GPU type's ranks own under a
+    plan that shards it (state_shares as weights per dp rank, even without);
+    None when the plan keeps the state replicated or does not lay out the cell."""
+    if (plan.state_sharding in (None, "none")) and not plan.state_shares:
+        return None
+    types = _rank_types(plan, cell)
+    if types is None:
+        return None
+    weights = plan.state_shares if plan.state_shares and len(plan.state_shares) == plan.dp else (1.0,) * plan.dp
+    out = dict.fromkeys((t for t, _ in cell.parts), 0.0)
+    total = float(sum(weights))
+    for t, w in zip(types, weights):
+        out[t] += w / total
     return out
 
 

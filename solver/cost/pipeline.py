@@ -221,6 +221,18 @@ def replicated_state(st: StageCosts, *, m: int, b: float, dtype_bytes: int, opti
     return out
 
 
+def sharded_sync_time(links: Links, link: str, nbytes: float, dp: int, units: int, fraction: float) -> float:
+    """The communication of the sharded step (``launch.sharding.ShardedOptimizer.step``)
+    for gradients of `nbytes` per rank on `link` among `dp` ranks: every
+    rank's `units` unit gradients go slice by slice to the slices' owners
+    (one gather per owner, in turn: together what an all-gather of the
+    units' gradients takes), then the updated slices are all-gathered,
+    padded to the largest (`fraction` of the parameters)."""
+    if dp <= 1:
+        return 0.0
+    return links.allgather(link, nbytes * units, dp) + links.allgather(link, nbytes * fraction, dp)
+
+
 def sharded_step_time(
     st: StageCosts,
     *,
@@ -246,8 +258,7 @@ def sharded_step_time(
         link, nbytes = links.intra, st.param_bytes[k]
         if stage_spans_nodes(k, s, gpus_per_node):
             link, nbytes = NET, nbytes * tp
-        t = links.allgather(link, nbytes * units, dp) + links.allgather(link, nbytes * fraction, dp)
-        comm = max(comm, t)
+        comm = max(comm, sharded_sync_time(links, link, nbytes, dp, units, fraction))
     upd = 0.0
     if mem_bw_gbps > 0 and update_bytes_per_param > 0:
         upd = max(st.param_bytes) / dtype_bytes * fraction * update_bytes_per_param / (mem_bw_gbps * 1e9)

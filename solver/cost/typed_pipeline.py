@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from solver.cost.comm import NET, Links
 from solver.cost.layers import LayerCosts, stage_layers_for
-from solver.cost.pipeline import ALLGATHER, boundary_crosses_nodes, stage_spans_nodes, state_split
+from solver.cost.pipeline import ALLGATHER, boundary_crosses_nodes, sharded_sync_time, stage_spans_nodes, state_split
 
 
 @dataclass(frozen=True)
@@ -190,7 +190,7 @@ def typed_pipeline_cost(
             if stage_spans_nodes(k, s_ranks, g):
                 link, nbytes = NET, nbytes * tp
             if sharded:
-                t = side.links.allgather(link, nbytes * units, dp) + side.links.allgather(link, nbytes * frac, dp)
+                t = sharded_sync_time(side.links, link, nbytes, dp, units, frac)
             elif grad_sync == ALLGATHER:
                 t = side.links.allgather(link, nbytes * units, dp)
             else:

@@ -40,16 +40,21 @@ Pricing (`MixedEstimator`, a wrapper over any EstimatorLike):
 
 * data parallel: each part is estimated by the inner estimator as a
   single-type cell (pp 1, replicated state) running the whole global batch
-  B in T_i seconds; a rank of part i then takes B / (R_i T_i) samples/s
-  (R_i = its dp ranks). The shares s_i (samples per rank) are whole multiples
-  of the micro-batch count m with sum_i R_i s_i = B, chosen to minimise the
-  slowest part's time s_i R_i T_i / B; m starts at the largest of the parts'
-  own counts (memory) and is lowered to the first divisor that allows such
-  shares. The iteration time is that time plus a ring all-reduce of the
-  gradients (params x dtype bytes / tp) over all nodes on the slowest
-  network of the parts (the parts' own syncs are already inside T_i, so this
-  errs on the slow side). Memory is each part's own estimate, scaled up where
-  its ranks' micro-batch grows, and must fit that part's GPUs.
+  B in T_i seconds. T_i also holds what does not grow with the part's
+  samples (its own gradient sync, the weight update, the fixed cost of each
+  micro-batch), so it is taken apart (``solver.mixed.dp.part_step``, by the
+  inner estimator's cost model scaled to T_i): a rank of part i computes in
+  a_i s per sample and f_i s per micro-batch (R_i = its dp ranks). The
+  shares s_i (samples per rank) are whole multiples of the micro-batch count
+  m with sum_i R_i s_i = B, chosen to minimise the slowest part's compute
+  a_i s_i + f_i m; every m dividing the largest of the parts' own counts
+  (memory) is tried, and the fastest that fits wins. The iteration time
+  (``solver.mixed.dp.dp_step``) is that compute plus ONE gradient sync over
+  all the cell's dp ranks on the slowest network of the parts (the inner
+  estimator's ``grad_sync``: a ring all-reduce, or the all-gather of every
+  rank's unit gradients) plus the slowest part's update. Memory is each
+  part's own estimate with its activations scaled up where its ranks'
+  micro-batch grows, and must fit that part's GPUs.
 * Sharded state (Cephalo's memory side, ZeRO-1 as ``launch.sharding``: the
   optimizer state only; parameters and gradients stay on every rank), where
   the replicated state does not fit (or the sharded plan is clearly faster,
@@ -57,8 +62,11 @@ Pricing (`MixedEstimator`, a wrapper over any EstimatorLike):
   memory (parameters, gradients, activations) and owns a slice of the state
   (plus the runtime's copy of the slice's parameters) in proportion to its
   GPU's free memory, ``state_shares[i] = limit_i - replicated_i`` (GB): the
-  cell fits when the state fits the summed free memory. The step adds the
-  all-gather of the updated slices, padded to the largest, over the network.
+  cell fits when the state fits the summed free memory. The step is the one
+  single-type cells are priced with (``solver.cost.pipeline.sharded_sync_time``,
+  the runtime's ``ShardedOptimizer.step``): every rank's unit gradients
+  gathered to the slices' owners, each rank's update of its slice, the
+  updated slices all-gathered, padded to the largest.
 * pipelines across types: the inner estimator must offer per-layer costs
   (``Estimator.layer_costs``, links and GPU specs); every tp (dividing the
   GPUs per node and the heads) and micro-batch count is priced by
@@ -78,12 +86,14 @@ Pricing (`MixedEstimator`, a wrapper over any EstimatorLike):
 With virtual workers (``JobRequest.virtual_workers`` = V) the unit that
 moves between ranks of a data-parallel cell is a virtual worker of B / V
 samples: per-rank counts u_i >= 1 with sum_i R_i u_i = V minimise the slowest
-part u_i (B / V) c_i (c_i: part i's seconds per sample, from its estimate
-without V, as above), the shares are u_i B / V (so ``largest_remainder(V,
-shares per rank)`` and ``virtual_worker_counts`` give back u_i), and m counts
-micro-batches per virtual worker: the largest divisor of B / V not above the
-parts' own counts. V not dividing B, V below the cell's dp ranks, or no whole
-split makes the cell infeasible with a note. A pipeline with V runs its
+part u_i (a_i B / V + f_i m) (a_i, f_i from its estimate without V, as
+above), plus, where the step gathers every virtual worker's gradients (state
+sharded, or the all-gather sync), that gather for the most u_i; the shares
+are u_i B / V (so ``largest_remainder(V, shares per rank)`` and
+``virtual_worker_counts`` give back u_i), and m counts micro-batches per
+virtual worker: a divisor of B / V not above the parts' own counts. V not
+dividing B, V below the cell's dp ranks, or no whole split makes the cell
+infeasible with a note. A pipeline with V runs its
 busiest rank's ceil(V / dp) virtual workers one after the other.
 """
 
