@@ -55,8 +55,8 @@ of cell: single, mixed-dp, mixed-pipeline, state-sharded), then a summary
 line (the ratio of the two averages over the jobs both finished, and
 whether it meets the issue's goal of at least 10% lower), and writes
 OUT/heterogeneity.md. The run is kept in OUT/results.json (not run again
-when there). With the default 150 jobs it takes 1.3 to 1.7 minutes on two
-busy cores (both policies in parallel), at --load 0.5 or 2 too.
+when there). With the default 150 jobs it takes 1 to 3 minutes on two
+busy cores (both policies in parallel), up to 5 at --load 2.
 `--cluster` and `--models all` run another cluster and slice (the first
 --jobs of every model, rate = load x GPUs / 1,280): 300 jobs on
 etc/sim-mixed-88.toml took 32 minutes while other simulations shared the
