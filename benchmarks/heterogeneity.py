@@ -27,12 +27,27 @@ is set, and the policies run with their defaults. No network cards are
 given, so no contention is modelled (mixed cells are multi-node by nature;
 the contention truth prices a mixed cell as its first type only).
 
+The cluster and slice were set before any mixed cell was offered (commit
+f1a4277) and not changed after the results. What makes heterogeneity pay
+here (benchmarks/results/heterogeneity.md): the one V100 node is poor for
+these models on its own (out of memory or 2-3x an A100's time), so without
+mixed cells it sits idle half the time, while an A100 + V100 cell (a
+pipeline, or data parallel) runs the longest large-model jobs faster than
+the A100 node alone.
+
 Limits of the realistic mode worth knowing when reading the result: the
-policies decide with Arena's profiler estimates (a table: no memory figure,
-an out-of-memory entry stays infeasible), the truth is Arena's measured
-table, and a mixed cell's truth is composed from its parts' (each part able
-to run the whole batch alone, slurm_ext.sim.conditions): sharding can only
-make a cell feasible where an estimate comes from our estimator.
+policies decide with Arena's profiler estimates and the truth is Arena's
+measured table, both tables of single-type cells without memory figures
+(an out-of-memory entry stays infeasible, so no single-type cell is made
+feasible by sharding). A data-parallel mixed cell is composed from its
+parts' table times (each part able to run the whole batch alone,
+slurm_ext.sim.conditions); a pipeline across types from our per-layer
+costs, each type's put on the table's scale (``layer_scale``:
+solver.profiles.arena_estimates), with our memory model; the estimates
+from Arena's estimated table, the truth from the measured one. No plan was
+state-sharded in the runs reported: what sharding adds is not measured here.
+The result depends on the seed (the noise on the truth, and so the order of
+events): see the results file for five seeds and two other loads.
 
 Prints one JSON line per policy (finished, avg JCT over its finished jobs
 and over the jobs both finished, and its placements and job-hours per kind
@@ -40,11 +55,15 @@ of cell: single, mixed-dp, mixed-pipeline, state-sharded), then a summary
 line (the ratio of the two averages over the jobs both finished, and
 whether it meets the issue's goal of at least 10% lower), and writes
 OUT/heterogeneity.md. The run is kept in OUT/results.json (not run again
-when there). With the default 150 jobs it takes about a minute on two busy
-cores while no mixed cell is offered; offering them makes each round price
-more cells (twice the time in a trial), still well under 15 minutes.
+when there). With the default 150 jobs it takes 1 to 3 minutes on two
+busy cores (both policies in parallel), up to 5 at --load 2.
+`--cluster` and `--models all` run another cluster and slice (the first
+--jobs of every model, rate = load x GPUs / 1,280): 300 jobs on
+etc/sim-mixed-88.toml took 32 minutes while other simulations shared the
+cores.
 
-    python benchmarks/heterogeneity.py --out /tmp/hetero [--jobs 150] [--load 1] [--workers 2]
+    python benchmarks/heterogeneity.py --out /tmp/hetero [--jobs 150] [--load 1] [--seed 0] [--workers 2]
+        [--cluster etc/sim-hetero-24.toml] [--models large|all]
 """
 
 from __future__ import annotations
@@ -75,37 +94,40 @@ def without() -> str:
     return "cellsched:mixed_cells=false" + (",state_sharding=false" if "state_sharding" in keys else "")
 
 
-def trace(out: Path, jobs: int) -> tuple[Path, float]:
-    """The first `jobs` Philly jobs of LARGE models, and the share of the trace's jobs that are LARGE."""
+def trace(out: Path, jobs: int, models: str = "large") -> tuple[Path, float]:
+    """The first `jobs` Philly jobs of LARGE models (`models` "all": of every
+    model), and the share of the trace's jobs that the slice's models make."""
     from solver.profiles.arena import TRACE_FILE, shipped_path
 
-    path = out / "philly-large.csv"
-    kept = total = large = 0
+    path = out / f"philly-{models}.csv"
+    kept = total = taken = 0
     with open(shipped_path(TRACE_FILE), newline="") as f, open(path, "w", newline="") as g:
         reader = csv.DictReader(f)
         writer = csv.DictWriter(g, fieldnames=reader.fieldnames)
         writer.writeheader()
         for row in reader:
             total += 1
-            if row["model_name"] not in LARGE:
+            if models == "large" and row["model_name"] not in LARGE:
                 continue
-            large += 1
+            taken += 1
             if kept < jobs:
                 writer.writerow(row)
                 kept += 1
-    return path, large / total
+    return path, taken / total
 
 
-def run(out: Path, jobs: int, load: float, workers: int, seed: int) -> Path:
+def run(
+    out: Path, jobs: int, load: float, workers: int, seed: int, cluster: Path = CLUSTER, models: str = "large"
+) -> Path:
     results = out / "results.json"
     if results.exists():
         return results
     from slurm_ext.sim.clusterspec import arena_cluster, load_cluster_spec
 
-    path, share = trace(out, jobs)
-    rate = load * load_cluster_spec(CLUSTER).total_gpus / arena_cluster().total_gpus / share
+    path, share = trace(out, jobs, models)
+    rate = load * load_cluster_spec(cluster).total_gpus / arena_cluster().total_gpus / share
     cmd = [sys.executable, "-m", "slurm_ext", "simulate", "--realistic", "--seed", str(seed)]
-    cmd += ["--trace", str(path), "--cluster", str(CLUSTER), "--arrival-rate", f"{rate:.6g}"]
+    cmd += ["--trace", str(path), "--cluster", str(cluster), "--arrival-rate", f"{rate:.6g}"]
     cmd += ["--policy", WITH, "--policy", without(), "--workers", str(workers), "--no-plots", "--json"]
     cmd += ["--out", str(out)]
     print(f"# {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
@@ -156,6 +178,8 @@ def numbers(results: Path) -> tuple[list[dict[str, object]], dict[str, object]]:
         "goal_10pct_met": ratio is not None and ratio <= 0.9,
         "every_job_finished": all(r["finished"] == r["total"] for r in rows),
         "wall_s": doc["meta"].get("wall_s"),
+        "cluster": doc["meta"].get("cluster"),
+        "arrival_rate": doc["meta"].get("arrival_rate"),
     }
     return rows, summary
 
@@ -183,9 +207,11 @@ def main() -> int:
     ap.add_argument("--load", type=float, default=1.0, help="arrival rate relative to Philly on 1,280 GPUs")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cluster", type=Path, default=CLUSTER, help="cluster spec (default etc/sim-hetero-24.toml)")
+    ap.add_argument("--models", choices=("large", "all"), default="large", help="the slice: LARGE models or all")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    rows, summary = numbers(run(args.out, args.jobs, args.load, args.workers, args.seed))
+    rows, summary = numbers(run(args.out, args.jobs, args.load, args.workers, args.seed, args.cluster, args.models))
     for r in rows:
         print(json.dumps(r), flush=True)
     print(json.dumps(summary), flush=True)

@@ -307,6 +307,17 @@ class Estimator:
             return self._costs(md, gpu_type, tp, None)
         return None
 
+    def layer_scale(self, model: ModelSpec, global_batch: int, cell: Cell, tp: int) -> float:
+        """The factor that puts `layer_costs` of (cell's GPU type, `tp`) on the
+        scale of this estimator's cell estimates, as `estimate` scales an
+        analytic time: 1 for profiled layers (composed, not calibrated), else
+        the model's calibration for `cell` (median measured / analytic over
+        its nearest measured cells, module doc; 1 without any)."""
+        md = self._data(model)
+        if md.layer_batches.get((cell.gpu_type, tp)) or cell.gpu_type not in self._gpus:
+            return 1.0
+        return self._calibration(md, global_batch, cell) or 1.0
+
     def links_of(self, gpu_type: str) -> Links:
         """Communication costs of `gpu_type`'s intra-node link and the network."""
         return self._links_of(gpu_type)

@@ -25,10 +25,15 @@ the truth, and the restart cost every policy pays.
   solver.mixed.MixedEstimator over the truth as an estimator (`TableTruth`
   over a table, the truth estimator itself over a profile store). The job
   runs the batch shares of its plan, not the truth's best ones: each part's
-  compute is its plan samples at its true speed (`mixed_time`). The noise
-  is the one of any cell (`speed_factor`: its slowest part's). A mixed
-  cell whose parts have no truth has none either: its job fails at start,
-  as in an unknown single-type cell.
+  compute is its plan samples at its true speed (`mixed_time`). A pipeline
+  across types is priced from the truth's per-layer costs: a profile
+  store's, or for Arena's tables (which have none) ours put type by type on
+  the table's scale (``layer_scale``, solver.profiles.arena_estimates), at
+  the truth's best plan, as a single-type cell's truth is the table's best
+  plan; its memory is our model's. The noise is the one of any cell
+  (`speed_factor`: its slowest part's). A mixed cell whose parts have no
+  truth has none either: its job fails at start, as in an unknown
+  single-type cell.
 """
 
 from __future__ import annotations
@@ -227,10 +232,20 @@ class TableTruth:
     with the whole global batch, shown as data parallelism over the cell's
     GPUs (tp 1, one micro-batch), no memory figure (the table itself says
     where a cell does not fit: no time). The job's virtual workers are not
-    looked at, as in `table_speed`."""
+    looked at, as in `table_speed`. Where the table offers per-layer costs
+    (ArenaEstimates: ours, scaled to the table by ``layer_scale``), so does
+    this, and MixedEstimator composes pipelines across types from them."""
+
+    #: what MixedEstimator prices pipelines across types with, passed on from the table when it has them
+    LAYER_API = ("layer_costs", "layer_scale", "links_of", "gpu_spec", "mem_limit_gb")
 
     def __init__(self, table: Any) -> None:
         self.table = table
+
+    def __getattr__(self, name: str) -> Any:
+        if name in TableTruth.LAYER_API:
+            return getattr(self.__dict__["table"], name)
+        raise AttributeError(name)
 
     def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
         if cell.mixed or cell.pp != 1:

@@ -26,7 +26,11 @@ Enumeration (`mixed_cells`), over combinations of 2 to
 * *when they pay* (every other job): per combination and GPU count, the
   layout with the fewest nodes, the nodes split by the types' capacity (and,
   for two types, the most of either), pp 1 and every pp whose stages each
-  fit one type; spread over the GPU counts, at most 4 x max_mixed_cells. The
+  fit one type; taken round the (GPU count, combination) groups, each
+  group's pp-1 cells first, then its pipelines deepest first (so every
+  combination and size gets its data-parallel cell before any group gets a
+  pipeline, whatever the combinations' name order), at most
+  ``OPTIONAL_PER_CELL`` (8) x max_mixed_cells. The
   policy estimates them once per job shape, keeps the max_mixed_cells best
   (``solver.cells.prune_dominated``) and offers one in a round only when it
   is estimated faster than the best single-type cell the job could get now
@@ -67,7 +71,15 @@ Pricing (`MixedEstimator`, a wrapper over any EstimatorLike):
   (``Estimator.layer_costs``, links and GPU specs); every tp (dividing the
   GPUs per node and the heads) and micro-batch count is priced by
   ``typed_pipeline_cost``, replicated and (dp > 1) sharded, and the best
-  that fits wins (sharded as above). The plan's stage_layers are in stage
+  that fits wins (sharded as above). Each type's layers are first put on
+  the scale of the inner estimator's cells of that type
+  (``layer_scale(model, batch, the part's own single-type cell, tp)``:
+  Estimator's calibration of analytic layers by the model's measured cells,
+  1 for profiled layers; none offered: 1): the layers of part i cost f_i
+  times theirs, and the rest of the step (transfers, sync, update) max_i
+  f_i times, so a pipeline is priced on the scale its types' single-type
+  cells are (without it an analytic pipeline would be priced at the
+  datasheet's speed next to calibrated single-type cells). The plan's stage_layers are in stage
   order (parts in order); the controller writes them for the task order of
   the chosen nodes (``stage_layers_in_order``).
 

@@ -13,7 +13,7 @@ from solver.plan import largest_remainder
 from solver.types import Cell, JobRequest, ParallelPlan, SolverConfig
 
 #: "when they pay" candidates generated per job, per max_mixed_cells (the policy keeps max_mixed_cells of them)
-OPTIONAL_PER_CELL = 4
+OPTIONAL_PER_CELL = 8
 
 
 def mixed_cell(parts: Sequence[tuple[str, int]], gpus_per_node: int, pp: int = 1) -> Cell:
@@ -137,7 +137,7 @@ def _needed(
 ) -> list[Cell]:
     caps = {t: sum(s) for t, s in sizes_of.items()}
     out: list[Cell] = []
-    for combo in combos:
+    for k, combo in enumerate(combos):
         total = sum(caps[t] for t in combo)
         hi = total if job.max_gpus is None else min(job.max_gpus, total)
         for count in _counts(job, hi):
@@ -220,12 +220,12 @@ def _optional_of(
     """The "when they pay" candidates of a job of this shape (a pure function of the arguments: cached)."""
     ordered = dict(sizes)
     caps = {t: sum(s) for t, s in ordered.items()}
-    by_count: dict[int, list[Cell]] = {}
+    groups: dict[tuple[int, int], list[Cell]] = {}  # (GPU count, combination) -> its cells, pp 1 first
 
     def at_least(t: str, g: int) -> int:
         return len(ordered[t]) - bisect.bisect_left(ordered[t], g)
 
-    for combo in combos:
+    for k, combo in enumerate(combos):
         total = sum(caps[t] for t in combo)
         hi = total if max_gpus is None else min(max_gpus, total)
         most = max(max(ordered[t]) for t in combo)
@@ -237,17 +237,21 @@ def _optional_of(
                 splits = _few_splits(nodes, [at_least(t, g) for t in combo])
                 if not splits:
                     continue
+                flat, deep = [], []
                 for split in splits:
                     common = math.gcd(*(n * g for n in split))  # a stage's GPUs must divide every part's
                     pps = sorted({count // d for d in _divisors(common) if count // d <= max_pp})
                     for pp in [1] + [p for p in pps if p > 1]:
                         if vw is not None and count > vw * pp * g:
                             continue
-                        by_count.setdefault(count, []).append(mixed_cell(tuple(zip(combo, split)), g, pp))
+                        (flat if pp == 1 else deep).append(mixed_cell(tuple(zip(combo, split)), g, pp))
+                groups[(count, k)] = flat + sorted(deep, key=lambda c: -c.pp)  # the deepest pipelines first
                 break
+    # round robin over (GPU count, combination): each gets its first cell before any gets a second,
+    # so the budget is not spent on the first combinations' pipelines (their order is alphabetical)
     out: list[Cell] = []
-    lists = [by_count[c] for c in sorted(by_count)]
-    for row in itertools.zip_longest(*lists):  # spread over the GPU counts
+    lists = [groups[key] for key in sorted(groups)]
+    for row in itertools.zip_longest(*lists):
         for cell in row:
             if cell is not None and len(out) < budget:
                 out.append(cell)

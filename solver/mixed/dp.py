@@ -6,9 +6,10 @@ holds costs that do not grow with its samples: its own gradient sync, the
 weight update and the fixed cost of every micro-batch. `part_step` takes
 them apart with the inner estimator's cost model (``solver.cost``: its
 per-layer costs, links and GPU spec; the datasheet's, as in
-``solver.cost.share``, for an estimator that has none, such as a truth
-table) for the part's plan, and scales every piece by the estimate's time
-over that model's, so the pieces add up to the estimate::
+``solver.cost.share``, for an estimator that has none, such as a plain
+truth table; Arena's tables offer ours, solver.profiles.arena_estimates)
+for the part's plan, and scales every piece by the estimate's time over
+that model's, so the pieces add up to the estimate::
 
     T_i = m_i (a_i b_i + f_i) + own sync_i + update_i
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from solver.cost.comm import NET_LATENCY_S, Links
+from solver.cost.layers import LayerCosts
 from solver.cost.pipeline import ALLGATHER, ALLREDUCE, state_split
 from solver.cost.typed_pipeline import TypeSide, typed_pipeline_cost
 from solver.mixed.cells import _divisors, stages_per_part
@@ -393,10 +394,16 @@ class MixedEstimator:
         upd = getattr(self.inner, "update_bytes_per_param", 2 * obpp)
         grad_sync = getattr(self.inner, "grad_sync", ALLREDUCE)
         limits = [self.inner.mem_limit_gb(t) * 1e9 for t in types]
+        scale_of = getattr(self.inner, "layer_scale", None)
         best: tuple[float, ParallelPlan, float, float] | None = None
         best_sharded: tuple[float, ParallelPlan, float, float] | None = None
         for tp in (d for d in range(1, g + 1) if g % d == 0 and width % d == 0 and per_stage % d == 0):
             dp = per_stage // tp
+            # each type's layers on the scale of the inner estimator's cells of that type (its part's layout)
+            scales = [
+                scale_of(model, batch, Cell(t, n, g, 1), tp) if scale_of is not None else 1.0 for t, n in cell.parts
+            ]
+            largest = max(scales)
             if vw is None:
                 if batch % dp:
                     continue
@@ -409,11 +416,11 @@ class MixedEstimator:
             for m in _divisors(per_worker):
                 b = per_worker // m
                 sides = []
-                for t, spec, lim in zip(types, specs, limits):
+                for t, spec, lim, f in zip(types, specs, limits, scales):
                     costs = layer_costs(model, t, tp, b)
                     if costs is None:
                         break
-                    sides.append(TypeSide(t, costs, links_of(t), lim, spec.mem_bw_gbps))
+                    sides.append(TypeSide(t, _scaled(costs, f / largest), links_of(t), lim, spec.mem_bw_gbps))
                 if len(sides) != len(types):
                     continue
                 t_plain: float | None = None
@@ -444,14 +451,14 @@ class MixedEstimator:
                         stage_layers=c.stage_layers,
                         state_shares=(1.0,) * len(types) if sharded else (),
                     )
-                    cand = (c.time_s, plan, c.mem_bytes / 1e9, c.state_bytes / 1e9)
+                    cand = (c.time_s * largest, plan, c.mem_bytes / 1e9, c.state_bytes / 1e9)
                     if sharded:
                         if best_sharded is None or cand[0] < best_sharded[0]:
                             best_sharded = cand
                     elif best is None or cand[0] < best[0]:
                         best = cand
                     if not sharded:
-                        t_plain = c.time_s
+                        t_plain = cand[0]
                 if t_plain is not None and t_plain > prev:
                     break  # past the optimum: time is unimodal in m, and the replicated plan fits here
                 prev = t_plain if t_plain is not None else prev
@@ -471,3 +478,14 @@ class MixedEstimator:
                 cell, "no plan fits: the layers do not split within the stages' memory (or no valid tp/dp)"
             )
         return pick
+
+
+def _scaled(costs: LayerCosts, factor: float) -> LayerCosts:
+    """`costs` with every layer's compute time times `factor`."""
+    if factor == 1.0:
+        return costs
+    return dataclasses.replace(
+        costs,
+        time_per_sample=tuple(x * factor for x in costs.time_per_sample),
+        time_fixed=tuple(x * factor for x in costs.time_fixed),
+    )

@@ -23,6 +23,14 @@ measured table by the same rules, and where they find no entry at all (a
 layout or size Arena never ran: 16 A100s of most models), our estimator
 over the measured table, rather than a cell that fails for want of a
 number. An out-of-memory entry stays infeasible.
+
+Pipelines across GPU types (solver.mixed.MixedEstimator) need per-layer
+costs and memory, which Arena's tables do not hold: ``layer_costs``,
+``mem_limit_gb``, ``links_of`` and ``gpu_spec`` are our estimator's (the
+datasheet's), and ``layer_scale`` puts each type's layers on this table's
+scale (its time over our analytic time for the part's nearest layouts, as
+our estimator calibrates an analytic cell). So such a pipeline's time
+follows the table type by type, and its memory is our model's.
 """
 
 from __future__ import annotations
@@ -32,13 +40,15 @@ import json
 import os
 import pathlib
 
+from solver.cost.comm import Links
+from solver.cost.layers import LayerCosts
 from solver.estimator import Estimator, divisors
-from solver.models import get_model
+from solver.models import ModelSpec, get_model
 from solver.profiles.arena import ESTIMATED_FILE, OPTIMAL_FILE, load_device_specs, shipped_path
 from solver.profiles.arena_import import arena_records
 from solver.profiles.arena_lookup import NO_PROFILE, ArenaTable
 from solver.profiles.gpus import default_gpu_specs
-from solver.profiles.records import CellRecord, ProfileSource
+from solver.profiles.records import CellRecord, GpuSpec, ProfileSource
 from solver.types import Cell, Estimate, JobRequest, ParallelPlan
 
 _Key = tuple[str, int, str, int, int]
@@ -107,6 +117,27 @@ class ArenaEstimates:
                 store.put_gpu(spec)
             self._fallback = Estimator(store)
         return self._fallback
+
+    # ---- per-layer costs, for pipelines across types (solver.mixed) -------------------------
+
+    def layer_costs(self, model: ModelSpec, gpu_type: str, tp: int, b: int) -> LayerCosts | None:
+        """Our estimator's per-layer costs (the datasheet's: Arena's tables have no layers);
+        `layer_scale` puts them on the scale of this table's cells."""
+        return self._estimator().layer_costs(model, gpu_type, tp, b)
+
+    def layer_scale(self, model: ModelSpec, global_batch: int, cell: Cell, tp: int) -> float:
+        """This table's time over our analytic time for `cell`'s nearest layouts (Estimator.layer_scale)."""
+        return self._estimator().layer_scale(model, global_batch, cell, tp)
+
+    def links_of(self, gpu_type: str) -> Links:
+        return self._estimator().links_of(gpu_type)
+
+    def gpu_spec(self, gpu_type: str) -> GpuSpec | None:
+        return self._estimator().gpu_spec(gpu_type)
+
+    def mem_limit_gb(self, gpu_type: str) -> float:
+        """Memory a stage may use per GPU (our estimator's: Arena's tables have no memory figure)."""
+        return self._estimator().mem_limit_gb(gpu_type)
 
     def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
         """Arena's estimate by Arena's rules; ours for a (model, GPU type) Arena never estimated."""

@@ -254,6 +254,27 @@ def test_cell_measurement_and_other_pp():
     assert e2.source == "measured+pp" and e2.iter_time_s == pytest.approx(19.0 * 21.65 / 8.096)
 
 
+def test_layer_scale_is_the_calibration_of_analytic_layers_and_one_for_profiled_ones():
+    """Without layer profiles a cell is analytic, scaled by the model's measured cells: layer_scale
+    is that factor (what MixedEstimator puts a type's layers on); profiled layers are not scaled."""
+    cell = Cell("g", 2, 2)
+    bare = ProfileStore(":memory:")
+    bare.put_gpu(G)
+    plain = Estimator(bare)
+    before = plain.estimate_model(HAND, 8, cell)
+    assert before.source == "analytic" and plain.layer_scale(HAND, 8, cell, 1) == 1.0
+    measured = ProfileStore(":memory:")
+    measured.put_gpu(G)
+    measured.put_cells([CellRecord("hand", 8, "g", 1, 2, 10.0)])
+    est = Estimator(measured)
+    k = est.layer_scale(HAND, 8, cell, 1)
+    after = est.estimate_model(HAND, 8, cell)
+    assert k != 1.0 and after.source == "analytic+calibrated"
+    assert after.iter_time_s == pytest.approx(before.iter_time_s * k, rel=1e-12)
+    assert Estimator(hand_store()).layer_scale(HAND, 8, cell, 1) == 1.0  # g has layer profiles at tp 1
+    assert est.layer_scale(HAND, 8, Cell("unknown", 1, 2), 1) == 1.0
+
+
 def test_per_plan_measurement_counts_for_its_plan_only():
     s = hand_store()
     s.put_cells([CellRecord("hand", 8, "g", 1, 2, 5.0, pp=1, dp=2, tp=1, source="measured")])

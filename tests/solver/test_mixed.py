@@ -315,6 +315,32 @@ def test_cells_that_may_pay_are_enumerated_bounded():
     assert all(len(c.parts) == 2 for c in optional_mixed_cells(job(gpu_types=None, min_gpus=4), cluster(), CFG))
 
 
+def four_types() -> ClusterView:
+    """etc/sim-hetero-24.toml's shape: one a100x4, one v100x4, four a40x2, four a10x2 nodes."""
+    nodes = [NodeView("a", "a100", 4, 4, ("all",)), NodeView("v", "v100", 4, 4, ("all",))]
+    nodes += [NodeView(f"f{i}", "a40", 2, 2, ("all",)) for i in range(4)]
+    nodes += [NodeView(f"t{i}", "a10", 2, 2, ("all",)) for i in range(4)]
+    return ClusterView(tuple(nodes))
+
+
+def test_cells_that_may_pay_give_every_size_and_combination_its_data_parallel_cell_first():
+    """The budget goes round the (GPU count, types) groups: each group's pp-1 cell before any
+    pipeline, so the last combination in name order (a100 + v100) is not cut for the first
+    combinations' pipelines; then the pipelines, the deepest of each group first."""
+    opt = optional_mixed_cells(job("gpt-2.7b", gpu_types=None, min_gpus=1), four_types(), CFG)
+    assert len(opt) <= OPTIONAL_PER_CELL * CFG.max_mixed_cells
+    keys = [c.key() for c in opt]
+    assert "a100x1+v100x1:2x4:pp1" in keys and "a10x4+a40x4:8x2:pp1" in keys
+
+    def group(c: Cell) -> tuple:
+        return c.num_gpus, tuple(t for t, _ in c.parts)
+
+    first_pipeline = next(i for i, c in enumerate(opt) if c.pp > 1)
+    assert {group(c) for c in opt[:first_pipeline]} == {group(c) for c in opt}
+    deep = [c.pp for c in opt if group(c) == (16, ("a10", "a40")) and c.pp > 1]
+    assert deep == [8, 4, 2]  # a stage on one type each: 2, 4 or 8 GPUs
+
+
 def fake(cell: Cell, t: float) -> Estimate:
     return Estimate(cell, ParallelPlan(1, cell.num_gpus, 1), t, 1.0, EstimateSource.ANALYTIC)
 

@@ -60,6 +60,35 @@ def test_layers_split_by_speed_and_priced_by_hand():
     assert e.iter_time_s == pytest.approx(want, rel=1e-9)
 
 
+class _Scaled:
+    """An inner estimator whose layers of each GPU type stand on another scale (`layer_scale`)."""
+
+    def __init__(self, inner, scales: dict[str, float]) -> None:
+        self.inner, self.scales = inner, scales
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def layer_scale(self, model, global_batch, cell, tp) -> float:
+        return self.scales[cell.gpu_type]
+
+
+def test_each_types_layers_are_priced_on_the_inner_estimators_scale():
+    """layer_scale 2 on both types: the same plan, twice the time. s's layers twice as slow as
+    profiled (6 s a block): f takes 7 of the 8 blocks, stages 7 x 1 s and 1 x 6 s; the transfers
+    and the update count at the larger scale (2), as the slowest type's cells would."""
+    cell, j = mixed_cell((("f", 1), ("s", 1)), 1, 2), JobRequest("j", P, 2, 10)
+    inner = estimator().inner
+    base = MixedEstimator(_Scaled(inner, {"f": 1.0, "s": 1.0})).estimate(j, cell)
+    assert base == estimator().estimate(j, cell)  # profiled layers: the Estimator's own scale is 1
+    double = MixedEstimator(_Scaled(inner, {"f": 2.0, "s": 2.0})).estimate(j, cell)
+    assert double.plan == base.plan and double.iter_time_s == pytest.approx(2 * base.iter_time_s, rel=1e-12)
+    slow = MixedEstimator(_Scaled(inner, {"f": 1.0, "s": 2.0})).estimate(j, cell)
+    assert slow.plan.stage_layers == (7, 1) and slow.plan.micro_batches == 2
+    want = 7 + (7 + 6) + 2 * (2 * (2.5e-5 + 500 / 10e9) + 3500 * 32 / 1000e9)
+    assert slow.iter_time_s == pytest.approx(want, rel=1e-9)
+
+
 def test_memory_caps_the_slow_stage():
     """s holds one block: 1000 B / 2 x 16 B + 100 B x 2 micro-batches in flight = 8200 B of 9000 B."""
     cell = mixed_cell((("f", 1), ("s", 1)), 1, 2)

@@ -120,8 +120,12 @@ def test_a_mixed_cells_truth_is_composed_from_its_parts_at_the_plans_shares():
 def _plan_of(est, cell, vw: int | None = None) -> JobPlan:
     """The plan the controller writes for `est` (reconcile.mixed_layout,
     state_fields): nodes in the cluster's order, each dp rank's share of its
-    part, and where the state is sharded each rank's weight (4 decimals)."""
+    part, and where the state is sharded each rank's weight (4 decimals); a
+    pipeline: its stage_layers."""
     nodes = tuple(f"{t}-{i + 1}" for t, n in cell.parts for i in range(n))
+    if est.plan.pp > 1:
+        p = est.plan
+        return JobPlan(pp=p.pp, dp=p.dp, tp=p.tp, nodes=nodes, stage_layers=p.stage_layers, cell=cell.key())
     per_node = cell.gpus_per_node // est.plan.tp
 
     def per_rank(values):
@@ -142,11 +146,13 @@ def _plan_of(est, cell, vw: int | None = None) -> JobPlan:
     )
 
 
+@pytest.mark.parametrize("pp", [1, 2])
 @pytest.mark.parametrize("truth", ["arena-filled", "store"])
-def test_with_the_truth_as_estimates_a_mixed_cell_runs_as_estimated(truth):
+def test_with_the_truth_as_estimates_a_mixed_cell_runs_as_estimated(truth, pp):
     """The policies' MixedEstimator over the truth's own table (or the truth
     store's estimator) and the composed truth agree exactly on a mixed cell
-    run with the plan the estimate gives: one composition."""
+    run with the plan the estimate gives: one composition, data parallel or
+    a pipeline across types (a table's layers: ours on its scale)."""
     if truth == "arena-filled":
         speed, believed = Conditions(truth="arena-filled", estimates="truth").speed_and_estimator()
         model, batch = "bert__2.6B", 128
@@ -154,11 +160,34 @@ def test_with_the_truth_as_estimates_a_mixed_cell_runs_as_estimated(truth):
         believed = Estimator(open_store(None))
         speed = estimator_speed(believed, mixed=True)
         model, batch = "bert__760M", 64
-    cell = mixed_cell((("a40", 2), ("a10", 2)), 2)
+    cell = mixed_cell((("a40", 2), ("a10", 2)), 2, pp)
     est = MixedEstimator(believed).estimate(JobRequest("j", get_model(model), batch, 10), cell)
     assert est.feasible, est.note
+    assert (est.plan.pp, len(est.plan.stage_layers)) == ((1, 0) if pp == 1 else (pp, pp))
     spec = JobSpec(model=model, global_batch=batch, iterations=10)
     assert speed(spec, "a40+a10", 4, 2, _plan_of(est, cell)) == pytest.approx(est.iter_time_s, rel=1e-9)
+
+
+def test_a_tables_pipeline_across_types_follows_the_table_type_by_type():
+    """Arena's tables have no layers: a pipeline across types is priced from
+    ours, each type's put on the table's scale (layer_scale). The same table
+    with every time doubled: the same plan in twice the time; the estimates
+    and the filled truth both price it, from their own tables."""
+    from solver.profiles.arena_estimates import ArenaEstimates, best_plan_records
+
+    job = JobRequest("j", get_model("moe__2.4B"), 256, 10)
+    cell = mixed_cell((("a10", 4), ("a40", 4)), 2, 4)
+    recs = best_plan_records()
+    twice = [dataclasses.replace(r, iter_time_s=r.iter_time_s and 2 * r.iter_time_s) for r in recs]
+    one = MixedEstimator(ArenaEstimates(records=recs)).estimate(job, cell)
+    two = MixedEstimator(ArenaEstimates(records=twice)).estimate(job, cell)
+    assert one.feasible and sum(one.plan.stage_layers) == get_model("moe__2.4B").num_layers, one.note
+    assert two.plan == one.plan and two.iter_time_s == pytest.approx(2 * one.iter_time_s, rel=1e-9)
+    speed, believed = Conditions.realistic().speed_and_estimator()
+    assert isinstance(believed, ArenaEstimates) and MixedEstimator(believed).estimate(job, cell).feasible
+    spec = JobSpec(model="moe__2.4B", global_batch=256, iterations=10)
+    truth = speed(spec, "a10+a40", 8, 2, _plan_of(one, cell))
+    assert truth is not None and truth > 0
 
 
 @pytest.mark.parametrize("vw", [None, 24])
