@@ -215,14 +215,76 @@ def pct_error(predicted: float, measured: float) -> float:
 # ------------------------------------------------------- profile + predict
 
 
-def cpu_spec(comm, update_gbps: float):
+def gpu_type(ranks: int) -> str:
+    """The profile of a core while `ranks` cores of this machine run the job's ranks."""
+    return "cpu" if ranks == 1 else f"cpu-x{ranks}"
+
+
+def _corun_worker(index: int, ranks: int, started, finished, out: str) -> None:
+    """One of `ranks` processes profiling at once (spawned): the layers in a
+    stack of the model's blocks and the update over the whole model, each
+    process on one thread, as a training rank runs; it keeps profiling until
+    every process has finished its first pass, so none is measured alone."""
+    import torch
+
+    from launch import profiler
+
+    torch.set_num_threads(1)
+    model = model_spec()
+    kw = {"warmup": 2, "repeat": 5}
+    started.wait()
+    recs = profiler.profile_layers(model, tps=(1, 2), micro_batches=MICRO_BATCHES, stack=model.num_layers, **kw)
+    gbps = profiler.profile_update(model, blocks=model.num_layers, **kw)
+    with finished.get_lock():
+        finished.value += 1
+    while finished.value < ranks:  # load the machine as the job will until the others are done
+        profiler.profile_layers(model, tps=(1,), micro_batches=(MICRO_BATCHES[-1],), stack=model.num_layers, **kw)
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump({"layers": [r.__dict__ for r in recs], "update_gbps": gbps}, f)
+
+
+def profile_corun(ranks: int) -> tuple[list, float]:
+    """(layer records, update GB/s) of a core while `ranks` cores run alike
+    work: `ranks` processes profile at once (``_corun_worker``), and each
+    time is the mean over them. The ranks of a job on this machine share its
+    memory bandwidth and caches, which a one-process profile cannot see."""
+    import multiprocessing as mp
+
+    from solver.profiles.records import LayerRecord
+
+    ctx = mp.get_context("spawn")
+    started, finished = ctx.Barrier(ranks), ctx.Value("i", 0)
+    with tempfile.TemporaryDirectory(prefix="cellsched-corun-") as tmp:
+        outs = [os.path.join(tmp, f"{i}.json") for i in range(ranks)]
+        procs = [ctx.Process(target=_corun_worker, args=(i, ranks, started, finished, outs[i])) for i in range(ranks)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join()
+        bad = [i for i, proc in enumerate(procs) if proc.exitcode != 0]
+        if bad:
+            raise RuntimeError(f"co-run profile of {ranks} processes: process {bad[0]} exited {procs[bad[0]].exitcode}")
+        runs = []
+        for out in outs:
+            with open(out, encoding="utf-8") as f:
+                runs.append(json.load(f))
+    recs = []
+    for parts in zip(*(r["layers"] for r in runs)):
+        fields = dict(parts[0], gpu_type=gpu_type(ranks))
+        fields["fwd_s"] = statistics.mean(p["fwd_s"] for p in parts)
+        fields["bwd_s"] = statistics.mean(p["bwd_s"] for p in parts)
+        recs.append(LayerRecord(**fields))
+    return recs, statistics.mean(r["update_gbps"] for r in runs)
+
+
+def cpu_spec(comm, update_gbps: float, name: str = "cpu"):
     """This machine as a "cpu" GpuSpec: its memory, the profiled update bandwidth; ranks talk over loopback."""
     from launch.profiler import LOOPBACK, curve_bandwidth_gbps
     from solver.profiles.records import GpuSpec
 
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
     return GpuSpec(
-        "cpu",
+        name,
         mem_gb=mem_gb,
         peak_tflops=0.1,
         mem_bw_gbps=update_gbps,
@@ -232,11 +294,11 @@ def cpu_spec(comm, update_gbps: float):
     )
 
 
-def stage_layers(store, model, pp: int, tp: int, b: int) -> tuple[int, ...]:
+def stage_layers(store, model, gpu: str, pp: int, tp: int, b: int) -> tuple[int, ...]:
     """Blocks per stage of the split the estimator uses (embed and head ride along)."""
     from solver.cost.layers import layers_from_records, split_stages
 
-    recs = store.layers(model.signature, "cpu", tp, b)
+    recs = store.layers(model.signature, gpu, tp, b)
     sizes = split_stages(layers_from_records(recs), pp, float(b)).layers
     kinds = [r.kind for r in recs]
     out, start = [], 0
@@ -288,19 +350,23 @@ def main(argv: list[str] | None = None) -> int:
     model = model_spec()
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cellsched-bench-") as tmp, ProfileStore(Path(tmp) / "p.sqlite") as store:
-        store.put_layers(profiler.profile_layers(model, tps=(1, 2), micro_batches=MICRO_BATCHES, warmup=2, repeat=5))
         comm = profiler.profile_comm(2, link=profiler.LOOPBACK, repeat=30)
         store.put_comm(comm)
-        update_gbps = profiler.profile_update(model, repeat=7)
-        store.put_gpu(cpu_spec(comm, update_gbps))
+        update_gbps = {}
+        for ranks in range(1, cores + 1):
+            layers, update_gbps[ranks] = profile_corun(ranks)
+            store.put_layers(layers)
+            store.put_gpu(cpu_spec(comm, update_gbps[ranks], gpu_type(ranks)))
         profile_s = time.perf_counter() - t_start
-        est = Estimator(store, grad_sync=ALLGATHER)  # the trainer adds the dp ranks' gradients in order
+        # the trainer adds the dp ranks' gradients in order, and each micro-batch's into the step's (grad += new)
+        est = Estimator(store, grad_sync=ALLGATHER, accumulate_bytes_per_param=3 * model.dtype_bytes)
         rows = []
         for pp, dp, tp, m in PLANS:
             n = pp * dp * tp
             if args.quick and n > cores:
                 continue
-            cell = Cell("cpu", 1, n, pp)
+            gpu = gpu_type(min(n, cores))
+            cell = Cell(gpu, 1, n, pp)
             assert est.estimate_model(model, BATCH, cell).source == EstimateSource.COMPOSED
             predicted = next(
                 t for p, t, _ in est.plans(model, BATCH, cell) if (p.dp, p.tp, p.micro_batches) == (dp, tp, m)
@@ -312,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
                 "tp": tp,
                 "micro_batches": m,
                 "global_batch": BATCH,
-                "stage_layers": list(stage_layers(store, model, pp, tp, b)),
+                "stage_layers": list(stage_layers(store, model, gpu, pp, tp, b)),
             }
             got = measure(plan, args.steps, args.warmup)
             row = {
@@ -353,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
                 "mape_uncontended_pct_oversubscribed": mape("error_uncontended_pct", True),
                 "mape_uncontended_pct_all": mape("error_uncontended_pct"),
                 "optimizer_step_s": round(optimizer_step_s(model), 4),
-                "update_gbps": round(update_gbps, 2),
+                "update_gbps": {gpu_type(n): round(v, 2) for n, v in update_gbps.items()},
                 "profile_s": round(profile_s, 1),
                 "total_s": round(time.perf_counter() - t_start, 1),
             }

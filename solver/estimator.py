@@ -32,7 +32,9 @@ over the optimizer state at the GPU's memory bandwidth (``mem_bw_gbps``; see
 ``solver.cost.pipeline``), and the dp gradient sync: a ring all-reduce, or
 with ``grad_sync="allgather"`` an all-gather of each rank's gradients (one
 per virtual worker it runs) added in rank order, as the reference trainer
-does for bitwise-reproducible sums.
+does for bitwise-reproducible sums. With ``accumulate_bytes_per_param`` > 0
+they also price adding each micro-batch's gradients into the step's (every
+micro-batch but a worker's first) at that bandwidth.
 
 Inside a cell (pp fixed) the search covers tp dividing the GPUs per node
 (and the heads; the hidden size for non-transformers), dp = GPUs / (pp tp)
@@ -159,6 +161,7 @@ class Estimator:
         max_pp: int = 8,
         update_bytes_per_param: float | None = None,
         grad_sync: str = ALLREDUCE,
+        accumulate_bytes_per_param: float = 0.0,
     ) -> None:
         """`store` is a ProfileStore (read here once for GPU specs and comm
         curves, later once per model); `efficiency` is the fraction of peak
@@ -171,12 +174,18 @@ class Estimator:
         0 leaves the update out); `grad_sync` how gradients are summed over dp
         ranks (``solver.cost.pipeline.GRAD_SYNCS``: "allreduce", or
         "allgather" for trainers that add every rank's gradients in rank order,
-        as the reference trainer does)."""
+        as the reference trainer does); `accumulate_bytes_per_param` the
+        memory traffic per parameter of adding a micro-batch's gradients into
+        the step's (every micro-batch but a worker's first; 3 x dtype bytes
+        for a plain ``grad += new``), priced like the update (0: not priced)."""
         if not 0 < mem_fraction <= 1:
             raise ValueError(f"mem_fraction must be in (0, 1], got {mem_fraction}")
         if grad_sync not in GRAD_SYNCS:
             raise ValueError(f"grad_sync must be one of {GRAD_SYNCS}, got {grad_sync!r}")
+        if accumulate_bytes_per_param < 0:
+            raise ValueError(f"accumulate_bytes_per_param must be >= 0, got {accumulate_bytes_per_param}")
         self.grad_sync = grad_sync
+        self.accumulate_bytes_per_param = accumulate_bytes_per_param
         self.store = store
         self.mem_fraction = mem_fraction
         self.optimizer_bytes_per_param = optimizer_bytes_per_param
@@ -390,7 +399,7 @@ class Estimator:
                 per_worker, k = batch // dp, 1
             else:  # the busiest rank runs k virtual workers of batch / V samples in turn
                 per_worker, k = batch // vw, -(-vw // dp)
-            prev, last_st, sync = math.inf, None, 0.0
+            prev, last_st, sync, accumulate = math.inf, None, 0.0, 0.0
             for m in divisors(per_worker):
                 b = per_worker // m
                 st = self._stages(md, chosen, cell.gpu_type, tp, b, pp)
@@ -401,6 +410,12 @@ class Estimator:
                         st,
                         dtype_bytes=model.dtype_bytes,
                         update_bytes_per_param=self.update_bytes_per_param,
+                        mem_bw_gbps=mem_bw,
+                    )
+                    accumulate = update_time(
+                        st,
+                        dtype_bytes=model.dtype_bytes,
+                        update_bytes_per_param=self.accumulate_bytes_per_param,
                         mem_bw_gbps=mem_bw,
                     )
                     last_st = st
@@ -415,6 +430,7 @@ class Estimator:
                     dtype_bytes=model.dtype_bytes,
                     optimizer_bytes_per_param=self.optimizer_bytes_per_param,
                 )
+                t += (m - 1) * accumulate  # the largest stage adds m - 1 micro-batches into its gradients
                 t = (t if k == 1 else k * t) + sync
                 i = len(plans)
                 plans.append(_Cand(dp, tp, m, t, mem))

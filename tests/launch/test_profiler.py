@@ -193,3 +193,64 @@ def test_layer_time_is_the_median_run(monkeypatch):
     layer = torch.nn.Linear(2, 2)
     x = torch.ones(1, 2)
     assert profiler._median_times(layer, lambda: layer(x), torch.device("cpu"), 1, 3) == (1.0, 2.0)
+
+
+class _Tick(torch.autograd.Function):
+    """Identity that advances a fake clock by `bwd` seconds in backward."""
+
+    @staticmethod
+    def forward(ctx, x, clock, bwd):
+        ctx.clock, ctx.bwd = clock, bwd
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.clock["t"] += ctx.bwd
+        return grad, None, None
+
+
+class _Timed(torch.nn.Module):
+    """A layer that takes `fwd` fake seconds forward and `bwd` backward."""
+
+    def __init__(self, clock, fwd, bwd):
+        super().__init__()
+        self.clock, self.fwd, self.bwd = clock, fwd, bwd
+        self.w = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x, tokens=None):
+        self.clock["t"] += self.fwd
+        y = (x.float() if x.dtype == torch.long else x) * self.w
+        return _Tick.apply(y.sum() if tokens is not None else y, self.clock, self.bwd)
+
+
+def test_stacked_layer_times_split_one_forward_and_backward(monkeypatch):
+    """In a stack each layer's forward and backward are its own share of the model's; blocks give their mean."""
+    clock = {"t": 0.0}
+    monkeypatch.setattr(profiler, "compute_clock", lambda _device: lambda: clock["t"])
+    embed, head = _Timed(clock, 0.1, 0.2), _Timed(clock, 5.0, 6.0)
+    blocks = [_Timed(clock, 1.0, 2.0), _Timed(clock, 3.0, 4.0)]
+    tokens = torch.ones(2, 3, dtype=torch.long)
+    times = profiler._stack_times(embed, blocks, head, tokens, torch.device("cpu"), 1, 3)
+    assert times["embed"] == pytest.approx((0.1, 0.2))
+    assert times["block"] == pytest.approx((2.0, 3.0))
+    assert times["head"] == pytest.approx((5.0, 6.0))
+
+
+def test_stacked_profile_keeps_the_records_memory():
+    """stack=k changes how layers are timed, not what is recorded about their memory."""
+    torch.set_num_threads(1)
+    alone = profiler.profile_layers(MODEL, tps=(1, 2), micro_batches=(2,), warmup=1, repeat=1)
+    stacked = profiler.profile_layers(MODEL, tps=(1, 2), micro_batches=(2,), warmup=1, repeat=1, stack=2)
+    assert [(r.tp, r.layer, r.kind, r.param_bytes, r.act_bytes, r.out_bytes) for r in stacked] == [
+        (r.tp, r.layer, r.kind, r.param_bytes, r.act_bytes, r.out_bytes) for r in alone
+    ]
+    assert all(r.fwd_s > 0 and r.bwd_s > 0 for r in stacked)
+    with pytest.raises(profiler.ProfileError, match="stack"):
+        profiler.profile_layers(MODEL, stack=-1)
+
+
+def test_update_over_more_blocks():
+    torch.set_num_threads(1)
+    assert 0.1 < profiler.profile_update(MODEL, warmup=1, repeat=1, blocks=2) < 1000
+    with pytest.raises(profiler.ProfileError, match="blocks"):
+        profiler.profile_update(MODEL, blocks=0)
