@@ -106,9 +106,17 @@ def model_spec():
 
 
 def run_delay_s() -> float:
-    """Seconds this thread has waited for a CPU while runnable (Linux schedstat)."""
-    with open("/proc/thread-self/schedstat", encoding="ascii") as f:
-        return int(f.read().split()[1]) / 1e9
+    """Seconds this process's threads have waited for a CPU while runnable
+    (Linux schedstat), the collectives' worker threads included: they move a
+    step's tp, pp and dp traffic while the main thread blocks."""
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", encoding="ascii") as f:
+                total += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):  # a thread that just ended
+            continue
+    return total / 1e9
 
 
 def worker(steps: int, warmup: int) -> None:

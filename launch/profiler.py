@@ -422,16 +422,27 @@ def _free_port() -> int:
 
 
 def _busy(seconds: float, scratch: torch.Tensor) -> None:
-    """Keep this rank computing for `seconds` (small matmuls on the host)."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+    """Keep this rank computing for `seconds` of its own CPU time (small
+    matmuls on the host): the same work on every rank, as the ranks of a
+    step compute alike shards, so a rank the machine slows arrives late (a
+    wall-clock deadline would line the ranks up again and hide that)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
         torch.mm(scratch, scratch)
 
 
-def _timed(op: Callable[[], object], device: torch.device, warmup: int, repeat: int, busy_s: float) -> float:
+def _timed(
+    op: Callable[[], object],
+    device: torch.device,
+    warmup: int,
+    repeat: int,
+    busy_s: float,
+    touch: Callable[[], object] | None = None,
+) -> float:
     """Mean seconds of `repeat` calls of `op` (after `warmup` calls), each
     after `busy_s` of computing on every rank, as a training step issues its
-    collectives: between layers, not back to back. The call then pays for
+    collectives: between layers, not back to back, on a buffer just written
+    (`touch`, untimed: a layer's fresh output). The call then pays for
     waking ranks that were busy, and the skew of their arrival; on a CPU it
     is bimodal (the collective's threads on every rank find a core at once,
     or wait for one), so a median says either mode and the mean is what a
@@ -440,6 +451,8 @@ def _timed(op: Callable[[], object], device: torch.device, warmup: int, repeat: 
     total = 0.0
     for i in range(warmup + repeat):
         _busy(busy_s, scratch)
+        if touch is not None:
+            touch()
         _sync(device)
         t0 = time.perf_counter()
         op()
@@ -483,18 +496,21 @@ def _comm_worker(
                 dist.recv(buf, 0)
                 dist.send(buf, 0)
 
+        def touch() -> None:
+            buf.fill_(1.0)
+
         dist.barrier()
-        t = _timed(ping, device, warmup, repeat, busy_s) / 2
+        t = _timed(ping, device, warmup, repeat, busy_s, touch) / 2
         recs.append(CommRecord(link, "p2p", 2, _nbytes(buf), t))
         for n in counts:
             parts = [torch.empty_like(buf) for _ in range(n)]
             dist.barrier()
             if rank < n:
-                t = _timed(lambda: dist.all_reduce(buf, group=groups[n]), device, warmup, repeat, busy_s)
+                t = _timed(lambda: dist.all_reduce(buf, group=groups[n]), device, warmup, repeat, busy_s, touch)
                 recs.append(CommRecord(link, "allreduce", n, _nbytes(buf), t))
             dist.barrier()
             if rank < n:
-                t = _timed(lambda: dist.all_gather(parts, buf, group=groups[n]), device, warmup, repeat, busy_s)
+                t = _timed(lambda: dist.all_gather(parts, buf, group=groups[n]), device, warmup, repeat, busy_s, touch)
                 recs.append(CommRecord(link, "allgather", n, _nbytes(buf), t))
     dist.barrier()
     if rank == 0:

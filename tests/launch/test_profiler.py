@@ -254,3 +254,39 @@ def test_update_over_more_blocks():
     assert 0.1 < profiler.profile_update(MODEL, warmup=1, repeat=1, blocks=2) < 1000
     with pytest.raises(profiler.ProfileError, match="blocks"):
         profiler.profile_update(MODEL, blocks=0)
+
+
+def test_busy_compute_is_work_not_a_wall_clock_deadline(monkeypatch):
+    """Ranks compute for the same CPU time before a collective, so one the machine slows arrives late."""
+    cpu = {"t": 0.0, "mm": 0}
+
+    def mm(_a, _b):
+        cpu["mm"] += 1
+        cpu["t"] += 0.001  # each matmul: 1 ms of this thread's CPU
+
+    def wall():  # the wall clock runs 4 ms per reading: other processes hold the core
+        cpu["wall"] = cpu.get("wall", 0.0) + 0.004
+        return cpu["wall"]
+
+    monkeypatch.setattr(profiler, "time", SimpleNamespace(thread_time=lambda: cpu["t"], perf_counter=wall))
+    monkeypatch.setattr(profiler.torch, "mm", mm)
+    profiler._busy(0.01, None)
+    assert cpu["mm"] == 10  # a wall-clock deadline would stop after 2
+
+
+def test_collective_meets_a_freshly_written_buffer(monkeypatch):
+    """`touch` writes the op's buffer before every call (a layer's fresh output), outside the timing."""
+    clock = {"t": 0.0}
+    touched = []
+
+    def touch():
+        touched.append(clock["t"])
+        clock["t"] += 100.0
+
+    def op():
+        clock["t"] += 2.0
+
+    monkeypatch.setattr(profiler, "time", SimpleNamespace(perf_counter=lambda: clock["t"]))
+    monkeypatch.setattr(profiler, "_busy", lambda seconds, _scratch: None)
+    assert profiler._timed(op, torch.device("cpu"), 1, 3, 0.5, touch) == pytest.approx(2.0)
+    assert len(touched) == 4
