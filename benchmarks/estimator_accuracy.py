@@ -68,6 +68,11 @@ sys.path[:0] = [str(REPO), str(REPO / "contrib" / "examples")]  # this tree's so
 SHAPE = {"layers": 4, "hidden": 192, "heads": 4, "seq": 256, "vocab": 256}
 BATCH = 8
 MICRO_BATCHES = (1, 2, 4, 8)
+#: The trainer's update per parameter (fp32): AdamW's state read and
+#: written (2 x 16 B, as profile_update measures it) and its four copies of
+#: the gradient (8 B each: flattened, stacked for the ordered sum, the sum
+#: cloned, cloned back per parameter), all at the profiled update bandwidth.
+UPDATE_BYTES_PER_PARAM = 2 * 16 + 4 * 8
 #: (pp, dp, tp, micro-batches)
 PLANS = [
     (1, 1, 1, 1),
@@ -106,17 +111,9 @@ def model_spec():
 
 
 def run_delay_s() -> float:
-    """Seconds this process's threads have waited for a CPU while runnable
-    (Linux schedstat), the collectives' worker threads included: they move a
-    step's tp, pp and dp traffic while the main thread blocks."""
-    total = 0
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/schedstat", encoding="ascii") as f:
-                total += int(f.read().split()[1])
-        except (OSError, ValueError, IndexError):  # a thread that just ended
-            continue
-    return total / 1e9
+    """Seconds this thread has waited for a CPU while runnable (Linux schedstat)."""
+    with open("/proc/thread-self/schedstat", encoding="ascii") as f:
+        return int(f.read().split()[1]) / 1e9
 
 
 def worker(steps: int, warmup: int) -> None:
@@ -366,8 +363,12 @@ def main(argv: list[str] | None = None) -> int:
             store.put_layers(layers)
             store.put_gpu(cpu_spec(comm, update_gbps[ranks], gpu_type(ranks)))
         profile_s = time.perf_counter() - t_start
-        # the trainer adds the dp ranks' gradients in order, and each micro-batch's into the step's (grad += new)
-        est = Estimator(store, grad_sync=ALLGATHER, accumulate_bytes_per_param=3 * model.dtype_bytes)
+        est = Estimator(
+            store,
+            grad_sync=ALLGATHER,  # the trainer gathers the dp ranks' gradients and adds them in rank order
+            accumulate_bytes_per_param=3 * model.dtype_bytes,  # grad += new: read two, write one
+            update_bytes_per_param=UPDATE_BYTES_PER_PARAM,
+        )
         rows = []
         for pp, dp, tp, m in PLANS:
             n = pp * dp * tp

@@ -33,8 +33,9 @@ over the optimizer state at the GPU's memory bandwidth (``mem_bw_gbps``; see
 with ``grad_sync="allgather"`` an all-gather of each rank's gradients (one
 per virtual worker it runs) added in rank order, as the reference trainer
 does for bitwise-reproducible sums. With ``accumulate_bytes_per_param`` > 0
-they also price adding each micro-batch's gradients into the step's (every
-micro-batch but a worker's first) at that bandwidth.
+they also price adding one gradient into another at that bandwidth: each
+micro-batch's into the step's (every micro-batch but a worker's first) and,
+under "allgather", the gathered gradients in rank order (dp x k - 1 adds).
 
 Inside a cell (pp fixed) the search covers tp dividing the GPUs per node
 (and the heads; the hidden size for non-transformers), dp = GPUs / (pp tp)
@@ -75,7 +76,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from solver.cost.comm import Links, load_curves
 from solver.cost.layers import LayerCosts, StageCosts, analytic_layers, layers_from_records, split_stages
-from solver.cost.pipeline import ALLREDUCE, GRAD_SYNCS, dp_sync_time, pipeline_cost, update_time
+from solver.cost.pipeline import ALLGATHER, ALLREDUCE, GRAD_SYNCS, dp_sync_time, pipeline_cost, update_time
 from solver.models import ModelSpec
 from solver.profiles.records import CellRecord, GpuSpec, ProfileSource
 from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
@@ -175,9 +176,10 @@ class Estimator:
         ranks (``solver.cost.pipeline.GRAD_SYNCS``: "allreduce", or
         "allgather" for trainers that add every rank's gradients in rank order,
         as the reference trainer does); `accumulate_bytes_per_param` the
-        memory traffic per parameter of adding a micro-batch's gradients into
-        the step's (every micro-batch but a worker's first; 3 x dtype bytes
-        for a plain ``grad += new``), priced like the update (0: not priced)."""
+        memory traffic per parameter of adding one gradient into another (3 x
+        dtype bytes for a plain ``grad += new``), priced like the update for
+        every micro-batch but a worker's first and, under "allgather", for
+        the sum of the gathered gradients (0: not priced)."""
         if not 0 < mem_fraction <= 1:
             raise ValueError(f"mem_fraction must be in (0, 1], got {mem_fraction}")
         if grad_sync not in GRAD_SYNCS:
@@ -418,6 +420,8 @@ class Estimator:
                         update_bytes_per_param=self.accumulate_bytes_per_param,
                         mem_bw_gbps=mem_bw,
                     )
+                    if self.grad_sync == ALLGATHER:  # the dp x k gathered gradients added in rank order
+                        sync += (dp * k - 1) * accumulate
                     last_st = st
                 t, mem = pipeline_cost(
                     st,

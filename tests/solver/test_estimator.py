@@ -209,6 +209,19 @@ def test_gradient_sync_by_ordered_allgather():
         Estimator(gather_store(), grad_sync="reduce-scatter")
 
 
+def test_ordered_allgather_prices_adding_the_gathered_gradients():
+    """With accumulate_bytes_per_param, "allgather" also prices the dp x k - 1 adds of the gathered gradients."""
+    store = gather_store()
+    store.put_gpu(replace(G, name="slow", mem_bw_gbps=1e-6))  # 1000 B/s
+    store.put_layers(layer_recs("slow", 1, TIMES))
+    cell = Cell("slow", 1, 2, pp=1)
+    # dp 2, m = 1: 16 s + the all-gather 12 s + the update 192 s + one add of 6000 fp16 gradients x 6 B = 36 s
+    t, _ = plan_of(Estimator(store, grad_sync=ALLGATHER, accumulate_bytes_per_param=6), cell, 8, 1, 2, 1, 1)
+    assert t == pytest.approx(16 + 12 + 192 + 36)
+    t, _ = plan_of(Estimator(store, accumulate_bytes_per_param=6), cell, 8, 1, 2, 1, 1)  # an all-reduce sums in place
+    assert t == pytest.approx(16.012 + 192)
+
+
 def test_ordered_allgather_gathers_every_virtual_worker():
     """Under V = 4 over dp 2 each rank gathers its 2 virtual workers' gradients: twice the bytes."""
     store = gather_store()
