@@ -1,14 +1,26 @@
 """How close the composed estimate is to real training, on CPU.
 
-1. Profile a small GPT on this machine (one thread, as each training rank
-   runs): layers per tp degree and micro-batch (median run), the loopback
-   comm curves among 2 gloo processes (p2p, all-reduce, all-gather; each
-   call after every rank computed for a while, as a step issues them; the
-   mean of 30 calls), and the memory bandwidth of an optimizer step, into a
-   temporary profile store (with a "cpu" GpuSpec of this machine: its
-   memory, that update bandwidth, intra link "loopback").
+1. Profile a small GPT on this machine into a temporary profile store, as
+   the job's ranks will use it: each rank is one process on one thread, and
+   a job of n ranks keeps n cores busy, which slows each of them (shared
+   caches and memory bandwidth: several percent on small micro-batches, a
+   fifth on the optimizer step), so the device a rank runs on is "a core
+   while n cores work". For every n up to the cores, n processes profile at
+   once (``profile_corun``; the mean over them) and store it as GPU type
+   ``gpu_type(n)`` ("cpu", "cpu-x2", ...; a GpuSpec with this machine's
+   memory, that update bandwidth, intra link "loopback"):
+   - layers per tp degree and micro-batch, timed in a stack of the model's
+     blocks between the embedding and the head, forward then backward as a
+     micro-batch runs them (``profile_layers(stack=layers)``): timed alone,
+     a layer finds its weights and activations in cache, which on this CPU
+     hides 5-10% of small micro-batches;
+   - the update bandwidth of an AdamW step over the whole model
+     (``profile_update(blocks=layers)``: a bigger state sweeps slower).
+   Once: the loopback comm curves among 2 gloo processes (p2p, all-reduce,
+   all-gather; the mean of 30 calls, each after the same CPU work on every
+   rank and on a freshly written buffer, as a step meets its collectives).
 2. Predict each plan's iteration time with the solver's Estimator (source
-   "composed", cell "cpu" x one node x ranks).
+   "composed", cell ``gpu_type(min(ranks, cores))`` x one node x ranks).
 3. Run the reference trainer (minigpt's Trainer, as contrib/examples/train_gpt.py does) under that plan
    on local processes started through the real launcher, with the stage
    split the estimator assumed (plan.stage_layers), and take the median
@@ -19,8 +31,10 @@ rank does (each step ends in a world all-reduce of the loss), so a step's
 time is the maximum over ranks, and `measured_s`, the job's iteration time,
 is the median of that over the timed steps; `fastest_s` is their minimum.
 `uncontended_s` is the median over steps of the step's time less the
-longest time any rank sat runnable without a CPU that step (/proc
-schedstat), i.e. what the step would take with a core per rank.
+longest time any rank's main thread sat runnable without a CPU that step
+(/proc schedstat), i.e. about what the step would take with a core per
+rank (the collectives' threads' waits are not subtracted, nor a second
+rank's whose wait stalled its peers).
 
 Prints one JSON line per plan and a summary with the mean absolute
 percentage error (MAPE) of the prediction against `measured_s` (also against
@@ -32,19 +46,20 @@ reported separately.
 The estimate prices what the reference trainer does: each layer's compute;
 under tp, 4 all-reduces of the activation per block and micro-batch (the
 trainer's blocks issue Megatron's 4: q, k and v enter the tp region
-together), at the all-reduce curve; the pipeline's activation sends; the dp
-gradient sum as the trainer does it, an all-gather of every rank's gradient
-(``Estimator(grad_sync="allgather")``) at the all-gather curve; and the
-optimizer step at the profiled update bandwidth (`optimizer_step_s` is the
-trainer's AdamW step over the whole model, for comparison). The curves are
-taken the way a step meets its collectives: every rank comes from compute,
-so a call pays for waking peers that were busy (on this VM a collective
-either finds its threads a core at once or waits a few ms for one: the mean
-of the calls is what a step issuing many of them pays). Not in
-the estimate, so measured runs are expected a little slower: the trainer's
-local gradient copies (flatten, stack, sum, per-parameter clone: about 1% of
-a step), drawing the batch, the loss all-reduce ending each step, and
-pipeline sends beyond the first micro-batch (the schedule overlaps them).
+together), at the all-reduce curve; the pipeline's activation sends; adding
+each micro-batch's gradients into the step's (``accumulate_bytes_per_param``
+12 B); the dp gradient sum as the trainer does it, an all-gather of every
+rank's gradient (``Estimator(grad_sync="allgather")``) at the all-gather
+curve, then added in rank order; and the update at the profiled update
+bandwidth: the AdamW step and the trainer's four copies of the gradient
+(``UPDATE_BYTES_PER_PARAM``; `optimizer_step_s` is the trainer's AdamW
+step over the whole model, for comparison). Not in the estimate, so
+measured runs are expected a little slower: drawing the batch, the
+concatenation of the gathered gradients, the loss all-reduce ending each
+step, the pipeline schedule's own work, pipeline sends beyond the first
+micro-batch (the schedule overlaps them), and ranks reaching a collective
+at different times after long compute (the curves see the skew of 5 ms of
+work, not of a whole backward).
 
     python benchmarks/estimator_accuracy.py [--steps 6] [--quick]
 """

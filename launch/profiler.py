@@ -9,12 +9,15 @@ communication curves once per link.
   estimator adds those from the communication curves: 4 all-reduces per
   "block", none for "embed" / "head"). Times are of the median run, on the
   device's compute clock (``compute_clock``: CPU time for a one-thread CPU
-  profile, so a busy machine does not inflate them). Memory: parameter bytes of the shard,
+  profile, so a busy machine does not inflate them). With ``stack=k`` the
+  layers run as a model of k distinct blocks between the embedding and the
+  head, so each meets the cache a training step leaves it. Memory: parameter bytes of the shard,
   activation bytes autograd keeps for backward (the tensors it saves,
   parameters excluded), and the bytes of the layer's output.
 * ``profile_comm``: point-to-point, all-reduce and all-gather time against
   message size among local processes (nccl over GPUs, gloo over loopback on
-  CPU); an all-gather's size is what each rank contributes.
+  CPU), each call after the same CPU work on every rank, as between a
+  step's layers; an all-gather's size is what each rank contributes.
 * ``profile_update``: the memory bandwidth an optimizer step (AdamW) achieves
   on the model's parameters, in the estimator's terms (its traffic taken as
   2 x optimizer_bytes_per_param per parameter): the ``mem_bw_gbps`` that
