@@ -11,15 +11,18 @@ Rows (name: simulate options):
       and 4, so that each load is the one of the same row on Arena's
       cluster (unscaled, 88 GPUs would meet 15x the load).
 
-Each row is one `cellsched simulate` run (all policies, the same seed), kept
-in OUT/ROW/results.json: a row already there is not run again, so the
-matrix can be built over several sittings. Prints one JSON line per (row,
+Each (row, policy) is one `cellsched simulate` run with the row's seed, so
+every policy of a row meets the same truth, noise and restart model; it is
+kept in OUT/ROW/POLICY/results.json with the commit it ran on, and a run
+already there is not run again: the matrix is built over several sittings,
+and after a change to one policy only its runs are deleted and redone.
+Up to --workers runs go at once. Prints one JSON line per (row,
 policy): finished, total, avg JCT, avg JCT over the jobs that policy and
 sia both finished, and the ratio of the two averages; then a summary line
 with cellsched's mean ratio to sia over the rows. Writes OUT/matrix.md and,
 with matplotlib, OUT/matrix.png.
 
-    python benchmarks/realistic_matrix.py --out /tmp/matrix [--rows ROW,...] [--workers 2]
+    python benchmarks/realistic_matrix.py --out /tmp/matrix [--rows ROW,...] [--policies P,...] [--workers 2]
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,30 +61,85 @@ def rows(small_jobs: int) -> dict[str, list[str]]:
     return out
 
 
-def run_row(name: str, args: list[str], out: Path, policies: tuple[str, ...], workers: int, seed: int) -> Path:
-    """The row's results.json (simulated now unless it is there)."""
-    results = out / name / "results.json"
-    if results.exists():
-        return results
-    cmd = [sys.executable, "-m", "slurm_ext", "simulate", "--realistic", "--seed", str(seed), *args]
+def commit() -> str:
+    """This tree's commit (with "+dirty" when it has uncommitted changes)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True)
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def run_cmd(args: list[str], policy: str, out: Path, seed: int) -> list[str]:
+    """The `cellsched simulate` command of one (row, policy) run into OUT."""
+    return [
+        sys.executable,
+        "-m",
+        "slurm_ext",
+        "simulate",
+        "--realistic",
+        "--seed",
+        str(seed),
+        *args,
+        "--policy",
+        policy,
+        "--workers",
+        "1",
+        "--no-plots",
+        "--json",
+        "--out",
+        str(out),
+    ]
+
+
+def run_all(runs: list[tuple[str, str, list[str]]], out: Path, workers: int, seed: int) -> None:
+    """Simulate each (row, policy, args) whose OUT/ROW/POLICY/results.json is
+    missing, up to `workers` at once; a run that fails is reported and left
+    missing (the others go on)."""
+    todo = [(r, p, a) for r, p, a in runs if not (out / r / p / "results.json").exists()]
+    running: list[tuple[str, str, subprocess.Popen]] = []
+    failed = []
+    while todo or running:
+        while todo and len(running) < workers:
+            row, policy, args = todo.pop(0)
+            dest = out / row / policy
+            dest.mkdir(parents=True, exist_ok=True)
+            (dest / "commit.txt").write_text(commit() + "\n")
+            cmd = run_cmd(args, policy, dest, seed)
+            print(f"# {row} {policy}: {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
+            with open(dest / "simulate.log", "w") as log:  # the child keeps its own copy
+                proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
+            running.append((row, policy, proc))
+        done = [entry for entry in running if entry[2].poll() is not None]
+        if not done:
+            time.sleep(2)
+            continue
+        row, policy, proc = done[0]
+        running.remove(done[0])
+        if proc.returncode:
+            failed.append(f"{row}/{policy}")
+            print(f"# {row} {policy}: failed ({proc.returncode}), see its simulate.log", file=sys.stderr)
+    if failed:
+        print(f"# failed: {', '.join(failed)}", file=sys.stderr)
+
+
+def row_numbers(name: str, out: Path, policies: tuple[str, ...]) -> list[dict[str, object]]:
+    """One dict per policy of a row that has its results (see the module doc)."""
+    docs = {}
     for p in policies:
-        cmd += ["--policy", p]
-    cmd += ["--workers", str(workers), "--no-plots", "--json", "--out", str(out / name)]
-    print(f"# {name}: {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
-    subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
-    return results
-
-
-def row_numbers(name: str, results: Path) -> list[dict[str, object]]:
-    """One dict per policy of a row (see the module doc)."""
-    doc = json.loads(results.read_text())
+        path = out / name / p / "results.json"
+        if path.exists():
+            docs[p] = (json.loads(path.read_text()), (out / name / p / "commit.txt").read_text().strip())
     jct = {
-        policy: {j["job_id"]: j["jct"] for j in run["jobs"] if j["finished"] and j["jct"] is not None}
-        for policy, run in doc["runs"].items()
+        policy: {
+            j["job_id"]: j["jct"]
+            for j in next(iter(doc["runs"].values()))["jobs"]
+            if j["finished"] and j["jct"] is not None
+        }
+        for policy, (doc, _) in docs.items()
     }
     sia = jct.get("sia", {})
     out = []
-    for policy, run in doc["runs"].items():
+    for policy, (doc, ran_on) in docs.items():
+        run = next(iter(doc["runs"].values()))
         done = jct[policy]
         common = sorted(set(done) & set(sia))
         mine = statistics.mean(done[j] for j in common) if common else None
@@ -97,6 +156,7 @@ def row_numbers(name: str, results: Path) -> list[dict[str, object]]:
                 "sia_avg_jct_common_s": round(theirs, 1) if theirs is not None else None,
                 "vs_sia": round(mine / theirs, 4) if mine and theirs else None,
                 "wall_s": doc["meta"].get("wall_s"),
+                "commit": ran_on,
             }
         )
     return out
@@ -157,9 +217,10 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown row {unknown[0]!r} (known: {', '.join(table)})")
     args.out.mkdir(parents=True, exist_ok=True)
+    run_all([(r, p, table[r]) for r in chosen for p in policies], args.out, args.workers, args.seed)
     numbers = []
     for name in chosen:
-        for n in row_numbers(name, run_row(name, table[name], args.out, policies, args.workers, args.seed)):
+        for n in row_numbers(name, args.out, policies):
             print(json.dumps(n), flush=True)
             numbers.append(n)
     ratios = [n["vs_sia"] for n in numbers if n["policy"] == "cellsched" and n["vs_sia"] is not None]

@@ -7,8 +7,12 @@ torch.distributed expects plus the plan, and replaces itself with CMD.
 Plan source, first found: ``CELLSCHED_PLAN`` (inline JSON or a file path),
 else the job's AdminComment (``scontrol show -o job $SLURM_JOB_ID``).
 Overrides: ``CELLSCHED_MASTER_ADDR``, ``CELLSCHED_MASTER_PORT``.
-Exit status 2 with a one-line message when the step and plan disagree,
-the plan is missing or malformed, or CMD is missing.
+When the step runs on the plan's nodes in another order than ``plan.nodes``,
+the plan's per-stage and per-dp-rank fields are re-listed for the step's
+order before CMD sees them (``plan_in_step_order``).
+Exit status 2 with a one-line message when the step and plan disagree
+(task count, job id, a node order the plan's fields cannot follow), the
+plan is missing or malformed, or CMD is missing.
 
 SIGUSR1, the controller's request to checkpoint, is blocked from the
 launcher's first line on and stays blocked across the exec, so a request
@@ -30,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from launch import scontrol
-from launch.layout import shares_in_step_order
+from launch.layout import Layout, LayoutError, in_step_order, plan_ranks
 from launch.slurm_env import SlurmEnv, SlurmEnvError
 from solver import contract
 from solver.plan import JobPlan, PlanError
@@ -69,17 +73,38 @@ def load_plan(env: Mapping[str, str], slurm: SlurmEnv) -> JobPlan:
             f"the step has {slurm.ntasks} tasks but the plan needs pp*dp*tp = "
             f"{plan.pp}*{plan.dp}*{plan.tp} = {plan.world_size}"
         )
-    return align_shares(plan, slurm)
+    return plan_in_step_order(plan, slurm)
 
 
-def align_shares(plan: JobPlan, slurm: SlurmEnv) -> JobPlan:
-    """A plan whose batch shares are listed per node (a mixed-GPU-type cell,
-    pp 1) with the shares in the order Slurm gave the step its nodes."""
-    if plan.batch_shares is None or plan.pp != 1 or not plan.nodes or tuple(plan.nodes) == slurm.nodelist:
+def plan_in_step_order(plan: JobPlan, slurm: SlurmEnv) -> JobPlan:
+    """PLAN re-listed for the order Slurm gave the step its nodes.
+
+    The plan's per-stage (``stage_layers``) and per-dp-rank (``batch_shares``,
+    ``state_shares``) fields follow ``plan.nodes``, the task order the
+    controller expected; when the step runs on the same nodes in another
+    order, each stage and dp rank takes the values of the role its tasks had
+    (``launch.layout.plan_ranks``/``in_step_order``) and ``nodes`` becomes the
+    step's order. Other nodes than planned: the fields stay as written (they
+    change speed and memory use, never the update). LaunchError when the
+    plan's roles cannot be kept in the step's order.
+    """
+    if not plan.nodes or tuple(plan.nodes) == slurm.nodelist:
         return plan
-    shares = shares_in_step_order(plan.batch_shares, plan.nodes, slurm.nodelist)
-    # other nodes than planned: keep the shares as they are (they change the speed, never the update)
-    return plan if shares is None else replace(plan, batch_shares=shares, nodes=slurm.nodelist)
+    try:
+        ranks = plan_ranks(plan.nodes, slurm.nodelist, slurm.tasks_per_node)
+        if ranks is None:
+            return plan
+        layout = Layout(plan.pp, plan.dp, plan.tp)
+        changes: dict[str, object] = {"nodes": slurm.nodelist}
+        for field, dim in (("stage_layers", "pp"), ("batch_shares", "dp"), ("state_shares", "dp")):
+            if getattr(plan, field) is not None:
+                changes[field] = in_step_order(getattr(plan, field), layout, ranks, dim, field)
+    except LayoutError as e:
+        raise LaunchError(
+            f"{e} (plan nodes {','.join(plan.nodes)}, step nodes {','.join(slurm.nodelist)}, "
+            f"tasks per node {','.join(map(str, slurm.tasks_per_node))})"
+        ) from None
+    return replace(plan, **changes)
 
 
 def master_addr(env: Mapping[str, str], slurm: SlurmEnv) -> str:

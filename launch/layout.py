@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from solver.plan import (
     PlanError,
@@ -17,6 +18,7 @@ from solver.plan import (
 )
 
 DIMS = ("pp", "dp", "tp")
+T = TypeVar("T")
 
 
 class LayoutError(ValueError):
@@ -104,19 +106,70 @@ def virtual_worker_blocks(virtual_workers: int, dp: int, shares: Sequence[float]
     return tuple(range(s, s + n) for s, n in zip(starts, counts))
 
 
+def plan_ranks(
+    plan_nodes: Sequence[str], step_nodes: Sequence[str], tasks_per_node: Sequence[int]
+) -> tuple[int, ...] | None:
+    """For each rank of a step, the rank its task held in the plan.
+
+    Slurm lays a step's tasks out node by node in the order of STEP_NODES
+    (TASKS_PER_NODE tasks each); the plan assumed the order of PLAN_NODES.
+    A task keeps the role its node had in the plan: the i-th task on node n
+    held plan rank ``start_n + i``, ``start_n`` being the tasks of the nodes
+    before n in plan order (each node holding as many as the step gives it).
+    None when the two lists are not the same set of distinct nodes.
+    """
+    if not plan_nodes or len(set(plan_nodes)) != len(plan_nodes) or sorted(plan_nodes) != sorted(step_nodes):
+        return None
+    if len(tasks_per_node) != len(step_nodes):
+        raise LayoutError(f"{len(tasks_per_node)} task counts for the {len(step_nodes)} nodes of the step")
+    count = dict(zip(step_nodes, tasks_per_node))
+    start, offset = {}, 0
+    for n in plan_nodes:
+        start[n] = offset
+        offset += count[n]
+    return tuple(start[n] + i for n in step_nodes for i in range(count[n]))
+
+
+_NAMES = {"pp": "stage", "dp": "dp rank", "tp": "tp rank"}
+
+
+def in_step_order(values: Sequence[T], layout: Layout, ranks: Sequence[int], dim: str, field: str) -> tuple[T, ...]:
+    """VALUES, one per index along DIM in plan order, re-listed in step order.
+
+    Step rank r held plan rank ``ranks[r]`` (``plan_ranks``); step index i
+    along DIM takes the value of the plan indices its ranks held. LayoutError,
+    naming FIELD, when those values differ (the plan cannot follow the step).
+    """
+    size = getattr(layout, dim)
+    if len(values) != size:
+        raise LayoutError(f"plan field '{field}' has {len(values)} entries for {dim}={size}")
+    if sorted(ranks) != list(range(layout.world_size)):
+        raise LayoutError(f"the step's ranks {list(ranks)} are not a permutation of the plan's {layout.world_size}")
+    held: list[dict[int, T]] = [{} for _ in range(size)]  # step index -> {plan index: value}
+    for r, was in enumerate(ranks):
+        j = getattr(layout.coords(was), dim)
+        held[getattr(layout.coords(r), dim)][j] = values[j]
+    for i, by_plan in enumerate(held):
+        if len(set(by_plan.values())) != 1:
+            what = _NAMES[dim]
+            had = " and ".join(f"{what} {j} ({v})" for j, v in sorted(by_plan.items()))
+            raise LayoutError(
+                f"plan field '{field}' cannot follow the step's node order: step {what} {i} "
+                f"runs tasks the plan gave to {had}"
+            )
+    return tuple(next(iter(by_plan.values())) for by_plan in held)
+
+
 def shares_in_step_order(
     shares: Sequence[float], plan_nodes: Sequence[str], step_nodes: Sequence[str]
 ) -> tuple[float, ...] | None:
-    """Per-dp-rank batch shares listed node by node in `plan_nodes` order,
-    re-listed in the step's node order (pp 1: each node holds an equal block
-    of consecutive dp ranks); None when the node lists do not match."""
-    if (
-        sorted(plan_nodes) != sorted(step_nodes)
-        or len(set(plan_nodes)) != len(plan_nodes)
-        or not plan_nodes
-        or len(shares) % len(plan_nodes)
-    ):
+    """Per-dp-rank shares listed node by node in `plan_nodes` order,
+    re-listed in the step's node order, for a layout whose nodes hold equal
+    blocks of consecutive dp ranks (pp 1; ``in_step_order`` is the general
+    form); None when the node lists or the blocks do not match."""
+    if not plan_nodes or len(shares) % len(plan_nodes):
         return None
-    k = len(shares) // len(plan_nodes)
-    block = {n: tuple(shares[i * k : (i + 1) * k]) for i, n in enumerate(plan_nodes)}
-    return tuple(s for n in step_nodes for s in block[n])
+    ranks = plan_ranks(plan_nodes, step_nodes, [len(shares) // len(plan_nodes)] * len(step_nodes))
+    if ranks is None:
+        return None
+    return in_step_order(tuple(shares), Layout(1, len(shares), 1), ranks, "dp", "batch_shares")

@@ -5,7 +5,15 @@ every dp rank) are flattened in parameter order into one vector of N
 elements. dp rank r owns the contiguous slice ``ShardLayout.bounds[r]``,
 sized in proportion to its memory weight (largest remainder: the slices
 cover ``[0, N)`` exactly once and do not depend on anything but N and the
-weights). ``ShardedOptimizer.step`` is a ZeRO-1/2 step with uneven slices:
+weights).
+
+What is split (ZeRO stage 1): the optimizer's state only (AdamW's two
+moments, 2 N elements, become 2 x the slice per rank), plus the flat copy of
+the rank's parameter slice that the wrapped optimizer steps (one slice).
+Parameters and gradients stay whole on every rank: each rank computes the
+full gradients of its units; only their sum is formed slice by slice, at
+the slices' owners. ``ShardedOptimizer.step`` is that ZeRO-1 step with
+uneven slices:
 
 1. reduce: every rank's unit gradients of slice r go to its owner (one
    ``gather`` per owner: an uneven reduce-scatter, which gloo lacks; ranks
@@ -116,6 +124,9 @@ def state_numel(optimizer: torch.optim.Optimizer) -> int:
 
 class ShardedOptimizer:
     """An optimizer over this dp rank's slice of PARAMS (see the module docstring).
+
+    Per rank it keeps the optimizer state of its slice and a flat copy of
+    that slice (``shard``); PARAMS and their gradients stay whole (ZeRO-1).
 
     All dp ranks of GROUP construct it with the same LAYOUT over the same
     parameter shapes; ``step``, ``full_optimizer_state`` and

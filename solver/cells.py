@@ -19,7 +19,10 @@ Cells the job excludes (``JobRequest.excludes``: by key or size) are skipped, an
 with V virtual workers, are cells with N > V x pp x g: tp divides g, so
 every plan would need dp = N / (pp tp) > V. Order: GPU type
 (name), N ascending, nodes ascending, pp ascending; then the mixed-type cells
-of solver.mixed (GPU counts no single allowed type can hold).
+of solver.mixed that the job needs (GPU counts no single allowed type can
+hold). `optional_mixed_cells` lists the mixed cells that may pay for a job
+that does not need them (solver.mixed; the policy offers one only when it
+beats the best single-type cell the job could get now).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
-from solver.mixed import mixed_cells
+from solver.mixed import mixed_cells, needs_mixed
 from solver.types import Cell, ClusterView, Estimate, JobRequest, NodeView, SolverConfig
 
 
@@ -54,8 +57,8 @@ def _layouts(count: int, sizes: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def enumerate_cells(job: JobRequest, cluster: ClusterView, config: SolverConfig) -> list[Cell]:
-    """Every cell the job may run in on this cluster (see the module doc)."""
+def _sizes_of(job: JobRequest, cluster: ClusterView) -> dict[str, list[int]]:
+    """GPUs per node of the nodes of each GPU type the job may use."""
     allowed = None if job.gpu_types is None else set(job.gpu_types)
     sizes_of: dict[str, list[int]] = {}
     for node in cluster.nodes:
@@ -65,6 +68,21 @@ def enumerate_cells(job: JobRequest, cluster: ClusterView, config: SolverConfig)
             and (job.partitions is None or in_partitions(node, job.partitions, cluster))
         ):
             sizes_of.setdefault(node.gpu_type, []).append(node.gpus_total)
+    return sizes_of
+
+
+def optional_mixed_cells(job: JobRequest, cluster: ClusterView, config: SolverConfig) -> list[Cell]:
+    """The mixed cells that may pay for a job some single type can hold (none
+    for a job that needs mixed cells: enumerate_cells has those)."""
+    sizes_of = _sizes_of(job, cluster)
+    if needs_mixed(job, sizes_of):
+        return []
+    return mixed_cells(job, sizes_of, config)
+
+
+def enumerate_cells(job: JobRequest, cluster: ClusterView, config: SolverConfig) -> list[Cell]:
+    """Every cell the job may run in on this cluster (see the module doc)."""
+    sizes_of = _sizes_of(job, cluster)
     max_pp = min(config.max_pp, job.model.num_layers)
     cells: list[Cell] = []
     for gpu_type in sorted(sizes_of):
@@ -78,7 +96,7 @@ def enumerate_cells(job: JobRequest, cluster: ClusterView, config: SolverConfig)
                     cell = Cell(gpu_type, num_nodes, per_node, pp)
                     if not job.excludes(cell):
                         cells.append(cell)
-    return cells + mixed_cells(job, sizes_of, config)
+    return cells + (mixed_cells(job, sizes_of, config) if needs_mixed(job, sizes_of) else [])
 
 
 def _easier_or_equal(a: Cell, b: Cell) -> bool:

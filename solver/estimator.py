@@ -75,8 +75,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from solver.cost.comm import Links, load_curves
-from solver.cost.layers import LayerCosts, StageCosts, analytic_layers, layers_from_records, split_stages
-from solver.cost.pipeline import ALLGATHER, ALLREDUCE, GRAD_SYNCS, dp_sync_time, pipeline_cost, update_time
+from solver.cost.layers import LayerCosts, StageCosts, analytic_layers, layers_from_records, split_stages, uniform_sizes
+from solver.cost.pipeline import (
+    ALLGATHER,
+    ALLREDUCE,
+    GRAD_SYNCS,
+    dp_sync_time,
+    pipeline_cost,
+    replicated_state,
+    sharded_memory,
+    sharded_step_time,
+    state_split,
+    update_time,
+)
 from solver.models import ModelSpec
 from solver.profiles.records import CellRecord, GpuSpec, ProfileSource
 from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
@@ -93,21 +104,32 @@ _Triple = tuple[int, int, int]  # (pp, dp, tp)
 
 
 class _Cand(NamedTuple):
-    """One candidate plan of a cell (pp is the cell's)."""
+    """One candidate plan of a cell (pp is the cell's).
+
+    `layers`: the trainer's layers per stage of its split; `twin`: for a
+    plan with sharded optimizer state, the index of the same plan with
+    replicated state (-1: this plan's state is replicated); `state_bytes`:
+    its optimizer state per GPU at the stage of peak memory (-1: not worked
+    out yet, see Estimator._state_gb)."""
 
     dp: int
     tp: int
     m: int
     time_s: float
     mem_bytes: float
+    layers: tuple[int, ...] = ()
+    twin: int = -1
+    state_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
 class _Found:
     """The candidate plans of a cell under one model source.
 
-    `best`: index of the fastest plan that fits in memory, `fastest`: of the
-    fastest plan at all (None when there are no candidates)."""
+    `best`: index of the best plan that fits in memory (`pick_sharded`),
+    `fastest`: of the fastest plan with replicated state at all (None when
+    there are no candidates). Plans with sharded state come after all the
+    others, so a replicated plan has the same index with or without them."""
 
     source: EstimateSource
     plans: tuple[_Cand, ...]
@@ -116,7 +138,20 @@ class _Found:
 
     def plan(self, i: int, pp: int) -> ParallelPlan:
         c = self.plans[i]
-        return ParallelPlan(pp, c.dp, c.tp, c.m)
+        return ParallelPlan(
+            pp, c.dp, c.tp, c.m, stage_layers=c.layers if pp > 1 else (), state_shares=(1.0,) if c.twin >= 0 else ()
+        )
+
+
+def pick_sharded(plain: tuple[float, int] | None, sharded: tuple[float, int] | None, min_gain: float):
+    """The better of the best fitting plan with replicated state and the best
+    with sharded state, as (time, index): the sharded one only where no
+    replicated plan fits or it is faster by more than `min_gain` (a fraction)."""
+    if sharded is None:
+        return plain
+    if plain is None or sharded[0] < plain[0] * (1.0 - min_gain):
+        return sharded
+    return plain
 
 
 @dataclass
@@ -133,6 +168,8 @@ class _ModelData:
     found: dict[tuple[int, Cell, str, bool, int | None], _Found] = field(default_factory=dict)
     calibration: dict[tuple[str, int, int], float | None] = field(default_factory=dict)
     ratios: dict[_Layout, float | None] = field(default_factory=dict)
+    found_sharded: dict[tuple, _Found] = field(default_factory=dict)
+    shard_deltas: dict[tuple, float] = field(default_factory=dict)  # sharded step - replicated step
 
 
 @functools.lru_cache(maxsize=4096)
@@ -140,6 +177,11 @@ def divisors(n: int) -> tuple[int, ...]:
     """The divisors of n, ascending."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return tuple(small + [n // d for d in reversed(small) if d * d != n])
+
+
+def _even_layers(model: ModelSpec, pp: int) -> tuple[int, ...]:
+    """The analytic model's split of the trainer's layers into pp stages (pp 1: none)."""
+    return uniform_sizes(model.num_layers, pp) if 1 < pp <= model.num_layers else ()
 
 
 def busiest_factor(virtual_workers: int, dp: int) -> float:
@@ -162,6 +204,8 @@ class Estimator:
         max_pp: int = 8,
         update_bytes_per_param: float | None = None,
         grad_sync: str = ALLREDUCE,
+        state_sharding: bool = True,
+        shard_min_gain: float = 0.1,
         accumulate_bytes_per_param: float = 0.0,
     ) -> None:
         """`store` is a ProfileStore (read here once for GPU specs and comm
@@ -175,11 +219,17 @@ class Estimator:
         0 leaves the update out); `grad_sync` how gradients are summed over dp
         ranks (``solver.cost.pipeline.GRAD_SYNCS``: "allreduce", or
         "allgather" for trainers that add every rank's gradients in rank order,
-        as the reference trainer does); `accumulate_bytes_per_param` the
-        memory traffic per parameter of adding one gradient into another (3 x
-        dtype bytes for a plain ``grad += new``), priced like the update for
-        every micro-batch but a worker's first and, under "allgather", for
-        the sum of the gathered gradients (0: not priced)."""
+        as the reference trainer does); `state_sharding` lets plans shard the
+        optimizer state over dp ranks (ZeRO-1, ``launch.sharding``; a job
+        whose JobRequest.state_sharding is false never gets it), chosen
+        where no plan of the cell fits without it or where it is more than
+        `shard_min_gain` faster (what the model leaves out of the sharded
+        step, one gather per owner in turn and the copies into and out of
+        the flat slices, asks for a clear gain); `accumulate_bytes_per_param`
+        the memory traffic per parameter of adding one gradient into another
+        (3 x dtype bytes for a plain ``grad += new``), priced like the update
+        for every micro-batch but a worker's first and, under "allgather",
+        for the sum of the gathered gradients (0: not priced)."""
         if not 0 < mem_fraction <= 1:
             raise ValueError(f"mem_fraction must be in (0, 1], got {mem_fraction}")
         if grad_sync not in GRAD_SYNCS:
@@ -197,7 +247,9 @@ class Estimator:
         self.efficiency = efficiency
         self.layer_overhead_s = layer_overhead_s
         self.max_pp = max_pp
-        self._cache: dict[tuple[str, int, Cell, int | None], Estimate] = {}
+        self.state_sharding = state_sharding
+        self.shard_min_gain = shard_min_gain
+        self._cache: dict[tuple[str, int, Cell, int | None, bool], Estimate] = {}
         self._sigs: dict[int, tuple[ModelSpec, str]] = {}  # id -> (model, signature): skips rebuilding the key
         self._models: dict[str, _ModelData] = {}
         self._load()
@@ -211,34 +263,68 @@ class Estimator:
     # ---- public ------------------------------------------------------------
 
     def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
-        return self.estimate_model(job.model, job.global_batch, cell, job.virtual_workers)
+        return self.estimate_model(job.model, job.global_batch, cell, job.virtual_workers, job.state_sharding)
 
     def estimate_model(
-        self, model: ModelSpec, global_batch: int, cell: Cell, virtual_workers: int | None = None
+        self,
+        model: ModelSpec,
+        global_batch: int,
+        cell: Cell,
+        virtual_workers: int | None = None,
+        state_sharding: bool = True,
     ) -> Estimate:
-        """The cell's estimate for a job of V = `virtual_workers` (None: dp free)."""
+        """The cell's estimate for a job of V = `virtual_workers` (None: dp
+        free) that may shard its optimizer state (`state_sharding`, and the
+        estimator's own setting)."""
         memo = self._sigs.get(id(model))
         if memo is None or memo[0] is not model:
             if len(self._sigs) > _MAX_SIGS:
                 self._sigs.clear()
             memo = self._sigs[id(model)] = (model, model.signature)
-        key = (memo[1], global_batch, cell, virtual_workers)
+        shard = state_sharding and self.state_sharding
+        key = (memo[1], global_batch, cell, virtual_workers, shard)
         est = self._cache.get(key)
         if est is None:
-            est = self._cache[key] = self._estimate(self._data(model), global_batch, cell, virtual_workers)
+            est = self._cache[key] = self._estimate(self._data(model), global_batch, cell, virtual_workers, shard)
         return est
 
     def plans(
-        self, model: ModelSpec, global_batch: int, cell: Cell, virtual_workers: int | None = None
+        self,
+        model: ModelSpec,
+        global_batch: int,
+        cell: Cell,
+        virtual_workers: int | None = None,
+        state_sharding: bool = False,
     ) -> list[tuple[ParallelPlan, float, float]]:
         """Every candidate plan of the cell under its model source (composed,
         else analytic, calibrated as in `estimate`): (plan, iteration time s,
         peak memory GB per GPU), feasible or not; with V = `virtual_workers`,
-        those of the module doc's virtual-worker search."""
+        those of the module doc's virtual-worker search; with
+        `state_sharding`, also each plan of dp > 1 with its state sharded."""
         md = self._data(model)
-        found = self._found(md, global_batch, cell, every=True, vw=virtual_workers)
+        found = self._found(md, global_batch, cell, every=True, vw=virtual_workers, shard=state_sharding)
         scale = self._scale(md, global_batch, cell, found.source)
         return [(found.plan(i, cell.pp), c.time_s * scale, c.mem_bytes / _GB) for i, c in enumerate(found.plans)]
+
+    def layer_costs(self, model: ModelSpec, gpu_type: str, tp: int, b: int) -> LayerCosts | None:
+        """Per-layer costs of `model` on one GPU of `gpu_type` at tensor
+        parallel degree `tp` for micro-batches of `b` samples: the layer
+        profile (at the nearest profiled micro-batch, per sample), else the
+        datasheet (analytic); None when neither exists (solver.mixed prices
+        pipelines across types from these)."""
+        md = self._data(model)
+        if md.layer_batches.get((gpu_type, tp)):
+            return self._costs(md, gpu_type, tp, self._ref_batch(md, gpu_type, tp, b))
+        if gpu_type in self._gpus:
+            return self._costs(md, gpu_type, tp, None)
+        return None
+
+    def links_of(self, gpu_type: str) -> Links:
+        """Communication costs of `gpu_type`'s intra-node link and the network."""
+        return self._links_of(gpu_type)
+
+    def gpu_spec(self, gpu_type: str) -> GpuSpec | None:
+        return self._gpus.get(gpu_type)
 
     def mem_limit_gb(self, gpu_type: str) -> float:
         """Memory a plan may use per GPU of this type (inf when the type is unknown)."""
@@ -317,7 +403,9 @@ class Estimator:
         key = (gpu_type, tp, ref, pp)
         st = md.stage_costs.get(key)
         if st is None:
-            st = md.stage_costs[key] = split_stages(self._costs(md, gpu_type, tp, ref), pp, float(ref or 1))
+            st = md.stage_costs[key] = split_stages(
+                self._costs(md, gpu_type, tp, ref), pp, float(ref or 1), md.model.num_layers
+            )
         return st
 
     def _costs(self, md: _ModelData, gpu_type: str, tp: int, ref: int | None) -> LayerCosts:
@@ -368,12 +456,21 @@ class Estimator:
         source: EstimateSource | None = None,
         every: bool = False,
         vw: int | None = None,
+        shard: bool = False,
     ) -> _Found:
         """Candidate plans of the cell under `source` (None: the best available)
-        for V = `vw` virtual workers (None: one per dp rank).
+        for V = `vw` virtual workers (None: one per dp rank); with `shard`,
+        also each plan of dp > 1 with its optimizer state sharded evenly
+        (after all the others; see _Found).
 
         The analytic search stops raising m once past the fastest plan that
         fits (its time is unimodal in m); `every` lists all candidates."""
+        if shard:
+            skey = (batch, cell, source or "", every, vw)
+            found = md.found_sharded.get(skey)
+            if found is None:
+                found = md.found_sharded[skey] = self._with_sharded(md, batch, cell, source, every, vw)
+            return found
         key = (batch, cell, source or "", every, vw)
         found = md.found.get(key)
         if found is not None:
@@ -437,7 +534,7 @@ class Estimator:
                 t += (m - 1) * accumulate  # the largest stage adds m - 1 micro-batches into its gradients
                 t = (t if k == 1 else k * t) + sync
                 i = len(plans)
-                plans.append(_Cand(dp, tp, m, t, mem))
+                plans.append(_Cand(dp, tp, m, t, mem, st.blocks, -1, -1.0))
                 if fastest is None or t < plans[fastest].time_s:
                     fastest = i
                 fits = mem <= limit
@@ -448,6 +545,106 @@ class Estimator:
                 prev = t
         found = md.found[key] = _Found(chosen, tuple(plans), best, fastest)
         return found
+
+    def _with_sharded(
+        self, md: _ModelData, batch: int, cell: Cell, source: EstimateSource | None, every: bool, vw: int | None
+    ) -> _Found:
+        """The plans of `_found` followed by each of dp > 1 with its optimizer
+        state sharded evenly (solver.cost.pipeline: ZeRO-1 memory and the
+        sharded step); `best` by `pick_sharded`."""
+        plain = self._found(md, batch, cell, source, every, vw)
+        model, pp, g = md.model, cell.pp, cell.gpus_per_node
+        _, state = state_split(model.dtype_bytes, self.optimizer_bytes_per_param)
+        if state <= 0:
+            return plain
+        links = self._links_of(cell.gpu_type)
+        spec = self._gpus.get(cell.gpu_type)
+        mem_bw = spec.mem_bw_gbps if spec is not None else 0.0
+        limit = self.mem_limit_gb(cell.gpu_type) * _GB
+        steps = md.shard_deltas
+
+        def delta(st: StageCosts, dp: int, tp: int, k: int) -> float:
+            key = (cell.gpu_type, id(st), dp, k, g)
+            if key not in steps:
+                plain_step = dp_sync_time(
+                    st, dp=dp, tp=tp, gpus_per_node=g, links=links, collective=self.grad_sync, units=k
+                ) + update_time(
+                    st,
+                    dtype_bytes=model.dtype_bytes,
+                    update_bytes_per_param=self.update_bytes_per_param,
+                    mem_bw_gbps=mem_bw,
+                )
+                steps[key] = (
+                    sharded_step_time(
+                        st,
+                        dp=dp,
+                        tp=tp,
+                        gpus_per_node=g,
+                        links=links,
+                        units=k,
+                        fraction=1.0 / dp,
+                        dtype_bytes=model.dtype_bytes,
+                        update_bytes_per_param=self.update_bytes_per_param,
+                        mem_bw_gbps=mem_bw,
+                    )
+                    - plain_step
+                )
+            return steps[key]
+
+        twins: list[tuple[int, StageCosts, int, int]] = []  # (replicated plan, its stages, b, k)
+        for i, c in enumerate(plain.plans):
+            if c.dp < 2:
+                continue
+            per_worker, k = (batch // c.dp, 1) if vw is None else (batch // vw, -(-vw // c.dp))
+            b = per_worker // c.m
+            twins.append((i, self._stages(md, plain.source, cell.gpu_type, c.tp, b, pp), b, k))
+        if plain.best is not None and not every:  # no sharded plan can win by shard_min_gain: none at all
+            bar = plain.plans[plain.best].time_s * (1.0 - self.shard_min_gain)
+            if all(
+                plain.plans[i].time_s + delta(st, plain.plans[i].dp, plain.plans[i].tp, k) >= bar
+                for i, st, _, k in twins
+            ):
+                return plain
+        plans = list(plain.plans)
+        best_s = None
+        for i, st, b, k in twins:
+            c = plain.plans[i]
+            mem, st_bytes = sharded_memory(
+                st,
+                m=c.m,
+                b=b,
+                dtype_bytes=model.dtype_bytes,
+                optimizer_bytes_per_param=self.optimizer_bytes_per_param,
+                fraction=1.0 / c.dp,
+            )
+            t = c.time_s + delta(st, c.dp, c.tp, k)
+            j = len(plans)
+            plans.append(_Cand(c.dp, c.tp, c.m, t, mem, c.layers, i, st_bytes))
+            if mem <= limit and (best_s is None or t < plans[best_s].time_s):
+                best_s = j
+        plain_best = None if plain.best is None else (plain.plans[plain.best].time_s, plain.best)
+        sharded_best = None if best_s is None else (plans[best_s].time_s, best_s)
+        pick = pick_sharded(plain_best, sharded_best, self.shard_min_gain)
+        return _Found(plain.source, tuple(plans), None if pick is None else pick[1], plain.fastest)
+
+    def _state_gb(self, md: _ModelData, batch: int, cell: Cell, found: _Found, i: int, vw: int | None = None) -> float:
+        """The optimizer state (GB per GPU, at the stage of peak memory) of candidate i."""
+        c = found.plans[i]
+        if c.state_bytes >= 0:
+            return c.state_bytes / _GB
+        per_worker = batch // c.dp if vw is None else batch // vw
+        b = per_worker // c.m
+        st = self._stages(md, found.source, cell.gpu_type, c.tp, b, cell.pp)
+        return (
+            replicated_state(
+                st,
+                m=c.m,
+                b=b,
+                dtype_bytes=md.model.dtype_bytes,
+                optimizer_bytes_per_param=self.optimizer_bytes_per_param,
+            )
+            / _GB
+        )
 
     def _scale(self, md: _ModelData, batch: int, cell: Cell, source: EstimateSource) -> float:
         if source != EstimateSource.ANALYTIC:
@@ -497,7 +694,9 @@ class Estimator:
 
     # ---- estimates ---------------------------------------------------------------
 
-    def _estimate(self, md: _ModelData, batch: int, cell: Cell, vw: int | None = None) -> Estimate:
+    def _estimate(self, md: _ModelData, batch: int, cell: Cell, vw: int | None = None, shard: bool = False) -> Estimate:
+        if cell.mixed:
+            return self._infeasible(cell, EstimateSource.NONE, "mixed-type cells are priced by solver.mixed")
         rec = md.cell_records.get((batch, cell.gpu_type, cell.num_nodes, cell.gpus_per_node))
         if vw is not None:
             why = self._vw_problem(md.model, batch, cell, vw)
@@ -505,8 +704,8 @@ class Estimator:
                 src = EstimateSource.MEASURED if rec is not None else self._found(md, batch, cell, vw=vw).source
                 return self._infeasible(cell, src, why)
         if rec is not None:
-            return self._from_measured(md, batch, cell, rec, vw)
-        return self._from_model(md, batch, cell, vw)
+            return self._from_measured(md, batch, cell, rec, vw, shard)
+        return self._from_model(md, batch, cell, vw, shard)
 
     def _vw_problem(self, model: ModelSpec, batch: int, cell: Cell, vw: int) -> str:
         """Why no plan of the cell can run V = `vw` virtual workers ("" when some may)."""
@@ -521,8 +720,10 @@ class Estimator:
     def _infeasible(cell: Cell, source: EstimateSource, note: str, mem_gb: float = math.inf) -> Estimate:
         return Estimate(cell, None, math.inf, mem_gb, source, note)
 
-    def _from_model(self, md: _ModelData, batch: int, cell: Cell, vw: int | None = None) -> Estimate:
-        found = self._found(md, batch, cell, vw=vw)
+    def _from_model(
+        self, md: _ModelData, batch: int, cell: Cell, vw: int | None = None, shard: bool = False
+    ) -> Estimate:
+        found = self._found(md, batch, cell, vw=vw, shard=shard)
         if found.source == EstimateSource.NONE:
             return self._infeasible(cell, EstimateSource.NONE, "no profile, measurement or GPU spec for this cell")
         factor = self._calibration(md, batch, cell) if found.source == EstimateSource.ANALYTIC else None
@@ -530,8 +731,22 @@ class Estimator:
         limit = self.mem_limit_gb(cell.gpu_type) * _GB
         measured = md.plan_records.get((batch, cell.gpu_type, cell.num_nodes, cell.gpus_per_node), {})
         best: tuple[float, int, EstimateSource] | None = None
+        best_sharded: tuple[float, int, EstimateSource] | None = None
+        times: dict[int, tuple[float, EstimateSource]] = {}  # a replicated plan's measured time
         for i, c in enumerate(found.plans):
             rec = measured.get((cell.pp, c.dp, c.tp))
+            if c.twin >= 0:  # sharded state: its replicated twin's time, x what sharding changes
+                if c.mem_bytes > limit or (rec is not None and rec.oom):
+                    continue  # a plan measured out of memory: the memory model is not to be trusted there
+                twin = found.plans[c.twin]
+                if c.twin in times:
+                    t_twin, src = times[c.twin]
+                    cand = (t_twin * c.time_s / twin.time_s, i, src)
+                else:
+                    cand = (c.time_s * scale, i, source)
+                if best_sharded is None or cand[:2] < best_sharded[:2]:
+                    best_sharded = cand
+                continue
             if rec is not None:
                 if rec.oom:
                     continue
@@ -541,12 +756,16 @@ class Estimator:
                     else rec.iter_time_s * self._plan_ratio(md, batch, cell, c, vw, found.source)
                 )
                 cand = (t, i, EstimateSource.MEASURED)
+                times[i] = (t, EstimateSource.MEASURED)
             elif c.mem_bytes > limit:
                 continue
             else:
                 cand = (c.time_s * scale, i, source)
             if best is None or cand[:2] < best[:2]:
                 best = cand
+        if best_sharded is not None:
+            pick = pick_sharded(best[:2] if best else None, best_sharded[:2], self.shard_min_gain)
+            best = best_sharded if pick == best_sharded[:2] else best
         if best is None:
             if not found.plans:
                 return self._infeasible(cell, found.source, "no valid plan (tp, dp, batch divisibility)")
@@ -555,7 +774,14 @@ class Estimator:
                 cell, found.source, f"OOM: least plan needs {least:.1f} GB > {limit / _GB:.1f} GB", least
             )
         time_s, i, src = best
-        return Estimate(cell, found.plan(i, cell.pp), time_s, found.plans[i].mem_bytes / _GB, src)
+        return Estimate(
+            cell,
+            found.plan(i, cell.pp),
+            time_s,
+            found.plans[i].mem_bytes / _GB,
+            src,
+            state_gb=self._state_gb(md, batch, cell, found, i, vw),
+        )
 
     def _plan_ratio(self, md: _ModelData, batch: int, cell: Cell, c: _Cand, vw: int, source: EstimateSource) -> float:
         """What V costs a per-plan measurement of (cell.pp, c.dp, c.tp): the
@@ -605,7 +831,7 @@ class Estimator:
         return pp, i, t
 
     def _from_measured(
-        self, md: _ModelData, batch: int, cell: Cell, rec: CellRecord, vw: int | None = None
+        self, md: _ModelData, batch: int, cell: Cell, rec: CellRecord, vw: int | None = None, shard: bool = False
     ) -> Estimate:
         if rec.oom:
             return self._infeasible(cell, EstimateSource.MEASURED, f"OOM ({rec.source} record)")
@@ -614,14 +840,15 @@ class Estimator:
         t_star = rec.iter_time_s
         p_star, i_star, model_star = self._measured_plan(md, batch, cell)
         if vw is not None:
-            return self._measured_vw(md, batch, cell, rec, vw, p_star, i_star, model_star)
-        found = self._found(md, batch, cell)
+            return self._measured_vw(md, batch, cell, rec, vw, p_star, i_star, model_star, shard)
+        # the measured run's pp keeps its (replicated) plan; other pp may shard where the model says so
+        found = self._found(md, batch, cell, shard=shard and cell.pp != p_star)
         limit = self.mem_limit_gb(cell.gpu_type) * _GB
         if cell.pp == p_star:
             if i_star is None:
                 return Estimate(
                     cell,
-                    ParallelPlan(cell.pp, cell.num_gpus // cell.pp, 1),
+                    ParallelPlan(cell.pp, cell.num_gpus // cell.pp, 1, stage_layers=_even_layers(md.model, cell.pp)),
                     t_star,
                     math.nan,
                     EstimateSource.MEASURED,
@@ -629,7 +856,15 @@ class Estimator:
                 )
             mem = found.plans[i_star].mem_bytes
             note = rec.source + ("; the memory model exceeds the limit, the measured run fits" if mem > limit else "")
-            return Estimate(cell, found.plan(i_star, cell.pp), t_star, mem / _GB, EstimateSource.MEASURED, note)
+            return Estimate(
+                cell,
+                found.plan(i_star, cell.pp),
+                t_star,
+                mem / _GB,
+                EstimateSource.MEASURED,
+                note,
+                state_gb=self._state_gb(md, batch, cell, found, i_star),
+            )
         if model_star is None or found.best is None:
             why = "OOM at this pp (model)" if found.plans else "no model for this pp"
             return self._infeasible(cell, EstimateSource.MEASURED_PP, f"{why}; measured optimum at pp={p_star}")
@@ -641,6 +876,7 @@ class Estimator:
             c.mem_bytes / _GB,
             EstimateSource.MEASURED_PP,
             f"{rec.source} optimum at pp={p_star}, scaled by the {found.source} model",
+            state_gb=self._state_gb(md, batch, cell, found, found.best),
         )
 
     def _measured_vw(
@@ -653,10 +889,11 @@ class Estimator:
         p_star: int,
         i_star: int | None,
         model_star: float | None,
+        shard: bool = False,
     ) -> Estimate:
         """A cell record carried to V virtual workers (see the module doc)."""
         t_star, pp = rec.iter_time_s, cell.pp
-        found = self._found(md, batch, cell, vw=vw)
+        found = self._found(md, batch, cell, vw=vw, shard=shard and pp != p_star)
         source = EstimateSource.MEASURED if pp == p_star else EstimateSource.MEASURED_PP
         if model_star is None:  # the optimum's plan is not modelled: price the busiest rank only
             if pp != p_star:
@@ -666,7 +903,7 @@ class Estimator:
             if i is not None:
                 plan, mem = found.plan(i, pp), found.plans[i].mem_bytes / _GB
             elif cell.num_gpus // pp <= vw:
-                plan, mem = ParallelPlan(pp, cell.num_gpus // pp, 1), math.nan
+                plan, mem = ParallelPlan(pp, cell.num_gpus // pp, 1, stage_layers=_even_layers(md.model, pp)), math.nan
             else:
                 return self._infeasible(
                     cell, source, f"{rec.source}; plan not modelled, and pure data parallelism needs dp > V={vw}"
@@ -700,4 +937,5 @@ class Estimator:
             c.mem_bytes / _GB,
             source,
             f"{rec.source} optimum at pp={p_star}, x{t / t_star:.4g} by the {found.source} model for V={vw}{extra}",
+            state_gb=self._state_gb(md, batch, cell, found, i, vw),
         )

@@ -91,8 +91,13 @@ class JobPlan:
                 f"plan field 'state_sharding' must be 'none', 'even' or 'memory', got {self.state_sharding!r}"
             )
         if self.stage_layers is not None:
-            if len(self.stage_layers) != self.pp or any(int(n) < 1 for n in self.stage_layers):
-                raise PlanError(f"plan field 'stage_layers' needs {self.pp} positive entries (one per stage)")
+            if len(self.stage_layers) != self.pp or any(
+                not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in self.stage_layers
+            ):
+                raise PlanError(
+                    f"plan field 'stage_layers' needs {self.pp} integers >= 1 (one per stage),"
+                    f" got {list(self.stage_layers)}"
+                )
         if self.virtual_workers is not None:
             if (
                 not isinstance(self.virtual_workers, int)

@@ -172,7 +172,13 @@ def size_key_of(cell_key: str) -> str | None:
 
 @dataclass(frozen=True)
 class ParallelPlan:
-    """Degrees of one job's parallelism inside a cell; pp*dp*tp = GPUs."""
+    """Degrees of one job's parallelism inside a cell; pp*dp*tp = GPUs.
+
+    `stage_layers` and `state_shares` are empty when not set, so plans built
+    without them (and their equality) stay as they were; `stage_layers` is
+    left out of equality and hashing (it follows from the rest of the plan
+    and the cell, so two plans differing only in it are the same choice).
+    """
 
     pp: int
     dp: int
@@ -181,6 +187,15 @@ class ParallelPlan:
     #: mixed cells: samples per dp rank of each of the cell's parts (its GPU
     #: types, in order), so faster GPUs take more of the global batch
     shares: tuple[int, ...] = ()
+    #: pp > 1: the model's layers (as the trainer counts them, ModelSpec.num_layers)
+    #: per pipeline stage, in stage order: the split the estimate priced
+    stage_layers: tuple[int, ...] = field(default=(), compare=False)
+    #: optimizer state sharded over the dp ranks (ZeRO-1: launch.sharding):
+    #: one positive weight per part of the cell (its GPU types, in order, as
+    #: `shares`; one part for a single-type cell): each dp rank of part i owns
+    #: a slice of the state proportional to state_shares[i] (equal weights:
+    #: even slices). Empty: the state is replicated (not sharded).
+    state_shares: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         for k in ("pp", "dp", "tp", "micro_batches"):
@@ -188,10 +203,19 @@ class ParallelPlan:
                 raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
         if any(s < 1 for s in self.shares):
             raise ValueError(f"shares must be >= 1, got {self.shares}")
+        if self.stage_layers and (len(self.stage_layers) != self.pp or min(self.stage_layers) < 1):
+            raise ValueError(f"stage_layers must give {self.pp} stages of >= 1 layer, got {self.stage_layers}")
+        if any(not w > 0 for w in self.state_shares):
+            raise ValueError(f"state_shares must be > 0, got {self.state_shares}")
 
     @property
     def num_gpus(self) -> int:
         return self.pp * self.dp * self.tp
+
+    @property
+    def sharded(self) -> bool:
+        """True when the plan shards the optimizer state over its dp ranks."""
+        return bool(self.state_shares)
 
 
 class EstimateSource(StrEnum):
@@ -222,6 +246,10 @@ class Estimate:
     mem_per_gpu_gb: float
     source: EstimateSource
     note: str = ""
+    #: of mem_per_gpu_gb, the optimizer state (GB per GPU, at the stage of
+    #: peak memory) that state sharding splits over dp ranks; for an
+    #: unsharded plan all of it (0: not known)
+    state_gb: float = 0.0
 
     @property
     def feasible(self) -> bool:
@@ -287,6 +315,10 @@ class JobRequest:
     restart_cost_s: float | None = None
     excluded_cells: frozenset[str] = frozenset()
     virtual_workers: int | None = None
+    #: the job may run with its optimizer state sharded over dp ranks
+    #: (launch.sharding); policies clear it when SolverConfig.state_sharding
+    #: is false, and the estimator then prices replicated state only
+    state_sharding: bool = True
 
     def __post_init__(self) -> None:
         if self.global_batch < 1:
@@ -300,9 +332,19 @@ class JobRequest:
             raise ValueError(f"job {self.job_id}: virtual_workers must be an integer >= 1, got {v!r}")
 
     def excludes(self, cell: Cell) -> bool:
-        """Is `cell` (its key or its size) in `excluded_cells`?"""
-        return bool(self.excluded_cells) and (
-            cell.key() in self.excluded_cells or cell.size_key() in self.excluded_cells
+        """Is `cell` (its key or its size) in `excluded_cells`? A mixed cell
+        also is when one of its parts, as a single-type cell of the same
+        nodes and stages, is: a job that failed before its first step on
+        2 A10s is not sent to a cell that gives one of its parts 2 A10s."""
+        if not self.excluded_cells:
+            return False
+        if cell.key() in self.excluded_cells or cell.size_key() in self.excluded_cells:
+            return True
+        # a part runs the whole model (pp 1: data parallel across types) or its share of the stages
+        return any(
+            self.excludes(Cell(t, n, cell.gpus_per_node, 1 if cell.pp == 1 else cell.pp * n // cell.num_nodes))
+            for t, n in cell.parts
+            if cell.pp == 1 or (cell.pp * n) % cell.num_nodes == 0
         )
 
     @property
@@ -350,10 +392,16 @@ class SolverConfig:
     #: Aggregated model with at least this many jobs: solve its LP relaxation first and leave CP-SAT
     #: only the jobs the LP does not place integrally (0: always; a huge number: never).
     lp_first_min_jobs: int = 200
-    #: Offer mixed-GPU-type cells (solver.mixed) to jobs that no single allowed type can hold.
+    #: Offer mixed-GPU-type cells (solver.mixed): to jobs that no single allowed type can hold,
+    #: and wherever one is estimated faster than the best single-type cell the job could get now.
     mixed_cells: bool = True
     #: At most this many mixed cells per job.
     max_mixed_cells: int = 8
+    #: The most GPU types one mixed cell may span (2..).
+    max_mixed_types: int = 2
+    #: Let the estimator shard the optimizer state over dp ranks (ZeRO-1, Cephalo's memory split:
+    #: launch.sharding) where a cell fits only that way or runs clearly faster; false: replicated state only.
+    state_sharding: bool = True
     #: Correct estimates by the iteration times jobs report (solver.calibration; the controller applies it).
     calibrate: bool = True
     #: Weigh a job by (median remaining work / its remaining work) ** this (0: off; see placement.objective).
@@ -371,6 +419,8 @@ class SolverConfig:
     def __post_init__(self) -> None:
         if self.node_placement not in NODE_PLACEMENTS:
             raise ValueError(f"node_placement must be one of {', '.join(NODE_PLACEMENTS)}, got {self.node_placement!r}")
+        if self.max_mixed_types < 2:
+            raise ValueError(f"max_mixed_types must be >= 2, got {self.max_mixed_types}")
 
 
 #: The values of SolverConfig.node_placement.

@@ -121,7 +121,13 @@ def built_dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
 #: Slurm test files run as group "slurm-a" when the suite runs in parallel;
 #: the others as "slurm-b" (the two take about the same time)
 SLURM_GROUP_A = frozenset(
-    {"test_chaos_slurm.py", "test_controller_slurm.py", "test_controller_cli_slurm.py", "test_mixed_slurm.py"}
+    {
+        "test_chaos_slurm.py",
+        "test_controller_slurm.py",
+        "test_controller_cli_slurm.py",
+        "test_mixed_slurm.py",
+        "test_hetero_controller_slurm.py",
+    }
 )
 TESTS = Path(__file__).resolve().parent
 

@@ -46,12 +46,13 @@ def _write_json(path: str, obj: object) -> None:
 
 
 def _report(ctx: ParallelContext, directory: str) -> None:
-    """Where this rank sits: coordinates, group members, stage layers, batch slice."""
+    """Where this rank sits: node, coordinates, group members, stage layers, batch slice."""
     b = ctx.batch
     _write_json(
         os.path.join(directory, f"rank-{ctx.rank}.json"),
         {
             "rank": ctx.rank,
+            "node": os.environ.get("SLURMD_NODENAME") or os.uname().nodename,
             "coords": [ctx.pp_rank, ctx.dp_rank, ctx.tp_rank],
             "groups": {d: ctx.group_ranks(d) for d in ("pp", "dp", "tp")},
             "stage_layers": list(ctx.stage_layers),

@@ -285,8 +285,8 @@ def load_cluster(path: str | None) -> ClusterSpec:
     metavar="NAME[:KEY=VALUE,...]",
     help="Policy to simulate; repeat for several (cellsched, cellsched-static, fcfs, fcfs-backfill, gavel, sia, "
     "and Wang et al.'s srsf-avoid, srsf-accept, ada-srsf). Solver keys after a colon set that run's "
-    "configuration, e.g. cellsched:calibrate=false or ada-srsf:node_placement=first-fit (the whole string "
-    "labels the run). Default: cellsched and fcfs.",
+    "configuration, e.g. cellsched:calibrate=false, cellsched:mixed_cells=false (no cells spanning GPU types) "
+    "or ada-srsf:node_placement=first-fit (the whole string labels the run). Default: cellsched and fcfs.",
 )
 @click.option(
     "--out",
@@ -432,7 +432,7 @@ def simulate(
         raise SimulateError(str(exc)) from None
     finally:
         bar.close()
-    from slurm_ext.sim.report import markdown_table, summaries, write_report
+    from slurm_ext.sim.report import kinds_table, markdown_table, summaries, write_report
 
     meta = {
         "trace": trace_path or "shipped Philly trace (Arena)",
@@ -466,6 +466,8 @@ def simulate(
         )
     else:
         click.echo(markdown_table(results), nl=False)
+        click.echo("\nCells chosen, by kind (state-sharded overlaps the others):\n")
+        click.echo(kinds_table(results), nl=False)
         click.echo(f"\nwritten: {', '.join(str(v) for v in written.values())}", err=True)
 
 

@@ -154,11 +154,16 @@ def placement_of(job_id: str, plan: JobPlan) -> Placement | None:
         if not plan.gpu_types or not plan.nodes or not plan.gpus_per_node:
             return None
         cell = Cell(plan.gpu_types[0], len(plan.nodes), plan.gpus_per_node, plan.pp)
-        if len(plan.gpu_types) > 1:  # a mixed-type cell: its key says how many nodes of each type
+        if len(plan.gpu_types) > 1:  # a mixed-type cell: its key says how many nodes of each type (and pp)
             cell = parse_key(plan.cell or "")
-            if cell is None or cell.num_nodes != len(plan.nodes) or cell.gpus_per_node != plan.gpus_per_node:
+            if (
+                cell is None
+                or cell.num_nodes != len(plan.nodes)
+                or cell.gpus_per_node != plan.gpus_per_node
+                or cell.pp != plan.pp
+            ):
                 return None
-        par = ParallelPlan(plan.pp, plan.dp, plan.tp, plan.micro_batches)
+        par = ParallelPlan(plan.pp, plan.dp, plan.tp, plan.micro_batches, **plan_state(plan, cell))
         if par.num_gpus != cell.num_gpus:
             return None
         return Placement(
@@ -166,6 +171,21 @@ def placement_of(job_id: str, plan: JobPlan) -> Placement | None:
         )
     except (ValueError, TypeError):
         return None
+
+
+def plan_state(plan: JobPlan, cell: Cell) -> dict:
+    """The ParallelPlan fields a written plan gives back: a single-type
+    cell's stage_layers (the same in any stage order) and whether its state
+    is sharded (state_shares (1.0,): even); a mixed cell's per-rank fields
+    are in task order and stay with the JobPlan."""
+    if cell.mixed:
+        return {}
+    out: dict = {}
+    if plan.pp > 1 and plan.stage_layers is not None and len(plan.stage_layers) == plan.pp:
+        out["stage_layers"] = tuple(int(n) for n in plan.stage_layers)
+    if plan.state_sharding in ("even", "memory") or (plan.state_sharding is None and plan.state_shares):
+        out["state_shares"] = (1.0,)
+    return out
 
 
 def intent_placement(row: PlanRow) -> Placement | None:

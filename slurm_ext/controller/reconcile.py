@@ -31,7 +31,12 @@ A mixed-GPU-type cell (solver.mixed) is released as ONE ordinary job, not a
 heterogeneous one (a pending job cannot become one by update): a partition
 holding all its nodes, Features cleared, ReqNodeList naming nodes of both
 types and the untyped Gres=gpu:<per node>, so each node gives its own GPUs;
-the plan lists the nodes in Slurm's task order with each dp rank's batch share.
+the plan lists the nodes in Slurm's task order with each dp rank's batch share
+(pp 1), or, for a pipeline across types, the layers of each stage for the
+stage types of that order (solver.mixed.stage_layers_in_order). Every plan
+with pp > 1 carries stage_layers; one priced with sharded optimizer state
+carries state_sharding ("even"; "memory" with state_shares for a mixed
+cell); a plan without them is the same JSON as before.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from slurm_ext.controller.inputs import (
 from slurm_ext.controller.progress import default_checkpoint_dir
 from slurm_ext.state import HistoryEvent, PlanRow, PlanStatus, StateStore
 from solver import contract
+from solver.mixed import stage_layers_in_order, task_stage_types
 from solver.placement import PlanError, validate_plan
 from solver.plan import JobPlan
 from solver.types import ClusterView, Placement
@@ -136,16 +142,60 @@ def choose_partition(view: ClusterView, placement: Placement, allowed: tuple[str
 
 def mixed_layout(p: Placement, view: ClusterView) -> tuple[tuple[str, ...], tuple[float, ...] | None]:
     """The nodes of a placement in Slurm's task order (the cluster's node
-    order) and, for a mixed-type cell, each dp rank's batch share (its GPU
-    type's samples per rank, solver.mixed); None for a single-type cell."""
+    order) and, for a data-parallel mixed-type cell, each dp rank's batch
+    share (its GPU type's samples per rank, solver.mixed); None for a
+    single-type cell or a pipeline across types (every rank an even share)."""
     order = {n.name: i for i, n in enumerate(view.nodes)}
     nodes = tuple(sorted(p.node_names, key=lambda n: (order.get(n, len(order)), n)))
     if not p.cell.mixed or len(p.plan.shares) != len(p.cell.parts):
-        return p.node_names, None
-    share_of = {t: s for (t, _), s in zip(p.cell.parts, p.plan.shares)}
+        return (nodes if p.cell.mixed else p.node_names), None
+    return nodes, _per_rank(p, view, nodes, p.plan.shares)
+
+
+def _per_rank(p: Placement, view: ClusterView, nodes: tuple[str, ...], per_part) -> tuple[float, ...]:
+    """One value per dp rank in task order, its GPU type's entry of
+    `per_part` (pp 1: each node holds gpus_per_node / tp consecutive dp ranks)."""
+    of_type = {t: float(v) for (t, _), v in zip(p.cell.parts, per_part)}
     types = {n.name: n.gpu_type for n in view.nodes}
-    per_node = p.cell.gpus_per_node // p.plan.tp  # dp ranks per node (pp 1, tp ranks adjacent)
-    return nodes, tuple(float(share_of[types[n]]) for n in nodes for _ in range(per_node))
+    per_node = p.cell.gpus_per_node // p.plan.tp
+    return tuple(of_type[types[n]] for n in nodes for _ in range(per_node))
+
+
+@dataclass(frozen=True)
+class StateFields:
+    """The plan fields of a placement's pipeline split and state sharding."""
+
+    stage_layers: tuple[int, ...] | None = None
+    state_sharding: str | None = None
+    state_shares: tuple[float, ...] | None = None
+
+
+def state_fields(p: Placement, view: ClusterView | None, nodes: tuple[str, ...]) -> StateFields:
+    """stage_layers (pp > 1) and state_sharding / state_shares (a plan priced
+    with sharded optimizer state) of the plan contract, for the nodes in task
+    order: single-type: the priced split and "even"; a mixed cell: "memory"
+    with each dp rank's weight (pp 1: its type's free memory, solver.mixed;
+    a pipeline: equal, each stage is one type), and a pipeline's split
+    carried to the stage types of the task order (solver.mixed.
+    stage_layers_in_order). Nothing of it when the plan does not carry it."""
+    plan, cell = p.plan, p.cell
+    layers: tuple[int, ...] | None = tuple(plan.stage_layers) if plan.pp > 1 and plan.stage_layers else None
+    sharding: str | None = "even" if plan.sharded else None
+    shares: tuple[float, ...] | None = None
+    if cell.mixed and view is not None:
+        types = {n.name: n.gpu_type for n in view.nodes}
+        if layers is not None:
+            stage_types = task_stage_types(cell, plan, [types[n] for n in nodes])
+            if stage_types is None:
+                raise PlanError(f"{cell.key()}: a pipeline stage would span GPU types on nodes {list(nodes)}")
+            layers = stage_layers_in_order(cell, layers, stage_types)
+        if plan.sharded:
+            sharding = "memory"
+            if cell.pp == 1 and len(plan.state_shares) == len(cell.parts):  # weights: 4 decimals (GB) are plenty
+                shares = _per_rank(p, view, nodes, [max(round(w, 4), 1e-4) for w in plan.state_shares])
+            else:
+                shares = (1.0,) * plan.dp
+    return StateFields(layers, sharding, shares)
 
 
 def plan_virtual_workers(m: ManagedJob, p: Placement) -> int:
@@ -167,7 +217,9 @@ def job_plan(m: ManagedJob, p: Placement, checkpoint_root: str, view: ClusterVie
     what an earlier plan said (a virtual worker's work must not change when
     the job moves, or its gradients change in the last bits). A mixed-type
     cell (needs `view`) lists its nodes in task order with the batch share of
-    each dp rank (whole virtual workers: solver.mixed)."""
+    each dp rank (whole virtual workers: solver.mixed). A plan with pp > 1
+    carries its stage_layers, one priced with sharded optimizer state its
+    state_sharding / state_shares (`state_fields`)."""
     spec = m.spec
     assert spec is not None
     old = m.plan
@@ -178,6 +230,7 @@ def job_plan(m: ManagedJob, p: Placement, checkpoint_root: str, view: ClusterVie
     )
     vw = plan_virtual_workers(m, p)
     nodes, shares = mixed_layout(p, view) if p.cell.mixed and view is not None else (p.node_names, None)
+    extra = state_fields(p, view, nodes)
     keep_m = old is not None and old.virtual_workers == vw and (spec.global_batch // vw) % old.micro_batches == 0
     return JobPlan(
         pp=p.plan.pp,
@@ -189,6 +242,9 @@ def job_plan(m: ManagedJob, p: Placement, checkpoint_root: str, view: ClusterVie
         nodes=nodes,
         gpus_per_node=p.cell.gpus_per_node,
         batch_shares=shares,
+        stage_layers=extra.stage_layers,
+        state_sharding=extra.state_sharding,
+        state_shares=extra.state_shares,
         virtual_workers=vw,
         checkpoint_dir=ckpt,
         cell=p.cell.key(),

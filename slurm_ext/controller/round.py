@@ -49,7 +49,10 @@ def _make_estimator(config: Config) -> EstimatorLike:
     from solver.mixed import MixedEstimator
     from solver.profiles.seed import open_store
 
-    return MixedEstimator(Estimator(open_store(config.controller.profiles_path or None)))
+    shard = config.solver.state_sharding
+    return MixedEstimator(
+        Estimator(open_store(config.controller.profiles_path or None), state_sharding=shard), state_sharding=shard
+    )
 
 
 class Controller:

@@ -46,6 +46,9 @@ backend schedules no completions itself: the engine calls `settle(now)` at
 each round start, which accounts the round and completes the jobs whose work
 is done then (see `settle`).
 
+Each run is counted by its kind of cell (`run_kinds`: single-type, mixed
+data-parallel, mixed pipeline, state-sharded), in the job's account.
+
 Contention (`network`, slurm_ext.sim.network; not in quantum mode): a
 multi-node job runs at its speed carried to its nodes' NICs, and the jobs
 that communicate over one NIC or rack uplink at once slow each other; their
@@ -77,7 +80,7 @@ from slurm_ext.backends.base import (
 from slurm_ext.jobspec import JobSpec, JobSpecError
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
 from slurm_ext.sim.network import Comm, NetworkTruth
-from slurm_ext.sim.types import ClusterSpec
+from slurm_ext.sim.types import MIXED_DP, MIXED_PIPELINE, SINGLE, STATE_SHARDED, ClusterSpec, KindUse
 from solver.contract import CHECKPOINT_SIGNALS, EXIT_CHECKPOINTED, admin_comment_plan
 from solver.plan import JobPlan
 
@@ -174,6 +177,8 @@ class SimJob:
     first_start: float | None = None
     gpu_seconds: float = 0.0
     cells: list[str] = field(default_factory=list)
+    run_kinds: tuple[str, ...] = ()  # the kinds of cell of its current run (`run_kinds`)
+    kinds: dict[str, KindUse] = field(default_factory=dict)
     infeasible: bool = False
     record: SlurmJob | None = None
 
@@ -194,7 +199,8 @@ class SimJob:
 class JobAccount:
     """What became of one job: its first start; its end when it completed;
     its restarts (starts after the first); GPU-seconds held; the cells it
-    ran in, in order (a cell repeated back to back once)."""
+    ran in, in order (a cell repeated back to back once); its runs by kind
+    of cell (`run_kinds`)."""
 
     first_start: float | None
     end_time: float | None
@@ -202,6 +208,21 @@ class JobAccount:
     restarts: int
     gpu_seconds: float
     cells: tuple[str, ...]
+    kinds: dict[str, KindUse] = field(default_factory=dict)
+
+
+def run_kinds(gpu_types: list[str] | tuple[str, ...], plan: JobPlan | None) -> tuple[str, ...]:
+    """The kinds of cell (slurm_ext.sim.types.CELL_KINDS) a run on nodes of
+    `gpu_types` with `plan` counts under: SINGLE, MIXED_DP or MIXED_PIPELINE
+    (plan pp > 1), plus STATE_SHARDED when the plan shards the optimizer
+    state ("even" or "memory"; state_shares alone mean "memory")."""
+    pp = plan.pp if plan is not None else 1
+    kinds = [SINGLE if len(set(gpu_types)) < 2 else (MIXED_PIPELINE if pp > 1 else MIXED_DP)]
+    if plan is not None and (
+        plan.state_sharding in ("even", "memory") or (plan.state_sharding is None and plan.state_shares)
+    ):
+        kinds.append(STATE_SHARDED)
+    return tuple(kinds)
 
 
 class SimBackend(OneAtATime):
@@ -570,7 +591,13 @@ class SimBackend(OneAtATime):
                 cells.append(c)
         done = j.state == "COMPLETED"
         return JobAccount(
-            j.first_start, j.end_time if done else None, done, max(0, j.starts - 1), j.gpu_seconds, tuple(cells)
+            j.first_start,
+            j.end_time if done else None,
+            done,
+            max(0, j.starts - 1),
+            j.gpu_seconds,
+            tuple(cells),
+            dict(j.kinds),
         )
 
     # --- writing ---------------------------------------------------------------
@@ -867,7 +894,7 @@ class SimBackend(OneAtATime):
                 types.append(self.nodes[n].gpu_type)
         gpu_type = "+".join(types)  # several: a mixed-type cell (solver.mixed)
         job.cells.append(f"{gpu_type}:{len(nodes)}x{job.gres}")
-        job.iter_time = None
+        job.iter_time, job.run_kinds = None, ()
         if job.spec is not None:
             plan = admin_comment_plan(job.admin_comment, strict=False)
             t = self.speed(job.spec, gpu_type, len(nodes), job.gres, plan) if self.speed and job.gres else None
@@ -878,6 +905,10 @@ class SimBackend(OneAtATime):
                 self._end(job, "FAILED", 1)
                 return
             job.iter_time = float(t) * (self.speed_factor(job.job_id, gpu_type) if self.speed_factor else 1.0)
+            job.run_kinds = run_kinds(types, plan)
+            for k in job.run_kinds:
+                use = job.kinds.get(k, KindUse())
+                job.kinds[k] = KindUse(use.placements + 1, use.seconds, use.gpu_seconds)
             job.comm = None
             if self.network is not None and len(nodes) > 1:
                 job.comm = self.network.alone(job.spec, gpu_type, nodes, job.gres, plan, job.iter_time)
@@ -940,7 +971,12 @@ class SimBackend(OneAtATime):
             for n in job.nodes:
                 self.nodes[n].alloc -= job.gres
                 self.nodes[n].record = None
-            job.gpu_seconds += job.gpus * (self.now - (self.now if job.start_time is None else job.start_time))
+            held = self.now - (self.now if job.start_time is None else job.start_time)
+            job.gpu_seconds += job.gpus * held
+            for k in job.run_kinds:
+                use = job.kinds[k]
+                job.kinds[k] = KindUse(use.placements, use.seconds + held, use.gpu_seconds + job.gpus * held)
+            job.run_kinds = ()
             self.running.pop(job.job_id, None)
             if state == "COMPLETED":
                 job.ckpt_done, job.ckpt_exec_s = job.done, job.exec_s

@@ -85,6 +85,11 @@ def node_names(spec: ClusterSpec) -> list[tuple[str, str, int]]:
     return out
 
 
+def node_type(name: str) -> str:
+    """The GPU type in a node name of `node_names` (``a40-03`` -> ``a40``)."""
+    return name.rsplit("-", 1)[0]
+
+
 # ---- formats -----------------------------------------------------------------------
 
 

@@ -19,6 +19,16 @@ the truth, and the restart cost every policy pays.
   bandwidth plus start-up.
 * realistic (`realistic`): arena-estimated estimates, the filled measured
   truth, noise 0.1 and the restart model, for every policy.
+* mixed-type cells (solver.mixed; every mode but arena-compat, see
+  `speed_and_estimator`): the truth of a mixed cell is composed from the
+  truth of its parts by the composition the policies' estimator uses:
+  solver.mixed.MixedEstimator over the truth as an estimator (`TableTruth`
+  over a table, the truth estimator itself over a profile store). The job
+  runs the batch shares of its plan, not the truth's best ones: each part's
+  compute is its plan samples at its true speed (`mixed_time`). The noise
+  is the one of any cell (`speed_factor`: its slowest part's). A mixed
+  cell whose parts have no truth has none either: its job fails at start,
+  as in an unknown single-type cell.
 """
 
 from __future__ import annotations
@@ -32,8 +42,10 @@ from typing import Any
 
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.backend import SpeedFn
+from slurm_ext.sim.clusterspec import node_type
+from solver.mixed import MixedEstimator, parse_key
 from solver.plan import JobPlan
-from solver.types import Cell, EstimatorLike
+from solver.types import Cell, Estimate, EstimateSource, EstimatorLike, JobRequest, ParallelPlan
 
 TRUTHS = ("arena", "arena-filled")
 ESTIMATES = ("truth", "arena-estimated", "store")
@@ -117,25 +129,28 @@ class Conditions:
         base = cls(truth="arena-filled", estimates="arena-estimated", noise=0.1, restart=RestartModel())
         return replace(base, **{k: v for k, v in given.items() if v is not None})
 
-    def speed_and_estimator(self) -> tuple[Callable[..., Any], Any]:
-        """(truth speed, the estimator the policy decides with)."""
+    def speed_and_estimator(self, mixed: bool = True) -> tuple[Callable[..., Any], Any]:
+        """(truth speed, the estimator the policy decides with). `mixed`: the
+        truth composes mixed-type cells (module doc); False (arena-compat:
+        Arena has none) keeps the truth of single-type cells only. The
+        estimator is returned as it is: the simulator wraps it for mixed cells."""
         kind = self.truth if self.truth in TRUTHS else truth_kind(self.truth)
         if kind == "arena-filled":
             from solver.profiles.arena_estimates import ArenaEstimates
 
             filled = ArenaEstimates.filled_truth()
-            speed, own = table_speed(filled), filled
+            speed, own = table_speed(filled, mixed), filled
         elif kind == "arena":
             from solver.profiles.arena_lookup import ArenaTable
 
             table = ArenaTable(None if self.truth == "arena" else self.truth)
-            speed, own = table_speed(table), table
+            speed, own = table_speed(table, mixed), table
         else:
             from solver.estimator import Estimator
             from solver.profiles.seed import open_store
 
             own = Estimator(open_store(self.truth))
-            speed = estimator_speed(own)
+            speed = estimator_speed(own, mixed)
         if self.estimates == "truth":
             return speed, own
         if self.estimates == "arena-estimated":
@@ -170,14 +185,17 @@ class Conditions:
         }
 
 
-def estimator_speed(estimator: EstimatorLike) -> SpeedFn:
+def estimator_speed(estimator: EstimatorLike, mixed: bool = False) -> SpeedFn:
     """A truth speed from an estimator with ``estimate_model`` (solver.estimator.Estimator):
-    the estimated iteration time of the cell the job runs in (pp from its plan)."""
+    the estimated iteration time of the cell the job runs in (pp from its plan).
+    `mixed`: a mixed-type cell's time is composed by `mixed_time` over the estimator
+    (else the estimator is asked for the plan's mixed cell as it is)."""
+    truth = MixedEstimator(estimator) if mixed else None
 
     def speed(spec: JobSpec, gpu_type: str, num_nodes: int, gpus_per_node: int, plan: JobPlan | None) -> float | None:
+        if "+" in gpu_type and truth is not None:
+            return mixed_time(truth, spec, gpu_type, num_nodes, gpus_per_node, plan)
         if "+" in gpu_type:  # a mixed-type cell: its key is in the plan
-            from solver.mixed import parse_key
-
             cell = parse_key(plan.cell or "") if plan else None
             if cell is None:
                 return None
@@ -190,13 +208,123 @@ def estimator_speed(estimator: EstimatorLike) -> SpeedFn:
     return speed
 
 
-def table_speed(table: Any) -> SpeedFn:
-    """A truth speed from an ``iter_time(model, batch, gpu_type, num_nodes, gpus_per_node)`` table (ArenaTable)."""
+def table_speed(table: Any, mixed: bool = False) -> SpeedFn:
+    """A truth speed from an ``iter_time(model, batch, gpu_type, num_nodes, gpus_per_node)`` table (ArenaTable).
+    `mixed`: a mixed-type cell's time is composed by `mixed_time` over `TableTruth(table)`."""
+    truth = MixedEstimator(TableTruth(table)) if mixed else None
 
     def speed(spec: JobSpec, gpu_type: str, num_nodes: int, gpus_per_node: int, plan: JobPlan | None) -> float | None:
+        if "+" in gpu_type and truth is not None:
+            return mixed_time(truth, spec, gpu_type, num_nodes, gpus_per_node, plan)
         return table.iter_time(spec.model, spec.global_batch, gpu_type, num_nodes, gpus_per_node)
 
     return speed
+
+
+class TableTruth:
+    """A truth table as an estimator (EstimatorLike) of single-type pp-1
+    cells, for MixedEstimator to compose mixed cells from: the table's time
+    with the whole global batch, shown as data parallelism over the cell's
+    GPUs (tp 1, one micro-batch), no memory figure (the table itself says
+    where a cell does not fit: no time). The job's virtual workers are not
+    looked at, as in `table_speed`."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
+        if cell.mixed or cell.pp != 1:
+            return Estimate(cell, None, math.inf, 0.0, EstimateSource.NONE, "truth tables hold single-type pp-1 cells")
+        t = self.table.iter_time(job.model.name, job.global_batch, cell.gpu_type, cell.num_nodes, cell.gpus_per_node)
+        if t is None or not (t > 0 and math.isfinite(t)):
+            return Estimate(cell, None, math.inf, 0.0, EstimateSource.NONE, "no truth for this cell")
+        return Estimate(cell, ParallelPlan(1, cell.num_gpus, 1), float(t), 0.0, EstimateSource.MEASURED, "truth")
+
+
+def mixed_time(
+    truth: MixedEstimator, spec: JobSpec, gpu_type: str, num_nodes: int, gpus_per_node: int, plan: JobPlan | None
+) -> float | None:
+    """The true iteration time of a job in the mixed-type cell of its plan
+    (None: no truth, the job fails at start like in an unknown cell).
+
+    `truth` (MixedEstimator over the truth) composes the cell; the job runs
+    the batch shares of its plan (the policy's belief), not the truth's best
+    ones, so a pp-1 cell is timed by the same composition at the plan's
+    shares (``MixedEstimator.dp_time``): each part's compute at the samples
+    its ranks run (its type's samples spread over the truth's ranks of the
+    part) and micro-batches (with virtual workers, the plan's per virtual
+    worker times the most a rank runs), one gradient sync, and the update;
+    sharded as the plan says (each type's slices by its ranks' state
+    weights). The cell is the plan's key; it must be the cell the job got
+    (types, nodes, GPUs per node)."""
+    cell = parse_key(plan.cell or "") if plan is not None else None
+    types = sorted(gpu_type.split("+"))
+    if cell is None or not cell.mixed or sorted(t for t, _ in cell.parts) != types:
+        return None
+    if (cell.num_nodes, cell.gpus_per_node) != (num_nodes, gpus_per_node):
+        return None
+    job = JobRequest("truth", spec.model_spec(), spec.global_batch, spec.iterations)
+    est = truth.estimate(job, cell)
+    if not est.feasible or est.plan is None:
+        return None
+    assert plan is not None
+    batch = spec.global_batch
+    planned = plan_samples(plan, cell, batch)
+    if planned is None or cell.pp != 1 or len(est.plan.shares) != len(cell.parts):
+        return est.iter_time_s
+    ranks = [n * cell.gpus_per_node // est.plan.tp for _, n in cell.parts]
+    samples = [planned[t] / r for (t, _), r in zip(cell.parts, ranks)]
+    vw = plan.virtual_workers
+    units = [1] * len(samples) if not vw else [max(1, math.ceil(s * vw / batch - 1e-9)) for s in samples]
+    micro = [plan.micro_batches * u for u in units]
+    weights = plan_state(plan, cell)
+    slices = None if weights is None else [weights[t] / r for (t, _), r in zip(cell.parts, ranks)]
+    return truth.dp_time(job, cell, samples, micro, max(units), slices)
+
+
+def _rank_types(plan: JobPlan, cell: Cell) -> list[str] | None:
+    """The GPU type of each dp rank of a pp-1 plan of `cell` (the node of its
+    first task: tasks node by node in the plan's node order, tp innermost);
+    None when the plan does not lay out the cell."""
+    g = cell.gpus_per_node
+    if plan.pp != 1 or len(plan.nodes) != cell.num_nodes or plan.dp * plan.tp != cell.num_gpus:
+        return None
+    kinds = {t for t, _ in cell.parts}
+    out = [node_type(plan.nodes[d * plan.tp // g]) for d in range(plan.dp)]
+    return out if all(t in kinds for t in out) else None
+
+
+def plan_samples(plan: JobPlan, cell: Cell, batch: int) -> dict[str, float] | None:
+    """Samples per iteration on each GPU type of a pp-1 mixed cell under the
+    plan: its dp ranks' batch shares (even without), each rank on the node of
+    its first task (tasks node by node in the plan's node order, Megatron
+    order: tp innermost). None when the plan does not lay out the cell."""
+    types = _rank_types(plan, cell)
+    if types is None:
+        return None
+    weights = plan.batch_shares or (1.0,) * plan.dp
+    out = dict.fromkeys((t for t, _ in cell.parts), 0.0)
+    total = float(sum(weights))
+    for t, w in zip(types, weights):
+        out[t] += batch * w / total
+    return out
+
+
+def plan_state(plan: JobPlan, cell: Cell) -> dict[str, float] | None:
+    """The fraction of the optimizer state each GPU type's ranks own under a
+    plan that shards it (state_shares as weights per dp rank, even without);
+    None when the plan keeps the state replicated or does not lay out the cell."""
+    if (plan.state_sharding in (None, "none")) and not plan.state_shares:
+        return None
+    types = _rank_types(plan, cell)
+    if types is None:
+        return None
+    weights = plan.state_shares if plan.state_shares and len(plan.state_shares) == plan.dp else (1.0,) * plan.dp
+    out = dict.fromkeys((t for t, _ in cell.parts), 0.0)
+    total = float(sum(weights))
+    for t, w in zip(types, weights):
+        out[t] += w / total
+    return out
 
 
 def truth_problem(truth: str) -> str | None:
@@ -233,4 +361,6 @@ __all__ = [
     "truth_problem",
     "table_speed",
     "estimator_speed",
+    "mixed_time",
+    "TableTruth",
 ]

@@ -28,6 +28,12 @@ runs; checkpoints and starts take no time; restart charges as Arena's (see
 lookup (`ArenaTable`); Gavel and Sia get Arena's DP memory rule. Progress
 follows Arena's executed-seconds model by default
 (``progress_model="iterations"`` for the strict one).
+
+Mixed-type cells (solver.mixed): outside arena-compat mode the policies'
+estimator is wrapped in `MixedEstimator`, as the live controller's is, and
+the conditions' truth composes mixed cells the same way
+(slurm_ext.sim.conditions); a policy that offers none is unaffected. In
+arena-compat mode neither is (Arena's simulator has no mixed cells).
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from slurm_ext.sim.network import NetworkTruth, cluster_network
 from slurm_ext.sim.types import ClusterSpec, JobOutcome, RoundStat, Sample, SimRun, TraceJob
 from slurm_ext.state import RoundStatus, StateStore
 from slurm_ext.wrapper.submission import provisional_gres
+from solver.mixed import MixedEstimator
 from solver.network import Network, default_nic_gbps
 from solver.plan import JobPlan
 from solver.profiles.arena import load_sim_constants
@@ -268,7 +275,7 @@ class Simulator:
         o = self.options
         self.conditions = conditions
         if conditions is not None and (speed is None or estimator is None):
-            c_speed, c_est = conditions.speed_and_estimator()
+            c_speed, c_est = conditions.speed_and_estimator(mixed=not o.arena_compat)
             speed, estimator = speed or c_speed, estimator or c_est
         if restart_cost is None and conditions is not None and conditions.restart is not None:
             restart_cost = conditions.restart.cost
@@ -288,6 +295,8 @@ class Simulator:
             estimator = estimator or table
         if speed is None or estimator is None:
             raise SimError("a simulation needs a truth speed and an estimator (or arena_compat)")
+        if not o.arena_compat and not isinstance(estimator, MixedEstimator):
+            estimator = MixedEstimator(estimator)  # as the live controller's (round._make_estimator)
         self.speed = speed
         self.estimator = estimator
         if isinstance(policy, str):
@@ -681,6 +690,7 @@ class Simulator:
                     a.restarts,
                     a.gpu_seconds,
                     a.cells,
+                    a.kinds,
                 )
             )
         o = self.options

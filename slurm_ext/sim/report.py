@@ -16,6 +16,11 @@ Conventions:
   above 100 samples/s; with one sample per equal-length round (arena-compat
   mode) that is exactly Arena's per-round mean.
 * Statistics that have no data (e.g. no job finished) are None (null in JSON).
+* cell_kinds: per kind of cell (slurm_ext.sim.types.CELL_KINDS: single-type,
+  mixed data-parallel, mixed pipeline, and state-sharded, which overlaps the
+  others), the runs that began in one (placements), the jobs that had such a
+  run, and the hours those runs held their GPUs (job_hours, gpu_hours;
+  restart stalls included, runs still going at the end not).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from slurm_ext.sim.types import Sample, SimRun
+from slurm_ext.sim.types import CELL_KINDS, Sample, SimRun
 from solver.extras import require
 
 ARENA_MIN_THROUGHPUT = 100.0
@@ -59,10 +64,13 @@ class PolicyResult:
     #: avg JCT over the jobs that every policy of the comparison finished (None: not compared)
     avg_jct_common_s: float | None = None
     jobs_common: int | None = None
+    #: kind of cell -> {"placements", "jobs", "job_hours", "gpu_hours"} (module doc), every kind
+    cell_kinds: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["gpu_util_by_type"] = dict(self.gpu_util_by_type)
+        d["cell_kinds"] = {k: dict(v) for k, v in self.cell_kinds.items()}
         return d
 
 
@@ -110,6 +118,20 @@ def _weighted(pieces: list[tuple[float, Sample]], value: Callable[[Sample], floa
     return sum(d * value(s) for d, s in pieces) / span if span > 0 else None
 
 
+def cell_kinds(run: SimRun) -> dict[str, dict[str, float]]:
+    """How often each kind of cell was chosen in the run (module doc)."""
+    out: dict[str, dict[str, float]] = {}
+    for kind in CELL_KINDS:
+        uses = [j.kinds[kind] for j in run.jobs if kind in j.kinds and j.kinds[kind].placements]
+        out[kind] = {
+            "placements": sum(u.placements for u in uses),
+            "jobs": len(uses),
+            "job_hours": sum(u.seconds for u in uses) / 3600.0,
+            "gpu_hours": sum(u.gpu_seconds for u in uses) / 3600.0,
+        }
+    return out
+
+
 def summarize(run: SimRun) -> PolicyResult:
     """The summary numbers of one run (see the module doc)."""
     jcts = [j.jct for j in run.jobs if j.jct is not None]
@@ -144,6 +166,7 @@ def summarize(run: SimRun) -> PolicyResult:
         solve_mean_s=_mean([r.solve_s for r in run.rounds]),
         rounds=len(run.rounds),
         wall_s=run.wall_s,
+        cell_kinds=cell_kinds(run),
     )
 
 
@@ -219,6 +242,19 @@ def markdown_table(results: Sequence[PolicyResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def kinds_table(results: Sequence[PolicyResult]) -> str:
+    """One row per policy: per kind of cell, its placements, jobs and job-hours."""
+    head = ["policy", *(f"{k}: placements / jobs / job-h" for k in CELL_KINDS)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        row = [r.policy]
+        for k in CELL_KINDS:
+            c = r.cell_kinds.get(k, {})
+            row.append(f"{c.get('placements', 0):.0f} / {c.get('jobs', 0):.0f} / {_num(c.get('job_hours', 0.0), 1)}")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_report(
     runs: Sequence[SimRun],
     out_dir: str | pathlib.Path,
@@ -249,7 +285,8 @@ def write_report(
     written["results.json"].write_text(json.dumps(doc, indent=1, default=str, allow_nan=False) + "\n")
     lines = ["# Simulation results", ""]
     lines += [f"- {k}: {v}" for k, v in (meta or {}).items()] + ([""] if meta else [])
-    lines += [markdown_table(results)]
+    lines += [markdown_table(results), "Cells chosen, by kind (state-sharded overlaps the others):", ""]
+    lines += [kinds_table(results)]
     written["results.md"].write_text("\n".join(lines))
     if plots:
         written.update(write_plots(runs, out))
@@ -259,6 +296,7 @@ def write_report(
 def _outcome(j) -> dict[str, Any]:
     d = asdict(j)
     d["cells"] = list(j.cells)
+    d["kinds"] = {k: asdict(u) for k, u in j.kinds.items()}
     d["jct"] = j.jct
     d["queueing"] = j.queueing
     return d

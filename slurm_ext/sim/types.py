@@ -70,10 +70,28 @@ class ClusterSpec:
         return out
 
 
+#: the kinds of cell a run is counted under: one GPU type; several (solver.mixed) with data
+#: parallelism only; several with pipeline stages (pp > 1); and, on top of one of those, a plan
+#: that shards the optimizer state (JobPlan.state_sharding)
+SINGLE, MIXED_DP, MIXED_PIPELINE, STATE_SHARDED = "single", "mixed-dp", "mixed-pipeline", "state-sharded"
+CELL_KINDS = (SINGLE, MIXED_DP, MIXED_PIPELINE, STATE_SHARDED)
+
+
+@dataclass(frozen=True)
+class KindUse:
+    """A job's runs in one kind of cell: how many began, and the seconds
+    and GPU-seconds they held their GPUs (restart stalls included)."""
+
+    placements: int = 0
+    seconds: float = 0.0
+    gpu_seconds: float = 0.0
+
+
 @dataclass(frozen=True)
 class JobOutcome:
     """What became of one trace job. Times are simulated seconds; in
-    arena-compat mode submit and end lie on the round grid."""
+    arena-compat mode submit and end lie on the round grid. A run that
+    fails at start for want of a truth (infeasible) is not in `kinds`."""
 
     job_id: str
     submit_time: float
@@ -83,6 +101,8 @@ class JobOutcome:
     restarts: int = 0
     gpu_seconds: float = 0.0
     cells: tuple[str, ...] = ()
+    #: its runs by kind of cell (CELL_KINDS; STATE_SHARDED overlaps the others), kinds it never ran in left out
+    kinds: Mapping[str, KindUse] = field(default_factory=dict)
 
     @property
     def jct(self) -> float | None:

@@ -12,6 +12,23 @@ sends on ``out_per_sample * b``; parameter bytes do not depend on b.
 * Analytic: uniform blocks; compute at ``peak x efficiency`` (x FP32_SPEED
   for fp32 models) plus a fixed per-layer overhead (kernel launches),
   activations and parameters from the ModelSpec cost helpers, divided by tp.
+
+Layers as the trainer counts them: a profile (``launch.profiler``) holds an
+"embed" record, one "block" per ModelSpec.num_layers and a "head" record;
+the reference trainer (``contrib/examples/minigpt``) counts only the blocks
+(``GPTConfig.layers`` = ModelSpec.num_layers; the embedding rides with the
+first stage, the head with the last) and ``launch.layout.split_layers``
+checks that a plan's ``stage_layers`` add up to them. So a split carries
+``StageCosts.blocks``: the blocks (records whose kind is not in
+NON_BLOCK_KINDS) of each stage, mapped to `num_layers` when a profile's
+blocks are not that many (largest remainder). A time-balanced split that
+would leave a stage without a block is split again with every other record
+joined to its neighbouring block (so the priced split is the one the
+trainer can run).
+
+``stage_layers_for`` is the layer split of a pipeline whose stages run on
+different GPU types (solver.mixed), shared by the estimator and the
+controller.
 """
 
 from __future__ import annotations
@@ -20,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from solver.models import ModelSpec
+from solver.plan import largest_remainder
 from solver.profiles.records import GpuSpec, LayerRecord
 
 #: TP all-reduces per micro-batch (forward + backward) of one layer, by
@@ -38,6 +56,8 @@ TP_ALLREDUCES_BY_KIND = {
     "ffn": 2,
 }
 TP_ALLREDUCES_PER_BLOCK = 4
+#: Layer kinds that are not one of the trainer's layers (blocks): they ride with a neighbouring block.
+NON_BLOCK_KINDS = frozenset(k for k, n in TP_ALLREDUCES_BY_KIND.items() if n == 0)
 
 #: GpuSpec.peak_tflops is the fp16/bf16 tensor-core peak; fp32 models run at
 #: this fraction of it (TF32 is 1/2, plain FP32 1/4 to 1/16 on the datasheets).
@@ -55,10 +75,16 @@ class LayerCosts:
     param_bytes: tuple[float, ...]
     tp_allreduces: tuple[int, ...]
     uniform: bool = False
+    #: which records are the trainer's layers (blocks); empty: all of them
+    is_block: tuple[bool, ...] = ()
 
     @property
     def num_layers(self) -> int:
         return len(self.time_per_sample)
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(self.is_block) if self.is_block else self.num_layers
 
 
 @dataclass(frozen=True)
@@ -76,6 +102,8 @@ class StageCosts:
     out_per_sample: tuple[float, ...]
     param_bytes: tuple[float, ...]
     tp_allreduces: tuple[tuple[tuple[float, int], ...], ...]
+    #: the trainer's layers (blocks) of each stage: a plan's stage_layers (see the module doc)
+    blocks: tuple[int, ...] = ()
 
     @property
     def pp(self) -> int:
@@ -94,6 +122,7 @@ def layers_from_records(recs: Sequence[LayerRecord]) -> LayerCosts:
         out_per_sample=tuple(r.out_bytes / b for r in recs),
         param_bytes=tuple(float(r.param_bytes) for r in recs),
         tp_allreduces=tuple(TP_ALLREDUCES_BY_KIND.get(r.kind.lower(), TP_ALLREDUCES_PER_BLOCK) for r in recs),
+        is_block=tuple(r.kind.lower() not in NON_BLOCK_KINDS for r in recs),
     )
 
 
@@ -158,13 +187,70 @@ def uniform_sizes(n: int, pp: int) -> tuple[int, ...]:
     return tuple(q + (1 if k >= pp - r else 0) for k in range(pp))
 
 
-def split_stages(costs: LayerCosts, pp: int, ref_batch: float = 1.0) -> StageCosts:
-    """Split layers into pp contiguous stages balanced by time at micro-batch `ref_batch`."""
+def _block_units(is_block: Sequence[bool]) -> list[int]:
+    """Records per unit when every non-block record joins a neighbouring
+    block: the ones before the first block join it, the others the block
+    before them."""
+    units: list[int] = []
+    lead = 0
+    for blk in is_block:
+        if blk:
+            units.append(1 + lead)
+            lead = 0
+        elif units:
+            units[-1] += 1
+        else:
+            lead += 1
+    if lead and units:
+        units[-1] += lead
+    return units
+
+
+def _blocks_per_stage(is_block: Sequence[bool], sizes: Sequence[int]) -> list[int]:
+    out, start = [], 0
+    for size in sizes:
+        out.append(sum(is_block[start : start + size]))
+        start += size
+    return out
+
+
+def trainer_layers(blocks: Sequence[int], num_layers: int) -> tuple[int, ...]:
+    """Blocks per stage carried to a model of `num_layers` trainer layers:
+    unchanged when they add up to it, else in proportion (largest
+    remainder), each stage at least one."""
+    if sum(blocks) == num_layers or not blocks:
+        return tuple(blocks)
+    if num_layers < len(blocks):
+        raise ValueError(f"cannot split {num_layers} layers into {len(blocks)} stages")
+    rest = largest_remainder(num_layers - len(blocks), [max(b, 1e-9) for b in blocks])
+    return tuple(1 + r for r in rest)
+
+
+def split_stages(costs: LayerCosts, pp: int, ref_batch: float = 1.0, num_layers: int | None = None) -> StageCosts:
+    """Split layers into pp contiguous stages balanced by time at micro-batch
+    `ref_batch`; `num_layers`: the trainer's layer count the stages' blocks
+    are carried to (default: the profile's blocks)."""
+    blocks: list[int] | None = None
     if costs.uniform:
         sizes = uniform_sizes(costs.num_layers, pp)
     else:
         w = [a * ref_batch + c for a, c in zip(costs.time_per_sample, costs.time_fixed)]
         sizes = balanced_sizes(w, pp)
+        if costs.is_block and costs.num_blocks >= pp:
+            blocks = _blocks_per_stage(costs.is_block, sizes)
+            if min(blocks) < 1:  # a stage without a block: split whole blocks (with their neighbours)
+                units = _block_units(costs.is_block)
+                starts = [sum(units[:i]) for i in range(len(units))]
+                uw = [sum(w[s : s + u]) for s, u in zip(starts, units)]
+                per_stage = balanced_sizes(uw, pp)
+                sizes, i = [], 0
+                for n in per_stage:
+                    sizes.append(sum(units[i : i + n]))
+                    i += n
+                sizes = tuple(sizes)
+                blocks = list(per_stage)
+    if blocks is None:
+        blocks = _blocks_per_stage(costs.is_block, sizes) if costs.is_block else list(sizes)
     cols: dict[str, list] = {k: [] for k in ("tps", "fix", "act", "out", "par", "tpar")}
     start = 0
     for size in sizes:
@@ -188,4 +274,64 @@ def split_stages(costs: LayerCosts, pp: int, ref_batch: float = 1.0) -> StageCos
         tuple(cols["out"]),
         tuple(cols["par"]),
         tuple(cols["tpar"]),
+        trainer_layers(blocks, num_layers) if num_layers is not None else tuple(blocks),
     )
+
+
+def stage_layers_for(num_layers: int, stage_weights: Sequence[float], stage_caps: Sequence[int]) -> tuple[int, ...]:
+    """Layers per pipeline stage for stages of unlike speed and memory: in
+    proportion to `stage_weights` (each stage's speed per layer: layers per
+    second of its GPUs), no stage above its cap in `stage_caps` (the most
+    layers its GPUs' memory holds), every stage at least one, adding up to
+    `num_layers`.
+
+    Water filling: a stage whose quota passes its cap is fixed at the cap,
+    then one whose quota is below one layer at one, and the rest share what
+    is left again; the last ones by largest remainder (solver.plan). Raises
+    ValueError when no split exists (fewer layers than stages, or more than
+    the caps hold)."""
+    n = len(stage_weights)
+    if n < 1 or len(stage_caps) != n:
+        raise ValueError(f"need one weight and one cap per stage, got {len(stage_weights)} and {len(stage_caps)}")
+    if any(not w > 0 for w in stage_weights):
+        raise ValueError(f"stage weights must be > 0, got {list(stage_weights)}")
+    caps = [min(int(c), num_layers - (n - 1)) for c in stage_caps]
+    if num_layers < n or min(caps) < 1 or sum(caps) < num_layers:
+        raise ValueError(
+            f"{num_layers} layers do not split into {n} stages of at least one layer within caps {list(stage_caps)}"
+        )
+    fixed: list[int | None] = [None] * n
+    while True:
+        free = [i for i in range(n) if fixed[i] is None]
+        if not free:
+            break
+        left = num_layers - sum(f for f in fixed if f is not None)
+        total = sum(stage_weights[i] for i in free)
+        quota = {i: left * stage_weights[i] / total for i in free}
+        over = [i for i in free if quota[i] > caps[i]]
+        under = [] if over else [i for i in free if quota[i] < 1]
+        if not over and not under:
+            break
+        for i in over or under:
+            fixed[i] = caps[i] if over else 1
+    free = [i for i in range(n) if fixed[i] is None]
+    out = [f or 0 for f in fixed]
+    left = num_layers - sum(out)
+    if free and left >= len(free):  # every quota is >= 1 here, so every part too
+        for i, k in zip(free, largest_remainder(left, [stage_weights[i] for i in free])):
+            out[i] = k
+    for i in free:  # fixing took too much (rare): at least one layer each, the repair below evens out
+        out[i] = max(out[i], 1)
+    # repair (rare): keep every stage within [1, cap] and the total exact
+    while sum(out) > num_layers:
+        i = max((j for j in range(n) if out[j] > 1), key=lambda j: (out[j] / stage_weights[j], -j))
+        out[i] -= 1
+    while sum(out) < num_layers:
+        i = min((j for j in range(n) if out[j] < caps[j]), key=lambda j: ((out[j] + 1) / stage_weights[j], j))
+        out[i] += 1
+    for i in range(n):
+        while out[i] > caps[i]:
+            j = min((j for j in range(n) if out[j] < caps[j]), key=lambda j: ((out[j] + 1) / stage_weights[j], j))
+            out[i] -= 1
+            out[j] += 1
+    return tuple(out)

@@ -31,6 +31,22 @@ Peak memory per GPU (1F1B: stage k holds min(m, pp - k) micro-batches)::
     max_k  params_k * optimizer_bytes_per_param + act_k(b) * min(m, pp - k)
 
 where params_k = the stage's parameter bytes / dtype bytes, per GPU.
+
+Sharded optimizer state (ZeRO-1, ``launch.sharding.ShardedOptimizer``):
+parameters and gradients stay replicated on every dp rank (``state_split``:
+2 x dtype bytes per parameter, at most optimizer_bytes_per_param), only the
+optimizer's state (the rest of optimizer_bytes_per_param) is split, and each
+rank also keeps a flat copy of its slice of the parameters (the tensor its
+optimizer steps: dtype bytes per parameter of the slice). With rank r owning
+the fraction f_r of each stage's parameters::
+
+    mem_r = params_k * (replicated + (state + dtype_bytes) * f_r) + act_k
+
+The sharded step (``sharded_step_time``) is the runtime's: every rank's unit
+gradients of slice r go to its owner (one gather per owner: together what an
+all-gather of the units' gradients moves), the owner updates its slice only
+(the largest slice sets the time), then the updated slices are all-gathered,
+padded to the largest slice.
 """
 
 from __future__ import annotations
@@ -167,3 +183,83 @@ def plan_cost(
     upd = 2 * optimizer_bytes_per_param if update_bytes_per_param is None else update_bytes_per_param
     t += update_time(st, dtype_bytes=dtype_bytes, update_bytes_per_param=upd, mem_bw_gbps=mem_bw_gbps)
     return PlanCost(t + dp_sync_time(st, dp=dp, tp=tp, gpus_per_node=gpus_per_node, links=links), mem)
+
+
+def state_split(dtype_bytes: int, optimizer_bytes_per_param: float) -> tuple[float, float]:
+    """(replicated, optimizer state) bytes per parameter of a GPU's training
+    state: parameters and gradients (2 x dtype bytes) stay on every dp rank,
+    the optimizer's state is what sharding splits."""
+    rep = min(float(optimizer_bytes_per_param), 2.0 * dtype_bytes)
+    return rep, float(optimizer_bytes_per_param) - rep
+
+
+def sharded_memory(
+    st: StageCosts, *, m: int, b: float, dtype_bytes: int, optimizer_bytes_per_param: float, fraction: float
+) -> tuple[float, float]:
+    """(peak memory, its optimizer state) per GPU (bytes) when this rank owns
+    `fraction` of each stage's optimizer state (module doc, ZeRO-1)."""
+    rep, state = state_split(dtype_bytes, optimizer_bytes_per_param)
+    per_param = rep + (state + dtype_bytes) * fraction
+    pp, peak, peak_state = st.pp, 0.0, 0.0
+    for k in range(pp):
+        params = st.param_bytes[k] / dtype_bytes
+        mem = params * per_param + st.act_per_sample[k] * b * (m if m < pp - k else pp - k)
+        if mem > peak:
+            peak, peak_state = mem, params * (state + dtype_bytes) * fraction
+    return peak, peak_state
+
+
+def replicated_state(st: StageCosts, *, m: int, b: float, dtype_bytes: int, optimizer_bytes_per_param: float) -> float:
+    """The optimizer state (bytes per GPU) at the stage of peak memory, replicated."""
+    _, state = state_split(dtype_bytes, optimizer_bytes_per_param)
+    pp, peak, out = st.pp, -1.0, 0.0
+    for k in range(pp):
+        params = st.param_bytes[k] / dtype_bytes
+        mem = params * optimizer_bytes_per_param + st.act_per_sample[k] * b * (m if m < pp - k else pp - k)
+        if mem > peak:
+            peak, out = mem, params * state
+    return out
+
+
+def sharded_sync_time(links: Links, link: str, nbytes: float, dp: int, units: int, fraction: float) -> float:
+    """The communication of the sharded step (``launch.sharding.ShardedOptimizer.step``)
+    for gradients of `nbytes` per rank on `link` among `dp` ranks: every
+    rank's `units` unit gradients go slice by slice to the slices' owners
+    (one gather per owner, in turn: together what an all-gather of the
+    units' gradients takes), then the updated slices are all-gathered,
+    padded to the largest (`fraction` of the parameters)."""
+    if dp <= 1:
+        return 0.0
+    return links.allgather(link, nbytes * units, dp) + links.allgather(link, nbytes * fraction, dp)
+
+
+def sharded_step_time(
+    st: StageCosts,
+    *,
+    dp: int,
+    tp: int,
+    gpus_per_node: int,
+    links: Links,
+    units: int,
+    fraction: float,
+    dtype_bytes: int,
+    update_bytes_per_param: float,
+    mem_bw_gbps: float,
+) -> float:
+    """Gradient reduce, slice update and all-gather of the slowest stage with
+    sharded state (module doc); `fraction`: the largest slice's share of a
+    stage's parameters, `units` the gradients each rank holds."""
+    if dp <= 1:
+        return update_time(
+            st, dtype_bytes=dtype_bytes, update_bytes_per_param=update_bytes_per_param, mem_bw_gbps=mem_bw_gbps
+        )
+    s, comm = dp * tp, 0.0
+    for k in range(st.pp):
+        link, nbytes = links.intra, st.param_bytes[k]
+        if stage_spans_nodes(k, s, gpus_per_node):
+            link, nbytes = NET, nbytes * tp
+        comm = max(comm, sharded_sync_time(links, link, nbytes, dp, units, fraction))
+    upd = 0.0
+    if mem_bw_gbps > 0 and update_bytes_per_param > 0:
+        upd = max(st.param_bytes) / dtype_bytes * fraction * update_bytes_per_param / (mem_bw_gbps * 1e9)
+    return comm + upd

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from solver.mixed import task_stage_types
 from solver.placement.nodes import in_partition
 from solver.types import ClusterView, Placement
 
@@ -16,8 +17,11 @@ def validate_plan(cluster: ClusterView, placements: Mapping[str, Placement]) -> 
     """Raise PlanError unless every placement is on existing nodes of its cell's
     GPU type, matches its cell's layout (num_nodes distinct nodes with
     gpus_per_node GPUs each), uses only nodes of its partition (when set), its
-    plan fits the cell, and no node gives out more than its free GPUs."""
+    plan fits the cell, every stage of a pipeline across types lies on nodes of
+    one type in the cluster's node order (Slurm's task order), and no node
+    gives out more than its free GPUs."""
     by_name = {n.name: n for n in cluster.nodes}
+    order = {n.name: i for i, n in enumerate(cluster.nodes)}
     used: dict[str, int] = {}
     for job_id, p in placements.items():
         if p.job_id != job_id:
@@ -41,6 +45,10 @@ def validate_plan(cluster: ClusterView, placements: Mapping[str, Placement]) -> 
             used[name] = used.get(name, 0) + g
         if not cell.holds_types([by_name[n].gpu_type for n in names]):
             raise PlanError(f"job {job_id}: nodes {names} are not the GPU types of cell {cell.key()}")
+        if cell.mixed and cell.pp > 1:
+            tasks = [by_name[n].gpu_type for n in sorted(names, key=lambda n: order[n])]
+            if task_stage_types(cell, p.plan, tasks) is None:
+                raise PlanError(f"job {job_id}: a pipeline stage would span GPU types on nodes {names} in task order")
     for name, g in sorted(used.items()):
         if g > by_name[name].gpus_free:
             raise PlanError(f"node {name}: {g} GPUs planned, {by_name[name].gpus_free} free")

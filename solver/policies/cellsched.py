@@ -13,26 +13,52 @@ multi-node option carries what sharing a network card would cost it
 the joint model charges for each card shared (model.py) and the node pass
 puts multi-node jobs on the least shared cards first.
 
+With config.state_sharding false, every job is estimated with replicated
+optimizer state only (JobRequest.state_sharding cleared for the round).
+
 Jobs of the same shape (model, batch, constraints) share one enumeration and
 estimation; the result is memoised across rounds while the cluster's shape,
 the estimator and the cell settings stay the same (a pure function's cache:
 the plan depends only on the request).
+
+Mixed-type cells (solver.mixed): those a job needs are among its cells;
+the others that may pay are estimated once per shape (the
+max_mixed_cells best kept) and offered in a round only when the job could
+get it now and it is faster than the fastest single-type cell the job could
+get now (`FreeNow`: the GPUs no other job holds, plus its own), in the same
+joint model; at most MIXED_OFFERS of them per job and round (the fastest
+first: multi-type options make the joint model slower to solve).
 """
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import math
 import time
 from collections.abc import Mapping, Sequence
 
-from solver.cells import enumerate_cells, prune_dominated
+from solver.cells import enumerate_cells, optional_mixed_cells, prune_dominated
 from solver.contention import duty, nic_by_type
 from solver.placement import Space, objective, place_jobs, split_fixed
 from solver.placement.candidates import Option, Pick, fits, make_options, option_picks
 from solver.policies.common import reply
-from solver.types import ClusterView, Estimate, EstimatorLike, JobRequest, ScheduleReply, ScheduleRequest, SolverConfig
+from solver.types import (
+    Cell,
+    ClusterView,
+    Estimate,
+    EstimatorLike,
+    JobRequest,
+    ScheduleReply,
+    ScheduleRequest,
+    SolverConfig,
+)
 
 _MEMO_MAX = 4096
+#: at most this many mixed cells that pay are offered per job and round
+MIXED_OFFERS = 1
+#: (reference, pruned estimates, their utilities, mixed estimates that may pay, their utilities) of a job shape
+_Shape = tuple[Estimate | None, list[Estimate], list[float], list[Estimate], list[float]]
 
 
 def _shape(job: JobRequest) -> tuple:
@@ -47,6 +73,7 @@ def _shape(job: JobRequest) -> tuple:
         job.excluded_cells,
         job.partitions,
         job.virtual_workers,
+        job.state_sharding,
     )
 
 
@@ -62,6 +89,7 @@ def _context(cluster: ClusterView, estimator: EstimatorLike, cfg: SolverConfig) 
         cfg.fairness_p,
         cfg.mixed_cells,
         cfg.max_mixed_cells,
+        cfg.max_mixed_types,
     )
 
 
@@ -70,19 +98,30 @@ class CellschedPolicy:
         self.elastic = elastic
         self.name = "cellsched" if elastic else "cellsched-static"
         self._memo_ctx: tuple | None = None
-        self._memo: dict[tuple, tuple[Estimate | None, list[Estimate], list[float]]] = {}
+        self._memo: dict[tuple, _Shape] = {}
         self._duties: dict[tuple, dict[tuple, float]] = {}  # NICs by type, shape -> (cell, plan) -> duty
 
-    def _cells(
-        self, job: JobRequest, cluster: ClusterView, estimator: EstimatorLike, cfg: SolverConfig
-    ) -> tuple[Estimate | None, list[Estimate], list[float]]:
-        """(reference estimate, pruned estimates, their utilities) of the job's shape."""
+    def _cells(self, job: JobRequest, cluster: ClusterView, estimator: EstimatorLike, cfg: SolverConfig) -> _Shape:
+        """(reference estimate, pruned estimates, their utilities, the mixed
+        estimates that may pay and their utilities) of the job's shape."""
         key = _shape(job)
         hit = self._memo.get(key)
         if hit is None:
             all_est = [estimator.estimate(job, c) for c in enumerate_cells(job, cluster, cfg)]
             ref, kept = objective.reference(job, all_est), prune_dominated(all_est, cfg)
-            hit = (ref, kept, [objective.utility(job, e, ref, cfg.fairness_p) if ref else 0.0 for e in kept])
+            optional: list[Estimate] = []
+            if ref is not None:
+                extra = [estimator.estimate(job, c) for c in optional_mixed_cells(job, cluster, cfg)]
+                optional = sorted(
+                    prune_dominated(extra, cfg), key=lambda e: (e.iter_time_s * e.cell.num_gpus, e.cell.key())
+                )[: cfg.max_mixed_cells]
+            hit = (
+                ref,
+                kept,
+                [objective.utility(job, e, ref, cfg.fairness_p) if ref else 0.0 for e in kept],
+                optional,
+                [objective.utility(job, e, ref, cfg.fairness_p) for e in optional] if ref else [],
+            )
             if len(self._memo) >= _MEMO_MAX:
                 self._memo.clear()
             self._memo[key] = hit
@@ -91,7 +130,7 @@ class CellschedPolicy:
     def schedule(self, request: ScheduleRequest, estimator: EstimatorLike) -> ScheduleReply:
         t0 = time.perf_counter()
         cfg, cluster = request.config, request.cluster
-        fixed, jobs, reasons = split_fixed(cluster, request.jobs, self.elastic, cfg)
+        fixed, jobs, reasons = split_fixed(cluster, _configured(request.jobs, cfg), self.elastic, cfg)
         used: dict[str, int] = {}
         for p in fixed.values():
             for n, g in p.nodes:
@@ -100,8 +139,15 @@ class CellschedPolicy:
         if ctx != self._memo_ctx:
             self._memo_ctx, self._memo, self._duties = ctx, {}, {}
         ests, refs, utils = {}, {}, {}
+        free_now: FreeNow | None = None
         for job in jobs:
-            refs[job.job_id], kept, u = self._cells(job, cluster, estimator, cfg)
+            refs[job.job_id], kept, u, optional, opt_u = self._cells(job, cluster, estimator, cfg)
+            if optional:
+                if free_now is None:
+                    free_now = FreeNow(cluster, used, jobs)
+                pays = free_now.paying(job, kept, optional)
+                if pays:
+                    kept, u = kept + [optional[i] for i in pays], u + [opt_u[i] for i in pays]
             if job.current is not None and all(e.cell != job.current.cell for e in kept):
                 cur = estimator.estimate(job, job.current.cell)
                 if cur.feasible and refs[job.job_id] is not None:
@@ -238,6 +284,68 @@ def _duties(cluster: ClusterView, memo: dict[tuple, dict[tuple, float]] | None):
 def _priced(o: Option, nic_cost: int) -> Option:
     """`o` with its nic_cost (dataclasses.replace without its per-call overhead)."""
     return Option(o.job_id, o.cell, o.plan, o.iter_time_s, o.value, o.pinned, o.source, nic_cost)
+
+
+class FreeNow:
+    """The GPUs free now on each node: not held by a fixed job nor by a running
+    one (the solver may still move those); per GPU type, sorted."""
+
+    def __init__(self, cluster: ClusterView, used: Mapping[str, int], jobs: Sequence[JobRequest]) -> None:
+        held = dict(used)
+        for j in jobs:
+            if j.current is not None:
+                for n, g in j.current.nodes:
+                    held[n] = held.get(n, 0) + g
+        self.free = {n.name: max(0, n.gpus_free - held.get(n.name, 0)) for n in cluster.nodes}
+        self.type_of = {n.name: n.gpu_type for n in cluster.nodes}
+        by_type: dict[str, list[int]] = {}
+        for n in cluster.nodes:
+            by_type.setdefault(n.gpu_type, []).append(self.free[n.name])
+        self.sorted = {t: sorted(v) for t, v in by_type.items()}
+
+    def _lists(self, job: JobRequest) -> dict[str, list[int]]:
+        """Per type, the free GPUs of its nodes plus what `job` holds there."""
+        if job.current is None:
+            return self.sorted
+        mine = dict(job.current.nodes)
+        out = dict(self.sorted)
+        for t in {self.type_of.get(n) for n in mine} - {None}:
+            out[t] = sorted(self.free[n] + mine.get(n, 0) for n, tt in self.type_of.items() if tt == t)
+        return out
+
+    @staticmethod
+    def _fits(cell: Cell, lists: Mapping[str, list[int]]) -> bool:
+        for t, n in cell.by_type():
+            free = lists.get(t, [])
+            if len(free) - bisect.bisect_left(free, cell.gpus_per_node) < n:
+                return False
+        return True
+
+    def paying(self, job: JobRequest, kept: Sequence[Estimate], optional: Sequence[Estimate]) -> list[int]:
+        """Indices of the `optional` mixed estimates the job could get now and
+        that are faster than the fastest single-type cell in `kept` it could
+        get now."""
+        lists = self._lists(job)
+        now = [e.iter_time_s for e in kept if not e.cell.mixed and self._fits(e.cell, lists)]
+        best = min(now, default=math.inf)
+        pays = [i for i, e in enumerate(optional) if e.iter_time_s < best and self._fits(e.cell, lists)]
+        if len(pays) <= MIXED_OFFERS:
+            return pays
+        # the fastest, then the fewest GPUs (keeps the joint model's multi-type options few)
+        first = min(pays, key=lambda i: (optional[i].iter_time_s, optional[i].cell.num_gpus))
+        rest = sorted(
+            (i for i in pays if i != first), key=lambda i: (optional[i].cell.num_gpus, optional[i].iter_time_s)
+        )
+        return sorted([first, *rest[: MIXED_OFFERS - 1]])
+
+
+def _configured(jobs: Sequence[JobRequest], cfg: SolverConfig) -> Sequence[JobRequest]:
+    """The jobs as this round's config lets them run: without state sharding
+    when config.state_sharding is false (the estimator then prices replicated
+    optimizer state only)."""
+    if cfg.state_sharding:
+        return jobs
+    return [j if not j.state_sharding else dataclasses.replace(j, state_sharding=False) for j in jobs]
 
 
 def _remaining_s(job: JobRequest) -> float | None:

@@ -49,7 +49,9 @@ def dp_estimate(job: JobRequest, cell: Cell, estimator: EstimatorLike, feasible:
     est = estimator.estimate(job, cell)
     if not est.feasible:
         return None
-    return Estimate(cell, ParallelPlan(1, cell.num_gpus, 1), est.iter_time_s, est.mem_per_gpu_gb, est.source, est.note)
+    shards = est.plan.state_shares if est.plan is not None and not cell.mixed else ()  # sharded where it had to be
+    plan = ParallelPlan(1, cell.num_gpus, 1, state_shares=shards)
+    return Estimate(cell, plan, est.iter_time_s, est.mem_per_gpu_gb, est.source, est.note, est.state_gb)
 
 
 def reply(

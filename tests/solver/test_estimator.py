@@ -461,7 +461,7 @@ CELLS = [
 )
 def test_estimate_is_fastest_feasible_composed_plan(times, tp2, mb, batch, cell, mem_kb):
     by_tp = {1: times, 2: [t / 1.7 for t in times]} if tp2 else {1: times}
-    est = Estimator(random_store(by_tp, mb, mem_kb * 1e-6))
+    est = Estimator(random_store(by_tp, mb, mem_kb * 1e-6), state_sharding=False)  # replicated state, as plans()
     e = est.estimate_model(HAND, batch, cell)
     feasible = [(t, p) for p, t, mem in est.plans(HAND, batch, cell) if mem <= est.mem_limit_gb("g")]
     if not feasible:

@@ -14,6 +14,7 @@ from test_estimator import HAND, hand_store
 from solver.cells import enumerate_cells
 from solver.estimator import Estimator, busiest_factor
 from solver.mixed import MixedEstimator, mixed_cell, split_batch
+from solver.mixed.dp import part_step
 from solver.models import get_model
 from solver.plan import largest_remainder, virtual_worker_counts
 from solver.policies import get_policy
@@ -57,7 +58,8 @@ SHIPPED_BEFORE = [  # (model, batch, cell, (pp, dp, tp, m, shares), time, source
     ("moe__2.4B", 256, Cell("a40", 4, 2, 1), (1, 8, 1, 16, ()), 9.323505031180776, "measured+pp"),
     ("bert__760M", 128, Cell("a100", 1, 4, 1), (1, 4, 1, 8, ()), 1.7485484376022737, "analytic+calibrated"),
     ("gpt-1.3b", 256, Cell("a100", 1, 4, 1), (1, 4, 1, 64, ()), 9.220204295965715, "analytic"),
-    ("bert__760M", 128, mixed_cell((("a100", 1), ("a40", 4)), 2), (1, 10, 1, 8, (32, 8)), 1.9139688169691602, "mixed"),
+    # recorded again when a mixed cell's shares came to follow its parts' compute only (issue 15)
+    ("bert__760M", 128, mixed_cell((("a100", 1), ("a40", 4)), 2), (1, 10, 1, 4, (16, 12)), 1.700180515773759, "mixed"),
 ]
 
 
@@ -236,10 +238,12 @@ def test_mixed_shares_are_whole_virtual_workers(shipped, vw):
     assert sum(units) == vw and min(units) >= 1
     assert virtual_worker_counts(vw, 6, per_rank) == units == largest_remainder(vw, per_rank)
     assert (24 // vw) % e.plan.micro_batches == 0
-    # the slowest part's time: its virtual workers x B/V x its seconds per sample (from estimates without V)
+    # the slowest part's compute: its rank's samples, in m micro-batches per virtual worker (solver.mixed.dp)
     free = JobRequest("j", get_model("gpt-tiny"), 24, 100, gpu_types=("a40", "a10"), min_gpus=6)
     subs = [shipped.estimate(free, Cell(t, n, 2, 1)) for t, n in cell.parts]
-    compute = max(s * sub.iter_time_s * r / 24 for s, sub, r in zip(e.plan.shares, subs, ranks))
+    steps = [part_step(shipped.inner, free, sub) for sub in subs]
+    m = e.plan.micro_batches
+    compute = max(p.compute_s(s, s * vw // 24 * m) for s, p in zip(e.plan.shares, steps))
     assert compute < e.iter_time_s < compute + 0.01
     assert shipped.estimate(free, cell) is not e
 

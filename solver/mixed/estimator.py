@@ -1,0 +1,473 @@
+"""MixedEstimator: the pricing of mixed cells (see solver.mixed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from solver.cost.comm import NET_LATENCY_S, Links
+from solver.cost.pipeline import ALLGATHER, ALLREDUCE, state_split
+from solver.cost.typed_pipeline import TypeSide, typed_pipeline_cost
+from solver.mixed.cells import _divisors, stages_per_part
+from solver.mixed.dp import DpStep, PartStep, dp_step, part_step, sync_time
+from solver.mixed.split import split_batch
+from solver.profiles.records import GpuSpec
+from solver.types import Cell, Estimate, EstimateSource, EstimatorLike, JobRequest, ParallelPlan
+
+__all__ = ["NET_LATENCY_S", "MixedEstimator"]  # NET_LATENCY_S: the network's per-message latency (s)
+
+
+@dataclass(frozen=True)
+class _Split:
+    """A data-parallel mixed plan's batch split: samples per rank of each
+    part, micro-batches (per virtual worker with V), virtual workers per
+    rank of each part (1 each without V), the step it prices to, and how
+    much each part's micro-batch (and so its activations) grows over its
+    own estimate's."""
+
+    shares: tuple[int, ...]
+    m: int
+    units: tuple[int, ...]
+    step: DpStep
+    grow: tuple[float, ...]
+
+    def note(self, vw: int | None, sync: str = "sync") -> str:
+        of = "" if vw is None else f" ({', '.join(map(str, self.units))} of V={vw})"
+        return (
+            f"shares {self.shares} per rank{of}; compute {self.step.compute_s:.4f} s,"
+            f" {sync} {self.step.sync_s:.4f} s, update {self.step.update_s:.4f} s"
+        )
+
+
+class MixedEstimator:
+    """EstimatorLike: mixed cells priced here, every other cell by `inner`.
+
+    `state_sharding` false prices replicated optimizer state only (as the
+    inner Estimator's own switch does for single-type cells)."""
+
+    def __init__(
+        self,
+        inner: EstimatorLike,
+        net_gbps: float | None = None,
+        state_sharding: bool = True,
+        shard_min_gain: float | None = None,
+    ) -> None:
+        self.inner = inner
+        self.net_gbps = net_gbps
+        self.state_sharding = state_sharding
+        self.shard_min_gain = shard_min_gain if shard_min_gain is not None else getattr(inner, "shard_min_gain", 0.1)
+        self._cache: dict[tuple, Estimate] = {}
+        self._parts_cache: dict[tuple, tuple[list[Estimate], list[PartStep]] | Estimate] = {}
+
+    def __getattr__(self, name: str):  # the inner estimator's other helpers (plans, mem_limit_gb, ...)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def refresh(self) -> bool:
+        """Follow the inner estimator's store (its `refresh`): when it changed, forget every mixed estimate too."""
+        inner = getattr(self.inner, "refresh", None)
+        changed = bool(inner()) if inner is not None else False
+        if changed:
+            self._cache.clear()
+            self._parts_cache.clear()
+        return changed
+
+    def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
+        if not cell.mixed:
+            return self.inner.estimate(job, cell)
+        shard = job.state_sharding and self.state_sharding
+        key = (job.model.signature, job.global_batch, cell, job.virtual_workers, shard)
+        est = self._cache.get(key)
+        if est is None:
+            est = self._cache[key] = (
+                self._price_pipeline(job, cell, shard) if cell.pp > 1 else self._price(job, cell, shard)
+            )
+        return est
+
+    @staticmethod
+    def _none(cell: Cell, note: str, mem: float = math.inf) -> Estimate:
+        return Estimate(cell, None, math.inf, mem, EstimateSource.NONE, note)
+
+    # ---- data parallel across types ----------------------------------------------------------------------
+
+    def _dp_parts(self, job: JobRequest, cell: Cell, shard: bool) -> tuple[list[Estimate], list[PartStep]] | Estimate:
+        """The parts' single-type estimates (whole batch, replicated state, no V)
+        and their steps taken apart (solver.mixed.dp); an infeasible Estimate
+        when a part has no plan or the parts want different tp."""
+        key = (job.model.signature, job.global_batch, cell, shard)
+        got = self._parts_cache.get(key)
+        if got is not None:
+            return got
+        part_job = dataclasses.replace(job, virtual_workers=None, state_sharding=False)  # speeds per sample
+        subs = [self.inner.estimate(part_job, Cell(t, n, cell.gpus_per_node, 1)) for t, n in cell.parts]
+        bad = [e for e in subs if not e.feasible]
+        out: tuple[list[Estimate], list[PartStep]] | Estimate
+        if bad and not shard:
+            out = self._none(
+                cell, f"part {bad[0].cell.key()} infeasible: {bad[0].note}", min(e.mem_per_gpu_gb for e in bad)
+            )
+        else:
+            if bad:  # a part out of memory on its own may still fit with the state sharded over every rank
+                roomy = [e if e.feasible else self._roomy(part_job, e) for e in subs]
+                subs = [e for e in roomy if e is not None and e.feasible]
+            tps = {e.plan.tp for e in subs if e.plan is not None}
+            if len(subs) != len(cell.parts):
+                out = self._none(cell, "a part has no plan even with its state sharded over the cell")
+            elif len(tps) != 1:
+                out = self._none(cell, f"parts want different tp {sorted(tps)}")
+            else:
+                out = (subs, [part_step(self.inner, part_job, e) for e in subs])
+        self._parts_cache[key] = out
+        return out
+
+    def _net(self) -> Links | None:
+        """The network a mixed cell syncs on when `net_gbps` is given (None: the slowest of its parts')."""
+        if self.net_gbps is None:
+            return None
+        return Links(GpuSpec("net", math.inf, 1.0, 1.0, inter_bw_gbps=self.net_gbps), {})
+
+    def dp_time(
+        self,
+        job: JobRequest,
+        cell: Cell,
+        samples: Sequence[float],
+        micro_batches: Sequence[float],
+        units: int = 1,
+        slices: Sequence[float] | None = None,
+    ) -> float | None:
+        """The iteration time of data-parallel mixed `cell` when the busiest
+        rank of part i runs samples[i] in micro_batches[i] micro-batches, by
+        the composition this estimator prices with (``solver.mixed.dp.dp_step``:
+        `units` unit gradients per rank at most, `slices` the sharded state's
+        largest slice per rank of each part, None: replicated); None when a
+        part has no estimate. The simulator's truth of a mixed cell is this,
+        over the truth, at the plan's shares."""
+        got = self._dp_parts(job, cell, job.state_sharding and self.state_sharding)
+        if isinstance(got, Estimate):
+            return None
+        step = dp_step(
+            got[1],
+            samples,
+            micro_batches,
+            units=units,
+            grad_sync=getattr(self.inner, "grad_sync", ALLREDUCE),
+            slices=slices,
+            net=self._net(),
+        )
+        return step.time_s
+
+    def _split(
+        self,
+        job: JobRequest,
+        subs: list[Estimate],
+        parts: list[PartStep],
+        slices: Sequence[float] | None,
+        micro_batches: int,
+    ) -> _Split | None:
+        """The batch shares of the parts' ranks with at most `micro_batches`
+        micro-batches (``split_batch`` by their compute per sample and per
+        micro-batch; with V, the sync of the most virtual workers a rank holds
+        counts too: every one's gradients are gathered where the state is
+        sharded (`slices`) or the sync is an all-gather)."""
+        batch, vw = job.global_batch, job.virtual_workers
+        ranks = [p.ranks for p in parts]
+        grad_sync = getattr(self.inner, "grad_sync", ALLREDUCE)
+        per_units = vw is not None and (slices is not None or grad_sync == ALLGATHER)
+
+        def sync_of(units: int) -> float:
+            return sync_time(parts, units=units, grad_sync=grad_sync, slices=slices, net=self._net())
+
+        split = split_batch(
+            batch,
+            ranks,
+            [p.per_sample_s for p in parts],
+            micro_batches,
+            vw,
+            [p.per_micro_batch_s for p in parts],
+            sync_of if per_units else None,
+        )
+        if split is None:
+            return None
+        shares, m = split
+        # a rank runs m micro-batches (of shares/m samples); with V, m per virtual worker (of batch/V/m samples)
+        units = tuple([1] * len(shares) if vw is None else [s * vw // batch for s in shares])
+        step = dp_step(
+            parts, shares, [m * u for u in units], units=max(units), grad_sync=grad_sync, slices=slices, net=self._net()
+        )
+        # a rank's micro-batch is shares/m here (batch/V/m with V), batch/(ranks*m_i) in the part's own estimate
+        mb = [s / m for s in shares] if vw is None else [batch / vw / m] * len(shares)
+        grow = tuple(max(1.0, b / (batch / (r * e.plan.micro_batches))) for e, b, r in zip(subs, mb, ranks))
+        return _Split(tuple(shares), m, units, step, grow)
+
+    def _price(self, job: JobRequest, cell: Cell, shard: bool) -> Estimate:
+        vw = job.virtual_workers
+        got = self._dp_parts(job, cell, shard)
+        if isinstance(got, Estimate):
+            return got
+        subs, parts = got
+        tp = subs[0].plan.tp if subs[0].plan is not None else 1
+        batch = job.global_batch
+        ranks = [p.ranks for p in parts]
+        if vw is not None and (batch % vw or vw < sum(ranks)):
+            why = "do not divide the global batch" if batch % vw else f"are fewer than the {sum(ranks)} dp ranks"
+            return self._none(cell, f"V={vw} virtual workers {why}")
+        limit = getattr(self.inner, "mem_limit_gb", None)
+        limits = [limit(t) if limit is not None else math.inf for t, _ in cell.parts]
+        src = "+".join(sorted({e.source for e in subs}))
+        replicated_ok = all(e.plan is not None and e.plan.state_shares == () for e in subs)
+        plain: Estimate | None = None
+        sharded: Estimate | None = None
+        least: tuple[float, list[float]] | None = None  # the least memory of a replicated split (for the note)
+        seen: set[int] = set()
+        for cap in self._micro_options(job, subs):  # fewer micro-batches: less fixed cost, more memory
+            split = self._split(job, subs, parts, None, cap)
+            if split is None or split.m in seen:
+                continue
+            seen.add(split.m)
+            mems = [static + act * f for (static, act), f in zip(self._memory(job, subs), split.grow)]
+            worst = max(need / lim for need, lim in zip(mems, limits))
+            if least is None or worst < least[0]:
+                least = (worst, mems)
+            if worst <= 1.0 and replicated_ok and (plain is None or split.step.time_s < plain.iter_time_s):
+                plain = Estimate(
+                    cell,
+                    ParallelPlan(1, sum(ranks), tp, split.m, split.shares),
+                    split.step.time_s,
+                    max(mems),
+                    EstimateSource.MIXED,
+                    f"parts {src}; {split.note(vw)}",
+                    max(e.state_gb for e in subs),
+                )
+            if shard:
+                cand = self._sharded_dp(job, cell, subs, parts, limits, split)
+                if cand is not None and (sharded is None or cand.iter_time_s < sharded.iter_time_s):
+                    sharded = cand
+        if least is None:
+            why = (
+                f"global batch {batch} < {sum(ranks)} dp ranks"
+                if vw is None
+                else f"V={vw} virtual workers do not split into whole ones per rank over {'+'.join(map(str, ranks))}"
+                " ranks"
+            )
+            return self._none(cell, why)
+        pick = self._pick(plain, sharded)
+        if pick is not None:
+            return pick
+        mems = least[1]
+        worst_part = max(range(len(mems)), key=lambda i: mems[i] / limits[i])
+        return self._none(cell, f"OOM: {mems[worst_part]:.1f} GB per {cell.parts[worst_part][0]} GPU", max(mems))
+
+    def _memory(self, job: JobRequest, subs: list[Estimate]) -> list[tuple[float, float]]:
+        """Each part's memory per GPU (GB) as (training state, activations):
+        the state (parameters, gradients, optimizer) does not grow with the
+        micro-batch, the activations do. All of it counts as activations where
+        the part's estimate does not say its optimizer state."""
+        obpp = getattr(self.inner, "optimizer_bytes_per_param", 16.0)
+        _, state = state_split(job.model.dtype_bytes, obpp)
+        out = []
+        for e in subs:
+            static = min(e.mem_per_gpu_gb, e.state_gb * obpp / state) if state > 0 and e.state_gb > 0 else 0.0
+            out.append((static, e.mem_per_gpu_gb - static))
+        return out
+
+    def _micro_options(self, job: JobRequest, subs: list[Estimate]) -> list[int]:
+        """The micro-batch counts to try, most first: the divisors of the most
+        the parts' own plans use (memory); with V, those that divide batch / V."""
+        top = max(e.plan.micro_batches for e in subs if e.plan is not None)
+        vw = job.virtual_workers
+        if vw is None:
+            return [d for d in range(top, 0, -1) if top % d == 0]
+        per = job.global_batch // vw
+        return [d for d in range(min(top, per), 0, -1) if per % d == 0]
+
+    def _roomy(self, job: JobRequest, e: Estimate) -> Estimate | None:
+        """A part's estimate as if its memory were unlimited: its fastest plan
+        and that plan's memory (None: the inner estimator cannot say)."""
+        plans = getattr(self.inner, "plans", None)
+        if plans is None:
+            return None
+        every = plans(job.model, job.global_batch, e.cell)
+        if not every:
+            return None
+        plan, t, mem = min(every, key=lambda x: (x[2], x[1]))  # the least memory: sharding must cover the rest
+        _, state = state_split(job.model.dtype_bytes, getattr(self.inner, "optimizer_bytes_per_param", 16.0))
+        obpp = getattr(self.inner, "optimizer_bytes_per_param", 16.0)
+        state_gb = self._state_of(job, plan.tp, mem, state, obpp)
+        return Estimate(e.cell, plan, t, mem, e.source, "memory not limited", state_gb)
+
+    @staticmethod
+    def _state_of(job: JobRequest, tp: int, mem: float, state: float, obpp: float) -> float:
+        """The optimizer state (GB per GPU) of a replicated pp-1 plan at tp: params / tp x state bytes."""
+        return min(mem, job.model.params / tp * state / 1e9) if obpp > 0 else 0.0
+
+    def _sharded_dp(
+        self,
+        job: JobRequest,
+        cell: Cell,
+        subs: list[Estimate],
+        parts: list[PartStep],
+        limits: list[float],
+        split: _Split,
+    ) -> Estimate | None:
+        """The data-parallel mixed plan with its state sharded by free memory
+        (module doc), from the replicated plan's `split`: with V the shares
+        are split again for the sharded step (its gathers grow with the most
+        virtual workers a rank holds); without, they stay."""
+        d = job.model.dtype_bytes
+        obpp = getattr(self.inner, "optimizer_bytes_per_param", 16.0)
+        _, state = state_split(d, obpp)
+        if state <= 0 or not all(e.state_gb > 0 for e in subs):
+            return None
+        # per GPU: what stays replicated, and the whole state with the runtime's slice copy
+        reps = [static - e.state_gb + act * f for e, (static, act), f in zip(subs, self._memory(job, subs), split.grow)]
+        full = max(e.state_gb for e in subs) * (state + d) / state
+        free = [lim - r for lim, r in zip(limits, reps)]
+        if min(free) <= 0 or not all(math.isfinite(x) for x in free):
+            return None
+        total = sum(p.ranks * f for p, f in zip(parts, free))
+        if full > total:
+            return None
+        fractions = tuple(f / total for f in free)  # of the parameters, the slice a rank of each part owns
+        mems = [r + full * x for r, x in zip(reps, fractions)]
+        if job.virtual_workers is not None:  # the micro-batch, and so the memory, is the same for any split
+            again = self._split(job, subs, parts, fractions, split.m)
+            if again is None:
+                return None
+            split = again
+        else:
+            step = dp_step(
+                parts,
+                split.shares,
+                [split.m * u for u in split.units],
+                units=max(split.units),
+                grad_sync=getattr(self.inner, "grad_sync", ALLREDUCE),
+                slices=fractions,
+                net=self._net(),
+            )
+            split = dataclasses.replace(split, step=step)
+        plan = ParallelPlan(
+            1, sum(p.ranks for p in parts), parts[0].tp, split.m, split.shares, state_shares=tuple(free)
+        )
+        return Estimate(
+            cell,
+            plan,
+            split.step.time_s,
+            max(mems),
+            EstimateSource.MIXED,
+            f"state sharded by free memory ({', '.join(f'{x:.3g}' for x in free)} GB per rank);"
+            f" {split.note(job.virtual_workers, 'gathers')}",
+            max(full * x for x in fractions),
+        )
+
+    def _pick(self, plain: Estimate | None, sharded: Estimate | None) -> Estimate | None:
+        if sharded is None:
+            return plain
+        if plain is None or sharded.iter_time_s < plain.iter_time_s * (1.0 - self.shard_min_gain):
+            return sharded
+        return plain
+
+    # ---- pipelines across types ---------------------------------------------------------------------------
+
+    def _price_pipeline(self, job: JobRequest, cell: Cell, shard: bool) -> Estimate:
+        per_part = stages_per_part(cell)
+        model, batch, vw = job.model, job.global_batch, job.virtual_workers
+        if per_part is None:
+            return self._none(cell, f"a part does not hold whole stages of {cell.num_gpus // cell.pp} GPUs")
+        if cell.pp > model.num_layers:
+            return self._none(cell, "more pipeline stages than layers")
+        layer_costs = getattr(self.inner, "layer_costs", None)
+        links_of = getattr(self.inner, "links_of", None)
+        spec_of = getattr(self.inner, "gpu_spec", None)
+        if layer_costs is None or links_of is None or spec_of is None:
+            return self._none(cell, "pipelines across types need an estimator with per-layer costs")
+        types = [t for t, _ in cell.parts]
+        specs = [spec_of(t) for t in types]
+        if any(s is None for s in specs):
+            return self._none(cell, "no GPU spec for a part's type")
+        per_stage, g = cell.num_gpus // cell.pp, cell.gpus_per_node
+        width = model.heads if model.heads > 1 else model.hidden
+        obpp = getattr(self.inner, "optimizer_bytes_per_param", 16.0)
+        upd = getattr(self.inner, "update_bytes_per_param", 2 * obpp)
+        grad_sync = getattr(self.inner, "grad_sync", ALLREDUCE)
+        limits = [self.inner.mem_limit_gb(t) * 1e9 for t in types]
+        best: tuple[float, ParallelPlan, float, float] | None = None
+        best_sharded: tuple[float, ParallelPlan, float, float] | None = None
+        for tp in (d for d in range(1, g + 1) if g % d == 0 and width % d == 0 and per_stage % d == 0):
+            dp = per_stage // tp
+            if vw is None:
+                if batch % dp:
+                    continue
+                per_worker, units = batch // dp, 1
+            else:
+                if batch % vw or dp > vw:
+                    continue
+                per_worker, units = batch // vw, -(-vw // dp)
+            prev = math.inf
+            for m in _divisors(per_worker):
+                b = per_worker // m
+                sides = []
+                for t, spec, lim in zip(types, specs, limits):
+                    costs = layer_costs(model, t, tp, b)
+                    if costs is None:
+                        break
+                    sides.append(TypeSide(t, costs, links_of(t), lim, spec.mem_bw_gbps))
+                if len(sides) != len(types):
+                    continue
+                t_plain: float | None = None
+                for sharded in (False, True) if shard and dp > 1 else (False,):
+                    c = typed_pipeline_cost(
+                        sides,
+                        per_part,
+                        model.num_layers,
+                        dp=dp,
+                        tp=tp,
+                        m=m,
+                        b=b,
+                        gpus_per_node=g,
+                        dtype_bytes=model.dtype_bytes,
+                        optimizer_bytes_per_param=obpp,
+                        update_bytes_per_param=upd,
+                        grad_sync=grad_sync,
+                        units=units,
+                        sharded=sharded,
+                    )
+                    if c is None:
+                        continue
+                    plan = ParallelPlan(
+                        cell.pp,
+                        dp,
+                        tp,
+                        m,
+                        stage_layers=c.stage_layers,
+                        state_shares=(1.0,) * len(types) if sharded else (),
+                    )
+                    cand = (c.time_s, plan, c.mem_bytes / 1e9, c.state_bytes / 1e9)
+                    if sharded:
+                        if best_sharded is None or cand[0] < best_sharded[0]:
+                            best_sharded = cand
+                    elif best is None or cand[0] < best[0]:
+                        best = cand
+                    if not sharded:
+                        t_plain = c.time_s
+                if t_plain is not None and t_plain > prev:
+                    break  # past the optimum: time is unimodal in m, and the replicated plan fits here
+                prev = t_plain if t_plain is not None else prev
+
+        def est(c: tuple[float, ParallelPlan, float, float] | None) -> Estimate | None:
+            if c is None:
+                return None
+            layers = "+".join(map(str, c[1].stage_layers))
+            state = "; state sharded" if c[1].sharded else ""
+            return Estimate(
+                cell, c[1], c[0], c[2], EstimateSource.MIXED, f"pipeline across types, layers {layers}{state}", c[3]
+            )
+
+        pick = self._pick(est(best), est(best_sharded))
+        if pick is None:
+            return self._none(
+                cell, "no plan fits: the layers do not split within the stages' memory (or no valid tp/dp)"
+            )
+        return pick
