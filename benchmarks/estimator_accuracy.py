@@ -314,20 +314,6 @@ def cpu_spec(comm, update_gbps: float, name: str = "cpu"):
     )
 
 
-def stage_layers(store, model, gpu: str, pp: int, tp: int, b: int) -> tuple[int, ...]:
-    """Blocks per stage of the split the estimator uses (embed and head ride along)."""
-    from solver.cost.layers import layers_from_records, split_stages
-
-    recs = store.layers(model.signature, gpu, tp, b)
-    sizes = split_stages(layers_from_records(recs), pp, float(b)).layers
-    kinds = [r.kind for r in recs]
-    out, start = [], 0
-    for size in sizes:
-        out.append(sum(k == "block" for k in kinds[start : start + size]))
-        start += size
-    return tuple(out)
-
-
 def optimizer_step_s(model) -> float:
     """Median seconds of the trainer's AdamW step over the whole model."""
     import torch
@@ -392,8 +378,8 @@ def main(argv: list[str] | None = None) -> int:
             gpu = gpu_type(min(n, cores))
             cell = Cell(gpu, 1, n, pp)
             assert est.estimate_model(model, BATCH, cell).source == EstimateSource.COMPOSED
-            predicted = next(
-                t for p, t, _ in est.plans(model, BATCH, cell) if (p.dp, p.tp, p.micro_batches) == (dp, tp, m)
+            chosen, predicted = next(
+                (p, t) for p, t, _ in est.plans(model, BATCH, cell) if (p.dp, p.tp, p.micro_batches) == (dp, tp, m)
             )
             b = BATCH // dp // m
             plan = {
@@ -402,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
                 "tp": tp,
                 "micro_batches": m,
                 "global_batch": BATCH,
-                "stage_layers": list(stage_layers(store, model, gpu, pp, tp, b)),
+                "stage_layers": list(chosen.stage_layers or (model.num_layers,)),
             }
             got = measure(plan, args.steps, args.warmup)
             row = {
