@@ -1,14 +1,26 @@
 """How close the composed estimate is to real training, on CPU.
 
-1. Profile a small GPT on this machine (one thread, as each training rank
-   runs): layers per tp degree and micro-batch (median run), the loopback
-   comm curves among 2 gloo processes (p2p, all-reduce, all-gather; each
-   call after every rank computed for a while, as a step issues them; the
-   mean of 30 calls), and the memory bandwidth of an optimizer step, into a
-   temporary profile store (with a "cpu" GpuSpec of this machine: its
-   memory, that update bandwidth, intra link "loopback").
+1. Profile a small GPT on this machine into a temporary profile store, as
+   the job's ranks will use it: each rank is one process on one thread, and
+   a job of n ranks keeps n cores busy, which slows each of them (shared
+   caches and memory bandwidth: several percent on small micro-batches, a
+   fifth on the optimizer step), so the device a rank runs on is "a core
+   while n cores work". For every n up to the cores, n processes profile at
+   once (``profile_corun``; the mean over them) and store it as GPU type
+   ``gpu_type(n)`` ("cpu", "cpu-x2", ...; a GpuSpec with this machine's
+   memory, that update bandwidth, intra link "loopback"):
+   - layers per tp degree and micro-batch, timed in a stack of the model's
+     blocks between the embedding and the head, forward then backward as a
+     micro-batch runs them (``profile_layers(stack=layers)``): timed alone,
+     a layer finds its weights and activations in cache, which on this CPU
+     hides 5-10% of small micro-batches;
+   - the update bandwidth of an AdamW step over the whole model
+     (``profile_update(blocks=layers)``: a bigger state sweeps slower).
+   Once: the loopback comm curves among 2 gloo processes (p2p, all-reduce,
+   all-gather; the mean of 30 calls, each after the same CPU work on every
+   rank and on a freshly written buffer, as a step meets its collectives).
 2. Predict each plan's iteration time with the solver's Estimator (source
-   "composed", cell "cpu" x one node x ranks).
+   "composed", cell ``gpu_type(min(ranks, cores))`` x one node x ranks).
 3. Run the reference trainer (minigpt's Trainer, as contrib/examples/train_gpt.py does) under that plan
    on local processes started through the real launcher, with the stage
    split the estimator assumed (plan.stage_layers), and take the median
@@ -19,8 +31,10 @@ rank does (each step ends in a world all-reduce of the loss), so a step's
 time is the maximum over ranks, and `measured_s`, the job's iteration time,
 is the median of that over the timed steps; `fastest_s` is their minimum.
 `uncontended_s` is the median over steps of the step's time less the
-longest time any rank sat runnable without a CPU that step (/proc
-schedstat), i.e. what the step would take with a core per rank.
+longest time any rank's main thread sat runnable without a CPU that step
+(/proc schedstat), i.e. about what the step would take with a core per
+rank (the collectives' threads' waits are not subtracted, nor a second
+rank's whose wait stalled its peers).
 
 Prints one JSON line per plan and a summary with the mean absolute
 percentage error (MAPE) of the prediction against `measured_s` (also against
@@ -32,19 +46,20 @@ reported separately.
 The estimate prices what the reference trainer does: each layer's compute;
 under tp, 4 all-reduces of the activation per block and micro-batch (the
 trainer's blocks issue Megatron's 4: q, k and v enter the tp region
-together), at the all-reduce curve; the pipeline's activation sends; the dp
-gradient sum as the trainer does it, an all-gather of every rank's gradient
-(``Estimator(grad_sync="allgather")``) at the all-gather curve; and the
-optimizer step at the profiled update bandwidth (`optimizer_step_s` is the
-trainer's AdamW step over the whole model, for comparison). The curves are
-taken the way a step meets its collectives: every rank comes from compute,
-so a call pays for waking peers that were busy (on this VM a collective
-either finds its threads a core at once or waits a few ms for one: the mean
-of the calls is what a step issuing many of them pays). Not in
-the estimate, so measured runs are expected a little slower: the trainer's
-local gradient copies (flatten, stack, sum, per-parameter clone: about 1% of
-a step), drawing the batch, the loss all-reduce ending each step, and
-pipeline sends beyond the first micro-batch (the schedule overlaps them).
+together), at the all-reduce curve; the pipeline's activation sends; adding
+each micro-batch's gradients into the step's (``accumulate_bytes_per_param``
+12 B); the dp gradient sum as the trainer does it, an all-gather of every
+rank's gradient (``Estimator(grad_sync="allgather")``) at the all-gather
+curve, then added in rank order; and the update at the profiled update
+bandwidth: the AdamW step and the trainer's four copies of the gradient
+(``UPDATE_BYTES_PER_PARAM``; `optimizer_step_s` is the trainer's AdamW
+step over the whole model, for comparison). Not in the estimate, so
+measured runs are expected a little slower: drawing the batch, the
+concatenation of the gathered gradients, the loss all-reduce ending each
+step, the pipeline schedule's own work, pipeline sends beyond the first
+micro-batch (the schedule overlaps them), and ranks reaching a collective
+at different times after long compute (the curves see the skew of 5 ms of
+work, not of a whole backward).
 
     python benchmarks/estimator_accuracy.py [--steps 6] [--quick]
 """
@@ -68,6 +83,11 @@ sys.path[:0] = [str(REPO), str(REPO / "contrib" / "examples")]  # this tree's so
 SHAPE = {"layers": 4, "hidden": 192, "heads": 4, "seq": 256, "vocab": 256}
 BATCH = 8
 MICRO_BATCHES = (1, 2, 4, 8)
+#: The trainer's update per parameter (fp32): AdamW's state read and
+#: written (2 x 16 B, as profile_update measures it) and its four copies of
+#: the gradient (8 B each: flattened, stacked for the ordered sum, the sum
+#: cloned, cloned back per parameter), all at the profiled update bandwidth.
+UPDATE_BYTES_PER_PARAM = 2 * 16 + 4 * 8
 #: (pp, dp, tp, micro-batches)
 PLANS = [
     (1, 1, 1, 1),
@@ -215,14 +235,76 @@ def pct_error(predicted: float, measured: float) -> float:
 # ------------------------------------------------------- profile + predict
 
 
-def cpu_spec(comm, update_gbps: float):
+def gpu_type(ranks: int) -> str:
+    """The profile of a core while `ranks` cores of this machine run the job's ranks."""
+    return "cpu" if ranks == 1 else f"cpu-x{ranks}"
+
+
+def _corun_worker(index: int, ranks: int, started, finished, out: str) -> None:
+    """One of `ranks` processes profiling at once (spawned): the layers in a
+    stack of the model's blocks and the update over the whole model, each
+    process on one thread, as a training rank runs; it keeps profiling until
+    every process has finished its first pass, so none is measured alone."""
+    import torch
+
+    from launch import profiler
+
+    torch.set_num_threads(1)
+    model = model_spec()
+    kw = {"warmup": 2, "repeat": 5}
+    started.wait()
+    recs = profiler.profile_layers(model, tps=(1, 2), micro_batches=MICRO_BATCHES, stack=model.num_layers, **kw)
+    gbps = profiler.profile_update(model, blocks=model.num_layers, **kw)
+    with finished.get_lock():
+        finished.value += 1
+    while finished.value < ranks:  # load the machine as the job will until the others are done
+        profiler.profile_layers(model, tps=(1,), micro_batches=(MICRO_BATCHES[-1],), stack=model.num_layers, **kw)
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump({"layers": [r.__dict__ for r in recs], "update_gbps": gbps}, f)
+
+
+def profile_corun(ranks: int) -> tuple[list, float]:
+    """(layer records, update GB/s) of a core while `ranks` cores run alike
+    work: `ranks` processes profile at once (``_corun_worker``), and each
+    time is the mean over them. The ranks of a job on this machine share its
+    memory bandwidth and caches, which a one-process profile cannot see."""
+    import multiprocessing as mp
+
+    from solver.profiles.records import LayerRecord
+
+    ctx = mp.get_context("spawn")
+    started, finished = ctx.Barrier(ranks), ctx.Value("i", 0)
+    with tempfile.TemporaryDirectory(prefix="cellsched-corun-") as tmp:
+        outs = [os.path.join(tmp, f"{i}.json") for i in range(ranks)]
+        procs = [ctx.Process(target=_corun_worker, args=(i, ranks, started, finished, outs[i])) for i in range(ranks)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join()
+        bad = [i for i, proc in enumerate(procs) if proc.exitcode != 0]
+        if bad:
+            raise RuntimeError(f"co-run profile of {ranks} processes: process {bad[0]} exited {procs[bad[0]].exitcode}")
+        runs = []
+        for out in outs:
+            with open(out, encoding="utf-8") as f:
+                runs.append(json.load(f))
+    recs = []
+    for parts in zip(*(r["layers"] for r in runs)):
+        fields = dict(parts[0], gpu_type=gpu_type(ranks))
+        fields["fwd_s"] = statistics.mean(p["fwd_s"] for p in parts)
+        fields["bwd_s"] = statistics.mean(p["bwd_s"] for p in parts)
+        recs.append(LayerRecord(**fields))
+    return recs, statistics.mean(r["update_gbps"] for r in runs)
+
+
+def cpu_spec(comm, update_gbps: float, name: str = "cpu"):
     """This machine as a "cpu" GpuSpec: its memory, the profiled update bandwidth; ranks talk over loopback."""
     from launch.profiler import LOOPBACK, curve_bandwidth_gbps
     from solver.profiles.records import GpuSpec
 
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
     return GpuSpec(
-        "cpu",
+        name,
         mem_gb=mem_gb,
         peak_tflops=0.1,
         mem_bw_gbps=update_gbps,
@@ -230,20 +312,6 @@ def cpu_spec(comm, update_gbps: float):
         intra_bw_gbps=curve_bandwidth_gbps(comm),
         inter_bw_gbps=curve_bandwidth_gbps(comm),
     )
-
-
-def stage_layers(store, model, pp: int, tp: int, b: int) -> tuple[int, ...]:
-    """Blocks per stage of the split the estimator uses (embed and head ride along)."""
-    from solver.cost.layers import layers_from_records, split_stages
-
-    recs = store.layers(model.signature, "cpu", tp, b)
-    sizes = split_stages(layers_from_records(recs), pp, float(b)).layers
-    kinds = [r.kind for r in recs]
-    out, start = [], 0
-    for size in sizes:
-        out.append(sum(k == "block" for k in kinds[start : start + size]))
-        start += size
-    return tuple(out)
 
 
 def optimizer_step_s(model) -> float:
@@ -288,22 +356,30 @@ def main(argv: list[str] | None = None) -> int:
     model = model_spec()
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cellsched-bench-") as tmp, ProfileStore(Path(tmp) / "p.sqlite") as store:
-        store.put_layers(profiler.profile_layers(model, tps=(1, 2), micro_batches=MICRO_BATCHES, warmup=2, repeat=5))
         comm = profiler.profile_comm(2, link=profiler.LOOPBACK, repeat=30)
         store.put_comm(comm)
-        update_gbps = profiler.profile_update(model, repeat=7)
-        store.put_gpu(cpu_spec(comm, update_gbps))
+        update_gbps = {}
+        for ranks in range(1, cores + 1):
+            layers, update_gbps[ranks] = profile_corun(ranks)
+            store.put_layers(layers)
+            store.put_gpu(cpu_spec(comm, update_gbps[ranks], gpu_type(ranks)))
         profile_s = time.perf_counter() - t_start
-        est = Estimator(store, grad_sync=ALLGATHER)  # the trainer adds the dp ranks' gradients in order
+        est = Estimator(
+            store,
+            grad_sync=ALLGATHER,  # the trainer gathers the dp ranks' gradients and adds them in rank order
+            accumulate_bytes_per_param=3 * model.dtype_bytes,  # grad += new: read two, write one
+            update_bytes_per_param=UPDATE_BYTES_PER_PARAM,
+        )
         rows = []
         for pp, dp, tp, m in PLANS:
             n = pp * dp * tp
             if args.quick and n > cores:
                 continue
-            cell = Cell("cpu", 1, n, pp)
+            gpu = gpu_type(min(n, cores))
+            cell = Cell(gpu, 1, n, pp)
             assert est.estimate_model(model, BATCH, cell).source == EstimateSource.COMPOSED
-            predicted = next(
-                t for p, t, _ in est.plans(model, BATCH, cell) if (p.dp, p.tp, p.micro_batches) == (dp, tp, m)
+            chosen, predicted = next(
+                (p, t) for p, t, _ in est.plans(model, BATCH, cell) if (p.dp, p.tp, p.micro_batches) == (dp, tp, m)
             )
             b = BATCH // dp // m
             plan = {
@@ -312,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
                 "tp": tp,
                 "micro_batches": m,
                 "global_batch": BATCH,
-                "stage_layers": list(stage_layers(store, model, pp, tp, b)),
+                "stage_layers": list(chosen.stage_layers or (model.num_layers,)),
             }
             got = measure(plan, args.steps, args.warmup)
             row = {
@@ -353,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
                 "mape_uncontended_pct_oversubscribed": mape("error_uncontended_pct", True),
                 "mape_uncontended_pct_all": mape("error_uncontended_pct"),
                 "optimizer_step_s": round(optimizer_step_s(model), 4),
-                "update_gbps": round(update_gbps, 2),
+                "update_gbps": {gpu_type(n): round(v, 2) for n, v in update_gbps.items()},
                 "profile_s": round(profile_s, 1),
                 "total_s": round(time.perf_counter() - t_start, 1),
             }

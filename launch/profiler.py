@@ -9,12 +9,15 @@ communication curves once per link.
   estimator adds those from the communication curves: 4 all-reduces per
   "block", none for "embed" / "head"). Times are of the median run, on the
   device's compute clock (``compute_clock``: CPU time for a one-thread CPU
-  profile, so a busy machine does not inflate them). Memory: parameter bytes of the shard,
+  profile, so a busy machine does not inflate them). With ``stack=k`` the
+  layers run as a model of k distinct blocks between the embedding and the
+  head, so each meets the cache a training step leaves it. Memory: parameter bytes of the shard,
   activation bytes autograd keeps for backward (the tensors it saves,
   parameters excluded), and the bytes of the layer's output.
 * ``profile_comm``: point-to-point, all-reduce and all-gather time against
   message size among local processes (nccl over GPUs, gloo over loopback on
-  CPU); an all-gather's size is what each rank contributes.
+  CPU), each call after the same CPU work on every rank, as between a
+  step's layers; an all-gather's size is what each rank contributes.
 * ``profile_update``: the memory bandwidth an optimizer step (AdamW) achieves
   on the model's parameters, in the estimator's terms (its traffic taken as
   2 x optimizer_bytes_per_param per parameter): the ``mem_bw_gbps`` that
@@ -235,6 +238,75 @@ def _median_run(runs: list, key: Callable = lambda x: x):
     return sorted(runs, key=key)[(len(runs) - 1) // 2]
 
 
+def _stack_times(
+    embed: nn.Module,
+    blocks: Sequence[nn.Module],
+    head: nn.Module,
+    tokens: torch.Tensor,
+    device: torch.device,
+    warmup: int,
+    repeat: int,
+) -> dict[str, tuple[float, float]]:
+    """Forward and backward seconds of "embed", "block" (the mean of the
+    blocks) and "head" run as one model, embed -> blocks -> head, forward
+    then backward, as a training micro-batch runs them.
+
+    A layer's forward is the clock between its call and the next; its
+    backward, from the gradient of its output to that of its input (tensor
+    hooks; the head's from the start of backward, the embedding's to its
+    end). The median run by total time gives the values (``compute_clock``)."""
+    clock = compute_clock(device)
+    layers = [embed, *blocks, head]
+    runs = []
+    for i in range(warmup + repeat):
+        for layer in layers:
+            layer.zero_grad(set_to_none=True)
+        marks: dict[int, float] = {}
+
+        def mark(j: int) -> Callable[[torch.Tensor], None]:
+            def hook(_grad: torch.Tensor) -> None:
+                _sync(device)
+                marks[j] = clock()
+
+            return hook
+
+        fwd = []
+        _sync(device)
+        t0 = clock()
+        x = embed(tokens)
+        for j, block in enumerate(blocks):  # x is the input of layer j + 1
+            x.register_hook(mark(j + 1))
+            _sync(device)
+            t1 = clock()
+            fwd.append(t1 - t0)
+            t0 = t1
+            x = block(x)
+        x.register_hook(mark(len(blocks) + 1))
+        _sync(device)
+        t1 = clock()
+        fwd.append(t1 - t0)
+        loss = head(x, tokens)
+        _sync(device)
+        t2 = clock()
+        fwd.append(t2 - t1)
+        loss.backward()
+        _sync(device)
+        end = clock()
+        # the gradient reaches layer j's input at marks[j]: layer j's backward ends there
+        ends = [end] + [marks[j] for j in range(1, len(layers))]
+        starts = ends[1:] + [t2]
+        bwd = [e - s for e, s in zip(ends, starts)]
+        if i >= warmup:
+            runs.append(list(zip(fwd, bwd)))
+    run = _median_run(runs, key=lambda r: sum(f + b for f, b in r))
+    k = len(blocks)
+    return {
+        "embed": run[0],
+        "block": (sum(f for f, _ in run[1:-1]) / k, sum(b for _, b in run[1:-1]) / k),
+        "head": run[-1],
+    }
+
+
 def profile_layers(
     model: ModelSpec,
     *,
@@ -245,12 +317,21 @@ def profile_layers(
     warmup: int = 2,
     repeat: int = 5,
     seed: int = 0,
+    stack: int = 0,
 ) -> list[LayerRecord]:
     """LayerRecords of every (tp, micro-batch): layer 0 "embed", 1..L "block", L+1 "head".
 
-    Blocks are alike, so one block is measured and its record repeated."""
+    Blocks are alike, so one block is measured and its record repeated.
+    `stack` = 0 times each layer alone; `stack` = k >= 1 times them in a
+    model of the embedding, k distinct blocks (their mean is the block's
+    record) and the head, forward then backward (``_stack_times``): a layer
+    then meets the cache a training step leaves it (the other layers' weights
+    and activations in between), which on a CPU costs small micro-batches
+    several percent. Memory is measured per layer either way."""
     if warmup < 0 or repeat < 1:
         raise ProfileError(f"need warmup >= 0 and repeat >= 1, got {warmup} and {repeat}")
+    if stack < 0:
+        raise ProfileError(f"stack must be >= 0 blocks, got {stack}")
     for tp in tps:
         check_profilable(model, tp)
     if any(b < 1 for b in micro_batches):
@@ -264,6 +345,7 @@ def profile_layers(
         embed, block, head = (
             layer.to(device=device, dtype=dtype) for layer in (Embed(model), BlockShard(model, tp), Head(model))
         )
+        blocks = [block] + [BlockShard(model, tp).to(device=device, dtype=dtype) for _ in range(stack - 1)]
         for b in micro_batches:
             tokens = torch.randint(model.vocab, (b, s), device=device)
             x = torch.randn(b, s, h, device=device, dtype=dtype, requires_grad=True)
@@ -277,10 +359,11 @@ def profile_layers(
                 "block": (block, lambda: block(fresh())),
                 "head": (head, lambda: head(fresh(), tokens)),
             }
+            times = _stack_times(embed, blocks, head, tokens, device, warmup, repeat) if stack else {}
             measured = {}
             for kind, (layer, run) in runs.items():
                 act, y = saved_bytes(layer, run)
-                fwd, bwd = _median_times(layer, run, device, warmup, repeat)
+                fwd, bwd = times[kind] if stack else _median_times(layer, run, device, warmup, repeat)
                 params = sum(_nbytes(p) for p in layer.parameters())
                 measured[kind] = (fwd, bwd, params, act, _nbytes(y))
             kinds = ["embed"] + ["block"] * model.num_layers + ["head"]
@@ -299,17 +382,23 @@ def profile_update(
     warmup: int = 2,
     repeat: int = 5,
     seed: int = 0,
+    blocks: int = 1,
 ) -> float:
     """Effective memory bandwidth (GB/s) of an AdamW step over the embedding,
-    one block and the head: ``params x 2 x optimizer_bytes_per_param / time``
-    (the median of `repeat` steps, what a training step pays), so the
-    estimator's update term gives back the measured step time."""
+    `blocks` blocks and the head: ``params x 2 x optimizer_bytes_per_param /
+    time`` (the median of `repeat` steps, what a training step pays), so the
+    estimator's update term gives back the measured step time. A step's
+    bandwidth falls as its state outgrows the caches: `blocks` = the model's
+    layers measures the whole model's step (when its state fits the device)."""
     check_profilable(model, 1)
     if warmup < 0 or repeat < 1:
         raise ProfileError(f"need warmup >= 0 and repeat >= 1, got {warmup} and {repeat}")
+    if blocks < 1:
+        raise ProfileError(f"blocks must be >= 1, got {blocks}")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.manual_seed(seed)
-    layers = nn.ModuleList([Embed(model), BlockShard(model, 1), Head(model)]).to(device, TORCH_DTYPES[model.dtype])
+    parts = [Embed(model), *(BlockShard(model, 1) for _ in range(blocks)), Head(model)]
+    layers = nn.ModuleList(parts).to(device, TORCH_DTYPES[model.dtype])
     params = list(layers.parameters())
     for p in params:
         p.grad = torch.randn_like(p)
@@ -336,16 +425,27 @@ def _free_port() -> int:
 
 
 def _busy(seconds: float, scratch: torch.Tensor) -> None:
-    """Keep this rank computing for `seconds` (small matmuls on the host)."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+    """Keep this rank computing for `seconds` of its own CPU time (small
+    matmuls on the host): the same work on every rank, as the ranks of a
+    step compute alike shards, so a rank the machine slows arrives late (a
+    wall-clock deadline would line the ranks up again and hide that)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
         torch.mm(scratch, scratch)
 
 
-def _timed(op: Callable[[], object], device: torch.device, warmup: int, repeat: int, busy_s: float) -> float:
+def _timed(
+    op: Callable[[], object],
+    device: torch.device,
+    warmup: int,
+    repeat: int,
+    busy_s: float,
+    touch: Callable[[], object] | None = None,
+) -> float:
     """Mean seconds of `repeat` calls of `op` (after `warmup` calls), each
     after `busy_s` of computing on every rank, as a training step issues its
-    collectives: between layers, not back to back. The call then pays for
+    collectives: between layers, not back to back, on a buffer just written
+    (`touch`, untimed: a layer's fresh output). The call then pays for
     waking ranks that were busy, and the skew of their arrival; on a CPU it
     is bimodal (the collective's threads on every rank find a core at once,
     or wait for one), so a median says either mode and the mean is what a
@@ -354,6 +454,8 @@ def _timed(op: Callable[[], object], device: torch.device, warmup: int, repeat: 
     total = 0.0
     for i in range(warmup + repeat):
         _busy(busy_s, scratch)
+        if touch is not None:
+            touch()
         _sync(device)
         t0 = time.perf_counter()
         op()
@@ -397,18 +499,21 @@ def _comm_worker(
                 dist.recv(buf, 0)
                 dist.send(buf, 0)
 
+        def touch() -> None:
+            buf.fill_(1.0)
+
         dist.barrier()
-        t = _timed(ping, device, warmup, repeat, busy_s) / 2
+        t = _timed(ping, device, warmup, repeat, busy_s, touch) / 2
         recs.append(CommRecord(link, "p2p", 2, _nbytes(buf), t))
         for n in counts:
             parts = [torch.empty_like(buf) for _ in range(n)]
             dist.barrier()
             if rank < n:
-                t = _timed(lambda: dist.all_reduce(buf, group=groups[n]), device, warmup, repeat, busy_s)
+                t = _timed(lambda: dist.all_reduce(buf, group=groups[n]), device, warmup, repeat, busy_s, touch)
                 recs.append(CommRecord(link, "allreduce", n, _nbytes(buf), t))
             dist.barrier()
             if rank < n:
-                t = _timed(lambda: dist.all_gather(parts, buf, group=groups[n]), device, warmup, repeat, busy_s)
+                t = _timed(lambda: dist.all_gather(parts, buf, group=groups[n]), device, warmup, repeat, busy_s, touch)
                 recs.append(CommRecord(link, "allgather", n, _nbytes(buf), t))
     dist.barrier()
     if rank == 0:

@@ -32,7 +32,10 @@ over the optimizer state at the GPU's memory bandwidth (``mem_bw_gbps``; see
 ``solver.cost.pipeline``), and the dp gradient sync: a ring all-reduce, or
 with ``grad_sync="allgather"`` an all-gather of each rank's gradients (one
 per virtual worker it runs) added in rank order, as the reference trainer
-does for bitwise-reproducible sums.
+does for bitwise-reproducible sums. With ``accumulate_bytes_per_param`` > 0
+they also price adding one gradient into another at that bandwidth: each
+micro-batch's into the step's (every micro-batch but a worker's first) and,
+under "allgather", the gathered gradients in rank order (dp x k - 1 adds).
 
 Inside a cell (pp fixed) the search covers tp dividing the GPUs per node
 (and the heads; the hidden size for non-transformers), dp = GPUs / (pp tp)
@@ -74,6 +77,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from solver.cost.comm import Links, load_curves
 from solver.cost.layers import LayerCosts, StageCosts, analytic_layers, layers_from_records, split_stages, uniform_sizes
 from solver.cost.pipeline import (
+    ALLGATHER,
     ALLREDUCE,
     GRAD_SYNCS,
     dp_sync_time,
@@ -202,6 +206,7 @@ class Estimator:
         grad_sync: str = ALLREDUCE,
         state_sharding: bool = True,
         shard_min_gain: float = 0.1,
+        accumulate_bytes_per_param: float = 0.0,
     ) -> None:
         """`store` is a ProfileStore (read here once for GPU specs and comm
         curves, later once per model); `efficiency` is the fraction of peak
@@ -220,12 +225,19 @@ class Estimator:
         where no plan of the cell fits without it or where it is more than
         `shard_min_gain` faster (what the model leaves out of the sharded
         step, one gather per owner in turn and the copies into and out of
-        the flat slices, asks for a clear gain)."""
+        the flat slices, asks for a clear gain); `accumulate_bytes_per_param`
+        the memory traffic per parameter of adding one gradient into another
+        (3 x dtype bytes for a plain ``grad += new``), priced like the update
+        for every micro-batch but a worker's first and, under "allgather",
+        for the sum of the gathered gradients (0: not priced)."""
         if not 0 < mem_fraction <= 1:
             raise ValueError(f"mem_fraction must be in (0, 1], got {mem_fraction}")
         if grad_sync not in GRAD_SYNCS:
             raise ValueError(f"grad_sync must be one of {GRAD_SYNCS}, got {grad_sync!r}")
+        if accumulate_bytes_per_param < 0:
+            raise ValueError(f"accumulate_bytes_per_param must be >= 0, got {accumulate_bytes_per_param}")
         self.grad_sync = grad_sync
+        self.accumulate_bytes_per_param = accumulate_bytes_per_param
         self.store = store
         self.mem_fraction = mem_fraction
         self.optimizer_bytes_per_param = optimizer_bytes_per_param
@@ -497,7 +509,7 @@ class Estimator:
                 per_worker, k = batch // dp, 1
             else:  # the busiest rank runs k virtual workers of batch / V samples in turn
                 per_worker, k = batch // vw, -(-vw // dp)
-            prev, last_st, sync = math.inf, None, 0.0
+            prev, last_st, sync, accumulate = math.inf, None, 0.0, 0.0
             for m in divisors(per_worker):
                 b = per_worker // m
                 st = self._stages(md, chosen, cell.gpu_type, tp, b, pp)
@@ -510,6 +522,14 @@ class Estimator:
                         update_bytes_per_param=self.update_bytes_per_param,
                         mem_bw_gbps=mem_bw,
                     )
+                    accumulate = update_time(
+                        st,
+                        dtype_bytes=model.dtype_bytes,
+                        update_bytes_per_param=self.accumulate_bytes_per_param,
+                        mem_bw_gbps=mem_bw,
+                    )
+                    if self.grad_sync == ALLGATHER:  # the dp x k gathered gradients added in rank order
+                        sync += (dp * k - 1) * accumulate
                     last_st = st
                 t, mem = pipeline_cost(
                     st,
@@ -522,6 +542,7 @@ class Estimator:
                     dtype_bytes=model.dtype_bytes,
                     optimizer_bytes_per_param=self.optimizer_bytes_per_param,
                 )
+                t += (m - 1) * accumulate  # the largest stage adds m - 1 micro-batches into its gradients
                 t = (t if k == 1 else k * t) + sync
                 i = len(plans)
                 plans.append(_Cand(dp, tp, m, t, mem, st.blocks, -1, -1.0))

@@ -193,3 +193,100 @@ def test_layer_time_is_the_median_run(monkeypatch):
     layer = torch.nn.Linear(2, 2)
     x = torch.ones(1, 2)
     assert profiler._median_times(layer, lambda: layer(x), torch.device("cpu"), 1, 3) == (1.0, 2.0)
+
+
+class _Tick(torch.autograd.Function):
+    """Identity that advances a fake clock by `bwd` seconds in backward."""
+
+    @staticmethod
+    def forward(ctx, x, clock, bwd):
+        ctx.clock, ctx.bwd = clock, bwd
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.clock["t"] += ctx.bwd
+        return grad, None, None
+
+
+class _Timed(torch.nn.Module):
+    """A layer that takes `fwd` fake seconds forward and `bwd` backward."""
+
+    def __init__(self, clock, fwd, bwd):
+        super().__init__()
+        self.clock, self.fwd, self.bwd = clock, fwd, bwd
+        self.w = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x, tokens=None):
+        self.clock["t"] += self.fwd
+        y = (x.float() if x.dtype == torch.long else x) * self.w
+        return _Tick.apply(y.sum() if tokens is not None else y, self.clock, self.bwd)
+
+
+def test_stacked_layer_times_split_one_forward_and_backward(monkeypatch):
+    """In a stack each layer's forward and backward are its own share of the model's; blocks give their mean."""
+    clock = {"t": 0.0}
+    monkeypatch.setattr(profiler, "compute_clock", lambda _device: lambda: clock["t"])
+    embed, head = _Timed(clock, 0.1, 0.2), _Timed(clock, 5.0, 6.0)
+    blocks = [_Timed(clock, 1.0, 2.0), _Timed(clock, 3.0, 4.0)]
+    tokens = torch.ones(2, 3, dtype=torch.long)
+    times = profiler._stack_times(embed, blocks, head, tokens, torch.device("cpu"), 1, 3)
+    assert times["embed"] == pytest.approx((0.1, 0.2))
+    assert times["block"] == pytest.approx((2.0, 3.0))
+    assert times["head"] == pytest.approx((5.0, 6.0))
+
+
+def test_stacked_profile_keeps_the_records_memory():
+    """stack=k changes how layers are timed, not what is recorded about their memory."""
+    torch.set_num_threads(1)
+    alone = profiler.profile_layers(MODEL, tps=(1, 2), micro_batches=(2,), warmup=1, repeat=1)
+    stacked = profiler.profile_layers(MODEL, tps=(1, 2), micro_batches=(2,), warmup=1, repeat=1, stack=2)
+    assert [(r.tp, r.layer, r.kind, r.param_bytes, r.act_bytes, r.out_bytes) for r in stacked] == [
+        (r.tp, r.layer, r.kind, r.param_bytes, r.act_bytes, r.out_bytes) for r in alone
+    ]
+    assert all(r.fwd_s > 0 and r.bwd_s > 0 for r in stacked)
+    with pytest.raises(profiler.ProfileError, match="stack"):
+        profiler.profile_layers(MODEL, stack=-1)
+
+
+def test_update_over_more_blocks():
+    torch.set_num_threads(1)
+    assert 0.1 < profiler.profile_update(MODEL, warmup=1, repeat=1, blocks=2) < 1000
+    with pytest.raises(profiler.ProfileError, match="blocks"):
+        profiler.profile_update(MODEL, blocks=0)
+
+
+def test_busy_compute_is_work_not_a_wall_clock_deadline(monkeypatch):
+    """Ranks compute for the same CPU time before a collective, so one the machine slows arrives late."""
+    cpu = {"t": 0.0, "mm": 0}
+
+    def mm(_a, _b):
+        cpu["mm"] += 1
+        cpu["t"] += 0.001  # each matmul: 1 ms of this thread's CPU
+
+    def wall():  # the wall clock runs 4 ms per reading: other processes hold the core
+        cpu["wall"] = cpu.get("wall", 0.0) + 0.004
+        return cpu["wall"]
+
+    monkeypatch.setattr(profiler, "time", SimpleNamespace(thread_time=lambda: cpu["t"], perf_counter=wall))
+    monkeypatch.setattr(profiler.torch, "mm", mm)
+    profiler._busy(0.01, None)
+    assert cpu["mm"] == 10  # a wall-clock deadline would stop after 2
+
+
+def test_collective_meets_a_freshly_written_buffer(monkeypatch):
+    """`touch` writes the op's buffer before every call (a layer's fresh output), outside the timing."""
+    clock = {"t": 0.0}
+    touched = []
+
+    def touch():
+        touched.append(clock["t"])
+        clock["t"] += 100.0
+
+    def op():
+        clock["t"] += 2.0
+
+    monkeypatch.setattr(profiler, "time", SimpleNamespace(perf_counter=lambda: clock["t"]))
+    monkeypatch.setattr(profiler, "_busy", lambda seconds, _scratch: None)
+    assert profiler._timed(op, torch.device("cpu"), 1, 3, 0.5, touch) == pytest.approx(2.0)
+    assert len(touched) == 4

@@ -154,6 +154,27 @@ def test_weight_update_priced_at_memory_bandwidth():
     assert t == pytest.approx(23.3 + 3000 * 32 / 1000)
 
 
+def test_gradient_accumulation_priced_per_micro_batch_after_the_first():
+    store = hand_store()
+    store.put_gpu(replace(G, name="slow", mem_bw_gbps=1e-6))  # 1000 B/s
+    store.put_layers(layer_recs("slow", 1, TIMES))
+    cell = Cell("slow", 1, 2, pp=1)
+    # dp 2, m = 2 micro-batches of 2: 2 x 8 s + the all-reduce 0.012 s, the update 192 s
+    # (test_weight_update_priced_at_memory_bandwidth), and one accumulation of the 6000 fp16
+    # parameters' gradients at 3 x 2 B each = 36 s
+    t, _ = plan_of(Estimator(store, accumulate_bytes_per_param=6), cell, 8, 1, 2, 1, 2)
+    assert t == pytest.approx(16.012 + 192 + 36)
+    t, _ = plan_of(Estimator(store), cell, 8, 1, 2, 1, 2)  # the default prices none
+    assert t == pytest.approx(16.012 + 192)
+    t, _ = plan_of(Estimator(store, accumulate_bytes_per_param=6), cell, 8, 1, 2, 1, 1)  # one micro-batch: none
+    assert t == pytest.approx(16.012 + 192)
+    # m = 4 over two stages ([1,2 | 3,2], 3000 parameters each): 3 accumulations of the larger
+    t, _ = plan_of(Estimator(store, accumulate_bytes_per_param=6), Cell("slow", 1, 2, pp=2), 8, 2, 1, 1, 4)
+    assert t == pytest.approx(23.3 + 3000 * 32 / 1000 + 3 * 3000 * 6 / 1000)
+    with pytest.raises(ValueError, match="accumulate_bytes_per_param"):
+        Estimator(store, accumulate_bytes_per_param=-1)
+
+
 def test_virtual_workers_estimate_by_hand():
     """The estimate under V = 3 over dp 2: ceil(3/2) = 2 virtual workers on the busiest rank, by hand."""
     store = hand_store()
@@ -186,6 +207,19 @@ def test_gradient_sync_by_ordered_allgather():
     assert t == pytest.approx(16.012)
     with pytest.raises(ValueError, match="grad_sync"):
         Estimator(gather_store(), grad_sync="reduce-scatter")
+
+
+def test_ordered_allgather_prices_adding_the_gathered_gradients():
+    """With accumulate_bytes_per_param, "allgather" also prices the dp x k - 1 adds of the gathered gradients."""
+    store = gather_store()
+    store.put_gpu(replace(G, name="slow", mem_bw_gbps=1e-6))  # 1000 B/s
+    store.put_layers(layer_recs("slow", 1, TIMES))
+    cell = Cell("slow", 1, 2, pp=1)
+    # dp 2, m = 1: 16 s + the all-gather 12 s + the update 192 s + one add of 6000 fp16 gradients x 6 B = 36 s
+    t, _ = plan_of(Estimator(store, grad_sync=ALLGATHER, accumulate_bytes_per_param=6), cell, 8, 1, 2, 1, 1)
+    assert t == pytest.approx(16 + 12 + 192 + 36)
+    t, _ = plan_of(Estimator(store, accumulate_bytes_per_param=6), cell, 8, 1, 2, 1, 1)  # an all-reduce sums in place
+    assert t == pytest.approx(16.012 + 192)
 
 
 def test_ordered_allgather_gathers_every_virtual_worker():
