@@ -514,14 +514,7 @@ class Estimator:
                 b = per_worker // m
                 st = self._stages(md, chosen, cell.gpu_type, tp, b, pp)
                 if st is not last_st:  # gradient sync and weight update: once per iteration
-                    sync = dp_sync_time(
-                        st, dp=dp, tp=tp, gpus_per_node=g, links=links, collective=self.grad_sync, units=k
-                    ) + update_time(
-                        st,
-                        dtype_bytes=model.dtype_bytes,
-                        update_bytes_per_param=self.update_bytes_per_param,
-                        mem_bw_gbps=mem_bw,
-                    )
+                    sync = self._sync_and_update(st, dp, tp, g, links, k, model.dtype_bytes, mem_bw)
                     accumulate = update_time(
                         st,
                         dtype_bytes=model.dtype_bytes,
@@ -557,6 +550,15 @@ class Estimator:
         found = md.found[key] = _Found(chosen, tuple(plans), best, fastest)
         return found
 
+    def _sync_and_update(
+        self, st: StageCosts, dp: int, tp: int, g: int, links: Links, k: int, dtype_bytes: int, mem_bw: float
+    ) -> float:
+        """The replicated step's end: the dp gradient sync (of `k` units per rank) and the weight update."""
+        sync = dp_sync_time(st, dp=dp, tp=tp, gpus_per_node=g, links=links, collective=self.grad_sync, units=k)
+        return sync + update_time(
+            st, dtype_bytes=dtype_bytes, update_bytes_per_param=self.update_bytes_per_param, mem_bw_gbps=mem_bw
+        )
+
     def _with_sharded(
         self, md: _ModelData, batch: int, cell: Cell, source: EstimateSource | None, every: bool, vw: int | None
     ) -> _Found:
@@ -577,14 +579,7 @@ class Estimator:
         def delta(st: StageCosts, dp: int, tp: int, k: int) -> float:
             key = (cell.gpu_type, id(st), dp, k, g)
             if key not in steps:
-                plain_step = dp_sync_time(
-                    st, dp=dp, tp=tp, gpus_per_node=g, links=links, collective=self.grad_sync, units=k
-                ) + update_time(
-                    st,
-                    dtype_bytes=model.dtype_bytes,
-                    update_bytes_per_param=self.update_bytes_per_param,
-                    mem_bw_gbps=mem_bw,
-                )
+                plain_step = self._sync_and_update(st, dp, tp, g, links, k, model.dtype_bytes, mem_bw)
                 steps[key] = (
                     sharded_step_time(
                         st,
