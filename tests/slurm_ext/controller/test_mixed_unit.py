@@ -30,7 +30,8 @@ def snapshot(*jobs: SlurmJob) -> ClusterSnapshot:
     return ClusterSnapshot(nodes=nodes, partitions=parts, jobs=jobs, taken_at=1000.0)
 
 
-def test_a_mixed_placement_is_released_as_one_ordinary_job():
+def decided(p: Placement):
+    """The controller's one action for held job 7 given placement `p`."""
     job = SlurmJob(
         job_id="7",
         user="alice",
@@ -45,9 +46,14 @@ def test_a_mixed_placement_is_released_as_one_ordinary_job():
     snap = snapshot(job)
     jobs = inp.classify(snap, {}, {})
     view = inp.build_request(snap, jobs, {}, Config().solver).view
+    (a,) = decide(jobs, {"7": p}, view, "/ck")
+    return a
+
+
+def test_a_mixed_placement_is_released_as_one_ordinary_job():
     cell = mixed_cell((("a10", 1), ("a40", 2)), 2)
     p = Placement("7", cell, (("n6", 2), ("n5", 2), ("n4", 2)), ParallelPlan(1, 6, 1, 1, (6, 3)), 0.5)
-    (a,) = decide(jobs, {"7": p}, view, "/ck")
+    a = decided(p)
     u = a.update
     assert a.kind == PLACE and (u.partition, u.features, u.num_nodes, u.gres_per_node) == ("all", "", 3, 2)
     assert (u.req_nodes, u.num_tasks, u.tasks_per_node) == (("n4", "n5", "n6"), 6, 2)
@@ -61,22 +67,8 @@ def test_a_mixed_placement_is_released_as_one_ordinary_job():
 # ---- issue 15: stage_layers and state sharding in the plan ---------------------------------------------------
 
 
-def placed(p: Placement, nodes=NODES) -> JobPlan:
-    job = SlurmJob(
-        job_id="7",
-        user="alice",
-        state="PENDING",
-        held=True,
-        reason="JobHeldUser",
-        partition="a40",
-        comment=SPEC.to_comment(),
-        submit_time=900.0,
-        gpus_per_node=2,
-    )
-    snap = snapshot(job)
-    jobs = inp.classify(snap, {}, {})
-    view = inp.build_request(snap, jobs, {}, Config().solver).view
-    (a,) = decide(jobs, {"7": p}, view, "/ck")
+def placed(p: Placement) -> JobPlan:
+    a = decided(p)
     return JobPlan.from_dict(json.loads(a.update.admin_comment)["plan"])
 
 
