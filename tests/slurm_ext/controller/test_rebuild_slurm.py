@@ -65,10 +65,11 @@ def test_a_fresh_controller_on_an_empty_state_finishes_a_move_cut_short(slurm_cl
     fresh = _controller(tmp_path / "fresh", checkpoint_wait_s=60.0, checkpoint_poll_s=0.3)
     fresh.backend = Recorder(backend, calls=calls)
 
-    def completed() -> bool:
+    def completed() -> bool:  # FAILED with exit 75 is its checkpoint, not its end: the next round requeues it
         fresh.round()
         j = _job(backend, job)
-        return j is not None and j.state in ("COMPLETED", "FAILED", "CANCELLED")
+        checkpointed = j is not None and j.state == "FAILED" and j.exit_code == contract.EXIT_CHECKPOINTED
+        return j is not None and j.state in ("COMPLETED", "FAILED", "CANCELLED") and not checkpointed
 
     wait_until(completed, 300, f"job {job} to end", interval=0.5)
     done = _job(backend, job)
