@@ -59,7 +59,7 @@ when there). With the default 150 jobs it takes 1 to 3 minutes on two
 busy cores (both policies in parallel), up to 5 at --load 2.
 `--cluster` and `--models all` run another cluster and slice (the first
 --jobs of every model, rate = load x GPUs / 1,280): 300 jobs on
-etc/sim-mixed-88.toml took 32 minutes while other simulations shared the
+etc/sim-mixed-88.toml took 15 minutes while other simulations shared the
 cores.
 
     python benchmarks/heterogeneity.py --out /tmp/hetero [--jobs 150] [--load 1] [--seed 0] [--workers 2]
