@@ -22,7 +22,7 @@ sia both finished, and the ratio of the two averages; then a summary line
 with cellsched's mean ratio to sia over the rows. Writes OUT/matrix.md and,
 with matplotlib, OUT/matrix.png.
 
-    python benchmarks/realistic_matrix.py --out /tmp/matrix [--rows ROW,...] [--policies P,...] [--workers 2]
+    python benchmarks/realistic_matrix.py --out /tmp/matrix [--rows ROW,...] [--policies 'P;P:k=v,k=v']
 """
 
 from __future__ import annotations
@@ -205,12 +205,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rows", default=None, help="comma-separated row names (default: all six)")
-    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument(
+        "--policies",
+        default=";".join(POLICIES),
+        help="policies separated by ';' (or ',' when none has options): 'sia;cellsched:hesrpt=true,calibrate=false'",
+    )
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--small-jobs", type=int, default=300, help="jobs of the trace on the small cluster")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    policies = tuple(args.policies.split(","))
+    policies = tuple(p for p in args.policies.split(";" if ";" in args.policies else ",") if p)
     table = rows(args.small_jobs)
     chosen = args.rows.split(",") if args.rows else list(table)
     unknown = [r for r in chosen if r not in table]
