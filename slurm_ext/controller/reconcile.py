@@ -46,7 +46,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from slurm_ext.backends import JOB_FAILURES, STEPS, Backend, JobUpdate
@@ -73,6 +73,7 @@ HOLD = "hold"  # keep a loose job from starting anywhere
 MOVE = "move"  # signal a running job to checkpoint, wait, requeue held, update, release
 REQUEUE = "requeue"  # requeue a checkpointed (or unresponsive) job held, to be placed later
 TIDY = "tidy"  # remove the Step from a released job's AdminComment
+RESIGNAL = "resignal"  # ask a job checkpointing for a move rebuilt from its Step again (idempotent)
 
 
 @dataclass(frozen=True)
@@ -297,6 +298,7 @@ def decide(
     *,
     now: float = 0.0,
     checkpoint_timeout_s: float = float("inf"),
+    resignal: Collection[str] = (),
 ) -> tuple[Action, ...]:
     """Actions that make Slurm match `desired`.
 
@@ -307,8 +309,10 @@ def decide(
     checkpointed job is requeued held and placed (or only requeued when it
     has no placement this round), a parked one only requeued held (and then
     left alone); a job checkpointing for longer than
-    `checkpoint_timeout_s` is requeued. Jobs that keep their cell are not
-    touched.
+    `checkpoint_timeout_s` is requeued, and one in `resignal` (its move
+    rebuilt from the Step this round: the controller that wrote the Step may
+    have died before its signal) is asked again. Jobs that keep their cell
+    are not touched.
     """
     actions: list[Action] = []
     for m in jobs:
@@ -326,6 +330,8 @@ def decide(
                         was=m.job.admin_comment,
                     )
                 )
+            elif m.job_id in resignal:
+                actions.append(Action(RESIGNAL, m.job_id, "move rebuilt from its Step; the signal may not have come"))
             continue
         if m.phase == Phase.CHECKPOINTED and p is None:
             actions.append(Action(REQUEUE, m.job_id, "checkpointed; waits for a placement", was=m.job.admin_comment))
@@ -461,14 +467,14 @@ def apply(
     budget_s: float = float("inf"),
 ) -> list[Outcome]:
     """Carry the actions out, many jobs per Slurm call: holds, requeues and
-    the moves' signals first, then the placements `batch` jobs at a time
+    the (re)signals of moves first, then the placements `batch` jobs at a time
     (`_place_many`), then the moves whose jobs checkpointed (waited for
     together). A failing job is recorded and skipped. Once `budget_s` (wall
     time) is spent, the placements not begun are journalled and the next
     round carries them out. SlurmUnavailable stops the round (the intents
     stay open)."""
     t0 = time.monotonic()
-    of = {kind: [a for a in actions if a.kind == kind] for kind in (TIDY, HOLD, REQUEUE, MOVE, PLACE)}
+    of = {kind: [a for a in actions if a.kind == kind] for kind in (TIDY, HOLD, REQUEUE, RESIGNAL, MOVE, PLACE)}
     outcomes = _tidy(of[TIDY], backend) if of[TIDY] else []
     outcomes += _outcomes(of[HOLD], backend.hold_many([a.job_id for a in of[HOLD]]) if of[HOLD] else {})
     if of[REQUEUE]:
@@ -479,6 +485,13 @@ def apply(
                     state.add_history(a.job_id, HistoryEvent.REQUEUED, clock(), round_id)
         _mark_requeued([a for a in of[REQUEUE] if a.job_id not in failed], backend, clock())
         outcomes += _outcomes(of[REQUEUE], failed)
+    for a in of[RESIGNAL]:
+        try:
+            backend.signal(a.job_id, contract.CHECKPOINT_SIGNAL, target=STEPS)
+            log.info("asked to checkpoint again", extra={"fields": a.summary()})
+            outcomes.append(Outcome(a, True))
+        except JOB_FAILURES as exc:
+            outcomes += _outcomes([a], {a.job_id: exc})
     signalled: dict[str, tuple[Action, tuple[int, float]]] = {}
     for a in of[MOVE]:
         try:
@@ -588,7 +601,8 @@ def _signal(
     """Write the move's intent, then its Step ("signalled", with the target
     plan) into the job's AdminComment, and ask the job to checkpoint (status
     signalled). The Step comes first: a controller that finds it (without
-    this state DB) never signals the job again."""
+    this state DB) finishes the move, and asks a job still running once
+    more (RESIGNAL: this one may have died before its signal)."""
     assert a.placement is not None and a.plan is not None and a.update is not None
     p = a.placement
     now = clock()

@@ -194,7 +194,7 @@ class Controller:
         released = self.state.released(listed)
         parked = self.state.parked(listed)
         opens = self.state.open_plans()
-        opens = self._from_slurm(snap, opens, released, parked, dry_run)
+        opens, resignal = self._from_slurm(snap, opens, released, parked, dry_run)
         jobs = inp.classify(snap, known, opens, released, parked)
         if not dry_run:
             self._remember(jobs, known, now)
@@ -243,7 +243,13 @@ class Controller:
             self.metrics.inc("errors_total", labels={"kind": "invalid_placement"})
         cc = cfg.controller
         actions = decide(
-            jobs, desired, built.view, cc.checkpoint_root, now=now, checkpoint_timeout_s=cc.checkpoint_timeout_s
+            jobs,
+            desired,
+            built.view,
+            cc.checkpoint_root,
+            now=now,
+            checkpoint_timeout_s=cc.checkpoint_timeout_s,
+            resignal=resignal,
         )
 
         t2 = time.perf_counter()
@@ -538,7 +544,7 @@ class Controller:
 
     def _from_slurm(
         self, snap: ClusterSnapshot, opens: dict[str, PlanRow], released: set[str], parked: set[str], dry_run: bool
-    ) -> dict[str, PlanRow]:
+    ) -> tuple[dict[str, PlanRow], set[str]]:
         """The state rebuilt from Slurm: the work in flight that the jobs'
         AdminComments show (contract.Step) and this state DB does not know
         (it has no plan of the job from the Step's time on: an empty or lost
@@ -548,7 +554,10 @@ class Controller:
         controller's (not in `released`), a parked one parked. A held job
         that carries a plan but no Step, of which the DB knows no plan, was
         released and then held by its user or an operator: in `released`.
-        Changes `released` and `parked`; returns the open intents."""
+        Changes `released` and `parked`; returns the open intents and the
+        jobs checkpointing for a move rebuilt now, to be signalled again (the
+        Step is written before the signal: one that died between the two
+        never sent it; a second signal only repeats the request)."""
         marked = {}
         unmarked = []
         for job in snap.jobs:
@@ -558,10 +567,10 @@ class Controller:
             elif step is None and job.held and not job.finished and inp.admin_comment_plan(job.admin_comment):
                 unmarked.append(job.job_id)
         if not marked and not unmarked:
-            return opens
+            return opens, set()
         known_at = self.state.newest_plan_times([*marked, *unmarked])
         released.update(j for j in unmarked if j not in known_at)
-        restored = 0
+        restored: set[str] = set()
         for job_id, (job, step) in marked.items():
             if job_id in known_at and known_at[job_id] >= step.at - 1e-3:
                 continue  # the state DB journalled this work (or newer)
@@ -574,12 +583,13 @@ class Controller:
                 continue
             intent = self.state.begin_plan(job_id, None, *row[:5], step.at)
             self.state.set_plan_status(intent, row[5], step.at)
-            restored += 1
+            restored.add(job_id)
             log.info(
                 "intent rebuilt from slurm",
                 extra={"fields": {"job": job_id, "step": step.step, "cell": row[0], "status": row[5]}},
             )
-        return self.state.open_plans() if restored else opens
+        resignal = {j for j in restored if marked[j][1].step == contract.SIGNALLED and marked[j][0].holds_resources}
+        return (self.state.open_plans() if restored else opens), resignal
 
     def _remember(self, jobs: tuple[inp.ManagedJob, ...], known: Mapping[str, Any], now: float) -> None:
         """Persist first accepted specs and refused ones (one job at a time)."""

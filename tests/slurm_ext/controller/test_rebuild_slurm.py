@@ -4,8 +4,9 @@ catches it, as with SIGKILL, and it makes no further Slurm call) right
 after it signalled the job to checkpoint, or right after it requeued the
 checkpointed job held; its state file is deleted. A fresh controller on an
 EMPTY state file takes over from the jobs' AdminComments: it finishes the
-move (never signals the job again, never cancels it, releases it once) and
-the job completes, each training step run once.
+move (asks a job still running to checkpoint once more, which it does
+once; never cancels it, releases it once) and the job completes, each
+training step run once.
 
 The simulated version, every step of a move: test_rebuild_unit.py."""
 
@@ -29,9 +30,9 @@ from solver import contract
 pytestmark = pytest.mark.slurm
 
 
-#: the kill point on real Slurm: mid-checkpoint, the hardest (the fresh controller must neither signal
-#: again nor take the job for lost); after the requeue, and every other step, on the simulated Slurm
-#: (test_rebuild_unit.py), which keeps this suite's time down
+#: the kill point on real Slurm: mid-checkpoint, the hardest (a second request must not checkpoint the job
+#: twice, and the fresh controller must not take it for lost); after the requeue, and every other step, on
+#: the simulated Slurm (test_rebuild_unit.py), which keeps this suite's time down
 @pytest.mark.parametrize("dies_after", ["signal"])
 def test_a_fresh_controller_on_an_empty_state_finishes_a_move_cut_short(slurm_cluster, tmp_path, dies_after):
     backend = get_backend("cli")
@@ -74,7 +75,8 @@ def test_a_fresh_controller_on_an_empty_state_finishes_a_move_cut_short(slurm_cl
     wait_until(completed, 300, f"job {job} to end", interval=0.5)
     done = _job(backend, job)
     assert done.state == "COMPLETED", done
-    assert calls[("signal", job)] == 1  # never signalled again mid-checkpoint
+    # asked once more when still running as the fresh controller took over: the job checkpoints once anyway
+    assert calls[("signal", job)] in (1, 2)
     assert calls[("requeue_many", job)] == 1  # the move's one restart
     assert calls[("release_many", job)] == 2  # its first placement and the move
     assert not any(name == "cancel" for name, _ in calls)
@@ -92,8 +94,9 @@ def test_the_standby_finishes_a_move_after_the_active_daemon_is_sigkilled_and_it
     starts a move (a blocker leaves: the job grows from 2 to 4 A40s) and is
     SIGKILLed as soon as the job's AdminComment shows the move's signal; its
     state file is deleted. The standby takes the lease and finishes the move
-    on its target without signalling the job again, and the job completes
-    with each training step run once."""
+    on its target, asking a job still running once more (the killed one may
+    have died between the Step and the signal: under load the test's SIGKILL
+    lands there), and the job completes with each training step run once."""
     backend = get_backend("cli")
     blocker = _blocker("n5", "a40", 2)
     _wait_state(backend, blocker, ("RUNNING",), 30, tmp_path)
@@ -147,9 +150,11 @@ def test_the_standby_finishes_a_move_after_the_active_daemon_is_sigkilled_and_it
         wait_until(ended, 300, f"job {job} to end", interval=0.5)
         assert _job(backend, job).state == "COMPLETED", _job(backend, job)
         # the standby finishes the move once (from the AdminComment's Step while the job checkpoints, or
-        # from its checkpoint once it has: whichever it finds), and never signals it again
+        # from its checkpoint once it has: whichever it finds); it starts no move of its own
         assert _placed(logs[standby], job) == ["a40:2x2:pp1"]
-        assert not [ln for ln in log_lines(logs[standby]) if ln["msg"] == "asked to checkpoint"]
+        standby_msgs = [ln["msg"] for ln in log_lines(logs[standby])]
+        assert "asked to checkpoint" not in standby_msgs
+        assert standby_msgs.count("asked to checkpoint again") <= 1
         assert _placed(logs[active], job) == ["a40:1x2:pp1"]
         out = json.loads((tmp_path / "losses.json").read_text())
         assert out["steps"] == list(range(1, STEPS + 1)), "a step was trained twice (or not at all)"
