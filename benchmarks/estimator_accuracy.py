@@ -17,8 +17,12 @@
    - the update bandwidth of an AdamW step over the whole model
      (``profile_update(blocks=layers)``: a bigger state sweeps slower).
    Once: the loopback comm curves among 2 gloo processes (p2p, all-reduce,
-   all-gather; the mean of 30 calls, each after the same CPU work on every
-   rank and on a freshly written buffer, as a step meets its collectives).
+   all-gather; the mean of 90 calls, each after the same CPU work on every
+   rank and on a freshly written buffer, as a step meets its collectives:
+   on 2 cores the ranks' skew makes single calls vary by 20-50%, and the
+   mean of 30 moved tensor-parallel estimates by 10% from run to run).
+   Layers and the update are the median of 11 repeats; each plan runs 20
+   timed steps (the median of 6 moved by 5% between runs).
 2. Predict each plan's iteration time with the solver's Estimator (source
    "composed", cell ``gpu_type(min(ranks, cores))`` x one node x ranks).
 3. Run the reference trainer (minigpt's Trainer, as contrib/examples/train_gpt.py does) under that plan
@@ -251,7 +255,7 @@ def _corun_worker(index: int, ranks: int, started, finished, out: str) -> None:
 
     torch.set_num_threads(1)
     model = model_spec()
-    kw = {"warmup": 2, "repeat": 5}
+    kw = {"warmup": 3, "repeat": 11}
     started.wait()
     recs = profiler.profile_layers(model, tps=(1, 2), micro_batches=MICRO_BATCHES, stack=model.num_layers, **kw)
     gbps = profiler.profile_update(model, blocks=model.num_layers, **kw)
@@ -334,8 +338,8 @@ def optimizer_step_s(model) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=6, help="timed steps per plan")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed steps per plan")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per plan")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps per plan")
     ap.add_argument("--quick", action="store_true", help="only the plans that fit the cores")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -356,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     model = model_spec()
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cellsched-bench-") as tmp, ProfileStore(Path(tmp) / "p.sqlite") as store:
-        comm = profiler.profile_comm(2, link=profiler.LOOPBACK, repeat=30)
+        comm = profiler.profile_comm(2, link=profiler.LOOPBACK, repeat=90)
         store.put_comm(comm)
         update_gbps = {}
         for ranks in range(1, cores + 1):
