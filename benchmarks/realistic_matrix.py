@@ -22,13 +22,14 @@ sia both finished, and the ratio of the two averages; then a summary line
 with cellsched's mean ratio to sia over the rows. Writes OUT/matrix.md and,
 with matplotlib, OUT/matrix.png.
 
-    python benchmarks/realistic_matrix.py --out /tmp/matrix [--rows ROW,...] [--policies 'P;P:k=v,k=v']
+    python benchmarks/realistic_matrix.py --out /tmp/matrix [--rows ROW,...] [--policies P,P:k=v,k=v]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -201,20 +202,32 @@ def plot(numbers: list[dict[str, object]], policies: tuple[str, ...], path: Path
     return True
 
 
+def split_policies(text: str) -> tuple[str, ...]:
+    """'sia;cellsched:a=1,b=2' or 'sia,cellsched:a=1,b=2' -> ('sia', 'cellsched:a=1,b=2'):
+    a part with '=' and no ':' is one more option of the policy before it."""
+    out: list[str] = []
+    for part in filter(None, (p.strip() for p in re.split("[;,]", text))):
+        if out and "=" in part and ":" not in part:
+            out[-1] += "," + part
+        else:
+            out.append(part)
+    return tuple(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rows", default=None, help="comma-separated row names (default: all six)")
     ap.add_argument(
         "--policies",
-        default=";".join(POLICIES),
-        help="policies separated by ';' (or ',' when none has options): 'sia;cellsched:hesrpt=true,calibrate=false'",
+        default=",".join(POLICIES),
+        help="policies by ',' or ';' (an option joins its policy): 'sia,cellsched:hesrpt=true,calibrate=false'",
     )
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--small-jobs", type=int, default=300, help="jobs of the trace on the small cluster")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    policies = tuple(p for p in args.policies.split(";" if ";" in args.policies else ",") if p)
+    policies = split_policies(args.policies)
     table = rows(args.small_jobs)
     chosen = args.rows.split(",") if args.rows else list(table)
     unknown = [r for r in chosen if r not in table]
