@@ -407,7 +407,7 @@ class SolverConfig:
     #: Weigh a job by (median remaining work / its remaining work) ** this (0: off; see placement.objective).
     srpt_exponent: float = 0.0
     #: Weigh jobs by their rank in remaining work as heSRPT allocates (see placement.objective).
-    hesrpt: bool = False
+    hesrpt: bool = True
     #: Price the slowdown of multi-node jobs that share a NIC or rack uplink (solver.network) in the
     #: objective and the node choice; false: every job is estimated as if alone on its links.
     contention_aware: bool = True

@@ -27,7 +27,7 @@ linear (a sum of value x chosen):
   fairness_p = 1 the value is the job's share of its remaining work done per
   second, and the round maximises the rate at which jobs complete (SRPT in
   the fluid limit), which is what average JCT rewards under a queue.
-* `hesrpt` (default off) multiplies the value by heSRPT's weight of the job's
+* `hesrpt` (default on) multiplies the value by heSRPT's weight of the job's
   rank in remaining work R (Berg et al., 2020; ``hesrpt_factors``): with
   speedup k ** fairness_p, the weights make the round's GPU shares those
   that minimise total completion time, the smallest job the largest share,

@@ -356,9 +356,9 @@ def test_srpt_exponent_weighs_a_job_by_its_share_of_the_median_remaining_work():
     ref = Estimate(Cell("a100", 1, 4, 1), ParallelPlan(1, 4, 1), 1.0, 1.0, EstimateSource.MEASURED)
     jobs = [JobRequest(str(i), get_model("gpt-350m"), 8, n) for i, n in enumerate((100, 200, 400, 100_000))]
     refs = {j.job_id: ref for j in jobs}
-    off = SolverConfig(w_age=0.0, w_short_jobs=0.0)
+    off = SolverConfig(w_age=0.0, w_short_jobs=0.0, hesrpt=False)
     assert set(objective.job_weights(jobs, refs, 0.0, off).values()) == {1.0}
-    on = objective.job_weights(jobs, refs, 0.0, SolverConfig(w_age=0.0, w_short_jobs=0.0, srpt_exponent=1.0))
+    on = objective.job_weights(jobs, refs, 0.0, replace(off, srpt_exponent=1.0))
     # median remaining work: 300 s; the longest job's factor is bounded at 1/10
     assert [round(on[j.job_id], 6) for j in jobs] == [3.0, 1.5, 0.75, 0.1]
 
