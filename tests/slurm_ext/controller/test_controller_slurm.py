@@ -61,6 +61,8 @@ def test_jobs_of_different_models_are_placed_run_and_complete(slurm_cluster, tmp
     backend = get_backend("cli")
     done = tmp_path / "done.txt"
     config = write_config(tmp_path / "c.toml", tmp_path / "state.sqlite")
+    with config.open("a") as f:  # one GPU type per job: this test checks the per-type partitions
+        f.write("mixed_cells = false\n")  # (cells across types: test_hetero_controller_slurm.py)
     # an unmanaged job holding both a10 GPUs of n6 for the whole test
     script = tmp_path / "plain.sh"
     script.write_text("#!/bin/bash\nsleep 300\n")
