@@ -485,13 +485,14 @@ def apply(
                     state.add_history(a.job_id, HistoryEvent.REQUEUED, clock(), round_id)
         _mark_requeued([a for a in of[REQUEUE] if a.job_id not in failed], backend, clock())
         outcomes += _outcomes(of[REQUEUE], failed)
+    unsignalled: dict[str, Exception] = {}
     for a in of[RESIGNAL]:
         try:
             backend.signal(a.job_id, contract.CHECKPOINT_SIGNAL, target=STEPS)
             log.info("asked to checkpoint again", extra={"fields": a.summary()})
-            outcomes.append(Outcome(a, True))
         except JOB_FAILURES as exc:
-            outcomes += _outcomes([a], {a.job_id: exc})
+            unsignalled[a.job_id] = exc
+    outcomes += _outcomes(of[RESIGNAL], unsignalled)
     signalled: dict[str, tuple[Action, tuple[int, float]]] = {}
     for a in of[MOVE]:
         try:

@@ -137,7 +137,7 @@ def _needed(
 ) -> list[Cell]:
     caps = {t: sum(s) for t, s in sizes_of.items()}
     out: list[Cell] = []
-    for k, combo in enumerate(combos):
+    for combo in combos:
         total = sum(caps[t] for t in combo)
         hi = total if job.max_gpus is None else min(job.max_gpus, total)
         for count in _counts(job, hi):
