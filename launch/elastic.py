@@ -10,7 +10,7 @@ share the V workers, and the loss curve is bitwise the same after a resize.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,24 +90,36 @@ def ordered_sum(
     """
     if not local:
         raise ValueError("ordered_sum needs at least one local tensor")
-    stacked = torch.stack(list(local))
     counts = tuple(counts) if counts is not None else (len(local),)
-    if len(counts) > 1:
-        me = dist.get_rank(group)
-        if len(counts) != dist.get_world_size(group) or counts[me] != len(local):
-            raise ValueError(
-                f"rank {me} of a group of {dist.get_world_size(group)} holds {len(local)} units, "
-                f"counts say {list(counts)}"
-            )
-        width = max(counts)
-        if len(local) < width:  # all_gather needs equal shapes: pad with zeros, dropped below
-            stacked = torch.cat([stacked, stacked.new_zeros((width - len(local), *stacked.shape[1:]))])
-        parts = [torch.empty_like(stacked) for _ in counts]
-        dist.all_gather(parts, stacked.contiguous(), group=group)
-        stacked = torch.cat([part[:n] for part, n in zip(parts, counts)])
-    elif counts[0] != len(local):
-        raise ValueError(f"{len(local)} local units, counts say {list(counts)}")
-    total = stacked[0].clone()
-    for t in stacked[1:]:
-        total += t
+    if len(counts) == 1:
+        if counts[0] != len(local):
+            raise ValueError(f"{len(local)} local units, counts say {list(counts)}")
+        return _sum_in_order([local])
+    me = dist.get_rank(group)
+    if len(counts) != dist.get_world_size(group) or counts[me] != len(local):
+        raise ValueError(
+            f"rank {me} of a group of {dist.get_world_size(group)} holds {len(local)} units, counts say {list(counts)}"
+        )
+    width = max(counts)  # all_gather needs equal shapes: short ranks send zero rows, dropped below
+    send = local[0].new_empty((width, *local[0].shape))
+    for row, t in zip(send, local):
+        row.copy_(t)
+    send[len(local) :].zero_()
+    parts = [torch.empty_like(send) for _ in counts]
+    dist.all_gather(parts, send, group=group)
+    # summed where they landed: no concatenated copy of every rank's tensors (fresh memory each step)
+    return _sum_in_order(part[:n] for part, n in zip(parts, counts))
+
+
+def _sum_in_order(blocks: Iterable[Sequence[torch.Tensor]]) -> torch.Tensor:
+    """The left-to-right sum of the tensors of BLOCKS, one after another."""
+    total: torch.Tensor | None = None
+    for block in blocks:
+        for t in block:
+            if total is None:
+                total = t.clone()
+            else:
+                total += t
+    if total is None:
+        raise ValueError("nothing to sum")
     return total
