@@ -58,9 +58,8 @@ curve, then added in rank order; and the update at the profiled update
 bandwidth: the AdamW step and the trainer's four copies of the gradient
 (``UPDATE_BYTES_PER_PARAM``; `optimizer_step_s` is the trainer's AdamW
 step over the whole model, for comparison). Not in the estimate, so
-measured runs are expected a little slower: drawing the batch, the
-concatenation of the gathered gradients, the loss all-reduce ending each
-step, the pipeline schedule's own work, pipeline sends beyond the first
+measured runs are expected a little slower: drawing the batch, the loss
+all-reduce ending each step, the pipeline schedule's own work, pipeline sends beyond the first
 micro-batch (the schedule overlaps them), and ranks reaching a collective
 at different times after long compute (the curves see the skew of 5 ms of
 work, not of a whole backward).
@@ -89,8 +88,9 @@ BATCH = 8
 MICRO_BATCHES = (1, 2, 4, 8)
 #: The trainer's update per parameter (fp32): AdamW's state read and
 #: written (2 x 16 B, as profile_update measures it) and its four copies of
-#: the gradient (8 B each: flattened, stacked for the ordered sum, the sum
-#: cloned, cloned back per parameter), all at the profiled update bandwidth.
+#: the gradient (8 B each: flattened, copied into the ordered sum's
+#: all-gather buffer (not with dp 1: 0.5% of a step too many there), the
+#: sum cloned, cloned back per parameter), all at the profiled update bandwidth.
 UPDATE_BYTES_PER_PARAM = 2 * 16 + 4 * 8
 #: (pp, dp, tp, micro-batches)
 PLANS = [
