@@ -6,10 +6,10 @@ table (gaps filled by our estimator) with the seeded per-job noise (sigma
 0.1, half that per GPU type), against Arena's profiler estimates. Each of
 the first --jobs jobs of Arena's Philly trace is seen in one cell: its
 requested count of its requested GPU type, packed on as few nodes as the
-cluster's node size allows. Its observed / estimated iteration time there,
+--cluster's node size allows (default: Arena's cluster). Its observed / estimated iteration time there,
 seen --samples rounds, is the observation the controller records. Every
 other cell of the job that both truth and estimate hold (1 to 16 GPUs of
-each type) is then predicted by:
+each type of the cluster) is then predicted by:
 
   none        the estimate alone (calibrate=false);
   calibrated  solver.calibration over every job's observation;
@@ -23,7 +23,7 @@ A trace without users is, as the simulator submits it, one user's
 the mean, median and 90th percentile of |log(predicted / true)| (about the
 relative error) and the share of cells within 10%.
 
-    python benchmarks/calibration_accuracy.py [--jobs 300] [--samples 10] [--seed 0]
+    python benchmarks/calibration_accuracy.py [--jobs 300] [--samples 10] [--seed 0] [--cluster SPEC]
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from slurm_ext.sim.clusterspec import ClusterSpecError, arena_cluster, load_cluster_spec  # noqa: E402
 from slurm_ext.sim.conditions import Conditions  # noqa: E402
 from slurm_ext.sim.traces import read_arena_trace  # noqa: E402
 from solver.calibration import Calibration, Observation  # noqa: E402
@@ -44,13 +45,12 @@ from solver.profiles.arena import TRACE_FILE, shipped_path  # noqa: E402
 from solver.profiles.arena_estimates import ArenaEstimates  # noqa: E402
 from solver.types import Cell  # noqa: E402
 
-#: GPUs per node of each type on Arena's cluster
-NODE_GPUS = {"a100": 4, "v100": 8, "a40": 2, "a10": 2}
 COUNTS = (1, 2, 4, 8, 16)
 
 
-def packed(gpu_type: str, gpus: int) -> Cell:
-    per_node = min(NODE_GPUS[gpu_type], gpus)
+def packed(node_gpus: dict[str, int], gpu_type: str, gpus: int) -> Cell:
+    """`gpus` GPUs of `gpu_type` on as few nodes of `node_gpus[gpu_type]` GPUs as hold them."""
+    per_node = min(node_gpus[gpu_type], gpus)
     return Cell(gpu_type, gpus // per_node, per_node, 1)
 
 
@@ -72,7 +72,15 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=10, help="rounds each observation was seen (default 10)")
     ap.add_argument("--seed", type=int, default=0, help="the noise's seed, as simulate --seed (default 0)")
     ap.add_argument("--per-job-users", action="store_true", help="each job its own user (default: one user)")
+    ap.add_argument("--cluster", help="cluster spec whose node sizes pack the cells (default: Arena's cluster)")
     args = ap.parse_args()
+    try:
+        spec = load_cluster_spec(args.cluster) if args.cluster else arena_cluster()
+    except ClusterSpecError as exc:
+        ap.error(f"--cluster: {exc}")
+    node_gpus: dict[str, int] = {}
+    for g in spec.groups:
+        node_gpus[g.gpu_type] = max(node_gpus.get(g.gpu_type, 0), g.gpus_per_node)
 
     cond = Conditions.realistic(seed=args.seed)
     estimates, truth = ArenaEstimates(), ArenaEstimates.filled_truth()
@@ -87,18 +95,18 @@ def main() -> None:
 
     observations, targets, first_cell = [], [], {}
     for job in read_arena_trace(shipped_path(TRACE_FILE))[: args.jobs]:
-        if job.requested_gpu_type not in NODE_GPUS:
+        if job.requested_gpu_type not in node_gpus:
             continue
-        first = packed(job.requested_gpu_type, job.requested_gpus)
+        first = packed(node_gpus, job.requested_gpu_type, job.requested_gpus)
         r0 = ratio(job, first)
         if r0 is None:
             continue
         user = f"u-{job.job_id}" if args.per_job_users else "sim"
         observations.append(Observation(job.job_id, user, job.model, first.gpu_type, r0, args.samples))
         first_cell[job.job_id] = first
-        for gpu_type in NODE_GPUS:
+        for gpu_type in node_gpus:
             for gpus in COUNTS:
-                cell = packed(gpu_type, gpus)
+                cell = packed(node_gpus, gpu_type, gpus)
                 r = ratio(job, cell) if cell != first else None
                 if r is not None:
                     targets.append((job.job_id, job.model, cell, r))

@@ -59,10 +59,10 @@ bandwidth: the AdamW step and the trainer's four copies of the gradient
 (``UPDATE_BYTES_PER_PARAM``; `optimizer_step_s` is the trainer's AdamW
 step over the whole model, for comparison). Not in the estimate, so
 measured runs are expected a little slower: drawing the batch, the loss
-all-reduce ending each step, the pipeline schedule's own work, pipeline sends beyond the first
-micro-batch (the schedule overlaps them), and ranks reaching a collective
-at different times after long compute (the curves see the skew of 5 ms of
-work, not of a whole backward).
+all-reduce ending each step, the pipeline schedule's own work, pipeline
+sends beyond the first micro-batch (the schedule overlaps them), and ranks
+reaching a collective at different times after long compute (the curves
+see the skew of 5 ms of work, not of a whole backward).
 
     python benchmarks/estimator_accuracy.py [--steps 6] [--quick]
 """
