@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from support import SHAPE, TEST_CLUSTER_ENV, DevCluster, Dist, build_dist, read_shape, wait_for
 
+from slurm_ext.backends import SlurmUnavailable
+
 # One torch (OpenMP) thread per process, in the test processes and what they
 # start (trainer ranks set it themselves): the suite runs two xdist workers
 # beside trainer ranks and Slurm jobs on a few cores, where torch's default,
@@ -97,7 +99,10 @@ def wait_job_state() -> Callable[..., Any]:
         seen: list[Any] = []
 
         def check() -> Any:
-            job = backend.observe().job(job_id)
+            try:
+                job = backend.observe().job(job_id)
+            except SlurmUnavailable:  # a call a loaded slurmctld dropped: ask again
+                return None
             seen.append(job)
             return job if job.state in wanted else None
 

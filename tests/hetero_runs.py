@@ -30,7 +30,7 @@ from typing import Any
 
 from minigpt.model import GPTConfig
 from minigpt.trainer import TrainConfig, reference_losses
-from support import wait_for
+from support import slurm, wait_for
 
 from launch.layout import split_layers
 from launch.scontrol import admin_comment_json
@@ -107,11 +107,8 @@ def job_env(**extra: str) -> dict[str, str]:
     return {**env, "OMP_NUM_THREADS": "1", "PATH": path, **extra}
 
 
-def _slurm(*argv: str, timeout: float = 30) -> str:
-    done = subprocess.run(list(argv), env=job_env(), capture_output=True, text=True, timeout=timeout, check=False)
-    if done.returncode != 0:
-        raise AssertionError(f"{shlex.join(argv)} exited {done.returncode}: {done.stderr.strip()[-2000:]}")
-    return done.stdout
+def _slurm(*argv: str) -> str:
+    return slurm(*argv, env=job_env())
 
 
 def explicit_plan(plan: JobPlan, sbatch_args: Sequence[str]) -> Submit:

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from slurm_ext.backends.cli import UNREACHABLE
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVCLUSTER = ROOT / "contrib" / "dev-cluster" / "devcluster.sh"
@@ -79,6 +82,22 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(interval)
+
+
+def slurm(*argv: str, env: Mapping[str, str] | None = None, timeout: float = 30, attempts: int = 5) -> str:
+    """Run a Slurm client command; its stdout. A call slurmctld did not take
+    (the client killed by a signal, as scontrol is by SIGPIPE when a loaded
+    slurmctld closes its connection, or one that reports a lost connection) is
+    made again, up to `attempts` times in all; any other failure is an
+    AssertionError naming the command."""
+    for attempt in range(1, attempts + 1):
+        done = subprocess.run(list(argv), env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        if done.returncode == 0:
+            return done.stdout
+        if attempt == attempts or not (done.returncode < 0 or any(s in done.stderr for s in UNREACHABLE)):
+            break
+        time.sleep(0.5 * attempt)
+    raise AssertionError(f"{shlex.join(argv)} exited {done.returncode}: {done.stderr.strip()[-2000:]}")
 
 
 def console_script(name: str = "cellsched") -> str:

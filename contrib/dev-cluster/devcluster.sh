@@ -263,7 +263,10 @@ stop_pids() {  # TERM, wait, then KILL the given pids
   kill "$@" 2>/dev/null || true
   for p in "$@"; do
     for _ in $(seq 60); do ours_alive "$p" || break; sleep 0.05; done
-    if ours_alive "$p"; then kill -9 "$p" 2>/dev/null || true; fi  # slurmd ignores TERM while slurmctld is gone
+    ours_alive "$p" || continue
+    kill -9 "$p" 2>/dev/null || true  # slurmd ignores TERM while slurmctld is gone
+    # until it is gone: a munged still dying holds its socket's lock, and the next `up` cannot start one
+    for _ in $(seq 200); do ours_alive "$p" || break; sleep 0.05; done
   done
 }
 

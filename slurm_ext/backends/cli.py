@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -48,7 +49,7 @@ from slurm_ext.parse.values import ParseError
 from slurm_ext.records import ClusterSnapshot, SlurmJob, compress_hostlist
 
 #: stderr fragments that mean "slurmctld is not there" rather than "bad request"
-_UNREACHABLE = (
+UNREACHABLE = (
     "Unable to contact slurm controller",
     "Socket timed out",
     "Connection refused",
@@ -57,6 +58,7 @@ _UNREACHABLE = (
     "Communication connection failure",
 )
 _ALREADY_DONE = ("already completing or completed", "Job/step already completing")
+
 #: what runs a command: subprocess.run, or a stand-in taking the same arguments
 Runner = Callable[..., subprocess.CompletedProcess[str]]
 #: job ids per ``scontrol hold|release|requeuehold`` call
@@ -73,6 +75,13 @@ def slurm_version(text: str) -> tuple[int, int] | None:
     """(major, minor) from ``slurm 23.11.4`` / ``slurm-wlm 22.05.8``."""
     m = re.search(r"(\d+)\.(\d+)\.\d+", text)
     return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 class CliBackend:
@@ -137,9 +146,11 @@ class CliBackend:
             raise SlurmUnavailable(f"{args[0]} did not answer within {limit:g} s (is slurmctld up?)") from exc
         except FileNotFoundError as exc:
             raise SlurmUnavailable(f"{args[0]} not found: are the Slurm client commands installed?") from exc
+        if proc.returncode < 0:  # killed: SIGPIPE when slurmctld closed the connection under load
+            raise SlurmUnavailable(f"{args[0]} was killed by {_signal_name(-proc.returncode)} before it answered")
         if proc.returncode != 0:
             err = (proc.stderr or proc.stdout).strip()
-            if any(s in err for s in _UNREACHABLE):
+            if any(s in err for s in UNREACHABLE):
                 raise SlurmUnavailable(f"{args[0]}: {err.splitlines()[-1] if err else 'controller unreachable'}")
             raise SlurmCommandError(args, proc.returncode, err)
         return proc.stdout

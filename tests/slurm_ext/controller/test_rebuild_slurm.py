@@ -66,8 +66,10 @@ def test_a_fresh_controller_on_an_empty_state_finishes_a_move_cut_short(slurm_cl
     fresh = _controller(tmp_path / "fresh", checkpoint_wait_s=60.0, checkpoint_poll_s=0.3)
     fresh.backend = Recorder(backend, calls=calls)
 
+    acted: list[dict] = []  # the fresh controller's actions on the job, for a failure's message
+
     def completed() -> bool:  # FAILED with exit 75 is its checkpoint, not its end: the next round requeues it
-        fresh.round()
+        acted.extend(a for a in fresh.round().actions if a["job"] == job)
         j = _job(backend, job)
         checkpointed = j is not None and j.state == "FAILED" and j.exit_code == contract.EXIT_CHECKPOINTED
         return j is not None and j.state in ("COMPLETED", "FAILED", "CANCELLED") and not checkpointed
@@ -77,8 +79,8 @@ def test_a_fresh_controller_on_an_empty_state_finishes_a_move_cut_short(slurm_cl
     assert done.state == "COMPLETED", done
     # asked once more when still running as the fresh controller took over: the job checkpoints once anyway
     assert calls[("signal", job)] in (1, 2)
-    assert calls[("requeue_many", job)] == 1  # the move's one restart
-    assert calls[("release_many", job)] == 2  # its first placement and the move
+    assert calls[("requeue_many", job)] == 1, acted  # the move's one restart
+    assert calls[("release_many", job)] == 2, acted  # its first placement and the move
     assert not any(name == "cancel" for name, _ in calls)
     assert [e["cell"] for e in fresh.state.history(job) if e["event"] == "placed"] == ["a40:2x2:pp1"]
     assert fresh.state.open_plans() == {}
