@@ -58,7 +58,6 @@ UNREACHABLE = (
     "Communication connection failure",
 )
 _ALREADY_DONE = ("already completing or completed", "Job/step already completing")
-
 #: what runs a command: subprocess.run, or a stand-in taking the same arguments
 Runner = Callable[..., subprocess.CompletedProcess[str]]
 #: job ids per ``scontrol hold|release|requeuehold`` call
