@@ -64,7 +64,13 @@ sends beyond the first micro-batch (the schedule overlaps them), and ranks
 reaching a collective at different times after long compute (the curves
 see the skew of 5 ms of work, not of a whole backward).
 
-    python benchmarks/estimator_accuracy.py [--steps 6] [--quick]
+With ``--device cuda`` the same three steps run on this machine's first
+GPU instead, for the plans one GPU holds (one rank: micro-batches 1 to 8 of
+a larger GPT, ``GPU_SHAPE``): layers and the update profiled on the GPU
+under its NVML type, the trainer on it (NCCL), each step timed to the GPU's
+end of work. Nothing is shared there, so the headline is the plain MAPE.
+
+    python benchmarks/estimator_accuracy.py [--steps 6] [--quick] [--device cuda]
 """
 
 from __future__ import annotations
@@ -86,6 +92,12 @@ sys.path[:0] = [str(REPO), str(REPO / "contrib" / "examples")]  # this tree's so
 SHAPE = {"layers": 4, "hidden": 192, "heads": 4, "seq": 256, "vocab": 256}
 BATCH = 8
 MICRO_BATCHES = (1, 2, 4, 8)
+#: The GPU run: a GPT of about 110M parameters (fp32), big enough that a
+#: step is the GPU's work rather than Python's; one rank, 1 to 8 micro-batches.
+GPU_SHAPE = {"layers": 8, "hidden": 1024, "heads": 16, "seq": 1024, "vocab": 8192}
+GPU_BATCH = 16
+GPU_MICRO_BATCHES = (2, 4, 8, 16)
+GPU_PLANS = [(1, 1, 1, m) for m in (1, 2, 4, 8)]
 #: The trainer's update per parameter (fp32): AdamW's state read and
 #: written (2 x 16 B, as profile_update measures it) and its four copies of
 #: the gradient (8 B each: flattened, copied into the ordered sum's
@@ -108,13 +120,12 @@ PLANS = [
 ]
 
 
-def model_spec():
+def model_spec(s: dict = SHAPE):
     from solver.models import spec_from_dict
 
-    s = SHAPE
     return spec_from_dict(
         {
-            "name": "gpt-bench",
+            "name": "gpt-bench" if s == SHAPE else "gpt-bench-gpu",
             "family": "gpt",
             "layers": s["layers"],
             "hidden": s["hidden"],
@@ -135,7 +146,7 @@ def run_delay_s() -> float:
         return int(f.read().split()[1]) / 1e9
 
 
-def worker(steps: int, warmup: int) -> None:
+def worker(steps: int, warmup: int, shape: dict, batch: int) -> None:
     """One training rank (started by the launcher): prints, per timed step, the
     wall time and how long this rank waited for a CPU (another process had it)."""
     import torch
@@ -145,13 +156,16 @@ def worker(steps: int, warmup: int) -> None:
     from launch.parallel import init_parallel, plan_from_env
 
     torch.set_num_threads(1)
-    cfg = GPTConfig(**SHAPE)
-    ctx = init_parallel(plan_from_env(), num_layers=cfg.layers, global_batch=BATCH)
-    trainer = Trainer(ctx, cfg, TrainConfig(global_batch=BATCH))
+    cfg = GPTConfig(**shape)
+    ctx = init_parallel(plan_from_env(), num_layers=cfg.layers, global_batch=batch)
+    trainer = Trainer(ctx, cfg, TrainConfig(global_batch=batch))
+    on_gpu = ctx.device.type == "cuda"
     wall, wait = [], []
     for i in range(warmup + steps):
         t0, d0 = time.perf_counter(), run_delay_s()
         trainer.train_step()
+        if on_gpu:
+            torch.cuda.synchronize(ctx.device)  # the step ends when the GPU's work does
         if i >= warmup:
             wall.append(time.perf_counter() - t0)
             wait.append(run_delay_s() - d0)
@@ -166,7 +180,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def measure(plan: dict, steps: int, warmup: int, timeout: float = 300) -> dict:
+def measure(plan: dict, steps: int, warmup: int, shape: dict, batch: int, timeout: float = 300) -> dict:
     """Run every rank of `plan` as a one-node Slurm step would, through the launcher."""
     n = plan["pp"] * plan["dp"] * plan["tp"]
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CELLSCHED_"))}
@@ -199,6 +213,10 @@ def measure(plan: dict, steps: int, warmup: int, timeout: float = 300) -> dict:
         str(steps),
         "--warmup",
         str(warmup),
+        "--shape",
+        json.dumps(shape),
+        "--batch",
+        str(batch),
     ]
     procs = [
         subprocess.Popen(
@@ -318,13 +336,13 @@ def cpu_spec(comm, update_gbps: float, name: str = "cpu"):
     )
 
 
-def optimizer_step_s(model) -> float:
+def optimizer_step_s(shape: dict, device: str = "cpu") -> float:
     """Median seconds of the trainer's AdamW step over the whole model."""
     import torch
     from minigpt.model import GPTConfig, build_full_model
     from minigpt.trainer import make_optimizer
 
-    net = build_full_model(GPTConfig(**SHAPE), seed=0)
+    net = build_full_model(GPTConfig(**shape), seed=0).to(device)
     opt = make_optimizer(net.parameters(), 1e-3)
     for p in net.parameters():
         p.grad = torch.randn_like(p)
@@ -332,8 +350,47 @@ def optimizer_step_s(model) -> float:
     for _ in range(7):
         t0 = time.perf_counter()
         opt.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     return statistics.median(times[2:])
+
+
+def profile_cpu(store, plans: list[tuple[int, int, int, int]], cores: int) -> dict[str, float]:
+    """Profile this CPU into `store` as ``gpu_type(n)`` for each rank count the
+    plans need (``profile_corun``), with the loopback comm curves; returns the
+    update bandwidth (GB/s) per type."""
+    from launch import profiler
+
+    comm = profiler.profile_comm(2, link=profiler.LOOPBACK, backend="gloo", repeat=90)
+    store.put_comm(comm)
+    update_gbps = {}
+    for ranks in sorted({min(pp * dp * tp, cores) for pp, dp, tp, _ in plans}):
+        layers, gbps = profile_corun(ranks)
+        store.put_layers(layers)
+        store.put_gpu(cpu_spec(comm, gbps, gpu_type(ranks)))
+        update_gbps[gpu_type(ranks)] = gbps
+    return update_gbps
+
+
+def profile_gpu(store, model) -> tuple[str, dict[str, float]]:
+    """Profile the first GPU into `store` under its NVML type (layers in a
+    stack of the model's blocks, the update over the whole model); returns
+    the type and its update bandwidth (GB/s)."""
+    import torch
+
+    from launch import profiler
+    from solver.profiles.records import GpuSpec
+
+    name = profiler.detect_gpu_type(0)
+    kw = {"device": "cuda", "warmup": 3, "repeat": 11}
+    store.put_layers(
+        profiler.profile_layers(model, micro_batches=GPU_MICRO_BATCHES, gpu_type=name, stack=model.num_layers, **kw)
+    )
+    gbps = profiler.profile_update(model, blocks=model.num_layers, **kw)
+    mem_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
+    store.put_gpu(GpuSpec(name, mem_gb=mem_gb, peak_tflops=1.0, mem_bw_gbps=gbps))
+    return name, {name: gbps}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -341,32 +398,39 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20, help="timed steps per plan")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps per plan")
     ap.add_argument("--quick", action="store_true", help="only the plans that fit the cores")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="profile and train on (default: cpu)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--shape", type=json.loads, default=SHAPE, help=argparse.SUPPRESS)
+    ap.add_argument("--batch", type=int, default=BATCH, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        worker(args.steps, args.warmup)
+        worker(args.steps, args.warmup, args.shape, args.batch)
         return 0
 
     import torch
 
-    from launch import profiler
     from solver.cost.pipeline import ALLGATHER
     from solver.estimator import Estimator
     from solver.profiles.store import ProfileStore
     from solver.types import Cell, EstimateSource
 
+    on_gpu = args.device == "cuda"
+    if not on_gpu:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a CPU run's profiles and ranks (inherited) stay off any GPU
     torch.set_num_threads(1)
+    if on_gpu and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no GPU here")
+    shape, batch, plans = (GPU_SHAPE, GPU_BATCH, GPU_PLANS) if on_gpu else (SHAPE, BATCH, PLANS)
     cores = len(os.sched_getaffinity(0))
-    model = model_spec()
+    if args.quick and not on_gpu:
+        plans = [p for p in plans if p[0] * p[1] * p[2] <= cores]
+    model = model_spec(shape)
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cellsched-bench-") as tmp, ProfileStore(Path(tmp) / "p.sqlite") as store:
-        comm = profiler.profile_comm(2, link=profiler.LOOPBACK, repeat=90)
-        store.put_comm(comm)
-        update_gbps = {}
-        for ranks in range(1, cores + 1):
-            layers, update_gbps[ranks] = profile_corun(ranks)
-            store.put_layers(layers)
-            store.put_gpu(cpu_spec(comm, update_gbps[ranks], gpu_type(ranks)))
+        if on_gpu:
+            device_name, update_gbps = profile_gpu(store, model)
+        else:
+            device_name, update_gbps = "cpu", profile_cpu(store, plans, cores)
         profile_s = time.perf_counter() - t_start
         est = Estimator(
             store,
@@ -375,34 +439,31 @@ def main(argv: list[str] | None = None) -> int:
             update_bytes_per_param=UPDATE_BYTES_PER_PARAM,
         )
         rows = []
-        for pp, dp, tp, m in PLANS:
+        for pp, dp, tp, m in plans:
             n = pp * dp * tp
-            if args.quick and n > cores:
-                continue
-            gpu = gpu_type(min(n, cores))
+            gpu = device_name if on_gpu else gpu_type(min(n, cores))
             cell = Cell(gpu, 1, n, pp)
-            assert est.estimate_model(model, BATCH, cell).source == EstimateSource.COMPOSED
+            assert est.estimate_model(model, batch, cell).source == EstimateSource.COMPOSED
             chosen, predicted = next(
-                (p, t) for p, t, _ in est.plans(model, BATCH, cell) if (p.dp, p.tp, p.micro_batches) == (dp, tp, m)
+                (p, t) for p, t, _ in est.plans(model, batch, cell) if (p.dp, p.tp, p.micro_batches) == (dp, tp, m)
             )
-            b = BATCH // dp // m
             plan = {
                 "pp": pp,
                 "dp": dp,
                 "tp": tp,
                 "micro_batches": m,
-                "global_batch": BATCH,
+                "global_batch": batch,
                 "stage_layers": list(chosen.stage_layers or (model.num_layers,)),
             }
-            got = measure(plan, args.steps, args.warmup)
+            got = measure(plan, args.steps, args.warmup, shape, batch)
             row = {
                 "pp": pp,
                 "dp": dp,
                 "tp": tp,
                 "micro_batches": m,
-                "micro_batch_size": b,
+                "micro_batch_size": batch // dp // m,
                 "ranks": n,
-                "oversubscribed": n > cores,
+                "oversubscribed": not on_gpu and n > cores,
                 "stage_layers": plan["stage_layers"],
                 "predicted_s": round(predicted, 4),
                 **{k: round(v, 4) for k, v in got.items()},
@@ -421,8 +482,9 @@ def main(argv: list[str] | None = None) -> int:
         json.dumps(
             {
                 "summary": "estimator accuracy",
+                "device": device_name,
                 "model": model.signature,
-                "global_batch": BATCH,
+                "global_batch": batch,
                 "cores": cores,
                 "plans": len(rows),
                 "plans_oversubscribed": sum(r["oversubscribed"] for r in rows),
@@ -432,8 +494,8 @@ def main(argv: list[str] | None = None) -> int:
                 "mape_uncontended_pct_fitting": mape("error_uncontended_pct", False),
                 "mape_uncontended_pct_oversubscribed": mape("error_uncontended_pct", True),
                 "mape_uncontended_pct_all": mape("error_uncontended_pct"),
-                "optimizer_step_s": round(optimizer_step_s(model), 4),
-                "update_gbps": {gpu_type(n): round(v, 2) for n, v in update_gbps.items()},
+                "optimizer_step_s": round(optimizer_step_s(shape, args.device), 4),
+                "update_gbps": {k: round(v, 2) for k, v in update_gbps.items()},
                 "profile_s": round(profile_s, 1),
                 "total_s": round(time.perf_counter() - t_start, 1),
             }

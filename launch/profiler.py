@@ -36,6 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -207,6 +208,26 @@ def compute_clock(device: torch.device) -> Callable[[], float]:
     return time.perf_counter
 
 
+def _stamper(device: torch.device) -> tuple[Callable[[], Any], Callable[[Any, Any], float]]:
+    """(stamp, seconds): ``stamp()`` marks this point of the device's work,
+    ``seconds(a, b)`` is the time from stamp a to stamp b once the work is done.
+
+    On a CPU, ``compute_clock``. On a GPU, CUDA events on the current stream:
+    the host queues a run's kernels ahead of the GPU as a training step does,
+    and nothing waits for the GPU inside the run (a sync at every layer
+    boundary would add each layer's launch latency, which a step hides)."""
+    if device.type != "cuda":
+        clock = compute_clock(device)
+        return clock, lambda a, b: b - a
+
+    def stamp() -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    return stamp, lambda a, b: a.elapsed_time(b) / 1e3
+
+
 def _median_times(
     module: nn.Module, run: Callable[[], torch.Tensor], device: torch.device, warmup: int, repeat: int
 ) -> tuple[float, float]:
@@ -254,48 +275,40 @@ def _stack_times(
     A layer's forward is the clock between its call and the next; its
     backward, from the gradient of its output to that of its input (tensor
     hooks; the head's from the start of backward, the embedding's to its
-    end). The median run by total time gives the values (``compute_clock``)."""
-    clock = compute_clock(device)
+    end). The median run by total time gives the values (``_stamper``)."""
+    stamp, seconds = _stamper(device)
     layers = [embed, *blocks, head]
     runs = []
     for i in range(warmup + repeat):
         for layer in layers:
             layer.zero_grad(set_to_none=True)
-        marks: dict[int, float] = {}
+        marks: dict[int, Any] = {}
 
         def mark(j: int) -> Callable[[torch.Tensor], None]:
             def hook(_grad: torch.Tensor) -> None:
-                _sync(device)
-                marks[j] = clock()
+                marks[j] = stamp()
 
             return hook
 
-        fwd = []
         _sync(device)
-        t0 = clock()
+        bounds = [stamp()]  # the forward's layer boundaries
         x = embed(tokens)
         for j, block in enumerate(blocks):  # x is the input of layer j + 1
             x.register_hook(mark(j + 1))
-            _sync(device)
-            t1 = clock()
-            fwd.append(t1 - t0)
-            t0 = t1
+            bounds.append(stamp())
             x = block(x)
         x.register_hook(mark(len(blocks) + 1))
-        _sync(device)
-        t1 = clock()
-        fwd.append(t1 - t0)
+        bounds.append(stamp())
         loss = head(x, tokens)
-        _sync(device)
-        t2 = clock()
-        fwd.append(t2 - t1)
+        bounds.append(stamp())
         loss.backward()
+        end = stamp()
         _sync(device)
-        end = clock()
+        fwd = [seconds(a, b) for a, b in zip(bounds, bounds[1:])]
         # the gradient reaches layer j's input at marks[j]: layer j's backward ends there
         ends = [end] + [marks[j] for j in range(1, len(layers))]
-        starts = ends[1:] + [t2]
-        bwd = [e - s for e, s in zip(ends, starts)]
+        starts = ends[1:] + [bounds[-1]]
+        bwd = [seconds(s, e) for e, s in zip(ends, starts)]
         if i >= warmup:
             runs.append(list(zip(fwd, bwd)))
     run = _median_run(runs, key=lambda r: sum(f + b for f, b in r))

@@ -113,7 +113,8 @@ class Trainer:
 
     def _unit_grad(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(flat gradient of this rank's parameters, loss) of one unit of work."""
-        x, y = tokens[:, :-1].to(self.ctx.device), tokens[:, 1:].to(self.ctx.device)
+        # contiguous: a pipeline stage checks its input's strides (torch 2.11 refuses a slice's)
+        x, y = (t.contiguous().to(self.ctx.device) for t in (tokens[:, :-1], tokens[:, 1:]))
         loss = torch.zeros((), dtype=self.dtype, device=self.ctx.device)
         m = self.ctx.plan.micro_batches
         if self.schedule is None:
