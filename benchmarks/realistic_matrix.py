@@ -15,7 +15,9 @@ Each (row, policy) is one `cellsched simulate` run with the row's seed, so
 every policy of a row meets the same truth, noise and restart model; it is
 kept in OUT/ROW/POLICY/results.json with the commit it ran on, and a run
 already there is not run again: the matrix is built over several sittings,
-and after a change to one policy only its runs are deleted and redone.
+and after a change to one policy only its runs are deleted and redone. A
+run is checkpointed into its folder every 10 minutes (`simulate
+--checkpoint-dir`): one stopped part-way goes on from there next time.
 Up to --workers runs go at once. Prints one JSON line per (row,
 policy): finished, total, avg JCT, avg JCT over the jobs that policy and
 sia both finished, and the ratio of the two averages; then a summary line
@@ -89,6 +91,8 @@ def run_cmd(args: list[str], policy: str, out: Path, seed: int) -> list[str]:
         "--json",
         "--out",
         str(out),
+        "--checkpoint-dir",
+        str(out),
     ]
 
 
@@ -104,10 +108,12 @@ def run_all(runs: list[tuple[str, str, list[str]]], out: Path, workers: int, see
             row, policy, args = todo.pop(0)
             dest = out / row / policy
             dest.mkdir(parents=True, exist_ok=True)
-            (dest / "commit.txt").write_text(commit() + "\n")
+            go_on = any(dest.glob("*.ckpt"))  # a run stopped before: it goes on from its checkpoint
+            with open(dest / "commit.txt", "a" if go_on else "w") as f:
+                f.write(("continued at " if go_on else "") + commit() + "\n")
             cmd = run_cmd(args, policy, dest, seed)
             print(f"# {row} {policy}: {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
-            with open(dest / "simulate.log", "w") as log:  # the child keeps its own copy
+            with open(dest / "simulate.log", "a" if go_on else "w") as log:  # the child keeps its own copy
                 proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
             running.append((row, policy, proc))
         done = [entry for entry in running if entry[2].poll() is not None]

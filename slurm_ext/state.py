@@ -291,6 +291,14 @@ class StateStore:
     def close(self) -> None:
         self._db.close()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled with its whole content (a simulation's checkpoint); unpickling writes it back to `path`."""
+        return {"path": self.path, "readonly": self.readonly, "image": self._db.serialize()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.path, self.readonly = state["path"], state["readonly"]
+        self._db = sqlitedb.restore(self.path, state["image"], BUSY_TIMEOUT_S)
+
     def __enter__(self) -> StateStore:
         return self
 

@@ -130,6 +130,8 @@ class CalibratedEstimator:
         return dataclasses.replace(est, iter_time_s=est.iter_time_s * f, note=note)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
 

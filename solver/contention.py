@@ -65,6 +65,8 @@ class NicAwareEstimator:
         return est if f == 1.0 else dataclasses.replace(est, iter_time_s=est.iter_time_s * f)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
 

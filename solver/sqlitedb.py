@@ -61,6 +61,24 @@ def connect(path: str | Path, busy_timeout_s: float, *, readonly: bool = False) 
     return db
 
 
+def restore(path: str | Path, image: bytes, busy_timeout_s: float) -> sqlite3.Connection:
+    """A connection to PATH holding `image` (``Connection.serialize()``,
+    e.g. out of a simulation's checkpoint): the file, and any WAL files it
+    had, replaced; ``":memory:"`` holds the image in memory."""
+    path = str(path)
+    if path == ":memory:":
+        db = connect(path, busy_timeout_s)
+        db.deserialize(image)
+        return db
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    for stale in (f"{path}-wal", f"{path}-shm"):
+        Path(stale).unlink(missing_ok=True)
+    tmp = Path(f"{path}.restoring")
+    tmp.write_bytes(image)
+    tmp.replace(path)
+    return connect(path, busy_timeout_s)
+
+
 def _connect_readonly(path: str, busy_timeout_s: float) -> sqlite3.Connection:
     """While a writer runs, its WAL files exist and plain read-only access
     sees everything; once it has stopped (WAL checkpointed into the file and

@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 import click
@@ -43,6 +44,8 @@ class Job:
     cluster: ClusterSpec
     conditions: Any
     options: Any
+    checkpoint: str | None = None
+    checkpoint_every_s: float = 600.0
 
 
 def parse_policies(texts: Sequence[str], base: Any) -> list[tuple[str, str, Any]]:
@@ -76,7 +79,7 @@ def _run_one(job: Job, progress: Any = None) -> SimRun:
         if progress is not None:
             progress.put((job.label, p.finished, p.total, p.time - p.start, p.rounds))
 
-    return sim.run(report)
+    return sim.run(report, checkpoint=job.checkpoint, checkpoint_every_s=job.checkpoint_every_s)
 
 
 class ProgressBar:
@@ -338,6 +341,21 @@ def load_cluster(path: str | None) -> ClusterSpec:
 )
 @click.option("--no-plots", is_flag=True, help="Do not draw the PNG plots.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Solver seed.")
+@click.option(
+    "--checkpoint-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Save each policy's run there (POLICY.ckpt) every --checkpoint-every seconds, and go on from a "
+    "checkpoint of the same run found there instead of starting over: a long run survives being stopped. "
+    "A checkpoint is a pickle: keep the directory your own. Removed when the run ends.",
+)
+@click.option(
+    "--checkpoint-every",
+    type=click.FloatRange(min=0),
+    default=600.0,
+    show_default=True,
+    help="Wall seconds between two checkpoints.",
+)
 def simulate(
     trace_path: str | None,
     trace_format: str,
@@ -362,6 +380,8 @@ def simulate(
     workers: int,
     no_plots: bool,
     seed: int,
+    checkpoint_dir: str | None,
+    checkpoint_every: float,
 ) -> None:
     """Replay a job trace through the real controller and policies on a
     simulated Slurm cluster, and write a report (results.json, results.md,
@@ -372,8 +392,9 @@ def simulate(
     request. Without options this replays Arena's Philly trace on Arena's
     cluster with Arena's profiles.
     """
+    from slurm_ext.sim.checkpoint import CheckpointError
     from slurm_ext.sim.conditions import Conditions, ConditionsError, RestartModel, truth_problem
-    from slurm_ext.sim.engine import ARENA_ROUND_S, SimError, SimOptions
+    from slurm_ext.sim.engine import ARENA_ROUND_S, SimError, SimOptions, file_stem
 
     if arena_compat and interval not in (None, ARENA_ROUND_S):
         raise SimulateError(f"--interval: --arena-compat fixes rounds at {ARENA_ROUND_S:g} s")
@@ -419,8 +440,19 @@ def simulate(
     except SimError as exc:
         raise SimulateError(str(exc)) from None
     runs_of = parse_policies(policies or ("cellsched", "fcfs"), options.solver)
+    if checkpoint_dir is not None:
+        Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
     jobs = [
-        Job(label, name, trace, cluster, conditions, dataclasses.replace(options, solver=cfg))
+        Job(
+            label,
+            name,
+            trace,
+            cluster,
+            conditions,
+            dataclasses.replace(options, solver=cfg),
+            checkpoint=str(Path(checkpoint_dir) / f"{file_stem(label)}.ckpt") if checkpoint_dir else None,
+            checkpoint_every_s=checkpoint_every,
+        )
         for label, name, cfg in runs_of
     ]
     policies = tuple(label for label, _, _ in runs_of)
@@ -428,7 +460,7 @@ def simulate(
     t0 = time.perf_counter()
     try:
         runs = run_all(jobs, workers, bar)
-    except SimError as exc:
+    except (SimError, CheckpointError) as exc:
         raise SimulateError(str(exc)) from None
     finally:
         bar.close()

@@ -216,14 +216,22 @@ def estimator_speed(estimator: EstimatorLike, mixed: bool = False) -> SpeedFn:
 def table_speed(table: Any, mixed: bool = False) -> SpeedFn:
     """A truth speed from an ``iter_time(model, batch, gpu_type, num_nodes, gpus_per_node)`` table (ArenaTable).
     `mixed`: a mixed-type cell's time is composed by `mixed_time` over `TableTruth(table)`."""
-    truth = MixedEstimator(TableTruth(table)) if mixed else None
+    return TableSpeed(table, MixedEstimator(TableTruth(table)) if mixed else None)
 
-    def speed(spec: JobSpec, gpu_type: str, num_nodes: int, gpus_per_node: int, plan: JobPlan | None) -> float | None:
-        if "+" in gpu_type and truth is not None:
-            return mixed_time(truth, spec, gpu_type, num_nodes, gpus_per_node, plan)
-        return table.iter_time(spec.model, spec.global_batch, gpu_type, num_nodes, gpus_per_node)
 
-    return speed
+@dataclass(frozen=True)
+class TableSpeed:
+    """``table_speed``'s function (an object, so that a simulation's checkpoint can hold it)."""
+
+    table: Any
+    truth: Any = None
+
+    def __call__(
+        self, spec: JobSpec, gpu_type: str, num_nodes: int, gpus_per_node: int, plan: JobPlan | None
+    ) -> float | None:
+        if "+" in gpu_type and self.truth is not None:
+            return mixed_time(self.truth, spec, gpu_type, num_nodes, gpus_per_node, plan)
+        return self.table.iter_time(spec.model, spec.global_batch, gpu_type, num_nodes, gpus_per_node)
 
 
 class TableTruth:

@@ -39,8 +39,10 @@ arena-compat mode neither is (Arena's simulator has no mixed cells).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import math
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -205,14 +207,26 @@ def restart_cost_for(policy: str, options: SimOptions) -> RestartCostFn:
         d_cap = float(c["MAX_RESCHED_OVERHEAD_WITH_PRUNE" if pruned else "MAX_RESCHED_OVERHEAD_WITHOUT_PRUNE"])
         per = d_per if per is None else per
         cap = d_cap if cap is None else cap
-    first = options.charge_first_start
+    return FlatRestartCost(per, cap, options.charge_first_start)
 
-    def cost(spec: JobSpec, gpus: int, first_start: bool) -> float:
-        if first_start and not first:
+
+@dataclass(frozen=True)
+class FlatRestartCost:
+    """min(per_gpu_s x GPUs, max_s) seconds per (re)start, a first start free unless `first` (``restart_cost_for``)."""
+
+    per_gpu_s: float
+    max_s: float
+    first: bool
+
+    def __call__(self, spec: JobSpec, gpus: int, first_start: bool) -> float:
+        if first_start and not self.first:
             return 0.0
-        return min(per * gpus, cap)
+        return min(self.per_gpu_s * gpus, self.max_s)
 
-    return cost
+
+def file_stem(label: str) -> str:
+    """A run's label as a file name: letters, digits, '-' and '_' (the rest '_')."""
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in label)
 
 
 def best_layout(cluster: ClusterSpec, gpu_type: str | None, gpus: int) -> tuple[str, int, int] | None:
@@ -347,6 +361,7 @@ class Simulator:
         self._last_round = -math.inf
         self._next_round = self.t0
         self._in_round = False
+        self.wall_s_before = 0.0  # wall time spent on this run before its last checkpoint
         self.timings: dict[str, float] = {
             "round_s": 0.0,
             "solve_s": 0.0,
@@ -530,17 +545,100 @@ class Simulator:
 
     # --- running ------------------------------------------------------------------
 
-    def run(self, progress_callback: Callable[[SimProgress], None] | None = None) -> SimRun:
-        """Simulate to the end; `progress_callback` gets a SimProgress now and then."""
+    def run_key(self) -> str:
+        """Names this run (label, policy, options, conditions, trace, cluster) in its checkpoints."""
+        o, trace = self.options, self.trace
+        what = (
+            self.label,
+            self.policy_name,
+            dataclasses.asdict(o),
+            self.conditions.describe() if self.conditions is not None else None,
+            [(j.job_id, j.submit_time) for j in trace],
+            self.cluster.gpus_by_type(),
+        )
+        return f"{self.label}:{hashlib.sha256(repr(what).encode()).hexdigest()[:16]}"
+
+    def run(
+        self,
+        progress_callback: Callable[[SimProgress], None] | None = None,
+        *,
+        checkpoint: str | Path | None = None,
+        checkpoint_every_s: float = 600.0,
+    ) -> SimRun:
+        """Simulate to the end; `progress_callback` gets a SimProgress now and then.
+
+        With `checkpoint` (a file path) the run is saved there every
+        `checkpoint_every_s` seconds of wall time (slurm_ext.sim.checkpoint),
+        its state DB in the folder ``<checkpoint>.state``, and when the file
+        already holds this run (``run_key``), the run goes on from it instead
+        of starting over, to the same result. Both are removed once the run
+        is over. CheckpointError: the file holds another run."""
+        if checkpoint is not None and Path(checkpoint).exists():
+            from slurm_ext.sim.checkpoint import load
+
+            sim, controller = load(checkpoint, self.run_key())
+            return sim._run(progress_callback, controller, Path(checkpoint), checkpoint_every_s)
+        return self._run(progress_callback, None, Path(checkpoint) if checkpoint else None, checkpoint_every_s)
+
+    def _run(
+        self,
+        progress_callback: Callable[[SimProgress], None] | None,
+        controller: Controller | None,
+        checkpoint: Path | None,
+        checkpoint_every_s: float,
+    ) -> SimRun:
         wall0 = time.perf_counter()
         tmp = None
         state_dir = self._state_dir
-        if state_dir is None:
+        if state_dir is None and checkpoint is not None:
+            state_dir = Path(f"{checkpoint}.state")
+        elif state_dir is None:
             tmp = tempfile.TemporaryDirectory(prefix="cellsched-sim-")
             state_dir = tmp.name
-        state_path = (
-            Path(state_dir) / f"state-{''.join(c if c.isalnum() or c in '-_' else '_' for c in self.label)}.sqlite"
-        )
+        state_path = Path(state_dir) / f"state-{file_stem(self.label)}.sqlite"
+        logger = logging.getLogger("cellsched")
+        if controller is None:
+            self.log = LogCollector()
+        saved = (logger.level, logger.propagate)
+        logger.addHandler(self.log)
+        logger.setLevel(logging.WARNING)
+        logger.propagate = False  # collected into the run's meta, not printed
+        state = None
+        try:
+            if controller is None:
+                state = StateStore(state_path)
+                controller = self._controller(state, state_path)
+            else:
+                state = controller.state
+            step = self._step_arena_round if self.quantum is not None else self._step_to_next_event
+            last_report = last_save = time.perf_counter()
+            while True:
+                more = step(controller)
+                now = time.perf_counter()
+                if progress_callback is not None and (now - last_report > 0.5 or not more):
+                    last_report = now
+                    progress_callback(self.progress())
+                if not more:
+                    break
+                if checkpoint is not None and now - last_save >= checkpoint_every_s:
+                    self._save(checkpoint, controller, now - wall0)
+                    last_save = time.perf_counter()
+        finally:
+            logger.removeHandler(self.log)
+            logger.setLevel(saved[0])
+            logger.propagate = saved[1]
+            if state is not None:
+                state.close()
+            if tmp is not None:
+                tmp.cleanup()
+        result = self._result(self.wall_s_before + time.perf_counter() - wall0, state_path)
+        if checkpoint is not None:  # over: nothing to go on from
+            checkpoint.unlink(missing_ok=True)
+            if self._state_dir is None:
+                shutil.rmtree(state_dir, ignore_errors=True)
+        return result
+
+    def _controller(self, state: StateStore, state_path: Path) -> Controller:
         config = Config(
             controller=ControllerConfig(
                 policy=self.policy_name,
@@ -556,42 +654,27 @@ class Simulator:
             solver=dataclasses.replace(self.options.solver, seed=self.options.seed),
             network=network_config(self.network),
         )
-        state = StateStore(state_path)
-        logger = logging.getLogger("cellsched")
-        collector = LogCollector()
-        saved = (logger.level, logger.propagate)
-        logger.addHandler(collector)
-        logger.setLevel(logging.WARNING)
-        logger.propagate = False  # collected into the run's meta, not printed
-        self.log = collector
+        return Controller(
+            config,
+            backend=self.backend,
+            state=state,
+            policy=self.policy,
+            estimator=self.estimator,
+            clock=self._clock,
+            sleep=self._sleep,
+            progress=self._progress,
+        )
+
+    def _save(self, checkpoint: Path, controller: Controller, wall_s: float) -> None:
+        """This run as it stands, `wall_s` more wall time spent on it, into `checkpoint`."""
+        from slurm_ext.sim.checkpoint import save
+
+        before = self.wall_s_before
+        self.wall_s_before = before + wall_s
         try:
-            controller = Controller(
-                config,
-                backend=self.backend,
-                state=state,
-                policy=self.policy,
-                estimator=self.estimator,
-                clock=self._clock,
-                sleep=self._sleep,
-                progress=self._progress,
-            )
-            step = self._step_arena_round if self.quantum is not None else self._step_to_next_event
-            last_report = 0.0
-            while True:
-                more = step(controller)
-                if progress_callback is not None and (time.perf_counter() - last_report > 0.5 or not more):
-                    last_report = time.perf_counter()
-                    progress_callback(self.progress())
-                if not more:
-                    break
+            save(checkpoint, self.run_key(), (self, controller))
         finally:
-            logger.removeHandler(collector)
-            logger.setLevel(saved[0])
-            logger.propagate = saved[1]
-            state.close()
-            if tmp is not None:
-                tmp.cleanup()
-        return self._result(time.perf_counter() - wall0, state_path)
+            self.wall_s_before = before
 
     def _over_time(self, t: float) -> bool:
         return self.options.max_time_s is not None and t > self.t0 + self.options.max_time_s

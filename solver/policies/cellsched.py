@@ -81,7 +81,7 @@ def _context(cluster: ClusterView, estimator: EstimatorLike, cfg: SolverConfig) 
     nodes = sorted({(n.gpu_type, n.gpus_total, n.partitions) for n in cluster.nodes})
     counts = tuple((k, sum(1 for n in cluster.nodes if (n.gpu_type, n.gpus_total, n.partitions) == k)) for k in nodes)
     return (
-        id(estimator),
+        estimator,  # itself, not id(): an id outlives its object (and a checkpoint) and may come back on another
         counts,
         tuple(sorted(cluster.partitions.items())),
         cfg.max_pp,

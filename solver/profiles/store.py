@@ -20,6 +20,7 @@ import pathlib
 import sqlite3
 from collections.abc import Callable, Iterable
 from dataclasses import fields
+from typing import Any
 
 from solver import sqlitedb
 from solver.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord, ProfileSource
@@ -148,6 +149,20 @@ class ProfileStore:
 
     def close(self) -> None:
         self._conn.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (a simulation's checkpoint) as its path, reopened there
+        when unpickled: a file store is a cache that outlives any one run;
+        an in-memory store travels with its content."""
+        image = self._conn.serialize() if self.path == ":memory:" else None
+        return {"path": self.path, "seeded_now": self.seeded_now, "image": image}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.path, self.seeded_now = state["path"], state["seeded_now"]
+        if state["image"] is not None:
+            self._conn = sqlitedb.restore(self.path, state["image"], BUSY_TIMEOUT_S)
+        else:
+            self._conn = sqlitedb.connect(self.path, BUSY_TIMEOUT_S)
 
     def __enter__(self) -> ProfileStore:
         return self

@@ -157,3 +157,21 @@ def test_string_solver_keys_in_policy_options():
     for bad in ("srsf-accept:node_placement=best-fit", "srsf-accept:node_placement=2"):
         with pytest.raises(SimulateError, match="node_placement"):
             parse_policies([bad], SolverConfig())
+
+
+def test_checkpoint_dir_is_left_empty_by_a_finished_run_and_guards_its_runs(tmp_path):
+    """--checkpoint-dir: a run that ends leaves no checkpoint; a checkpoint
+    there of another run under the same label is refused with its name, and
+    kept."""
+    trace, cluster = inputs(tmp_path)
+    ckpts = tmp_path / "ckpt"
+    base = ["--trace", str(trace), "--cluster", str(cluster), "--no-plots", "--json", "--checkpoint-dir", str(ckpts)]
+    proc = cellsched(*base, "--policy", "fcfs", "--out", str(tmp_path / "a"), "--checkpoint-every", "0")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ckpts.is_dir() and list(ckpts.iterdir()) == []
+    from slurm_ext.sim.checkpoint import save
+
+    save(ckpts / "fcfs.ckpt", "fcfs:0123456789abcdef", None)  # another trace's fcfs run
+    proc = cellsched(*base, "--policy", "fcfs", "--out", str(tmp_path / "b"))
+    assert proc.returncode == 2 and "fcfs.ckpt holds another run" in proc.stderr
+    assert (ckpts / "fcfs.ckpt").exists()

@@ -1,0 +1,92 @@
+"""A simulation's checkpoint: its Simulator and Controller between two
+steps, in one file, so that a run of hours can stop and go on later (in
+another process, another day) to the same result.
+
+Everything is pickled as it is, the state DB with its content
+(``StateStore.__getstate__``); what no pickle holds is rebuilt fresh: locks
+(no step holds one between steps) and events (with whether they were set).
+The file is written next to its final name and renamed into place, so a
+run killed while saving leaves the previous checkpoint whole. A checkpoint
+names the run it belongs to (``key``): continuing another run's file is
+refused.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+from pathlib import Path
+from typing import Any
+
+#: the file's format; a checkpoint of another version is not continued
+VERSION = 1
+_LOCKS = {type(threading.Lock()): "lock", type(threading.RLock()): "rlock"}
+
+
+class CheckpointError(Exception):
+    """The file is not a checkpoint of this run (or of this cellsched)."""
+
+
+class _Pickler(pickle.Pickler):
+    def persistent_id(self, obj: Any) -> Any:
+        # id(obj) while pickling: one lock held in several places comes back as one
+        kind = _LOCKS.get(type(obj))
+        if kind is not None:
+            return (kind, id(obj))
+        if isinstance(obj, threading.Event):
+            return ("event", id(obj), obj.is_set())
+        return None
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._made: dict[tuple[str, int], Any] = {}
+
+    def persistent_load(self, pid: Any) -> Any:
+        made = self._made.get(pid[:2])
+        if made is None:
+            made = self._made[pid[:2]] = self._make(pid)
+        return made
+
+    @staticmethod
+    def _make(pid: Any) -> Any:
+        if pid[0] == "lock":
+            return threading.Lock()
+        if pid[0] == "rlock":
+            return threading.RLock()
+        if pid[0] == "event":
+            event = threading.Event()
+            if pid[2]:
+                event.set()
+            return event
+        raise pickle.UnpicklingError(f"unknown persistent object {pid[0]!r}")
+
+
+def save(path: str | Path, key: str, payload: Any) -> None:
+    """Write `payload` (e.g. ``(simulator, controller)``) as run `key`'s checkpoint at `path`."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("wb") as f:
+            _Pickler(f, protocol=pickle.HIGHEST_PROTOCOL).dump({"version": VERSION, "key": key, "payload": payload})
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load(path: str | Path, key: str) -> Any:
+    """The payload of run `key`'s checkpoint at `path` (CheckpointError: another run's, or not one)."""
+    try:
+        with Path(path).open("rb") as f:
+            data = _Unpickler(f).load()
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError) as exc:
+        raise CheckpointError(f"{path} is not a simulation checkpoint this cellsched can read: {exc}") from None
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+        raise CheckpointError(f"{path} is not a version-{VERSION} simulation checkpoint")
+    if data.get("key") != key:
+        raise CheckpointError(f"{path} holds another run ({data.get('key')!r}), not {key!r}")
+    return data["payload"]
