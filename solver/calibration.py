@@ -84,9 +84,22 @@ class Calibration:
             per_user = [statistics.median(lr for lr, _ in v) for v in by_user.values()]
             w = sum(max(wt for _, wt in v) for v in by_user.values())
             self._group[key] = statistics.median(per_user) * w / (w + 1)
+        self._by_model: dict[str, tuple[tuple[str, float], ...]] | None = None  # (type, group factor) by model
 
     def __bool__(self) -> bool:
         return bool(self._own)
+
+    def key(self, job_id: str, model: str) -> tuple:
+        """What the factors of `job_id` (of `model`) depend on, hashable: two
+        equal keys give equal factors in every cell, so a cache of calibrated
+        estimates keys on it (one key for the jobs of a model not seen yet)."""
+        if self._by_model is None:
+            by_model: dict[str, list[tuple[str, float]]] = defaultdict(list)
+            for (m, t), v in sorted(self._group.items()):
+                by_model[m].append((t, v))
+            self._by_model = {m: tuple(v) for m, v in by_model.items()}
+        own = self._own.get(job_id)
+        return (tuple(sorted(own.items())) if own else (), self._by_model.get(model, ()), self.max_factor)
 
     def group(self, model: str, gpu_type: str) -> float:
         """The (model, GPU type) factor alone."""
@@ -128,6 +141,11 @@ class CalibratedEstimator:
             return est
         note = f"{est.note}; x{f:.3g} calibrated" if est.note else f"x{f:.3g} calibrated"
         return dataclasses.replace(est, iter_time_s=est.iter_time_s * f, note=note)
+
+    def memo_key(self, job: JobRequest) -> tuple:
+        """What calibration does to `job`'s estimates now (``Calibration.key``; () when uncalibrated):
+        a policy that caches estimates by the job's shape adds it to its key."""
+        return self.calibration.key(job.job_id, job.model.name) if self.calibration else ()
 
     def __getattr__(self, name: str) -> Any:
         if name == "inner":  # not set yet (unpickling): no recursion

@@ -103,8 +103,11 @@ class CellschedPolicy:
 
     def _cells(self, job: JobRequest, cluster: ClusterView, estimator: EstimatorLike, cfg: SolverConfig) -> _Shape:
         """(reference estimate, pruned estimates, their utilities, the mixed
-        estimates that may pay and their utilities) of the job's shape."""
-        key = _shape(job)
+        estimates that may pay and their utilities) of the job's shape, as
+        calibrated for it (the estimator's ``memo_key``: without it in the
+        key a shape kept the calibration of the first job seen with it)."""
+        memo_key = getattr(estimator, "memo_key", None)
+        key = (_shape(job), memo_key(job) if memo_key is not None else ())
         hit = self._memo.get(key)
         if hit is None:
             all_est = [estimator.estimate(job, c) for c in enumerate_cells(job, cluster, cfg)]

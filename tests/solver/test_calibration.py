@@ -107,3 +107,16 @@ def test_the_estimate_cache_follows_the_profile_store(tmp_path):
     assert est.refresh() and est.estimate(job, cell).iter_time_s == 0.5
     store.put_cells([CellRecord("gpt-350m", 8, "a10", 1, 1, 0.3)])  # this process's own import
     assert est.refresh() and est.estimate(job, cell).iter_time_s == 0.3 and not est.refresh()
+
+
+def test_the_key_tells_apart_what_the_factors_tell_apart():
+    obs = [Observation("1", "alice", "m", "a100", 2.0, 3), Observation("2", "bob", "m", "a40", 1.5, 1)]
+    cal = Calibration(obs)
+    assert cal.key("8", "m") == cal.key("9", "m")  # never seen: the model's group factors alone
+    assert cal.key("1", "m") != cal.key("9", "m") and cal.key("9", "m") != cal.key("9", "other")
+    twin = Calibration(list(obs))
+    for jid, model in (("1", "m"), ("8", "m"), ("9", "other")):
+        assert twin.key(jid, model) == cal.key(jid, model)
+        assert [twin.factor(jid, model, c) for c in (A100, A40)] == [cal.factor(jid, model, c) for c in (A100, A40)]
+    est = CalibratedEstimator(_Fixed())
+    assert est.memo_key(JobRequest("1", get_model("gpt-350m"), 8, 10)) == ()  # uncalibrated

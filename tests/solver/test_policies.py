@@ -171,6 +171,36 @@ def test_every_policy_gives_a_placeable_deterministic_plan(name, exact_config):
     assert all(j.job_id in a.placements or a.reasons.get(j.job_id) for j in jobs)
 
 
+class ByType:
+    """The same estimate for every job: seconds per iteration by GPU type."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self.seconds = seconds
+
+    def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
+        t = self.seconds.get(cell.gpu_type)
+        if t is None or cell.num_gpus != 1:
+            return Estimate(cell, None, float("inf"), 0.0, "table", "no entry")
+        return Estimate(cell, ParallelPlan(1, 1, 1), t, 1.0, "table")
+
+
+def test_cellsched_follows_a_jobs_calibration_from_round_to_round(exact_config):
+    """cellsched memoises a job shape's cells and estimates; a job's
+    calibration, new this round, still reaches them: x, seen 4x slower than
+    estimated on the a100, moves its choice to the a10 (where its own
+    deviation makes it 1.8x slower: 5.4 s against 8 s)."""
+    from solver.calibration import CalibratedEstimator, Calibration, Observation
+
+    cluster = ClusterView((NodeView("a100-0", "a100", 1, 1), NodeView("a10-0", "a10", 1, 1)))
+    x = job("x", requested_gpus=1, max_gpus=1)
+    policy, est = get_policy("cellsched"), CalibratedEstimator(ByType({"a100": 2.0, "a10": 3.0}))
+    first = policy.schedule(ScheduleRequest(cluster, (x,), config=exact_config()), est)
+    assert first.placements["x"].cell.gpu_type == "a100"
+    est.calibration = Calibration([Observation("x", "u", MODEL.name, "a100", 4.0, samples=3)])
+    second = policy.schedule(ScheduleRequest(cluster, (x,), config=exact_config()), est)
+    assert second.placements["x"].cell.gpu_type == "a10"
+
+
 def test_cellsched_round_trip_with_running_jobs_is_stable(exact_config):
     cluster, jobs, est = random_cluster_and_jobs(2)
     pol = get_policy("cellsched")
