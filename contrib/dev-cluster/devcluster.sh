@@ -233,9 +233,19 @@ our_pids() {  # live pids of the daemons started under this LAB
   local f pid
   for f in "$RUN"/*.pid "$MUNGE_DIR"/munged.pid; do
     [ -s "$f" ] || continue
-    pid=$(cat "$f")
+    pid=$(cat "$f" 2>/dev/null) || continue
     [[ $pid =~ ^[0-9]+$ ]] && ours_alive "$pid" && echo "$pid"
   done
+  our_munged
+  return 0
+}
+
+our_munged() {  # munged serving this LAB's socket, by its command line: a dying one may have removed its pid file
+  local d
+  for d in /proc/[0-9]*; do
+    [ "$(cat "$d/comm" 2>/dev/null)" = munged ] || continue
+    tr '\0' '\n' <"$d/cmdline" 2>/dev/null | grep -qxF -- "--socket=$MUNGE_SOCKET" && ours_alive "${d#/proc/}" && echo "${d#/proc/}"
+  done 2>/dev/null
   return 0
 }
 
@@ -244,7 +254,7 @@ cluster_steps() {  # slurmstepd processes of this cluster: they carry its SLURM_
   for d in /proc/[0-9]*; do
     [ "$(cat "$d/comm" 2>/dev/null)" = slurmstepd ] || continue
     tr '\0' '\n' <"$d/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$SLURM_CONF" && echo "${d#/proc/}"
-  done
+  done 2>/dev/null  # a step ending meanwhile: no environ to read
   return 0
 }
 
@@ -304,7 +314,7 @@ down() {
     timeout 5 scontrol shutdown >/dev/null 2>&1 || true  # stops slurmctld and every slurmd
   fi
   local pids step
-  mapfile -t pids < <(our_pids)
+  mapfile -t pids < <(our_pids | sort -u)
   stop_pids "${pids[@]}"
   # job steps left behind when the daemons died before their jobs (a crash, or
   # down while slurmctld was stopped): kill each step with its processes
