@@ -19,8 +19,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-#: the file's format; a checkpoint of another version is not continued
-VERSION = 1
+#: the file's format (2: the payload holds the wall time spent); a checkpoint of another version is not continued
+VERSION = 2
 _LOCKS = {type(threading.Lock()): "lock", type(threading.RLock()): "rlock"}
 
 

@@ -361,7 +361,6 @@ class Simulator:
         self._last_round = -math.inf
         self._next_round = self.t0
         self._in_round = False
-        self.wall_s_before = 0.0  # wall time spent on this run before its last checkpoint
         self.timings: dict[str, float] = {
             "round_s": 0.0,
             "solve_s": 0.0,
@@ -571,14 +570,16 @@ class Simulator:
         `checkpoint_every_s` seconds of wall time (slurm_ext.sim.checkpoint),
         its state DB in the folder ``<checkpoint>.state``, and when the file
         already holds this run (``run_key``), the run goes on from it instead
-        of starting over, to the same result. Both are removed once the run
-        is over. CheckpointError: the file holds another run."""
+        of starting over, to the same result as far as a run repeats (the
+        solver's wall-clock limit can bind on a loaded machine). Both are
+        removed once the run is over. CheckpointError: the file holds
+        another run."""
         if checkpoint is not None and Path(checkpoint).exists():
             from slurm_ext.sim.checkpoint import load
 
-            sim, controller = load(checkpoint, self.run_key())
-            return sim._run(progress_callback, controller, Path(checkpoint), checkpoint_every_s)
-        return self._run(progress_callback, None, Path(checkpoint) if checkpoint else None, checkpoint_every_s)
+            sim, controller, wall_s = load(checkpoint, self.run_key())
+            return sim._run(progress_callback, controller, Path(checkpoint), checkpoint_every_s, wall_s)
+        return self._run(progress_callback, None, Path(checkpoint) if checkpoint else None, checkpoint_every_s, 0.0)
 
     def _run(
         self,
@@ -586,7 +587,9 @@ class Simulator:
         controller: Controller | None,
         checkpoint: Path | None,
         checkpoint_every_s: float,
+        wall_s_before: float,
     ) -> SimRun:
+        """The run from `controller` on (None: from the start), `wall_s_before` spent on it already."""
         wall0 = time.perf_counter()
         tmp = None
         state_dir = self._state_dir
@@ -621,7 +624,9 @@ class Simulator:
                 if not more:
                     break
                 if checkpoint is not None and now - last_save >= checkpoint_every_s:
-                    self._save(checkpoint, controller, now - wall0)
+                    from slurm_ext.sim.checkpoint import save
+
+                    save(checkpoint, self.run_key(), (self, controller, wall_s_before + now - wall0))
                     last_save = time.perf_counter()
         finally:
             logger.removeHandler(self.log)
@@ -631,7 +636,7 @@ class Simulator:
                 state.close()
             if tmp is not None:
                 tmp.cleanup()
-        result = self._result(self.wall_s_before + time.perf_counter() - wall0, state_path)
+        result = self._result(wall_s_before + time.perf_counter() - wall0, state_path)
         if checkpoint is not None:  # over: nothing to go on from
             checkpoint.unlink(missing_ok=True)
             if self._state_dir is None:
@@ -664,17 +669,6 @@ class Simulator:
             sleep=self._sleep,
             progress=self._progress,
         )
-
-    def _save(self, checkpoint: Path, controller: Controller, wall_s: float) -> None:
-        """This run as it stands, `wall_s` more wall time spent on it, into `checkpoint`."""
-        from slurm_ext.sim.checkpoint import save
-
-        before = self.wall_s_before
-        self.wall_s_before = before + wall_s
-        try:
-            save(checkpoint, self.run_key(), (self, controller))
-        finally:
-            self.wall_s_before = before
 
     def _over_time(self, t: float) -> bool:
         return self.options.max_time_s is not None and t > self.t0 + self.options.max_time_s

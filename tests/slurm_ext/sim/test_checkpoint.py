@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import threading
+import time
 
 import pytest
 
@@ -57,12 +58,16 @@ def test_a_run_continued_from_its_checkpoint_ends_as_one_never_stopped(setting, 
     with pytest.raises(Stop):
         simulator(setting, policy, tmp_path).run(kill_after_some_rounds, checkpoint=ckpt, checkpoint_every_s=0.0)
     assert ckpt.exists() and (tmp_path / "run.ckpt.state").is_dir()
-    saved_sim, _ = checkpoint.load(ckpt, simulator(setting, policy, tmp_path).run_key())
+    saved_sim, _, wall_s = checkpoint.load(ckpt, simulator(setting, policy, tmp_path).run_key())
     assert 0 < len(saved_sim.rounds) < len(whole.rounds)  # stopped half-way, not at the start or the end
+    assert wall_s > 0  # the time spent before the stop counts in the run's wall time
 
+    t0 = time.perf_counter()
     resumed = simulator(setting, policy, tmp_path).run(checkpoint=ckpt)
+    second_sitting_s = time.perf_counter() - t0
     assert outcomes(resumed) == outcomes(whole)
     assert resumed.meta["rounds_run"] == whole.meta["rounds_run"]
+    assert resumed.wall_s > second_sitting_s  # the first sitting's wall time counts too
     assert not ckpt.exists() and not (tmp_path / "run.ckpt.state").exists()  # over: nothing left to go on from
 
 
@@ -82,7 +87,7 @@ def test_a_file_that_is_no_checkpoint_is_refused(tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="not a simulation checkpoint"):
         checkpoint.load(bad, "k")
     bad.write_bytes(pickle.dumps({"version": 0}))
-    with pytest.raises(checkpoint.CheckpointError, match="version-1"):
+    with pytest.raises(checkpoint.CheckpointError, match=f"version-{checkpoint.VERSION}"):
         checkpoint.load(bad, "k")
 
 
