@@ -13,7 +13,13 @@
      blocks between the embedding and the head, forward then backward as a
      micro-batch runs them (``profile_layers(stack=layers)``): timed alone,
      a layer finds its weights and activations in cache, which on this CPU
-     hides 5-10% of small micro-batches;
+     hides 5-10% of small micro-batches; the tp=2 layers on pairs of the
+     processes, a tp group of 2, among the all-reduces they train with
+     (``profile_layers(tp_group=...)``, their own time left out): the gloo
+     threads and copies of 4 all-reduces a block leave the next matmul cold
+     caches, which cost the tp plans' compute 10-25% (measured: the
+     trainer's tp=2 ranks spent 147 ms of CPU per step outside collectives
+     where the shards profiled without them said 121 ms);
    - the update bandwidth of an AdamW step over the whole model
      (``profile_update(blocks=layers)``: a bigger state sweeps slower).
    Once: the loopback comm curves among 2 gloo processes (p2p, all-reduce,
@@ -39,6 +45,14 @@ longest time any rank's main thread sat runnable without a CPU that step
 (/proc schedstat), i.e. about what the step would take with a core per
 rank (the collectives' threads' waits are not subtracted, nor a second
 rank's whose wait stalled its peers).
+
+Steps 1-3 run `--passes` times (default 3), each pass with a fresh profile;
+a plan's predicted and measured times are each the median over the passes
+(`error_pct_passes`: every pass's own error; the summary's
+`mape_pct_fitting_passes`: every pass's MAPE, what a one-pass run says). A
+shared machine drifts between a profile and the runs a minute later: on 2
+loaded cores one pass in five found every plan 4-12% slower than profiled,
+1-rank plans included, which no estimate of the plans can know.
 
 Prints one JSON line per plan and a summary with the mean absolute
 percentage error (MAPE) of the prediction against `measured_s` (also against
@@ -70,7 +84,7 @@ a larger GPT, ``GPU_SHAPE``): layers and the update profiled on the GPU
 under its NVML type, the trainer on it (NCCL), each step timed to the GPU's
 end of work. Nothing is shared there, so the headline is the plain MAPE.
 
-    python benchmarks/estimator_accuracy.py [--steps 6] [--quick] [--device cuda]
+    python benchmarks/estimator_accuracy.py [--steps 20] [--passes 3] [--quick] [--device cuda]
 """
 
 from __future__ import annotations
@@ -262,25 +276,41 @@ def gpu_type(ranks: int) -> str:
     return "cpu" if ranks == 1 else f"cpu-x{ranks}"
 
 
-def _corun_worker(index: int, ranks: int, started, finished, out: str) -> None:
+def _corun_worker(index: int, ranks: int, port: int, started, finished, out: str) -> None:
     """One of `ranks` processes profiling at once (spawned): the layers in a
     stack of the model's blocks and the update over the whole model, each
     process on one thread, as a training rank runs; it keeps profiling until
-    every process has finished its first pass, so none is measured alone."""
+    every process has finished its first pass, so none is measured alone.
+    Pairs of processes form tp groups of 2: their tp=2 layers are profiled
+    among the all-reduces they train with (``profiler.TPComm``)."""
+    from datetime import timedelta
+
     import torch
+    import torch.distributed as dist
 
     from launch import profiler
 
     torch.set_num_threads(1)
     model = model_spec()
     kw = {"warmup": 3, "repeat": 11}
+    tp_group = None
+    if ranks > 1:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=index, world_size=ranks, timeout=timedelta(seconds=300)
+        )
+        pairs = {r: dist.new_group([r - r % 2, r - r % 2 + 1]) for r in range(0, ranks - 1, 2)}  # all ranks make all
+        tp_group = pairs.get(index - index % 2)
     started.wait()
-    recs = profiler.profile_layers(model, tps=(1, 2), micro_batches=MICRO_BATCHES, stack=model.num_layers, **kw)
+    recs = profiler.profile_layers(
+        model, tps=(1, 2), micro_batches=MICRO_BATCHES, stack=model.num_layers, tp_group=tp_group, **kw
+    )
     gbps = profiler.profile_update(model, blocks=model.num_layers, **kw)
     with finished.get_lock():
         finished.value += 1
     while finished.value < ranks:  # load the machine as the job will until the others are done
         profiler.profile_layers(model, tps=(1,), micro_batches=(MICRO_BATCHES[-1],), stack=model.num_layers, **kw)
+    if ranks > 1:
+        dist.destroy_process_group()
     with open(out, "w", encoding="utf-8") as f:
         json.dump({"layers": [r.__dict__ for r in recs], "update_gbps": gbps}, f)
 
@@ -298,7 +328,10 @@ def profile_corun(ranks: int) -> tuple[list, float]:
     started, finished = ctx.Barrier(ranks), ctx.Value("i", 0)
     with tempfile.TemporaryDirectory(prefix="cellsched-corun-") as tmp:
         outs = [os.path.join(tmp, f"{i}.json") for i in range(ranks)]
-        procs = [ctx.Process(target=_corun_worker, args=(i, ranks, started, finished, outs[i])) for i in range(ranks)]
+        port = free_port()
+        procs = [
+            ctx.Process(target=_corun_worker, args=(i, ranks, port, started, finished, outs[i])) for i in range(ranks)
+        ]
         for proc in procs:
             proc.start()
         for proc in procs:
@@ -393,45 +426,23 @@ def profile_gpu(store, model) -> tuple[str, dict[str, float]]:
     return name, {name: gbps}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=20, help="timed steps per plan")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps per plan")
-    ap.add_argument("--quick", action="store_true", help="only the plans that fit the cores")
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="profile and train on (default: cpu)")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--shape", type=json.loads, default=SHAPE, help=argparse.SUPPRESS)
-    ap.add_argument("--batch", type=int, default=BATCH, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.worker:
-        worker(args.steps, args.warmup, args.shape, args.batch)
-        return 0
-
-    import torch
-
+def one_pass(on_gpu: bool, shape: dict, batch: int, plans: list, cores: int, steps: int, warmup: int) -> dict:
+    """Profile this machine into a fresh store, then predict and measure every
+    plan: {"device", "update_gbps", "profile_s", "rows": [{plan, predicted_s,
+    measure()'s fields}]}."""
     from solver.cost.pipeline import ALLGATHER
     from solver.estimator import Estimator
     from solver.profiles.store import ProfileStore
     from solver.types import Cell, EstimateSource
 
-    on_gpu = args.device == "cuda"
-    if not on_gpu:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a CPU run's profiles and ranks (inherited) stay off any GPU
-    torch.set_num_threads(1)
-    if on_gpu and not torch.cuda.is_available():
-        ap.error("--device cuda: torch sees no GPU here")
-    shape, batch, plans = (GPU_SHAPE, GPU_BATCH, GPU_PLANS) if on_gpu else (SHAPE, BATCH, PLANS)
-    cores = len(os.sched_getaffinity(0))
-    if args.quick and not on_gpu:
-        plans = [p for p in plans if p[0] * p[1] * p[2] <= cores]
     model = model_spec(shape)
-    t_start = time.perf_counter()
+    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cellsched-bench-") as tmp, ProfileStore(Path(tmp) / "p.sqlite") as store:
         if on_gpu:
             device_name, update_gbps = profile_gpu(store, model)
         else:
             device_name, update_gbps = "cpu", profile_cpu(store, plans, cores)
-        profile_s = time.perf_counter() - t_start
+        profile_s = time.perf_counter() - t0
         est = Estimator(
             store,
             grad_sync=ALLGATHER,  # the trainer gathers the dp ranks' gradients and adds them in rank order
@@ -455,48 +466,107 @@ def main(argv: list[str] | None = None) -> int:
                 "global_batch": batch,
                 "stage_layers": list(chosen.stage_layers or (model.num_layers,)),
             }
-            got = measure(plan, args.steps, args.warmup, shape, batch)
-            row = {
-                "pp": pp,
-                "dp": dp,
-                "tp": tp,
-                "micro_batches": m,
-                "micro_batch_size": batch // dp // m,
-                "ranks": n,
-                "oversubscribed": not on_gpu and n > cores,
-                "stage_layers": plan["stage_layers"],
-                "predicted_s": round(predicted, 4),
-                **{k: round(v, 4) for k, v in got.items()},
-                "error_pct": pct_error(predicted, got["measured_s"]),
-                "error_fastest_pct": pct_error(predicted, got["fastest_s"]),
-                "error_uncontended_pct": pct_error(predicted, got["uncontended_s"]),
-            }
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            rows.append({**plan, "predicted_s": predicted, **measure(plan, steps, warmup, shape, batch)})
+    return {"device": device_name, "update_gbps": update_gbps, "profile_s": profile_s, "rows": rows}
 
-    def mape(key: str, over: bool | None = None) -> float | None:
-        errs = [abs(r[key]) for r in rows if over is None or r["oversubscribed"] == over]
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per plan")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps per plan")
+    ap.add_argument(
+        "--passes",
+        type=int,
+        default=3,
+        help="profile-predict-measure passes; a plan's prediction and measurement are each their median (default: 3)",
+    )
+    ap.add_argument("--quick", action="store_true", help="only the plans that fit the cores")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="profile and train on (default: cpu)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--shape", type=json.loads, default=SHAPE, help=argparse.SUPPRESS)
+    ap.add_argument("--batch", type=int, default=BATCH, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker(args.steps, args.warmup, args.shape, args.batch)
+        return 0
+    if args.passes < 1:
+        ap.error("--passes must be at least 1")
+
+    import torch
+
+    on_gpu = args.device == "cuda"
+    if not on_gpu:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a CPU run's profiles and ranks (inherited) stay off any GPU
+    torch.set_num_threads(1)
+    if on_gpu and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no GPU here")
+    shape, batch, plans = (GPU_SHAPE, GPU_BATCH, GPU_PLANS) if on_gpu else (SHAPE, BATCH, PLANS)
+    cores = len(os.sched_getaffinity(0))
+    if args.quick and not on_gpu:
+        plans = [p for p in plans if p[0] * p[1] * p[2] <= cores]
+    t_start = time.perf_counter()
+    passes = [one_pass(on_gpu, shape, batch, plans, cores, args.steps, args.warmup) for _ in range(args.passes)]
+
+    def row_of(runs: list[dict]) -> dict:
+        """One plan over the passes: the medians of its predictions and of its measured fields."""
+        first = runs[0]
+        n = first["pp"] * first["dp"] * first["tp"]
+        predicted = statistics.median(r["predicted_s"] for r in runs)
+        got = {
+            k: statistics.median(r[k] for r in runs)
+            for k in ("measured_s", "fastest_s", "uncontended_s", "cpu_wait_pct")
+        }
+        return {
+            **{k: first[k] for k in ("pp", "dp", "tp", "micro_batches")},
+            "micro_batch_size": batch // first["dp"] // first["micro_batches"],
+            "ranks": n,
+            "oversubscribed": not on_gpu and n > cores,
+            "stage_layers": first["stage_layers"],
+            "predicted_s": round(predicted, 4),
+            **{k: round(v, 4) for k, v in got.items()},
+            "error_pct": pct_error(predicted, got["measured_s"]),
+            "error_fastest_pct": pct_error(predicted, got["fastest_s"]),
+            "error_uncontended_pct": pct_error(predicted, got["uncontended_s"]),
+            "error_pct_passes": [pct_error(r["predicted_s"], r["measured_s"]) for r in runs],
+        }
+
+    rows = [row_of(list(runs)) for runs in zip(*(p["rows"] for p in passes))]
+    for row in rows:
+        print(json.dumps(row), flush=True)
+
+    def mape(key: str, over: bool | None = None, of: list[dict] = rows) -> float | None:
+        errs = [abs(r[key]) for r in of if over is None or r["oversubscribed"] == over]
         return round(statistics.mean(errs), 1) if errs else None
 
+    fitting = [r for r in rows if not r["oversubscribed"]]
     print(
         json.dumps(
             {
                 "summary": "estimator accuracy",
-                "device": device_name,
-                "model": model.signature,
+                "device": passes[0]["device"],
+                "model": model_spec(shape).signature,
                 "global_batch": batch,
                 "cores": cores,
+                "passes": args.passes,
                 "plans": len(rows),
                 "plans_oversubscribed": sum(r["oversubscribed"] for r in rows),
                 "mape_pct_fitting": mape("error_pct", False),
                 "mape_pct_oversubscribed": mape("error_pct", True),
+                # each pass on its own, as a one-pass run would have said
+                "mape_pct_fitting_passes": [
+                    round(statistics.mean(abs(r["error_pct_passes"][k]) for r in fitting), 1) if fitting else None
+                    for k in range(args.passes)
+                ],
                 "mape_fastest_pct_fitting": mape("error_fastest_pct", False),
                 "mape_uncontended_pct_fitting": mape("error_uncontended_pct", False),
                 "mape_uncontended_pct_oversubscribed": mape("error_uncontended_pct", True),
                 "mape_uncontended_pct_all": mape("error_uncontended_pct"),
                 "optimizer_step_s": round(optimizer_step_s(shape, args.device), 4),
-                "update_gbps": {k: round(v, 2) for k, v in update_gbps.items()},
-                "profile_s": round(profile_s, 1),
+                "update_gbps": {
+                    k: round(statistics.median(p["update_gbps"][k] for p in passes), 2)
+                    for k in passes[0]["update_gbps"]
+                },
+                "profile_s": round(sum(p["profile_s"] for p in passes), 1),
                 "total_s": round(time.perf_counter() - t_start, 1),
             }
         )

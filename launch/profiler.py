@@ -124,25 +124,79 @@ class Embed(nn.Module):
         return self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
 
 
+class TPComm:
+    """The all-reduces a tp shard issues, over a real tp group, and the CPU
+    time they took (``spent``): a layer profiled on its tp ranks computes
+    among the collectives it trains with (on a CPU their threads and copies
+    evict the caches the next matmul reads: 10-25% on small micro-batches),
+    while the collectives themselves are priced by the comm curves."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        self.group = group
+        self.spent = 0.0
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        clock = compute_clock(x.device)
+        t0 = clock()
+        dist.all_reduce(x, group=self.group)
+        self.spent += clock() - t0
+        return x
+
+
+class _ReduceOut(torch.autograd.Function):
+    """All-reduce forward, identity backward: a row-parallel output leaving the tp region."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, comm: TPComm) -> torch.Tensor:
+        return comm.all_reduce(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+class _ReduceGrad(torch.autograd.Function):
+    """Identity forward, all-reduced gradient backward: an input entering the tp region."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, comm: TPComm) -> torch.Tensor:
+        ctx.comm = comm
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return ctx.comm.all_reduce(grad), None
+
+
 class BlockShard(nn.Module):
     """One tp shard of a pre-norm GPT block: heads/tp heads, 4h/tp MLP columns.
 
-    At tp=1 it has ``12 h^2 + 13 h`` parameters (the ModelSpec block)."""
+    At tp=1 it has ``12 h^2 + 13 h`` parameters (the ModelSpec block). With
+    `comm` it all-reduces as a Megatron block does, 4 times per micro-batch:
+    the attention and MLP outputs forward, the gradients of their inputs
+    backward."""
 
-    def __init__(self, m: ModelSpec, tp: int):
+    def __init__(self, m: ModelSpec, tp: int, comm: TPComm | None = None):
         super().__init__()
         h, w = m.hidden, m.hidden // tp
-        self.heads = m.heads // tp
+        self.heads, self.comm = m.heads // tp, comm
         self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
         self.qkv, self.proj = nn.Linear(h, 3 * w), nn.Linear(w, h)
         self.fc, self.out = nn.Linear(h, 4 * w), nn.Linear(4 * w, h)
 
+    def _enter(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.comm is None else _ReduceGrad.apply(x, self.comm)
+
+    def _leave(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.comm is None else _ReduceOut.apply(x, self.comm)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        q, k, v = self.qkv(self._enter(self.ln1(x))).view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, s, -1))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+        x = x + self._leave(self.proj(att.transpose(1, 2).reshape(b, s, -1)))
+        return x + self._leave(self.out(F.gelu(self.fc(self._enter(self.ln2(x))))))
 
 
 class Head(nn.Module):
@@ -208,17 +262,21 @@ def compute_clock(device: torch.device) -> Callable[[], float]:
     return time.perf_counter
 
 
-def _stamper(device: torch.device) -> tuple[Callable[[], Any], Callable[[Any, Any], float]]:
+def _stamper(device: torch.device, comm: TPComm | None = None) -> tuple[Callable[[], Any], Callable[[Any, Any], float]]:
     """(stamp, seconds): ``stamp()`` marks this point of the device's work,
     ``seconds(a, b)`` is the time from stamp a to stamp b once the work is done.
 
-    On a CPU, ``compute_clock``. On a GPU, CUDA events on the current stream:
+    On a CPU, ``compute_clock``, less the time `comm`'s collectives took. On a GPU, CUDA events on the current stream:
     the host queues a run's kernels ahead of the GPU as a training step does,
     and nothing waits for the GPU inside the run (a sync at every layer
     boundary would add each layer's launch latency, which a step hides)."""
     if device.type != "cuda":
         clock = compute_clock(device)
-        return clock, lambda a, b: b - a
+        if comm is None:
+            return clock, lambda a, b: b - a
+        return (lambda: clock() - comm.spent), lambda a, b: b - a
+    if comm is not None:
+        raise ProfileError("profiling tp layers among their collectives is for CPUs (gloo) only")
 
     def stamp() -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)
@@ -267,16 +325,18 @@ def _stack_times(
     device: torch.device,
     warmup: int,
     repeat: int,
+    comm: TPComm | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Forward and backward seconds of "embed", "block" (the mean of the
     blocks) and "head" run as one model, embed -> blocks -> head, forward
-    then backward, as a training micro-batch runs them.
+    then backward, as a training micro-batch runs them (less the time of
+    the blocks' collectives, `comm`).
 
     A layer's forward is the clock between its call and the next; its
     backward, from the gradient of its output to that of its input (tensor
     hooks; the head's from the start of backward, the embedding's to its
     end). The median run by total time gives the values (``_stamper``)."""
-    stamp, seconds = _stamper(device)
+    stamp, seconds = _stamper(device, comm)
     layers = [embed, *blocks, head]
     runs = []
     for i in range(warmup + repeat):
@@ -331,6 +391,7 @@ def profile_layers(
     repeat: int = 5,
     seed: int = 0,
     stack: int = 0,
+    tp_group: dist.ProcessGroup | None = None,
 ) -> list[LayerRecord]:
     """LayerRecords of every (tp, micro-batch): layer 0 "embed", 1..L "block", L+1 "head".
 
@@ -340,7 +401,12 @@ def profile_layers(
     record) and the head, forward then backward (``_stack_times``): a layer
     then meets the cache a training step leaves it (the other layers' weights
     and activations in between), which on a CPU costs small micro-batches
-    several percent. Memory is measured per layer either way."""
+    several percent. Memory is measured per layer either way.
+
+    `tp_group` (CPU, with `stack`): this process is one of the ranks of a
+    tp group, all calling this alike; the layers of tp = the group's size
+    are then profiled among their all-reduces, as they train (``TPComm``:
+    the collectives' own time is left out, the comm curves price it)."""
     if warmup < 0 or repeat < 1:
         raise ProfileError(f"need warmup >= 0 and repeat >= 1, got {warmup} and {repeat}")
     if stack < 0:
@@ -354,11 +420,15 @@ def profile_layers(
     torch.manual_seed(seed)
     sig, s, h = model.signature, model.seq_len, model.hidden
     out: list[LayerRecord] = []
+    if tp_group is not None and not stack:
+        raise ProfileError("profiling tp layers among their collectives (tp_group) needs stack >= 1")
+    group_size = dist.get_world_size(tp_group) if tp_group is not None else 1
     for tp in tps:
+        comm = TPComm(tp_group) if tp > 1 and tp == group_size else None
         embed, block, head = (
-            layer.to(device=device, dtype=dtype) for layer in (Embed(model), BlockShard(model, tp), Head(model))
+            layer.to(device=device, dtype=dtype) for layer in (Embed(model), BlockShard(model, tp, comm), Head(model))
         )
-        blocks = [block] + [BlockShard(model, tp).to(device=device, dtype=dtype) for _ in range(stack - 1)]
+        blocks = [block] + [BlockShard(model, tp, comm).to(device=device, dtype=dtype) for _ in range(stack - 1)]
         for b in micro_batches:
             tokens = torch.randint(model.vocab, (b, s), device=device)
             x = torch.randn(b, s, h, device=device, dtype=dtype, requires_grad=True)
@@ -372,7 +442,7 @@ def profile_layers(
                 "block": (block, lambda: block(fresh())),
                 "head": (head, lambda: head(fresh(), tokens)),
             }
-            times = _stack_times(embed, blocks, head, tokens, device, warmup, repeat) if stack else {}
+            times = _stack_times(embed, blocks, head, tokens, device, warmup, repeat, comm) if stack else {}
             measured = {}
             for kind, (layer, run) in runs.items():
                 act, y = saved_bytes(layer, run)
@@ -463,19 +533,37 @@ def _timed(
     is bimodal (the collective's threads on every rank find a core at once,
     or wait for one), so a median says either mode and the mean is what a
     step issuing many of them pays."""
+    return _timed_rounds([(op, touch)], device, warmup, repeat, busy_s)[0]
+
+
+def _timed_rounds(
+    ops: Sequence[tuple[Callable[[], object], Callable[[], object] | None]],
+    device: torch.device,
+    warmup: int,
+    repeat: int,
+    busy_s: float,
+) -> list[float]:
+    """``_timed`` of several (op, touch) at once, in rounds: each round calls
+    every op once, in order, so the ops' means span the same time. A shared
+    machine drifts between modes over seconds (on 2 loaded cores the same
+    gloo all-reduce averages 2 ms over one batch of calls and 3.5 ms over
+    the next); timed one after the other, the points of a curve would each
+    catch a mode of their own, and a message size between two points would
+    be priced by the luck of its neighbours."""
     scratch = torch.ones(64, 64)
-    total = 0.0
+    totals = [0.0] * len(ops)
     for i in range(warmup + repeat):
-        _busy(busy_s, scratch)
-        if touch is not None:
-            touch()
-        _sync(device)
-        t0 = time.perf_counter()
-        op()
-        _sync(device)
-        if i >= warmup:
-            total += time.perf_counter() - t0
-    return total / repeat
+        for k, (op, touch) in enumerate(ops):
+            _busy(busy_s, scratch)
+            if touch is not None:
+                touch()
+            _sync(device)
+            t0 = time.perf_counter()
+            op()
+            _sync(device)
+            if i >= warmup:
+                totals[k] += time.perf_counter() - t0
+    return [t / repeat for t in totals]
 
 
 def _comm_worker(
@@ -500,11 +588,12 @@ def _comm_worker(
     )
     counts = sorted({n for n in (2, 4, 8, 16, world) if n <= world})
     groups = {n: dist.new_group(list(range(n))) for n in counts}  # every rank must create every group
-    recs: list[CommRecord] = []
+    items: list[tuple[str, int, int]] = []  # (op, ranks, bytes), in the order of ops
+    ops: list[tuple[Callable[[], object], Callable[[], object]]] = []
     for nbytes in sizes:
         buf = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
 
-        def ping() -> None:  # one round trip between ranks 0 and 1: two sends
+        def ping(buf: torch.Tensor = buf) -> None:  # one round trip between ranks 0 and 1: two sends
             if rank == 0:
                 dist.send(buf, 1)
                 dist.recv(buf, 1)
@@ -512,22 +601,25 @@ def _comm_worker(
                 dist.recv(buf, 0)
                 dist.send(buf, 0)
 
-        def touch() -> None:
+        def touch(buf: torch.Tensor = buf) -> None:
             buf.fill_(1.0)
 
-        dist.barrier()
-        t = _timed(ping, device, warmup, repeat, busy_s, touch) / 2
-        recs.append(CommRecord(link, "p2p", 2, _nbytes(buf), t))
+        items.append(("p2p", 2, _nbytes(buf)))
+        ops.append((ping, touch))
         for n in counts:
+            if rank >= n:  # not in this group: the group's ranks run it without this one
+                continue
             parts = [torch.empty_like(buf) for _ in range(n)]
-            dist.barrier()
-            if rank < n:
-                t = _timed(lambda: dist.all_reduce(buf, group=groups[n]), device, warmup, repeat, busy_s, touch)
-                recs.append(CommRecord(link, "allreduce", n, _nbytes(buf), t))
-            dist.barrier()
-            if rank < n:
-                t = _timed(lambda: dist.all_gather(parts, buf, group=groups[n]), device, warmup, repeat, busy_s, touch)
-                recs.append(CommRecord(link, "allgather", n, _nbytes(buf), t))
+            group = groups[n]
+            items += [("allreduce", n, _nbytes(buf)), ("allgather", n, _nbytes(buf))]
+            ops.append((lambda buf=buf, group=group: dist.all_reduce(buf, group=group), touch))
+            ops.append((lambda buf=buf, parts=parts, group=group: dist.all_gather(parts, buf, group=group), touch))
+    dist.barrier()
+    times = _timed_rounds(ops, device, warmup, repeat, busy_s)
+    recs = [
+        CommRecord(link, op, n, nbytes, t / 2 if op == "p2p" else t)  # a ping is two sends
+        for (op, n, nbytes), t in zip(items, times)
+    ]
     dist.barrier()
     if rank == 0:
         with open(result, "w", encoding="utf-8") as f:
@@ -547,7 +639,8 @@ def profile_comm(
 ) -> list[CommRecord]:
     """p2p (ranks 0 <-> 1), all-reduce and all-gather (among 2, 4, ... `world`
     ranks) times against message size, measured by `world` local processes,
-    each computing for `busy_s` before every call (see ``_timed``)."""
+    each computing for `busy_s` before every call, the sizes in rounds
+    (see ``_timed_rounds``)."""
     if busy_s < 0:
         raise ProfileError(f"busy_s must be >= 0, got {busy_s}")
     if world < 2:

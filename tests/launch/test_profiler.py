@@ -236,6 +236,89 @@ def test_stacked_layer_times_split_one_forward_and_backward(monkeypatch):
     assert times["head"] == pytest.approx((5.0, 6.0))
 
 
+class _FakeComm(profiler.TPComm):
+    """A tp group's all-reduces that each take 100 s of the fake compute clock."""
+
+    def __init__(self, clock):
+        super().__init__(None)
+        self.clock, self.calls = clock, []
+
+    def all_reduce(self, x):
+        self.calls.append(tuple(x.shape))
+        self.clock["t"] += 100.0
+        self.spent += 100.0
+        return x
+
+
+def test_a_tp_shard_all_reduces_as_a_megatron_block():
+    """With a tp group a block shard all-reduces 4 times per micro-batch, all activation-sized:
+    the attention and MLP outputs forward, the gradients of their inputs backward."""
+    comm = _FakeComm({"t": 0.0})
+    block = profiler.BlockShard(MODEL, 2, comm)
+    x = torch.randn(2, MODEL.seq_len, MODEL.hidden, requires_grad=True)
+    y = block(x)
+    assert len(comm.calls) == 2
+    y.sum().backward()
+    assert comm.calls == [(2, MODEL.seq_len, MODEL.hidden)] * 4
+    # without a group the same shard issues none and computes alike
+    torch.manual_seed(0)
+    alone = profiler.BlockShard(MODEL, 2)
+    torch.manual_seed(0)
+    with_comm = profiler.BlockShard(MODEL, 2, _FakeComm({"t": 0.0}))
+    assert torch.equal(alone(x), with_comm(x))  # the fake sums over a group of one
+
+
+def test_stacked_tp_layers_leave_their_collectives_out(monkeypatch):
+    """A block's time among its all-reduces is its compute only: the collectives' time is the curves'."""
+    clock = {"t": 0.0}
+    monkeypatch.setattr(profiler, "compute_clock", lambda _device: lambda: clock["t"])
+    comm = _FakeComm(clock)
+    embed, head = _Timed(clock, 0.1, 0.2), _Timed(clock, 5.0, 6.0)
+    blocks = [profiler.BlockShard(MODEL, 2, comm), profiler.BlockShard(MODEL, 2, comm)]
+    tokens = torch.ones(2, MODEL.seq_len, dtype=torch.long)
+    embed.forward = lambda t, tokens=None: _Tick.apply(  # the embedding's output is the blocks' input
+        torch.ones(2, MODEL.seq_len, MODEL.hidden) * embed.w, clock, 0.2
+    )
+    times = profiler._stack_times(embed, blocks, head, tokens, torch.device("cpu"), 1, 2, comm)
+    assert len(comm.calls) == 3 * 2 * 4  # 3 runs x 2 blocks x 4 all-reduces, each 100 s of the clock
+    assert times["block"] == pytest.approx((0.0, 0.0))  # the blocks' real compute does not move the fake clock
+    assert times["head"] == pytest.approx((5.0, 6.0))
+    # the same stack timed without leaving the collectives out would carry them
+    clock["t"] = 0.0
+    carried = profiler._stack_times(embed, blocks, head, tokens, torch.device("cpu"), 1, 2)
+    assert carried["block"] == pytest.approx((200.0, 200.0))
+
+
+def _tp_profile_worker(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    recs = profiler.profile_layers(
+        MODEL, tps=(1, 2), micro_batches=(1, 2), stack=2, warmup=0, repeat=2, tp_group=dist.group.WORLD
+    )
+    dist.destroy_process_group()
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump([[r.tp, r.micro_batch, r.kind, r.fwd_s, r.bwd_s] for r in recs], f)
+
+
+def test_tp_layers_profile_on_their_tp_ranks(tmp_path):
+    """Two gloo processes of one tp group profile the tp=2 layers among their all-reduces, in step."""
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "recs.json"
+    mp.start_processes(_tp_profile_worker, args=(profiler._free_port(), str(out)), nprocs=2, start_method="spawn")
+    recs = json.loads(out.read_text())
+    assert {(tp, b) for tp, b, *_ in recs} == {(1, 1), (1, 2), (2, 1), (2, 2)}
+    assert all(fwd > 0 and bwd > 0 for *_, fwd, bwd in recs)
+
+
+def test_tp_layers_among_collectives_need_a_stack():
+    with pytest.raises(profiler.ProfileError, match="stack"):
+        profiler.profile_layers(MODEL, tps=(2,), micro_batches=(1,), tp_group=SimpleNamespace())
+
+
 def test_stacked_profile_keeps_the_records_memory():
     """stack=k changes how layers are timed, not what is recorded about their memory."""
     torch.set_num_threads(1)
