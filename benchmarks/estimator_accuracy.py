@@ -310,6 +310,7 @@ def _corun_worker(index: int, ranks: int, port: int, started, finished, out: str
     while finished.value < ranks:  # load the machine as the job will until the others are done
         profiler.profile_layers(model, tps=(1,), micro_batches=(MICRO_BATCHES[-1],), stack=model.num_layers, **kw)
     if ranks > 1:
+        dist.barrier()  # neither process tears the group down while another is still in it
         dist.destroy_process_group()
     with open(out, "w", encoding="utf-8") as f:
         json.dump({"layers": [r.__dict__ for r in recs], "update_gbps": gbps}, f)

@@ -27,6 +27,7 @@ communication curves once per link.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -451,6 +452,10 @@ def profile_layers(
                 measured[kind] = (fwd, bwd, params, act, _nbytes(y))
             kinds = ["embed"] + ["block"] * model.num_layers + ["head"]
             out += [LayerRecord(sig, gpu_type, tp, b, i, k, *measured[k]) for i, k in enumerate(kinds)]
+    if tp_group is not None:
+        # the runs' autograd graphs hold the collectives' context in reference cycles: free them while the
+        # group lives (a caller's destroy_process_group with them alive aborted 1 run in 6, torch 2.13 gloo)
+        gc.collect()
     return out
 
 

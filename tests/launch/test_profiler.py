@@ -176,6 +176,26 @@ def test_collective_time_is_the_mean_of_calls_after_busy_ranks(monkeypatch):
     assert profiler._timed(op, torch.device("cpu"), 2, 3, 0.5) == pytest.approx(4.0)
 
 
+def test_collectives_of_a_curve_are_timed_in_rounds(monkeypatch):
+    """Several ops are timed round by round, each once per round, so a drifting machine
+    weighs every point of a curve alike; each op's time is still the mean of its own calls."""
+    clock = {"t": 0.0}
+    order = []
+
+    def op(name, seconds):
+        def call():
+            order.append(name)
+            clock["t"] += seconds
+
+        return call
+
+    monkeypatch.setattr(profiler, "time", SimpleNamespace(perf_counter=lambda: clock["t"]))
+    monkeypatch.setattr(profiler, "_busy", lambda seconds, _scratch: None)
+    times = profiler._timed_rounds([(op("a", 1.0), None), (op("b", 3.0), None)], torch.device("cpu"), 1, 2, 0.5)
+    assert order == ["a", "b"] * 3  # a warm-up round, then two timed ones
+    assert times == pytest.approx([1.0, 3.0])
+
+
 def test_layer_time_is_the_median_run(monkeypatch):
     """Forward and backward come from the run of median total time (not the fastest), both from that run."""
     clock = {"t": 0.0, "i": 0}
@@ -297,6 +317,7 @@ def _tp_profile_worker(rank: int, port: int, out: str) -> None:
     recs = profiler.profile_layers(
         MODEL, tps=(1, 2), micro_batches=(1, 2), stack=2, warmup=0, repeat=2, tp_group=dist.group.WORLD
     )
+    dist.barrier()  # neither rank tears the group down while the other is still in it
     dist.destroy_process_group()
     if rank == 0:
         with open(out, "w") as f:
