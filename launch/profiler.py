@@ -267,10 +267,11 @@ def _stamper(device: torch.device, comm: TPComm | None = None) -> tuple[Callable
     """(stamp, seconds): ``stamp()`` marks this point of the device's work,
     ``seconds(a, b)`` is the time from stamp a to stamp b once the work is done.
 
-    On a CPU, ``compute_clock``, less the time `comm`'s collectives took. On a GPU, CUDA events on the current stream:
-    the host queues a run's kernels ahead of the GPU as a training step does,
-    and nothing waits for the GPU inside the run (a sync at every layer
-    boundary would add each layer's launch latency, which a step hides)."""
+    On a CPU, ``compute_clock``, less the time `comm`'s collectives took.
+    On a GPU, CUDA events on the current stream: the host queues a run's
+    kernels ahead of the GPU as a training step does, and nothing waits for
+    the GPU inside the run (a sync at every layer boundary would add each
+    layer's launch latency, which a step hides)."""
     if device.type != "cuda":
         clock = compute_clock(device)
         if comm is None:
@@ -412,6 +413,8 @@ def profile_layers(
         raise ProfileError(f"need warmup >= 0 and repeat >= 1, got {warmup} and {repeat}")
     if stack < 0:
         raise ProfileError(f"stack must be >= 0 blocks, got {stack}")
+    if tp_group is not None and not stack:
+        raise ProfileError("profiling tp layers among their collectives (tp_group) needs stack >= 1")
     for tp in tps:
         check_profilable(model, tp)
     if any(b < 1 for b in micro_batches):
@@ -421,8 +424,6 @@ def profile_layers(
     torch.manual_seed(seed)
     sig, s, h = model.signature, model.seq_len, model.hidden
     out: list[LayerRecord] = []
-    if tp_group is not None and not stack:
-        raise ProfileError("profiling tp layers among their collectives (tp_group) needs stack >= 1")
     group_size = dist.get_world_size(tp_group) if tp_group is not None else 1
     for tp in tps:
         comm = TPComm(tp_group) if tp > 1 and tp == group_size else None
