@@ -133,9 +133,13 @@ class CalibratedEstimator:
         self.calibration = calibration or Calibration()
 
     def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
-        est = self.inner.estimate(job, cell)
+        return self.calibrated(job, self.inner.estimate(job, cell))
+
+    def calibrated(self, job: JobRequest, est: Estimate) -> Estimate:
+        """`est`, the inner estimator's for `job` in ``est.cell``, times the job's factor there."""
         if not self.calibration or not est.feasible:
             return est
+        cell = est.cell
         f = self.calibration.factor(job.job_id, job.model.name, cell)
         if f == 1.0:
             return est

@@ -201,6 +201,41 @@ def test_cellsched_follows_a_jobs_calibration_from_round_to_round(exact_config):
     assert second.placements["x"].cell.gpu_type == "a10"
 
 
+class CountingByType(ByType):
+    """ByType that counts its estimates."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        super().__init__(seconds)
+        self.calls = 0
+
+    def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
+        self.calls += 1
+        return super().estimate(job, cell)
+
+
+def test_cellsched_recalibrates_a_shape_without_estimating_it_again(exact_config):
+    """A new calibration each round costs a factor per cell, not a fresh estimate: the inner
+    estimator is asked once per cell of a shape, and the estimates cellsched then values are
+    the calibrated estimator's own, factor and note included."""
+    from solver.calibration import CalibratedEstimator, Calibration, Observation
+
+    cluster = ClusterView((NodeView("a100-0", "a100", 1, 1), NodeView("a10-0", "a10", 1, 1)))
+    x = job("x", requested_gpus=1, max_gpus=1)
+    inner = CountingByType({"a100": 2.0, "a10": 3.0})
+    policy, est = get_policy("cellsched"), CalibratedEstimator(inner)
+    config = exact_config()
+    policy.schedule(ScheduleRequest(cluster, (x,), config=config), est)
+    asked = inner.calls
+    assert asked > 0
+    for ratio in (4.0, 1.5, 0.5):
+        est.calibration = Calibration([Observation("x", "u", MODEL.name, "a100", ratio, samples=3)])
+        policy.schedule(ScheduleRequest(cluster, (x,), config=config), est)
+        _, kept, *_ = policy._cells(x, cluster, est, config)
+        assert kept == [est.estimate(x, e.cell) for e in kept]  # the calibrated estimator's own
+        assert any("calibrated" in e.note for e in kept)
+    assert inner.calls == asked + 3 * len(kept)  # only the checks above asked it again
+
+
 def test_cellsched_round_trip_with_running_jobs_is_stable(exact_config):
     cluster, jobs, est = random_cluster_and_jobs(2)
     pol = get_policy("cellsched")
