@@ -535,8 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(json.dumps(row), flush=True)
 
-    def mape(key: str, over: bool | None = None, of: list[dict] = rows) -> float | None:
-        errs = [abs(r[key]) for r in of if over is None or r["oversubscribed"] == over]
+    def mape(key: str, over: bool | None = None) -> float | None:
+        errs = [abs(r[key]) for r in rows if over is None or r["oversubscribed"] == over]
         return round(statistics.mean(errs), 1) if errs else None
 
     fitting = [r for r in rows if not r["oversubscribed"]]
