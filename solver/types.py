@@ -313,6 +313,9 @@ class JobRequest:
     partitions: tuple[str, ...] | None = None
     current: Placement | None = None
     restart_cost_s: float | None = None
+    #: when the job's current run started (Slurm's StartTime; None: pending or
+    #: not known): how long it has stayed where it runs (objective.restart_factor)
+    running_since: float | None = None
     excluded_cells: frozenset[str] = frozenset()
     virtual_workers: int | None = None
     #: the job may run with its optimizer state sharded over dp ranks
@@ -373,7 +376,8 @@ class SolverConfig:
     restart_penalty: float = 1.0
     default_restart_cost_s: float = 60.0
     horizon_s: float = 300.0
-    #: Weigh a move's restart cost over the job's remaining time when that is longer than horizon_s.
+    #: Weigh a move's restart cost over the shorter of the job's remaining time and the time it has
+    #: stayed where it runs, when that is longer than horizon_s (see objective.restart_factor).
     horizon_remaining: bool = True
     allow_resize: bool = True
     max_cells_per_job: int = 24

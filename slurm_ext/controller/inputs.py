@@ -431,6 +431,7 @@ def build_request(
                     current=m.current,
                     excluded_cells=(excluded or {}).get(m.job_id, frozenset()),
                     restart_cost_s=(restart_costs or {}).get(m.job_id),
+                    running_since=m.job.start_time if m.current is not None else None,
                     virtual_workers=fixed_virtual_workers(m),
                 )
             )

@@ -39,8 +39,9 @@ linear (a sum of value x chosen):
 * Restart penalty: a running job whose cell or nodes change gets
   value * (1 - restart_penalty * restart_cost_s / H), restart_cost_s from
   the job when measured, else default_restart_cost_s; H is horizon_s, or
-  with horizon_remaining (the default) the larger of horizon_s and the job's
-  remaining time in its current cell. A running job that
+  with horizon_remaining (the default) the larger of horizon_s and the
+  shorter of the job's remaining time in its current cell and the time it
+  has stayed there (``restart_factor``). A running job that
   is not elastic (or any running job when allow_resize is false) keeps its
   placement and is not part of the optimisation.
 
@@ -141,19 +142,29 @@ def restart_factor(
     penalty: float | None = None,
     at_least: float = -math.inf,
     remaining_s: float | None = None,
+    stayed_s: float | None = None,
 ) -> float:
     """Multiplier on the value of a running job that changes cell or nodes:
     ``1 - penalty * restart cost / horizon`` (penalty: config.restart_penalty
-    unless given), not below `at_least`. The horizon is horizon_s, or with
-    config.horizon_remaining the larger of it and `remaining_s` (the job's
-    remaining time where it runs): the gain of a move lasts until the job
-    ends, so a restart of minutes costs a job with days left next to nothing.
-    Sia's own rule is penalty 1, at least 0, the fixed horizon."""
+    unless given), not below `at_least`.
+
+    The horizon is how long the move's gain is expected to last: horizon_s,
+    or with config.horizon_remaining the larger of horizon_s and the shorter
+    of `remaining_s` (the job's remaining time where it runs: no gain
+    outlasts the job) and `stayed_s` (how long it has stayed there: a
+    placement that has lasted t is expected to last about t more, as the
+    new one would). So a restart of minutes costs a job that has run for a
+    day next to nothing, while one moved a minute ago pays it over
+    horizon_s: without that bound, a job with days left was moved for any
+    gain, round after round. Sia's own rule is penalty 1, at least 0, the
+    fixed horizon."""
     cost = job.restart_cost_s if job.restart_cost_s is not None else config.default_restart_cost_s
     weight = config.restart_penalty if penalty is None else penalty
     horizon = config.horizon_s
-    if config.horizon_remaining and remaining_s is not None and math.isfinite(remaining_s):
-        horizon = max(horizon, remaining_s)
+    if config.horizon_remaining:
+        lasts = min(t if t is not None and math.isfinite(t) else math.inf for t in (remaining_s, stayed_s))
+        if math.isfinite(lasts):
+            horizon = max(horizon, lasts)
     return max(at_least, 1.0 - weight * cost / max(horizon, 1e-9))
 
 

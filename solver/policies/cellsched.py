@@ -196,7 +196,7 @@ class CellschedPolicy:
                 ref,
                 weights[job.job_id],
                 cfg.fairness_p,
-                objective.restart_factor(job, cfg, remaining_s=_remaining_s(job)),
+                objective.restart_factor(job, cfg, remaining_s=_remaining_s(job), stayed_s=_stayed_s(job, request.now)),
                 stay,
                 cfg.max_cells_per_job,
                 utils[job.job_id],
@@ -382,3 +382,10 @@ def _remaining_s(job: JobRequest) -> float | None:
     if cur is None or not cur.iter_time_s or not math.isfinite(cur.iter_time_s):
         return None
     return job.remaining_iterations * cur.iter_time_s
+
+
+def _stayed_s(job: JobRequest, now: float) -> float | None:
+    """Seconds the running job has stayed in its current run (None: not known)."""
+    if job.current is None or job.running_since is None:
+        return None
+    return max(0.0, now - job.running_since)

@@ -98,15 +98,28 @@ def test_elastic_job_moves_only_when_gain_pays_restart(fast, moves, exact_config
     assert rep.objective == pytest.approx(0.8 if moves else 1 / fast, rel=1e-3)
 
 
-def test_a_restart_is_weighed_over_the_jobs_remaining_time(exact_config):
+@pytest.mark.parametrize(
+    "iterations,running_since,moves",
+    [
+        (10, None, False),  # 10 s left: the 300 s horizon
+        (1_000_000, None, True),  # days left, how long it stayed not known: its remaining time
+        (1_000_000, -86_400.0, True),  # days left and a day where it runs
+        (1_000_000, -30.0, False),  # days left, but it (re)started 30 s ago: the 300 s horizon
+        (1_000_000, -900.0, True),  # 900 s there: the move keeps 1 - 200/900 > 1/2
+    ],
+)
+def test_a_restart_is_weighed_over_how_long_the_move_may_last(iterations, running_since, moves, exact_config):
     """A 200 s restart keeps 1/3 of a move's value over a 300 s horizon, so
-    a job twice as fast on the A100 stays; with days of work left the same
-    restart is next to nothing and it moves."""
-    for iterations, moves in ((10, False), (1_000_000, True)):
-        j, est = move_case(2.0, elastic=True, restart_cost_s=200.0, iterations=iterations)
-        cfg = exact_config(**{**MOVE, "horizon_remaining": True})
-        rep = get_policy("cellsched").schedule(ScheduleRequest(TWO_TYPES, (j,), config=cfg), est)
-        assert rep.placements["j"].cell.gpu_type == ("a100" if moves else "a10"), iterations
+    a job twice as fast on the A100 stays. With days of work left the horizon
+    is the shorter of the job's remaining time and how long it has stayed in
+    its current run: a job moved a moment ago is not moved again for a gain
+    a restart does not repay over horizon_s (the thrash of a loaded cluster:
+    a long job moved every round, its restart never repaid)."""
+    j, est = move_case(2.0, elastic=True, restart_cost_s=200.0, iterations=iterations)
+    j = replace(j, running_since=running_since)
+    cfg = exact_config(**{**MOVE, "horizon_remaining": True})
+    rep = get_policy("cellsched").schedule(ScheduleRequest(TWO_TYPES, (j,), config=cfg, now=0.0), est)
+    assert rep.placements["j"].cell.gpu_type == ("a100" if moves else "a10")
 
 
 def test_measured_restart_cost_overrides_default(exact_config):

@@ -258,9 +258,15 @@ def test_stored_spec_wins_and_admin_comment_beats_comment(tmp_path):
 def test_request_counts_unmanaged_gpus_as_taken_and_keeps_running_jobs():
     plain = SlurmJob(job_id="1", state="RUNNING", nodes=("n1",), gpus_per_node=3, partition="a100")
     running = managed_job(
-        "4", held=False, state="RUNNING", nodes=("n2",), gpus_per_node=2, admin_comment=plan_comment("4", ("n2",))
+        "4",
+        held=False,
+        state="RUNNING",
+        nodes=("n2",),
+        gpus_per_node=2,
+        admin_comment=plan_comment("4", ("n2",)),
+        start_time=700.0,
     )
-    snap = snapshot(plain, running, managed_job("2"), alloc={"n1": 3, "n2": 2})
+    snap = snapshot(plain, running, managed_job("2", start_time=800.0), alloc={"n1": 3, "n2": 2})
     jobs = inp.classify(snap, {}, {})
     built = inp.build_request(snap, jobs, {"4": 30.0}, Config().solver)
     free = {n.name: n.gpus_free for n in built.view.nodes}
@@ -269,6 +275,8 @@ def test_request_counts_unmanaged_gpus_as_taken_and_keeps_running_jobs():
     assert set(reqs) == {"2", "4"}
     assert reqs["4"].current is not None and reqs["4"].iterations_done == 30.0
     assert reqs["2"].current is None and reqs["2"].user == "alice"
+    # how long a running job has stayed where it runs weighs its restart; a pending job's StartTime is only Slurm's guess
+    assert reqs["4"].running_since == 700.0 and reqs["2"].running_since is None
 
 
 # --- reconcile ----------------------------------------------------------------
