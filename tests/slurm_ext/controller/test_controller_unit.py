@@ -275,7 +275,7 @@ def test_request_counts_unmanaged_gpus_as_taken_and_keeps_running_jobs():
     assert set(reqs) == {"2", "4"}
     assert reqs["4"].current is not None and reqs["4"].iterations_done == 30.0
     assert reqs["2"].current is None and reqs["2"].user == "alice"
-    # how long a running job has stayed where it runs weighs its restart; a pending job's StartTime is only Slurm's guess
+    # how long a running job has stayed weighs its restart; a pending job's StartTime is only a guess
     assert reqs["4"].running_since == 700.0 and reqs["2"].running_since is None
 
 
