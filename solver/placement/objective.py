@@ -161,10 +161,9 @@ def restart_factor(
     cost = job.restart_cost_s if job.restart_cost_s is not None else config.default_restart_cost_s
     weight = config.restart_penalty if penalty is None else penalty
     horizon = config.horizon_s
-    if config.horizon_remaining:
-        lasts = min(t if t is not None and math.isfinite(t) else math.inf for t in (remaining_s, stayed_s))
-        if math.isfinite(lasts):
-            horizon = max(horizon, lasts)
+    known = [t for t in (remaining_s, stayed_s) if t is not None and math.isfinite(t)]
+    if config.horizon_remaining and known:
+        horizon = max(horizon, min(known))
     return max(at_least, 1.0 - weight * cost / max(horizon, 1e-9))
 
 
