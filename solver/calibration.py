@@ -137,14 +137,25 @@ class CalibratedEstimator:
 
     def calibrated(self, job: JobRequest, est: Estimate) -> Estimate:
         """`est`, the inner estimator's for `job` in ``est.cell``, times the job's factor there."""
-        if not self.calibration or not est.feasible:
-            return est
-        cell = est.cell
-        f = self.calibration.factor(job.job_id, job.model.name, cell)
-        if f == 1.0:
-            return est
-        note = f"{est.note}; x{f:.3g} calibrated" if est.note else f"x{f:.3g} calibrated"
-        return dataclasses.replace(est, iter_time_s=est.iter_time_s * f, note=note)
+        return self.calibrated_all(job, (est,))[0]
+
+    def calibrated_all(self, job: JobRequest, ests: Iterable[Estimate]) -> list[Estimate]:
+        """`calibrated` of each of `ests`; a factor depends on the cell's GPU
+        type(s) alone (``Calibration.factor``), so each is computed once."""
+        if not self.calibration:
+            return list(ests)
+        factors: dict[str, float] = {}
+        out = []
+        for est in ests:
+            if est.feasible:
+                f = factors.get(est.cell.gpu_type)
+                if f is None:
+                    f = factors[est.cell.gpu_type] = self.calibration.factor(job.job_id, job.model.name, est.cell)
+                if f != 1.0:
+                    note = f"{est.note}; x{f:.3g} calibrated" if est.note else f"x{f:.3g} calibrated"
+                    est = dataclasses.replace(est, iter_time_s=est.iter_time_s * f, note=note)
+            out.append(est)
+        return out
 
     def memo_key(self, job: JobRequest) -> tuple:
         """What calibration does to `job`'s estimates now (``Calibration.key``; () when uncalibrated):

@@ -126,8 +126,17 @@ def prune_dominated(estimates: Iterable[Estimate], config: SolverConfig) -> list
        rest by throughput per GPU (highest first, then cell order). The
        mandatory cells are kept even when they alone exceed the cap.
 
-    Returned in cell order: GPU type, GPU count, nodes, pp.
+    Returned in cell order: GPU type, GPU count, nodes, pp. Steps 1-3 are
+    `frontier`, step 4 `cap`.
     """
+    return cap(frontier(estimates), config)
+
+
+def frontier(estimates: Iterable[Estimate]) -> list[list[Estimate]]:
+    """Steps 1-3 of `prune_dominated`: per GPU type, the feasible estimates
+    no other of the type dominates, fastest first. Only times within a type
+    are compared, so scaling each type's times by one factor (calibration)
+    keeps the frontier: a caller may scale it instead of its input."""
     best: dict[tuple[str, int, int], Estimate] = {}
     for e in estimates:
         if not e.feasible:
@@ -139,8 +148,7 @@ def prune_dominated(estimates: Iterable[Estimate], config: SolverConfig) -> list
     by_type: dict[str, list[Estimate]] = {}
     for e in best.values():
         by_type.setdefault(e.cell.gpu_type, []).append(e)
-    kept: list[Estimate] = []
-    mandatory: set[Cell] = set()
+    groups = []
     for group in by_type.values():
         # A dominator sorts before what it dominates; comparing with survivors suffices (transitivity).
         group.sort(key=lambda e: (e.iter_time_s, e.cell.num_gpus, e.cell.gpus_per_node))
@@ -148,6 +156,15 @@ def prune_dominated(estimates: Iterable[Estimate], config: SolverConfig) -> list
         for b in group:
             if not any(_easier_or_equal(a.cell, b.cell) for a in alive):
                 alive.append(b)
+        groups.append(alive)
+    return groups
+
+
+def cap(groups: Iterable[list[Estimate]], config: SolverConfig) -> list[Estimate]:
+    """Step 4 of `prune_dominated` over `frontier`'s groups, in cell order."""
+    kept: list[Estimate] = []
+    mandatory: set[Cell] = set()
+    for alive in groups:
         kept.extend(alive)
         mandatory.add(min(alive, key=lambda e: (e.iter_time_s, _order(e))).cell)
         mandatory.add(min(alive, key=lambda e: (e.cell.num_gpus, e.iter_time_s, _order(e))).cell)

@@ -41,7 +41,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from solver.calibration import CalibratedEstimator
-from solver.cells import enumerate_cells, optional_mixed_cells, prune_dominated
+from solver.cells import cap, enumerate_cells, frontier, optional_mixed_cells
 from solver.contention import duty, nic_by_type
 from solver.placement import Space, objective, place_jobs, split_fixed
 from solver.placement.candidates import Option, Pick, fits, make_options, option_picks
@@ -62,6 +62,8 @@ _MEMO_MAX = 4096
 MIXED_OFFERS = 1
 #: (reference, pruned estimates, their utilities, mixed estimates that may pay, their utilities) of a job shape
 _Shape = tuple[Estimate | None, list[Estimate], list[float], list[Estimate], list[float]]
+#: (frontier per GPU type, the feasible estimates of fewest GPUs) of a job shape's uncalibrated estimates
+_Frontier = tuple[list[list[Estimate]], list[Estimate]]
 
 
 def _shape(job: JobRequest) -> tuple:
@@ -102,8 +104,15 @@ class CellschedPolicy:
         self.name = "cellsched" if elastic else "cellsched-static"
         self._memo_ctx: tuple | None = None
         self._memo: dict[tuple, _Shape] = {}
-        self._base: dict[tuple, list[Estimate]] = {}  # (shape, kind) -> uncalibrated estimates (``_estimates``)
+        self._base: dict[tuple, _Frontier] = {}  # (shape, kind) -> uncalibrated frontier (``_frontier``)
         self._duties: dict[tuple, dict[tuple, float]] = {}  # NICs by type, shape -> (cell, plan) -> duty
+
+    def __getstate__(self) -> dict[str, bool]:
+        """Pickled (a simulation's checkpoint) without its memos: caches, rebuilt on use."""
+        return {"elastic": self.elastic}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__(bool(state["elastic"]))  # type: ignore[misc]
 
     def _cells(self, job: JobRequest, cluster: ClusterView, estimator: EstimatorLike, cfg: SolverConfig) -> _Shape:
         """(reference estimate, pruned estimates, their utilities, the mixed
@@ -114,13 +123,16 @@ class CellschedPolicy:
         key = (_shape(job), memo_key(job) if memo_key is not None else ())
         hit = self._memo.get(key)
         if hit is None:
-            all_est = self._estimates(job, "cells", cluster, estimator, cfg)
-            ref, kept = objective.reference(job, all_est), prune_dominated(all_est, cfg)
+            scale = estimator.calibrated_all if isinstance(estimator, CalibratedEstimator) else lambda _, es: list(es)
+            groups, smallest = self._frontier(job, "cells", cluster, estimator, cfg)
+            ref = objective.reference(job, scale(job, smallest))
+            kept = cap([scale(job, g) for g in groups], cfg)
             optional: list[Estimate] = []
             if ref is not None:
-                extra = self._estimates(job, "mixed", cluster, estimator, cfg)
+                extra, _ = self._frontier(job, "mixed", cluster, estimator, cfg)
                 optional = sorted(
-                    prune_dominated(extra, cfg), key=lambda e: (e.iter_time_s * e.cell.num_gpus, e.cell.key())
+                    cap([scale(job, g) for g in extra], cfg),
+                    key=lambda e: (e.iter_time_s * e.cell.num_gpus, e.cell.key()),
                 )[: cfg.max_mixed_cells]
             hit = (
                 ref,
@@ -134,26 +146,29 @@ class CellschedPolicy:
             self._memo[key] = hit
         return hit
 
-    def _estimates(
+    def _frontier(
         self, job: JobRequest, kind: str, cluster: ClusterView, estimator: EstimatorLike, cfg: SolverConfig
-    ) -> list[Estimate]:
-        """The estimates of the job's cells (`kind` "cells") or of the mixed
-        cells that may pay ("mixed"), as `estimator` gives them. Calibration
-        scales an estimate by the job's factor only, so the uncalibrated ones
-        are memoised by shape alone: a job whose factors move every round
-        (each round brings it samples) costs a factor per cell, not a fresh
-        estimate (which was 5/6 of a simulated round on Arena's cluster)."""
-        calibrated = isinstance(estimator, CalibratedEstimator)
+    ) -> _Frontier:
+        """The uncalibrated estimates of the job's cells (`kind` "cells") or of
+        the mixed cells that may pay ("mixed"), memoised by shape: their
+        frontier (solver.cells.frontier) and the feasible ones of fewest GPUs
+        (where the reference is). Calibration scales a job's times by one
+        factor per GPU type, which keeps both, so a job whose factors move
+        every round (each round brings it samples) costs a factor per cell
+        of these, not a fresh estimate or pruning of every cell (once 5/6 of
+        a simulated round on Arena's cluster, then a third)."""
         key = (_shape(job), kind)
-        base = self._base.get(key)
-        if base is None:
-            inner = estimator.inner if calibrated else estimator
+        hit = self._base.get(key)
+        if hit is None:
+            inner = estimator.inner if isinstance(estimator, CalibratedEstimator) else estimator
             cells = enumerate_cells(job, cluster, cfg) if kind == "cells" else optional_mixed_cells(job, cluster, cfg)
-            base = [inner.estimate(job, c) for c in cells]
+            base = [e for e in (inner.estimate(job, c) for c in cells) if e.feasible]
+            fewest = min((e.cell.num_gpus for e in base), default=0)
+            hit = (frontier(base), [e for e in base if e.cell.num_gpus == fewest])
             if len(self._base) >= _MEMO_MAX:
                 self._base.clear()
-            self._base[key] = base
-        return [estimator.calibrated(job, e) for e in base] if calibrated else base
+            self._base[key] = hit
+        return hit
 
     def schedule(self, request: ScheduleRequest, estimator: EstimatorLike) -> ScheduleReply:
         t0 = time.perf_counter()

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solver.cells import enumerate_cells, prune_dominated
+from solver.cells import cap, enumerate_cells, frontier, prune_dominated
 from solver.models import ModelSpec
 from solver.types import Cell, ClusterView, Estimate, JobRequest, NodeView, ParallelPlan, SolverConfig
 
@@ -209,6 +210,37 @@ def test_prune_leaves_no_dominated_cell(items):
     for t in {e.cell.gpu_type for e in es if e.feasible}:  # the fastest of each type survives
         fastest = min(e.iter_time_s for e in es if e.feasible and e.cell.gpu_type == t)
         assert any(e.iter_time_s == fastest for e in kept if e.cell.gpu_type == t)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["1x1", "1x2", "2x1", "1x4", "2x2", "4x1", "2x4", "4x2"]),
+            st.sampled_from([1, 2]),
+            st.sampled_from(["a", "b", "c"]),
+            st.integers(1, 400) | st.just(math.inf),
+        ),
+        max_size=20,
+    ),
+    st.tuples(st.sampled_from([0.25, 0.5, 1.0, 2.0]), st.sampled_from([0.5, 1.0, 4.0]), st.just(1.0)),
+    st.sampled_from([2, 5, 24]),
+)
+def test_a_frontier_scaled_per_type_prunes_as_the_scaled_estimates(items, factors, most):
+    """What the policy relies on to calibrate the frontier, not every cell:
+    one factor per GPU type (times of a quarter, so products stay exact)
+    commutes with steps 1-3, and step 4 then keeps the same cells."""
+    es = [est(lay, t / 4, pp if int(lay[0]) * int(lay[-1]) % pp == 0 else 1, gpu) for lay, pp, gpu, t in items]
+    f = dict(zip("abc", factors))
+
+    def scaled(e: Estimate) -> Estimate:
+        return dataclasses.replace(e, iter_time_s=e.iter_time_s * f[e.cell.gpu_type])
+
+    cfg = SolverConfig(max_cells_per_job=most)
+    want = prune_dominated([scaled(e) for e in es], cfg)
+    assert cap([[scaled(e) for e in g] for g in frontier(es)], cfg) == want
+    if any(f[e.cell.gpu_type] != 1.0 for e in want):  # the factors matter to step 4, not to 1-3
+        assert {e.cell for e in cap(frontier(es), SolverConfig(max_cells_per_job=99))} >= {e.cell for e in want}
 
 
 def test_prune_rejects_nothing_when_empty():

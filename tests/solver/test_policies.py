@@ -184,6 +184,21 @@ def test_every_policy_gives_a_placeable_deterministic_plan(name, exact_config):
     assert all(j.job_id in a.placements or a.reasons.get(j.job_id) for j in jobs)
 
 
+def test_a_pickled_cellsched_drops_its_memos_and_plans_the_same(exact_config):
+    """A simulation checkpoint pickles the policy: its memos are caches, left out
+    (and rebuilt on use), so the copy plans as the original would have."""
+    import pickle
+
+    cluster, jobs, est = random_cluster_and_jobs(1)
+    req = ScheduleRequest(cluster, tuple(jobs), config=exact_config(seed=3), now=100.0)
+    pol = get_policy("cellsched-static")
+    first = pol.schedule(req, est)
+    assert pol._memo and pol._base
+    copy = pickle.loads(pickle.dumps(pol))
+    assert (copy.elastic, copy.name, copy._memo, copy._base) == (False, "cellsched-static", {}, {})
+    assert copy.schedule(req, est).placements == pol.schedule(req, est).placements == first.placements
+
+
 class ByType:
     """The same estimate for every job: seconds per iteration by GPU type."""
 
