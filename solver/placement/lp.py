@@ -53,10 +53,26 @@ ADD_PER_JOB = 4
 MAX_PASSES = 30
 
 
+#: Models of fewer columns are solved whole: on a round of Arena's 1,280 GPUs
+#: and ~300 jobs (17,500 columns, 5,000 rows) GLOP solves the whole LP in
+#: 0.2 s, while column generation ran its 30 passes (3 s) to the same optimum
+#: without proving it (its bound up to 0.6% above). At 4,000 jobs and
+#: 100,000 columns column generation was 2x faster than the whole LP.
+COLGEN_MIN_COLUMNS = 50_000
+
+
 def solve_lp(m: Model, time_limit_s: float) -> Relaxation:
-    """Solve the LP relaxation of `m` (GLOP's dual simplex) by column
-    generation. A restricted LP holds each job's most valuable option and
-    its most valuable per unit of capacity, and every column that is not a
+    """Solve the LP relaxation of `m` (GLOP's dual simplex): whole, or by
+    `column_generation` from COLGEN_MIN_COLUMNS columns on."""
+    if len(m.ub) < COLGEN_MIN_COLUMNS:
+        return _solve_whole(m, time_limit_s)
+    return column_generation(m, time_limit_s)
+
+
+def column_generation(m: Model, time_limit_s: float) -> Relaxation:
+    """Solve the LP relaxation of `m` by column generation. A restricted LP
+    holds each job's most valuable option and its most valuable per unit of
+    capacity, and every column that is not a
     lone option's choice (pinned options, class counts, slot counts,
     overflows). Its duals price the others (reduced cost = value - the
     duals of their rows); the best few per job join the next LP, until the

@@ -378,15 +378,27 @@ def test_hesrpt_weights_draw_shares_in_heSRPT_order_of_remaining_work():
 
 
 def test_lp_by_column_generation_bounds_the_whole_lp(exact_config):
-    from solver.placement.lp import LP_GAP, _solve_whole
+    from solver.placement.lp import LP_GAP, _solve_whole, column_generation
 
     cluster, jobs, options = large_instance(7)
     m = build(Space.of(cluster), jobs, options, exact=False)
     whole = _solve_whole(m, exact_config().time_limit_s)
-    lp = solve_lp(m, exact_config().time_limit_s)
-    assert lp.status == whole.status == "OPTIMAL"
+    lp = column_generation(m, exact_config().time_limit_s)
+    assert lp.status == whole.status == "OPTIMAL" and lp.upper is not None
     assert lp.objective <= whole.objective + 1e-6 and whole.objective <= lp.bound + 1
     assert lp.bound - whole.objective <= LP_GAP * whole.objective + 1
+
+
+def test_a_small_model_gets_the_whole_lp_and_a_large_one_column_generation(exact_config, monkeypatch):
+    from solver.placement import lp as lp_module
+
+    cluster, jobs, options = large_instance(7)
+    m = build(Space.of(cluster), jobs, options, exact=False)
+    assert len(m.ub) < lp_module.COLGEN_MIN_COLUMNS
+    small = solve_lp(m, exact_config().time_limit_s)
+    assert small.upper is None and small.objective == lp_module._solve_whole(m, 10.0).objective
+    monkeypatch.setattr(lp_module, "COLGEN_MIN_COLUMNS", len(m.ub))
+    assert solve_lp(m, exact_config().time_limit_s).upper is not None  # column generation's bound
 
 
 def test_an_open_job_that_must_stay_keeps_its_room(exact_config):
