@@ -53,18 +53,22 @@ ADD_PER_JOB = 4
 MAX_PASSES = 30
 
 
-#: Models of fewer columns are solved whole: on a round of Arena's 1,280 GPUs
-#: and ~300 jobs (17,500 columns, 5,000 rows) GLOP solves the whole LP in
-#: 0.2 s, while column generation ran its 30 passes (3 s) to the same optimum
-#: without proving it (its bound up to 0.6% above). At 4,000 jobs and
-#: 100,000 columns column generation was 2x faster than the whole LP.
-COLGEN_MIN_COLUMNS = 50_000
+#: Column generation pays where the columns outnumber the rows this many
+#: times: each restricted LP holds every row, so with many rows it costs
+#: nearly the whole LP. On Arena's 1,280 GPUs in the realistic simulation a
+#: round of ~300 jobs has 17,500 columns and 5,000 rows (each multi-node
+#: option links its class counts); GLOP solves it whole in 0.2 s, where
+#: column generation ran its 30 passes (3 s) to the same optimum without
+#: proving it (its bound up to 0.6% above). solver_scale's rounds (12,700
+#: columns, 700 rows) converge in 3-8 passes, faster than the whole LP.
+COLGEN_MIN_RATIO = 8
 
 
 def solve_lp(m: Model, time_limit_s: float) -> Relaxation:
-    """Solve the LP relaxation of `m` (GLOP's dual simplex): whole, or by
-    `column_generation` from COLGEN_MIN_COLUMNS columns on."""
-    if len(m.ub) < COLGEN_MIN_COLUMNS:
+    """Solve the LP relaxation of `m` (GLOP's dual simplex): by
+    `column_generation` where the columns outnumber the rows
+    COLGEN_MIN_RATIO times, otherwise whole."""
+    if len(m.ub) < COLGEN_MIN_RATIO * len(m.rows):
         return _solve_whole(m, time_limit_s)
     return column_generation(m, time_limit_s)
 

@@ -389,16 +389,17 @@ def test_lp_by_column_generation_bounds_the_whole_lp(exact_config):
     assert lp.bound - whole.objective <= LP_GAP * whole.objective + 1
 
 
-def test_a_small_model_gets_the_whole_lp_and_a_large_one_column_generation(exact_config, monkeypatch):
+def test_column_generation_only_where_columns_far_outnumber_rows(exact_config, monkeypatch):
     from solver.placement import lp as lp_module
 
     cluster, jobs, options = large_instance(7)
     m = build(Space.of(cluster), jobs, options, exact=False)
-    assert len(m.ub) < lp_module.COLGEN_MIN_COLUMNS
-    small = solve_lp(m, exact_config().time_limit_s)
-    assert small.upper is None and small.objective == lp_module._solve_whole(m, 10.0).objective
-    monkeypatch.setattr(lp_module, "COLGEN_MIN_COLUMNS", len(m.ub))
+    ratio = len(m.ub) / len(m.rows)
+    monkeypatch.setattr(lp_module, "COLGEN_MIN_RATIO", ratio)
     assert solve_lp(m, exact_config().time_limit_s).upper is not None  # column generation's bound
+    monkeypatch.setattr(lp_module, "COLGEN_MIN_RATIO", ratio * 1.01)
+    whole = solve_lp(m, exact_config().time_limit_s)
+    assert whole.upper is None and whole.objective == lp_module._solve_whole(m, 10.0).objective
 
 
 def test_an_open_job_that_must_stay_keeps_its_room(exact_config):
