@@ -182,20 +182,20 @@ def test_cap_keeps_fastest_and_smallest_of_each_type():
     assert len(prune_dominated(es, SolverConfig(max_cells_per_job=1))) == 4  # mandatory ones stay
 
 
+def cell_items(gpus: str, times: st.SearchStrategy) -> st.SearchStrategy:
+    """Lists of (layout, pp, GPU type, time) for `ests`."""
+    layouts = st.sampled_from(["1x1", "1x2", "2x1", "1x4", "2x2", "4x1", "2x4", "4x2"])
+    return st.lists(st.tuples(layouts, st.sampled_from([1, 2]), st.sampled_from(list(gpus)), times), max_size=20)
+
+
+def ests(items, scale: float = 1.0) -> list[Estimate]:
+    return [est(lay, t * scale, pp if int(lay[0]) * int(lay[-1]) % pp == 0 else 1, gpu) for lay, pp, gpu, t in items]
+
+
 @settings(max_examples=80, deadline=None)
-@given(
-    st.lists(
-        st.tuples(
-            st.sampled_from(["1x1", "1x2", "2x1", "1x4", "2x2", "4x1", "2x4", "4x2"]),
-            st.sampled_from([1, 2]),
-            st.sampled_from(["a", "b"]),
-            st.floats(1, 100) | st.just(math.inf),
-        ),
-        max_size=20,
-    )
-)
+@given(cell_items("ab", st.floats(1, 100) | st.just(math.inf)))
 def test_prune_leaves_no_dominated_cell(items):
-    es = [est(lay, t, pp if int(lay[0]) * int(lay[-1]) % pp == 0 else 1, gpu) for lay, pp, gpu, t in items]
+    es = ests(items)
     kept = prune_dominated(es, CFG)
     assert all(e.feasible for e in kept)
     for a in kept:
@@ -214,15 +214,7 @@ def test_prune_leaves_no_dominated_cell(items):
 
 @settings(max_examples=80, deadline=None)
 @given(
-    st.lists(
-        st.tuples(
-            st.sampled_from(["1x1", "1x2", "2x1", "1x4", "2x2", "4x1", "2x4", "4x2"]),
-            st.sampled_from([1, 2]),
-            st.sampled_from(["a", "b", "c"]),
-            st.integers(1, 400) | st.just(math.inf),
-        ),
-        max_size=20,
-    ),
+    cell_items("abc", st.integers(1, 400) | st.just(math.inf)),
     st.tuples(st.sampled_from([0.25, 0.5, 1.0, 2.0]), st.sampled_from([0.5, 1.0, 4.0]), st.just(1.0)),
     st.sampled_from([2, 5, 24]),
 )
@@ -230,7 +222,7 @@ def test_a_frontier_scaled_per_type_prunes_as_the_scaled_estimates(items, factor
     """What the policy relies on to calibrate the frontier, not every cell:
     one factor per GPU type (times of a quarter, so products stay exact)
     commutes with steps 1-3, and step 4 then keeps the same cells."""
-    es = [est(lay, t / 4, pp if int(lay[0]) * int(lay[-1]) % pp == 0 else 1, gpu) for lay, pp, gpu, t in items]
+    es = ests(items, 0.25)
     f = dict(zip("abc", factors))
 
     def scaled(e: Estimate) -> Estimate:
