@@ -76,9 +76,8 @@ def solve_lp(m: Model, time_limit_s: float) -> Relaxation:
 def column_generation(m: Model, time_limit_s: float) -> Relaxation:
     """Solve the LP relaxation of `m` by column generation. A restricted LP
     holds each job's most valuable option and its most valuable per unit of
-    capacity, and every column that is not a
-    lone option's choice (pinned options, class counts, slot counts,
-    overflows). Its duals price the others (reduced cost = value - the
+    capacity, and every column that is not a lone option's choice (pinned
+    options, class counts, slot counts, overflows). Its duals price the others (reduced cost = value - the
     duals of their rows); the best few per job join the next LP, until the
     whole LP's optimum is known within LP_GAP: raising each job's dual by
     its best positive reduced cost gives a feasible dual of the whole LP,
