@@ -219,7 +219,7 @@ def test_metrics_label_values_are_escaped_and_parseable():
     body = m.render()
     assert not UNSAFE.search(body.replace("\n", "")) and body.count("\n") == 4  # HELP, TYPE, two series
     assert "# HELP cellsched_gpus GPUs\\nby type \\\\ use\n" in body
-    assert 'cellsched_gpus{gpu_type="a\\"b\\\\\\\\c\\\\nd\\\\x1be",use="used"} 1\n' in body
+    assert 'cellsched_gpus{gpu_type="a\\"b\\\\\\\\c\\\\nd\\\\x1be",use="used"} 1.0\n' in body
     for value in re.findall(r'gpu_type="((?:\\.|[^"\\])*)"', body):
         assert re.fullmatch(r'(?:\\[\\"n]|[^\\])*', value), value  # only the escapes Prometheus accepts
         decoded = re.sub(r"\\(.)", lambda e: "\n" if e[1] == "n" else e[1], value)
