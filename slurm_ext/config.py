@@ -2,18 +2,29 @@
 
 Found at ``--config FILE``, else ``$CELLSCHED_CONFIG``, else
 ``/etc/cellsched/cellsched.toml``; when none exists, the defaults apply.
-Sections: ``[controller]`` (the ControllerConfig fields), ``[solver]`` (the
-solver.types.SolverConfig fields), ``[network]`` (the nodes' NICs and
-racks), ``[metrics]``, ``[log]``. An unknown
-section or key is an error that names it. etc/cellsched.toml documents them.
+Sections: ``[controller]`` (ControllerConfig), ``[solver]``
+(solver.types.SolverConfig), ``[network]`` (the nodes' NICs and racks),
+``[metrics]``, ``[log]``; a key is a field of its section's dataclass. An
+unknown section or key is an error that names it.
+
+Every field carries its documentation where it is declared
+(``field(..., metadata={"doc": ...})``); ``python -m slurm_ext.config
+--markdown > docs/config.md`` writes the reference page from them
+(tests/slurm_ext/test_config_docs.py checks that the page is current).
+etc/cellsched.toml is an example with the defaults.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
+import inspect
+import json
 import math
 import os
+import re
+import sys
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -34,70 +45,179 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ControllerConfig:
-    """[controller]: how the daemon runs.
+    """[controller]: how the daemon runs: its rounds, how it carries them out
+    in Slurm, how it moves jobs and reads their progress, and the lease that
+    an active and a standby controller share."""
 
-    interval_s: seconds between rounds. watch_s: how often the cheap watch
-    looks for new or ended jobs (and the kick file) to start a round early;
-    min_gap_s: the least time between two rounds. checkpoint_root: where
-    checkpoints go when a job's working directory is unknown. Moving a
-    running elastic job: the round waits up to checkpoint_wait_s (polling
-    every checkpoint_poll_s) for it to checkpoint; a job still running
-    checkpoint_timeout_s after the signal is requeued anyway.
-    max_cell_failures: a job whose placement or run failed this often in a
-    cell is not placed there again. max_relaunches: how often a job whose run
-    ended before its first step is requeued from its checkpoint before it is
-    left to end FAILED, or, for a job that has trained, how many such
-    failures in a row since it last trained are relaunched before it is
-    parked: requeued held (a user hold), never failed, until someone
-    releases it (slurm_ext.controller.relaunch). A job's progress
-    file (in the user's directory) is read within read_timeout_s, and all of
-    a round's within read_budget_s; a job may report at most
-    progress_rate_factor times the iterations its cell's estimate allows, and
-    a measured restart counts at most max_restart_cost_s (README: security
-    model). Carrying a round out: placements go to Slurm apply_batch jobs per
-    step (slurm_workers ``scontrol update`` at a time with the cli backend);
-    once a round has applied for apply_budget_s, the rest are journalled and
-    carried out by the next round. failsafe_after_s: once no round has
-    completed for this long, `cellsched failsafe` releases the jobs the
-    controller holds on their static request (slurm_ext.failsafe).
-    Two controllers, active and standby (slurm_ext.controller.lease):
-    lease_path, a file on storage both hosts see ("" = one controller, no
-    lease); the active one renews it, and a standby takes it once it has not
-    been renewed for lease_s (a round begins only under the lease, and each
-    change to Slurm is fenced by it); lease_settle_s: how long a contender
-    waits before reading its claim back (more than a write takes; the hosts'
-    clocks must agree within it).
-    """
-
-    backend: str = "cli"
-    policy: str = "cellsched"
-    interval_s: float = 60.0
-    watch_s: float = 5.0
-    min_gap_s: float = 2.0
-    slurm_timeout_s: float = 10.0
-    slurm_workers: int = 4
-    apply_batch: int = 1000
-    apply_budget_s: float = 30.0
-    state_path: str = "/var/lib/cellsched/state.sqlite"
-    profiles_path: str = ""
-    kick_file: str = "/run/cellsched/kick"
-    checkpoint_root: str = "/tmp/cellsched"
-    max_cell_failures: int = 2
-    max_relaunches: int = 3
-    checkpoint_wait_s: float = 60.0
-    checkpoint_timeout_s: float = 600.0
-    checkpoint_poll_s: float = 1.0
-    read_timeout_s: float = 0.5
-    read_budget_s: float = 5.0
-    progress_rate_factor: float = 10.0
-    max_restart_cost_s: float = 1800.0
-    #: 10 rounds of the default interval, and past the unit's WatchdogSec (300 s) plus its restart: a
-    #: controller that hangs or restarts comes back before the fail-safe acts
-    failsafe_after_s: float = 600.0
-    lease_path: str = ""
-    #: half the default interval: a standby takes over within lease_s + interval_s of the active's end
-    lease_s: float = 30.0
-    lease_settle_s: float = 1.0
+    backend: str = field(
+        default="cli",
+        metadata={"doc": 'Slurm backend: "cli" (Slurm\'s commands), "pyslurm", or "auto" (pyslurm when it imports).'},
+    )
+    policy: str = field(
+        default="cellsched",
+        metadata={
+            "doc": "Scheduling policy (solver.policies.POLICIES): cellsched, cellsched-static, fcfs, fcfs-backfill, "
+            "gavel, sia, srsf-avoid, srsf-accept, ada-srsf."
+        },
+    )
+    interval_s: float = field(default=60.0, metadata={"doc": "Seconds between rounds (> 0)."})
+    watch_s: float = field(
+        default=5.0,
+        metadata={
+            "doc": "How often (s, > 0) a cheap look at Slurm checks for new or ended jobs, and for a touched "
+            "kick_file, which start a round early."
+        },
+    )
+    min_gap_s: float = field(
+        default=2.0, metadata={"doc": "The least time (s, >= 0) between the starts of two rounds."}
+    )
+    slurm_timeout_s: float = field(default=10.0, metadata={"doc": "Timeout (s, > 0) of every Slurm command."})
+    slurm_workers: int = field(
+        default=4,
+        metadata={
+            "doc": "Carrying a round out with the cli backend: this many `scontrol update`s at a time (>= 1; "
+            "slurmctld takes job updates one at a time, so more only queue)."
+        },
+    )
+    apply_batch: int = field(
+        default=1000,
+        metadata={
+            "doc": "Carrying a round out: its placements go to Slurm this many jobs per step (>= 1; journal, hold, "
+            "update, release: one call or transaction per step)."
+        },
+    )
+    apply_budget_s: float = field(
+        default=30.0,
+        metadata={
+            "doc": "A round that has applied placements for this long (s, > 0) journals the rest, and the next "
+            "round carries them out (the systemd watchdog is 300 s)."
+        },
+    )
+    state_path: str = field(
+        default="/var/lib/cellsched/state.sqlite",
+        metadata={
+            "doc": "The controller's state (SQLite, WAL): accepted specs, plans, rounds. Not empty; on local disk "
+            "(with two controllers too: see lease_path)."
+        },
+    )
+    profiles_path: str = field(
+        default="",
+        metadata={"doc": 'Profile store; "" = $CELLSCHED_PROFILES, else ~/.local/share/cellsched/profiles.sqlite.'},
+    )
+    kick_file: str = field(
+        default="/run/cellsched/kick",
+        metadata={
+            "doc": "Touching this file starts a round early (the watch, every watch_s, sees it); `cellsched sbatch` "
+            "may touch it."
+        },
+    )
+    checkpoint_root: str = field(
+        default="/tmp/cellsched",
+        metadata={
+            "doc": "Checkpoint directory root for jobs whose working directory is unknown "
+            "(`<root>/<user>/<job id>`; otherwise `<work dir>/.cellsched/<job id>`)."
+        },
+    )
+    max_cell_failures: int = field(
+        default=2,
+        metadata={
+            "doc": "A cell whose apply, or a run in it, failed this many times (>= 1) for a job is not tried again "
+            "for that job."
+        },
+    )
+    max_relaunches: int = field(
+        default=3,
+        metadata={
+            "doc": "A job whose run ends before its first step (a launch failure, a revoked credential, a crash at "
+            "start-up) is requeued from its checkpoint and placed again, at most this many times (>= 0); then it is "
+            "left to end FAILED with a reason. A job that has trained is never failed: once its runs have failed "
+            "more than this many times in a row since it last trained, it is parked: requeued held (a user hold, "
+            "`scontrol requeuehold`), with the reason in `cellsched status` and the log, and left held until its "
+            "user (or an operator) releases it with `scontrol release JOBID`; then it is managed again and its "
+            "count starts over (slurm_ext.controller.relaunch)."
+        },
+    )
+    checkpoint_wait_s: float = field(
+        default=60.0,
+        metadata={
+            "doc": "Moving a running elastic job (one submitted --elastic): it is signalled (SIGUSR1 to its steps: "
+            "cellsched-launch checkpoints and exits 75); the round waits up to this long (s, >= 0) for that, "
+            "polling every checkpoint_poll_s, then requeues it held, updates it and releases it."
+        },
+    )
+    checkpoint_timeout_s: float = field(
+        default=600.0,
+        metadata={
+            "doc": "A job being moved that is still running this long (s, > 0) after the signal is requeued anyway "
+            "(Slurm's SIGTERM makes the launcher checkpoint too)."
+        },
+    )
+    checkpoint_poll_s: float = field(
+        default=1.0, metadata={"doc": "How often (s, > 0) the round looks whether a signalled job has checkpointed."}
+    )
+    read_timeout_s: float = field(
+        default=0.5,
+        metadata={
+            "doc": "A job's progress file lies in the user's directory and is never trusted: it is read only if it "
+            "is a regular file of the job's user (no FIFO, no symbolic link, at most 64 KiB), within this "
+            "time (s, > 0)."
+        },
+    )
+    read_budget_s: float = field(
+        default=5.0,
+        metadata={
+            "doc": "All of a round's progress-file reads within this time (s, > 0); the jobs over the budget are "
+            "estimated."
+        },
+    )
+    progress_rate_factor: float = field(
+        default=10.0,
+        metadata={
+            "doc": "A job's reported progress may run at most this many times (>= 1) faster than its cell's "
+            "estimate (estimates from profiles of other machines can be a few times off); beyond that it is "
+            "ignored: the job is scheduled on the estimate and its status says so (README: security model)."
+        },
+    )
+    max_restart_cost_s: float = field(
+        default=1800.0, metadata={"doc": "A measured restart (signal to first step) counts at most this long (s, > 0)."}
+    )
+    failsafe_after_s: float = field(
+        default=600.0,
+        metadata={
+            "doc": "The fail-safe (`cellsched failsafe`, etc/cellsched-failsafe.timer; slurm_ext.failsafe): once no "
+            "controller round has completed for this long (s, > 0), it releases the jobs the controller holds on "
+            "their static request (the GPU type and count the user asked for, else a conservative default) and "
+            "logs why; it stands down as soon as a round completes again. The default, 600 s: 10 rounds of the "
+            "default interval, and longer than the service's WatchdogSec (300 s) plus its restart, so a controller "
+            "that hangs or restarts comes back before the fail-safe acts."
+        },
+    )
+    lease_path: str = field(
+        default="",
+        metadata={
+            "doc": "Two controllers, active and standby (README: two controllers; slurm_ext.controller.lease): the "
+            "lease file, the same for both hosts, on storage both mount (NFS is fine: the lease is a file replaced "
+            "whole and read back, no flock/fcntl lock), with state_path on local disk; add the lease's directory "
+            'to the unit\'s ReadWritePaths=. "" = one controller, no lease. A round begins only under the lease '
+            "and checks it again before each change to Slurm."
+        },
+    )
+    lease_s: float = field(
+        default=30.0,
+        metadata={
+            "doc": "The active controller renews the lease every round (and every lease_s / 4 between); a standby "
+            "takes it once it has not been renewed for this long (s, > 0), trying every min(interval_s, "
+            "lease_s / 2): it acts within 1.5 lease_s + lease_settle_s of the active one's end (SIGKILL included). "
+            "The default is half the default interval_s."
+        },
+    )
+    lease_settle_s: float = field(
+        default=1.0,
+        metadata={
+            "doc": "How long (s, > 0) a contender for the lease waits before reading its claim back: more than a write "
+            "to the shared storage takes, and at most lease_s / 4; the hosts' clocks must agree within it (NTP)."
+        },
+    )
 
     def __post_init__(self) -> None:
         for name in ("interval_s", "watch_s", "slurm_timeout_s"):
@@ -140,22 +260,47 @@ class ControllerConfig:
 @dataclass(frozen=True)
 class NetworkConfig:
     """[network]: the network between the nodes (Gb/s), which the solver
-    prices when jobs share it (solver.network; SolverConfig.contention_aware).
+    prices when jobs share it (solver.network; solver.contention_aware). A
+    node's NIC: its entry in `nodes`, else `nic_gbps_by_type` of its GPU
+    type, else `nic_gbps`, else the GPU type's default
+    (solver.network.NIC_GBPS_BY_TYPE, 100 Gb/s); `devcluster.sh network`
+    prints this section for the dev cluster."""
 
-    A node's NIC: its entry in `nodes` (hostlist -> Gb/s), else
-    `nic_gbps_by_type` of its GPU type, else `nic_gbps`, else the GPU type's
-    default (solver.network.NIC_GBPS_BY_TYPE, 100 Gb/s). `racks` maps a rack
-    name to its nodes (hostlist); `uplink_gbps` a rack to its uplink, for
-    racks whose uplink is oversubscribed. `modelled = false`: no NICs at all
-    (every job is priced as if alone on the network).
-    """
-
-    modelled: bool = True
-    nic_gbps: float = 0.0
-    nic_gbps_by_type: Mapping[str, float] = field(default_factory=dict)
-    nodes: Mapping[str, float] = field(default_factory=dict)
-    racks: Mapping[str, str] = field(default_factory=dict)
-    uplink_gbps: Mapping[str, float] = field(default_factory=dict)
+    modelled: bool = field(
+        default=True,
+        metadata={"doc": "false: no NICs at all (nothing is priced: every job as if alone on the network)."},
+    )
+    nic_gbps: float = field(
+        default=0.0,
+        metadata={
+            "doc": "Every node's NIC (Gb/s, >= 0) unless `nodes` or `nic_gbps_by_type` says otherwise; 0: unset."
+        },
+    )
+    nic_gbps_by_type: Mapping[str, float] = field(
+        default_factory=dict,
+        metadata={
+            "doc": "The NIC (Gb/s, > 0) of the nodes of a GPU type, unless `nodes` names the node: "
+            "`{ a100 = 200.0, a40 = 25.0 }`."
+        },
+    )
+    nodes: Mapping[str, float] = field(
+        default_factory=dict,
+        metadata={"doc": 'The NIC (Gb/s, > 0) of the nodes of a hostlist: `{ "gpu[001-016]" = 10.0 }`.'},
+    )
+    racks: Mapping[str, str] = field(
+        default_factory=dict,
+        metadata={
+            "doc": 'Racks: name = hostlist, `{ r1 = "gpu[001-008]", r2 = "gpu[009-016]" }`; a job spanning racks '
+            "sends one card's rate over each uplink it crosses (see uplink_gbps)."
+        },
+    )
+    uplink_gbps: Mapping[str, float] = field(
+        default_factory=dict,
+        metadata={
+            "doc": "The uplinks (Gb/s, > 0) of oversubscribed racks, by rack name (a rack of `racks`): "
+            "`{ r1 = 40.0, r2 = 40.0 }`; a rack not named here is not oversubscribed (its uplink never limits)."
+        },
+    )
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.nic_gbps) and self.nic_gbps >= 0):
@@ -210,10 +355,11 @@ class NetworkConfig:
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    """[metrics]: Prometheus text exposition; port 0 = off."""
+    """[metrics]: the controller's Prometheus metrics, on
+    ``http://ADDRESS:PORT/metrics`` (contrib/grafana/cellsched.json shows them)."""
 
-    port: int = 9464
-    address: str = "127.0.0.1"
+    port: int = field(default=9464, metadata={"doc": "TCP port of the metrics endpoint (0..65535); 0 = off."})
+    address: str = field(default="127.0.0.1", metadata={"doc": "Address the metrics endpoint listens on."})
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -222,10 +368,10 @@ class MetricsConfig:
 
 @dataclass(frozen=True)
 class LogConfig:
-    """[log]: lines on stderr, "json" or "text"."""
+    """[log]: the controller's log, lines on stderr."""
 
-    format: str = "json"
-    level: str = "info"
+    format: str = field(default="json", metadata={"doc": '"json" (one object per line) or "text".'})
+    level: str = field(default="info", metadata={"doc": "The least level logged: debug, info, warning or error."})
 
     def __post_init__(self) -> None:
         if self.format not in ("json", "text"):
@@ -251,6 +397,9 @@ _SECTIONS: dict[str, type] = {
     "metrics": MetricsConfig,
     "log": LogConfig,
 }
+
+
+SECTIONS: Mapping[str, type] = _SECTIONS  # TOML section -> its dataclass (a key is a field)
 
 
 def _typed(section: str, key: str, want: Any, value: Any) -> Any:
@@ -341,3 +490,85 @@ def load(path: str | os.PathLike | None = None) -> Config:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {p}: {exc}") from None
     return from_dict(data, str(p))
+
+
+# --- the reference page (docs/config.md) --------------------------------------
+
+#: TOML names of the fields' types (a number also takes an integer).
+_TYPE_NAMES = {
+    "bool": "boolean",
+    "int": "integer",
+    "float": "number",
+    "str": "string",
+    "Mapping[str, float]": "table of numbers",
+    "Mapping[str, str]": "table of strings",
+}
+
+
+def _toml(value: Any) -> str:
+    """`value` as written in TOML."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + " }" if value else "{}"
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def key_docs(section: str) -> list[tuple[str, str, str, str]]:
+    """(key, TOML type, TOML default, doc) of every key of `section`, in
+    declaration order; ValueError for a field without a doc or of a type
+    the page cannot name."""
+    cls = SECTIONS[section]
+    defaults = cls()
+    out = []
+    for f in fields(cls):
+        doc = " ".join(str(f.metadata.get("doc", "")).split())
+        if not doc:
+            raise ValueError(f"{section}.{f.name} has no doc (field(..., metadata={{'doc': ...}}))")
+        type_name = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        if type_name not in _TYPE_NAMES:
+            raise ValueError(f"{section}.{f.name}: no TOML name for the type {type_name!r}")
+        out.append((f.name, _TYPE_NAMES[type_name], _toml(getattr(defaults, f.name)), doc))
+    return out
+
+
+def _summary(cls: type) -> str:
+    """The first paragraph of `cls`'s docstring, less its ``[section]:`` prefix, as Markdown."""
+    first = inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0]
+    text = re.sub(r"^\[\w+\]:\s*", "", " ".join(first.split())).replace("``", "`")
+    return text[:1].upper() + text[1:]
+
+
+def markdown() -> str:
+    """docs/config.md: every section and key, with its type, default and doc."""
+    out = [
+        "# Configuration reference",
+        "",
+        "<!-- Generated from the config dataclasses (slurm_ext/config.py, solver/types.py) by",
+        "     `python -m slurm_ext.config --markdown > docs/config.md`; do not edit by hand. -->",
+        "",
+        "The controller (and `cellsched failsafe`) read one TOML file: `--config FILE`, else `$CELLSCHED_CONFIG`,",
+        "else `/etc/cellsched/cellsched.toml`; when none exists, the defaults apply. Every key is optional; an",
+        "unknown section or key, or a value of the wrong type, is an error that names it. A number may be written",
+        "as an integer. `etc/cellsched.toml` is an example with the defaults (`cellsched admin files DIR` writes it).",
+    ]
+    for section, cls in SECTIONS.items():
+        out += ["", f"## [{section}]", "", _summary(cls), ""]
+        for key, type_name, default, doc in key_docs(section):
+            out.append(f"- **`{key}`** ({type_name}, default `{default}`): {doc}")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m slurm_ext.config", description="The config's reference page.")
+    parser.add_argument("--markdown", action="store_true", required=True, help="write docs/config.md to stdout")
+    parser.parse_args(argv)
+    sys.stdout.write(markdown())
+
+
+if __name__ == "__main__":
+    main()

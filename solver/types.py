@@ -361,64 +361,165 @@ class JobRequest:
 
 @dataclass(frozen=True)
 class SolverConfig:
-    """Knobs of a scheduling round (documented in the README).
+    """[solver]: the knobs of a scheduling round: its limits, its search,
+    and the weights of its objective (solver.placement.objective).
 
     Objective, per job j placed in cell c with throughput T(j,c) samples/s:
       w_throughput * (T(j,c)/T_ref(j))^p  ... see solver.placement.objective for the exact form.
+
+    Each knob is documented at its field (``metadata["doc"]``); it is the
+    ``[solver]`` section of the controller's config (docs/config.md).
     """
 
-    time_limit_s: float = 1.0
-    workers: int = 2
-    seed: int = 0
-    fairness_p: float = 0.5
-    w_throughput: float = 1.0
-    w_short_jobs: float = 0.5
-    restart_penalty: float = 1.0
-    default_restart_cost_s: float = 60.0
-    horizon_s: float = 300.0
-    #: Weigh a move's restart cost over the shorter of the job's remaining time and the time it has
-    #: stayed where it runs, when that is longer than horizon_s (see objective.restart_factor).
-    horizon_remaining: bool = True
-    allow_resize: bool = True
-    max_cells_per_job: int = 24
-    max_pp: int = 8
-    exact_node_model_max_nodes: int = 64
-    #: Age bonus: a job's value is scaled by 1 + w_age * log2(1 + age / age_scale_s), age = now - submit_time.
-    w_age: float = 0.25
-    #: Age (s) at which the age bonus reaches w_age.
-    age_scale_s: float = 3600.0
-    #: CP-SAT deterministic-time budget (solver work units); unlike time_limit_s it does not depend on machine load.
-    deterministic_time: float = 5.0
-    #: Same input + seed -> same plan: one CP-SAT worker stopped by deterministic_time (workers then unused).
-    deterministic: bool = True
-    #: Stop once (bound - objective) / objective <= this (0: prove optimality).
-    relative_gap_limit: float = 0.01
-    #: Aggregated model with at least this many jobs: solve its LP relaxation first and leave CP-SAT
-    #: only the jobs the LP does not place integrally (0: always; a huge number: never).
-    lp_first_min_jobs: int = 200
-    #: Offer mixed-GPU-type cells (solver.mixed): to jobs that no single allowed type can hold,
-    #: and wherever one is estimated faster than the best single-type cell the job could get now.
-    mixed_cells: bool = True
-    #: At most this many mixed cells per job.
-    max_mixed_cells: int = 8
-    #: The most GPU types one mixed cell may span (2..).
-    max_mixed_types: int = 2
-    #: Let the estimator shard the optimizer state over dp ranks (ZeRO-1, Cephalo's memory split:
-    #: launch.sharding) where a cell fits only that way or runs clearly faster; false: replicated state only.
-    state_sharding: bool = True
-    #: Correct estimates by the iteration times jobs report (solver.calibration; the controller applies it).
-    calibrate: bool = True
-    #: Weigh a job by (median remaining work / its remaining work) ** this (0: off; see placement.objective).
-    srpt_exponent: float = 0.0
-    #: Weigh jobs by their rank in remaining work as heSRPT allocates (see placement.objective).
-    hesrpt: bool = True
-    #: Price the slowdown of multi-node jobs that share a NIC or rack uplink (solver.network) in the
-    #: objective and the node choice; false: every job is estimated as if alone on its links.
-    contention_aware: bool = True
-    #: How the SRSF baselines (srsf-avoid, srsf-accept, ada-srsf) pick nodes: "lwf-kappa" (the cards
-    #: carrying the fewest multi-node jobs, then the fewest free GPUs that fit) or "first-fit" (cluster order); each
-    #: keeps its own cap on multi-node jobs per card. cellsched ignores it.
-    node_placement: str = "lwf-kappa"
+    time_limit_s: float = field(
+        default=1.0,
+        metadata={
+            "doc": "Wall-clock limit (s) of a round's solve (LP and CP-SAT): a safety net behind "
+            "deterministic_time; hitting it can change the plan."
+        },
+    )
+    workers: int = field(
+        default=2, metadata={"doc": "CP-SAT worker threads when deterministic is false (deterministic: one)."}
+    )
+    seed: int = field(default=0, metadata={"doc": "CP-SAT's random seed."})
+    fairness_p: float = field(
+        default=0.5,
+        metadata={
+            "doc": "Fairness exponent p: a job's value grows with (T(j,c) / T_ref(j)) ** p, its throughput "
+            "relative to its smallest cell; with 0 < p < 1 extra GPUs give diminishing returns "
+            "(see solver.placement.objective)."
+        },
+    )
+    w_throughput: float = field(
+        default=1.0, metadata={"doc": "Objective weight of (normalised) throughput (solver.placement.objective)."}
+    )
+    w_short_jobs: float = field(
+        default=0.5,
+        metadata={
+            "doc": "Objective weight of the bounded shortest-remaining-work bonus, on top of w_throughput "
+            "(solver.placement.objective)."
+        },
+    )
+    restart_penalty: float = field(
+        default=1.0,
+        metadata={
+            "doc": "Weight of a move's restart cost: a running job that changes cell or nodes is worth "
+            "1 - restart_penalty * restart cost / horizon of its value (see horizon_s)."
+        },
+    )
+    default_restart_cost_s: float = field(
+        default=60.0, metadata={"doc": "The restart cost (s) assumed for a job until its restart has been measured."}
+    )
+    horizon_s: float = field(default=300.0, metadata={"doc": "The horizon (s) a move's restart cost is spread over."})
+    horizon_remaining: bool = field(
+        default=True,
+        metadata={
+            "doc": "Weigh a move's restart cost over the shorter of the job's remaining time and the time it has "
+            "stayed where it runs, when that is longer than horizon_s (see objective.restart_factor)."
+        },
+    )
+    allow_resize: bool = field(
+        default=True,
+        metadata={
+            "doc": "Resize or move running elastic jobs when the gain pays their restart cost (measured per job "
+            "after its first move; default_restart_cost_s before); false: a running job keeps its placement."
+        },
+    )
+    max_cells_per_job: int = field(default=24, metadata={"doc": "Search breadth: at most this many cells per job."})
+    max_pp: int = field(default=8, metadata={"doc": "The deepest pipeline (pipeline stages) a cell may have."})
+    exact_node_model_max_nodes: int = field(
+        default=64,
+        metadata={
+            "doc": "Up to this many nodes, the placement model has every node; above, classes of alike nodes "
+            "(solver.placement.model)."
+        },
+    )
+    w_age: float = field(
+        default=0.25,
+        metadata={
+            "doc": "Age bonus: a job's value is scaled by 1 + w_age * log2(1 + age / age_scale_s), "
+            "age = now - submit_time."
+        },
+    )
+    age_scale_s: float = field(default=3600.0, metadata={"doc": "Age (s) at which the age bonus reaches w_age."})
+    deterministic_time: float = field(
+        default=5.0,
+        metadata={
+            "doc": "CP-SAT deterministic-time budget (solver work units); unlike time_limit_s it does not depend "
+            "on machine load."
+        },
+    )
+    deterministic: bool = field(
+        default=True,
+        metadata={
+            "doc": "Same input + seed -> same plan: one CP-SAT worker stopped by deterministic_time "
+            "(workers then unused)."
+        },
+    )
+    relative_gap_limit: float = field(
+        default=0.01, metadata={"doc": "Stop once (bound - objective) / objective <= this (0: prove optimality)."}
+    )
+    lp_first_min_jobs: int = field(
+        default=200,
+        metadata={
+            "doc": "Aggregated model with at least this many jobs: solve its LP relaxation first and leave CP-SAT "
+            "only the jobs the LP does not place integrally (0: always; a huge number: never)."
+        },
+    )
+    mixed_cells: bool = field(
+        default=True,
+        metadata={
+            "doc": "Offer mixed-GPU-type cells (solver.mixed: data-parallel groups with batch shares by speed, or "
+            "pipelines whose stages each run on one type): to jobs that no single allowed type can hold, and "
+            "wherever one is estimated faster than the best single-type cell the job could get now."
+        },
+    )
+    max_mixed_cells: int = field(default=8, metadata={"doc": "At most this many mixed cells per job."})
+    max_mixed_types: int = field(default=2, metadata={"doc": "The most GPU types one mixed cell may span (2..)."})
+    state_sharding: bool = field(
+        default=True,
+        metadata={
+            "doc": "Let the estimator shard the optimizer state over dp ranks (ZeRO-1, Cephalo's memory split: "
+            "launch.sharding) where a cell fits only that way or runs clearly faster; false: replicated state only."
+        },
+    )
+    calibrate: bool = field(
+        default=True,
+        metadata={
+            "doc": "Correct estimates by the iteration times jobs report in their progress.json, per job and GPU "
+            "type, and per model and type across users (solver.calibration; the controller applies it)."
+        },
+    )
+    srpt_exponent: float = field(
+        default=0.0,
+        metadata={
+            "doc": "Weigh a job by (median remaining work / its remaining work) ** this (0: off; "
+            "see solver.placement.objective)."
+        },
+    )
+    hesrpt: bool = field(
+        default=True,
+        metadata={
+            "doc": "Weigh jobs by heSRPT's share for their rank in remaining work (lowers average JCT under a "
+            "queue; see solver.placement.objective)."
+        },
+    )
+    contention_aware: bool = field(
+        default=True,
+        metadata={
+            "doc": "Price the slowdown of multi-node jobs that share a NIC or rack uplink (solver.network; the "
+            "[network] section) in the objective and the node choice; false: every job is estimated as if alone "
+            "on its links (the NICs' speed still counts in every estimate)."
+        },
+    )
+    node_placement: str = field(
+        default="lwf-kappa",
+        metadata={
+            "doc": 'How the SRSF baselines (srsf-avoid, srsf-accept, ada-srsf) pick nodes: "lwf-kappa" (the cards '
+            'carrying the fewest multi-node jobs, then the fewest free GPUs that fit) or "first-fit" (cluster '
+            "order); each keeps its own cap on multi-node jobs per card. cellsched ignores it."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.node_placement not in NODE_PLACEMENTS:
