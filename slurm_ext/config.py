@@ -53,8 +53,8 @@ class ControllerConfig:
     file (in the user's directory) is read within read_timeout_s, and all of
     a round's within read_budget_s; a job may report at most
     progress_rate_factor times the iterations its cell's estimate allows, and
-    a measured restart counts at most max_restart_cost_s (README: security
-    model). Carrying a round out: placements go to Slurm apply_batch jobs per
+    a measured restart counts at most max_restart_cost_s (docs/security.md).
+    Carrying a round out: placements go to Slurm apply_batch jobs per
     step (slurm_workers ``scontrol update`` at a time with the cli backend);
     once a round has applied for apply_budget_s, the rest are journalled and
     carried out by the next round. failsafe_after_s: once no round has

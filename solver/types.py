@@ -361,7 +361,7 @@ class JobRequest:
 
 @dataclass(frozen=True)
 class SolverConfig:
-    """Knobs of a scheduling round (documented in the README).
+    """Knobs of a scheduling round (documented in docs/scheduling.md).
 
     Objective, per job j placed in cell c with throughput T(j,c) samples/s:
       w_throughput * (T(j,c)/T_ref(j))^p  ... see solver.placement.objective for the exact form.
