@@ -7,7 +7,7 @@ cluster's one GPU type (v100), arrivals scaled by the cluster's size (64 /
 jobs at 8 or 16) put most static jobs across nodes on 4-GPU nodes, where
 10 Gb/s cards decide, and its models (BERT, MoE, wide ResNet up to 6.8B
 parameters) are large enough that some elastic jobs cannot fit on one node
-either; it is also the trace every other comparison in this README uses.
+either; it is also the trace every other comparison in docs/benchmarks.md uses.
 
 Policies (one `cellsched simulate --realistic --contention` run, the same
 seed, restart model, truth and noise for all): cellsched,

@@ -10,7 +10,7 @@ comparison is of mixed cells alone, and the JSON says so).
 
 The cluster, etc/sim-hetero-24.toml: 24 GPUs of four types (A100 1x4,
 V100 1x4, A40 4x2, A10 4x2), no type with more than 8. The trace: Arena's
-Philly trace (the one every comparison in the README uses) cut to its jobs
+Philly trace (the one every comparison in docs/benchmarks.md uses) cut to its jobs
 of large models, 2.4B parameters and up (BERT 2.6B and 6.7B, MoE 2.4B, 10B
 and 27B, wide ResNet 4B and 6.8B: 47% of its jobs), the first --jobs of
 them in submit order. Why: in Arena's measured table these models need 4 to

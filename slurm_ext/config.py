@@ -175,7 +175,7 @@ class ControllerConfig:
         metadata={
             "doc": "A job's reported progress may run at most this many times (>= 1) faster than its cell's "
             "estimate (estimates from profiles of other machines can be a few times off); beyond that it is "
-            "ignored: the job is scheduled on the estimate and its status says so (README: security model)."
+            "ignored: the job is scheduled on the estimate and its status says so (docs/security.md)."
         },
     )
     max_restart_cost_s: float = field(
@@ -195,7 +195,7 @@ class ControllerConfig:
     lease_path: str = field(
         default="",
         metadata={
-            "doc": "Two controllers, active and standby (README: two controllers; slurm_ext.controller.lease): the "
+            "doc": "Two controllers, active and standby (docs/controller.md; slurm_ext.controller.lease): the "
             "lease file, the same for both hosts, on storage both mount (NFS is fine: the lease is a file replaced "
             "whole and read back, no flock/fcntl lock), with state_path on local disk; add the lease's directory "
             'to the unit\'s ReadWritePaths=. "" = one controller, no lease. A round begins only under the lease '

@@ -22,7 +22,7 @@ rate over each rack uplink it crosses (a ring enters and leaves a rack once).
 Slower transfers raise every duty, so the slowdowns are iterated to their
 fixed point (they only grow, and are bounded). The error of this average
 against a phase-by-phase simulation of the same jobs is measured in
-benchmarks/contention_model.py and stated in the README.
+benchmarks/contention_model.py and stated in docs/benchmarks.md.
 
 Units: Gb/s (gigabits) for links, as networks are sold; GpuSpec's
 inter_bw_gbps is in GB/s (gigabytes), hence `gbits`.

@@ -362,7 +362,8 @@ class JobRequest:
 @dataclass(frozen=True)
 class SolverConfig:
     """[solver]: the knobs of a scheduling round: its limits, its search,
-    and the weights of its objective (solver.placement.objective).
+    and the weights of its objective (solver.placement.objective; docs/scheduling.md,
+    docs/config.md).
 
     Objective, per job j placed in cell c with throughput T(j,c) samples/s:
       w_throughput * (T(j,c)/T_ref(j))^p  ... see solver.placement.objective for the exact form.

@@ -1,5 +1,5 @@
 """Active and standby controllers: a lease in one small file on storage that
-every controller host sees (README: two controllers).
+every controller host sees (docs/controller.md, two controllers).
 
 The file holds one JSON record: who holds the lease (`holder`), a fencing
 `epoch` bumped on every take-over, a `serial` bumped on every write, when it

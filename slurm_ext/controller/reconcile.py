@@ -367,7 +367,7 @@ def decide(
             or (m.phase == Phase.HELD and m.plan is not None)
         )
         # A mixed-type cell: no feature constraint (each node's own type is
-        # what ReqNodeList names), untyped gres per node (see the README).
+        # what ReqNodeList names), untyped gres per node (see docs/slurm-support.md).
         features = "" if p.cell.mixed else p.cell.gpu_type
         update = JobUpdate(
             partition=partition,

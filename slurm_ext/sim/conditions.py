@@ -58,7 +58,7 @@ ESTIMATES = ("truth", "arena-estimated", "store")
 #: bytes of training state per parameter a checkpoint holds (fp32 weights and Adam's two moments)
 STATE_BYTES_PER_PARAM = 12.0
 #: start-up of a restarted job on the dev cluster: requeue, begin time, Python and torch, the first step
-#: (measured: see README, "Restart cost")
+#: (measured: see docs/elasticity.md, "Restart cost")
 DEV_CLUSTER_STARTUP_S = 8.1
 #: storage bandwidth (GB/s) a job's checkpoint is written and read at
 STORAGE_GBPS = 2.0

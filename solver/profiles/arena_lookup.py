@@ -200,7 +200,7 @@ class ArenaTable:
 def arena_dp_feasible(
     dp_mem: str | os.PathLike | None = None, device_specs: str | os.PathLike | None = None
 ) -> Callable[[JobRequest, Cell], bool]:
-    """Arena's baseline memory test (README "Feasibility") as a `Feasible`.
+    """Arena's baseline memory test (data/arena/README.md, "Feasibility") as a `Feasible`.
 
     (M, B, T, N) is infeasible when (M, B) is absent from dp_mem.json, N is
     not one of its GPU counts, the value is -1, or

@@ -4,9 +4,9 @@ fail-safe's, etc/cellsched-failsafe.service with its timer.
 - `systemd-analyze verify` accepts it, with no unknown or ignored directive
   (verify exits 0 on those, so its output is read too).
 - `systemd-analyze security --offline=yes` rates its exposure no worse than
-  the number the README gives, so that number cannot silently go stale.
+  the number docs/controller.md gives, so that number cannot silently go stale.
 - The same for the fail-safe's service and timer (verify; its exposure no
-  worse than the README's), and the timer runs the service's one check.
+  worse than the documented one), and the timer runs the service's one check.
 - The controller's code runs under its MemoryDenyWriteExecute=yes: a
   `cellsched simulate` run (the controller's rounds with the cellsched
   policy: CP-SAT, numpy) in a process with systemd's W^X seccomp filter.
@@ -31,12 +31,12 @@ ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "etc" / "cellsched-controller.service"
 FAILSAFE = ROOT / "etc" / "cellsched-failsafe.service"
 FAILSAFE_TIMER = ROOT / "etc" / "cellsched-failsafe.timer"
-README = ROOT / "README.md"
+DOC = ROOT / "docs" / "controller.md"
 ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(
     ANALYZE is None, reason="systemd-analyze is not installed (Debian package systemd; contrib/setup.sh installs it)"
 )
-#: the README's sentences with the documented scores (the controller's, the fail-safe's)
+#: docs/controller.md's sentences with the documented scores (the controller's, the fail-safe's)
 DOCUMENTED = re.compile(r"overall\s+exposure\s+at\s+\*\*(\d+\.\d)\s+\(")
 DOCUMENTED_FAILSAFE = re.compile(r"fail-safe's\s+exposure\s+at\s+\*\*(\d+\.\d)\s+\(")
 EXPOSURE = re.compile(r"Overall exposure level for \S+: (\d+\.\d)")
@@ -101,9 +101,9 @@ def test_the_failsafe_timer_runs_one_check_of_the_failsafe_service():
 
 
 def exposure(tmp_path: Path, unit: Path, documented_re: re.Pattern[str]) -> tuple[float, float, str]:
-    """(the README's score of the unit, systemd-analyze's, what it marks bad)."""
-    documented = documented_re.findall(README.read_text())
-    assert len(documented) == 1, f"README should give {unit.name}'s exposure once ({documented_re.pattern})"
+    """(the documented score of the unit, systemd-analyze's, what it marks bad)."""
+    documented = documented_re.findall(DOC.read_text())
+    assert len(documented) == 1, f"{DOC.name} should give {unit.name}'s exposure once ({documented_re.pattern})"
     proc = analyze("security", "--offline=yes", "--no-pager", str(installed_copy(tmp_path, unit)))
     if proc.returncode != 0 and "offline" in proc.stderr:
         pytest.skip(f"this systemd-analyze has no --offline (systemd < 250): {proc.stderr.strip()[:200]}")
@@ -121,12 +121,12 @@ def test_security_exposure_is_at_most_the_documented_score(tmp_path, unit, docum
     documented, rated, bad = exposure(tmp_path, unit, documented_re)
     version = analyze("--version").stdout.splitlines()[0]
     assert rated <= documented, (
-        f"{version} rates {unit.name} {rated}, worse than the {documented} the README says:\n{bad}"
+        f"{version} rates {unit.name} {rated}, worse than the {documented} {DOC.name} says:\n{bad}"
     )
 
 
 def test_the_unit_sandbox_settings_stay():
-    """What the README and the tests rely on; a line dropped by mistake shows here."""
+    """What the docs and the tests rely on; a line dropped by mistake shows here."""
     lines = {line.strip() for line in UNIT.read_text().splitlines()}
     for want in (
         "Type=notify",

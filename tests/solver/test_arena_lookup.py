@@ -1,5 +1,6 @@
-"""Arena's simulator lookup: the README's worked examples, OOM, the 300 s
-limit, pp > 1, and the baselines' dp_mem feasibility rule."""
+"""Arena's simulator lookup: the worked examples of Arena's README
+(solver/data/arena/README.md), OOM, the 300 s limit, pp > 1, and the
+baselines' dp_mem feasibility rule."""
 
 from __future__ import annotations
 

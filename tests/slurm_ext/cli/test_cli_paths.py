@@ -1,5 +1,5 @@
 """User-facing `cellsched` paths that need no Slurm: --version, controller
---backend, plan's config errors, simulate (README example, sacct traces,
+--backend, plan's config errors, simulate (the docs' example, sacct traces,
 --limit-jobs, --max-time, --seed) and profile --no-comm. The installed
 console script runs as a subprocess; the cheaper simulate options in-process
 through CliRunner."""
@@ -82,10 +82,10 @@ def test_controller_backend_overrides_the_config(tmp_path):
     assert proc.returncode == 2 and "unknown backend 'bogus'" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_simulate_readme_example_verbatim(tmp_path):
-    """README's `cellsched simulate` example, run as written (only --out moved): 150 jobs, both policies."""
-    readme = (ROOT / "README.md").read_text().splitlines()
-    line = next(ln.strip() for ln in readme if ln.strip().startswith("cellsched simulate --arena-compat --limit-jobs"))
+def test_simulate_docs_example_verbatim(tmp_path):
+    """docs/simulator.md's `cellsched simulate` example, run as written (only --out moved): 150 jobs, both policies."""
+    page = (ROOT / "docs" / "simulator.md").read_text().splitlines()
+    line = next(ln.strip() for ln in page if ln.strip().startswith("cellsched simulate --arena-compat --limit-jobs"))
     args = shlex.split(line)[1:]
     args[args.index("--out") + 1] = str(tmp_path / "sim")
     proc = cellsched(*args, timeout=300)

@@ -120,7 +120,7 @@ def test_every_command_has_help(venv, tree):
 
 
 def test_shell_completion(venv):
-    """Click's completion, as README.md installs it: the script, and the nested commands it completes."""
+    """Click's completion, as docs/controller.md installs it: the script, and the nested commands it completes."""
     proc = venv.run(venv.bin("cellsched"), env={"_CELLSCHED_COMPLETE": "bash_source"})
     assert proc.returncode == 0 and "_cellsched_completion()" in proc.stdout, proc.stderr
     env = {"_CELLSCHED_COMPLETE": "bash_complete", "COMP_WORDS": "cellsched admin ", "COMP_CWORD": "2"}
