@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -155,14 +155,15 @@ def placement_of(job_id: str, plan: JobPlan) -> Placement | None:
             return None
         cell = Cell(plan.gpu_types[0], len(plan.nodes), plan.gpus_per_node, plan.pp)
         if len(plan.gpu_types) > 1:  # a mixed-type cell: its key says how many nodes of each type (and pp)
-            cell = parse_key(plan.cell or "")
+            mixed = parse_key(plan.cell or "")
             if (
-                cell is None
-                or cell.num_nodes != len(plan.nodes)
-                or cell.gpus_per_node != plan.gpus_per_node
-                or cell.pp != plan.pp
+                mixed is None
+                or mixed.num_nodes != len(plan.nodes)
+                or mixed.gpus_per_node != plan.gpus_per_node
+                or mixed.pp != plan.pp
             ):
                 return None
+            cell = mixed
         par = ParallelPlan(plan.pp, plan.dp, plan.tp, plan.micro_batches, **plan_state(plan, cell))
         if par.num_gpus != cell.num_gpus:
             return None
@@ -251,105 +252,86 @@ def classify(
             spec_json = spec.to_json()
         plan = admin_comment_plan(job.admin_comment)
         intent = intents.get(job.job_id)
-        if job.finished and spec is not None and checkpointed(job):
-            out.append(
-                ManagedJob(
-                    job,
-                    Phase.CHECKPOINTED,
-                    spec,
-                    spec_json,
-                    source,
-                    f"checkpointed ({job.state.lower()}, exit {job.exit_code}); to be requeued",
-                    plan,
-                    # a move's job: its target, carried out if it still fits (as for a held job)
-                    intent_placement(intent) if intent is not None and intent.status == PlanStatus.SIGNALLED else None,
-                    intent,
-                )
+        phase, reason, current = _phase(
+            job, plan, intent, row, spec_error=None if spec is not None else error, released=released, parked=parked
+        )
+        out.append(
+            ManagedJob(
+                job=job,
+                phase=phase,
+                spec=spec,
+                spec_json=spec_json,
+                spec_source=source,
+                reason=reason,
+                plan=plan,
+                current=current,
+                intent=None if phase == Phase.PARKED else intent,  # a parked job's intent is not carried out
             )
-            continue
-        if job.finished:
-            out.append(ManagedJob(job, Phase.FINISHED, spec, spec_json, source, job.state.lower(), plan, None, intent))
-            continue
-        if spec is None:
-            out.append(ManagedJob(job, Phase.BAD, None, None, "", error, plan, None, intent))
-            continue
-        if job.holds_resources:
-            current = placement_of(job.job_id, plan) if plan else None
-            if current is None or sorted(current.node_names) != sorted(job.nodes):
-                out.append(
-                    ManagedJob(
-                        job,
-                        Phase.UNPLANNED,
-                        spec,
-                        spec_json,
-                        source,
-                        "runs without a cellsched plan",
-                        plan,
-                        None,
-                        intent,
-                    )
-                )
-            elif intent is not None and intent.status == PlanStatus.SIGNALLED:
-                out.append(
-                    ManagedJob(
-                        job,
-                        Phase.CHECKPOINTING,
-                        spec,
-                        spec_json,
-                        source,
-                        "asked to checkpoint for a move",
-                        plan,
-                        current,
-                        intent,
-                    )
-                )
-            else:
-                out.append(ManagedJob(job, Phase.RUNNING, spec, spec_json, source, "", plan, current, intent))
-            continue
-        if job.held:
-            if job.job_id in parked:
-                why = row.reason if row is not None and row.phase == Phase.PARKED and row.reason else ""
-                out.append(
-                    ManagedJob(
-                        job,
-                        Phase.PARKED,
-                        spec,
-                        spec_json,
-                        source,
-                        why or f"parked: its runs kept failing; release it (scontrol release {job.job_id}) to continue",
-                        plan,
-                        None,
-                        None,
-                    )
-                )
-            elif intent is not None:
-                current = intent_placement(intent)
-                out.append(ManagedJob(job, Phase.HELD, spec, spec_json, source, "", plan, current, intent))
-            elif job.job_id in released and (row is not None or plan is not None):
-                out.append(
-                    ManagedJob(
-                        job,
-                        Phase.OPERATOR_HOLD,
-                        spec,
-                        spec_json,
-                        source,
-                        f"held again after cellsched released it ({job.reason or 'held'}); release it to continue",
-                        plan,
-                        None,
-                        None,
-                    )
-                )
-            else:
-                out.append(ManagedJob(job, Phase.HELD, spec, spec_json, source, "", plan, None, None))
-            continue
-        current = placement_of(job.job_id, plan) if plan else None
-        if current is None:
-            out.append(
-                ManagedJob(job, Phase.LOOSE, spec, spec_json, source, "pending without a plan", plan, None, intent)
-            )
-        else:
-            out.append(ManagedJob(job, Phase.RELEASED, spec, spec_json, source, job.reason, plan, current, intent))
+        )
     return tuple(out)
+
+
+def _phase(
+    job: SlurmJob,
+    plan: JobPlan | None,
+    intent: PlanRow | None,
+    row: JobRow | None,
+    *,
+    spec_error: str | None,
+    released: Collection[str],
+    parked: Collection[str],
+) -> tuple[Phase, str, Placement | None]:
+    """A managed job's phase, why it is there, and its current placement
+    (`classify`); `spec_error`: why its spec was refused (None: accepted)."""
+    if job.finished:
+        if spec_error is None and checkpointed(job):
+            # a move's job: its target, carried out if it still fits (as for a held job)
+            target = intent_placement(intent) if intent is not None and intent.status == PlanStatus.SIGNALLED else None
+            return (
+                Phase.CHECKPOINTED,
+                f"checkpointed ({job.state.lower()}, exit {job.exit_code}); to be requeued",
+                target,
+            )
+        return Phase.FINISHED, job.state.lower(), None
+    if spec_error is not None:
+        return Phase.BAD, spec_error, None
+    if job.holds_resources:
+        current = placement_of(job.job_id, plan) if plan else None
+        if current is None or sorted(current.node_names) != sorted(job.nodes):
+            return Phase.UNPLANNED, "runs without a cellsched plan", None
+        if intent is not None and intent.status == PlanStatus.SIGNALLED:
+            return Phase.CHECKPOINTING, "asked to checkpoint for a move", current
+        return Phase.RUNNING, "", current
+    if job.held:
+        return _held_phase(job, plan, intent, row, released=released, parked=parked)
+    current = placement_of(job.job_id, plan) if plan else None
+    if current is None:
+        return Phase.LOOSE, "pending without a plan", None
+    return Phase.RELEASED, job.reason, current
+
+
+def _held_phase(
+    job: SlurmJob,
+    plan: JobPlan | None,
+    intent: PlanRow | None,
+    row: JobRow | None,
+    *,
+    released: Collection[str],
+    parked: Collection[str],
+) -> tuple[Phase, str, Placement | None]:
+    """`_phase` of a held job: parked, held for its open intent (placed
+    there again if it still fits), held by someone after the controller
+    released it (left to the operator), or held for a placement."""
+    if job.job_id in parked:
+        why = row.reason if row is not None and row.phase == Phase.PARKED and row.reason else ""
+        why = why or f"parked: its runs kept failing; release it (scontrol release {job.job_id}) to continue"
+        return Phase.PARKED, why, None
+    if intent is not None:
+        return Phase.HELD, "", intent_placement(intent)
+    if job.job_id in released and (row is not None or plan is not None):
+        why = f"held again after cellsched released it ({job.reason or 'held'}); release it to continue"
+        return Phase.OPERATOR_HOLD, why, None
+    return Phase.HELD, "", None
 
 
 def reused(row: JobRow, job: SlurmJob) -> bool:

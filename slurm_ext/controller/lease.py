@@ -33,6 +33,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
+from slurm_ext.errors import CellschedError
+
 log = logging.getLogger("cellsched.controller")
 
 
@@ -48,7 +50,7 @@ def default_holder() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class LeaseLost(RuntimeError):
+class LeaseLost(RuntimeError, CellschedError):
     """This controller no longer holds the lease (fencing: it must change nothing)."""
 
 

@@ -6,8 +6,10 @@ import fcntl
 import os
 from pathlib import Path
 
+from slurm_ext.errors import CellschedError
 
-class LockError(RuntimeError):
+
+class LockError(RuntimeError, CellschedError):
     """Another controller runs on the same state file."""
 
 

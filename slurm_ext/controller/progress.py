@@ -15,9 +15,11 @@ import os
 import pwd
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller.userfiles import BoundedReader, Refused, read_owned_file
+from slurm_ext.errors import CellschedError
 from solver.contract import PROGRESS_FILE
 
 
@@ -74,7 +76,7 @@ def read_progress_file(checkpoint_dir: str | None) -> JobProgress | None:
         return None
 
 
-class Unreadable(Exception):
+class Unreadable(CellschedError):
     """A job's progress record exists but cannot be used (the message says why)."""
 
 
@@ -128,7 +130,8 @@ def _uid_of(user: str) -> int | None:
         return None
 
 
-def _number(value: object) -> bool:
+def _number(value: object) -> TypeGuard[float]:
+    """A finite number >= 0 (an int or a float, not a bool)."""
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
 
 
@@ -195,12 +198,12 @@ def _estimate(m: inp.ManagedJob, prev: tuple[float, float] | None, now: float) -
     """The controller's own count: the last one plus the estimated iterations
     since (while running), or, never counted, the estimate of this run."""
     assert m.spec is not None
-    running = m.phase == inp.Phase.RUNNING and m.current is not None
+    running = m.current if m.phase == inp.Phase.RUNNING else None
     if prev is not None:
-        gain = estimate_done(prev[1], now, m.current.iter_time_s, m.spec.iterations) if running else 0.0
+        gain = estimate_done(prev[1], now, running.iter_time_s, m.spec.iterations) if running is not None else 0.0
         return min(float(m.spec.iterations), prev[0] + gain)
-    if running:
-        return estimate_done(m.job.start_time, now, m.current.iter_time_s, m.spec.iterations)
+    if running is not None:
+        return estimate_done(m.job.start_time, now, running.iter_time_s, m.spec.iterations)
     return None
 
 

@@ -48,6 +48,7 @@ import math
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 
 from slurm_ext.backends import JOB_FAILURES, STEPS, Backend, JobUpdate
 from slurm_ext.controller.inputs import (
@@ -68,12 +69,18 @@ from solver.types import ClusterView, Placement
 
 log = logging.getLogger("cellsched.controller")
 
-PLACE = "place"  # (hold or requeue held,) update, release
-HOLD = "hold"  # keep a loose job from starting anywhere
-MOVE = "move"  # signal a running job to checkpoint, wait, requeue held, update, release
-REQUEUE = "requeue"  # requeue a checkpointed (or unresponsive) job held, to be placed later
-TIDY = "tidy"  # remove the Step from a released job's AdminComment
-RESIGNAL = "resignal"  # ask a job checkpointing for a move rebuilt from its Step again (idempotent)
+
+class ActionKind(StrEnum):
+    """What an Action does to its job. The values are what the state DB's
+    rounds, the logs and the metrics (actions_total's "kind") carry: they
+    never change, and each compares equal to its string."""
+
+    PLACE = "place"  # (hold or requeue held,) update, release
+    HOLD = "hold"  # keep a loose job from starting anywhere
+    MOVE = "move"  # signal a running job to checkpoint, wait, requeue held, update, release
+    REQUEUE = "requeue"  # requeue a checkpointed (or unresponsive) job held, to be placed later
+    TIDY = "tidy"  # remove the Step from a released job's AdminComment
+    RESIGNAL = "resignal"  # ask a job checkpointing for a move rebuilt from its Step again (idempotent)
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,7 @@ class Action:
     """One change to one job. For PLACE: the plan, the update carrying it and
     whether the job must be held first (it is pending and not held)."""
 
-    kind: str
+    kind: ActionKind
     job_id: str
     why: str = ""
     placement: Placement | None = None
@@ -95,7 +102,7 @@ class Action:
     parks: bool = False
 
     def summary(self) -> dict:
-        d: dict = {"kind": self.kind, "job": self.job_id}
+        d: dict = {"kind": str(self.kind), "job": self.job_id}
         if self.placement is not None:
             d["cell"] = self.placement.cell.key()
             d["nodes"] = [f"{n}:{g}" for n, g in self.placement.nodes]
@@ -156,7 +163,7 @@ def mixed_layout(p: Placement, view: ClusterView) -> tuple[tuple[str, ...], tupl
 def _per_rank(p: Placement, view: ClusterView, nodes: tuple[str, ...], per_part) -> tuple[float, ...]:
     """One value per dp rank in task order, its GPU type's entry of
     `per_part` (pp 1: each node holds gpus_per_node / tp consecutive dp ranks)."""
-    of_type = {t: float(v) for (t, _), v in zip(p.cell.parts, per_part)}
+    of_type = {t: float(v) for (t, _), v in zip(p.cell.parts, per_part, strict=True)}
     types = {n.name: n.gpu_type for n in view.nodes}
     per_node = p.cell.gpus_per_node // p.plan.tp
     return tuple(of_type[types[n]] for n in nodes for _ in range(per_node))
@@ -232,12 +239,14 @@ def job_plan(m: ManagedJob, p: Placement, checkpoint_root: str, view: ClusterVie
     vw = plan_virtual_workers(m, p)
     nodes, shares = mixed_layout(p, view) if p.cell.mixed and view is not None else (p.node_names, None)
     extra = state_fields(p, view, nodes)
-    keep_m = old is not None and old.virtual_workers == vw and (spec.global_batch // vw) % old.micro_batches == 0
+    micro_batches = p.plan.micro_batches
+    if old is not None and old.virtual_workers == vw and (spec.global_batch // vw) % old.micro_batches == 0:
+        micro_batches = old.micro_batches  # a virtual worker's work stays the same
     return JobPlan(
         pp=p.plan.pp,
         dp=p.plan.dp,
         tp=p.plan.tp,
-        micro_batches=old.micro_batches if keep_m else p.plan.micro_batches,
+        micro_batches=micro_batches,
         global_batch=spec.global_batch,
         gpu_types=tuple(t for t, _ in p.cell.by_type()),
         nodes=nodes,
@@ -316,96 +325,120 @@ def decide(
     """
     actions: list[Action] = []
     for m in jobs:
-        p = desired.get(m.job_id)
-        if m.phase == Phase.LOOSE and p is None:
-            actions.append(Action(HOLD, m.job_id, "pending without a plan"))
-            continue
-        if m.phase == Phase.CHECKPOINTING:
-            if m.intent is not None and now - m.intent.created > checkpoint_timeout_s:
-                actions.append(
-                    Action(
-                        REQUEUE,
-                        m.job_id,
-                        f"no checkpoint {checkpoint_timeout_s:.0f} s after the signal",
-                        was=m.job.admin_comment,
-                    )
-                )
-            elif m.job_id in resignal:
-                actions.append(Action(RESIGNAL, m.job_id, "move rebuilt from its Step; the signal may not have come"))
-            continue
-        if m.phase == Phase.CHECKPOINTED and p is None:
-            actions.append(Action(REQUEUE, m.job_id, "checkpointed; waits for a placement", was=m.job.admin_comment))
-            continue
-        if m.phase == Phase.PARKED:
-            if m.job.finished:
-                actions.append(
-                    Action(REQUEUE, m.job_id, "parked; held until it is released", was=m.job.admin_comment, parks=True)
-                )
-            continue
-        if (
-            p is None
-            or m.phase not in (Phase.HELD, Phase.LOOSE, Phase.RELEASED, Phase.RUNNING, Phase.CHECKPOINTED)
-            or m.spec_json is None
-        ):
-            continue
-        if (
-            m.phase in (Phase.RELEASED, Phase.RUNNING)
-            and p.same_resources(m.current)
-            and not waiting_for_begin_time(m, now)
-        ):
-            continue
-        if m.phase == Phase.RUNNING and not (m.spec is not None and m.spec.elastic):
-            continue  # only elastic jobs are moved while they run
-        partition = choose_partition(view, p, getattr(m.spec, "partitions", None))
-        if partition is None:
-            continue  # validate() keeps such placements out; nothing to carry out
-        plan = job_plan(m, p, checkpoint_root, view)
-        # a job that ran before (requeued: its BeginTime is cred_expire away) starts in the next whole second
-        restart = (
-            m.phase in (Phase.RUNNING, Phase.CHECKPOINTED)
-            or waiting_for_begin_time(m, now)
-            or (m.phase == Phase.HELD and m.plan is not None)
-        )
-        # A mixed-type cell: no feature constraint (each node's own type is
-        # what ReqNodeList names), untyped gres per node (see docs/slurm-support.md).
-        features = "" if p.cell.mixed else p.cell.gpu_type
-        update = JobUpdate(
-            partition=partition,
-            features=features,
-            num_nodes=p.cell.num_nodes,
-            req_nodes=tuple(sorted(p.node_names)),
-            gres_per_node=p.cell.gpus_per_node,
-            num_tasks=p.cell.num_gpus,
-            tasks_per_node=p.cell.gpus_per_node,
-            min_cpus_per_node=p.cell.gpus_per_node,
-            admin_comment=contract.encode_admin_comment(json.loads(m.spec_json), plan),
-            start_soon=restart,
-        )
-        if m.phase == Phase.RUNNING:
-            why = "resize" if p.cell.num_gpus != m.current.cell.num_gpus else "move"
-            actions.append(Action(MOVE, m.job_id, why, p, plan, update, was=m.job.admin_comment))
-            continue
-        why = {Phase.CHECKPOINTED: "resume", Phase.RELEASED: "move"}.get(
-            m.phase, "recover" if m.intent is not None and m.phase == Phase.HELD else "new"
-        )
-        actions.append(
-            Action(
-                PLACE,
-                m.job_id,
-                why,
-                p,
-                plan,
-                update,
-                hold_first=m.phase in (Phase.LOOSE, Phase.RELEASED),
-                requeue_first=m.phase == Phase.CHECKPOINTED,
-            )
-        )
+        a = _action(m, desired.get(m.job_id), view, checkpoint_root, now, checkpoint_timeout_s, resignal)
+        if a is not None:
+            actions.append(a)
     acted = {a.job_id for a in actions}
     for m in jobs:
         if m.job_id not in acted and needs_tidy(m):
             tidy = JobUpdate(admin_comment=contract.with_step(m.job.admin_comment, None))
-            actions.append(Action(TIDY, m.job_id, "released: its AdminComment loses the Step", update=tidy))
+            actions.append(Action(ActionKind.TIDY, m.job_id, "released: its AdminComment loses the Step", update=tidy))
     return tuple(actions)
+
+
+def _action(
+    m: ManagedJob,
+    p: Placement | None,
+    view: ClusterView,
+    checkpoint_root: str,
+    now: float,
+    checkpoint_timeout_s: float,
+    resignal: Collection[str],
+) -> Action | None:
+    """The action on one job (`decide`), None when it is left as it is."""
+    if m.phase == Phase.LOOSE and p is None:
+        return Action(ActionKind.HOLD, m.job_id, "pending without a plan")
+    if m.phase == Phase.CHECKPOINTING:
+        if m.intent is not None and now - m.intent.created > checkpoint_timeout_s:
+            why = f"no checkpoint {checkpoint_timeout_s:.0f} s after the signal"
+            return Action(ActionKind.REQUEUE, m.job_id, why, was=m.job.admin_comment)
+        if m.job_id in resignal:
+            return Action(ActionKind.RESIGNAL, m.job_id, "move rebuilt from its Step; the signal may not have come")
+        return None
+    if m.phase == Phase.CHECKPOINTED and p is None:
+        return Action(ActionKind.REQUEUE, m.job_id, "checkpointed; waits for a placement", was=m.job.admin_comment)
+    if m.phase == Phase.PARKED:
+        if not m.job.finished:
+            return None
+        why = "parked; held until it is released"
+        return Action(ActionKind.REQUEUE, m.job_id, why, was=m.job.admin_comment, parks=True)
+    if p is None or not _to_place(m, p, now):
+        return None
+    return _placement_action(m, p, view, checkpoint_root, now)
+
+
+def _to_place(m: ManagedJob, p: Placement, now: float) -> bool:
+    """Is the job (in a phase that may be placed) to be placed on `p`? Not
+    when it is released or running there already (and not waiting for a
+    BeginTime), nor when it runs and is not elastic."""
+    if (
+        m.phase not in (Phase.HELD, Phase.LOOSE, Phase.RELEASED, Phase.RUNNING, Phase.CHECKPOINTED)
+        or m.spec_json is None
+    ):
+        return False
+    if (
+        m.phase in (Phase.RELEASED, Phase.RUNNING)
+        and p.same_resources(m.current)
+        and not waiting_for_begin_time(m, now)
+    ):
+        return False
+    # only elastic jobs are moved while they run
+    return m.phase != Phase.RUNNING or (m.spec is not None and m.spec.elastic)
+
+
+def _placement_action(
+    m: ManagedJob, p: Placement, view: ClusterView, checkpoint_root: str, now: float
+) -> Action | None:
+    """MOVE a running job to `p`, or PLACE a waiting one there; None when no
+    partition holds the placement's nodes."""
+    partition = choose_partition(view, p, getattr(m.spec, "partitions", None))
+    if partition is None:
+        return None  # validate() keeps such placements out; nothing to carry out
+    plan = job_plan(m, p, checkpoint_root, view)
+    # a job that ran before (requeued: its BeginTime is cred_expire away) starts in the next whole second
+    restart = (
+        m.phase in (Phase.RUNNING, Phase.CHECKPOINTED)
+        or waiting_for_begin_time(m, now)
+        or (m.phase == Phase.HELD and m.plan is not None)
+    )
+    update = _placement_update(m, p, partition, plan, restart)
+    if m.phase == Phase.RUNNING:
+        assert m.current is not None  # a running job's phase says it runs on a plan of ours
+        why = "resize" if p.cell.num_gpus != m.current.cell.num_gpus else "move"
+        return Action(ActionKind.MOVE, m.job_id, why, p, plan, update, was=m.job.admin_comment)
+    why = {Phase.CHECKPOINTED: "resume", Phase.RELEASED: "move"}.get(
+        m.phase, "recover" if m.intent is not None and m.phase == Phase.HELD else "new"
+    )
+    return Action(
+        ActionKind.PLACE,
+        m.job_id,
+        why,
+        p,
+        plan,
+        update,
+        hold_first=m.phase in (Phase.LOOSE, Phase.RELEASED),
+        requeue_first=m.phase == Phase.CHECKPOINTED,
+    )
+
+
+def _placement_update(m: ManagedJob, p: Placement, partition: str, plan: JobPlan, start_soon: bool) -> JobUpdate:
+    """The update that puts a job on placement `p` with `plan` in its AdminComment."""
+    assert m.spec_json is not None
+    # A mixed-type cell: no feature constraint (each node's own type is
+    # what ReqNodeList names), untyped gres per node (see docs/slurm-support.md).
+    features = "" if p.cell.mixed else p.cell.gpu_type
+    return JobUpdate(
+        partition=partition,
+        features=features,
+        num_nodes=p.cell.num_nodes,
+        req_nodes=tuple(sorted(p.node_names)),
+        gres_per_node=p.cell.gpus_per_node,
+        num_tasks=p.cell.num_gpus,
+        tasks_per_node=p.cell.gpus_per_node,
+        min_cpus_per_node=p.cell.gpus_per_node,
+        admin_comment=contract.encode_admin_comment(json.loads(m.spec_json), plan),
+        start_soon=start_soon,
+    )
 
 
 def needs_tidy(m: ManagedJob) -> bool:
@@ -434,7 +467,7 @@ def intent_outcomes(jobs: tuple[ManagedJob, ...], open_plans: Mapping[str, PlanR
         elif same_plan(m.job, row):
             out[job_id] = PlanStatus.RELEASED
         else:
-            out[job_id] = PlanStatus.GONE if m.job.finished else "abandoned"
+            out[job_id] = PlanStatus.GONE if m.job.finished else PlanStatus.ABANDONED
     return out
 
 
@@ -474,32 +507,20 @@ def apply(
     round carries them out. SlurmUnavailable stops the round (the intents
     stay open)."""
     t0 = time.monotonic()
-    of = {kind: [a for a in actions if a.kind == kind] for kind in (TIDY, HOLD, REQUEUE, RESIGNAL, MOVE, PLACE)}
-    outcomes = _tidy(of[TIDY], backend) if of[TIDY] else []
-    outcomes += _outcomes(of[HOLD], backend.hold_many([a.job_id for a in of[HOLD]]) if of[HOLD] else {})
-    if of[REQUEUE]:
-        failed = backend.requeue_many([a.job_id for a in of[REQUEUE]], hold=True)
-        with state.batch():
-            for a in of[REQUEUE]:
-                if a.job_id not in failed:
-                    state.add_history(a.job_id, HistoryEvent.REQUEUED, clock(), round_id)
-        _mark_requeued([a for a in of[REQUEUE] if a.job_id not in failed], backend, clock())
-        outcomes += _outcomes(of[REQUEUE], failed)
-    unsignalled: dict[str, Exception] = {}
-    for a in of[RESIGNAL]:
-        try:
-            backend.signal(a.job_id, contract.CHECKPOINT_SIGNAL, target=STEPS)
-            log.info("asked to checkpoint again", extra={"fields": a.summary()})
-        except JOB_FAILURES as exc:
-            unsignalled[a.job_id] = exc
-    outcomes += _outcomes(of[RESIGNAL], unsignalled)
+    of = {kind: [a for a in actions if a.kind == kind] for kind in ActionKind}
+    outcomes = _tidy(of[ActionKind.TIDY], backend) if of[ActionKind.TIDY] else []
+    holds = of[ActionKind.HOLD]
+    outcomes += _outcomes(holds, backend.hold_many([a.job_id for a in holds]) if holds else {})
+    if of[ActionKind.REQUEUE]:
+        outcomes += _requeue(of[ActionKind.REQUEUE], backend, state, round_id, clock)
+    outcomes += _resignal(of[ActionKind.RESIGNAL], backend)
     signalled: dict[str, tuple[Action, tuple[int, float]]] = {}
-    for a in of[MOVE]:
+    for a in of[ActionKind.MOVE]:
         try:
             signalled[a.job_id] = (a, _signal(a, backend, state, round_id, clock))
         except JOB_FAILURES as exc:
             outcomes += _outcomes([a], {a.job_id: exc})
-    places = of[PLACE]
+    places = of[ActionKind.PLACE]
     for k in range(0, len(places), batch):
         if time.monotonic() - t0 > budget_s:
             outcomes += _defer(places[k:], state, round_id, clock)
@@ -508,6 +529,31 @@ def apply(
     if signalled:
         outcomes += _finish_moves(signalled, backend, state, round_id, clock, waiting)
     return outcomes
+
+
+def _requeue(
+    actions: list[Action], backend: Backend, state: StateStore, round_id: int | None, clock: Callable[[], float]
+) -> list[Outcome]:
+    """Requeue the jobs held (REQUEUE), each with a "requeued" event and Step."""
+    failed = backend.requeue_many([a.job_id for a in actions], hold=True)
+    with state.batch():
+        for a in actions:
+            if a.job_id not in failed:
+                state.add_history(a.job_id, HistoryEvent.REQUEUED, clock(), round_id)
+    _mark_requeued([a for a in actions if a.job_id not in failed], backend, clock())
+    return _outcomes(actions, failed)
+
+
+def _resignal(actions: list[Action], backend: Backend) -> list[Outcome]:
+    """Ask the jobs to checkpoint again (RESIGNAL)."""
+    unsignalled: dict[str, Exception] = {}
+    for a in actions:
+        try:
+            backend.signal(a.job_id, contract.CHECKPOINT_SIGNAL, target=STEPS)
+            log.info("asked to checkpoint again", extra={"fields": a.summary()})
+        except JOB_FAILURES as exc:
+            unsignalled[a.job_id] = exc
+    return _outcomes(actions, unsignalled)
 
 
 def _tidy(actions: list[Action], backend: Backend) -> list[Outcome]:
@@ -683,7 +729,7 @@ def _place_many(
     intent = {j: i for j, (i, _) in journalled.items()}
     _step("journalled", len(actions))
     errors: dict[str, Exception] = {}
-    requeue = [a.job_id for a in actions if a.kind == MOVE or a.requeue_first]
+    requeue = [a.job_id for a in actions if a.kind == ActionKind.MOVE or a.requeue_first]
     if requeue:
         errors.update(backend.requeue_many(requeue, hold=True))
         with state.batch():
@@ -696,6 +742,40 @@ def _place_many(
     if hold:
         errors.update(backend.hold_many(hold))
         _step("held", len(hold))
+    updated = _update(actions, journalled, backend, state, clock, errors)
+    if updated:
+        errors.update(backend.release_many(updated))
+    with state.batch():
+        for a in actions:
+            if a.job_id in errors:
+                state.set_plan_status(intent[a.job_id], PlanStatus.FAILED, clock(), str(errors[a.job_id]))
+            else:
+                state.set_plan_status(intent[a.job_id], PlanStatus.RELEASED, clock())
+    _step("released", len(updated) - len(set(updated) & set(errors)))
+    tidy = [
+        Action(ActionKind.TIDY, a.job_id, update=JobUpdate(admin_comment=a.update.admin_comment))
+        for a in actions
+        if a.job_id in updated and a.job_id not in errors and a.update is not None
+    ]
+    if tidy:
+        _tidy(tidy, backend)
+    for a in actions:
+        if a.job_id not in errors:
+            log.info("placed", extra={"fields": a.summary()})
+    return _outcomes(actions, errors)
+
+
+def _update(
+    actions: list[Action],
+    journalled: Mapping[str, tuple[int, float]],
+    backend: Backend,
+    state: StateStore,
+    clock: Callable[[], float],
+    errors: dict[str, Exception],
+) -> list[str]:
+    """Update the jobs not failed so far (`errors`, added to) to their
+    placements, each AdminComment with the Step "updated" at its intent's
+    time; the jobs updated, their intents marked so."""
     changes = {
         a.job_id: dataclasses.replace(
             a.update,
@@ -714,21 +794,6 @@ def _place_many(
             updated.append(job_id)
     with state.batch():
         for job_id in updated:
-            state.set_plan_status(intent[job_id], PlanStatus.UPDATED, clock())
+            state.set_plan_status(journalled[job_id][0], PlanStatus.UPDATED, clock())
     _step("updated", len(updated))
-    if updated:
-        errors.update(backend.release_many(updated))
-    with state.batch():
-        for a in actions:
-            if a.job_id in errors:
-                state.set_plan_status(intent[a.job_id], PlanStatus.FAILED, clock(), str(errors[a.job_id]))
-            else:
-                state.set_plan_status(intent[a.job_id], PlanStatus.RELEASED, clock())
-    _step("released", len(updated) - len(set(updated) & set(errors)))
-    done = [a for a in actions if a.job_id in updated and a.job_id not in errors]
-    if done:
-        _tidy([Action(TIDY, a.job_id, update=JobUpdate(admin_comment=a.update.admin_comment)) for a in done], backend)
-    for a in actions:
-        if a.job_id not in errors:
-            log.info("placed", extra={"fields": a.summary()})
-    return _outcomes(actions, errors)
+    return updated

@@ -125,20 +125,30 @@ def review(
         if m.job_id in trained_before or m.job_id in parked:
             out[m.job_id] = _review_trained(m, past, since, new, m.job_id in parked, max_relaunches, exit_text)
             continue
-        count = counted(past)
-        if count > max_relaunches:
-            reason = (
-                f"its run failed before training {len(past)} times (last: {exit_text} in {cell}); "
-                f"not requeued again (max_relaunches = {max_relaunches})"
-            )
-            out[m.job_id] = RunFailure(m.job_id, cell, job.end_time, new, False, reason)
-        else:
-            reason = (
-                f"its run failed before training ({exit_text} in {cell}, failure {count} of "
-                f"{max_relaunches} allowed); requeued from its checkpoint"
-            )
-            out[m.job_id] = RunFailure(m.job_id, cell, job.end_time, new, True, reason)
+        out[m.job_id] = _review_untrained(m, past, new, max_relaunches, exit_text)
     return out
+
+
+def _review_untrained(
+    m: inp.ManagedJob, past: Sequence[tuple[float, str]], new: bool, max_relaunches: int, exit_text: str
+) -> RunFailure:
+    """The verdict on a failed run of a job that has never trained:
+    relaunched while its failures count at most `max_relaunches`, else
+    given up."""
+    assert m.plan is not None and m.job.end_time is not None
+    cell = m.plan.cell or ""
+    count = counted(past)
+    if count > max_relaunches:
+        reason = (
+            f"its run failed before training {len(past)} times (last: {exit_text} in {cell}); "
+            f"not requeued again (max_relaunches = {max_relaunches})"
+        )
+        return RunFailure(m.job_id, cell, m.job.end_time, new, False, reason)
+    reason = (
+        f"its run failed before training ({exit_text} in {cell}, failure {count} of "
+        f"{max_relaunches} allowed); requeued from its checkpoint"
+    )
+    return RunFailure(m.job_id, cell, m.job.end_time, new, True, reason)
 
 
 def _review_trained(

@@ -51,7 +51,7 @@ def record_cluster(m: mx.Metrics, snap: ClusterSnapshot, jobs: tuple[inp.Managed
     phases: dict[mx.Labels, float] = {(("phase", p),): 0.0 for p in shown}
     for j in jobs:
         if j.phase != inp.Phase.FINISHED:
-            key = (("phase", j.phase),)
+            key: mx.Labels = (("phase", j.phase),)
             phases[key] = phases.get(key, 0.0) + 1
     m.replace("jobs", phases)
     gpus: dict[mx.Labels, float] = {}

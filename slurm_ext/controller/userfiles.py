@@ -25,8 +25,10 @@ import threading
 import time
 from dataclasses import dataclass
 
+from slurm_ext.errors import CellschedError
 
-class Refused(Exception):
+
+class Refused(CellschedError):
     """The file is not one the controller reads (the message says why)."""
 
 

@@ -28,6 +28,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -394,9 +395,9 @@ def test_chaos_loses_no_job(slurm_cluster, tmp_path):
             gpus = [_gpus(c) for c in cells]
             chaos.counts["placements"] += len(cells)
             chaos.counts["moves"] += sum(e["event"] == "signalled" for e in history)
-            chaos.counts["grows"] += sum(b > a for a, b in zip(gpus, gpus[1:]))
-            chaos.counts["shrinks"] += sum(b < a for a, b in zip(gpus, gpus[1:]))
-            chaos.counts["type changes"] += sum(a.split(":")[0] != b.split(":")[0] for a, b in zip(cells, cells[1:]))
+            chaos.counts["grows"] += sum(b > a for a, b in pairwise(gpus))
+            chaos.counts["shrinks"] += sum(b < a for a, b in pairwise(gpus))
+            chaos.counts["type changes"] += sum(a.split(":")[0] != b.split(":")[0] for a, b in pairwise(cells))
             chaos.counts["requeues"] += sum(e["event"] == "requeued" for e in history)
             chaos.counts["runs failed before training"] += sum(e["event"] == "run-failed" for e in history)
     needed: dict[tuple[int, int], int] = {}

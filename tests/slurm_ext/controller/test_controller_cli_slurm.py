@@ -8,6 +8,7 @@ import json
 import signal
 import sqlite3
 import subprocess
+from itertools import pairwise
 
 import pytest
 from controller_support import DEMO_JOB, write_config
@@ -105,5 +106,5 @@ def test_daemon_runs_every_interval_and_stops_on_sigterm(slurm_cluster, tmp_path
     with sqlite3.connect(state) as db:
         rows = db.execute("SELECT started, status FROM rounds ORDER BY id").fetchall()
     started = [t for t, _ in rows]
-    assert sum(st == "ok" for _, st in rows) >= 2 and all(b - a >= 0.45 for a, b in zip(started, started[1:])), rows
+    assert sum(st == "ok" for _, st in rows) >= 2 and all(b - a >= 0.45 for a, b in pairwise(started)), rows
     cs("controller", "run", "--once", "--config", config)  # the state lock was released

@@ -25,7 +25,7 @@ from slurm_ext.controller.progress import (
     estimate_done,
     read_progress,
 )
-from slurm_ext.controller.reconcile import HOLD, PLACE, checked, choose_partition, decide, intent_outcomes
+from slurm_ext.controller.reconcile import ActionKind, checked, choose_partition, decide, intent_outcomes
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
 from slurm_ext.state import JobStatus, StateStore
@@ -287,7 +287,7 @@ def test_decide_places_held_jobs_with_the_per_type_partition():
     jobs = inp.classify(snap, {}, {})
     view = inp.build_request(snap, jobs, {}, Config().solver).view
     (a,) = decide(jobs, {"2": placement("2", ("n1", "n2"))}, view, "/ck")
-    assert a.kind == PLACE and not a.hold_first and a.why == "new"
+    assert a.kind == ActionKind.PLACE and not a.hold_first and a.why == "new"
     u = a.update
     assert (u.partition, u.features, u.num_nodes, u.req_nodes, u.gres_per_node) == ("a100", "a100", 2, ("n1", "n2"), 2)
     assert (u.num_tasks, u.tasks_per_node) == (4, 2)  # one task per GPU for `srun cellsched-launch`
@@ -319,12 +319,12 @@ def test_decide_leaves_unchanged_and_running_jobs_alone():
     jobs = inp.classify(snap, {}, {})
     view = inp.build_request(snap, jobs, {}, Config().solver).view
     same = {"3": placement("3", ("n2",)), "4": placement("4", ("n1",))}
-    assert [(a.kind, a.job_id) for a in decide(jobs, same, view, "/ck")] == [(HOLD, "6")]
+    assert [(a.kind, a.job_id) for a in decide(jobs, same, view, "/ck")] == [(ActionKind.HOLD, "6")]
     moved = {"3": placement("3", ("n3",), "v100", 2), "4": placement("4", ("n2",))}
     acts = decide(jobs, moved, view, "/ck")
     assert [(a.kind, a.job_id, a.hold_first, a.why) for a in acts] == [
-        (PLACE, "3", True, "move"),
-        (HOLD, "6", False, "pending without a plan"),
+        (ActionKind.PLACE, "3", True, "move"),
+        (ActionKind.HOLD, "6", False, "pending without a plan"),
     ]
     assert json.loads(acts[0].update.admin_comment)["plan"]["checkpoint_dir"] == "/ckpt/3"  # kept from the old plan
 

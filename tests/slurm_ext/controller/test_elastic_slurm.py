@@ -456,7 +456,9 @@ def test_a_job_slower_than_its_profile_is_noticed_and_its_estimate_follows_withi
         for _ in range(3):
             last = seen[-1].observed_s if seen else None
             wait_until(
-                lambda: (q := _progress(backend, job)) is not None and q.iter_time_s and q.iter_time_s != last,
+                lambda last=last: (
+                    (q := _progress(backend, job)) is not None and q.iter_time_s and q.iter_time_s != last
+                ),
                 60,
                 "a new speed report",
             )

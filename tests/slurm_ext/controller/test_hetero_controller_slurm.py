@@ -183,7 +183,7 @@ def test_controller_shards_state_by_memory_across_a40_and_a10(slurm_cluster, tmp
     assert plan.cell == source.placed["cell"] and plan.nodes == ("n4", "n5", "n6"), plan
     assert plan.pp == 1 and plan.dp * plan.tp == 6 and plan.state_sharding == "memory", plan
     # one share per dp rank in task order: its GPU type's free memory (GB) as the estimator priced it
-    by_type = dict(zip((t for t, _ in cell.parts), (round(w, 4) for w in mixed.plan.state_shares)))
+    by_type = dict(zip((t for t, _ in cell.parts), (round(w, 4) for w in mixed.plan.state_shares), strict=True))
     per_node = plan.gpus_per_node // plan.tp
     types = {n: SHAPE[n][0] for n in plan.nodes}
     assert plan.state_shares == tuple(by_type[types[n]] for n in plan.nodes for _ in range(per_node)), plan

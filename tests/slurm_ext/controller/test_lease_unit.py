@@ -116,6 +116,10 @@ def test_a_slow_contender_gives_up(tmp_path):
     assert record(path)["holder"] == "a"  # held by nobody until it expires; never by two
 
 
+def _acquire(lease: FileLease, i: int, results: dict[int, bool]) -> None:
+    results[i] = lease.acquire()
+
+
 @pytest.mark.parametrize("contenders", [2, 3])
 def test_contenders_that_all_see_the_lease_free_never_both_take_it(tmp_path, contenders):
     """Real threads and clocks: every contender reads the lease free before
@@ -127,7 +131,7 @@ def test_contenders_that_all_see_the_lease_free_never_both_take_it(tmp_path, con
         for le in leases:
             first = le.read
 
-            def read_once(first=first) -> LeaseRecord | None:
+            def read_once(first=first, all_read=all_read) -> LeaseRecord | None:
                 rec = first()
                 if rec is None:
                     all_read.wait(timeout=10)
@@ -135,9 +139,7 @@ def test_contenders_that_all_see_the_lease_free_never_both_take_it(tmp_path, con
 
             le.read = read_once  # type: ignore[method-assign]
         results: dict[int, bool] = {}
-        threads = [
-            threading.Thread(target=lambda i=i: results.__setitem__(i, leases[i].acquire())) for i in range(contenders)
-        ]
+        threads = [threading.Thread(target=_acquire, args=(leases[i], i, results)) for i in range(contenders)]
         for t in threads:
             t.start()
         for t in threads:

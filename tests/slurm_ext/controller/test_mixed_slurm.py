@@ -163,7 +163,7 @@ def test_job_spanning_two_gpu_types_trains_like_the_reference(slurm_cluster, tmp
         virtual_workers=VIRTUAL_WORKERS,
     )
     assert len(losses) == STEPS
-    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
+    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, ref, strict=True))
     assert worst <= 1e-5, f"losses differ from the single-process reference by {worst:.2e} (relative)"
     print(f"\nmixed cell {CELL}: shares {shares}, rank batches {sizes}, worst relative loss error {worst:.2e}")
     ctl.round()

@@ -7,7 +7,7 @@ import pytest
 
 from slurm_ext.config import Config
 from slurm_ext.controller import inputs as inp
-from slurm_ext.controller.reconcile import PLACE, decide
+from slurm_ext.controller.reconcile import ActionKind, decide
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
 from solver.mixed import mixed_cell
@@ -55,7 +55,7 @@ def test_a_mixed_placement_is_released_as_one_ordinary_job():
     p = Placement("7", cell, (("n6", 2), ("n5", 2), ("n4", 2)), ParallelPlan(1, 6, 1, 1, (6, 3)), 0.5)
     a = decided(p)
     u = a.update
-    assert a.kind == PLACE and (u.partition, u.features, u.num_nodes, u.gres_per_node) == ("all", "", 3, 2)
+    assert a.kind == ActionKind.PLACE and (u.partition, u.features, u.num_nodes, u.gres_per_node) == ("all", "", 3, 2)
     assert (u.req_nodes, u.num_tasks, u.tasks_per_node) == (("n4", "n5", "n6"), 6, 2)
     plan = JobPlan.from_dict(json.loads(u.admin_comment)["plan"])
     assert plan.nodes == ("n4", "n5", "n6") and plan.gpu_types == ("a10", "a40") and plan.cell == cell.key()

@@ -15,7 +15,7 @@ from slurm_ext.config import Config
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller import relaunch
 from slurm_ext.controller.progress import JobProgress
-from slurm_ext.controller.reconcile import PLACE, REQUEUE, decide
+from slurm_ext.controller.reconcile import ActionKind, decide
 from slurm_ext.controller.round import excluded_cells
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
@@ -193,8 +193,8 @@ def test_a_run_that_failed_before_its_first_step_is_relaunched():
     view = inp.build_request(snapshot(), after, {}, Config().solver).view
     p = Placement("1", Cell("a40", 1, 2, 1), (("n5", 2),), ParallelPlan(1, 2, 1), 0.5)
     actions = {a.job_id: a for a in decide(after, {"1": p}, view, "/ck")}
-    assert actions["1"].kind == PLACE and actions["1"].requeue_first and actions["1"].update.start_soon
-    assert actions["3"].kind == REQUEUE  # no placement this round: requeued held, placed later
+    assert actions["1"].kind == ActionKind.PLACE and actions["1"].requeue_first and actions["1"].update.start_soon
+    assert actions["3"].kind == ActionKind.REQUEUE  # no placement this round: requeued held, placed later
 
 
 def test_a_recorded_failure_is_not_read_again_and_a_job_that_keeps_failing_is_given_up():
@@ -280,7 +280,7 @@ def test_a_requeued_held_job_is_released_to_start_in_the_next_second():
     view = inp.build_request(snapshot(job), (m,), {}, Config().solver).view
     p = Placement("1", Cell("a40", 1, 2, 1), (("n5", 2),), ParallelPlan(1, 2, 1), 0.5)
     (a,) = decide((m,), {"1": p}, view, "/ck")
-    assert a.kind == PLACE and a.update.start_soon and not a.requeue_first
+    assert a.kind == ActionKind.PLACE and a.update.start_soon and not a.requeue_first
     fresh = held("2", SPEC)
     (m,) = inp.classify(snapshot(fresh), {}, {})
     (a,) = decide((m,), {"2": dataclasses.replace(p, job_id="2")}, view, "/ck")
@@ -312,7 +312,7 @@ def test_a_job_released_to_start_soon_is_not_placed_again_while_it_waits_that_se
         view = inp.build_request(snapshot(j), (m,), {}, Config().solver).view
         actions = decide((m,), {"1": p}, view, "/ck", now=1000.0)
         assert [(a.kind, a.update.start_soon, a.hold_first) for a in actions] == (
-            [(PLACE, True, True)] if placed_again else []
+            [(ActionKind.PLACE, True, True)] if placed_again else []
         ), eligible
 
 
@@ -406,7 +406,7 @@ def test_a_trained_job_failing_max_relaunches_plus_one_times_in_a_row_is_parked_
     assert inp.build_request(snapshot(), (m,), {}, Config().solver).request.jobs == ()  # not placed
     p = Placement("1", Cell("a40", 1, 2, 1), (("n5", 2),), ParallelPlan(1, 2, 1), 0.5)
     (a,) = decide((m,), {"1": p}, view, "/ck")
-    assert a.kind == REQUEUE  # requeued held (scontrol requeuehold: a user hold), never cancelled
+    assert a.kind == ActionKind.REQUEUE  # requeued held (scontrol requeuehold: a user hold), never cancelled
     # the same failure reviewed again (its requeue failed) stays parked; a relaunched one stays relaunched
     again = relaunch.review(jobs, lambda m: record, {"1": recorded}, 3, trained_before={"1"}, parked={"1"})["1"]
     assert again.park and not again.new

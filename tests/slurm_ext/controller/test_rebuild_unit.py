@@ -12,6 +12,7 @@ The dev-cluster version: test_rebuild_slurm.py."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -166,3 +167,25 @@ def _comment(text: str) -> Any:
     from slurm_ext.backends.base import JobUpdate
 
     return JobUpdate(admin_comment=text)
+
+
+def test_a_step_whose_plan_names_no_gpus_per_node_stands_for_no_intent_and_rounds_go_on(tmp_path):
+    """A Step "signalled" whose target plan has no gpus_per_node (edited by
+    hand, or written by a broken controller) stands for no intent: were it
+    journalled, its nodes would read "n1:None" and every later round would
+    fail reading the journal. The held job is placed again as a new one."""
+    sim, job, calls = running_elastic_job(tmp_path)
+    plan = contract.admin_comment_plan(sim.observe().job(job).admin_comment)
+    assert plan is not None and plan.gpus_per_node is not None
+    target = json.loads(plan.to_json())
+    del target["gpus_per_node"]
+    sim.requeue(job, hold=True)
+    step = contract.Step(contract.SIGNALLED, sim.now, target, "")
+    sim.update(job, _comment(contract.with_step(sim.observe().job(job).admin_comment, step)))
+    fresh = controller(tmp_path / "fresh.sqlite", Recorder(sim, calls=calls), sim)
+    for _ in range(3):
+        assert fresh.round().status == "ok"
+        sim.advance(sim.now + 5)
+    assert sim.observe().job(job).state == "RUNNING"
+    assert contract.admin_comment_step(sim.observe().job(job).admin_comment) is None
+    fresh.state.close()

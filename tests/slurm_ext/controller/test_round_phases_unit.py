@@ -1,0 +1,84 @@
+"""A round's phases, on the simulated backend: a dry run decides what a live
+round would and changes nothing; the action kinds keep the strings the
+state DB's journal and the logs hold."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from slurm_ext.backends.base import SubmitRequest
+from slurm_ext.config import from_dict
+from slurm_ext.controller.inputs import Phase
+from slurm_ext.controller.reconcile import Action, ActionKind
+from slurm_ext.controller.round import Controller
+from slurm_ext.jobspec import JobSpec
+from slurm_ext.sim.backend import SimBackend
+from slurm_ext.sim.types import ClusterSpec, NodeGroup
+from slurm_ext.state import RoundStatus, StateStore
+
+CLUSTER = ClusterSpec((NodeGroup("a100", 2, 4),))
+SPEC = JobSpec(model="gpt-350m", global_batch=64, iterations=400, requested_gpus=4, requested_gpu_type="a100")
+WRITES = ("update", "update_many", "signal", "hold_many", "requeue_many", "release_many", "cancel")
+
+
+class Counting:
+    """The simulated Slurm, counting the calls that change it."""
+
+    def __init__(self, sim: SimBackend) -> None:
+        self.sim, self.name, self.writes = sim, sim.name, Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self.sim, name)
+        if name not in WRITES:
+            return call
+
+        def write(*args: Any, **kw: Any) -> Any:
+            self.writes[name] += 1
+            return call(*args, **kw)
+
+        return write
+
+
+def controller(state: Path, backend: Any, sim: SimBackend) -> Controller:
+    config = from_dict({"controller": {"state_path": str(state), "kick_file": ""}})
+    return Controller(config, backend=backend, state=StateStore(state), clock=lambda: sim.now, progress=lambda m: None)
+
+
+def test_a_dry_run_decides_what_a_live_round_does_and_changes_nothing(tmp_path):
+    sim = SimBackend(CLUSTER, speed=lambda spec, gpu_type, nodes, gpus_per_node, plan: 1.0)
+    request = SubmitRequest(script="job.sh", gres_per_node=1, hold=True, comment=SPEC.to_comment())
+    jobs = [sim.submit(request) for _ in range(3)]
+    backend = Counting(sim)
+    ctl = controller(tmp_path / "s.sqlite", backend, sim)
+
+    dry = ctl.round(dry_run=True)
+    assert dry.status == RoundStatus.OK and dry.dry_run and dry.round_id is None
+    assert not backend.writes  # Slurm untouched ...
+    assert ctl.state.rounds() == [] and ctl.state.jobs() == {} and ctl.state.open_plans() == {}  # ... and the DB
+    assert all(sim.observe().job(j).held for j in jobs)
+
+    live = ctl.round()
+    assert live.status == RoundStatus.OK and not live.dry_run and live.round_id is not None
+    assert backend.writes["release_many"] >= 1
+    # the same decisions: each action the dry run showed is the one the live round carried out, and it went well
+    assert [{k: v for k, v in a.items() if k != "ok"} for a in live.actions] == list(dry.actions)
+    assert all(a["ok"] for a in live.actions)
+    assert dry.placements == live.placements and set(live.placements) == set(jobs)
+    assert {s.phase for s in dry.jobs} == {Phase.HELD}  # shown, not released ...
+    assert {s.phase for s in live.jobs} == {Phase.RELEASED}  # ... and released by the live round
+    assert [r["status"] for r in ctl.state.rounds()] == ["ok"]
+    ctl.state.close()
+
+
+def test_the_action_kinds_keep_the_strings_the_journal_holds():
+    old = {"place", "hold", "move", "requeue", "tidy", "resignal"}  # what rounds journalled before the enum
+    assert {k.value for k in ActionKind} == old
+    for value in old:
+        kind = ActionKind(value)  # an old journal's string reads back as the kind
+        assert kind == value and hash(kind) == hash(value) and str(kind) == value and f"{kind}" == value
+    summary = Action(ActionKind.PLACE, "7", "new").summary()
+    assert json.loads(json.dumps(summary)) == {"kind": "place", "job": "7", "why": "new"}
+    assert type(summary["kind"]) is str  # stored as the plain string
