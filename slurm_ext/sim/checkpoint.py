@@ -19,12 +19,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from slurm_ext.errors import CellschedError
+
 #: the file's format (2: the payload holds the wall time spent); a checkpoint of another version is not continued
 VERSION = 2
 _LOCKS = {type(threading.Lock()): "lock", type(threading.RLock()): "rlock"}
 
 
-class CheckpointError(Exception):
+class CheckpointError(CellschedError):
     """The file is not a checkpoint of this run (or of this cellsched)."""
 
 

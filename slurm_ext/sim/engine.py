@@ -54,6 +54,7 @@ from slurm_ext.backends.base import SubmitRequest
 from slurm_ext.config import Config, ControllerConfig, NetworkConfig
 from slurm_ext.controller.progress import JobProgress
 from slurm_ext.controller.round import Controller
+from slurm_ext.errors import CellschedError
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.backend import EXECUTED_SECONDS, ITERATIONS, RestartCostFn, SimBackend, SpeedFn
 from slurm_ext.sim.clusterspec import node_names
@@ -76,7 +77,7 @@ PRUNED_POLICIES = ("cellsched", "cellsched-static")
 ARENA_ROUND_S = float(load_sim_constants()["SCHEDULING_INTERVAL"])
 
 
-class SimError(ValueError):
+class SimError(ValueError, CellschedError):
     """A simulation that cannot run as asked (the message says why)."""
 
 

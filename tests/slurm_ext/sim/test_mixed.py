@@ -129,7 +129,7 @@ def _plan_of(est, cell, vw: int | None = None) -> JobPlan:
     per_node = cell.gpus_per_node // est.plan.tp
 
     def per_rank(values):
-        return tuple(float(v) for (_, n), v in zip(cell.parts, values) for _ in range(n * per_node))
+        return tuple(float(v) for (_, n), v in zip(cell.parts, values, strict=True) for _ in range(n * per_node))
 
     sharded = est.plan.sharded
     return JobPlan(
