@@ -47,8 +47,8 @@ from typing import Any
 
 from slurm_ext.errors import CellschedError
 from slurm_ext.jobspec import JobSpec
-from slurm_ext.sim.backend import SpeedFn
 from slurm_ext.sim.clusterspec import node_type
+from slurm_ext.sim.world import SpeedFn
 from solver.mixed import MixedEstimator, parse_key
 from solver.plan import JobPlan
 from solver.types import Cell, Estimate, EstimateSource, EstimatorLike, JobRequest, ParallelPlan
