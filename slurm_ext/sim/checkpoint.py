@@ -6,9 +6,12 @@ Everything is pickled as it is, the state DB with its content
 (``StateStore.__getstate__``); what no pickle holds is rebuilt fresh: locks
 (no step holds one between steps) and events (with whether they were set).
 The file is written next to its final name and renamed into place, so a
-run killed while saving leaves the previous checkpoint whole. A checkpoint
-names the run it belongs to (``key``): continuing another run's file is
-refused.
+run killed while saving leaves the previous checkpoint whole. It holds two
+pickles: a header (the format's `VERSION` and the run's ``key``), then the
+payload, so that a checkpoint of another format or another run is refused
+before its payload is read. A checkpoint of another version of the
+simulator (its classes changed) is refused, not continued: the run starts
+over.
 """
 
 from __future__ import annotations
@@ -19,12 +22,15 @@ import threading
 from pathlib import Path
 from typing import Any
 
-#: the file's format (2: the payload holds the wall time spent); a checkpoint of another version is not continued
-VERSION = 2
+from slurm_ext.errors import CellschedError
+
+#: the file's format (3: a header, then the payload; the simulator as world, clock, accounting and backend;
+#: 2: the payload holds the wall time spent); a checkpoint of another version is not continued
+VERSION = 3
 _LOCKS = {type(threading.Lock()): "lock", type(threading.RLock()): "rlock"}
 
 
-class CheckpointError(Exception):
+class CheckpointError(CellschedError):
     """The file is not a checkpoint of this run (or of this cellsched)."""
 
 
@@ -70,7 +76,9 @@ def save(path: str | Path, key: str, payload: Any) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with tmp.open("wb") as f:
-            _Pickler(f, protocol=pickle.HIGHEST_PROTOCOL).dump({"version": VERSION, "key": key, "payload": payload})
+            pickler = _Pickler(f, protocol=pickle.HIGHEST_PROTOCOL)
+            pickler.dump({"version": VERSION, "key": key})
+            pickler.dump(payload)
             f.flush()
             os.fsync(f.fileno())
         tmp.replace(path)
@@ -80,13 +88,22 @@ def save(path: str | Path, key: str, payload: Any) -> None:
 
 def load(path: str | Path, key: str) -> Any:
     """The payload of run `key`'s checkpoint at `path` (CheckpointError: another run's, or not one)."""
+    unreadable = (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError)
     try:
         with Path(path).open("rb") as f:
-            data = _Unpickler(f).load()
-    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError) as exc:
-        raise CheckpointError(f"{path} is not a simulation checkpoint this cellsched can read: {exc}") from None
-    if not isinstance(data, dict) or data.get("version") != VERSION:
-        raise CheckpointError(f"{path} is not a version-{VERSION} simulation checkpoint")
-    if data.get("key") != key:
-        raise CheckpointError(f"{path} holds another run ({data.get('key')!r}), not {key!r}")
-    return data["payload"]
+            unpickler = _Unpickler(f)
+            header = unpickler.load()
+            if not isinstance(header, dict) or header.get("version") != VERSION:
+                found = header.get("version") if isinstance(header, dict) else None
+                raise CheckpointError(
+                    f"{path} is not a version-{VERSION} simulation checkpoint"
+                    + (f" (it is version {found!r}, of another cellsched: remove it to start over)" if found else "")
+                )
+            if header.get("key") != key:
+                raise CheckpointError(f"{path} holds another run ({header.get('key')!r}), not {key!r}")
+            return unpickler.load()
+    except unreadable as exc:
+        raise CheckpointError(
+            f"{path} is not a simulation checkpoint this cellsched can read"
+            f" (one of another cellsched version is not continued: remove it to start over): {exc}"
+        ) from None

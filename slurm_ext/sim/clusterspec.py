@@ -33,6 +33,7 @@ import pathlib
 import re
 from typing import Any
 
+from slurm_ext.errors import CellschedError
 from slurm_ext.sim.types import ClusterSpec, NodeGroup
 from solver.datafile import read_json_or_toml
 from solver.profiles.arena import load_device_specs, shipped_path
@@ -41,7 +42,7 @@ _GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 _GROUP_KEYS = {"gpu_type", "count", "gpus_per_node", "mem_gb", "nic_gbps", "rack"}
 
 
-class ClusterSpecError(ValueError):
+class ClusterSpecError(ValueError, CellschedError):
     """A malformed cluster spec; the message names the file and the field."""
 
 

@@ -45,9 +45,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from slurm_ext.errors import CellschedError
 from slurm_ext.jobspec import JobSpec
-from slurm_ext.sim.backend import SpeedFn
 from slurm_ext.sim.clusterspec import node_type
+from slurm_ext.sim.world import SpeedFn
 from solver.mixed import MixedEstimator, parse_key
 from solver.plan import JobPlan
 from solver.types import Cell, Estimate, EstimateSource, EstimatorLike, JobRequest, ParallelPlan
@@ -64,7 +65,7 @@ DEV_CLUSTER_STARTUP_S = 8.1
 STORAGE_GBPS = 2.0
 
 
-class ConditionsError(ValueError):
+class ConditionsError(ValueError, CellschedError):
     """A condition that cannot be set up (the message names it)."""
 
 
@@ -140,6 +141,7 @@ class Conditions:
         Arena has none) keeps the truth of single-type cells only. The
         estimator is returned as it is: the simulator wraps it for mixed cells."""
         kind = self.truth if self.truth in TRUTHS else truth_kind(self.truth)
+        own: EstimatorLike
         if kind == "arena-filled":
             from solver.profiles.arena_estimates import ArenaEstimates
 
@@ -296,12 +298,12 @@ def mixed_time(
     if planned is None or cell.pp != 1 or len(est.plan.shares) != len(cell.parts):
         return est.iter_time_s
     ranks = [n * cell.gpus_per_node // est.plan.tp for _, n in cell.parts]
-    samples = [planned[t] / r for (t, _), r in zip(cell.parts, ranks)]
+    samples = [planned[t] / r for (t, _), r in zip(cell.parts, ranks, strict=True)]
     vw = plan.virtual_workers
     units = [1] * len(samples) if not vw else [max(1, math.ceil(s * vw / batch - 1e-9)) for s in samples]
     micro = [plan.micro_batches * u for u in units]
     weights = plan_state(plan, cell)
-    slices = None if weights is None else [weights[t] / r for (t, _), r in zip(cell.parts, ranks)]
+    slices = None if weights is None else [weights[t] / r for (t, _), r in zip(cell.parts, ranks, strict=True)]
     return truth.dp_time(job, cell, samples, micro, max(units), slices)
 
 
@@ -328,7 +330,7 @@ def plan_samples(plan: JobPlan, cell: Cell, batch: int) -> dict[str, float] | No
     weights = plan.batch_shares or (1.0,) * plan.dp
     out = dict.fromkeys((t for t, _ in cell.parts), 0.0)
     total = float(sum(weights))
-    for t, w in zip(types, weights):
+    for t, w in zip(types, weights, strict=False):
         out[t] += batch * w / total
     return out
 
@@ -345,7 +347,7 @@ def plan_state(plan: JobPlan, cell: Cell) -> dict[str, float] | None:
     weights = plan.state_shares if plan.state_shares and len(plan.state_shares) == plan.dp else (1.0,) * plan.dp
     out = dict.fromkeys((t for t, _ in cell.parts), 0.0)
     total = float(sum(weights))
-    for t, w in zip(types, weights):
+    for t, w in zip(types, weights, strict=False):
         out[t] += w / total
     return out
 

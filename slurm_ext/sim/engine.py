@@ -2,9 +2,15 @@
 the policy and the estimator given) on the simulated Slurm (`SimBackend`),
 driven by an event queue, not a tick loop.
 
+The engine drives the simulated cluster (slurm_ext.sim.world) and its
+clock directly, reads what became of each job from its accounting
+(slurm_ext.sim.accounting), and gives the controller the cluster only
+through the Backend protocol (slurm_ext.sim.backend.SimBackend), as the
+live controller sees a real one.
+
 Events, in time order (at one instant: job events, then arrivals, then a
 round): trace arrivals (each submitted held, with the cellsched tag, exactly
-like ``cellsched sbatch`` does), job events of the backend (start, end of a
+like ``cellsched sbatch`` does), job events of the world (start, end of a
 restart stall, completion, end of a checkpoint) and controller rounds.
 
 Rounds come every `interval_s`, and (``early_rounds``, like the daemon's
@@ -20,11 +26,11 @@ Arena-compatible mode (``arena_compat``) reproduces the conventions of
 Arena's own simulator (solver/data/arena/README.md): fixed rounds of
 `ARENA_ROUND_S` (Arena's SCHEDULING_INTERVAL, 300 s) from the first arrival,
 no early rounds; arrivals within a round are submitted at its start; at
-each round start the backend settles the round (progress, completions: a
-job finished mid-round ends at the next boundary, its GPUs taken until
-then), then the round's arrivals are submitted, then the controller round
-runs; checkpoints and starts take no time; restart charges as Arena's (see
-`restart_cost_for`); the truth speed and the estimator are Arena's profile
+each round start the round is settled (slurm_ext.sim.quantum: progress,
+completions: a job finished mid-round ends at the next boundary, its GPUs
+taken until then), then the round's arrivals are submitted, then the
+controller round runs; checkpoints and starts take no time; restart charges
+as Arena's (see `restart_cost_for`); the truth speed and the estimator are Arena's profile
 lookup (`ArenaTable`); Gavel and Sia get Arena's DP memory rule. Progress
 follows Arena's executed-seconds model by default
 (``progress_model="iterations"`` for the strict one).
@@ -54,12 +60,16 @@ from slurm_ext.backends.base import SubmitRequest
 from slurm_ext.config import Config, ControllerConfig, NetworkConfig
 from slurm_ext.controller.progress import JobProgress
 from slurm_ext.controller.round import Controller
+from slurm_ext.errors import CellschedError
 from slurm_ext.jobspec import JobSpec
-from slurm_ext.sim.backend import EXECUTED_SECONDS, ITERATIONS, RestartCostFn, SimBackend, SpeedFn
+from slurm_ext.sim.accounting import Accounting
+from slurm_ext.sim.backend import SimBackend
 from slurm_ext.sim.clusterspec import node_names
 from slurm_ext.sim.conditions import Conditions, table_speed
 from slurm_ext.sim.network import NetworkTruth, cluster_network
+from slurm_ext.sim.quantum import EXECUTED_SECONDS, ITERATIONS, QuantumMode
 from slurm_ext.sim.types import ClusterSpec, JobOutcome, RoundStat, Sample, SimRun, TraceJob
+from slurm_ext.sim.world import Observer, RestartCostFn, SimJob, SimWorld, SpeedFn
 from slurm_ext.state import RoundStatus, StateStore
 from slurm_ext.wrapper.submission import provisional_gres
 from solver.mixed import MixedEstimator
@@ -76,7 +86,7 @@ PRUNED_POLICIES = ("cellsched", "cellsched-static")
 ARENA_ROUND_S = float(load_sim_constants()["SCHEDULING_INTERVAL"])
 
 
-class SimError(ValueError):
+class SimError(ValueError, CellschedError):
     """A simulation that cannot run as asked (the message says why)."""
 
 
@@ -260,6 +270,32 @@ class LogCollector(logging.Handler):
             self.examples.append({"level": record.levelname, "message": msg, **{k: str(v) for k, v in fields.items()}})
 
 
+class _Changes(Observer):
+    """Tells the simulator (`on_change(kind)`) what happened in the world:
+    "submit", "start", "stall-end", "end", "requeue" or "node"."""
+
+    def __init__(self, on_change: Callable[[str], None]) -> None:
+        self.on_change = on_change
+
+    def submitted(self, job: SimJob) -> None:
+        self.on_change("submit")
+
+    def started(self, job: SimJob, cell: str) -> None:
+        self.on_change("start")
+
+    def stall_ended(self, job: SimJob) -> None:
+        self.on_change("stall-end")
+
+    def ended(self, job: SimJob) -> None:
+        self.on_change("end")
+
+    def requeued(self, job: SimJob) -> None:
+        self.on_change("requeue")
+
+    def node_changed(self, name: str) -> None:
+        self.on_change("node")
+
+
 class Simulator:
     """One policy over one trace on one simulated cluster."""
 
@@ -330,24 +366,28 @@ class Simulator:
         contention = o.contention if o.contention is not None else cluster.has_network and not o.arena_compat
         self.network = sim_network(cluster) if contention else None
         self.t0 = jobs[0].submit_time
-        self.quantum = ARENA_ROUND_S if o.arena_compat else None
+        #: Arena's rounds (arena_compat), slurm_ext.sim.quantum
+        self.quantum = QuantumMode(ARENA_ROUND_S, o.progress_model) if o.arena_compat else None
         self.trace = [self._quantized(j) for j in jobs] if o.arena_compat else jobs
         self.arrival_time = {j.job_id: j.submit_time for j in self.trace}
         self._state_dir = state_dir
-        self.backend = SimBackend(
+        self.accounting = Accounting()
+        self.world = SimWorld(
             cluster,
             speed=self._speed,
             restart_cost=self.restart_cost,
             checkpoint_s=o.checkpoint_s,
             start_delay_s=o.start_delay_s,
             min_job_age_s=o.min_job_age_s,
-            quantum_s=self.quantum,
-            progress_model=o.progress_model,
+            quantum=self.quantum,
             start_time=self.t0,
-            listener=self._on_event,
+            observers=(self.accounting, _Changes(self._on_event)),
             speed_factor=self._speed_factor if conditions is not None and conditions.noise else None,
             network=NetworkTruth(self.network) if self.network is not None else None,
         )
+        self.clock = self.world.clock
+        #: what the controller talks to
+        self.backend = SimBackend(self.world)
         self._nodes_snapshot = self.backend.observe()
         self.slurm_ids: dict[str, str] = {}  # trace job id -> Slurm job id
         self.trace_ids: dict[str, str] = {}  # Slurm job id -> trace job id
@@ -390,12 +430,14 @@ class Simulator:
         assert self.conditions is not None
         return self.conditions.speed_factor(self.trace_ids.get(job_id, job_id), gpu_type)
 
-    def _on_event(self, kind: str, job_id: str) -> None:
+    def _on_event(self, kind: str) -> None:
+        """Something happened in the world (see _Changes): a sample is due, and
+        a round when a job arrived or ended, was requeued, or a node changed."""
         self._sample_due = True
         if kind in ("submit", "end", "requeue", "node"):
             self.dirty = True
             if not self._in_round and kind != "submit":
-                self._want_round(self.backend.now)
+                self._want_round(self.clock.now)
 
     def _want_round(self, t: float) -> None:
         """A change at `t`: an early round (or the next interval round, when rounds are idle)."""
@@ -407,22 +449,22 @@ class Simulator:
             self._next_round = t if k == 0 else self._last_round + k * o.interval_s
 
     def _clock(self) -> float:
-        return self.backend.now
+        return self.clock.now
 
     def _sleep(self, dt: float) -> None:
         """The controller waits inside a round: job events (and arrivals)
         happen, no round starts. In arena_compat mode events due now (a
         0-s checkpoint) are processed first without moving the clock."""
-        if self.quantum is not None and self.backend.due_now():
-            self.backend.advance(self.backend.now)
+        if self.quantum is not None and self.world.due_now():
+            self.world.advance(self.clock.now)
             return
-        self._advance_to(self.backend.now + max(0.0, dt))
+        self._advance_to(self.clock.now + max(0.0, dt))
 
     def _progress(self, m: Any) -> JobProgress | None:
-        done = self.backend.iterations_done(m.job_id)
+        done = self.world.iterations_done(m.job_id)
         if done is None:
             return None
-        return JobProgress(done, self.backend.first_step_at(m.job_id), self.backend.iter_time(m.job_id))
+        return JobProgress(done, self.world.first_step_at(m.job_id), self.world.iter_time(m.job_id))
 
     def _spec(self, job: TraceJob) -> JobSpec | str:
         iterations = job.iterations
@@ -470,7 +512,7 @@ class Simulator:
     def _advance_to(self, t: float) -> None:
         """Arrivals and job events up to `t`, in time order; no rounds."""
         while True:
-            t_ev = self.backend.next_event_time()
+            t_ev = self.world.next_event_time()
             t_arr = (
                 self.trace[self._next].submit_time
                 if self._next < len(self.trace) and self.quantum is None
@@ -480,24 +522,24 @@ class Simulator:
             if nxt > t:
                 break
             if t_ev <= t_arr:
-                self.backend.advance(t_ev)
+                self.world.advance(t_ev)
             else:
-                self.backend.advance(t_arr)
+                self.world.advance(t_arr)
                 while self._next < len(self.trace) and self.trace[self._next].submit_time <= t_arr:
                     self._submit(self.trace[self._next])
                     self._next += 1
                 if not self._in_round:
                     self._want_round(t_arr)
             self._sample()
-        self.backend.advance(t)
+        self.world.advance(t)
 
     def _sample(self) -> None:
         if not self._sample_due or self.quantum is not None:
             return
         self._sample_due = False
         t0 = time.perf_counter()
-        b = self.backend
-        s = Sample(b.now, b.num_pending(), b.num_running(), b.throughput(), b.gpus_used())
+        w = self.world
+        s = Sample(w.now, w.num_pending(), w.num_running(), w.throughput(), w.gpus_used())
         if self.samples and self.samples[-1].time == s.time:
             self.samples[-1] = s
         elif not self.samples or (
@@ -511,7 +553,7 @@ class Simulator:
 
     def _round(self, controller: Controller) -> None:
         o = self.options
-        self._last_round = self.backend.now
+        self._last_round = self.clock.now
         if o.skip_idle_rounds and not self.dirty and self.rounds:
             self.rounds_skipped += 1
             self._next_round = math.inf
@@ -533,14 +575,14 @@ class Simulator:
         self.timings["round_s"] += report.total_s
         self._next_round = self._last_round + o.interval_s
         if self.dirty:  # something happened while the round ran
-            self._want_round(self.backend.now)
+            self._want_round(self.clock.now)
         self._sample_due = True
         self._sample()
 
     def _drained(self) -> bool:
         """Nothing left to happen: every arrival submitted, no job running or
         waiting to start on its own, no change the controller has not seen."""
-        return self._next >= len(self.trace) and not self.backend.has_active_jobs() and not self.dirty
+        return self._next >= len(self.trace) and not self.world.has_active_jobs() and not self.dirty
 
     # --- running ------------------------------------------------------------------
 
@@ -684,7 +726,7 @@ class Simulator:
         simulator works on a fixed grid of rounds, not on events, and the two
         differ in when arrivals are submitted, when a job's completion is
         seen, how often a round is considered and what a sample measures."""
-        t_ev = self.backend.next_event_time()
+        t_ev = self.world.next_event_time()
         t_arr = self.trace[self._next].submit_time if self._next < len(self.trace) else math.inf
         t_round = self._next_round
         if not self.options.skip_idle_rounds and self._drained():
@@ -695,7 +737,7 @@ class Simulator:
         if t_ev <= t or t_arr <= t:
             self._advance_to(t)
         else:
-            self.backend.advance(t)
+            self.world.advance(t)
             self._round(controller)
         self._sample()
         return True
@@ -703,19 +745,20 @@ class Simulator:
     def _step_arena_round(self, controller: Controller) -> bool:
         """Arena-compatible mode: one round of Arena's fixed grid (every
         ARENA_ROUND_S from the first arrival, whether anything happened or
-        not). At the round start T the backend settles the round (job events
+        not). At the round start T the round is settled (job events
         up to T, progress, the completions seen at T), the arrivals of
         [T, T + ARENA_ROUND_S) are submitted, the controller round runs (or
         is skipped when idle), and one sample is taken for the round. False
         when the simulation is over: nothing left (see `_drained`), or past
         max_time_s. See `_step_to_next_event` for why this is a step of
         its own."""
+        assert self.quantum is not None
         T = self._next_round
         if self._over_time(T):
             return False
         if self._drained():
             return False
-        self.backend.settle(T)
+        self.quantum.settle(self.world, T)
         end = T + ARENA_ROUND_S
         while self._next < len(self.trace) and self.trace[self._next].submit_time < end:
             self._submit(self.trace[self._next])
@@ -729,18 +772,19 @@ class Simulator:
         """Arena-compatible mode: one sample per round, as Arena counts it:
         the jobs running in [T, T + ARENA_ROUND_S) at their speed, each
         restarting job's share of the round lost to its restart charge taken
-        off (SimBackend.round_throughput)."""
-        b = self.backend
-        s = Sample(T, b.num_pending(), b.num_running(), b.round_throughput(T), b.gpus_used())
+        off (QuantumMode.round_throughput)."""
+        assert self.quantum is not None
+        w = self.world
+        s = Sample(T, w.num_pending(), w.num_running(), self.quantum.round_throughput(w, T), w.gpus_used())
         if self.samples and self.samples[-1].time == T:
             self.samples[-1] = s
         else:
             self.samples.append(s)
 
     def progress(self) -> SimProgress:
-        done = sum(1 for sid in self.slurm_ids.values() if self.backend.is_completed(sid))
+        done = sum(1 for sid in self.slurm_ids.values() if self.accounting.completed(sid))
         return SimProgress(
-            self.backend.now,
+            self.clock.now,
             self.t0,
             self.trace[-1].submit_time,
             len(self.slurm_ids),
@@ -756,20 +800,7 @@ class Simulator:
             if sid is None:
                 outcomes.append(JobOutcome(tj.job_id, tj.submit_time, None, None, False))
                 continue
-            a = self.backend.account(sid)
-            outcomes.append(
-                JobOutcome(
-                    tj.job_id,
-                    tj.submit_time,
-                    a.first_start,
-                    a.end_time,
-                    a.completed,
-                    a.restarts,
-                    a.gpu_seconds,
-                    a.cells,
-                    a.kinds,
-                )
-            )
+            outcomes.append(self.accounting.outcome(sid, tj.job_id, tj.submit_time))
         o = self.options
         meta: dict[str, object] = {
             "mode": "arena-compat" if o.arena_compat else "event",
@@ -779,12 +810,12 @@ class Simulator:
             "solver": dataclasses.asdict(dataclasses.replace(o.solver, seed=o.seed)),  # the config the rounds ran with
             "jobs": len(self.trace),
             "not_submitted": dict(self.skipped),
-            "infeasible_starts": self.backend.infeasible_starts,
+            "infeasible_starts": self.accounting.infeasible_starts,
             "rounds_run": len(self.rounds),
             "rounds_skipped": self.rounds_skipped,
             "contention": self.network is not None,
-            "observe_calls": self.backend.observe_calls,
-            "simulated_s": self.backend.now - self.t0,
+            "observe_calls": self.world.observe_calls,
+            "simulated_s": self.clock.now - self.t0,
             "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
             "controller_warnings": dict(self.log.counts),
             "controller_warning_examples": list(self.log.examples),

@@ -7,7 +7,7 @@ plan the job runs, priced at the GPU spec's nominal bandwidth and carried to
 the NICs its nodes really have (the slowest of them). Jobs that share a NIC or
 a rack uplink share its bandwidth (solver.network's time-averaged model; its
 error against a phase-by-phase simulation is measured by
-benchmarks/contention_model.py and stated in docs/benchmarks.md). The backend asks
+benchmarks/contention_model.py and stated in docs/benchmarks.md). The world asks
 again whenever a multi-node job starts, ends, leaves its restart stall or
 begins a checkpoint, and moves the completions of the jobs whose speed
 changed.

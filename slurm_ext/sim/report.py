@@ -25,6 +25,7 @@ Conventions:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import pathlib
@@ -114,6 +115,15 @@ def segments(samples: Sequence[Sample], t0: float, t1: float) -> list[tuple[floa
     return out
 
 
+def _gpus_used(s: Sample, gpu_type: str) -> float:
+    return s.gpus_used.get(gpu_type, 0)
+
+
+def _gpu_share(s: Sample, gpu_type: str, total: int) -> float:
+    """The share of the `total` GPUs of `gpu_type` in use at `s`."""
+    return s.gpus_used.get(gpu_type, 0) / total if total else 0.0
+
+
 def _weighted(pieces: list[tuple[float, Sample]], value: Callable[[Sample], float], span: float) -> float | None:
     return sum(d * value(s) for d, s in pieces) / span if span > 0 else None
 
@@ -142,7 +152,7 @@ def summarize(run: SimRun) -> PolicyResult:
     above = [(d, s) for d, s in pieces if s.throughput > ARENA_MIN_THROUGHPUT]
     above_time = sum(d for d, _ in above)
     util = {
-        t: (_weighted(pieces, lambda s, t=t: s.gpus_used.get(t, 0), length) or 0.0) / n
+        t: (_weighted(pieces, functools.partial(_gpus_used, gpu_type=t), length) or 0.0) / n
         for t, n in sorted(run.gpus_total.items())
         if n > 0
     }
@@ -182,7 +192,7 @@ def summaries(runs: Sequence[SimRun]) -> list[PolicyResult]:
     common = set.intersection(*(set(d) for d in done))
     return [
         replace(r, avg_jct_common_s=_mean([d[j] for j in sorted(common)]), jobs_common=len(common))
-        for r, d in zip(results, done)
+        for r, d in zip(results, done, strict=True)
     ]
 
 
@@ -235,7 +245,7 @@ def markdown_table(results: Sequence[PolicyResult]) -> str:
             _num(r.solve_mean_s, 3),
         ]
         if ratio:
-            row.insert(3, "-" if r.avg_jct_s is None else f"{r.avg_jct_s / fcfs:.2f}x")
+            row.insert(3, "-" if r.avg_jct_s is None or fcfs is None else f"{r.avg_jct_s / fcfs:.2f}x")
         if common is not None:
             row.insert(3, _num(r.avg_jct_common_s))
         lines.append("| " + " | ".join(row) + " |")
@@ -369,10 +379,10 @@ def write_plots(runs: Sequence[SimRun], out_dir: pathlib.Path) -> dict[str, path
     axes = fig.subplots(max(len(runs), 1), 1, sharex=True, squeeze=False)[:, 0]
     if not runs:
         note(axes[0], "no runs")
-    for ax, run in zip(axes, runs):
+    for ax, run in zip(axes, runs, strict=False):  # one panel even without runs
         shown = 0
         for gpu, total in sorted(run.gpus_total.items()):
-            pts = _step_points(run, lambda s, g=gpu, n=total: s.gpus_used.get(g, 0) / n if n else 0.0)
+            pts = _step_points(run, functools.partial(_gpu_share, gpu_type=gpu, total=total))
             if pts:
                 ax.step([hours(t) for t, _ in pts], [v for _, v in pts], where="post", label=f"{gpu} ({total})")
                 shown += 1

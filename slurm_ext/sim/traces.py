@@ -31,6 +31,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+from slurm_ext.errors import CellschedError
 from slurm_ext.jobspec import JobSpec, JobSpecError
 from slurm_ext.sim.types import TraceJob
 from solver.models import ModelSpecError, get_model
@@ -53,7 +54,7 @@ _TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}$")
 _NO_TIME = ("", "unknown", "none")
 
 
-class TraceError(ValueError):
+class TraceError(ValueError, CellschedError):
     """A malformed trace: ``<path>:<line>: field '<field>': <message>``."""
 
     def __init__(self, path: str | os.PathLike, line: int, field_name: str | None, message: str) -> None:
@@ -294,6 +295,7 @@ class _SacctRow:
     def job(self, job_id: str, model: str, batch: int, include_non_gpu: bool) -> tuple[TraceJob, dt.datetime] | str:
         """The row's TraceJob and absolute submit time, or why it is skipped."""
         submit = self.time("submit", required=True)
+        assert submit is not None  # required
         start, end = self.time("start", False), self.time("end", False)
         gpus, gpu_type = self.gpus()
         try:
@@ -304,9 +306,11 @@ class _SacctRow:
             return "never started"
         if gpus == 0 and not include_non_gpu:
             return "no GPU"
-        duration = None if end is None or start is None else (end - start).total_seconds()
-        if duration is not None and duration < 0:
-            raise self.fail("end", f"is before Start ({end.isoformat()} < {start.isoformat()})")
+        duration = None
+        if end is not None and start is not None:
+            duration = (end - start).total_seconds()
+            if duration < 0:
+                raise self.fail("end", f"is before Start ({end.isoformat()} < {start.isoformat()})")
         user = self.raw.get("user") or "sim"
         if spec is not None:
             return TraceJob(

@@ -24,30 +24,32 @@ from slurm_ext.controller.round import Controller
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.backend import SimBackend
 from slurm_ext.sim.types import ClusterSpec, NodeGroup
+from slurm_ext.sim.world import SimWorld
 from slurm_ext.state import PlanStatus, StateStore
 
 CLUSTER = ClusterSpec((NodeGroup("a100", 4, 4), NodeGroup("v100", 2, 8)))
 
 
-def cluster_with_jobs() -> tuple[SimBackend, list[str]]:
-    sim = SimBackend(CLUSTER, speed=lambda spec, gpu_type, nodes, gpus_per_node, plan: 1.0)  # 1 s an iteration
+def cluster_with_jobs() -> tuple[SimWorld, SimBackend, list[str]]:
+    world = SimWorld(CLUSTER, speed=lambda spec, gpu_type, nodes, gpus_per_node, plan: 1.0)  # 1 s an iteration
+    sim = SimBackend(world)
     spec = JobSpec(model="gpt-350m", global_batch=32, iterations=10_000)
     ids = [
         sim.submit(SubmitRequest(script="job.sh", gres_per_node=1, hold=True, comment=spec.to_comment()))
         for _ in range(5)
     ]
-    return sim, ids
+    return world, sim, ids
 
 
-def controller(tmp_path, backend, sim: SimBackend, **cc) -> Controller:
+def controller(tmp_path, backend, world: SimWorld, **cc) -> Controller:
     config = from_dict({"controller": {"state_path": str(tmp_path / "state.sqlite"), "kick_file": "", **cc}})
-    return Controller(config, backend=backend, state=StateStore(tmp_path / "state.sqlite"), clock=lambda: sim.now)
+    return Controller(config, backend=backend, state=StateStore(tmp_path / "state.sqlite"), clock=lambda: world.now)
 
 
 def writes_of_one_round(tmp_path) -> int:
-    sim, _ = cluster_with_jobs()
+    world, sim, _ = cluster_with_jobs()
     probe = DiesAt(sim, None)
-    ctl = controller(tmp_path / "probe", probe, sim)
+    ctl = controller(tmp_path / "probe", probe, world)
     assert ctl.round().status == "ok"
     ctl.state.close()
     return probe.writes
@@ -60,15 +62,15 @@ def test_the_probe_round_makes_the_writes_of_a_batch(tmp_path):
 @pytest.mark.parametrize("after", [False, True], ids=["before", "after"])
 @pytest.mark.parametrize("at", [1, 2, 3])
 def test_a_batch_cut_short_at_any_step_is_finished_by_the_next_start(tmp_path, at, after):
-    sim, ids = cluster_with_jobs()
+    world, sim, ids = cluster_with_jobs()
     released: Counter = Counter()
-    first = controller(tmp_path, DiesAt(sim, at, after=after, released=released), sim)
+    first = controller(tmp_path, DiesAt(sim, at, after=after, released=released), world)
     with pytest.raises(Killed):
         first.round()
     first.state.close()
-    second = controller(tmp_path, DiesAt(sim, None, released=released), sim)  # a new process, the same state file
+    second = controller(tmp_path, DiesAt(sim, None, released=released), world)  # a new process, the same state file
     for _ in range(3):
-        sim.advance(sim.now + 5)  # released jobs start
+        world.advance(world.now + 5)  # released jobs start
         assert second.round().status == "ok"
     snap = sim.observe()
     assert [j for j in ids if snap.job(j).held] == []
@@ -79,9 +81,9 @@ def test_a_batch_cut_short_at_any_step_is_finished_by_the_next_start(tmp_path, a
 
 
 def test_placements_past_the_apply_budget_are_journalled_and_carried_out_by_the_next_round(tmp_path):
-    sim, ids = cluster_with_jobs()
+    world, sim, ids = cluster_with_jobs()
     released: Counter = Counter()
-    first = controller(tmp_path, DiesAt(sim, None, released=released), sim, apply_budget_s=1e-9, apply_batch=2)
+    first = controller(tmp_path, DiesAt(sim, None, released=released), world, apply_budget_s=1e-9, apply_batch=2)
     report = first.round()
     assert report.status == "ok" and not released  # Slurm untouched
     assert {a["job"]: a["error"] for a in report.actions} == dict.fromkeys(ids, DEFERRED)
@@ -89,7 +91,7 @@ def test_placements_past_the_apply_budget_are_journalled_and_carried_out_by_the_
     intents = first.state.open_plans()
     assert {j: p.status for j, p in intents.items()} == dict.fromkeys(ids, PlanStatus.INTENT)
     first.state.close()
-    second = controller(tmp_path, DiesAt(sim, None, released=released), sim, apply_batch=2)
+    second = controller(tmp_path, DiesAt(sim, None, released=released), world, apply_batch=2)
     report = second.round()
     assert {a["job"]: a["why"] for a in report.actions} == dict.fromkeys(ids, "recover")
     assert released == Counter({j: 1 for j in ids})

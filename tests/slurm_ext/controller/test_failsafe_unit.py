@@ -22,6 +22,7 @@ from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
 from slurm_ext.sim.backend import SimBackend
 from slurm_ext.sim.types import ClusterSpec, NodeGroup
+from slurm_ext.sim.world import SimWorld
 from slurm_ext.state import HistoryEvent, JobRow, RoundStatus, StateError, StateStore
 from solver import contract
 
@@ -223,14 +224,15 @@ def test_the_update_carries_spec_and_plan_and_leaves_the_nodes_to_slurm():
 CLUSTER = ClusterSpec((NodeGroup("a100", 2, 4), NodeGroup("v100", 1, 8)))
 
 
-def sim_with_jobs(n: int = 3) -> tuple[SimBackend, list[str]]:
-    sim = SimBackend(CLUSTER, speed=lambda spec, gpu_type, nodes, gpus_per_node, plan: 1.0, start_time=1000.0)
+def sim_with_jobs(n: int = 3) -> tuple[SimWorld, SimBackend, list[str]]:
+    world = SimWorld(CLUSTER, speed=lambda spec, gpu_type, nodes, gpus_per_node, plan: 1.0, start_time=1000.0)
+    sim = SimBackend(world)
     spec = JobSpec(model="gpt-350m", global_batch=32, iterations=10, requested_gpus=4, requested_gpu_type="a100")
     ids = [
         sim.submit(SubmitRequest(script="job.sh", gres_per_node=1, hold=True, comment=spec.to_comment()))
         for _ in range(n)
     ]
-    return sim, ids
+    return world, sim, ids
 
 
 def a_round_at(path, t: float, status: RoundStatus = RoundStatus.OK) -> None:
@@ -240,45 +242,45 @@ def a_round_at(path, t: float, status: RoundStatus = RoundStatus.OK) -> None:
 
 def test_a_check_stands_down_while_rounds_complete_and_releases_once_they_stop(tmp_path):
     state = tmp_path / "state.sqlite"
-    sim, ids = sim_with_jobs()
+    world, sim, ids = sim_with_jobs()
     a_round_at(state, 1000.0)
-    sim.advance(1100.0)
-    down = check(str(state), sim, 600.0, "/ckpt", clock=lambda: sim.now)
+    world.advance(1100.0)
+    down = check(str(state), sim, 600.0, "/ckpt", clock=lambda: world.now)
     assert not down.acted and down.released == () and down.last_round_at == 1001.0
     assert all(sim.observe().job(j).held for j in ids)
 
     a_round_at(state, 1200.0, RoundStatus.ERROR)  # a controller whose rounds fail is no controller
-    sim.advance(1601.0)
+    world.advance(1601.0)
     with StateStore(state) as st:  # the controller parked the third job before it died
         st.add_history(ids[2], HistoryEvent.PARKED, 1500.0)
-    up = check(str(state), sim, 600.0, "/ckpt", clock=lambda: sim.now)
+    up = check(str(state), sim, 600.0, "/ckpt", clock=lambda: world.now)
     assert up.acted and up.why == "no controller round has completed for 600.0 s (>= 600 s)"
     assert [(r.job_id, r.cell, r.partition) for r in up.released] == [(j, "a100:1x4:pp1", "a100") for j in ids[:2]]
     assert set(up.skipped) == {ids[2]} and not up.failed
-    sim.advance(sim.now + 30)
+    world.advance(world.now + 30)
     snap = sim.observe()
     assert [snap.job(j).state for j in ids] == ["COMPLETED", "COMPLETED", "PENDING"] and snap.job(ids[2]).held
     assert contract.admin_comment_plan(snap.job(ids[0]).admin_comment).dp == 4
 
     # a controller is back: its round completes, and the next check does nothing
     config = from_dict({"controller": {"state_path": str(state), "kick_file": ""}})
-    ctl = Controller(config, backend=sim, state=StateStore(state), clock=lambda: sim.now)
+    ctl = Controller(config, backend=sim, state=StateStore(state), clock=lambda: world.now)
     assert ctl.round().status == "ok"
     ctl.state.close()
-    assert not check(str(state), sim, 600.0, "/ckpt", clock=lambda: sim.now).acted
+    assert not check(str(state), sim, 600.0, "/ckpt", clock=lambda: world.now).acted
 
 
 def test_released_jobs_are_the_controllers_again_when_it_comes_back(tmp_path):
     """Running on the fail-safe's plan: the controller leaves them be (their GPUs count as taken). Released
     but not started: the controller places it again (the fail-safe's plan names no nodes)."""
     state = tmp_path / "state.sqlite"
-    sim, ids = sim_with_jobs(3)  # 3 x 4 a100 GPUs on 2 nodes: one waits
+    world, sim, ids = sim_with_jobs(3)  # 3 x 4 a100 GPUs on 2 nodes: one waits
     a_round_at(state, 0.0)
-    sim.advance(2000.0)
-    assert len(check(str(state), sim, 600.0, "/ckpt", clock=lambda: sim.now).released) == 3
-    sim.advance(2001.0)
+    world.advance(2000.0)
+    assert len(check(str(state), sim, 600.0, "/ckpt", clock=lambda: world.now).released) == 3
+    world.advance(2001.0)
     config = from_dict({"controller": {"state_path": str(state), "kick_file": ""}})
-    ctl = Controller(config, backend=sim, state=StateStore(state), clock=lambda: sim.now)
+    ctl = Controller(config, backend=sim, state=StateStore(state), clock=lambda: world.now)
     report = ctl.round()
     assert {s.job_id: s.phase for s in report.jobs} == {ids[0]: "unplanned", ids[1]: "unplanned", ids[2]: "released"}
     assert [(a["kind"], a["job"], a["why"]) for a in report.actions] == [("place", ids[2], "new")]
@@ -287,10 +289,11 @@ def test_released_jobs_are_the_controllers_again_when_it_comes_back(tmp_path):
 
 def test_a_spec_that_cannot_be_parsed_is_never_acted_on(tmp_path):
     state = tmp_path / "state.sqlite"
-    sim = SimBackend(CLUSTER, start_time=1000.0)
+    world = SimWorld(CLUSTER, start_time=1000.0)
+    sim = SimBackend(world)
     bad = sim.submit(SubmitRequest(script="job.sh", gres_per_node=1, hold=True, comment="cellsched/v1 {oops"))
     a_round_at(state, 0.0)
-    report = check(str(state), sim, 600.0, "/ckpt", clock=lambda: sim.now + 700)
+    report = check(str(state), sim, 600.0, "/ckpt", clock=lambda: world.now + 700)
     assert report.acted and report.released == () and list(report.skipped) == [bad]
     assert sim.observe().job(bad).held
 
@@ -328,9 +331,9 @@ def test_the_config_key_must_be_positive():
 def test_the_failsafe_writes_nothing_to_the_state(tmp_path):
     """The fail-safe writes nothing to the state (it opens it read-only)."""
     state = tmp_path / "state.sqlite"
-    sim, ids = sim_with_jobs(1)
+    world, sim, ids = sim_with_jobs(1)
     a_round_at(state, 0.0)
     before = state.read_bytes()
-    sim.advance(5000.0)
-    check(str(state), sim, 600.0, "/ckpt", clock=lambda: sim.now)
+    world.advance(5000.0)
+    check(str(state), sim, 600.0, "/ckpt", clock=lambda: world.now)
     assert state.read_bytes() == before and not sim.observe().job(ids[0]).held

@@ -21,6 +21,7 @@ from slurm_ext.failsafe.check import last_completed
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.backend import SimBackend
 from slurm_ext.sim.types import ClusterSpec, NodeGroup
+from slurm_ext.sim.world import SimWorld
 from slurm_ext.state import RoundStatus, StateStore
 
 LEASE_S, SETTLE_S = 10.0, 1.0
@@ -225,32 +226,33 @@ def test_config_keys_and_their_checks():
 CLUSTER = ClusterSpec((NodeGroup("a100", 2, 4),))
 
 
-def sim_with_job() -> tuple[SimBackend, str]:
-    sim = SimBackend(CLUSTER, speed=lambda spec, gpu_type, nodes, gpus_per_node, plan: 1.0)
+def sim_with_job() -> tuple[SimWorld, SimBackend, str]:
+    world = SimWorld(CLUSTER, speed=lambda spec, gpu_type, nodes, gpus_per_node, plan: 1.0)
+    sim = SimBackend(world)
     spec = JobSpec(model="gpt-350m", global_batch=32, iterations=10_000)
-    return sim, sim.submit(SubmitRequest(script="job.sh", gres_per_node=1, hold=True, comment=spec.to_comment()))
+    return world, sim, sim.submit(SubmitRequest(script="job.sh", gres_per_node=1, hold=True, comment=spec.to_comment()))
 
 
-def controller(tmp_path: Path, name: str, backend, sim: SimBackend, lease_path: Path) -> Controller:
+def controller(tmp_path: Path, name: str, backend, world: SimWorld, lease_path: Path) -> Controller:
     state = tmp_path / f"{name}.sqlite"
     config = from_dict(
         {"controller": {"state_path": str(state), "kick_file": "", "lease_path": str(lease_path), "lease_s": 10.0}}
     )
-    return Controller(config, backend=backend, state=StateStore(state), clock=lambda: sim.now)
+    return Controller(config, backend=backend, state=StateStore(state), clock=lambda: world.now)
 
 
 def test_without_a_lease_the_controller_has_none(tmp_path):
-    sim, _ = sim_with_job()
+    world, sim, _ = sim_with_job()
     config = from_dict({"controller": {"state_path": str(tmp_path / "s.sqlite"), "kick_file": ""}})
-    ctl = Controller(config, backend=sim, state=StateStore(tmp_path / "s.sqlite"), clock=lambda: sim.now)
+    ctl = Controller(config, backend=sim, state=StateStore(tmp_path / "s.sqlite"), clock=lambda: world.now)
     assert ctl.lease is None and ctl.round().status == RoundStatus.OK
 
 
 def test_only_the_holder_acts_and_the_standby_records_standby_rounds(tmp_path):
-    sim, job = sim_with_job()
+    world, sim, job = sim_with_job()
     path = tmp_path / "lease"
     probe_a, probe_b = DiesAt(sim, None), DiesAt(sim, None)
-    a, b = controller(tmp_path, "a", probe_a, sim, path), controller(tmp_path, "b", probe_b, sim, path)
+    a, b = controller(tmp_path, "a", probe_a, world, path), controller(tmp_path, "b", probe_b, world, path)
     ra = a.round()
     rb = b.round()
     assert ra.status == RoundStatus.OK and [x["job"] for x in ra.actions] == [job]
@@ -267,10 +269,10 @@ def test_only_the_holder_acts_and_the_standby_records_standby_rounds(tmp_path):
 
 
 def test_a_controller_that_loses_the_lease_mid_round_applies_nothing(tmp_path):
-    sim, job = sim_with_job()
+    world, sim, job = sim_with_job()
     path = tmp_path / "lease"
     probe = DiesAt(sim, None)
-    a = controller(tmp_path, "a", probe, sim, path)
+    a = controller(tmp_path, "a", probe, world, path)
     schedule = a.policy.schedule
 
     def solve_then_lose(request, estimator):

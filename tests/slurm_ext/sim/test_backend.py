@@ -1,5 +1,6 @@
 """SimBackend: the Backend protocol's semantics on the simulated Slurm
-(what tests/slurm_ext/backends/ checks on the real one), and its simulated runs."""
+(what tests/slurm_ext/backends/ checks on the real one), and the simulated
+runs of its world (slurm_ext.sim.world) as its accounting records them."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import json
 
 import pytest
 
-from slurm_ext.backends.base import JobUpdate, SlurmCommandError, SubmitRequest, UpdateNotApplied
+from slurm_ext.backends.base import Backend, JobUpdate, SlurmCommandError, SubmitRequest, UpdateNotApplied
 from slurm_ext.jobspec import JobSpec
-from slurm_ext.sim.backend import ITERATIONS, SimBackend
-from slurm_ext.sim.types import ClusterSpec, NodeGroup
+from slurm_ext.sim.accounting import Accounting
+from slurm_ext.sim.backend import SimBackend
+from slurm_ext.sim.quantum import ITERATIONS, QuantumMode
+from slurm_ext.sim.types import SINGLE, ClusterSpec, JobOutcome, KindUse, NodeGroup
+from slurm_ext.sim.world import SimWorld
 from solver.contract import EXIT_CHECKPOINTED
 from solver.plan import JobPlan
 
@@ -23,9 +27,12 @@ def speed(spec, gpu_type, num_nodes, gpus_per_node, plan):
     return ONE_GPU.get(gpu_type, 0) / (num_nodes * gpus_per_node) or None
 
 
-def backend(**kw) -> SimBackend:
+def sim(**kw) -> tuple[SimWorld, SimBackend, Accounting]:
+    """A world on CLUSTER (at `speed` unless told), the backend over it, and its accounting."""
     kw.setdefault("speed", speed)
-    return SimBackend(CLUSTER, **kw)
+    accounting = Accounting()
+    world = SimWorld(CLUSTER, observers=(accounting,), **kw)
+    return world, SimBackend(world), accounting
 
 
 def spec(iterations: int = 100, elastic: bool = True) -> JobSpec:
@@ -59,7 +66,7 @@ def place(b: SimBackend, job_id: str, nodes: tuple[str, ...], gpn: int, *, now: 
 
 
 def test_the_cluster_looks_like_slurm_shows_it():
-    snap = backend(start_time=1000.0).observe()
+    snap = sim(start_time=1000.0)[1].observe()
     assert snap.taken_at == 1000.0
     assert [n.name for n in snap.nodes] == ["a100-1", "a100-2", "v100-1", "v100-2"]
     n = snap.node("v100-2")
@@ -80,7 +87,7 @@ def test_the_cluster_looks_like_slurm_shows_it():
 
 
 def test_a_held_job_runs_where_the_update_puts_it():
-    b = backend()
+    w, b, acct = sim()
     job_id = submit(b)
     held = b.observe().job(job_id)
     assert (held.state, held.held, held.reason, held.partition, held.gpus_per_node, held.gpu_type) == (
@@ -112,7 +119,7 @@ def test_a_held_job_runs_where_the_update_puts_it():
 
 
 def test_an_update_of_a_running_job_is_refused_but_its_admin_comment_sticks():
-    b = backend()
+    w, b, acct = sim()
     job_id = submit(b)
     place(b, job_id, ("a100-1",), 4)
     with pytest.raises(UpdateNotApplied) as info:
@@ -125,7 +132,7 @@ def test_an_update_of_a_running_job_is_refused_but_its_admin_comment_sticks():
 
 
 def test_req_nodes_outside_the_partition_is_reported_like_the_cli_backend():
-    b = backend()
+    w, b, acct = sim()
     job_id = submit(b)
     with pytest.raises(UpdateNotApplied) as info:
         b.update(job_id, JobUpdate(partition="v100", req_nodes=("a100-1",)))
@@ -140,7 +147,7 @@ def test_req_nodes_outside_the_partition_is_reported_like_the_cli_backend():
 
 
 def test_a_released_job_without_nodes_waits_for_gpus_of_its_type():
-    b = backend()
+    w, b, acct = sim()
     first = submit(b)
     place(b, first, ("v100-1", "v100-2"), 8)
     second = submit(b)
@@ -154,76 +161,76 @@ def test_a_released_job_without_nodes_waits_for_gpus_of_its_type():
 
 
 def test_a_job_completes_after_its_stall_and_iterations_then_vanishes():
-    b = backend(restart_cost=lambda s, gpus, first: 10.0 * gpus, min_job_age_s=300.0, start_time=50.0)
+    w, b, acct = sim(restart_cost=lambda s, gpus, first: 10.0 * gpus, min_job_age_s=300.0, start_time=50.0)
     job_id = submit(b, spec(iterations=30))
     place(b, job_id, ("a100-1",), 2)  # 2 GPUs: 2 s per iteration, 20 s restart stall
-    assert b.next_event_time() == 70.0  # the stall ends
-    b.advance(100.0)
-    assert b.iterations_done(job_id) == pytest.approx(15.0)
-    assert b.throughput() == pytest.approx(32.0)
-    b.advance(129.0)
+    assert w.next_event_time() == 70.0  # the stall ends
+    w.advance(100.0)
+    assert w.iterations_done(job_id) == pytest.approx(15.0)
+    assert w.throughput() == pytest.approx(32.0)
+    w.advance(129.0)
     assert b.observe().job(job_id).state == "RUNNING"
-    b.advance(130.0)
+    w.advance(130.0)
     done = b.observe().job(job_id)
     assert (done.state, done.exit_code, done.end_time) == ("COMPLETED", 0, 130.0)
-    assert b.all_jobs[job_id].gpu_seconds == pytest.approx(2 * 80.0)
-    b.advance(430.0)
+    assert acct.outcome(job_id, "j", 50.0).gpu_seconds == pytest.approx(2 * 80.0)
+    w.advance(430.0)
     assert job_id not in {j.job_id for j in b.observe().jobs}
 
 
 def test_a_job_started_at_time_zero_is_charged_its_gpu_seconds():
-    b = backend(restart_cost=lambda s, gpus, first: 0.0)
+    w, b, acct = sim(restart_cost=lambda s, gpus, first: 0.0)
     job_id = submit(b, spec(iterations=30))
     place(b, job_id, ("a100-1",), 2)  # at t=0: 2 s per iteration
-    b.advance(60.0)
+    w.advance(60.0)
     assert b.observe().job(job_id).state == "COMPLETED"
-    assert b.all_jobs[job_id].gpu_seconds == pytest.approx(2 * 60.0)
+    assert acct.outcome(job_id, "j", 0.0).gpu_seconds == pytest.approx(2 * 60.0)
 
 
 def test_usr1_to_the_steps_checkpoints_an_elastic_job_and_a_requeue_resumes_it():
-    b = backend(checkpoint_s=5.0)
+    w, b, acct = sim(checkpoint_s=5.0)
     job_id = submit(b, spec(iterations=100))
     place(b, job_id, ("a100-1",), 4)  # 1 s per iteration
-    b.advance(10.5)
+    w.advance(10.5)
     b.signal(job_id, "USR1", target="steps")
-    b.advance(15.4)
+    w.advance(15.4)
     assert b.observe().job(job_id).state == "RUNNING"  # still writing its checkpoint
-    b.advance(15.5)
+    w.advance(15.5)
     ended = b.observe().job(job_id)
     assert (ended.state, ended.exit_code) == ("FAILED", EXIT_CHECKPOINTED)
-    assert b.iterations_done(job_id) == 10.0  # whole iterations at the signal
+    assert w.iterations_done(job_id) == 10.0  # whole iterations at the signal
     assert b.observe().node("a100-1").gpus_alloc == 0
     b.requeue(job_id, hold=True)
     again = b.observe().job(job_id)
-    assert (again.state, again.held, again.exit_code, b.all_jobs[job_id].restarts) == ("PENDING", True, None, 1)
+    assert (again.state, again.held, again.exit_code, w.all_jobs[job_id].restarts) == ("PENDING", True, None, 1)
     place(b, job_id, ("a100-1", "a100-2"), 4, now=True)  # 8 GPUs now: 0.5 s per iteration
     assert b.observe().job(job_id).state == "RUNNING"
-    b.advance(15.5 + 45.0)
+    w.advance(15.5 + 45.0)
     assert b.observe().job(job_id).state == "COMPLETED"
-    assert b.all_jobs[job_id].cells == ["a100:1x4", "a100:2x4"]
+    assert acct.outcome(job_id, "j", 0.0).cells == ("a100:1x4", "a100:2x4")
 
 
 def test_a_requeued_job_waits_for_its_begin_time_unless_told_start_now():
-    b = backend(checkpoint_s=0.0, requeue_delay_s=120.0)
+    w, b, acct = sim(checkpoint_s=0.0, requeue_delay_s=120.0)
     job_id = submit(b)
     place(b, job_id, ("a100-1",), 4)
     b.signal(job_id, "TERM", target="steps")
-    b.advance(0.0)
+    w.advance(0.0)
     b.requeue(job_id, hold=True)
     place(b, job_id, ("a100-1",), 4)  # no StartTime=now
     assert b.observe().job(job_id).reason == "BeginTime"
-    b.advance(119.0)
+    w.advance(119.0)
     assert b.observe().job(job_id).state == "PENDING"
-    b.advance(120.0)
+    w.advance(120.0)
     assert b.observe().job(job_id).state == "RUNNING"
 
 
 def test_a_non_elastic_job_ignores_usr1_and_dies_of_kill():
-    b = backend()
+    w, b, acct = sim()
     job_id = submit(b, spec(elastic=False))
     place(b, job_id, ("a100-1",), 4)
     b.signal(job_id, "USR1", target="steps")
-    b.advance(50.0)
+    w.advance(50.0)
     assert b.observe().job(job_id).state == "RUNNING"
     b.signal(job_id, "KILL", target="all")
     assert (b.observe().job(job_id).state, b.observe().job(job_id).exit_code) == ("FAILED", 137)
@@ -232,25 +239,25 @@ def test_a_non_elastic_job_ignores_usr1_and_dies_of_kill():
 
 
 def test_a_node_going_down_requeues_its_jobs_back_to_their_last_checkpoint():
-    b = backend()
+    w, b, acct = sim()
     job_id = submit(b)
     place(b, job_id, ("a100-1",), 4)
-    b.advance(40.0)
-    b.set_node_state("a100-1", "down")
+    w.advance(40.0)
+    w.set_node_state("a100-1", "down")
     job = b.observe().job(job_id)
     assert (job.state, job.held, job.reason, job.nodes) == ("PENDING", False, "BeginTime", ())
-    assert b.iterations_done(job_id) == 0.0 and b.all_jobs[job_id].restarts == 1
+    assert w.iterations_done(job_id) == 0.0 and w.all_jobs[job_id].restarts == 1
     node = b.observe().node("a100-1")
     assert (node.state, node.available, node.gpus_alloc) == ("down", False, 0)
-    b.advance(200.0)
+    w.advance(200.0)
     assert b.observe().job(job_id).reason == "ReqNodeNotAvail"  # still requires the down node
-    b.set_node_state("a100-1", "idle")
+    w.set_node_state("a100-1", "idle")
     assert b.observe().job(job_id).state == "RUNNING"
 
 
 def test_a_drained_node_takes_no_new_work():
-    b = backend()
-    b.set_node_state("a100-1", "drain")
+    w, b, acct = sim()
+    w.set_node_state("a100-1", "drain")
     assert b.observe().node("a100-1").flags == ("DRAIN",)
     job_id = submit(b)
     place(b, job_id, ("a100-1",), 1)
@@ -258,59 +265,66 @@ def test_a_drained_node_takes_no_new_work():
 
 
 def test_an_infeasible_cell_fails_the_job_at_start():
-    b = backend(speed=lambda *a: None)
+    w, b, acct = sim(speed=lambda *a: None)
     job_id = submit(b)
     place(b, job_id, ("a100-1",), 1)
     job = b.observe().job(job_id)
-    assert (job.state, job.exit_code, b.infeasible_starts) == ("FAILED", 1, 1)
+    assert (job.state, job.exit_code, acct.infeasible_starts) == ("FAILED", 1, 1)
 
 
 def test_quantum_mode_completes_at_round_boundaries_and_rescales_executed_seconds():
     """Arena's progress: floor(executed seconds / the CURRENT iteration time)."""
     for model, after_resize in (("executed-seconds", 300.0), (ITERATIONS, 150.0)):
-        b = backend(quantum_s=300.0, checkpoint_s=0.0, progress_model=model)
+        w, b, acct = sim(quantum=QuantumMode(300.0, model), checkpoint_s=0.0)
         job_id = submit(b, spec(iterations=500))
         place(b, job_id, ("a100-1",), 2)  # 2 s per iteration
-        b.settle(300.0)
-        assert b.iterations_done(job_id) == 150.0
+        w.quantum.settle(w, 300.0)
+        assert w.iterations_done(job_id) == 150.0
         b.signal(job_id, "USR1", target="steps")
-        b.advance(300.0)
+        w.advance(300.0)
         b.requeue(job_id, hold=True)
         place(b, job_id, ("a100-1",), 4, now=True)  # 1 s per iteration
-        assert b.iterations_done(job_id) == after_resize
-        b.settle(600.0)
+        assert w.iterations_done(job_id) == after_resize
+        w.quantum.settle(w, 600.0)
         assert b.observe().job(job_id).state == ("COMPLETED" if model == "executed-seconds" else "RUNNING")
 
 
-def test_the_counts_and_accounts_the_engine_reads():
-    """What the engine samples and reports, through SimBackend's public methods."""
-    b = backend(checkpoint_s=0.0, restart_cost=lambda s, gpus, first: 10.0)
+def test_the_counts_the_engine_samples_and_the_accounts_it_reports():
+    """What the engine reads: the world's counts, and each job's outcome from the accounting."""
+    w, b, acct = sim(checkpoint_s=0.0, restart_cost=lambda s, gpus, first: 10.0)
     held, running = submit(b), submit(b, spec(iterations=50))
     place(b, running, ("a100-1",), 4)  # 1 s per iteration after a 10 s stall
-    assert (b.num_pending(), b.num_running(), b.has_active_jobs()) == (1, 1, True)
-    b.advance(20.0)
+    assert (w.num_pending(), w.num_running(), w.has_active_jobs()) == (1, 1, True)
+    w.advance(20.0)
     b.signal(running, "USR1", target="steps")
-    b.advance(20.0)
+    w.advance(20.0)
     b.requeue(running, hold=True)
     place(b, running, ("a100-1", "a100-2"), 4, now=True)
-    assert not b.is_completed(running)
-    b.advance(100.0)
-    assert (b.num_pending(), b.num_running(), b.has_active_jobs(), b.is_completed(running)) == (1, 0, False, True)
-    a = b.account(running)
-    assert (a.first_start, a.completed, a.restarts, a.cells) == (0.0, True, 1, ("a100:1x4", "a100:2x4"))
+    assert not acct.completed(running)
+    w.advance(100.0)
+    assert (w.num_pending(), w.num_running(), w.has_active_jobs(), acct.completed(running)) == (1, 0, False, True)
+    a = acct.outcome(running, "trace-2", 0.0)
+    assert (a.job_id, a.first_start, a.finished, a.restarts, a.cells) == (
+        "trace-2",
+        0.0,
+        True,
+        1,
+        ("a100:1x4", "a100:2x4"),
+    )
     assert a.end_time == 20.0 + 10.0 + 40 * 0.5 and a.gpu_seconds == 4 * 20.0 + 8 * 30.0
-    assert b.account(held) == type(a)(None, None, False, 0, 0.0, ())
-    with pytest.raises(RuntimeError, match="quantum"):
-        b.round_throughput(0.0)
+    assert a.kinds == {SINGLE: KindUse(2, 20.0 + 30.0, 4 * 20.0 + 8 * 30.0)}
+    assert acct.outcome(held, "trace-1", 0.0) == JobOutcome("trace-1", 0.0, None, None, False)
+    b.requeue(running)  # a completed job requeued has not completed (yet)
+    assert not acct.completed(running) and acct.outcome(running, "trace-2", 0.0).end_time is None
 
 
 def test_a_rounds_throughput_takes_the_restart_stall_off():
     """Quantum mode: a job stalled for a third of the round counts two thirds of its speed."""
-    b = backend(quantum_s=300.0, checkpoint_s=0.0, restart_cost=lambda s, gpus, first: 100.0)
+    w, b, acct = sim(quantum=QuantumMode(300.0), checkpoint_s=0.0, restart_cost=lambda s, gpus, first: 100.0)
     job_id = submit(b)
     place(b, job_id, ("a100-1",), 4)  # 1 s per iteration, 64 samples per iteration
-    assert b.round_throughput(0.0) == pytest.approx(64.0 * 2 / 3)
-    assert b.round_throughput(300.0) == 64.0
+    assert w.quantum.round_throughput(w, 0.0) == pytest.approx(64.0 * 2 / 3)
+    assert w.quantum.round_throughput(w, 300.0) == 64.0
 
 
 def test_the_sim_backend_is_registered():
@@ -319,3 +333,12 @@ def test_the_sim_backend_is_registered():
     b = get_backend("sim", cluster=CLUSTER, start_time=5.0)
     assert isinstance(b, SimBackend) and b.name == "sim" and b.observe().taken_at == 5.0
     assert get_backend("sim").observe().node("a100-01").gpus_total == 4  # Arena's cluster by default
+
+
+def test_the_sim_backend_is_the_backend_protocol_and_nothing_more():
+    """Everything else of the simulation (clock, world, accounting, Arena's rounds) lives outside it."""
+    protocol = {n for n in dir(Backend) if not n.startswith("_")} | set(Backend.__annotations__)
+    assert {n for n in dir(SimBackend) if not n.startswith("_")} == protocol
+    _, b, _ = sim()
+    assert [n for n in vars(b) if not n.startswith("_")] == []
+    assert protocol >= {"observe", "submit", "update", "signal", "requeue_many", "name"}  # the oracle is not empty

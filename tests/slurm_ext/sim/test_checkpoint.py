@@ -89,6 +89,9 @@ def test_a_file_that_is_no_checkpoint_is_refused(tmp_path):
     bad.write_bytes(pickle.dumps({"version": 0}))
     with pytest.raises(checkpoint.CheckpointError, match=f"version-{checkpoint.VERSION}"):
         checkpoint.load(bad, "k")
+    bad.write_bytes(pickle.dumps({"version": 2, "key": "k", "payload": None}))  # as the simulator before version 3
+    with pytest.raises(checkpoint.CheckpointError, match="it is version 2, of another cellsched: remove it"):
+        checkpoint.load(bad, "k")
 
 
 def test_locks_and_events_come_back_fresh(tmp_path):

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_ext.sim.backend import SimBackend
 from slurm_ext.sim.clusterspec import load_cluster_spec
 from slurm_ext.sim.engine import SimError, SimOptions, network_config, sim_network
 from slurm_ext.sim.network import NetworkTruth, cluster_network
 from slurm_ext.sim.types import ClusterSpec, NodeGroup
 from solver.network import CommLoad, Network, iteration_times
-from tests.slurm_ext.sim.test_backend import CLUSTER, place, spec, speed, submit
+from tests.slurm_ext.sim.test_backend import CLUSTER, place, sim, spec, speed, submit
 
 PAIR = ("a100-1", "a100-2")
 
@@ -30,43 +29,43 @@ def test_a_multi_node_job_is_slower_on_slow_cards_and_a_one_node_job_never_is():
 
 
 def test_two_jobs_on_the_same_cards_slow_each_other_and_the_survivor_speeds_up_when_one_ends():
-    b = SimBackend(CLUSTER, speed=speed, network=truth())
+    w, b, _ = sim(network=truth())
     a = submit(b, spec(iterations=200))
     place(b, a, PAIR, 2, now=True)
-    alone = b.running[a].iter_time
+    alone = w.running[a].iter_time
     assert alone > speed(None, "a100", 2, 2, None)  # carried to 10 Gb/s cards
-    b.advance(10.0)
+    w.advance(10.0)
     short = submit(b, spec(iterations=5))
     place(b, short, PAIR, 2, now=True)
-    ja, js = b.running[a], b.running[short]
+    ja, js = w.running[a], w.running[short]
     together = iteration_times(
         [CommLoad(a, PAIR, ja.comm.alone_s, ja.comm.net_s), CommLoad(short, PAIR, js.comm.alone_s, js.comm.net_s)],
-        b.network.network,
+        w.network.network,
     )
     assert ja.iter_time == pytest.approx(together[a]) and ja.iter_time > alone * 1.2
     t2 = 10.0 + 5 * js.iter_time
-    b.advance(t2 + 1e-6)
+    w.advance(t2 + 1e-6)
     assert b.observe().job(short).state == "COMPLETED"
-    assert b.running[a].iter_time == pytest.approx(alone)  # alone again
+    assert w.running[a].iter_time == pytest.approx(alone)  # alone again
     done_at_t2 = 10.0 / alone + (t2 - 10.0) / together[a]
     end = t2 + (200 - done_at_t2) * alone
-    b.advance(end - 1e-3)
+    w.advance(end - 1e-3)
     assert b.observe().job(a).state == "RUNNING"
-    b.advance(end + 1e-3)
+    w.advance(end + 1e-3)
     assert b.observe().job(a).state == "COMPLETED"
 
 
 def test_one_node_jobs_and_jobs_on_other_cards_are_untouched():
-    b = SimBackend(CLUSTER, speed=speed, network=truth())
+    w, b, _ = sim(network=truth())
     a = submit(b, spec(iterations=50))
     place(b, a, PAIR, 2, now=True)
-    alone = b.running[a].iter_time
+    alone = w.running[a].iter_time
     other = submit(b, spec(iterations=50))
     place(b, other, ("v100-1", "v100-2"), 2, now=True)
     single = submit(b, spec(iterations=50))
     place(b, single, ("a100-1",), 2, now=True)
-    assert b.running[a].iter_time == pytest.approx(alone)
-    assert b.running[single].iter_time == pytest.approx(speed(None, "a100", 1, 2, None))
+    assert w.running[a].iter_time == pytest.approx(alone)
+    assert w.running[single].iter_time == pytest.approx(speed(None, "a100", 1, 2, None))
 
 
 def test_contention_is_on_where_the_cluster_gives_nics_and_never_in_arena_compat_mode():

@@ -12,7 +12,7 @@ import pytest
 
 from slurm_ext.cli.simulate_cmd import SimulateError, parse_policies
 from slurm_ext.jobspec import JobSpec
-from slurm_ext.sim.backend import run_kinds
+from slurm_ext.sim.accounting import run_kinds
 from slurm_ext.sim.conditions import Conditions, TableTruth, estimator_speed, mixed_time, table_speed
 from slurm_ext.sim.engine import SimOptions, Simulator
 from slurm_ext.sim.report import kinds_table, summaries, write_report
@@ -129,7 +129,7 @@ def _plan_of(est, cell, vw: int | None = None) -> JobPlan:
     per_node = cell.gpus_per_node // est.plan.tp
 
     def per_rank(values):
-        return tuple(float(v) for (_, n), v in zip(cell.parts, values) for _ in range(n * per_node))
+        return tuple(float(v) for (_, n), v in zip(cell.parts, values, strict=True) for _ in range(n * per_node))
 
     sharded = est.plan.sharded
     return JobPlan(
@@ -284,7 +284,7 @@ def test_a_mixed_cell_without_truth_fails_at_start_and_the_job_is_kept():
     assert run.meta["infeasible_starts"] >= 1 and j.cells[0] == "a10+a40:2x2"
     assert not j.finished and j.kinds == {}  # a failed start is no placement
     sid = sim.slurm_ids["j"]
-    assert sim.backend.all_jobs[sid].state == "PENDING"  # requeued (held): kept, never cancelled
+    assert sim.world.all_jobs[sid].state == "PENDING"  # requeued (held): kept, never cancelled
 
 
 def test_mixed_cells_false_reaches_the_sims_policy():

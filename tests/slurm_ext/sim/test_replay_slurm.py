@@ -155,7 +155,7 @@ def simulate(workdir: Path, profiles: Path) -> tuple[list[Placement], dict[str, 
     shape = read_shape(SHAPE)
     sim_nodes = node_names(cluster)
     assert [(t, g) for _, t, g in sim_nodes] == list(shape.values()), "sim-cluster.toml is not the dev cluster"
-    real_names = dict(zip((name for name, _, _ in sim_nodes), shape))
+    real_names = dict(zip((name for name, _, _ in sim_nodes), shape, strict=True))
     options = SimOptions(
         interval_s=1e6,
         min_gap_s=0.0,

@@ -8,6 +8,7 @@ sacct output (the dev cluster runs without slurmdbd).
 
 from __future__ import annotations
 
+import itertools
 import pathlib
 
 import pytest
@@ -34,7 +35,7 @@ def test_philly_trace_reads():
         first.requested_gpu_type,
         first.line,
     ) == ("f043f272-f7a0-6861-353c-30479e8fffc1", 1945645.0, 119965, "bert__2.6B", 1956739.0, 256, 4, "a40", 2)
-    assert all(a.submit_time <= b.submit_time for a, b in zip(jobs, jobs[1:]))
+    assert all(a.submit_time <= b.submit_time for a, b in itertools.pairwise(jobs))
     assert len({j.job_id for j in jobs}) == 1938
     assert {j.requested_gpu_type for j in jobs} == {"a100", "v100", "a40", "a10"}
 
@@ -43,7 +44,7 @@ def test_iteration_scale():
     plain = read_arena_trace(PHILLY)
     scaled = read_arena_trace(PHILLY, iteration_scale=5)
     assert scaled[0].iterations == 119965 // 5 == 23993
-    assert all(s.iterations == max(1, p.iterations // 5) for p, s in zip(plain, scaled))
+    assert all(s.iterations == max(1, p.iterations // 5) for p, s in zip(plain, scaled, strict=True))
     with pytest.raises(ValueError, match="iteration_scale"):
         read_arena_trace(PHILLY, iteration_scale=0)
 
