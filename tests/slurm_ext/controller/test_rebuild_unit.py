@@ -28,6 +28,7 @@ from slurm_ext.controller.round import Controller
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.backend import SimBackend
 from slurm_ext.sim.types import ClusterSpec, NodeGroup
+from slurm_ext.sim.world import SimWorld
 from slurm_ext.state import StateStore
 from solver import contract
 
@@ -66,7 +67,7 @@ class Recorder:
         return write
 
 
-def controller(state: Path, backend: Any, sim: SimBackend) -> Controller:
+def controller(state: Path, backend: Any, sim: SimWorld) -> Controller:
     cc = {
         "state_path": str(state),
         "kick_file": "",
@@ -94,18 +95,19 @@ def submit(sim: SimBackend, spec: JobSpec) -> str:
     return sim.submit(SubmitRequest(script="job.sh", gres_per_node=1, hold=True, comment=spec.to_comment()))
 
 
-def running_elastic_job(tmp_path: Path) -> tuple[SimBackend, str, Counter]:
+def running_elastic_job(tmp_path: Path) -> tuple[SimWorld, SimBackend, str, Counter]:
     """An elastic job placed on the whole cluster and training."""
-    sim = SimBackend(CLUSTER, speed=lambda spec, gpu_type, nodes, gpus_per_node, plan: 1.0, checkpoint_s=5.0)
-    sim.requeue_delay_s = 0.0
+    world = SimWorld(CLUSTER, speed=lambda spec, gpu_type, nodes, gpus_per_node, plan: 1.0, checkpoint_s=5.0)
+    world.requeue_delay_s = 0.0
+    sim = SimBackend(world)
     calls: Counter = Counter()
     job = submit(sim, ELASTIC)
-    first = controller(tmp_path / "first.sqlite", Recorder(sim, calls=calls), sim)
+    first = controller(tmp_path / "first.sqlite", Recorder(sim, calls=calls), world)
     assert first.round().status == "ok"
-    sim.advance(sim.now + 10)
-    assert sim.observe().job(job).state == "RUNNING" and sim.first_step_at(job) is not None
+    world.advance(world.now + 10)
+    assert sim.observe().job(job).state == "RUNNING" and world.first_step_at(job) is not None
     first.state.close()
-    return sim, job, calls
+    return world, sim, job, calls
 
 
 #: the move's steps: its Step written, signalled, requeued held, updated (with its Step "updated"), released
@@ -114,45 +116,45 @@ STEPS = ("update", "signal", "requeue_many", "update_many", "release_many")
 
 @pytest.mark.parametrize("dies_after", STEPS)
 def test_an_empty_state_takes_over_a_move_cut_short_after_any_step(tmp_path, dies_after):
-    sim, moved, calls = running_elastic_job(tmp_path)
+    world, sim, moved, calls = running_elastic_job(tmp_path)
     other = submit(sim, FIXED)  # room for it: the elastic job shrinks (a move)
-    dying = controller(tmp_path / "first.sqlite", Recorder(sim, (dies_after, moved), calls), sim)
+    dying = controller(tmp_path / "first.sqlite", Recorder(sim, (dies_after, moved), calls), world)
     with pytest.raises(Killed):
         dying.round()
     dying.state.close()
     assert calls[("signal", moved)] == (dies_after != "update")
     (tmp_path / "first.sqlite").unlink()  # the state is lost
-    fresh = controller(tmp_path / "fresh.sqlite", Recorder(sim, calls=calls), sim)
+    fresh = controller(tmp_path / "fresh.sqlite", Recorder(sim, calls=calls), world)
     for _ in range(400):
         assert fresh.round().status == "ok"
-        if all(sim.all_jobs[j].state == "COMPLETED" for j in (moved, other)):
+        if all(world.all_jobs[j].state == "COMPLETED" for j in (moved, other)):
             break
-        sim.advance(sim.now + 5)
-    assert {j: sim.all_jobs[j].state for j in (moved, other)} == {moved: "COMPLETED", other: "COMPLETED"}
+        world.advance(world.now + 5)
+    assert {j: world.all_jobs[j].state for j in (moved, other)} == {moved: "COMPLETED", other: "COMPLETED"}
     # the fresh controller asks a job still running again: the one that the dying controller never signalled
     # (died after the Step), and the one it did (the request is a flag: it checkpoints once)
     assert calls[("signal", moved)] == {"update": 1, "signal": 2}.get(dies_after, 1)
     assert calls[("requeue_many", moved)] == 1  # the move's one restart
     assert calls[("release_many", moved)] == 2 and calls[("release_many", other)] == 1  # first placement, move
     assert not any(name == "cancel" for name, _ in calls)
-    assert sim.all_jobs[moved].restarts == 1 and sim.all_jobs[other].restarts == 0
-    assert contract.admin_comment_step(sim.all_jobs[moved].admin_comment) is None  # tidied once released
+    assert world.all_jobs[moved].restarts == 1 and world.all_jobs[other].restarts == 0
+    assert contract.admin_comment_step(world.all_jobs[moved].admin_comment) is None  # tidied once released
     assert fresh.state.open_plans() == {}
     fresh.state.close()
 
 
 def test_an_empty_state_leaves_a_job_held_by_its_user_and_a_parked_job_held(tmp_path):
-    sim, job, calls = running_elastic_job(tmp_path)
+    world, sim, job, calls = running_elastic_job(tmp_path)
     parked = submit(sim, FIXED)
-    sim.advance(sim.now + 1)
+    world.advance(world.now + 1)
     sim.requeue(job, hold=True)  # its user (or an operator): held, with the plan cellsched gave it
     plan_comment = contract.encode_admin_comment(
         contract.admin_comment_spec(sim.observe().job(job).admin_comment) or {},
         contract.admin_comment_plan(sim.observe().job(job).admin_comment),
     )
-    step = contract.Step(contract.PARKED, sim.now)
+    step = contract.Step(contract.PARKED, world.now)
     sim.update(parked, _comment(contract.with_step(plan_comment, step)))  # parked by the lost controller
-    fresh = controller(tmp_path / "fresh.sqlite", Recorder(sim, calls=calls), sim)
+    fresh = controller(tmp_path / "fresh.sqlite", Recorder(sim, calls=calls), world)
     report = fresh.round()
     assert report.status == "ok"
     phases = {s.job_id: s.phase for s in report.jobs}
@@ -174,18 +176,18 @@ def test_a_step_whose_plan_names_no_gpus_per_node_stands_for_no_intent_and_round
     hand, or written by a broken controller) stands for no intent: were it
     journalled, its nodes would read "n1:None" and every later round would
     fail reading the journal. The held job is placed again as a new one."""
-    sim, job, calls = running_elastic_job(tmp_path)
+    world, sim, job, calls = running_elastic_job(tmp_path)
     plan = contract.admin_comment_plan(sim.observe().job(job).admin_comment)
     assert plan is not None and plan.gpus_per_node is not None
     target = json.loads(plan.to_json())
     del target["gpus_per_node"]
     sim.requeue(job, hold=True)
-    step = contract.Step(contract.SIGNALLED, sim.now, target, "")
+    step = contract.Step(contract.SIGNALLED, world.now, target, "")
     sim.update(job, _comment(contract.with_step(sim.observe().job(job).admin_comment, step)))
-    fresh = controller(tmp_path / "fresh.sqlite", Recorder(sim, calls=calls), sim)
+    fresh = controller(tmp_path / "fresh.sqlite", Recorder(sim, calls=calls), world)
     for _ in range(3):
         assert fresh.round().status == "ok"
-        sim.advance(sim.now + 5)
+        world.advance(world.now + 5)
     assert sim.observe().job(job).state == "RUNNING"
     assert contract.admin_comment_step(sim.observe().job(job).admin_comment) is None
     fresh.state.close()

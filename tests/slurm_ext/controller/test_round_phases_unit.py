@@ -17,6 +17,7 @@ from slurm_ext.controller.round import Controller
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.backend import SimBackend
 from slurm_ext.sim.types import ClusterSpec, NodeGroup
+from slurm_ext.sim.world import SimWorld
 from slurm_ext.state import RoundStatus, StateStore
 
 CLUSTER = ClusterSpec((NodeGroup("a100", 2, 4),))
@@ -42,17 +43,20 @@ class Counting:
         return write
 
 
-def controller(state: Path, backend: Any, sim: SimBackend) -> Controller:
+def controller(state: Path, backend: Any, world: SimWorld) -> Controller:
     config = from_dict({"controller": {"state_path": str(state), "kick_file": ""}})
-    return Controller(config, backend=backend, state=StateStore(state), clock=lambda: sim.now, progress=lambda m: None)
+    return Controller(
+        config, backend=backend, state=StateStore(state), clock=lambda: world.now, progress=lambda m: None
+    )
 
 
 def test_a_dry_run_decides_what_a_live_round_does_and_changes_nothing(tmp_path):
-    sim = SimBackend(CLUSTER, speed=lambda spec, gpu_type, nodes, gpus_per_node, plan: 1.0)
+    world = SimWorld(CLUSTER, speed=lambda spec, gpu_type, nodes, gpus_per_node, plan: 1.0)
+    sim = SimBackend(world)
     request = SubmitRequest(script="job.sh", gres_per_node=1, hold=True, comment=SPEC.to_comment())
     jobs = [sim.submit(request) for _ in range(3)]
     backend = Counting(sim)
-    ctl = controller(tmp_path / "s.sqlite", backend, sim)
+    ctl = controller(tmp_path / "s.sqlite", backend, world)
 
     dry = ctl.round(dry_run=True)
     assert dry.status == RoundStatus.OK and dry.dry_run and dry.round_id is None
