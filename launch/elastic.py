@@ -111,7 +111,7 @@ def ordered_sum(
     return _sum_in_order(part[:n] for part, n in zip(parts, counts))
 
 
-def _sum_in_order(blocks: Iterable[Sequence[torch.Tensor]]) -> torch.Tensor:
+def _sum_in_order(blocks: Iterable[Iterable[torch.Tensor]]) -> torch.Tensor:
     """The left-to-right sum of the tensors of BLOCKS, one after another."""
     total: torch.Tensor | None = None
     for block in blocks:

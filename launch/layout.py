@@ -11,11 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from solver.plan import (
-    PlanError,
-    largest_remainder,  # noqa: F401  (re-exported: launch code splits with it)
-    virtual_worker_counts,
-)
+from solver.plan import PlanError, virtual_worker_counts
+from solver.plan import largest_remainder as largest_remainder  # re-exported: launch code splits with it
 
 DIMS = ("pp", "dp", "tp")
 T = TypeVar("T")

@@ -178,8 +178,8 @@ def init_parallel(
         device = torch.device("cpu")
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     if not dist.is_initialized():
-        kw = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
-        dist.init_process_group(backend, rank=rank, world_size=world, **kw)
+        timeout = timedelta(seconds=timeout_s) if timeout_s else None  # None: torch's default
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
     mesh = init_device_mesh(device.type, layout.shape, mesh_dim_names=DIMS)
     coords = layout.coords(rank)
     if tuple(mesh.get_coordinate() or ()) != (coords.pp, coords.dp, coords.tp):

@@ -27,6 +27,7 @@ communication curves once per link.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import math
@@ -37,13 +38,13 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
+from torch.multiprocessing.spawn import start_processes
 
 from solver.models import TRANSFORMER_FAMILIES, ModelSpec
 from solver.profiles.records import CommRecord, LayerRecord
@@ -74,6 +75,8 @@ COMM_SIZES = tuple(4**k * 1024 for k in range(8))
 #: Seconds every rank computes before each profiled collective: about a
 #: layer's forward, so the collective meets ranks coming from compute.
 COMM_BUSY_S = 0.005
+#: a run of _median_run (any kind)
+R = TypeVar("R")
 
 
 class ProfileError(ValueError):
@@ -122,7 +125,8 @@ class Embed(nn.Module):
         self.tok, self.pos = nn.Embedding(m.vocab, m.hidden), nn.Embedding(m.seq_len, m.hidden)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        out: torch.Tensor = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        return out
 
 
 class TPComm:
@@ -149,11 +153,11 @@ class _ReduceOut(torch.autograd.Function):
     """All-reduce forward, identity backward: a row-parallel output leaving the tp region."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, comm: TPComm) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, comm: TPComm) -> torch.Tensor:  # ctx: torch's context object
         return comm.all_reduce(x)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return grad, None
 
 
@@ -161,12 +165,12 @@ class _ReduceGrad(torch.autograd.Function):
     """Identity forward, all-reduced gradient backward: an input entering the tp region."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, comm: TPComm) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, comm: TPComm) -> torch.Tensor:  # ctx: torch's context object
         ctx.comm = comm
         return x
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return ctx.comm.all_reduce(grad), None
 
 
@@ -187,10 +191,16 @@ class BlockShard(nn.Module):
         self.fc, self.out = nn.Linear(h, 4 * w), nn.Linear(4 * w, h)
 
     def _enter(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.comm is None else _ReduceGrad.apply(x, self.comm)
+        if self.comm is None:
+            return x
+        y: torch.Tensor = _ReduceGrad.apply(x, self.comm)  # type: ignore[no-untyped-call]  # torch: apply is unannotated
+        return y
 
     def _leave(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.comm is None else _ReduceOut.apply(x, self.comm)
+        if self.comm is None:
+            return x
+        y: torch.Tensor = _ReduceOut.apply(x, self.comm)  # type: ignore[no-untyped-call]  # torch: apply is unannotated
+        return y
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -281,7 +291,7 @@ def _stamper(device: torch.device, comm: TPComm | None = None) -> tuple[Callable
         raise ProfileError("profiling tp layers among their collectives is for CPUs (gloo) only")
 
     def stamp() -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)
+        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # torch: unannotated
         event.record()
         return event
 
@@ -305,7 +315,7 @@ def _median_times(
         out = run()
         _sync(device)
         t1 = clock()
-        out.backward(torch.ones_like(out))
+        out.backward(torch.ones_like(out))  # type: ignore[no-untyped-call]  # torch: Tensor.backward is unannotated
         _sync(device)
         t2 = clock()
         if i >= warmup:
@@ -314,7 +324,7 @@ def _median_times(
     return _median_run(list(zip(fwd, bwd)), key=sum)
 
 
-def _median_run(runs: list, key: Callable = lambda x: x):
+def _median_run(runs: list[R], key: Callable[[R], float]) -> R:
     """The run of median `key` (the lower one of an even count): a run that happened, not an average."""
     return sorted(runs, key=key)[(len(runs) - 1) // 2]
 
@@ -501,7 +511,7 @@ def profile_update(
         if i >= warmup:
             times.append(clock() - t0)
     n = sum(p.numel() for p in params)
-    return n * 2 * optimizer_bytes_per_param / _median_run(times) / 1e9
+    return n * 2 * optimizer_bytes_per_param / _median_run(times, key=lambda t: t) / 1e9
 
 
 # ------------------------------------------------------------- communication
@@ -510,7 +520,8 @@ def profile_update(
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def _busy(seconds: float, scratch: torch.Tensor) -> None:
@@ -618,8 +629,8 @@ def _comm_worker(
             parts = [torch.empty_like(buf) for _ in range(n)]
             group = groups[n]
             items += [("allreduce", n, _nbytes(buf)), ("allgather", n, _nbytes(buf))]
-            ops.append((lambda buf=buf, group=group: dist.all_reduce(buf, group=group), touch))
-            ops.append((lambda buf=buf, parts=parts, group=group: dist.all_gather(parts, buf, group=group), touch))
+            ops.append((functools.partial(dist.all_reduce, buf, group=group), touch))
+            ops.append((functools.partial(dist.all_gather, parts, buf, group=group), touch))
     dist.barrier()
     times = _timed_rounds(ops, device, warmup, repeat, busy_s)
     recs = [
@@ -656,7 +667,7 @@ def profile_comm(
         raise ProfileError(f"{world} ranks need {world} GPUs, this node has {torch.cuda.device_count()}")
     with tempfile.TemporaryDirectory(prefix="cellsched-comm-") as tmp:
         result = os.path.join(tmp, "comm.json")
-        mp.start_processes(
+        start_processes(  # type: ignore[no-untyped-call]  # torch: unannotated
             _comm_worker,
             args=(world, _free_port(), backend, link, tuple(sizes), warmup, repeat, busy_s, result),
             nprocs=world,
@@ -670,9 +681,9 @@ def profile_comm(
 # ------------------------------------------------------------------- summary
 
 
-def summarize(recs: Sequence[LayerRecord]) -> list[dict]:
+def summarize(recs: Sequence[LayerRecord]) -> list[dict[str, float]]:
     """One row per (tp, micro-batch): whole-model forward/backward ms and MB."""
-    rows: dict[tuple[int, int], dict] = {}
+    rows: dict[tuple[int, int], dict[str, float]] = {}
     for r in recs:
         row = rows.setdefault(
             (r.tp, r.micro_batch),

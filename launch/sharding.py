@@ -194,6 +194,7 @@ class ShardedOptimizer:
         """
         counts = self._counts(local, counts)
         stacked = torch.stack(list(local))
+        parts: torch.Tensor | None
         if self.dp == 1:
             parts = stacked[:, self.mine]
         else:

@@ -184,7 +184,7 @@ def check_readable(db: sqlite3.Connection, schema: Schema, where: str) -> None:
 
 def where(
     conditions: Iterable[str] = (), *, any_of: Mapping[str, Iterable[Any] | None] | None = None, **equals: Any
-) -> tuple[str, tuple]:
+) -> tuple[str, tuple[Any, ...]]:
     """`` WHERE ...`` (with a leading space; "" when nothing is asked) and its
     parameters: the raw `conditions`, ``column = ?`` for each of `equals` that
     is not None, and ``column IN (...)`` for each of `any_of` that is not None

@@ -243,37 +243,43 @@ def split_stages(costs: LayerCosts, pp: int, ref_batch: float = 1.0, num_layers:
                 starts = [sum(units[:i]) for i in range(len(units))]
                 uw = [sum(w[s : s + u]) for s, u in zip(starts, units)]
                 per_stage = balanced_sizes(uw, pp)
-                sizes, i = [], 0
+                merged: list[int] = []
+                i = 0
                 for n in per_stage:
-                    sizes.append(sum(units[i : i + n]))
+                    merged.append(sum(units[i : i + n]))
                     i += n
-                sizes = tuple(sizes)
+                sizes = tuple(merged)
                 blocks = list(per_stage)
     if blocks is None:
         blocks = _blocks_per_stage(costs.is_block, sizes) if costs.is_block else list(sizes)
-    cols: dict[str, list] = {k: [] for k in ("tps", "fix", "act", "out", "par", "tpar")}
+    tps: list[float] = []
+    fix: list[float] = []
+    act: list[float] = []
+    out: list[float] = []
+    par: list[float] = []
+    tpar: list[tuple[tuple[float, int], ...]] = []
     start = 0
     for size in sizes:
         sl = slice(start, start + size)
-        cols["tps"].append(sum(costs.time_per_sample[sl]))
-        cols["fix"].append(sum(costs.time_fixed[sl]))
-        cols["act"].append(sum(costs.act_per_sample[sl]))
-        cols["par"].append(sum(costs.param_bytes[sl]))
-        cols["out"].append(costs.out_per_sample[start + size - 1])
+        tps.append(sum(costs.time_per_sample[sl]))
+        fix.append(sum(costs.time_fixed[sl]))
+        act.append(sum(costs.act_per_sample[sl]))
+        par.append(sum(costs.param_bytes[sl]))
+        out.append(costs.out_per_sample[start + size - 1])
         groups: dict[float, int] = {}
         for nbytes, count in zip(costs.out_per_sample[sl], costs.tp_allreduces[sl]):
             if count:
                 groups[nbytes] = groups.get(nbytes, 0) + count
-        cols["tpar"].append(tuple(sorted(groups.items())))
+        tpar.append(tuple(sorted(groups.items())))
         start += size
     return StageCosts(
         sizes,
-        tuple(cols["tps"]),
-        tuple(cols["fix"]),
-        tuple(cols["act"]),
-        tuple(cols["out"]),
-        tuple(cols["par"]),
-        tuple(cols["tpar"]),
+        tuple(tps),
+        tuple(fix),
+        tuple(act),
+        tuple(out),
+        tuple(par),
+        tuple(tpar),
         trainer_layers(blocks, num_layers) if num_layers is not None else tuple(blocks),
     )
 

@@ -237,7 +237,8 @@ def _optional_of(
                 splits = _few_splits(nodes, [at_least(t, g) for t in combo])
                 if not splits:
                     continue
-                flat, deep = [], []
+                flat: list[Cell] = []
+                deep: list[Cell] = []
                 for split in splits:
                     common = math.gcd(*(n * g for n in split))  # a stage's GPUs must divide every part's
                     pps = sorted({count // d for d in _divisors(common) if count // d <= max_pp})

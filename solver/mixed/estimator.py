@@ -6,6 +6,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from solver.cost.comm import NET_LATENCY_S, Links
 from solver.cost.layers import LayerCosts
@@ -59,10 +60,12 @@ class MixedEstimator:
         self.net_gbps = net_gbps
         self.state_sharding = state_sharding
         self.shard_min_gain = shard_min_gain if shard_min_gain is not None else getattr(inner, "shard_min_gain", 0.1)
-        self._cache: dict[tuple, Estimate] = {}
-        self._parts_cache: dict[tuple, tuple[list[Estimate], list[PartStep]] | Estimate] = {}
+        # (model signature, global batch, cell, V, shard) -> estimate
+        self._cache: dict[tuple[str, int, Cell, int | None, bool], Estimate] = {}
+        # (model signature, global batch, cell, shard) -> _dp_parts
+        self._parts_cache: dict[tuple[str, int, Cell, bool], tuple[list[Estimate], list[PartStep]] | Estimate] = {}
 
-    def __getattr__(self, name: str):  # the inner estimator's other helpers (plans, mem_limit_gb, ...)
+    def __getattr__(self, name: str) -> Any:  # the inner estimator's other helpers (plans, mem_limit_gb, ...)
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)
@@ -200,7 +203,11 @@ class MixedEstimator:
         )
         # a rank's micro-batch is shares/m here (batch/V/m with V), batch/(ranks*m_i) in the part's own estimate
         mb = [s / m for s in shares] if vw is None else [batch / vw / m] * len(shares)
-        grow = tuple(max(1.0, b / (batch / (r * e.plan.micro_batches))) for e, b, r in zip(subs, mb, ranks))
+        grow_by: list[float] = []
+        for e, b, r in zip(subs, mb, ranks):
+            assert e.plan is not None  # the parts' estimates are feasible (_dp_parts)
+            grow_by.append(max(1.0, b / (batch / (r * e.plan.micro_batches))))
+        grow = tuple(grow_by)
         return _Split(tuple(shares), m, units, step, grow)
 
     def _price(self, job: JobRequest, cell: Cell, shard: bool) -> Estimate:
@@ -382,7 +389,8 @@ class MixedEstimator:
         layer_costs = getattr(self.inner, "layer_costs", None)
         links_of = getattr(self.inner, "links_of", None)
         spec_of = getattr(self.inner, "gpu_spec", None)
-        if layer_costs is None or links_of is None or spec_of is None:
+        mem_limit_of = getattr(self.inner, "mem_limit_gb", None)
+        if layer_costs is None or links_of is None or spec_of is None or mem_limit_of is None:
             return self._none(cell, "pipelines across types need an estimator with per-layer costs")
         types = [t for t, _ in cell.parts]
         specs = [spec_of(t) for t in types]
@@ -393,7 +401,7 @@ class MixedEstimator:
         obpp = getattr(self.inner, "optimizer_bytes_per_param", 16.0)
         upd = getattr(self.inner, "update_bytes_per_param", 2 * obpp)
         grad_sync = getattr(self.inner, "grad_sync", ALLREDUCE)
-        limits = [self.inner.mem_limit_gb(t) * 1e9 for t in types]
+        limits = [mem_limit_of(t) * 1e9 for t in types]
         scale_of = getattr(self.inner, "layer_scale", None)
         best: tuple[float, ParallelPlan, float, float] | None = None
         best_sharded: tuple[float, ParallelPlan, float, float] | None = None

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from ortools.linear_solver import linear_solver_pb2, pywraplp
 
-from solver.placement.model import Model
+from solver.placement.model import Matrix, Model
 from solver.types import SolverStatus
 
 _TOL = 1e-6
@@ -242,7 +242,7 @@ def _solver(time_limit_s: float) -> pywraplp.Solver:
     return lp
 
 
-def _loads(mat, fixed: dict[int, int], staying: dict[int, int], top: dict[int, int]) -> np.ndarray:
+def _loads(mat: Matrix, fixed: dict[int, int], staying: dict[int, int], top: dict[int, int]) -> np.ndarray:
     """Each row's left side with the fixed columns, the staying ones at 1 and
     the slot counts at `top` (every other column at 0)."""
     value = np.zeros(int(mat.col.max()) + 1 if len(mat.col) else 0)
