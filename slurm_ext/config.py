@@ -323,7 +323,7 @@ def solver_options(base: SolverConfig, text: str, where: str = "policy options")
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def load(path: str | os.PathLike | None = None) -> Config:
+def load(path: str | os.PathLike[str] | None = None) -> Config:
     """The configuration: `path`, else $CELLSCHED_CONFIG, else the system file
     when it exists, else the defaults. A named file that is missing is an error."""
     named = path or os.environ.get(ENV_VAR)

@@ -198,7 +198,7 @@ def spec_of_job(comment: str | None, admin_comment: str | None) -> JobSpec | Non
 
 
 def is_managed_comment(comment: str | None) -> bool:
-    return bool(comment) and comment.startswith(TAG)
+    return comment is not None and comment.startswith(TAG)
 
 
 def _int_field(name: str, value: object, lo: int, hi: int) -> None:

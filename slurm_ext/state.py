@@ -234,6 +234,13 @@ def _nodes_text(nodes: Iterable[tuple[str, int]]) -> str:
     return ",".join(f"{n}:{g}" for n, g in nodes)
 
 
+def _inserted_id(cur: sqlite3.Cursor) -> int:
+    """The row id of the row an INSERT made (sqlite3 sets it after every INSERT)."""
+    rowid = cur.lastrowid
+    assert rowid is not None
+    return rowid
+
+
 def _nodes_parse(text: str) -> tuple[tuple[str, int], ...]:
     out = []
     for part in filter(None, text.split(",")):
@@ -442,7 +449,7 @@ class StateStore:
                     now,
                 ),
             )
-            return int(cur.lastrowid)
+            return _inserted_id(cur)
 
     def set_plan_status(self, plan_id: int, status: PlanStatus, now: float, error: str | None = None) -> None:
         """Move a plan on; StateError when TRANSITIONS does not allow it."""
@@ -467,9 +474,12 @@ class StateStore:
                     (row[0], now, row[1], HistoryEvent.PLACED, row[2], row[3]),
                 )
 
-    def _plans(self, where: str, args: tuple = ()) -> list[PlanRow]:
+    def _plans(self, where: str, args: tuple[object, ...] = ()) -> list[PlanRow]:
         rows = self._db.execute(f"SELECT * FROM plans {where}", args).fetchall()
-        return [PlanRow(*r[:4], _nodes_parse(r[4]), *r[5:8], PlanStatus(r[8]), *r[9:]) for r in rows]
+        return [
+            PlanRow(r[0], r[1], r[2], r[3], _nodes_parse(r[4]), r[5], r[6], r[7], PlanStatus(r[8]), r[9], r[10], r[11])
+            for r in rows
+        ]
 
     def open_plans(self) -> dict[str, PlanRow]:
         """The newest unfinished intent of each job."""
@@ -639,10 +649,8 @@ class StateStore:
 
     def begin_round(self, now: float) -> int:
         with self._tx():
-            return int(
-                self._db.execute(
-                    "INSERT INTO rounds (started, status) VALUES (?, ?)", (now, RoundStatus.RUNNING)
-                ).lastrowid
+            return _inserted_id(
+                self._db.execute("INSERT INTO rounds (started, status) VALUES (?, ?)", (now, RoundStatus.RUNNING))
             )
 
     def finish_round(

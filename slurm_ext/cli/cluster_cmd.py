@@ -21,7 +21,7 @@ def node_state_text(node: SlurmNode) -> str:
 def table_rows(snapshot: ClusterSnapshot) -> list[tuple[str, ...]]:
     """One row per (partition, node); the default partition is marked with *."""
     by_name = {n.name: n for n in snapshot.nodes}
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for part in snapshot.partitions:
         for name in part.nodes:
             node = by_name.get(name)

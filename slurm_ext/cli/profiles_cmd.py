@@ -8,6 +8,7 @@ import os
 import pathlib
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict
 
 import click
@@ -191,8 +192,8 @@ def show_cmd(ctx: click.Context, model: str, batch: int | None, gpu_type: str | 
                 dash(r.dp),
                 dash(r.tp),
                 r.source,
-                "oom" if r.oom else f"{r.iter_time_s:.3f}",
-                "-" if r.oom else f"{r.global_batch / r.iter_time_s:.3f}",
+                "oom" if r.iter_time_s is None else f"{r.iter_time_s:.3f}",
+                "-" if r.iter_time_s is None else f"{r.global_batch / r.iter_time_s:.3f}",
             ]
             for r in recs
         ],
@@ -200,7 +201,8 @@ def show_cmd(ctx: click.Context, model: str, batch: int | None, gpu_type: str | 
 
 
 def _table(header: list[str], rows: list[list[object]]) -> None:
-    cells = [[str(c) for c in row] for row in [header, *rows]]
+    table: list[Sequence[object]] = [header, *rows]
+    cells = [[str(c) for c in row] for row in table]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     for row in cells:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())

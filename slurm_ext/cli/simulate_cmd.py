@@ -144,7 +144,7 @@ class _Sink:
     def __init__(self, bar: ProgressBar | None) -> None:
         self.bar = bar
 
-    def put(self, item: tuple) -> None:
+    def put(self, item: tuple[str, int, int, float, int]) -> None:  # ProgressBar.update's arguments
         if self.bar is not None:
             self.bar.update(*item)
 
@@ -409,7 +409,7 @@ def simulate(
     if problem:  # named by the option it came from
         raise SimulateError(f"{'--truth' if truth else '--profiles'}: {problem}")
     try:
-        given = {
+        given: dict[str, Any] = {  # keyword arguments of Conditions (None: its default)
             "truth": source,
             "estimates": estimates,
             "noise": noise,

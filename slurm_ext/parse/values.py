@@ -191,7 +191,9 @@ def gpu_gres(value: Any) -> tuple[str | None, int]:
 
 def _split_gres(s: str) -> list[str]:
     """Split a GRES list on commas outside parentheses (IDX:0,2 lists)."""
-    out, depth, cur = [], 0, []
+    out: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in s:
         depth += ch == "("
         depth -= ch == ")"
