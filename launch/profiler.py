@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import itertools
 import json
 import math
 import os
@@ -321,7 +322,7 @@ def _median_times(
         if i >= warmup:
             fwd.append(t1 - t0)
             bwd.append(t2 - t1)
-    return _median_run(list(zip(fwd, bwd)), key=sum)
+    return _median_run(list(zip(fwd, bwd, strict=True)), key=sum)
 
 
 def _median_run(runs: list[R], key: Callable[[R], float]) -> R:
@@ -351,44 +352,61 @@ def _stack_times(
     stamp, seconds = _stamper(device, comm)
     layers = [embed, *blocks, head]
     runs = []
+
+    def mark(marks: dict[int, Any], j: int) -> Callable[[torch.Tensor], None]:
+        def hook(_grad: torch.Tensor) -> None:
+            marks[j] = stamp()
+
+        return hook
+
     for i in range(warmup + repeat):
         for layer in layers:
             layer.zero_grad(set_to_none=True)
         marks: dict[int, Any] = {}
-
-        def mark(j: int) -> Callable[[torch.Tensor], None]:
-            def hook(_grad: torch.Tensor) -> None:
-                marks[j] = stamp()
-
-            return hook
-
         _sync(device)
         bounds = [stamp()]  # the forward's layer boundaries
         x = embed(tokens)
         for j, block in enumerate(blocks):  # x is the input of layer j + 1
-            x.register_hook(mark(j + 1))
+            x.register_hook(mark(marks, j + 1))
             bounds.append(stamp())
             x = block(x)
-        x.register_hook(mark(len(blocks) + 1))
+        x.register_hook(mark(marks, len(blocks) + 1))
         bounds.append(stamp())
         loss = head(x, tokens)
         bounds.append(stamp())
         loss.backward()
         end = stamp()
         _sync(device)
-        fwd = [seconds(a, b) for a, b in zip(bounds, bounds[1:])]
+        fwd = [seconds(a, b) for a, b in itertools.pairwise(bounds)]
         # the gradient reaches layer j's input at marks[j]: layer j's backward ends there
         ends = [end] + [marks[j] for j in range(1, len(layers))]
         starts = ends[1:] + [bounds[-1]]
-        bwd = [seconds(s, e) for e, s in zip(ends, starts)]
+        bwd = [seconds(s, e) for e, s in zip(ends, starts, strict=True)]
         if i >= warmup:
-            runs.append(list(zip(fwd, bwd)))
+            runs.append(list(zip(fwd, bwd, strict=True)))
     run = _median_run(runs, key=lambda r: sum(f + b for f, b in r))
     k = len(blocks)
     return {
         "embed": run[0],
         "block": (sum(f for f, _ in run[1:-1]) / k, sum(b for _, b in run[1:-1]) / k),
         "head": run[-1],
+    }
+
+
+def _layer_runs(
+    embed: nn.Module, block: nn.Module, head: nn.Module, tokens: torch.Tensor, x: torch.Tensor
+) -> dict[str, tuple[nn.Module, Callable[[], torch.Tensor]]]:
+    """Each kind of layer with its forward call on `tokens` (embed, head) and
+    `x` (the block's and head's input, without an old gradient)."""
+
+    def fresh() -> torch.Tensor:
+        x.grad = None
+        return x
+
+    return {
+        "embed": (embed, lambda: embed(tokens)),
+        "block": (block, lambda: block(fresh())),
+        "head": (head, lambda: head(fresh(), tokens)),
     }
 
 
@@ -444,16 +462,7 @@ def profile_layers(
         for b in micro_batches:
             tokens = torch.randint(model.vocab, (b, s), device=device)
             x = torch.randn(b, s, h, device=device, dtype=dtype, requires_grad=True)
-
-            def fresh() -> torch.Tensor:  # the block's / head's input, without an old gradient
-                x.grad = None
-                return x
-
-            runs = {
-                "embed": (embed, lambda: embed(tokens)),
-                "block": (block, lambda: block(fresh())),
-                "head": (head, lambda: head(fresh(), tokens)),
-            }
+            runs = _layer_runs(embed, block, head, tokens, x)
             times = _stack_times(embed, blocks, head, tokens, device, warmup, repeat, comm) if stack else {}
             measured = {}
             for kind, (layer, run) in runs.items():
@@ -635,7 +644,7 @@ def _comm_worker(
     times = _timed_rounds(ops, device, warmup, repeat, busy_s)
     recs = [
         CommRecord(link, op, n, nbytes, t / 2 if op == "p2p" else t)  # a ping is two sends
-        for (op, n, nbytes), t in zip(items, times)
+        for (op, n, nbytes), t in zip(items, times, strict=True)
     ]
     dist.barrier()
     if rank == 0:

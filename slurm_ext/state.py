@@ -329,7 +329,7 @@ class StateStore:
         cols = [d[0] for d in cur.description]
         out = {}
         for r in cur:
-            row = dict(zip(cols, r))
+            row = dict(zip(cols, r, strict=True))
             row["finished"] = bool(row["finished"])
             out[row["job_id"]] = JobRow(**row)
         return out
@@ -578,7 +578,7 @@ class StateStore:
         unparked, finished."""
         cols = ("time", "round_id", "event", "cell", "nodes", "value")
         return [
-            dict(zip(cols, r))
+            dict(zip(cols, r, strict=True))
             for r in self._db.execute(
                 f"SELECT {', '.join(cols)} FROM cell_history WHERE job_id = ? ORDER BY id", (job_id,)
             )
@@ -643,7 +643,7 @@ class StateStore:
         tail = f" LIMIT {int(limit)}" if limit is not None else ""
         cur = self._db.execute(f"SELECT * FROM speeds {where} ORDER BY updated DESC, job_id{tail}", args)
         cols = [d[0] for d in cur.description]
-        return [SpeedRow(**dict(zip(cols, r))) for r in cur]
+        return [SpeedRow(**dict(zip(cols, r, strict=True))) for r in cur]
 
     # --- rounds -----------------------------------------------------------
 
@@ -702,7 +702,7 @@ class StateStore:
         cols = [d[0] for d in cur.description]
         out = []
         for r in cur.fetchall():
-            d = dict(zip(cols, r))
+            d = dict(zip(cols, r, strict=True))
             d["actions"] = json.loads(d["actions"]) if d["actions"] else []
             out.append(d)
         return out

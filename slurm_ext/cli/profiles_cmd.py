@@ -205,4 +205,4 @@ def _table(header: list[str], rows: list[list[object]]) -> None:
     cells = [[str(c) for c in row] for row in table]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     for row in cells:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

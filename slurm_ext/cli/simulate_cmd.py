@@ -97,7 +97,7 @@ class ProgressBar:
         self.state[policy] = (finished, total, sim_s, rounds)
         if self.tty:
             parts = []
-            for p, (f, t, s, r) in self.state.items():
+            for p, (f, t, _, _) in self.state.items():
                 parts.append(f"{p} {100 * f / t if t else 0:3.0f}%")
             wall = time.perf_counter() - self.t0
             self.stream.write("\r" + " | ".join(parts) + f"  ({wall:.0f} s)\x1b[K")

@@ -190,8 +190,10 @@ def _table(rows: list[dict[str, Any]]) -> str:
             )
         )
     lines = [tuple(printable(c) for c in line) for line in lines]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)) + "  " + line[-1] for line in lines)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]  # the last column is not padded
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=False)) + "  " + line[-1] for line in lines
+    )
 
 
 def _history_text(job_id: str, events: list[dict[str, Any]]) -> str:

@@ -204,7 +204,7 @@ class MixedEstimator:
         # a rank's micro-batch is shares/m here (batch/V/m with V), batch/(ranks*m_i) in the part's own estimate
         mb = [s / m for s in shares] if vw is None else [batch / vw / m] * len(shares)
         grow_by: list[float] = []
-        for e, b, r in zip(subs, mb, ranks):
+        for e, b, r in zip(subs, mb, ranks, strict=True):
             assert e.plan is not None  # the parts' estimates are feasible (_dp_parts)
             grow_by.append(max(1.0, b / (batch / (r * e.plan.micro_batches))))
         grow = tuple(grow_by)
@@ -235,8 +235,8 @@ class MixedEstimator:
             if split is None or split.m in seen:
                 continue
             seen.add(split.m)
-            mems = [static + act * f for (static, act), f in zip(self._memory(job, subs), split.grow)]
-            worst = max(need / lim for need, lim in zip(mems, limits))
+            mems = [static + act * f for (static, act), f in zip(self._memory(job, subs), split.grow, strict=True)]
+            worst = max(need / lim for need, lim in zip(mems, limits, strict=True))
             if least is None or worst < least[0]:
                 least = (worst, mems)
             if worst <= 1.0 and replicated_ok and (plain is None or split.step.time_s < plain.iter_time_s):
@@ -330,16 +330,19 @@ class MixedEstimator:
         if state <= 0 or not all(e.state_gb > 0 for e in subs):
             return None
         # per GPU: what stays replicated, and the whole state with the runtime's slice copy
-        reps = [static - e.state_gb + act * f for e, (static, act), f in zip(subs, self._memory(job, subs), split.grow)]
+        reps = [
+            static - e.state_gb + act * f
+            for e, (static, act), f in zip(subs, self._memory(job, subs), split.grow, strict=True)
+        ]
         full = max(e.state_gb for e in subs) * (state + d) / state
-        free = [lim - r for lim, r in zip(limits, reps)]
+        free = [lim - r for lim, r in zip(limits, reps, strict=True)]
         if min(free) <= 0 or not all(math.isfinite(x) for x in free):
             return None
-        total = sum(p.ranks * f for p, f in zip(parts, free))
+        total = sum(p.ranks * f for p, f in zip(parts, free, strict=True))
         if full > total:
             return None
         fractions = tuple(f / total for f in free)  # of the parameters, the slice a rank of each part owns
-        mems = [r + full * x for r, x in zip(reps, fractions)]
+        mems = [r + full * x for r, x in zip(reps, fractions, strict=True)]
         if job.virtual_workers is not None:  # the micro-batch, and so the memory, is the same for any split
             again = self._split(job, subs, parts, fractions, split.m)
             if again is None:
@@ -424,7 +427,7 @@ class MixedEstimator:
             for m in _divisors(per_worker):
                 b = per_worker // m
                 sides = []
-                for t, spec, lim, f in zip(types, specs, limits, scales):
+                for t, spec, lim, f in zip(types, specs, limits, scales, strict=True):
                     costs = layer_costs(model, t, tp, b)
                     if costs is None:
                         break

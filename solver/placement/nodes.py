@@ -121,7 +121,7 @@ class Ledger(Generic[G]):
         or None when there are not enough."""
         keys = []
         for grp in groups:
-            for (f, link), names in self.buckets.get(grp, {}).items():
+            for f, link in self.buckets.get(grp, {}):
                 if f >= g:
                     keys.append(((link if multi else 0, -f if spread else f), grp, (f, link)))
         keys.sort(key=lambda k: k[0])  # stable: ties keep group order

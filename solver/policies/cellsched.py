@@ -311,7 +311,10 @@ def pick_costs(
         duties[jid] = row
     other = total / count if count else 0.0
     return {
-        jid: [0 if d is None else round(v * (1 - 1 / (1 + d * other))) for (_, v, _), d in zip(ps, duties[jid])]
+        jid: [
+            0 if d is None else round(v * (1 - 1 / (1 + d * other)))
+            for (_, v, _), d in zip(ps, duties[jid], strict=True)
+        ]
         for jid, ps in picks.items()
     }
 
