@@ -35,6 +35,7 @@ from dataclasses import replace
 from typing import TypeVar
 
 from launch import scontrol
+from launch.errors import LauncherError
 from launch.layout import Layout, LayoutError, in_step_order, plan_ranks
 from launch.slurm_env import SlurmEnv, SlurmEnvError
 from solver import contract
@@ -47,7 +48,7 @@ PORT_BASE, PORT_SPAN = 20000, 20000
 USAGE = "usage: cellsched-launch [--print-env] [--] CMD [ARGS...]"
 
 
-class LaunchError(Exception):
+class LaunchError(LauncherError):
     """The task cannot be launched; the message names the problem."""
 
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from launch.errors import LauncherError
 from solver.plan import PlanError, virtual_worker_counts
 from solver.plan import largest_remainder as largest_remainder  # re-exported: launch code splits with it
 
@@ -18,7 +19,7 @@ DIMS = ("pp", "dp", "tp")
 T = TypeVar("T")
 
 
-class LayoutError(ValueError):
+class LayoutError(ValueError, LauncherError):
     """Degrees, ranks or sizes that do not fit together."""
 
 

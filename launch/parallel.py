@@ -30,12 +30,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from launch.errors import LauncherError
 from launch.layout import DIMS, Coords, Layout, LayoutError, largest_remainder, split_layers, virtual_worker_blocks
 from solver import contract
 from solver.plan import JobPlan, PlanError
 
 
-class ParallelError(RuntimeError):
+class ParallelError(RuntimeError, LauncherError):
     """The plan and the running processes disagree."""
 
 

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.multiprocessing.spawn import start_processes
 
+from launch.errors import LauncherError
 from solver.models import TRANSFORMER_FAMILIES, ModelSpec
 from solver.profiles.records import CommRecord, LayerRecord
 
@@ -80,7 +81,7 @@ COMM_BUSY_S = 0.005
 R = TypeVar("R")
 
 
-class ProfileError(ValueError):
+class ProfileError(ValueError, LauncherError):
     """The model or the settings cannot be profiled (the message says why)."""
 
 

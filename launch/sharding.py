@@ -46,6 +46,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from launch.errors import LauncherError
 from launch.layout import largest_remainder
 from solver.plan import JobPlan
 
@@ -55,7 +56,7 @@ MODES = ("none", "even", "memory")
 OptimizerFactory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 
 
-class ShardingError(ValueError):
+class ShardingError(ValueError, LauncherError):
     """A shard layout or a state does not fit the parameters."""
 
 

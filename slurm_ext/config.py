@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from slurm_ext.errors import CellschedError
 from solver.hostlist import expand_hostlist
 from solver.network import default_nic_gbps
 from solver.types import SolverConfig
@@ -28,7 +29,7 @@ DEFAULT_PATH = "/etc/cellsched/cellsched.toml"
 ENV_VAR = "CELLSCHED_CONFIG"
 
 
-class ConfigError(ValueError):
+class ConfigError(ValueError, CellschedError):
     """A configuration that cannot be used; the message names the key."""
 
 

@@ -19,6 +19,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from slurm_ext.errors import CellschedError
 from solver import sqlitedb
 
 BUSY_TIMEOUT_S = 10.0
@@ -154,7 +155,7 @@ _CREATE = (
 )
 
 
-class StateError(RuntimeError):
+class StateError(RuntimeError, CellschedError):
     """The state file cannot be opened or is from a newer cellsched."""
 
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import re
 
+from solver.errors import SolverError
+
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
-class HostlistError(ValueError):
+class HostlistError(ValueError, SolverError):
     """Malformed host-list text; the message says what is wrong with it."""
 
 

@@ -14,13 +14,15 @@ from dataclasses import asdict, dataclass, field, fields
 from fractions import Fraction
 from typing import Any
 
+from solver.errors import SolverError
+
 PLAN_VERSION = 1
 #: Slurm keeps comments of any length, but a plan stays small: refuse a plan
 #: that would not fit comfortably in an AdminComment / environment variable.
 MAX_PLAN_BYTES = 8192
 
 
-class PlanError(ValueError):
+class PlanError(ValueError, SolverError):
     """A plan is missing, malformed or inconsistent."""
 
 

@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from solver.errors import SolverError
+
 VERSION_KEY = "schema_version"
 _META = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
 
 
-class SchemaError(Exception):
+class SchemaError(SolverError):
     """The file is not ours, is from a newer cellsched, or its version row is broken."""
 
 

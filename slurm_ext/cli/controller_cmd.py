@@ -11,11 +11,12 @@ from pathlib import Path
 import click
 
 from slurm_ext.config import Config, ConfigError, load
+from slurm_ext.errors import CellschedError
 from slurm_ext.state import RoundStatus, StateError, StateStore
 from slurm_ext.textsafe import printable
 
 
-class ControllerError(click.ClickException):
+class ControllerError(click.ClickException, CellschedError):
     exit_code = 2
 
 

@@ -13,6 +13,7 @@ from dataclasses import asdict
 
 import click
 
+from slurm_ext.errors import CellschedError
 from solver.models import ModelSpecError, get_model
 from solver.profiles.arena import ArenaFormatError
 from solver.profiles.exchange import ProfileFileError, export_jsonl, import_file
@@ -21,7 +22,7 @@ from solver.profiles.seed import open_store
 from solver.profiles.store import ENV_VAR, ProfileStore, ProfileStoreError
 
 
-class ProfilesError(click.ClickException):
+class ProfilesError(click.ClickException, CellschedError):
     """A clear one-line error; exit code 2, no traceback."""
 
     exit_code = 2

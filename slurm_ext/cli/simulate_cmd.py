@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 import click
 
+from slurm_ext.errors import CellschedError
 from slurm_ext.sim.types import ClusterSpec, SimRun, TraceJob
 from solver.extras import MissingExtra, require
 
@@ -23,7 +24,7 @@ PROG = "cellsched simulate"
 EXIT_USAGE = 2
 
 
-class SimulateError(click.ClickException):
+class SimulateError(click.ClickException, CellschedError):
     """Bad input: printed as one line, exit status 2."""
 
     exit_code = EXIT_USAGE

@@ -6,12 +6,14 @@ import re
 from datetime import datetime
 from typing import Any
 
+from slurm_ext.errors import CellschedError
+
 #: Slurm's "not set" sentinels for 16/32/64-bit numbers
 _NO_VAL = {0xFFFE, 0xFFFF, 0xFFFFFFFE, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFE, 0xFFFFFFFFFFFFFFFF}
 _NULLS = {"", "(null)", "N/A", "None", "Unknown", "n/a", "n/s"}
 
 
-class ParseError(ValueError):
+class ParseError(ValueError, CellschedError):
     """Slurm output that does not have the expected shape."""
 
 

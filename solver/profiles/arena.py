@@ -12,12 +12,14 @@ import os
 import pathlib
 from typing import Any
 
+from solver.errors import SolverError
+
 OPTIMAL_FILE = "profiles_optimal.json"
 ESTIMATED_FILE = "profiles_plans_estimated.json"
 TRACE_FILE = "traces/simulate_trace_philly.csv"
 
 
-class ArenaFormatError(ValueError):
+class ArenaFormatError(ValueError, SolverError):
     """An Arena file does not have the expected shape (the message names
     the file, the record and the field)."""
 

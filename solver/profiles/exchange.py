@@ -13,6 +13,7 @@ import os
 from dataclasses import MISSING, asdict, fields
 from typing import IO, Any
 
+from solver.errors import SolverError
 from solver.profiles.arena import ArenaFormatError
 from solver.profiles.arena_import import ImportReport, import_arena_data
 from solver.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord
@@ -23,7 +24,7 @@ VERSION = 1
 KINDS: dict[str, type] = {"cell": CellRecord, "layer": LayerRecord, "comm": CommRecord, "gpu": GpuSpec}
 
 
-class ProfileFileError(ValueError):
+class ProfileFileError(ValueError, SolverError):
     """A profile file cannot be read (the message names the file and line)."""
 
 

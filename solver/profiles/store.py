@@ -23,6 +23,7 @@ from dataclasses import fields
 from typing import Any
 
 from solver import sqlitedb
+from solver.errors import SolverError
 from solver.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord, ProfileSource
 
 BUSY_TIMEOUT_S = 30.0
@@ -71,7 +72,7 @@ _SOURCE_ORDER = (
 )
 
 
-class ProfileStoreError(Exception):
+class ProfileStoreError(SolverError):
     """The store cannot be opened or used (bad file, newer schema)."""
 
 

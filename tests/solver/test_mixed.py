@@ -15,7 +15,7 @@ from solver.estimator import Estimator
 from solver.mixed import OPTIONAL_PER_CELL, MixedEstimator, mixed_cell, parse_key, split_batch, stages_per_part
 from solver.mixed.dp import part_step
 from solver.models import ModelSpec, get_model
-from solver.placement import PlanError, validate_plan
+from solver.placement import PlacementError, validate_plan
 from solver.placement.candidates import fits
 from solver.policies.cellsched import CellschedPolicy, FreeNow
 from solver.profiles.records import GpuSpec
@@ -252,9 +252,9 @@ def test_mixed_placements_are_checked_per_type():
     wrong = Placement("j", cell, (("n4", 2), ("n1", 2), ("n6", 2)), plan, 1.0)
     assert fits(cl, good) and not fits(cl, wrong)
     validate_plan(cl, {"j": good})
-    with pytest.raises(PlanError):
+    with pytest.raises(PlacementError):
         validate_plan(cl, {"j": wrong})
-    with pytest.raises(PlanError):
+    with pytest.raises(PlacementError):
         validate_plan(cl, {"j": Placement("j", cell, (("n4", 2), ("n6", 2), ("n2", 2)), plan, 1.0)})
     assert math.isclose(sum(s * n for s, n in zip(plan.shares, (2, 4), strict=True)), 24)
 
