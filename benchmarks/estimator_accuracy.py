@@ -254,13 +254,13 @@ def measure(plan: dict, steps: int, warmup: int, shape: dict, batch: int, timeou
     if bad:
         raise RuntimeError(f"plan {plan}: rank {bad[0][0]} exited {bad[0][1]}:\n{bad[0][2][-2000:]}")
     ranks = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
-    wall = [max(w) for w in zip(*(r["wall"] for r in ranks))]  # a step ends with its slowest rank
-    wait = [max(d) for d in zip(*(r["wait"] for r in ranks))]
+    wall = [max(w) for w in zip(*(r["wall"] for r in ranks), strict=True)]  # a step ends with its slowest rank
+    wait = [max(d) for d in zip(*(r["wait"] for r in ranks), strict=True)]
     return {
         "measured_s": statistics.median(wall),
         "fastest_s": min(wall),
-        "uncontended_s": statistics.median(w - d for w, d in zip(wall, wait)),
-        "cpu_wait_pct": 100 * statistics.median(d / w for w, d in zip(wall, wait)),
+        "uncontended_s": statistics.median(w - d for w, d in zip(wall, wait, strict=True)),
+        "cpu_wait_pct": 100 * statistics.median(d / w for w, d in zip(wall, wait, strict=True)),
     }
 
 
@@ -345,7 +345,7 @@ def profile_corun(ranks: int) -> tuple[list, float]:
             with open(out, encoding="utf-8") as f:
                 runs.append(json.load(f))
     recs = []
-    for parts in zip(*(r["layers"] for r in runs)):
+    for parts in zip(*(r["layers"] for r in runs), strict=True):
         fields = dict(parts[0], gpu_type=gpu_type(ranks))
         fields["fwd_s"] = statistics.mean(p["fwd_s"] for p in parts)
         fields["bwd_s"] = statistics.mean(p["bwd_s"] for p in parts)
@@ -531,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
             "error_pct_passes": [pct_error(r["predicted_s"], r["measured_s"]) for r in runs],
         }
 
-    rows = [row_of(list(runs)) for runs in zip(*(p["rows"] for p in passes))]
+    rows = [row_of(list(runs)) for runs in zip(*(p["rows"] for p in passes), strict=True)]
     for row in rows:
         print(json.dumps(row), flush=True)
 

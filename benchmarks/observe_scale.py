@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import statistics
 import subprocess
@@ -132,14 +133,14 @@ def main() -> int:
         jobs_text = outputs[("squeue", "--json", "--states=all")]
         nodes_text = next(t for k, t in outputs.items() if k[-1] == "node" or k == ("sinfo", "--json"))
         observe_s, snap = timed(backend(outputs).observe, args.repeat)
-        jobs_s, _ = timed(lambda: json_output.parse_jobs(jobs_text), args.repeat)
-        nodes_s, _ = timed(lambda: json_output.parse_nodes(nodes_text), args.repeat)
+        jobs_s, _ = timed(functools.partial(json_output.parse_jobs, jobs_text), args.repeat)
+        nodes_s, _ = timed(functools.partial(json_output.parse_nodes, nodes_text), args.repeat)
         if schema == "22.05":
             part_text = outputs[("scontrol", "-o", "show", "partition")]
-            partitions_s, _ = timed(lambda: scontrol_text.parse_partitions(part_text), args.repeat)
+            partitions_s, _ = timed(functools.partial(scontrol_text.parse_partitions, part_text), args.repeat)
         else:
             part_text = outputs[("scontrol", "--json", "show", "partition")]
-            partitions_s, _ = timed(lambda: json_output.parse_partitions(part_text), args.repeat)
+            partitions_s, _ = timed(functools.partial(json_output.parse_partitions, part_text), args.repeat)
         assert len(snap.jobs) == args.jobs and len(snap.nodes) == args.nodes, (len(snap.jobs), len(snap.nodes))
         worst = max(worst, observe_s)
         row = {

@@ -200,7 +200,7 @@ def run_size(
     if len(variants) > 1:
         base = out[list(variants)[-1]]
         for v in list(variants)[:-1]:
-            ratios = sorted(a / b for a, b in zip(times[v], times[list(variants)[-1]]))
+            ratios = sorted(a / b for a, b in zip(times[v], times[list(variants)[-1]], strict=True))
             print(
                 json.dumps(
                     {

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 import torch.distributed as dist
@@ -39,11 +40,11 @@ LATEST = "LATEST"
 SIGNALS = tuple(signal.Signals[f"SIG{name}"] for name in CHECKPOINT_SIGNALS)
 
 
-def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:
+def checkpoint_path(directory: str | os.PathLike[str], step: int) -> Path:
     return Path(directory) / f"step-{step:08d}.pt"
 
 
-def _replace_atomically(path: Path, write) -> None:
+def _replace_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     with open(tmp, "wb") as f:
         write(f)
@@ -52,7 +53,7 @@ def _replace_atomically(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def save(directory: str | os.PathLike, step: int, state: dict[str, Any]) -> Path:
+def save(directory: str | os.PathLike[str], step: int, state: dict[str, Any]) -> Path:
     """Write STATE as checkpoint STEP, then point LATEST at it (call on one rank)."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
@@ -70,7 +71,7 @@ def save(directory: str | os.PathLike, step: int, state: dict[str, Any]) -> Path
     return path
 
 
-def latest_step(directory: str | os.PathLike) -> int | None:
+def latest_step(directory: str | os.PathLike[str]) -> int | None:
     """The step LATEST names, or None when there is no checkpoint yet."""
     try:
         text = (Path(directory) / LATEST).read_text().strip()
@@ -81,12 +82,13 @@ def latest_step(directory: str | os.PathLike) -> int | None:
     return int(text)
 
 
-def load_latest(directory: str | os.PathLike) -> dict[str, Any] | None:
+def load_latest(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The newest complete checkpoint's state, or None."""
     step = latest_step(directory)
     if step is None:
         return None
-    return torch.load(checkpoint_path(directory, step), map_location="cpu", weights_only=True)
+    state: dict[str, Any] = torch.load(checkpoint_path(directory, step), map_location="cpu", weights_only=True)
+    return state
 
 
 class StopRequest:

@@ -32,19 +32,23 @@ import sys
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 from launch import scontrol
+from launch.errors import LauncherError
 from launch.layout import Layout, LayoutError, in_step_order, plan_ranks
 from launch.slurm_env import SlurmEnv, SlurmEnvError
 from solver import contract
 from solver.plan import JobPlan, PlanError
+
+T = TypeVar("T")
 
 EXIT_USAGE = 2
 PORT_BASE, PORT_SPAN = 20000, 20000
 USAGE = "usage: cellsched-launch [--print-env] [--] CMD [ARGS...]"
 
 
-class LaunchError(Exception):
+class LaunchError(LauncherError):
     """The task cannot be launched; the message names the problem."""
 
 
@@ -95,16 +99,24 @@ def plan_in_step_order(plan: JobPlan, slurm: SlurmEnv) -> JobPlan:
         if ranks is None:
             return plan
         layout = Layout(plan.pp, plan.dp, plan.tp)
-        changes: dict[str, object] = {"nodes": slurm.nodelist}
-        for field, dim in (("stage_layers", "pp"), ("batch_shares", "dp"), ("state_shares", "dp")):
-            if getattr(plan, field) is not None:
-                changes[field] = in_step_order(getattr(plan, field), layout, ranks, dim, field)
+        stage_layers = _reordered(plan.stage_layers, layout, ranks, "pp", "stage_layers")
+        batch_shares = _reordered(plan.batch_shares, layout, ranks, "dp", "batch_shares")
+        state_shares = _reordered(plan.state_shares, layout, ranks, "dp", "state_shares")
     except LayoutError as e:
         raise LaunchError(
             f"{e} (plan nodes {','.join(plan.nodes)}, step nodes {','.join(slurm.nodelist)}, "
             f"tasks per node {','.join(map(str, slurm.tasks_per_node))})"
         ) from None
-    return replace(plan, **changes)
+    return replace(
+        plan, nodes=slurm.nodelist, stage_layers=stage_layers, batch_shares=batch_shares, state_shares=state_shares
+    )
+
+
+def _reordered(
+    values: tuple[T, ...] | None, layout: Layout, ranks: Sequence[int], dim: str, field: str
+) -> tuple[T, ...] | None:
+    """`in_step_order` of a plan field that may be unset (None stays None)."""
+    return None if values is None else in_step_order(values, layout, ranks, dim, field)
 
 
 def master_addr(env: Mapping[str, str], slurm: SlurmEnv) -> str:

@@ -102,16 +102,16 @@ def ordered_sum(
         )
     width = max(counts)  # all_gather needs equal shapes: short ranks send zero rows, dropped below
     send = local[0].new_empty((width, *local[0].shape))
-    for row, t in zip(send, local):
+    for row, t in zip(send, local, strict=False):  # send has max(counts) rows, those past local zeroed next
         row.copy_(t)
     send[len(local) :].zero_()
     parts = [torch.empty_like(send) for _ in counts]
     dist.all_gather(parts, send, group=group)
     # summed where they landed: no concatenated copy of every rank's tensors (fresh memory each step)
-    return _sum_in_order(part[:n] for part, n in zip(parts, counts))
+    return _sum_in_order(part[:n] for part, n in zip(parts, counts, strict=True))
 
 
-def _sum_in_order(blocks: Iterable[Sequence[torch.Tensor]]) -> torch.Tensor:
+def _sum_in_order(blocks: Iterable[Iterable[torch.Tensor]]) -> torch.Tensor:
     """The left-to-right sum of the tensors of BLOCKS, one after another."""
     total: torch.Tensor | None = None
     for block in blocks:

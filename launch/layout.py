@@ -11,17 +11,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from solver.plan import (
-    PlanError,
-    largest_remainder,  # noqa: F401  (re-exported: launch code splits with it)
-    virtual_worker_counts,
-)
+from launch.errors import LauncherError
+from solver.plan import PlanError, virtual_worker_counts
+from solver.plan import largest_remainder as largest_remainder  # re-exported: launch code splits with it
 
 DIMS = ("pp", "dp", "tp")
 T = TypeVar("T")
 
 
-class LayoutError(ValueError):
+class LayoutError(ValueError, LauncherError):
     """Degrees, ranks or sizes that do not fit together."""
 
 
@@ -83,7 +81,7 @@ def split_layers(num_layers: int, pp: int, stage_layers: Sequence[int] | None = 
             raise LayoutError(f"cannot split {num_layers} layers into {pp} pipeline stages")
         sizes = list(largest_remainder(num_layers, [1] * pp))
     starts = [sum(sizes[:i]) for i in range(pp)]
-    return tuple(range(s, s + n) for s, n in zip(starts, sizes))
+    return tuple(range(s, s + n) for s, n in zip(starts, sizes, strict=True))
 
 
 def virtual_worker_blocks(virtual_workers: int, dp: int, shares: Sequence[float] | None = None) -> tuple[range, ...]:
@@ -103,7 +101,7 @@ def virtual_worker_blocks(virtual_workers: int, dp: int, shares: Sequence[float]
     except PlanError as e:
         raise LayoutError(str(e)) from None
     starts = [sum(counts[:d]) for d in range(dp)]
-    return tuple(range(s, s + n) for s, n in zip(starts, counts))
+    return tuple(range(s, s + n) for s, n in zip(starts, counts, strict=True))
 
 
 def plan_ranks(
@@ -122,7 +120,7 @@ def plan_ranks(
         return None
     if len(tasks_per_node) != len(step_nodes):
         raise LayoutError(f"{len(tasks_per_node)} task counts for the {len(step_nodes)} nodes of the step")
-    count = dict(zip(step_nodes, tasks_per_node))
+    count = dict(zip(step_nodes, tasks_per_node, strict=True))
     start, offset = {}, 0
     for n in plan_nodes:
         start[n] = offset

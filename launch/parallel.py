@@ -30,12 +30,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from launch.errors import LauncherError
 from launch.layout import DIMS, Coords, Layout, LayoutError, largest_remainder, split_layers, virtual_worker_blocks
 from solver import contract
 from solver.plan import JobPlan, PlanError
 
 
-class ParallelError(RuntimeError):
+class ParallelError(RuntimeError, LauncherError):
     """The plan and the running processes disagree."""
 
 
@@ -178,8 +179,8 @@ def init_parallel(
         device = torch.device("cpu")
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     if not dist.is_initialized():
-        kw = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
-        dist.init_process_group(backend, rank=rank, world_size=world, **kw)
+        timeout = timedelta(seconds=timeout_s) if timeout_s else None  # None: torch's default
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
     mesh = init_device_mesh(device.type, layout.shape, mesh_dim_names=DIMS)
     coords = layout.coords(rank)
     if tuple(mesh.get_coordinate() or ()) != (coords.pp, coords.dp, coords.tp):

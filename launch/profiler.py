@@ -27,7 +27,9 @@ communication curves once per link.
 
 from __future__ import annotations
 
+import functools
 import gc
+import itertools
 import json
 import math
 import os
@@ -37,14 +39,15 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
+from torch.multiprocessing.spawn import start_processes
 
+from launch.errors import LauncherError
 from solver.models import TRANSFORMER_FAMILIES, ModelSpec
 from solver.profiles.records import CommRecord, LayerRecord
 
@@ -74,9 +77,11 @@ COMM_SIZES = tuple(4**k * 1024 for k in range(8))
 #: Seconds every rank computes before each profiled collective: about a
 #: layer's forward, so the collective meets ranks coming from compute.
 COMM_BUSY_S = 0.005
+#: a run of _median_run (any kind)
+R = TypeVar("R")
 
 
-class ProfileError(ValueError):
+class ProfileError(ValueError, LauncherError):
     """The model or the settings cannot be profiled (the message says why)."""
 
 
@@ -122,7 +127,8 @@ class Embed(nn.Module):
         self.tok, self.pos = nn.Embedding(m.vocab, m.hidden), nn.Embedding(m.seq_len, m.hidden)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        out: torch.Tensor = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        return out
 
 
 class TPComm:
@@ -149,11 +155,11 @@ class _ReduceOut(torch.autograd.Function):
     """All-reduce forward, identity backward: a row-parallel output leaving the tp region."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, comm: TPComm) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, comm: TPComm) -> torch.Tensor:  # ctx: torch's context object
         return comm.all_reduce(x)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return grad, None
 
 
@@ -161,12 +167,12 @@ class _ReduceGrad(torch.autograd.Function):
     """Identity forward, all-reduced gradient backward: an input entering the tp region."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, comm: TPComm) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, comm: TPComm) -> torch.Tensor:  # ctx: torch's context object
         ctx.comm = comm
         return x
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return ctx.comm.all_reduce(grad), None
 
 
@@ -187,10 +193,16 @@ class BlockShard(nn.Module):
         self.fc, self.out = nn.Linear(h, 4 * w), nn.Linear(4 * w, h)
 
     def _enter(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.comm is None else _ReduceGrad.apply(x, self.comm)
+        if self.comm is None:
+            return x
+        y: torch.Tensor = _ReduceGrad.apply(x, self.comm)  # type: ignore[no-untyped-call]  # torch: apply is unannotated
+        return y
 
     def _leave(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.comm is None else _ReduceOut.apply(x, self.comm)
+        if self.comm is None:
+            return x
+        y: torch.Tensor = _ReduceOut.apply(x, self.comm)  # type: ignore[no-untyped-call]  # torch: apply is unannotated
+        return y
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -281,7 +293,7 @@ def _stamper(device: torch.device, comm: TPComm | None = None) -> tuple[Callable
         raise ProfileError("profiling tp layers among their collectives is for CPUs (gloo) only")
 
     def stamp() -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)
+        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # torch: unannotated
         event.record()
         return event
 
@@ -305,16 +317,16 @@ def _median_times(
         out = run()
         _sync(device)
         t1 = clock()
-        out.backward(torch.ones_like(out))
+        out.backward(torch.ones_like(out))  # type: ignore[no-untyped-call]  # torch: Tensor.backward is unannotated
         _sync(device)
         t2 = clock()
         if i >= warmup:
             fwd.append(t1 - t0)
             bwd.append(t2 - t1)
-    return _median_run(list(zip(fwd, bwd)), key=sum)
+    return _median_run(list(zip(fwd, bwd, strict=True)), key=sum)
 
 
-def _median_run(runs: list, key: Callable = lambda x: x):
+def _median_run(runs: list[R], key: Callable[[R], float]) -> R:
     """The run of median `key` (the lower one of an even count): a run that happened, not an average."""
     return sorted(runs, key=key)[(len(runs) - 1) // 2]
 
@@ -341,44 +353,61 @@ def _stack_times(
     stamp, seconds = _stamper(device, comm)
     layers = [embed, *blocks, head]
     runs = []
+
+    def mark(marks: dict[int, Any], j: int) -> Callable[[torch.Tensor], None]:
+        def hook(_grad: torch.Tensor) -> None:
+            marks[j] = stamp()
+
+        return hook
+
     for i in range(warmup + repeat):
         for layer in layers:
             layer.zero_grad(set_to_none=True)
         marks: dict[int, Any] = {}
-
-        def mark(j: int) -> Callable[[torch.Tensor], None]:
-            def hook(_grad: torch.Tensor) -> None:
-                marks[j] = stamp()
-
-            return hook
-
         _sync(device)
         bounds = [stamp()]  # the forward's layer boundaries
         x = embed(tokens)
         for j, block in enumerate(blocks):  # x is the input of layer j + 1
-            x.register_hook(mark(j + 1))
+            x.register_hook(mark(marks, j + 1))
             bounds.append(stamp())
             x = block(x)
-        x.register_hook(mark(len(blocks) + 1))
+        x.register_hook(mark(marks, len(blocks) + 1))
         bounds.append(stamp())
         loss = head(x, tokens)
         bounds.append(stamp())
         loss.backward()
         end = stamp()
         _sync(device)
-        fwd = [seconds(a, b) for a, b in zip(bounds, bounds[1:])]
+        fwd = [seconds(a, b) for a, b in itertools.pairwise(bounds)]
         # the gradient reaches layer j's input at marks[j]: layer j's backward ends there
         ends = [end] + [marks[j] for j in range(1, len(layers))]
         starts = ends[1:] + [bounds[-1]]
-        bwd = [seconds(s, e) for e, s in zip(ends, starts)]
+        bwd = [seconds(s, e) for e, s in zip(ends, starts, strict=True)]
         if i >= warmup:
-            runs.append(list(zip(fwd, bwd)))
+            runs.append(list(zip(fwd, bwd, strict=True)))
     run = _median_run(runs, key=lambda r: sum(f + b for f, b in r))
     k = len(blocks)
     return {
         "embed": run[0],
         "block": (sum(f for f, _ in run[1:-1]) / k, sum(b for _, b in run[1:-1]) / k),
         "head": run[-1],
+    }
+
+
+def _layer_runs(
+    embed: nn.Module, block: nn.Module, head: nn.Module, tokens: torch.Tensor, x: torch.Tensor
+) -> dict[str, tuple[nn.Module, Callable[[], torch.Tensor]]]:
+    """Each kind of layer with its forward call on `tokens` (embed, head) and
+    `x` (the block's and head's input, without an old gradient)."""
+
+    def fresh() -> torch.Tensor:
+        x.grad = None
+        return x
+
+    return {
+        "embed": (embed, lambda: embed(tokens)),
+        "block": (block, lambda: block(fresh())),
+        "head": (head, lambda: head(fresh(), tokens)),
     }
 
 
@@ -434,16 +463,7 @@ def profile_layers(
         for b in micro_batches:
             tokens = torch.randint(model.vocab, (b, s), device=device)
             x = torch.randn(b, s, h, device=device, dtype=dtype, requires_grad=True)
-
-            def fresh() -> torch.Tensor:  # the block's / head's input, without an old gradient
-                x.grad = None
-                return x
-
-            runs = {
-                "embed": (embed, lambda: embed(tokens)),
-                "block": (block, lambda: block(fresh())),
-                "head": (head, lambda: head(fresh(), tokens)),
-            }
+            runs = _layer_runs(embed, block, head, tokens, x)
             times = _stack_times(embed, blocks, head, tokens, device, warmup, repeat, comm) if stack else {}
             measured = {}
             for kind, (layer, run) in runs.items():
@@ -501,7 +521,7 @@ def profile_update(
         if i >= warmup:
             times.append(clock() - t0)
     n = sum(p.numel() for p in params)
-    return n * 2 * optimizer_bytes_per_param / _median_run(times) / 1e9
+    return n * 2 * optimizer_bytes_per_param / _median_run(times, key=lambda t: t) / 1e9
 
 
 # ------------------------------------------------------------- communication
@@ -510,7 +530,8 @@ def profile_update(
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def _busy(seconds: float, scratch: torch.Tensor) -> None:
@@ -618,13 +639,13 @@ def _comm_worker(
             parts = [torch.empty_like(buf) for _ in range(n)]
             group = groups[n]
             items += [("allreduce", n, _nbytes(buf)), ("allgather", n, _nbytes(buf))]
-            ops.append((lambda buf=buf, group=group: dist.all_reduce(buf, group=group), touch))
-            ops.append((lambda buf=buf, parts=parts, group=group: dist.all_gather(parts, buf, group=group), touch))
+            ops.append((functools.partial(dist.all_reduce, buf, group=group), touch))
+            ops.append((functools.partial(dist.all_gather, parts, buf, group=group), touch))
     dist.barrier()
     times = _timed_rounds(ops, device, warmup, repeat, busy_s)
     recs = [
         CommRecord(link, op, n, nbytes, t / 2 if op == "p2p" else t)  # a ping is two sends
-        for (op, n, nbytes), t in zip(items, times)
+        for (op, n, nbytes), t in zip(items, times, strict=True)
     ]
     dist.barrier()
     if rank == 0:
@@ -656,7 +677,7 @@ def profile_comm(
         raise ProfileError(f"{world} ranks need {world} GPUs, this node has {torch.cuda.device_count()}")
     with tempfile.TemporaryDirectory(prefix="cellsched-comm-") as tmp:
         result = os.path.join(tmp, "comm.json")
-        mp.start_processes(
+        start_processes(  # type: ignore[no-untyped-call]  # torch: unannotated
             _comm_worker,
             args=(world, _free_port(), backend, link, tuple(sizes), warmup, repeat, busy_s, result),
             nprocs=world,
@@ -670,9 +691,9 @@ def profile_comm(
 # ------------------------------------------------------------------- summary
 
 
-def summarize(recs: Sequence[LayerRecord]) -> list[dict]:
+def summarize(recs: Sequence[LayerRecord]) -> list[dict[str, float]]:
     """One row per (tp, micro-batch): whole-model forward/backward ms and MB."""
-    rows: dict[tuple[int, int], dict] = {}
+    rows: dict[tuple[int, int], dict[str, float]] = {}
     for r in recs:
         row = rows.setdefault(
             (r.tp, r.micro_batch),

@@ -34,7 +34,7 @@ def iter_time(recent: collections.deque[tuple[float, float]] | list[tuple[float,
 
 
 def write_progress(
-    checkpoint_dir: str | os.PathLike, step: int, iterations_done: float | None = None, **extra: object
+    checkpoint_dir: str | os.PathLike[str], step: int, iterations_done: float | None = None, **extra: object
 ) -> Path:
     """Record that `step` iterations are done (atomically: temp file + rename)."""
     global _first_step_at

@@ -11,13 +11,14 @@ import json
 import re
 import subprocess
 
+from launch.errors import LauncherError
 from solver.plan import PlanError
 
 #: Seconds one scontrol call may take.
 TIMEOUT_S = 15.0
 
 
-class ScontrolError(RuntimeError):
+class ScontrolError(RuntimeError, LauncherError):
     """scontrol is missing, timed out or failed."""
 
 

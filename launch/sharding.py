@@ -46,6 +46,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from launch.errors import LauncherError
 from launch.layout import largest_remainder
 from solver.plan import JobPlan
 
@@ -55,7 +56,7 @@ MODES = ("none", "even", "memory")
 OptimizerFactory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 
 
-class ShardingError(ValueError):
+class ShardingError(ValueError, LauncherError):
     """A shard layout or a state does not fit the parameters."""
 
 
@@ -79,7 +80,7 @@ class ShardLayout:
         """Slices of NUMEL elements sized in proportion to WEIGHTS."""
         sizes = largest_remainder(numel, weights)
         starts = [sum(sizes[:r]) for r in range(len(sizes))]
-        return cls(tuple((s, s + n) for s, n in zip(starts, sizes)))
+        return cls(tuple((s, s + n) for s, n in zip(starts, sizes, strict=True)))
 
     @property
     def numel(self) -> int:
@@ -175,7 +176,7 @@ class ShardedOptimizer:
         padded[: part.numel()] = part
         bufs = [torch.empty_like(padded) for _ in range(self.dp)]
         dist.all_gather(bufs, padded, group=self.group)
-        return torch.cat([b[:n] for b, n in zip(bufs, self.layout.sizes)])
+        return torch.cat([b[:n] for b, n in zip(bufs, self.layout.sizes, strict=True)])
 
     def _counts(self, local: Sequence[torch.Tensor], counts: Sequence[int] | None) -> tuple[int, ...]:
         counts = tuple(counts) if counts is not None else (len(local),) * self.dp
@@ -194,6 +195,7 @@ class ShardedOptimizer:
         """
         counts = self._counts(local, counts)
         stacked = torch.stack(list(local))
+        parts: torch.Tensor | None
         if self.dp == 1:
             parts = stacked[:, self.mine]
         else:
@@ -208,7 +210,7 @@ class ShardedOptimizer:
                 recv = [torch.empty_like(send) for _ in range(self.dp)] if owner == self.dp_rank else None
                 dist.gather(send, recv, group=self.group, group_dst=owner)
                 if recv is not None:
-                    parts = torch.cat([r[:n] for r, n in zip(recv, counts)])
+                    parts = torch.cat([r[:n] for r, n in zip(recv, counts, strict=True)])
             if parts is None:  # this rank owns nothing
                 return stacked.new_zeros(0)
         total = parts[0].clone()
@@ -226,7 +228,7 @@ class ShardedOptimizer:
         self.optimizer.step()
         self.shard.grad = None
         full = self._all_gather_flat(self.shard.detach())
-        for p, new in zip(self.params, self._split(full)):
+        for p, new in zip(self.params, self._split(full), strict=True):
             p.copy_(new)
 
     # -- layout-independent state
@@ -238,7 +240,7 @@ class ShardedOptimizer:
         for key in sorted(st):
             v = st[key]
             if torch.is_tensor(v) and v.dim() == 1:
-                for d, part in zip(out, self._split(self._all_gather_flat(v.detach()))):
+                for d, part in zip(out, self._split(self._all_gather_flat(v.detach())), strict=True):
                     d[key] = part.clone()
             else:
                 for d in out:
@@ -258,7 +260,9 @@ class ShardedOptimizer:
         shard_state: dict[str, Any] = {}
         for key in keys[0]:
             values = [s[key] for s in states]
-            if all(torch.is_tensor(v) and v.shape == p.shape and v.dim() for v, p in zip(values, self.params)):
+            if all(
+                torch.is_tensor(v) and v.shape == p.shape and v.dim() for v, p in zip(values, self.params, strict=True)
+            ):
                 flat = self._flat(values)[self.mine]
                 shard_state[key] = flat.to(device=self.shard.device, dtype=self.shard.dtype).clone()
             else:

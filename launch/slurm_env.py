@@ -12,10 +12,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from launch.errors import LauncherError
 from solver import hostlist
 
 
-class SlurmEnvError(ValueError):
+class SlurmEnvError(ValueError, LauncherError):
     """A SLURM_* variable is missing or malformed."""
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from slurm_ext.errors import CellschedError
 from solver.hostlist import expand_hostlist
 from solver.network import default_nic_gbps
 from solver.types import SolverConfig
@@ -39,7 +40,7 @@ DEFAULT_PATH = "/etc/cellsched/cellsched.toml"
 ENV_VAR = "CELLSCHED_CONFIG"
 
 
-class ConfigError(ValueError):
+class ConfigError(ValueError, CellschedError):
     """A configuration that cannot be used; the message names the key."""
 
 
@@ -472,7 +473,7 @@ def solver_options(base: SolverConfig, text: str, where: str = "policy options")
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def load(path: str | os.PathLike | None = None) -> Config:
+def load(path: str | os.PathLike[str] | None = None) -> Config:
     """The configuration: `path`, else $CELLSCHED_CONFIG, else the system file
     when it exists, else the defaults. A named file that is missing is an error."""
     named = path or os.environ.get(ENV_VAR)

@@ -25,6 +25,7 @@ import json
 import re
 from dataclasses import asdict, dataclass, fields
 
+from slurm_ext.errors import CellschedError
 from solver import contract
 from solver.models import ModelSpec, ModelSpecError, get_model, spec_from_dict
 
@@ -42,7 +43,7 @@ _PARTITION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _PRINTABLE = re.compile(r"^[^\x00-\x1f\x7f]{1,255}$")
 
 
-class JobSpecError(ValueError):
+class JobSpecError(ValueError, CellschedError):
     """A malformed job spec; the message names the field."""
 
     def __init__(self, field_name: str, message: str) -> None:
@@ -198,7 +199,7 @@ def spec_of_job(comment: str | None, admin_comment: str | None) -> JobSpec | Non
 
 
 def is_managed_comment(comment: str | None) -> bool:
-    return bool(comment) and comment.startswith(TAG)
+    return comment is not None and comment.startswith(TAG)
 
 
 def _int_field(name: str, value: object, lo: int, hi: int) -> None:

@@ -19,6 +19,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from slurm_ext.errors import CellschedError
 from solver import sqlitedb
 
 BUSY_TIMEOUT_S = 10.0
@@ -154,7 +155,7 @@ _CREATE = (
 )
 
 
-class StateError(RuntimeError):
+class StateError(RuntimeError, CellschedError):
     """The state file cannot be opened or is from a newer cellsched."""
 
 
@@ -232,6 +233,13 @@ class SpeedRow:
 
 def _nodes_text(nodes: Iterable[tuple[str, int]]) -> str:
     return ",".join(f"{n}:{g}" for n, g in nodes)
+
+
+def _inserted_id(cur: sqlite3.Cursor) -> int:
+    """The row id of the row an INSERT made (sqlite3 sets it after every INSERT)."""
+    rowid = cur.lastrowid
+    assert rowid is not None
+    return rowid
 
 
 def _nodes_parse(text: str) -> tuple[tuple[str, int], ...]:
@@ -322,7 +330,7 @@ class StateStore:
         cols = [d[0] for d in cur.description]
         out = {}
         for r in cur:
-            row = dict(zip(cols, r))
+            row = dict(zip(cols, r, strict=True))
             row["finished"] = bool(row["finished"])
             out[row["job_id"]] = JobRow(**row)
         return out
@@ -442,7 +450,7 @@ class StateStore:
                     now,
                 ),
             )
-            return int(cur.lastrowid)
+            return _inserted_id(cur)
 
     def set_plan_status(self, plan_id: int, status: PlanStatus, now: float, error: str | None = None) -> None:
         """Move a plan on; StateError when TRANSITIONS does not allow it."""
@@ -467,9 +475,12 @@ class StateStore:
                     (row[0], now, row[1], HistoryEvent.PLACED, row[2], row[3]),
                 )
 
-    def _plans(self, where: str, args: tuple = ()) -> list[PlanRow]:
+    def _plans(self, where: str, args: tuple[object, ...] = ()) -> list[PlanRow]:
         rows = self._db.execute(f"SELECT * FROM plans {where}", args).fetchall()
-        return [PlanRow(*r[:4], _nodes_parse(r[4]), *r[5:8], PlanStatus(r[8]), *r[9:]) for r in rows]
+        return [
+            PlanRow(r[0], r[1], r[2], r[3], _nodes_parse(r[4]), r[5], r[6], r[7], PlanStatus(r[8]), r[9], r[10], r[11])
+            for r in rows
+        ]
 
     def open_plans(self) -> dict[str, PlanRow]:
         """The newest unfinished intent of each job."""
@@ -568,7 +579,7 @@ class StateStore:
         unparked, finished."""
         cols = ("time", "round_id", "event", "cell", "nodes", "value")
         return [
-            dict(zip(cols, r))
+            dict(zip(cols, r, strict=True))
             for r in self._db.execute(
                 f"SELECT {', '.join(cols)} FROM cell_history WHERE job_id = ? ORDER BY id", (job_id,)
             )
@@ -633,16 +644,14 @@ class StateStore:
         tail = f" LIMIT {int(limit)}" if limit is not None else ""
         cur = self._db.execute(f"SELECT * FROM speeds {where} ORDER BY updated DESC, job_id{tail}", args)
         cols = [d[0] for d in cur.description]
-        return [SpeedRow(**dict(zip(cols, r))) for r in cur]
+        return [SpeedRow(**dict(zip(cols, r, strict=True))) for r in cur]
 
     # --- rounds -----------------------------------------------------------
 
     def begin_round(self, now: float) -> int:
         with self._tx():
-            return int(
-                self._db.execute(
-                    "INSERT INTO rounds (started, status) VALUES (?, ?)", (now, RoundStatus.RUNNING)
-                ).lastrowid
+            return _inserted_id(
+                self._db.execute("INSERT INTO rounds (started, status) VALUES (?, ?)", (now, RoundStatus.RUNNING))
             )
 
     def finish_round(
@@ -694,7 +703,7 @@ class StateStore:
         cols = [d[0] for d in cur.description]
         out = []
         for r in cur.fetchall():
-            d = dict(zip(cols, r))
+            d = dict(zip(cols, r, strict=True))
             d["actions"] = json.loads(d["actions"]) if d["actions"] else []
             out.append(d)
         return out

@@ -89,7 +89,7 @@ class Calibration:
     def __bool__(self) -> bool:
         return bool(self._own)
 
-    def key(self, job_id: str, model: str) -> tuple:
+    def key(self, job_id: str, model: str) -> tuple[object, ...]:
         """What the factors of `job_id` (of `model`) depend on, hashable: two
         equal keys give equal factors in every cell, so a cache of calibrated
         estimates keys on it (one key for the jobs of a model not seen yet)."""
@@ -157,7 +157,7 @@ class CalibratedEstimator:
             out.append(est)
         return out
 
-    def memo_key(self, job: JobRequest) -> tuple:
+    def memo_key(self, job: JobRequest) -> tuple[object, ...]:
         """What calibration does to `job`'s estimates now (``Calibration.key``; () when uncalibrated):
         a policy that caches estimates by the job's shape adds it to its key."""
         return self.calibration.key(job.job_id, job.model.name) if self.calibration else ()

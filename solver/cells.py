@@ -104,7 +104,7 @@ def _easier_or_equal(a: Cell, b: Cell) -> bool:
     return a.num_gpus <= b.num_gpus and a.gpus_per_node <= b.gpus_per_node
 
 
-def _order(e: Estimate) -> tuple:
+def _order(e: Estimate) -> tuple[str, int, int, int]:
     c = e.cell
     return (c.gpu_type, c.num_gpus, c.num_nodes, c.pp)
 

@@ -10,7 +10,7 @@ import tomllib
 from typing import Any
 
 
-def read_json_or_toml(path: str | os.PathLike, error: type[Exception], label: str = "") -> Any:
+def read_json_or_toml(path: str | os.PathLike[str], error: type[Exception], label: str = "") -> Any:
     """The parsed content of `path`: TOML for ``.toml``, else JSON. Failures
     raise `error` with ``"<label><path>: cannot read (...)"`` or ``"...: not
     valid TOML|JSON: ..."``."""

@@ -143,7 +143,9 @@ class _Found:
         )
 
 
-def pick_sharded(plain: tuple[float, int] | None, sharded: tuple[float, int] | None, min_gain: float):
+def pick_sharded(
+    plain: tuple[float, int] | None, sharded: tuple[float, int] | None, min_gain: float
+) -> tuple[float, int] | None:
     """The better of the best fitting plan with replicated state and the best
     with sharded state, as (time, index): the sharded one only where no
     replicated plan fits or it is faster by more than `min_gain` (a fraction)."""
@@ -168,8 +170,9 @@ class _ModelData:
     found: dict[tuple[int, Cell, str, bool, int | None], _Found] = field(default_factory=dict)
     calibration: dict[tuple[str, int, int], float | None] = field(default_factory=dict)
     ratios: dict[_Layout, float | None] = field(default_factory=dict)
-    found_sharded: dict[tuple, _Found] = field(default_factory=dict)
-    shard_deltas: dict[tuple, float] = field(default_factory=dict)  # sharded step - replicated step
+    found_sharded: dict[tuple[int, Cell, str, bool, int | None], _Found] = field(default_factory=dict)
+    # sharded step - replicated step, by (gpu type, id of the stages, dp, k, gpus per node)
+    shard_deltas: dict[tuple[str, int, int, int, int], float] = field(default_factory=dict)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -376,6 +379,7 @@ class Estimator:
                     if cur is None or _CELL_SOURCES.index(r.source) < _CELL_SOURCES.index(cur.source):
                         cell_records[key] = r
             elif r.source == ProfileSource.MEASURED:
+                assert r.dp is not None and r.tp is not None  # the store keeps pp, dp, tp all set or all None
                 plan_records.setdefault(key, {})[(r.pp, r.dp, r.tp)] = r
             elif r.source == ProfileSource.ARENA_ESTIMATED:
                 arena_plans.setdefault(key, []).append(r)
@@ -682,6 +686,7 @@ class Estimator:
 
     def _ratio(self, md: _ModelData, key: _Layout, rec: CellRecord) -> float | None:
         if key not in md.ratios:
+            assert rec.iter_time_s is not None  # _calibration passes the records that ran only
             times = []
             for pp in self._stage_counts(md.model, rec.num_gpus):
                 f = self._found(
@@ -754,13 +759,10 @@ class Estimator:
                     best_sharded = cand
                 continue
             if rec is not None:
-                if rec.oom:
+                t_rec = rec.iter_time_s
+                if t_rec is None:  # out of memory
                     continue
-                t = (
-                    rec.iter_time_s
-                    if vw is None
-                    else rec.iter_time_s * self._plan_ratio(md, batch, cell, c, vw, found.source)
-                )
+                t = t_rec if vw is None else t_rec * self._plan_ratio(md, batch, cell, c, vw, found.source)
                 cand = (t, i, EstimateSource.MEASURED)
                 times[i] = (t, EstimateSource.MEASURED)
             elif c.mem_bytes > limit:
@@ -809,7 +811,11 @@ class Estimator:
             ok = sorted(
                 (r.iter_time_s, r.pp, r.dp, r.tp)
                 for r in recs
-                if not r.oom and r.pp in allowed and self._tp_ok(md.model, r.tp, cell.gpus_per_node)
+                if r.iter_time_s is not None  # not out of memory
+                and r.pp in allowed
+                and r.dp is not None
+                and r.tp is not None  # a plan record (pp, dp, tp all set)
+                and self._tp_ok(md.model, r.tp, cell.gpus_per_node)
             )
             if ok:
                 _, pp, dp, tp = ok[0]
@@ -824,12 +830,12 @@ class Estimator:
                     else min(idx, key=lambda j: found.plans[j].mem_bytes)
                 )
                 return pp, i, found.plans[i].time_s
-        options = []
+        options: list[tuple[bool, float, int, int]] = []
         for pp in sorted(allowed):
             found = self._found(md, batch, Cell(cell.gpu_type, cell.num_nodes, cell.gpus_per_node, pp))
-            for unfit, i in ((False, found.best), (True, found.fastest)):
-                if i is not None:
-                    options.append((unfit, found.plans[i].time_s, pp, i))
+            for unfit, at in ((False, found.best), (True, found.fastest)):
+                if at is not None:
+                    options.append((unfit, found.plans[at].time_s, pp, at))
                     break
         if not options:
             return (min(allowed) if allowed else 1), None, None
@@ -839,11 +845,11 @@ class Estimator:
     def _from_measured(
         self, md: _ModelData, batch: int, cell: Cell, rec: CellRecord, vw: int | None = None, shard: bool = False
     ) -> Estimate:
-        if rec.oom:
+        t_star = rec.iter_time_s
+        if t_star is None:
             return self._infeasible(cell, EstimateSource.MEASURED, f"OOM ({rec.source} record)")
         if cell.pp > md.model.num_layers:
             return self._infeasible(cell, EstimateSource.MEASURED, "more pipeline stages than layers")
-        t_star = rec.iter_time_s
         p_star, i_star, model_star = self._measured_plan(md, batch, cell)
         if vw is not None:
             return self._measured_vw(md, batch, cell, rec, vw, p_star, i_star, model_star, shard)
@@ -899,6 +905,7 @@ class Estimator:
     ) -> Estimate:
         """A cell record carried to V virtual workers (see the module doc)."""
         t_star, pp = rec.iter_time_s, cell.pp
+        assert t_star is not None  # _from_measured answered an OOM record itself
         found = self._found(md, batch, cell, vw=vw, shard=shard and pp != p_star)
         source = EstimateSource.MEASURED if pp == p_star else EstimateSource.MEASURED_PP
         if model_star is None:  # the optimum's plan is not modelled: price the busiest rank only
@@ -925,6 +932,7 @@ class Estimator:
             )
         i, extra = found.best, ""
         if i is None and pp == p_star and found.plans:  # the measured run fits: its (dp, tp) under V
+            assert i_star is not None  # _measured_plan gives the index with its time (model_star)
             c_star = self._found(md, batch, cell).plans[i_star]
             idx = [j for j, c in enumerate(found.plans) if (c.dp, c.tp) == (c_star.dp, c_star.tp)]
             if idx:

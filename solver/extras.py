@@ -10,6 +10,8 @@ import importlib
 import importlib.util
 from types import ModuleType
 
+from solver.errors import SolverError
+
 #: optional top-level module -> (what it is called in messages, the extra that installs it)
 EXTRAS: dict[str, tuple[str, str]] = {
     "torch": ("PyTorch", "torch"),
@@ -23,7 +25,7 @@ def install_hint(extra: str) -> str:
     return f"pip install 'cellsched[{extra}]'"
 
 
-class MissingExtra(ImportError):
+class MissingExtra(ImportError, SolverError):
     """An optional dependency is not installed (or does not import); str() is one line naming the extra."""
 
     def __init__(self, module: str, detail: str | None = None) -> None:

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import re
 
+from solver.errors import SolverError
+
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
-class HostlistError(ValueError):
+class HostlistError(ValueError, SolverError):
     """Malformed host-list text; the message says what is wrong with it."""
 
 
@@ -77,7 +79,7 @@ _TRAILING_NUM = re.compile(r"^(.*?)(\d+)$")
 def _ranges(nums: list[int], width: int) -> str:
     """[1, 2, 3, 5] -> "1-3,5" (zero-padded to width)."""
     out, lo = [], nums[0]
-    for prev, cur in zip(nums, nums[1:] + [-1]):
+    for prev, cur in zip(nums, nums[1:] + [-1], strict=True):
         if cur != prev + 1:
             a, b = str(lo).zfill(width), str(prev).zfill(width)
             out.append(a if lo == prev else f"{a}-{b}")

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from solver.datafile import read_json_or_toml
+from solver.errors import SolverError
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 FAMILIES = ("gpt", "bert", "moe", "wide_resnet", "custom")
@@ -55,7 +56,7 @@ LIMITS = {
 }
 
 
-class ModelSpecError(ValueError):
+class ModelSpecError(ValueError, SolverError):
     """A model name or spec is not usable (the message names the field)."""
 
 

@@ -12,6 +12,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from fractions import Fraction
+from typing import Any
+
+from solver.errors import SolverError
 
 PLAN_VERSION = 1
 #: Slurm keeps comments of any length, but a plan stays small: refuse a plan
@@ -19,7 +22,7 @@ PLAN_VERSION = 1
 MAX_PLAN_BYTES = 8192
 
 
-class PlanError(ValueError):
+class PlanError(ValueError, SolverError):
     """A plan is missing, malformed or inconsistent."""
 
 
@@ -69,7 +72,7 @@ class JobPlan:
     job_id: str | None = None
     iter_time_s: float | None = None
     version: int = PLAN_VERSION
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for k in ("pp", "dp", "tp", "micro_batches"):

@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from solver.errors import SolverError
+
 VERSION_KEY = "schema_version"
 _META = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
 
 
-class SchemaError(Exception):
+class SchemaError(SolverError):
     """The file is not ours, is from a newer cellsched, or its version row is broken."""
 
 
@@ -184,7 +186,7 @@ def check_readable(db: sqlite3.Connection, schema: Schema, where: str) -> None:
 
 def where(
     conditions: Iterable[str] = (), *, any_of: Mapping[str, Iterable[Any] | None] | None = None, **equals: Any
-) -> tuple[str, tuple]:
+) -> tuple[str, tuple[Any, ...]]:
     """`` WHERE ...`` (with a leading space; "" when nothing is asked) and its
     parameters: the raw `conditions`, ``column = ?`` for each of `equals` that
     is not None, and ``column IN (...)`` for each of `any_of` that is not None

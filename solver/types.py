@@ -556,6 +556,7 @@ class SolverStatus(StrEnum):
     UNKNOWN = "UNKNOWN"  # stopped (time limit) before any solution
     NOT_SOLVED = "NOT_SOLVED"
     GREEDY = "GREEDY"  # the greedy plan won or stood in
+    HEURISTIC = "HEURISTIC"  # a baseline policy's own placement (FCFS, Gavel, SRSF): no solver ran
     NOT_RUN = "NOT_RUN"
     ERROR = "ERROR"  # the solver raised (the reply's reasons say what)
 

@@ -201,7 +201,7 @@ def check_losses(run: Run, reference: Sequence[float], rel: float = 1e-5) -> flo
     """The job's losses are the reference's within REL (relative); the worst error."""
     assert len(run.losses) == len(reference), (len(run.losses), len(reference))
     assert run.losses[-1] < run.losses[0], run.losses
-    worst = max(abs(a - b) / abs(b) for a, b in zip(run.losses, reference))
+    worst = max(abs(a - b) / abs(b) for a, b in zip(run.losses, reference, strict=True))
     assert worst <= rel, f"losses differ from the reference by {worst:.2e} (relative): {run.losses} vs {reference}"
     return worst
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Protocol
 
+from slurm_ext.errors import CellschedError
 from slurm_ext.records import ClusterSnapshot, SlurmJob
 
 _JOB_ID = re.compile(r"^\d+(_\d+)?$")
@@ -27,7 +28,7 @@ START_SOON = "now+1"
 # --- errors ----------------------------------------------------------------
 
 
-class SlurmError(RuntimeError):
+class SlurmError(RuntimeError, CellschedError):
     """Anything that went wrong talking to Slurm."""
 
 

@@ -293,9 +293,9 @@ class CliBackend:
         with ThreadPoolExecutor(max_workers=min(self.workers, len(argvs))) as pool:  # SlurmUnavailable comes through
             # a chunk whose scontrol failed: its jobs again, each alone, for each one's own message
             alone = [j for j in argvs if j not in fed]
-            fed_ok = pool.map(self._feed, [[lines[j] for j in chunk] for chunk in chunks])  # type: ignore[misc]
-            alone += [j for chunk, ok in zip(chunks, fed_ok) if not ok for j in chunk]
-            failures.update(zip(alone, pool.map(self._try, [argvs[j] for j in alone])))
+            fed_ok = pool.map(self._feed, [[lines[j] for j in chunk] for chunk in chunks])
+            alone += [j for chunk, ok in zip(chunks, fed_ok, strict=True) if not ok for j in chunk]
+            failures.update(zip(alone, pool.map(self._try, [argvs[j] for j in alone]), strict=True))
         jobs = self._jobs_or_none(list(argvs))
         members = self._partition_nodes() if any(j.required_nodes for j in jobs.values()) else {}
         out: dict[str, SlurmJob | Exception] = {}

@@ -15,6 +15,8 @@ from typing import Any
 
 import click
 
+from slurm_ext.errors import CellschedError
+
 PROG = "cellsched admin files"
 
 #: the admin files, as paths (or globs) relative to `data_root()`; pyproject.toml's
@@ -30,7 +32,7 @@ ADMIN_FILES: tuple[str, ...] = (
 )
 
 
-class AdminError(click.ClickException):
+class AdminError(click.ClickException, CellschedError):
     """One line, exit status 2."""
 
     exit_code = 2

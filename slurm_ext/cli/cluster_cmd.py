@@ -21,7 +21,7 @@ def node_state_text(node: SlurmNode) -> str:
 def table_rows(snapshot: ClusterSnapshot) -> list[tuple[str, ...]]:
     """One row per (partition, node); the default partition is marked with *."""
     by_name = {n.name: n for n in snapshot.nodes}
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for part in snapshot.partitions:
         for name in part.nodes:
             node = by_name.get(name)
@@ -43,7 +43,7 @@ def table_rows(snapshot: ClusterSnapshot) -> list[tuple[str, ...]]:
 def format_table(snapshot: ClusterSnapshot) -> str:
     rows = [TABLE_HEADER, *table_rows(snapshot)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(TABLE_HEADER))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
 def snapshot_json(snapshot: ClusterSnapshot) -> dict[str, Any]:

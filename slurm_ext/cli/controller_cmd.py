@@ -11,11 +11,12 @@ from pathlib import Path
 import click
 
 from slurm_ext.config import Config, ConfigError, load
+from slurm_ext.errors import CellschedError
 from slurm_ext.state import RoundStatus, StateError, StateStore
 from slurm_ext.textsafe import printable
 
 
-class ControllerError(click.ClickException):
+class ControllerError(click.ClickException, CellschedError):
     exit_code = 2
 
 
@@ -23,9 +24,13 @@ def load_config(path: str | None, *, interval: float | None = None, backend: str
     """The configuration with command-line overrides; a ClickException when unusable."""
     try:
         config = load(path)
-        over = {k: v for k, v in (("interval_s", interval), ("backend", backend)) if v is not None}
-        if over:
-            config = dataclasses.replace(config, controller=dataclasses.replace(config.controller, **over))
+        if interval is not None or backend is not None:
+            controller = dataclasses.replace(
+                config.controller,
+                interval_s=config.controller.interval_s if interval is None else interval,
+                backend=config.controller.backend if backend is None else backend,
+            )
+            config = dataclasses.replace(config, controller=controller)
         return config
     except ConfigError as exc:
         raise ControllerError(str(exc)) from None

@@ -8,10 +8,12 @@ import os
 import pathlib
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict
 
 import click
 
+from slurm_ext.errors import CellschedError
 from solver.models import ModelSpecError, get_model
 from solver.profiles.arena import ArenaFormatError
 from solver.profiles.exchange import ProfileFileError, export_jsonl, import_file
@@ -20,7 +22,7 @@ from solver.profiles.seed import open_store
 from solver.profiles.store import ENV_VAR, ProfileStore, ProfileStoreError
 
 
-class ProfilesError(click.ClickException):
+class ProfilesError(click.ClickException, CellschedError):
     """A clear one-line error; exit code 2, no traceback."""
 
     exit_code = 2
@@ -191,8 +193,8 @@ def show_cmd(ctx: click.Context, model: str, batch: int | None, gpu_type: str | 
                 dash(r.dp),
                 dash(r.tp),
                 r.source,
-                "oom" if r.oom else f"{r.iter_time_s:.3f}",
-                "-" if r.oom else f"{r.global_batch / r.iter_time_s:.3f}",
+                "oom" if r.iter_time_s is None else f"{r.iter_time_s:.3f}",
+                "-" if r.iter_time_s is None else f"{r.global_batch / r.iter_time_s:.3f}",
             ]
             for r in recs
         ],
@@ -200,7 +202,8 @@ def show_cmd(ctx: click.Context, model: str, batch: int | None, gpu_type: str | 
 
 
 def _table(header: list[str], rows: list[list[object]]) -> None:
-    cells = [[str(c) for c in row] for row in [header, *rows]]
+    table: list[Sequence[object]] = [header, *rows]
+    cells = [[str(c) for c in row] for row in table]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     for row in cells:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

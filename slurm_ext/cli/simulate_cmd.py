@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 import click
 
+from slurm_ext.errors import CellschedError
 from slurm_ext.sim.types import ClusterSpec, SimRun, TraceJob
 from solver.extras import MissingExtra, require
 
@@ -23,7 +24,7 @@ PROG = "cellsched simulate"
 EXIT_USAGE = 2
 
 
-class SimulateError(click.ClickException):
+class SimulateError(click.ClickException, CellschedError):
     """Bad input: printed as one line, exit status 2."""
 
     exit_code = EXIT_USAGE
@@ -97,7 +98,7 @@ class ProgressBar:
         self.state[policy] = (finished, total, sim_s, rounds)
         if self.tty:
             parts = []
-            for p, (f, t, s, r) in self.state.items():
+            for p, (f, t, _, _) in self.state.items():
                 parts.append(f"{p} {100 * f / t if t else 0:3.0f}%")
             wall = time.perf_counter() - self.t0
             self.stream.write("\r" + " | ".join(parts) + f"  ({wall:.0f} s)\x1b[K")
@@ -144,7 +145,7 @@ class _Sink:
     def __init__(self, bar: ProgressBar | None) -> None:
         self.bar = bar
 
-    def put(self, item: tuple) -> None:
+    def put(self, item: tuple[str, int, int, float, int]) -> None:  # ProgressBar.update's arguments
         if self.bar is not None:
             self.bar.update(*item)
 
@@ -409,7 +410,7 @@ def simulate(
     if problem:  # named by the option it came from
         raise SimulateError(f"{'--truth' if truth else '--profiles'}: {problem}")
     try:
-        given = {
+        given: dict[str, Any] = {  # keyword arguments of Conditions (None: its default)
             "truth": source,
             "estimates": estimates,
             "noise": noise,

@@ -107,13 +107,13 @@ def job_rows(
             except PlanError:
                 plan = None
         iterations = spec.get("iterations")
-        state = shown_state(job.slurm_state, job.finished)
+        shown = shown_state(job.slurm_state, job.finished)
         queued_until = job.start_time if job.start_time else (job.end_time if job.finished else now)
         rows.append(
             {
                 "job_id": job.job_id,
                 "user": job.user,
-                "state": state,
+                "state": shown,
                 "finished": job.finished,
                 "phase": job.phase,
                 "model": spec.get("model"),
@@ -133,7 +133,7 @@ def job_rows(
                 "iterations_done": job.iterations_done,
                 "iterations": iterations,
                 "progress_source": job.progress_source,
-                "progress": progress_text(job.iterations_done, iterations, job.progress_source, state),
+                "progress": progress_text(job.iterations_done, iterations, job.progress_source, shown),
                 "queued_s": round(max(0.0, queued_until - job.submit_time), 1)
                 if job.submit_time and queued_until
                 else None,
@@ -170,7 +170,7 @@ HEADER = (
 def _table(rows: list[dict[str, Any]]) -> str:
     """The `status` table; every cell escaped (users name jobs and write reasons)."""
     head = HEADER
-    lines = [head]
+    lines: list[tuple[str, ...]] = [head]
     for r in rows:
         lines.append(
             (
@@ -190,8 +190,10 @@ def _table(rows: list[dict[str, Any]]) -> str:
             )
         )
     lines = [tuple(printable(c) for c in line) for line in lines]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)) + "  " + line[-1] for line in lines)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]  # the last column is not padded
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=False)) + "  " + line[-1] for line in lines
+    )
 
 
 def _history_text(job_id: str, events: list[dict[str, Any]]) -> str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from slurm_ext.backends.base import JobUpdate
 from slurm_ext.controller.inputs import ManagedJob, fixed_virtual_workers
 from slurm_ext.controller.progress import default_checkpoint_dir
+from slurm_ext.errors import CellschedError
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import ClusterSnapshot, SlurmNode, SlurmPartition
 from solver import contract
@@ -31,7 +32,7 @@ from solver.plan import JobPlan
 from solver.types import Cell
 
 
-class HintError(ValueError):
+class HintError(ValueError, CellschedError):
     """The job has no static cell on this cluster (the message says why)."""
 
 

@@ -50,9 +50,8 @@ def load(data: str | bytes | Mapping[str, Any], key: str) -> list[dict[str, Any]
 
 def slurm_version(data: str | bytes | Mapping[str, Any]) -> tuple[int, int, int] | None:
     """(major, minor, micro) from a document's meta block, if present."""
-    if isinstance(data, (str, bytes)):
-        data = json.loads(data)
-    v = ((data.get("meta") or {}).get("Slurm") or (data.get("meta") or {}).get("slurm") or {}).get("version") or {}
+    doc: Mapping[str, Any] = json.loads(data) if isinstance(data, (str, bytes)) else data
+    v = ((doc.get("meta") or {}).get("Slurm") or (doc.get("meta") or {}).get("slurm") or {}).get("version") or {}
     try:
         return int(v["major"]), int(v["minor"]), int(v["micro"])
     except (KeyError, TypeError, ValueError):
@@ -166,7 +165,8 @@ def partition_record(p: Mapping[str, Any]) -> SlurmPartition:
             nodes = expand_hostlist(text(nodes_field.get("configured")))
         else:
             nodes = expand_hostlist(text(nodes_field))
-        inner = p.get("partition") if isinstance(p.get("partition"), Mapping) else {}
+        inner_field = p.get("partition")
+        inner = inner_field if isinstance(inner_field, Mapping) else {}
         state_field = inner.get("state", p.get("state", "UP"))
         state = (state_field[0] if isinstance(state_field, list) and state_field else text(state_field) or "UP").upper()
         flags = {str(f).upper() for f in list(p.get("flags") or []) + list(inner.get("flags") or [])}

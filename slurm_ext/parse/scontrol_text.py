@@ -35,7 +35,7 @@ def fields(record: str) -> dict[str, str]:
     The first occurrence of a repeated key wins (detail lines repeat keys)."""
     out: dict[str, str] = {}
     matches = list(_KEY.finditer(record))
-    for m, nxt in zip(matches, matches[1:] + [None]):
+    for m, nxt in zip(matches, matches[1:] + [None], strict=True):
         end = nxt.start() if nxt else len(record)
         out.setdefault(m.group(1), record[m.end() : end].strip())
     return out

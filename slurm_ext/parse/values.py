@@ -6,12 +6,14 @@ import re
 from datetime import datetime
 from typing import Any
 
+from slurm_ext.errors import CellschedError
+
 #: Slurm's "not set" sentinels for 16/32/64-bit numbers
 _NO_VAL = {0xFFFE, 0xFFFF, 0xFFFFFFFE, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFE, 0xFFFFFFFFFFFFFFFF}
 _NULLS = {"", "(null)", "N/A", "None", "Unknown", "n/a", "n/s"}
 
 
-class ParseError(ValueError):
+class ParseError(ValueError, CellschedError):
     """Slurm output that does not have the expected shape."""
 
 
@@ -191,7 +193,9 @@ def gpu_gres(value: Any) -> tuple[str | None, int]:
 
 def _split_gres(s: str) -> list[str]:
     """Split a GRES list on commas outside parentheses (IDX:0,2 lists)."""
-    out, depth, cur = [], 0, []
+    out: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in s:
         depth += ch == "("
         depth -= ch == ")"

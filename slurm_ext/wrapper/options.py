@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from slurm_ext.errors import CellschedError
+
 PROG = "cellsched sbatch"
 
 
-class WrapperError(ValueError):
+class WrapperError(ValueError, CellschedError):
     """Bad input; `field` names what is wrong (an option, the script, a line)."""
 
     def __init__(self, field: str, message: str) -> None:

@@ -33,8 +33,8 @@ def build_spec(settings: Mapping[str, Setting], cwd: pathlib.Path) -> JobSpec:
         if required not in settings:
             raise WrapperError(required, f"is required (--{required} or '#CELLSCHED {required}=...')")
     model, model_def, _ = load_model(settings["model"], cwd)
-    global_batch = whole_number("global-batch", get("global-batch"), 1, 10**9)
-    iterations = whole_number("iterations", get("iterations"), 1, 10**12)
+    global_batch = whole_number("global-batch", settings["global-batch"], 1, 10**9)
+    iterations = whole_number("iterations", settings["iterations"], 1, 10**12)
     min_gpus = whole_number("min-gpus", get("min-gpus"), 1, 100_000)
     max_gpus = whole_number("max-gpus", get("max-gpus"), 1, 100_000)
     gpus = whole_number("gpus", get("gpus"), 1, 100_000)

@@ -4,6 +4,7 @@ text; each error names the option and where it was set."""
 from __future__ import annotations
 
 import re
+from typing import overload
 
 from slurm_ext.wrapper.options import Setting, WrapperError
 
@@ -18,6 +19,10 @@ def field_name(name: str, s: Setting) -> str:
     return name if s.origin == "command line" else f"{name} ({s.origin})"
 
 
+@overload
+def whole_number(name: str, s: Setting, lo: int = 1, hi: int = 10**12) -> int: ...
+@overload
+def whole_number(name: str, s: Setting | None, lo: int = 1, hi: int = 10**12) -> int | None: ...
 def whole_number(name: str, s: Setting | None, lo: int = 1, hi: int = 10**12) -> int | None:
     """The setting as an int in [lo, hi]; None when not set."""
     if s is None:

@@ -234,46 +234,52 @@ def split_stages(costs: LayerCosts, pp: int, ref_batch: float = 1.0, num_layers:
     if costs.uniform:
         sizes = uniform_sizes(costs.num_layers, pp)
     else:
-        w = [a * ref_batch + c for a, c in zip(costs.time_per_sample, costs.time_fixed)]
+        w = [a * ref_batch + c for a, c in zip(costs.time_per_sample, costs.time_fixed, strict=True)]
         sizes = balanced_sizes(w, pp)
         if costs.is_block and costs.num_blocks >= pp:
             blocks = _blocks_per_stage(costs.is_block, sizes)
             if min(blocks) < 1:  # a stage without a block: split whole blocks (with their neighbours)
                 units = _block_units(costs.is_block)
                 starts = [sum(units[:i]) for i in range(len(units))]
-                uw = [sum(w[s : s + u]) for s, u in zip(starts, units)]
+                uw = [sum(w[s : s + u]) for s, u in zip(starts, units, strict=True)]
                 per_stage = balanced_sizes(uw, pp)
-                sizes, i = [], 0
+                merged: list[int] = []
+                i = 0
                 for n in per_stage:
-                    sizes.append(sum(units[i : i + n]))
+                    merged.append(sum(units[i : i + n]))
                     i += n
-                sizes = tuple(sizes)
+                sizes = tuple(merged)
                 blocks = list(per_stage)
     if blocks is None:
         blocks = _blocks_per_stage(costs.is_block, sizes) if costs.is_block else list(sizes)
-    cols: dict[str, list] = {k: [] for k in ("tps", "fix", "act", "out", "par", "tpar")}
+    tps: list[float] = []
+    fix: list[float] = []
+    act: list[float] = []
+    out: list[float] = []
+    par: list[float] = []
+    tpar: list[tuple[tuple[float, int], ...]] = []
     start = 0
     for size in sizes:
         sl = slice(start, start + size)
-        cols["tps"].append(sum(costs.time_per_sample[sl]))
-        cols["fix"].append(sum(costs.time_fixed[sl]))
-        cols["act"].append(sum(costs.act_per_sample[sl]))
-        cols["par"].append(sum(costs.param_bytes[sl]))
-        cols["out"].append(costs.out_per_sample[start + size - 1])
+        tps.append(sum(costs.time_per_sample[sl]))
+        fix.append(sum(costs.time_fixed[sl]))
+        act.append(sum(costs.act_per_sample[sl]))
+        par.append(sum(costs.param_bytes[sl]))
+        out.append(costs.out_per_sample[start + size - 1])
         groups: dict[float, int] = {}
-        for nbytes, count in zip(costs.out_per_sample[sl], costs.tp_allreduces[sl]):
+        for nbytes, count in zip(costs.out_per_sample[sl], costs.tp_allreduces[sl], strict=True):
             if count:
                 groups[nbytes] = groups.get(nbytes, 0) + count
-        cols["tpar"].append(tuple(sorted(groups.items())))
+        tpar.append(tuple(sorted(groups.items())))
         start += size
     return StageCosts(
         sizes,
-        tuple(cols["tps"]),
-        tuple(cols["fix"]),
-        tuple(cols["act"]),
-        tuple(cols["out"]),
-        tuple(cols["par"]),
-        tuple(cols["tpar"]),
+        tuple(tps),
+        tuple(fix),
+        tuple(act),
+        tuple(out),
+        tuple(par),
+        tuple(tpar),
         trainer_layers(blocks, num_layers) if num_layers is not None else tuple(blocks),
     )
 
@@ -318,7 +324,7 @@ def stage_layers_for(num_layers: int, stage_weights: Sequence[float], stage_caps
     out = [f or 0 for f in fixed]
     left = num_layers - sum(out)
     if free and left >= len(free):  # every quota is >= 1 here, so every part too
-        for i, k in zip(free, largest_remainder(left, [stage_weights[i] for i in free])):
+        for i, k in zip(free, largest_remainder(left, [stage_weights[i] for i in free]), strict=True):
             out[i] = k
     for i in free:  # fixing took too much (rare): at least one layer each, the repair below evens out
         out[i] = max(out[i], 1)

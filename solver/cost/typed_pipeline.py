@@ -134,8 +134,9 @@ def typed_pipeline_cost(
     pp = sum(stages_of)
     if pp < 2 or num_layers < pp:
         return None
-    blocks = [_block(s, b, tp) for s in sides]
-    if any(x is None for x in blocks):
+    maybe_blocks = [_block(s, b, tp) for s in sides]
+    blocks = [x for x in maybe_blocks if x is not None]
+    if len(blocks) != len(maybe_blocks):
         return None
     rep, state = state_split(dtype_bytes, optimizer_bytes_per_param)
     frac = 1.0 / dp if sharded else 1.0

@@ -67,10 +67,10 @@ def stage_layers_in_order(
         raise ValueError(f"{cell.key()}: not a pipeline across types of {cell.pp} stages")
     by_type: dict[str, list[int]] = {}
     k = 0
-    for (t, _), n in zip(cell.parts, per_part):
+    for (t, _), n in zip(cell.parts, per_part, strict=True):
         by_type[t] = list(priced[k : k + n])
         k += n
-    if sorted(stage_types) != sorted(t for (t, _), n in zip(cell.parts, per_part) for _ in range(n)):
+    if sorted(stage_types) != sorted(t for (t, _), n in zip(cell.parts, per_part, strict=True) for _ in range(n)):
         raise ValueError(f"{cell.key()}: stage types {list(stage_types)} do not match the cell's parts")
     taken: dict[str, int] = {}
     weights = []
@@ -147,7 +147,7 @@ def _needed(
                 g = count // nodes
                 avail = [sum(1 for s in sizes_of[t] if s >= g) for t in combo]
                 for split in _splits(nodes, avail):
-                    cell = mixed_cell(tuple(zip(combo, split)), g)
+                    cell = mixed_cell(tuple(zip(combo, split, strict=True)), g)
                     if not job.excludes(cell):
                         out.append(cell)
     out.sort(key=lambda c: (c.num_gpus, c.num_nodes, c.parts))
@@ -183,7 +183,7 @@ def _few_splits(nodes: int, avail: Sequence[int]) -> list[tuple[int, ...]]:
         cands += [(nodes - min(avail[1], nodes - 1), min(avail[1], nodes - 1))]
     out = []
     for c in cands:
-        if all(1 <= n <= a for n, a in zip(c, avail)) and sum(c) == nodes and c not in out:
+        if all(1 <= n <= a for n, a in zip(c, avail, strict=True)) and sum(c) == nodes and c not in out:
             out.append(c)
     return out
 
@@ -237,14 +237,15 @@ def _optional_of(
                 splits = _few_splits(nodes, [at_least(t, g) for t in combo])
                 if not splits:
                     continue
-                flat, deep = [], []
+                flat: list[Cell] = []
+                deep: list[Cell] = []
                 for split in splits:
                     common = math.gcd(*(n * g for n in split))  # a stage's GPUs must divide every part's
                     pps = sorted({count // d for d in _divisors(common) if count // d <= max_pp})
                     for pp in [1] + [p for p in pps if p > 1]:
                         if vw is not None and count > vw * pp * g:
                             continue
-                        (flat if pp == 1 else deep).append(mixed_cell(tuple(zip(combo, split)), g, pp))
+                        (flat if pp == 1 else deep).append(mixed_cell(tuple(zip(combo, split, strict=True)), g, pp))
                 groups[(count, k)] = flat + sorted(deep, key=lambda c: -c.pp)  # the deepest pipelines first
                 break
     # round robin over (GPU count, combination): each gets its first cell before any gets a second,

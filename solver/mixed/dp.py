@@ -190,10 +190,10 @@ def dp_step(
     `slices`: with the state sharded, the fraction of the parameters whose
     state a rank of part i owns (None: replicated); `net`: the network to
     sync on (default: the slowest of the parts')."""
-    compute = max(p.compute_s(s, n) for p, s, n in zip(parts, samples, micro_batches))
+    compute = max(p.compute_s(s, n) for p, s, n in zip(parts, samples, micro_batches, strict=True))
     sync = sync_time(parts, units=units, grad_sync=grad_sync, slices=slices, net=net)
     if slices is not None:
-        update = max(p.update_s * f for p, f in zip(parts, slices))
+        update = max(p.update_s * f for p, f in zip(parts, slices, strict=True))
     else:
         update = max(p.update_s for p in parts)
     return DpStep(compute, sync, update)

@@ -6,6 +6,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from solver.cost.comm import NET_LATENCY_S, Links
 from solver.cost.layers import LayerCosts
@@ -59,10 +60,12 @@ class MixedEstimator:
         self.net_gbps = net_gbps
         self.state_sharding = state_sharding
         self.shard_min_gain = shard_min_gain if shard_min_gain is not None else getattr(inner, "shard_min_gain", 0.1)
-        self._cache: dict[tuple, Estimate] = {}
-        self._parts_cache: dict[tuple, tuple[list[Estimate], list[PartStep]] | Estimate] = {}
+        # (model signature, global batch, cell, V, shard) -> estimate
+        self._cache: dict[tuple[str, int, Cell, int | None, bool], Estimate] = {}
+        # (model signature, global batch, cell, shard) -> _dp_parts
+        self._parts_cache: dict[tuple[str, int, Cell, bool], tuple[list[Estimate], list[PartStep]] | Estimate] = {}
 
-    def __getattr__(self, name: str):  # the inner estimator's other helpers (plans, mem_limit_gb, ...)
+    def __getattr__(self, name: str) -> Any:  # the inner estimator's other helpers (plans, mem_limit_gb, ...)
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)
@@ -200,7 +203,11 @@ class MixedEstimator:
         )
         # a rank's micro-batch is shares/m here (batch/V/m with V), batch/(ranks*m_i) in the part's own estimate
         mb = [s / m for s in shares] if vw is None else [batch / vw / m] * len(shares)
-        grow = tuple(max(1.0, b / (batch / (r * e.plan.micro_batches))) for e, b, r in zip(subs, mb, ranks))
+        grow_by: list[float] = []
+        for e, b, r in zip(subs, mb, ranks, strict=True):
+            assert e.plan is not None  # the parts' estimates are feasible (_dp_parts)
+            grow_by.append(max(1.0, b / (batch / (r * e.plan.micro_batches))))
+        grow = tuple(grow_by)
         return _Split(tuple(shares), m, units, step, grow)
 
     def _price(self, job: JobRequest, cell: Cell, shard: bool) -> Estimate:
@@ -228,8 +235,8 @@ class MixedEstimator:
             if split is None or split.m in seen:
                 continue
             seen.add(split.m)
-            mems = [static + act * f for (static, act), f in zip(self._memory(job, subs), split.grow)]
-            worst = max(need / lim for need, lim in zip(mems, limits))
+            mems = [static + act * f for (static, act), f in zip(self._memory(job, subs), split.grow, strict=True)]
+            worst = max(need / lim for need, lim in zip(mems, limits, strict=True))
             if least is None or worst < least[0]:
                 least = (worst, mems)
             if worst <= 1.0 and replicated_ok and (plain is None or split.step.time_s < plain.iter_time_s):
@@ -323,16 +330,19 @@ class MixedEstimator:
         if state <= 0 or not all(e.state_gb > 0 for e in subs):
             return None
         # per GPU: what stays replicated, and the whole state with the runtime's slice copy
-        reps = [static - e.state_gb + act * f for e, (static, act), f in zip(subs, self._memory(job, subs), split.grow)]
+        reps = [
+            static - e.state_gb + act * f
+            for e, (static, act), f in zip(subs, self._memory(job, subs), split.grow, strict=True)
+        ]
         full = max(e.state_gb for e in subs) * (state + d) / state
-        free = [lim - r for lim, r in zip(limits, reps)]
+        free = [lim - r for lim, r in zip(limits, reps, strict=True)]
         if min(free) <= 0 or not all(math.isfinite(x) for x in free):
             return None
-        total = sum(p.ranks * f for p, f in zip(parts, free))
+        total = sum(p.ranks * f for p, f in zip(parts, free, strict=True))
         if full > total:
             return None
         fractions = tuple(f / total for f in free)  # of the parameters, the slice a rank of each part owns
-        mems = [r + full * x for r, x in zip(reps, fractions)]
+        mems = [r + full * x for r, x in zip(reps, fractions, strict=True)]
         if job.virtual_workers is not None:  # the micro-batch, and so the memory, is the same for any split
             again = self._split(job, subs, parts, fractions, split.m)
             if again is None:
@@ -382,7 +392,8 @@ class MixedEstimator:
         layer_costs = getattr(self.inner, "layer_costs", None)
         links_of = getattr(self.inner, "links_of", None)
         spec_of = getattr(self.inner, "gpu_spec", None)
-        if layer_costs is None or links_of is None or spec_of is None:
+        mem_limit_of = getattr(self.inner, "mem_limit_gb", None)
+        if layer_costs is None or links_of is None or spec_of is None or mem_limit_of is None:
             return self._none(cell, "pipelines across types need an estimator with per-layer costs")
         types = [t for t, _ in cell.parts]
         specs = [spec_of(t) for t in types]
@@ -393,7 +404,7 @@ class MixedEstimator:
         obpp = getattr(self.inner, "optimizer_bytes_per_param", 16.0)
         upd = getattr(self.inner, "update_bytes_per_param", 2 * obpp)
         grad_sync = getattr(self.inner, "grad_sync", ALLREDUCE)
-        limits = [self.inner.mem_limit_gb(t) * 1e9 for t in types]
+        limits = [mem_limit_of(t) * 1e9 for t in types]
         scale_of = getattr(self.inner, "layer_scale", None)
         best: tuple[float, ParallelPlan, float, float] | None = None
         best_sharded: tuple[float, ParallelPlan, float, float] | None = None
@@ -416,7 +427,7 @@ class MixedEstimator:
             for m in _divisors(per_worker):
                 b = per_worker // m
                 sides = []
-                for t, spec, lim, f in zip(types, specs, limits, scales):
+                for t, spec, lim, f in zip(types, specs, limits, scales, strict=True):
                     costs = layer_costs(model, t, tp, b)
                     if costs is None:
                         break

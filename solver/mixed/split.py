@@ -36,7 +36,9 @@ def split_batch(
             return None
         per = batch // virtual_workers
         m = max(d for d in range(1, min(micro_batches, per) + 1) if per % d == 0)
-        u = _split_units(virtual_workers, ranks, tuple(c * per + f * m for c, f in zip(cost, fixed)), None, sync_s)
+        u = _split_units(
+            virtual_workers, ranks, tuple(c * per + f * m for c, f in zip(cost, fixed, strict=True)), None, sync_s
+        )
         if u is None:
             return None
         return tuple(x * per for x in u), m
@@ -66,7 +68,7 @@ def _split_units(
         return base
 
     def slowest(u: tuple[int, ...]) -> float:
-        return max(x * c + o for x, c, o in zip(u, cost, off))
+        return max(x * c + o for x, c, o in zip(u, cost, off, strict=True))
 
     floor = slowest(base)  # no split with a lower cap is faster than this
     best = (floor + most_s(max(base)), base)

@@ -6,6 +6,10 @@ See objective.py for the objective and cpsat.py for the model.
 from solver.placement.candidates import Option, job_options, split_fixed
 from solver.placement.joint import Result, place_jobs
 from solver.placement.space import Space
-from solver.placement.validate import PlanError, validate_plan
+from solver.placement.validate import PlacementError, validate_plan
 
-__all__ = ["Option", "PlanError", "Result", "Space", "job_options", "place_jobs", "split_fixed", "validate_plan"]
+#: the old name of PlacementError, kept while slurm_ext.controller.reconcile (and
+#: its tests) import it; it is not solver.plan.PlanError
+PlanError = PlacementError
+
+__all__ = ["Option", "PlacementError", "Result", "Space", "job_options", "place_jobs", "split_fixed", "validate_plan"]

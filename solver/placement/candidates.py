@@ -75,7 +75,7 @@ def split_fixed(
     for job in jobs:
         cur = job.current
         keep = cur is not None and not (movable_running and job.elastic and config.allow_resize)
-        if keep and fits(by_name, cur, used):
+        if keep and cur is not None and fits(by_name, cur, used):
             fixed[job.job_id] = cur
             for name, g in cur.nodes:
                 used[name] = used.get(name, 0) + g
@@ -111,7 +111,7 @@ def option_picks(
         if not est.feasible or job.excludes(est.cell):
             continue
         base = weight * (objective.utility(job, est, ref, p) if utilities is None else utilities[i])
-        if moving and est.cell == cur.cell:
+        if moving and cur is not None and est.cell == cur.cell:
             pinned = (i, objective.to_int(base), True)
         value = objective.to_int(base * (restart_mult if moving else 1.0))
         if value > 0:
@@ -131,11 +131,12 @@ def make_options(
     out = []
     for n, (i, value, pinned) in enumerate(picks):
         est = estimates[i]
+        assert est.plan is not None  # option_picks picks feasible estimates only
         out.append(
             Option(
                 job.job_id,
                 est.cell,
-                est.plan,  # type: ignore[arg-type]
+                est.plan,
                 est.iter_time_s,
                 value,
                 tuple(cur.nodes) if pinned and cur is not None else None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -13,6 +14,9 @@ from ortools.sat.python import cp_model
 from solver.placement.model import Model
 from solver.placement.nodes import ClassKey
 from solver.types import SolverConfig, SolverStatus
+
+if TYPE_CHECKING:
+    from ortools.sat.python.cp_model_helper import CpModelProto
 
 
 @dataclass(frozen=True)
@@ -64,9 +68,13 @@ def parameters(solver: cp_model.CpSolver, config: SolverConfig, time_limit_s: fl
     p.log_search_progress = False
 
 
-def decode(m: Model, values: Sequence[int]) -> tuple[dict, dict, dict]:
+def decode(
+    m: Model, values: Sequence[int]
+) -> tuple[dict[str, int], dict[str, dict[ClassKey, int]], dict[str, tuple[str, ...]]]:
     """(choice, class counts, node names) of a solution's column values."""
-    choice, counts, nodes = {}, {}, {}
+    choice: dict[str, int] = {}
+    counts: dict[str, dict[ClassKey, int]] = {}
+    nodes: dict[str, tuple[str, ...]] = {}
     for (jid, k), v in m.x.items():
         if not values[v]:
             continue
@@ -74,14 +82,21 @@ def decode(m: Model, values: Sequence[int]) -> tuple[dict, dict, dict]:
         shares = m.shares.get((jid, k))
         if shares is None:
             continue
-        if m.exact:
-            nodes[jid] = tuple(n for n, (c, _) in shares.items() if values[c])
-        else:
-            counts[jid] = {key: mult * values[c] for key, (c, mult) in shares.items() if values[c]}
+        if m.exact:  # shares by node name
+            nodes[jid] = tuple(cast(str, n) for n, (c, _) in shares.items() if values[c])
+        else:  # shares by class
+            counts[jid] = {cast(ClassKey, key): mult * values[c] for key, (c, mult) in shares.items() if values[c]}
     return choice, counts, nodes
 
 
-def _add_rows(proto, m: Model, value: np.ndarray, is_fixed: np.ndarray, ub: np.ndarray, index: np.ndarray) -> bool:
+def _add_rows(
+    proto: CpModelProto,
+    m: Model,
+    value: np.ndarray[tuple[int], np.dtype[np.int64]],
+    is_fixed: np.ndarray[tuple[int], np.dtype[np.bool_]],
+    ub: np.ndarray[tuple[int], np.dtype[np.int64]],
+    index: np.ndarray[tuple[int], np.dtype[np.int64]],
+) -> bool:
     """The rows some free column can break, with the fixed columns' part
     moved to the bounds; False when a row fails on fixed columns alone."""
     mat = m.matrix()
@@ -162,9 +177,9 @@ def solve_cpsat(
     status = SolverStatus(solver.status_name(code))
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return Solved(status, build_s=t1 - t0, solve_s=t2 - t1)
-    values = value.copy()
-    values[free_cols] = np.asarray(solver.response_proto.solution, np.int64)
-    values = values.tolist()
+    solution = value.copy()
+    solution[free_cols] = np.asarray(solver.response_proto.solution, np.int64)
+    values: list[int] = solution.tolist()
     objective_value = offset + int(round(solver.objective_value))
     bound = offset + int(round(solver.best_objective_bound))
     if status == SolverStatus.OPTIMAL and bound > objective_value:  # stopped by relative_gap_limit

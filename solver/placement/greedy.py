@@ -19,21 +19,23 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from solver.placement.candidates import Option
-from solver.placement.nodes import Ledger
+from solver.placement.nodes import ClassKey, Ledger
 from solver.placement.space import Space
 from solver.types import JobRequest, Placement
 
 Chosen = dict[str, tuple[Option, tuple[tuple[str, int], ...], str | None]]
+#: where try_place put an option: (node, GPUs) pairs and the partition
+Placed = tuple[tuple[tuple[str, int], ...], str | None]
 
 
 def try_place(
     space: Space,
-    ledger: Ledger,
+    ledger: Ledger[ClassKey],
     job: JobRequest,
     opt: Option,
     nodes: tuple[str, ...] | None = None,
     spread: bool = False,
-):
+) -> Placed | None:
     """Place `opt` (on `nodes` when given) if it fits; returns (nodes, partition) or None."""
     cell = opt.cell
     if opt.pinned is not None:
@@ -46,7 +48,7 @@ def try_place(
             ledger.take(n, g, cell.num_nodes > 1)
         return opt.pinned, part
     if nodes is None:
-        names = None
+        names: list[str] | None = None
         for p in job.partitions if job.partitions is not None else (None,):
             # keep all nodes in one partition: try the job's partitions in order
             names = _pick_parts(space, ledger, job, opt, p, spread)
@@ -68,10 +70,11 @@ def try_place(
 
 
 def _pick_parts(
-    space: Space, ledger: Ledger, job: JobRequest, opt: Option, partition: str | None, spread: bool
+    space: Space, ledger: Ledger[ClassKey], job: JobRequest, opt: Option, partition: str | None, spread: bool
 ) -> list[str] | None:
     """Nodes for each GPU type of the option's cell (within `partition` when given)."""
-    cell, names = opt.cell, []
+    cell = opt.cell
+    names: list[str] = []
     for n_nodes, groups in space.part_classes(job, cell):
         sub = [k for k in groups if partition is None or not k[2] or partition in k[2]]
         got = ledger.pick(sub, n_nodes, cell.gpus_per_node, cell.num_nodes > 1, spread, exclude=names)
@@ -81,7 +84,7 @@ def _pick_parts(
     return names
 
 
-def release(ledger: Ledger, opt: Option, nodes: tuple[tuple[str, int], ...]) -> None:
+def release(ledger: Ledger[ClassKey], opt: Option, nodes: tuple[tuple[str, int], ...]) -> None:
     for name, g in nodes:
         ledger.give_back(name, g, opt.cell.num_nodes > 1)
 
@@ -112,11 +115,13 @@ def greedy(
         if pref is None or not opts:
             continue
         same = [o for o in opts if o.cell == pref.cell]
-        tries = [(o, None) for o in same if o.pinned is not None and sorted(o.pinned) == sorted(pref.nodes)]
+        tries: list[tuple[Option, tuple[str, ...] | None]] = [
+            (o, None) for o in same if o.pinned is not None and sorted(o.pinned) == sorted(pref.nodes)
+        ]
         tries += [(o, pref.node_names) for o in same if o.pinned is None]
         tries += [(o, None) for o in same if o.pinned is None]
-        for o, nodes in tries:
-            got = try_place(space, ledger, job, o, nodes)
+        for o, at in tries:
+            got = try_place(space, ledger, job, o, at)
             if got is not None:
                 chosen[job.job_id] = (o, *got)
                 break

@@ -75,10 +75,10 @@ def assign_nodes(
                 counts[c] = counts.get(c, 0) + 1
         names: list[str] = []
         for c, cnt in counts.items():
-            got = ledger.pick([c], cnt, cell.gpus_per_node, cell.num_nodes > 1, True, exclude=names)
-            if got is None:
+            picked = ledger.pick([c], cnt, cell.gpus_per_node, cell.num_nodes > 1, True, exclude=names)
+            if picked is None:
                 break
-            names += got
+            names += picked
         ok, part = space.partition_of(job, tuple(names))
         if len(names) != cell.num_nodes or not ok:
             failed.append(jid)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from ortools.linear_solver import linear_solver_pb2, pywraplp
 
-from solver.placement.model import Model
+from solver.placement.model import Matrix, Model
 from solver.types import SolverStatus
 
 _TOL = 1e-6
@@ -156,7 +156,7 @@ class _Pricing:
         lb = np.zeros(self.n)
         lb[xa & lone_stay[np.maximum(self.owner, 0)] & (self.owner >= 0)] = 1.0
         model = linear_solver_pb2.MPModelProto(maximize=True)
-        for c, lo, hi, a in zip(cols.tolist(), lb[cols].tolist(), self.ub[cols].tolist(), self.obj[cols].tolist()):
+        for lo, hi, a in zip(lb[cols].tolist(), self.ub[cols].tolist(), self.obj[cols].tolist(), strict=True):
             model.variable.add(lower_bound=lo, upper_bound=hi, objective_coefficient=a)
         skip = np.zeros(len(m.rows), bool)
         skip[self.stay_row[lone_stay]] = True
@@ -165,7 +165,7 @@ class _Pricing:
         vars_, coefs = pos[mat.col[live]].tolist(), mat.coef[live].tolist()
         starts = np.searchsorted(mat.row[live], np.arange(len(m.rows) + 1)).tolist()
         inf = float("inf")
-        for r, lo, hi in zip(self.kept.tolist(), mat.lo[self.kept].tolist(), mat.hi[self.kept].tolist()):
+        for r, lo, hi in zip(self.kept.tolist(), mat.lo[self.kept].tolist(), mat.hi[self.kept].tolist(), strict=True):
             a, b = starts[r], starts[r + 1]
             model.constraint.add(lower_bound=lo, upper_bound=hi, var_index=vars_[a:b], coefficient=coefs[a:b])
         self.gub = np.flatnonzero((count > 1) & (self.stay_row < 0))
@@ -242,7 +242,7 @@ def _solver(time_limit_s: float) -> pywraplp.Solver:
     return lp
 
 
-def _loads(mat, fixed: dict[int, int], staying: dict[int, int], top: dict[int, int]) -> np.ndarray:
+def _loads(mat: Matrix, fixed: dict[int, int], staying: dict[int, int], top: dict[int, int]) -> np.ndarray:
     """Each row's left side with the fixed columns, the staying ones at 1 and
     the slot counts at `top` (every other column at 0)."""
     value = np.zeros(int(mat.col.max()) + 1 if len(mat.col) else 0)
@@ -269,7 +269,7 @@ def _solve_whole(m: Model, time_limit_s: float) -> Relaxation:
     cols = [lp.NumVar(0.0, float(ub), "") for ub in m.ub]
     for r in m.rows:
         row = lp.Constraint(-inf if r.lo is None else float(r.lo), float(r.hi))
-        for c, a in zip(r.cols, r.coefs):
+        for c, a in zip(r.cols, r.coefs, strict=True):
             row.SetCoefficient(cols[c], float(a))
     stays = set(m.stays)
     for ji, xs in enumerate(m.choices):
@@ -314,7 +314,7 @@ def integral_jobs(m: Model, values: tuple[float, ...]) -> dict[int, int]:
     whole_vals = np.rint(vals)
     open_jobs = np.unique(owner[(np.abs(vals - whole_vals) > _TOL) & (owner >= 0)])
     keep = np.flatnonzero((owner >= 0) & ~np.isin(owner, open_jobs))
-    fixed = dict(zip(keep.tolist(), whole_vals[keep].astype(np.int64).tolist()))
+    fixed = dict(zip(keep.tolist(), whole_vals[keep].astype(np.int64).tolist(), strict=True))
     slots = {k: (f, level, pinned) for k, f, level, pinned in m.slots}
     pinned_of = {int(owner[v]): v for v in m.pinned if int(owner[v]) in m.stays}  # job that must stay -> its pinned x
     staying = {pinned_of[j]: 1 for j in open_jobs.tolist() if j in pinned_of}  # open ones, kept where they are
@@ -364,7 +364,7 @@ def integral_jobs(m: Model, values: tuple[float, ...]) -> dict[int, int]:
         rows = np.zeros(0, np.int64)
         for ri in over.tolist():
             r = m.rows[ri]
-            coef = dict(zip(r.cols, r.coefs))
+            coef = dict(zip(r.cols, r.coefs, strict=True))
 
             def term(c: int) -> int:
                 return top[c] if c in slots else at(c)

@@ -45,19 +45,25 @@ happens only where placing the job is worth more than what the sharing costs.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import cast
 
 import numpy as np
 
 from solver.placement.candidates import Option
 from solver.placement.greedy import Chosen
+from solver.placement.nodes import ClassKey
 from solver.placement.space import Space
 from solver.types import Cell, JobRequest
 
+#: A node (exact model) or a class of nodes (aggregated).
+ShareKey = str | ClassKey
 #: An option's node shares by class (aggregated) or node (exact): key -> (column, multiplier).
-Shares = dict[Hashable, tuple[int, int]]
+Shares = dict[ShareKey, tuple[int, int]]
+#: (nodes, classes) per GPU type of a cell (see _route)
+Route = list[tuple[int, list[ClassKey]]]
 
 
 @dataclass
@@ -148,13 +154,14 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
     """The model of choosing options for `jobs` within `space` (see the module doc)."""
     m = Model(exact=exact)
     node_terms: dict[str, dict[int, int]] = defaultdict(dict)
-    class_terms: dict = defaultdict(list)  # class -> [(g, column, multiplier)]
+    class_terms: dict[ShareKey, list[tuple[int, int, int]]] = defaultdict(list)  # class -> [(g, column, multiplier)]
     pins: dict[str, list[tuple[int, int]]] = defaultdict(list)  # node -> [(GPUs, x column)]
-    groups_of: dict[tuple, tuple[list, int]] = {}  # (partitions, type, GPUs per node) -> (classes, their nodes)
+    groups_of: _GroupsOf = {}  # (partitions, type, GPUs per node) -> (classes, their nodes)
     priced = any(o.nic_cost > 0 for opts in options.values() for o in opts)
     class_of = {n: c for c, names in space.classes.items() for n in names} if priced else {}
-    cards: dict = defaultdict(lambda: ({}, []))  # node (exact) or class -> ({column: shares}, [cost per share])
-    routes: dict[tuple, list[tuple[int, list]]] = {}  # (partitions, id of a cell) -> _route
+    # node (exact) or class -> ({column: shares}, [cost per share])
+    cards: dict[ShareKey, tuple[dict[int, int], list[float]]] = defaultdict(lambda: ({}, []))
+    routes: dict[tuple[tuple[str, ...] | None, int], Route] = {}  # (partitions, id of a cell) -> _route
     for job in jobs:
         ji = len(m.jobs)
         m.jobs.append(job.job_id)
@@ -196,7 +203,7 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
                     xs.append(v)
                     continue
                 v = m.column(1, o.value, ji)
-                shares = {}
+                shares: Shares = {}
                 for n_nodes, groups in route:
                     part: Shares = {}
                     if exact:
@@ -215,13 +222,13 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
                         m.rows.append(Row(list(link), list(link.values()), 0, 0))
                     shares.update(part)
                 if not exact:
-                    for c, (col, mult) in shares.items():
-                        class_terms[c].append((g, col, mult))
+                    for sk, (col, mult) in shares.items():
+                        class_terms[sk].append((g, col, mult))
                     if all(col == v for col, _ in shares.values()):
                         m.lone.append(v)
                 if priced and o.multi_node:
-                    for c, (col, mult) in shares.items():
-                        _card(cards[c], col, mult, o)
+                    for sk, (col, mult) in shares.items():
+                        _card(cards[sk], col, mult, o)
                 m.shares[(job.job_id, k)] = shares
             m.x[(job.job_id, k)] = v
             xs.append(v)
@@ -235,23 +242,27 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
                 _acc(terms, v, g)
             m.add_le(terms, space.free[name])
     else:
-        for c, terms in class_terms.items():
-            _class_rows(m, space, c, terms, pins)
-    for name, terms in pins.items():
-        if len(terms) > 1 or not exact:
+        for sk, per_class in class_terms.items():
+            _class_rows(m, space, cast(ClassKey, sk), per_class, pins)  # aggregated: shares by class
+    for name, pinned in pins.items():
+        if len(pinned) > 1 or not exact:
             row: dict[int, int] = {}
-            for g, v in terms:
+            for g, v in pinned:
                 _acc(row, v, g)
             m.add_le(row, space.free[name])
-    for key, (terms, costs) in cards.items():
-        _card_row(m, space, key, terms, costs)
+    for sk, (card_terms, costs) in cards.items():
+        _card_row(m, space, sk, card_terms, costs)
     return m
 
 
-def _route(space: Space, job: JobRequest, cell: Cell, groups_of: dict) -> list[tuple[int, list]]:
+#: (partitions, GPU type, GPUs per node) -> (classes, their nodes)
+_GroupsOf = dict[tuple[tuple[str, ...] | None, str, int], tuple[list[ClassKey], int]]
+
+
+def _route(space: Space, job: JobRequest, cell: Cell, groups_of: _GroupsOf) -> Route:
     """(nodes, classes) per GPU type of a free option's cell; empty when some
     type has too few nodes for it."""
-    out = []
+    out: Route = []
     for gpu_type, n_nodes in cell.by_type():
         key = (job.partitions, gpu_type, cell.gpus_per_node)
         found = groups_of.get(key)
@@ -270,10 +281,12 @@ def _card(entry: tuple[dict[int, int], list[float]], col: int, mult: int, o: Opt
     costs.append(o.nic_cost / o.cell.num_nodes)
 
 
-def _card_row(m: Model, space: Space, key: Hashable, terms: dict[int, int], costs: list[float]) -> None:
+def _card_row(m: Model, space: Space, key: ShareKey, terms: dict[int, int], costs: list[float]) -> None:
     """The overflow column and row of one node's (or class's) network cards."""
-    names = space.classes.get(key, (key,))  # type: ignore[call-overload]
-    free = sum(1 for n in names if not space.links.get(n, 0)) if key in space.classes else int(not space.links.get(key))
+    if isinstance(key, str):  # a node
+        free = int(not space.links.get(key))
+    else:  # a class
+        free = sum(1 for n in space.classes[key] if not space.links.get(n, 0))
     most = sum(a * m.ub[c] for c, a in terms.items())
     cost = round(2 * sum(costs) / len(costs))
     if most <= free or cost <= 0:
@@ -285,7 +298,9 @@ def _card_row(m: Model, space: Space, key: Hashable, terms: dict[int, int], cost
     m.overflow.append((o, terms, free))
 
 
-def _class_rows(m: Model, space: Space, c, terms: list[tuple[int, int, int]], pins: Mapping[str, list]) -> None:
+def _class_rows(
+    m: Model, space: Space, c: ClassKey, terms: list[tuple[int, int, int]], pins: Mapping[str, list[tuple[int, int]]]
+) -> None:
     """The slot (or volume) rows of class `c`, one per share size used in it."""
     _, f, _ = c
     pinned_nodes = [n for n in space.classes[c] if n in pins]
@@ -322,7 +337,7 @@ def _class_rows(m: Model, space: Space, c, terms: list[tuple[int, int, int]], pi
 
 
 def hint_values(
-    m: Model, options: Mapping[str, Sequence[Option]], chosen: Chosen, class_of: Mapping[str, Hashable]
+    m: Model, options: Mapping[str, Sequence[Option]], chosen: Chosen, class_of: Mapping[str, ClassKey]
 ) -> list[int]:
     """Column values of a placeable choice (the warm start)."""
     vals = [0] * len(m.ub)

@@ -20,10 +20,13 @@ scanning every node.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Generic, TypeVar
 
 from solver.types import Cell, ClusterView, JobRequest, NodeView
 
 ClassKey = tuple[str, int, tuple[str, ...]]
+#: a Ledger's node group (the solver's: a ClassKey)
+G = TypeVar("G", bound=Hashable)
 
 
 def node_partitions(cluster: ClusterView) -> dict[str, tuple[str, ...]]:
@@ -68,17 +71,17 @@ def node_classes(cluster: ClusterView, free: Mapping[str, int]) -> dict[ClassKey
     return dict(sorted(groups.items()))
 
 
-class Ledger:
+class Ledger(Generic[G]):
     """Free GPUs and multi-node jobs per node (on its network card), bucketed per node group."""
 
     def __init__(
-        self, groups: Mapping[Hashable, Sequence[str]], free: Mapping[str, int], links: Mapping[str, int] = {}
+        self, groups: Mapping[G, Sequence[str]], free: Mapping[str, int], links: Mapping[str, int] = {}
     ) -> None:
         """`links`: multi-node jobs already on each node's network card (fixed ones)."""
         self.free = {name: free[name] for names in groups.values() for name in names}
         self.links = {name: links.get(name, 0) for name in self.free}
         self.group_of = {name: g for g, names in groups.items() for name in names}
-        self.buckets: dict[Hashable, dict[tuple[int, int], dict[str, None]]] = {g: {} for g in groups}
+        self.buckets: dict[G, dict[tuple[int, int], dict[str, None]]] = {g: {} for g in groups}
         for name in self.free:
             self._add(name)
 
@@ -112,13 +115,13 @@ class Ledger:
         self._add(name)
 
     def pick(
-        self, groups: Iterable[Hashable], n: int, g: int, multi: bool, spread: bool, exclude: Iterable[str] = ()
+        self, groups: Iterable[G], n: int, g: int, multi: bool, spread: bool, exclude: Iterable[str] = ()
     ) -> list[str] | None:
         """`n` distinct nodes from `groups` with >= `g` free GPUs, best first,
         or None when there are not enough."""
         keys = []
         for grp in groups:
-            for (f, link), names in self.buckets.get(grp, {}).items():
+            for f, link in self.buckets.get(grp, {}):
                 if f >= g:
                     keys.append(((link if multi else 0, -f if spread else f), grp, (f, link)))
         keys.sort(key=lambda k: k[0])  # stable: ties keep group order

@@ -47,7 +47,7 @@ class Space:
         """(nodes, classes) of each GPU type of the cell (one entry unless mixed)."""
         return [(n, self.classes_for(job, cell, t)) for t, n in cell.by_type()]
 
-    def ledger(self) -> Ledger:
+    def ledger(self) -> Ledger[ClassKey]:
         return Ledger(self.classes, self.free, self.links)
 
     def partition_of(self, job: JobRequest, names: tuple[str, ...]) -> tuple[bool, str | None]:

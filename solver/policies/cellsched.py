@@ -38,7 +38,7 @@ import bisect
 import dataclasses
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from solver.calibration import CalibratedEstimator
 from solver.cells import cap, enumerate_cells, frontier, optional_mixed_cells
@@ -52,6 +52,7 @@ from solver.types import (
     Estimate,
     EstimatorLike,
     JobRequest,
+    ParallelPlan,
     ScheduleReply,
     ScheduleRequest,
     SolverConfig,
@@ -64,9 +65,17 @@ MIXED_OFFERS = 1
 _Shape = tuple[Estimate | None, list[Estimate], list[float], list[Estimate], list[float]]
 #: (frontier per GPU type, the feasible estimates of fewest GPUs) of a job shape's uncalibrated estimates
 _Frontier = tuple[list[list[Estimate]], list[Estimate]]
+#: a hashable key of what something depends on (a job's shape, a round's context)
+_Key = tuple[object, ...]
+#: the duties of one job shape on one cluster's NICs: (cell, plan) -> duty
+_ShapeDuties = dict[tuple[Cell, ParallelPlan | None], float]
+#: (NICs by type, job shape) -> that shape's duties
+DutyMemo = dict[_Key, _ShapeDuties]
+#: duty_of(job, cell, plan, known) -> (known, duty) (see _duties)
+_DutyOf = Callable[[JobRequest, Cell, ParallelPlan | None, _ShapeDuties | None], tuple[_ShapeDuties, float]]
 
 
-def _shape(job: JobRequest) -> tuple:
+def _shape(job: JobRequest) -> _Key:
     """What a job's cells and estimates depend on."""
     return (
         job.model.signature,
@@ -82,7 +91,7 @@ def _shape(job: JobRequest) -> tuple:
     )
 
 
-def _context(cluster: ClusterView, estimator: EstimatorLike, cfg: SolverConfig) -> tuple:
+def _context(cluster: ClusterView, estimator: EstimatorLike, cfg: SolverConfig) -> _Key:
     nodes = sorted({(n.gpu_type, n.gpus_total, n.partitions) for n in cluster.nodes})
     counts = tuple((k, sum(1 for n in cluster.nodes if (n.gpu_type, n.gpus_total, n.partitions) == k)) for k in nodes)
     return (
@@ -102,10 +111,10 @@ class CellschedPolicy:
     def __init__(self, elastic: bool = True) -> None:
         self.elastic = elastic
         self.name = "cellsched" if elastic else "cellsched-static"
-        self._memo_ctx: tuple | None = None
-        self._memo: dict[tuple, _Shape] = {}
-        self._base: dict[tuple, _Frontier] = {}  # (shape, kind) -> uncalibrated frontier (``_frontier``)
-        self._duties: dict[tuple, dict[tuple, float]] = {}  # NICs by type, shape -> (cell, plan) -> duty
+        self._memo_ctx: _Key | None = None
+        self._memo: dict[tuple[_Key, _Key], _Shape] = {}  # (shape, calibration) -> _cells
+        self._base: dict[tuple[_Key, str], _Frontier] = {}  # (shape, kind) -> uncalibrated frontier (``_frontier``)
+        self._duties: DutyMemo = {}  # NICs by type, shape -> (cell, plan) -> duty
 
     def __getstate__(self) -> dict[str, bool]:
         """Pickled (a simulation's checkpoint) without its memos: caches, rebuilt on use."""
@@ -191,10 +200,12 @@ class CellschedPolicy:
                 pays = free_now.paying(job, kept, optional)
                 if pays:
                     kept, u = kept + [optional[i] for i in pays], u + [opt_u[i] for i in pays]
-            if job.current is not None and all(e.cell != job.current.cell for e in kept):
-                cur = estimator.estimate(job, job.current.cell)
-                if cur.feasible and refs[job.job_id] is not None:
-                    kept, u = kept + [cur], u + [objective.utility(job, cur, refs[job.job_id], cfg.fairness_p)]
+            current = job.current
+            if current is not None and all(e.cell != current.cell for e in kept):
+                cur = estimator.estimate(job, current.cell)
+                ref = refs[job.job_id]
+                if cur.feasible and ref is not None:
+                    kept, u = kept + [cur], u + [objective.utility(job, cur, ref, cfg.fairness_p)]
             ests[job.job_id], utils[job.job_id] = kept, u
         weights = objective.job_weights(jobs, refs, request.now, cfg)
         picks = {}
@@ -242,8 +253,8 @@ def price_cards(
     jobs: Sequence[JobRequest],
     options: Mapping[str, Sequence[Option]],
     cluster: ClusterView,
-    memo: dict[tuple, dict[tuple, float]] | None = None,
-) -> dict[str, list[Option]]:
+    memo: DutyMemo | None = None,
+) -> dict[str, Sequence[Option]]:
     """The options with their nic_cost: what a multi-node option loses when
     a network card of its nodes carries another multi-node job. With duty d
     (its share of the iteration on the cards alone, on this cluster's NICs)
@@ -264,7 +275,7 @@ def price_cards(
     if not duties:
         return dict(options)
     other = sum(duties.values()) / len(duties)
-    out: dict[str, list[Option]] = {}
+    out: dict[str, Sequence[Option]] = {}
     for jid, opts in options.items():
         out[jid] = [
             _priced(o, round(o.value * (1 - 1 / (1 + duties[(jid, k)] * other)))) if (jid, k) in duties else o
@@ -278,7 +289,7 @@ def pick_costs(
     estimates: Mapping[str, Sequence[Estimate]],
     picks: Mapping[str, Sequence[Pick]],
     cluster: ClusterView,
-    memo: dict[tuple, dict[tuple, float]] | None = None,
+    memo: DutyMemo | None = None,
 ) -> dict[str, list[int]]:
     """price_cards before the Options are made: each pick's nic_cost (0 on
     one node), from the estimates the picks index."""
@@ -287,7 +298,8 @@ def pick_costs(
     duties: dict[str, list[float | None]] = {}
     total, count = 0.0, 0
     for jid, ps in picks.items():
-        known, row = None, []
+        known: _ShapeDuties | None = None
+        row: list[float | None] = []
         for i, _, _ in ps:
             e = estimates[jid][i]
             if e.cell.num_nodes > 1:
@@ -299,22 +311,27 @@ def pick_costs(
         duties[jid] = row
     other = total / count if count else 0.0
     return {
-        jid: [0 if d is None else round(v * (1 - 1 / (1 + d * other))) for (_, v, _), d in zip(ps, duties[jid])]
+        jid: [
+            0 if d is None else round(v * (1 - 1 / (1 + d * other)))
+            for (_, v, _), d in zip(ps, duties[jid], strict=True)
+        ]
         for jid, ps in picks.items()
     }
 
 
-def _duties(cluster: ClusterView, memo: dict[tuple, dict[tuple, float]] | None):
+def _duties(cluster: ClusterView, memo: DutyMemo | None) -> _DutyOf:
     """duty_of(job, cell, plan, known) -> (known, duty): the duty of a
     multi-node cell, memoised per NICs and job shape (`known`: that
     shape's table, looked up once per job)."""
     nics = nic_by_type(cluster)
-    memo = {} if memo is None else memo
+    table: DutyMemo = {} if memo is None else memo
     nic_key = tuple(sorted(nics.items()))
 
-    def duty_of(job: JobRequest, cell, plan, known):
+    def duty_of(
+        job: JobRequest, cell: Cell, plan: ParallelPlan | None, known: _ShapeDuties | None
+    ) -> tuple[_ShapeDuties, float]:
         if known is None:
-            known = memo.setdefault((nic_key, _shape(job)), {})
+            known = table.setdefault((nic_key, _shape(job)), {})
         d = known.get((cell, plan))
         if d is None:
             nic = min((nics[t] for t, _ in cell.by_type() if t in nics), default=None)
@@ -342,8 +359,8 @@ class FreeNow:
         self.free = {n.name: max(0, n.gpus_free - held.get(n.name, 0)) for n in cluster.nodes}
         self.type_of = {n.name: n.gpu_type for n in cluster.nodes}
         by_type: dict[str, list[int]] = {}
-        for n in cluster.nodes:
-            by_type.setdefault(n.gpu_type, []).append(self.free[n.name])
+        for node in cluster.nodes:
+            by_type.setdefault(node.gpu_type, []).append(self.free[node.name])
         self.sorted = {t: sorted(v) for t, v in by_type.items()}
 
     def _lists(self, job: JobRequest) -> dict[str, list[int]]:
@@ -352,7 +369,7 @@ class FreeNow:
             return self.sorted
         mine = dict(job.current.nodes)
         out = dict(self.sorted)
-        for t in {self.type_of.get(n) for n in mine} - {None}:
+        for t in {self.type_of[n] for n in mine if n in self.type_of}:
             out[t] = sorted(self.free[n] + mine.get(n, 0) for n, tt in self.type_of.items() if tt == t)
         return out
 

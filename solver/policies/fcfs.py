@@ -17,7 +17,7 @@ from solver.placement import Result, Space, split_fixed
 from solver.placement.candidates import Option
 from solver.placement.greedy import try_place
 from solver.policies.common import Feasible, dp_estimate, layouts, reply
-from solver.types import EstimatorLike, JobRequest, ScheduleReply, ScheduleRequest
+from solver.types import EstimatorLike, JobRequest, ScheduleReply, ScheduleRequest, SolverStatus
 
 
 def requested(job: JobRequest, types: tuple[str, ...]) -> tuple[str | None, int]:
@@ -57,6 +57,7 @@ class FcfsPolicy:
                 if est is None:
                     continue
                 any_feasible = True
+                assert est.plan is not None  # dp_estimate's estimates are feasible
                 opt = Option(job.job_id, cell, est.plan, est.iter_time_s, 0, None, est.source)
                 got = try_place(space, ledger, job, opt)
                 if got is not None:
@@ -72,5 +73,9 @@ class FcfsPolicy:
                 blocked.add(gpu_type)
         dt = time.perf_counter() - t0
         return reply(
-            fixed, Result(placed, "HEURISTIC", float(len(placed)), float(len(placed)), place_s=dt), cells, reasons, dt
+            fixed,
+            Result(placed, SolverStatus.HEURISTIC, float(len(placed)), float(len(placed)), place_s=dt),
+            cells,
+            reasons,
+            dt,
         )

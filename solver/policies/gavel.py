@@ -27,7 +27,7 @@ from solver.placement import Result, Space, split_fixed
 from solver.placement.candidates import Option
 from solver.placement.greedy import release, try_place
 from solver.policies.common import Feasible, dp_estimate, layouts, reply
-from solver.types import Estimate, EstimatorLike, JobRequest, ScheduleReply, ScheduleRequest
+from solver.types import Estimate, EstimatorLike, JobRequest, Placement, ScheduleReply, ScheduleRequest, SolverStatus
 
 
 def max_min_fractions(
@@ -75,6 +75,9 @@ class GavelPolicy:
         cluster = request.cluster
         # Gavel re-allocates every round (running jobs may be preempted or
         # moved, never resized); with allow_resize false they all stay.
+        fixed: dict[str, Placement]
+        jobs: list[JobRequest]
+        reasons: dict[str, str]
         if request.config.allow_resize:
             fixed, jobs, reasons = {}, list(request.jobs), {}
         else:
@@ -115,13 +118,10 @@ class GavelPolicy:
         # The controller never preempts: a running job holds its GPUs until
         # its turn, then stays (its pair is its own type) or moves if the
         # new type has room; one that never gets a turn keeps running.
-        stays = {
-            j.job_id: Option(j.job_id, j.current.cell, j.current.plan, j.current.iter_time_s, 0, j.current.nodes)
-            for j in jobs
-            if j.current is not None
-        }
-        held = {jid: by_id[jid].current for jid, o in stays.items() if try_place(space, ledger, by_id[jid], o)}
-        placed = {}
+        currents = {j.job_id: j.current for j in jobs if j.current is not None}
+        stays = {jid: Option(jid, cur.cell, cur.plan, cur.iter_time_s, 0, cur.nodes) for jid, cur in currents.items()}
+        held = {jid: currents[jid] for jid, o in stays.items() if try_place(space, ledger, by_id[jid], o)}
+        placed: dict[str, Placement] = {}
         for _, jid, t in prio:
             if jid in placed:
                 continue
@@ -132,6 +132,7 @@ class GavelPolicy:
                     continue
                 release(ledger, stays[jid], cur.nodes)
             for est in ests[(jid, t)]:
+                assert est.plan is not None  # dp_estimate's estimates are feasible
                 opt = Option(jid, est.cell, est.plan, est.iter_time_s, 0, None, est.source)
                 got = try_place(space, ledger, job, opt)
                 if got is not None:
@@ -157,5 +158,7 @@ class GavelPolicy:
             ),
             default=0.0,
         )
-        result = Result(placed, "HEURISTIC", fair, fair, solve_s=t1 - t_est, place_s=time.perf_counter() - t1)
+        result = Result(
+            placed, SolverStatus.HEURISTIC, fair, fair, solve_s=t1 - t_est, place_s=time.perf_counter() - t1
+        )
         return reply(fixed, result, sum(len(v) for v in ests.values()), reasons, t_est - t0)

@@ -21,11 +21,12 @@ short-job weights of cellsched.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from solver.placement import Space, job_options, objective, place_jobs, split_fixed
 from solver.placement.candidates import fits
 from solver.policies.common import Feasible, dp_estimate, layouts, reply
-from solver.types import EstimatorLike, ScheduleReply, ScheduleRequest
+from solver.types import EstimatorLike, JobRequest, Placement, ScheduleReply, ScheduleRequest
 
 
 class SiaPolicy:
@@ -40,6 +41,9 @@ class SiaPolicy:
     def schedule(self, request: ScheduleRequest, estimator: EstimatorLike) -> ScheduleReply:
         t0 = time.perf_counter()
         cfg, cluster = request.config, request.cluster
+        fixed: dict[str, Placement]
+        jobs: list[JobRequest]
+        reasons: dict[str, str]
         if cfg.allow_resize:  # Sia re-optimises every job each round
             fixed, jobs, reasons = {}, list(request.jobs), {}
         else:
@@ -66,8 +70,9 @@ class SiaPolicy:
             if ref is None:
                 reasons[job.job_id] = "no feasible configuration"
                 continue
-            stay = job.current is not None and fits(cluster, job.current, _used(fixed))
-            if stay and all(e.cell != job.current.cell for e in ests):
+            current = job.current
+            stay = current is not None and fits(cluster, current, _used(fixed))
+            if stay and current is not None and all(e.cell != current.cell for e in ests):
                 stay = False
             options[job.job_id] = job_options(
                 job,
@@ -89,7 +94,7 @@ class SiaPolicy:
         return reply(fixed, result, sum(len(v) for v in options.values()), reasons, t1 - t0)
 
 
-def _used(fixed) -> dict[str, int]:
+def _used(fixed: Mapping[str, Placement]) -> dict[str, int]:
     used: dict[str, int] = {}
     for p in fixed.values():
         for n, g in p.nodes:

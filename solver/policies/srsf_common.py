@@ -35,7 +35,7 @@ from solver.contention import loaded_times
 from solver.placement import Result, Space, split_fixed
 from solver.placement.candidates import Option
 from solver.placement.greedy import try_place
-from solver.placement.nodes import Ledger
+from solver.placement.nodes import ClassKey, Ledger
 from solver.policies.common import Feasible, dp_estimate, layouts, reply
 from solver.policies.fcfs import requested
 from solver.types import (
@@ -47,6 +47,7 @@ from solver.types import (
     Placement,
     ScheduleReply,
     ScheduleRequest,
+    SolverStatus,
 )
 
 #: (job, placement, iteration time alone on its nodes) of a placed multi-node job
@@ -67,7 +68,7 @@ def remaining_service(job: JobRequest, est: Estimate) -> float:
     return job.remaining_iterations * est.iter_time_s * est.cell.num_gpus
 
 
-def lwf_key(ledger: Ledger, name: str, multi: bool, rank: int) -> tuple[int, int, int]:
+def lwf_key(ledger: Ledger[ClassKey], name: str, multi: bool, rank: int) -> tuple[int, int, int]:
     """LWF-kappa's order of nodes: a multi-node job takes the cards with the
     least network workload (fewest multi-node jobs), then packs (fewest free
     GPUs that fit); a one-node job never communicates, so it packs too,
@@ -80,7 +81,7 @@ def lwf_key(ledger: Ledger, name: str, multi: bool, rank: int) -> tuple[int, int
 
 
 def pick_nodes(
-    space: Space, ledger: Ledger, job: JobRequest, cell: Cell, cap: int, how: str, rank: Mapping[str, int]
+    space: Space, ledger: Ledger[ClassKey], job: JobRequest, cell: Cell, cap: int, how: str, rank: Mapping[str, int]
 ) -> tuple[str, ...] | None:
     """Nodes for `cell` with room now, a multi-node cell only on cards that
     carry fewer than `cap` multi-node jobs; ordered per `how` (lwf-kappa,
@@ -129,7 +130,11 @@ def component(cluster: ClusterView, nodes: Sequence[str], comm: Mapping[str, Com
 
 
 def clean_start(
-    cluster: ClusterView, ledger: Ledger, space: Space, ends: Sequence[tuple[float, Placement]], cells: Sequence[Cell]
+    cluster: ClusterView,
+    ledger: Ledger[ClassKey],
+    space: Space,
+    ends: Sequence[tuple[float, Placement]],
+    cells: Sequence[Cell],
 ) -> float:
     """The earliest time (s from now) at which one of `cells` fits on cards
     that carry no multi-node job, as the placed jobs end (`ends`: when each
@@ -205,7 +210,7 @@ class RoundState:
     multi-node jobs (`comm`) and when each placed job ends (`ends`, s from now)."""
 
     space: Space
-    ledger: Ledger
+    ledger: Ledger[ClassKey]
     how: str
     rank: Mapping[str, int]
     comm: dict[str, Comm]
@@ -278,7 +283,11 @@ class SrsfPolicy:
                 comm[item.job.job_id] = (item.job, got, got.iter_time_s)
         dt = time.perf_counter() - t0
         return reply(
-            fixed, Result(placed, "HEURISTIC", float(len(placed)), float(len(placed)), place_s=dt), cells, reasons, dt
+            fixed,
+            Result(placed, SolverStatus.HEURISTIC, float(len(placed)), float(len(placed)), place_s=dt),
+            cells,
+            reasons,
+            dt,
         )
 
     def _place(self, state: RoundState, item: Pending) -> tuple[Placement | None, str]:
@@ -297,6 +306,7 @@ class SrsfPolicy:
                 names = pick_nodes(space, ledger, job, est.cell, cap, state.how, state.rank)
                 if names is None:
                     continue
+                assert est.plan is not None  # dp_estimate's estimates are feasible
                 opt = Option(job.job_id, est.cell, est.plan, est.iter_time_s, 0, None, est.source)
                 pairs = tuple((n, est.cell.gpus_per_node) for n in names)
                 if cap > 1 and self.adaptive and any(ledger.links[n] for n in names):

@@ -12,12 +12,14 @@ import os
 import pathlib
 from typing import Any
 
+from solver.errors import SolverError
+
 OPTIMAL_FILE = "profiles_optimal.json"
 ESTIMATED_FILE = "profiles_plans_estimated.json"
 TRACE_FILE = "traces/simulate_trace_philly.csv"
 
 
-class ArenaFormatError(ValueError):
+class ArenaFormatError(ValueError, SolverError):
     """An Arena file does not have the expected shape (the message names
     the file, the record and the field)."""
 
@@ -31,7 +33,7 @@ def shipped_path(name: str) -> pathlib.Path:
     return path
 
 
-def _load_json(path: str | os.PathLike | None, default: str) -> Any:
+def _load_json(path: str | os.PathLike[str] | None, default: str) -> Any:
     path = shipped_path(default) if path is None else pathlib.Path(path)
     try:
         with open(path, encoding="utf-8") as fh:
@@ -46,12 +48,13 @@ def _section(data: Any, key: str, path: object) -> Any:
     return data[key]
 
 
-def load_device_specs(path: str | os.PathLike | None = None) -> dict:
+def load_device_specs(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Arena's device_specs.json as a dict (``simulator_gpu_specs``, ...)."""
-    return _load_json(path, "device_specs.json")
+    specs: dict[str, Any] = _load_json(path, "device_specs.json")
+    return specs
 
 
-def load_dp_mem(path: str | os.PathLike | None = None) -> dict[tuple[str, int], dict[int, float | None]]:
+def load_dp_mem(path: str | os.PathLike[str] | None = None) -> dict[tuple[str, int], dict[int, float | None]]:
     """Per-GPU memory (GB) of pure data parallelism, by (model, batch) then
     GPU count; ``None`` where Arena recorded -1 (out of memory)."""
     data = _load_json(path, "dp_mem.json")
@@ -67,7 +70,7 @@ def load_dp_mem(path: str | os.PathLike | None = None) -> dict[tuple[str, int], 
     return out
 
 
-def load_cluster_spec(path: str | os.PathLike | None = None) -> dict[str, tuple[int, int]]:
+def load_cluster_spec(path: str | os.PathLike[str] | None = None) -> dict[str, tuple[int, int]]:
     """Arena's simulated cluster: gpu_type -> (node_num, gpus_per_node)."""
     data = _load_json(path, "cluster_spec.json")
     cluster = _section(data, "cluster", path or "cluster_spec.json")
@@ -77,6 +80,6 @@ def load_cluster_spec(path: str | os.PathLike | None = None) -> dict[str, tuple[
         raise ArenaFormatError(f"{path or 'cluster_spec.json'}: cluster entry lacks {exc}") from None
 
 
-def load_sim_constants(path: str | os.PathLike | None = None) -> dict:
+def load_sim_constants(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Arena's simulator constants (SCHEDULING_INTERVAL, overheads, scale factors)."""
     return dict(_section(_load_json(path, "sim_constants.json"), "constants", path or "sim_constants.json"))

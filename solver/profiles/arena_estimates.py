@@ -54,7 +54,7 @@ from solver.types import Cell, Estimate, JobRequest, ParallelPlan
 _Key = tuple[str, int, str, int, int]
 
 
-def best_plan_records(path: str | os.PathLike | None = None) -> list[CellRecord]:
+def best_plan_records(path: str | os.PathLike[str] | None = None) -> list[CellRecord]:
     """One record per (model, batch, GPU type, layout) of Arena's per-plan
     estimates: the fastest plan's time (None when every plan is out of
     memory). Only plans of the simulator's convention (comm profile prefix
@@ -64,8 +64,13 @@ def best_plan_records(path: str | os.PathLike | None = None) -> list[CellRecord]
     for r in json.loads(src.read_text(encoding="utf-8"))["records"]:
         if r.get("pp") is None or r.get("comm_profile_prefix") != r.get("num_nodes"):
             continue
-        key = (r["trace_model_name"], int(r["batch_size"]), str(r["gpu_type"]).lower(), r["num_nodes"])
-        key = (*key, r["gpus_per_node"])
+        key: _Key = (
+            r["trace_model_name"],
+            int(r["batch_size"]),
+            str(r["gpu_type"]).lower(),
+            r["num_nodes"],
+            r["gpus_per_node"],
+        )
         t = r["iter_time_s"] if r.get("status") == "ok" else None
         if key not in best or (t is not None and (best[key] is None or t < best[key])):
             best[key] = t
@@ -77,7 +82,7 @@ class ArenaEstimates:
 
     def __init__(
         self,
-        path: str | os.PathLike | None = None,
+        path: str | os.PathLike[str] | None = None,
         *,
         records: list[CellRecord] | None = None,
         fill_missing: bool = False,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -107,7 +108,7 @@ def arena_records(data: Any, path: str = "<data>") -> tuple[str, list[CellRecord
     return kind, recs, dict(skipped)
 
 
-def _getter(raw: Any, where: str):
+def _getter(raw: Any, where: str) -> Callable[[str, type], Any]:
     if not isinstance(raw, dict):
         raise ArenaFormatError(f"{where}: expected an object, got {type(raw).__name__}")
 
@@ -128,7 +129,7 @@ def import_arena_data(store: ProfileStore, data: Any, path: str = "<data>") -> I
     return ImportReport(path, kind, store.put_cells(recs), skipped)
 
 
-def import_arena(store: ProfileStore, path: str | os.PathLike) -> ImportReport:
+def import_arena(store: ProfileStore, path: str | os.PathLike[str]) -> ImportReport:
     """Import one Arena profile file (optimal or per-plan estimates) into `store`."""
     with open(path, encoding="utf-8") as fh:
         try:

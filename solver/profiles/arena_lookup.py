@@ -63,7 +63,9 @@ _Key = tuple[str, int, str, int, int]  # model, batch, gpu type, nodes, gpus per
 class ArenaTable:
     """Arena's optimal-plan iteration times as an estimator (EstimatorLike)."""
 
-    def __init__(self, path: str | os.PathLike | None = None, *, records: Iterable[CellRecord] | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str] | None = None, *, records: Iterable[CellRecord] | None = None
+    ) -> None:
         """Arena's ``profiles_optimal.json`` at `path` (default: the shipped
         one), or `records` of best-plan times (one per cell)."""
         if records is None:
@@ -198,7 +200,7 @@ class ArenaTable:
 
 
 def arena_dp_feasible(
-    dp_mem: str | os.PathLike | None = None, device_specs: str | os.PathLike | None = None
+    dp_mem: str | os.PathLike[str] | None = None, device_specs: str | os.PathLike[str] | None = None
 ) -> Callable[[JobRequest, Cell], bool]:
     """Arena's baseline memory test (data/arena/README.md, "Feasibility") as a `Feasible`.
 

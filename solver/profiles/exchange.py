@@ -13,6 +13,7 @@ import os
 from dataclasses import MISSING, asdict, fields
 from typing import IO, Any
 
+from solver.errors import SolverError
 from solver.profiles.arena import ArenaFormatError
 from solver.profiles.arena_import import ImportReport, import_arena_data
 from solver.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord
@@ -23,7 +24,7 @@ VERSION = 1
 KINDS: dict[str, type] = {"cell": CellRecord, "layer": LayerRecord, "comm": CommRecord, "gpu": GpuSpec}
 
 
-class ProfileFileError(ValueError):
+class ProfileFileError(ValueError, SolverError):
     """A profile file cannot be read (the message names the file and line)."""
 
 
@@ -37,15 +38,15 @@ def export_jsonl(store: ProfileStore, out: IO[str]) -> int:
         out.write(json.dumps({"record": kind, **asdict(rec)}) + "\n")
         n += 1
 
-    for rec in store.cells():
-        emit("cell", rec)
+    for cell in store.cells():
+        emit("cell", cell)
     for sig in store.layer_models():
         for gpu, tp, mb in store.layer_keys(sig):
-            for rec in store.layers(sig, gpu, tp, mb):
-                emit("layer", rec)
+            for layer in store.layers(sig, gpu, tp, mb):
+                emit("layer", layer)
     for link, op in store.comm_keys():
-        for rec in store.comm(link, op):
-            emit("comm", rec)
+        for comm in store.comm(link, op):
+            emit("comm", comm)
     for spec in store.gpus().values():
         emit("gpu", spec)
     return n
@@ -71,7 +72,7 @@ def _record(obj: Any, where: str) -> tuple[str, Any]:
 
 def import_jsonl_text(store: ProfileStore, text: str, path: str = "<text>") -> ImportReport:
     """Import our JSON-lines export; all records or none (one transaction)."""
-    batches: dict[str, list] = {k: [] for k in KINDS}
+    batches: dict[str, list[tuple[str, Any]]] = {k: [] for k in KINDS}  # kind -> (where, record)
     header_seen = False
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -115,7 +116,7 @@ def import_jsonl_text(store: ProfileStore, text: str, path: str = "<text>") -> I
     return ImportReport(path, FORMAT, n, {})
 
 
-def import_file(store: ProfileStore, path: str | os.PathLike) -> ImportReport:
+def import_file(store: ProfileStore, path: str | os.PathLike[str]) -> ImportReport:
     """Import a file by its shape: our JSON-lines export, or an Arena
     profile file (profiles_optimal.json / profiles_plans_estimated.json)."""
     name = str(path)

@@ -17,6 +17,8 @@ gloo): a small, round guess of one socket (16 GB, 1 TFLOP/s, 20 GB/s memory,
 
 from __future__ import annotations
 
+from typing import Any
+
 from solver.profiles.arena import load_device_specs
 from solver.profiles.records import NET_GBPS, PCIE4_GBPS, GpuSpec
 
@@ -60,7 +62,7 @@ _DATASHEET_ONLY: tuple[GpuSpec, ...] = (
 )
 
 
-def default_gpu_specs(arena_specs: dict[str, dict] | None = None) -> dict[str, GpuSpec]:
+def default_gpu_specs(arena_specs: dict[str, dict[str, Any]] | None = None) -> dict[str, GpuSpec]:
     """The seeded GPU specs, by name.
 
     `arena_specs` is ``simulator_gpu_specs`` of Arena's device_specs.json

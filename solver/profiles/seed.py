@@ -23,6 +23,6 @@ def seed_store(store: ProfileStore) -> str:
     return "shipped arena data: " + " ".join(parts)
 
 
-def open_store(path: str | os.PathLike | None = None) -> ProfileStore:
+def open_store(path: str | os.PathLike[str] | None = None) -> ProfileStore:
     """The store at `path` (None: the default path), seeded when it is new."""
     return ProfileStore(path, on_create=seed_store)

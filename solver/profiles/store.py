@@ -23,6 +23,7 @@ from dataclasses import fields
 from typing import Any
 
 from solver import sqlitedb
+from solver.errors import SolverError
 from solver.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord, ProfileSource
 
 BUSY_TIMEOUT_S = 30.0
@@ -71,7 +72,7 @@ _SOURCE_ORDER = (
 )
 
 
-class ProfileStoreError(Exception):
+class ProfileStoreError(SolverError):
     """The store cannot be opened or used (bad file, newer schema)."""
 
 
@@ -83,7 +84,7 @@ class ProfileStore:
     """Cached profiles in one SQLite file (or ``":memory:"``)."""
 
     def __init__(
-        self, path: str | os.PathLike | None = None, *, on_create: Callable[[ProfileStore], str] | None = None
+        self, path: str | os.PathLike[str] | None = None, *, on_create: Callable[[ProfileStore], str] | None = None
     ) -> None:
         """Open (or create) the store at `path` (None: ``default_path()``).
         `on_create` fills a new store in the transaction that creates it and
@@ -344,7 +345,7 @@ class ProfileStore:
 # ---- helpers ---------------------------------------------------------------
 
 
-def _cell(row: tuple) -> CellRecord:
+def _cell(row: tuple[Any, ...]) -> CellRecord:
     model, batch, gpu, nodes, per_node, pp, dp, tp, source, t = row
     if pp == 0:
         pp = dp = tp = None
@@ -393,11 +394,12 @@ def _check_cell(rec: CellRecord) -> None:
     _ints(rec, "global_batch", "num_nodes", "gpus_per_node")
     if rec.iter_time_s is not None:
         _reals(rec, "iter_time_s", positive=True)
-    plan = (rec.pp, rec.dp, rec.tp)
-    if any(p is not None for p in plan):
+    pp, dp, tp = rec.pp, rec.dp, rec.tp
+    if pp is not None or dp is not None or tp is not None:
         _ints(rec, "pp", "dp", "tp")
-        if rec.pp * rec.dp * rec.tp != rec.num_gpus:
-            raise _bad(rec, "pp", f"pp*dp*tp = {rec.pp * rec.dp * rec.tp} must equal the cell's {rec.num_gpus} GPUs")
+        assert pp is not None and dp is not None and tp is not None  # _ints refused a None
+        if pp * dp * tp != rec.num_gpus:
+            raise _bad(rec, "pp", f"pp*dp*tp = {pp * dp * tp} must equal the cell's {rec.num_gpus} GPUs")
 
 
 def _check_layer(rec: LayerRecord) -> None:

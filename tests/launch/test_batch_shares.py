@@ -45,4 +45,4 @@ def test_shares_3_to_1_update_like_the_even_split(tmp_path, even, pp):
     assert relative_error(flat(state, names), flat(even_state, names)) <= 1e-6
     worst = max(relative_error(state["model"][k], even_state["model"][k]) for k in names)
     assert worst <= 1e-5, f"a parameter tensor differs by {worst:.2e} (relative)"
-    assert max(abs(a - b) / abs(b) for a, b in zip(run.losses, even_run.losses)) <= 1e-6
+    assert max(abs(a - b) / abs(b) for a, b in zip(run.losses, even_run.losses, strict=True)) <= 1e-6

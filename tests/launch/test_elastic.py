@@ -50,7 +50,7 @@ def test_resume_on_fewer_ranks_is_bitwise_identical(tmp_path):
     other = train(plan(tmp_path / "c", pp=2, dp=1, tp=2), tmp_path / "c.json", 20, *FLAGS)
     assert other.printed == list(range(11, 21))
     assert other.losses[:10] == full[:10]
-    assert max(abs(a - b) / abs(b) for a, b in zip(other.losses[10:], full[10:])) < 1e-5
+    assert max(abs(a - b) / abs(b) for a, b in zip(other.losses[10:], full[10:], strict=True)) < 1e-5
 
 
 def test_signal_checkpoints_exits_75_and_resumes(tmp_path):
@@ -83,4 +83,4 @@ def test_signal_checkpoints_exits_75_and_resumes(tmp_path):
     cfg = GPTConfig(layers=2, hidden=16, heads=2, seq=8, vocab=32)
     ref = reference_losses(cfg, TrainConfig(dtype="float64"), stopped + 3, virtual_workers=V)
     assert resumed.losses[:stopped] == state["losses"]
-    assert max(abs(a - b) / abs(b) for a, b in zip(resumed.losses, ref)) < 1e-9
+    assert max(abs(a - b) / abs(b) for a, b in zip(resumed.losses, ref, strict=True)) < 1e-9

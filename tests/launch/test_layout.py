@@ -38,7 +38,7 @@ def test_groups_of_a_2x2x2_layout():
 def test_largest_remainder_is_exact_and_close(total, weights):
     parts = largest_remainder(total, weights)
     assert sum(parts) == total
-    for p, w in zip(parts, weights):
+    for p, w in zip(parts, weights, strict=True):
         assert abs(p - total * w / sum(weights)) < 1
 
 
@@ -56,8 +56,8 @@ def test_largest_remainder_is_the_closest_whole_split(n):
         for weights in itertools.product((1, 2, 3, 5), repeat=n):
             quotas = [Fraction(total * w, sum(weights)) for w in weights]
 
-            def err(parts):
-                return sum((p - q) ** 2 for p, q in zip(parts, quotas))
+            def err(parts, quotas=quotas):
+                return sum((p - q) ** 2 for p, q in zip(parts, quotas, strict=True))
 
             best = min(err(c) for c in itertools.product(range(total + 1), repeat=n) if sum(c) == total)
             got = largest_remainder(total, weights)

@@ -30,7 +30,7 @@ def test_layout_matches_single_process(tmp_path, reference, pp, dp, tp):
     losses = train(plan, tmp_path / "losses.json", STEPS, *FLAGS, "--report", str(tmp_path / "ranks")).losses
 
     assert len(losses) == STEPS
-    for step, (got, want) in enumerate(zip(losses, reference), 1):
+    for step, (got, want) in enumerate(zip(losses, reference, strict=True), 1):
         assert abs(got - want) <= 1e-5 * abs(want), f"step {step}: {got} != {want}"
     assert losses[-1] < losses[0]
 

@@ -46,7 +46,7 @@ def test_slices_are_proportional_and_cover_everything_once(numel, weights):
         covered[layout.slice(r)] += 1
     assert covered.eq(1).all() and layout.numel == numel
     total = sum(weights)
-    for size, w in zip(layout.sizes, weights):
+    for size, w in zip(layout.sizes, weights, strict=True):
         assert abs(size - numel * w / total) < 1  # largest remainder: within one element
     assert list(layout.sizes) == hamilton(numel, weights)  # the exact-arithmetic reference
 
@@ -71,7 +71,7 @@ def test_3_to_1_gives_75_and_25_percent():
 def test_slices_by_hand(numel, weights, sizes):
     """Slice sizes and bounds worked out by hand (largest remainder, ties to the lower rank)."""
     starts = tuple(itertools.accumulate(sizes, initial=0))
-    assert ShardLayout.proportional(numel, weights).bounds == tuple(zip(starts, starts[1:]))
+    assert ShardLayout.proportional(numel, weights).bounds == tuple(itertools.pairwise(starts))
 
 
 @pytest.mark.parametrize("bounds", [(), ((1, 4),), ((0, 4), (5, 6)), ((0, 4), (4, 3))])
@@ -151,7 +151,7 @@ def _uneven(rank: int, world: int) -> dict:
                 p.grad = total[offset : offset + p.numel()].view_as(p).clone()
                 offset += p.numel()
             ref.step()
-        out["step_equal"][wname] = all(torch.equal(a, b) for a, b in zip(sharded.params, ref_params))
+        out["step_equal"][wname] = all(torch.equal(a, b) for a, b in zip(sharded.params, ref_params, strict=True))
     return out
 
 
@@ -187,9 +187,11 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
                 offset += p.numel()
             ref.step()
             results[f"{oname}/{wname}"] = {
-                "param_err": max(relative_error(a, b) for a, b in zip(params, ref_params)),
-                "state_err": max(relative_error(a[k], b[k]) for a, b in zip(full, ref_state) for k in b if b[k].dim()),
-                "state_keys_equal": all(sorted(a) == sorted(b) for a, b in zip(full, ref_state)),
+                "param_err": max(relative_error(a, b) for a, b in zip(params, ref_params, strict=True)),
+                "state_err": max(
+                    relative_error(a[k], b[k]) for a, b in zip(full, ref_state, strict=True) for k in b if b[k].dim()
+                ),
+                "state_keys_equal": all(sorted(a) == sorted(b) for a, b in zip(full, ref_state, strict=True)),
                 "state_numel": state_numel(sharded.optimizer),
                 "slice": layout.sizes[rank],
                 "per_element_state": sum(1 for v in ref_state[0].values() if v.dim()),
@@ -267,7 +269,7 @@ def test_memory_3_to_1_with_batch_3_to_1_matches_one_process(tmp_path):
     names = sorted(ref)
     flat = torch.cat([state["model"][k].reshape(-1) for k in names])
     assert relative_error(flat, torch.cat([ref[k].reshape(-1) for k in names])) <= 1e-6
-    assert max(abs(a - b) / abs(b) for a, b in zip(run.losses, losses)) <= 1e-6
+    assert max(abs(a - b) / abs(b) for a, b in zip(run.losses, losses, strict=True)) <= 1e-6
 
     reports = _state_reports(tmp_path / "r", 2)
     n = reports[0]["param_numel"]
@@ -308,6 +310,6 @@ def test_resume_on_three_ranks_with_other_memory_weights(tmp_path):
     names = sorted(ref)
     flat = torch.cat([state["model"][k].reshape(-1) for k in names])
     assert relative_error(flat, torch.cat([ref[k].reshape(-1) for k in names])) <= 1e-6
-    assert max(abs(a - b) / abs(b) for a, b in zip(run.losses, losses)) <= 1e-6
+    assert max(abs(a - b) / abs(b) for a, b in zip(run.losses, losses, strict=True)) <= 1e-6
     sizes = [r["slice"][1] - r["slice"][0] for r in _state_reports(tmp_path / "r", 3)]
     assert sizes == hamilton(sum(sizes), (1, 2, 1)) and sizes[1] > 1.9 * sizes[0]

@@ -71,7 +71,7 @@ def check_run(out: Path, reference: list[float]) -> None:
         }
     losses = json.loads((out / "losses.json").read_text())["losses"]
     assert len(losses) == STEPS and losses[-1] < losses[0]
-    for step, (got, want) in enumerate(zip(losses, reference), 1):
+    for step, (got, want) in enumerate(zip(losses, reference, strict=True), 1):
         assert abs(got - want) <= 1e-5 * abs(want), f"step {step}: {got} != {want}"
 
 

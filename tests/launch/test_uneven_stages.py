@@ -37,7 +37,7 @@ def test_uneven_stages_match_single_process(tmp_path, reference, name):
     losses = train(plan, tmp_path / "losses.json", STEPS, *FLAGS, "--report", str(tmp_path / "ranks")).losses
 
     assert len(losses) == STEPS and losses[-1] < losses[0]
-    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
+    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, reference, strict=True))
     assert worst <= 1e-5, f"losses differ from the single-process reference by {worst:.2e} (relative)"
     n = plan["pp"] * plan["dp"] * plan["tp"]
     for rank in range(n):
@@ -67,5 +67,5 @@ def test_resume_under_another_stage_split(tmp_path, reference):
     train({**first, **common}, tmp_path / "a.json", 3, *FLAGS)
     resumed = train({**then, **common}, tmp_path / "b.json", STEPS, *FLAGS)
     assert resumed.printed == [4, 5, 6]  # really resumed, not started over
-    worst = max(abs(a - b) / abs(b) for a, b in zip(resumed.losses, reference))
+    worst = max(abs(a - b) / abs(b) for a, b in zip(resumed.losses, reference, strict=True))
     assert len(resumed.losses) == STEPS and worst <= 1e-5, (resumed.losses, reference)

@@ -60,7 +60,7 @@ def test_dp3_trains_bitwise_like_dp_1_2_4(runs):
         assert same_state(checkpoint_state(d / "ckpt"), state3), f"dp={dp}"
     # one plain process on whole batches: the same up to rounding
     ref = reference_losses(GPTConfig(**SHAPE), TrainConfig(dtype="float64"), STEPS, virtual_workers=V)
-    assert max(abs(a - b) / abs(b) for a, b in zip(run3.losses, ref)) < 1e-13
+    assert max(abs(a - b) / abs(b) for a, b in zip(run3.losses, ref, strict=True)) < 1e-13
 
 
 def test_resume_at_dp3_from_a_dp2_checkpoint(runs, tmp_path):

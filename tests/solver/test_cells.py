@@ -223,7 +223,7 @@ def test_a_frontier_scaled_per_type_prunes_as_the_scaled_estimates(items, factor
     one factor per GPU type (times of a quarter, so products stay exact)
     commutes with steps 1-3, and step 4 then keeps the same cells."""
     es = ests(items, 0.25)
-    f = dict(zip("abc", factors))
+    f = dict(zip("abc", factors, strict=True))
 
     def scaled(e: Estimate) -> Estimate:
         return dataclasses.replace(e, iter_time_s=e.iter_time_s * f[e.cell.gpu_type])

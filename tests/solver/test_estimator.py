@@ -45,7 +45,7 @@ def layer_recs(
 ) -> list[LayerRecord]:
     return [
         LayerRecord(sig, gpu, tp, mb, i, "block", t * 0.25, t * 0.75, p, a, 1500)
-        for i, (t, p, a) in enumerate(zip(times, params, acts))
+        for i, (t, p, a) in enumerate(zip(times, params, acts, strict=True))
     ]
 
 
@@ -531,7 +531,7 @@ def test_analytic_search_finds_fastest_and_memory_falls_with_micro_batches(shape
         by_degree.setdefault((p.dp, p.tp), []).append((p.micro_batches, mem))
     for seq_ in by_degree.values():
         mems = [mem for _, mem in sorted(seq_)]
-        assert all(b <= a * (1 + 1e-12) for a, b in zip(mems, mems[1:]))
+        assert all(b <= a * (1 + 1e-12) for a, b in itertools.pairwise(mems))
 
 
 # ---- cost-model pieces ---------------------------------------------------------------
@@ -579,7 +579,7 @@ def test_balanced_sizes_is_optimal(weights, pp):
 
     def worst(cuts):
         bounds = [0, *cuts, len(weights)]
-        return max(sum(weights[a:b]) for a, b in zip(bounds, bounds[1:]))
+        return max(sum(weights[a:b]) for a, b in itertools.pairwise(bounds))
 
     brute = min(worst(c) for c in itertools.combinations(range(1, len(weights)), pp - 1))
     got = worst(list(itertools.accumulate(sizes))[:-1])

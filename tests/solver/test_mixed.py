@@ -15,7 +15,7 @@ from solver.estimator import Estimator
 from solver.mixed import OPTIONAL_PER_CELL, MixedEstimator, mixed_cell, parse_key, split_batch, stages_per_part
 from solver.mixed.dp import part_step
 from solver.models import ModelSpec, get_model
-from solver.placement import PlanError, validate_plan
+from solver.placement import PlacementError, validate_plan
 from solver.placement.candidates import fits
 from solver.policies.cellsched import CellschedPolicy, FreeNow
 from solver.profiles.records import GpuSpec
@@ -252,11 +252,11 @@ def test_mixed_placements_are_checked_per_type():
     wrong = Placement("j", cell, (("n4", 2), ("n1", 2), ("n6", 2)), plan, 1.0)
     assert fits(cl, good) and not fits(cl, wrong)
     validate_plan(cl, {"j": good})
-    with pytest.raises(PlanError):
+    with pytest.raises(PlacementError):
         validate_plan(cl, {"j": wrong})
-    with pytest.raises(PlanError):
+    with pytest.raises(PlacementError):
         validate_plan(cl, {"j": Placement("j", cell, (("n4", 2), ("n6", 2), ("n2", 2)), plan, 1.0)})
-    assert math.isclose(sum(s * n for s, n in zip(plan.shares, (2, 4))), 24)
+    assert math.isclose(sum(s * n for s, n in zip(plan.shares, (2, 4), strict=True)), 24)
 
 
 # ---- issue 15: more types, cells that pay, sharded state, pipelines across types ----------------------------
@@ -279,8 +279,8 @@ def test_mixed_keys_with_pipelines_and_more_types():
 def brute_units(units, ranks, cost):
     best = None
     for us in itertools.product(*(range(1, units // r + 1) for r in ranks)):
-        if sum(r * u for r, u in zip(ranks, us)) == units:
-            worst = max(u * c for u, c in zip(us, cost))
+        if sum(r * u for r, u in zip(ranks, us, strict=True)) == units:
+            worst = max(u * c for u, c in zip(us, cost, strict=True))
             best = worst if best is None else min(best, worst)
     return best
 
@@ -294,8 +294,8 @@ def test_split_batch_over_three_and_more_parts_matches_brute_force(ranks, cost):
         assert (got is None) == (want is None), batch
         if got is not None:
             shares, m = got
-            assert m == 1 and sum(r * s for r, s in zip(ranks, shares)) == batch and min(shares) >= 1
-            assert max(s * c for s, c in zip(shares, cost)) == pytest.approx(want, rel=1e-12), batch
+            assert m == 1 and sum(r * s for r, s in zip(ranks, shares, strict=True)) == batch and min(shares) >= 1
+            assert max(s * c for s, c in zip(shares, cost, strict=True)) == pytest.approx(want, rel=1e-12), batch
 
 
 def test_cells_that_may_pay_are_enumerated_bounded():
@@ -393,7 +393,10 @@ def test_mixed_state_sharded_by_free_memory(estimator):
     # the cell's whole state fits the free memory of its ranks, and no more than that is claimed
     ranks = [4 // e.plan.tp, 8 // e.plan.tp]
     assert e.state_gb <= max(free100, free40) + 1e-9
-    assert sum(r * f for r, f in zip(ranks, e.plan.state_shares)) >= e.state_gb * sum(ranks) / max(ranks) - 1e-9
+    assert (
+        sum(r * f for r, f in zip(ranks, e.plan.state_shares, strict=True))
+        >= e.state_gb * sum(ranks) / max(ranks) - 1e-9
+    )
     # a cell that fits replicated stays replicated
     ok = estimator.estimate(job("gpt-2.7b", gpu_types=None), cell)
     assert ok.feasible and not ok.plan.sharded
@@ -414,7 +417,7 @@ def test_three_types_as_data_parallel_groups(estimator):
     assert sum(2 * s for s in e.plan.shares) == 24  # two dp ranks per part
     parts = [estimator.estimate(job(gpu_types=None, min_gpus=2), Cell(t, 1, 2, 1)) for t, _ in cell.parts]
     per_sample = [p.iter_time_s * 2 / 24 for p in parts]
-    compute = max(s * c for s, c in zip(e.plan.shares, per_sample))
+    compute = max(s * c for s, c in zip(e.plan.shares, per_sample, strict=True))
     assert compute == pytest.approx(brute_units(24, (2, 2, 2), per_sample), rel=1e-12)
 
 
@@ -489,22 +492,24 @@ def test_split_batch_with_micro_batch_costs_and_a_sync_of_the_most_virtual_worke
         whole = [
             us
             for us in itertools.product(*(range(1, batch // m // r + 1) for r in ranks))
-            if sum(r * u for r, u in zip(ranks, us)) * m == batch
+            if sum(r * u for r, u in zip(ranks, us, strict=True)) * m == batch
         ]
-        want = min(max(u * m * c + m * f for u, c, f in zip(us, cost, fixed)) for us in whole)
+        want = min(max(u * m * c + m * f for u, c, f in zip(us, cost, fixed, strict=True)) for us in whole)
         (shares, got_m) = got
-        assert got_m == m and max(s * c + m * f for s, c, f in zip(shares, cost, fixed)) == pytest.approx(want)
+        assert got_m == m and max(s * c + m * f for s, c, f in zip(shares, cost, fixed, strict=True)) == pytest.approx(
+            want
+        )
         for vw in (v for v in (6, 12) if batch % v == 0 and v >= sum(ranks)):
             per = batch // vw  # with V: whole virtual workers of `per` samples, 1 micro-batch each
             got = split_batch(batch, ranks, cost, 1, vw, fixed, sync)
             units = [
                 us
                 for us in itertools.product(*(range(1, vw // r + 1) for r in ranks))
-                if sum(r * u for r, u in zip(ranks, us)) == vw
+                if sum(r * u for r, u in zip(ranks, us, strict=True)) == vw
             ]
 
-            def total(us):
-                return max(u * (per * c + f) for u, c, f in zip(us, cost, fixed)) + sync(max(us))
+            def total(us, per=per):
+                return max(u * (per * c + f) for u, c, f in zip(us, cost, fixed, strict=True)) + sync(max(us))
 
             (shares, _) = got
             assert total([s // per for s in shares]) == pytest.approx(min(total(us) for us in units)), (batch, vw)

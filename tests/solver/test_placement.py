@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from solver.models import ModelSpec, get_model
-from solver.placement import Option, PlanError, Space, place_jobs, validate_plan
+from solver.placement import Option, PlacementError, Space, place_jobs, validate_plan
 from solver.placement.cpsat import solve_cpsat
 from solver.placement.lp import integral_jobs, solve_lp
 from solver.placement.model import build
@@ -329,7 +329,7 @@ def test_validate_plan_rejects_violations():
         "plan size": {"j": Placement("j", Cell("a100", 1, 4), (("a", 4),), ParallelPlan(1, 2, 1), 1.0)},
     }
     for what, placements in bad.items():
-        with pytest.raises(PlanError):
+        with pytest.raises(PlacementError):
             validate_plan(cluster, placements)
             pytest.fail(what)
 

@@ -44,7 +44,7 @@ def profile(gpu: str, embed_s: float = 0.1, head_s: float = 0.1) -> list[LayerRe
     recs = [LayerRecord(HAND.signature, gpu, 1, 2, 0, "embed", embed_s * 0.25, embed_s * 0.75, 0, 10, 1500)]
     recs += [
         LayerRecord(HAND.signature, gpu, 1, 2, i + 1, "block", t * 0.25, t * 0.75, p, 200, 1500)
-        for i, (t, p) in enumerate(zip(TIMES, PARAMS))
+        for i, (t, p) in enumerate(zip(TIMES, PARAMS, strict=True))
     ]
     recs.append(LayerRecord(HAND.signature, gpu, 1, 2, 5, "head", head_s * 0.25, head_s * 0.75, 0, 10, 1500))
     return recs
@@ -120,10 +120,10 @@ def test_stage_layers_for_respects_caps_and_sums(weights, data):
             stage_layers_for(num_layers, weights, caps)
         return
     out = stage_layers_for(num_layers, weights, caps)
-    assert sum(out) == num_layers and all(1 <= k <= c for k, c in zip(out, caps))
+    assert sum(out) == num_layers and all(1 <= k <= c for k, c in zip(out, caps, strict=True))
     if all(c >= num_layers for c in caps):  # no cap binds: within one layer of the proportional quota
         quota = [num_layers * w / sum(weights) for w in weights]
-        assert all(k >= 1 and (k <= q + 1 or k == 1) for k, q in zip(out, quota))
+        assert all(k >= 1 and (k <= q + 1 or k == 1) for k, q in zip(out, quota, strict=True))
 
 
 def test_stage_layers_for_by_hand():
@@ -250,7 +250,7 @@ def test_estimate_is_replicated_unless_sharding_fits_alone_or_clearly_faster(tim
     s.put_layers(
         [
             LayerRecord(HAND.signature, "r", 1, 2, i, "block", t * 0.25, t * 0.75, p, 200, 1500)
-            for i, (t, p) in enumerate(zip(times, PARAMS))
+            for i, (t, p) in enumerate(zip(times, PARAMS, strict=True))
         ]
     )
     est = Estimator(s)

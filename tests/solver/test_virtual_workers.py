@@ -232,7 +232,7 @@ def test_mixed_shares_are_whole_virtual_workers(shipped, vw):
     e = shipped.estimate(j, cell)
     assert e.feasible and e.plan.dp == 6 and e.plan.tp == 1
     ranks = (2, 4)
-    per_rank = [s for s, r in zip(e.plan.shares, ranks) for _ in range(r)]
+    per_rank = [s for s, r in zip(e.plan.shares, ranks, strict=True) for _ in range(r)]
     assert sum(per_rank) == 24 and all(s % (24 // vw) == 0 for s in per_rank)
     units = tuple(s * vw // 24 for s in per_rank)
     assert sum(units) == vw and min(units) >= 1
@@ -243,7 +243,7 @@ def test_mixed_shares_are_whole_virtual_workers(shipped, vw):
     subs = [shipped.estimate(free, Cell(t, n, 2, 1)) for t, n in cell.parts]
     steps = [part_step(shipped.inner, free, sub) for sub in subs]
     m = e.plan.micro_batches
-    compute = max(p.compute_s(s, s * vw // 24 * m) for s, p in zip(e.plan.shares, steps))
+    compute = max(p.compute_s(s, s * vw // 24 * m) for s, p in zip(e.plan.shares, steps, strict=True))
     assert compute < e.iter_time_s < compute + 0.01
     assert shipped.estimate(free, cell) is not e
 

@@ -118,7 +118,7 @@ class Trainer:
         loss = torch.zeros((), dtype=self.dtype, device=self.ctx.device)
         m = self.ctx.plan.micro_batches
         if self.schedule is None:
-            for xm, ym in zip(x.chunk(m), y.chunk(m)):
+            for xm, ym in zip(x.chunk(m), y.chunk(m), strict=True):
                 part = self._loss_fn(self.stage(xm), ym)
                 part.backward()
                 loss += part.detach()
@@ -140,7 +140,7 @@ class Trainer:
         """One optimizer step; returns the global loss (same value on every rank)."""
         ctx = self.ctx
         batch = global_batch(self.vws, self.tc.global_batch, self.cfg, self.tc.seed)
-        grads, losses = zip(*(self._unit_grad(u) for u in self._units(batch)))
+        grads, losses = zip(*(self._unit_grad(u) for u in self._units(batch)), strict=True)
         if self.sharded is not None:
             self.sharded.step(grads, self.unit_counts)
         else:
@@ -187,7 +187,7 @@ class Trainer:
             per_param = self.sharded.full_optimizer_state()  # collective over dp
         else:
             per_param = [self.optimizer.state.get(p, {}) for p in self.params]
-        for name, p, st in zip(self.names, self.params, per_param):
+        for name, p, st in zip(self.names, self.params, per_param, strict=True):
             model[name] = self._full(name, p)
             optim[name] = {
                 k: self._full(name, v) if torch.is_tensor(v) and v.shape == p.shape else v for k, v in st.items()
@@ -225,7 +225,7 @@ class Trainer:
         ctx = self.ctx
         per_param = []
         with torch.no_grad():
-            for name, p in zip(self.names, self.params):
+            for name, p in zip(self.names, self.params, strict=True):
                 p.copy_(slice_full(state["model"][name], self.dims[name], ctx.tp_rank, ctx.tp))
                 per_param.append(
                     {
@@ -238,9 +238,9 @@ class Trainer:
         if self.sharded is not None:
             self.sharded.load_full_optimizer_state(per_param)  # this rank's slice of it
         else:
-            for p, st in zip(self.params, per_param):
+            for p, st in zip(self.params, per_param, strict=True):
                 self.optimizer.state[p] = st
-        for vw, s in zip(self.vws, state["virtual_workers"]):
+        for vw, s in zip(self.vws, state["virtual_workers"], strict=True):
             vw.load_state_dict(s)
         self.step, self.losses = int(state["step"]), list(state["losses"])
 

@@ -56,7 +56,7 @@ def test_a_restart_never_starts_in_the_second_its_job_ended_in(slurm_cluster, tm
         )
         try:
             first = wait_until(
-                lambda: (lambda j: j if j is not None and j.finished else None)(backend.job(job_id)),
+                lambda job_id=job_id: (lambda j: j if j is not None and j.finished else None)(backend.job(job_id)),
                 timeout=60,
                 what=f"job {job_id}'s first run to end",
                 interval=0.01,
@@ -74,7 +74,7 @@ def test_a_restart_never_starts_in_the_second_its_job_ended_in(slurm_cluster, tm
             ended_at = first.end_time if first.end_time is not None else released_at
             inside += math.floor(released_at) == math.floor(ended_at)
             done = wait_until(
-                lambda: (lambda j: j if j is not None and j.finished and j.exit_code != 75 else None)(
+                lambda job_id=job_id: (lambda j: j if j is not None and j.finished and j.exit_code != 75 else None)(
                     backend.job(job_id)
                 ),
                 timeout=60,

@@ -54,7 +54,7 @@ def table_columns(table: str) -> dict[str, dict[str, str]]:
     out = {}
     for line in lines[1:]:
         cells = line.split(maxsplit=len(HEAD) - 1)
-        out[cells[0]] = dict(zip(HEAD, cells + [""] * (len(HEAD) - len(cells))))
+        out[cells[0]] = dict(zip(HEAD, cells + [""] * (len(HEAD) - len(cells)), strict=True))
     return out
 
 
