@@ -63,7 +63,7 @@ from slurm_ext.controller.progress import default_checkpoint_dir
 from slurm_ext.state import HistoryEvent, PlanRow, PlanStatus, StateStore
 from solver import contract
 from solver.mixed import stage_layers_in_order, task_stage_types
-from solver.placement import PlanError, validate_plan
+from solver.placement import PlacementError, validate_plan
 from solver.plan import JobPlan
 from solver.types import ClusterView, Placement
 
@@ -195,7 +195,7 @@ def state_fields(p: Placement, view: ClusterView | None, nodes: tuple[str, ...])
         if layers is not None:
             stage_types = task_stage_types(cell, plan, [types[n] for n in nodes])
             if stage_types is None:
-                raise PlanError(f"{cell.key()}: a pipeline stage would span GPU types on nodes {list(nodes)}")
+                raise PlacementError(f"{cell.key()}: a pipeline stage would span GPU types on nodes {list(nodes)}")
             layers = stage_layers_in_order(cell, layers, stage_types)
         if plan.sharded:
             sharding = "memory"
@@ -272,7 +272,7 @@ def checked(
     try:
         validate_plan(view, placements)
         return dict(placements), {}
-    except PlanError:
+    except PlacementError:
         pass
     ok: dict[str, Placement] = {}
     rejected: dict[str, str] = {}
@@ -280,7 +280,7 @@ def checked(
         try:
             validate_plan(view, {**ok, job_id: p})
             ok[job_id] = p
-        except PlanError as exc:
+        except PlacementError as exc:
             rejected[job_id] = f"plan rejected: {exc}"
     return ok, rejected
 

@@ -8,8 +8,4 @@ from solver.placement.joint import Result, place_jobs
 from solver.placement.space import Space
 from solver.placement.validate import PlacementError, validate_plan
 
-#: the old name of PlacementError, kept while slurm_ext.controller.reconcile (and
-#: its tests) import it; it is not solver.plan.PlanError
-PlanError = PlacementError
-
 __all__ = ["Option", "PlacementError", "Result", "Space", "job_options", "place_jobs", "split_fixed", "validate_plan"]

@@ -112,7 +112,7 @@ def test_pipeline_across_types_gets_the_split_for_its_task_order():
 def test_a_pipeline_stage_spanning_types_in_task_order_is_rejected():
     """Stages of 4 GPUs on 2-GPU nodes: in the cluster's order a40 a10 a40 a10 the first stage
     would hold an a40 and an a10 node; in the order a40 a40 a10 a10 every stage is one type."""
-    from solver.placement import PlanError, validate_plan
+    from solver.placement import PlacementError, validate_plan
 
     cell = mixed_cell((("a10", 2), ("a40", 2)), 2, 2)
     plan = ParallelPlan(2, 4, 1, 1, stage_layers=(2, 2))
@@ -124,5 +124,5 @@ def test_a_pipeline_stage_spanning_types_in_task_order_is_rejected():
     interleaved = ClusterView(
         tuple(NodeView(n, t, 2, 2) for n, t in (("m1", "a40"), ("m2", "a10"), ("m3", "a40"), ("m4", "a10")))
     )
-    with pytest.raises(PlanError, match="span GPU types"):
+    with pytest.raises(PlacementError, match="span GPU types"):
         validate_plan(interleaved, {"7": p})
