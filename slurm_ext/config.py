@@ -8,7 +8,7 @@ Sections: ``[controller]`` (ControllerConfig), ``[solver]``
 unknown section or key is an error that names it.
 
 Every field carries its documentation where it is declared
-(``field(..., metadata={"doc": ...})``); ``python -m slurm_ext.config
+(``knob(default, doc)``, solver.types: its ``metadata["doc"]``); ``python -m slurm_ext.config
 --markdown > docs/config.md`` writes the reference page from them
 (tests/slurm_ext/test_config_docs.py checks that the page is current).
 etc/cellsched.toml is an example with the defaults.
@@ -34,7 +34,7 @@ from typing import Any
 from slurm_ext.errors import CellschedError
 from solver.hostlist import expand_hostlist
 from solver.network import default_nic_gbps
-from solver.types import SolverConfig
+from solver.types import SolverConfig, knob, knob_factory
 
 DEFAULT_PATH = "/etc/cellsched/cellsched.toml"
 ENV_VAR = "CELLSCHED_CONFIG"
@@ -50,174 +50,126 @@ class ControllerConfig:
     in Slurm, how it moves jobs and reads their progress, and the lease that
     an active and a standby controller share."""
 
-    backend: str = field(
-        default="cli",
-        metadata={"doc": 'Slurm backend: "cli" (Slurm\'s commands), "pyslurm", or "auto" (pyslurm when it imports).'},
+    backend: str = knob(
+        "cli", 'Slurm backend: "cli" (Slurm\'s commands), "pyslurm", or "auto" (pyslurm when it imports).'
     )
-    policy: str = field(
-        default="cellsched",
-        metadata={
-            "doc": "Scheduling policy (solver.policies.POLICIES): cellsched, cellsched-static, fcfs, fcfs-backfill, "
-            "gavel, sia, srsf-avoid, srsf-accept, ada-srsf."
-        },
+    policy: str = knob(
+        "cellsched",
+        "Scheduling policy (solver.policies.POLICIES): cellsched, cellsched-static, fcfs, fcfs-backfill, "
+        "gavel, sia, srsf-avoid, srsf-accept, ada-srsf.",
     )
-    interval_s: float = field(default=60.0, metadata={"doc": "Seconds between rounds (> 0)."})
-    watch_s: float = field(
-        default=5.0,
-        metadata={
-            "doc": "How often (s, > 0) a cheap look at Slurm checks for new or ended jobs, and for a touched "
-            "kick_file, which start a round early."
-        },
+    interval_s: float = knob(60.0, "Seconds between rounds (> 0).")
+    watch_s: float = knob(
+        5.0,
+        "How often (s, > 0) a cheap look at Slurm checks for new or ended jobs, and for a touched "
+        "kick_file, which start a round early.",
     )
-    min_gap_s: float = field(
-        default=2.0, metadata={"doc": "The least time (s, >= 0) between the starts of two rounds."}
+    min_gap_s: float = knob(2.0, "The least time (s, >= 0) between the starts of two rounds.")
+    slurm_timeout_s: float = knob(10.0, "Timeout (s, > 0) of every Slurm command.")
+    slurm_workers: int = knob(
+        4,
+        "Carrying a round out with the cli backend: this many `scontrol update`s at a time (>= 1; "
+        "slurmctld takes job updates one at a time, so more only queue).",
     )
-    slurm_timeout_s: float = field(default=10.0, metadata={"doc": "Timeout (s, > 0) of every Slurm command."})
-    slurm_workers: int = field(
-        default=4,
-        metadata={
-            "doc": "Carrying a round out with the cli backend: this many `scontrol update`s at a time (>= 1; "
-            "slurmctld takes job updates one at a time, so more only queue)."
-        },
+    apply_batch: int = knob(
+        1000,
+        "Carrying a round out: its placements go to Slurm this many jobs per step (>= 1; journal, hold, "
+        "update, release: one call or transaction per step).",
     )
-    apply_batch: int = field(
-        default=1000,
-        metadata={
-            "doc": "Carrying a round out: its placements go to Slurm this many jobs per step (>= 1; journal, hold, "
-            "update, release: one call or transaction per step)."
-        },
+    apply_budget_s: float = knob(
+        30.0,
+        "A round that has applied placements for this long (s, > 0) journals the rest, and the next "
+        "round carries them out (the systemd watchdog is 300 s).",
     )
-    apply_budget_s: float = field(
-        default=30.0,
-        metadata={
-            "doc": "A round that has applied placements for this long (s, > 0) journals the rest, and the next "
-            "round carries them out (the systemd watchdog is 300 s)."
-        },
+    state_path: str = knob(
+        "/var/lib/cellsched/state.sqlite",
+        "The controller's state (SQLite, WAL): accepted specs, plans, rounds. Not empty; on local disk "
+        "(with two controllers too: see lease_path).",
     )
-    state_path: str = field(
-        default="/var/lib/cellsched/state.sqlite",
-        metadata={
-            "doc": "The controller's state (SQLite, WAL): accepted specs, plans, rounds. Not empty; on local disk "
-            "(with two controllers too: see lease_path)."
-        },
+    profiles_path: str = knob(
+        "", 'Profile store; "" = $CELLSCHED_PROFILES, else ~/.local/share/cellsched/profiles.sqlite.'
     )
-    profiles_path: str = field(
-        default="",
-        metadata={"doc": 'Profile store; "" = $CELLSCHED_PROFILES, else ~/.local/share/cellsched/profiles.sqlite.'},
+    kick_file: str = knob(
+        "/run/cellsched/kick",
+        "Touching this file starts a round early (the watch, every watch_s, sees it); `cellsched sbatch` may touch it.",
     )
-    kick_file: str = field(
-        default="/run/cellsched/kick",
-        metadata={
-            "doc": "Touching this file starts a round early (the watch, every watch_s, sees it); `cellsched sbatch` "
-            "may touch it."
-        },
+    checkpoint_root: str = knob(
+        "/tmp/cellsched",
+        "Checkpoint directory root for jobs whose working directory is unknown "
+        "(`<root>/<user>/<job id>`; otherwise `<work dir>/.cellsched/<job id>`).",
     )
-    checkpoint_root: str = field(
-        default="/tmp/cellsched",
-        metadata={
-            "doc": "Checkpoint directory root for jobs whose working directory is unknown "
-            "(`<root>/<user>/<job id>`; otherwise `<work dir>/.cellsched/<job id>`)."
-        },
+    max_cell_failures: int = knob(
+        2,
+        "A cell whose apply, or a run in it, failed this many times (>= 1) for a job is not tried again for that job.",
     )
-    max_cell_failures: int = field(
-        default=2,
-        metadata={
-            "doc": "A cell whose apply, or a run in it, failed this many times (>= 1) for a job is not tried again "
-            "for that job."
-        },
+    max_relaunches: int = knob(
+        3,
+        "A job whose run ends before its first step (a launch failure, a revoked credential, a crash at "
+        "start-up) is requeued from its checkpoint and placed again, at most this many times (>= 0); then it is "
+        "left to end FAILED with a reason. A job that has trained is never failed: once its runs have failed "
+        "more than this many times in a row since it last trained, it is parked: requeued held (a user hold, "
+        "`scontrol requeuehold`), with the reason in `cellsched status` and the log, and left held until its "
+        "user (or an operator) releases it with `scontrol release JOBID`; then it is managed again and its "
+        "count starts over (slurm_ext.controller.relaunch).",
     )
-    max_relaunches: int = field(
-        default=3,
-        metadata={
-            "doc": "A job whose run ends before its first step (a launch failure, a revoked credential, a crash at "
-            "start-up) is requeued from its checkpoint and placed again, at most this many times (>= 0); then it is "
-            "left to end FAILED with a reason. A job that has trained is never failed: once its runs have failed "
-            "more than this many times in a row since it last trained, it is parked: requeued held (a user hold, "
-            "`scontrol requeuehold`), with the reason in `cellsched status` and the log, and left held until its "
-            "user (or an operator) releases it with `scontrol release JOBID`; then it is managed again and its "
-            "count starts over (slurm_ext.controller.relaunch)."
-        },
+    checkpoint_wait_s: float = knob(
+        60.0,
+        "Moving a running elastic job (one submitted --elastic): it is signalled (SIGUSR1 to its steps: "
+        "cellsched-launch checkpoints and exits 75); the round waits up to this long (s, >= 0) for that, "
+        "polling every checkpoint_poll_s, then requeues it held, updates it and releases it.",
     )
-    checkpoint_wait_s: float = field(
-        default=60.0,
-        metadata={
-            "doc": "Moving a running elastic job (one submitted --elastic): it is signalled (SIGUSR1 to its steps: "
-            "cellsched-launch checkpoints and exits 75); the round waits up to this long (s, >= 0) for that, "
-            "polling every checkpoint_poll_s, then requeues it held, updates it and releases it."
-        },
+    checkpoint_timeout_s: float = knob(
+        600.0,
+        "A job being moved that is still running this long (s, > 0) after the signal is requeued anyway "
+        "(Slurm's SIGTERM makes the launcher checkpoint too).",
     )
-    checkpoint_timeout_s: float = field(
-        default=600.0,
-        metadata={
-            "doc": "A job being moved that is still running this long (s, > 0) after the signal is requeued anyway "
-            "(Slurm's SIGTERM makes the launcher checkpoint too)."
-        },
+    checkpoint_poll_s: float = knob(1.0, "How often (s, > 0) the round looks whether a signalled job has checkpointed.")
+    read_timeout_s: float = knob(
+        0.5,
+        "A job's progress file lies in the user's directory and is never trusted: it is read only if it "
+        "is a regular file of the job's user (no FIFO, no symbolic link, at most 64 KiB), within this "
+        "time (s, > 0).",
     )
-    checkpoint_poll_s: float = field(
-        default=1.0, metadata={"doc": "How often (s, > 0) the round looks whether a signalled job has checkpointed."}
+    read_budget_s: float = knob(
+        5.0, "All of a round's progress-file reads within this time (s, > 0); the jobs over the budget are estimated."
     )
-    read_timeout_s: float = field(
-        default=0.5,
-        metadata={
-            "doc": "A job's progress file lies in the user's directory and is never trusted: it is read only if it "
-            "is a regular file of the job's user (no FIFO, no symbolic link, at most 64 KiB), within this "
-            "time (s, > 0)."
-        },
+    progress_rate_factor: float = knob(
+        10.0,
+        "A job's reported progress may run at most this many times (>= 1) faster than its cell's "
+        "estimate (estimates from profiles of other machines can be a few times off); beyond that it is "
+        "ignored: the job is scheduled on the estimate and its status says so (docs/security.md).",
     )
-    read_budget_s: float = field(
-        default=5.0,
-        metadata={
-            "doc": "All of a round's progress-file reads within this time (s, > 0); the jobs over the budget are "
-            "estimated."
-        },
+    max_restart_cost_s: float = knob(
+        1800.0, "A measured restart (signal to first step) counts at most this long (s, > 0)."
     )
-    progress_rate_factor: float = field(
-        default=10.0,
-        metadata={
-            "doc": "A job's reported progress may run at most this many times (>= 1) faster than its cell's "
-            "estimate (estimates from profiles of other machines can be a few times off); beyond that it is "
-            "ignored: the job is scheduled on the estimate and its status says so (docs/security.md)."
-        },
+    failsafe_after_s: float = knob(
+        600.0,
+        "The fail-safe (`cellsched failsafe`, etc/cellsched-failsafe.timer; slurm_ext.failsafe): once no "
+        "controller round has completed for this long (s, > 0), it releases the jobs the controller holds on "
+        "their static request (the GPU type and count the user asked for, else a conservative default) and "
+        "logs why; it stands down as soon as a round completes again. The default, 600 s: 10 rounds of the "
+        "default interval, and longer than the service's WatchdogSec (300 s) plus its restart, so a controller "
+        "that hangs or restarts comes back before the fail-safe acts.",
     )
-    max_restart_cost_s: float = field(
-        default=1800.0, metadata={"doc": "A measured restart (signal to first step) counts at most this long (s, > 0)."}
+    lease_path: str = knob(
+        "",
+        "Two controllers, active and standby (docs/controller.md; slurm_ext.controller.lease): the "
+        "lease file, the same for both hosts, on storage both mount (NFS is fine: the lease is a file replaced "
+        "whole and read back, no flock/fcntl lock), with state_path on local disk; add the lease's directory "
+        'to the unit\'s ReadWritePaths=. "" = one controller, no lease. A round begins only under the lease '
+        "and checks it again before each change to Slurm.",
     )
-    failsafe_after_s: float = field(
-        default=600.0,
-        metadata={
-            "doc": "The fail-safe (`cellsched failsafe`, etc/cellsched-failsafe.timer; slurm_ext.failsafe): once no "
-            "controller round has completed for this long (s, > 0), it releases the jobs the controller holds on "
-            "their static request (the GPU type and count the user asked for, else a conservative default) and "
-            "logs why; it stands down as soon as a round completes again. The default, 600 s: 10 rounds of the "
-            "default interval, and longer than the service's WatchdogSec (300 s) plus its restart, so a controller "
-            "that hangs or restarts comes back before the fail-safe acts."
-        },
+    lease_s: float = knob(
+        30.0,
+        "The active controller renews the lease every round (and every lease_s / 4 between); a standby "
+        "takes it once it has not been renewed for this long (s, > 0), trying every min(interval_s, "
+        "lease_s / 2): it acts within 1.5 lease_s + lease_settle_s of the active one's end (SIGKILL included). "
+        "The default is half the default interval_s.",
     )
-    lease_path: str = field(
-        default="",
-        metadata={
-            "doc": "Two controllers, active and standby (docs/controller.md; slurm_ext.controller.lease): the "
-            "lease file, the same for both hosts, on storage both mount (NFS is fine: the lease is a file replaced "
-            "whole and read back, no flock/fcntl lock), with state_path on local disk; add the lease's directory "
-            'to the unit\'s ReadWritePaths=. "" = one controller, no lease. A round begins only under the lease '
-            "and checks it again before each change to Slurm."
-        },
-    )
-    lease_s: float = field(
-        default=30.0,
-        metadata={
-            "doc": "The active controller renews the lease every round (and every lease_s / 4 between); a standby "
-            "takes it once it has not been renewed for this long (s, > 0), trying every min(interval_s, "
-            "lease_s / 2): it acts within 1.5 lease_s + lease_settle_s of the active one's end (SIGKILL included). "
-            "The default is half the default interval_s."
-        },
-    )
-    lease_settle_s: float = field(
-        default=1.0,
-        metadata={
-            "doc": "How long (s, > 0) a contender for the lease waits before reading its claim back: more than a write "
-            "to the shared storage takes, and at most lease_s / 4; the hosts' clocks must agree within it (NTP)."
-        },
+    lease_settle_s: float = knob(
+        1.0,
+        "How long (s, > 0) a contender for the lease waits before reading its claim back: more than a write "
+        "to the shared storage takes, and at most lease_s / 4; the hosts' clocks must agree within it (NTP).",
     )
 
     def __post_init__(self) -> None:
@@ -267,40 +219,27 @@ class NetworkConfig:
     (solver.network.NIC_GBPS_BY_TYPE, 100 Gb/s); `devcluster.sh network`
     prints this section for the dev cluster."""
 
-    modelled: bool = field(
-        default=True,
-        metadata={"doc": "false: no NICs at all (nothing is priced: every job as if alone on the network)."},
+    modelled: bool = knob(True, "false: no NICs at all (nothing is priced: every job as if alone on the network).")
+    nic_gbps: float = knob(
+        0.0, "Every node's NIC (Gb/s, >= 0) unless `nodes` or `nic_gbps_by_type` says otherwise; 0: unset."
     )
-    nic_gbps: float = field(
-        default=0.0,
-        metadata={
-            "doc": "Every node's NIC (Gb/s, >= 0) unless `nodes` or `nic_gbps_by_type` says otherwise; 0: unset."
-        },
+    nic_gbps_by_type: Mapping[str, float] = knob_factory(
+        dict,
+        "The NIC (Gb/s, > 0) of the nodes of a GPU type, unless `nodes` names the node: "
+        "`{ a100 = 200.0, a40 = 25.0 }`.",
     )
-    nic_gbps_by_type: Mapping[str, float] = field(
-        default_factory=dict,
-        metadata={
-            "doc": "The NIC (Gb/s, > 0) of the nodes of a GPU type, unless `nodes` names the node: "
-            "`{ a100 = 200.0, a40 = 25.0 }`."
-        },
+    nodes: Mapping[str, float] = knob_factory(
+        dict, 'The NIC (Gb/s, > 0) of the nodes of a hostlist: `{ "gpu[001-016]" = 10.0 }`.'
     )
-    nodes: Mapping[str, float] = field(
-        default_factory=dict,
-        metadata={"doc": 'The NIC (Gb/s, > 0) of the nodes of a hostlist: `{ "gpu[001-016]" = 10.0 }`.'},
+    racks: Mapping[str, str] = knob_factory(
+        dict,
+        'Racks: name = hostlist, `{ r1 = "gpu[001-008]", r2 = "gpu[009-016]" }`; a job spanning racks '
+        "sends one card's rate over each uplink it crosses (see uplink_gbps).",
     )
-    racks: Mapping[str, str] = field(
-        default_factory=dict,
-        metadata={
-            "doc": 'Racks: name = hostlist, `{ r1 = "gpu[001-008]", r2 = "gpu[009-016]" }`; a job spanning racks '
-            "sends one card's rate over each uplink it crosses (see uplink_gbps)."
-        },
-    )
-    uplink_gbps: Mapping[str, float] = field(
-        default_factory=dict,
-        metadata={
-            "doc": "The uplinks (Gb/s, > 0) of oversubscribed racks, by rack name (a rack of `racks`): "
-            "`{ r1 = 40.0, r2 = 40.0 }`; a rack not named here is not oversubscribed (its uplink never limits)."
-        },
+    uplink_gbps: Mapping[str, float] = knob_factory(
+        dict,
+        "The uplinks (Gb/s, > 0) of oversubscribed racks, by rack name (a rack of `racks`): "
+        "`{ r1 = 40.0, r2 = 40.0 }`; a rack not named here is not oversubscribed (its uplink never limits).",
     )
 
     def __post_init__(self) -> None:
@@ -359,8 +298,8 @@ class MetricsConfig:
     """[metrics]: the controller's Prometheus metrics, on
     ``http://ADDRESS:PORT/metrics`` (contrib/grafana/cellsched.json shows them)."""
 
-    port: int = field(default=9464, metadata={"doc": "TCP port of the metrics endpoint (0..65535); 0 = off."})
-    address: str = field(default="127.0.0.1", metadata={"doc": "Address the metrics endpoint listens on."})
+    port: int = knob(9464, "TCP port of the metrics endpoint (0..65535); 0 = off.")
+    address: str = knob("127.0.0.1", "Address the metrics endpoint listens on.")
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -371,8 +310,8 @@ class MetricsConfig:
 class LogConfig:
     """[log]: the controller's log, lines on stderr."""
 
-    format: str = field(default="json", metadata={"doc": '"json" (one object per line) or "text".'})
-    level: str = field(default="info", metadata={"doc": "The least level logged: debug, info, warning or error."})
+    format: str = knob("json", '"json" (one object per line) or "text".')
+    level: str = knob("info", "The least level logged: debug, info, warning or error.")
 
     def __post_init__(self) -> None:
         if self.format not in ("json", "text"):
@@ -529,7 +468,7 @@ def key_docs(section: str) -> list[tuple[str, str, str, str]]:
     for f in fields(cls):
         doc = " ".join(str(f.metadata.get("doc", "")).split())
         if not doc:
-            raise ValueError(f"{section}.{f.name} has no doc (field(..., metadata={{'doc': ...}}))")
+            raise ValueError(f"{section}.{f.name} has no doc (declare it with knob(default, doc))")
         type_name = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
         if type_name not in _TYPE_NAMES:
             raise ValueError(f"{section}.{f.name}: no TOML name for the type {type_name!r}")

@@ -9,13 +9,27 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from solver.models import ModelSpec
 from solver.network import Network
+
+_T = TypeVar("_T")
+
+
+def knob(default: _T, doc: str) -> _T:
+    """A config field and its documentation, kept at its declaration
+    (``metadata["doc"]``: `cellsched`'s config page, docs/config.md, is
+    generated from it)."""
+    return field(default=default, metadata={"doc": doc})
+
+
+def knob_factory(factory: Callable[[], _T], doc: str) -> _T:
+    """`knob` for a default made by `factory` (a mutable one)."""
+    return field(default_factory=factory, metadata={"doc": doc})
 
 
 @dataclass(frozen=True)
@@ -372,154 +386,106 @@ class SolverConfig:
     ``[solver]`` section of the controller's config (docs/config.md).
     """
 
-    time_limit_s: float = field(
-        default=1.0,
-        metadata={
-            "doc": "Wall-clock limit (s) of a round's solve (LP and CP-SAT): a safety net behind "
-            "deterministic_time; hitting it can change the plan."
-        },
+    time_limit_s: float = knob(
+        1.0,
+        "Wall-clock limit (s) of a round's solve (LP and CP-SAT): a safety net behind "
+        "deterministic_time; hitting it can change the plan.",
     )
-    workers: int = field(
-        default=2, metadata={"doc": "CP-SAT worker threads when deterministic is false (deterministic: one)."}
+    workers: int = knob(2, "CP-SAT worker threads when deterministic is false (deterministic: one).")
+    seed: int = knob(0, "CP-SAT's random seed.")
+    fairness_p: float = knob(
+        0.5,
+        "Fairness exponent p: a job's value grows with (T(j,c) / T_ref(j)) ** p, its throughput "
+        "relative to its smallest cell; with 0 < p < 1 extra GPUs give diminishing returns "
+        "(see solver.placement.objective).",
     )
-    seed: int = field(default=0, metadata={"doc": "CP-SAT's random seed."})
-    fairness_p: float = field(
-        default=0.5,
-        metadata={
-            "doc": "Fairness exponent p: a job's value grows with (T(j,c) / T_ref(j)) ** p, its throughput "
-            "relative to its smallest cell; with 0 < p < 1 extra GPUs give diminishing returns "
-            "(see solver.placement.objective)."
-        },
+    w_throughput: float = knob(1.0, "Objective weight of (normalised) throughput (solver.placement.objective).")
+    w_short_jobs: float = knob(
+        0.5,
+        "Objective weight of the bounded shortest-remaining-work bonus, on top of w_throughput "
+        "(solver.placement.objective).",
     )
-    w_throughput: float = field(
-        default=1.0, metadata={"doc": "Objective weight of (normalised) throughput (solver.placement.objective)."}
+    restart_penalty: float = knob(
+        1.0,
+        "Weight of a move's restart cost: a running job that changes cell or nodes is worth "
+        "1 - restart_penalty * restart cost / horizon of its value (see horizon_s).",
     )
-    w_short_jobs: float = field(
-        default=0.5,
-        metadata={
-            "doc": "Objective weight of the bounded shortest-remaining-work bonus, on top of w_throughput "
-            "(solver.placement.objective)."
-        },
+    default_restart_cost_s: float = knob(
+        60.0, "The restart cost (s) assumed for a job until its restart has been measured."
     )
-    restart_penalty: float = field(
-        default=1.0,
-        metadata={
-            "doc": "Weight of a move's restart cost: a running job that changes cell or nodes is worth "
-            "1 - restart_penalty * restart cost / horizon of its value (see horizon_s)."
-        },
+    horizon_s: float = knob(300.0, "The horizon (s) a move's restart cost is spread over.")
+    horizon_remaining: bool = knob(
+        True,
+        "Weigh a move's restart cost over the shorter of the job's remaining time and the time it has "
+        "stayed where it runs, when that is longer than horizon_s (see objective.restart_factor).",
     )
-    default_restart_cost_s: float = field(
-        default=60.0, metadata={"doc": "The restart cost (s) assumed for a job until its restart has been measured."}
+    allow_resize: bool = knob(
+        True,
+        "Resize or move running elastic jobs when the gain pays their restart cost (measured per job "
+        "after its first move; default_restart_cost_s before); false: a running job keeps its placement.",
     )
-    horizon_s: float = field(default=300.0, metadata={"doc": "The horizon (s) a move's restart cost is spread over."})
-    horizon_remaining: bool = field(
-        default=True,
-        metadata={
-            "doc": "Weigh a move's restart cost over the shorter of the job's remaining time and the time it has "
-            "stayed where it runs, when that is longer than horizon_s (see objective.restart_factor)."
-        },
+    max_cells_per_job: int = knob(24, "Search breadth: at most this many cells per job.")
+    max_pp: int = knob(8, "The deepest pipeline (pipeline stages) a cell may have.")
+    exact_node_model_max_nodes: int = knob(
+        64,
+        "Up to this many nodes, the placement model has every node; above, classes of alike nodes "
+        "(solver.placement.model).",
     )
-    allow_resize: bool = field(
-        default=True,
-        metadata={
-            "doc": "Resize or move running elastic jobs when the gain pays their restart cost (measured per job "
-            "after its first move; default_restart_cost_s before); false: a running job keeps its placement."
-        },
+    w_age: float = knob(
+        0.25, "Age bonus: a job's value is scaled by 1 + w_age * log2(1 + age / age_scale_s), age = now - submit_time."
     )
-    max_cells_per_job: int = field(default=24, metadata={"doc": "Search breadth: at most this many cells per job."})
-    max_pp: int = field(default=8, metadata={"doc": "The deepest pipeline (pipeline stages) a cell may have."})
-    exact_node_model_max_nodes: int = field(
-        default=64,
-        metadata={
-            "doc": "Up to this many nodes, the placement model has every node; above, classes of alike nodes "
-            "(solver.placement.model)."
-        },
+    age_scale_s: float = knob(3600.0, "Age (s) at which the age bonus reaches w_age.")
+    deterministic_time: float = knob(
+        5.0,
+        "CP-SAT deterministic-time budget (solver work units); unlike time_limit_s it does not depend on machine load.",
     )
-    w_age: float = field(
-        default=0.25,
-        metadata={
-            "doc": "Age bonus: a job's value is scaled by 1 + w_age * log2(1 + age / age_scale_s), "
-            "age = now - submit_time."
-        },
+    deterministic: bool = knob(
+        True, "Same input + seed -> same plan: one CP-SAT worker stopped by deterministic_time (workers then unused)."
     )
-    age_scale_s: float = field(default=3600.0, metadata={"doc": "Age (s) at which the age bonus reaches w_age."})
-    deterministic_time: float = field(
-        default=5.0,
-        metadata={
-            "doc": "CP-SAT deterministic-time budget (solver work units); unlike time_limit_s it does not depend "
-            "on machine load."
-        },
+    relative_gap_limit: float = knob(0.01, "Stop once (bound - objective) / objective <= this (0: prove optimality).")
+    lp_first_min_jobs: int = knob(
+        200,
+        "Aggregated model with at least this many jobs: solve its LP relaxation first and leave CP-SAT "
+        "only the jobs the LP does not place integrally (0: always; a huge number: never).",
     )
-    deterministic: bool = field(
-        default=True,
-        metadata={
-            "doc": "Same input + seed -> same plan: one CP-SAT worker stopped by deterministic_time "
-            "(workers then unused)."
-        },
+    mixed_cells: bool = knob(
+        True,
+        "Offer mixed-GPU-type cells (solver.mixed: data-parallel groups with batch shares by speed, or "
+        "pipelines whose stages each run on one type): to jobs that no single allowed type can hold, and "
+        "wherever one is estimated faster than the best single-type cell the job could get now.",
     )
-    relative_gap_limit: float = field(
-        default=0.01, metadata={"doc": "Stop once (bound - objective) / objective <= this (0: prove optimality)."}
+    max_mixed_cells: int = knob(8, "At most this many mixed cells per job.")
+    max_mixed_types: int = knob(2, "The most GPU types one mixed cell may span (2..).")
+    state_sharding: bool = knob(
+        True,
+        "Let the estimator shard the optimizer state over dp ranks (ZeRO-1, Cephalo's memory split: "
+        "launch.sharding) where a cell fits only that way or runs clearly faster; false: replicated state only.",
     )
-    lp_first_min_jobs: int = field(
-        default=200,
-        metadata={
-            "doc": "Aggregated model with at least this many jobs: solve its LP relaxation first and leave CP-SAT "
-            "only the jobs the LP does not place integrally (0: always; a huge number: never)."
-        },
+    calibrate: bool = knob(
+        True,
+        "Correct estimates by the iteration times jobs report in their progress.json, per job and GPU "
+        "type, and per model and type across users (solver.calibration; the controller applies it).",
     )
-    mixed_cells: bool = field(
-        default=True,
-        metadata={
-            "doc": "Offer mixed-GPU-type cells (solver.mixed: data-parallel groups with batch shares by speed, or "
-            "pipelines whose stages each run on one type): to jobs that no single allowed type can hold, and "
-            "wherever one is estimated faster than the best single-type cell the job could get now."
-        },
+    srpt_exponent: float = knob(
+        0.0,
+        "Weigh a job by (median remaining work / its remaining work) ** this (0: off; see solver.placement.objective).",
     )
-    max_mixed_cells: int = field(default=8, metadata={"doc": "At most this many mixed cells per job."})
-    max_mixed_types: int = field(default=2, metadata={"doc": "The most GPU types one mixed cell may span (2..)."})
-    state_sharding: bool = field(
-        default=True,
-        metadata={
-            "doc": "Let the estimator shard the optimizer state over dp ranks (ZeRO-1, Cephalo's memory split: "
-            "launch.sharding) where a cell fits only that way or runs clearly faster; false: replicated state only."
-        },
+    hesrpt: bool = knob(
+        True,
+        "Weigh jobs by heSRPT's share for their rank in remaining work (lowers average JCT under a "
+        "queue; see solver.placement.objective).",
     )
-    calibrate: bool = field(
-        default=True,
-        metadata={
-            "doc": "Correct estimates by the iteration times jobs report in their progress.json, per job and GPU "
-            "type, and per model and type across users (solver.calibration; the controller applies it)."
-        },
+    contention_aware: bool = knob(
+        True,
+        "Price the slowdown of multi-node jobs that share a NIC or rack uplink (solver.network; the "
+        "[network] section) in the objective and the node choice; false: every job is estimated as if alone "
+        "on its links (the NICs' speed still counts in every estimate).",
     )
-    srpt_exponent: float = field(
-        default=0.0,
-        metadata={
-            "doc": "Weigh a job by (median remaining work / its remaining work) ** this (0: off; "
-            "see solver.placement.objective)."
-        },
-    )
-    hesrpt: bool = field(
-        default=True,
-        metadata={
-            "doc": "Weigh jobs by heSRPT's share for their rank in remaining work (lowers average JCT under a "
-            "queue; see solver.placement.objective)."
-        },
-    )
-    contention_aware: bool = field(
-        default=True,
-        metadata={
-            "doc": "Price the slowdown of multi-node jobs that share a NIC or rack uplink (solver.network; the "
-            "[network] section) in the objective and the node choice; false: every job is estimated as if alone "
-            "on its links (the NICs' speed still counts in every estimate)."
-        },
-    )
-    node_placement: str = field(
-        default="lwf-kappa",
-        metadata={
-            "doc": 'How the SRSF baselines (srsf-avoid, srsf-accept, ada-srsf) pick nodes: "lwf-kappa" (the cards '
-            'carrying the fewest multi-node jobs, then the fewest free GPUs that fit) or "first-fit" (cluster '
-            "order); each keeps its own cap on multi-node jobs per card. cellsched ignores it."
-        },
+    node_placement: str = knob(
+        "lwf-kappa",
+        'How the SRSF baselines (srsf-avoid, srsf-accept, ada-srsf) pick nodes: "lwf-kappa" (the cards '
+        'carrying the fewest multi-node jobs, then the fewest free GPUs that fit) or "first-fit" (cluster '
+        "order); each keeps its own cap on multi-node jobs per card. cellsched ignores it.",
     )
 
     def __post_init__(self) -> None:
