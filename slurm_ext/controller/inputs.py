@@ -364,6 +364,20 @@ def started_training(m: ManagedJob, first_step_at: Mapping[str, float]) -> bool:
     return first is not None and (m.job.start_time is None or first >= m.job.start_time)
 
 
+def request_view(
+    snapshot: ClusterSnapshot, jobs: tuple[ManagedJob, ...], network: NetworkConfig | None = None
+) -> ClusterView:
+    """The view a round places jobs in: the GPUs of the jobs running (or
+    checkpointing) on a placement of ours are theirs, and so are those that
+    Slurm still counts for a Phase.CHECKPOINTED job on the nodes it ran on
+    (to_cluster_view's `ending_job_ids`): a move's job finds its own GPUs
+    free for its target, and is not put on a smaller cell by its own
+    checkpoint and then moved again."""
+    placed_ids = [m.job_id for m in jobs if m.phase in (Phase.RUNNING, Phase.CHECKPOINTING) and m.current is not None]
+    ending_ids = [m.job_id for m in jobs if m.phase == Phase.CHECKPOINTED]
+    return to_cluster_view(snapshot, placed_ids, network, ending_ids)
+
+
 def build_request(
     snapshot: ClusterSnapshot,
     jobs: tuple[ManagedJob, ...],
@@ -381,10 +395,9 @@ def build_request(
     taken. A Phase.CHECKPOINTING job keeps its placement (it is not elastic this
     round), and so does a running job whose current run has not reported a
     step yet (`started_training`, from `first_step_at`; None: not checked);
-    a Phase.CHECKPOINTED one is placed like a pending job. `network` gives
-    the view its NICs and racks (the [network] config)."""
-    placed_ids = [m.job_id for m in jobs if m.phase in (Phase.RUNNING, Phase.CHECKPOINTING) and m.current is not None]
-    view = to_cluster_view(snapshot, placed_ids, network)
+    a Phase.CHECKPOINTED one is placed like a pending job (`request_view`).
+    `network` gives the view its NICs and racks (the [network] config)."""
+    view = request_view(snapshot, jobs, network)
     requests: list[JobRequest] = []
     skipped: dict[str, str] = {}
     for m in jobs:

@@ -5,8 +5,11 @@ EMPTY state file takes over from what the jobs' AdminComments show. It
 finishes the move: the job is signalled at least once and at most once
 by each controller (the fresh one asks a job still running again: the
 dying one may have written the Step and not signalled), requeued and
-released once, never cancelled, and every job completes. A job held by its
-user after a release, and a parked job, stay held.
+released once, never cancelled, and every job completes; a job moved to
+grow, observed as the cli backend observes Slurm (the nodes read before
+the jobs: the job's checkpoint ends in between), is placed once, on the
+move's target. A job held by its user after a release, and a parked job,
+stay held.
 
 The dev-cluster version: test_rebuild_slurm.py."""
 
@@ -26,9 +29,10 @@ from slurm_ext.controller.inputs import Phase
 from slurm_ext.controller.progress import JobProgress
 from slurm_ext.controller.round import Controller
 from slurm_ext.jobspec import JobSpec
+from slurm_ext.records import ClusterSnapshot
 from slurm_ext.sim.backend import SimBackend
 from slurm_ext.sim.types import ClusterSpec, NodeGroup
-from slurm_ext.sim.world import SimWorld
+from slurm_ext.sim.world import Observer, SimJob, SimWorld
 from slurm_ext.state import StateStore
 from solver import contract
 
@@ -139,6 +143,91 @@ def test_an_empty_state_takes_over_a_move_cut_short_after_any_step(tmp_path, die
     assert not any(name == "cancel" for name, _ in calls)
     assert world.all_jobs[moved].restarts == 1 and world.all_jobs[other].restarts == 0
     assert contract.admin_comment_step(world.all_jobs[moved].admin_comment) is None  # tidied once released
+    assert fresh.state.open_plans() == {}
+    fresh.state.close()
+
+
+class NodesReadFirst:
+    """The simulated Slurm observed as the cli backend observes a real one:
+    the nodes first (sinfo), then, `lag_s` seconds later, the jobs (squeue).
+    A job that ends in between is seen ended while its nodes still count
+    its GPUs, as Slurm also shows a job that has ended and whose nodes it
+    has not freed yet."""
+
+    def __init__(self, sim: SimBackend, world: SimWorld, lag_s: float) -> None:
+        self.sim, self.world, self.lag_s = sim, world, lag_s
+        self.name = sim.name
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sim, name)
+
+    def observe(self) -> ClusterSnapshot:
+        nodes = self.sim.observe()
+        self.world.advance(self.world.now + self.lag_s)
+        jobs = self.sim.observe()
+        return ClusterSnapshot(nodes.nodes, nodes.partitions, jobs.jobs, nodes.taken_at)
+
+
+class Starts(Observer):
+    """The cells each job started in, as the world saw it start (in order)."""
+
+    def __init__(self) -> None:
+        self.cells: dict[str, list[str]] = {}
+
+    def started(self, job: SimJob, cell: str) -> None:
+        self.cells.setdefault(job.job_id, []).append(cell)
+
+
+def growing_job(tmp_path: Path) -> tuple[SimWorld, SimBackend, str, Counter, Starts]:
+    """An elastic job training on one node, the other taken by a job that is
+    not cellsched's and has just been cancelled: the job may grow to both
+    (a move), as in test_rebuild_slurm.py."""
+    starts = Starts()
+    world = SimWorld(CLUSTER, speed=lambda spec, gpu_type, nodes, gpus_per_node, plan: 1.0, observers=[starts])
+    world.requeue_delay_s = 0.0
+    sim = SimBackend(world)
+    blocker = sim.submit(SubmitRequest(script="blocker.sh", gres_per_node=4, nodes=1))
+    calls: Counter = Counter()
+    job = submit(sim, ELASTIC)
+    first = controller(tmp_path / "first.sqlite", Recorder(sim, calls=calls), world)
+    assert first.round().placements[job]["cell"] == "a100:1x4:pp1"
+    world.advance(world.now + 10)
+    assert first.round().status == "ok"  # sees the job train: it may be moved from now on
+    first.state.close()
+    sim.cancel(blocker)
+    return world, sim, job, calls, starts
+
+
+@pytest.mark.parametrize("dies_after", STEPS)
+def test_a_move_to_grow_cut_short_is_finished_once_on_its_target_with_the_nodes_read_before_the_jobs(
+    tmp_path, dies_after
+):
+    """The fresh controller's round reads the nodes before the moved job's
+    checkpoint ends and the jobs after: the GPUs the job held still count
+    on its node. They are its own: it is placed once, on the move's target
+    (both nodes), never first on the other node alone and then moved again."""
+    world, sim, moved, calls, starts = growing_job(tmp_path)
+    dying = controller(tmp_path / "first.sqlite", Recorder(sim, (dies_after, moved), calls), world)
+    with pytest.raises(Killed):
+        dying.round()
+    dying.state.close()
+    (tmp_path / "first.sqlite").unlink()  # the state is lost
+    # the lag is the checkpoint's time: the first round that sees the job ended read its nodes before the end
+    fresh = controller(tmp_path / "fresh.sqlite", Recorder(NodesReadFirst(sim, world, 5.0), calls=calls), world)
+    for _ in range(400):
+        assert fresh.round().status == "ok"
+        if world.all_jobs[moved].state == "COMPLETED":
+            break
+        world.advance(world.now + 1)
+    assert world.all_jobs[moved].state == "COMPLETED"
+    assert starts.cells[moved] == ["a100:1x4", "a100:2x4"]  # its first placement, the move's target: no other
+    # signalled once: by the dying controller, or (died before its signal) by the fresh one; a job signalled
+    # is seen checkpointed by the fresh controller's first round (its jobs read after the checkpoint's end)
+    assert calls[("signal", moved)] == 1
+    assert calls[("requeue_many", moved)] == 1  # the move's one restart
+    assert calls[("release_many", moved)] == 2  # its first placement and the move
+    assert not any(name == "cancel" for name, _ in calls)
+    assert world.all_jobs[moved].restarts == 1
     assert fresh.state.open_plans() == {}
     fresh.state.close()
 
