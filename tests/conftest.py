@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 from support import SHAPE, TEST_CLUSTER_ENV, DevCluster, Dist, build_dist, read_shape, wait_for
 
 from slurm_ext.backends import SlurmUnavailable
@@ -26,6 +27,12 @@ from slurm_ext.backends import SlurmUnavailable
 # a spinning thread per core, makes an in-process training run 10 to 50 times
 # slower. Set before any test module imports torch; a value given is kept.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# Property tests check results, not speed (performance is measured in
+# benchmarks): no per-example deadline, which a loaded CI machine would trip
+# (a 0.1 ms example took 550 ms once beside the Slurm tests).
+settings.register_profile("cellsched", deadline=None)
+settings.load_profile("cellsched")
 
 
 @pytest.fixture(scope="session")
