@@ -68,11 +68,12 @@ def test_resume_on_fewer_ranks_is_bitwise_identical(tmp_path):
         assert all(torch.equal(got["optim"][k]["exp_avg_sq"], v["exp_avg_sq"]) for k, v in want["optim"].items())
 
     # Another pipeline / tensor layout resumes from the same files; only the
-    # summation order inside a unit changes, so it agrees to rounding.
+    # summation order inside a unit changes, so it agrees to rounding (float32:
+    # measured 1.8e-8, docs/elasticity.md says about 2e-8).
     other = train(plan(tmp_path / "c", pp=2, dp=1, tp=2), tmp_path / "c.json", 20, *FLAGS)
     assert other.printed == list(range(11, 21))
     assert other.losses[:10] == full[:10]
-    assert max(abs(a - b) / abs(b) for a, b in zip(other.losses[10:], full[10:], strict=True)) < 1e-5
+    assert max(abs(a - b) / abs(b) for a, b in zip(other.losses[10:], full[10:], strict=True)) < 1e-7
 
 
 def test_signal_checkpoints_exits_75_and_resumes(tmp_path):
