@@ -6,12 +6,14 @@ import signal
 import sys
 import time
 
+import pytest
 import torch
 from minigpt.model import GPTConfig
 from minigpt.trainer import TrainConfig, reference_losses
 from srun_local import free_port, start, wait
 from trainer_runs import check, checkpoint_state, train
 
+from launch.elastic import VirtualWorker
 from slurm_ext.controller.progress import read_progress
 from solver.contract import EXIT_CHECKPOINTED
 
@@ -21,6 +23,26 @@ FLAGS = ("--layers", "2", "--hidden", "16", "--heads", "2", "--seq", "8", "--voc
 
 def plan(ckpt, pp=1, dp=4, tp=1):
     return {"pp": pp, "dp": dp, "tp": tp, "micro_batches": 2, "virtual_workers": V, "checkpoint_dir": str(ckpt)}
+
+
+@pytest.mark.parametrize("count,size", [(3, 10), (3, 11), (4, 10), (4, 4), (1, 7), (5, 12)])
+def test_every_sample_is_drawn_exactly_once_per_epoch(count, size):
+    """Worker i owns the indices i, i+V, ... below the dataset size, so over
+    all V workers an epoch draws every sample exactly once, also when V does
+    not divide the size (at V=3 over 10 samples worker 0 owns 0, 3, 6, 9)."""
+    workers = [VirtualWorker(i, count, size, seed=7) for i in range(count)]
+    for i, vw in enumerate(workers):
+        assert vw.shard_size == len([k for k in range(size) if k % count == i])
+    for epoch in range(3):
+        drawn = {i: vw.next_indices(vw.shard_size) for i, vw in enumerate(workers)}
+        assert sorted(k for ks in drawn.values() for k in ks) == list(range(size)), f"epoch {epoch}"
+        assert all(k % count == i for i, ks in drawn.items() for k in ks)
+    # drawing across an epoch boundary: one more epoch of worker 0 in odd-sized pieces
+    vw = VirtualWorker(0, count, size, seed=7)
+    own = list(range(0, size, count))
+    stream = [k for n in (1, 2, 3, 1) * len(own) for k in vw.next_indices(n)][: 3 * len(own)]
+    for e in range(3):
+        assert sorted(stream[e * len(own) : (e + 1) * len(own)]) == own
 
 
 def test_resume_on_fewer_ranks_is_bitwise_identical(tmp_path):
@@ -46,11 +68,12 @@ def test_resume_on_fewer_ranks_is_bitwise_identical(tmp_path):
         assert all(torch.equal(got["optim"][k]["exp_avg_sq"], v["exp_avg_sq"]) for k, v in want["optim"].items())
 
     # Another pipeline / tensor layout resumes from the same files; only the
-    # summation order inside a unit changes, so it agrees to rounding.
+    # summation order inside a unit changes, so it agrees to rounding (float32:
+    # measured 1.8e-8, docs/elasticity.md says about 2e-8).
     other = train(plan(tmp_path / "c", pp=2, dp=1, tp=2), tmp_path / "c.json", 20, *FLAGS)
     assert other.printed == list(range(11, 21))
     assert other.losses[:10] == full[:10]
-    assert max(abs(a - b) / abs(b) for a, b in zip(other.losses[10:], full[10:], strict=True)) < 1e-5
+    assert max(abs(a - b) / abs(b) for a, b in zip(other.losses[10:], full[10:], strict=True)) < 1e-7
 
 
 def test_signal_checkpoints_exits_75_and_resumes(tmp_path):

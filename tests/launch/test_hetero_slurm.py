@@ -13,7 +13,8 @@ source fits the same ``run_job``).
 Each runs twice: with ``plan.nodes`` in Slurm's task order (what the
 controller writes), and listed in another order, which the launcher must
 re-list for the step (the a10 node keeps the small share and the short stage).
-Losses match the single-process reference within 1e-5 (float64).
+Losses match the single-process reference within 1e-15 (float64), as
+docs/submitting.md states.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ STEPS = 20
 VIRTUAL = 2  # fixed, so every layout sees the same data
 FLAGS = ("--dtype", "float64", "--layers", "4", "--hidden", "16", "--heads", "4", "--seq", "8", "--vocab", "32")
 LAYOUTS = list(itertools.product((1, 2), repeat=3))
+#: what docs/submitting.md states ("to about 1e-15 in float64"); measured: at most 2.6e-16 over these 8 layouts
+REL = 1e-15
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +33,7 @@ def test_layout_matches_single_process(tmp_path, reference, pp, dp, tp):
 
     assert len(losses) == STEPS
     for step, (got, want) in enumerate(zip(losses, reference, strict=True), 1):
-        assert abs(got - want) <= 1e-5 * abs(want), f"step {step}: {got} != {want}"
+        assert abs(got - want) <= REL * abs(want), f"step {step}: {got} != {want}"
     assert losses[-1] < losses[0]
 
     for rank in range(pp * dp * tp):

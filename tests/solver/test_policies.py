@@ -354,6 +354,23 @@ def test_baselines_prefer_the_faster_gpu_type(name, exact_config):
     assert all(p.plan.pp == 1 and p.plan.tp == 1 for p in rep.placements.values())
 
 
+@pytest.mark.parametrize("fast,moves", [(1.4, False), (2.0, True)])
+def test_sia_moves_a_running_job_only_when_the_gain_pays_its_restart(fast, moves, exact_config):
+    """Sia's move rule: a running job that changes configuration is worth
+    utility * (1 - restart cost / horizon). Worked by hand with p = 1/2: on
+    its reference cell (the A100, fastest of the 1-GPU cells) the job's
+    utility is 1, on the A10 sqrt(1 / fast); a move pays 1 - 60/300 = 0.8.
+    So it stays for fast = 1.4 (sqrt(1/1.4) = 0.845 > 0.8) and moves for
+    fast = 2 (0.707 < 0.8). Without the restart penalty it would move for any
+    fast > 1."""
+    j, est = move_case(fast, elastic=True)
+    rep = get_policy("sia", p=0.5).schedule(ScheduleRequest(TWO_TYPES, (j,), config=exact_config(**MOVE)), est)
+    validate_plan(TWO_TYPES, rep.placements)
+    assert rep.placements["j"].cell.gpu_type == ("a100" if moves else "a10")
+    stay, move = (1 / fast) ** 0.5, 1.0 - 60.0 / 300.0
+    assert rep.objective == pytest.approx(max(stay, move), rel=1e-3)
+
+
 @pytest.mark.parametrize("name", ["gavel", "sia"])
 def test_baselines_respect_the_feasible_rule(name, exact_config):
     cluster, jobs, est = hetero_case()

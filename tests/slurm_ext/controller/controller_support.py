@@ -132,7 +132,8 @@ class Killed(BaseException):
 class DiesAt:
     """A backend that dies (Killed) at its `at`-th call of `methods`: before
     Slurm carries it out, or (`after`) once it has. `released` counts the
-    jobs its release_many released; `writes` the calls so far."""
+    jobs its release_many released; `writes` the calls so far, `calls` their
+    method names in order."""
 
     def __init__(
         self,
@@ -144,6 +145,7 @@ class DiesAt:
         released: Counter | None = None,
     ) -> None:
         self.inner, self.at, self.after, self.methods, self.writes = inner, at, after, methods, 0
+        self.calls: list[str] = []
         self.released = Counter() if released is None else released
         self.name = inner.name
 
@@ -154,6 +156,7 @@ class DiesAt:
 
         def write(ids: Any, *args: Any, **kw: Any) -> Any:
             self.writes += 1
+            self.calls.append(name)
             dies = self.writes == self.at
             if dies and not self.after:
                 raise Killed(name)

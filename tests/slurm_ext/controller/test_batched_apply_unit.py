@@ -19,6 +19,7 @@ from controller_support import DiesAt, Killed
 
 from slurm_ext.backends.base import SubmitRequest
 from slurm_ext.config import from_dict
+from slurm_ext.controller.progress import JobProgress
 from slurm_ext.controller.reconcile import DEFERRED
 from slurm_ext.controller.round import Controller
 from slurm_ext.jobspec import JobSpec
@@ -28,55 +29,119 @@ from slurm_ext.sim.world import SimWorld
 from slurm_ext.state import PlanStatus, StateStore
 
 CLUSTER = ClusterSpec((NodeGroup("a100", 4, 4), NodeGroup("v100", 2, 8)))
+#: a100 nodes only, so that a new 4-GPU job makes the elastic one on both of them shrink (a move)
+MOVE_CLUSTER = ClusterSpec((NodeGroup("a100", 2, 4), NodeGroup("v100", 2, 8)))
+ELASTIC = JobSpec(model="gpt-350m", global_batch=64, iterations=10_000, elastic=True, max_gpus=8, gpu_types=("a100",))
+FIXED = JobSpec(model="gpt-350m", global_batch=64, iterations=10_000, requested_gpus=4, gpu_types=("a100",))
+SMALL = JobSpec(model="gpt-350m", global_batch=32, iterations=10_000, requested_gpus=1, gpu_types=("v100",))
+#: the writes of the batch the kill points cut: the new jobs' (the loose ones held first), then the move's
+BATCH = ("hold_many", "update_many", "release_many", "update_many") + (
+    "requeue_many",
+    "update_many",
+    "release_many",
+    "update_many",
+)
+
+
+def submit(sim: SimBackend, spec: JobSpec, hold: bool = True) -> str:
+    return sim.submit(SubmitRequest(script="job.sh", gres_per_node=1, hold=hold, comment=spec.to_comment()))
 
 
 def cluster_with_jobs() -> tuple[SimWorld, SimBackend, list[str]]:
     world = SimWorld(CLUSTER, speed=lambda spec, gpu_type, nodes, gpus_per_node, plan: 1.0)  # 1 s an iteration
     sim = SimBackend(world)
     spec = JobSpec(model="gpt-350m", global_batch=32, iterations=10_000)
-    ids = [
-        sim.submit(SubmitRequest(script="job.sh", gres_per_node=1, hold=True, comment=spec.to_comment()))
-        for _ in range(5)
-    ]
-    return world, sim, ids
+    return world, sim, [submit(sim, spec) for _ in range(5)]
 
 
 def controller(tmp_path, backend, world: SimWorld, **cc) -> Controller:
-    config = from_dict({"controller": {"state_path": str(tmp_path / "state.sqlite"), "kick_file": "", **cc}})
-    return Controller(config, backend=backend, state=StateStore(tmp_path / "state.sqlite"), clock=lambda: world.now)
+    config = from_dict(
+        {"controller": {"state_path": str(tmp_path / "state.sqlite"), "kick_file": "", "checkpoint_wait_s": 30.0, **cc}}
+    )
+
+    def progress(m) -> JobProgress | None:
+        done = world.iterations_done(m.job_id)
+        return None if done is None else JobProgress(done, world.first_step_at(m.job_id), world.iter_time(m.job_id))
+
+    return Controller(
+        config,
+        backend=backend,
+        state=StateStore(tmp_path / "state.sqlite"),
+        clock=lambda: world.now,
+        sleep=lambda dt: world.advance(world.now + dt),  # the checkpoint wait: simulated time
+        progress=progress,
+    )
 
 
-def writes_of_one_round(tmp_path) -> int:
-    world, sim, _ = cluster_with_jobs()
-    probe = DiesAt(sim, None)
-    ctl = controller(tmp_path / "probe", probe, world)
-    assert ctl.round().status == "ok"
-    ctl.state.close()
-    return probe.writes
+def cluster_with_a_move_to_make(tmp_path) -> tuple[SimWorld, SimBackend, str, list[str]]:
+    """An elastic job running on both A100 nodes (placed by an earlier round
+    on the same state file); then a 4-GPU A100 job (held), two small ones
+    held and two loose (pending, not held: the controller holds them first).
+    Slurm's own scheduler starts an eligible job 60 s after it became so:
+    the loose jobs wait for the controller."""
+    world = SimWorld(MOVE_CLUSTER, speed=lambda *_: 1.0, checkpoint_s=5.0, start_delay_s=60.0, requeue_delay_s=0.0)
+    sim = SimBackend(world)
+    moved = submit(sim, ELASTIC)
+    earlier = controller(tmp_path, sim, world)
+    assert earlier.round().status == "ok"
+    earlier.state.close()
+    world.advance(world.now + 70)
+    job = sim.observe().job(moved)
+    assert job.state == "RUNNING" and job.num_nodes * (job.gpus_per_node or 0) == 8
+    new = [
+        submit(sim, FIXED),
+        submit(sim, SMALL),
+        submit(sim, SMALL),
+        submit(sim, SMALL, False),
+        submit(sim, SMALL, False),
+    ]
+    return world, sim, moved, new
 
 
 def test_the_probe_round_makes_the_writes_of_a_batch(tmp_path):
-    assert writes_of_one_round(tmp_path) == 3  # update them all, release them all, tidy their AdminComments
+    world, sim, _ = cluster_with_jobs()
+    probe = DiesAt(sim, None)
+    ctl = controller(tmp_path, probe, world)
+    assert ctl.round().status == "ok"
+    ctl.state.close()
+    assert probe.calls == ["update_many", "release_many", "update_many"]  # update, release, tidy the AdminComments
+    world, sim, moved, new = cluster_with_a_move_to_make(tmp_path / "move")
+    probe = DiesAt(sim, None)
+    ctl = controller(tmp_path / "move", probe, world)
+    report = ctl.round()
+    ctl.state.close()
+    assert report.status == "ok" and {a["job"]: a["why"] for a in report.actions} == {
+        **dict.fromkeys(new, "new"),
+        moved: "resize",
+    }
+    assert tuple(probe.calls) == BATCH
 
 
 @pytest.mark.parametrize("after", [False, True], ids=["before", "after"])
-@pytest.mark.parametrize("at", [1, 2, 3])
-def test_a_batch_cut_short_at_any_step_is_finished_by_the_next_start(tmp_path, at, after):
-    world, sim, ids = cluster_with_jobs()
+@pytest.mark.parametrize("at", range(1, len(BATCH) + 1), ids=[f"{i}-{w}" for i, w in enumerate(BATCH, 1)])
+def test_a_batch_cut_short_at_any_write_is_finished_by_the_next_start(tmp_path, at, after):
+    """Killed just before or just after each write of a batch that holds
+    loose jobs, places new ones and requeues a moved one: a new process on
+    the same state file finishes it. Each job is released once (the moved
+    one once more, by its move: it restarts once) and none stays held."""
+    world, sim, moved, new = cluster_with_a_move_to_make(tmp_path)
     released: Counter = Counter()
     first = controller(tmp_path, DiesAt(sim, at, after=after, released=released), world)
-    with pytest.raises(Killed):
+    with pytest.raises(Killed, match=BATCH[at - 1]):
         first.round()
     first.state.close()
     second = controller(tmp_path, DiesAt(sim, None, released=released), world)  # a new process, the same state file
     for _ in range(3):
-        world.advance(world.now + 5)  # released jobs start
         assert second.round().status == "ok"
+        world.advance(world.now + 65)  # released jobs start
+    ids = [moved, *new]
     snap = sim.observe()
     assert [j for j in ids if snap.job(j).held] == []
-    assert released == Counter({j: 1 for j in ids}), released  # each job released once, whatever the kill
+    assert released == Counter(ids), released  # each job released once, whatever the kill
+    assert {j: world.all_jobs[j].restarts for j in ids} == {j: int(j == moved) for j in ids}  # requeued once
     assert second.state.open_plans() == {}
-    assert {j: sum(p.applied for p in second.state.plans_of(j)) for j in ids} == dict.fromkeys(ids, 1)
+    applied = {j: sum(p.applied for p in second.state.plans_of(j)) for j in ids}
+    assert applied == {j: 1 + (j == moved) for j in ids}  # the moved job: its first placement and its move
     second.state.close()
 
 

@@ -8,8 +8,11 @@ paces itself by the controller's rounds (after each event it waits for the
 next finished round), never by fixed sleeps.
 
 At the end every job has COMPLETED exactly once, none is left held or
-pending, no intent is open, and every job's losses are bitwise those of an
-uninterrupted run with its virtual workers.
+pending, no intent is open, every job's losses are bitwise those of an
+uninterrupted run with its virtual workers, and at least one job was moved
+(checkpointed, requeued, placed again) and finished. A kill meant to land
+inside an apply waits for the controller to place or signal a job (a new
+job arrives first) and fails the test when none comes.
 
 Size and seed: CELLSCHED_CHAOS_JOBS (default 6; the issue's check runs 12
 or more), CELLSCHED_CHAOS_EVENTS (default 12; the issue's check: 100 or more), CELLSCHED_CHAOS_SEED
@@ -220,26 +223,31 @@ def _some_training(chaos: Chaos, backend) -> None:
         pass  # nothing to wait for: the next event comes anyway
 
 
-def _kill_at_a_random_point(daemon: Daemon, rng: random.Random, chaos: Chaos) -> None:
-    """SIGKILL the controller: right after it placed, signalled or requeued a
-    job (inside an apply), or at a random moment of a round; then start it again."""
-    if rng.random() < 0.5:
-        marks = ("placed", "asked to checkpoint", "job accepted")
+def _kill_at_a_random_point(daemon: Daemon, rng: random.Random, chaos: Chaos, tmp_path: Path) -> None:
+    """SIGKILL the controller, then start it again: inside an apply (right
+    after it placed or signalled a job: the next job arrives first, so that
+    there is one to place, and the test fails when the controller does not
+    act within a minute), or, once every job has arrived or by chance, at a
+    random moment of a round."""
+    if rng.random() < 0.5 and len(chaos.jobs) < JOBS:
+        marks = ("placed", "asked to checkpoint")
         before = sum(daemon.log_count(m) for m in marks)
-        try:
-            wait_until(
-                lambda: sum(daemon.log_count(m) for m in marks) > before, 20, "an action to kill in", interval=0.01
-            )
-        except AssertionError:
-            pass  # nothing to act on now: killed wherever it is
+        _submit_next(chaos, tmp_path, rng)
+        wait_until(
+            lambda: sum(daemon.log_count(m) for m in marks) > before,
+            60,
+            f"seed {SEED}: the controller to place or signal a job after a new one arrived (a kill inside an apply)",
+            interval=0.01,
+        )
         chaos.counts["kills inside an apply"] += 1
     else:
         time.sleep(rng.uniform(0.05, 2.0))  # a random moment (the chaos itself, not a wait for state)
+        chaos.counts["kills at a random moment"] += 1
     daemon.kill()
     daemon.start()
 
 
-def _event(rng: random.Random, chaos: Chaos, cluster, daemon: Daemon, state: Path) -> str:
+def _event(rng: random.Random, chaos: Chaos, cluster, daemon: Daemon, state: Path, tmp_path: Path) -> str:
     """One random event, then the next finished round and a little training."""
     nodes = sorted(cluster.shape)
     choices = ["blocker", "unblock", "kill", "down" if chaos.down is None else "up", "ctld"]
@@ -265,7 +273,7 @@ def _event(rng: random.Random, chaos: Chaos, cluster, daemon: Daemon, state: Pat
     elif kind == "unblock" and chaos.blockers:
         _run("scancel", chaos.blockers.pop(rng.randrange(len(chaos.blockers))))
     elif kind == "kill":
-        _kill_at_a_random_point(daemon, rng, chaos)
+        _kill_at_a_random_point(daemon, rng, chaos, tmp_path)
     elif kind == "down":
         chaos.down = rng.choice(nodes)
         _run("scontrol", "update", f"NodeName={chaos.down}", "State=DOWN", "Reason=chaos")
@@ -355,7 +363,7 @@ def test_chaos_loses_no_job(slurm_cluster, tmp_path):
         for e in range(EVENTS):
             if e in arrivals and len(chaos.jobs) < JOBS:
                 _submit_next(chaos, tmp_path, rng)
-            _event(rng, chaos, slurm_cluster, daemon, state)
+            _event(rng, chaos, slurm_cluster, daemon, state, tmp_path)
         chaos.counts["events_s"] = round(time.monotonic() - t0)
         while len(chaos.jobs) < JOBS:
             _submit_next(chaos, tmp_path, rng)
@@ -379,6 +387,7 @@ def test_chaos_loses_no_job(slurm_cluster, tmp_path):
     live = _run("squeue", "-h", "-t", "PD,R,CG,S", "-o", "%i %T %r").stdout.split("\n")
     assert [line for line in live if line.strip()] == [], f"seed {SEED}: jobs left behind"
     runs: dict[str, tuple[int, int, int, list[float]]] = {}
+    moved: list[str] = []  # the jobs of which a move (or resize) was carried out
     with StateStore(state, readonly=True) as st:
         assert st.open_plans() == {}, f"seed {SEED}: open intents"
         for i in ids:
@@ -400,6 +409,8 @@ def test_chaos_loses_no_job(slurm_cluster, tmp_path):
             chaos.counts["type changes"] += sum(a.split(":")[0] != b.split(":")[0] for a, b in pairwise(cells))
             chaos.counts["requeues"] += sum(e["event"] == "requeued" for e in history)
             chaos.counts["runs failed before training"] += sum(e["event"] == "run-failed" for e in history)
+            if _a_move_carried_out([e["event"] for e in history]):
+                moved.append(i)
     needed: dict[tuple[int, int], int] = {}
     for v, m, steps, _ in runs.values():
         needed[(v, m)] = max(steps, needed.get((v, m), 0))
@@ -408,11 +419,28 @@ def test_chaos_loses_no_job(slurm_cluster, tmp_path):
         assert losses == refs[(v, m)][:steps], (
             f"seed {SEED}: job {i}'s losses are not bitwise those of an uninterrupted run (V={v}, m={m})"
         )
+    # the chaos moved jobs, and each job moved finished (COMPLETED, once, its losses bitwise: asserted above)
+    assert chaos.counts["moves"] >= 1 and moved, f"seed {SEED}: nothing was moved: {dict(chaos.counts)}"
+    assert {i: snap.job(i).state for i in moved} == dict.fromkeys(moved, "COMPLETED")
+    chaos.counts["jobs moved"] = len(moved)
     chaos.counts["rounds"] = _rounds_done(state)
     print(
         "chaos summary: "
         + json.dumps({"seed": SEED, "jobs": len(ids), "events": EVENTS, **chaos.counts}, sort_keys=True)
     )
+
+
+def _a_move_carried_out(events: list[str]) -> bool:
+    """Whether a job's history shows a move carried out: asked to
+    checkpoint, requeued, then placed again (in that order)."""
+    want = iter(("signalled", "requeued", "placed"))
+    step = next(want)
+    for event in events:
+        if event == step:
+            step = next(want, "")
+            if not step:
+                return True
+    return False
 
 
 def _gpus(cell: str) -> int:

@@ -49,17 +49,37 @@ def test_once_runs_one_round_and_shares_the_stop_event(tmp_path, monkeypatch):
 
 
 def test_rounds_go_on_until_stopped_and_back_off_while_slurm_is_away(tmp_path, monkeypatch):
+    """After the n-th round in a row that found Slurm away the daemon waits
+    2 ** (n - 1) s (1, 2, 4, ...), never more than interval_s; a round that
+    reaches Slurm ends the back-off (the next failure waits 1 s again) and
+    the next wait is the watcher's. The waits are recorded, not slept."""
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
-    ctl = _Rounds(tmp_path, [RoundStatus.UNAVAILABLE, RoundStatus.UNAVAILABLE, RoundStatus.OK])
+    away, ok = RoundStatus.UNAVAILABLE, RoundStatus.OK
+    statuses = [away, away, away, away, ok, away, ok]
+    ctl = _Rounds(tmp_path, statuses, interval_s=3.0)
+    waits: list[tuple[int, str, float]] = []  # (rounds so far, which wait, seconds)
+    monkeypatch.setattr(daemon, "wait_unless_stopped", lambda stop, s: waits.append((len(ctl.calls), "back-off", s)))
+    monkeypatch.setattr(
+        Watcher, "wait", lambda self, stop, interval, *_a, **_k: waits.append((len(ctl.calls), "watch", interval))
+    )
     seen: list[str] = []
 
     def on_round(r: RoundReport) -> None:
         seen.append(r.status)
-        if len(seen) == 3:
+        if len(seen) == len(statuses):
             ctl.stop.set()
 
     last = daemon.run(ctl, on_round=on_round)
-    assert seen == [RoundStatus.UNAVAILABLE, RoundStatus.UNAVAILABLE, RoundStatus.OK] and last.round_id == 3
+    assert seen == statuses and last.round_id == len(statuses)
+    assert waits == [
+        (1, "back-off", 1.0),
+        (2, "back-off", 2.0),
+        (3, "back-off", 3.0),  # 4 s, capped at interval_s
+        (4, "back-off", 3.0),
+        (5, "watch", 3.0),
+        (6, "back-off", 1.0),  # Slurm was back in between: from 1 s again
+        (7, "watch", 3.0),
+    ]
 
 
 def test_a_touched_kick_file_ends_the_wait_early(tmp_path):

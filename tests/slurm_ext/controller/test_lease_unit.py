@@ -15,7 +15,7 @@ from controller_support import DiesAt
 
 from slurm_ext.backends.base import SubmitRequest
 from slurm_ext.config import ConfigError, from_dict
-from slurm_ext.controller.lease import FencedBackend, FileLease, LeaseLost, LeaseRecord
+from slurm_ext.controller.lease import FencedBackend, FileLease, LeaseLost, LeaseRecord, boottime
 from slurm_ext.controller.round import Controller
 from slurm_ext.failsafe.check import last_completed
 from slurm_ext.jobspec import JobSpec
@@ -117,40 +117,57 @@ def test_a_slow_contender_gives_up(tmp_path):
     assert record(path)["holder"] == "a"  # held by nobody until it expires; never by two
 
 
-def _acquire(lease: FileLease, i: int, results: dict[int, bool]) -> None:
-    results[i] = lease.acquire()
+def _race(path: Path, contenders: int) -> tuple[list[FileLease], dict[int, bool]]:
+    """Contenders on real threads and clocks that all read the lease at
+    `path` free before any of them writes; (their leases, who says it took it).
+    Each one's wait for the others' reads is the test's doing, so its own
+    elapsed clock leaves it out: the protocol's write window (settle_s / 2)
+    runs from the moment all have read."""
+    waited = [0.0] * contenders  # seconds each contender spent waiting for the others' reads
+    all_read = threading.Barrier(contenders)
+
+    def contender(i: int) -> FileLease:
+        le = FileLease(str(path), 2.0, 0.25, holder=f"c{i}", elapsed=lambda: boottime() - waited[i])
+        first = le.read
+
+        def read_once() -> LeaseRecord | None:
+            rec = first()
+            if rec is None:
+                t = boottime()
+                all_read.wait(timeout=10)
+                waited[i] += boottime() - t
+            return rec
+
+        le.read = read_once  # type: ignore[method-assign]
+        return le
+
+    leases = [contender(i) for i in range(contenders)]
+    results: dict[int, bool] = {}
+
+    def acquire(i: int) -> None:
+        results[i] = leases[i].acquire()
+
+    threads = [threading.Thread(target=acquire, args=(i,)) for i in range(contenders)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    return leases, results
 
 
 @pytest.mark.parametrize("contenders", [2, 3])
 def test_contenders_that_all_see_the_lease_free_never_both_take_it(tmp_path, contenders):
-    """Real threads and clocks: every contender reads the lease free before
-    any writes; exactly one holds it after the read-back."""
+    """Every contender reads the lease free before any writes; exactly one
+    holds it after the read-back: the last writer (the others read its
+    record back). A write landing later than settle_s / 2 after the last read
+    would still give up; on a machine that slow none might win."""
     for attempt in range(10):
         path = tmp_path / f"lease-{attempt}"
-        leases = [FileLease(str(path), 2.0, 0.1, holder=f"c{i}") for i in range(contenders)]
-        all_read = threading.Barrier(contenders)
-        for le in leases:
-            first = le.read
-
-            def read_once(first=first, all_read=all_read) -> LeaseRecord | None:
-                rec = first()
-                if rec is None:
-                    all_read.wait(timeout=10)
-                return rec
-
-            le.read = read_once  # type: ignore[method-assign]
-        results: dict[int, bool] = {}
-        threads = [threading.Thread(target=_acquire, args=(leases[i], i, results)) for i in range(contenders)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=20)
+        leases, results = _race(path, contenders)
         winners = [i for i, ok in results.items() if ok]
-        assert len(results) == contenders and len(winners) <= 1, results
-        held = [i for i, le in enumerate(leases) if le.held()]
-        assert held == winners
-        if winners:
-            assert record(path)["holder"] == f"c{winners[0]}"
+        assert len(results) == contenders and len(winners) == 1, results
+        assert [i for i, le in enumerate(leases) if le.held()] == winners
+        assert record(path)["holder"] == f"c{winners[0]}"
 
 
 def test_fencing_detects_a_lease_taken_over_by_another_writer(tmp_path):
