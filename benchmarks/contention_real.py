@@ -629,18 +629,37 @@ def exclusive(wait_s: float) -> Iterator[None]:
         yield
 
 
-def can_make_namespaces() -> str | None:
-    """Why namespaces cannot be made here, or None."""
+def probe() -> tuple[str | None, str]:
+    """(why namespaces cannot be made here or None, the TCP congestion
+    control a new namespace gets)."""
     if os.geteuid() != 0:
-        return "needs root (ip netns, tc)"
+        return "needs root (ip netns, tc)", ""
+    ns = PREFIX + "probe"
     try:
-        out = subprocess.run(["ip", "netns", "add", PREFIX + "probe"], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(["ip", "netns", "add", ns], capture_output=True, text=True, timeout=30, check=False)
     except FileNotFoundError:
-        return "iproute2's ip is not installed"
+        return "iproute2's ip is not installed", ""
     if out.returncode != 0:
-        return f"ip netns add is not permitted: {out.stderr.strip()}"
-    _ip("netns", "del", PREFIX + "probe", check=False)
-    return None
+        return f"ip netns add is not permitted: {out.stderr.strip()}", ""
+    cc = _ip("netns", "exec", ns, "cat", "/proc/sys/net/ipv4/tcp_congestion_control", check=False).stdout.strip()
+    _ip("netns", "del", ns, check=False)
+    return None, cc
+
+
+def provenance(tcp_cc: str) -> dict[str, Any]:
+    git = ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]
+    commit = subprocess.run(git, capture_output=True, text=True, timeout=30, check=False).stdout.strip()
+    status = ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"]
+    if commit and subprocess.run(status, capture_output=True, text=True, timeout=30, check=False).stdout.strip():
+        commit += "+changes"
+    return {
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": commit or None,
+        "kernel": os.uname().release,
+        "cpus": os.cpu_count(),
+        "tcp_congestion_control": tcp_cc,
+        "queue": "tbf, FIFO of 20 ms at line rate, both ways",
+    }
 
 
 STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM)
@@ -691,9 +710,8 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
     alone_s, loaded_s, warm = (3.0, 5.0, 1.0) if a.quick else (a.alone_s, a.loaded_s, 1.5)
-    why = can_make_namespaces()
-    if why:
-        print(f"contention_real.py: {why}", file=sys.stderr)
+    if os.geteuid() != 0:
+        print("contention_real.py: needs root (ip netns, tc)", file=sys.stderr)
         raise SystemExit(EXIT_NO_NETNS)
     for s in STOPS:
         signal.signal(s, _on_signal)
@@ -701,25 +719,32 @@ def main() -> None:
     rows: list[dict] = []
     out = open(a.out, "w") if a.out else None  # noqa: SIM115 (closed below)
     try:
-        with exclusive(60):
-            remove_namespaces()  # a previous run's leftovers
-            for name in names:
-                for row in measure(CASES[name], a.repeats, alone_s, loaded_s, warm, timeout=180):
-                    rows.append(row)
-                    line = json.dumps(row)
-                    print(line, flush=True)
-                    if out:
-                        print(line, file=out, flush=True)
-            line = json.dumps(summary(rows))
-            print(line, flush=True)
-            if out:
-                print(line, file=out, flush=True)
+        with exclusive(60):  # from here on the cscr- names are ours to make and remove
+            try:
+                why, tcp_cc = probe()
+                if why:
+                    print(f"contention_real.py: {why}", file=sys.stderr)
+                    raise SystemExit(EXIT_NO_NETNS)
+                remove_namespaces()  # a previous run's leftovers
+                for name in names:
+                    for row in measure(CASES[name], a.repeats, alone_s, loaded_s, warm, timeout=180):
+                        rows.append(row)
+                        emit(row, out)
+                emit({**summary(rows), **provenance(tcp_cc)}, out)
+            finally:
+                signal.alarm(0)
+                with held_signals():
+                    remove_namespaces()
     finally:
-        signal.alarm(0)
-        with held_signals():
-            remove_namespaces()
         if out:
             out.close()
+
+
+def emit(row: dict[str, Any], out: Any) -> None:
+    line = json.dumps(row)
+    print(line, flush=True)
+    if out:
+        print(line, file=out, flush=True)
 
 
 if __name__ == "__main__":
