@@ -28,14 +28,21 @@ it: the model's input is then the job alone with that uplink opened (the
 NIC-priced iteration), and both slowdowns are against the job alone on the
 narrow uplink.
 
-Prints one JSON line per job of each case (`case`, `job`,
-`measured_slowdown`, `model_slowdown`, the seconds behind them, the link
-rates and message bytes) and a summary line: mean |model - measured|
-slowdown, mean relative error of the loaded iteration time, and of the
-slowdown where it is at least 5%. `--quick` is a smoke run (two cases, short
-windows, about a minute).
+`maxmin_slowdown` is a variant these measurements suggest, not what
+cellsched prices with: each job sends at its bottleneck rate and jobs on a
+link share it max-min fairly (`maxmin_times`); it is solver.network's model
+wherever all rates are equal.
 
-    python benchmarks/contention_real.py [--cases all] [--repeats 1] [--out FILE] [--quick]
+Prints one JSON line per job of each case (`case`, `job`,
+`measured_slowdown`, `model_slowdown`, `maxmin_slowdown`, the seconds
+behind them, the link rates and message bytes) and a summary line: mean
+|model - measured| slowdown, mean and max relative error of the loaded
+iteration time, mean relative error of the slowdown where it is at least 5%
+(the same for the variant, `maxmin_`), and the run's provenance. `--quick` is
+a smoke run (two cases, short windows, about half a minute). `--cc` sets the
+nodes' TCP congestion control (per route; default: the namespace's own).
+
+    python benchmarks/contention_real.py [--cases all] [--repeats 1] [--out FILE] [--quick] [--cc cubic]
 """
 
 from __future__ import annotations
@@ -43,7 +50,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import itertools
 import json
+import math
 import os
 import queue
 import signal
@@ -242,19 +251,81 @@ def physics_comm_s(case: Case, job: Job) -> float:
 # --------------------------------------------------------------------------- the model
 
 
-def model_times(case: Case, inputs: dict[str, tuple[float, float]]) -> tuple[dict[str, float], dict[str, float]]:
-    """(alone, loaded) iteration seconds per job from solver.network, given
-    each job's NIC-priced (iteration, network seconds) alone."""
-    from solver.network import CommLoad, Network, iteration_times
+def network_of(case: Case) -> Any:
+    from solver.network import Network
 
-    net = Network(
+    return Network(
         {n: r / 1000 for n, r in case.nic_mbit.items()},
         dict(case.rack_of),
         {r: v / 1000 for r, v in case.uplink_mbit.items()},
     )
+
+
+def model_times(case: Case, inputs: dict[str, tuple[float, float]]) -> tuple[dict[str, float], dict[str, float]]:
+    """(alone, loaded) iteration seconds per job from solver.network, given
+    each job's NIC-priced (iteration, network seconds) alone."""
+    from solver.network import CommLoad, iteration_times
+
+    net = network_of(case)
     loads = [CommLoad(j.name, j.nodes, *inputs[j.name]) for j in case.jobs]
     alone = {c.job_id: iteration_times([c], net)[c.job_id] for c in loads}
     return alone, iteration_times(loads, net)
+
+
+def _maxmin(cap: float, demand: dict[str, float]) -> dict[str, float]:
+    """Max-min fair shares of `cap` among `demand` (water-filling)."""
+    share: dict[str, float] = {}
+    left, c = dict(demand), cap
+    while left:
+        fair = c / len(left)
+        small = {k: v for k, v in left.items() if v <= fair}
+        if not small:
+            share.update(dict.fromkeys(left, fair))
+            break
+        for k, v in small.items():
+            share[k] = v
+            c -= v
+            del left[k]
+    return share
+
+
+def maxmin_times(case: Case, inputs: dict[str, tuple[float, float]]) -> tuple[dict[str, float], dict[str, float]]:
+    """The same as `model_times` under a variant these measurements suggest
+    (not what cellsched prices with): a job sends at its bottleneck rate (its
+    slowest NIC or crossed uplink: a ring moves at its slowest hop's pace), and
+    the jobs on a link at one instant share it max-min fairly. A job's network
+    seconds, priced at its slowest NIC, stretch on each link by the expected
+    (slowest NIC / its share) over the others being there independently with
+    their duties; as in solver.network, its most shared link counts and the
+    duties are iterated to their fixed point. With equal rates it is
+    solver.network's model."""
+    net = network_of(case)
+    jobs = {j.name: j for j in case.jobs}
+    links = {n: [link for link, _ in net.links(j.nodes)] for n, j in jobs.items()}
+    nominal = {n: net.slowest_nic(j.nodes) for n, j in jobs.items()}
+    rate = {n: min([nominal[n], *(net.capacity(link) for link in links[n])]) for n in jobs}
+
+    def times(names: list[str]) -> dict[str, float]:
+        f = dict.fromkeys(names, 1.0)
+        for _ in range(200):
+            duty = {n: inputs[n][1] * f[n] / (inputs[n][0] + inputs[n][1] * (f[n] - 1)) for n in names}
+            new = dict.fromkeys(names, 1.0)
+            for n in names:
+                for link in links[n]:
+                    others = [o for o in names if o != n and link in links[o]]
+                    e = 0.0
+                    for on in itertools.product((False, True), repeat=len(others)):
+                        p = math.prod(duty[o] if x else 1 - duty[o] for o, x in zip(others, on, strict=True))
+                        active = [n, *(o for o, x in zip(others, on, strict=True) if x)]
+                        e += p * nominal[n] / _maxmin(net.capacity(link), {a: rate[a] for a in active})[n]
+                    new[n] = max(new[n], e)
+            moved = max(abs(new[k] - f[k]) for k in f)
+            f = new
+            if moved < 1e-9:
+                break
+        return {n: inputs[n][0] + inputs[n][1] * (f[n] - 1) for n in names}
+
+    return {n: times([n])[n] for n in jobs}, times(list(jobs))
 
 
 # --------------------------------------------------------------------------- the network
@@ -302,8 +373,9 @@ def address(case: Case, node: str) -> str:
     return f"{SUBNET}.{case.nodes.index(node) + 1}"
 
 
-def build(case: Case) -> None:
-    """The case's nodes, racks and links, each NIC and uplink limited both ways."""
+def build(case: Case, cc: str | None = None) -> None:
+    """The case's nodes, racks and links, each NIC and uplink limited both ways;
+    `cc` the nodes' TCP congestion control (None: the namespace's default)."""
     _ip("netns", "add", SWITCH)
     racks = sorted(set(case.rack_of.values())) or ["r0"]
     for r in racks:
@@ -328,6 +400,9 @@ def build(case: Case) -> None:
         _ip("-n", ns, "addr", "add", f"{address(case, node)}/24", "dev", IFNAME)
         _ip("-n", ns, "link", "set", IFNAME, "up")
         _ip("-n", ns, "link", "set", "lo", "up")
+        if cc:  # per route: a namespace's default may only be one the host allows
+            route = [f"{SUBNET}.0/24", "dev", IFNAME, "proto", "kernel", "scope", "link", "src", address(case, node)]
+            _ip("-n", ns, "route", "replace", *route, "congctl", cc)
         _tc(ns, IFNAME, case.nic_mbit[node])  # the node sends
         _tc(SWITCH, port, case.nic_mbit[node])  # the node receives
 
@@ -515,10 +590,12 @@ def run_phase(ranks: dict[str, list[Rank]], jobs: list[Job], seconds: float, war
     return {j.name: (answers[j.name], go + warm, until) for j in jobs}
 
 
-def measure(case: Case, repeats: int, alone_s: float, loaded_s: float, warm: float, timeout: float) -> list[dict]:
+def measure(
+    case: Case, repeats: int, alone_s: float, loaded_s: float, warm: float, timeout: float, cc: str | None = None
+) -> list[dict]:
     ranks: dict[str, list[Rank]] = {}
     try:
-        build(case)
+        build(case, cc)
         for k, job in enumerate(case.jobs):
             ranks[job.name] = [Rank(case, job, i, BASE_PORT + k) for i in range(len(job.nodes))]
         deadline = time.monotonic() + timeout
@@ -557,7 +634,9 @@ def measure(case: Case, repeats: int, alone_s: float, loaded_s: float, warm: flo
         if len(ph.iters) < 3:
             raise RuntimeError(f"{case.name}/{name}: only {len(ph.iters)} iterations in a window; lengthen it")
     inputs = calib if case.narrow_uplink() else alone
-    m_alone, m_loaded = model_times(case, {n: (p.iter_s, p.net_s) for n, p in inputs.items()})
+    given = {n: (p.iter_s, p.net_s) for n, p in inputs.items()}
+    m_alone, m_loaded = model_times(case, given)
+    v_alone, v_loaded = maxmin_times(case, given)
     rows = []
     for job in case.jobs:
         a, lo = alone[job.name], loaded[job.name]
@@ -569,11 +648,13 @@ def measure(case: Case, repeats: int, alone_s: float, loaded_s: float, warm: flo
                 "job": job.name,
                 "measured_slowdown": round(measured, 4),
                 "model_slowdown": round(model, 4),
+                "maxmin_slowdown": round(v_loaded[job.name] / v_alone[job.name] - 1, 4),
                 "alone_s": round(a.iter_s, 4),
                 "loaded_s": round(lo.iter_s, 4),
                 "model_alone_s": round(m_alone[job.name], 4),
                 "model_loaded_s": round(m_loaded[job.name], 4),
                 "alone_net_s": round(a.net_s, 4),
+                "model_input_s": round(inputs[job.name].iter_s, 4),
                 "model_input_net_s": round(inputs[job.name].net_s, 4),
                 "physics_net_s": round(physics_comm_s(case, job), 4),
                 "duty_alone": round(a.net_s / a.iter_s, 3),
@@ -591,21 +672,30 @@ def measure(case: Case, repeats: int, alone_s: float, loaded_s: float, warm: flo
     return rows
 
 
+def errors(rows: list[dict], key: str, prefix: str = "") -> dict[str, Any]:
+    """How far `key` (a predicted slowdown) is from the measured one: mean
+    |difference|; mean and max relative error of the loaded iteration (alone x
+    (1 + slowdown), so |difference| / (1 + measured)); mean relative error of
+    the slowdown itself where it is at least 5%."""
+    diff = [abs(r[key] - r["measured_slowdown"]) for r in rows]
+    iter_err = [d / (1 + r["measured_slowdown"]) for d, r in zip(diff, rows, strict=True)]
+    rel = [d / r["measured_slowdown"] for d, r in zip(diff, rows, strict=True) if r["measured_slowdown"] >= 0.05]
+    return {
+        f"{prefix}slowdown_mean_abs_err": round(statistics.mean(diff), 4),
+        f"{prefix}loaded_iter_mean_rel_err": round(statistics.mean(iter_err), 4),
+        f"{prefix}loaded_iter_max_rel_err": round(max(iter_err), 4),
+        f"{prefix}slowdown_mean_rel_err": round(statistics.mean(rel), 4) if rel else None,
+    }
+
+
 def summary(rows: list[dict]) -> dict[str, Any]:
-    abs_err = [abs(r["model_slowdown"] - r["measured_slowdown"]) for r in rows]
-    # loaded iteration: alone * (1 + slowdown), so its relative error is |model - measured| / (1 + measured)
-    iter_err = [e / (1 + r["measured_slowdown"]) for e, r in zip(abs_err, rows, strict=True)]
-    slowed = [r for r in rows if r["measured_slowdown"] >= 0.05]
-    rel = [abs(r["model_slowdown"] - r["measured_slowdown"]) / r["measured_slowdown"] for r in slowed]
     return {
         "summary": True,
         "cases": len({r["case"] for r in rows}),
         "jobs": len(rows),
-        "slowdown_mean_abs_err": round(statistics.mean(abs_err), 4),
-        "loaded_iter_mean_rel_err": round(statistics.mean(iter_err), 4),
-        "loaded_iter_max_rel_err": round(max(iter_err), 4),
-        "slowdown_mean_rel_err": round(statistics.mean(rel), 4) if rel else None,
-        "slowed_jobs": len(slowed),
+        "slowed_jobs": sum(r["measured_slowdown"] >= 0.05 for r in rows),
+        **errors(rows, "model_slowdown"),
+        **errors(rows, "maxmin_slowdown", "maxmin_"),
     }
 
 
@@ -695,6 +785,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="also write the JSON lines here")
     ap.add_argument("--quick", action="store_true", help=f"smoke run: {','.join(QUICK_CASES)}, short windows")
     ap.add_argument("--timeout", type=float, default=1500.0, help="the whole run's limit in seconds")
+    ap.add_argument("--cc", help="TCP congestion control in the nodes (default: what a new namespace gets)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     for opt, typ in (("--kind", str), ("--rank", int), ("--world", int), ("--master", str), ("--nbytes", int)):
         ap.add_argument(opt, type=typ, help=argparse.SUPPRESS)
@@ -727,10 +818,10 @@ def main() -> None:
                     raise SystemExit(EXIT_NO_NETNS)
                 remove_namespaces()  # a previous run's leftovers
                 for name in names:
-                    for row in measure(CASES[name], a.repeats, alone_s, loaded_s, warm, timeout=180):
+                    for row in measure(CASES[name], a.repeats, alone_s, loaded_s, warm, 180, a.cc):
                         rows.append(row)
                         emit(row, out)
-                emit({**summary(rows), **provenance(tcp_cc)}, out)
+                emit({**summary(rows), **provenance(a.cc or tcp_cc)}, out)
             finally:
                 signal.alarm(0)
                 with held_signals():

@@ -11,6 +11,7 @@ link carries."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from support import ROOT
@@ -27,6 +29,37 @@ PREFIX = "cscr-"
 EXIT_BUSY, EXIT_NO_NETNS = 3, 4
 #: payload bytes -> bytes tbf counts: 1448-byte TCP segments in 1514-byte frames
 WIRE = 1514 / 1448
+
+
+def _benchmark() -> ModuleType:
+    """The script as a module (no namespaces are made by importing it)."""
+    spec = importlib.util.spec_from_file_location("contention_real", SCRIPT)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["contention_real"] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_maxmin_variant_is_solver_network_where_rates_are_equal() -> None:
+    cr = _benchmark()
+    case = cr.CASES["ring4"]  # three jobs, all NICs 100 Mbit/s
+    inputs = {"ring": (0.45, 0.4), "left": (0.28, 0.18), "right": (0.49, 0.18)}
+    model, variant = cr.model_times(case, inputs), cr.maxmin_times(case, inputs)
+    for got, want in zip(variant, model, strict=True):
+        assert got == pytest.approx(want, rel=1e-6)
+
+
+def test_the_maxmin_variant_lets_a_slow_nic_job_take_only_its_rate() -> None:
+    """On n0's 100 Mbit/s NIC a job paced by a 25 Mbit/s NIC takes 25 and the
+    other 75: the slow job is never slowed, the fast one by 100/75 while they
+    overlap (half of the slow one's time), so its network seconds grow by 1/6."""
+    cr = _benchmark()
+    case = cr.CASES["unequal-nics"]
+    alone, loaded = cr.maxmin_times(case, {"fast": (1.0, 0.5), "slow": (1.0, 0.5)})
+    assert alone == pytest.approx({"fast": 1.0, "slow": 1.0})
+    assert loaded["slow"] == pytest.approx(1.0)
+    assert loaded["fast"] == pytest.approx(1.0 + 0.5 * (0.5 * (100 / 75 - 1)))
 
 
 def _namespaces() -> list[str]:
