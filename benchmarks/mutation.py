@@ -47,6 +47,7 @@ MODULES: dict[str, list[str]] = {
     ],
     "launch/layout.py": [
         "tests/launch/test_layout.py",
+        "tests/launch/test_layout_edges.py",
         "tests/launch/test_step_order.py",
         "tests/launch/test_mixed_shares.py",
         "tests/solver/test_stage_layers_sharding.py",
@@ -57,7 +58,11 @@ MODULES: dict[str, list[str]] = {
         "tests/launch/test_sharding.py",
         "tests/launch/test_uneven_virtual_workers.py",
     ],
-    "solver/placement/objective.py": ["tests/solver/test_placement.py", "tests/solver/test_policies.py"],
+    "solver/placement/objective.py": [
+        "tests/solver/test_objective.py",
+        "tests/solver/test_placement.py",
+        "tests/solver/test_policies.py",
+    ],
     "solver/policies/": [
         "tests/solver/test_policies.py",
         "tests/solver/test_srsf_policies.py",

@@ -1,0 +1,99 @@
+"""solver.placement.objective term by term, each against a value worked out
+by hand from the formulas in its docstring (the mutation benchmark found
+these terms reached only through whole solves, where a changed constant or
+branch did not show)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from solver.models import ModelSpec
+from solver.placement import objective
+from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan, SolverConfig
+
+MODEL = ModelSpec("tiny", "gpt", 4, 256, 4, 128, 1000, 1e7)
+CELL = Cell("a100", 1, 4, 1)
+# every term off but the one a test looks at
+PLAIN = SolverConfig(w_age=0.0, w_throughput=1.0, w_short_jobs=0.0, srpt_exponent=0.0, hesrpt=False)
+
+
+def job(jid: str = "j", iterations: float = 100, **kw) -> JobRequest:
+    return JobRequest(jid, MODEL, 8, iterations, **kw)
+
+
+def est(iter_time_s: float, feasible: bool = True) -> Estimate:
+    return Estimate(CELL, ParallelPlan(1, 4, 1) if feasible else None, iter_time_s, 1.0, EstimateSource.MEASURED)
+
+
+def test_throughput_is_samples_per_second_and_zero_when_infeasible():
+    assert objective.throughput(job(), est(2.0)) == 4.0  # 8 samples / 2 s
+    assert objective.throughput(job(), est(2.0, feasible=False)) == 0.0
+
+
+def test_remaining_work_is_iterations_times_the_reference_time():
+    assert objective.remaining_work_s(job(iterations=100, iterations_done=40), est(2.0)) == 120.0
+    assert objective.remaining_work_s(job(), None) == math.inf
+
+
+def test_utility_is_throughput_over_the_reference_to_the_p():
+    assert objective.utility(job(), est(1.0), est(2.0), 0.5) == pytest.approx(math.sqrt(2))
+    assert objective.utility(job(), est(1.0, feasible=False), est(2.0), 0.5) == 0.0
+    assert objective.utility(job(), est(1.0), est(2.0, feasible=False), 0.5) == 0.0  # no reference throughput
+
+
+def test_age_factor():
+    cfg = SolverConfig(w_age=0.25, age_scale_s=3600.0)
+    assert objective.age_factor(job(submit_time=100.0), 100.0 + 3600.0, cfg) == pytest.approx(1.25)  # log2(2)
+    assert objective.age_factor(job(submit_time=100.0), 100.0 + 3 * 3600.0, cfg) == pytest.approx(1.5)  # log2(4)
+    assert objective.age_factor(job(submit_time=100.0), 50.0, cfg) == 1.0  # not submitted yet: no age
+    assert objective.age_factor(job(submit_time=100.0), 100.0, cfg) == 1.0
+    # an age scale below one second is used as it is: 1.5 s / 0.5 s -> log2(4)
+    assert objective.age_factor(job(), 1.5, SolverConfig(w_age=0.25, age_scale_s=0.5)) == pytest.approx(1.5)
+
+
+def weights(works: dict[str, float | None], cfg: SolverConfig) -> dict[str, float]:
+    """job_weights of jobs with these remaining seconds of work (None: no reference cell): one iteration
+    left, of that many seconds on the reference cell."""
+    jobs = [job(jid, iterations=1) for jid in works]
+    refs = {jid: (est(w) if w is not None else None) for jid, w in works.items()}
+    return objective.job_weights(jobs, refs, 0.0, cfg)
+
+
+def test_short_jobs_weight_is_the_median_over_median_plus_own_work():
+    cfg = SolverConfig(**{**PLAIN.__dict__, "w_short_jobs": 1.0})
+    # median of 100 and 300 is 200: 200/300 and 200/500; no reference: no bonus
+    assert weights({"a": 100, "b": 300, "c": None}, cfg) == pytest.approx({"a": 1 + 2 / 3, "b": 1.4, "c": 1.0})
+    assert weights({"a": 0.1, "b": 0.1}, cfg) == pytest.approx({"a": 1.5, "b": 1.5})  # 0.1 / 0.2
+    assert weights({"a": 0, "b": 0}, cfg) == {"a": 2.0, "b": 2.0}  # nothing left anywhere: the full bonus
+
+
+def test_srpt_exponent_factor_and_its_conditions():
+    cfg = SolverConfig(**{**PLAIN.__dict__, "srpt_exponent": 1.0})
+    # median 1.0: (1.0 / 0.5) = 2 and 1.0 / 1.5; a job without a reference keeps 1
+    assert weights({"a": 0.5, "b": 1.5, "c": None}, cfg) == pytest.approx({"a": 2.0, "b": 2 / 3, "c": 1.0})
+    # a job with no work left keeps 1 (no division by zero) while the median is positive
+    assert weights({"a": 0, "b": 4, "c": 8}, cfg) == pytest.approx({"a": 1.0, "b": 1.0, "c": 0.5})
+    # a median of 0 leaves every job at 1
+    assert weights({"a": 0, "b": 0, "c": 5}, cfg) == pytest.approx({"a": 1.0, "b": 1.0, "c": 1.0})
+    # the factor is a power of q, and multiplies the short-jobs weight
+    q2 = SolverConfig(**{**cfg.__dict__, "srpt_exponent": 2.0, "w_short_jobs": 1.0})
+    # median 2: a = (1 + 2/3) * (2/1)**2, b = (1 + 2/5) * (2/3)**2
+    assert weights({"a": 1, "b": 3}, q2) == pytest.approx({"a": (5 / 3) * 4, "b": 1.4 * 4 / 9})
+
+
+def test_hesrpt_multiplies_the_other_weights():
+    cfg = SolverConfig(**{**PLAIN.__dict__, "w_short_jobs": 1.0, "hesrpt": True, "fairness_p": 0.5})
+    # two jobs, p = 0.5: heSRPT weights sqrt(1.5) (the smaller) and sqrt(0.5), times the short-jobs
+    # weights of the median 200: 1 + 200/300 and 1 + 200/500
+    w = weights({"a": 100, "b": 300}, cfg)
+    assert w == pytest.approx({"a": (1 + 2 / 3) * math.sqrt(1.5), "b": 1.4 * math.sqrt(0.5)})
+
+
+def test_restart_factor_uses_the_penalty_given_and_a_short_horizon_as_it_is():
+    cfg = SolverConfig(restart_penalty=1.0, horizon_s=300.0, horizon_remaining=False)
+    assert objective.restart_factor(job(restart_cost_s=30.0), cfg) == pytest.approx(0.9)
+    assert objective.restart_factor(job(restart_cost_s=30.0), cfg, penalty=0.5) == pytest.approx(0.95)
+    short = SolverConfig(restart_penalty=1.0, horizon_s=0.5, horizon_remaining=False)
+    assert objective.restart_factor(job(restart_cost_s=0.1), short) == pytest.approx(0.8)  # 1 - 0.1 / 0.5
