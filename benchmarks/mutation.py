@@ -53,6 +53,7 @@ MODULES: dict[str, list[str]] = {
         "tests/solver/test_stage_layers_sharding.py",
     ],
     "launch/elastic.py": [
+        "tests/launch/test_elastic_units.py",
         "tests/launch/test_elastic.py",
         "tests/launch/test_layout.py",
         "tests/launch/test_sharding.py",

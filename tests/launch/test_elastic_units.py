@@ -1,0 +1,82 @@
+"""launch.elastic in one process: the many-rank path of ordered_sum against
+a stand-in for torch.distributed (what the other ranks send is given), and
+the bounds of VirtualWorker. The mutation benchmark found these reached only
+from child processes, where a changed line did not show."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from launch import elastic
+from launch.elastic import VirtualWorker, ordered_sum
+
+
+class FakeDist:
+    """This process is rank `me`; `others[r]` is what rank r sends (its units' tensors)."""
+
+    def __init__(self, me: int, others: dict[int, list[torch.Tensor]], world: int):
+        self.me, self.others, self.world, self.sent = me, others, world, None
+
+    def get_rank(self, group):
+        return self.me
+
+    def get_world_size(self, group):
+        return self.world
+
+    def all_gather(self, parts, send, group=None):
+        self.sent = send.clone()
+        for r, part in enumerate(parts):
+            if r == self.me:
+                part.copy_(send)
+            else:
+                rows = self.others[r]
+                part.fill_(float("nan"))  # rows past a rank's count must never be read
+                for i, t in enumerate(rows):
+                    part[i].copy_(t)
+
+
+def t(*xs: float) -> torch.Tensor:
+    return torch.tensor(xs, dtype=torch.float64)
+
+
+def test_many_ranks_sum_in_global_unit_order(monkeypatch):
+    # ranks hold 1, 3 and 2 units; this process is rank 1
+    fake = FakeDist(1, {0: [t(1e16, 0.0)], 2: [t(-1e16, 5.0), t(1.0, 6.0)]}, world=3)
+    monkeypatch.setattr(elastic, "dist", fake)
+    got = ordered_sum([t(1.0, 1.0), t(2.0, 2.0), t(3.0, 3.0)], group=None, counts=[1, 3, 2])
+    # units in global order: rank 0's, then this rank's three, then rank 2's two, summed left to right
+    # (1e16 swallows odd steps: another order gives another first column)
+    first = ((((1e16 + 1.0) + 2.0) + 3.0) + -1e16) + 1.0
+    assert got.tolist() == [first, 0.0 + 1.0 + 2.0 + 3.0 + 5.0 + 6.0]
+    # what this rank sent: its 3 units, padded to the widest rank (3 rows): no padding here
+    assert fake.sent.tolist() == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+
+
+def test_a_short_rank_sends_zero_rows_that_are_dropped(monkeypatch):
+    fake = FakeDist(0, {1: [t(10.0), t(20.0), t(30.0)]}, world=2)
+    monkeypatch.setattr(elastic, "dist", fake)
+    assert ordered_sum([t(1.0)], group=None, counts=[1, 3]).tolist() == [61.0]
+    assert fake.sent.tolist() == [[1.0], [0.0], [0.0]]
+
+
+def test_counts_must_match_the_group(monkeypatch):
+    monkeypatch.setattr(elastic, "dist", FakeDist(0, {}, world=2))
+    with pytest.raises(ValueError, match=r"rank 0 of a group of 2 holds 1 units, counts say \[1, 1, 1\]"):
+        ordered_sum([t(1.0)], group=None, counts=[1, 1, 1])
+    with pytest.raises(ValueError, match=r"rank 0 of a group of 2 holds 1 units, counts say \[2, 1\]"):
+        ordered_sum([t(1.0)], group=None, counts=[2, 1])
+    with pytest.raises(ValueError, match="ordered_sum needs at least one local tensor"):
+        ordered_sum([], group=None)
+
+
+@pytest.mark.parametrize(("index", "count", "size"), [(-1, 3, 10), (3, 3, 10), (0, 3, 2)])
+def test_a_virtual_worker_outside_its_count_or_dataset_is_refused(index, count, size):
+    with pytest.raises(ValueError, match=f"virtual worker {index} of {count} needs a dataset of at least {count}"):
+        VirtualWorker(index, count, size, seed=1)
+
+
+def test_the_last_worker_of_a_dataset_just_large_enough():
+    vw = VirtualWorker(2, 3, 3, seed=1)
+    assert vw.shard_size == 1 and vw.next_indices(2) == [2, 2]
+    assert vw.epoch == 1  # the second index began a new epoch
