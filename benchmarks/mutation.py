@@ -5,7 +5,8 @@ module into variants with one small change each (a mutant: `<` for `<=`,
 `+ 1` for `- 1`, `None` for a value, a dropped argument ...) and runs the
 tests that reach that function against every mutant. A mutant whose tests
 fail is "killed"; one whose tests still pass "survived": a change to the code
-that no test notices. The score is killed / (killed + survived + timeout).
+that no test notices. The score is (killed + timeout) / mutants tested: a
+mutant that makes its tests hang past the limit is caught too.
 
 Per module the benchmark copies this checkout into a work folder (mutmut
 writes its copies under `mutants/` there; the checkout is never touched),
@@ -17,7 +18,7 @@ JSON line per module and a summary line; the surviving mutants (their diffs)
 go to OUT/<module>.survivors.txt.
 
     pip install mutmut   # not part of the project's extras
-    PYTHONPATH=. python benchmarks/mutation.py                      # every module below
+    python benchmarks/mutation.py                                   # every module below
     python benchmarks/mutation.py --modules solver/contract.py launch/layout.py
     python benchmarks/mutation.py --max-mutants 100 --seed 0        # a seeded sample per module
 """
@@ -33,6 +34,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -216,7 +218,12 @@ def run_module(module: str, out: pathlib.Path, max_mutants: int | None, seed: in
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modules", nargs="+", default=list(MODULES), choices=list(MODULES), metavar="MODULE")
-    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("mutation-out"), help="work folder and logs")
+    p.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=pathlib.Path(tempfile.gettempdir()) / "cellsched-mutation",
+        help="work folder, logs and survivors (outside the checkout: the checkout's untracked files are copied)",
+    )
     p.add_argument("--max-mutants", type=int, default=None, help="test a seeded random sample of N mutants per module")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="mutants tested at once")
