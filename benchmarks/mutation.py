@@ -91,7 +91,7 @@ def _toml_list(items: list[str]) -> str:
     return "[" + ", ".join(json.dumps(x) for x in items) + "]"
 
 
-def _prepare(module: str, work: pathlib.Path) -> None:
+def _prepare(module: str, work: pathlib.Path, timeout_multiplier: float) -> None:
     """Copy the checkout's files (tracked + untracked, not ignored) and add the mutmut config."""
     if work.exists():
         shutil.rmtree(work)
@@ -117,6 +117,7 @@ def _prepare(module: str, work: pathlib.Path) -> None:
         f"pytest_add_cli_args = {_toml_list(PYTEST_ARGS)}\n"
         f"pytest_add_cli_args_test_selection = {_toml_list(MODULES[module])}\n"
         f"also_copy = {_toml_list(ALSO_COPY)}\n"
+        f"timeout_multiplier = {float(timeout_multiplier)}\n"
         "use_git_change_detection = false\n"
     )
     with (work / "pyproject.toml").open("a") as f:
@@ -165,13 +166,15 @@ def _locate(work: pathlib.Path, diff: str) -> str:
     return path
 
 
-def run_module(module: str, out: pathlib.Path, max_mutants: int | None, seed: int, jobs: int) -> dict:
+def run_module(
+    module: str, out: pathlib.Path, max_mutants: int | None, seed: int, jobs: int, timeout_multiplier: float = 15.0
+) -> dict:
     slug = _slug(module)
     work = out / "work" / slug
     log = out / f"{slug}.log"
     log.write_text("")
     t0 = time.monotonic()
-    _prepare(module, work)
+    _prepare(module, work, timeout_multiplier)
     names: list[str] = []
     if max_mutants is not None:
         # generate the mutants and the test stats only (a filter that matches nothing), then draw a sample
@@ -226,6 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--max-mutants", type=int, default=None, help="test a seeded random sample of N mutants per module")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--timeout-multiplier",
+        type=float,
+        default=15.0,
+        help="a mutant's CPU-time limit: 2 x this x (its tests' clean time + 1 s) (mutmut's default: 15)",
+    )
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="mutants tested at once")
     args = p.parse_args(argv)
     try:
@@ -237,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out = args.out.resolve()
     total = {"killed": 0, "survived": 0, "timeout": 0, "mutants": 0, "other": 0, "not_checked": 0}
     for module in args.modules:
-        row = run_module(module, args.out, args.max_mutants, args.seed, args.jobs)
+        row = run_module(module, args.out, args.max_mutants, args.seed, args.jobs, args.timeout_multiplier)
         print(json.dumps(row), flush=True)
         for k in total:
             total[k] += row[k]
