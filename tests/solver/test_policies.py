@@ -409,3 +409,12 @@ def test_no_policy_preempts_a_running_job(name, exact_config):
 def test_unknown_policy():
     with pytest.raises(ValueError, match="unknown policy"):
         get_policy("nope")
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["cellsched", "cellsched-static", "fcfs", "fcfs-backfill", "gavel", "sia", "srsf-avoid", "srsf-accept", "ada-srsf"],
+)
+def test_each_policy_answers_to_the_name_it_is_registered_under(name):
+    # the name is what metrics, the simulator's output and the config use (mutation benchmark: a survivor)
+    assert get_policy(name).name == name
