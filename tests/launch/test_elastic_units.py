@@ -80,3 +80,20 @@ def test_the_last_worker_of_a_dataset_just_large_enough():
     vw = VirtualWorker(2, 3, 3, seed=1)
     assert vw.shard_size == 1 and vw.next_indices(2) == [2, 2]
     assert vw.epoch == 1  # the second index began a new epoch
+
+
+def test_the_epoch_counts_wraps_not_the_first_shuffle():
+    vw = VirtualWorker(0, 2, 4, seed=3)  # shard of 2
+    vw.next_indices(2)
+    assert vw.epoch == 0
+    vw.next_indices(1)
+    assert vw.epoch == 1
+
+
+def test_a_fresh_worker_saves_and_loads_no_order():
+    fresh = VirtualWorker(1, 2, 4, seed=3)
+    state = fresh.state_dict()
+    assert (state["index"], state["count"], state["epoch"], state["position"], state["order"]) == (1, 2, 0, 0, None)
+    twin = VirtualWorker(1, 2, 4, seed=99)
+    twin.load_state_dict(state)
+    assert twin.next_indices(2) == fresh.next_indices(2)  # the saved generator state, not its own seed
