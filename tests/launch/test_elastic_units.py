@@ -19,12 +19,15 @@ class FakeDist:
         self.me, self.others, self.world, self.sent = me, others, world, None
 
     def get_rank(self, group):
+        assert group is GROUP, "asked about another group than the one given"
         return self.me
 
     def get_world_size(self, group):
+        assert group is GROUP, "asked about another group than the one given"
         return self.world
 
     def all_gather(self, parts, send, group=None):
+        assert group is GROUP, "gathered over another group than the one given"
         self.sent = send.clone()
         for r, part in enumerate(parts):
             if r == self.me:
@@ -36,6 +39,9 @@ class FakeDist:
                     part[i].copy_(t)
 
 
+GROUP = object()  # the process group ordered_sum is given: every call must name it
+
+
 def t(*xs: float) -> torch.Tensor:
     return torch.tensor(xs, dtype=torch.float64)
 
@@ -44,7 +50,7 @@ def test_many_ranks_sum_in_global_unit_order(monkeypatch):
     # ranks hold 1, 3 and 2 units; this process is rank 1
     fake = FakeDist(1, {0: [t(1e16, 0.0)], 2: [t(-1e16, 5.0), t(1.0, 6.0)]}, world=3)
     monkeypatch.setattr(elastic, "dist", fake)
-    got = ordered_sum([t(1.0, 1.0), t(2.0, 2.0), t(3.0, 3.0)], group=None, counts=[1, 3, 2])
+    got = ordered_sum([t(1.0, 1.0), t(2.0, 2.0), t(3.0, 3.0)], group=GROUP, counts=[1, 3, 2])
     # units in global order: rank 0's, then this rank's three, then rank 2's two, summed left to right
     # (1e16 swallows odd steps: another order gives another first column)
     first = ((((1e16 + 1.0) + 2.0) + 3.0) + -1e16) + 1.0
@@ -56,18 +62,19 @@ def test_many_ranks_sum_in_global_unit_order(monkeypatch):
 def test_a_short_rank_sends_zero_rows_that_are_dropped(monkeypatch):
     fake = FakeDist(0, {1: [t(10.0), t(20.0), t(30.0)]}, world=2)
     monkeypatch.setattr(elastic, "dist", fake)
-    assert ordered_sum([t(1.0)], group=None, counts=[1, 3]).tolist() == [61.0]
+    assert ordered_sum([t(1.0)], group=GROUP, counts=[1, 3]).tolist() == [61.0]
     assert fake.sent.tolist() == [[1.0], [0.0], [0.0]]
 
 
 def test_counts_must_match_the_group(monkeypatch):
     monkeypatch.setattr(elastic, "dist", FakeDist(0, {}, world=2))
     with pytest.raises(ValueError, match=r"rank 0 of a group of 2 holds 1 units, counts say \[1, 1, 1\]"):
-        ordered_sum([t(1.0)], group=None, counts=[1, 1, 1])
+        ordered_sum([t(1.0)], group=GROUP, counts=[1, 1, 1])
     with pytest.raises(ValueError, match=r"rank 0 of a group of 2 holds 1 units, counts say \[2, 1\]"):
-        ordered_sum([t(1.0)], group=None, counts=[2, 1])
-    with pytest.raises(ValueError, match="ordered_sum needs at least one local tensor"):
-        ordered_sum([], group=None)
+        ordered_sum([t(1.0)], group=GROUP, counts=[2, 1])
+    with pytest.raises(ValueError) as e:
+        ordered_sum([], group=GROUP)
+    assert str(e.value) == "ordered_sum needs at least one local tensor"
 
 
 @pytest.mark.parametrize(("index", "count", "size"), [(-1, 3, 10), (3, 3, 10), (0, 3, 2)])
