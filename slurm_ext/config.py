@@ -330,16 +330,14 @@ class Config:
     source: str = ""  # the file it was read from ("" = defaults)
 
 
-_SECTIONS: dict[str, type] = {
+#: TOML section -> its dataclass (a key is a field)
+SECTIONS: Mapping[str, type] = {
     "controller": ControllerConfig,
     "solver": SolverConfig,
     "network": NetworkConfig,
     "metrics": MetricsConfig,
     "log": LogConfig,
 }
-
-
-SECTIONS: Mapping[str, type] = _SECTIONS  # TOML section -> its dataclass (a key is a field)
 
 
 def _typed(section: str, key: str, want: Any, value: Any) -> Any:
@@ -366,12 +364,12 @@ def _typed(section: str, key: str, want: Any, value: Any) -> Any:
 
 def from_dict(data: Mapping[str, Any], source: str = "") -> Config:
     """A Config from parsed TOML; ConfigError names the first bad key."""
-    unknown = sorted(set(data) - set(_SECTIONS))
+    unknown = sorted(set(data) - set(SECTIONS))
     if unknown:
-        raise ConfigError(f"{source or 'config'}: unknown section [{unknown[0]}] (known: {', '.join(_SECTIONS)})")
+        raise ConfigError(f"{source or 'config'}: unknown section [{unknown[0]}] (known: {', '.join(SECTIONS)})")
     defaults = Config()
     built: dict[str, Any] = {}
-    for section, cls in _SECTIONS.items():
+    for section, cls in SECTIONS.items():
         values = data.get(section, {})
         if not isinstance(values, Mapping):
             raise ConfigError(f"[{section}] must be a table")
