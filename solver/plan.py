@@ -15,6 +15,7 @@ from fractions import Fraction
 from typing import Any
 
 from solver.errors import SolverError
+from solver.runtimes import RUNTIMES
 
 PLAN_VERSION = 1
 #: Slurm keeps comments of any length, but a plan stays small: refuse a plan
@@ -49,6 +50,9 @@ class JobPlan:
     checkpoint_dir: where to checkpoint / resume; the job also writes its
       progress there (``progress.json``: step, iterations_done, time), the
       channel through which the controller learns a running job's progress.
+    runtime: the runtime that carries the plan out (solver.runtimes; None:
+      the job's code reads the degrees itself, as ``exact`` did before runtimes
+      had names).
     cell: the cell key the solver chose; job_id: the Slurm job id (the
       launcher refuses a plan whose job_id is not its SLURM_JOB_ID).
     """
@@ -68,6 +72,7 @@ class JobPlan:
     virtual_workers: int | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None
+    runtime: str | None = None
     cell: str | None = None
     job_id: str | None = None
     iter_time_s: float | None = None
@@ -113,6 +118,8 @@ class JobPlan:
                     f"plan field 'virtual_workers' ({self.virtual_workers}) must be at least dp ({self.dp}):"
                     " every dp rank runs at least one virtual worker"
                 )
+        if self.runtime is not None and (not isinstance(self.runtime, str) or self.runtime not in RUNTIMES):
+            raise PlanError(f"plan field 'runtime' must be one of {', '.join(RUNTIMES)}, got {self.runtime!r}")
         if self.version > PLAN_VERSION:
             raise PlanError(f"plan version {self.version} is newer than this cellsched understands ({PLAN_VERSION})")
 

@@ -16,6 +16,7 @@ from typing import Protocol, TypeVar
 
 from solver.models import ModelSpec
 from solver.network import Network
+from solver.runtimes import SOLVER_DEFAULT_RUNTIME, get_runtime
 
 _T = TypeVar("_T")
 
@@ -336,8 +337,12 @@ class JobRequest:
     #: (launch.sharding); policies clear it when SolverConfig.state_sharding
     #: is false, and the estimator then prices replicated state only
     state_sharding: bool = True
+    #: what the job's code can carry out (solver.runtimes): the solver offers
+    #: it no cell or plan outside that and prices its own sync and memory
+    runtime: str = SOLVER_DEFAULT_RUNTIME
 
     def __post_init__(self) -> None:
+        get_runtime(self.runtime)  # UnknownRuntime naming the known ones
         if self.global_batch < 1:
             raise ValueError(f"job {self.job_id}: global_batch must be >= 1")
         if self.iterations < 1:

@@ -1,0 +1,212 @@
+"""What a job's code can carry out: the runtimes a job names at submission.
+
+A plan is only as good as the code that runs it. A torchrun-style DDP
+script ignores a pp=2 or tp=2 plan and trains at the speed of the plan it
+really runs; Megatron cannot split a batch unevenly. Each runtime here
+declares what it can carry out, and the solver never offers a cell or a plan
+outside that (``plan_problem``); the estimator prices the runtime's own
+gradient sync (``grad_sync``) and state layout (``state``).
+
+Names (``cellsched sbatch --runtime NAME``; docs/runtimes.md):
+
+- ``ddp``: any torchrun-style data-parallel script (DDP, Lightning,
+  Accelerate). dp only, even batches, one GPU type, replicated state,
+  gradients all-reduced. Movable only once the script calls
+  ``launch.on_checkpoint(save_fn)``; until then it is static.
+- ``sharded``: cellsched's torch-native runtime (FSDP2, DTensor tensor
+  parallelism, torch pipelining, DCP checkpoints that reshard on resume).
+- ``exact``: cellsched's EasyScale runtime (virtual workers, ordered
+  all-gather sum): bitwise the same training for any dp <= V and GPU type.
+- ``torchtitan``: torchtitan's trainer (FSDP2 + TP + PP), options from the
+  launcher's adapter.
+- ``megatron``: Megatron-LM / megatron-core, options from the adapter.
+- ``adaptive``: the simulator's runtime for trace jobs: any dp x tp x pp,
+  uneven shares and stages, mixed types, gradients all-reduced and optimizer
+  state sharded or not (Arena's assumption of adaptive parallelism). No code
+  ships for it, so a submission cannot name it.
+
+Stdlib only (the launcher and the wrapper import it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from solver.errors import SolverError
+
+
+class UnknownRuntime(ValueError, SolverError):
+    """An unknown runtime name."""
+
+
+class GradSync(StrEnum):
+    """How a runtime sums gradients over its dp ranks."""
+
+    ALLREDUCE = "allreduce"  #: ring all-reduce of the gradient (DDP, Megatron)
+    ALLGATHER = "allgather"  #: all-gather of every unit's gradient, summed in order (exact)
+    REDUCE_SCATTER = "reduce_scatter"  #: FSDP: parameters all-gathered, gradients reduce-scattered
+
+
+class State(StrEnum):
+    """Where a runtime keeps parameters, gradients and optimizer state over dp."""
+
+    REPLICATED = "replicated"  #: everything on every dp rank
+    OPTIMIZER = "optimizer"  #: optimizer state sharded over dp when the plan says so (ZeRO-1)
+    FULL = "full"  #: parameters, gradients and optimizer state sharded (FSDP / ZeRO-3)
+
+
+class Checkpoint(StrEnum):
+    """How a runtime answers the controller's checkpoint signal."""
+
+    SIGNAL = "signal"  #: the runtime saves and exits 75 on its own
+    HOOK = "hook"  #: only once the script registered ``launch.on_checkpoint``; static until then
+
+
+@dataclass(frozen=True)
+class Runtime:
+    name: str
+    tp: bool  #: tensor parallelism
+    pp: bool  #: pipeline parallelism
+    uneven_batch: bool  #: per-dp-rank batch shares (plan.batch_shares)
+    uneven_stages: bool  #: layers per stage other than even (plan.stage_layers)
+    mixed_types: bool  #: one job over several GPU types
+    virtual_workers: bool  #: EasyScale virtual workers (any dp <= V bitwise)
+    grad_sync: GradSync
+    state: State
+    checkpoint: Checkpoint
+    submittable: bool = True  #: a user may name it (not a simulation-only runtime)
+    doc: str = ""
+
+
+RUNTIMES: dict[str, Runtime] = {
+    r.name: r
+    for r in (
+        Runtime(
+            "ddp",
+            tp=False,
+            pp=False,
+            uneven_batch=False,
+            uneven_stages=False,
+            mixed_types=False,
+            virtual_workers=False,
+            grad_sync=GradSync.ALLREDUCE,
+            state=State.REPLICATED,
+            checkpoint=Checkpoint.HOOK,
+            doc="torchrun-style data parallelism (DDP, Lightning, Accelerate)",
+        ),
+        Runtime(
+            "sharded",
+            tp=True,
+            pp=True,
+            uneven_batch=True,
+            uneven_stages=True,
+            mixed_types=True,
+            virtual_workers=False,
+            grad_sync=GradSync.REDUCE_SCATTER,
+            state=State.FULL,
+            checkpoint=Checkpoint.SIGNAL,
+            doc="cellsched's torch-native runtime: FSDP2, DTensor TP, pipelining, DCP",
+        ),
+        Runtime(
+            "exact",
+            tp=True,
+            pp=True,
+            uneven_batch=True,
+            uneven_stages=True,
+            mixed_types=True,
+            virtual_workers=True,
+            grad_sync=GradSync.ALLGATHER,
+            state=State.OPTIMIZER,
+            checkpoint=Checkpoint.SIGNAL,
+            doc="cellsched's bitwise-reproducible runtime (virtual workers, ordered all-gather sum)",
+        ),
+        Runtime(
+            "torchtitan",
+            tp=True,
+            pp=True,
+            uneven_batch=False,
+            uneven_stages=False,
+            mixed_types=False,
+            virtual_workers=False,
+            grad_sync=GradSync.REDUCE_SCATTER,
+            state=State.FULL,
+            checkpoint=Checkpoint.SIGNAL,
+            doc="torchtitan's trainer, options from the launcher's adapter",
+        ),
+        Runtime(
+            "megatron",
+            tp=True,
+            pp=True,
+            uneven_batch=False,
+            uneven_stages=False,
+            mixed_types=False,
+            virtual_workers=False,
+            grad_sync=GradSync.ALLREDUCE,
+            state=State.OPTIMIZER,
+            checkpoint=Checkpoint.SIGNAL,
+            doc="Megatron-LM / megatron-core, options from the launcher's adapter",
+        ),
+        Runtime(
+            "adaptive",
+            tp=True,
+            pp=True,
+            uneven_batch=True,
+            uneven_stages=True,
+            mixed_types=True,
+            virtual_workers=True,
+            grad_sync=GradSync.ALLREDUCE,
+            state=State.OPTIMIZER,
+            checkpoint=Checkpoint.SIGNAL,
+            submittable=False,
+            doc="simulation only: trace jobs under Arena's assumption of adaptive parallelism",
+        ),
+    )
+}
+
+#: what `cellsched sbatch` records when a job names no runtime: the one
+#: runtime whose plans any torchrun-style script carries out as given
+#: (dp only, even batches, one GPU type) and that is never moved before the
+#: script says it can checkpoint (docs/runtimes.md says why)
+DEFAULT_RUNTIME = "ddp"
+#: the runtime of a JobRequest that names none (the solver's own tests, the
+#: simulator's trace jobs): Arena's adaptive parallelism
+SOLVER_DEFAULT_RUNTIME = "adaptive"
+SUBMITTABLE = tuple(name for name, r in RUNTIMES.items() if r.submittable)
+
+
+def get_runtime(name: str) -> Runtime:
+    """The runtime called NAME; UnknownRuntime naming the known ones otherwise."""
+    try:
+        return RUNTIMES[name]
+    except (KeyError, TypeError):
+        raise UnknownRuntime(f"unknown runtime {name!r} (known: {', '.join(RUNTIMES)})") from None
+
+
+def plan_problem(
+    runtime: Runtime,
+    *,
+    pp: int,
+    tp: int,
+    gpu_types: Sequence[str] = (),
+    batch_shares: Sequence[float] | None = None,
+    stage_layers: Sequence[int] | None = None,
+    virtual_workers: int | None = None,
+    dp: int = 1,
+) -> str | None:
+    """Why RUNTIME cannot carry out this plan, or None when it can."""
+    name = runtime.name
+    if tp > 1 and not runtime.tp:
+        return f"runtime {name} has no tensor parallelism (tp={tp})"
+    if pp > 1 and not runtime.pp:
+        return f"runtime {name} has no pipeline parallelism (pp={pp})"
+    if len(set(gpu_types)) > 1 and not runtime.mixed_types:
+        return f"runtime {name} runs on one GPU type, not {'+'.join(sorted(set(gpu_types)))}"
+    if batch_shares is not None and len(set(batch_shares)) > 1 and not runtime.uneven_batch:
+        return f"runtime {name} splits the batch evenly (shares {list(batch_shares)})"
+    if stage_layers is not None and len(set(stage_layers)) > 1 and not runtime.uneven_stages:
+        return f"runtime {name} splits layers evenly over stages ({list(stage_layers)})"
+    if virtual_workers is not None and virtual_workers != dp and not runtime.virtual_workers:
+        return f"runtime {name} has no virtual workers (V={virtual_workers}, dp={dp})"
+    return None
