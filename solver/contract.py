@@ -38,6 +38,12 @@ EXIT_CHECKPOINTED = 75
 CHECKPOINT_SIGNAL = "USR1"
 CHECKPOINT_SIGNALS = ("USR1", "TERM")
 PROGRESS_FILE = "progress.json"
+#: ``<checkpoint_dir>/HOOK_FILE``: written (atomically, by rank 0) when a
+#: script calls ``launch.on_checkpoint``; JSON ``{"job_id": "...", "time": t}``.
+#: A running job whose runtime checkpoints only through that hook
+#: (solver.runtimes.Checkpoint.HOOK) is movable once this file names its job
+#: id, and static (never signalled, resized or moved) until then.
+HOOK_FILE = "checkpoint-hook.json"
 
 ENV_PLAN = "CELLSCHED_PLAN"
 ENV_PP = "CELLSCHED_PP"
