@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,8 @@ from launch.parallel import ParallelContext, ParallelError
 from launch.workload import StageSpec, Workload
 
 TRAINER_STATE = "trainer.json"
+# A stage's output goes straight to the loss or the next stage, never changed in place.
+warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
 
 
 def step_dir(directory: str | os.PathLike[str], step: int) -> Path:
@@ -100,7 +103,9 @@ class ShardedEngine:
         fully_shard(stage, mesh=dp_mesh)
         for m in stage.modules():
             if isinstance(m, FSDPModule):
-                m.set_gradient_divide_factor(1.0)  # a sum: the loss carries 1/global_batch
+                # a plain sum (the loss carries 1/global_batch): SUM, not PREMUL_SUM, which gloo lacks
+                m.set_gradient_divide_factor(1.0)
+                m.set_force_sum_reduction_for_comms(True)
         self.stage: nn.Module = stage
         self.optimizer = work.optimizer(list(stage.parameters()))
         self.dtype = next(stage.parameters()).dtype
