@@ -117,7 +117,7 @@ class ExactEngine:
         if self.schedule is None:
             for xm, ym in zip(x.chunk(m), y.chunk(m), strict=True):
                 part = self._loss_fn(self.stage(xm), ym)
-                part.backward()
+                part.backward()  # type: ignore[no-untyped-call]
                 loss += part.detach()
         elif self.ctx.is_first_stage:
             self.schedule.step(x)

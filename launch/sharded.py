@@ -63,7 +63,7 @@ def batch_sizes(global_batch: int, dp: int, shares: tuple[float, ...] | None, mi
         if n < micro_batches:
             raise ParallelError(
                 f"dp rank {d}'s batch of {n} (of {global_batch}, shares {shares}) is smaller than "
-                f"{micro_batches} micro-batches: every dp rank runs every micro-batch (FSDP all-gathers per micro-batch)"
+                f"{micro_batches} micro-batches: every dp rank runs every micro-batch (FSDP all-gathers for each)"
             )
     return tuple(sizes)
 
@@ -137,7 +137,7 @@ class ShardedEngine:
         if self.schedule is None:
             for xm, ym in zip(x.tensor_split(self.micro_batches), y.tensor_split(self.micro_batches), strict=True):
                 part = self._loss_fn(self.stage(xm), ym)
-                part.backward()
+                part.backward()  # type: ignore[no-untyped-call]
                 loss += part.detach().double()
         elif ctx.is_first_stage:
             self.schedule.step(x)
@@ -200,8 +200,7 @@ class ShardedEngine:
         state = self._state()
         dcp.load(state, checkpoint_id=path)
         options = StateDictOptions(flatten_optimizer_state_dict=True)
-        set_state_dict(
-            self.stage, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options
-        )
+        model, optim = state["model"], state["optim"]
+        set_state_dict(self.stage, self.optimizer, model_state_dict=model, optim_state_dict=optim, options=options)
         self.step, self.losses = int(record["step"]), [float(v) for v in record["losses"]]
         return True

@@ -117,9 +117,7 @@ class Trainer:
             raise ValueError("the plan has no checkpoint_dir")
         self.engine.save(str(self.checkpoint_dir))
 
-    def run(
-        self, steps: int, on_step: Callable[[int, float], Any] | None = None, step_delay: float = 0.0
-    ) -> int:
+    def run(self, steps: int, on_step: Callable[[int, float], Any] | None = None, step_delay: float = 0.0) -> int:
         """Resume, then train until step STEPS; 0, or EXIT_CHECKPOINTED when stopped by the signal.
 
         on_step(step, loss) runs on rank 0 after each step.

@@ -117,19 +117,26 @@ def reference_run(
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
     """``reference_losses`` and the model's parameters after the last step."""
     vws = _virtual_workers(virtual_workers, tc.dataset_size, tc.seed)
-    return _reference(cfg, tc, steps, lambda step: torch.cat([draw(vw, tc.global_batch // len(vws), cfg, tc.seed) for vw in vws]))
+    per_worker = tc.global_batch // len(vws)
+    return _reference(cfg, tc, steps, lambda step: torch.cat([draw(vw, per_worker, cfg, tc.seed) for vw in vws]))
 
 
 def keyed_reference_losses(cfg: GPTConfig, tc: TrainConfig, steps: int) -> list[float]:
     """The sharded runtime's training (samples by global position) on one process."""
     b = tc.global_batch
-    return _reference(cfg, tc, steps, lambda step: batch_at(range(step * b, (step + 1) * b), cfg, tc.seed, tc.dataset_size))[0]
+
+    def batch_of(step: int) -> torch.Tensor:
+        return batch_at(range(step * b, (step + 1) * b), cfg, tc.seed, tc.dataset_size)
+
+    return _reference(cfg, tc, steps, batch_of)[0]
 
 
 _virtual_workers = virtual_workers
 
 
-def _reference(cfg: GPTConfig, tc: TrainConfig, steps: int, batch_of: Any) -> tuple[list[float], dict[str, torch.Tensor]]:
+def _reference(
+    cfg: GPTConfig, tc: TrainConfig, steps: int, batch_of: Any
+) -> tuple[list[float], dict[str, torch.Tensor]]:
     model = build_full_model(cfg, tc.seed, DTYPES[tc.dtype])
     opt = make_optimizer(model.parameters(), tc.lr)
     out = []
