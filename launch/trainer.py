@@ -37,6 +37,9 @@ from solver.plan import JobPlan
 
 #: runtimes this trainer carries out (``plan.runtime``; None is exact)
 RUNTIMES = ("exact", "sharded")
+#: runtimes whose plans another engine carries out: a ddp plan (the submission default) is
+#: data parallel only, with even batches, which exact runs as it is
+ALIASES = {"ddp": "exact"}
 
 Engine = ExactEngine | ShardedEngine
 
@@ -44,9 +47,10 @@ Engine = ExactEngine | ShardedEngine
 def runtime_of(plan: JobPlan) -> str:
     """The runtime PLAN asks for (None: exact); ValueError for one this trainer does not carry out."""
     name = plan.runtime or "exact"
+    name = ALIASES.get(name, name)
     if name not in RUNTIMES:
         raise ValueError(
-            f"plan.runtime is {name!r}; launch.Trainer carries out {' and '.join(RUNTIMES)} "
+            f"plan.runtime is {name!r}; launch.Trainer carries out {' and '.join(RUNTIMES)} (and ddp's plans) "
             "(submit with cellsched sbatch --runtime sharded or exact)"
         )
     return name

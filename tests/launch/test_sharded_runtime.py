@@ -134,8 +134,9 @@ def test_batch_sizes_follow_the_shares_and_refuse_empty_micro_batches():
 def test_runtime_of_the_plan():
     assert runtime_of(JobPlan()) == "exact"
     assert runtime_of(JobPlan(runtime="sharded")) == "sharded"
-    with pytest.raises(ValueError, match="'ddp'; launch.Trainer carries out exact and sharded"):
-        runtime_of(JobPlan(runtime="ddp"))
+    assert runtime_of(JobPlan(runtime="ddp")) == "exact"  # dp-only, even: exact runs it as it is
+    with pytest.raises(ValueError, match="'megatron'; launch.Trainer carries out exact and sharded"):
+        runtime_of(JobPlan(runtime="megatron"))
 
 
 def test_keyed_samples_do_not_depend_on_who_draws_them():
