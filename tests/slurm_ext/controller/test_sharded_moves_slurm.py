@@ -134,7 +134,7 @@ def _shard_sizes(step_dir: Path) -> list[int]:
 
 
 def test_sharded_job_moved_across_dp_tp_pp_and_gpu_count_continues_its_loss_curve(slurm_cluster, tmp_path):
-    assert sum(p.numel() for p in build_full_model(SHAPE).parameters()) >= 20_000_000
+    assert sum(p.numel() for p in build_full_model(SHAPE, 0).parameters()) >= 20_000_000
     policy = Scripted()
     config = write_config(tmp_path / "cellsched.toml", tmp_path / "state.sqlite", checkpoint_wait_s=300.0)
     ctl = Controller(load(config), policy=policy)
