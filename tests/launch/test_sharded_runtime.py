@@ -19,6 +19,7 @@ from srun_local import free_port, start, wait
 from trainer_runs import check, train
 
 from launch import checkpoint
+from launch.parallel import ParallelError
 from launch.sharded import TRAINER_STATE, batch_sizes, step_dir
 from launch.trainer import runtime_of
 from solver.contract import EXIT_CHECKPOINTED
@@ -127,9 +128,9 @@ def test_batch_sizes_follow_the_shares_and_refuse_empty_micro_batches():
     assert batch_sizes(8, 2, None, 1) == (4, 4)
     assert batch_sizes(8, 3, None, 2) == (3, 3, 2)
     assert batch_sizes(8, 2, (0.3, 0.7), 2) == (2, 6)
-    with pytest.raises(ValueError, match="smaller than 4 micro-batches"):
+    with pytest.raises(ParallelError, match="batch of 2 .* is smaller than 4 micro-batches"):
         batch_sizes(8, 2, (0.2, 0.8), 4)
-    with pytest.raises(ValueError, match="3 entries for dp=2"):
+    with pytest.raises(ParallelError, match="3 entries for dp=2"):
         batch_sizes(8, 2, (1.0, 1.0, 1.0), 1)
 
 
