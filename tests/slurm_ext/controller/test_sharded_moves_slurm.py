@@ -106,6 +106,7 @@ def _submit(tmp_path: Path) -> str:
             str(STEPS),
             "--gpu-types",
             "a100,v100",
+            "--elastic",
             "-o",
             str(tmp_path / "job-%j.out"),
             "--",
