@@ -4,7 +4,7 @@ Per rank (docs/runtime-sharded.md has the memory layout):
 
 - pp: the rank builds only its stage's layers (``plan.stage_layers`` or an
   even split) and runs ``torch.distributed.pipelining``'s ``Schedule1F1B``
-  over ``plan.micro_batches`` micro-batches;
+  over ``plan.micro_batches`` micro-batches (at least pp);
 - tp: ``parallelize_module`` over the mesh's tp dim with the workload's
   ``tp_plan`` (DTensor; column-wise then row-wise linears);
 - dp: FSDP2 (``fully_shard`` over the mesh's dp dim): parameters, gradients
@@ -82,7 +82,8 @@ class ShardedEngine:
             raise ValueError("the sharded runtime needs Workload.sample (samples by global position)")
         self.ctx, self.work, self.global_batch = ctx, work, global_batch
         plan = ctx.plan
-        self.micro_batches = plan.micro_batches
+        # Schedule1F1B needs a micro-batch per stage at least (a plan kept from a pp=1 one may have fewer)
+        self.micro_batches = max(plan.micro_batches, ctx.pp)
         self.sizes = batch_sizes(global_batch, ctx.dp, plan.batch_shares, self.micro_batches)
         if ctx.pp > 1 and any(n % self.micro_batches for n in self.sizes):
             raise ParallelError(

@@ -19,6 +19,7 @@ and return ``EXIT_CHECKPOINTED`` (75), which the script passes to exit.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -89,6 +90,8 @@ class Trainer:
         self.stop = stop if stop is not None else checkpoint.StopRequest()
         plan = plan if plan is not None else plan_from_env()
         self.runtime = runtime_of(plan)
+        if self.runtime == "sharded" and plan.virtual_workers is not None:
+            plan = dataclasses.replace(plan, virtual_workers=None)  # no virtual workers: V may be < dp
         batch = global_batch or plan.global_batch
         if not batch:
             raise ValueError("no global batch: give global_batch= or plan.global_batch")

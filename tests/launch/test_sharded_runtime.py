@@ -63,10 +63,13 @@ def test_matches_the_single_process_reference(tmp_path, plan):
 
 def test_moves_across_plans_continue_the_unmoved_loss_curve(tmp_path):
     """dp2 x tp2 on 4 ranks -> pp2 x dp2 on 4 -> dp3 on 3, each resuming the
-    previous plan's DCP checkpoint; the loss follows the unmoved run."""
+    previous plan's DCP checkpoint; the loss follows the unmoved run. The
+    plans are as the controller writes them: the first plan's V (ignored)
+    and micro-batches (one: the pipeline runs pp of them) kept."""
     ckpt = tmp_path / "ckpt"
     ref = keyed_reference_losses(CFG, TrainConfig(), 9)
-    moves = [sharded(dp=2, tp=2), sharded(pp=2, dp=2, micro_batches=2), sharded(dp=3)]
+    kept = {"virtual_workers": 2, "micro_batches": 1}
+    moves = [sharded(dp=2, tp=2, **kept), sharded(pp=2, dp=2, **kept), sharded(dp=3, **kept)]
     for i, plan in enumerate(moves):
         run = train({**plan, "checkpoint_dir": str(ckpt)}, tmp_path / f"{i}.json", 3 * (i + 1), *FLAGS)
         assert run.printed == [3 * i + 1, 3 * i + 2, 3 * i + 3]  # resumed, not started over
