@@ -68,7 +68,7 @@ def test_moves_across_plans_continue_the_unmoved_loss_curve(tmp_path):
     and micro-batches (one: the pipeline runs pp of them) kept."""
     ckpt = tmp_path / "ckpt"
     ref = keyed_reference_losses(CFG, TrainConfig(), 9)
-    kept = {"virtual_workers": 2, "micro_batches": 1}
+    kept = {"virtual_workers": 4, "micro_batches": 1}
     moves = [sharded(dp=2, tp=2, **kept), sharded(pp=2, dp=2, **kept), sharded(dp=3, **kept)]
     for i, plan in enumerate(moves):
         run = train({**plan, "checkpoint_dir": str(ckpt)}, tmp_path / f"{i}.json", 3 * (i + 1), *FLAGS)
