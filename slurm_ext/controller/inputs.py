@@ -394,6 +394,7 @@ def build_request(
     restart_costs: Mapping[str, float] | None = None,
     first_step_at: Mapping[str, float] | None = None,
     network: NetworkConfig | None = None,
+    static: Collection[str] = (),
 ) -> Inputs:
     """The ScheduleRequest of a round: jobs in a scheduled phase, with their
     progress and measured restart cost; the view counts GPUs of every job
@@ -402,7 +403,9 @@ def build_request(
     round), and so does a running job whose current run has not reported a
     step yet (`started_training`, from `first_step_at`; None: not checked);
     a Phase.CHECKPOINTED one is placed like a pending job (`request_view`).
-    `network` gives the view its NICs and racks (the [network] config)."""
+    `network` gives the view its NICs and racks (the [network] config).
+    A running job in `static` may not be moved at all (controller.hooks):
+    neither elastic nor movable (JobRequest.movable)."""
     view = request_view(snapshot, jobs, network)
     requests: list[JobRequest] = []
     skipped: dict[str, str] = {}
@@ -424,6 +427,7 @@ def build_request(
                     max_gpus=spec.max_gpus,
                     elastic=spec.elastic
                     and m.phase != Phase.CHECKPOINTING
+                    and m.job_id not in static
                     and (m.phase != Phase.RUNNING or first_step_at is None or started_training(m, first_step_at)),
                     submit_time=m.job.submit_time or 0.0,
                     requested_gpus=spec.requested_gpus,
@@ -435,6 +439,7 @@ def build_request(
                     running_since=m.job.start_time if m.current is not None else None,
                     virtual_workers=fixed_virtual_workers(m),
                     runtime=spec.runtime,
+                    movable=m.job_id not in static,
                 )
             )
         except (JobSpecError, ValueError, TypeError) as exc:

@@ -441,3 +441,59 @@ def test_an_open_job_that_must_stay_keeps_its_room(exact_config):
     fixed = integral_jobs(m, tuple(values))
     assert m.x[("q", 0)] not in fixed and fixed[m.x[("p", 0)]] == 1
     assert solve_cpsat(m, exact_config(), fixed=fixed).status == "OPTIMAL"
+
+
+# ---------- the final guard: a plan the job's runtime cannot carry out ----------
+
+
+def guard_cluster() -> ClusterView:
+    return ClusterView((NodeView("n1", "a100", 4, 4), NodeView("n2", "a100", 4, 4), NodeView("n3", "a40", 4, 4)))
+
+
+#: plans on 4 GPUs (global batch 8, 4 layers) -> the runtimes that carry each out, by hand from
+#: docs/runtimes.md's table (not from solver.runtimes)
+GUARD_CASES = {
+    "dp4": (Cell("a100", 1, 4, 1), ParallelPlan(1, 4, 1), {"ddp", "sharded", "exact", "torchtitan", "megatron"}),
+    "dp2 x tp2": (Cell("a100", 1, 4, 1), ParallelPlan(1, 2, 2), {"sharded", "exact", "torchtitan", "megatron"}),
+    "pp2 x dp2": (Cell("a100", 1, 4, 2), ParallelPlan(2, 2, 1), {"sharded", "exact", "torchtitan", "megatron"}),
+    "pp2 uneven layers": (Cell("a100", 1, 4, 2), ParallelPlan(2, 2, 1, stage_layers=(3, 1)), {"sharded", "exact"}),
+    "dp3 (8 samples: 3+3+2)": (Cell("a100", 1, 3, 1), ParallelPlan(1, 3, 1), {"sharded", "exact"}),
+}
+
+
+def guard_nodes(cell: Cell) -> tuple[tuple[str, int], ...]:
+    if cell.mixed:
+        return (("n1", cell.gpus_per_node), ("n3", cell.gpus_per_node))
+    return tuple((f"n{i + 1}", cell.gpus_per_node) for i in range(cell.num_nodes))
+
+
+@pytest.mark.parametrize("case", sorted(GUARD_CASES))
+@pytest.mark.parametrize("runtime", ["ddp", "sharded", "exact", "torchtitan", "megatron"])
+def test_validation_rejects_a_plan_the_runtime_cannot_carry_out(case, runtime):
+    cell, plan, carried_out_by = GUARD_CASES[case]
+    p = Placement("j", cell, guard_nodes(cell), plan, 1.0)
+    validate_plan(guard_cluster(), {"j": p})  # without the jobs: the layout alone, which is fine
+    if runtime in carried_out_by:
+        validate_plan(guard_cluster(), {"j": p}, {"j": job("j", runtime=runtime)})
+    else:
+        with pytest.raises(PlacementError, match=rf"^job j: runtime {runtime} "):
+            validate_plan(guard_cluster(), {"j": p}, {"j": job("j", runtime=runtime)})
+
+
+def test_validation_names_what_the_runtime_lacks():
+    cluster, ddp = guard_cluster(), {"j": job("j", runtime="ddp")}
+    cases = [
+        (Cell("a100", 1, 4, 2), ParallelPlan(2, 2, 1), "job j: runtime ddp has no pipeline parallelism (pp=2)"),
+        (Cell("a100", 1, 4, 1), ParallelPlan(1, 2, 2), "job j: runtime ddp has no tensor parallelism (tp=2)"),
+        (Cell("a100", 1, 3, 1), ParallelPlan(1, 3, 1), "job j: runtime ddp splits the batch evenly (shares [3, 3, 2])"),
+    ]
+    for cell, plan, message in cases:
+        with pytest.raises(PlacementError) as e:
+            validate_plan(cluster, {"j": Placement("j", cell, guard_nodes(cell), plan, 1.0)}, ddp)
+        assert str(e.value) == message
+    mixed = Cell("a100+a40", 2, 2, 1, (("a100", 1), ("a40", 1)))
+    p = Placement("j", mixed, (("n1", 2), ("n3", 2)), ParallelPlan(1, 4, 1, 1, (2, 2)), 1.0)
+    validate_plan(cluster, {"j": p}, {"j": job("j", runtime="exact")})
+    with pytest.raises(PlacementError) as e:
+        validate_plan(cluster, {"j": p}, ddp)
+    assert str(e.value) == "job j: runtime ddp runs on one GPU type, not a100+a40"
