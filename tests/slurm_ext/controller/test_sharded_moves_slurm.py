@@ -39,7 +39,10 @@ pytestmark = pytest.mark.slurm
 
 TRAIN = ROOT / "contrib" / "examples" / "train_gpt.py"
 SHAPE = GPTConfig(layers=4, hidden=672, heads=4)  #: 21.8M parameters
-FLAGS = ("--layers", "4", "--hidden", "672", "--heads", "4")
+#: lr 3e-4: at the reference trainer's 3e-3 this model's loss climbs (4.3 -> 5.1 in 5 steps) and the
+#: unstable run amplifies rounding past 1e-5 (measured 1.2e-5); docs/runtime-sharded.md
+LR = 3e-4
+FLAGS = ("--layers", "4", "--hidden", "672", "--heads", "4", "--lr", str(LR))
 BATCH, STEPS = 12, 8
 TOL = 1e-5  #: docs/runtime-sharded.md
 #: the test's moves: (cell, nodes, plan); each run trains until the step after which the next move comes
@@ -190,7 +193,8 @@ def test_sharded_job_moved_across_dp_tp_pp_and_gpu_count_continues_its_loss_curv
         sizes = _shard_sizes(d)
         assert max(sizes) <= 1.5 * sum(sizes) / len(sizes), (d.name, sizes)
     losses = json.loads((tmp_path / "losses.json").read_text())["losses"]
-    ref = keyed_reference_losses(SHAPE, TrainConfig(global_batch=BATCH), STEPS)
+    ref = keyed_reference_losses(SHAPE, TrainConfig(global_batch=BATCH, lr=LR), STEPS)
     worst = max(abs(a - b) / abs(b) for a, b in zip(losses, ref, strict=True))
+    print(f"\nlosses {losses}\nreference {ref}")
     assert worst < TOL, (worst, losses, ref)
     print(f"\nsharded moves dp4 -> pp2xtp2 -> dp3: worst relative loss deviation {worst:.2e}")
