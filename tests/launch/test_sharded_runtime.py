@@ -158,3 +158,30 @@ def test_a_checkpoint_of_the_other_runtime_is_refused(tmp_path):
     step_dir(tmp_path, 3).mkdir()
     with pytest.raises(ValueError, match="step 3 is not a whole-state checkpoint"):
         checkpoint.load_latest(tmp_path)
+
+
+@pytest.mark.parametrize("plan", [sharded(dp=2), sharded(pp=2, dp=2, micro_batches=2, batch_shares=[1, 3])])
+def test_a_users_own_model_trains_like_its_single_process_loop(tmp_path, plan):
+    """launch.Trainer with a Workload that is not minigpt's (tests/launch/mlp_user.py); the oracle is
+    the plain loop over the same model, samples and loss."""
+    import mlp_user
+    import torch
+
+    model = mlp_user.full_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    ref = []
+    for step in range(3):
+        x, y = mlp_user.WORK.split(mlp_user.samples(range(step * 8, step * 8 + 8)))
+        for layer in model.values():
+            x = torch.tanh(layer(x))
+        loss = ((x - y) ** 2).sum() / 8
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ref.append(loss.item())
+    out = tmp_path / "losses.json"
+    n = plan.get("pp", 1) * plan.get("dp", 1)
+    env = {"CELLSCHED_PLAN": json.dumps(plan), "CELLSCHED_MASTER_PORT": str(free_port())}
+    tasks = wait(start([sys.executable, "tests/launch/mlp_user.py", str(out), "3"], n, env=env), timeout=300)
+    check(tasks)
+    assert deviation(json.loads(out.read_text()), ref) < TOL
