@@ -104,8 +104,10 @@ class StageCosts:
     tp_allreduces: tuple[tuple[tuple[float, int], ...], ...]
     #: the trainer's layers (blocks) of each stage: a plan's stage_layers (see the module doc)
     blocks: tuple[int, ...] = ()
-    #: the parameter bytes of each stage's largest layer (what FSDP gathers at once)
+    #: the parameter bytes of each stage's largest block (what FSDP gathers at once)
     max_layer_bytes: tuple[float, ...] = ()
+    #: the parameter bytes of each stage's records that are not blocks (embedding, head: FSDP's root unit)
+    other_bytes: tuple[float, ...] = ()
 
     @property
     def pp(self) -> int:
@@ -293,6 +295,7 @@ def _stage_costs(costs: LayerCosts, sizes: Sequence[int], blocks: Sequence[int],
     out: list[float] = []
     par: list[float] = []
     big: list[float] = []
+    other: list[float] = []
     tpar: list[tuple[tuple[float, int], ...]] = []
     start = 0
     for size in sizes:
@@ -301,7 +304,10 @@ def _stage_costs(costs: LayerCosts, sizes: Sequence[int], blocks: Sequence[int],
         fix.append(sum(costs.time_fixed[sl]))
         act.append(sum(costs.act_per_sample[sl]))
         par.append(sum(costs.param_bytes[sl]))
-        big.append(max(costs.param_bytes[sl]))
+        flags = costs.is_block[sl] if costs.is_block else (True,) * size
+        pbytes = costs.param_bytes[sl]
+        big.append(max((p for p, f in zip(pbytes, flags, strict=True) if f), default=0.0))
+        other.append(sum(p for p, f in zip(pbytes, flags, strict=True) if not f))
         out.append(costs.out_per_sample[start + size - 1])
         groups: dict[float, int] = {}
         for nbytes, count in zip(costs.out_per_sample[sl], costs.tp_allreduces[sl], strict=True):
@@ -319,6 +325,7 @@ def _stage_costs(costs: LayerCosts, sizes: Sequence[int], blocks: Sequence[int],
         tuple(tpar),
         trainer_layers(blocks, num_layers) if num_layers is not None else tuple(blocks),
         tuple(big),
+        tuple(other),
     )
 
 

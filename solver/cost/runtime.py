@@ -35,18 +35,26 @@ workers) of the busiest rank and d the dtype bytes:
 - ``megatron``: a ring all-reduce; with its distributed optimizer (ZeRO-1)
   a reduce-scatter of the gradients and an all-gather of the updated
   parameters, together the all-reduce's volume, and the update of 1/dp.
-- ``sharded`` and ``torchtitan`` (FSDP2, ``fully_shard`` per block):
-  parameters, gradients and optimizer state sharded over dp; every block's
-  parameters all-gathered in each micro-batch's forward and again in its
-  backward, its gradients reduce-scattered once per step::
+- ``sharded`` and ``torchtitan`` (FSDP2, ``launch.sharded``: ``fully_shard``
+  per transformer block, then the stage as the root unit): parameters,
+  gradients and optimizer state sharded evenly over dp (mixed cells too:
+  FSDP2 shards every parameter evenly, so each rank holds 1/dp whatever its
+  memory); every block's parameters all-gathered in each micro-batch's
+  forward and again in its backward, its gradients reduce-scattered after
+  each micro-batch's backward (pp = 1: nothing accumulates unsharded) or
+  once per step (pp > 1: the pipeline schedule defers the reduce-scatter to
+  the last micro-batch, so the stage's unsharded gradients are held)::
 
-      sync  = 2 m allgather(G_k / dp, dp) + reduce_scatter(G_k, dp)
-      mem_k = P_k o / dp + 3 L_k + a_k
+      sync  = 2 m allgather(G_k / dp, dp) + r reduce_scatter(G_k, dp)    r = m (pp 1), 1 (pp > 1)
+      mem_k = P_k o / dp + a_k + 2 R_k + 3 L_k                           pp = 1
+      mem_k = P_k o / dp + a_k + R_k + 2 L_k + G_k                       pp > 1
 
-  with L_k the largest layer of the stage (its gathered parameters, the next
-  one's prefetched, and its unsharded gradient before the reduce-scatter)
-  and the update of 1/dp of the state. The reduce-scatter is priced as the
-  ring's (dp - 1)/dp of the buffer, an all-gather of G_k / dp per rank.
+  with L_k the stage's largest block (its gathered parameters, the next
+  one's prefetched, its unsharded gradient), R_k the root unit's records
+  that are not blocks (embedding, head: FSDP2 keeps the root's parameters
+  gathered from forward to backward, and its gradient), and the update of
+  1/dp of the state. A reduce-scatter is priced as the ring's (dp - 1)/dp
+  of the buffer, an all-gather of G_k / dp per rank.
 """
 
 from __future__ import annotations
@@ -125,13 +133,14 @@ def reduce_scatter(links: Links, link: str, nbytes: float, n: int) -> float:
 
 
 def fsdp_sync_time(st: StageCosts, *, dp: int, tp: int, m: int, gpus_per_node: int, links: Links) -> float:
-    """FSDP's communication of the slowest stage: 2 m parameter all-gathers and one gradient reduce-scatter."""
+    """FSDP's communication of the slowest stage (module doc): 2 m parameter
+    all-gathers and m gradient reduce-scatters (one with pp > 1)."""
     if dp <= 1:
         return 0.0
-    out = 0.0
+    out, scatters = 0.0, m if st.pp == 1 else 1
     for k in range(st.pp):
         link, nbytes = _stage_link(links, st, k, dp, tp, gpus_per_node)
-        t = 2 * m * links.allgather(link, nbytes / dp, dp) + reduce_scatter(links, link, nbytes, dp)
+        t = 2 * m * links.allgather(link, nbytes / dp, dp) + scatters * reduce_scatter(links, link, nbytes, dp)
         out = max(out, t)
     return out
 
@@ -189,7 +198,13 @@ def runtime_memory(
         act = st.act_per_sample[k] * b * _inflight(m, st.pp, k)
         if pricing.fsdp:
             largest = st.max_layer_bytes[k] if st.max_layer_bytes else grads
-            mem = params * o / dp + 3 * largest + act
+            root = st.other_bytes[k] if st.other_bytes else 0.0
+            if dp <= 1:  # nothing sharded: FSDP2 over one rank keeps every parameter and gradient
+                mem = params * o + act
+            elif st.pp == 1:
+                mem = params * o / dp + act + 2 * root + 3 * largest
+            else:
+                mem = params * o / dp + act + root + 2 * largest + grads
         elif pricing.grad_sync == ALLGATHER:
             during = params * o + act + (units - 1) * grads
             held = (units + 1) if dp <= 1 else (2 * units + dp * units)
