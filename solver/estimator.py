@@ -550,6 +550,9 @@ class Estimator:
         model, pp, g = md.model, cell.pp, cell.gpus_per_node
         pr = self.pricing(rt)
         tps = self._tp_options(model, cell)
+        # bytes of the embedding and of one block (FSDP's units where the layer costs are uniform)
+        root = model.vocab * model.hidden * model.dtype_bytes if model.heads > 1 else 0.0
+        block = (model.params * model.dtype_bytes - root) / max(1, model.num_layers) if root else 0.0
         if not pr.tp:
             tps = [tp for tp in tps if tp == 1]
         if pp > 1 and not pr.pp:
@@ -628,6 +631,8 @@ class Estimator:
                         dtype_bytes=model.dtype_bytes,
                         optimizer_bytes_per_param=self.optimizer_bytes_per_param,
                         base=mem,
+                        root_bytes=root / tp,
+                        block_bytes=block / tp,
                     )
                 i = len(plans)
                 plans.append(_Cand(dp, tp, m, t, mem, st.blocks, -1, -1.0))

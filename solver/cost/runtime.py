@@ -185,13 +185,19 @@ def runtime_memory(
     dtype_bytes: int,
     optimizer_bytes_per_param: float,
     base: float,
+    root_bytes: float = 0.0,
+    block_bytes: float = 0.0,
 ) -> float:
     """Peak memory per GPU (bytes) of a plan with replicated (or, for FSDP,
     fully sharded) state under `pricing`: `base` (the pipeline model's)
-    where the runtime adds nothing, else the module doc's per stage."""
+    where the runtime adds nothing, else the module doc's per stage.
+    `root_bytes` and `block_bytes` (per GPU): the embedding (on the first
+    and the last stage) and one block, for stages that do not tell their
+    blocks apart (the analytic model's uniform layers)."""
     if not pricing.own:
         return base
     o, peak = optimizer_bytes_per_param, 0.0
+    uniform = not st.other_bytes or not any(st.other_bytes)
     for k in range(st.pp):
         grads = st.param_bytes[k]
         params = grads / dtype_bytes
@@ -199,6 +205,8 @@ def runtime_memory(
         if pricing.fsdp:
             largest = st.max_layer_bytes[k] if st.max_layer_bytes else grads
             root = st.other_bytes[k] if st.other_bytes else 0.0
+            if uniform and block_bytes > 0:
+                largest, root = block_bytes, root_bytes * ((k == 0) + (k == st.pp - 1 and st.pp > 1))
             if dp <= 1:  # nothing sharded: FSDP2 over one rank keeps every parameter and gradient
                 mem = params * o + act
             elif st.pp == 1:
