@@ -16,12 +16,15 @@ workers) of the busiest rank and d the dtype bytes:
   every simulation result was made with.
 - ``exact`` (``launch.elastic.ordered_sum``, the reference trainer): each
   unit's gradient is flattened and kept (k G), sent in one buffer (k G) and
-  all ranks' received (dp k G), then added in rank order::
+  all ranks' received (dp k G), then added in rank order. The process
+  group's all-gather into a list of tensors fills one flat buffer of the
+  same dp k G first and copies it out (gloo and NCCL alike), so that is held
+  twice::
 
       sync  = allgather(k G_k, dp) + (dp k - 1) adds + copies
-      mem_k = max(P_k o + a_k + (k - 1) G_k,            # backward
-                  P_k o + G_k (k + 1)            dp = 1  # sum, copied back
-                  P_k o + G_k (2 k + dp k)       dp > 1) # the all-gather
+      mem_k = max(P_k o + a_k + (k - 1) G_k,              # backward
+                  P_k o + G_k (k + 1)              dp = 1  # sum, copied back
+                  P_k o + G_k (2 k + 2 dp k)       dp > 1) # the all-gather
 
   an add or a copy sweeps 3 d or 2 d bytes per parameter at the GPU's memory
   bandwidth (the copies: flatten, the send buffer (dp > 1), the sum's clone,
@@ -29,7 +32,8 @@ workers) of the busiest rank and d the dtype bytes:
   optimizer state sharded (ZeRO-1, ``launch.sharding``) the sync is
   ``sharded_step_time``'s and the memory the ZeRO-1 state plus, while the
   owners gather, the flat unit gradients, their stack, the received slices
-  and their concatenation: ``(4 k - 1) G_k`` (the gradient slot of o is free).
+  (and the gather's flat buffer of them) and their concatenation:
+  ``(5 k - 1) G_k`` (the gradient slot of o is free).
 - ``ddp`` (torch DDP): a ring all-reduce of G_k, replicated state, and DDP's
   gradient buckets, a flat copy of the gradients: ``mem_k = P_k o + G_k + a_k``.
 - ``megatron``: a ring all-reduce; with its distributed optimizer (ZeRO-1)
@@ -215,7 +219,7 @@ def runtime_memory(
                 mem = params * o / dp + act + root + 2 * largest + grads
         elif pricing.grad_sync == ALLGATHER:
             during = params * o + act + (units - 1) * grads
-            held = (units + 1) if dp <= 1 else (2 * units + dp * units)
+            held = (units + 1) if dp <= 1 else (2 * units + 2 * dp * units)
             mem = max(during, params * o + held * grads)
         elif pricing.runtime == "ddp":
             mem = params * o + act + (grads if dp > 1 else 0.0)
@@ -231,4 +235,4 @@ def zero1_gather_bytes(pricing: Pricing, st: StageCosts, *, units: int) -> float
     reduces in place)."""
     if not pricing.own or pricing.grad_sync != ALLGATHER:
         return 0.0
-    return (4 * units - 1) * max(st.param_bytes)
+    return (5 * units - 1) * max(st.param_bytes)

@@ -117,7 +117,7 @@ class MixedEstimator:
         pr = self.pricing(job)
         if not pr.own or pr.grad_sync != ALLGATHER:
             return grads, 0.0
-        return grads, grads * ((units + 1) if ranks <= 1 else (2 * units + ranks * units))
+        return grads, grads * ((units + 1) if ranks <= 1 else (2 * units + 2 * ranks * units))
 
     @staticmethod
     def _none(cell: Cell, note: str, mem: float = math.inf) -> Estimate:
@@ -342,7 +342,7 @@ class MixedEstimator:
         pr = self.pricing(job)
         if not pr.own or pr.grad_sync != ALLGATHER:
             return 0.0
-        return job.model.dtype_bytes * ((units + 1) if dp <= 1 else (2 * units + dp * units))
+        return job.model.dtype_bytes * ((units + 1) if dp <= 1 else (2 * units + 2 * dp * units))
 
     def _micro_options(self, job: JobRequest, subs: list[Estimate]) -> list[int]:
         """The micro-batch counts to try, most first: the divisors of the most
@@ -409,7 +409,7 @@ class MixedEstimator:
         pr = self.pricing(job)
         if pr.own and pr.grad_sync == ALLGATHER:  # the owners gather every unit's slices (launch.sharding)
             grads = job.model.params * d / parts[0].tp / 1e9
-            gather = (4 * max(split.units) - 1) * grads
+            gather = (5 * max(split.units) - 1) * grads
             mems = [
                 max(mem, static - e.state_gb + full * x + gather)
                 for mem, e, (static, _), x in zip(mems, subs, self._memory(job, subs), fractions, strict=True)

@@ -49,12 +49,13 @@ def exact_memory(dp: int, tp: int, m: int) -> float:
     """The exact runtime's peak per GPU by hand: backward holds the state, the
     activations of a micro-batch and the k - 1 earlier units' flat
     gradients; the all-gather holds the state, the k flat gradients, the
-    send buffer of k and dp x k received."""
+    send buffer of k, dp x k received and the process group's flat buffer
+    of the same dp x k (torch's all_gather into a list of tensors)."""
     k = -(-V // dp)
     params, grads, act = per_gpu(tp)
     b = BATCH / V / m
     backward = params * OBPP + act * b + (k - 1) * grads
-    gather = params * OBPP + (2 * k + dp * k) * grads
+    gather = params * OBPP + (2 * k + 2 * dp * k) * grads
     return max(backward, gather)
 
 
@@ -64,9 +65,9 @@ def test_the_case_priced_as_allreduce_picks_a_plan_whose_allgather_overflows(est
     assert adaptive.plan is not None
     assert (adaptive.plan.dp, adaptive.plan.tp) == (8, 2)
     assert adaptive.iter_time_s == pytest.approx(1.537, abs=0.001)
-    # that plan under the exact runtime: 8 ranks x 2 units of 1.3 GB gradients received, 36.7 GB > 36 GB
+    # that plan under the exact runtime: 8 ranks x 2 units of 1.3 GB gradients received, 57 GB > 36 GB
     params, grads, _ = per_gpu(2)
-    assert params * OBPP + (2 * 2 + 8 * 2) * grads > limit_bytes()
+    assert params * OBPP + (2 * 2 + 2 * 8 * 2) * grads > limit_bytes()
     # so the exact runtime never picks it: dp4 x tp4, the one plan whose buffers fit
     exact = est.estimate(job("exact"), CELL)
     assert exact.plan is not None
