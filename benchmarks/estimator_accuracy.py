@@ -148,7 +148,7 @@ def live_tensor_bytes() -> int:
     seen: dict[int, int] = {}
     for obj in gc.get_objects():
         try:
-            if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+            if issubclass(type(obj), torch.Tensor) and obj.device.type == "cpu":  # type(): no __class__ lookups
                 st = obj.untyped_storage()
                 seen[st.data_ptr()] = st.nbytes()
         except (
@@ -309,7 +309,7 @@ def pct_error(predicted: float, measured: float) -> float:
 CPU_TYPE = "cpu"
 
 
-def _corun_worker(index: int, ranks: int, port: int, started, finished, out: str) -> None:
+def _corun_worker(index: int, ranks: int, port: int, started, finished, out: str, repeat: int = 11) -> None:
     """One of `ranks` processes profiling at once (spawned): the layers in a
     stack of the model's blocks and the update over the whole model, each
     process on one thread, as a training rank runs; it keeps profiling until
@@ -325,7 +325,7 @@ def _corun_worker(index: int, ranks: int, port: int, started, finished, out: str
 
     torch.set_num_threads(1)
     model = model_spec()
-    kw = {"warmup": 3, "repeat": 11}
+    kw = {"warmup": 3, "repeat": repeat}
     tp_group = None
     if ranks > 1:
         dist.init_process_group(
@@ -349,7 +349,7 @@ def _corun_worker(index: int, ranks: int, port: int, started, finished, out: str
         json.dump({"layers": [r.__dict__ for r in recs], "update_gbps": gbps}, f)
 
 
-def profile_corun(ranks: int) -> tuple[list, float]:
+def profile_corun(ranks: int, repeat: int = 11) -> tuple[list, float]:
     """(layer records, update GB/s) of a core while `ranks` cores run alike
     work: `ranks` processes profile at once (``_corun_worker``), and each
     time is the mean over them. The ranks of a job on this machine share its
@@ -364,7 +364,8 @@ def profile_corun(ranks: int) -> tuple[list, float]:
         outs = [os.path.join(tmp, f"{i}.json") for i in range(ranks)]
         port = free_port()
         procs = [
-            ctx.Process(target=_corun_worker, args=(i, ranks, port, started, finished, outs[i])) for i in range(ranks)
+            ctx.Process(target=_corun_worker, args=(i, ranks, port, started, finished, outs[i], repeat))
+            for i in range(ranks)
         ]
         for proc in procs:
             proc.start()
@@ -423,16 +424,16 @@ def optimizer_step_s(shape: dict, device: str = "cpu") -> float:
     return statistics.median(times[2:])
 
 
-def profile_cpu(store, cores: int) -> dict[str, float]:
+def profile_cpu(store, cores: int, quick: bool = False) -> dict[str, float]:
     """Profile this CPU into `store` as one GPU type, ``CPU_TYPE``: the layers
     and update of ``profile_corun`` with as many processes as a plan has
     ranks (``RANKS``, at most the cores), and the loopback comm curves;
     returns the update bandwidth (GB/s)."""
     from launch import profiler
 
-    comm = profiler.profile_comm(2, link=profiler.LOOPBACK, backend="gloo", repeat=90)
+    comm = profiler.profile_comm(2, link=profiler.LOOPBACK, backend="gloo", repeat=10 if quick else 90)
     store.put_comm(comm)
-    layers, gbps = profile_corun(min(RANKS, cores))
+    layers, gbps = profile_corun(min(RANKS, cores), 3 if quick else 11)
     store.put_layers(layers)
     store.put_gpu(cpu_spec(comm, gbps, CPU_TYPE))
     return {CPU_TYPE: gbps}
@@ -466,7 +467,9 @@ def controller_estimator(store_path: Path):
     return _make_estimator(from_dict({"controller": {"profiles_path": str(store_path)}}))
 
 
-def one_pass(on_gpu: bool, shape: dict, batch: int, plans: dict, cores: int, steps: int, warmup: int) -> dict:
+def one_pass(
+    on_gpu: bool, shape: dict, batch: int, plans: dict, cores: int, steps: int, warmup: int, quick: bool = False
+) -> dict:
     """Profile this machine into a fresh store (seeded as the controller's),
     then predict with the controller's estimator and measure every plan of
     every runtime: {"device", "update_gbps", "profile_s", "rows": [...]}."""
@@ -480,7 +483,7 @@ def one_pass(on_gpu: bool, shape: dict, batch: int, plans: dict, cores: int, ste
             if on_gpu:
                 device_name, update_gbps = profile_gpu(store, model)
             else:
-                device_name, update_gbps = CPU_TYPE, profile_cpu(store, cores)
+                device_name, update_gbps = CPU_TYPE, profile_cpu(store, cores, quick)
         profile_s = time.perf_counter() - t0
         est = controller_estimator(path)
         rows = []
@@ -538,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         help="profile-predict-measure passes; a plan's prediction and measurement are each their median (default: 1)",
     )
     ap.add_argument("--runtime", action="append", help="runtime mode to measure (repeat; default: every one here)")
-    ap.add_argument("--quick", action="store_true", help="two plans per runtime, 4 timed steps")
+    ap.add_argument("--quick", action="store_true", help="two plans per runtime, 4 timed steps, a short profile")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="profile and train on (default: cpu)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--shape", type=json.loads, default=SHAPE, help=argparse.SUPPRESS)
@@ -572,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     if not on_gpu:  # a per-device estimate cannot know an oversubscribed machine
         plans = {r: [p for p in ps if p[0] * p[1] * p[2] <= cores] for r, ps in plans.items()}
     t_start = time.perf_counter()
-    passes = [one_pass(on_gpu, shape, batch, plans, cores, steps, args.warmup) for _ in range(args.passes)]
+    passes = [one_pass(on_gpu, shape, batch, plans, cores, steps, args.warmup, args.quick) for _ in range(args.passes)]
     rows = [row_of(list(runs), batch) for runs in zip(*(p["rows"] for p in passes), strict=True)]
     for row in rows:
         print(json.dumps(row), flush=True)
