@@ -97,10 +97,9 @@ PLANS = {
         (1, 2, 1, 1, 4),  # dp2 x 2 virtual workers each, b=2
         (1, 1, 2, 1, None),  # tp2, b=8
         (1, 1, 2, 4, None),  # tp2, b=2
-        (2, 1, 1, 1, None),  # pp2, b=8
-        (2, 1, 1, 4, None),  # pp2, b=2
+        (2, 1, 1, 4, None),  # pp2, b=2 (1F1B needs m >= pp: no b=8)
     ],
-    "sharded": [(1, 2, 1, 2, None), (1, 1, 2, 1, None), (1, 1, 2, 4, None), (2, 1, 1, 1, None), (2, 1, 1, 4, None)],
+    "sharded": [(1, 2, 1, 2, None), (1, 1, 2, 1, None), (1, 1, 2, 4, None), (2, 1, 1, 4, None)],
 }
 QUICK = {"exact": [(1, 2, 1, 2, None), (1, 1, 2, 1, None)], "sharded": [(1, 2, 1, 2, None), (1, 1, 2, 1, None)]}
 

@@ -586,6 +586,8 @@ class Estimator:
                 per_worker, k = batch // vw, -(-vw // dp)
             prev, last_st, sync, accumulate = math.inf, None, 0.0, 0.0
             for m in divisors(per_worker):
+                if m < pp and pr.m_at_least_pp:
+                    continue
                 b = per_worker // m
                 if pr.uneven_stages:
                     st = self._stages(md, chosen, cell.gpu_type, tp, b, pp)

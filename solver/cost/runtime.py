@@ -77,6 +77,8 @@ REDUCE_SCATTER = str(GradSync.REDUCE_SCATTER)
 EXACT_COPIES = 4
 #: bytes per dtype byte of one copy (read + write) and of one add (two reads, a write)
 COPY_SWEEP, ADD_SWEEP = 2, 3
+#: runtimes whose pipelines are torch.distributed.pipelining's Schedule1F1B (m >= pp)
+TORCH_PIPELINING = frozenset({"exact", "sharded", "torchtitan"})
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ class Pricing:
     mixed_types: bool = True
     #: the runtime's own memory and copies are added (False: `adaptive`, the estimator's settings alone)
     own: bool = True
+    #: pipelines run torch.distributed.pipelining's 1F1B, which needs at least pp micro-batches
+    m_at_least_pp: bool = False
 
     @property
     def fsdp(self) -> bool:
@@ -113,6 +117,7 @@ class Pricing:
             uneven_stages=runtime.uneven_stages,
             virtual_workers=runtime.virtual_workers,
             mixed_types=runtime.mixed_types,
+            m_at_least_pp=runtime.name in TORCH_PIPELINING,
         )
 
 
