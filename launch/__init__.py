@@ -12,14 +12,17 @@ from solver.extras import require
 
 if TYPE_CHECKING:
     from launch.parallel import ParallelContext, init_parallel
+    from launch.trainer import Trainer
+    from launch.workload import StageSpec, Workload
 
-__all__ = ["ParallelContext", "init_parallel"]
+__all__ = ["ParallelContext", "StageSpec", "Trainer", "Workload", "init_parallel"]
+_HOME = {"ParallelContext": "parallel", "init_parallel": "parallel", "Trainer": "trainer"}
 
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
         require("torch")  # one line naming the extra, not "No module named 'torch'"
-        from launch import parallel
+        import importlib
 
-        return getattr(parallel, name)
+        return getattr(importlib.import_module(f"launch.{_HOME.get(name, 'workload')}"), name)
     raise AttributeError(f"module 'launch' has no attribute {name!r}")

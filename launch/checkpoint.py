@@ -59,6 +59,13 @@ def save(directory: str | os.PathLike[str], step: int, state: dict[str, Any]) ->
     d.mkdir(parents=True, exist_ok=True)
     path = checkpoint_path(d, step)
     _replace_atomically(path, lambda f: torch.save(state, f))
+    mark_latest(d, step)
+    return path
+
+
+def mark_latest(directory: str | os.PathLike[str], step: int) -> None:
+    """Point LATEST at checkpoint STEP (once it is complete), durably."""
+    d = Path(directory)
     _replace_atomically(d / LATEST, lambda f: f.write(f"{step}\n".encode()))
     try:  # make the renames durable
         fd = os.open(d, os.O_RDONLY)
@@ -68,7 +75,6 @@ def save(directory: str | os.PathLike[str], step: int, state: dict[str, Any]) ->
             os.close(fd)
     except OSError:
         pass
-    return path
 
 
 def latest_step(directory: str | os.PathLike[str]) -> int | None:
@@ -87,6 +93,8 @@ def load_latest(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     step = latest_step(directory)
     if step is None:
         return None
+    if not checkpoint_path(directory, step).is_file():
+        raise ValueError(f"{directory}: step {step} is not a whole-state checkpoint (a sharded DCP one?)")
     state: dict[str, Any] = torch.load(checkpoint_path(directory, step), map_location="cpu", weights_only=True)
     return state
 

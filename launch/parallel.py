@@ -151,12 +151,14 @@ def init_parallel(
     global_batch: int | None = None,
     backend: str | None = None,
     timeout_s: float | None = None,
+    split_batch: bool = True,
 ) -> ParallelContext:
     """Join the job's process group and build its (pp, dp, tp) device mesh.
 
     plan: defaults to CELLSCHED_PLAN. num_layers: split into pipeline stages
     (plan.stage_layers or evenly). global_batch: defaults to plan.global_batch.
-    backend: nccl when CUDA is available, gloo otherwise.
+    backend: nccl when CUDA is available, gloo otherwise. split_batch: False
+    leaves ``batch`` unset (a runtime that splits the batch its own way).
     """
     plan = plan if plan is not None else plan_from_env()
     layout = Layout(plan.pp, plan.dp, plan.tp)
@@ -188,6 +190,8 @@ def init_parallel(
 
     stages = split_layers(num_layers, plan.pp, plan.stage_layers) if num_layers is not None else None
     global_batch = global_batch if global_batch is not None else plan.global_batch
+    if not split_batch:
+        global_batch = None
     return ParallelContext(
         plan=plan,
         layout=layout,

@@ -4,15 +4,17 @@ Run one process per GPU through the launcher::
 
     srun cellsched-launch -- python contrib/examples/train_gpt.py --steps 20 --out losses.json
 
-The layout comes from the job's plan (pp, dp, tp, micro-batches, batch
-shares, virtual workers, checkpoints). The model is built whole from the
+The layout comes from the job's plan (runtime, pp, dp, tp, micro-batches,
+batch shares, virtual workers, checkpoints); ``launch.Trainer`` carries it
+out in the plan's runtime (``exact`` by default, or ``sharded``). The model is built whole from the
 seed and then sliced (stage layers, tensor-parallel shards), so every layout
 starts from the same weights; the data is synthetic and seeded. Rank 0 prints
 one JSON line per step and writes ``{"steps": [...], "losses": [...]}`` to
 --out.
 
-The model and the trainer are the ``minigpt`` package next to this script
-(``minigpt.model``, ``minigpt.trainer``); this file is the command line.
+The model and data are the ``minigpt`` package next to this script
+(``minigpt.model``, ``minigpt.data``; ``minigpt.trainer.workload`` plugs them
+into ``launch.Trainer``); this file is the command line.
 """
 
 from __future__ import annotations
@@ -20,21 +22,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from minigpt.model import GPTConfig
-from minigpt.trainer import DTYPES, TrainConfig, Trainer
+from minigpt.trainer import DTYPES, TrainConfig, workload
 
 from launch import checkpoint
-from launch.parallel import ParallelContext, init_parallel, plan_from_env
-from launch.progress import write_progress
+from launch.exact import ExactEngine
+from launch.parallel import plan_from_env
+from launch.sharded import ShardedEngine
 from launch.sharding import state_numel
-from solver.contract import EXIT_CHECKPOINTED
+from launch.trainer import Trainer, exit_now
 
 
 def _write_json(path: str, obj: object) -> None:
@@ -45,9 +45,16 @@ def _write_json(path: str, obj: object) -> None:
     os.replace(tmp, p)
 
 
-def _report(ctx: ParallelContext, directory: str) -> None:
+def _report(trainer: Trainer, directory: str) -> None:
     """Where this rank sits: node, coordinates, group members, stage layers, batch slice."""
-    b = ctx.batch
+    ctx, e = trainer.ctx, trainer.engine
+    if isinstance(e, ShardedEngine):  # its own split: [offset, size, micro-batch size, micro-batches, no workers]
+        size = e.sizes[ctx.dp_rank]
+        batch = [e.offset, size, size // e.micro_batches, e.micro_batches, []]
+    else:
+        b = ctx.batch
+        assert b is not None
+        batch = [b.offset, b.size, b.micro_batch_size, b.num_micro_batches, list(b.virtual_workers)]
     _write_json(
         os.path.join(directory, f"rank-{ctx.rank}.json"),
         {
@@ -56,23 +63,27 @@ def _report(ctx: ParallelContext, directory: str) -> None:
             "coords": [ctx.pp_rank, ctx.dp_rank, ctx.tp_rank],
             "groups": {d: ctx.group_ranks(d) for d in ("pp", "dp", "tp")},
             "stage_layers": list(ctx.stage_layers),
-            "batch": [b.offset, b.size, b.micro_batch_size, b.num_micro_batches, list(b.virtual_workers)],
+            "batch": batch,
         },
     )
 
 
-def _report_state(trainer: Trainer, directory: str) -> None:
+def _report_state(engine: ExactEngine | ShardedEngine, directory: str) -> None:
     """This rank's optimizer state: sharding mode, owned slice, state elements."""
-    s = trainer.sharded
-    _write_json(
-        os.path.join(directory, f"state-{trainer.ctx.rank}.json"),
-        {
-            "mode": trainer.sharding,
-            "param_numel": sum(p.numel() for p in trainer.params),
+    if isinstance(engine, ShardedEngine):
+        local = [getattr(p, "_local_tensor", p) for p in engine.stage.parameters()]
+        record = {"mode": "fsdp", "param_numel": sum(t.numel() for t in local), "slice": None, "bounds": None}
+    else:
+        s = engine.sharded
+        record = {
+            "mode": engine.sharding,
+            "param_numel": sum(p.numel() for p in engine.params),
             "slice": list(s.layout.bounds[s.dp_rank]) if s else None,
             "bounds": [list(b) for b in s.layout.bounds] if s else None,
-            "state_numel": state_numel(trainer.optimizer),
-        },
+        }
+    _write_json(
+        os.path.join(directory, f"state-{engine.ctx.rank}.json"),
+        {**record, "state_numel": state_numel(engine.optimizer)},
     )
 
 
@@ -114,45 +125,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     plan = plan_from_env()
     batch = args.global_batch or plan.global_batch or 8
-    ctx = init_parallel(plan, num_layers=cfg.layers, global_batch=batch)
     tc = TrainConfig(args.seed, batch, args.lr, args.dataset_size, args.dtype)
+    trainer = Trainer(workload(cfg, tc), plan=plan, global_batch=batch, shard_state=args.shard_state, stop=stop)
     if args.report:
-        _report(ctx, args.report)
-    trainer = Trainer(ctx, cfg, tc, shard_state=args.shard_state)
-    if plan.checkpoint_dir:
-        state = checkpoint.load_latest(plan.checkpoint_dir)
-        if state is not None:
-            trainer.load_full_state(state)
-    status = 0
-    while trainer.step < args.steps:
-        loss = trainer.train_step()
-        if ctx.rank == 0:
-            print(json.dumps({"step": trainer.step, "loss": loss}), flush=True)
-            if plan.checkpoint_dir:
-                write_progress(plan.checkpoint_dir, trainer.step, loss=loss)
-        if args.step_delay > 0:
-            time.sleep(args.step_delay)
-        stopping = stop.agreed(device=ctx.device)
-        due = plan.checkpoint_every and trainer.step % plan.checkpoint_every == 0
-        if plan.checkpoint_dir and (stopping or due or trainer.step == args.steps):
-            trainer.save_checkpoint(plan.checkpoint_dir)
-        if stopping:
-            status = EXIT_CHECKPOINTED
-            break
+        _report(trainer, args.report)
+
+    def on_step(step: int, loss: float) -> None:
+        print(json.dumps({"step": step, "loss": loss}), flush=True)
+
+    status = trainer.run(args.steps, on_step=on_step, step_delay=args.step_delay)
     if args.report:
-        _report_state(trainer, args.report)
-    if ctx.rank == 0 and args.out:
+        _report_state(trainer.engine, args.report)
+    if trainer.ctx.rank == 0 and args.out:
         _write_json(args.out, {"steps": list(range(1, trainer.step + 1)), "losses": trainer.losses})
-    if ctx.world_size > 1:
-        dist.barrier()  # nobody tears down while a peer still talks (gloo aborts otherwise)
-    dist.destroy_process_group()
+    trainer.close()
     return status
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Leave without C++ static destructors: under load gloo's worker threads
-    # can still be joinable then, and the runtime aborts a finished run.
-    os._exit(code)
+    exit_now(main())

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
+
 import torch
 
 from launch.elastic import VirtualWorker
@@ -33,3 +36,30 @@ def global_batch(vws: list[VirtualWorker], batch: int, cfg: GPTConfig, seed: int
 def make_virtual_workers(count: int, dataset_size: int, seed: int) -> list[VirtualWorker]:
     """COUNT virtual workers over a dataset of DATASET_SIZE items, each with its own shard."""
     return [VirtualWorker(i, count, dataset_size, seed) for i in range(count)]
+
+
+@functools.lru_cache(maxsize=4)
+def _epoch_order(seed: int, epoch: int, dataset_size: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1_000_003 + 999_983 * (epoch + 1))
+    return torch.randperm(dataset_size, generator=g)
+
+
+def sample_at(position: int, cfg: GPTConfig, seed: int, dataset_size: int, noise: float = 0.1) -> torch.Tensor:
+    """The sample at global POSITION of the run's stream (``step * global_batch + i``).
+
+    Epoch ``position // dataset_size`` visits the dataset in its own seeded
+    order; the input tokens are corrupted from a stream keyed by the
+    position. Nothing depends on which rank draws it or on what it drew
+    before, so every layout sees the same samples (the sharded runtime)."""
+    epoch, i = divmod(position, dataset_size)
+    tokens = sample(seed, int(_epoch_order(seed, epoch, dataset_size)[i]), cfg)
+    g = torch.Generator().manual_seed(seed * 1_000_033 + 7_777_777 + position)
+    flip = torch.rand(tokens.shape, generator=g) < noise
+    random = torch.randint(cfg.vocab, tokens.shape, generator=g)
+    tokens[:-1] = torch.where(flip[:-1], random[:-1], tokens[:-1])
+    return tokens
+
+
+def batch_at(positions: Sequence[int], cfg: GPTConfig, seed: int, dataset_size: int) -> torch.Tensor:
+    """The samples at POSITIONS, stacked."""
+    return torch.stack([sample_at(p, cfg, seed, dataset_size) for p in positions])

@@ -58,7 +58,7 @@ class Block(nn.Module):
         if cfg.heads % tp:
             raise ValueError(f"{cfg.heads} heads do not split over tp={tp}")
         h = cfg.hidden
-        self.heads, self.tp, self.group = cfg.heads // tp, tp, group
+        self.head_dim, self.tp, self.group = h // cfg.heads, tp, group
         self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
         # No key bias: softmax ignores it, so its gradient is only rounding
         # noise, which Adam would turn into steps.
@@ -72,7 +72,8 @@ class Block(nn.Module):
         a = self.ln1(x)
         if self.tp > 1:
             a = enter_tp(a, self.group)
-        q, k, v = (lin(a).view(b, s, self.heads, -1).transpose(1, 2) for lin in self.qkv)
+        # heads of this rank: all, a tp shard's (Megatron), or those of a DTensor tp shard
+        q, k, v = (lin(a).view(b, s, -1, self.head_dim).transpose(1, 2) for lin in self.qkv)
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(att.transpose(1, 2).reshape(b, s, -1))
         return x + self.out(F.gelu(self.fc(self.ln2(x))))

@@ -42,8 +42,10 @@ def enter_tp(x: torch.Tensor, group) -> torch.Tensor:
     return _CopyToTP.apply(x, group)
 
 
-class ColumnParallelLinear(nn.Module):
+class ColumnParallelLinear(nn.Linear):
     """``y = x A^T + b`` with the rows of A (output features) split over TP ranks.
+
+    An ``nn.Linear`` (built with tp=1, torch's ``ColwiseParallel`` can shard it).
 
     `enter`: the input enters the TP region here (its gradient is all-reduced
     backward); False when the caller entered it already, as for linears that
@@ -52,9 +54,10 @@ class ColumnParallelLinear(nn.Module):
     shard_dims = {"weight": 0, "bias": 0}
 
     def __init__(self, d_in: int, d_out: int, tp: int = 1, group=None, bias: bool = True, enter: bool = True):
-        super().__init__()
         if d_out % tp:
             raise ValueError(f"{d_out} output features do not split over tp={tp}")
+        nn.Module.__init__(self)  # parameters made here, initialised by the model's builder
+        self.in_features, self.out_features = d_in, d_out // tp
         self.tp, self.group, self.enter = tp, group, enter
         self.weight = nn.Parameter(torch.empty(d_out // tp, d_in))
         self.bias = nn.Parameter(torch.empty(d_out // tp)) if bias else None
@@ -65,15 +68,19 @@ class ColumnParallelLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-class RowParallelLinear(nn.Module):
-    """``y = x A^T + b`` with the columns of A (input features) split over TP ranks."""
+class RowParallelLinear(nn.Linear):
+    """``y = x A^T + b`` with the columns of A (input features) split over TP ranks.
+
+    An ``nn.Linear`` (built with tp=1, torch's ``RowwiseParallel`` can shard it).
+    """
 
     shard_dims = {"weight": 1}
 
     def __init__(self, d_in: int, d_out: int, tp: int = 1, group=None):
-        super().__init__()
         if d_in % tp:
             raise ValueError(f"{d_in} input features do not split over tp={tp}")
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = d_in // tp, d_out
         self.tp, self.group = tp, group
         self.weight = nn.Parameter(torch.empty(d_out, d_in // tp))
         self.bias = nn.Parameter(torch.empty(d_out))
