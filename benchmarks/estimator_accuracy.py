@@ -162,18 +162,17 @@ def live_tensor_bytes() -> int:
 def step_peak_bytes(step) -> int:
     """The peak of live tensor bytes during one call of `step` on CPU: the
     bytes alive at its start plus the largest running sum of the
-    allocations (at their op's start) and frees the profiler records."""
+    allocations and frees the profiler records (``profile_memory``: every
+    allocation and free of the CPU allocator, each at its own time; a block
+    allocated before the step and freed in it is not subtracted, so the
+    peak is never under the truth)."""
     from torch.profiler import ProfilerActivity, profile
 
     base = live_tensor_bytes()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
-    deltas = []
-    for e in prof.events():
-        d = e.cpu_memory_usage if e.name == "[memory]" else e.self_cpu_memory_usage
-        if d:
-            deltas.append((e.time_range.start, d))
-    deltas.sort()
+    raw = prof.profiler.kineto_results.events() if prof.profiler is not None else []
+    deltas = sorted((e.start_ns(), e.nbytes()) for e in raw if e.name() == "[memory]")
     cur = peak = 0
     for _, d in deltas:
         cur += d
