@@ -22,9 +22,12 @@ workers) of the busiest rank and d the dtype bytes:
   twice::
 
       sync  = allgather(k G_k, dp) + (dp k - 1) adds + copies
-      mem_k = max(P_k o + a_k + (k - 1) G_k,              # backward
-                  P_k o + G_k (k + 1)              dp = 1  # sum, copied back
-                  P_k o + G_k (2 k + 2 dp k)       dp > 1) # the all-gather
+      mem_k = max(P_k o + a_k + (k - 1) G_k,                  # backward
+                  P_k o + G_k (k + 1)                  dp = 1  # sum, copied back
+                  P_k o + G_k (2 k + 2 dp k - 1)       dp > 1) # the all-gather
+
+  (at the all-gather no parameter holds a gradient: the gradient slot of o
+  is free).
 
   an add or a copy sweeps 3 d or 2 d bytes per parameter at the GPU's memory
   bandwidth (the copies: flatten, the send buffer (dp > 1), the sum's clone,
@@ -53,12 +56,21 @@ workers) of the busiest rank and d the dtype bytes:
       mem_k = P_k o / dp + a_k + 2 R_k + 3 L_k                           pp = 1
       mem_k = P_k o / dp + a_k + R_k + 2 L_k + G_k                       pp > 1
 
+  (dp = 1 too: FSDP2 over one rank still gathers into unsharded buffers).
+
   with L_k the stage's largest block (its gathered parameters, the next
   one's prefetched, its unsharded gradient), R_k the root unit's records
   that are not blocks (embedding, head: FSDP2 keeps the root's parameters
   gathered from forward to backward, and its gradient), and the update of
   1/dp of the state. A reduce-scatter is priced as the ring's (dp - 1)/dp
   of the buffer, an all-gather of G_k / dp per rank.
+
+Pipelines of ``exact``, ``sharded`` and ``torchtitan`` run torch's
+``Schedule1F1B`` (``torch.distributed.pipelining``), which needs m >= pp
+and holds, per stage, a receive buffer per micro-batch for the activation
+from the stage before and one for the gradient from the stage after, and on
+the last stage every micro-batch's output: ``m b (out_{k-1} + out_k)``
+(``out_k`` the stage's output per sample; the last stage's is its output).
 """
 
 from __future__ import annotations
@@ -216,20 +228,20 @@ def runtime_memory(
             root = st.other_bytes[k] if st.other_bytes else 0.0
             if uniform and block_bytes > 0:
                 largest, root = block_bytes, root_bytes * ((k == 0) + (k == st.pp - 1 and st.pp > 1))
-            if dp <= 1:  # nothing sharded: FSDP2 over one rank keeps every parameter and gradient
-                mem = params * o + act
-            elif st.pp == 1:
+            if st.pp == 1:
                 mem = params * o / dp + act + 2 * root + 3 * largest
             else:
                 mem = params * o / dp + act + root + 2 * largest + grads
         elif pricing.grad_sync == ALLGATHER:
             during = params * o + act + (units - 1) * grads
-            held = (units + 1) if dp <= 1 else (2 * units + 2 * dp * units)
+            held = (units + 1) if dp <= 1 else (2 * units + 2 * dp * units - 1)
             mem = max(during, params * o + held * grads)
         elif pricing.runtime == "ddp":
             mem = params * o + act + (grads if dp > 1 else 0.0)
         else:
             mem = params * o + act
+        if pricing.m_at_least_pp and st.pp > 1:  # 1F1B's receive buffers; the last stage keeps its outputs
+            mem += m * b * ((st.out_per_sample[k - 1] if k > 0 else 0.0) + st.out_per_sample[k])
         peak = max(peak, mem)
     return peak
 

@@ -117,7 +117,7 @@ class MixedEstimator:
         pr = self.pricing(job)
         if not pr.own or pr.grad_sync != ALLGATHER:
             return grads, 0.0
-        return grads, grads * ((units + 1) if ranks <= 1 else (2 * units + 2 * ranks * units))
+        return grads, grads * ((units + 1) if ranks <= 1 else (2 * units + 2 * ranks * units - 1))
 
     @staticmethod
     def _none(cell: Cell, note: str, mem: float = math.inf) -> Estimate:
@@ -342,7 +342,7 @@ class MixedEstimator:
         pr = self.pricing(job)
         if not pr.own or pr.grad_sync != ALLGATHER:
             return 0.0
-        return job.model.dtype_bytes * ((units + 1) if dp <= 1 else (2 * units + 2 * dp * units))
+        return job.model.dtype_bytes * ((units + 1) if dp <= 1 else (2 * units + 2 * dp * units - 1))
 
     def _micro_options(self, job: JobRequest, subs: list[Estimate]) -> list[int]:
         """The micro-batch counts to try, most first: the divisors of the most
