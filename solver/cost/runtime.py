@@ -52,13 +52,14 @@ workers) of the busiest rank and d the dtype bytes:
   once per step (pp > 1: the pipeline schedule defers the reduce-scatter to
   the last micro-batch, so the stage's unsharded gradients are held)::
 
-      sync  = 2 m allgather(G_k / dp, dp) + r reduce_scatter(G_k, dp)    r = m (pp 1), 1 (pp > 1)
+      sync  = u (2 m allgather(G_k / u dp, dp) + r reduce_scatter(G_k / u, dp))    r = m (pp 1), 1 (pp > 1)
       mem_k = P_k o / dp + a_k + 2 R_k + 3 L_k                           pp = 1
       mem_k = P_k o / dp + a_k + R_k + 2 L_k + G_k                       pp > 1
 
   (dp = 1 too: FSDP2 over one rank still gathers into unsharded buffers).
 
-  with L_k the stage's largest block (its gathered parameters, the next
+  with u the stage's FSDP units (its blocks and the stage, one collective
+  each), L_k the stage's largest block (its gathered parameters, the next
   one's prefetched, its unsharded gradient), R_k the root unit's records
   that are not blocks (embedding, head: FSDP2 keeps the root's parameters
   gathered from forward to backward, and its gradient), and the update of
@@ -161,7 +162,10 @@ def fsdp_sync_time(st: StageCosts, *, dp: int, tp: int, m: int, gpus_per_node: i
     out, scatters = 0.0, m if st.pp == 1 else 1
     for k in range(st.pp):
         link, nbytes = _stage_link(links, st, k, dp, tp, gpus_per_node)
-        t = 2 * m * links.allgather(link, nbytes / dp, dp) + scatters * reduce_scatter(links, link, nbytes, dp)
+        # one collective per FSDP unit: the stage's blocks and the stage itself (the root)
+        units = (st.blocks[k] if st.blocks else st.layers[k]) + 1
+        per = nbytes / units
+        t = units * (2 * m * links.allgather(link, per / dp, dp) + scatters * reduce_scatter(links, link, per, dp))
         out = max(out, t)
     return out
 
