@@ -37,12 +37,22 @@ they also price adding one gradient into another at that bandwidth: each
 micro-batch's into the step's (every micro-batch but a worker's first) and,
 under "allgather", the gathered gradients in rank order (dp x k - 1 adds).
 
+Runtimes (``JobRequest.runtime``, ``solver.runtimes``): a job is priced as
+its runtime runs (``solver.cost.runtime``: its gradient sync, state layout
+and buffers, per rank at its peak) and offered only plans it carries out
+(tp, pp, even stages, dp = V without virtual workers, m >= pp under torch's
+1F1B); a runtime that cannot run a cell gets an infeasible Estimate naming
+why. ``adaptive`` (the simulator's trace jobs, and a JobRequest that names
+none) keeps this estimator's own settings and every source above; the
+others are priced from the model (sources 2 and 3: a cell-level or per-plan
+measurement is of another runtime's plan).
+
 Inside a cell (pp fixed) the search covers tp dividing the GPUs per node
 (and the heads; the hidden size for non-transformers), dp = GPUs / (pp tp)
 dividing the global batch, and every micro-batch count m dividing the
 per-replica batch. The fastest plan whose peak memory fits `mem_fraction` x
 GPU memory wins; none fitting gives an infeasible Estimate noted "OOM".
-Estimates are cached per (model signature, global batch, cell, V), until
+Estimates are cached per (model signature, global batch, cell, V, runtime), until
 the store changes (`refresh`, which the controller calls every round).
 
 Virtual workers (EasyScale; ``JobRequest.virtual_workers`` = V, None = one
