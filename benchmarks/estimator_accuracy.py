@@ -1,90 +1,63 @@
-"""How close the composed estimate is to real training, on CPU.
+"""How close the controller's estimator is to real training, per runtime, on CPU.
 
-1. Profile a small GPT on this machine into a temporary profile store, as
-   the job's ranks will use it: each rank is one process on one thread, and
-   a job of n ranks keeps n cores busy, which slows each of them (shared
-   caches and memory bandwidth: several percent on small micro-batches, a
-   fifth on the optimizer step), so the device a rank runs on is "a core
-   while n cores work". For every n up to the cores, n processes profile at
-   once (``profile_corun``; the mean over them) and store it as GPU type
-   ``gpu_type(n)`` ("cpu", "cpu-x2", ...; a GpuSpec with this machine's
-   memory, that update bandwidth, intra link "loopback"):
-   - layers per tp degree and micro-batch, timed in a stack of the model's
-     blocks between the embedding and the head, forward then backward as a
-     micro-batch runs them (``profile_layers(stack=layers)``): timed alone,
-     a layer finds its weights and activations in cache, which on this CPU
-     hides 5-10% of small micro-batches; the tp=2 layers on pairs of the
-     processes, a tp group of 2, among the all-reduces they train with
-     (``profile_layers(tp_group=...)``, their own time left out): the gloo
-     threads and copies of 4 all-reduces a block leave the next matmul cold
-     caches, which cost the tp plans' compute 10-25% (measured: the
-     trainer's tp=2 ranks spent 147 ms of CPU per step outside collectives
-     where the shards profiled without them said 121 ms);
-   - the update bandwidth of an AdamW step over the whole model
-     (``profile_update(blocks=layers)``: a bigger state sweeps slower).
-   Once: the loopback comm curves among 2 gloo processes (p2p, all-reduce,
-   all-gather; the mean of 90 calls, each after the same CPU work on every
-   rank and on a freshly written buffer, as a step meets its collectives:
-   on 2 cores the ranks' skew makes single calls vary by 20-50%, and the
-   mean of 30 moved tensor-parallel estimates by 10% from run to run).
-   Layers and the update are the median of 11 repeats; each plan runs 20
-   timed steps (the median of 6 moved by 5% between runs).
-2. Predict each plan's iteration time with the solver's Estimator (source
-   "composed", cell ``gpu_type(min(ranks, cores))`` x one node x ranks).
-3. Run the reference trainer (minigpt's Trainer, as contrib/examples/train_gpt.py does) under that plan
-   on local processes started through the real launcher, with the stage
-   split the estimator assumed (plan.stage_layers), and take the median
-   steady-state step time over all ranks.
+The estimator measured is the one the controller builds
+(``slurm_ext.controller.round._make_estimator``: ``MixedEstimator(Estimator(
+open_store(profiles_path), state_sharding=...))``, its defaults), over a
+store seeded as the controller's is, and each job priced by its runtime
+(``JobRequest.runtime``, ``solver.cost.runtime``). Per runtime mode
+(``exact``: virtual workers and the ordered all-gather sum; ``sharded``:
+FSDP2 x DTensor TP x pipelining, where this tree has ``launch.sharded``):
 
-Every rank times each of its steps. A step of the job ends when its slowest
-rank does (each step ends in a world all-reduce of the loss), so a step's
-time is the maximum over ranks, and `measured_s`, the job's iteration time,
-is the median of that over the timed steps; `fastest_s` is their minimum.
-`uncontended_s` is the median over steps of the step's time less the
-longest time any rank's main thread sat runnable without a CPU that step
-(/proc schedstat), i.e. about what the step would take with a core per
-rank (the collectives' threads' waits are not subtracted, nor a second
-rank's whose wait stalled its peers).
+1. Profile a small GPT on this machine into that store, as ``cellsched-launch
+   profile`` would, at the micro-batch sizes of ``PROFILED`` only: the
+   layers per tp degree (``launch.profiler.profile_layers``, a stack of the
+   model's blocks, the tp=2 layers on a tp group of 2 processes among their
+   all-reduces), the AdamW update bandwidth (``profile_update``) and the
+   loopback comm curves among 2 gloo processes. The job's ranks run one per
+   core with every core busy, so the profile is taken the same way: as many
+   processes as the plans have ranks (``RANKS``, at most the cores) profile
+   at once, the mean over them, stored as one GPU type, "cpu".
+2. Predict each held-out plan: plans whose micro-batch sizes were NOT
+   profiled (``HELD_OUT``), priced from the nearest profiled size per
+   sample. Time and per-rank peak memory are the estimator's for that
+   (pp, dp, tp, micro-batches, V) in a one-node cell of "cpu" GPUs
+   (``Estimator.plans(..., runtime=...)``, the same candidates
+   ``estimate`` chooses from).
+3. Run the reference trainer (contrib/examples/minigpt) under that plan, its
+   ``runtime`` field set, on local processes started through the real
+   launcher with gloo, one thread each: the step time is the slowest rank's
+   (each step ends in a world all-reduce of the loss), `measured_s` the
+   median over the timed steps. After them, one more step is run under
+   ``torch.profiler`` with ``profile_memory``: the bytes of the live tensors
+   at the step's start (every tensor the garbage collector tracks, each
+   storage once) plus the largest running sum of the allocations and frees
+   the profiler saw in the step (an allocation at its op's start, a free at
+   its event) is the rank's peak; `measured_peak_mb` is the largest over
+   the ranks, as the estimate is of the busiest stage.
 
-Steps 1-3 run `--passes` times (default 3), each pass with a fresh profile;
-a plan's predicted and measured times are each the median over the passes
-(`error_pct_passes`: every pass's own error; the summary's
-`mape_pct_fitting_passes`: every pass's MAPE, what a one-pass run says). A
-shared machine drifts between a profile and the runs a minute later: on 2
-loaded cores one pass in five found every plan 4-12% slower than profiled,
-1-rank plans included, which no estimate of the plans can know.
+Prints one JSON line per plan and one per runtime with `runtime`,
+`mape_pct_heldout` (mean absolute percentage error of the time over the
+held-out plans) and `memory_err_pct` (mean absolute percentage error of
+the peak memory), then a summary. Plans with more ranks than cores are
+left out (a per-device estimate cannot know an oversubscribed machine).
 
-Prints one JSON line per plan and a summary with the mean absolute
-percentage error (MAPE) of the prediction against `measured_s` (also against
-`fastest_s` and `uncontended_s`). Plans with more ranks than cores
-oversubscribe the machine, which a per-device estimate cannot know: the
-headline MAPE is over the plans that fit (ranks <= cores), the others are
-reported separately.
+What the estimate prices (solver.cost.runtime): each layer's compute; under
+tp, 4 all-reduces of the activation per block and micro-batch; the
+pipeline's activation sends; the autograd's adds of each micro-batch's
+gradients into the step's; exact: the all-gather of every unit's gradient
+at the all-gather curve, its copies and the ordered sum's adds at the
+update bandwidth, and the receive buffers in memory; sharded: FSDP's
+parameter all-gathers and gradient reduce-scatters and its sharded state;
+the AdamW update at the profiled update bandwidth. Not in it: drawing the
+batch, the loss all-reduce ending each step, the pipeline schedule's own
+work.
 
-The estimate prices what the reference trainer does: each layer's compute;
-under tp, 4 all-reduces of the activation per block and micro-batch (the
-trainer's blocks issue Megatron's 4: q, k and v enter the tp region
-together), at the all-reduce curve; the pipeline's activation sends; adding
-each micro-batch's gradients into the step's (``accumulate_bytes_per_param``
-12 B); the dp gradient sum as the trainer does it, an all-gather of every
-rank's gradient (``Estimator(grad_sync="allgather")``) at the all-gather
-curve, then added in rank order; and the update at the profiled update
-bandwidth: the AdamW step and the trainer's four copies of the gradient
-(``UPDATE_BYTES_PER_PARAM``; `optimizer_step_s` is the trainer's AdamW
-step over the whole model, for comparison). Not in the estimate, so
-measured runs are expected a little slower: drawing the batch, the loss
-all-reduce ending each step, the pipeline schedule's own work, pipeline
-sends beyond the first micro-batch (the schedule overlaps them), and ranks
-reaching a collective at different times after long compute (the curves
-see the skew of 5 ms of work, not of a whole backward).
+With ``--device cuda`` the exact runtime runs on this machine's first GPU
+(one rank, a larger GPT, ``GPU_SHAPE``): the layers profiled at
+``GPU_PROFILED`` micro-batch sizes, the plans at the others, and the memory
+is ``torch.cuda.max_memory_allocated``.
 
-With ``--device cuda`` the same three steps run on this machine's first
-GPU instead, for the plans one GPU holds (one rank: micro-batches 1 to 8 of
-a larger GPT, ``GPU_SHAPE``): layers and the update profiled on the GPU
-under its NVML type, the trainer on it (NCCL), each step timed to the GPU's
-end of work. Nothing is shared there, so the headline is the plain MAPE.
-
-    python benchmarks/estimator_accuracy.py [--steps 20] [--passes 3] [--quick] [--device cuda]
+    python benchmarks/estimator_accuracy.py [--steps 10] [--passes 1] [--runtime exact ...] [--quick] [--device cuda]
 """
 
 from __future__ import annotations
@@ -105,33 +78,37 @@ sys.path[:0] = [str(REPO), str(REPO / "contrib" / "examples")]  # this tree's so
 
 SHAPE = {"layers": 4, "hidden": 192, "heads": 4, "seq": 256, "vocab": 256}
 BATCH = 8
-MICRO_BATCHES = (1, 2, 4, 8)
+#: micro-batch sizes profiled; every plan below runs others (held out)
+PROFILED = (1, 4)
+HELD_OUT = (2, 8)
+#: ranks of every plan (one per core; plans of more ranks than cores are left out)
+RANKS = 2
 #: The GPU run: a GPT of about 110M parameters (fp32), big enough that a
-#: step is the GPU's work rather than Python's; one rank, 1 to 8 micro-batches.
+#: step is the GPU's work rather than Python's; one rank.
 GPU_SHAPE = {"layers": 8, "hidden": 1024, "heads": 16, "seq": 1024, "vocab": 8192}
 GPU_BATCH = 16
-GPU_MICRO_BATCHES = (2, 4, 8, 16)
-GPU_PLANS = [(1, 1, 1, m) for m in (1, 2, 4, 8)]
-#: The trainer's update per parameter (fp32): AdamW's state read and
-#: written (2 x 16 B, as profile_update measures it) and its four copies of
-#: the gradient (8 B each: flattened, copied into the ordered sum's
-#: all-gather buffer (not with dp 1: 0.5% of a step too many there), the
-#: sum cloned, cloned back per parameter), all at the profiled update bandwidth.
-UPDATE_BYTES_PER_PARAM = 2 * 16 + 4 * 8
-#: (pp, dp, tp, micro-batches)
-PLANS = [
-    (1, 1, 1, 1),
-    (1, 1, 1, 2),
-    (2, 1, 1, 2),
-    (2, 1, 1, 4),
-    (1, 2, 1, 1),
-    (1, 2, 1, 2),
-    (1, 1, 2, 1),
-    (1, 1, 2, 2),
-    (2, 2, 1, 2),
-    (1, 2, 2, 1),
-    (2, 2, 2, 2),
-]
+GPU_PROFILED = (2, 8)
+#: (pp, dp, tp, micro-batches, V): one rank, micro-batch sizes 16 and 4 (held out)
+GPU_PLANS = {"exact": [(1, 1, 1, 1, None), (1, 1, 1, 4, None)]}
+#: (pp, dp, tp, micro-batches, V) per runtime; micro-batch sizes 2 and 8 (HELD_OUT)
+PLANS = {
+    "exact": [
+        (1, 2, 1, 2, None),  # dp2, b=2
+        (1, 2, 1, 1, 4),  # dp2 x 2 virtual workers each, b=2
+        (1, 1, 2, 1, None),  # tp2, b=8
+        (1, 1, 2, 4, None),  # tp2, b=2
+        (2, 1, 1, 4, None),  # pp2, b=2 (1F1B needs m >= pp: no b=8)
+    ],
+    "sharded": [(1, 2, 1, 2, None), (1, 1, 2, 1, None), (1, 1, 2, 4, None), (2, 1, 1, 4, None)],
+}
+QUICK = {"exact": [(1, 2, 1, 2, None), (1, 1, 2, 1, None)], "sharded": [(1, 2, 1, 2, None), (1, 1, 2, 1, None)]}
+
+
+def runtimes_here() -> list[str]:
+    """The runtimes this tree's launcher carries out (sharded once launch.sharded exists)."""
+    import importlib.util
+
+    return ["exact"] + (["sharded"] if importlib.util.find_spec("launch.sharded") is not None else [])
 
 
 def model_spec(s: dict = SHAPE):
@@ -160,9 +137,55 @@ def run_delay_s() -> float:
         return int(f.read().split()[1]) / 1e9
 
 
+def live_tensor_bytes() -> int:
+    """Bytes of the tensors alive now: every tensor the garbage collector
+    tracks, each storage once (views and parameters share theirs)."""
+    import gc
+
+    import torch
+
+    seen: dict[int, int] = {}
+    for obj in gc.get_objects():
+        try:
+            if issubclass(type(obj), torch.Tensor) and obj.device.type == "cpu":  # type(): no __class__ lookups
+                st = obj.untyped_storage()
+                seen[st.data_ptr()] = st.nbytes()
+        except (
+            RuntimeError,
+            TypeError,
+            NotImplementedError,
+        ):  # a wrapper without storage (DTensor): its local one counts
+            continue
+    return sum(seen.values())
+
+
+def step_peak_bytes(step) -> int:
+    """The peak of live tensor bytes during one call of `step` on CPU: the
+    bytes alive at its start plus the largest running sum of the
+    allocations and frees the profiler records (``profile_memory``: every
+    allocation and free of the CPU allocator, each at its own time; a block
+    allocated before the step and freed in it is not subtracted, so the
+    peak is never under the truth)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    base = live_tensor_bytes()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    raw = prof.profiler.kineto_results.events() if prof.profiler is not None else []
+    deltas = sorted((e.start_ns(), e.nbytes()) for e in raw if e.name() == "[memory]")
+    cur = peak = 0
+    for _, d in deltas:
+        cur += d
+        peak = max(peak, cur)
+    return base + peak
+
+
 def worker(steps: int, warmup: int, shape: dict, batch: int) -> None:
     """One training rank (started by the launcher): prints, per timed step, the
-    wall time and how long this rank waited for a CPU (another process had it)."""
+    wall time and how long this rank waited for a CPU (another process had
+    it), then the peak memory of one more step."""
+    import inspect
+
     import torch
     from minigpt.model import GPTConfig
     from minigpt.trainer import TrainConfig, Trainer
@@ -171,7 +194,11 @@ def worker(steps: int, warmup: int, shape: dict, batch: int) -> None:
 
     torch.set_num_threads(1)
     cfg = GPTConfig(**shape)
-    ctx = init_parallel(plan_from_env(), num_layers=cfg.layers, global_batch=batch)
+    plan = plan_from_env()
+    kw = {}
+    if "split_batch" in inspect.signature(init_parallel).parameters:  # the runtimes' trainer: exact splits the batch
+        kw["split_batch"] = (plan.runtime or "exact") == "exact"
+    ctx = init_parallel(plan, num_layers=cfg.layers, global_batch=batch, **kw)
     trainer = Trainer(ctx, cfg, TrainConfig(global_batch=batch))
     on_gpu = ctx.device.type == "cuda"
     wall, wait = [], []
@@ -183,7 +210,11 @@ def worker(steps: int, warmup: int, shape: dict, batch: int) -> None:
         if i >= warmup:
             wall.append(time.perf_counter() - t0)
             wait.append(run_delay_s() - d0)
-    print(json.dumps({"rank": ctx.rank, "wall": wall, "wait": wait}), flush=True)
+    if on_gpu:
+        peak = torch.cuda.max_memory_allocated(ctx.device)
+    else:
+        peak = step_peak_bytes(trainer.train_step)
+    print(json.dumps({"rank": ctx.rank, "wall": wall, "wait": wait, "peak": peak}), flush=True)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
@@ -257,6 +288,7 @@ def measure(plan: dict, steps: int, warmup: int, shape: dict, batch: int, timeou
     wall = [max(w) for w in zip(*(r["wall"] for r in ranks), strict=True)]  # a step ends with its slowest rank
     wait = [max(d) for d in zip(*(r["wait"] for r in ranks), strict=True)]
     return {
+        "measured_peak_mb": max(r["peak"] for r in ranks) / 1e6,
         "measured_s": statistics.median(wall),
         "fastest_s": min(wall),
         "uncontended_s": statistics.median(w - d for w, d in zip(wall, wait, strict=True)),
@@ -271,12 +303,11 @@ def pct_error(predicted: float, measured: float) -> float:
 # ------------------------------------------------------- profile + predict
 
 
-def gpu_type(ranks: int) -> str:
-    """The profile of a core while `ranks` cores of this machine run the job's ranks."""
-    return "cpu" if ranks == 1 else f"cpu-x{ranks}"
+#: the store's GPU type for this machine's cores (one type, as a node of the controller's has)
+CPU_TYPE = "cpu"
 
 
-def _corun_worker(index: int, ranks: int, port: int, started, finished, out: str) -> None:
+def _corun_worker(index: int, ranks: int, port: int, started, finished, out: str, repeat: int = 11) -> None:
     """One of `ranks` processes profiling at once (spawned): the layers in a
     stack of the model's blocks and the update over the whole model, each
     process on one thread, as a training rank runs; it keeps profiling until
@@ -292,7 +323,7 @@ def _corun_worker(index: int, ranks: int, port: int, started, finished, out: str
 
     torch.set_num_threads(1)
     model = model_spec()
-    kw = {"warmup": 3, "repeat": 11}
+    kw = {"warmup": 3, "repeat": repeat}
     tp_group = None
     if ranks > 1:
         dist.init_process_group(
@@ -302,13 +333,13 @@ def _corun_worker(index: int, ranks: int, port: int, started, finished, out: str
         tp_group = pairs.get(index - index % 2)
     started.wait()
     recs = profiler.profile_layers(
-        model, tps=(1, 2), micro_batches=MICRO_BATCHES, stack=model.num_layers, tp_group=tp_group, **kw
+        model, tps=(1, 2), micro_batches=PROFILED, stack=model.num_layers, tp_group=tp_group, **kw
     )
     gbps = profiler.profile_update(model, blocks=model.num_layers, **kw)
     with finished.get_lock():
         finished.value += 1
     while finished.value < ranks:  # load the machine as the job will until the others are done
-        profiler.profile_layers(model, tps=(1,), micro_batches=(MICRO_BATCHES[-1],), stack=model.num_layers, **kw)
+        profiler.profile_layers(model, tps=(1,), micro_batches=(PROFILED[-1],), stack=model.num_layers, **kw)
     if ranks > 1:
         dist.barrier()  # neither process tears the group down while another is still in it
         dist.destroy_process_group()
@@ -316,7 +347,7 @@ def _corun_worker(index: int, ranks: int, port: int, started, finished, out: str
         json.dump({"layers": [r.__dict__ for r in recs], "update_gbps": gbps}, f)
 
 
-def profile_corun(ranks: int) -> tuple[list, float]:
+def profile_corun(ranks: int, repeat: int = 11) -> tuple[list, float]:
     """(layer records, update GB/s) of a core while `ranks` cores run alike
     work: `ranks` processes profile at once (``_corun_worker``), and each
     time is the mean over them. The ranks of a job on this machine share its
@@ -331,7 +362,8 @@ def profile_corun(ranks: int) -> tuple[list, float]:
         outs = [os.path.join(tmp, f"{i}.json") for i in range(ranks)]
         port = free_port()
         procs = [
-            ctx.Process(target=_corun_worker, args=(i, ranks, port, started, finished, outs[i])) for i in range(ranks)
+            ctx.Process(target=_corun_worker, args=(i, ranks, port, started, finished, outs[i], repeat))
+            for i in range(ranks)
         ]
         for proc in procs:
             proc.start()
@@ -346,7 +378,7 @@ def profile_corun(ranks: int) -> tuple[list, float]:
                 runs.append(json.load(f))
     recs = []
     for parts in zip(*(r["layers"] for r in runs), strict=True):
-        fields = dict(parts[0], gpu_type=gpu_type(ranks))
+        fields = dict(parts[0], gpu_type=CPU_TYPE)
         fields["fwd_s"] = statistics.mean(p["fwd_s"] for p in parts)
         fields["bwd_s"] = statistics.mean(p["bwd_s"] for p in parts)
         recs.append(LayerRecord(**fields))
@@ -390,21 +422,19 @@ def optimizer_step_s(shape: dict, device: str = "cpu") -> float:
     return statistics.median(times[2:])
 
 
-def profile_cpu(store, plans: list[tuple[int, int, int, int]], cores: int) -> dict[str, float]:
-    """Profile this CPU into `store` as ``gpu_type(n)`` for each rank count the
-    plans need (``profile_corun``), with the loopback comm curves; returns the
-    update bandwidth (GB/s) per type."""
+def profile_cpu(store, cores: int, quick: bool = False) -> dict[str, float]:
+    """Profile this CPU into `store` as one GPU type, ``CPU_TYPE``: the layers
+    and update of ``profile_corun`` with as many processes as a plan has
+    ranks (``RANKS``, at most the cores), and the loopback comm curves;
+    returns the update bandwidth (GB/s)."""
     from launch import profiler
 
-    comm = profiler.profile_comm(2, link=profiler.LOOPBACK, backend="gloo", repeat=90)
+    comm = profiler.profile_comm(2, link=profiler.LOOPBACK, backend="gloo", repeat=10 if quick else 90)
     store.put_comm(comm)
-    update_gbps = {}
-    for ranks in sorted({min(pp * dp * tp, cores) for pp, dp, tp, _ in plans}):
-        layers, gbps = profile_corun(ranks)
-        store.put_layers(layers)
-        store.put_gpu(cpu_spec(comm, gbps, gpu_type(ranks)))
-        update_gbps[gpu_type(ranks)] = gbps
-    return update_gbps
+    layers, gbps = profile_corun(min(RANKS, cores), 3 if quick else 11)
+    store.put_layers(layers)
+    store.put_gpu(cpu_spec(comm, gbps, CPU_TYPE))
+    return {CPU_TYPE: gbps}
 
 
 def profile_gpu(store, model) -> tuple[str, dict[str, float]]:
@@ -419,7 +449,7 @@ def profile_gpu(store, model) -> tuple[str, dict[str, float]]:
     name = profiler.detect_gpu_type(0)
     kw = {"device": "cuda", "warmup": 3, "repeat": 11}
     store.put_layers(
-        profiler.profile_layers(model, micro_batches=GPU_MICRO_BATCHES, gpu_type=name, stack=model.num_layers, **kw)
+        profiler.profile_layers(model, micro_batches=GPU_PROFILED, gpu_type=name, stack=model.num_layers, **kw)
     )
     gbps = profiler.profile_update(model, blocks=model.num_layers, **kw)
     mem_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
@@ -427,61 +457,89 @@ def profile_gpu(store, model) -> tuple[str, dict[str, float]]:
     return name, {name: gbps}
 
 
-def one_pass(on_gpu: bool, shape: dict, batch: int, plans: list, cores: int, steps: int, warmup: int) -> dict:
-    """Profile this machine into a fresh store, then predict and measure every
-    plan: {"device", "update_gbps", "profile_s", "rows": [{plan, predicted_s,
-    measure()'s fields}]}."""
-    from solver.cost.pipeline import ALLGATHER
-    from solver.estimator import Estimator
-    from solver.profiles.store import ProfileStore
-    from solver.types import Cell, EstimateSource
+def controller_estimator(store_path: Path):
+    """The estimator the controller builds (round._make_estimator) over the store at `store_path`."""
+    from slurm_ext.config import from_dict
+    from slurm_ext.controller.round import _make_estimator
+
+    return _make_estimator(from_dict({"controller": {"profiles_path": str(store_path)}}))
+
+
+def one_pass(
+    on_gpu: bool, shape: dict, batch: int, plans: dict, cores: int, steps: int, warmup: int, quick: bool = False
+) -> dict:
+    """Profile this machine into a fresh store (seeded as the controller's),
+    then predict with the controller's estimator and measure every plan of
+    every runtime: {"device", "update_gbps", "profile_s", "rows": [...]}."""
+    from solver.profiles.seed import open_store
 
     model = model_spec(shape)
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="cellsched-bench-") as tmp, ProfileStore(Path(tmp) / "p.sqlite") as store:
-        if on_gpu:
-            device_name, update_gbps = profile_gpu(store, model)
-        else:
-            device_name, update_gbps = "cpu", profile_cpu(store, plans, cores)
+    with tempfile.TemporaryDirectory(prefix="cellsched-bench-") as tmp:
+        path = Path(tmp) / "profiles.sqlite"
+        with open_store(path) as store:
+            if on_gpu:
+                device_name, update_gbps = profile_gpu(store, model)
+            else:
+                device_name, update_gbps = CPU_TYPE, profile_cpu(store, cores, quick)
         profile_s = time.perf_counter() - t0
-        est = Estimator(
-            store,
-            grad_sync=ALLGATHER,  # the trainer gathers the dp ranks' gradients and adds them in rank order
-            accumulate_bytes_per_param=3 * model.dtype_bytes,  # grad += new: read two, write one
-            update_bytes_per_param=UPDATE_BYTES_PER_PARAM,
-        )
+        est = controller_estimator(path)
         rows = []
-        for pp, dp, tp, m in plans:
-            n = pp * dp * tp
-            gpu = device_name if on_gpu else gpu_type(min(n, cores))
-            cell = Cell(gpu, 1, n, pp)
-            assert est.estimate_model(model, batch, cell).source == EstimateSource.COMPOSED
-            chosen, predicted = next(
-                (p, t) for p, t, _ in est.plans(model, batch, cell) if (p.dp, p.tp, p.micro_batches) == (dp, tp, m)
-            )
-            plan = {
-                "pp": pp,
-                "dp": dp,
-                "tp": tp,
-                "micro_batches": m,
-                "global_batch": batch,
-                "stage_layers": list(chosen.stage_layers or (model.num_layers,)),
-            }
-            rows.append({**plan, "predicted_s": predicted, **measure(plan, steps, warmup, shape, batch)})
+        for runtime, runs in plans.items():
+            for pp, dp, tp, m, vw in runs:
+                rows.append(
+                    predict_and_measure(
+                        est, model, shape, batch, device_name, runtime, (pp, dp, tp, m, vw), steps, warmup
+                    )
+                )
     return {"device": device_name, "update_gbps": update_gbps, "profile_s": profile_s, "rows": rows}
+
+
+def predict_and_measure(est, model, shape, batch, gpu, runtime, plan_t, steps, warmup) -> dict:
+    """The estimator's time and memory of one plan under `runtime`, and the trainer's."""
+    from solver.types import Cell, EstimateSource, JobRequest
+
+    pp, dp, tp, m, vw = plan_t
+    n = pp * dp * tp
+    cell = Cell(gpu, 1, n, pp)
+    job = JobRequest("bench", model, batch, 1, virtual_workers=vw, runtime=runtime, state_sharding=False)
+    assert est.estimate(job, cell).source == EstimateSource.COMPOSED
+    chosen, predicted, mem_gb = next(
+        (p, t, mem)
+        for p, t, mem in est.plans(model, batch, cell, vw, runtime=runtime)
+        if (p.dp, p.tp, p.micro_batches) == (dp, tp, m) and not p.sharded
+    )
+    plan = {
+        "pp": pp,
+        "dp": dp,
+        "tp": tp,
+        "micro_batches": m,
+        "global_batch": batch,
+        "runtime": runtime,
+        "stage_layers": list(chosen.stage_layers or (model.num_layers,)),
+    }
+    if vw is not None:
+        plan["virtual_workers"] = vw
+    return {
+        **plan,
+        "predicted_s": predicted,
+        "predicted_mb": mem_gb * 1e3,
+        **measure(plan, steps, warmup, shape, batch),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=20, help="timed steps per plan")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per plan (default: 10)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps per plan")
     ap.add_argument(
         "--passes",
         type=int,
-        default=3,
-        help="profile-predict-measure passes; a plan's prediction and measurement are each their median (default: 3)",
+        default=1,
+        help="profile-predict-measure passes; a plan's prediction and measurement are each their median (default: 1)",
     )
-    ap.add_argument("--quick", action="store_true", help="only the plans that fit the cores")
+    ap.add_argument("--runtime", action="append", help="runtime mode to measure (repeat; default: every one here)")
+    ap.add_argument("--quick", action="store_true", help="two plans per runtime, 4 timed steps, a short profile")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="profile and train on (default: cpu)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--shape", type=json.loads, default=SHAPE, help=argparse.SUPPRESS)
@@ -501,67 +559,56 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     if on_gpu and not torch.cuda.is_available():
         ap.error("--device cuda: torch sees no GPU here")
-    shape, batch, plans = (GPU_SHAPE, GPU_BATCH, GPU_PLANS) if on_gpu else (SHAPE, BATCH, PLANS)
+    here = runtimes_here()
+    wanted = args.runtime or here
+    missing = [r for r in wanted if r not in here]
+    if missing:
+        ap.error(f"runtime {missing[0]!r} is not carried out by this tree's launcher (here: {', '.join(here)})")
+    shape, batch, table = (
+        (GPU_SHAPE, GPU_BATCH, GPU_PLANS) if on_gpu else (SHAPE, BATCH, QUICK if args.quick else PLANS)
+    )
+    plans = {r: table[r] for r in wanted if r in table}
+    steps = min(args.steps, 4) if args.quick else args.steps
     cores = len(os.sched_getaffinity(0))
-    if args.quick and not on_gpu:
-        plans = [p for p in plans if p[0] * p[1] * p[2] <= cores]
+    if not on_gpu:  # a per-device estimate cannot know an oversubscribed machine
+        plans = {r: [p for p in ps if p[0] * p[1] * p[2] <= cores] for r, ps in plans.items()}
     t_start = time.perf_counter()
-    passes = [one_pass(on_gpu, shape, batch, plans, cores, args.steps, args.warmup) for _ in range(args.passes)]
-
-    def row_of(runs: list[dict]) -> dict:
-        """One plan over the passes: the medians of its predictions and of its measured fields."""
-        first = runs[0]
-        n = first["pp"] * first["dp"] * first["tp"]
-        predicted = statistics.median(r["predicted_s"] for r in runs)
-        got = {
-            k: statistics.median(r[k] for r in runs)
-            for k in ("measured_s", "fastest_s", "uncontended_s", "cpu_wait_pct")
-        }
-        return {
-            **{k: first[k] for k in ("pp", "dp", "tp", "micro_batches")},
-            "micro_batch_size": batch // first["dp"] // first["micro_batches"],
-            "ranks": n,
-            "oversubscribed": not on_gpu and n > cores,
-            "stage_layers": first["stage_layers"],
-            "predicted_s": round(predicted, 4),
-            **{k: round(v, 4) for k, v in got.items()},
-            "error_pct": pct_error(predicted, got["measured_s"]),
-            "error_fastest_pct": pct_error(predicted, got["fastest_s"]),
-            "error_uncontended_pct": pct_error(predicted, got["uncontended_s"]),
-            "error_pct_passes": [pct_error(r["predicted_s"], r["measured_s"]) for r in runs],
-        }
-
-    rows = [row_of(list(runs)) for runs in zip(*(p["rows"] for p in passes), strict=True)]
+    passes = [one_pass(on_gpu, shape, batch, plans, cores, steps, args.warmup, args.quick) for _ in range(args.passes)]
+    rows = [row_of(list(runs), batch) for runs in zip(*(p["rows"] for p in passes), strict=True)]
     for row in rows:
         print(json.dumps(row), flush=True)
-
-    def mape(key: str, over: bool | None = None) -> float | None:
-        errs = [abs(r[key]) for r in rows if over is None or r["oversubscribed"] == over]
-        return round(statistics.mean(errs), 1) if errs else None
-
-    fitting = [r for r in rows if not r["oversubscribed"]]
+    for runtime in plans:
+        mine = [r for r in rows if r["runtime"] == runtime]
+        if not mine:
+            continue
+        print(
+            json.dumps(
+                {
+                    "runtime": runtime,
+                    "plans": len(mine),
+                    "mape_pct_heldout": round(statistics.mean(abs(r["error_pct"]) for r in mine), 1),
+                    # against the steps less the CPU waits (a shared machine's other work)
+                    "mape_pct_heldout_uncontended": round(
+                        statistics.mean(abs(r["error_uncontended_pct"]) for r in mine), 1
+                    ),
+                    "memory_err_pct": round(statistics.mean(abs(r["memory_error_pct"]) for r in mine), 1),
+                    "max_abs_error_pct": max(abs(r["error_pct"]) for r in mine),
+                    "max_abs_memory_error_pct": max(abs(r["memory_error_pct"]) for r in mine),
+                }
+            ),
+            flush=True,
+        )
     print(
         json.dumps(
             {
-                "summary": "estimator accuracy",
+                "summary": "estimator accuracy (the controller's estimator, held-out plans)",
                 "device": passes[0]["device"],
                 "model": model_spec(shape).signature,
                 "global_batch": batch,
+                "profiled_micro_batch_sizes": list(GPU_PROFILED if on_gpu else PROFILED),
                 "cores": cores,
                 "passes": args.passes,
-                "plans": len(rows),
-                "plans_oversubscribed": sum(r["oversubscribed"] for r in rows),
-                "mape_pct_fitting": mape("error_pct", False),
-                "mape_pct_oversubscribed": mape("error_pct", True),
-                # each pass on its own, as a one-pass run would have said
-                "mape_pct_fitting_passes": [
-                    round(statistics.mean(abs(r["error_pct_passes"][k]) for r in fitting), 1) if fitting else None
-                    for k in range(args.passes)
-                ],
-                "mape_fastest_pct_fitting": mape("error_fastest_pct", False),
-                "mape_uncontended_pct_fitting": mape("error_uncontended_pct", False),
-                "mape_uncontended_pct_oversubscribed": mape("error_uncontended_pct", True),
-                "mape_uncontended_pct_all": mape("error_uncontended_pct"),
+                "steps": steps,
                 "optimizer_step_s": round(optimizer_step_s(shape, args.device), 4),
                 "update_gbps": {
                     k: round(statistics.median(p["update_gbps"][k] for p in passes), 2)
@@ -573,6 +620,33 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     return 0
+
+
+def row_of(runs: list[dict], batch: int) -> dict:
+    """One plan over the passes: the medians of its predictions and of its measured fields."""
+    first = runs[0]
+    vw = first.get("virtual_workers")
+    predicted = statistics.median(r["predicted_s"] for r in runs)
+    predicted_mb = statistics.median(r["predicted_mb"] for r in runs)
+    got = {
+        k: statistics.median(r[k] for r in runs)
+        for k in ("measured_s", "fastest_s", "uncontended_s", "cpu_wait_pct", "measured_peak_mb")
+    }
+    return {
+        "runtime": first["runtime"],
+        **{k: first[k] for k in ("pp", "dp", "tp", "micro_batches")},
+        "virtual_workers": vw,
+        "micro_batch_size": batch // (vw or first["dp"]) // first["micro_batches"],
+        "ranks": first["pp"] * first["dp"] * first["tp"],
+        "stage_layers": first["stage_layers"],
+        "predicted_s": round(predicted, 4),
+        "predicted_mb": round(predicted_mb, 2),
+        **{k: round(v, 4) for k, v in got.items()},
+        "error_pct": pct_error(predicted, got["measured_s"]),
+        "error_uncontended_pct": pct_error(predicted, got["uncontended_s"]),
+        "memory_error_pct": pct_error(predicted_mb, got["measured_peak_mb"]),
+        "error_pct_passes": [pct_error(r["predicted_s"], r["measured_s"]) for r in runs],
+    }
 
 
 if __name__ == "__main__":

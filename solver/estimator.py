@@ -37,12 +37,22 @@ they also price adding one gradient into another at that bandwidth: each
 micro-batch's into the step's (every micro-batch but a worker's first) and,
 under "allgather", the gathered gradients in rank order (dp x k - 1 adds).
 
+Runtimes (``JobRequest.runtime``, ``solver.runtimes``): a job is priced as
+its runtime runs (``solver.cost.runtime``: its gradient sync, state layout
+and buffers, per rank at its peak) and offered only plans it carries out
+(tp, pp, even stages, dp = V without virtual workers, m >= pp under torch's
+1F1B); a runtime that cannot run a cell gets an infeasible Estimate naming
+why. ``adaptive`` (the simulator's trace jobs, and a JobRequest that names
+none) keeps this estimator's own settings and every source above; the
+others are priced from the model (sources 2 and 3: a cell-level or per-plan
+measurement is of another runtime's plan).
+
 Inside a cell (pp fixed) the search covers tp dividing the GPUs per node
 (and the heads; the hidden size for non-transformers), dp = GPUs / (pp tp)
 dividing the global batch, and every micro-batch count m dividing the
 per-replica batch. The fastest plan whose peak memory fits `mem_fraction` x
 GPU memory wins; none fitting gives an infeasible Estimate noted "OOM".
-Estimates are cached per (model signature, global batch, cell, V), until
+Estimates are cached per (model signature, global batch, cell, V, runtime), until
 the store changes (`refresh`, which the controller calls every round).
 
 Virtual workers (EasyScale; ``JobRequest.virtual_workers`` = V, None = one
@@ -75,7 +85,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from solver.cost.comm import Links, load_curves
-from solver.cost.layers import LayerCosts, StageCosts, analytic_layers, layers_from_records, split_stages, uniform_sizes
+from solver.cost.layers import (
+    LayerCosts,
+    StageCosts,
+    analytic_layers,
+    layers_from_records,
+    split_even,
+    split_stages,
+    uniform_sizes,
+)
 from solver.cost.pipeline import (
     ALLGATHER,
     ALLREDUCE,
@@ -88,8 +106,21 @@ from solver.cost.pipeline import (
     state_split,
     update_time,
 )
+from solver.cost.runtime import (
+    ADD_SWEEP,
+    COPY_SWEEP,
+    Pricing,
+    exact_copy_bytes,
+    fsdp_sync_time,
+    pricing_of,
+    runtime_memory,
+    sweep_time,
+    zero1_allreduce_time,
+    zero1_gather_bytes,
+)
 from solver.models import ModelSpec
 from solver.profiles.records import CellRecord, GpuSpec, ProfileSource
+from solver.runtimes import SOLVER_DEFAULT_RUNTIME, get_runtime, plan_problem
 from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
 
 if TYPE_CHECKING:
@@ -167,12 +198,13 @@ class _ModelData:
     layer_batches: dict[tuple[str, int], list[int]]  # (gpu type, tp) -> profiled micro-batches
     layer_costs: dict[tuple[str, int, int | None], LayerCosts] = field(default_factory=dict)
     stage_costs: dict[tuple[str, int, int | None, int], StageCosts] = field(default_factory=dict)
-    found: dict[tuple[int, Cell, str, bool, int | None], _Found] = field(default_factory=dict)
+    found: dict[tuple[int, Cell, str, bool, int | None, str], _Found] = field(default_factory=dict)
     calibration: dict[tuple[str, int, int], float | None] = field(default_factory=dict)
     ratios: dict[_Layout, float | None] = field(default_factory=dict)
-    found_sharded: dict[tuple[int, Cell, str, bool, int | None], _Found] = field(default_factory=dict)
-    # sharded step - replicated step, by (gpu type, id of the stages, dp, k, gpus per node)
-    shard_deltas: dict[tuple[str, int, int, int, int], float] = field(default_factory=dict)
+    found_sharded: dict[tuple[int, Cell, str, bool, int | None, str], _Found] = field(default_factory=dict)
+    # sharded step - replicated step, by (gpu type, id of the stages, dp, k, gpus per node, runtime)
+    shard_deltas: dict[tuple[str, int, int, int, int, str], float] = field(default_factory=dict)
+    even_stages: dict[tuple[str, int, int | None, int], StageCosts | None] = field(default_factory=dict)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -252,7 +284,8 @@ class Estimator:
         self.max_pp = max_pp
         self.state_sharding = state_sharding
         self.shard_min_gain = shard_min_gain
-        self._cache: dict[tuple[str, int, Cell, int | None, bool], Estimate] = {}
+        self._cache: dict[tuple[str, int, Cell, int | None, bool, str], Estimate] = {}
+        self._pricing: dict[str, Pricing] = {}
         self._sigs: dict[int, tuple[ModelSpec, str]] = {}  # id -> (model, signature): skips rebuilding the key
         self._models: dict[str, _ModelData] = {}
         self._load()
@@ -266,7 +299,19 @@ class Estimator:
     # ---- public ------------------------------------------------------------
 
     def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
-        return self.estimate_model(job.model, job.global_batch, cell, job.virtual_workers, job.state_sharding)
+        return self.estimate_model(
+            job.model, job.global_batch, cell, job.virtual_workers, job.state_sharding, runtime=job.runtime
+        )
+
+    def pricing(self, runtime: str = SOLVER_DEFAULT_RUNTIME) -> Pricing:
+        """How plans of `runtime` are priced (solver.cost.runtime): its own
+        gradient sync, state layout and buffers; ``adaptive`` this
+        estimator's own settings (`grad_sync`, ZeRO-1 where it may shard)."""
+        pr = self._pricing.get(runtime)
+        if pr is None:
+            get_runtime(runtime)  # UnknownRuntime naming the known ones
+            pr = self._pricing[runtime] = pricing_of(runtime, self.grad_sync)
+        return pr
 
     def estimate_model(
         self,
@@ -275,20 +320,25 @@ class Estimator:
         cell: Cell,
         virtual_workers: int | None = None,
         state_sharding: bool = True,
+        runtime: str = SOLVER_DEFAULT_RUNTIME,
     ) -> Estimate:
         """The cell's estimate for a job of V = `virtual_workers` (None: dp
         free) that may shard its optimizer state (`state_sharding`, and the
-        estimator's own setting)."""
+        estimator's own setting), run by `runtime` (solver.runtimes): only
+        plans that runtime carries out, priced as it runs them."""
         memo = self._sigs.get(id(model))
         if memo is None or memo[0] is not model:
             if len(self._sigs) > _MAX_SIGS:
                 self._sigs.clear()
             memo = self._sigs[id(model)] = (model, model.signature)
-        shard = state_sharding and self.state_sharding
-        key = (memo[1], global_batch, cell, virtual_workers, shard)
+        pr = self.pricing(runtime)
+        shard = state_sharding and self.state_sharding and pr.may_shard_optimizer
+        key = (memo[1], global_batch, cell, virtual_workers, shard, runtime)
         est = self._cache.get(key)
         if est is None:
-            est = self._cache[key] = self._estimate(self._data(model), global_batch, cell, virtual_workers, shard)
+            est = self._cache[key] = self._estimate(
+                self._data(model), global_batch, cell, virtual_workers, shard, runtime
+            )
         return est
 
     def plans(
@@ -298,14 +348,17 @@ class Estimator:
         cell: Cell,
         virtual_workers: int | None = None,
         state_sharding: bool = False,
+        runtime: str = SOLVER_DEFAULT_RUNTIME,
     ) -> list[tuple[ParallelPlan, float, float]]:
         """Every candidate plan of the cell under its model source (composed,
         else analytic, calibrated as in `estimate`): (plan, iteration time s,
         peak memory GB per GPU), feasible or not; with V = `virtual_workers`,
         those of the module doc's virtual-worker search; with
-        `state_sharding`, also each plan of dp > 1 with its state sharded."""
+        `state_sharding`, also each plan of dp > 1 with its state sharded;
+        under `runtime`, its plans only, priced as it runs them."""
         md = self._data(model)
-        found = self._found(md, global_batch, cell, every=True, vw=virtual_workers, shard=state_sharding)
+        shard = state_sharding and self.pricing(runtime).may_shard_optimizer
+        found = self._found(md, global_batch, cell, every=True, vw=virtual_workers, shard=shard, rt=runtime)
         scale = self._scale(md, global_batch, cell, found.source)
         return [(found.plan(i, cell.pp), c.time_s * scale, c.mem_bytes / _GB) for i, c in enumerate(found.plans)]
 
@@ -423,6 +476,19 @@ class Estimator:
             )
         return st
 
+    def _even_stages(
+        self, md: _ModelData, source: EstimateSource, gpu_type: str, tp: int, b: int, pp: int
+    ) -> StageCosts | None:
+        """The split of equal layer counts per stage (runtimes without uneven
+        stages); None when the layers do not divide by pp."""
+        if pp == 1:
+            return self._stages(md, source, gpu_type, tp, b, pp)
+        ref = self._ref_batch(md, gpu_type, tp, b) if source == EstimateSource.COMPOSED else None
+        key = (gpu_type, tp, ref, -pp)  # negative: the even split
+        if key not in md.even_stages:
+            md.even_stages[key] = split_even(self._costs(md, gpu_type, tp, ref), pp, md.model.num_layers)
+        return md.even_stages[key]
+
     def _costs(self, md: _ModelData, gpu_type: str, tp: int, ref: int | None) -> LayerCosts:
         """Layer costs from the profile at micro-batch `ref` (None: analytic)."""
         key = (gpu_type, tp, ref)
@@ -472,6 +538,7 @@ class Estimator:
         every: bool = False,
         vw: int | None = None,
         shard: bool = False,
+        rt: str = SOLVER_DEFAULT_RUNTIME,
     ) -> _Found:
         """Candidate plans of the cell under `source` (None: the best available)
         for V = `vw` virtual workers (None: one per dp rank); with `shard`,
@@ -481,19 +548,33 @@ class Estimator:
         The analytic search stops raising m once past the fastest plan that
         fits (its time is unimodal in m); `every` lists all candidates."""
         if shard:
-            skey = (batch, cell, source or "", every, vw)
+            skey = (batch, cell, source or "", every, vw, rt)
             found = md.found_sharded.get(skey)
             if found is None:
-                found = md.found_sharded[skey] = self._with_sharded(md, batch, cell, source, every, vw)
+                found = md.found_sharded[skey] = self._with_sharded(md, batch, cell, source, every, vw, rt)
             return found
-        key = (batch, cell, source or "", every, vw)
+        key = (batch, cell, source or "", every, vw, rt)
         found = md.found.get(key)
         if found is not None:
             return found
         model, pp, g = md.model, cell.pp, cell.gpus_per_node
+        pr = self.pricing(rt)
         tps = self._tp_options(model, cell)
-        if vw is not None:  # dp <= V, and whole samples per virtual worker
-            tps = [tp for tp in tps if cell.num_gpus // (pp * tp) <= vw] if batch % vw == 0 else []
+        # bytes of the embedding and of one block (FSDP's units where the layer costs are uniform)
+        root = model.vocab * model.hidden * model.dtype_bytes if model.heads > 1 else 0.0
+        block = (model.params * model.dtype_bytes - root) / max(1, model.num_layers) if root else 0.0
+        if not pr.tp:
+            tps = [tp for tp in tps if tp == 1]
+        if pp > 1 and not pr.pp:
+            tps = []
+        if vw is not None:  # dp <= V (dp = V without virtual workers), and whole samples per virtual worker
+            dps = {tp: cell.num_gpus // (pp * tp) for tp in tps}
+            if batch % vw:
+                tps = []
+            elif pr.virtual_workers:
+                tps = [tp for tp in tps if dps[tp] <= vw]
+            else:
+                tps = [tp for tp in tps if dps[tp] == vw]
         if source is None:
             chosen, tps = self._source(md, cell, tps)
         else:  # analytic on purpose (calibration)
@@ -515,17 +596,25 @@ class Estimator:
                 per_worker, k = batch // vw, -(-vw // dp)
             prev, last_st, sync, accumulate = math.inf, None, 0.0, 0.0
             for m in divisors(per_worker):
+                if m < pp and pr.m_at_least_pp:
+                    continue
                 b = per_worker // m
-                st = self._stages(md, chosen, cell.gpu_type, tp, b, pp)
+                if pr.uneven_stages:
+                    st = self._stages(md, chosen, cell.gpu_type, tp, b, pp)
+                else:
+                    even = self._even_stages(md, chosen, cell.gpu_type, tp, b, pp)
+                    if even is None:
+                        continue
+                    st = even
                 if st is not last_st:  # gradient sync and weight update: once per iteration
-                    sync = self._sync_and_update(st, dp, tp, g, links, k, model.dtype_bytes, mem_bw)
+                    sync = self._sync_and_update(st, dp, tp, g, links, k, model.dtype_bytes, mem_bw, pr)
+                    # the runtimes' autograd adds each micro-batch's gradients into the step's (the
+                    # simulator's runtime: only at the estimator's accumulate_bytes_per_param)
+                    acc = ADD_SWEEP * model.dtype_bytes if pr.own else self.accumulate_bytes_per_param
                     accumulate = update_time(
-                        st,
-                        dtype_bytes=model.dtype_bytes,
-                        update_bytes_per_param=self.accumulate_bytes_per_param,
-                        mem_bw_gbps=mem_bw,
+                        st, dtype_bytes=model.dtype_bytes, update_bytes_per_param=acc, mem_bw_gbps=mem_bw
                     )
-                    if self.grad_sync == ALLGATHER:  # the dp x k gathered gradients added in rank order
+                    if pr.grad_sync == ALLGATHER and not pr.own:  # the dp x k gathered gradients added in rank order
                         sync += (dp * k - 1) * accumulate
                     last_st = st
                 t, mem = pipeline_cost(
@@ -541,6 +630,22 @@ class Estimator:
                 )
                 t += (m - 1) * accumulate  # the largest stage adds m - 1 micro-batches into its gradients
                 t = (t if k == 1 else k * t) + sync
+                if pr.own:
+                    if pr.fsdp:  # FSDP's parameter all-gathers and gradient reduce-scatters, every micro-batch
+                        t += fsdp_sync_time(st, dp=dp, tp=tp, m=m, gpus_per_node=g, links=links)
+                    mem = runtime_memory(
+                        pr,
+                        st,
+                        dp=dp,
+                        m=m,
+                        b=b,
+                        units=k,
+                        dtype_bytes=model.dtype_bytes,
+                        optimizer_bytes_per_param=self.optimizer_bytes_per_param,
+                        base=mem,
+                        root_bytes=root / tp,
+                        block_bytes=block / tp,
+                    )
                 i = len(plans)
                 plans.append(_Cand(dp, tp, m, t, mem, st.blocks, -1, -1.0))
                 if fastest is None or t < plans[fastest].time_s:
@@ -555,21 +660,67 @@ class Estimator:
         return found
 
     def _sync_and_update(
-        self, st: StageCosts, dp: int, tp: int, g: int, links: Links, k: int, dtype_bytes: int, mem_bw: float
+        self,
+        st: StageCosts,
+        dp: int,
+        tp: int,
+        g: int,
+        links: Links,
+        k: int,
+        dtype_bytes: int,
+        mem_bw: float,
+        pr: Pricing | None = None,
     ) -> float:
-        """The replicated step's end: the dp gradient sync (of `k` units per rank) and the weight update."""
-        sync = dp_sync_time(st, dp=dp, tp=tp, gpus_per_node=g, links=links, collective=self.grad_sync, units=k)
-        return sync + update_time(
+        """The replicated step's end: the dp gradient sync (of `k` units per
+        rank) and the weight update, as the runtime priced by `pr` does them
+        (None: the estimator's own settings; FSDP: the update of 1/dp of the
+        state, its communication is per micro-batch, see _found)."""
+        upd = update_time(
             st, dtype_bytes=dtype_bytes, update_bytes_per_param=self.update_bytes_per_param, mem_bw_gbps=mem_bw
         )
+        if pr is not None and pr.fsdp:
+            return upd / dp
+        sync = dp_sync_time(
+            st,
+            dp=dp,
+            tp=tp,
+            gpus_per_node=g,
+            links=links,
+            collective=self.grad_sync if pr is None else pr.grad_sync,
+            units=k,
+        )
+        if pr is not None and pr.own and pr.grad_sync == ALLGATHER:  # its copies and the ordered sum's adds
+            upd += sweep_time(
+                st, dtype_bytes=dtype_bytes, bytes_per_param=exact_copy_bytes(dtype_bytes, dp, k), mem_bw_gbps=mem_bw
+            )
+        return sync + upd
+
+    def _plan_stages(
+        self, md: _ModelData, source: EstimateSource, gpu_type: str, tp: int, b: int, pp: int, pr: Pricing
+    ) -> StageCosts:
+        """The stages a candidate of `_found` was priced with (even where the runtime needs them)."""
+        if pr.uneven_stages:
+            return self._stages(md, source, gpu_type, tp, b, pp)
+        st = self._even_stages(md, source, gpu_type, tp, b, pp)
+        assert st is not None  # _found lists no candidate without its split
+        return st
 
     def _with_sharded(
-        self, md: _ModelData, batch: int, cell: Cell, source: EstimateSource | None, every: bool, vw: int | None
+        self,
+        md: _ModelData,
+        batch: int,
+        cell: Cell,
+        source: EstimateSource | None,
+        every: bool,
+        vw: int | None,
+        rt: str = SOLVER_DEFAULT_RUNTIME,
     ) -> _Found:
         """The plans of `_found` followed by each of dp > 1 with its optimizer
         state sharded evenly (solver.cost.pipeline: ZeRO-1 memory and the
-        sharded step); `best` by `pick_sharded`."""
-        plain = self._found(md, batch, cell, source, every, vw)
+        sharded step; the runtime's own, solver.cost.runtime); `best` by
+        `pick_sharded`."""
+        plain = self._found(md, batch, cell, source, every, vw, rt=rt)
+        pr = self.pricing(rt)
         model, pp, g = md.model, cell.pp, cell.gpus_per_node
         _, state = state_split(model.dtype_bytes, self.optimizer_bytes_per_param)
         if state <= 0:
@@ -581,8 +732,13 @@ class Estimator:
         steps = md.shard_deltas
 
         def delta(st: StageCosts, dp: int, tp: int, k: int) -> float:
-            key = (cell.gpu_type, id(st), dp, k, g)
+            key = (cell.gpu_type, id(st), dp, k, g, rt)
             if key not in steps:
+                if pr.own:
+                    steps[key] = self._zero1_step(st, dp, tp, g, links, k, model.dtype_bytes, mem_bw, pr) - (
+                        self._sync_and_update(st, dp, tp, g, links, k, model.dtype_bytes, mem_bw, pr)
+                    )
+                    return steps[key]
                 plain_step = self._sync_and_update(st, dp, tp, g, links, k, model.dtype_bytes, mem_bw)
                 steps[key] = (
                     sharded_step_time(
@@ -607,7 +763,7 @@ class Estimator:
                 continue
             per_worker, k = (batch // c.dp, 1) if vw is None else (batch // vw, -(-vw // c.dp))
             b = per_worker // c.m
-            twins.append((i, self._stages(md, plain.source, cell.gpu_type, c.tp, b, pp), b, k))
+            twins.append((i, self._plan_stages(md, plain.source, cell.gpu_type, c.tp, b, pp, pr), b, k))
         if plain.best is not None and not every:  # no sharded plan can win by shard_min_gain: none at all
             bar = plain.plans[plain.best].time_s * (1.0 - self.shard_min_gain)
             if all(
@@ -627,6 +783,17 @@ class Estimator:
                 optimizer_bytes_per_param=self.optimizer_bytes_per_param,
                 fraction=1.0 / c.dp,
             )
+            gather = zero1_gather_bytes(pr, st, units=k)
+            if gather > 0:  # the exact runtime's owners gather every unit's slices (no activations held then)
+                state_only, _ = sharded_memory(
+                    st,
+                    m=c.m,
+                    b=0.0,
+                    dtype_bytes=model.dtype_bytes,
+                    optimizer_bytes_per_param=self.optimizer_bytes_per_param,
+                    fraction=1.0 / c.dp,
+                )
+                mem = max(mem, state_only + gather)
             t = c.time_s + delta(st, c.dp, c.tp, k)
             j = len(plans)
             plans.append(_Cand(c.dp, c.tp, c.m, t, mem, c.layers, i, st_bytes))
@@ -637,24 +804,64 @@ class Estimator:
         pick = pick_sharded(plain_best, sharded_best, self.shard_min_gain)
         return _Found(plain.source, tuple(plans), None if pick is None else pick[1], plain.fastest)
 
-    def _state_gb(self, md: _ModelData, batch: int, cell: Cell, found: _Found, i: int, vw: int | None = None) -> float:
-        """The optimizer state (GB per GPU, at the stage of peak memory) of candidate i."""
+    def _zero1_step(
+        self,
+        st: StageCosts,
+        dp: int,
+        tp: int,
+        g: int,
+        links: Links,
+        k: int,
+        dtype_bytes: int,
+        mem_bw: float,
+        pr: Pricing,
+    ) -> float:
+        """The step's end with the optimizer state sharded, as runtime `pr`
+        does it: the exact runtime's gathers to the owners and its copies
+        (``launch.sharding``), else a reduce-scatter and an all-gather
+        (Megatron's distributed optimizer); the update of 1/dp."""
+        upd = self.update_bytes_per_param
+        if pr.grad_sync == ALLGATHER:
+            d = dtype_bytes
+            extra = 2 * COPY_SWEEP * d + max(0, dp * k - 1) * ADD_SWEEP * d / dp  # flatten, stack; the slice's adds
+            return sharded_step_time(
+                st,
+                dp=dp,
+                tp=tp,
+                gpus_per_node=g,
+                links=links,
+                units=k,
+                fraction=1.0 / dp,
+                dtype_bytes=d,
+                update_bytes_per_param=upd,
+                mem_bw_gbps=mem_bw,
+            ) + sweep_time(st, dtype_bytes=d, bytes_per_param=extra, mem_bw_gbps=mem_bw)
+        comm = zero1_allreduce_time(st, dp=dp, tp=tp, gpus_per_node=g, links=links)
+        return comm + update_time(st, dtype_bytes=dtype_bytes, update_bytes_per_param=upd, mem_bw_gbps=mem_bw) / dp
+
+    def _state_gb(
+        self,
+        md: _ModelData,
+        batch: int,
+        cell: Cell,
+        found: _Found,
+        i: int,
+        vw: int | None = None,
+        rt: str = SOLVER_DEFAULT_RUNTIME,
+    ) -> float:
+        """The optimizer state (GB per GPU, at the stage of peak memory) of
+        candidate i (FSDP runtimes: the dp-th each rank holds)."""
         c = found.plans[i]
         if c.state_bytes >= 0:
             return c.state_bytes / _GB
+        pr = self.pricing(rt)
         per_worker = batch // c.dp if vw is None else batch // vw
         b = per_worker // c.m
-        st = self._stages(md, found.source, cell.gpu_type, c.tp, b, cell.pp)
-        return (
-            replicated_state(
-                st,
-                m=c.m,
-                b=b,
-                dtype_bytes=md.model.dtype_bytes,
-                optimizer_bytes_per_param=self.optimizer_bytes_per_param,
-            )
-            / _GB
+        st = self._plan_stages(md, found.source, cell.gpu_type, c.tp, b, cell.pp, pr)
+        state = replicated_state(
+            st, m=c.m, b=b, dtype_bytes=md.model.dtype_bytes, optimizer_bytes_per_param=self.optimizer_bytes_per_param
         )
+        return state / (c.dp if pr.fsdp else 1) / _GB
 
     def _scale(self, md: _ModelData, batch: int, cell: Cell, source: EstimateSource) -> float:
         if source != EstimateSource.ANALYTIC:
@@ -705,24 +912,53 @@ class Estimator:
 
     # ---- estimates ---------------------------------------------------------------
 
-    def _estimate(self, md: _ModelData, batch: int, cell: Cell, vw: int | None = None, shard: bool = False) -> Estimate:
+    def _estimate(
+        self,
+        md: _ModelData,
+        batch: int,
+        cell: Cell,
+        vw: int | None = None,
+        shard: bool = False,
+        rt: str = SOLVER_DEFAULT_RUNTIME,
+    ) -> Estimate:
         if cell.mixed:
             return self._infeasible(cell, EstimateSource.NONE, "mixed-type cells are priced by solver.mixed")
-        rec = md.cell_records.get((batch, cell.gpu_type, cell.num_nodes, cell.gpus_per_node))
+        pr = self.pricing(rt)
+        why = self._runtime_problem(md.model, cell, pr)
+        if why:
+            return self._infeasible(cell, EstimateSource.NONE, why)
+        # a cell-level measurement is of the plan our profiler ran: it stands for the simulator's runtime only
+        rec = md.cell_records.get((batch, cell.gpu_type, cell.num_nodes, cell.gpus_per_node)) if not pr.own else None
         if vw is not None:
-            why = self._vw_problem(md.model, batch, cell, vw)
+            why = self._vw_problem(md.model, batch, cell, vw, pr)
             if why:
                 src = EstimateSource.MEASURED if rec is not None else self._found(md, batch, cell, vw=vw).source
                 return self._infeasible(cell, src, why)
         if rec is not None:
             return self._from_measured(md, batch, cell, rec, vw, shard)
-        return self._from_model(md, batch, cell, vw, shard)
+        return self._from_model(md, batch, cell, vw, shard, rt)
 
-    def _vw_problem(self, model: ModelSpec, batch: int, cell: Cell, vw: int) -> str:
+    @staticmethod
+    def _runtime_problem(model: ModelSpec, cell: Cell, pr: Pricing) -> str:
+        """Why the runtime priced by `pr` runs no plan in `cell` ("" when it may)."""
+        if not pr.own:
+            return ""
+        why = plan_problem(get_runtime(pr.runtime), pp=cell.pp, tp=1)
+        if why:
+            return why
+        if cell.pp > 1 and not pr.uneven_stages and model.num_layers % cell.pp:
+            return f"runtime {pr.runtime} splits layers evenly: {model.num_layers} layers do not divide by pp={cell.pp}"
+        return ""
+
+    def _vw_problem(self, model: ModelSpec, batch: int, cell: Cell, vw: int, pr: Pricing | None = None) -> str:
         """Why no plan of the cell can run V = `vw` virtual workers ("" when some may)."""
         if batch % vw:
             return f"V={vw} virtual workers do not divide the global batch {batch}"
-        dps = [cell.num_gpus // (cell.pp * tp) for tp in self._tp_options(model, cell)]
+        tps = self._tp_options(model, cell)
+        dps = [cell.num_gpus // (cell.pp * tp) for tp in tps]
+        if pr is not None and not pr.virtual_workers:
+            if not any(d == vw and (pr.tp or tp == 1) for tp, d in zip(tps, dps, strict=True)):
+                return f"runtime {pr.runtime} has no virtual workers: no plan of the cell has dp = V={vw}"
         if dps and min(dps) > vw:
             return f"needs dp > V: the cell's smallest dp is {min(dps)}, V={vw} virtual workers"
         return ""
@@ -732,15 +968,23 @@ class Estimator:
         return Estimate(cell, None, math.inf, mem_gb, source, note)
 
     def _from_model(
-        self, md: _ModelData, batch: int, cell: Cell, vw: int | None = None, shard: bool = False
+        self,
+        md: _ModelData,
+        batch: int,
+        cell: Cell,
+        vw: int | None = None,
+        shard: bool = False,
+        rt: str = SOLVER_DEFAULT_RUNTIME,
     ) -> Estimate:
-        found = self._found(md, batch, cell, vw=vw, shard=shard)
+        found = self._found(md, batch, cell, vw=vw, shard=shard, rt=rt)
         if found.source == EstimateSource.NONE:
             return self._infeasible(cell, EstimateSource.NONE, "no profile, measurement or GPU spec for this cell")
         factor = self._calibration(md, batch, cell) if found.source == EstimateSource.ANALYTIC else None
         scale, source = (1.0, found.source) if factor is None else (factor, EstimateSource.ANALYTIC_CALIBRATED)
         limit = self.mem_limit_gb(cell.gpu_type) * _GB
         measured = md.plan_records.get((batch, cell.gpu_type, cell.num_nodes, cell.gpus_per_node), {})
+        if self.pricing(rt).own:  # per-plan measurements are of our profiler's runs: the simulator's runtime only
+            measured = {}
         best: tuple[float, int, EstimateSource] | None = None
         best_sharded: tuple[float, int, EstimateSource] | None = None
         times: dict[int, tuple[float, EstimateSource]] = {}  # a replicated plan's measured time
@@ -788,7 +1032,8 @@ class Estimator:
             time_s,
             found.plans[i].mem_bytes / _GB,
             src,
-            state_gb=self._state_gb(md, batch, cell, found, i, vw),
+            "" if not self.pricing(rt).own else f"runtime {rt}",
+            state_gb=self._state_gb(md, batch, cell, found, i, vw, rt),
         )
 
     def _plan_ratio(self, md: _ModelData, batch: int, cell: Cell, c: _Cand, vw: int, source: EstimateSource) -> float:

@@ -51,6 +51,8 @@ def _make_estimator(config: Config) -> EstimatorLike:
     from solver.mixed import MixedEstimator
     from solver.profiles.seed import open_store
 
+    # Each job is priced by its own runtime (JobRequest.runtime, solver.cost.runtime): its gradient sync,
+    # state layout and buffers; the constructor's grad_sync and byte counts are the simulator's (adaptive) only.
     shard = config.solver.state_sharding
     return MixedEstimator(
         Estimator(open_store(config.controller.profiles_path or None), state_sharding=shard), state_sharding=shard

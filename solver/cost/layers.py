@@ -104,6 +104,10 @@ class StageCosts:
     tp_allreduces: tuple[tuple[tuple[float, int], ...], ...]
     #: the trainer's layers (blocks) of each stage: a plan's stage_layers (see the module doc)
     blocks: tuple[int, ...] = ()
+    #: the parameter bytes of each stage's largest block (what FSDP gathers at once)
+    max_layer_bytes: tuple[float, ...] = ()
+    #: the parameter bytes of each stage's records that are not blocks (embedding, head: FSDP's root unit)
+    other_bytes: tuple[float, ...] = ()
 
     @property
     def pp(self) -> int:
@@ -252,11 +256,46 @@ def split_stages(costs: LayerCosts, pp: int, ref_batch: float = 1.0, num_layers:
                 blocks = list(per_stage)
     if blocks is None:
         blocks = _blocks_per_stage(costs.is_block, sizes) if costs.is_block else list(sizes)
+    return _stage_costs(costs, sizes, blocks, num_layers)
+
+
+def even_block_sizes(costs: LayerCosts, pp: int) -> tuple[int, ...] | None:
+    """Records per stage of the split that gives every stage the same number
+    of blocks (the records that are not blocks ride with their neighbouring
+    block, as in `split_stages`); None when the blocks do not divide by pp."""
+    if costs.uniform or not costs.is_block:
+        n = costs.num_layers
+        return uniform_sizes(n, pp) if n % pp == 0 else None
+    units = _block_units(costs.is_block)
+    if len(units) % pp:
+        return None
+    q = len(units) // pp
+    return tuple(sum(units[i * q : (i + 1) * q]) for i in range(pp))
+
+
+def split_even(costs: LayerCosts, pp: int, num_layers: int | None = None) -> StageCosts | None:
+    """The split into pp stages of equal block counts (runtimes that cannot
+    split layers unevenly: solver.runtimes); None when the trainer's layers
+    (`num_layers`, default the profile's blocks) or the profile's blocks do
+    not divide by pp."""
+    if num_layers is not None and num_layers % pp:
+        return None
+    sizes = even_block_sizes(costs, pp)
+    if sizes is None:
+        return None
+    blocks = _blocks_per_stage(costs.is_block, sizes) if costs.is_block and not costs.uniform else list(sizes)
+    return _stage_costs(costs, sizes, blocks, num_layers)
+
+
+def _stage_costs(costs: LayerCosts, sizes: Sequence[int], blocks: Sequence[int], num_layers: int | None) -> StageCosts:
+    """The StageCosts of the contiguous split `sizes` (records per stage)."""
     tps: list[float] = []
     fix: list[float] = []
     act: list[float] = []
     out: list[float] = []
     par: list[float] = []
+    big: list[float] = []
+    other: list[float] = []
     tpar: list[tuple[tuple[float, int], ...]] = []
     start = 0
     for size in sizes:
@@ -265,6 +304,10 @@ def split_stages(costs: LayerCosts, pp: int, ref_batch: float = 1.0, num_layers:
         fix.append(sum(costs.time_fixed[sl]))
         act.append(sum(costs.act_per_sample[sl]))
         par.append(sum(costs.param_bytes[sl]))
+        flags = costs.is_block[sl] if costs.is_block else (True,) * size
+        pbytes = costs.param_bytes[sl]
+        big.append(max((p for p, f in zip(pbytes, flags, strict=True) if f), default=0.0))
+        other.append(sum(p for p, f in zip(pbytes, flags, strict=True) if not f))
         out.append(costs.out_per_sample[start + size - 1])
         groups: dict[float, int] = {}
         for nbytes, count in zip(costs.out_per_sample[sl], costs.tp_allreduces[sl], strict=True):
@@ -273,7 +316,7 @@ def split_stages(costs: LayerCosts, pp: int, ref_batch: float = 1.0, num_layers:
         tpar.append(tuple(sorted(groups.items())))
         start += size
     return StageCosts(
-        sizes,
+        tuple(sizes),
         tuple(tps),
         tuple(fix),
         tuple(act),
@@ -281,6 +324,8 @@ def split_stages(costs: LayerCosts, pp: int, ref_batch: float = 1.0, num_layers:
         tuple(par),
         tuple(tpar),
         trainer_layers(blocks, num_layers) if num_layers is not None else tuple(blocks),
+        tuple(big),
+        tuple(other),
     )
 
 

@@ -127,10 +127,17 @@ def typed_pipeline_cost(
     grad_sync: str,
     units: int = 1,
     sharded: bool = False,
+    held_bytes_per_param: float = 0.0,
 ) -> TypedPlanCost | None:
     """The plan (pp = sum(stages_of), dp, tp, m micro-batches of b samples)
     on `sides[i]` for stages_of[i] consecutive stages each (module doc);
-    None when its layers cannot be split within the stages' memory."""
+    None when its layers cannot be split within the stages' memory.
+
+    `grad_sync` REDUCE_SCATTER (FSDP, solver.cost.runtime) shards the whole
+    state over dp and prices ``fsdp_sync_time``'s gathers; `held_bytes_per_param`
+    is memory a runtime holds besides the state and activations (the exact
+    runtime's all-gather buffers), counted against every stage's memory."""
+    fsdp = grad_sync == "reduce_scatter"
     pp = sum(stages_of)
     if pp < 2 or num_layers < pp:
         return None
@@ -139,8 +146,11 @@ def typed_pipeline_cost(
     if len(blocks) != len(maybe_blocks):
         return None
     rep, state = state_split(dtype_bytes, optimizer_bytes_per_param)
-    frac = 1.0 / dp if sharded else 1.0
+    frac = 1.0 / dp if sharded or fsdp else 1.0
     per_param = rep + (state + dtype_bytes) * frac if sharded else float(optimizer_bytes_per_param)
+    if fsdp:
+        per_param = optimizer_bytes_per_param * frac
+    per_param += held_bytes_per_param
     kinds = [i for i, n in enumerate(stages_of) for _ in range(n)]  # the side of each stage
     weights, caps = [], []
     inflight = min(m, pp)
@@ -190,7 +200,9 @@ def typed_pipeline_cost(
             link, nbytes = side.links.intra, params[k]
             if stage_spans_nodes(k, s_ranks, g):
                 link, nbytes = NET, nbytes * tp
-            if sharded:
+            if fsdp:  # 2 m parameter all-gathers and a gradient reduce-scatter per micro-batch
+                t = (2 * m + 1) * side.links.allgather(link, nbytes / dp, dp)
+            elif sharded:
                 t = sharded_sync_time(side.links, link, nbytes, dp, units, frac)
             elif grad_sync == ALLGATHER:
                 t = side.links.allgather(link, nbytes * units, dp)

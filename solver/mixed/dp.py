@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from solver.cost.comm import NET, Links
 from solver.cost.layers import analytic_layers, split_stages
 from solver.cost.pipeline import ALLGATHER, ALLREDUCE, dp_sync_time, pipeline_cost, sharded_sync_time, update_time
+from solver.cost.runtime import REDUCE_SCATTER
 from solver.profiles.gpus import default_gpu_specs
 from solver.profiles.records import GpuSpec
 from solver.types import Estimate, JobRequest
@@ -167,6 +168,8 @@ def sync_time(
     n_ranks = sum(p.ranks for p in parts)
     nbytes = max(p.grad_bytes * p.tp for p in parts)  # a node's tp rings cross its card together
     nets = [net] if net is not None else [p.links for p in parts]
+    if grad_sync == REDUCE_SCATTER:  # FSDP (solver.cost.runtime): `units` micro-batches, 2 gathers + a scatter each
+        return max(units * 3 * x.allgather(NET, nbytes / n_ranks, n_ranks) for x in nets)
     if slices is not None:
         return max(sharded_sync_time(x, NET, nbytes, n_ranks, units, max(slices)) for x in nets)
     if grad_sync == ALLGATHER:

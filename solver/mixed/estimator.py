@@ -11,11 +11,13 @@ from typing import Any
 from solver.cost.comm import NET_LATENCY_S, Links
 from solver.cost.layers import LayerCosts
 from solver.cost.pipeline import ALLGATHER, ALLREDUCE, state_split
+from solver.cost.runtime import REDUCE_SCATTER, Pricing, pricing_of
 from solver.cost.typed_pipeline import TypeSide, typed_pipeline_cost
 from solver.mixed.cells import _divisors, stages_per_part
 from solver.mixed.dp import DpStep, PartStep, dp_step, part_step, sync_time
 from solver.mixed.split import split_batch
 from solver.profiles.records import GpuSpec
+from solver.runtimes import SOLVER_DEFAULT_RUNTIME, get_runtime, plan_problem
 from solver.types import Cell, Estimate, EstimateSource, EstimatorLike, JobRequest, ParallelPlan
 
 __all__ = ["NET_LATENCY_S", "MixedEstimator"]  # NET_LATENCY_S: the network's per-message latency (s)
@@ -60,8 +62,8 @@ class MixedEstimator:
         self.net_gbps = net_gbps
         self.state_sharding = state_sharding
         self.shard_min_gain = shard_min_gain if shard_min_gain is not None else getattr(inner, "shard_min_gain", 0.1)
-        # (model signature, global batch, cell, V, shard) -> estimate
-        self._cache: dict[tuple[str, int, Cell, int | None, bool], Estimate] = {}
+        # (model signature, global batch, cell, V, shard, runtime) -> estimate
+        self._cache: dict[tuple[str, int, Cell, int | None, bool, str], Estimate] = {}
         # (model signature, global batch, cell, shard) -> _dp_parts
         self._parts_cache: dict[tuple[str, int, Cell, bool], tuple[list[Estimate], list[PartStep]] | Estimate] = {}
 
@@ -82,14 +84,40 @@ class MixedEstimator:
     def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
         if not cell.mixed:
             return self.inner.estimate(job, cell)
-        shard = job.state_sharding and self.state_sharding
-        key = (job.model.signature, job.global_batch, cell, job.virtual_workers, shard)
+        pr = self.pricing(job)
+        shard = job.state_sharding and self.state_sharding and pr.may_shard_optimizer
+        key = (job.model.signature, job.global_batch, cell, job.virtual_workers, shard, job.runtime)
         est = self._cache.get(key)
         if est is None:
-            est = self._cache[key] = (
-                self._price_pipeline(job, cell, shard) if cell.pp > 1 else self._price(job, cell, shard)
-            )
+            why = plan_problem(get_runtime(job.runtime), pp=cell.pp, tp=1, gpu_types=[t for t, _ in cell.parts])
+            if why:
+                est = self._none(cell, why)
+            else:
+                est = self._price_pipeline(job, cell, shard) if cell.pp > 1 else self._price(job, cell, shard)
+            self._cache[key] = est
         return est
+
+    def pricing(self, job: JobRequest) -> Pricing:
+        """How `job`'s runtime is priced (the inner estimator's `pricing`; the
+        runtime's own table, or the inner's grad_sync for ``adaptive``, otherwise)."""
+        of = getattr(self.inner, "pricing", None)
+        if of is not None:
+            pr: Pricing = of(job.runtime)
+            return pr
+        return pricing_of(job.runtime, getattr(self.inner, "grad_sync", ALLREDUCE))
+
+    def _grad_sync(self, job: JobRequest) -> str:
+        return self.pricing(job).grad_sync
+
+    def _held_gb(self, job: JobRequest, tp: int, ranks: int, units: int) -> tuple[float, float]:
+        """(gradient GB per GPU, GB the exact runtime holds at its all-gather
+        besides the state: flat unit gradients, send buffer and every rank's
+        received ones, solver.cost.runtime); (G, 0) for other runtimes."""
+        grads = job.model.params * job.model.dtype_bytes / tp / 1e9
+        pr = self.pricing(job)
+        if not pr.own or pr.grad_sync != ALLGATHER:
+            return grads, 0.0
+        return grads, grads * ((units + 1) if ranks <= 1 else (2 * units + 2 * ranks * units - 1))
 
     @staticmethod
     def _none(cell: Cell, note: str, mem: float = math.inf) -> Estimate:
@@ -105,7 +133,8 @@ class MixedEstimator:
         got = self._parts_cache.get(key)
         if got is not None:
             return got
-        part_job = dataclasses.replace(job, virtual_workers=None, state_sharding=False)  # speeds per sample
+        # speeds per sample: the compute is the runtime's, its sync and memory are added here
+        part_job = dataclasses.replace(job, virtual_workers=None, state_sharding=False, runtime=SOLVER_DEFAULT_RUNTIME)
         subs = [self.inner.estimate(part_job, Cell(t, n, cell.gpus_per_node, 1)) for t, n in cell.parts]
         bad = [e for e in subs if not e.feasible]
         out: tuple[list[Estimate], list[PartStep]] | Estimate
@@ -153,13 +182,7 @@ class MixedEstimator:
         if isinstance(got, Estimate):
             return None
         step = dp_step(
-            got[1],
-            samples,
-            micro_batches,
-            units=units,
-            grad_sync=getattr(self.inner, "grad_sync", ALLREDUCE),
-            slices=slices,
-            net=self._net(),
+            got[1], samples, micro_batches, units=units, grad_sync=self._grad_sync(job), slices=slices, net=self._net()
         )
         return step.time_s
 
@@ -178,8 +201,10 @@ class MixedEstimator:
         sharded (`slices`) or the sync is an all-gather)."""
         batch, vw = job.global_batch, job.virtual_workers
         ranks = [p.ranks for p in parts]
-        grad_sync = getattr(self.inner, "grad_sync", ALLREDUCE)
+        grad_sync = self._grad_sync(job)
         per_units = vw is not None and (slices is not None or grad_sync == ALLGATHER)
+        if grad_sync == REDUCE_SCATTER:  # FSDP: every rank holds 1/dp of the state and updates it
+            slices = [1.0 / sum(ranks)] * len(parts)
 
         def sync_of(units: int) -> float:
             return sync_time(parts, units=units, grad_sync=grad_sync, slices=slices, net=self._net())
@@ -198,8 +223,10 @@ class MixedEstimator:
         shares, m = split
         # a rank runs m micro-batches (of shares/m samples); with V, m per virtual worker (of batch/V/m samples)
         units = tuple([1] * len(shares) if vw is None else [s * vw // batch for s in shares])
+        # FSDP's gathers and reduce-scatters come once per micro-batch (dp.sync_time counts them as units)
+        n_units = m if grad_sync == REDUCE_SCATTER else max(units)
         step = dp_step(
-            parts, shares, [m * u for u in units], units=max(units), grad_sync=grad_sync, slices=slices, net=self._net()
+            parts, shares, [m * u for u in units], units=n_units, grad_sync=grad_sync, slices=slices, net=self._net()
         )
         # a rank's micro-batch is shares/m here (batch/V/m with V), batch/(ranks*m_i) in the part's own estimate
         mb = [s / m for s in shares] if vw is None else [batch / vw / m] * len(shares)
@@ -235,7 +262,7 @@ class MixedEstimator:
             if split is None or split.m in seen:
                 continue
             seen.add(split.m)
-            mems = [static + act * f for (static, act), f in zip(self._memory(job, subs), split.grow, strict=True)]
+            mems = self._runtime_mems(job, tp, sum(ranks), split, self._memory(job, subs))
             worst = max(need / lim for need, lim in zip(mems, limits, strict=True))
             if least is None or worst < least[0]:
                 least = (worst, mems)
@@ -280,6 +307,42 @@ class MixedEstimator:
             static = min(e.mem_per_gpu_gb, e.state_gb * obpp / state) if state > 0 and e.state_gb > 0 else 0.0
             out.append((static, e.mem_per_gpu_gb - static))
         return out
+
+    def _runtime_mems(
+        self, job: JobRequest, tp: int, n_ranks: int, split: _Split, parts: list[tuple[float, float]]
+    ) -> list[float]:
+        """Each part's peak memory per GPU (GB) of a replicated split as the
+        job's runtime holds it (solver.cost.runtime): the state and grown
+        activations; exact: also its all-gather buffers over all `n_ranks`;
+        FSDP: the state sharded evenly over them, the root unit and the
+        largest blocks unsharded."""
+        pr = self.pricing(job)
+        base = [static + act * f for (static, act), f in zip(parts, split.grow, strict=True)]
+        if not pr.own:
+            return base
+        model = job.model
+        if pr.fsdp:
+            root = model.vocab * model.hidden * model.dtype_bytes / tp / 1e9
+            block = max(0.0, model.params - model.vocab * model.hidden) * model.dtype_bytes / tp / 1e9
+            block /= max(1, model.num_layers)
+            return [
+                static / n_ranks + act * f + 2 * root + 3 * block
+                for (static, act), f in zip(parts, split.grow, strict=True)
+            ]
+        out = []
+        for (static, act), f, u in zip(parts, split.grow, split.units, strict=True):
+            grads, held = self._held_gb(job, tp, n_ranks, u)
+            out.append(max(static + act * f + (u - 1) * grads * (held > 0), static + held))
+        return out
+
+    def _held_per_param(self, job: JobRequest, dp: int, units: int) -> float:
+        """Bytes per parameter the exact runtime's all-gather holds besides
+        the state (counted against every stage, with its activations: an
+        upper bound for pipelines across types); 0 for other runtimes."""
+        pr = self.pricing(job)
+        if not pr.own or pr.grad_sync != ALLGATHER:
+            return 0.0
+        return job.model.dtype_bytes * ((units + 1) if dp <= 1 else (2 * units + 2 * dp * units - 1))
 
     def _micro_options(self, job: JobRequest, subs: list[Estimate]) -> list[int]:
         """The micro-batch counts to try, most first: the divisors of the most
@@ -343,6 +406,14 @@ class MixedEstimator:
             return None
         fractions = tuple(f / total for f in free)  # of the parameters, the slice a rank of each part owns
         mems = [r + full * x for r, x in zip(reps, fractions, strict=True)]
+        pr = self.pricing(job)
+        if pr.own and pr.grad_sync == ALLGATHER:  # the owners gather every unit's slices (launch.sharding)
+            grads = job.model.params * d / parts[0].tp / 1e9
+            gather = (5 * max(split.units) - 1) * grads
+            mems = [
+                max(mem, static - e.state_gb + full * x + gather)
+                for mem, e, (static, _), x in zip(mems, subs, self._memory(job, subs), fractions, strict=True)
+            ]
         if job.virtual_workers is not None:  # the micro-batch, and so the memory, is the same for any split
             again = self._split(job, subs, parts, fractions, split.m)
             if again is None:
@@ -354,7 +425,7 @@ class MixedEstimator:
                 split.shares,
                 [split.m * u for u in split.units],
                 units=max(split.units),
-                grad_sync=getattr(self.inner, "grad_sync", ALLREDUCE),
+                grad_sync=self._grad_sync(job),
                 slices=fractions,
                 net=self._net(),
             )
@@ -403,7 +474,7 @@ class MixedEstimator:
         width = model.heads if model.heads > 1 else model.hidden
         obpp = getattr(self.inner, "optimizer_bytes_per_param", 16.0)
         upd = getattr(self.inner, "update_bytes_per_param", 2 * obpp)
-        grad_sync = getattr(self.inner, "grad_sync", ALLREDUCE)
+        grad_sync = self._grad_sync(job)
         limits = [mem_limit_of(t) * 1e9 for t in types]
         scale_of = getattr(self.inner, "layer_scale", None)
         best: tuple[float, ParallelPlan, float, float] | None = None
@@ -451,6 +522,7 @@ class MixedEstimator:
                         grad_sync=grad_sync,
                         units=units,
                         sharded=sharded,
+                        held_bytes_per_param=self._held_per_param(job, dp, units),
                     )
                     if c is None:
                         continue

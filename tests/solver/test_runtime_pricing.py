@@ -1,0 +1,167 @@
+"""Each job is priced the way its runtime runs (solver.cost.runtime), and
+never offered a plan its runtime cannot carry out or that does not fit.
+
+The oracles are hand computations from the model's size, the GPU's
+datasheet and the runtime's code (launch.elastic.ordered_sum holds every
+rank's unit gradients; FSDP2 keeps 1/dp of the state), not the estimator's
+functions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from solver.estimator import Estimator
+from solver.mixed import MixedEstimator
+from solver.models import get_model
+from solver.profiles.gpus import default_gpu_specs
+from solver.profiles.seed import open_store
+from solver.types import Cell, JobRequest
+
+MODEL = get_model("gpt-1.3b")
+CELL = Cell("a100", 4, 4, 1)  # one 4x4 A100 cell, no pipelining
+BATCH, V = 128, 16
+GB = 1e9
+OBPP = 16.0  # the estimator's default optimizer bytes per parameter
+
+
+@pytest.fixture(scope="module")
+def est(tmp_path_factory: pytest.TempPathFactory) -> Estimator:
+    return Estimator(open_store(tmp_path_factory.mktemp("store") / "profiles.sqlite"))
+
+
+def job(runtime: str, vw: int | None = V, shard: bool = False) -> JobRequest:
+    return JobRequest("j", MODEL, BATCH, 100, virtual_workers=vw, runtime=runtime, state_sharding=shard)
+
+
+def limit_bytes() -> float:
+    return 0.9 * default_gpu_specs()["a100"].mem_gb * GB
+
+
+def per_gpu(tp: int) -> tuple[float, float, float]:
+    """(parameters, gradient bytes, activation bytes per sample) of one GPU's share at tp (one stage)."""
+    params = MODEL.params / tp
+    return params, params * MODEL.dtype_bytes, MODEL.act_bytes_per_sample_per_layer() * MODEL.num_layers / tp
+
+
+def exact_memory(dp: int, tp: int, m: int) -> float:
+    """The exact runtime's peak per GPU by hand: backward holds the state, the
+    activations of a micro-batch and the k - 1 earlier units' flat
+    gradients; the all-gather holds the state, the k flat gradients, the
+    send buffer of k, dp x k received and the process group's flat buffer
+    of the same dp x k (torch's all_gather into a list of tensors)."""
+    k = -(-V // dp)
+    params, grads, act = per_gpu(tp)
+    b = BATCH / V / m
+    backward = params * OBPP + act * b + (k - 1) * grads
+    gather = params * OBPP + (2 * k + 2 * dp * k - 1) * grads  # no parameter holds its gradient then
+    return max(backward, gather)
+
+
+def test_the_case_priced_as_allreduce_picks_a_plan_whose_allgather_overflows(est: Estimator) -> None:
+    # the simulator's runtime (all-reduce) picks dp8 x tp2 at 1.54 s, as before runtimes existed
+    adaptive = est.estimate(job("adaptive"), CELL)
+    assert adaptive.plan is not None
+    assert (adaptive.plan.dp, adaptive.plan.tp) == (8, 2)
+    assert adaptive.iter_time_s == pytest.approx(1.537, abs=0.001)
+    # that plan under the exact runtime: 8 ranks x 2 units of 1.3 GB gradients received, 57 GB > 36 GB
+    params, grads, _ = per_gpu(2)
+    assert params * OBPP + (2 * 2 + 2 * 8 * 2 - 1) * grads > limit_bytes()
+    # so the exact runtime never picks it: dp4 x tp4, the one plan whose buffers fit
+    exact = est.estimate(job("exact"), CELL)
+    assert exact.plan is not None
+    assert (exact.plan.dp, exact.plan.tp) == (4, 4)
+    assert exact.mem_per_gpu_gb * GB == pytest.approx(exact_memory(4, 4, exact.plan.micro_batches), rel=1e-9)
+    assert exact.mem_per_gpu_gb * GB <= limit_bytes()
+    for dp, tp in ((16, 1), (8, 2)):  # every other plan of the cell overflows at its all-gather
+        assert min(exact_memory(dp, tp, m) for m in (1, 2, 4, 8)) > limit_bytes()
+
+
+def test_exact_prices_the_allgather_of_every_unit(est: Estimator) -> None:
+    """Exact's time over the all-reduce's for the same plan: the all-gather of
+    k units in place of the ring all-reduce, the gathered sum's adds and the
+    gradient's copies, by hand from the datasheet (the dp groups cross nodes:
+    the network, each node's 4 tp rings sharing its card)."""
+    spec = default_gpu_specs()["a100"]
+    net_bw, lat = spec.inter_bw_gbps * 1e9, 2.5e-5
+    dp, tp, m, k = 4, 4, 1, 4
+    _, grads, _ = per_gpu(tp)
+    nbytes = grads * tp
+    allgather = (dp - 1) * lat + (dp - 1) * nbytes * k / net_bw
+    allreduce = 2 * (dp - 1) * lat + 2 * (dp - 1) / dp * nbytes / net_bw
+    d = MODEL.dtype_bytes
+    sweeps = (4 * 2 * d + (dp * k - 1) * 3 * d) * MODEL.params / tp / (spec.mem_bw_gbps * 1e9)
+    times: dict[str, float] = {}
+    for rt in ("adaptive", "exact"):
+        plans = est.plans(MODEL, BATCH, CELL, V, runtime=rt)
+        (times[rt],) = [t for p, t, _ in plans if (p.dp, p.tp, p.micro_batches) == (dp, tp, m)]
+    assert times["exact"] - times["adaptive"] == pytest.approx(allgather - allreduce + sweeps, rel=1e-6)
+
+
+def test_sharded_runtime_holds_a_dp_th_of_the_state(est: Estimator) -> None:
+    """FSDP2 (runtime sharded): no virtual workers, so dp = V = 16 on 16 GPUs
+    (tp 1); per GPU 1/16 of the state, the root unit (embedding, head)
+    gathered with its gradient, three blocks' worth in flight, one
+    micro-batch's activations."""
+    e = est.estimate(job("sharded"), CELL)
+    assert e.plan is not None and (e.plan.dp, e.plan.tp) == (16, 1)
+    assert e.plan.state_shares == ()  # FSDP shards on its own: no ZeRO-1 slices
+    params, _, act = per_gpu(1)
+    d = MODEL.dtype_bytes
+    root = MODEL.vocab * MODEL.hidden * d
+    block = (MODEL.params - MODEL.vocab * MODEL.hidden) * d / MODEL.num_layers
+    want = params * OBPP / 16 + act * BATCH / 16 / e.plan.micro_batches + 2 * root + 3 * block
+    assert e.mem_per_gpu_gb * GB == pytest.approx(want, rel=1e-9)
+    # without V its dp is free: fewer, larger state shards cost more memory, never less than the dp-th
+    free = est.estimate(job("sharded", vw=None), CELL)
+    assert free.feasible and free.plan is not None
+    assert free.mem_per_gpu_gb * GB >= params / free.plan.tp * OBPP / free.plan.dp
+
+
+def test_ddp_gets_data_parallel_plans_only(est: Estimator) -> None:
+    plans = est.plans(MODEL, BATCH, CELL, runtime="ddp")
+    assert plans and {p.tp for p, _, _ in plans} == {1} and {p.dp for p, _, _ in plans} == {16}
+    deep = est.estimate(job("ddp", vw=None), Cell("a100", 4, 4, 2))
+    assert not deep.feasible and "no pipeline parallelism" in deep.note
+    # DDP's buckets: a flat copy of the gradients beside the replicated state
+    e = est.estimate(job("ddp", vw=None), CELL)
+    assert e.plan is not None
+    params, grads, act = per_gpu(1)
+    want = params * OBPP + grads + act * BATCH / 16 / e.plan.micro_batches
+    assert e.mem_per_gpu_gb * GB == pytest.approx(want, rel=1e-9)
+
+
+def test_no_virtual_workers_means_dp_equals_v(est: Estimator) -> None:
+    e = est.estimate(job("megatron", vw=8), CELL)
+    assert e.plan is not None and e.plan.dp == 8
+    none = est.estimate(job("ddp", vw=8), CELL)  # 16 GPUs, tp 1: dp 16 != V
+    assert not none.feasible and "no virtual workers" in none.note
+
+
+def test_even_stages_where_the_runtime_cannot_split_unevenly(est: Estimator) -> None:
+    cell = Cell("a100", 4, 4, 4)
+    for rt in ("megatron", "torchtitan"):
+        e = est.estimate(job(rt, vw=None), cell)
+        assert e.plan is not None and e.plan.stage_layers == (6, 6, 6, 6), rt
+    odd = est.estimate(job("megatron", vw=None), Cell("a100", 5, 1, 5))  # 24 layers over 5 stages
+    assert not odd.feasible and "evenly" in odd.note
+    uneven = est.estimate(job("exact", vw=None), Cell("a100", 5, 1, 5))
+    assert uneven.feasible and uneven.plan is not None and sum(uneven.plan.stage_layers) == 24
+
+
+def test_mixed_types_only_where_the_runtime_runs_them(est: Estimator) -> None:
+    mixed = MixedEstimator(est)
+    cell = Cell("a100+v100", 2, 4, 1, parts=(("a100", 1), ("v100", 1)))
+    for rt in ("ddp", "megatron", "torchtitan"):
+        e = mixed.estimate(job(rt, vw=None), cell)
+        assert not e.feasible and "one GPU type" in e.note, rt
+    for rt in ("exact", "sharded", "adaptive"):
+        e = mixed.estimate(JobRequest("j", get_model("gpt-350m"), 64, 100, runtime=rt), cell)
+        assert e.feasible, (rt, e.note)
+
+
+def test_unknown_runtime_is_a_clear_error(est: Estimator) -> None:
+    with pytest.raises(ValueError, match="unknown runtime 'jax'"):
+        est.pricing("jax")
+    assert math.isfinite(est.estimate(job("adaptive"), CELL).iter_time_s)
