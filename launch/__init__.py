@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from launch.hook import on_checkpoint
 from solver.extras import require
 
 if TYPE_CHECKING:
     from launch.parallel import ParallelContext, init_parallel
 
-__all__ = ["ParallelContext", "init_parallel"]
+__all__ = ["ParallelContext", "init_parallel", "on_checkpoint"]
 
 
 def __getattr__(name: str) -> Any:
