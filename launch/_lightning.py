@@ -15,7 +15,7 @@ class _HookCallback(Callback):
         self.hook = hook
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.hook.step()
+        self.hook.step(int(trainer.global_step))
 
 
 def hook_callback(hook: CheckpointHook) -> Any:

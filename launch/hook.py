@@ -128,8 +128,15 @@ class CheckpointHook:
         sys.stdout.flush()
         raise SystemExit(contract.EXIT_CHECKPOINTED)
 
-    def step(self) -> None:
-        """At a step boundary, on every rank: save and exit 75 when a signal came."""
+    def step(self, done: int | None = None) -> None:
+        """At a step boundary, on every rank: save and exit 75 when a signal
+        came. DONE (iterations done so far): rank 0 also reports it in
+        ``<checkpoint_dir>/progress.json`` (``launch.progress``), how the
+        controller follows the job."""
+        if done is not None and self.checkpoint_dir and os.environ.get("RANK", "0").strip() in ("", "0"):
+            from launch.progress import write_progress
+
+            write_progress(self.checkpoint_dir, done)
         if self.should_stop():
             self.save_and_exit()
 
