@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, fields
 from slurm_ext.errors import CellschedError
 from solver import contract
 from solver.models import ModelSpec, ModelSpecError, get_model, spec_from_dict
+from solver.runtimes import DEFAULT_RUNTIME, RUNTIMES
 
 TAG = "cellsched/v1 "
 #: the Comment of a managed job once job_submit.lua moved its spec to AdminComment
@@ -61,6 +62,10 @@ class JobSpec:
     requested_gpu_type: the user's static request (a hint; FCFS uses it).
     virtual_workers: elastic data-parallel workers (EasyScale), None = auto.
     partitions: the Slurm partitions the job may run in, None = any.
+    runtime: what the job's code can carry out (solver.runtimes; docs/runtimes.md):
+    DEFAULT_RUNTIME ("ddp") when the spec names none. `cellsched sbatch`
+    accepts only the submittable names; a spec may also name ``adaptive``,
+    the simulator's runtime for trace jobs.
     """
 
     model: str
@@ -75,6 +80,7 @@ class JobSpec:
     requested_gpu_type: str | None = None
     virtual_workers: int | None = None
     partitions: tuple[str, ...] | None = None
+    runtime: str = DEFAULT_RUNTIME
     version: int = SPEC_VERSION
 
     def __post_init__(self) -> None:
@@ -110,6 +116,14 @@ class JobSpec:
             not isinstance(self.requested_gpu_type, str) or not _GPU_TYPE.match(self.requested_gpu_type)
         ):
             raise JobSpecError("requested_gpu_type", f"{self.requested_gpu_type!r} is not a GPU type name")
+        if not isinstance(self.runtime, str) or self.runtime not in RUNTIMES:
+            raise JobSpecError("runtime", f"unknown runtime {self.runtime!r} (known: {', '.join(RUNTIMES)})")
+        if self.virtual_workers is not None and not RUNTIMES[self.runtime].virtual_workers:
+            raise JobSpecError(
+                "virtual_workers",
+                f"runtime {self.runtime} has no virtual workers (only "
+                f"{', '.join(n for n, r in RUNTIMES.items() if r.virtual_workers and r.submittable)} has)",
+            )
         if self.version != SPEC_VERSION:
             raise JobSpecError(
                 "version", f"unsupported spec version {self.version!r} (this cellsched reads {SPEC_VERSION})"

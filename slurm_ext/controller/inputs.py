@@ -21,6 +21,7 @@ from solver import contract
 from solver.cells import in_partitions
 from solver.mixed import parse_key
 from solver.plan import JobPlan, PlanError, default_virtual_workers
+from solver.runtimes import get_runtime
 from solver.types import Cell, ClusterView, JobRequest, ParallelPlan, Placement, ScheduleRequest, SolverConfig
 
 
@@ -130,8 +131,10 @@ def with_virtual_workers(spec: JobSpec, view: ClusterView) -> JobSpec:
     virtual workers gets V now, once (EasyScale): the smallest divisor of its
     global batch that covers the largest dp it may get (``max_gpus``, else
     every GPU it may use), so it can grow to any size and shrink back with
-    the same training. V then travels in the accepted spec."""
-    if not spec.elastic or spec.virtual_workers is not None:
+    the same training. V then travels in the accepted spec. Only for a
+    runtime with virtual workers (solver.runtimes): another runtime's dp is
+    whatever the plan says."""
+    if not spec.elastic or spec.virtual_workers is not None or not get_runtime(spec.runtime).virtual_workers:
         return spec
     cap = capacity(spec, view)
     largest = cap if spec.max_gpus is None else min(spec.max_gpus, cap or spec.max_gpus)
@@ -142,7 +145,10 @@ def with_virtual_workers(spec: JobSpec, view: ClusterView) -> JobSpec:
 def fixed_virtual_workers(m: ManagedJob) -> int | None:
     """The job's V when it is fixed: its spec's, else its plan's (a job placed
     before keeps the virtual workers its checkpoints hold); None while a
-    never-placed job may still pick its dp freely."""
+    never-placed job may still pick its dp freely, and always for a runtime
+    without virtual workers (its V is its dp: solver.runtimes)."""
+    if m.spec is not None and not get_runtime(m.spec.runtime).virtual_workers:
+        return None
     if m.spec is not None and m.spec.virtual_workers is not None:
         return m.spec.virtual_workers
     return m.plan.virtual_workers if m.plan is not None else None
@@ -428,6 +434,7 @@ def build_request(
                     restart_cost_s=(restart_costs or {}).get(m.job_id),
                     running_since=m.job.start_time if m.current is not None else None,
                     virtual_workers=fixed_virtual_workers(m),
+                    runtime=spec.runtime,
                 )
             )
         except (JobSpecError, ValueError, TypeError) as exc:

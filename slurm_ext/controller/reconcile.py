@@ -227,7 +227,8 @@ def job_plan(m: ManagedJob, p: Placement, checkpoint_root: str, view: ClusterVie
     cell (needs `view`) lists its nodes in task order with the batch share of
     each dp rank (whole virtual workers: solver.mixed). A plan with pp > 1
     carries its stage_layers, one priced with sharded optimizer state its
-    state_sharding / state_shares (`state_fields`)."""
+    state_sharding / state_shares (`state_fields`), and every plan the
+    runtime of the job's spec (solver.runtimes)."""
     spec = m.spec
     assert spec is not None
     old = m.plan
@@ -257,6 +258,7 @@ def job_plan(m: ManagedJob, p: Placement, checkpoint_root: str, view: ClusterVie
         state_shares=extra.state_shares,
         virtual_workers=vw,
         checkpoint_dir=ckpt,
+        runtime=spec.runtime,
         cell=p.cell.key(),
         job_id=m.job_id,
         iter_time_s=round(p.iter_time_s, 6) if p.iter_time_s else None,

@@ -141,7 +141,9 @@ def static_cell(m: ManagedJob, snapshot: ClusterSnapshot) -> StaticCell:
 def static_plan(m: ManagedJob, cell: StaticCell, checkpoint_root: str) -> JobPlan:
     """The plan the job is released with: pure data parallelism on the
     cell, its nodes left to Slurm; the checkpoint directory, virtual workers
-    and micro-batches of an earlier plan are kept (as the controller does)."""
+    and micro-batches of an earlier plan are kept (as the controller does).
+    Any runtime carries a plan like that out (solver.runtimes); the plan
+    names the job's."""
     assert m.spec is not None
     old = m.plan
     vw = fixed_virtual_workers(m) or cell.num_gpus
@@ -157,6 +159,7 @@ def static_plan(m: ManagedJob, cell: StaticCell, checkpoint_root: str) -> JobPla
         virtual_workers=vw,
         checkpoint_dir=(old.checkpoint_dir if old and old.checkpoint_dir else None)
         or default_checkpoint_dir(m.job_id, m.job.user, m.job.work_dir or None, checkpoint_root),
+        runtime=m.spec.runtime,
         cell=cell.key(),
         job_id=m.job_id,
     )

@@ -40,6 +40,13 @@ estimator is wrapped in `MixedEstimator`, as the live controller's is, and
 the conditions' truth composes mixed cells the same way
 (slurm_ext.sim.conditions); a policy that offers none is unaffected. In
 arena-compat mode neither is (Arena's simulator has no mixed cells).
+
+Runtimes (solver.runtimes): every trace job is submitted with runtime
+`TRACE_RUNTIME` (``adaptive``): Arena's jobs run adaptive parallelism, as
+Arena assumes (any dp x tp x pp, uneven shares and stages, mixed types, a
+checkpoint on the signal), so a simulation offers a trace job every plan it
+did before runtimes had names. The ``--policy`` baselines keep their own
+rules within that.
 """
 
 from __future__ import annotations
@@ -76,10 +83,13 @@ from solver.mixed import MixedEstimator
 from solver.network import Network, default_nic_gbps
 from solver.plan import JobPlan
 from solver.profiles.arena import load_sim_constants
+from solver.runtimes import SOLVER_DEFAULT_RUNTIME
 from solver.types import EstimatorLike, Policy, SolverConfig
 
 #: policies that search plans with pruning in Arena's simulator (cheap restarts)
 PRUNED_POLICIES = ("cellsched", "cellsched-static")
+#: the runtime of every trace job (the module doc): Arena's adaptive parallelism
+TRACE_RUNTIME = SOLVER_DEFAULT_RUNTIME
 
 #: the round length of Arena's simulator (its SCHEDULING_INTERVAL, solver/data/arena/sim_constants.json):
 #: in arena_compat mode the rounds, the arrival grid and the throughput samples
@@ -474,7 +484,7 @@ class Simulator:
             layout = best_layout(self.cluster, job.requested_gpu_type, job.requested_gpus)
             t = None
             if layout is not None:
-                probe = JobSpec(model=job.model, global_batch=job.global_batch, iterations=1)
+                probe = JobSpec(model=job.model, global_batch=job.global_batch, iterations=1, runtime=TRACE_RUNTIME)
                 t = self._speed(probe, layout[0], layout[1], layout[2], None)
             if not t:
                 return "its requested cell has no speed to turn its duration into iterations"
@@ -489,6 +499,7 @@ class Simulator:
                 max_gpus=max(self.options.max_gpus, job.requested_gpus),
                 requested_gpus=job.requested_gpus,
                 requested_gpu_type=job.requested_gpu_type,
+                runtime=TRACE_RUNTIME,
             )
         except ValueError as exc:
             return str(exc)

@@ -104,6 +104,7 @@ def fits_some_cell(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
         max_gpus=spec.max_gpus,
         partitions=spec.partitions,
         requested_gpus=spec.requested_gpus,
+        runtime=spec.runtime,
     )
     cells = enumerate_cells(job, to_cluster_view(snapshot, ()), SolverConfig())
     if not cells:

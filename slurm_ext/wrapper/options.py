@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slurm_ext.errors import CellschedError
+from solver.runtimes import DEFAULT_RUNTIME, RUNTIMES, SUBMITTABLE
 
 PROG = "cellsched sbatch"
 
@@ -52,6 +53,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("gpus", "value", "static request: GPU count (a hint; the FCFS baseline uses it)"),
     Option("gpu-type", "value", "static request: GPU type (a hint)"),
     Option("virtual-workers", "value", "virtual data-parallel workers (must divide the global batch)"),
+    Option(
+        "runtime",
+        "value",
+        f"what the job's code can carry out: {', '.join(SUBMITTABLE)} (default {DEFAULT_RUNTIME}; see Runtimes below)",
+    ),
     Option("job-name", "value", "job name", short="J", passthrough=True),
     Option("output", "value", "stdout file pattern", short="o", passthrough=True),
     Option("error", "value", "stderr file pattern", short="e", passthrough=True),
@@ -150,4 +156,8 @@ def usage_text() -> str:
         flag += " VALUE" if o.kind == "value" else ""
         lines.append(f"  {flag:<34} {o.help}")
     lines.append(f"  {'-h, --help':<34} show this message")
+    lines += ["", "Runtimes (--runtime NAME; the solver offers a job only the plans its runtime carries out):"]
+    for name in SUBMITTABLE:
+        mark = " (default)" if name == DEFAULT_RUNTIME else ""
+        lines.append(f"  {name:<34} {RUNTIMES[name].doc}{mark}")
     return "\n".join(lines)

@@ -10,6 +10,7 @@ from slurm_ext.jobspec import JobSpec, JobSpecError
 from slurm_ext.wrapper.model import load_model
 from slurm_ext.wrapper.options import Setting, WrapperError
 from slurm_ext.wrapper.values import NAME, field_name, name_list, one_line, whole_number
+from solver.runtimes import DEFAULT_RUNTIME, RUNTIMES, SUBMITTABLE
 
 _GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 #: JobSpecError field -> the option that sets it
@@ -24,6 +25,18 @@ _SPEC_TO_OPTION = {
     "model_def": "model",
     "partitions": "partition",
 }
+
+
+def runtime_of(setting: Setting | None) -> str:
+    """The runtime a submission names (DEFAULT_RUNTIME when none); only
+    the submittable ones (solver.runtimes.SUBMITTABLE)."""
+    if setting is None:
+        return DEFAULT_RUNTIME
+    name = str(setting.value).strip()
+    if name not in SUBMITTABLE:
+        why = "is the simulator's runtime for trace jobs" if name in RUNTIMES else "is not a runtime"
+        raise WrapperError(field_name("runtime", setting), f"{name!r} {why}; known: {', '.join(SUBMITTABLE)}")
+    return name
 
 
 def build_spec(settings: Mapping[str, Setting], cwd: pathlib.Path) -> JobSpec:
@@ -65,6 +78,7 @@ def build_spec(settings: Mapping[str, Setting], cwd: pathlib.Path) -> JobSpec:
         name_list("partition", settings["partition"], NAME, "partition name") if "partition" in settings else None
     )
     elastic = get("elastic")
+    runtime = runtime_of(get("runtime"))
     try:
         spec = JobSpec(
             model=model,
@@ -79,6 +93,7 @@ def build_spec(settings: Mapping[str, Setting], cwd: pathlib.Path) -> JobSpec:
             requested_gpu_type=gpu_type,
             virtual_workers=workers,
             partitions=partitions,
+            runtime=runtime,
         )
         spec.to_json()  # the size limit
         return spec

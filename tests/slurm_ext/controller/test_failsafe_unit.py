@@ -157,7 +157,10 @@ def test_a_held_job_with_an_open_intent_qualifies():
         (dataclasses.replace(SPEC, min_gpus=4, gpu_types=("a40",)), StaticCell("a40", 2, 2, "a40")),
         (dataclasses.replace(SPEC, min_gpus=2, partitions=("all",)), StaticCell("a100", 1, 2, "all")),
         # at most V GPUs: dp <= virtual workers
-        (dataclasses.replace(SPEC, requested_gpus=8, virtual_workers=4), StaticCell("a100", 1, 4, "a100")),
+        (
+            dataclasses.replace(SPEC, requested_gpus=8, virtual_workers=4, runtime="exact"),
+            StaticCell("a100", 1, 4, "a100"),
+        ),
     ],
 )
 def test_the_static_cell_is_the_request_else_a_conservative_default(spec, cell):
@@ -184,7 +187,8 @@ def test_layouts_put_all_gpus_on_one_node_first():
 
 
 def test_the_update_carries_spec_and_plan_and_leaves_the_nodes_to_slurm():
-    spec = dataclasses.replace(SPEC, requested_gpus=8, requested_gpu_type="a100")
+    # the reference trainer (runtime exact): an earlier plan's virtual workers are kept
+    spec = dataclasses.replace(SPEC, requested_gpus=8, requested_gpu_type="a100", runtime="exact")
     m = managed(held("7", spec, work_dir="/home/alice/run"))
     cell = static_cell(m, snapshot())
     up = release_update(m, cell, "/tmp/ckpt")
@@ -209,6 +213,7 @@ def test_the_update_carries_spec_and_plan_and_leaves_the_nodes_to_slurm():
         "a100:2x4:pp1",
     )
     assert plan.checkpoint_dir == "/home/alice/run/.cellsched/7" and plan.nodes == ()
+    assert plan.runtime == "exact"
     # a job placed before (requeued held) keeps its checkpoint directory and V, and may start at once
     before = contract.encode_admin_comment(
         json.loads(spec.to_json()),

@@ -69,7 +69,7 @@ def held(job_id: str, spec: JobSpec, **kw) -> SlurmJob:
     ],
 )
 def test_an_elastic_job_is_accepted_with_virtual_workers_that_cover_its_largest_dp(spec_kw, v):
-    spec = JobSpec(model="gpt-350m", global_batch=256, iterations=100, elastic=True, **spec_kw)
+    spec = JobSpec(model="gpt-350m", global_batch=256, iterations=100, elastic=True, runtime="exact", **spec_kw)
     (m,) = inp.classify(snapshot(held("5", spec)), {}, {})
     assert m.spec.virtual_workers == v
     assert json.loads(m.spec_json)["virtual_workers"] == v  # what the state DB and the AdminComment keep
@@ -78,7 +78,9 @@ def test_an_elastic_job_is_accepted_with_virtual_workers_that_cover_its_largest_
 
 
 def test_virtual_workers_divide_the_global_batch_and_a_users_choice_is_kept():
-    spec = JobSpec(model="gpt-350m", global_batch=96, iterations=100, elastic=True, gpu_types=("v100",))
+    spec = JobSpec(
+        model="gpt-350m", global_batch=96, iterations=100, elastic=True, gpu_types=("v100",), runtime="exact"
+    )
     (m,) = inp.classify(snapshot(held("5", spec)), {}, {})
     assert m.spec.virtual_workers == 8  # 8 V100s; 8 divides 96
     spec = dataclasses.replace(spec, global_batch=90)
@@ -87,13 +89,13 @@ def test_virtual_workers_divide_the_global_batch_and_a_users_choice_is_kept():
     mine = dataclasses.replace(spec, virtual_workers=5)
     (m,) = inp.classify(snapshot(held("5", mine)), {}, {})
     assert m.spec.virtual_workers == 5
-    static = JobSpec(model="gpt-350m", global_batch=96, iterations=100)
+    static = JobSpec(model="gpt-350m", global_batch=96, iterations=100, runtime="exact")
     (m,) = inp.classify(snapshot(held("5", static)), {}, {})
     assert m.spec.virtual_workers is None  # a static job picks its dp at its first placement
 
 
 def test_a_placed_job_keeps_the_virtual_workers_of_its_plan():
-    spec = JobSpec(model="gpt-350m", global_batch=64, iterations=100)  # accepted before V was fixed at acceptance
+    spec = JobSpec(model="gpt-350m", global_batch=64, iterations=100, runtime="exact")  # accepted before V was fixed
     plan = JobPlan(
         dp=2,
         global_batch=64,
@@ -117,7 +119,9 @@ def test_a_placed_job_keeps_the_virtual_workers_of_its_plan():
 
 
 def test_a_first_mixed_placement_gets_whole_virtual_workers():
-    spec = JobSpec(model="gpt-tiny", global_batch=24, iterations=10, gpu_types=("a40", "a10"), min_gpus=6)
+    spec = JobSpec(
+        model="gpt-tiny", global_batch=24, iterations=10, gpu_types=("a40", "a10"), min_gpus=6, runtime="exact"
+    )
     (m,) = inp.classify(snapshot(held("7", spec)), {}, {})
     view = inp.build_request(snapshot(held("7", spec)), (m,), {}, Config().solver).view
     cell = mixed_cell((("a10", 1), ("a40", 2)), 2)
@@ -143,7 +147,7 @@ def test_a_restart_asks_for_the_next_whole_second():
 # --- runs that end before training ---------------------------------------------
 
 
-SPEC = JobSpec(model="gpt-350m", global_batch=64, iterations=100, elastic=True, virtual_workers=4)
+SPEC = JobSpec(model="gpt-350m", global_batch=64, iterations=100, elastic=True, virtual_workers=4, runtime="exact")
 
 
 def ended(job_id: str, state: str = "FAILED", exit_code: int = 1, start: float = 950.0, end: float = 960.0) -> SlurmJob:
@@ -240,7 +244,7 @@ def test_failures_in_new_sizes_are_free_and_a_size_that_failed_twice_is_excluded
 
 
 def test_a_running_job_is_moved_only_once_its_current_run_reported_a_step():
-    spec = JobSpec(model="gpt-350m", global_batch=64, iterations=100, elastic=True, virtual_workers=4)
+    spec = JobSpec(model="gpt-350m", global_batch=64, iterations=100, elastic=True, virtual_workers=4, runtime="exact")
     plan = JobPlan(
         dp=2,
         global_batch=64,

@@ -123,6 +123,13 @@ def test_sbatch_lines_after_the_first_command_are_not_read():
         (["--min-gpus", "8", "--max-gpus", "4"], "min-gpus: 8 is more than max-gpus (4)"),
         (["--gpus", "16", "--max-gpus", "8"], "gpus: 16 is more than max-gpus (8)"),
         (["--virtual-workers", "7"], "virtual-workers: 7 does not divide global-batch (64)"),
+        (["--virtual-workers", "8"], "virtual-workers: runtime ddp has no virtual workers (only exact has)"),
+        (
+            ["--runtime", "deepspeed"],
+            "runtime: 'deepspeed' is not a runtime; known: ddp, sharded, exact, torchtitan, megatron",
+        ),
+        (["--runtime", "adaptive"], "runtime: 'adaptive' is the simulator's runtime for trace jobs; known: ddp,"),
+        (["--runtime", "DDP"], "runtime: 'DDP' is not a runtime"),
         (["--gpu-types", "a100,h100"], "gpu-types: no 'h100' GPUs in this cluster; it has: a10, a100, a40, v100"),
         (["--gpu-types", "A100"], "gpu-types: 'A100' is not a GPU type name"),
         (["--gpu-types", "a100", "--gpu-type", "v100"], "gpu-type: 'v100' is not among gpu-types (a100)"),
@@ -270,6 +277,7 @@ def test_valid_submission_builds_a_held_untyped_request(tmp_path, make_recorder)
         requested_gpu_type="a100",
         virtual_workers=8,
         partitions=("a100", "v100"),
+        runtime="exact",
     )
     assert req.comment == spec.to_comment()
     assert req.hold is True and req.gres_per_node == 2 and req.nodes == 1
@@ -319,3 +327,47 @@ def test_help_lists_every_option(make_recorder):
     assert code == 0
     for opt in OPTIONS:
         assert f"--{opt.name}" in out
+
+
+# ---- runtimes (docs/runtimes.md) ---------------------------------------------------------
+
+
+def test_runtime_defaults_to_ddp_and_travels_in_the_spec(tmp_path, make_recorder):
+    rec = make_recorder()
+    sub = prepare(BASE + [script(tmp_path)], lambda n: rec, environ={})
+    assert sub.spec.runtime == "ddp"
+    assert json.loads(sub.request.comment.removeprefix("cellsched/v1 "))["runtime"] == "ddp"
+
+
+@pytest.mark.parametrize("name", ["ddp", "sharded", "exact", "torchtitan", "megatron"])
+def test_runtime_from_the_command_line_or_a_directive(tmp_path, make_recorder, name):
+    rec = make_recorder()
+    sub = prepare(BASE + ["--runtime", name, script(tmp_path)], lambda n: rec, environ={})
+    assert json.loads(sub.request.comment.removeprefix("cellsched/v1 "))["runtime"] == name
+    sub = prepare(BASE + [script(tmp_path, f"#CELLSCHED runtime={name}")], lambda n: rec, environ={})
+    assert JobSpec.from_comment(sub.request.comment).runtime == name
+
+
+def test_runtime_on_the_command_line_wins_over_the_directive(tmp_path, make_recorder):
+    rec = make_recorder()
+    sub = prepare(
+        BASE + ["--runtime", "exact", script(tmp_path, "#CELLSCHED runtime=megatron")], lambda n: rec, environ={}
+    )
+    assert sub.spec.runtime == "exact"
+
+
+def test_a_bad_runtime_directive_names_its_line(tmp_path, make_recorder):
+    err = error_of(BASE + [script(tmp_path, "#CELLSCHED runtime=horovod")], make_recorder())
+    assert (
+        err == "runtime (script line 2): 'horovod' is not a runtime; known: ddp, sharded, exact, torchtitan, megatron"
+    )
+
+
+def test_help_explains_each_runtime_in_a_line(make_recorder):
+    code, out, _ = run(["--help"], make_recorder())
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Runtimes"))
+    named = {line.split()[0]: line for line in lines[start + 1 :] if line.strip()}
+    assert list(named) == ["ddp", "sharded", "exact", "torchtitan", "megatron"]
+    assert "(default)" in named["ddp"] and sum("(default)" in line for line in named.values()) == 1
+    assert "DDP" in named["ddp"] and "Megatron" in named["megatron"] and "torchtitan" in named["torchtitan"]
