@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 
 import lightning as L
@@ -29,12 +30,14 @@ import launch
 
 
 class Regression(L.LightningModule):
-    def __init__(self, width: int = 16) -> None:
+    def __init__(self, width: int = 16, step_delay: float = 0.0) -> None:
         super().__init__()
+        self.step_delay = step_delay  # seconds slept per step: a slow job, for tests and demos
         self.net = torch.nn.Sequential(torch.nn.Linear(width, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
+        time.sleep(self.step_delay)
         loss = torch.nn.functional.mse_loss(self.net(x), y)
         self.log("loss", loss, sync_dist=True)
         return loss
@@ -53,6 +56,7 @@ def data(n: int = 4096, width: int = 16) -> TensorDataset:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep in each step")
     ap.add_argument("--log", type=Path, help="rank 0 appends a JSON line per run: world size, start and end step")
     args = ap.parse_args()
 
@@ -77,7 +81,9 @@ def main() -> None:
     resume = ckpt.exists()
     start = torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"] if resume else 0
     trainer.fit(
-        Regression(), DataLoader(data(), batch_size=local_batch, shuffle=True), ckpt_path=str(ckpt) if resume else None
+        Regression(step_delay=args.step_delay),
+        DataLoader(data(), batch_size=local_batch, shuffle=True),
+        ckpt_path=str(ckpt) if resume else None,
     )
     if trainer.global_rank == 0 and args.log:  # reached only by a run that finished (a stopped one exits 75)
         with args.log.open("a") as f:
