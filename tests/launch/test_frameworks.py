@@ -185,3 +185,54 @@ def test_lightning_example_stops_on_the_signal_and_resumes_on_more_ranks(tmp_pat
     assert [json.loads(line) for line in log.read_text().splitlines()] == [
         {"world_size": 3, "start": saved_step, "end": 300}
     ]
+
+
+def _titan_bridge(folder: Path, signal_at: int, *flags: str) -> tuple[int, list[dict]]:
+    r = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("titan_bridge_run.py")), str(folder), str(free_port())]
+        + [str(signal_at), *flags],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert lines or r.returncode in (0, 75), r.stderr[-3000:]
+    return r.returncode, lines
+
+
+def test_torchtitans_checkpoint_manager_saves_and_exits_75_on_the_signal(tmp_path):
+    """The bridge the adapter installs, inside torchtitan's own DCP checkpoint
+    manager: no save before the signal (interval 100), the step during which
+    SIGUSR1 came is saved and the process exits 75; a new run loads it."""
+    pytest.importorskip("torchtitan.models.llama3.config_registry")
+    code, steps = _titan_bridge(tmp_path / "ck", 2)
+    assert code == 75
+    assert [s["manager"] for s in steps] == ["SignalCheckpointManager"]
+    assert steps[0]["saved"] == []  # step 1: not due, no signal yet
+    assert sorted(os.listdir(tmp_path / "ck")) == ["step-2"]
+    code, resumed = _titan_bridge(tmp_path / "ck", 0, "--resume")
+    assert code == 0 and resumed[0]["loaded"] is True
+    code, uninterrupted = _titan_bridge(tmp_path / "fresh", 0)
+    assert code == 0 and [s["saved"] for s in uninterrupted] == [[], [], []]
+    assert resumed[0]["weight"] == uninterrupted[1]["weight"]  # the weights after step 2, restored exactly
+
+
+def test_torchtitan_has_no_cpu_device_path(monkeypatch):
+    """Why torchtitan's trainer is not run on CPU here: with no accelerator,
+    its device type falls back to "cuda" (torchtitan/tools/utils.py), and
+    Trainer.__init__ calls torch.cuda.set_device, which a CPU torch lacks.
+    When this fails, torchtitan gained a CPU path: run the debug model."""
+    pytest.importorskip("torchtitan.tools.utils")
+    import torch
+    from torchtitan.tools import utils
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert utils.device_type == "cuda"
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    device = utils.get_local_device()
+    assert str(device) == "cuda:0"
+    with pytest.raises(AttributeError, match="_cuda_setDevice"):  # what Trainer.__init__ dies of on CPU
+        utils.device_module.set_device(device)
