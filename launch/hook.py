@@ -17,7 +17,9 @@ When ``save_fn`` runs depends on how the script uses the hook:
 
 - **At a step boundary (safe; recommended).** A script that calls
   ``hook.step()`` after each optimizer step (or ``hook.should_stop()``), or
-  gives Lightning ``hook.lightning_callback()``, runs ``save_fn`` there: the
+  gives Lightning ``hook.lightning_callback()``, runs ``save_fn`` there
+  (``poll=True`` says so at registration, so that a signal that comes before
+  the first poll waits for it too): the
   ranks agree on the signal with one all-reduce of a flag (when
   torch.distributed is initialized), so every rank saves the same step, then
   ``SystemExit(75)`` is raised. ``save_fn`` may therefore be collective
@@ -75,11 +77,11 @@ def write_hook_file(directory: str | os.PathLike[str], job_id: str, now: float |
 class CheckpointHook:
     """The script's answer to the checkpoint signal (see the module doc)."""
 
-    def __init__(self, save_fn: Callable[[], object], checkpoint_dir: str | None = None) -> None:
+    def __init__(self, save_fn: Callable[[], object], checkpoint_dir: str | None = None, poll: bool = False) -> None:
         self.save_fn = save_fn
         self.checkpoint_dir = checkpoint_dir
         self.signalled = False
-        self.polled = False  #: the script polls: save at its step boundary, not in the handler
+        self.polled = poll  #: the script polls: save at its step boundary, never in the handler
 
     def install(self, env: Mapping[str, str]) -> CheckpointHook:
         for s in SIGNALS:
@@ -148,10 +150,15 @@ class CheckpointHook:
         return hook_callback(self)
 
 
-def on_checkpoint(save_fn: Callable[[], object], *, checkpoint_dir: str | None = None) -> CheckpointHook:
+def on_checkpoint(
+    save_fn: Callable[[], object], *, checkpoint_dir: str | None = None, poll: bool = False
+) -> CheckpointHook:
     """Make this script movable: see the module doc. CHECKPOINT_DIR defaults
-    to the job's (CELLSCHED_CHECKPOINT_DIR, set by cellsched-launch)."""
+    to the job's (CELLSCHED_CHECKPOINT_DIR, set by cellsched-launch). POLL:
+    the script will poll (``step``, ``should_stop``, the Lightning callback),
+    so a signal that comes before its first poll waits for it instead of
+    running save_fn from the handler."""
     if not callable(save_fn):
         raise TypeError(f"on_checkpoint needs a function to call, got {type(save_fn).__name__}")
     env = os.environ
-    return CheckpointHook(save_fn, checkpoint_dir or checkpoint_dir_from_env(env)).install(env)
+    return CheckpointHook(save_fn, checkpoint_dir or checkpoint_dir_from_env(env), poll).install(env)

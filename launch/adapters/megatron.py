@@ -25,7 +25,7 @@ tracker file ``latest_checkpointed_iteration.txt`` was rewritten after it.
 
 from __future__ import annotations
 
-from launch.adapters import Adapter, batch_sizes, check_plan
+from launch.adapters.base import Adapter, batch_sizes, check_plan
 from solver.plan import JobPlan
 
 RUNTIME = "megatron"

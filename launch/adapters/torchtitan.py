@@ -27,7 +27,7 @@ parsed by its ``ConfigManager``; tests/launch/test_frameworks.py parses them):
 
 from __future__ import annotations
 
-from launch.adapters import Adapter, batch_sizes, check_plan
+from launch.adapters.base import Adapter, batch_sizes, check_plan
 from solver.plan import JobPlan
 
 RUNTIME = "torchtitan"

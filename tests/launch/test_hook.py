@@ -83,7 +83,7 @@ import launch
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 step = 0
-hook = launch.on_checkpoint(lambda: Path(sys.argv[1], f"rank{rank}").write_text(str(step)))
+hook = launch.on_checkpoint(lambda: Path(sys.argv[1], f"rank{rank}").write_text(str(step)), poll=True)
 Path(sys.argv[2], f"ready{rank}").write_text(str(os.getpid()))
 while step < 100000:
     step += 1
@@ -137,3 +137,22 @@ def test_polling_hook_saves_the_same_step_on_every_rank_and_exits_75(tmp_path):
     assert [t.returncode for t in tasks] == [75, 75], tasks[0].stderr[-2000:] + tasks[1].stderr[-2000:]
     steps = [int((out / f"rank{r}").read_text()) for r in range(2)]
     assert steps[0] == steps[1] >= 1
+
+
+def test_with_poll_a_signal_before_the_first_poll_waits_for_it(tmp_path):
+    code = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "import launch\n"
+        f"hook = launch.on_checkpoint(lambda: Path({str(tmp_path / 'saved')!r}).write_text('x'), poll=True)\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)\n"
+        f"print(Path({str(tmp_path / 'saved')!r}).exists(), flush=True)\n"
+        "hook.step()\n"
+        "print('not reached')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CELLSCHED_"))}
+    r = subprocess.run(
+        [sys.executable, "-c", code], env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == contract.EXIT_CHECKPOINTED, r.stderr
+    assert r.stdout.split() == ["False"] and (tmp_path / "saved").read_text() == "x"

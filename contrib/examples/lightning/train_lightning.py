@@ -65,7 +65,7 @@ def main() -> None:
     local_batch = int(os.environ.get("CELLSCHED_LOCAL_BATCH", "16"))
     trainer: L.Trainer | None = None
 
-    hook = launch.on_checkpoint(lambda: trainer.save_checkpoint(ckpt), checkpoint_dir=str(ckpt_dir))
+    hook = launch.on_checkpoint(lambda: trainer.save_checkpoint(ckpt), checkpoint_dir=str(ckpt_dir), poll=True)
     trainer = L.Trainer(
         accelerator="cpu",
         strategy="ddp",
