@@ -13,7 +13,11 @@ Enumeration, for each GPU type the job allows:
   them have gpus_total >= g (the partition shape, not the GPUs free now);
   fewest nodes first;
 * pipeline stages pp: the divisors of N with pp <= min(config.max_pp,
-  model.num_layers).
+  model.num_layers), and only what the job's runtime carries out
+  (solver.runtimes): pp = 1 for a runtime without pipeline parallelism, and
+  only pp dividing the model's layers for one that splits layers evenly
+  over stages; a runtime with neither tensor parallelism nor uneven batch
+  shares (ddp) gets only cells whose dp = N / pp divides its global batch.
 
 Cells the job excludes (``JobRequest.excludes``: by key or size) are skipped, and so, for a job
 with V virtual workers, are cells with N > V x pp x g: tp divides g, so
@@ -22,7 +26,9 @@ every plan would need dp = N / (pp tp) > V. Order: GPU type
 of solver.mixed that the job needs (GPU counts no single allowed type can
 hold). `optional_mixed_cells` lists the mixed cells that may pay for a job
 that does not need them (solver.mixed; the policy offers one only when it
-beats the best single-type cell the job could get now).
+beats the best single-type cell the job could get now). Mixed cells are
+only for a runtime that runs one job over several GPU types
+(``Runtime.mixed_types``; solver.mixed.mixed_cells says so itself).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import bisect
 from collections.abc import Iterable
 
 from solver.mixed import mixed_cells, needs_mixed
+from solver.runtimes import get_runtime
 from solver.types import Cell, ClusterView, Estimate, JobRequest, NodeView, SolverConfig
 
 
@@ -80,15 +87,29 @@ def optional_mixed_cells(job: JobRequest, cluster: ClusterView, config: SolverCo
     return mixed_cells(job, sizes_of, config)
 
 
+def stage_counts(job: JobRequest, config: SolverConfig, count: int) -> list[int]:
+    """The pipeline stage counts of a cell of `count` GPUs (the module doc)."""
+    runtime = get_runtime(job.runtime)
+    layers = job.model.num_layers
+    max_pp = min(config.max_pp, layers) if runtime.pp else 1
+    even_dp = not runtime.tp and not runtime.uneven_batch  # dp = count / pp must split the batch evenly
+    return [
+        p
+        for p in range(1, min(max_pp, count) + 1)
+        if count % p == 0
+        and (runtime.uneven_stages or layers % p == 0)
+        and (not even_dp or job.global_batch % (count // p) == 0)
+    ]
+
+
 def enumerate_cells(job: JobRequest, cluster: ClusterView, config: SolverConfig) -> list[Cell]:
     """Every cell the job may run in on this cluster (see the module doc)."""
     sizes_of = _sizes_of(job, cluster)
-    max_pp = min(config.max_pp, job.model.num_layers)
     cells: list[Cell] = []
     for gpu_type in sorted(sizes_of):
         sizes = sorted(sizes_of[gpu_type])
         for count in _gpu_counts(job, sum(sizes)):
-            stages = [p for p in range(1, min(max_pp, count) + 1) if count % p == 0]
+            stages = stage_counts(job, config, count)
             for num_nodes, per_node in _layouts(count, sizes):
                 for pp in stages:
                     if job.virtual_workers is not None and count > job.virtual_workers * pp * per_node:

@@ -340,6 +340,11 @@ class JobRequest:
     #: what the job's code can carry out (solver.runtimes): the solver offers
     #: it no cell or plan outside that and prices its own sync and memory
     runtime: str = SOLVER_DEFAULT_RUNTIME
+    #: False: a running job that may not be signalled, resized or moved (its
+    #: runtime checkpoints only through a hook its script has not registered
+    #: yet: solver.runtimes.Checkpoint.HOOK); every policy keeps it where it
+    #: runs (solver.placement.split_fixed / split_static)
+    movable: bool = True
 
     def __post_init__(self) -> None:
         get_runtime(self.runtime)  # UnknownRuntime naming the known ones

@@ -65,7 +65,7 @@ from solver import contract
 from solver.mixed import stage_layers_in_order, task_stage_types
 from solver.placement import PlacementError, validate_plan
 from solver.plan import JobPlan
-from solver.types import ClusterView, Placement
+from solver.types import ClusterView, JobRequest, Placement
 
 log = logging.getLogger("cellsched.controller")
 
@@ -266,13 +266,19 @@ def job_plan(m: ManagedJob, p: Placement, checkpoint_root: str, view: ClusterVie
 
 
 def checked(
-    view: ClusterView, placements: Mapping[str, Placement], first: frozenset[str] | set[str] = frozenset()
+    view: ClusterView,
+    placements: Mapping[str, Placement],
+    first: frozenset[str] | set[str] = frozenset(),
+    jobs: Mapping[str, JobRequest] | None = None,
 ) -> tuple[dict[str, Placement], dict[str, str]]:
     """The placements that can be carried out together, and why the others
     cannot (solver.placement.validate_plan; on a failure, placements are
-    admitted one at a time, the jobs in `first` (already placed) first)."""
+    admitted one at a time, the jobs in `first` (already placed) first).
+    A placement of a job in `jobs` other than the one it runs in must be a
+    plan its runtime carries out (whatever the policy)."""
+    new = {j: r for j, r in (jobs or {}).items() if r.current is None or placements.get(j) != r.current}
     try:
-        validate_plan(view, placements)
+        validate_plan(view, placements, new)
         return dict(placements), {}
     except PlacementError:
         pass
@@ -280,7 +286,7 @@ def checked(
     rejected: dict[str, str] = {}
     for job_id, p in sorted(placements.items(), key=lambda kv: (kv[0] not in first, kv[0])):
         try:
-            validate_plan(view, {**ok, job_id: p})
+            validate_plan(view, {**ok, job_id: p}, new)
             ok[job_id] = p
         except PlacementError as exc:
             rejected[job_id] = f"plan rejected: {exc}"
@@ -310,6 +316,7 @@ def decide(
     now: float = 0.0,
     checkpoint_timeout_s: float = float("inf"),
     resignal: Collection[str] = (),
+    static: Collection[str] = (),
 ) -> tuple[Action, ...]:
     """Actions that make Slurm match `desired`.
 
@@ -323,11 +330,13 @@ def decide(
     `checkpoint_timeout_s` is requeued, and one in `resignal` (its move
     rebuilt from the Step this round: the controller that wrote the Step may
     have died before its signal) is asked again. Jobs that keep their cell
-    are not touched.
+    are not touched, and neither is a running job in `static` (it may not be
+    signalled at all: controller.hooks).
     """
     actions: list[Action] = []
     for m in jobs:
-        a = _action(m, desired.get(m.job_id), view, checkpoint_root, now, checkpoint_timeout_s, resignal)
+        p = None if m.phase == Phase.RUNNING and m.job_id in static else desired.get(m.job_id)
+        a = _action(m, p, view, checkpoint_root, now, checkpoint_timeout_s, resignal)
         if a is not None:
             actions.append(a)
     acted = {a.job_id for a in actions}

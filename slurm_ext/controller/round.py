@@ -18,6 +18,7 @@ from slurm_ext.config import Config
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller import metrics as mx
 from slurm_ext.controller import relaunch
+from slurm_ext.controller.hooks import STATIC_REASON, HookFiles, HookReader, Movability, collect_movability
 from slurm_ext.controller.lease import FencedBackend, FileLease, LeaseLost
 from slurm_ext.controller.progress import Progress, ProgressFiles, ProgressReader, collect_progress
 from slurm_ext.controller.reconcile import Action, ActionKind, Outcome, Waiting, apply, checked, decide, intent_outcomes
@@ -90,6 +91,7 @@ class RoundContext:
     failures: dict[str, relaunch.RunFailure] = field(init=False)
     prog: Progress = field(init=False)
     proven: dict[str, frozenset[str]] = field(init=False)  #: the cells each job has trained in
+    moving: Movability = field(init=False)  #: the running jobs that may not be moved (controller.hooks)
     # 4. the solver's input and reply, and the speeds running jobs reached (to record)
     built: inp.Inputs = field(init=False)
     speeds: dict[tuple[str, str], tuple[SpeedRow, JobRequest]] = field(default_factory=dict)
@@ -122,6 +124,7 @@ class Controller:
         sleep: Callable[[float], None] = time.sleep,
         progress: ProgressReader | None = None,
         lease: FileLease | None = None,
+        hooks: HookReader | None = None,
     ) -> None:
         """`clock` / `sleep` are wall time on a real cluster and the
         simulator's clock in a simulation; `progress` tells how far a job is
@@ -134,6 +137,9 @@ class Controller:
         self.sleep = sleep
         cc = config.controller
         self.progress = progress or ProgressFiles(cc.read_timeout_s, cc.read_budget_s)
+        self.hooks = hooks or HookFiles(cc.read_timeout_s, cc.read_budget_s)
+        self._hooked: dict[str, float | None] = {}  # job -> start of the run whose hook is registered
+        self._hook_notes: dict[str, str] = {}  # job -> why its hook file was not used (logged when it changes)
         self._doubts: dict[str, str] = {}  # job -> why its progress file was not used (logged when it changes)
         self._iter_s: dict[str, float] = {}  # job -> estimated iteration time of its cell at the last round
         self.stop = threading.Event()  # set: the round in progress stops waiting (daemon.run(stop=...) shares it)
@@ -227,6 +233,7 @@ class Controller:
             (self._record_failures, live),
             (self._read_progress, both),  # how far each job is
             (self._record_progress, live),  # restart costs measured, cells trained in
+            (self._read_hooks, both),  # which running jobs may be moved at all
             (self._build_request, both),  # 4. the solver's input
             (self._calibrate, both),  # the estimates corrected by what jobs reach
             (self._record_speeds, live),
@@ -388,6 +395,21 @@ class Controller:
         self._measure_restarts(ctx)
         self._record_trained(ctx)
 
+    def _read_hooks(self, ctx: RoundContext) -> None:
+        """The running jobs that may not be moved this round: their runtime
+        checkpoints only through the script's hook, and its file does not
+        name them for their current run yet (slurm_ext.controller.hooks).
+        A hook file that cannot be used is logged once."""
+        start_round = getattr(self.hooks, "start_round", None)
+        if start_round is not None:
+            start_round()
+        ctx.moving, self._hooked = collect_movability(ctx.jobs, self.hooks, self._hooked)
+        for job_id, why in ctx.moving.notes.items():
+            if self._hook_notes.get(job_id) != why:
+                log.warning("checkpoint hook not used", extra={"fields": {"job": job_id, "why": why}})
+                self.metrics.inc("errors_total", labels={"kind": "hook"})
+        self._hook_notes = dict(ctx.moving.notes)
+
     def _measure_restarts(self, ctx: RoundContext) -> None:
         """Restart cost of each moved job, once it runs again: from the
         signal to the end of the first step after the resume (the job's own
@@ -444,6 +466,7 @@ class Controller:
             restart_costs=self.state.restart_costs(),
             first_step_at=ctx.prog.first_step_at,
             network=cfg.network,
+            static=ctx.moving.static,
         )
 
     def _calibrate(self, ctx: RoundContext) -> None:
@@ -532,7 +555,9 @@ class Controller:
         """The placements that can be carried out together (a running job
         keeps its own unless moved) and the actions that make Slurm match them."""
         placed = {m.job_id for m in ctx.jobs if m.current is not None}
-        ctx.desired, ctx.rejected = checked(ctx.built.view, _keep_running(ctx.jobs, ctx.reply.placements), placed)
+        requests = {j.job_id: j for j in ctx.built.request.jobs}
+        keep = _keep_running(ctx.jobs, ctx.reply.placements, ctx.moving.static)
+        ctx.desired, ctx.rejected = checked(ctx.built.view, keep, placed, requests)
         for job_id, why in ctx.rejected.items():
             log.error("placement rejected", extra={"fields": {"job": job_id, "error": why}})
             self.metrics.inc("errors_total", labels={"kind": "invalid_placement"})
@@ -545,6 +570,7 @@ class Controller:
             now=ctx.now,
             checkpoint_timeout_s=cc.checkpoint_timeout_s,
             resignal=ctx.resignal,
+            static=ctx.moving.static,
         )
 
     def _apply(self, ctx: RoundContext) -> None:
@@ -583,7 +609,19 @@ class Controller:
             for o in ctx.outcomes
             if o.ok and o.action.kind in (ActionKind.PLACE, ActionKind.MOVE) and not o.error
         }
-        reasons = {**ctx.reply.reasons, **ctx.built.skipped, **ctx.crashed, **ctx.rejected, **ctx.failed, **later}
+        static = {
+            j: f"{STATIC_REASON}; {ctx.moving.notes[j]}" if j in ctx.moving.notes else STATIC_REASON
+            for j in ctx.moving.static
+        }
+        reasons = {
+            **ctx.reply.reasons,
+            **static,
+            **ctx.built.skipped,
+            **ctx.crashed,
+            **ctx.rejected,
+            **ctx.failed,
+            **later,
+        }
         ctx.statuses = tuple(_job_status(m, reasons, placed, ctx.prog) for m in ctx.jobs)
 
     def _record_statuses(self, ctx: RoundContext) -> None:
@@ -810,15 +848,18 @@ def restored_intent(job: SlurmJob, step: contract.Step) -> RestoredIntent | None
     return RestoredIntent(plan.cell or "", nodes, partition, plan.to_json(), admin, status)
 
 
-def _keep_running(jobs: tuple[inp.ManagedJob, ...], placements: Mapping[str, Any]) -> dict[str, Any]:
+def _keep_running(
+    jobs: tuple[inp.ManagedJob, ...], placements: Mapping[str, Any], static: Collection[str] = ()
+) -> dict[str, Any]:
     """The policy's placements, except that a running job keeps its GPUs when
-    it is not moved: it is not elastic, or the policy gave it no placement
-    (the controller does not preempt), or it is checkpointing already."""
+    it is not moved: it is not elastic, or it is `static` (controller.hooks),
+    or the policy gave it no placement (the controller does not preempt), or
+    it is checkpointing already."""
     out = dict(placements)
     for m in jobs:
         if m.current is None or m.phase not in (inp.Phase.RUNNING, inp.Phase.CHECKPOINTING):
             continue
-        elastic = m.spec is not None and m.spec.elastic and m.phase == inp.Phase.RUNNING
+        elastic = m.spec is not None and m.spec.elastic and m.phase == inp.Phase.RUNNING and m.job_id not in static
         if m.job_id not in out or not elastic:
             out[m.job_id] = m.current
     return out

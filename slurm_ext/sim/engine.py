@@ -83,7 +83,7 @@ from solver.mixed import MixedEstimator
 from solver.network import Network, default_nic_gbps
 from solver.plan import JobPlan
 from solver.profiles.arena import load_sim_constants
-from solver.runtimes import SOLVER_DEFAULT_RUNTIME
+from solver.runtimes import RUNTIMES, SOLVER_DEFAULT_RUNTIME
 from solver.types import EstimatorLike, Policy, SolverConfig
 
 #: policies that search plans with pruning in Arena's simulator (cheap restarts)
@@ -128,7 +128,8 @@ class SimOptions:
     links slow each other (slurm_ext.sim.network), and the controller is told
     the cluster's NICs; None: when the cluster gives NICs (never in
     arena_compat mode); True on a cluster without NICs: each GPU type's
-    default NIC (solver.network).
+    default NIC (solver.network). runtime: the runtime every trace job is
+    submitted with (solver.runtimes; default `TRACE_RUNTIME`, the module doc).
     """
 
     interval_s: float = 60.0
@@ -151,6 +152,7 @@ class SimOptions:
     min_job_age_s: float = 300.0
     progress_rate_factor: float | None = 10.0
     contention: bool | None = None
+    runtime: str = TRACE_RUNTIME
     solver: SolverConfig = field(default_factory=lambda: SolverConfig(time_limit_s=SIM_TIME_LIMIT_S))
 
     def __post_init__(self) -> None:
@@ -168,6 +170,8 @@ class SimOptions:
             raise SimError(f"SimOptions.max_time_s must be > 0, got {self.max_time_s}")
         if not 1 <= self.min_gpus <= self.max_gpus:
             raise SimError("SimOptions: need 1 <= min_gpus <= max_gpus")
+        if self.runtime not in RUNTIMES:
+            raise SimError(f"SimOptions.runtime must be one of {', '.join(RUNTIMES)}, got {self.runtime!r}")
         if self.contention and self.arena_compat:
             raise SimError("contention is not modelled in arena-compat mode (Arena's simulator has none)")
 
@@ -484,7 +488,9 @@ class Simulator:
             layout = best_layout(self.cluster, job.requested_gpu_type, job.requested_gpus)
             t = None
             if layout is not None:
-                probe = JobSpec(model=job.model, global_batch=job.global_batch, iterations=1, runtime=TRACE_RUNTIME)
+                probe = JobSpec(
+                    model=job.model, global_batch=job.global_batch, iterations=1, runtime=self.options.runtime
+                )
                 t = self._speed(probe, layout[0], layout[1], layout[2], None)
             if not t:
                 return "its requested cell has no speed to turn its duration into iterations"
@@ -499,7 +505,7 @@ class Simulator:
                 max_gpus=max(self.options.max_gpus, job.requested_gpus),
                 requested_gpus=job.requested_gpus,
                 requested_gpu_type=job.requested_gpu_type,
-                runtime=TRACE_RUNTIME,
+                runtime=self.options.runtime,
             )
         except ValueError as exc:
             return str(exc)

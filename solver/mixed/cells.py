@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from solver.cost.layers import stage_layers_for
 from solver.plan import largest_remainder
+from solver.runtimes import get_runtime
 from solver.types import Cell, JobRequest, ParallelPlan, SolverConfig
 
 #: "when they pay" candidates generated per job, per max_mixed_cells (the policy keeps max_mixed_cells of them)
@@ -119,9 +120,12 @@ def mixed_cells(job: JobRequest, sizes_of: Mapping[str, Sequence[int]], config: 
     """Mixed cells of the job: those it needs, else those that may pay.
 
     `sizes_of`: GPUs per node of each allowed type's nodes (what
-    solver.cells.enumerate_cells gathered). See the module doc.
+    solver.cells.enumerate_cells gathered). See the module doc. None for a
+    job whose runtime runs on one GPU type only (solver.runtimes).
     """
     if not config.mixed_cells or len(sizes_of) < 2 or config.max_mixed_cells < 1:
+        return []
+    if not get_runtime(job.runtime).mixed_types:
         return []
     types = sorted(sizes_of)
     combos = [
@@ -199,7 +203,7 @@ def _optional(
         job.min_gpus,
         job.max_gpus,
         job.requested_gpus,
-        min(config.max_pp, job.model.num_layers),
+        min(config.max_pp, job.model.num_layers) if get_runtime(job.runtime).pp else 1,
         job.virtual_workers,
         budget + len(job.excluded_cells),
     )

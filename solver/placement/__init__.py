@@ -3,9 +3,19 @@
 See objective.py for the objective and cpsat.py for the model.
 """
 
-from solver.placement.candidates import Option, job_options, split_fixed
+from solver.placement.candidates import Option, job_options, split_fixed, split_static
 from solver.placement.joint import Result, place_jobs
 from solver.placement.space import Space
 from solver.placement.validate import PlacementError, validate_plan
 
-__all__ = ["Option", "PlacementError", "Result", "Space", "job_options", "place_jobs", "split_fixed", "validate_plan"]
+__all__ = [
+    "Option",
+    "PlacementError",
+    "Result",
+    "Space",
+    "job_options",
+    "place_jobs",
+    "split_fixed",
+    "split_static",
+    "validate_plan",
+]

@@ -8,7 +8,7 @@ not move is *fixed*: it keeps its placement and only takes capacity away.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from solver.placement import objective
@@ -63,10 +63,29 @@ def split_fixed(
 ) -> tuple[dict[str, Placement], list[JobRequest], dict[str, str]]:
     """Running jobs that keep their placement, the jobs to optimise, reasons.
 
-    A running job is fixed unless it is elastic, `movable_running` is set and
-    config.allow_resize is true. A fixed placement that no longer fits (node
-    gone, drained, taken) frees the job to be placed again.
+    A running job is fixed unless it is elastic and movable
+    (JobRequest.movable), `movable_running` is set and config.allow_resize
+    is true. A fixed placement that no longer fits (node gone, drained,
+    taken) frees the job to be placed again.
     """
+    return _split(
+        cluster, jobs, lambda job: not (movable_running and job.elastic and job.movable and config.allow_resize)
+    )
+
+
+def split_static(
+    cluster: ClusterView, jobs: Sequence[JobRequest]
+) -> tuple[dict[str, Placement], list[JobRequest], dict[str, str]]:
+    """`split_fixed` for the policies that re-allocate every job each round
+    (Gavel, Sia): only the running jobs that may not be moved at all
+    (JobRequest.movable false) keep their placement."""
+    return _split(cluster, jobs, lambda job: not job.movable)
+
+
+def _split(
+    cluster: ClusterView, jobs: Sequence[JobRequest], keeps: Callable[[JobRequest], bool]
+) -> tuple[dict[str, Placement], list[JobRequest], dict[str, str]]:
+    """The running jobs that `keeps` says keep their placement (while it fits), the others, reasons."""
     fixed: dict[str, Placement] = {}
     used: dict[str, int] = {}
     free_jobs: list[JobRequest] = []
@@ -74,7 +93,7 @@ def split_fixed(
     by_name = {n.name: n for n in cluster.nodes}
     for job in jobs:
         cur = job.current
-        keep = cur is not None and not (movable_running and job.elastic and config.allow_resize)
+        keep = cur is not None and keeps(job)
         if keep and cur is not None and fits(by_name, cur, used):
             fixed[job.job_id] = cur
             for name, g in cur.nodes:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from solver.errors import SolverError
 from solver.mixed import task_stage_types
 from solver.placement.nodes import in_partition
-from solver.types import ClusterView, Placement
+from solver.runtimes import get_runtime, plan_problem
+from solver.types import Cell, ClusterView, Estimate, JobRequest, ParallelPlan, Placement
 
 
 class PlacementError(ValueError, SolverError):
@@ -15,13 +16,45 @@ class PlacementError(ValueError, SolverError):
     be confused with ``solver.plan.PlanError``, a malformed job plan)."""
 
 
-def validate_plan(cluster: ClusterView, placements: Mapping[str, Placement]) -> None:
+def runtime_problem(job: JobRequest, cell: Cell, plan: ParallelPlan, gpu_types: Sequence[str] = ()) -> str | None:
+    """Why the job's runtime (solver.runtimes) cannot carry out `plan` on
+    `cell` (its nodes of these GPU types; default: the cell's own types);
+    None when it can. The batch shares are the plan's per-part shares on a
+    mixed cell, else the global batch split over dp as evenly as whole
+    samples allow."""
+    shares: Sequence[int] = plan.shares
+    if not cell.mixed:
+        q, r = divmod(job.global_batch, plan.dp)
+        shares = (q + 1,) * r + (q,) * (plan.dp - r)
+    return plan_problem(
+        get_runtime(job.runtime),
+        pp=plan.pp,
+        tp=plan.tp,
+        dp=plan.dp,
+        gpu_types=gpu_types or [t for t, _ in cell.by_type()],
+        batch_shares=shares or None,
+        stage_layers=plan.stage_layers or None,
+        virtual_workers=job.virtual_workers,
+    )
+
+
+def runtime_allows(job: JobRequest, est: Estimate) -> bool:
+    """Does the job's runtime carry out this estimate's plan? (The policies
+    offer no other: an estimate without a plan is left to them.)"""
+    return est.plan is None or runtime_problem(job, est.cell, est.plan) is None
+
+
+def validate_plan(
+    cluster: ClusterView, placements: Mapping[str, Placement], jobs: Mapping[str, JobRequest] | None = None
+) -> None:
     """Raise PlacementError unless every placement is on existing nodes of its cell's
     GPU type, matches its cell's layout (num_nodes distinct nodes with
     gpus_per_node GPUs each), uses only nodes of its partition (when set), its
     plan fits the cell, every stage of a pipeline across types lies on nodes of
-    one type in the cluster's node order (Slurm's task order), and no node
-    gives out more than its free GPUs."""
+    one type in the cluster's node order (Slurm's task order), no node
+    gives out more than its free GPUs, and (for the jobs in `jobs`, by id) the
+    job's runtime carries its plan out (`runtime_problem`): whatever policy
+    chose it, no job is given a plan its code would ignore."""
     by_name = {n.name: n for n in cluster.nodes}
     order = {n.name: i for i, n in enumerate(cluster.nodes)}
     used: dict[str, int] = {}
@@ -59,6 +92,11 @@ def validate_plan(cluster: ClusterView, placements: Mapping[str, Placement]) -> 
                 raise PlacementError(
                     f"job {job_id}: a pipeline stage would span GPU types on nodes {names} in task order"
                 )
+        job = (jobs or {}).get(job_id)
+        if job is not None:
+            problem = runtime_problem(job, cell, p.plan, [by_name[n].gpu_type for n in names])
+            if problem is not None:
+                raise PlacementError(f"job {job_id}: {problem}")
     for name, g in sorted(used.items()):
         if g > by_name[name].gpus_free:
             raise PlacementError(f"node {name}: {g} GPUs planned, {by_name[name].gpus_free} free")

@@ -45,6 +45,7 @@ from solver.cells import cap, enumerate_cells, frontier, optional_mixed_cells
 from solver.contention import duty, nic_by_type
 from solver.placement import Space, objective, place_jobs, split_fixed
 from solver.placement.candidates import Option, Pick, fits, make_options, option_picks
+from solver.placement.validate import runtime_allows
 from solver.policies.common import reply
 from solver.types import (
     Cell,
@@ -88,6 +89,7 @@ def _shape(job: JobRequest) -> _Key:
         job.partitions,
         job.virtual_workers,
         job.state_sharding,
+        job.runtime,
     )
 
 
@@ -171,7 +173,7 @@ class CellschedPolicy:
         if hit is None:
             inner = estimator.inner if isinstance(estimator, CalibratedEstimator) else estimator
             cells = enumerate_cells(job, cluster, cfg) if kind == "cells" else optional_mixed_cells(job, cluster, cfg)
-            base = [e for e in (inner.estimate(job, c) for c in cells) if e.feasible]
+            base = [e for e in (inner.estimate(job, c) for c in cells) if e.feasible and runtime_allows(job, e)]
             fewest = min((e.cell.num_gpus for e in base), default=0)
             hit = (frontier(base), [e for e in base if e.cell.num_gpus == fewest])
             if len(self._base) >= _MEMO_MAX:

@@ -7,6 +7,7 @@ import functools
 from collections.abc import Callable, Mapping
 
 from solver.placement import Result
+from solver.placement.validate import runtime_allows
 from solver.types import Cell, ClusterView, Estimate, EstimatorLike, JobRequest, ParallelPlan, Placement, ScheduleReply
 
 #: `feasible(job, cell) -> bool`: an extra rule a baseline must respect
@@ -41,7 +42,8 @@ def dp_estimate(job: JobRequest, cell: Cell, estimator: EstimatorLike, feasible:
     None when infeasible. Baselines run DP-only at the estimated speed of the
     cell (as Arena's simulator does: every policy progresses at its profile's
     iteration time). A job with V virtual workers cannot run pure data
-    parallelism on more than V GPUs (dp > V): None."""
+    parallelism on more than V GPUs (dp > V): None; nor a job whose runtime
+    cannot carry that plan out (solver.runtimes): None."""
     if (feasible is not None and not feasible(job, cell)) or job.excludes(cell):
         return None
     if job.virtual_workers is not None and cell.num_gpus > job.virtual_workers:
@@ -51,7 +53,8 @@ def dp_estimate(job: JobRequest, cell: Cell, estimator: EstimatorLike, feasible:
         return None
     shards = est.plan.state_shares if est.plan is not None and not cell.mixed else ()  # sharded where it had to be
     plan = ParallelPlan(1, cell.num_gpus, 1, state_shares=shards)
-    return Estimate(cell, plan, est.iter_time_s, est.mem_per_gpu_gb, est.source, est.note, est.state_gb)
+    out = Estimate(cell, plan, est.iter_time_s, est.mem_per_gpu_gb, est.source, est.note, est.state_gb)
+    return out if runtime_allows(job, out) else None
 
 
 def reply(

@@ -23,7 +23,7 @@ import time
 
 from ortools.linear_solver import pywraplp
 
-from solver.placement import Result, Space, split_fixed
+from solver.placement import Result, Space, split_fixed, split_static
 from solver.placement.candidates import Option
 from solver.placement.greedy import release, try_place
 from solver.policies.common import Feasible, dp_estimate, layouts, reply
@@ -74,12 +74,13 @@ class GavelPolicy:
         t0 = time.perf_counter()
         cluster = request.cluster
         # Gavel re-allocates every round (running jobs may be preempted or
-        # moved, never resized); with allow_resize false they all stay.
+        # moved, never resized); with allow_resize false they all stay, and so
+        # does a running job that may not be moved at all (JobRequest.movable).
         fixed: dict[str, Placement]
         jobs: list[JobRequest]
         reasons: dict[str, str]
         if request.config.allow_resize:
-            fixed, jobs, reasons = {}, list(request.jobs), {}
+            fixed, jobs, reasons = split_static(cluster, request.jobs)
         else:
             fixed, jobs, reasons = split_fixed(cluster, request.jobs, False, request.config)
         space = Space.of(cluster, fixed)

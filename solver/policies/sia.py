@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from solver.placement import Space, job_options, objective, place_jobs, split_fixed
+from solver.placement import Space, job_options, objective, place_jobs, split_fixed, split_static
 from solver.placement.candidates import fits
 from solver.policies.common import Feasible, dp_estimate, layouts, reply
 from solver.types import EstimatorLike, JobRequest, Placement, ScheduleReply, ScheduleRequest
@@ -44,8 +44,8 @@ class SiaPolicy:
         fixed: dict[str, Placement]
         jobs: list[JobRequest]
         reasons: dict[str, str]
-        if cfg.allow_resize:  # Sia re-optimises every job each round
-            fixed, jobs, reasons = {}, list(request.jobs), {}
+        if cfg.allow_resize:  # Sia re-optimises every job each round but the unmovable ones
+            fixed, jobs, reasons = split_static(cluster, request.jobs)
         else:
             fixed, jobs, reasons = split_fixed(cluster, request.jobs, False, cfg)
         options, cells = {}, 0

@@ -245,3 +245,54 @@ def test_prune_output_order(cap):
     kept = prune_dominated(es, SolverConfig(max_cells_per_job=cap))
     keys = [(e.cell.gpu_type, e.cell.num_gpus, e.cell.num_nodes, e.cell.pp) for e in kept]
     assert keys == sorted(keys)
+
+
+# ---- what the job's runtime carries out (solver.runtimes) ---------------------------------
+
+
+def keys(cells) -> list[str]:
+    return [c.key() for c in cells]
+
+
+def test_a_ddp_job_gets_only_data_parallel_cells_of_one_type():
+    """ddp: pp = 1 only; the same GPU counts and layouts as before (hand-listed)."""
+    cells = enumerate_cells(job(gpu_types=("a100",), min_gpus=2, max_gpus=4, runtime="ddp"), cluster(), CFG)
+    assert keys(cells) == ["a100:1x2:pp1", "a100:2x1:pp1", "a100:1x4:pp1", "a100:2x2:pp1"]
+
+
+def test_a_ddp_job_gets_only_gpu_counts_that_split_its_batch_evenly():
+    # counts 3, 4, 6 (min, power of two, request); 3 and 6 do not divide the global batch of 64
+    j = job(gpu_types=("a100",), min_gpus=3, max_gpus=6, requested_gpus=6, runtime="ddp")
+    assert keys(enumerate_cells(j, cluster(), CFG)) == ["a100:1x4:pp1", "a100:2x2:pp1"]
+    # the same request with a global batch of 48: every count divides it
+    j48 = JobRequest("j", MODEL, 48, 10, gpu_types=("a100",), min_gpus=3, max_gpus=6, requested_gpus=6, runtime="ddp")
+    assert keys(enumerate_cells(j48, cluster(), CFG)) == [
+        "a100:1x3:pp1",
+        "a100:1x4:pp1",
+        "a100:2x2:pp1",
+        "a100:2x3:pp1",
+    ]
+
+
+@pytest.mark.parametrize("runtime", ["megatron", "torchtitan"])
+def test_even_stage_runtimes_get_only_stage_counts_that_divide_the_layers(runtime):
+    six = dataclasses.replace(MODEL, num_layers=6)  # 4 stages cannot split 6 layers evenly
+    cells = enumerate_cells(
+        job(model=six, gpu_types=("a100",), min_gpus=2, max_gpus=4, runtime=runtime), cluster(), CFG
+    )
+    assert keys(cells) == [
+        "a100:1x2:pp1",
+        "a100:1x2:pp2",
+        "a100:2x1:pp1",
+        "a100:2x1:pp2",
+        "a100:1x4:pp1",
+        "a100:1x4:pp2",
+        "a100:2x2:pp1",
+        "a100:2x2:pp2",
+    ]
+
+
+@pytest.mark.parametrize("runtime", ["exact", "sharded", "adaptive"])
+def test_runtimes_that_carry_out_any_plan_get_every_cell(runtime):
+    cells = enumerate_cells(job(gpu_types=("a100",), min_gpus=2, max_gpus=4, runtime=runtime), cluster(), CFG)
+    assert len(cells) == 10 and {c.pp for c in cells} == {1, 2, 4}  # test_exact_cells_of_a_small_request's list

@@ -513,3 +513,21 @@ def test_split_batch_with_micro_batch_costs_and_a_sync_of_the_most_virtual_worke
 
             (shares, _) = got
             assert total([s // per for s in shares]) == pytest.approx(min(total(us) for us in units)), (batch, vw)
+
+
+# ---- mixed cells only for runtimes that run one job over several GPU types ------------------
+
+
+@pytest.mark.parametrize("runtime", ["ddp", "torchtitan", "megatron"])
+def test_one_type_runtimes_get_no_mixed_cell(runtime):
+    needs = job(runtime=runtime)  # 6 GPUs of A40 + A10: no single type holds them
+    assert enumerate_cells(needs, cluster(), CFG) == []
+    may_pay = job(min_gpus=2, max_gpus=6, runtime=runtime)
+    assert optional_mixed_cells(may_pay, cluster(), CFG) == []
+    assert all(not c.mixed and len({c.gpu_type}) == 1 for c in enumerate_cells(may_pay, cluster(), CFG))
+
+
+@pytest.mark.parametrize("runtime", ["exact", "sharded", "adaptive"])
+def test_mixed_type_runtimes_keep_their_mixed_cells(runtime):
+    assert [c.key() for c in enumerate_cells(job(runtime=runtime), cluster(), CFG)] == [CELL]
+    assert optional_mixed_cells(job(min_gpus=2, max_gpus=6, runtime=runtime), cluster(), CFG)

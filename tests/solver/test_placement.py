@@ -15,6 +15,7 @@ from solver.placement.cpsat import solve_cpsat
 from solver.placement.lp import integral_jobs, solve_lp
 from solver.placement.model import build
 from solver.placement.nodes import Ledger
+from solver.policies import POLICIES, get_policy
 from solver.types import (
     Cell,
     ClusterView,
@@ -24,6 +25,7 @@ from solver.types import (
     NodeView,
     ParallelPlan,
     Placement,
+    ScheduleRequest,
     SolverConfig,
 )
 
@@ -441,3 +443,92 @@ def test_an_open_job_that_must_stay_keeps_its_room(exact_config):
     fixed = integral_jobs(m, tuple(values))
     assert m.x[("q", 0)] not in fixed and fixed[m.x[("p", 0)]] == 1
     assert solve_cpsat(m, exact_config(), fixed=fixed).status == "OPTIMAL"
+
+
+# ---------- the final guard: a plan the job's runtime cannot carry out ----------
+
+
+def guard_cluster() -> ClusterView:
+    return ClusterView((NodeView("n1", "a100", 4, 4), NodeView("n2", "a100", 4, 4), NodeView("n3", "a40", 4, 4)))
+
+
+#: plans on 4 GPUs (global batch 8, 4 layers) -> the runtimes that carry each out, by hand from
+#: docs/runtimes.md's table (not from solver.runtimes)
+GUARD_CASES = {
+    "dp4": (Cell("a100", 1, 4, 1), ParallelPlan(1, 4, 1), {"ddp", "sharded", "exact", "torchtitan", "megatron"}),
+    "dp2 x tp2": (Cell("a100", 1, 4, 1), ParallelPlan(1, 2, 2), {"sharded", "exact", "torchtitan", "megatron"}),
+    "pp2 x dp2": (Cell("a100", 1, 4, 2), ParallelPlan(2, 2, 1), {"sharded", "exact", "torchtitan", "megatron"}),
+    "pp2 uneven layers": (Cell("a100", 1, 4, 2), ParallelPlan(2, 2, 1, stage_layers=(3, 1)), {"sharded", "exact"}),
+    "dp3 (8 samples: 3+3+2)": (Cell("a100", 1, 3, 1), ParallelPlan(1, 3, 1), {"sharded", "exact"}),
+}
+
+
+def guard_nodes(cell: Cell) -> tuple[tuple[str, int], ...]:
+    if cell.mixed:
+        return (("n1", cell.gpus_per_node), ("n3", cell.gpus_per_node))
+    return tuple((f"n{i + 1}", cell.gpus_per_node) for i in range(cell.num_nodes))
+
+
+@pytest.mark.parametrize("case", sorted(GUARD_CASES))
+@pytest.mark.parametrize("runtime", ["ddp", "sharded", "exact", "torchtitan", "megatron"])
+def test_validation_rejects_a_plan_the_runtime_cannot_carry_out(case, runtime):
+    cell, plan, carried_out_by = GUARD_CASES[case]
+    p = Placement("j", cell, guard_nodes(cell), plan, 1.0)
+    validate_plan(guard_cluster(), {"j": p})  # without the jobs: the layout alone, which is fine
+    if runtime in carried_out_by:
+        validate_plan(guard_cluster(), {"j": p}, {"j": job("j", runtime=runtime)})
+    else:
+        with pytest.raises(PlacementError, match=rf"^job j: runtime {runtime} "):
+            validate_plan(guard_cluster(), {"j": p}, {"j": job("j", runtime=runtime)})
+
+
+def test_validation_names_what_the_runtime_lacks():
+    cluster, ddp = guard_cluster(), {"j": job("j", runtime="ddp")}
+    cases = [
+        (Cell("a100", 1, 4, 2), ParallelPlan(2, 2, 1), "job j: runtime ddp has no pipeline parallelism (pp=2)"),
+        (Cell("a100", 1, 4, 1), ParallelPlan(1, 2, 2), "job j: runtime ddp has no tensor parallelism (tp=2)"),
+        (Cell("a100", 1, 3, 1), ParallelPlan(1, 3, 1), "job j: runtime ddp splits the batch evenly (shares [3, 3, 2])"),
+    ]
+    for cell, plan, message in cases:
+        with pytest.raises(PlacementError) as e:
+            validate_plan(cluster, {"j": Placement("j", cell, guard_nodes(cell), plan, 1.0)}, ddp)
+        assert str(e.value) == message
+    mixed = Cell("a100+a40", 2, 2, 1, (("a100", 1), ("a40", 1)))
+    p = Placement("j", mixed, (("n1", 2), ("n3", 2)), ParallelPlan(1, 4, 1, 1, (2, 2)), 1.0)
+    validate_plan(cluster, {"j": p}, {"j": job("j", runtime="exact")})
+    with pytest.raises(PlacementError) as e:
+        validate_plan(cluster, {"j": p}, ddp)
+    assert str(e.value) == "job j: runtime ddp runs on one GPU type, not a100+a40"
+
+
+class RuntimeBlindEstimator:
+    """An estimator that knows nothing of runtimes: tensor parallelism (tp 2)
+    wherever a node gives the cell 2 GPUs or more, and it is faster there."""
+
+    def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
+        if cell.mixed:
+            return Estimate(cell, None, float("inf"), 0.0, EstimateSource.NONE, "no mixed cells here")
+        tp = 2 if cell.gpus_per_node >= 2 and (cell.num_gpus // cell.pp) % 2 == 0 else 1
+        plan = ParallelPlan(cell.pp, cell.num_gpus // (cell.pp * tp), tp)
+        return Estimate(cell, plan, 1.0 / cell.num_gpus / tp / (1.0 + 0.1 * cell.pp), 1.0, EstimateSource.ANALYTIC)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_no_policy_gives_a_ddp_job_a_plan_outside_its_runtime(policy):
+    """Whatever the estimator prices, a ddp job is placed with pp = tp = 1 on
+    one GPU type (docs/runtimes.md), or not at all."""
+    cluster = guard_cluster()
+    ddp = JobRequest("j", MODEL, 8, 100, min_gpus=2, max_gpus=8, requested_gpus=2, elastic=True, runtime="ddp")
+    reply = get_policy(policy).schedule(
+        ScheduleRequest(cluster, (ddp,), config=SolverConfig()), RuntimeBlindEstimator()
+    )
+    for p in reply.placements.values():
+        assert (p.plan.pp, p.plan.tp, p.cell.mixed) == (1, 1, False), (policy, p)
+    validate_plan(cluster, reply.placements, {"j": ddp})
+    if policy.startswith("cellsched"):
+        assert "j" in reply.placements  # a cell of one GPU per node serves it data-parallel
+        exact = replace(ddp, runtime="exact")  # the control: a runtime with tp is given tp here
+        got = get_policy(policy).schedule(
+            ScheduleRequest(cluster, (exact,), config=SolverConfig()), RuntimeBlindEstimator()
+        )
+        assert got.placements["j"].plan.tp == 2

@@ -91,9 +91,19 @@ def cellsched(*args: str, timeout: float = 60, check: bool = True) -> subprocess
 
 
 def submit_managed(
-    model: str, out_dir: Path, *, done_file: Path, sleep: float = 2, batch: int = 64, extra: tuple[str, ...] = ()
+    model: str,
+    out_dir: Path,
+    *,
+    done_file: Path,
+    sleep: float = 2,
+    batch: int = 64,
+    extra: tuple[str, ...] = (),
+    runtime: str = "exact",
 ) -> str:
-    """Submit demo_job.sh as a managed job through `cellsched sbatch`; its id."""
+    """Submit demo_job.sh as a managed job through `cellsched sbatch`; its id.
+    The demo job stands for the reference trainer (`runtime` exact by
+    default: any plan, moved on the checkpoint signal), whose placements
+    these tests check."""
     env_opt = f"--export=ALL,DEMO_DONE_FILE={done_file},DEMO_SLEEP={sleep}"
     proc = cellsched(
         "sbatch",
@@ -107,6 +117,8 @@ def submit_managed(
         "-o",
         str(out_dir / "%j.out"),
         env_opt,
+        "--runtime",
+        runtime,
         *extra,
         "--",
         str(DEMO_JOB),

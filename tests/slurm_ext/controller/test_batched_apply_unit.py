@@ -31,7 +31,10 @@ from slurm_ext.state import PlanStatus, StateStore
 CLUSTER = ClusterSpec((NodeGroup("a100", 4, 4), NodeGroup("v100", 2, 8)))
 #: a100 nodes only, so that a new 4-GPU job makes the elastic one on both of them shrink (a move)
 MOVE_CLUSTER = ClusterSpec((NodeGroup("a100", 2, 4), NodeGroup("v100", 2, 8)))
-ELASTIC = JobSpec(model="gpt-350m", global_batch=64, iterations=10_000, elastic=True, max_gpus=8, gpu_types=("a100",))
+#: the reference trainer (runtime exact): it answers the checkpoint signal itself, so it is moved
+ELASTIC = JobSpec(
+    model="gpt-350m", global_batch=64, iterations=10_000, elastic=True, max_gpus=8, gpu_types=("a100",), runtime="exact"
+)
 FIXED = JobSpec(model="gpt-350m", global_batch=64, iterations=10_000, requested_gpus=4, gpu_types=("a100",))
 SMALL = JobSpec(model="gpt-350m", global_batch=32, iterations=10_000, requested_gpus=1, gpu_types=("v100",))
 #: the writes of the batch the kill points cut: the new jobs' (the loose ones held first), then the move's

@@ -116,6 +116,8 @@ def _submit(directory: Path, rng: random.Random) -> tuple[str, int]:
             "slurm_ext",
             "sbatch",
             "--parsable",
+            "--runtime",
+            "exact",  # the reference trainer's runtime: any plan, moved on the checkpoint signal
             "--model",
             "gpt-350m",
             "--global-batch",

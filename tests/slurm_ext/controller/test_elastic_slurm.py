@@ -129,6 +129,8 @@ def _submit_elastic(
             "slurm_ext",
             "sbatch",
             "--parsable",
+            "--runtime",
+            "exact",  # the reference trainer's runtime: any plan, moved on the checkpoint signal
             "--model",
             "gpt-350m",
             "--global-batch",

@@ -115,7 +115,16 @@ def test_controller_pipelines_a_job_across_a100_and_a10(slurm_cluster, tmp_path)
     run_dir.mkdir()
     source = Managed(
         ctl,
-        ("--model", str(model), "--gpu-types", "a100,a10", "--global-batch", str(PIPELINE.global_batch))
+        (
+            "--model",
+            str(model),
+            "--gpu-types",
+            "a100,a10",
+            "--global-batch",
+            str(PIPELINE.global_batch),
+            "--runtime",
+            "exact",
+        )
         + ("--iterations", str(PIPELINE.steps)),
     )
     try:
@@ -157,7 +166,7 @@ def test_controller_shards_state_by_memory_across_a40_and_a10(slurm_cluster, tmp
     run_dir.mkdir()
     source = Managed(
         ctl,
-        ("--model", str(model), "--gpu-types", "a40,a10", "--min-gpus", "6")
+        ("--model", str(model), "--gpu-types", "a40,a10", "--min-gpus", "6", "--runtime", "exact")
         + ("--virtual-workers", str(SHARDED.virtual_workers), "--global-batch", str(SHARDED.global_batch))
         + ("--iterations", str(SHARDED.steps)),
     )

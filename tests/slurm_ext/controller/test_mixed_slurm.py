@@ -73,6 +73,8 @@ def _submit(tmp_path: Path) -> str:
             "slurm_ext",
             "sbatch",
             "--parsable",
+            "--runtime",
+            "exact",  # the reference trainer's runtime: any plan, moved on the checkpoint signal
             "--model",
             "gpt-tiny",
             "--global-batch",

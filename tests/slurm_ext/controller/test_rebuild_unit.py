@@ -37,7 +37,10 @@ from slurm_ext.state import StateStore
 from solver import contract
 
 CLUSTER = ClusterSpec((NodeGroup("a100", 2, 4),))
-ELASTIC = JobSpec(model="gpt-350m", global_batch=64, iterations=400, elastic=True, min_gpus=1, max_gpus=8)
+#: the reference trainer (runtime exact): it answers the checkpoint signal itself, so it is moved
+ELASTIC = JobSpec(
+    model="gpt-350m", global_batch=64, iterations=400, elastic=True, min_gpus=1, max_gpus=8, runtime="exact"
+)
 FIXED = JobSpec(model="gpt-350m", global_batch=64, iterations=800, requested_gpus=4, requested_gpu_type="a100")
 
 

@@ -118,3 +118,23 @@ def test_simulated_trace_jobs_run_adaptive_parallelism():
     result = sim.run()
     assert all(j.finished for j in result.jobs)
     assert TRACE_RUNTIME == "adaptive" and asked == {"adaptive"}
+
+
+def test_the_controller_applies_no_plan_outside_the_runtime_whatever_the_policy():
+    """reconcile.checked, the last step before any action: a ddp job's pp=2
+    placement is rejected; the plan it already runs on is left alone (a job
+    placed before it had a runtime is not stopped for it)."""
+    from slurm_ext.controller.reconcile import checked
+    from slurm_ext.view import to_cluster_view
+    from solver.models import get_model
+    from solver.types import JobRequest
+
+    view = to_cluster_view(snapshot(), ())
+    pp2 = Placement("5", Cell("a100", 1, 4, 2), (("n1", 4),), ParallelPlan(2, 2, 1), 0.5)
+    dp4 = Placement("5", Cell("a100", 1, 4, 1), (("n1", 4),), ParallelPlan(1, 4, 1), 0.5)
+    req = JobRequest("5", get_model("gpt-350m"), 64, 10, runtime="ddp")
+    ok, rejected = checked(view, {"5": pp2}, jobs={"5": req})
+    assert ok == {} and rejected == {"5": "plan rejected: job 5: runtime ddp has no pipeline parallelism (pp=2)"}
+    assert checked(view, {"5": dp4}, jobs={"5": req}) == ({"5": dp4}, {})
+    running = JobRequest("5", get_model("gpt-350m"), 64, 10, runtime="ddp", current=pp2, elastic=False)
+    assert checked(view, {"5": pp2}, jobs={"5": running}) == ({"5": pp2}, {})

@@ -99,6 +99,11 @@ SLURM_WAIT_S = 90.0
 Placement = tuple[float, str, str, str]
 
 
+#: the runtime of every job in both runs: a submission cannot name the simulator's own
+#: (adaptive), so both name exact (the reference trainer's), which carries out the same plans
+RUNTIME = "exact"
+
+
 def trace() -> list[TraceJob]:
     """TRACE as the simulator's trace jobs j00..j19."""
     return [
@@ -168,6 +173,7 @@ def simulate(workdir: Path, profiles: Path) -> tuple[list[Placement], dict[str, 
         min_gpus=1,
         max_gpus=MAX_GPUS,
         progress_rate_factor=RATE_FACTOR,
+        runtime=RUNTIME,
         solver=SOLVER,
     )
     workdir.mkdir()
@@ -231,6 +237,8 @@ class Replay:
             "--iterations",
             str(job.iterations),
             "--no-elastic",
+            "--runtime",
+            RUNTIME,
             "--min-gpus",
             "1",
             "--max-gpus",
