@@ -22,8 +22,9 @@ When ``save_fn`` runs depends on how the script uses the hook:
   the first poll waits for it too): the
   ranks agree on the signal with one all-reduce of a flag (when
   torch.distributed is initialized), so every rank saves the same step, then
-  ``SystemExit(75)`` is raised. ``save_fn`` may therefore be collective
-  (Lightning's ``trainer.save_checkpoint``, DCP).
+  exits 75. ``save_fn`` may therefore be collective (Lightning's
+  ``trainer.save_checkpoint``, DCP); it must have finished writing when it
+  returns.
 - **From the signal handler (one call, nothing else changed).** Until the
   script first polls, the handler itself runs ``save_fn`` in the main thread,
   wherever the script was, then exits 75 at once (``os._exit``). The state may
@@ -125,10 +126,14 @@ class CheckpointHook:
         return bool(flag.item())
 
     def save_and_exit(self) -> NoReturn:
-        """Run save_fn, then raise SystemExit(EXIT_CHECKPOINTED)."""
+        """Run save_fn, then end the process with EXIT_CHECKPOINTED at once
+        (``os._exit``: an interpreter shutdown with a live process group can
+        abort in its C++ destructors, which would turn 75 into a crash).
+        save_fn must have finished writing when it returns."""
         self.save_fn()
         sys.stdout.flush()
-        raise SystemExit(contract.EXIT_CHECKPOINTED)
+        sys.stderr.flush()
+        os._exit(contract.EXIT_CHECKPOINTED)
 
     def step(self, done: int | None = None) -> None:
         """At a step boundary, on every rank: save and exit 75 when a signal

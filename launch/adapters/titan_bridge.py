@@ -16,6 +16,7 @@ Not imported on the launcher's path (it imports torch and torchtitan).
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from dataclasses import dataclass
@@ -67,8 +68,9 @@ class SignalCheckpointManager(CheckpointManager):  # type: ignore[misc]
             self.maybe_wait_for_saving()
             self.close()
             print(f"cellsched: checkpointed step {curr_step} on the checkpoint signal, exiting", file=sys.stderr)
+            sys.stdout.flush()
             sys.stderr.flush()
-            raise SystemExit(EXIT_CHECKPOINTED)
+            os._exit(EXIT_CHECKPOINTED)  # at once: a shutdown with live process groups can abort instead
         return saved
 
     _stopping = False
