@@ -2,6 +2,7 @@
 # Set up a development/test environment for cellsched on Debian 12 (as root).
 #
 #   bash contrib/setup.sh            # Debian packages (Slurm, munge, systemd-analyze) + .venv with cellsched[test,torch]
+#                                    # and the training frameworks of contrib/frameworks.txt (megatron-core, torchtitan, lightning)
 #
 # Idempotent: installs only what is missing. The virtual environment lives in
 # .venv (override with VENV=...). torch is pinned to the CPU build 2.13.0; on a
@@ -34,4 +35,7 @@ pip_args=(-q)
 if [ -n "${TORCH_INDEX_URL:-}" ]; then pip_args+=(--extra-index-url "$TORCH_INDEX_URL"); fi
 "$VENV/bin/python" -m pip install "${pip_args[@]}" "torch==2.13.0"
 "$VENV/bin/python" -m pip install "${pip_args[@]}" -e ".[test,torch]"
+# the training frameworks the adapters are tested against: pinned, without their own dependency
+# resolution (which would pull wandb and could replace the CPU torch); torch==2.13.0 stays
+"$VENV/bin/python" -m pip install "${pip_args[@]}" --no-deps -r contrib/frameworks.txt "torch==2.13.0"
 echo "setup: ready ($("$VENV/bin/cellsched" --version))"

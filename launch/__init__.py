@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from launch.hook import on_checkpoint
 from solver.extras import require
 
 if TYPE_CHECKING:
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from launch.trainer import Trainer
     from launch.workload import StageSpec, Workload
 
-__all__ = ["ParallelContext", "StageSpec", "Trainer", "Workload", "init_parallel"]
+__all__ = ["ParallelContext", "StageSpec", "Trainer", "Workload", "init_parallel", "on_checkpoint"]
 _HOME = {"ParallelContext": "parallel", "init_parallel": "parallel", "Trainer": "trainer"}
 
 

@@ -14,12 +14,27 @@ Exit status 2 with a one-line message when the step and plan disagree
 (task count, job id, a node order the plan's fields cannot follow), the
 plan is missing or malformed, or CMD is missing.
 
+Environment: what torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_NAME,
+ROLE_WORLD_SIZE, MASTER_ADDR/PORT, TORCHELASTIC_RUN_ID,
+TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS,
+TORCHELASTIC_USE_AGENT_STORE, TORCH_NCCL_ASYNC_ERROR_HANDLING; and for a
+framework runtime OMP_NUM_THREADS=1 as torchrun sets it), so torchrun-style
+scripts and Lightning (which then takes its ranks from them and starts no
+processes itself) run as under torchrun; and the plan: CELLSCHED_PLAN, its
+degrees, runtime, batch facts and checkpoint folder (docs/runtime-ddp.md).
+
+Framework runtimes (plan.runtime torchtitan or megatron): the framework's own
+options for the plan are appended to CMD (``launch.adapters``).
+
 SIGUSR1, the controller's request to checkpoint, is blocked from the
 launcher's first line on and stays blocked across the exec, so a request
 that arrives while CMD starts up (imports torch, say) waits, pending,
-instead of killing the task; ``launch.checkpoint.StopRequest`` unblocks it
-once its handler is in place. A CMD that never creates a StopRequest never
-sees SIGUSR1 (the controller then requeues it after checkpoint_timeout_s).
+instead of killing the task; ``launch.checkpoint.StopRequest`` or
+``launch.on_checkpoint`` unblocks it once its handler is in place. A CMD
+that does neither never sees SIGUSR1. Under megatron the launcher stays
+CMD's parent and turns SIGUSR1 into the SIGTERM Megatron saves on, and
+Megatron's exit 0 after that save into 75.
 
 Keep this path light: stdlib and ``solver.contract`` only (no torch).
 """
@@ -28,13 +43,15 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+import time
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
-from launch import scontrol
+from launch import adapters, scontrol
 from launch.errors import LauncherError
 from launch.layout import Layout, LayoutError, in_step_order, plan_ranks
 from launch.slurm_env import SlurmEnv, SlurmEnvError
@@ -161,6 +178,10 @@ def gpu_count(dev: str = "/dev") -> int:
         return 0
 
 
+#: runtimes whose code is a torchrun-style script or framework (not cellsched's own)
+TORCHRUN_STYLE = ("ddp", "torchtitan", "megatron")
+
+
 def task_env(env: Mapping[str, str], slurm: SlurmEnv, plan: JobPlan) -> dict[str, str]:
     """The variables this task's command gets on top of its environment."""
     out = {
@@ -176,10 +197,58 @@ def task_env(env: Mapping[str, str], slurm: SlurmEnv, plan: JobPlan) -> dict[str
         contract.ENV_DP: str(plan.dp),
         contract.ENV_TP: str(plan.tp),
     }
+    out.update(torchrun_env(env, slurm))
+    out.update(plan_env(plan))
+    if plan.runtime in TORCHRUN_STYLE and "OMP_NUM_THREADS" not in env and slurm.local_ntasks > 1:
+        out["OMP_NUM_THREADS"] = "1"  # torchrun's default with several workers on a node
     if "CUDA_VISIBLE_DEVICES" not in env:
         gpus = gpu_count()
         if gpus:
             out["CUDA_VISIBLE_DEVICES"] = str(slurm.localid % gpus)
+    return out
+
+
+def torchrun_env(env: Mapping[str, str], slurm: SlurmEnv) -> dict[str, str]:
+    """The rest of what torchrun's agent gives each worker
+    (torch.distributed.elastic's LocalElasticAgent): one role, one group per
+    node. The run id is the job's, restarts count Slurm's requeues (the
+    launcher itself never restarts a worker), and workers create their own
+    rendezvous store (no agent store). TORCHELASTIC_RUN_ID is also what
+    Lightning looks for to take its ranks from these variables and start no
+    processes of its own."""
+    out = {
+        "GROUP_WORLD_SIZE": str(slurm.nnodes),
+        "ROLE_RANK": str(slurm.procid),
+        "ROLE_NAME": "default",
+        "ROLE_WORLD_SIZE": str(slurm.ntasks),
+        "TORCHELASTIC_RUN_ID": slurm.job_id,
+        "TORCHELASTIC_RESTART_COUNT": env.get("SLURM_RESTART_COUNT", "").strip() or "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+    }
+    if "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in env:
+        out["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+    return out
+
+
+def plan_env(plan: JobPlan) -> dict[str, str]:
+    """The plan's runtime, batch facts and checkpoint folder, each set only
+    when the plan has it (the local and micro-batch sizes only for an even
+    split: no batch shares, no virtual workers other than dp)."""
+    out: dict[str, str] = {contract.ENV_MICRO_BATCHES: str(plan.micro_batches)}
+    if plan.runtime:
+        out[contract.ENV_RUNTIME] = plan.runtime
+    if plan.global_batch is not None:
+        out[contract.ENV_GLOBAL_BATCH] = str(plan.global_batch)
+        even = plan.batch_shares is None or len(set(plan.batch_shares)) == 1
+        if even and plan.virtual_workers in (None, plan.dp) and plan.global_batch % (plan.dp * plan.micro_batches) == 0:
+            local = plan.global_batch // plan.dp
+            out[contract.ENV_LOCAL_BATCH] = str(local)
+            out[contract.ENV_MICRO_BATCH_SIZE] = str(local // plan.micro_batches)
+    if plan.checkpoint_dir:
+        out[contract.ENV_CHECKPOINT_DIR] = plan.checkpoint_dir
+    if plan.checkpoint_every:
+        out[contract.ENV_CHECKPOINT_EVERY] = str(plan.checkpoint_every)
     return out
 
 
@@ -215,7 +284,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         slurm = SlurmEnv.from_environ(os.environ)
         plan = load_plan(os.environ, slurm)
         extra = task_env(os.environ, slurm, plan)
-    except (LaunchError, SlurmEnvError) as e:
+        if cmd:
+            cmd = adapters.command_for(plan, cmd)
+    except (LaunchError, SlurmEnvError, adapters.AdapterError) as e:
         print(f"cellsched-launch: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     if print_env:
@@ -225,9 +296,47 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         sys.stdout.flush()
     os.environ.update(extra)
+    adapter = adapters.get_adapter(plan.runtime)
     try:
+        if adapter is not None and adapter.supervise:
+            return supervise(cmd, plan.checkpoint_dir)
         os.execvp(cmd[0], cmd)
     except OSError as e:
         print(f"cellsched-launch: error: cannot run {cmd[0]!r}: {e.strerror}", file=sys.stderr)
         return 127 if isinstance(e, FileNotFoundError) else 126
     return 0  # not reached
+
+
+def supervise(cmd: list[str], checkpoint_dir: str | None) -> int:
+    """Run CMD as a child (Megatron): SIGUSR1 to the launcher becomes SIGTERM
+    to CMD, SIGTERM is passed on; CMD's exit status is the launcher's, except
+    that an exit 0 after a checkpoint signal, with Megatron's tracker file
+    rewritten since, is EXIT_CHECKPOINTED (Megatron exits 0 after its
+    signal-triggered save)."""
+    from launch.adapters.megatron import TRACKER_FILE
+
+    child = subprocess.Popen(cmd)  # SIGUSR1 stays blocked in it
+    signalled: list[float] = []
+
+    def forward(signum: int, frame: object) -> None:
+        if not signalled:
+            signalled.append(time.time())
+        try:
+            child.send_signal(signal.SIGTERM)
+        except ProcessLookupError:  # pragma: no cover - it exited meanwhile
+            pass
+
+    for s in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(s, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+    code = child.wait()
+    if code < 0:
+        return 128 - code
+    if code == 0 and signalled and checkpoint_dir:
+        try:
+            saved_at = os.stat(os.path.join(checkpoint_dir, TRACKER_FILE)).st_mtime
+        except OSError:
+            saved_at = 0.0
+        if saved_at >= signalled[0] - 1.0:  # coarse file system clocks
+            return contract.EXIT_CHECKPOINTED
+    return code

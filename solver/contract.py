@@ -14,7 +14,9 @@ Both sides stand on this module (stdlib and ``solver.plan`` only, so
 * **Environment**: ``cellsched-launch`` gives each task its plan in
   ``ENV_PLAN`` (inline JSON, or a path to a JSON file), and its degrees in
   ``ENV_PP`` / ``ENV_DP`` / ``ENV_TP``; ``ENV_MASTER_ADDR`` /
-  ``ENV_MASTER_PORT`` override the rendezvous.
+  ``ENV_MASTER_PORT`` override the rendezvous; ``ENV_RUNTIME``, the batch
+  facts (``ENV_GLOBAL_BATCH`` ...) and ``ENV_CHECKPOINT_DIR`` spell out the
+  rest of the plan for scripts that do not read it.
 * **Checkpoint**: to resize or move a running job the controller sends
   ``CHECKPOINT_SIGNAL`` to its steps; every task checkpoints and exits with
   ``EXIT_CHECKPOINTED`` (EX_TEMPFAIL: "stopped on purpose, run me again"),
@@ -51,6 +53,19 @@ ENV_DP = "CELLSCHED_DP"
 ENV_TP = "CELLSCHED_TP"
 ENV_MASTER_ADDR = "CELLSCHED_MASTER_ADDR"
 ENV_MASTER_PORT = "CELLSCHED_MASTER_PORT"
+#: the plan's runtime (solver.runtimes; unset for a plan without one)
+ENV_RUNTIME = "CELLSCHED_RUNTIME"
+#: the plan's batch facts for a script that sizes its own batches (unset when
+#: the plan leaves them open): samples per iteration over the whole job; per
+#: dp rank (only for an even split); micro-batches per iteration per pipeline
+#: and the samples in each of them (even split only)
+ENV_GLOBAL_BATCH = "CELLSCHED_GLOBAL_BATCH"
+ENV_LOCAL_BATCH = "CELLSCHED_LOCAL_BATCH"
+ENV_MICRO_BATCHES = "CELLSCHED_MICRO_BATCHES"
+ENV_MICRO_BATCH_SIZE = "CELLSCHED_MICRO_BATCH_SIZE"
+#: where the job checkpoints and resumes (plan.checkpoint_dir), and how often
+ENV_CHECKPOINT_DIR = "CELLSCHED_CHECKPOINT_DIR"
+ENV_CHECKPOINT_EVERY = "CELLSCHED_CHECKPOINT_EVERY"
 
 SPEC_KEY = "spec"
 PLAN_KEY = "plan"

@@ -76,7 +76,7 @@ def test_wheel_metadata(built_dist):
         project["version"],
         "Apache-2.0",
     )
-    assert sorted(meta.get_all("Provides-Extra")) == ["pyslurm", "sim", "test", "torch"]
+    assert sorted(meta.get_all("Provides-Extra")) == ["frameworks", "pyslurm", "sim", "test", "torch"]
     plain = [r for r in meta.get_all("Requires-Dist") if "extra ==" not in r]
     assert sorted(r.split(">")[0] for r in plain) == ["click", "numpy", "nvidia-ml-py", "ortools", "prometheus-client"]
     assert "cellsched = slurm_ext.cli:main" in entry_points and "cellsched-launch = launch.cli:main" in entry_points

@@ -384,6 +384,15 @@ def request_view(
     return to_cluster_view(snapshot, placed_ids, network, ending_ids)
 
 
+def elastic_now(m: ManagedJob, first_step_at: Mapping[str, float] | None, static: Collection[str]) -> bool:
+    """May the job be resized or moved this round (`build_request`)? An
+    elastic one, unless it is checkpointing, `static` (controller.hooks),
+    or running and its current run has not reported a step yet."""
+    if m.spec is None or not m.spec.elastic or m.phase == Phase.CHECKPOINTING or m.job_id in static:
+        return False
+    return m.phase != Phase.RUNNING or first_step_at is None or started_training(m, first_step_at)
+
+
 def build_request(
     snapshot: ClusterSnapshot,
     jobs: tuple[ManagedJob, ...],
@@ -403,9 +412,8 @@ def build_request(
     round), and so does a running job whose current run has not reported a
     step yet (`started_training`, from `first_step_at`; None: not checked);
     a Phase.CHECKPOINTED one is placed like a pending job (`request_view`).
-    `network` gives the view its NICs and racks (the [network] config).
-    A running job in `static` may not be moved at all (controller.hooks):
-    neither elastic nor movable (JobRequest.movable)."""
+    `network`: the view's NICs and racks ([network]); a job in `static`
+    is neither elastic nor movable (controller.hooks, JobRequest.movable)."""
     view = request_view(snapshot, jobs, network)
     requests: list[JobRequest] = []
     skipped: dict[str, str] = {}
@@ -425,10 +433,7 @@ def build_request(
                     gpu_types=spec.gpu_types,
                     min_gpus=spec.min_gpus,
                     max_gpus=spec.max_gpus,
-                    elastic=spec.elastic
-                    and m.phase != Phase.CHECKPOINTING
-                    and m.job_id not in static
-                    and (m.phase != Phase.RUNNING or first_step_at is None or started_training(m, first_step_at)),
+                    elastic=elastic_now(m, first_step_at, static),
                     submit_time=m.job.submit_time or 0.0,
                     requested_gpus=spec.requested_gpus,
                     requested_gpu_type=spec.requested_gpu_type,

@@ -1,7 +1,7 @@
 """Reading a file in a user's directory, as root, without trusting it.
 
-The controller reads one kind of file that users control: a job's progress
-record. It reads it in-process, not through a helper running as the job's
+The controller reads two kinds of file that users control: a job's progress
+record and its checkpoint hook record (slurm_ext.controller.hooks). It reads it in-process, not through a helper running as the job's
 user: a helper would cost a process start per job and round (hundreds of
 jobs) and would still need the same checks and time limit. The rules:
 

@@ -15,6 +15,7 @@ from solver.placement.cpsat import solve_cpsat
 from solver.placement.lp import integral_jobs, solve_lp
 from solver.placement.model import build
 from solver.placement.nodes import Ledger
+from solver.policies import POLICIES, get_policy
 from solver.types import (
     Cell,
     ClusterView,
@@ -24,6 +25,7 @@ from solver.types import (
     NodeView,
     ParallelPlan,
     Placement,
+    ScheduleRequest,
     SolverConfig,
 )
 
@@ -497,3 +499,36 @@ def test_validation_names_what_the_runtime_lacks():
     with pytest.raises(PlacementError) as e:
         validate_plan(cluster, {"j": p}, ddp)
     assert str(e.value) == "job j: runtime ddp runs on one GPU type, not a100+a40"
+
+
+class RuntimeBlindEstimator:
+    """An estimator that knows nothing of runtimes: tensor parallelism (tp 2)
+    wherever a node gives the cell 2 GPUs or more, and it is faster there."""
+
+    def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
+        if cell.mixed:
+            return Estimate(cell, None, float("inf"), 0.0, EstimateSource.NONE, "no mixed cells here")
+        tp = 2 if cell.gpus_per_node >= 2 and (cell.num_gpus // cell.pp) % 2 == 0 else 1
+        plan = ParallelPlan(cell.pp, cell.num_gpus // (cell.pp * tp), tp)
+        return Estimate(cell, plan, 1.0 / cell.num_gpus / tp / (1.0 + 0.1 * cell.pp), 1.0, EstimateSource.ANALYTIC)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_no_policy_gives_a_ddp_job_a_plan_outside_its_runtime(policy):
+    """Whatever the estimator prices, a ddp job is placed with pp = tp = 1 on
+    one GPU type (docs/runtimes.md), or not at all."""
+    cluster = guard_cluster()
+    ddp = JobRequest("j", MODEL, 8, 100, min_gpus=2, max_gpus=8, requested_gpus=2, elastic=True, runtime="ddp")
+    reply = get_policy(policy).schedule(
+        ScheduleRequest(cluster, (ddp,), config=SolverConfig()), RuntimeBlindEstimator()
+    )
+    for p in reply.placements.values():
+        assert (p.plan.pp, p.plan.tp, p.cell.mixed) == (1, 1, False), (policy, p)
+    validate_plan(cluster, reply.placements, {"j": ddp})
+    if policy.startswith("cellsched"):
+        assert "j" in reply.placements  # a cell of one GPU per node serves it data-parallel
+        exact = replace(ddp, runtime="exact")  # the control: a runtime with tp is given tp here
+        got = get_policy(policy).schedule(
+            ScheduleRequest(cluster, (exact,), config=SolverConfig()), RuntimeBlindEstimator()
+        )
+        assert got.placements["j"].plan.tp == 2
