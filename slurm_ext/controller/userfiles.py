@@ -1,9 +1,10 @@
 """Reading a file in a user's directory, as root, without trusting it.
 
 The controller reads two kinds of file that users control: a job's progress
-record and its checkpoint hook record (slurm_ext.controller.hooks). It reads it in-process, not through a helper running as the job's
-user: a helper would cost a process start per job and round (hundreds of
-jobs) and would still need the same checks and time limit. The rules:
+record and its checkpoint hook record (slurm_ext.controller.hooks). It
+reads them in-process, not through a helper running as the job's user: a
+helper would cost a process start per job and round (hundreds of jobs) and
+would still need the same checks and time limit. The rules:
 
 - the last path component is never followed (``O_NOFOLLOW``) and the open
   never waits (``O_NONBLOCK``: a FIFO opens at once, and is then refused);
