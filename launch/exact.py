@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from launch import checkpoint
 from launch.elastic import VirtualWorker, ordered_sum
-from launch.parallel import ParallelContext
+from launch.parallel import ParallelContext, pipeline_schedule
 from launch.sharding import ShardedOptimizer, ShardLayout, sharding_mode, state_weights
 from launch.workload import StageSpec, Workload
 
@@ -78,19 +78,13 @@ class ExactEngine:
         self.first_unit = sum(self.unit_counts[: ctx.dp_rank])  #: this rank's first unit's global index
         self.step = 0
         self.losses: list[float] = []
-        self.schedule = self._pipeline_schedule() if ctx.pp > 1 else None
+        m = ctx.plan.micro_batches
+        self.schedule = pipeline_schedule(self.stage, ctx, m, self._loss_fn) if ctx.pp > 1 else None
 
     # -- one step
 
     def _loss_fn(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self.work.loss(output, targets) / self.global_batch
-
-    def _pipeline_schedule(self) -> Any:
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-
-        pipe = PipelineStage(self.stage, self.ctx.pp_rank, self.ctx.pp, self.ctx.device, group=self.ctx.group("pp"))
-        n = self.ctx.plan.micro_batches
-        return Schedule1F1B(pipe, n_microbatches=n, loss_fn=self._loss_fn, scale_grads=False)
 
     def _batch(self) -> torch.Tensor:
         """One step's global batch: every virtual worker's part, in worker order."""

@@ -22,9 +22,10 @@ dp rank, each split into ``plan.micro_batches`` micro-batches.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,9 @@ from launch.errors import LauncherError
 from launch.layout import DIMS, Coords, Layout, LayoutError, largest_remainder, split_layers, virtual_worker_blocks
 from solver import contract
 from solver.plan import JobPlan, PlanError
+
+if TYPE_CHECKING:
+    from torch.distributed.pipelining import Schedule1F1B
 
 
 class ParallelError(RuntimeError, LauncherError):
@@ -205,3 +209,17 @@ def init_parallel(
         stage_layers=stages[coords.pp] if stages else None,
         batch=batch_slice(plan, coords.dp, global_batch) if global_batch is not None else None,
     )
+
+
+def pipeline_schedule(
+    stage: torch.nn.Module,
+    ctx: ParallelContext,
+    micro_batches: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> Schedule1F1B:
+    """torch's 1F1B schedule of this rank's pipeline stage over the pp group
+    (gradients left unscaled: the loss is already divided by the global batch)."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    pipe = PipelineStage(stage, ctx.pp_rank, ctx.pp, ctx.device, group=ctx.group("pp"))
+    return Schedule1F1B(pipe, n_microbatches=micro_batches, loss_fn=loss_fn, scale_grads=False)

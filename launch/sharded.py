@@ -41,7 +41,7 @@ from torch import nn
 
 from launch import checkpoint
 from launch.layout import largest_remainder
-from launch.parallel import ParallelContext, ParallelError
+from launch.parallel import ParallelContext, ParallelError, pipeline_schedule
 from launch.workload import StageSpec, Workload
 
 TRAINER_STATE = "trainer.json"
@@ -112,16 +112,10 @@ class ShardedEngine:
         self.dtype = next(stage.parameters()).dtype
         self.step = 0
         self.losses: list[float] = []
-        self.schedule = self._pipeline_schedule() if ctx.pp > 1 else None
+        self.schedule = pipeline_schedule(self.stage, ctx, self.micro_batches, self._loss_fn) if ctx.pp > 1 else None
 
     def _loss_fn(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self.work.loss(output, targets) / self.global_batch
-
-    def _pipeline_schedule(self) -> Any:
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-
-        pipe = PipelineStage(self.stage, self.ctx.pp_rank, self.ctx.pp, self.ctx.device, group=self.ctx.group("pp"))
-        return Schedule1F1B(pipe, n_microbatches=self.micro_batches, loss_fn=self._loss_fn, scale_grads=False)
 
     def positions(self, step: int) -> range:
         """Global sample positions this dp rank trains on at STEP (0-based)."""
