@@ -43,9 +43,11 @@ and buffers, per rank at its peak) and offered only plans it carries out
 (tp, pp, even stages, dp = V without virtual workers, m >= pp under torch's
 1F1B); a runtime that cannot run a cell gets an infeasible Estimate naming
 why. ``adaptive`` (the simulator's trace jobs, and a JobRequest that names
-none) keeps this estimator's own settings and every source above; the
-others are priced from the model (sources 2 and 3: a cell-level or per-plan
-measurement is of another runtime's plan).
+none) keeps this estimator's own settings; the others are priced by their
+own model. Measurements name no runtime and hold for every runtime: a
+per-plan one prices that plan wherever the runtime runs it; a cell-level one
+gives a named runtime its own best plan of the cell at the measured time
+(scaled by its model to another pp, or to V virtual workers).
 
 Inside a cell (pp fixed) the search covers tp dividing the GPUs per node
 (and the heads; the hidden size for non-transformers), dp = GPUs / (pp tp)
@@ -927,13 +929,15 @@ class Estimator:
         why = self._runtime_problem(md.model, cell, pr)
         if why:
             return self._infeasible(cell, EstimateSource.NONE, why)
-        # a cell-level measurement is of the plan our profiler ran: it stands for the simulator's runtime only
-        rec = md.cell_records.get((batch, cell.gpu_type, cell.num_nodes, cell.gpus_per_node)) if not pr.own else None
+        # a cell-level measurement names no runtime: it holds for every runtime that may run the cell
+        rec = md.cell_records.get((batch, cell.gpu_type, cell.num_nodes, cell.gpus_per_node))
         if vw is not None:
             why = self._vw_problem(md.model, batch, cell, vw, pr)
             if why:
                 src = EstimateSource.MEASURED if rec is not None else self._found(md, batch, cell, vw=vw).source
                 return self._infeasible(cell, src, why)
+        if rec is not None and pr.own:
+            return self._measured_as_run(md, batch, cell, rec, vw, shard, rt)
         if rec is not None:
             return self._from_measured(md, batch, cell, rec, vw, shard)
         return self._from_model(md, batch, cell, vw, shard, rt)
@@ -982,9 +986,8 @@ class Estimator:
         factor = self._calibration(md, batch, cell) if found.source == EstimateSource.ANALYTIC else None
         scale, source = (1.0, found.source) if factor is None else (factor, EstimateSource.ANALYTIC_CALIBRATED)
         limit = self.mem_limit_gb(cell.gpu_type) * _GB
+        # per-plan measurements name no runtime: each prices its plan for every runtime that runs that plan
         measured = md.plan_records.get((batch, cell.gpu_type, cell.num_nodes, cell.gpus_per_node), {})
-        if self.pricing(rt).own:  # per-plan measurements are of our profiler's runs: the simulator's runtime only
-            measured = {}
         best: tuple[float, int, EstimateSource] | None = None
         best_sharded: tuple[float, int, EstimateSource] | None = None
         times: dict[int, tuple[float, EstimateSource]] = {}  # a replicated plan's measured time
@@ -1086,6 +1089,41 @@ class Estimator:
             return (min(allowed) if allowed else 1), None, None
         _, t, pp, i = min(options)
         return pp, i, t
+
+    def _measured_as_run(
+        self, md: _ModelData, batch: int, cell: Cell, rec: CellRecord, vw: int | None, shard: bool, rt: str
+    ) -> Estimate:
+        """A cell-level measurement (it names no runtime) priced for the named
+        runtime `rt`: the runtime's best plan of the cell, at the measured time
+        where the measured optimum's pp is the cell's, else scaled by the
+        runtime's model from that pp to the cell's; x what V costs by that model."""
+        t_star = rec.iter_time_s
+        if t_star is None:
+            return self._infeasible(cell, EstimateSource.MEASURED, f"OOM ({rec.source} record)")
+        p_star, _, model_star = self._measured_plan(md, batch, cell)
+        found = self._found(md, batch, cell, vw=vw, shard=shard, rt=rt)
+        ref_cell = Cell(cell.gpu_type, cell.num_nodes, cell.gpus_per_node, p_star)
+        ref = self._found(md, batch, ref_cell, shard=shard, rt=rt) if self._runtime_ok(md, ref_cell, rt) else None
+        # the reference: the runtime's own best at the measured pp, else the measured plan's modelled time
+        t_ref = ref.plans[ref.best].time_s if ref is not None and ref.best is not None else model_star
+        if found.best is None or t_ref is None:
+            why = "OOM at this pp (model)" if found.plans else "no model for this pp"
+            return self._infeasible(cell, EstimateSource.MEASURED_PP, f"{why}; measured optimum at pp={p_star}")
+        c = found.plans[found.best]
+        t = t_star * max(1.0, c.time_s / t_ref) if (cell.pp != p_star or vw) else t_star
+        src = EstimateSource.MEASURED if cell.pp == p_star else EstimateSource.MEASURED_PP
+        return Estimate(
+            cell,
+            found.plan(found.best, cell.pp),
+            t,
+            c.mem_bytes / _GB,
+            src,
+            f"{rec.source}; runtime {rt}" + ("" if cell.pp == p_star else f", scaled from pp={p_star} by its model"),
+            state_gb=self._state_gb(md, batch, cell, found, found.best, vw, rt),
+        )
+
+    def _runtime_ok(self, md: _ModelData, cell: Cell, rt: str) -> bool:
+        return not self._runtime_problem(md.model, cell, self.pricing(rt))
 
     def _from_measured(
         self, md: _ModelData, batch: int, cell: Cell, rec: CellRecord, vw: int | None = None, shard: bool = False

@@ -9,7 +9,8 @@ next finished round), never by fixed sleeps.
 
 At the end every job has COMPLETED exactly once, none is left held or
 pending, no intent is open, every job's losses are bitwise those of an
-uninterrupted run with its virtual workers, and at least one job was moved
+uninterrupted run with its virtual workers (to rounding, 1e-14 relative in
+float64, for a job that ran a tp plan: docs/elasticity.md), and at least one job was moved
 (checkpointed, requeued, placed again) and finished. A kill meant to land
 inside an apply waits for the controller to place or signal a job (a new
 job arrives first) and fails the test when none comes.
@@ -347,7 +348,7 @@ def test_chaos_loses_no_job(slurm_cluster, tmp_path):
         checkpoint_poll_s=0.3,
     )
     with config.open("a") as f:
-        f.write("max_pp = 1\n")  # data parallelism only: a resize changes dp, the losses stay bitwise
+        f.write("max_pp = 1\n")  # no pipelines: a resize changes dp (or tp), the losses stay bitwise (or to rounding)
     state = tmp_path / "state.sqlite"
     daemon = Daemon(config, tmp_path / "controller.log")
     chaos = Chaos()
@@ -389,6 +390,7 @@ def test_chaos_loses_no_job(slurm_cluster, tmp_path):
     live = _run("squeue", "-h", "-t", "PD,R,CG,S", "-o", "%i %T %r").stdout.split("\n")
     assert [line for line in live if line.strip()] == [], f"seed {SEED}: jobs left behind"
     runs: dict[str, tuple[int, int, int, list[float]]] = {}
+    tensor_parallel: set[str] = set()  # the jobs that ran a tp > 1 plan
     moved: list[str] = []  # the jobs of which a move (or resize) was carried out
     with StateStore(state, readonly=True) as st:
         assert st.open_plans() == {}, f"seed {SEED}: open intents"
@@ -396,7 +398,11 @@ def test_chaos_loses_no_job(slurm_cluster, tmp_path):
             history = st.history(i)
             assert [e["event"] for e in history].count("finished") == 1, (i, history)
             plans = [json.loads(p.plan) for p in st.plans_of(i) if p.applied]
-            assert {(p["pp"], p["tp"]) for p in plans} == {(1, 1)}, (i, plans)
+            # exact may split a layer over tp ranks where its all-gather of V units' gradients costs more
+            # (dp <= V; tp shrinks the gathered buffers); max_pp = 1 keeps pipelines out
+            assert {p["pp"] for p in plans} == {1}, (i, plans)
+            if any(p["tp"] > 1 for p in plans):
+                tensor_parallel.add(i)
             ((v, m),) = {(p["virtual_workers"], p["micro_batches"]) for p in plans}
             steps = int((chaos.jobs[i] / "steps").read_text())
             out = json.loads((chaos.jobs[i] / "losses.json").read_text())
@@ -418,9 +424,17 @@ def test_chaos_loses_no_job(slurm_cluster, tmp_path):
         needed[(v, m)] = max(steps, needed.get((v, m), 0))
     refs = _references(needed, tmp_path)
     for i, (v, m, steps, losses) in runs.items():
-        assert losses == refs[(v, m)][:steps], (
-            f"seed {SEED}: job {i}'s losses are not bitwise those of an uninterrupted run (V={v}, m={m})"
-        )
+        ref = refs[(v, m)][:steps]
+        if i not in tensor_parallel:
+            assert losses == ref, (
+                f"seed {SEED}: job {i}'s losses are not bitwise those of an uninterrupted run (V={v}, m={m})"
+            )
+            continue
+        # a tp plan changes the order of the sums inside a virtual worker: the losses agree to rounding
+        # (docs/elasticity.md: about 1e-16 relative in float64; measured <= 8e-16 over 45 steps of tp=2 or 4)
+        worst = max(abs(a - b) / abs(b) for a, b in zip(losses, ref, strict=True))
+        assert worst <= 1e-14, f"seed {SEED}: job {i} (tp plan) is {worst:.1e} off an uninterrupted run (V={v}, m={m})"
+    chaos.counts["jobs with a tp plan"] = len(tensor_parallel)
     # the chaos moved jobs, and each job moved finished (COMPLETED, once, its losses bitwise: asserted above)
     assert chaos.counts["moves"] >= 1 and moved, f"seed {SEED}: nothing was moved: {dict(chaos.counts)}"
     assert {i: snap.job(i).state for i in moved} == dict.fromkeys(moved, "COMPLETED")

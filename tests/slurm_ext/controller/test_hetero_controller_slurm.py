@@ -6,8 +6,9 @@ and writes its plan, and the job runs under ``srun cellsched-launch``
 declares a model of the same 4 layers but billions of parameters (a spec
 file), which is what the controller prices.
 
-- A pipeline across A100 and A10: a 5.5B model (22 GB of training state per
-  layer) fits neither the 2 A100 GPUs nor the 2 A10 GPUs that are free (a
+- A pipeline across A100 and A10: a 4.2B model (17 GB of training state per
+  layer, priced as the exact runtime holds it: its flat unit gradient and their
+  sum besides the state, solver.cost.runtime) fits neither the 2 A100 GPUs nor the 2 A10 GPUs that are free (a
   blocker job holds the rest of the A100s); the controller's only cell that
   fits now is the pipeline a100 (tp 2, 3 layers) + a10 (tp 2, 1 layer).
 - Optimizer state sharded by memory across A40 and A10 (Cephalo's case): a
@@ -40,12 +41,13 @@ from solver.types import Cell, ClusterView, JobRequest, NodeView
 
 pytestmark = pytest.mark.slurm
 
-#: 4 layers like gpt-tiny, 22 GB of training state each (16 bytes per parameter)
+#: 4 layers like gpt-tiny, 17 GB of training state each (16 bytes per parameter); under exact 2 A100s
+#: (36 GB usable each) hold 2 layers' state + 2 gradient copies per GPU (42 GB): no, 1.5 layers (32 GB): yes
 WIDE = {
     "name": "gpt-wide-4l",
     "family": "gpt",
     "num_layers": 4,
-    "hidden": 10752,
+    "hidden": 9344,
     "heads": 16,
     "seq_len": 32,
     "vocab": 256,
@@ -143,7 +145,7 @@ def test_controller_pipelines_a_job_across_a100_and_a10(slurm_cluster, tmp_path)
     assert stages == [("n1", 3), ("n6", 1)], stages
 
     # why this cell: by the controller's estimator, nothing the free GPUs allow fits but the pipeline
-    job = probe(model, PIPELINE)
+    job = probe(model, PIPELINE, runtime="exact")
     mixed = ctl.estimator.estimate(job, cell)
     assert mixed.feasible and mixed.plan.stage_layers == (1, 3), mixed  # priced in part order: a10, a100
     for c in [Cell(t, 1, 2, pp) for t in ("a100", "a10") for pp in (1, 2)]:

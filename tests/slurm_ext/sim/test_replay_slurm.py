@@ -32,7 +32,7 @@ from support import ROOT, SHAPE, read_shape, wait_for
 
 from slurm_ext.backends import get_backend
 from slurm_ext.backends.base import Backend
-from slurm_ext.config import Config, ControllerConfig
+from slurm_ext.config import Config, ControllerConfig, NetworkConfig
 from slurm_ext.controller.round import Controller
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import SlurmJob
@@ -54,6 +54,10 @@ POLICY = "cellsched"
 #: safety net so that a loaded machine does not cut a solve short, and no
 #: calibration (ITER_S below is a stand-in clock, not a speed to learn)
 SOLVER = SolverConfig(w_age=0.0, time_limit_s=30.0, calibrate=False)
+#: the same network on both sides: none modelled, as the simulator's controller has it for a cluster
+#: spec without NICs (etc/sim-cluster.toml; slurm_ext.sim.engine.network_config), where the live
+#: controller's default would price every node's NIC (100 Gb/s) and the solver the jobs sharing them
+NETWORK = NetworkConfig(modelled=False)
 #: every job: not elastic, 1 to MAX_GPUS GPUs (what the simulator's specs say)
 MAX_GPUS = 8
 #: seconds per iteration, on every cell: a job's run time is its iterations x ITER_S
@@ -219,6 +223,7 @@ class Replay:
                 progress_rate_factor=RATE_FACTOR,
             ),
             solver=SOLVER,
+            network=NETWORK,
         )
         self.controller = Controller(config)
         self.backend: Backend = get_backend("cli", timeout=60.0)
