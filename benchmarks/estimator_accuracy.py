@@ -81,6 +81,8 @@ BATCH = 8
 #: micro-batch sizes profiled; every plan below runs others (held out)
 PROFILED = (1, 4)
 HELD_OUT = (2, 8)
+#: runtimes whose layers are also profiled as the runtime wraps them (launch.profiler.WRAPPED_RUNTIMES)
+WRAPPED = ("sharded",)
 #: ranks of every plan (one per core; plans of more ranks than cores are left out)
 RANKS = 2
 #: The GPU run: a GPT of about 110M parameters (fp32), big enough that a
@@ -307,7 +309,9 @@ def pct_error(predicted: float, measured: float) -> float:
 CPU_TYPE = "cpu"
 
 
-def _corun_worker(index: int, ranks: int, port: int, started, finished, out: str, repeat: int = 11) -> None:
+def _corun_worker(
+    index: int, ranks: int, port: int, started, finished, out: str, repeat: int = 11, wrapped: tuple[str, ...] = ()
+) -> None:
     """One of `ranks` processes profiling at once (spawned): the layers in a
     stack of the model's blocks and the update over the whole model, each
     process on one thread, as a training rank runs; it keeps profiling until
@@ -335,6 +339,15 @@ def _corun_worker(index: int, ranks: int, port: int, started, finished, out: str
     recs = profiler.profile_layers(
         model, tps=(1, 2), micro_batches=PROFILED, stack=model.num_layers, tp_group=tp_group, **kw
     )
+    for runtime in wrapped:  # the layers as that runtime wraps them (every process alike: they share its groups)
+        recs += profiler.profile_layers(
+            model,
+            tps=(1, 2) if ranks > 1 else (1,),
+            micro_batches=PROFILED,
+            stack=model.num_layers,
+            runtime=runtime,
+            **kw,
+        )
     gbps = profiler.profile_update(model, blocks=model.num_layers, **kw)
     with finished.get_lock():
         finished.value += 1
@@ -347,7 +360,7 @@ def _corun_worker(index: int, ranks: int, port: int, started, finished, out: str
         json.dump({"layers": [r.__dict__ for r in recs], "update_gbps": gbps}, f)
 
 
-def profile_corun(ranks: int, repeat: int = 11) -> tuple[list, float]:
+def profile_corun(ranks: int, repeat: int = 11, wrapped: tuple[str, ...] = ()) -> tuple[list, float]:
     """(layer records, update GB/s) of a core while `ranks` cores run alike
     work: `ranks` processes profile at once (``_corun_worker``), and each
     time is the mean over them. The ranks of a job on this machine share its
@@ -362,7 +375,7 @@ def profile_corun(ranks: int, repeat: int = 11) -> tuple[list, float]:
         outs = [os.path.join(tmp, f"{i}.json") for i in range(ranks)]
         port = free_port()
         procs = [
-            ctx.Process(target=_corun_worker, args=(i, ranks, port, started, finished, outs[i], repeat))
+            ctx.Process(target=_corun_worker, args=(i, ranks, port, started, finished, outs[i], repeat, wrapped))
             for i in range(ranks)
         ]
         for proc in procs:
@@ -378,7 +391,7 @@ def profile_corun(ranks: int, repeat: int = 11) -> tuple[list, float]:
                 runs.append(json.load(f))
     recs = []
     for parts in zip(*(r["layers"] for r in runs), strict=True):
-        fields = dict(parts[0], gpu_type=CPU_TYPE)
+        fields = dict(parts[0])  # "cpu", or a runtime's wrapped type of it
         fields["fwd_s"] = statistics.mean(p["fwd_s"] for p in parts)
         fields["bwd_s"] = statistics.mean(p["bwd_s"] for p in parts)
         recs.append(LayerRecord(**fields))
@@ -422,7 +435,7 @@ def optimizer_step_s(shape: dict, device: str = "cpu") -> float:
     return statistics.median(times[2:])
 
 
-def profile_cpu(store, cores: int, quick: bool = False) -> dict[str, float]:
+def profile_cpu(store, cores: int, quick: bool = False, wrapped: tuple[str, ...] = ()) -> dict[str, float]:
     """Profile this CPU into `store` as one GPU type, ``CPU_TYPE``: the layers
     and update of ``profile_corun`` with as many processes as a plan has
     ranks (``RANKS``, at most the cores), and the loopback comm curves;
@@ -431,7 +444,7 @@ def profile_cpu(store, cores: int, quick: bool = False) -> dict[str, float]:
 
     comm = profiler.profile_comm(2, link=profiler.LOOPBACK, backend="gloo", repeat=10 if quick else 90)
     store.put_comm(comm)
-    layers, gbps = profile_corun(min(RANKS, cores), 3 if quick else 11)
+    layers, gbps = profile_corun(min(RANKS, cores), 3 if quick else 11, wrapped)
     store.put_layers(layers)
     store.put_gpu(cpu_spec(comm, gbps, CPU_TYPE))
     return {CPU_TYPE: gbps}
@@ -481,7 +494,8 @@ def one_pass(
             if on_gpu:
                 device_name, update_gbps = profile_gpu(store, model)
             else:
-                device_name, update_gbps = CPU_TYPE, profile_cpu(store, cores, quick)
+                wrapped = tuple(r for r in plans if r in WRAPPED)
+                device_name, update_gbps = CPU_TYPE, profile_cpu(store, cores, quick, wrapped)
         profile_s = time.perf_counter() - t0
         est = controller_estimator(path)
         rows = []

@@ -119,7 +119,7 @@ from solver.cost.runtime import (
     zero1_gather_bytes,
 )
 from solver.models import ModelSpec
-from solver.profiles.records import CellRecord, GpuSpec, ProfileSource
+from solver.profiles.records import CellRecord, GpuSpec, ProfileSource, runtime_gpu_type
 from solver.runtimes import SOLVER_DEFAULT_RUNTIME, get_runtime, plan_problem
 from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
 
@@ -599,10 +599,11 @@ class Estimator:
                 if m < pp and pr.m_at_least_pp:
                     continue
                 b = per_worker // m
+                ltype = self._layer_type(md, chosen, cell.gpu_type, tp, pr)
                 if pr.uneven_stages:
-                    st = self._stages(md, chosen, cell.gpu_type, tp, b, pp)
+                    st = self._stages(md, chosen, ltype, tp, b, pp)
                 else:
-                    even = self._even_stages(md, chosen, cell.gpu_type, tp, b, pp)
+                    even = self._even_stages(md, chosen, ltype, tp, b, pp)
                     if even is None:
                         continue
                     st = even
@@ -695,10 +696,21 @@ class Estimator:
             )
         return sync + upd
 
+    @staticmethod
+    def _layer_type(md: _ModelData, source: EstimateSource, gpu_type: str, tp: int, pr: Pricing) -> str:
+        """The GPU type whose layer records price runtime `pr`'s plans: those
+        profiled as the runtime wraps its layers (``runtime_gpu_type``) where
+        the store has them for this tp degree, else the plain ones."""
+        if source != EstimateSource.COMPOSED or not pr.own:
+            return gpu_type
+        wrapped = runtime_gpu_type(gpu_type, pr.runtime)
+        return wrapped if md.layer_batches.get((wrapped, tp)) else gpu_type
+
     def _plan_stages(
         self, md: _ModelData, source: EstimateSource, gpu_type: str, tp: int, b: int, pp: int, pr: Pricing
     ) -> StageCosts:
         """The stages a candidate of `_found` was priced with (even where the runtime needs them)."""
+        gpu_type = self._layer_type(md, source, gpu_type, tp, pr)
         if pr.uneven_stages:
             return self._stages(md, source, gpu_type, tp, b, pp)
         st = self._even_stages(md, source, gpu_type, tp, b, pp)

@@ -394,3 +394,42 @@ def test_collective_meets_a_freshly_written_buffer(monkeypatch):
     monkeypatch.setattr(profiler, "_busy", lambda seconds, _scratch: None)
     assert profiler._timed(op, torch.device("cpu"), 1, 3, 0.5, touch) == pytest.approx(2.0)
     assert len(touched) == 4
+
+
+def test_layers_profiled_as_the_sharded_runtime_wraps_them(monkeypatch):
+    """runtime="sharded": the times are of a stage wrapped as launch.sharded
+    wraps it (every block and the stage under fully_shard: FSDP2's
+    reduce-scatter runs for every unit), the memory the plain layers';
+    stored under the runtime's GPU type, in a process group of its own."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as coll  # where FSDP2 calls them
+
+    torch.set_num_threads(1)
+    calls = {"scatter": 0}
+    scatter = coll.foreach_reduce
+
+    def counted(*args, **kwargs):
+        calls["scatter"] += 1
+        return scatter(*args, **kwargs)
+
+    monkeypatch.setattr(coll, "foreach_reduce", counted)
+    plain = profiler.profile_layers(MODEL, micro_batches=(2,), warmup=0, repeat=1)
+    wrapped = profiler.profile_layers(MODEL, micro_batches=(2,), warmup=1, repeat=2, stack=2, runtime="sharded")
+    assert not dist.is_initialized()  # its own one-rank group, gone again
+    assert {r.gpu_type for r in wrapped} == {"cpu@sharded"}
+    assert [(r.tp, r.layer, r.kind, r.param_bytes, r.act_bytes, r.out_bytes) for r in wrapped] == [
+        (r.tp, r.layer, r.kind, r.param_bytes, r.act_bytes, r.out_bytes) for r in plain
+    ]
+    assert all(r.fwd_s > 0 and r.bwd_s > 0 for r in wrapped)
+    # (over one rank FSDP2 copies a unit's shard into its unsharded parameters rather than all-gather it)
+    assert calls["scatter"] == 3 * 3  # 3 runs x (2 blocks + the root), each unit's gradients reduced once
+
+    rows = profiler.summarize(plain + wrapped)
+    assert [r.get("runtime") for r in rows] == [None, "sharded"]
+
+
+def test_only_known_runtimes_are_profiled_wrapped():
+    with pytest.raises(profiler.ProfileError, match="cannot be profiled wrapped"):
+        profiler.profile_layers(MODEL, micro_batches=(1,), runtime="exact")
+    with pytest.raises(profiler.ProfileError, match="tp processes"):
+        profiler.profile_layers(MODEL, tps=(2,), micro_batches=(1,), stack=1, runtime="sharded")
