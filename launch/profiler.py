@@ -50,6 +50,7 @@ from torch import nn
 from torch.multiprocessing.spawn import start_processes
 
 from launch.errors import LauncherError
+from solver.cost.layers import TP_ALLREDUCES_PER_BLOCK
 from solver.models import TRANSFORMER_FAMILIES, ModelSpec
 from solver.profiles.records import RUNTIME_SEP, CommRecord, LayerRecord, runtime_gpu_type
 
@@ -457,7 +458,7 @@ class _Root(nn.Module):
 
 
 def _root_stack_times(
-    root: _Root, tokens: torch.Tensor, device: torch.device, warmup: int, repeat: int, comm: TPComm | None
+    root: _Root, tokens: torch.Tensor, device: torch.device, warmup: int, repeat: int, comm: _PricedComm | None
 ) -> dict[str, tuple[float, float]]:
     """``_stack_times`` of a stage called as one module (its root's hooks run
     once a micro-batch, as in training): the layer boundaries are stamped by
@@ -489,6 +490,8 @@ def _root_stack_times(
         for i in range(warmup + repeat):
             root.zero_grad(set_to_none=True)
             state["bounds"], state["marks"] = [], {}
+            if comm is not None:
+                comm.left = TP_ALLREDUCES_PER_BLOCK * len(root.blocks)
             _sync(device)
             loss = root(tokens)
             state["bounds"].append(stamp())
@@ -514,11 +517,24 @@ def _root_stack_times(
     }
 
 
+class _PricedComm(TPComm):
+    """``TPComm``'s account of DTensor's all-reduces, of which only the first
+    `left` of a run are left out of the layers' times: those the estimator
+    prices from the curves (``TP_ALLREDUCES_PER_BLOCK`` per block). The rest
+    stay in the times, as measured: DTensor's plan of separate q, k and v
+    linears all-reduces each one's input gradient, 6 a block, not 4."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        super().__init__(group)
+        self.left = 0
+
+
 @contextlib.contextmanager
-def _timed_funcol(comm: TPComm) -> Iterator[None]:
+def _timed_funcol(comm: _PricedComm) -> Iterator[None]:
     """DTensor's all-reduces (``funcol.all_reduce``) waited for at once and
-    their time added to `comm.spent`, as ``TPComm`` does for the plain tp
-    layers (the runtime waits for them at the next op, which is the next line)."""
+    their time added to `comm.spent` while `comm.left` lasts, as ``TPComm``
+    does for the plain tp layers (the runtime waits for them at the next op,
+    which is the next line)."""
     import torch.distributed._functional_collectives as funcol
 
     orig = funcol.all_reduce
@@ -529,7 +545,9 @@ def _timed_funcol(comm: TPComm) -> Iterator[None]:
         out: torch.Tensor = orig(*args, **kwargs)
         if isinstance(out, funcol.AsyncCollectiveTensor):
             out = out.wait()
-        comm.spent += clock() - t0
+        if comm.left > 0:
+            comm.spent += clock() - t0
+            comm.left -= 1
         return out
 
     funcol.all_reduce = timed  # the same signature, waited for
@@ -585,7 +603,7 @@ def _sharded_stack_times(
         unit.set_gradient_divide_factor(1.0)  # type: ignore[operator]  # fully_shard made it an FSDPModule
         unit.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
     tokens = torch.randint(model.vocab, (b, model.seq_len), device=device)
-    comm = TPComm(mesh["tp"].get_group()) if tp > 1 else None
+    comm = _PricedComm(mesh["tp"].get_group()) if tp > 1 else None
     with _timed_funcol(comm) if comm is not None else contextlib.nullcontext():
         return _root_stack_times(root, tokens, device, warmup, repeat, comm)
 

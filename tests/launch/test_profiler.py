@@ -433,3 +433,44 @@ def test_only_known_runtimes_are_profiled_wrapped():
         profiler.profile_layers(MODEL, micro_batches=(1,), runtime="exact")
     with pytest.raises(profiler.ProfileError, match="tp processes"):
         profiler.profile_layers(MODEL, tps=(2,), micro_batches=(1,), stack=1, runtime="sharded")
+
+
+def _wrapped_tp_worker(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    calls, orig = [0], funcol.all_reduce
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return orig(*args, **kwargs)
+
+    funcol.all_reduce = counted
+    try:
+        recs = profiler.profile_layers(
+            MODEL, tps=(2,), micro_batches=(1,), stack=2, warmup=1, repeat=2, runtime="sharded"
+        )
+    finally:
+        funcol.all_reduce = orig
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"calls": calls[0], "recs": [[r.gpu_type, r.tp, r.kind, r.fwd_s, r.bwd_s] for r in recs]}, f)
+
+
+def test_tp_layers_profiled_as_the_sharded_runtime_parallelizes_them(tmp_path):
+    """tp=2 as DTensor runs it on two gloo processes: the reference trainer's
+    plan (q, k, v and fc column-wise, proj and out row-wise) all-reduces 6
+    times a block and micro-batch, 2 outputs forward and 4 input gradients
+    backward; 3 runs of 2 blocks."""
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "wrapped.json"
+    mp.start_processes(_wrapped_tp_worker, args=(profiler._free_port(), str(out)), nprocs=2, start_method="spawn")
+    got = json.loads(out.read_text())
+    assert got["calls"] == 3 * 2 * 6
+    assert {(g, tp) for g, tp, *_ in got["recs"]} == {("cpu@sharded", 2)}
+    assert all(fwd > 0 and bwd > 0 for *_, fwd, bwd in got["recs"])
