@@ -39,7 +39,19 @@ Prints one JSON line per plan and one per runtime with `runtime`,
 `mape_pct_heldout` (mean absolute percentage error of the time over the
 held-out plans) and `memory_err_pct` (mean absolute percentage error of
 the peak memory), then a summary. Plans with more ranks than cores are
-left out (a per-device estimate cannot know an oversubscribed machine).
+left out (a per-device estimate cannot know an oversubscribed machine):
+on CPU a "GPU" of the cell is one core, each rank one process on one
+thread (``OMP_NUM_THREADS=1``), so on a 2-core machine every plan has 2
+ranks. Each pass profiles afresh, predicts and measures; a plan's
+prediction and measurement are their medians over the passes (3 by
+default), and the summary's means are over every plan timed. The summary
+records the 1-minute load average at the start and the end: other work on
+the cores slows the steps (``cpu_wait_pct``), which no estimate can know.
+
+For ``sharded`` the layers are also profiled as that runtime wraps them
+(``profile_layers(runtime="sharded")``: FSDP2 over one rank on every block
+and the stage, DTensor's tp plan on a tp group of 2), stored under
+``cpu@sharded``, from which the estimator prices its plans.
 
 What the estimate prices (solver.cost.runtime): each layer's compute; under
 tp, 4 all-reduces of the activation per block and micro-batch; the
@@ -57,7 +69,7 @@ With ``--device cuda`` the exact runtime runs on this machine's first GPU
 ``GPU_PROFILED`` micro-batch sizes, the plans at the others, and the memory
 is ``torch.cuda.max_memory_allocated``.
 
-    python benchmarks/estimator_accuracy.py [--steps 10] [--passes 1] [--runtime exact ...] [--quick] [--device cuda]
+    python benchmarks/estimator_accuracy.py [--steps 10] [--passes 3] [--runtime exact ...] [--quick] [--device cuda]
 """
 
 from __future__ import annotations
@@ -549,8 +561,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--passes",
         type=int,
-        default=1,
-        help="profile-predict-measure passes; a plan's prediction and measurement are each their median (default: 1)",
+        default=None,
+        help="profile-predict-measure passes; a plan's prediction and measurement are each their median "
+        "(default: 3, 1 with --quick)",
     )
     ap.add_argument("--runtime", action="append", help="runtime mode to measure (repeat; default: every one here)")
     ap.add_argument("--quick", action="store_true", help="two plans per runtime, 4 timed steps, a short profile")
@@ -562,6 +575,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.steps, args.warmup, args.shape, args.batch)
         return 0
+    if args.passes is None:
+        args.passes = 1 if args.quick else 3
     if args.passes < 1:
         ap.error("--passes must be at least 1")
 
@@ -586,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
     cores = len(os.sched_getaffinity(0))
     if not on_gpu:  # a per-device estimate cannot know an oversubscribed machine
         plans = {r: [p for p in ps if p[0] * p[1] * p[2] <= cores] for r, ps in plans.items()}
-    t_start = time.perf_counter()
+    t_start, load_start = time.perf_counter(), os.getloadavg()
     passes = [one_pass(on_gpu, shape, batch, plans, cores, steps, args.warmup, args.quick) for _ in range(args.passes)]
     rows = [row_of(list(runs), batch) for runs in zip(*(p["rows"] for p in passes), strict=True)]
     for row in rows:
@@ -621,6 +636,9 @@ def main(argv: list[str] | None = None) -> int:
                 "global_batch": batch,
                 "profiled_micro_batch_sizes": list(GPU_PROFILED if on_gpu else PROFILED),
                 "cores": cores,
+                # on CPU each rank is one process on one thread: a "GPU" of the estimator is a core here
+                "rank": "one GPU" if on_gpu else "one CPU core (a GPU of the cell), OMP_NUM_THREADS=1",
+                "load_avg_1m": {"start": round(load_start[0], 2), "end": round(os.getloadavg()[0], 2)},
                 "passes": args.passes,
                 "steps": steps,
                 "optimizer_step_s": round(optimizer_step_s(shape, args.device), 4),
