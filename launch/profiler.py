@@ -463,7 +463,9 @@ def _root_stack_times(
     """``_stack_times`` of a stage called as one module (its root's hooks run
     once a micro-batch, as in training): the layer boundaries are stamped by
     forward pre-hooks run before any other (FSDP2's all-gather of a block is
-    the block's) and by hooks on the gradients of the layers' inputs."""
+    the block's) and by hooks on the gradients of the layers' inputs; the
+    root's own work (its unshard at the call, its callbacks at the end of
+    backward) counts to the embedding."""
     stamp, seconds = _stamper(device, comm)
     layers = [root.embed, *root.blocks, root.head]
     state: dict[str, Any] = {}
@@ -476,7 +478,8 @@ def _root_stack_times(
 
     def pre(j: int) -> Callable[..., None]:
         def hook(_module: nn.Module, args: tuple[Any, ...]) -> None:
-            state["bounds"].append(stamp())
+            if j > 0:  # the embedding's forward starts before the root's hooks (its all-gather), at the call
+                state["bounds"].append(stamp())
             marks = state["marks"]
             if j > 0 and isinstance(args[0], torch.Tensor) and args[0].requires_grad:
                 x: torch.Tensor = args[0]
@@ -489,10 +492,11 @@ def _root_stack_times(
     try:
         for i in range(warmup + repeat):
             root.zero_grad(set_to_none=True)
-            state["bounds"], state["marks"] = [], {}
+            state["marks"] = {}
             if comm is not None:
                 comm.left = TP_ALLREDUCES_PER_BLOCK * len(root.blocks)
             _sync(device)
+            state["bounds"] = [stamp()]
             loss = root(tokens)
             state["bounds"].append(stamp())
             loss.backward()
