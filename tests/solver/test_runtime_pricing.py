@@ -210,3 +210,31 @@ def test_sharded_plans_are_priced_from_the_layers_profiled_as_it_wraps_them(tmp_
         assert m1 == m0
         for runtime in ("exact", "adaptive", "ddp"):
             assert one(wrapped, runtime) == one(plain, runtime)
+
+
+def test_a_micro_batch_between_two_profiled_sizes_is_priced_on_their_line(tmp_path) -> None:  # noqa: ANN001
+    """Each layer takes 10 ms at micro-batch 1 and 16 ms at 4 (8 ms a
+    micro-batch, 2 ms a sample): a runtime's plan at 2 is priced at 12 ms a
+    layer, 4 ms under the plan at 4 for each of the 6 layers (one GPU, one
+    micro-batch, the rest of the step alike); the simulator's `adaptive`
+    keeps the nearest size's time per sample (4 ms: 8 ms at 2)."""
+    from solver.profiles.records import GpuSpec, LayerRecord
+
+    tiny = get_model("gpt-tiny")
+    kinds = ["embed"] + ["block"] * tiny.num_layers + ["head"]
+    with open_store(tmp_path / "p.sqlite") as store:
+        store.put_gpu(GpuSpec("cpu", mem_gb=64.0, peak_tflops=0.1, mem_bw_gbps=10.0))
+        store.put_layers(
+            LayerRecord(tiny.signature, "cpu", 1, b, i, kind, t / 2, t / 2, 4096, 8192 * b, 1024 * b)
+            for b, t in ((1, 10e-3), (4, 16e-3))
+            for i, kind in enumerate(kinds)
+        )
+        est = Estimator(store)
+        cell = Cell("cpu", 1, 1, 1)
+
+        def one(batch: int, runtime: str) -> float:
+            return next(t for p, t, _ in est.plans(tiny, batch, cell, None, runtime=runtime) if p.micro_batches == 1)
+
+        for runtime in ("exact", "sharded"):
+            assert one(4, runtime) - one(2, runtime) == pytest.approx(6 * 4e-3, rel=1e-9)
+        assert one(4, "adaptive") - one(2, "adaptive") == pytest.approx(6 * 8e-3, rel=1e-9)
