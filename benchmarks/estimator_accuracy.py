@@ -53,7 +53,9 @@ For ``sharded`` the layers are also profiled as that runtime wraps them
 and the stage, DTensor's tp plan on a tp group of 2), stored under
 ``cpu@sharded``, from which the estimator prices its plans.
 
-What the estimate prices (solver.cost.runtime): each layer's compute; under
+What the estimate prices (solver.cost.runtime): each layer's compute (for
+``sharded`` as it wraps the layers; a held-out size between the profiled
+ones on the line through their times, ``Estimator._ref``); under
 tp, 4 all-reduces of the activation per block and micro-batch; the
 pipeline's activation sends; the autograd's adds of each micro-batch's
 gradients into the step's; exact: the all-gather of every unit's gradient

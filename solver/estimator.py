@@ -45,7 +45,12 @@ and buffers, per rank at its peak) and offered only plans it carries out
 why. ``adaptive`` (the simulator's trace jobs, and a JobRequest that names
 none) keeps this estimator's own settings and every source above; the
 others are priced from the model (sources 2 and 3: a cell-level or per-plan
-measurement is of another runtime's plan).
+measurement is of another runtime's plan). Their layers' times come from
+the records profiled as the runtime wraps its layers where the store has
+them (``runtime_gpu_type``: FSDP2's hooks and copies, DTensor's dispatch),
+and a micro-batch size between two profiled ones is priced on the line
+through their times (a fixed part per micro-batch, a part per sample:
+``Estimator._ref``), not by the nearest one's time per sample.
 
 Inside a cell (pp fixed) the search covers tp dividing the GPUs per node
 (and the heads; the hidden size for non-transformers), dp = GPUs / (pp tp)
