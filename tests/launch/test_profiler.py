@@ -474,3 +474,16 @@ def test_tp_layers_profiled_as_the_sharded_runtime_parallelizes_them(tmp_path):
     assert got["calls"] == 3 * 2 * 6
     assert {(g, tp) for g, tp, *_ in got["recs"]} == {("cpu@sharded", 2)}
     assert all(fwd > 0 and bwd > 0 for *_, fwd, bwd in got["recs"])
+
+
+def test_profile_cli_stores_the_sharded_runtimes_layers(tmp_path):
+    """`cellsched profile --runtime sharded` adds the layers as that runtime wraps them under TYPE@sharded."""
+    db = tmp_path / "p.sqlite"
+    args = ["profile", "--model", "gpt-tiny", "--micro-batch", "1", "--db", str(db), "--runtime", "sharded"]
+    args += ["--warmup", "0", "--repeat", "1", "--threads", "1", "--json"]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.output.splitlines()]
+    assert [r.get("runtime") for r in rows] == [None, "sharded"]
+    with open_store(db) as s:
+        assert s.layer_keys(SIG) == [("cpu", 1, 1), ("cpu@sharded", 1, 1)]
