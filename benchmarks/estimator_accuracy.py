@@ -39,9 +39,23 @@ Prints one JSON line per plan and one per runtime with `runtime`,
 `mape_pct_heldout` (mean absolute percentage error of the time over the
 held-out plans) and `memory_err_pct` (mean absolute percentage error of
 the peak memory), then a summary. Plans with more ranks than cores are
-left out (a per-device estimate cannot know an oversubscribed machine).
+left out (a per-device estimate cannot know an oversubscribed machine):
+on CPU a "GPU" of the cell is one core, each rank one process on one
+thread (``OMP_NUM_THREADS=1``), so on a 2-core machine every plan has 2
+ranks. Each pass profiles afresh, predicts and measures; a plan's
+prediction and measurement are their medians over the passes (3 by
+default), and the summary's means are over every plan timed. The summary
+records the 1-minute load average at the start and the end: other work on
+the cores slows the steps (``cpu_wait_pct``), which no estimate can know.
 
-What the estimate prices (solver.cost.runtime): each layer's compute; under
+For ``sharded`` the layers are also profiled as that runtime wraps them
+(``profile_layers(runtime="sharded")``: FSDP2 over one rank on every block
+and the stage, DTensor's tp plan on a tp group of 2), stored under
+``cpu@sharded``, from which the estimator prices its plans.
+
+What the estimate prices (solver.cost.runtime): each layer's compute (for
+``sharded`` as it wraps the layers; a held-out size between the profiled
+ones on the line through their times, ``Estimator._ref``); under
 tp, 4 all-reduces of the activation per block and micro-batch; the
 pipeline's activation sends; the autograd's adds of each micro-batch's
 gradients into the step's; exact: the all-gather of every unit's gradient
@@ -57,7 +71,7 @@ With ``--device cuda`` the exact runtime runs on this machine's first GPU
 ``GPU_PROFILED`` micro-batch sizes, the plans at the others, and the memory
 is ``torch.cuda.max_memory_allocated``.
 
-    python benchmarks/estimator_accuracy.py [--steps 10] [--passes 1] [--runtime exact ...] [--quick] [--device cuda]
+    python benchmarks/estimator_accuracy.py [--steps 10] [--passes 3] [--runtime exact ...] [--quick] [--device cuda]
 """
 
 from __future__ import annotations
@@ -81,6 +95,8 @@ BATCH = 8
 #: micro-batch sizes profiled; every plan below runs others (held out)
 PROFILED = (1, 4)
 HELD_OUT = (2, 8)
+#: runtimes whose layers are also profiled as the runtime wraps them (launch.profiler.WRAPPED_RUNTIMES)
+WRAPPED = ("sharded",)
 #: ranks of every plan (one per core; plans of more ranks than cores are left out)
 RANKS = 2
 #: The GPU run: a GPT of about 110M parameters (fp32), big enough that a
@@ -307,7 +323,9 @@ def pct_error(predicted: float, measured: float) -> float:
 CPU_TYPE = "cpu"
 
 
-def _corun_worker(index: int, ranks: int, port: int, started, finished, out: str, repeat: int = 11) -> None:
+def _corun_worker(
+    index: int, ranks: int, port: int, started, finished, out: str, repeat: int = 11, wrapped: tuple[str, ...] = ()
+) -> None:
     """One of `ranks` processes profiling at once (spawned): the layers in a
     stack of the model's blocks and the update over the whole model, each
     process on one thread, as a training rank runs; it keeps profiling until
@@ -335,6 +353,15 @@ def _corun_worker(index: int, ranks: int, port: int, started, finished, out: str
     recs = profiler.profile_layers(
         model, tps=(1, 2), micro_batches=PROFILED, stack=model.num_layers, tp_group=tp_group, **kw
     )
+    for runtime in wrapped:  # the layers as that runtime wraps them (every process alike: they share its groups)
+        recs += profiler.profile_layers(
+            model,
+            tps=(1, 2) if ranks > 1 else (1,),
+            micro_batches=PROFILED,
+            stack=model.num_layers,
+            runtime=runtime,
+            **kw,
+        )
     gbps = profiler.profile_update(model, blocks=model.num_layers, **kw)
     with finished.get_lock():
         finished.value += 1
@@ -347,7 +374,7 @@ def _corun_worker(index: int, ranks: int, port: int, started, finished, out: str
         json.dump({"layers": [r.__dict__ for r in recs], "update_gbps": gbps}, f)
 
 
-def profile_corun(ranks: int, repeat: int = 11) -> tuple[list, float]:
+def profile_corun(ranks: int, repeat: int = 11, wrapped: tuple[str, ...] = ()) -> tuple[list, float]:
     """(layer records, update GB/s) of a core while `ranks` cores run alike
     work: `ranks` processes profile at once (``_corun_worker``), and each
     time is the mean over them. The ranks of a job on this machine share its
@@ -362,7 +389,7 @@ def profile_corun(ranks: int, repeat: int = 11) -> tuple[list, float]:
         outs = [os.path.join(tmp, f"{i}.json") for i in range(ranks)]
         port = free_port()
         procs = [
-            ctx.Process(target=_corun_worker, args=(i, ranks, port, started, finished, outs[i], repeat))
+            ctx.Process(target=_corun_worker, args=(i, ranks, port, started, finished, outs[i], repeat, wrapped))
             for i in range(ranks)
         ]
         for proc in procs:
@@ -378,7 +405,7 @@ def profile_corun(ranks: int, repeat: int = 11) -> tuple[list, float]:
                 runs.append(json.load(f))
     recs = []
     for parts in zip(*(r["layers"] for r in runs), strict=True):
-        fields = dict(parts[0], gpu_type=CPU_TYPE)
+        fields = dict(parts[0])  # "cpu", or a runtime's wrapped type of it
         fields["fwd_s"] = statistics.mean(p["fwd_s"] for p in parts)
         fields["bwd_s"] = statistics.mean(p["bwd_s"] for p in parts)
         recs.append(LayerRecord(**fields))
@@ -422,7 +449,7 @@ def optimizer_step_s(shape: dict, device: str = "cpu") -> float:
     return statistics.median(times[2:])
 
 
-def profile_cpu(store, cores: int, quick: bool = False) -> dict[str, float]:
+def profile_cpu(store, cores: int, quick: bool = False, wrapped: tuple[str, ...] = ()) -> dict[str, float]:
     """Profile this CPU into `store` as one GPU type, ``CPU_TYPE``: the layers
     and update of ``profile_corun`` with as many processes as a plan has
     ranks (``RANKS``, at most the cores), and the loopback comm curves;
@@ -431,7 +458,7 @@ def profile_cpu(store, cores: int, quick: bool = False) -> dict[str, float]:
 
     comm = profiler.profile_comm(2, link=profiler.LOOPBACK, backend="gloo", repeat=10 if quick else 90)
     store.put_comm(comm)
-    layers, gbps = profile_corun(min(RANKS, cores), 3 if quick else 11)
+    layers, gbps = profile_corun(min(RANKS, cores), 3 if quick else 11, wrapped)
     store.put_layers(layers)
     store.put_gpu(cpu_spec(comm, gbps, CPU_TYPE))
     return {CPU_TYPE: gbps}
@@ -481,7 +508,8 @@ def one_pass(
             if on_gpu:
                 device_name, update_gbps = profile_gpu(store, model)
             else:
-                device_name, update_gbps = CPU_TYPE, profile_cpu(store, cores, quick)
+                wrapped = tuple(r for r in plans if r in WRAPPED)
+                device_name, update_gbps = CPU_TYPE, profile_cpu(store, cores, quick, wrapped)
         profile_s = time.perf_counter() - t0
         est = controller_estimator(path)
         rows = []
@@ -535,8 +563,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--passes",
         type=int,
-        default=1,
-        help="profile-predict-measure passes; a plan's prediction and measurement are each their median (default: 1)",
+        default=None,
+        help="profile-predict-measure passes; a plan's prediction and measurement are each their median "
+        "(default: 3, 1 with --quick)",
     )
     ap.add_argument("--runtime", action="append", help="runtime mode to measure (repeat; default: every one here)")
     ap.add_argument("--quick", action="store_true", help="two plans per runtime, 4 timed steps, a short profile")
@@ -548,6 +577,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.steps, args.warmup, args.shape, args.batch)
         return 0
+    if args.passes is None:
+        args.passes = 1 if args.quick else 3
     if args.passes < 1:
         ap.error("--passes must be at least 1")
 
@@ -572,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
     cores = len(os.sched_getaffinity(0))
     if not on_gpu:  # a per-device estimate cannot know an oversubscribed machine
         plans = {r: [p for p in ps if p[0] * p[1] * p[2] <= cores] for r, ps in plans.items()}
-    t_start = time.perf_counter()
+    t_start, load_start = time.perf_counter(), os.getloadavg()
     passes = [one_pass(on_gpu, shape, batch, plans, cores, steps, args.warmup, args.quick) for _ in range(args.passes)]
     rows = [row_of(list(runs), batch) for runs in zip(*(p["rows"] for p in passes), strict=True)]
     for row in rows:
@@ -607,6 +638,9 @@ def main(argv: list[str] | None = None) -> int:
                 "global_batch": batch,
                 "profiled_micro_batch_sizes": list(GPU_PROFILED if on_gpu else PROFILED),
                 "cores": cores,
+                # on CPU each rank is one process on one thread: a "GPU" of the estimator is a core here
+                "rank": "one GPU" if on_gpu else "one CPU core (a GPU of the cell), OMP_NUM_THREADS=1",
+                "load_avg_1m": {"start": round(load_start[0], 2), "end": round(os.getloadavg()[0], 2)},
                 "passes": args.passes,
                 "steps": steps,
                 "optimizer_step_s": round(optimizer_step_s(shape, args.device), 4),

@@ -60,6 +60,14 @@ def _ints(_ctx: click.Context, param: click.Parameter, value: str) -> tuple[int,
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
 @click.option("--repeat", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="torch CPU threads (default: torch's).")
+@click.option(
+    "--runtime",
+    "runtimes",
+    multiple=True,
+    type=click.Choice(["sharded"]),
+    help="Also profile the layers as RUNTIME wraps them (sharded: FSDP2 over one rank, its hooks and copies), "
+    "stored under GPU type TYPE@RUNTIME, which prices that runtime's plans; tp=1 only here (one process). Repeatable.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON lines.")
 def profile(
     model_name: str,
@@ -72,6 +80,7 @@ def profile(
     warmup: int,
     repeat: int,
     threads: int | None,
+    runtimes: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Profile MODEL's layers (forward, backward, memory) per tp degree and
@@ -98,6 +107,17 @@ def profile(
             layers = profiler.profile_layers(
                 model, tps=tp, micro_batches=micro_batch, gpu_type=gpu_type, warmup=warmup, repeat=repeat
             )
+            for runtime in runtimes:
+                layers += profiler.profile_layers(
+                    model,
+                    micro_batches=micro_batch,
+                    gpu_type=gpu_type,
+                    device="cpu",
+                    warmup=warmup,
+                    repeat=repeat,
+                    stack=model.num_layers,
+                    runtime=runtime,
+                )
         except profiler.ProfileError as exc:
             raise click.UsageError(str(exc)) from None
         store.put_layers(layers)

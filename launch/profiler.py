@@ -27,6 +27,8 @@ communication curves once per link.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import gc
 import itertools
@@ -37,7 +39,7 @@ import re
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -48,8 +50,9 @@ from torch import nn
 from torch.multiprocessing.spawn import start_processes
 
 from launch.errors import LauncherError
+from solver.cost.layers import TP_ALLREDUCES_PER_BLOCK
 from solver.models import TRANSFORMER_FAMILIES, ModelSpec
-from solver.profiles.records import CommRecord, LayerRecord
+from solver.profiles.records import RUNTIME_SEP, CommRecord, LayerRecord, runtime_gpu_type
 
 #: Model dtype -> torch dtype.
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -411,6 +414,204 @@ def _layer_runs(
     }
 
 
+#: runtimes whose layers the profiler can run wrapped as the runtime wraps them (``profile_layers(runtime=...)``)
+WRAPPED_RUNTIMES = ("sharded",)
+
+
+class _SplitBlock(nn.Module):
+    """A pre-norm GPT block laid out as the reference trainer's (minigpt:
+    q, k and v separate linears), for DTensor's tp plan: each column-wise
+    linear redistributes its own input's gradient, so the layout decides
+    the block's collectives."""
+
+    def __init__(self, m: ModelSpec):
+        super().__init__()
+        h = m.hidden
+        self.heads = m.heads
+        self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
+        self.qkv = nn.ModuleList(nn.Linear(h, h) for _ in range(3))
+        self.proj, self.fc, self.out = nn.Linear(h, h), nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        y = self.ln1(x)
+        q, k, v = (lin(y).view(b, s, self.heads, -1).transpose(1, 2) for lin in self.qkv)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, s, -1))
+        out: torch.Tensor = x + self.out(F.gelu(self.fc(self.ln2(x))))
+        return out
+
+
+class _Root(nn.Module):
+    """The stage FSDP2 wraps last (the runtime's root unit): embedding, blocks, head."""
+
+    def __init__(self, embed: nn.Module, blocks: Sequence[nn.Module], head: nn.Module):
+        super().__init__()
+        self.embed, self.blocks, self.head = embed, nn.ModuleList(blocks), head
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        out: torch.Tensor = self.head(x, tokens)
+        return out
+
+
+def _root_stack_times(
+    root: _Root, tokens: torch.Tensor, device: torch.device, warmup: int, repeat: int, comm: _PricedComm | None
+) -> dict[str, tuple[float, float]]:
+    """``_stack_times`` of a stage called as one module (its root's hooks run
+    once a micro-batch, as in training): the layer boundaries are stamped by
+    forward pre-hooks run before any other (FSDP2's all-gather of a block is
+    the block's) and by hooks on the gradients of the layers' inputs; the
+    root's own work (its unshard at the call, its callbacks at the end of
+    backward) counts to the embedding."""
+    stamp, seconds = _stamper(device, comm)
+    layers = [root.embed, *root.blocks, root.head]
+    state: dict[str, Any] = {}
+
+    def mark(marks: dict[int, Any], j: int) -> Callable[[torch.Tensor], None]:
+        def hook(_grad: torch.Tensor) -> None:
+            marks[j] = stamp()
+
+        return hook
+
+    def pre(j: int) -> Callable[..., None]:
+        def hook(_module: nn.Module, args: tuple[Any, ...]) -> None:
+            if j > 0:  # the embedding's forward starts before the root's hooks (its all-gather), at the call
+                state["bounds"].append(stamp())
+            marks = state["marks"]
+            if j > 0 and isinstance(args[0], torch.Tensor) and args[0].requires_grad:
+                x: torch.Tensor = args[0]
+                x.register_hook(mark(marks, j))  # type: ignore[no-untyped-call]  # torch: unannotated
+
+        return hook
+
+    handles = [layer.register_forward_pre_hook(pre(j), prepend=True) for j, layer in enumerate(layers)]
+    runs = []
+    try:
+        for i in range(warmup + repeat):
+            root.zero_grad(set_to_none=True)
+            state["marks"] = {}
+            if comm is not None:
+                comm.left = TP_ALLREDUCES_PER_BLOCK * len(root.blocks)
+            _sync(device)
+            state["bounds"] = [stamp()]
+            loss = root(tokens)
+            state["bounds"].append(stamp())
+            loss.backward()
+            end = stamp()
+            _sync(device)
+            bounds, marks = state["bounds"], state["marks"]
+            fwd = [seconds(a, b) for a, b in itertools.pairwise(bounds)]
+            ends = [end] + [marks[j] for j in range(1, len(layers))]
+            starts = ends[1:] + [bounds[-1]]
+            bwd = [seconds(s, e) for e, s in zip(ends, starts, strict=True)]
+            if i >= warmup:
+                runs.append(list(zip(fwd, bwd, strict=True)))
+    finally:
+        for h in handles:
+            h.remove()
+    run = _median_run(runs, key=lambda r: sum(f + b for f, b in r))
+    k = len(root.blocks)
+    return {
+        "embed": run[0],
+        "block": (sum(f for f, _ in run[1:-1]) / k, sum(b for _, b in run[1:-1]) / k),
+        "head": run[-1],
+    }
+
+
+class _PricedComm(TPComm):
+    """``TPComm``'s account of DTensor's all-reduces, of which only the first
+    `left` of a run are left out of the layers' times: those the estimator
+    prices from the curves (``TP_ALLREDUCES_PER_BLOCK`` per block). The rest
+    stay in the times, as measured: DTensor's plan of separate q, k and v
+    linears all-reduces each one's input gradient, 6 a block, not 4."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        super().__init__(group)
+        self.left = 0
+
+
+@contextlib.contextmanager
+def _timed_funcol(comm: _PricedComm) -> Iterator[None]:
+    """DTensor's all-reduces (``funcol.all_reduce``) waited for at once and
+    their time added to `comm.spent` while `comm.left` lasts, as ``TPComm``
+    does for the plain tp layers (the runtime waits for them at the next op,
+    which is the next line)."""
+    import torch.distributed._functional_collectives as funcol
+
+    orig = funcol.all_reduce
+    clock = compute_clock(torch.device("cpu"))
+
+    def timed(*args: Any, **kwargs: Any) -> torch.Tensor:
+        t0 = clock()
+        out: torch.Tensor = orig(*args, **kwargs)
+        if isinstance(out, funcol.AsyncCollectiveTensor):
+            out = out.wait()
+        if comm.left > 0:
+            comm.spent += clock() - t0
+            comm.left -= 1
+        return out
+
+    funcol.all_reduce = timed  # the same signature, waited for
+    try:
+        yield
+    finally:
+        funcol.all_reduce = orig
+
+
+def _sharded_mesh(tp: int) -> Any:
+    """A (rest, dp=1, tp) device mesh over the default group: each rank's
+    FSDP mesh of one rank and, for tp > 1, a tp group of `tp` consecutive ranks."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    if world % tp:
+        raise ProfileError(f"profiling tp={tp} as the sharded runtime runs needs tp processes; the group has {world}")
+    return init_device_mesh("cpu", (world // tp, 1, tp), mesh_dim_names=("rest", "dp", "tp"))
+
+
+def _sharded_stack_times(
+    model: ModelSpec, tp: int, b: int, device: torch.device, dtype: torch.dtype, warmup: int, repeat: int, stack: int
+) -> dict[str, tuple[float, float]]:
+    """``_stack_times`` of a stack built as the ``sharded`` runtime builds a
+    stage (``launch.sharded``): for tp > 1 the blocks parallelized by DTensor
+    (``parallelize_module``: q, k, v and fc column-wise, proj and out
+    row-wise; its all-reduces' own time left out, ``_timed_funcol``), then
+    ``fully_shard`` on every block and on the stage, over a dp mesh of one
+    rank: FSDP2's hooks, its copies into and out of the collectives' buffers
+    and DTensor's dispatch per op are in the times; the dp > 1 collectives
+    themselves are the comm curves'."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = _sharded_mesh(tp)
+    blocks = [_SplitBlock(model).to(device=device, dtype=dtype) for _ in range(max(1, stack))]
+    root = _Root(Embed(model), blocks, Head(model)).to(device=device, dtype=dtype)
+    if tp > 1:
+        plan: dict[str, Any] = {}
+        for i in range(len(blocks)):
+            for j in range(3):
+                plan[f"blocks.{i}.qkv.{j}"] = ColwiseParallel()
+            plan[f"blocks.{i}.fc"] = ColwiseParallel()
+            plan[f"blocks.{i}.proj"] = RowwiseParallel()
+            plan[f"blocks.{i}.out"] = RowwiseParallel()
+        parallelize_module(root, mesh["tp"], plan)
+        for blk in blocks:
+            blk.heads //= tp
+    for blk in blocks:
+        fully_shard(blk, mesh=mesh["dp"])
+    fully_shard(root, mesh=mesh["dp"])
+    for unit in (*blocks, root):  # the runtime's plain sum (launch.sharded)
+        unit.set_gradient_divide_factor(1.0)  # type: ignore[operator]  # fully_shard made it an FSDPModule
+        unit.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
+    tokens = torch.randint(model.vocab, (b, model.seq_len), device=device)
+    comm = _PricedComm(mesh["tp"].get_group()) if tp > 1 else None
+    with _timed_funcol(comm) if comm is not None else contextlib.nullcontext():
+        return _root_stack_times(root, tokens, device, warmup, repeat, comm)
+
+
 def profile_layers(
     model: ModelSpec,
     *,
@@ -423,6 +624,7 @@ def profile_layers(
     seed: int = 0,
     stack: int = 0,
     tp_group: dist.ProcessGroup | None = None,
+    runtime: str | None = None,
 ) -> list[LayerRecord]:
     """LayerRecords of every (tp, micro-batch): layer 0 "embed", 1..L "block", L+1 "head".
 
@@ -437,7 +639,20 @@ def profile_layers(
     `tp_group` (CPU, with `stack`): this process is one of the ranks of a
     tp group, all calling this alike; the layers of tp = the group's size
     are then profiled among their all-reduces, as they train (``TPComm``:
-    the collectives' own time is left out, the comm curves price it)."""
+    the collectives' own time is left out, the comm curves price it).
+
+    `runtime` (one of ``WRAPPED_RUNTIMES``, CPU): the times are of the
+    layers as that runtime wraps them (``_sharded_stack_times``), the memory
+    the plain layers'; the records are stored under the GPU type
+    ``runtime_gpu_type(gpu_type, runtime)``, where the estimator prices
+    that runtime's plans from them. It needs a process group (one of a
+    single rank is made when there is none) and, for tp > 1, a world of
+    tp processes per group, all calling this alike."""
+    if runtime is not None and runtime not in WRAPPED_RUNTIMES:
+        raise ProfileError(f"runtime {runtime!r} cannot be profiled wrapped (known: {', '.join(WRAPPED_RUNTIMES)})")
+    if runtime is not None:
+        with _process_group():
+            return _profile_wrapped(model, runtime, tps, micro_batches, gpu_type, device, warmup, repeat, seed, stack)
     if warmup < 0 or repeat < 1:
         raise ProfileError(f"need warmup >= 0 and repeat >= 1, got {warmup} and {repeat}")
     if stack < 0:
@@ -478,6 +693,58 @@ def profile_layers(
         # group lives (a caller's destroy_process_group with them alive aborted 1 run in 6, torch 2.13 gloo)
         gc.collect()
     return out
+
+
+@contextlib.contextmanager
+def _process_group() -> Iterator[None]:
+    """The default process group: the caller's, else one of this process alone (gloo) for the call."""
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        gc.collect()
+        dist.destroy_process_group()
+
+
+def _profile_wrapped(
+    model: ModelSpec,
+    runtime: str,
+    tps: Sequence[int],
+    micro_batches: Sequence[int],
+    gpu_type: str,
+    device: torch.device | str | None,
+    warmup: int,
+    repeat: int,
+    seed: int,
+    stack: int,
+) -> list[LayerRecord]:
+    """``profile_layers(runtime=...)``: the plain records' memory with the wrapped stack's times."""
+    dev = torch.device(device or "cpu")
+    if dev.type != "cpu":
+        raise ProfileError(f"profiling layers as runtime {runtime} wraps them is for CPUs (gloo) only")
+    plain = profile_layers(
+        model, tps=tps, micro_batches=micro_batches, gpu_type=gpu_type, device=dev, warmup=0, repeat=1, seed=seed
+    )
+    dtype = TORCH_DTYPES[model.dtype]
+    times = {
+        (tp, b): _sharded_stack_times(model, tp, b, dev, dtype, warmup, repeat, stack or model.num_layers)
+        for tp in tps
+        for b in micro_batches
+    }
+    gc.collect()  # the runs' graphs hold DTensor's collectives: free them while the groups live
+    wrapped = runtime_gpu_type(gpu_type, runtime)
+    return [
+        dataclasses.replace(
+            r,
+            gpu_type=wrapped,
+            fwd_s=times[(r.tp, r.micro_batch)][r.kind][0],
+            bwd_s=times[(r.tp, r.micro_batch)][r.kind][1],
+        )
+        for r in plain
+    ]
 
 
 # -------------------------------------------------------------------- update
@@ -691,13 +958,17 @@ def profile_comm(
 # ------------------------------------------------------------------- summary
 
 
-def summarize(recs: Sequence[LayerRecord]) -> list[dict[str, float]]:
-    """One row per (tp, micro-batch): whole-model forward/backward ms and MB."""
-    rows: dict[tuple[int, int], dict[str, float]] = {}
+def summarize(recs: Sequence[LayerRecord]) -> list[dict[str, Any]]:
+    """One row per (tp, micro-batch) and wrapping runtime (``runtime``, only
+    on the rows of layers profiled as a runtime wraps them): whole-model
+    forward/backward ms and MB."""
+    rows: dict[tuple[str, int, int], dict[str, Any]] = {}
     for r in recs:
+        wrapped = r.gpu_type.partition(RUNTIME_SEP)[2]
         row = rows.setdefault(
-            (r.tp, r.micro_batch),
-            {
+            (wrapped, r.tp, r.micro_batch),
+            ({"runtime": wrapped} if wrapped else {})
+            | {
                 "tp": r.tp,
                 "micro_batch": r.micro_batch,
                 "layers": 0,

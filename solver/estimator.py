@@ -47,7 +47,12 @@ none) keeps this estimator's own settings; the others are priced by their
 own model. Measurements name no runtime and hold for every runtime: a
 per-plan one prices that plan wherever the runtime runs it; a cell-level one
 gives a named runtime its own best plan of the cell at the measured time
-(scaled by its model to another pp, or to V virtual workers).
+(scaled by its model to another pp, or to V virtual workers). Their layers'
+times come from the records profiled as the runtime wraps its layers where
+the store has them (``runtime_gpu_type``: FSDP2's hooks and copies, DTensor's
+dispatch), and a micro-batch size between two profiled ones is priced on the
+line through their times (a fixed part per micro-batch, a part per sample:
+``Estimator._ref``), not by the nearest one's time per sample.
 
 Inside a cell (pp fixed) the search covers tp dividing the GPUs per node
 (and the heads; the hidden size for non-transformers), dp = GPUs / (pp tp)
@@ -90,6 +95,7 @@ from solver.cost.comm import Links, load_curves
 from solver.cost.layers import (
     LayerCosts,
     StageCosts,
+    affine_layers,
     analytic_layers,
     layers_from_records,
     split_even,
@@ -121,7 +127,7 @@ from solver.cost.runtime import (
     zero1_gather_bytes,
 )
 from solver.models import ModelSpec
-from solver.profiles.records import CellRecord, GpuSpec, ProfileSource
+from solver.profiles.records import CellRecord, GpuSpec, ProfileSource, runtime_gpu_type
 from solver.runtimes import SOLVER_DEFAULT_RUNTIME, get_runtime, plan_problem
 from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
 
@@ -133,6 +139,8 @@ _GB = 1e9
 _MAX_SIGS = 4096
 
 _Layout = tuple[int, str, int, int]  # (global batch, gpu type, nodes, gpus per node)
+#: the profile a micro-batch size is priced from (Estimator._ref)
+_Ref = int | tuple[int, int, int] | None
 _Triple = tuple[int, int, int]  # (pp, dp, tp)
 
 
@@ -198,15 +206,15 @@ class _ModelData:
     plan_records: dict[_Layout, dict[_Triple, CellRecord]]  # per-plan "measured"
     arena_plans: dict[_Layout, list[CellRecord]]  # per-plan "arena-estimated"
     layer_batches: dict[tuple[str, int], list[int]]  # (gpu type, tp) -> profiled micro-batches
-    layer_costs: dict[tuple[str, int, int | None], LayerCosts] = field(default_factory=dict)
-    stage_costs: dict[tuple[str, int, int | None, int], StageCosts] = field(default_factory=dict)
+    layer_costs: dict[tuple[str, int, _Ref], LayerCosts] = field(default_factory=dict)
+    stage_costs: dict[tuple[str, int, _Ref, int], StageCosts] = field(default_factory=dict)
     found: dict[tuple[int, Cell, str, bool, int | None, str], _Found] = field(default_factory=dict)
     calibration: dict[tuple[str, int, int], float | None] = field(default_factory=dict)
     ratios: dict[_Layout, float | None] = field(default_factory=dict)
     found_sharded: dict[tuple[int, Cell, str, bool, int | None, str], _Found] = field(default_factory=dict)
     # sharded step - replicated step, by (gpu type, id of the stages, dp, k, gpus per node, runtime)
     shard_deltas: dict[tuple[str, int, int, int, int, str], float] = field(default_factory=dict)
-    even_stages: dict[tuple[str, int, int | None, int], StageCosts | None] = field(default_factory=dict)
+    even_stages: dict[tuple[str, int, _Ref, int], StageCosts | None] = field(default_factory=dict)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -468,35 +476,59 @@ class Estimator:
         near = sizes[max(0, i - 1) : i + 1]
         return min(near, key=lambda s: (abs(math.log(s / b)), -s))
 
-    def _stages(self, md: _ModelData, source: EstimateSource, gpu_type: str, tp: int, b: int, pp: int) -> StageCosts:
-        ref = self._ref_batch(md, gpu_type, tp, b) if source == EstimateSource.COMPOSED else None
+    def _ref(self, md: _ModelData, source: EstimateSource, gpu_type: str, tp: int, b: int, own: bool) -> _Ref:
+        """The profile that prices micro-batches of b: None (analytic), a
+        profiled size (``_ref_batch``: b's time per sample is that size's),
+        or, for a runtime's own pricing (`own`) where b lies between two
+        profiled sizes, (lower, upper, b): each layer's time the line through
+        its two times, a fixed part per micro-batch (the framework's dispatch
+        and hooks per op, which a per-sample scaling would halve or double
+        with b) and a part per sample."""
+        if source != EstimateSource.COMPOSED:
+            return None
+        ref = self._ref_batch(md, gpu_type, tp, b)
+        if not own or ref == b:
+            return ref
+        sizes = md.layer_batches[(gpu_type, tp)]
+        i = bisect.bisect_left(sizes, b)
+        return (sizes[i - 1], sizes[i], b) if 0 < i < len(sizes) else ref
+
+    def _stages(
+        self, md: _ModelData, source: EstimateSource, gpu_type: str, tp: int, b: int, pp: int, own: bool = False
+    ) -> StageCosts:
+        ref = self._ref(md, source, gpu_type, tp, b, own)
         key = (gpu_type, tp, ref, pp)
         st = md.stage_costs.get(key)
         if st is None:
-            st = md.stage_costs[key] = split_stages(
-                self._costs(md, gpu_type, tp, ref), pp, float(ref or 1), md.model.num_layers
-            )
+            at = float(ref[2] if isinstance(ref, tuple) else ref or 1)
+            st = md.stage_costs[key] = split_stages(self._costs(md, gpu_type, tp, ref), pp, at, md.model.num_layers)
         return st
 
     def _even_stages(
-        self, md: _ModelData, source: EstimateSource, gpu_type: str, tp: int, b: int, pp: int
+        self, md: _ModelData, source: EstimateSource, gpu_type: str, tp: int, b: int, pp: int, own: bool = False
     ) -> StageCosts | None:
         """The split of equal layer counts per stage (runtimes without uneven
         stages); None when the layers do not divide by pp."""
         if pp == 1:
-            return self._stages(md, source, gpu_type, tp, b, pp)
-        ref = self._ref_batch(md, gpu_type, tp, b) if source == EstimateSource.COMPOSED else None
+            return self._stages(md, source, gpu_type, tp, b, pp, own)
+        ref = self._ref(md, source, gpu_type, tp, b, own)
         key = (gpu_type, tp, ref, -pp)  # negative: the even split
         if key not in md.even_stages:
             md.even_stages[key] = split_even(self._costs(md, gpu_type, tp, ref), pp, md.model.num_layers)
         return md.even_stages[key]
 
-    def _costs(self, md: _ModelData, gpu_type: str, tp: int, ref: int | None) -> LayerCosts:
-        """Layer costs from the profile at micro-batch `ref` (None: analytic)."""
+    def _costs(self, md: _ModelData, gpu_type: str, tp: int, ref: _Ref) -> LayerCosts:
+        """Layer costs from the profile at micro-batch `ref` (None: analytic; see `_ref`)."""
         key = (gpu_type, tp, ref)
         costs = md.layer_costs.get(key)
         if costs is None:
-            if ref is None:
+            if isinstance(ref, tuple):
+                lo, hi, b = ref
+                near = self._ref_batch(md, gpu_type, tp, b)  # its memory per sample, as without the line
+                costs = affine_layers(
+                    self._costs(md, gpu_type, tp, lo), self._costs(md, gpu_type, tp, hi), lo, hi, memory_of=near == hi
+                )
+            elif ref is None:
                 costs = analytic_layers(
                     md.model,
                     self._gpus[gpu_type],
@@ -601,10 +633,11 @@ class Estimator:
                 if m < pp and pr.m_at_least_pp:
                     continue
                 b = per_worker // m
+                ltype = self._layer_type(md, chosen, cell.gpu_type, tp, pr)
                 if pr.uneven_stages:
-                    st = self._stages(md, chosen, cell.gpu_type, tp, b, pp)
+                    st = self._stages(md, chosen, ltype, tp, b, pp, pr.own)
                 else:
-                    even = self._even_stages(md, chosen, cell.gpu_type, tp, b, pp)
+                    even = self._even_stages(md, chosen, ltype, tp, b, pp, pr.own)
                     if even is None:
                         continue
                     st = even
@@ -697,13 +730,24 @@ class Estimator:
             )
         return sync + upd
 
+    @staticmethod
+    def _layer_type(md: _ModelData, source: EstimateSource, gpu_type: str, tp: int, pr: Pricing) -> str:
+        """The GPU type whose layer records price runtime `pr`'s plans: those
+        profiled as the runtime wraps its layers (``runtime_gpu_type``) where
+        the store has them for this tp degree, else the plain ones."""
+        if source != EstimateSource.COMPOSED or not pr.own:
+            return gpu_type
+        wrapped = runtime_gpu_type(gpu_type, pr.runtime)
+        return wrapped if md.layer_batches.get((wrapped, tp)) else gpu_type
+
     def _plan_stages(
         self, md: _ModelData, source: EstimateSource, gpu_type: str, tp: int, b: int, pp: int, pr: Pricing
     ) -> StageCosts:
         """The stages a candidate of `_found` was priced with (even where the runtime needs them)."""
+        gpu_type = self._layer_type(md, source, gpu_type, tp, pr)
         if pr.uneven_stages:
-            return self._stages(md, source, gpu_type, tp, b, pp)
-        st = self._even_stages(md, source, gpu_type, tp, b, pp)
+            return self._stages(md, source, gpu_type, tp, b, pp, pr.own)
+        st = self._even_stages(md, source, gpu_type, tp, b, pp, pr.own)
         assert st is not None  # _found lists no candidate without its split
         return st
 

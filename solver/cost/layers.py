@@ -130,6 +130,35 @@ def layers_from_records(recs: Sequence[LayerRecord]) -> LayerCosts:
     )
 
 
+def affine_layers(lo: LayerCosts, hi: LayerCosts, b_lo: int, b_hi: int, *, memory_of: bool = True) -> LayerCosts:
+    """Each layer's time as the line through its times at micro-batch sizes
+    `b_lo` < `b_hi` (profiles `lo` and `hi`, whose time is all per sample):
+    ``time(b) = time_per_sample * b + time_fixed``, neither part below 0;
+    memory per sample from `hi` (`memory_of`) or `lo`."""
+    if not b_lo < b_hi:
+        raise ValueError(f"need b_lo < b_hi, got {b_lo} and {b_hi}")
+    slopes, fixed = [], []
+    for a_lo, a_hi in zip(lo.time_per_sample, hi.time_per_sample, strict=True):
+        t_lo, t_hi = a_lo * b_lo, a_hi * b_hi
+        slope = max(0.0, (t_hi - t_lo) / (b_hi - b_lo))
+        c = t_lo - slope * b_lo
+        if c < 0:  # faster per sample at the smaller size: no fixed part, the larger size's rate
+            slope, c = a_hi, 0.0
+        slopes.append(slope)
+        fixed.append(c)
+    mem = hi if memory_of else lo
+    return LayerCosts(
+        time_per_sample=tuple(slopes),
+        time_fixed=tuple(fixed),
+        act_per_sample=mem.act_per_sample,
+        out_per_sample=mem.out_per_sample,
+        param_bytes=mem.param_bytes,
+        tp_allreduces=mem.tp_allreduces,
+        uniform=mem.uniform,
+        is_block=mem.is_block,
+    )
+
+
 def analytic_layers(
     model: ModelSpec, spec: GpuSpec, tp: int, *, efficiency: float, layer_overhead_s: float
 ) -> LayerCosts:

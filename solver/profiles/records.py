@@ -98,3 +98,14 @@ class GpuSpec:
     intra_link: str = "pcie"
     intra_bw_gbps: float = PCIE4_GBPS
     inter_bw_gbps: float = NET_GBPS
+
+
+#: joins a GPU type and a runtime in the layer records profiled as that runtime wraps its layers
+RUNTIME_SEP = "@"
+
+
+def runtime_gpu_type(gpu_type: str, runtime: str) -> str:
+    """The GPU type the layers of `gpu_type` profiled as `runtime` wraps them
+    are stored under (``launch.profiler.profile_layers(runtime=...)``): the
+    estimator prices that runtime's plans from them where they exist."""
+    return f"{gpu_type}{RUNTIME_SEP}{runtime}"

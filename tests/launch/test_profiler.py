@@ -394,3 +394,96 @@ def test_collective_meets_a_freshly_written_buffer(monkeypatch):
     monkeypatch.setattr(profiler, "_busy", lambda seconds, _scratch: None)
     assert profiler._timed(op, torch.device("cpu"), 1, 3, 0.5, touch) == pytest.approx(2.0)
     assert len(touched) == 4
+
+
+def test_layers_profiled_as_the_sharded_runtime_wraps_them(monkeypatch):
+    """runtime="sharded": the times are of a stage wrapped as launch.sharded
+    wraps it (every block and the stage under fully_shard: FSDP2's
+    reduce-scatter runs for every unit), the memory the plain layers';
+    stored under the runtime's GPU type, in a process group of its own."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as coll  # where FSDP2 calls them
+
+    torch.set_num_threads(1)
+    calls = {"scatter": 0}
+    scatter = coll.foreach_reduce
+
+    def counted(*args, **kwargs):
+        calls["scatter"] += 1
+        return scatter(*args, **kwargs)
+
+    monkeypatch.setattr(coll, "foreach_reduce", counted)
+    plain = profiler.profile_layers(MODEL, micro_batches=(2,), warmup=0, repeat=1)
+    wrapped = profiler.profile_layers(MODEL, micro_batches=(2,), warmup=1, repeat=2, stack=2, runtime="sharded")
+    assert not dist.is_initialized()  # its own one-rank group, gone again
+    assert {r.gpu_type for r in wrapped} == {"cpu@sharded"}
+    assert [(r.tp, r.layer, r.kind, r.param_bytes, r.act_bytes, r.out_bytes) for r in wrapped] == [
+        (r.tp, r.layer, r.kind, r.param_bytes, r.act_bytes, r.out_bytes) for r in plain
+    ]
+    assert all(r.fwd_s > 0 and r.bwd_s > 0 for r in wrapped)
+    # (over one rank FSDP2 copies a unit's shard into its unsharded parameters rather than all-gather it)
+    assert calls["scatter"] == 3 * 3  # 3 runs x (2 blocks + the root), each unit's gradients reduced once
+
+    rows = profiler.summarize(plain + wrapped)
+    assert [r.get("runtime") for r in rows] == [None, "sharded"]
+
+
+def test_only_known_runtimes_are_profiled_wrapped():
+    with pytest.raises(profiler.ProfileError, match="cannot be profiled wrapped"):
+        profiler.profile_layers(MODEL, micro_batches=(1,), runtime="exact")
+    with pytest.raises(profiler.ProfileError, match="tp processes"):
+        profiler.profile_layers(MODEL, tps=(2,), micro_batches=(1,), stack=1, runtime="sharded")
+
+
+def _wrapped_tp_worker(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    calls, orig = [0], funcol.all_reduce
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return orig(*args, **kwargs)
+
+    funcol.all_reduce = counted
+    try:
+        recs = profiler.profile_layers(
+            MODEL, tps=(2,), micro_batches=(1,), stack=2, warmup=1, repeat=2, runtime="sharded"
+        )
+    finally:
+        funcol.all_reduce = orig
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"calls": calls[0], "recs": [[r.gpu_type, r.tp, r.kind, r.fwd_s, r.bwd_s] for r in recs]}, f)
+
+
+def test_tp_layers_profiled_as_the_sharded_runtime_parallelizes_them(tmp_path):
+    """tp=2 as DTensor runs it on two gloo processes: the reference trainer's
+    plan (q, k, v and fc column-wise, proj and out row-wise) all-reduces 6
+    times a block and micro-batch, 2 outputs forward and 4 input gradients
+    backward; 3 runs of 2 blocks."""
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "wrapped.json"
+    mp.start_processes(_wrapped_tp_worker, args=(profiler._free_port(), str(out)), nprocs=2, start_method="spawn")
+    got = json.loads(out.read_text())
+    assert got["calls"] == 3 * 2 * 6
+    assert {(g, tp) for g, tp, *_ in got["recs"]} == {("cpu@sharded", 2)}
+    assert all(fwd > 0 and bwd > 0 for *_, fwd, bwd in got["recs"])
+
+
+def test_profile_cli_stores_the_sharded_runtimes_layers(tmp_path):
+    """`cellsched profile --runtime sharded` adds the layers as that runtime wraps them under TYPE@sharded."""
+    db = tmp_path / "p.sqlite"
+    args = ["profile", "--model", "gpt-tiny", "--micro-batch", "1", "--db", str(db), "--runtime", "sharded"]
+    args += ["--warmup", "0", "--repeat", "1", "--threads", "1", "--json"]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.output.splitlines()]
+    assert [r.get("runtime") for r in rows] == [None, "sharded"]
+    with open_store(db) as s:
+        assert s.layer_keys(SIG) == [("cpu", 1, 1), ("cpu@sharded", 1, 1)]

@@ -165,3 +165,76 @@ def test_unknown_runtime_is_a_clear_error(est: Estimator) -> None:
     with pytest.raises(ValueError, match="unknown runtime 'jax'"):
         est.pricing("jax")
     assert math.isfinite(est.estimate(job("adaptive"), CELL).iter_time_s)
+
+
+def _layer_store(path, *, wrapped: bool):  # noqa: ANN001, ANN202  (a test helper)
+    """A store of gpt-tiny's layers on "cpu" at tp 1, micro-batch 2: each layer
+    1 ms forward and 2 ms backward; with `wrapped`, also the same layers as
+    the sharded runtime wraps them (``runtime_gpu_type``), 4 ms and 7 ms."""
+    from solver.profiles.records import GpuSpec, LayerRecord, runtime_gpu_type
+
+    tiny = get_model("gpt-tiny")
+    kinds = ["embed"] + ["block"] * tiny.num_layers + ["head"]
+    types = [("cpu", 1e-3, 2e-3)] + ([(runtime_gpu_type("cpu", "sharded"), 4e-3, 7e-3)] if wrapped else [])
+    store = open_store(path)
+    store.put_gpu(GpuSpec("cpu", mem_gb=64.0, peak_tflops=0.1, mem_bw_gbps=10.0))
+    store.put_layers(
+        LayerRecord(tiny.signature, gpu, 1, 2, i, kind, fwd, bwd, 4096, 8192, 1024)
+        for gpu, fwd, bwd in types
+        for i, kind in enumerate(kinds)
+    )
+    return store
+
+
+def test_sharded_plans_are_priced_from_the_layers_profiled_as_it_wraps_them(tmp_path) -> None:  # noqa: ANN001
+    """Layers profiled as the sharded runtime wraps them (FSDP2's hooks and
+    copies) price its plans: one GPU, one micro-batch of 2, no collectives,
+    so the plan is slower by exactly the layers' extra time, (4 + 7) - (1 + 2)
+    ms for each of the 6 layers; its memory, and every other runtime's
+    prices, are those of the plain layers."""
+    tiny = get_model("gpt-tiny")
+    cell = Cell("cpu", 1, 1, 1)
+    with (
+        _layer_store(tmp_path / "plain.sqlite", wrapped=False) as a,
+        _layer_store(tmp_path / "wrapped.sqlite", wrapped=True) as b,
+    ):
+        plain, wrapped = Estimator(a), Estimator(b)
+
+        def one(est: Estimator, runtime: str) -> tuple[float, float]:
+            [(plan, t, mem)] = [p for p in est.plans(tiny, 2, cell, None, runtime=runtime) if p[0].micro_batches == 1]
+            return t, mem
+
+        t0, m0 = one(plain, "sharded")
+        t1, m1 = one(wrapped, "sharded")
+        assert t1 - t0 == pytest.approx(6 * 8e-3, rel=1e-9)
+        assert m1 == m0
+        for runtime in ("exact", "adaptive", "ddp"):
+            assert one(wrapped, runtime) == one(plain, runtime)
+
+
+def test_a_micro_batch_between_two_profiled_sizes_is_priced_on_their_line(tmp_path) -> None:  # noqa: ANN001
+    """Each layer takes 10 ms at micro-batch 1 and 16 ms at 4 (8 ms a
+    micro-batch, 2 ms a sample): a runtime's plan at 2 is priced at 12 ms a
+    layer, 4 ms under the plan at 4 for each of the 6 layers (one GPU, one
+    micro-batch, the rest of the step alike); the simulator's `adaptive`
+    keeps the nearest size's time per sample (4 ms: 8 ms at 2)."""
+    from solver.profiles.records import GpuSpec, LayerRecord
+
+    tiny = get_model("gpt-tiny")
+    kinds = ["embed"] + ["block"] * tiny.num_layers + ["head"]
+    with open_store(tmp_path / "p.sqlite") as store:
+        store.put_gpu(GpuSpec("cpu", mem_gb=64.0, peak_tflops=0.1, mem_bw_gbps=10.0))
+        store.put_layers(
+            LayerRecord(tiny.signature, "cpu", 1, b, i, kind, t / 2, t / 2, 4096, 8192 * b, 1024 * b)
+            for b, t in ((1, 10e-3), (4, 16e-3))
+            for i, kind in enumerate(kinds)
+        )
+        est = Estimator(store)
+        cell = Cell("cpu", 1, 1, 1)
+
+        def one(batch: int, runtime: str) -> float:
+            return next(t for p, t, _ in est.plans(tiny, batch, cell, None, runtime=runtime) if p.micro_batches == 1)
+
+        for runtime in ("exact", "sharded"):
+            assert one(4, runtime) - one(2, runtime) == pytest.approx(6 * 4e-3, rel=1e-9)
+        assert one(4, "adaptive") - one(2, "adaptive") == pytest.approx(6 * 8e-3, rel=1e-9)
