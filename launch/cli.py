@@ -61,7 +61,9 @@ from solver.plan import JobPlan, PlanError
 T = TypeVar("T")
 
 EXIT_USAGE = 2
-PORT_BASE, PORT_SPAN = 20000, 20000
+#: the rendezvous port's range, below Linux's default ephemeral ports (32768-60999): a
+#: port in that range may be taken by any outgoing connection on the node (EADDRINUSE)
+PORT_BASE, PORT_SPAN = 20000, 12768
 USAGE = "usage: cellsched-launch [--print-env] [--] CMD [ARGS...]"
 
 
