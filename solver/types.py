@@ -17,6 +17,7 @@ from typing import Protocol, TypeVar
 from solver.models import ModelSpec
 from solver.network import Network
 from solver.runtimes import SOLVER_DEFAULT_RUNTIME, get_runtime
+from solver.site import SitePolicy
 
 _T = TypeVar("_T")
 
@@ -345,6 +346,14 @@ class JobRequest:
     #: yet: solver.runtimes.Checkpoint.HOOK); every policy keeps it where it
     #: runs (solver.placement.split_fixed / split_static)
     movable: bool = True
+    #: the site's view of the job (solver.site): its Slurm account and QOS,
+    #: Slurm's priority of it, its time limit (s; None: none) and the
+    #: reservation it asked for
+    account: str = ""
+    qos: str = ""
+    priority: float = 0.0
+    time_limit_s: float | None = None
+    reservation: str | None = None
 
     def __post_init__(self) -> None:
         get_runtime(self.runtime)  # UnknownRuntime naming the known ones
@@ -518,6 +527,8 @@ class ScheduleRequest:
     previous: Mapping[str, Placement] = field(default_factory=dict)
     config: SolverConfig = field(default_factory=SolverConfig)
     now: float = 0.0
+    #: the site's accounts, limits, shares and reservations (solver.site)
+    site: SitePolicy = field(default_factory=SitePolicy)
 
 
 class SolverStatus(StrEnum):
