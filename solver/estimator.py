@@ -163,6 +163,20 @@ class _Cand(NamedTuple):
     state_bytes: float = 0.0
 
 
+class _StepAt(NamedTuple):
+    """Where a step's end is priced: dp x tp ranks, `g` GPUs a node on
+    `links`, `k` gradient units per rank, the model's dtype and the GPU's
+    memory bandwidth."""
+
+    dp: int
+    tp: int
+    g: int
+    links: Links
+    k: int
+    dtype_bytes: int
+    mem_bw: float
+
+
 @dataclass(frozen=True)
 class _Found:
     """The candidate plans of a cell under one model source.
@@ -642,7 +656,7 @@ class Estimator:
                         continue
                     st = even
                 if st is not last_st:  # gradient sync and weight update: once per iteration
-                    sync = self._sync_and_update(st, dp, tp, g, links, k, model.dtype_bytes, mem_bw, pr)
+                    sync = self._sync_and_update(st, _StepAt(dp, tp, g, links, k, model.dtype_bytes, mem_bw), pr)
                     # the runtimes' autograd adds each micro-batch's gradients into the step's (the
                     # simulator's runtime: only at the estimator's accumulate_bytes_per_param)
                     acc = ADD_SWEEP * model.dtype_bytes if pr.own else self.accumulate_bytes_per_param
@@ -694,40 +708,26 @@ class Estimator:
         found = md.found[key] = _Found(chosen, tuple(plans), best, fastest)
         return found
 
-    def _sync_and_update(
-        self,
-        st: StageCosts,
-        dp: int,
-        tp: int,
-        g: int,
-        links: Links,
-        k: int,
-        dtype_bytes: int,
-        mem_bw: float,
-        pr: Pricing | None = None,
-    ) -> float:
+    def _sync_and_update(self, st: StageCosts, at: _StepAt, pr: Pricing | None = None) -> float:
         """The replicated step's end: the dp gradient sync (of `k` units per
         rank) and the weight update, as the runtime priced by `pr` does them
         (None: the estimator's own settings; FSDP: the update of 1/dp of the
         state, its communication is per micro-batch, see _found)."""
-        upd = update_time(
-            st, dtype_bytes=dtype_bytes, update_bytes_per_param=self.update_bytes_per_param, mem_bw_gbps=mem_bw
-        )
+        d, dp, mem_bw = at.dtype_bytes, at.dp, at.mem_bw
+        upd = update_time(st, dtype_bytes=d, update_bytes_per_param=self.update_bytes_per_param, mem_bw_gbps=mem_bw)
         if pr is not None and pr.fsdp:
             return upd / dp
         sync = dp_sync_time(
             st,
             dp=dp,
-            tp=tp,
-            gpus_per_node=g,
-            links=links,
+            tp=at.tp,
+            gpus_per_node=at.g,
+            links=at.links,
             collective=self.grad_sync if pr is None else pr.grad_sync,
-            units=k,
+            units=at.k,
         )
         if pr is not None and pr.own and pr.grad_sync == ALLGATHER:  # its copies and the ordered sum's adds
-            upd += sweep_time(
-                st, dtype_bytes=dtype_bytes, bytes_per_param=exact_copy_bytes(dtype_bytes, dp, k), mem_bw_gbps=mem_bw
-            )
+            upd += sweep_time(st, dtype_bytes=d, bytes_per_param=exact_copy_bytes(d, dp, at.k), mem_bw_gbps=mem_bw)
         return sync + upd
 
     @staticmethod
@@ -780,12 +780,11 @@ class Estimator:
         def delta(st: StageCosts, dp: int, tp: int, k: int) -> float:
             key = (cell.gpu_type, id(st), dp, k, g, rt)
             if key not in steps:
+                at = _StepAt(dp, tp, g, links, k, model.dtype_bytes, mem_bw)
                 if pr.own:
-                    steps[key] = self._zero1_step(st, dp, tp, g, links, k, model.dtype_bytes, mem_bw, pr) - (
-                        self._sync_and_update(st, dp, tp, g, links, k, model.dtype_bytes, mem_bw, pr)
-                    )
+                    steps[key] = self._zero1_step(st, at, pr) - self._sync_and_update(st, at, pr)
                     return steps[key]
-                plain_step = self._sync_and_update(st, dp, tp, g, links, k, model.dtype_bytes, mem_bw)
+                plain_step = self._sync_and_update(st, at)
                 steps[key] = (
                     sharded_step_time(
                         st,
@@ -850,25 +849,13 @@ class Estimator:
         pick = pick_sharded(plain_best, sharded_best, self.shard_min_gain)
         return _Found(plain.source, tuple(plans), None if pick is None else pick[1], plain.fastest)
 
-    def _zero1_step(
-        self,
-        st: StageCosts,
-        dp: int,
-        tp: int,
-        g: int,
-        links: Links,
-        k: int,
-        dtype_bytes: int,
-        mem_bw: float,
-        pr: Pricing,
-    ) -> float:
+    def _zero1_step(self, st: StageCosts, at: _StepAt, pr: Pricing) -> float:
         """The step's end with the optimizer state sharded, as runtime `pr`
         does it: the exact runtime's gathers to the owners and its copies
         (``launch.sharding``), else a reduce-scatter and an all-gather
         (Megatron's distributed optimizer); the update of 1/dp."""
-        upd = self.update_bytes_per_param
+        upd, dp, tp, g, links, k, d, mem_bw = self.update_bytes_per_param, *at
         if pr.grad_sync == ALLGATHER:
-            d = dtype_bytes
             extra = 2 * COPY_SWEEP * d + max(0, dp * k - 1) * ADD_SWEEP * d / dp  # flatten, stack; the slice's adds
             return sharded_step_time(
                 st,
@@ -883,7 +870,7 @@ class Estimator:
                 mem_bw_gbps=mem_bw,
             ) + sweep_time(st, dtype_bytes=d, bytes_per_param=extra, mem_bw_gbps=mem_bw)
         comm = zero1_allreduce_time(st, dp=dp, tp=tp, gpus_per_node=g, links=links)
-        return comm + update_time(st, dtype_bytes=dtype_bytes, update_bytes_per_param=upd, mem_bw_gbps=mem_bw) / dp
+        return comm + update_time(st, dtype_bytes=d, update_bytes_per_param=upd, mem_bw_gbps=mem_bw) / dp
 
     def _state_gb(
         self,
