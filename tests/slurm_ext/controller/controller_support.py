@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -131,6 +133,60 @@ def submit_managed(
 def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.5) -> Any:
     """wait_for with positional timeout/what, as these tests call it."""
     return wait_for(predicate, timeout=timeout, what=what, interval=interval)
+
+
+def job_env() -> dict[str, str]:
+    """The environment a submitted job starts from: this one without an
+    enclosing Slurm job's or plan's variables, one OpenMP thread a rank, and
+    this interpreter's bin (cellsched-launch) first on PATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_JOB", "SLURM_STEP", "CELLSCHED_"))}
+    return {**env, "OMP_NUM_THREADS": "1", "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}"}
+
+
+def submit_training(tmp_path: Path, train: list[str], sbatch: list[str], prelude: str = "") -> str:
+    """Submit `srun cellsched-launch -- python TRAIN...` (after the shell
+    lines `prelude`) through `cellsched sbatch --parsable SBATCH...`, its
+    output in tmp_path/job-<id>.out; the job's id."""
+    launcher = shutil.which("cellsched-launch", path=job_env()["PATH"])
+    assert launcher, "cellsched-launch not on PATH"
+    script = tmp_path / "train.sh"
+    script.write_text(f"#!/bin/bash\n{prelude}exec {shlex.join(['srun', launcher, '--', sys.executable, *train])}\n")
+    script.chmod(0o755)
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurm_ext", "sbatch", "--parsable", *sbatch, "-o", str(tmp_path / "job-%j.out")]
+        + ["--", str(script)],
+        cwd=tmp_path,
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def find_job(backend: Any, job_id: str) -> Any:
+    """The backend's view of job `job_id` (None: not in the queue)."""
+    return next((j for j in backend.observe().jobs if j.job_id == job_id), None)
+
+
+def job_logs(tmp_path: Path, tail: int = 3000) -> str:
+    """The last `tail` characters of each job output in tmp_path."""
+    return "\n".join(p.read_text()[-tail:] for p in tmp_path.glob("job-*.out"))
+
+
+def wait_job_state(backend: Any, job_id: str, states: tuple[str, ...], timeout: float, tmp_path: Path) -> Any:
+    """Wait for job `job_id` to reach one of `states`; on time-out the
+    assertion shows the job and its output."""
+
+    def reached() -> Any:
+        j = find_job(backend, job_id)
+        return j if j is not None and j.state in states else None
+
+    try:
+        return wait_until(reached, timeout, f"job {job_id} in {states}")
+    except AssertionError:
+        raise AssertionError(f"job {job_id}: {find_job(backend, job_id)}\n{job_logs(tmp_path)}") from None
 
 
 #: the calls through which a round's apply changes Slurm

@@ -12,15 +12,11 @@ first), so a ddp job that got one would fail this test."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from controller_support import ROOT, wait_until, write_config
+from controller_support import ROOT, submit_training, wait_until, write_config
 
 from slurm_ext.backends import get_backend
 from slurm_ext.config import load
@@ -40,29 +36,9 @@ SPEC = ("--model", "gpt-350m", "--global-batch", "64", "--iterations", str(STEPS
 SPEC += ("--gpu-types", "a100", "--min-gpus", "4", "--max-gpus", "8", "--elastic")
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_JOB", "SLURM_STEP", "CELLSCHED_"))}
-    return {**env, "OMP_NUM_THREADS": "1", "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}"}
-
-
 def _submit(tmp_path: Path) -> str:
-    launcher = shutil.which("cellsched-launch", path=_env()["PATH"]) or pytest.fail("cellsched-launch not on PATH")
-    cmd = ["srun", launcher, "--", sys.executable, str(DDP_SCRIPT), "--steps", str(STEPS)]
-    cmd += ["--out", str(tmp_path / "losses.json")]
-    script = tmp_path / "job.sh"
-    script.write_text("#!/bin/bash\nexec " + " ".join(f"'{c}'" for c in cmd) + "\n")
-    script.chmod(0o755)
-    proc = subprocess.run(
-        [sys.executable, "-m", "slurm_ext", "sbatch", "--parsable", "--runtime", "ddp", *SPEC]
-        + ["-o", str(tmp_path / "job-%j.out"), "--", str(script)],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip().splitlines()[-1]
+    train = [str(DDP_SCRIPT), "--steps", str(STEPS), "--out", str(tmp_path / "losses.json")]
+    return submit_training(tmp_path, train, ["--runtime", "ddp", *SPEC])
 
 
 def _offered_to_exact(ctl: Controller) -> tuple[int, int]:

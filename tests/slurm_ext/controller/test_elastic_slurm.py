@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -24,7 +22,17 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "launch"))  # trainer_runs, srun_local
 
-from controller_support import ROOT, submit_managed, wait_until, write_config
+from controller_support import (
+    ROOT,
+    find_job,
+    job_env,
+    job_logs,
+    submit_managed,
+    submit_training,
+    wait_job_state,
+    wait_until,
+    write_config,
+)
 from trainer_runs import train
 
 from slurm_ext.backends import STEPS as TO_STEPS
@@ -78,11 +86,6 @@ def _controller(tmp_path: Path, **controller: object) -> Controller:
     return Controller(load(config))
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_JOB", "SLURM_STEP", "CELLSCHED_"))}
-    return {**env, "OMP_NUM_THREADS": "1", "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}"}
-
-
 def _submit_elastic(
     tmp_path: Path,
     *extra: str,
@@ -96,22 +99,8 @@ def _submit_elastic(
     long gpt-350m job (so growing it pays), trained as gpt-tiny. With
     `fail_restart`, that restart of the job dies before training, once; with
     `fail_while`, every run dies before training while that file exists."""
-    launcher = shutil.which("cellsched-launch", path=_env()["PATH"]) or pytest.fail("cellsched-launch not on PATH")
-    script = tmp_path / "train.sh"
-    cmd = [
-        "srun",
-        launcher,
-        "--",
-        sys.executable,
-        str(TRAIN),
-        *TRAIN_FLAGS,
-        "--steps",
-        str(steps),
-        "--step-delay",
-        str(step_delay),
-        "--out",
-        str(tmp_path / "losses.json"),
-    ]
+    train = [str(TRAIN), *TRAIN_FLAGS, "--steps", str(steps), "--step-delay", str(step_delay)]
+    train += ["--out", str(tmp_path / "losses.json")]
     fail = ""
     if fail_restart is not None:
         marker = tmp_path / "failed-once"
@@ -121,38 +110,9 @@ def _submit_elastic(
         )
     if fail_while is not None:
         fail += f"if [ -e {fail_while} ]; then echo 'injected start-up failure' >&2; exit 1; fi\n"
-    script.write_text("#!/bin/bash\n" + fail + "exec " + " ".join(f"'{c}'" for c in cmd) + "\n")
-    script.chmod(0o755)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "slurm_ext",
-            "sbatch",
-            "--parsable",
-            "--runtime",
-            "exact",  # the reference trainer's runtime: any plan, moved on the checkpoint signal
-            "--model",
-            "gpt-350m",
-            "--global-batch",
-            str(batch),
-            "--iterations",
-            "200000",
-            "--elastic",
-            "-o",
-            str(tmp_path / "job-%j.out"),
-            *extra,
-            "--",
-            str(script),
-        ],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip().splitlines()[-1]
+    # the reference trainer's runtime: any plan, moved on the checkpoint signal
+    sbatch = ["--runtime", "exact", "--model", "gpt-350m", "--global-batch", str(batch), "--iterations", "200000"]
+    return submit_training(tmp_path, train, [*sbatch, "--elastic", *extra], prelude=fail)
 
 
 def _blocker(node: str, partition: str, gpus: int) -> str:
@@ -172,7 +132,7 @@ def _blocker(node: str, partition: str, gpus: int) -> str:
             "--wrap",
             "sleep 600",
         ],
-        env=_env(),
+        env=job_env(),
         capture_output=True,
         text=True,
         timeout=30,
@@ -181,27 +141,8 @@ def _blocker(node: str, partition: str, gpus: int) -> str:
     return out.stdout.strip().split(";")[0]
 
 
-def _job(backend, job_id: str):
-    return next((j for j in backend.observe().jobs if j.job_id == job_id), None)
-
-
-def _log(tmp_path: Path) -> str:
-    return "\n".join(p.read_text()[-2000:] for p in tmp_path.glob("job-*.out"))
-
-
-def _wait_state(backend, job_id: str, states: tuple[str, ...], timeout: float, tmp_path: Path):
-    def reached():
-        j = _job(backend, job_id)
-        return j if j is not None and j.state in states else None
-
-    try:
-        return wait_until(reached, timeout, f"job {job_id} in {states}")
-    except AssertionError:
-        raise AssertionError(f"job {job_id}: {_job(backend, job_id)}\n{_log(tmp_path)}") from None
-
-
 def _progress(backend, job_id: str):
-    plan = admin_comment_plan(_job(backend, job_id).admin_comment)
+    plan = admin_comment_plan(find_job(backend, job_id).admin_comment)
     return read_progress_file(plan.checkpoint_dir if plan else None)
 
 
@@ -228,7 +169,7 @@ def test_default_elastic_job_grows_shrinks_survives_a_failed_restart_and_complet
     ctl = _controller(tmp_path, checkpoint_wait_s=60.0)
     backend = get_backend("cli")
     blocker = _blocker("n5", "a40", 2)
-    _wait_state(backend, blocker, ("RUNNING",), 30, tmp_path)
+    wait_job_state(backend, blocker, ("RUNNING",), 30, tmp_path)
     job = _submit_elastic(tmp_path, "--gpu-types", "a40", "--min-gpus", "2", fail_restart=1)
 
     first = ctl.round()
@@ -236,12 +177,14 @@ def test_default_elastic_job_grows_shrinks_survives_a_failed_restart_and_complet
     assert (first.placements[job]["dp"], first.placements[job]["tp"]) == (2, 1), first.placements
     first_plan = json.loads(ctl.state.plans_of(job)[0].plan)
     assert first_plan["virtual_workers"] == 4, first_plan
-    running = _wait_state(backend, job, ("RUNNING",), 60, tmp_path)
+    running = wait_job_state(backend, job, ("RUNNING",), 60, tmp_path)
     assert running.nodes == ("n4",)
     wait_until(lambda: _steps_done(backend, job) >= 3, 60, "three steps on two GPUs")
 
-    subprocess.run(["scancel", blocker], env=_env(), check=True, timeout=30)
-    wait_until(lambda: _job(backend, blocker) is None or _job(backend, blocker).finished, 30, "the blocker to end")
+    subprocess.run(["scancel", blocker], env=job_env(), check=True, timeout=30)
+    wait_until(
+        lambda: find_job(backend, blocker) is None or find_job(backend, blocker).finished, 30, "the blocker to end"
+    )
     grow = ctl.round()
     moves = [a for a in grow.actions if a["job"] == job]
     assert moves and moves[0]["kind"] == "move" and moves[0]["ok"], grow.actions
@@ -249,11 +192,11 @@ def test_default_elastic_job_grows_shrinks_survives_a_failed_restart_and_complet
     assert json.loads(ctl.state.plans_of(job)[-1].plan)["dp"] == 4
 
     # the grown job's first restart dies before training (injected): requeued from its checkpoint
-    _wait_state(backend, job, ("FAILED",), 60, tmp_path)
+    wait_job_state(backend, job, ("FAILED",), 60, tmp_path)
     relaunched = ctl.round()
     assert [a["kind"] for a in relaunched.actions if a["job"] == job] == ["place"], relaunched.actions
     assert [e["cell"] for e in ctl.state.history(job) if e["event"] == "run-failed"] == ["a40:2x2:pp1"]
-    regrown = _wait_state(backend, job, ("RUNNING",), 60, tmp_path)
+    regrown = wait_job_state(backend, job, ("RUNNING",), 60, tmp_path)
     assert sorted(regrown.nodes) == ["n4", "n5"]
     signalled_at = next(e["time"] for e in ctl.state.history(job) if e["event"] == "signalled")
     wait_until(lambda: _first_step_after(backend, job, signalled_at), 60, "the first step on four GPUs")
@@ -272,8 +215,8 @@ def test_default_elastic_job_grows_shrinks_survives_a_failed_restart_and_complet
     assert other in shrink.placements, shrink.placements
     assert json.loads(ctl.state.plans_of(job)[-1].plan)["dp"] == 2
     with _meanwhile(uninterrupted, tmp_path, first_plan) as reference:
-        done = _wait_state(backend, job, ("COMPLETED", "FAILED"), 300, tmp_path)
-    assert done.state == "COMPLETED", _log(tmp_path)
+        done = wait_job_state(backend, job, ("COMPLETED", "FAILED"), 300, tmp_path)
+    assert done.state == "COMPLETED", job_logs(tmp_path)
     ctl.round()
 
     plans = [json.loads(p.plan) for p in ctl.state.plans_of(job)]
@@ -297,7 +240,7 @@ def test_default_elastic_job_grows_shrinks_survives_a_failed_restart_and_complet
 
     shown = subprocess.run(
         [sys.executable, "-m", "slurm_ext", "status", "--config", str(tmp_path / "cellsched.toml"), "--history", job],
-        env=_env(),
+        env=job_env(),
         capture_output=True,
         text=True,
         timeout=60,
@@ -324,49 +267,49 @@ def test_a_trained_job_whose_restarts_keep_failing_is_parked_held_until_released
         tmp_path, "--gpu-types", "a40", "--min-gpus", "2", "--max-gpus", "2", fail_while=broken, steps=SHORT_STEPS
     )
     assert job in ctl.round().placements
-    _wait_state(backend, job, ("RUNNING",), 60, tmp_path)
+    wait_job_state(backend, job, ("RUNNING",), 60, tmp_path)
     wait_until(lambda: _steps_done(backend, job) >= 3, 60, "three steps")
     ctl.round()  # sees it train
     assert job in relaunch.trained_jobs(ctl.state.jobs(job_ids=[job]))
 
     broken.touch()
     backend.signal(job, "USR1", target=TO_STEPS)
-    assert _wait_state(backend, job, ("FAILED", "COMPLETED"), 60, tmp_path).exit_code == 75, _log(tmp_path)
+    assert wait_job_state(backend, job, ("FAILED", "COMPLETED"), 60, tmp_path).exit_code == 75, job_logs(tmp_path)
     assert _kinds(ctl.round(), job) == ["place"]  # resumed from its checkpoint: that run dies before training
-    _wait_state(backend, job, ("FAILED",), 60, tmp_path)
+    wait_job_state(backend, job, ("FAILED",), 60, tmp_path)
     assert _kinds(ctl.round(), job) == ["place"]  # failure 1 of 1 since it trained: relaunched
-    _wait_state(backend, job, ("FAILED",), 60, tmp_path)
+    wait_job_state(backend, job, ("FAILED",), 60, tmp_path)
     assert _kinds(ctl.round(), job) == ["requeue"]  # failure 2: parked
 
     parked = wait_until(
-        lambda: (j := _job(backend, job)) is not None and j.state == "PENDING" and j.held and j, 30, "the job held"
+        lambda: (j := find_job(backend, job)) is not None and j.state == "PENDING" and j.held and j, 30, "the job held"
     )
     assert parked.reason == "JobHeldUser", parked  # a user hold: its owner may release it
-    assert _kinds(ctl.round(), job) == [] and _job(backend, job).held  # not released by the controller
+    assert _kinds(ctl.round(), job) == [] and find_job(backend, job).held  # not released by the controller
     row = ctl.state.jobs(job_ids=[job])[job]
     assert row.phase == "parked" and not row.finished, row
     assert "failed before training 2 times in a row" in row.reason and f"scontrol release {job}" in row.reason
     shown = subprocess.run(
         [sys.executable, "-m", "slurm_ext", "status", "--config", str(tmp_path / "cellsched.toml"), "--json"],
-        env=_env(),
+        env=job_env(),
         capture_output=True,
         text=True,
         timeout=60,
     )
     shown_row = next(r for r in json.loads(shown.stdout)["jobs"] if r["job_id"] == job)
     assert shown_row["state"] == "PENDING" and shown_row["reason"] == row.reason, shown_row
-    assert _kinds(ctl.round(), job) == [] and _job(backend, job).held  # nor on later rounds
+    assert _kinds(ctl.round(), job) == [] and find_job(backend, job).held  # nor on later rounds
     assert [e["event"] for e in ctl.state.history(job)].count("parked") == 1
 
     broken.unlink()  # the user fixes the cause and releases the job
-    subprocess.run(["scontrol", "release", job], env=_env(), check=True, timeout=30)
-    wait_until(lambda: not _job(backend, job).held, 30, "the hold to go")
+    subprocess.run(["scontrol", "release", job], env=job_env(), check=True, timeout=30)
+    wait_until(lambda: not find_job(backend, job).held, 30, "the hold to go")
     ctl.round()  # managed again: Slurm starts it on its plan, or (within its BeginTime) the controller places it
     events = [e["event"] for e in ctl.state.history(job)]
     assert "unparked" in events[events.index("parked") :], events
     assert ctl.state.jobs(job_ids=[job])[job].phase != "parked"
-    done = _wait_state(backend, job, ("COMPLETED", "FAILED"), 300, tmp_path)
-    assert done.state == "COMPLETED", _log(tmp_path)
+    done = wait_job_state(backend, job, ("COMPLETED", "FAILED"), 300, tmp_path)
+    assert done.state == "COMPLETED", job_logs(tmp_path)
     ctl.round()
 
 
@@ -378,11 +321,11 @@ def test_job_on_a_node_set_down_is_replaced_and_completes(slurm_cluster, tmp_pat
     )
     placed = ctl.round()
     assert placed.placements[job]["cell"] == "a40:1x2:pp1"
-    node = _wait_state(backend, job, ("RUNNING",), 60, tmp_path).nodes[0]
+    node = wait_job_state(backend, job, ("RUNNING",), 60, tmp_path).nodes[0]
     wait_until(
         lambda: (_progress(backend, job) or 0) and _progress(backend, job).iterations_done >= 3, 60, "three steps"
     )
-    env = _env()
+    env = job_env()
     try:
         subprocess.run(
             ["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=cellsched-test"],
@@ -397,17 +340,17 @@ def test_job_on_a_node_set_down_is_replaced_and_completes(slurm_cluster, tmp_pat
             check=True,
             timeout=30,
         )
-        wait_until(lambda: _job(backend, job).state != "RUNNING", 30, "the job to leave the failed node")
+        wait_until(lambda: find_job(backend, job).state != "RUNNING", 30, "the job to leave the failed node")
         again = ctl.round()
         assert again.placements[job]["cell"] == "a40:1x2:pp1", again.placements
-        other = _wait_state(backend, job, ("RUNNING",), 60, tmp_path)
+        other = wait_job_state(backend, job, ("RUNNING",), 60, tmp_path)
         assert other.nodes[0] != node
         first_plan = json.loads(ctl.state.plans_of(job)[0].plan)
         with _meanwhile(uninterrupted, tmp_path, first_plan, SHORT_STEPS) as reference:
-            done = _wait_state(
+            done = wait_job_state(
                 backend, job, ("COMPLETED", "FAILED"), 300, tmp_path
             )  # a bound, not a pace: slow on loaded cores
-        assert done.state == "COMPLETED", _log(tmp_path)
+        assert done.state == "COMPLETED", job_logs(tmp_path)
     finally:
         subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=env, timeout=30, check=False)
     # resumed from its last checkpoint (or from the start): the steps after it
@@ -453,7 +396,7 @@ def test_a_job_slower_than_its_profile_is_noticed_and_its_estimate_follows_withi
     job = _submit_elastic(tmp_path, "--gpu-types", "a10", "--max-gpus", "1", step_delay=0.4, batch=8, steps=SHORT_STEPS)
     placed = ctl.round()
     assert placed.placements[job]["cell"] == "a10:1x1:pp1", placed.placements
-    _wait_state(backend, job, ("RUNNING",), 60, tmp_path)
+    wait_job_state(backend, job, ("RUNNING",), 60, tmp_path)
     seen: list = []
     with _Records("cellsched.controller") as logged:
         for _ in range(3):
@@ -479,7 +422,7 @@ def test_a_job_slower_than_its_profile_is_noticed_and_its_estimate_follows_withi
     assert [r.fields["job"] for r in noticed] == [job], [r.getMessage() for r in logged.records]
     shown = subprocess.run(
         [sys.executable, "-m", "slurm_ext", "status", "--config", str(tmp_path / "cellsched.toml"), "--json"],
-        env=_env(),
+        env=job_env(),
         capture_output=True,
         text=True,
         timeout=60,
@@ -488,4 +431,4 @@ def test_a_job_slower_than_its_profile_is_noticed_and_its_estimate_follows_withi
     assert row["iter_s_profile"] == 0.2 and row["iter_s_observed"] == round(seen[-1].observed_s, 4), row
     # let it complete: a managed job cancelled with SIGTERM checkpoints (exit 75), and the next test's controller
     # would requeue it, as it must
-    assert _wait_state(backend, job, ("COMPLETED", "FAILED"), 120, tmp_path).state == "COMPLETED", _log(tmp_path)
+    assert wait_job_state(backend, job, ("COMPLETED", "FAILED"), 120, tmp_path).state == "COMPLETED", job_logs(tmp_path)

@@ -11,14 +11,11 @@ losses must match the single-process reference within 1e-5 relative.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from controller_support import ROOT, wait_until, write_config
+from controller_support import ROOT, find_job, job_env, job_logs, submit_training, wait_until, write_config
 from minigpt.model import GPTConfig
 from minigpt.trainer import TrainConfig, reference_losses
 
@@ -37,77 +34,13 @@ STEPS, BATCH, VIRTUAL_WORKERS = 20, 24, 24  # one sample per virtual worker: sha
 CELL = "a10x1+a40x2:3x2:pp1"
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_JOB", "SLURM_STEP", "CELLSCHED_"))}
-    return {**env, "OMP_NUM_THREADS": "1", "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}"}
-
-
 def _submit(tmp_path: Path) -> str:
-    launcher = shutil.which("cellsched-launch", path=_env()["PATH"]) or pytest.fail("cellsched-launch not on PATH")
-    script = tmp_path / "train.sh"
-    cmd = [
-        "srun",
-        launcher,
-        "--",
-        sys.executable,
-        str(TRAIN),
-        "--model",
-        "gpt-tiny",
-        "--dtype",
-        "float64",
-        "--global-batch",
-        str(BATCH),
-        "--steps",
-        str(STEPS),
-        "--out",
-        str(tmp_path / "losses.json"),
-        "--report",
-        str(tmp_path / "report"),
-    ]
-    script.write_text("#!/bin/bash\nexec " + " ".join(f"'{c}'" for c in cmd) + "\n")
-    script.chmod(0o755)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "slurm_ext",
-            "sbatch",
-            "--parsable",
-            "--runtime",
-            "exact",  # the reference trainer's runtime: any plan, moved on the checkpoint signal
-            "--model",
-            "gpt-tiny",
-            "--global-batch",
-            str(BATCH),
-            "--iterations",
-            str(STEPS),
-            "--gpu-types",
-            "a40,a10",
-            "--min-gpus",
-            "6",
-            "--virtual-workers",
-            str(VIRTUAL_WORKERS),
-            "-o",
-            str(tmp_path / "job-%j.out"),
-            "--",
-            str(script),
-        ],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip().splitlines()[-1]
-
-
-def _job(backend, job_id: str):
-    return next((j for j in backend.observe().jobs if j.job_id == job_id), None)
-
-
-def _log(tmp_path: Path) -> str:
-    return "\n".join(p.read_text()[-3000:] for p in tmp_path.glob("job-*.out"))
+    train = [str(TRAIN), "--model", "gpt-tiny", "--dtype", "float64", "--global-batch", str(BATCH)]
+    train += ["--steps", str(STEPS), "--out", str(tmp_path / "losses.json"), "--report", str(tmp_path / "report")]
+    # the reference trainer's runtime: any plan, moved on the checkpoint signal
+    sbatch = ["--runtime", "exact", "--model", "gpt-tiny", "--global-batch", str(BATCH), "--iterations", str(STEPS)]
+    sbatch += ["--gpu-types", "a40,a10", "--min-gpus", "6", "--virtual-workers", str(VIRTUAL_WORKERS)]
+    return submit_training(tmp_path, train, sbatch)
 
 
 def test_job_spanning_two_gpu_types_trains_like_the_reference(slurm_cluster, tmp_path):
@@ -124,7 +57,7 @@ def test_job_spanning_two_gpu_types_trains_like_the_reference(slurm_cluster, tmp
     assert placed and placed[0]["kind"] == "place" and placed[0]["ok"], report.actions
     assert placed[0]["partition"] == "all"
 
-    pending = _job(backend, job)
+    pending = find_job(backend, job)
     assert pending.features == "" and pending.partition == "all" and pending.gpus_per_node == 2, pending
     plan = admin_comment_plan(pending.admin_comment)
     assert plan.cell == CELL and plan.gpu_types == ("a10", "a40") and (plan.pp, plan.dp) == (1, 6), plan
@@ -139,17 +72,17 @@ def test_job_spanning_two_gpu_types_trains_like_the_reference(slurm_cluster, tmp
     assert (shares[0], shares[4]) == (priced[1], priced[0]) and priced[1] >= priced[0], (shares, priced)
 
     def ended():
-        j = _job(backend, job)
+        j = find_job(backend, job)
         return j if j is not None and j.finished else None
 
     try:
         done = wait_until(ended, 240, f"job {job} to finish")
     except AssertionError:
-        raise AssertionError(f"{_job(backend, job)}\n{_log(tmp_path)}") from None
-    assert done.state == "COMPLETED", _log(tmp_path)
+        raise AssertionError(f"{find_job(backend, job)}\n{job_logs(tmp_path)}") from None
+    assert done.state == "COMPLETED", job_logs(tmp_path)
     assert sorted(done.nodes) == ["n4", "n5", "n6"]
     detail = subprocess.run(
-        ["scontrol", "-d", "show", "job", job], env=_env(), capture_output=True, text=True, timeout=30
+        ["scontrol", "-d", "show", "job", job], env=job_env(), capture_output=True, text=True, timeout=30
     ).stdout
     assert "JOB_GRES=gpu:a40:4,gpu:a10:2" in detail, detail  # one job, the GPUs of both types
 

@@ -17,14 +17,10 @@ single-process run within docs/runtime-sharded.md's 1e-5 (relative).
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from controller_support import ROOT, wait_until, write_config
+from controller_support import ROOT, find_job, job_logs, submit_training, wait_until, write_config
 from minigpt.model import GPTConfig, build_full_model
 from minigpt.trainer import TrainConfig, keyed_reference_losses
 
@@ -69,71 +65,11 @@ class Scripted:
         return ScheduleReply(placements, SolverStatus.FEASIBLE)
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_JOB", "SLURM_STEP", "CELLSCHED_"))}
-    return {**env, "OMP_NUM_THREADS": "1", "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}"}
-
-
 def _submit(tmp_path: Path) -> str:
-    launcher = shutil.which("cellsched-launch", path=_env()["PATH"]) or pytest.fail("cellsched-launch not on PATH")
-    script = tmp_path / "train.sh"
-    cmd = [
-        "srun",
-        launcher,
-        "--",
-        sys.executable,
-        str(TRAIN),
-        *FLAGS,
-        "--global-batch",
-        str(BATCH),
-        "--steps",
-        str(STEPS),
-        "--step-delay",
-        "1",
-        "--out",
-        str(tmp_path / "losses.json"),
-    ]
-    script.write_text("#!/bin/bash\nexec " + " ".join(f"'{c}'" for c in cmd) + "\n")
-    script.chmod(0o755)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "slurm_ext",
-            "sbatch",
-            "--parsable",
-            "--runtime",
-            "sharded",
-            "--model",
-            "gpt-350m",
-            "--global-batch",
-            str(BATCH),
-            "--iterations",
-            str(STEPS),
-            "--gpu-types",
-            "a100,v100",
-            "--elastic",
-            "-o",
-            str(tmp_path / "job-%j.out"),
-            "--",
-            str(script),
-        ],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip().splitlines()[-1]
-
-
-def _job(backend, job_id: str):
-    return next((j for j in backend.observe().jobs if j.job_id == job_id), None)
-
-
-def _log(tmp_path: Path) -> str:
-    return "\n".join(p.read_text()[-3000:] for p in tmp_path.glob("job-*.out"))
+    train = [str(TRAIN), *FLAGS, "--global-batch", str(BATCH), "--steps", str(STEPS), "--step-delay", "1"]
+    train += ["--out", str(tmp_path / "losses.json")]
+    sbatch = ["--runtime", "sharded", "--model", "gpt-350m", "--global-batch", str(BATCH), "--iterations", str(STEPS)]
+    return submit_training(tmp_path, train, [*sbatch, "--gpu-types", "a100,v100", "--elastic"])
 
 
 def _shard_sizes(step_dir: Path) -> list[int]:
@@ -149,7 +85,7 @@ def test_sharded_job_moved_across_dp_tp_pp_and_gpu_count_continues_its_loss_curv
     job = _submit(tmp_path)
 
     def steps_done() -> float:
-        j = _job(backend, job)
+        j = find_job(backend, job)
         plan = admin_comment_plan(j.admin_comment) if j else None
         prog = read_progress_file(plan.checkpoint_dir if plan else None)
         return prog.iterations_done if prog is not None else 0.0
@@ -158,11 +94,11 @@ def test_sharded_job_moved_across_dp_tp_pp_and_gpu_count_continues_its_loss_curv
         try:
             wait_until(lambda: steps_done() >= n, 600, f"job {job} at step {n}")
         except AssertionError:
-            raise AssertionError(f"{_job(backend, job)}\n{_log(tmp_path)}") from None
+            raise AssertionError(f"{find_job(backend, job)}\n{job_logs(tmp_path)}") from None
 
     first = ctl.round()
     assert [a["kind"] for a in first.actions if a["job"] == job] == ["place"], first.actions
-    plan = admin_comment_plan(_job(backend, job).admin_comment)
+    plan = admin_comment_plan(find_job(backend, job).admin_comment)
     assert (plan.runtime, plan.pp, plan.dp, plan.tp) == ("sharded", 1, 4, 1), plan
     ckpt = Path(plan.checkpoint_dir)
     wait_steps(2)
@@ -173,11 +109,11 @@ def test_sharded_job_moved_across_dp_tp_pp_and_gpu_count_continues_its_loss_curv
         wait_steps(steps_done() + 2 if move == 1 else STEPS)
 
     def ended():
-        j = _job(backend, job)
+        j = find_job(backend, job)
         return j if j is not None and j.finished else None
 
     done = wait_until(ended, 600, f"job {job} to finish")
-    assert done.state == "COMPLETED", _log(tmp_path)
+    assert done.state == "COMPLETED", job_logs(tmp_path)
     ctl.round()
 
     plans = [json.loads(p.plan) for p in ctl.state.plans_of(job)]
