@@ -22,6 +22,9 @@ What we adapt:
   fewest multi-node jobs, then most free GPUs, then cluster order) or
   "first-fit" (cluster order); both respect the policy's cap.
 - AdaDUAL at job level (`admit`): see there.
+- Every job runs: one whose requested count fits in no layout (its
+  data-parallel replica does not fit in memory, or it failed in each) runs
+  at another count (`fallback_counts`).
 """
 
 from __future__ import annotations
@@ -61,6 +64,18 @@ class Pending:
     job: JobRequest
     service: float
     estimates: tuple[Estimate, ...]
+
+
+def fallback_counts(requested: int, total: int) -> list[int]:
+    """The GPU counts a job is tried at, in order: the one it asked for,
+    then, where none of its layouts fits (its data-parallel replica does not
+    fit in memory, or it failed in each), the smallest larger power of two
+    first (more GPUs hold more of the model), up to the type's `total`, then
+    smaller ones from the largest down: the smallest plan that fits, as the
+    papers' runtimes would run the job rather than never."""
+    up = [n for n in (2**k for k in range(total.bit_length() + 1)) if requested < n <= total]
+    down = [n for n in (2**k for k in range(requested.bit_length(), -1, -1)) if n < requested]
+    return [requested, *up, *down]
 
 
 def remaining_service(job: JobRequest, est: Estimate) -> float:
@@ -238,14 +253,17 @@ class SrsfPolicy:
             if gpu_type is None:
                 reasons[job.job_id] = "no GPU type of the cluster is allowed"
                 continue
-            ests = []
-            for cell in layouts(cluster, gpu_type, gpus):
-                cells += 1
-                est = dp_estimate(job, cell, estimator, self.feasible)
-                if est is not None:
-                    ests.append(est)
+            ests: list[Estimate] = []
+            for n in fallback_counts(gpus, sum(g * k for g, k in cluster.node_sizes(gpu_type))):
+                for cell in layouts(cluster, gpu_type, n):
+                    cells += 1
+                    est = dp_estimate(job, cell, estimator, self.feasible)
+                    if est is not None:
+                        ests.append(est)
+                if ests:
+                    break
             if not ests:
-                reasons[job.job_id] = f"no feasible layout of {gpus} x {gpu_type}"
+                reasons[job.job_id] = f"no feasible layout of {gpus} x {gpu_type} (nor of another GPU count)"
                 continue
             out.append(((remaining_service(job, ests[0]), job.submit_time, i), job, tuple(ests)))
         out.sort(key=lambda t: t[0])

@@ -206,7 +206,32 @@ def test_a_bad_node_placement_is_refused():
 def test_running_jobs_keep_their_placements_and_impossible_jobs_say_why(name):
     cl = cluster()
     old = running("old", ("n1", "n2"), 2)
-    r = schedule(name, cl, [old, job("huge", 64), job("other", 2, gpu_types=("v100",))])
+    failed_everywhere = frozenset(f"v100:{n}gpus:pp1" for n in (1, 2, 4, 8, 16, 32, 64))
+    r = schedule(name, cl, [old, job("huge", 64, excluded_cells=failed_everywhere), job("other", 2)])
     assert r.placements["old"] == old.current
     assert "huge" not in r.placements and "no feasible layout" in r.reasons["huge"]
     assert "other" in r.placements
+
+
+class FitsFrom8:
+    """A model whose data-parallel replica fits only on 8 or more GPUs (its
+    optimizer state sharded over them), at 1 s an iteration."""
+
+    def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
+        if cell.num_gpus < 8:
+            return Estimate(cell, None, math.inf, 0.0, EstimateSource.NONE, "out of memory")
+        return Estimate(cell, ParallelPlan(1, cell.num_gpus, 1), 1.0, 30.0, EstimateSource.MEASURED)
+
+
+@pytest.mark.parametrize("name", SRSF)
+def test_a_job_that_does_not_fit_at_its_gpu_count_runs_at_the_smallest_larger_count_that_fits(name):
+    req = ScheduleRequest(cluster(), (job("big", 4),), config=SolverConfig(mixed_cells=False))
+    r = get_policy(name).schedule(req, FitsFrom8())
+    assert r.placements["big"].cell.num_gpus == 8  # not 4 (does not fit), nor 16 (fits, but larger)
+
+
+@pytest.mark.parametrize("name", SRSF)
+def test_a_job_that_failed_at_every_layout_of_its_count_runs_at_a_smaller_one(name):
+    failed = frozenset({"v100:16gpus:pp1"})  # e.g. no truth for 4 x 4 GPUs: it failed there
+    r = schedule(name, cluster(), [job("j", 16, excluded_cells=failed)])
+    assert r.placements["j"].cell.num_gpus == 8  # 32 and 64 do not exist on 16 GPUs; 8 is the next down
