@@ -1,0 +1,378 @@
+"""Scenario families: does a feature of cellsched pay where nobody tuned it?
+
+From a seed, `generate` makes a scenario nobody chose by hand:
+
+* a cluster of 2 to 4 of Arena's GPU types (A100, V100, A40, A10), each with
+  its own node size (the sizes Arena's cluster uses, or half/double them)
+  and 4 to 32 GPUs; network cards of 10, 25 or 100 Gb/s, or none (no
+  contention modelled); with cards, half the scenarios split the nodes into
+  two racks whose uplinks are oversubscribed 2 to 4x;
+* a trace cut from the shipped Philly trace: a window at a random place,
+  60 to 160 of its jobs drawn with per-family weights (BERT, MoE, wide
+  ResNet; the model mix varies), requested types mapped onto the cluster's
+  (a type the cluster lacks becomes one it has), requests capped at a
+  type's GPUs, arrivals scaled to a load of 0.5 to 3 (GPUs asked per GPU
+  and second, against the whole trace on Arena's 1,280 GPUs).
+
+Each scenario is one `cellsched simulate --realistic` run (its own seed for
+the noise), so every variant sees the same truth, noise and restart costs:
+`cellsched` against each feature switched off:
+
+* ``mixed+sharding``: ``cellsched:mixed_cells=false,state_sharding=false``
+* ``contention``: ``cellsched:contention_aware=false`` (scenarios with cards)
+* ``calibration``: ``cellsched:calibrate=false``
+
+The ratio of a feature is cellsched's average JCT over the jobs both runs
+finished against the run without it (< 1: the feature pays). The report
+gives per feature the median, the 10th and 90th percentiles and the worst
+ratio, over all scenarios and, for contention, over those whose cards are
+10-25 Gb/s and where cellsched ran a multi-node job.
+
+Seeds: `HELD_OUT` (1000-1029) were fixed before any policy change made for
+this benchmark and are what the results page reports; tune on others
+(`--seeds 0-29`). Runs are resumable: a scenario whose results.json holds
+every variant is not run again. Scenarios run in parallel (`--workers`),
+each simulation on one core.
+
+    python benchmarks/scenarios.py --out /tmp/scen [--seeds 1000-1029] [--workers 2] [--features all]
+
+Prints one JSON line per scenario and feature, then one summary line per
+feature, and writes OUT/scenarios.md and OUT/scenarios.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import random
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this tree's simulator, not an installed one
+
+HELD_OUT = tuple(range(1000, 1030))
+TYPES = ("a100", "v100", "a40", "a10")
+#: node sizes per type: Arena's (A100 4, V100 16, A40/A10 2) and nearby ones
+NODE_SIZES = {"a100": (4, 8), "v100": (4, 8, 16), "a40": (2, 4), "a10": (2, 4)}
+NICS = (None, 10.0, 25.0, 100.0)
+FAMILIES = ("bert", "moe", "wide_resnet")
+ARENA_GPUS = 1280
+WITH = "cellsched"
+FEATURES = {
+    "mixed+sharding": "cellsched:mixed_cells=false,state_sharding=false",
+    "contention": "cellsched:contention_aware=false",
+    "calibration": "cellsched:calibrate=false",
+}
+
+
+@dataclass(frozen=True)
+class Group:
+    gpu_type: str
+    count: int
+    gpus_per_node: int
+    rack: str = ""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    seed: int
+    groups: tuple[Group, ...]
+    nic_gbps: float | None
+    uplink_gbps: dict[str, float] = field(default_factory=dict)
+    jobs: int = 100
+    load: float = 1.0
+    start: float = 0.0  # where the trace window starts (fraction of the trace)
+    weights: dict[str, float] = field(default_factory=dict)  # model family -> weight
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(g.count * g.gpus_per_node for g in self.groups)
+
+    def gpus_of(self, gpu_type: str) -> int:
+        return sum(g.count * g.gpus_per_node for g in self.groups if g.gpu_type == gpu_type)
+
+    def cluster_toml(self) -> str:
+        from solver.profiles.arena import load_device_specs
+
+        mem = load_device_specs()["simulator_gpu_specs"]
+        lines = [f'name = "scenario-{self.seed}"', ""]
+        for g in self.groups:
+            lines += ["[[nodes]]", f'gpu_type = "{g.gpu_type}"', f"count = {g.count}"]
+            lines += [f"gpus_per_node = {g.gpus_per_node}", f"mem_gb = {mem[g.gpu_type]['max_mem_gb']}"]
+            if self.nic_gbps is not None:
+                lines.append(f"nic_gbps = {self.nic_gbps:g}")
+            if g.rack:
+                lines.append(f'rack = "{g.rack}"')
+            lines.append("")
+        if self.uplink_gbps:
+            lines.append("[uplink_gbps]")
+            lines += [f"{r} = {v:g}" for r, v in sorted(self.uplink_gbps.items())]
+        return "\n".join(lines) + "\n"
+
+
+def generate(seed: int) -> Scenario:
+    """The scenario of `seed` (module doc); the same seed gives the same scenario."""
+    rng = random.Random(f"scenario:{seed}")
+    types = rng.sample(TYPES, rng.randint(2, 4))
+    groups = []
+    for t in types:
+        size = rng.choice(NODE_SIZES[t])
+        gpus = rng.choice([g for g in (4, 8, 16, 32) if g >= size])
+        groups.append(Group(t, gpus // size, size))
+    nic = rng.choice(NICS)
+    uplinks: dict[str, float] = {}
+    if nic is not None and sum(g.count for g in groups) >= 4 and rng.random() < 0.5:
+        # two racks: the groups split by alternation; each uplink carries its rack's cards / oversubscription
+        groups = [Group(g.gpu_type, g.count, g.gpus_per_node, f"r{i % 2}") for i, g in enumerate(groups)]
+        for r in ("r0", "r1"):
+            nodes = sum(g.count for g in groups if g.rack == r)
+            if nodes:
+                uplinks[r] = round(nic * nodes / rng.choice((2, 3, 4)), 3)
+    weights = {f: round(rng.gammavariate(1.0, 1.0), 4) for f in FAMILIES}
+    return Scenario(
+        seed,
+        tuple(groups),
+        nic,
+        uplinks,
+        jobs=rng.randrange(60, 161, 10),
+        load=round(rng.uniform(0.5, 3.0), 2),
+        start=round(rng.random(), 4),
+        weights=weights,
+    )
+
+
+def family(model: str) -> str:
+    return model.split("__")[0]
+
+
+def trace_rows(scn: Scenario, rows: Sequence[dict[str, str]]) -> tuple[list[dict[str, str]], float]:
+    """The scenario's jobs cut from `rows` (the Philly trace, in submit order),
+    and the share of the window's jobs they are."""
+    rng = random.Random(f"trace:{scn.seed}")
+    window = min(len(rows), 3 * scn.jobs)
+    first = int(scn.start * (len(rows) - window))
+    cut = rows[first : first + window]
+    weight = [scn.weights.get(family(r["model_name"]), 0.0) + 1e-6 for r in cut]
+    picked: set[int] = set()
+    while len(picked) < min(scn.jobs, len(cut)):  # weighted draws without replacement
+        picked.add(rng.choices(range(len(cut)), weight)[0])
+    have = [g.gpu_type for g in scn.groups]
+    out = []
+    for i in sorted(picked):
+        r = dict(cut[i])
+        if r["gpu_type"] not in have:
+            r["gpu_type"] = rng.choice(have)
+        r["num_gpu"] = str(min(int(r["num_gpu"]), scn.gpus_of(r["gpu_type"])))
+        out.append(r)
+    return out, len(out) / window
+
+
+def philly() -> list[dict[str, str]]:
+    from solver.profiles.arena import TRACE_FILE, shipped_path
+
+    with open(shipped_path(TRACE_FILE), newline="") as f:
+        return sorted(csv.DictReader(f), key=lambda r: float(r["submission_time"]))
+
+
+def variants(scn: Scenario, features: Iterable[str]) -> list[str]:
+    """The policies of the scenario's run: cellsched, then each feature off
+    (contention only where the cluster has cards)."""
+    return [WITH] + [FEATURES[f] for f in features if f != "contention" or scn.nic_gbps is not None]
+
+
+def run(scn: Scenario, out: Path, features: Sequence[str], rows: Sequence[dict[str, str]]) -> Path:
+    """Simulate the scenario (not again when its results hold every variant)."""
+    d = out / f"scenario-{scn.seed}"
+    results = d / "results.json"
+    want = variants(scn, features)
+    if results.exists() and set(want) <= set(json.loads(results.read_text())["runs"]):
+        return results
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "cluster.toml").write_text(scn.cluster_toml())
+    jobs, share = trace_rows(scn, rows)
+    with open(d / "trace.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(jobs[0]))
+        w.writeheader()
+        w.writerows(jobs)
+    (d / "scenario.json").write_text(json.dumps(asdict(scn), indent=1))
+    rate = scn.load * scn.total_gpus / ARENA_GPUS / share
+    cmd = [sys.executable, "-m", "slurm_ext", "simulate", "--realistic", "--seed", str(scn.seed)]
+    cmd += ["--trace", str(d / "trace.csv"), "--cluster", str(d / "cluster.toml"), "--arrival-rate", f"{rate:.6g}"]
+    for p in want:
+        cmd += ["--policy", p]
+    cmd += ["--workers", "1", "--no-plots", "--json", "--out", str(d)]
+    with open(d / "simulate.log", "w") as log:
+        subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
+    return results
+
+
+def multi_node(cells: Iterable[str]) -> bool:
+    """Does one of these cell keys (``type:NxG:ppK``) span several nodes?"""
+    for c in cells:
+        try:
+            if int(c.split(":")[1].split("x")[0]) > 1:
+                return True
+        except (IndexError, ValueError):
+            continue
+    return False
+
+
+def ratios(scn: Scenario, doc: dict) -> list[dict[str, object]]:
+    """One row per feature of a scenario's run: the ratio on/off (module doc)."""
+    runs = doc["runs"]
+    jct = {
+        p: {j["job_id"]: j["jct"] for j in r["jobs"] if j["finished"] and j["jct"] is not None} for p, r in runs.items()
+    }
+    on = jct[WITH]
+    multi = any(multi_node(j["cells"]) for j in runs[WITH]["jobs"])
+    out = []
+    for feat, off_name in FEATURES.items():
+        if off_name not in runs:
+            continue
+        off = jct[off_name]
+        common = sorted(set(on) & set(off))
+        a = statistics.fmean(on[j] for j in common) if common else math.nan
+        b = statistics.fmean(off[j] for j in common) if common else math.nan
+        out.append(
+            {
+                "seed": scn.seed,
+                "feature": feat,
+                "ratio": round(a / b, 4) if common and b > 0 else None,
+                "jobs": len(runs[WITH]["jobs"]),
+                "finished_on": len(on),
+                "finished_off": len(off),
+                "jobs_common": len(common),
+                "gpus": scn.total_gpus,
+                "types": len(scn.groups),
+                "nic_gbps": scn.nic_gbps,
+                "racks": bool(scn.uplink_gbps),
+                "load": scn.load,
+                "multi_node": multi,
+            }
+        )
+    return out
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) of `values`, linear between the order statistics."""
+    v = sorted(values)
+    x = q * (len(v) - 1)
+    lo = math.floor(x)
+    return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (x - lo)
+
+
+def summary(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
+    """Per feature (and for contention on 10-25 Gb/s cards with multi-node
+    jobs): the distribution of the ratios."""
+    groups: dict[str, list[float]] = {}
+    for r in rows:
+        if r["ratio"] is None:
+            continue
+        ratio = float(r["ratio"])  # type: ignore[arg-type]
+        groups.setdefault(str(r["feature"]), []).append(ratio)
+        nic = r["nic_gbps"]
+        if r["feature"] == "contention" and nic is not None and 10 <= float(nic) <= 25 and r["multi_node"]:  # type: ignore[arg-type]
+            groups.setdefault("contention (10-25 Gb/s, multi-node)", []).append(ratio)
+    return [
+        {
+            "summary": True,
+            "feature": f,
+            "scenarios": len(v),
+            "median": round(statistics.median(v), 4),
+            "p10": round(pct(v, 0.1), 4),
+            "p90": round(pct(v, 0.9), 4),
+            "worst": round(max(v), 4),
+            "best": round(min(v), 4),
+            "worse_than_off_by_1pct": sum(x > 1.01 for x in v),
+        }
+        for f, v in groups.items()
+    ]
+
+
+def markdown(rows: Sequence[dict[str, object]], sums: Sequence[dict[str, object]], argv: Sequence[str]) -> str:
+    lines = ["    python benchmarks/scenarios.py " + " ".join(argv), ""]
+    lines += [
+        "| feature | scenarios | median | p10 | p90 | worst | best | > 1.01 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s in sums:
+        cells = [s["feature"], s["scenarios"], s["median"], s["p10"], s["p90"], s["worst"], s["best"]]
+        lines.append("| " + " | ".join(str(c) for c in [*cells, s["worse_than_off_by_1pct"]]) + " |")
+    lines += ["", "| seed | feature | ratio | finished on / off of | GPUs | types | NIC Gb/s | racks | load |"]
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        fin = f"{r['finished_on']} / {r['finished_off']} of {r['jobs']}"
+        cells = [r["seed"], r["feature"], r["ratio"], fin, r["gpus"], r["types"], r["nic_gbps"], r["racks"], r["load"]]
+        lines.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: Sequence[dict[str, object]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    feats = [f for f in FEATURES if any(r["feature"] == f and r["ratio"] is not None for r in rows)]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    data = [[float(r["ratio"]) for r in rows if r["feature"] == f and r["ratio"] is not None] for f in feats]  # type: ignore[arg-type]
+    ax.boxplot(data, whis=(10, 90), showfliers=True)
+    ax.set_xticks(range(1, len(feats) + 1), feats)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_ylabel("avg JCT, feature on / off")
+    ax.set_title(f"{len({r['seed'] for r in rows})} generated scenarios, realistic mode")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def seeds_of(text: str) -> list[int]:
+    """'1000-1029' or '1,2,5-7' -> the seeds."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += range(int(lo), int(hi or lo) + 1)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="folder of the runs (resumable)")
+    ap.add_argument("--seeds", default=f"{HELD_OUT[0]}-{HELD_OUT[-1]}", help="e.g. 1000-1029 (held out) or 0-29")
+    ap.add_argument("--workers", type=int, default=2, help="scenarios simulated at once (one core each)")
+    ap.add_argument("--features", default="all", help=f"comma-separated of {', '.join(FEATURES)}, or all")
+    ap.add_argument("--dry-run", action="store_true", help="print the scenarios, run nothing")
+    args = ap.parse_args(argv)
+    features = list(FEATURES) if args.features == "all" else args.features.split(",")
+    unknown = [f for f in features if f not in FEATURES]
+    if unknown:
+        ap.error(f"unknown feature {unknown[0]!r} (known: {', '.join(FEATURES)})")
+    scns = [generate(s) for s in seeds_of(args.seeds)]
+    if args.dry_run:
+        for s in scns:
+            print(json.dumps({**asdict(s), "total_gpus": s.total_gpus}))
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows_all = philly()
+    with ThreadPoolExecutor(max(1, args.workers)) as pool:
+        paths = list(pool.map(lambda s: run(s, args.out, features, rows_all), scns))
+    rows = [r for s, p in zip(scns, paths, strict=True) for r in ratios(s, json.loads(p.read_text()))]
+    for r in rows:
+        print(json.dumps(r))
+    sums = summary(rows)
+    for s in sums:
+        print(json.dumps(s))
+    (args.out / "scenarios.md").write_text(markdown(rows, sums, sys.argv[1:] if argv is None else argv))
+    plot(rows, args.out / "scenarios.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
