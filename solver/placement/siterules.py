@@ -21,6 +21,7 @@ guard every policy's plan can be checked with.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -39,7 +40,16 @@ from solver.site import (
     reason_partition,
     reason_reservation,
 )
-from solver.types import Cell, ClusterView, JobRequest, ParallelPlan, Placement, SolverConfig
+from solver.types import (
+    Cell,
+    ClusterView,
+    JobRequest,
+    ParallelPlan,
+    Placement,
+    ScheduleReply,
+    ScheduleRequest,
+    SolverConfig,
+)
 
 #: fair-share factors are kept in [FAIR_FLOOR, 1]
 FAIR_FLOOR = 1 / 64
@@ -171,6 +181,7 @@ class SiteRules:
         self.fair = fair_factors(site, alloc)
         self.marks: dict[str, tuple[str, ...]] = {}
         self.reservations = {r.name: r for r in site.reservations if r.end is None or r.end > now}
+        self.held_off: dict[str, str] = {}
         for r in self.reservations.values():
             for n in r.nodes:
                 self.marks[n] = (*self.marks.get(n, ()), RESERVED + r.name)
@@ -238,6 +249,7 @@ class SiteRules:
         left with none."""
         out: dict[str, list[Option]] = {}
         why: dict[str, str] = {}
+        self.held_off: dict[str, str] = {}  # job -> the reservation reason of its first option kept off reserved nodes
         by_id = {j.job_id: j for j in jobs}
         for jid, opts in options.items():
             job = by_id[jid]
@@ -256,6 +268,7 @@ class SiteRules:
                         why[jid] = reason_reservation(res.name, res.start, self.est_end(job, o, False, config))
                 kept.append(o)
             out[jid] = kept
+        self.held_off = {j: w for j, w in why.items() if w.startswith("reservation ")}
         return out, {j: w for j, w in why.items() if not out.get(j)}
 
     def fair_reason(self, job: JobRequest) -> str | None:
@@ -423,3 +436,47 @@ def claim_jobs(
             jobs.append(job)
             options[jid] = opts
     return jobs, options
+
+
+def enforce_site(request: ScheduleRequest, reply: ScheduleReply) -> ScheduleReply:
+    """`reply` within the site's hard rules (`site_problems`), whatever
+    policy made it: a running job that changed placement where the change
+    breaks a rule keeps its current one instead; a pending job that breaks
+    one stays pending (under an over-full limit, the lowest Slurm priority,
+    then the latest submitted, then the last in the request, first), with the rule as its reason. The
+    reply as it is when nothing breaks (always, with an empty SitePolicy)."""
+    site = request.site
+    if site.empty or not site_problems(site, request.cluster, request.jobs, reply.placements, request.now):
+        return reply
+    plan = dict(reply.placements)
+    reasons = dict(reply.reasons)
+    by_id = {j.job_id: j for j in request.jobs}
+
+    def undo(jid: str, why: str) -> None:
+        job = by_id[jid]
+        if job.current is not None:
+            plan[jid] = job.current
+        else:
+            plan.pop(jid, None)
+            reasons[jid] = why
+
+    rules = SiteRules(site, request.cluster, request.jobs, {}, request.now)
+    index = {j.job_id: i for i, j in enumerate(request.jobs)}
+    order = sorted(
+        (jid for jid in plan if jid in by_id), key=lambda j: (by_id[j].priority, -by_id[j].submit_time, -index[j])
+    )
+    for jid in order:  # per-job rules first (they do not depend on the others)
+        alone = site_problems(site, request.cluster, [by_id[jid]], {jid: plan[jid]}, request.now)
+        if alone:
+            undo(jid, alone[0])
+    for key, b in sorted(rules.buckets.items()):
+        allowed = max(b.limit.headroom, rules.current_load.get(key, 0))
+        for jid in order:
+            load = rules.loads(plan).get(key, 0)
+            if load <= allowed:
+                break
+            p = plan.get(jid)
+            if p is None or key not in rules.of_job.get(jid, ()) or by_id[jid].current is p:
+                continue
+            undo(jid, b.reason(load + b.limit.used_outside))
+    return dataclasses.replace(reply, placements=plan, reasons={k: v for k, v in reasons.items() if k not in plan})

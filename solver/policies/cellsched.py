@@ -236,7 +236,10 @@ class CellschedPolicy:
             ref = refs[job.job_id]
             if ref is None:
                 why = "no feasible cell (every cell out of memory or without data)"
-                reasons[job.job_id] = why if rules is None else reason_no_cell(why)
+                if rules is None:
+                    reasons[job.job_id] = why
+                else:
+                    reasons.setdefault(job.job_id, reason_no_cell(why))
                 continue
             stay = job.current is not None and fits(by_name, job.current, used)
             picks[job.job_id] = option_picks(
@@ -477,8 +480,8 @@ def site_reasons(
     reasons: dict[str, str],
 ) -> None:
     """The binding constraint of each job left pending (solver.site's reason
-    forms): a limit its smallest option would break, its account past its
-    fair share, a pending plain sbatch job that claims GPUs of its types, or
+    forms): a limit its smallest option would break, a reservation that
+    keeps it off nodes, its account past its fair share, a pending plain sbatch job that claims GPUs of its types, or
     the jobs that hold those GPUs and are worth more."""
     held = {jid: p for jid, p in placed.items() if not jid.startswith(UNMANAGED_PREFIX)}
     value = {
@@ -492,7 +495,7 @@ def site_reasons(
         opts = options.get(jid, ())
         smallest = min((o.cell for o in opts), key=lambda c: c.num_gpus, default=None)
         types = {t for o in opts for t, _ in o.cell.by_type()}
-        why = rules.limit_reason(job, held, smallest) or rules.fair_reason(job)
+        why = rules.limit_reason(job, held, smallest) or rules.held_off.get(jid) or rules.fair_reason(job)
         if why is None:
             for cid in claims:
                 p = placed.get(cid)
