@@ -278,11 +278,13 @@ def _limit_rows(
     few GPUs over the cap as it can (it shrinks elastic jobs, starts none)."""
     terms: dict[str, dict[int, int]] = defaultdict(dict)
     now: dict[str, int] = defaultdict(int)  # GPUs the jobs that must stay hold where they run
+    most: dict[str, int] = defaultdict(int)  # the most its jobs can hold (one option each)
     stays = {m.jobs[ji] for ji in m.stays}
     for job in jobs:
         keys = rules.of_job.get(job.job_id, ())
         if not keys:
             continue
+        top: dict[str, int] = defaultdict(int)
         for k, o in enumerate(options.get(job.job_id, ())):
             col = m.x.get((job.job_id, k))
             if col is None:
@@ -291,11 +293,16 @@ def _limit_rows(
                 g = rules.buckets[key].gpus(o.cell)
                 if g:
                     _acc(terms[key], col, g)
+                    top[key] = max(top[key], g)
                     if o.pinned is not None and job.job_id in stays:
                         now[key] += g
+        for key, g in top.items():
+            most[key] += g
     unit = None
     for key, row in sorted(terms.items()):
         cap = rules.cap(key)
+        if most[key] <= cap:
+            continue  # no plan can break it
         if now[key] > cap:
             if unit is None:
                 unit = rules.penalty_unit(options)

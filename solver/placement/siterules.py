@@ -161,7 +161,7 @@ class SiteRules:
                         self.per_job.setdefault(job.job_id, []).append(lim)
                     continue
                 b = bucket_of(lim, job)
-                if b is None:
+                if b is None or b.key in keys:
                     continue
                 self.buckets.setdefault(b.key, b)
                 keys.append(b.key)

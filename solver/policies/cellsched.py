@@ -281,8 +281,9 @@ class CellschedPolicy:
             preferred=preferred,
             rules=rules,
         )
+        with_claims = {**fixed, **result.placements}
         result = _without_stand_ins(result, claims)
-        site_reasons(rules, jobs, allowed, {**fixed, **result.placements}, claims, reasons)
+        site_reasons(rules, jobs, allowed, with_claims, claims, reasons)
         return reply(fixed, result, sum(len(v) for v in allowed.values()), reasons, t1 - t0)
 
 
