@@ -172,7 +172,7 @@ def build(
     class_of = {n: c for c, names in space.classes.items() for n in names} if priced else {}
     # node (exact) or class -> ({column: shares}, [cost per share])
     cards: dict[ShareKey, tuple[dict[int, int], list[float]]] = defaultdict(lambda: ({}, []))
-    routes: dict[tuple[tuple[str, ...] | None, int], Route] = {}  # (partitions, id of a cell) -> _route
+    routes: dict[tuple[tuple[str, ...] | None, int, frozenset[str]], Route] = {}  # (partitions, id(cell), blocked)
     for job in jobs:
         ji = len(m.jobs)
         m.jobs.append(job.job_id)

@@ -181,6 +181,7 @@ class SiteRules:
         self.fair = fair_factors(site, alloc)
         self.marks: dict[str, tuple[str, ...]] = {}
         self.reservations = {r.name: r for r in site.reservations if r.end is None or r.end > now}
+        #: job -> the reservation reason of its first option kept off reserved nodes (`options`)
         self.held_off: dict[str, str] = {}
         for r in self.reservations.values():
             for n in r.nodes:
@@ -249,7 +250,6 @@ class SiteRules:
         left with none."""
         out: dict[str, list[Option]] = {}
         why: dict[str, str] = {}
-        self.held_off: dict[str, str] = {}  # job -> the reservation reason of its first option kept off reserved nodes
         by_id = {j.job_id: j for j in jobs}
         for jid, opts in options.items():
             job = by_id[jid]

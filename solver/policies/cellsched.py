@@ -269,8 +269,8 @@ class CellschedPolicy:
                 if job.job_id not in result.placements and job.job_id not in reasons:
                     reasons[job.job_id] = "waiting: the GPUs are worth more to other jobs this round"
             return reply(fixed, result, sum(len(v) for v in options.values()), reasons, t1 - t0)
-        allowed, why = rules.options(jobs, options, cfg)
-        reasons.update(why)
+        allowed, held = rules.options(jobs, options, cfg)
+        reasons.update(held)
         stand_ins, claims = claim_jobs(claiming(request.site, request.jobs), cluster, rules.penalty_unit(allowed))
         t1 = time.perf_counter()
         result = place_jobs(
