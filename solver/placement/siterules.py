@@ -279,12 +279,11 @@ class SiteRules:
         u = max(self.site.usage.get(job.account, 0.0), self.alloc.get(job.account, 0.0))
         return reason_fairshare(job.account, u, share) if u > share else None
 
-    def limit_reason(self, job: JobRequest, placed: Mapping[str, Placement], min_cell: Cell | None) -> str | None:
+    def limit_reason(self, job: JobRequest, loads: Mapping[str, int], min_cell: Cell | None) -> str | None:
         """``limit ...`` for the first bucket of the job that its smallest
-        cell would put over its limit, given the plan `placed`."""
+        cell would put over its limit, given the plan's `loads` (`loads`)."""
         if min_cell is None:
             return None
-        loads = self.loads(placed)
         for key in self.of_job.get(job.job_id, ()):
             b = self.buckets[key]
             used = loads.get(key, 0) + b.limit.used_outside

@@ -485,9 +485,17 @@ def site_reasons(
     keeps it off nodes, its account past its fair share, a pending plain sbatch job that claims GPUs of its types, or
     the jobs that hold those GPUs and are worth more."""
     held = {jid: p for jid, p in placed.items() if not jid.startswith(UNMANAGED_PREFIX)}
-    value = {
-        jid: next((o.value for o in options.get(jid, ()) if o.cell == p.cell), 0) / objective.SCALE
-        for jid, p in held.items()
+    loads = rules.loads(held)
+    top: dict[str, list[tuple[float, str]]] = {}  # GPU type -> the most valuable jobs on it (-value, job)
+    for jid, p in held.items():
+        v = next((o.value for o in options.get(jid, ()) if o.cell == p.cell), 0) / objective.SCALE
+        for t, _ in p.cell.by_type():
+            top.setdefault(t, []).append((-v, jid))
+    top = {t: sorted(vs)[:3] for t, vs in top.items()}
+    claimed = {
+        p.cell.gpu_type: next(u for u in rules.site.unmanaged if UNMANAGED_PREFIX + u.job_id == cid)
+        for cid in claims
+        if (p := placed.get(cid)) is not None
     }
     for job in jobs:
         jid = job.job_id
@@ -495,21 +503,18 @@ def site_reasons(
             continue
         opts = options.get(jid, ())
         smallest = min((o.cell for o in opts), key=lambda c: c.num_gpus, default=None)
-        types = {t for o in opts for t, _ in o.cell.by_type()}
-        why = rules.limit_reason(job, held, smallest) or rules.held_off.get(jid) or rules.fair_reason(job)
+        types = sorted({t for o in opts for t, _ in o.cell.by_type()})
+        why = rules.limit_reason(job, loads, smallest) or rules.held_off.get(jid) or rules.fair_reason(job)
+        u = next((claimed[t] for t in types if t in claimed), None)
+        if why is None and u is not None:
+            why = reason_unmanaged(u.job_id, u.priority, u.gpus, u.gpu_type)
         if why is None:
-            for cid in claims:
-                p = placed.get(cid)
-                if p is not None and p.cell.gpu_type in types:
-                    u = next(u for u in rules.site.unmanaged if UNMANAGED_PREFIX + u.job_id == cid)
-                    why = reason_unmanaged(u.job_id, u.priority, u.gpus, u.gpu_type)
-                    break
-        if why is None:
-            rivals = sorted(
-                ((j, v) for j, v in value.items() if any(t in types for t, _ in held[j].cell.by_type())),
-                key=lambda jv: (-jv[1], jv[0]),
-            )[:3]
-            why = reason_outbid(tuple(rivals)) if rivals else reason_no_cell("no free GPUs of its types")
+            rivals = sorted({r for t in types for r in top.get(t, ())})[:3]
+            why = (
+                reason_outbid(tuple((j, -v) for v, j in rivals))
+                if rivals
+                else reason_no_cell("no free GPUs of its types")
+            )
         reasons[jid] = why
 
 
