@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from test_policies import job, random_cluster_and_jobs, running, table_for
+from test_site_limits import PATHS
 
 from solver.placement.siterules import FAIR_FLOOR, fair_factors
 from solver.policies import get_policy
@@ -73,12 +74,14 @@ def test_idle_share_is_lent_out(exact_config):
     assert sum(p.cell.num_gpus for p in rep.placements.values()) == 8
 
 
-def test_a_pending_plain_sbatch_job_of_higher_priority_gets_a_whole_node(exact_config):
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_a_pending_plain_sbatch_job_of_higher_priority_gets_a_whole_node(path, exact_config):
     jobs, est = borrowers()
     jobs = jobs[:2]
     claim = UnmanagedDemand("77", 4, "a100", (), priority=1000.0, nodes=1)
     site = SitePolicy(unmanaged=(claim,))
-    rep = get_policy("cellsched").schedule(ScheduleRequest(EIGHT, tuple(jobs), config=exact_config(), site=site), est)
+    cfg = exact_config(**PATHS[path])
+    rep = get_policy("cellsched").schedule(ScheduleRequest(EIGHT, tuple(jobs), config=cfg, site=site), est)
     held = {n: sum(g for p in rep.placements.values() for m, g in p.nodes if m == n) for n in ("n0", "n1")}
     assert sorted(held.values()) == [0, 4]  # one node left whole for job 77, the borrowers squeezed onto the other
     assert set(rep.placements) == {"a0", "a1"}
