@@ -482,8 +482,9 @@ def site_reasons(
 ) -> None:
     """The binding constraint of each job left pending (solver.site's reason
     forms): a limit its smallest option would break, a reservation that
-    keeps it off nodes, its account past its fair share, a pending plain sbatch job that claims GPUs of its types, or
-    the jobs that hold those GPUs and are worth more."""
+    keeps it off nodes, its account past its fair share, a pending plain
+    sbatch job that claims GPUs of its types, or the jobs that hold those
+    GPUs and are worth more."""
     held = {jid: p for jid, p in placed.items() if not jid.startswith(UNMANAGED_PREFIX)}
     loads = rules.loads(held)
     top: dict[str, list[tuple[float, str]]] = {}  # GPU type -> the most valuable jobs on it (-value, job)
@@ -492,11 +493,8 @@ def site_reasons(
         for t, _ in p.cell.by_type():
             top.setdefault(t, []).append((-v, jid))
     top = {t: sorted(vs)[:3] for t, vs in top.items()}
-    claimed = {
-        p.cell.gpu_type: next(u for u in rules.site.unmanaged if UNMANAGED_PREFIX + u.job_id == cid)
-        for cid in claims
-        if (p := placed.get(cid)) is not None
-    }
+    by_claim = {UNMANAGED_PREFIX + u.job_id: u for u in rules.site.unmanaged}
+    claimed = {placed[cid].cell.gpu_type: by_claim[cid] for cid in claims if cid in placed}
     for job in jobs:
         jid = job.job_id
         if jid in placed or jid in reasons:
