@@ -185,6 +185,7 @@ def place_jobs(
     t0 = time.perf_counter()
     warm_plan: list[Chosen] = []
     unit = rules.penalty_unit(options) if rules is not None and rules.buckets else 0
+    bonus = rules.share_bonus(options) if rules is not None else 0
 
     def warm() -> Chosen:
         if not warm_plan:
@@ -198,6 +199,8 @@ def place_jobs(
             for jid, (o, _, _) in chosen.items():
                 tally.add(jid, o.cell)
             total -= unit * tally.over()
+        if bonus:
+            total += bonus * cast(SiteRules, rules).entitled_use((jid, o.cell) for jid, (o, _, _) in chosen.items())
         return total
 
     exact = space.num_nodes <= config.exact_node_model_max_nodes

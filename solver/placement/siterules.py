@@ -22,7 +22,7 @@ guard every policy's plan can be checked with.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from solver.models import ModelSpec
@@ -179,6 +179,16 @@ class SiteRules:
                 alloc[job.account] = alloc.get(job.account, 0.0) + _placement_gpus(cur) / total
         self.alloc = alloc
         self.fair = fair_factors(site, alloc)
+        #: account -> the GPUs its share entitles it to (share x the cluster's GPUs)
+        self.entitled = {a: round(s * total) for a, s in site.shares.items() if s > 0}
+        self.account_of = {j.job_id: j.account for j in jobs if j.account in self.entitled}
+        #: account -> the GPUs its jobs that keep their placement hold
+        self.fixed_by_account: dict[str, int] = {}
+        for jid, p in fixed.items():
+            a = self.account_of.get(jid)
+            if a is not None:
+                self.fixed_by_account[a] = self.fixed_by_account.get(a, 0) + _placement_gpus(p)
+        self.total_gpus = total
         self.marks: dict[str, tuple[str, ...]] = {}
         self.reservations = {r.name: r for r in site.reservations if r.end is None or r.end > now}
         #: job -> the reservation reason of its first option kept off reserved nodes (`options`)
@@ -199,9 +209,29 @@ class SiteRules:
                 return lim
         return None
 
+    def share_bonus(self, options: Mapping[str, Sequence[Option]]) -> int:
+        """What each GPU an account holds within its entitlement adds to a
+        plan's worth (0 without shares): more than any one option is worth,
+        so a plan first gives each account with demand as much of its
+        entitlement as it can use, then lends what is left."""
+        if not self.entitled:
+            return 0
+        return 1 + max((o.value for opts in options.values() for o in opts), default=0)
+
     def penalty_unit(self, options: Mapping[str, Sequence[Option]]) -> int:
-        """What one GPU over a limit costs: more than every option together is worth."""
-        return 1 + sum(max((o.value for o in opts), default=0) for opts in options.values())
+        """What one GPU over a limit costs: more than every option together
+        is worth, with every entitlement bonus."""
+        top = sum(max((o.value for o in opts), default=0) for opts in options.values())
+        return 1 + top + self.share_bonus(options) * self.total_gpus
+
+    def entitled_use(self, chosen: Iterable[tuple[str, Cell]]) -> int:
+        """GPUs the accounts hold within their entitlements, with these (job, cell) choices."""
+        used = dict(self.fixed_by_account)
+        for jid, cell in chosen:
+            a = self.account_of.get(jid)
+            if a is not None:
+                used[a] = used.get(a, 0) + cell.num_gpus
+        return sum(min(e, used.get(a, 0)) for a, e in self.entitled.items())
 
     # ---- reservations and time limits
     def est_end(self, job: JobRequest, o: Option, moved: bool, config: SolverConfig) -> float:
@@ -271,13 +301,15 @@ class SiteRules:
         self.held_off = {j: w for j, w in why.items() if w.startswith("reservation ")}
         return out, {j: w for j, w in why.items() if not out.get(j)}
 
-    def fair_reason(self, job: JobRequest) -> str | None:
-        """``fairshare ...`` when the job's account is past its share."""
+    def fair_reason(self, job: JobRequest, held: Mapping[str, int]) -> str | None:
+        """``fairshare ...`` when the job's account is at or past its share:
+        its decayed usage, or the GPUs it holds in the plan (`held`, per
+        account) over the cluster's."""
         share = self.site.shares.get(job.account)
         if share is None:
             return None
-        u = max(self.site.usage.get(job.account, 0.0), self.alloc.get(job.account, 0.0))
-        return reason_fairshare(job.account, u, share) if u > share else None
+        u = max(self.site.usage.get(job.account, 0.0), held.get(job.account, 0) / max(self.total_gpus, 1))
+        return reason_fairshare(job.account, u, share) if u >= share else None
 
     def limit_reason(self, job: JobRequest, loads: Mapping[str, int], min_cell: Cell | None) -> str | None:
         """``limit ...`` for the first bucket of the job that its smallest

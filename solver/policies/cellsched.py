@@ -487,6 +487,11 @@ def site_reasons(
     GPUs and are worth more."""
     held = {jid: p for jid, p in placed.items() if not jid.startswith(UNMANAGED_PREFIX)}
     loads = rules.loads(held)
+    by_account: dict[str, int] = {}
+    accounts = {j.job_id: j.account for j in jobs} | rules.account_of
+    for jid, p in held.items():
+        a = accounts.get(jid, "")
+        by_account[a] = by_account.get(a, 0) + p.cell.num_gpus
     top: dict[str, list[tuple[float, str]]] = {}  # GPU type -> the most valuable jobs on it (-value, job)
     for jid, p in held.items():
         v = next((o.value for o in options.get(jid, ()) if o.cell == p.cell), 0) / objective.SCALE
@@ -502,7 +507,7 @@ def site_reasons(
         opts = options.get(jid, ())
         smallest = min((o.cell for o in opts), key=lambda c: c.num_gpus, default=None)
         types = sorted({t for o in opts for t, _ in o.cell.by_type()})
-        why = rules.limit_reason(job, loads, smallest) or rules.held_off.get(jid) or rules.fair_reason(job)
+        why = rules.limit_reason(job, loads, smallest) or rules.held_off.get(jid) or rules.fair_reason(job, by_account)
         u = next((claimed[t] for t in types if t in claimed), None)
         if why is None and u is not None:
             why = reason_unmanaged(u.job_id, u.priority, u.gpus, u.gpu_type)

@@ -66,6 +66,25 @@ def test_fair_share_reclaims_an_accounts_share_from_elastic_borrowers(exact_conf
     assert {"a0", "a1"} <= set(after.placements)  # borrowers shrink, none is preempted
 
 
+@pytest.mark.parametrize("share_b", [0.5, 0.25])
+def test_an_account_with_one_job_gets_its_share_against_one_with_ten(share_b, exact_config):
+    """10 acctA jobs and one acctB job (each up to 8 GPUs) on 8 GPUs: without
+    shares acctB gets nothing (ten 1-GPU starts are worth more); with them
+    it gets its entitlement, share x 8 GPUs, and acctA the rest."""
+    jobs = [job(f"a{i}", account="acctA", elastic=True, max_gpus=8) for i in range(10)]
+    jobs.append(job("b0", account="acctB", elastic=True, max_gpus=8))
+    est = table_for(jobs, EIGHT, {(j.job_id, "a100"): 1.0 for j in jobs})
+    account_of = {j.job_id: j.account for j in jobs}
+    free = get_policy("cellsched").schedule(ScheduleRequest(EIGHT, tuple(jobs), config=exact_config()), est)
+    assert acct_gpus(free, account_of, "acctB") == 0
+    site = SitePolicy(shares={"acctA": 1 - share_b, "acctB": share_b})
+    rep = get_policy("cellsched").schedule(ScheduleRequest(EIGHT, tuple(jobs), config=exact_config(), site=site), est)
+    assert acct_gpus(rep, account_of, "acctB") == 8 * share_b
+    assert acct_gpus(rep, account_of, "acctA") == 8 * (1 - share_b)
+    waiting = [j for j in account_of if j not in rep.placements]
+    assert {rep.reasons[j] for j in waiting} == {f"fairshare acctA usage {1 - share_b:.2f} >= share {1 - share_b:.2f}"}
+
+
 def test_idle_share_is_lent_out(exact_config):
     jobs, est = borrowers()
     jobs = jobs[:2]  # acctB has no demand
@@ -121,7 +140,8 @@ def test_reason_forms_read_back():
     lim = GpuLimit(LimitScope.QOS_PER_USER, "normal", LimitKind.PER_USER, 4, gpu_type="a100")
     cases = {
         reason_limit(lim, 4, "alice"): ("limit", {"scope": "qos-per-user", "name": "normal/alice", "used": "4"}),
-        reason_fairshare("acctA", 0.62, 0.5): ("fairshare", {"account": "acctA", "usage": "0.62", "share": "0.50"}),
+        reason_fairshare("acctA", 0.62, 0.5): ("fairshare", {"account": "acctA", "usage": "0.62", "op": ">"}),
+        reason_fairshare("acctA", 0.5, 0.5): ("fairshare", {"usage": "0.50", "op": ">=", "share": "0.50"}),
         reason_reservation("maint", 0.0, 600.0): (
             "reservation",
             {"name": "maint", "start": "1970-01-01T00:00:00Z", "end": "1970-01-01T00:10:00Z"},
