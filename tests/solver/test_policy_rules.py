@@ -27,6 +27,7 @@ from solver.types import (
     ParallelPlan,
     Placement,
     ScheduleRequest,
+    SolverStatus,
 )
 
 # ---------- cellsched ----------
@@ -119,6 +120,9 @@ def test_free_now_offers_the_fastest_mixed_cell_that_fits_and_beats_every_single
     assert free.paying(j, kept, optional) == [1]
     assert free.paying(j, kept, optional[2:]) == [0]  # only V100+A10 at 7 s is left that pays
     assert free.paying(j, [est(Cell("a100", 1, 1), 5.0)], optional) == []  # none beats 5 s
+    assert free.paying(j, kept, [est(mixed(("a100", 1), ("v100", 1)), 10.0)]) == []  # as fast is not faster
+    # no single-type cell fits now (two A100 nodes, three A10s): any mixed one that fits pays
+    assert free.paying(j, [est(Cell("a100", 2, 1), 1.0), est(Cell("a10", 3, 1), 1.0)], optional[:1]) == [0]
 
 
 class Shards:
@@ -137,6 +141,22 @@ def test_dp_estimate_keeps_the_estimate_s_sharding_time_memory_and_note():
         cell, ParallelPlan(1, 4, 1, state_shares=(1.0,)), 2.0, 3.0, EstimateSource.MEASURED, "n", 0.5
     )
     assert dp_estimate(j, cell, Shards(), lambda jj, c: c.num_gpus < 4) is None
+    assert dp_estimate(j, cell, Recording(), None).plan == ParallelPlan(1, 4, 1)  # not sharded: not sharded
+
+
+class MixedShards:
+    """A mixed cell's plan sharded over its two parts."""
+
+    def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
+        plan = ParallelPlan(1, cell.num_gpus, 1, shares=(3, 1), state_shares=(3.0, 1.0))
+        return Estimate(cell, plan, 2.0, 3.0, EstimateSource.MEASURED)
+
+
+def test_dp_estimate_of_a_mixed_cell_is_plain_data_parallel_without_sharding():
+    """The baselines run a mixed cell as plain DP: no batch shares, no sharded state."""
+    cell = Cell("a100+v100", 2, 1, 1, (("a100", 1), ("v100", 1)))
+    got = dp_estimate(job("j", max_gpus=2), cell, MixedShards(), None)
+    assert got is not None and got.plan == ParallelPlan(1, 2, 1)
 
 
 # ---------- FCFS ----------
@@ -151,6 +171,14 @@ def test_fcfs_placements_carry_their_estimate_s_time_and_source():
     assert p.plan == ParallelPlan(1, 4, 1)
 
 
+def test_fcfs_backfill_takes_the_feasible_rule_too():
+    cluster = ClusterView((NodeView("a100-0", "a100", 4, 4),))
+    j = job("j", requested_gpu_type="a100", requested_gpus=4)
+    est = table_for([j], cluster, {("j", "a100"): 1.0})
+    rep = get_policy("fcfs-backfill", feasible=lambda jj, c: False).schedule(ScheduleRequest(cluster, (j,)), est)
+    assert rep.placements == {} and rep.reasons == {"j": "no feasible layout of 4 x a100"}
+
+
 # ---------- Gavel ----------
 
 
@@ -163,6 +191,8 @@ def test_gavel_objective_is_the_max_min_normalised_throughput(exact_config):
     cluster, jobs, est = hetero_case()
     rep = get_policy("gavel").schedule(ScheduleRequest(cluster, jobs, config=exact_config()), est)
     assert rep.objective == pytest.approx(0.859375, rel=1e-5) and rep.bound == rep.objective
+    assert rep.status == SolverStatus.HEURISTIC
+    assert rep.num_cells == 4  # one 1-GPU cell per job and type
 
 
 def test_gavel_with_no_feasible_job_places_nothing_and_says_why():
@@ -206,6 +236,7 @@ def test_gavel_keeps_a_running_job_on_its_own_nodes_and_places_others_around_it(
     rep = get_policy("gavel").schedule(ScheduleRequest(cluster, (r, p)), est)
     validate_plan(cluster, rep.placements)
     assert rep.placements["r"] == r.current and rep.placements["p"].nodes == (("a100-0", 1),)
+    assert rep.placements["p"].source == "table" and rep.placements["p"].iter_time_s == 10.0
 
 
 def test_gavel_moves_a_running_job_only_where_its_pair_has_room():
@@ -257,6 +288,15 @@ def test_sia_reasons_for_jobs_it_does_not_place(exact_config):
     }
 
 
+def test_sia_looks_at_every_gpu_type_a_job_allows(exact_config):
+    """j may use A100s only: the A10 (first of the cluster's types, in name order) is skipped, the A100 taken."""
+    assert TWO_TYPES.gpu_types() == ("a10", "a100")
+    j = job("j", max_gpus=1, gpu_types=("a100",))
+    est = table_for([j], TWO_TYPES, {("j", "a100"): 1.0, ("j", "a10"): 10.0})
+    rep = get_policy("sia").schedule(ScheduleRequest(TWO_TYPES, (j,), config=exact_config()), est)
+    assert rep.placements["j"].cell == Cell("a100", 1, 1)
+
+
 def test_sia_offers_at_most_max_cells_per_job(exact_config):
     """A job of 1 to 4 GPUs on a 4-GPU node: configurations of 1, 2 and 4
     GPUs (powers of two), each at best locality: 3 options, 1 with
@@ -270,24 +310,37 @@ def test_sia_offers_at_most_max_cells_per_job(exact_config):
     assert rep.num_cells == 1
 
 
-def test_sia_does_not_charge_a_restart_to_a_job_whose_gpus_fixed_jobs_took(exact_config):
-    """a100-0 gives out 3 GPUs. f1 and f2 (1 GPU each, not movable) keep
-    theirs; r ran on 2 GPUs there, which no longer fit beside them (2 + 2 >
-    3): r must restart wherever it goes, so it is valued as a pending job
-    (no restart factor): on the 1 GPU left its utility is 1 (its reference
-    is the 1-GPU cell); charged a restart it would be worth 0.8."""
+@pytest.mark.parametrize("name", ["cellsched", "sia"])
+def test_no_restart_is_charged_to_a_job_whose_gpus_fixed_jobs_took(name, exact_config):
+    """a100-0 gives out 3 GPUs. f1 and f2 (1 GPU each, not elastic nor
+    movable) keep theirs; r ran on 2 GPUs there, which no longer fit beside
+    them (1 + 1 + 2 > 3): r must restart wherever it goes, so it is valued
+    as a pending job (no restart factor): on the 1 GPU left its utility is 1
+    (its reference is the 1-GPU cell); charged a restart it would be worth
+    0.8."""
     cluster = ClusterView((NodeView("a100-0", "a100", 4, 3),))
     one, two = Cell("a100", 1, 1), Cell("a100", 1, 2)
     f1 = running(job("f1", max_gpus=1), one, [("a100-0", 1)], 1.0, movable=False)
     f2 = running(job("f2", max_gpus=1), one, [("a100-0", 1)], 1.0, movable=False)
-    r = job("r", max_gpus=2)
+    r = job("r", max_gpus=2, elastic=True)
     est = table_for([r], cluster, {("r", "a100"): 1.0})
     r = running(r, two, [("a100-0", 2)], est.table[("r", two.key())])
-    rep = get_policy("sia", p=0.5).schedule(ScheduleRequest(cluster, (f1, f2, r), config=exact_config(**MOVE)), est)
+    policy = get_policy(name, **({"p": 0.5} if name == "sia" else {}))
+    rep = policy.schedule(ScheduleRequest(cluster, (f1, f2, r), config=exact_config(**MOVE)), est)
     validate_plan(cluster, rep.placements)
     assert rep.placements["f1"] == f1.current and rep.placements["f2"] == f2.current
     assert rep.placements["r"].cell == one
     assert rep.objective == pytest.approx(1.0, rel=1e-3)
+
+
+def test_cellsched_says_why_a_job_waits(exact_config):
+    cluster = ClusterView((NodeView("a100-0", "a100", 1, 1),))
+    a, b = job("a", max_gpus=1), job("b", max_gpus=1)
+    est = table_for([a, b], cluster, {("a", "a100"): 1.0, ("b", "a100"): 1.0})
+    rep = get_policy("cellsched").schedule(ScheduleRequest(cluster, (a, b), config=exact_config()), est)
+    assert len(rep.placements) == 1
+    waiting = ({"a", "b"} - set(rep.placements)).pop()
+    assert rep.reasons == {waiting: "waiting: the GPUs are worth more to other jobs this round"}
 
 
 def test_sia_does_not_charge_a_restart_to_a_job_whose_cell_it_does_not_offer(exact_config):

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from solver.contention import loaded_times
 from solver.models import get_model
 from solver.placement import Space
 from solver.policies import get_policy
@@ -248,3 +249,40 @@ def test_ada_srsf_does_not_share_with_a_job_of_unknown_speed(unknown):
     r = schedule("ada-srsf", cl, jobs)
     assert r.placements["old"] == old.current
     assert "new" not in r.placements and "AdaDUAL" in r.reasons["new"]
+
+
+@pytest.mark.parametrize("alone", [0.5, 2.0])
+def test_ada_srsf_s_boundary_in_other_time_units(alone):
+    """test_srsf_policies' boundary with every iteration `alone` s instead
+    of 1 s. old has 1,000 iterations left (1,000 a s alone), new R. Sharing:
+    new ends at R s_new, old runs at s_old until then and alone after:
+    2 R s_new + (1000 - R s_new / s_old) a. Waiting: new starts when old
+    ends: 1000 a + R a, and old's own 1000 a. Sharing is smaller below R =
+    1000 a / (2 s_new - a s_new / s_old - a)."""
+    cl = nodes({"n1": 4, "n2": 4, "n3": 0, "n4": 0}, nic=1.0)
+    old = running("old", ("n1", "n2"), 2, 1000, t=alone)
+    mine = placement("new", ("n1", "n2"), 2, alone)
+    times = loaded_times([(old, old.current, alone), (job("new", 4, 1), mine, alone)], cl)
+    s_new, s_old = times["new"], times["old"]
+    limit = 1000 * alone / (2 * s_new - alone * s_new / s_old - alone)
+    assert limit * 1.1 * s_new < 1000 * s_old  # new ends first at both R below
+    below, above = int(limit * 0.9), int(limit * 1.1) + 1
+    assert "new" in schedule("ada-srsf", cl, [old, job("new", 4, below)], Seconds(alone)).placements
+    assert "new" not in schedule("ada-srsf", cl, [old, job("new", 4, above)], Seconds(alone)).placements
+
+
+def test_srsf_says_when_no_gpu_type_of_the_cluster_is_allowed():
+    a100_only = JobRequest("x", GPT, 64, 100, requested_gpus=1, gpu_types=("a100",))
+    r = schedule("srsf-avoid", nodes({"n1": 4}), [a100_only])
+    assert r.placements == {} and r.reasons == {"x": "no GPU type of the cluster is allowed"}
+
+
+@pytest.mark.parametrize("name", ["srsf-avoid", "srsf-accept", "ada-srsf"])
+def test_an_elastic_running_job_keeps_its_placement_under_srsf(name):
+    """SRSF is not preemptive here and never resizes: an elastic job on
+    n3+n4 stays there although first-fit would now put it on n1."""
+    cl = nodes({"n1": 4, "n2": 4, "n3": 4, "n4": 4})
+    p = placement("old", ("n3", "n4"), 2)
+    old = job("old", 4, 1000, current=p, elastic=True)
+    r = schedule(name, cl, [old], node_placement="first-fit")
+    assert r.placements["old"] == p
