@@ -11,7 +11,7 @@ import time
 from dataclasses import replace
 
 import pytest
-from test_policies import MODEL, MOVE, TWO_TYPES, hetero_case, job, running, table_for
+from test_policies import MODEL, MOVE, TWO_TYPES, hetero_case, job, move_case, running, table_for
 
 from solver.placement import validate_plan
 from solver.policies import get_policy
@@ -207,22 +207,52 @@ def test_gavel_reports_its_estimation_time_within_the_call_s():
     start = time.perf_counter()
     rep = get_policy("gavel").schedule(ScheduleRequest(cluster, jobs), est)
     took = time.perf_counter() - start
-    assert 0.0 < rep.build_s <= took and 0.0 <= rep.solve_s <= took and 0.0 <= rep.place_s <= took
+    assert 0.0 < rep.build_s <= took and 0.0 < rep.solve_s <= took and 0.0 < rep.place_s <= took
 
 
-def test_gavel_serves_the_job_with_the_smaller_share_of_time_served_whatever_its_batch():
-    """One GPU, two 1-GPU jobs at 10 s an iteration, both submitted at 0,
-    now 1,000: each gets the fraction 1/2. The share received is the time
-    its done iterations took at its best speed over its age: a (batch 8) did
-    10 iterations, 100 s of 1,000: 0.1; b (batch 64) did 50: 0.5. a has the
-    higher priority 0.5 / 0.1 and runs; the batch sizes do not enter."""
+@pytest.mark.parametrize(
+    "a,b",
+    [
+        # (batch, iterations done, submit time) of a and b
+        ((8, 10, 0.0), (64, 20, 500.0)),  # shares 0.1 and 0.4
+        ((64, 10, 0.0), (8, 20, 500.0)),  # the same, batches swapped
+        ((32, 10, 0.0), (32, 10, 500.0)),  # 0.1 and 0.2: the later job's shorter age counts
+    ],
+)
+def test_gavel_serves_the_job_with_the_smaller_share_of_time_served(a, b):
+    """One GPU, two 1-GPU jobs at 10 s an iteration, now 1,000: each gets
+    the fraction 1/2. The share a job received is the time its done
+    iterations took at its best speed over its age: a did 10 iterations,
+    100 s of its 1,000: 0.1; b 20 (or 10) iterations, 200 (100) s of its
+    500: 0.4 (0.2). a has the higher priority (0.5 / 0.1) and runs, whatever
+    the batch sizes (they cancel) and although b is listed first."""
     cluster = ClusterView((NodeView("a100-0", "a100", 1, 1),))
-    a = JobRequest("a", MODEL, 8, 1000, requested_gpus=1, iterations_done=10.0, submit_time=0.0)
-    b = JobRequest("b", MODEL, 64, 1000, requested_gpus=1, iterations_done=50.0, submit_time=0.0)
-    est = table_for([a, b], cluster, {("a", "a100"): 1.0, ("b", "a100"): 1.0})
-    rep = get_policy("gavel").schedule(ScheduleRequest(cluster, (a, b), now=1000.0), est)
+    ja = JobRequest("a", MODEL, a[0], 1000, requested_gpus=1, iterations_done=float(a[1]), submit_time=a[2])
+    jb = JobRequest("b", MODEL, b[0], 1000, requested_gpus=1, iterations_done=float(b[1]), submit_time=b[2])
+    est = table_for([ja, jb], cluster, {("a", "a100"): 1.0, ("b", "a100"): 1.0})
+    assert est.table[("a", Cell("a100", 1, 1).key())] == 10.0
+    rep = get_policy("gavel").schedule(ScheduleRequest(cluster, (jb, ja), now=1000.0), est)
     assert set(rep.placements) == {"a"}
     assert rep.reasons["b"] == "waiting: lower max-min priority this round"
+
+
+def test_gavel_looks_at_every_gpu_type_a_job_allows(exact_config):
+    """j may use A100s only: the A10 (first of the cluster's types) is skipped, the A100 taken."""
+    j = job("j", requested_gpus=1, gpu_types=("a100",))
+    est = table_for([j], TWO_TYPES, {("j", "a100"): 1.0, ("j", "a10"): 10.0})
+    rep = get_policy("gavel").schedule(ScheduleRequest(TWO_TYPES, (j,), config=exact_config()), est)
+    assert rep.placements["j"].cell == Cell("a100", 1, 1)
+
+
+def test_gavel_normalises_by_the_job_s_own_best_throughput():
+    """j (batch 8, 10 s an iteration on the A100: 0.8 samples/s; no A10
+    estimate) gets the A100 whole: its normalised throughput, the max-min
+    value, is 1 (not 0.8: a type it cannot use does not count as 1)."""
+    j = JobRequest("j", MODEL, 8, 1000, requested_gpus=1)
+    est = table_for([j], TWO_TYPES, {("j", "a100"): 1.0})
+    rep = get_policy("gavel").schedule(ScheduleRequest(TWO_TYPES, (j,)), est)
+    assert rep.placements["j"].cell == Cell("a100", 1, 1)
+    assert rep.objective == pytest.approx(1.0, rel=1e-5)
 
 
 def test_gavel_keeps_a_running_job_on_its_own_nodes_and_places_others_around_it():
@@ -295,6 +325,18 @@ def test_sia_looks_at_every_gpu_type_a_job_allows(exact_config):
     est = table_for([j], TWO_TYPES, {("j", "a100"): 1.0, ("j", "a10"): 10.0})
     rep = get_policy("sia").schedule(ScheduleRequest(TWO_TYPES, (j,), config=exact_config()), est)
     assert rep.placements["j"].cell == Cell("a100", 1, 1)
+
+
+def test_sia_charges_its_own_restart_penalty_whatever_the_config_s(exact_config):
+    """Sia's rule is penalty 1: with config.restart_penalty 0 (which
+    cellsched would take as "restarts are free") a job 1.4x faster on the
+    A100 still stays on the A10: sqrt(1/1.4) = 0.845 > 1 - 60/300 = 0.8
+    (test_policies' move case)."""
+    j, est = move_case(1.4, elastic=True)
+    cfg = exact_config(**{**MOVE, "restart_penalty": 0.0})
+    rep = get_policy("sia", p=0.5).schedule(ScheduleRequest(TWO_TYPES, (j,), config=cfg), est)
+    assert rep.placements["j"].cell.gpu_type == "a10"
+    assert rep.objective == pytest.approx((1 / 1.4) ** 0.5, rel=1e-3)
 
 
 def test_sia_offers_at_most_max_cells_per_job(exact_config):

@@ -100,6 +100,47 @@ def test_pick_nodes_keeps_a_cell_in_one_partition_and_takes_unpartitioned_nodes(
     assert pick_nodes(space, space.ledger(), j, cell, 1, "first-fit", rank) is None
 
 
+def test_pick_nodes_tries_the_job_s_next_partition_when_one_lacks_nodes():
+    """a holds n1 only, b holds n2 and n4; n3 (in none) is full: a 2x4
+    cell finds one node in a, then two in b."""
+    cl = nodes({"n1": 4, "n2": 4, "n3": 0, "n4": 4}, parts={"n1": ("a",), "n2": ("b",), "n4": ("b",)})
+    space = Space.of(cl)
+    rank = {f"n{i}": i for i in range(1, 5)}
+    j = job("j", 8, partitions=("a", "b"))
+    assert pick_nodes(space, space.ledger(), j, Cell("v100", 2, 4), 1, "first-fit", rank) == ("n2", "n4")
+
+
+def test_pick_nodes_takes_each_type_s_nodes_of_a_mixed_cell():
+    cl = ClusterView((NodeView("a", "a100", 4, 4, nic_gbps=10.0), NodeView("v", "v100", 4, 4, nic_gbps=10.0)))
+    space = Space.of(cl)
+    cell = Cell("a100+v100", 2, 4, 1, (("a100", 1), ("v100", 1)))
+    j = JobRequest("j", GPT, 64, 100, requested_gpus=8)
+    assert pick_nodes(space, space.ledger(), j, cell, 1, "lwf-kappa", {"a": 0, "v": 1}) == ("a", "v")
+
+
+def test_a_one_node_job_is_never_capped():
+    """old (2x2) is on n1 and n2's cards: srsf-avoid's cap of 1 keeps a
+    second multi-node job off them, but a 1-GPU job packs onto n1."""
+    cl = nodes({"n1": 4, "n2": 4})
+    r = schedule("srsf-avoid", cl, [running("old", ("n1", "n2"), 2, 1000), job("small", 1, 10)])
+    assert r.placements["small"].node_names == ("n1",)
+
+
+def test_first_fit_follows_the_cluster_s_order_of_nodes():
+    cl = nodes({"n2": 4, "n1": 4})  # n2 listed first
+    r = schedule("srsf-avoid", cl, [job("small", 1, 10)], node_placement="first-fit")
+    assert r.placements["small"].node_names == ("n2",)
+
+
+def test_lwf_kappa_breaks_ties_by_the_cluster_s_order_whatever_the_partitions():
+    """n1 (partition b) and n2 (partition a) tie (4 free, no multi-node job):
+    the first in the cluster's order, n1, takes a job that names no
+    partition (the node classes sort a before b)."""
+    cl = nodes({"n1": 4, "n2": 4}, parts={"n1": ("b",), "n2": ("a",)})
+    r = schedule("srsf-avoid", cl, [job("small", 1, 10)])
+    assert r.placements["small"].node_names == ("n1",)
+
+
 # ---------- component, clean_start, remaining_service ----------
 
 
