@@ -179,6 +179,57 @@ def test_fcfs_backfill_takes_the_feasible_rule_too():
     assert rep.placements == {} and rep.reasons == {"j": "no feasible layout of 4 x a100"}
 
 
+def test_fcfs_goes_by_submit_time_and_reports_what_it_did():
+    """One 4-GPU A100 node. Listed late-first: b (submitted at 2, 2 GPUs),
+    a (at 1, 4 GPUs), x (at 0, no GPU type of the cluster allowed, and no
+    type requested: the first allowed is taken). FCFS skips x (it could
+    never start), starts a (the older), and b waits behind it. The reply:
+    heuristic status, one job placed (objective and bound 1), the layouts
+    tried (a: 1x4; b: 1x2), the time within the call's."""
+    cluster = ClusterView((NodeView("a100-0", "a100", 4, 4),))
+    a = job("a", requested_gpu_type="a100", requested_gpus=4, submit_time=1.0)
+    b = job("b", requested_gpu_type="a100", requested_gpus=2, submit_time=2.0)
+    x = job("x", requested_gpus=1, gpu_types=("v100",), submit_time=0.0)
+    est = table_for([a, b], cluster, {("a", "a100"): 1.0, ("b", "a100"): 1.0})
+    start = time.perf_counter()
+    rep = get_policy("fcfs").schedule(ScheduleRequest(cluster, (b, a, x)), est)
+    took = time.perf_counter() - start
+    assert set(rep.placements) == {"a"}
+    assert rep.reasons == {"x": "no GPU type of the cluster is allowed", "b": "waiting for 2 free a100 GPUs"}
+    assert rep.status == SolverStatus.HEURISTIC and rep.objective == 1.0 and rep.bound == 1.0
+    assert rep.num_cells == 2
+    assert 0.0 < rep.place_s <= took and 0.0 < rep.build_s <= took
+
+
+def test_fcfs_takes_the_first_gpu_type_a_job_allows():
+    """No type requested: the first of the cluster's types (in name order) that the job allows."""
+    cluster = ClusterView(
+        (NodeView("a100-0", "a100", 1, 1), NodeView("a10-0", "a10", 1, 1), NodeView("v100-0", "v100", 1, 1))
+    )
+    j = job("j", requested_gpus=1, gpu_types=("v100", "a100"))
+    est = table_for([j], cluster, {("j", t): 1.0 for t in ("a100", "a10", "v100")})
+    assert get_policy("fcfs").schedule(ScheduleRequest(cluster, (j,)), est).placements["j"].cell.gpu_type == "a100"
+
+
+def test_fcfs_tries_the_next_layout_when_one_is_not_feasible():
+    """Two 4-GPU nodes; the rule forbids 1x4: the 4-GPU job runs 2x2."""
+    cluster = ClusterView(tuple(NodeView(f"a100-{i}", "a100", 4, 4) for i in range(2)))
+    j = job("j", requested_gpu_type="a100", requested_gpus=4)
+    est = table_for([j], cluster, {("j", "a100"): 1.0})
+    rep = get_policy("fcfs", feasible=lambda jj, c: c.num_nodes > 1).schedule(ScheduleRequest(cluster, (j,)), est)
+    assert rep.placements["j"].cell == Cell("a100", 2, 2)
+
+
+def test_fcfs_keeps_an_elastic_running_job_where_it_is():
+    """FCFS never moves running jobs, elastic or not: j stays on a100-1."""
+    cluster = ClusterView(tuple(NodeView(f"a100-{i}", "a100", 4, 4) for i in range(2)))
+    j = job("j", requested_gpu_type="a100", requested_gpus=4, elastic=True)
+    est = table_for([j], cluster, {("j", "a100"): 1.0})
+    cell = Cell("a100", 1, 4)
+    j = running(j, cell, [("a100-1", 4)], est.table[("j", cell.key())])
+    assert get_policy("fcfs").schedule(ScheduleRequest(cluster, (j,)), est).placements["j"] == j.current
+
+
 # ---------- Gavel ----------
 
 
