@@ -85,6 +85,19 @@ def test_a_running_job_may_stay_in_a_cell_the_pruning_dropped(exact_config):
     assert rep.objective == pytest.approx(2**0.9 / 1.1, rel=1e-3)
 
 
+def test_cellsched_skips_a_job_without_a_feasible_cell_and_places_the_rest(exact_config):
+    """x has no estimate anywhere; y, listed after it, still gets the GPU.
+    (x asks for 1 GPU, which y does not: another shape, so x's estimates
+    are not memoised for y; the table estimates per job, a real estimator
+    per shape.)"""
+    cluster = ClusterView((NodeView("a100-0", "a100", 1, 1),))
+    x, y = job("x", max_gpus=1, requested_gpus=1), job("y", max_gpus=1)
+    est = table_for([y], cluster, {("y", "a100"): 1.0})
+    rep = get_policy("cellsched").schedule(ScheduleRequest(cluster, (x, y), config=exact_config()), est)
+    assert set(rep.placements) == {"y"}
+    assert rep.reasons == {"x": "no feasible cell (every cell out of memory or without data)"}
+
+
 def test_free_now_offers_the_fastest_mixed_cell_that_fits_and_beats_every_single_type_one():
     """One free GPU on each of an A100, a V100 and an A10 node (a10-1 is
     full). The fastest single-type cell the job could get now is the A100's
