@@ -69,6 +69,8 @@ MODULES: dict[str, list[str]] = {
     "solver/policies/": [
         "tests/solver/test_policies.py",
         "tests/solver/test_srsf_policies.py",
+        "tests/solver/test_policy_rules.py",
+        "tests/solver/test_srsf_rules.py",
         "tests/solver/test_virtual_workers.py",
         "tests/solver/test_mixed.py",
         "tests/solver/test_contention.py",
