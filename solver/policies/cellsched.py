@@ -9,7 +9,7 @@ false, running jobs keep their placement.
 
 With `contention_aware` (and a cluster whose NICs are known), a
 multi-node option carries what sharing a network card would cost it
-(`price_cards`; `pick_costs` prices the same before the options are made);
+(`pick_costs`, before the options are made);
 the joint model charges for each card shared (model.py) and the node pass
 puts multi-node jobs on the least shared cards first.
 
@@ -295,41 +295,6 @@ class CellschedPolicy:
         return reply(fixed, result, sum(len(v) for v in allowed.values()), reasons, t1 - t0, request)
 
 
-def price_cards(
-    jobs: Sequence[JobRequest],
-    options: Mapping[str, Sequence[Option]],
-    cluster: ClusterView,
-    memo: DutyMemo | None = None,
-) -> dict[str, Sequence[Option]]:
-    """The options with their nic_cost: what a multi-node option loses when
-    a network card of its nodes carries another multi-node job. With duty d
-    (its share of the iteration on the cards alone, on this cluster's NICs)
-    next to a job of duty d', its transfers take 1 + d' times as long
-    (solver.network), its iteration 1 + d d' times, and it loses 1 - 1 / (1 +
-    d d') of its value; d' is the mean duty of this round's multi-node options.
-
-    `memo` (the caller keeps it across rounds) holds the duties computed so
-    far, per NICs and job shape, per (cell, plan): a duty depends on nothing else."""
-    duty_of = _duties(cluster, memo)
-    by_id = {j.job_id: j for j in jobs}
-    duties: dict[tuple[str, int], float] = {}
-    for jid, opts in options.items():
-        known = None
-        for k, o in enumerate(opts):
-            if o.multi_node:
-                known, duties[(jid, k)] = duty_of(by_id[jid], o.cell, o.plan, known)
-    if not duties:
-        return dict(options)
-    other = sum(duties.values()) / len(duties)
-    out: dict[str, Sequence[Option]] = {}
-    for jid, opts in options.items():
-        out[jid] = [
-            _priced(o, round(o.value * (1 - 1 / (1 + duties[(jid, k)] * other)))) if (jid, k) in duties else o
-            for k, o in enumerate(opts)
-        ]
-    return out
-
-
 def pick_costs(
     jobs: Sequence[JobRequest],
     estimates: Mapping[str, Sequence[Estimate]],
@@ -337,8 +302,15 @@ def pick_costs(
     cluster: ClusterView,
     memo: DutyMemo | None = None,
 ) -> dict[str, list[int]]:
-    """price_cards before the Options are made: each pick's nic_cost (0 on
-    one node), from the estimates the picks index."""
+    """Each pick's nic_cost (0 on one node), from the estimates the picks
+    index: what a multi-node option loses when a network card of its nodes
+    carries another multi-node job. With duty d (its share of the iteration
+    on the cards alone, on this cluster's NICs) next to a job of duty d',
+    its transfers take 1 + d' times as long, its iteration 1 + d d' times,
+    and it loses 1 - 1 / (1 + d d') of its value; d' is the mean duty of
+    this round's multi-node picks. `memo` (the caller keeps it across
+    rounds) holds the duties computed so far, per NICs and job shape, per
+    (cell, plan): a duty depends on nothing else."""
     duty_of = _duties(cluster, memo)
     by_id = {j.job_id: j for j in jobs}
     duties: dict[str, list[float | None]] = {}
@@ -385,11 +357,6 @@ def _duties(cluster: ClusterView, memo: DutyMemo | None) -> _DutyOf:
         return known, d
 
     return duty_of
-
-
-def _priced(o: Option, nic_cost: int) -> Option:
-    """`o` with its nic_cost (dataclasses.replace without its per-call overhead)."""
-    return Option(o.job_id, o.cell, o.plan, o.iter_time_s, o.value, o.pinned, o.source, nic_cost)
 
 
 class FreeNow:
