@@ -89,6 +89,12 @@ def test_a_job_alone_on_equal_cards_keeps_its_time_and_jobs_that_always_send_spl
     assert loaded_times({"a": one, "idle": Talk(("n0", "n1"), 2.0, 0.0)}, NIC) == {"a": 1.0, "idle": 2.0}
 
 
+def test_beyond_a_dozen_competitors_their_mean_load_stands_in_for_their_sets():
+    one = Talk(("n0", "n1"), 1.0, 1.0)
+    many = loaded_times({f"j{i}": one for i in range(14)}, NIC)  # 13 competitors each: above the enumeration
+    assert many == pytest.approx({f"j{i}": 14.0 for i in range(14)})
+
+
 def test_a_job_paced_by_a_slow_card_takes_only_its_rate_from_a_fast_one():
     """25 Gb/s and 100 Gb/s jobs on one 100 Gb/s card, both always sending:
     max-min gives the slow one its 25 and the fast one the other 75."""
