@@ -853,7 +853,7 @@ def sim_network(cluster: ClusterSpec) -> Network:
     else each GPU type's default (solver.network)."""
     net = cluster_network(cluster)
     nics = {name: net.nic_gbps.get(name) or default_nic_gbps(t) for name, t, _ in node_names(cluster)}
-    return dataclasses.replace(net, nic_gbps=nics)
+    return Network(nics, dict(net.rack_of), dict(net.uplink_gbps))
 
 
 def network_config(network: Network | None) -> NetworkConfig:

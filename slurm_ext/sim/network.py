@@ -1,34 +1,32 @@
 """Contention as the simulator's truth (`cellsched simulate --contention`).
 
-A multi-node job's iteration is compute plus communication: the share of it
-on the network (dp gradient sync, pp point-to-point, tp across nodes) comes
-from the estimator's cost breakdown (solver.cost.share.network_share) for the
-plan the job runs, priced at the GPU spec's nominal bandwidth and carried to
-the NICs its nodes really have (the slowest of them). Jobs that share a NIC or
-a rack uplink share its bandwidth (solver.network's time-averaged model; its
-error against a phase-by-phase simulation is measured by
-benchmarks/contention_model.py and stated in docs/benchmarks.md). The world asks
-again whenever a multi-node job starts, ends, leaves its restart stall or
-begins a checkpoint, and moves the completions of the jobs whose speed
-changed.
+A multi-node job's iteration is compute plus communication. Its network
+seconds come from the bytes its plan puts on each of its NICs (gradient
+rings across nodes, activations across stage boundaries:
+``slurm_ext.sim.link_truth.wire_bytes``) at the GPU type's datasheet network
+(what the truth tables' times stand on), carried to the NICs its nodes
+really have (the slowest of them). Jobs that share a NIC or a rack uplink
+slow each other as ``slurm_ext.sim.link_truth`` says: a model of its own,
+fitted to jobs measured on rate-limited links (benchmarks/contention_real.py,
+benchmarks/link_truth_fit.py), not the model the scheduler prices with
+(solver.network). The world asks again whenever a multi-node job starts,
+ends, leaves its restart stall or begins a checkpoint, and moves the
+completions of the jobs whose speed changed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.clusterspec import node_names
+from slurm_ext.sim.link_truth import LinkRates, Links, Talk, alone_comm, loaded_times, wire_bytes
 from slurm_ext.sim.types import ClusterSpec
-from solver.contention import nic_factor
-from solver.cost.share import network_share
-from solver.network import CommLoad, Network, iteration_times
 from solver.plan import JobPlan
-from solver.types import Cell, ParallelPlan
 
 
-def cluster_network(spec: ClusterSpec) -> Network:
+def cluster_network(spec: ClusterSpec) -> Links:
     """The network a cluster spec gives (NICs of the groups that name one,
     their racks, the racks' uplinks); empty when none does."""
     nics, racks = {}, {}
@@ -40,7 +38,7 @@ def cluster_network(spec: ClusterSpec) -> Network:
                 nics[name] = float(g.nic_gbps)
             if g.rack:
                 racks[name] = g.rack
-    return Network(nics, racks, dict(spec.uplink_gbps))
+    return Links(nics, racks, dict(spec.uplink_gbps))
 
 
 @dataclass(frozen=True)
@@ -53,34 +51,42 @@ class Comm:
 
 
 class NetworkTruth:
-    """How fast multi-node jobs really run on `network`, alone and together."""
+    """How fast multi-node jobs really run on `network` (NIC per node, rack
+    per node, uplink per rack), alone and together."""
 
-    def __init__(self, network: Network) -> None:
+    def __init__(self, network: LinkRates) -> None:
         self.network = network
+
+    def slowest_nic(self, nodes: tuple[str, ...]) -> float | None:
+        known = [self.network.nic_gbps[n] for n in nodes if n in self.network.nic_gbps]
+        return min(known) if known else None
 
     def alone(
         self, spec: JobSpec, gpu_type: str, nodes: tuple[str, ...], gpus_per_node: int, plan: JobPlan | None, t: float
     ) -> Comm:
         """The job's use of the network when its iteration takes `t` seconds
-        at the nominal bandwidth (the truth tables' network)."""
+        at the datasheet network (the truth tables' network)."""
         if len(set(nodes)) < 2:
             return Comm(t, 0.0)
-        first = gpu_type.split("+")[0]
+        model = spec.model_spec()
         gpus = len(nodes) * gpus_per_node
-        pp = plan.pp if plan is not None and gpus % plan.pp == 0 else 1
-        cell = Cell(first, len(nodes), gpus_per_node, pp)
-        pplan = None
-        if plan is not None and plan.pp * plan.dp * plan.tp == gpus:
-            pplan = ParallelPlan(plan.pp, plan.dp, plan.tp, max(1, plan.micro_batches))
-        share = network_share(spec.model_spec(), spec.global_batch, cell, pplan)
-        f = nic_factor(share, first, self.network.slowest_nic(nodes))
-        alone = t * f
-        return Comm(alone, min(alone, t * (f - 1.0 + share)))
+        pp = plan.pp if plan is not None and plan.pp >= 1 and gpus % plan.pp == 0 else 1
+        tp = plan.tp if plan is not None and plan.tp >= 1 else 1
+        size = wire_bytes(
+            model.params,
+            model.dtype_bytes,
+            model.boundary_bytes_per_sample(),
+            spec.global_batch,
+            len(set(nodes)),
+            gpus_per_node,
+            pp,
+            tp,
+        )
+        alone, net = alone_comm(t, size, gpu_type, self.slowest_nic(nodes))
+        return Comm(alone, min(alone, net))
 
     def times(self, jobs: Mapping[str, tuple[tuple[str, ...], Comm]]) -> dict[str, float]:
         """job id -> iteration time (s) of each communicating job (its nodes,
         its Comm) with all of them running together."""
-        loads: Iterable[CommLoad] = (
-            CommLoad(j, nodes, c.alone_s, c.net_s) for j, (nodes, c) in jobs.items() if c.net_s > 0
-        )
-        return iteration_times(loads, self.network)
+        talks = {j: Talk(nodes, c.alone_s, c.net_s) for j, (nodes, c) in jobs.items() if c.net_s > 0}
+        return loaded_times(talks, self.network)
