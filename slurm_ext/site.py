@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from slurm_ext.parse import accounting as acc
 from slurm_ext.records import ClusterSnapshot, SlurmJob
 from solver.site import GpuLimit, LimitKind, LimitScope, PartitionAccess, Reservation, SitePolicy, UnmanagedDemand
+from solver.types import ScheduleRequest
 
 #: the most bytes one command's output may have (a larger one is refused, not read)
 MAX_OUTPUT = 4 << 20
@@ -354,3 +355,21 @@ def round_policy(
         limits=tuple(outside_limits(policy.limits, outside, snapshot)),
         unmanaged=unmanaged_demand(snapshot, managed, reading.priority),
     )
+
+
+def allowed_partitions(request: ScheduleRequest) -> dict[str, tuple[str, ...]]:
+    """job -> the partitions it may be placed in, for each job that the
+    site's partition access (AllowAccounts / AllowQos / DenyAccounts; a job
+    is in no group cellsched knows) allows fewer than its own (all the
+    cluster's when it names none)."""
+    access = request.site.partition_access
+    if not access:
+        return {}
+    every = tuple(sorted(request.cluster.partitions))
+    out = {}
+    for job in request.jobs:
+        names = job.partitions if job.partitions is not None else every
+        keep = tuple(p for p in names if p not in access or access[p].allows(job.account, job.qos))
+        if len(keep) < len(names):
+            out[job.job_id] = keep
+    return out

@@ -26,7 +26,7 @@ from slurm_ext.controller.report import RoundReport
 from slurm_ext.controller.round_metrics import declare_metrics, record_cluster, record_round
 from slurm_ext.parse.values import ParseError
 from slurm_ext.records import ClusterSnapshot, SlurmJob
-from slurm_ext.site import SiteReading
+from slurm_ext.site import SiteReading, allowed_partitions
 from slurm_ext.state import HistoryEvent, JobRow, JobStatus, PlanRow, PlanStatus, RoundStatus, SpeedRow, StateStore
 from solver import contract
 from solver.calibration import CalibratedEstimator, Calibration, Observation, running_ratio
@@ -611,6 +611,7 @@ class Controller:
             checkpoint_timeout_s=cc.checkpoint_timeout_s,
             resignal=ctx.resignal,
             static=ctx.moving.static,
+            partitions=allowed_partitions(ctx.built.request),
         )
 
     def _apply(self, ctx: RoundContext) -> None:
