@@ -152,7 +152,7 @@ class SitePolicy:
 # with one of these words; `parse_reason` reads any of them back.
 #
 #   limit <scope>:<name> <kind> gres/gpu[:<type>] used <used>/<allowed>
-#   fairshare <account> usage <usage> > share <share>
+#   fairshare <account> usage <usage> >|>= share <share>
 #   reservation <name> from <iso start> (job est. end <iso end>)
 #   partition <account>/<qos> may use none of <p1,p2,...>
 #   unmanaged <job id> (priority <priority>) claims <gpus> <type|any> GPUs
@@ -179,7 +179,10 @@ def reason_limit(limit: GpuLimit, used: int, user: str | None = None) -> str:
 
 
 def reason_fairshare(account: str, usage: float, share: float) -> str:
-    return f"fairshare {account} usage {usage:.2f} > share {share:.2f}"
+    """``fairshare acctA usage 0.62 > share 0.50`` (``>=`` when they are equal
+    to two decimals)."""
+    op = ">" if f"{usage:.2f}" != f"{share:.2f}" and usage > share else ">="
+    return f"fairshare {account} usage {usage:.2f} {op} share {share:.2f}"
 
 
 def reason_reservation(name: str, start: float, est_end: float | None) -> str:
@@ -208,7 +211,7 @@ def reason_outbid(jobs: tuple[tuple[str, float], ...]) -> str:
 _PATTERNS = {
     "limit": r"limit (?P<scope>[a-z-]+):(?P<name>\S+) (?P<kind>\S+) gres/gpu(?::(?P<gpu_type>\S+))? "
     r"used (?P<used>\d+)/(?P<allowed>\d+)$",
-    "fairshare": r"fairshare (?P<account>\S+) usage (?P<usage>[0-9.]+) > share (?P<share>[0-9.]+)$",
+    "fairshare": r"fairshare (?P<account>\S+) usage (?P<usage>[0-9.]+) (?P<op>>=?) share (?P<share>[0-9.]+)$",
     "reservation": r"reservation (?P<name>\S+) from (?P<start>\S+) \(job est\. end (?P<end>\S+)\)$",
     "partition": r"partition (?P<account>[^/\s]*)/(?P<qos>\S*) may use none of (?P<partitions>\S+)$",
     "unmanaged": r"unmanaged (?P<job>\S+) \(priority (?P<priority>\S+)\) claims (?P<gpus>\d+) (?P<gpu_type>\S+) GPUs$",

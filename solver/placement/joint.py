@@ -185,6 +185,8 @@ def place_jobs(
     t0 = time.perf_counter()
     warm_plan: list[Chosen] = []
     unit = rules.penalty_unit(options) if rules is not None and rules.buckets else 0
+    bonus = rules.share_bonus(options) if rules is not None else 0
+    targets = cast(SiteRules, rules).share_targets(options) if bonus else {}
 
     def warm() -> Chosen:
         if not warm_plan:
@@ -198,6 +200,10 @@ def place_jobs(
             for jid, (o, _, _) in chosen.items():
                 tally.add(jid, o.cell)
             total -= unit * tally.over()
+        if bonus:
+            total -= bonus * cast(SiteRules, rules).shortfall(
+                targets, ((jid, o.cell) for jid, (o, _, _) in chosen.items())
+            )
         return total
 
     exact = space.num_nodes <= config.exact_node_model_max_nodes

@@ -121,6 +121,8 @@ class Model:
     #: network-card overflow columns: (o, {column: coefficient}, free cards); and the
     #: slack of a GPU limit's row (_limit_rows): (s, {column: GPUs}, cap)
     overflow: list[tuple[int, dict[int, int], int]] = field(default_factory=list)
+    #: fair share's shortfall columns (_share_rows): (d, {x column: GPUs}, need); d >= need - GPUs
+    shortfall: list[tuple[int, dict[int, int], int]] = field(default_factory=list)
     exact: bool = False
     #: x columns of free options that are their class's count too (one class, no other columns)
     lone: list[int] = field(default_factory=list)
@@ -172,7 +174,7 @@ def build(
     class_of = {n: c for c, names in space.classes.items() for n in names} if priced else {}
     # node (exact) or class -> ({column: shares}, [cost per share])
     cards: dict[ShareKey, tuple[dict[int, int], list[float]]] = defaultdict(lambda: ({}, []))
-    routes: dict[tuple[tuple[str, ...] | None, int], Route] = {}  # (partitions, id of a cell) -> _route
+    routes: dict[tuple[tuple[str, ...] | None, int, frozenset[str]], Route] = {}  # (partitions, id(cell), blocked)
     for job in jobs:
         ji = len(m.jobs)
         m.jobs.append(job.job_id)
@@ -265,6 +267,7 @@ def build(
         _card_row(m, space, sk, card_terms, costs)
     if rules is not None:
         _limit_rows(m, jobs, options, rules)
+        _share_rows(m, jobs, options, rules)
     return m
 
 
@@ -310,6 +313,38 @@ def _limit_rows(
             m.overflow.append((s, row, cap))  # the same role as a card's overflow: max(0, load - cap)
             row = {**row, s: -1}
         m.add_le(row, cap)
+
+
+def _share_rows(
+    m: Model, jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]], rules: SiteRules
+) -> None:
+    """Fair share's shortfall (siterules.share_targets): per account with a
+    target above what its fixed jobs hold, a column d >= target - the GPUs
+    its jobs hold (fixed, and the chosen options), d >= 0, costing the
+    bonus per GPU. (A cost of what is missing rather than a bonus for what
+    is held: the same optimum, and the objective stays the plan's value
+    where every target is met, so the solver's relative gap keeps its meaning.)"""
+    bonus = rules.share_bonus(options)
+    if not bonus:
+        return
+    targets = rules.share_targets(options)
+    terms: dict[str, dict[int, int]] = defaultdict(dict)
+    for job in jobs:
+        a = rules.account_of.get(job.job_id)
+        if a is None:
+            continue
+        for k, o in enumerate(options.get(job.job_id, ())):
+            col = m.x.get((job.job_id, k))
+            if col is not None:
+                _acc(terms[a], col, o.cell.num_gpus)
+    for a, target in sorted(targets.items()):
+        need = target - rules.fixed_by_account.get(a, 0)
+        row = terms.get(a, {})
+        if need <= 0:
+            continue
+        d = m.column(need, -bonus)
+        m.shortfall.append((d, row, need))
+        m.rows.append(Row([d, *row], [-1, *(-g for g in row.values())], -need))
 
 
 #: (partitions, GPU type, GPUs per node, blocked marks) -> (classes, their nodes)
@@ -419,4 +454,6 @@ def hint_values(
         vals[k] = max(0, (f - sum(u for u, v in pinned if vals[v])) // level)
     for o, terms, free in m.overflow:
         vals[o] = max(0, sum(a * vals[c] for c, a in terms.items()) - free)
+    for d, terms, need in m.shortfall:
+        vals[d] = max(0, need - sum(a * vals[c] for c, a in terms.items()))
     return vals

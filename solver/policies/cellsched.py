@@ -30,6 +30,17 @@ get it now and it is faster than the fastest single-type cell the job could
 get now (`FreeNow`: the GPUs no other job holds, plus its own), in the same
 joint model; at most MIXED_OFFERS of them per job and round (the fastest
 first: multi-type options make the joint model slower to solve).
+
+A site policy (ScheduleRequest.site, docs/site-policy.md) binds the round
+(solver.placement.siterules): partition access trims a job's partitions,
+GPU limits are rows of the joint model (and checks of its greedy plan),
+reserved nodes are marked in the node classes and kept from the options
+of jobs that would not end before the reservation opens, moves that would
+make a job miss its time limit are not offered, fair share weighs values
+and costs each account's shortfall of its entitlement, and pending plain
+sbatch jobs of higher priority are placed first as stand-ins whose GPUs
+stay free. Each job left pending gets a reason in solver.site's forms.
+An empty SitePolicy leaves the round as it was.
 """
 
 from __future__ import annotations
@@ -226,10 +237,7 @@ class CellschedPolicy:
             ests[job.job_id], utils[job.job_id] = kept, u
         weights = objective.job_weights(jobs, refs, request.now, cfg)
         if rules is not None and rules.fair:
-            weights = {
-                jid: w * rules.fair.get(by_acct, 1.0)
-                for (jid, w), by_acct in zip(weights.items(), (j.account for j in jobs), strict=True)
-            }
+            weights = {j.job_id: weights[j.job_id] * rules.fair.get(j.account, 1.0) for j in jobs}
         picks = {}
         by_name = {n.name: n for n in cluster.nodes}
         for job in jobs:
@@ -269,8 +277,8 @@ class CellschedPolicy:
                 if job.job_id not in result.placements and job.job_id not in reasons:
                     reasons[job.job_id] = "waiting: the GPUs are worth more to other jobs this round"
             return reply(fixed, result, sum(len(v) for v in options.values()), reasons, t1 - t0)
-        allowed, why = rules.options(jobs, options, cfg)
-        reasons.update(why)
+        allowed, held = rules.options(jobs, options, cfg)
+        reasons.update(held)
         stand_ins, claims = claim_jobs(claiming(request.site, request.jobs), cluster, rules.penalty_unit(allowed))
         t1 = time.perf_counter()
         result = place_jobs(
@@ -284,7 +292,7 @@ class CellschedPolicy:
         with_claims = {**fixed, **result.placements}
         result = _without_stand_ins(result, claims)
         site_reasons(rules, jobs, allowed, with_claims, claims, reasons)
-        return reply(fixed, result, sum(len(v) for v in allowed.values()), reasons, t1 - t0)
+        return reply(fixed, result, sum(len(v) for v in allowed.values()), reasons, t1 - t0, request)
 
 
 def price_cards(
@@ -482,34 +490,42 @@ def site_reasons(
 ) -> None:
     """The binding constraint of each job left pending (solver.site's reason
     forms): a limit its smallest option would break, a reservation that
-    keeps it off nodes, its account past its fair share, a pending plain sbatch job that claims GPUs of its types, or
-    the jobs that hold those GPUs and are worth more."""
+    keeps it off nodes, its account past its fair share, a pending plain
+    sbatch job that claims GPUs of its types, or the jobs that hold those
+    GPUs and are worth more."""
     held = {jid: p for jid, p in placed.items() if not jid.startswith(UNMANAGED_PREFIX)}
-    value = {
-        jid: next((o.value for o in options.get(jid, ()) if o.cell == p.cell), 0) / objective.SCALE
-        for jid, p in held.items()
-    }
+    loads = rules.loads(held)
+    by_account: dict[str, int] = {}
+    accounts = {j.job_id: j.account for j in jobs} | rules.account_of
+    for jid, p in held.items():
+        a = accounts.get(jid, "")
+        by_account[a] = by_account.get(a, 0) + p.cell.num_gpus
+    top: dict[str, list[tuple[float, str]]] = {}  # GPU type -> the most valuable jobs on it (-value, job)
+    for jid, p in held.items():
+        v = next((o.value for o in options.get(jid, ()) if o.cell == p.cell), 0) / objective.SCALE
+        for t, _ in p.cell.by_type():
+            top.setdefault(t, []).append((-v, jid))
+    top = {t: sorted(vs)[:3] for t, vs in top.items()}
+    by_claim = {UNMANAGED_PREFIX + u.job_id: u for u in rules.site.unmanaged}
+    claimed = {placed[cid].cell.gpu_type: by_claim[cid] for cid in claims if cid in placed}
     for job in jobs:
         jid = job.job_id
         if jid in placed or jid in reasons:
             continue
         opts = options.get(jid, ())
         smallest = min((o.cell for o in opts), key=lambda c: c.num_gpus, default=None)
-        types = {t for o in opts for t, _ in o.cell.by_type()}
-        why = rules.limit_reason(job, held, smallest) or rules.held_off.get(jid) or rules.fair_reason(job)
+        types = sorted({t for o in opts for t, _ in o.cell.by_type()})
+        why = rules.limit_reason(job, loads, smallest) or rules.held_off.get(jid) or rules.fair_reason(job, by_account)
+        u = next((claimed[t] for t in types if t in claimed), None)
+        if why is None and u is not None:
+            why = reason_unmanaged(u.job_id, u.priority, u.gpus, u.gpu_type)
         if why is None:
-            for cid in claims:
-                p = placed.get(cid)
-                if p is not None and p.cell.gpu_type in types:
-                    u = next(u for u in rules.site.unmanaged if UNMANAGED_PREFIX + u.job_id == cid)
-                    why = reason_unmanaged(u.job_id, u.priority, u.gpus, u.gpu_type)
-                    break
-        if why is None:
-            rivals = sorted(
-                ((j, v) for j, v in value.items() if any(t in types for t, _ in held[j].cell.by_type())),
-                key=lambda jv: (-jv[1], jv[0]),
-            )[:3]
-            why = reason_outbid(tuple(rivals)) if rivals else reason_no_cell("no free GPUs of its types")
+            rivals = sorted({r for t in types for r in top.get(t, ())})[:3]
+            why = (
+                reason_outbid(tuple((j, -v) for v, j in rivals))
+                if rivals
+                else reason_no_cell("no free GPUs of its types")
+            )
         reasons[jid] = why
 
 

@@ -12,7 +12,7 @@ from test_policies import job, running, table_for
 
 from solver.placement import PlacementError, joint, validate_plan
 from solver.placement.siterules import enforce_site, site_problems
-from solver.policies import get_policy
+from solver.policies import POLICIES, get_policy
 from solver.site import GpuLimit, LimitKind, LimitScope, PartitionAccess, SitePolicy, parse_reason
 from solver.types import Cell, ClusterView, NodeView, ScheduleRequest
 
@@ -165,7 +165,7 @@ def test_the_guard_catches_a_baseline_over_a_limit_and_enforce_site_fixes_it(exa
     est = table_for(jobs, EIGHT, {(j.job_id, "a100"): 1.0 for j in jobs})
     site = SitePolicy(limits=(acct_limit(4),))
     req = ScheduleRequest(EIGHT, tuple(jobs), config=exact_config(), site=site)
-    rep = get_policy("fcfs").schedule(req, est)  # FCFS knows nothing of limits
+    rep = get_policy("fcfs").schedule(replace(req, site=SitePolicy()), est)  # FCFS's own plan
     assert len(rep.placements) == 2
     problems = site_problems(site, EIGHT, jobs, rep.placements)
     assert problems == ["limit account:acctA GrpTRES gres/gpu used 8/4 planned (4 allowed to managed jobs)"]
@@ -175,3 +175,16 @@ def test_the_guard_catches_a_baseline_over_a_limit_and_enforce_site_fixes_it(exa
     assert list(fixed.placements) == ["a0"]  # the later one waits
     assert fixed.reasons["a1"] == "limit account:acctA GrpTRES gres/gpu used 8/4"
     assert enforce_site(replace(req, site=SitePolicy()), rep) is rep
+    assert get_policy("fcfs").schedule(req, est).placements == fixed.placements  # every policy's reply is guarded
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_no_policy_plans_over_a_limit(name, exact_config):
+    jobs = [job(f"a{i}", account="acctA", requested_gpus=4, requested_gpu_type="a100", elastic=True) for i in range(3)]
+    jobs.append(job("b0", account="acctB", requested_gpus=4, requested_gpu_type="a100", elastic=True))
+    est = table_for(jobs, EIGHT, {(j.job_id, "a100"): 1.0 for j in jobs})
+    site = SitePolicy(limits=(acct_limit(4),))
+    rep = get_policy(name).schedule(ScheduleRequest(EIGHT, tuple(jobs), config=exact_config(), site=site), est)
+    assert site_problems(site, EIGHT, jobs, rep.placements) == []
+    assert 0 < gpus_of(rep.placements, jobs, "acctA") <= 4
+    assert all(j.job_id in rep.placements or rep.reasons.get(j.job_id) for j in jobs)

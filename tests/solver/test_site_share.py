@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from test_policies import job, random_cluster_and_jobs, running, table_for
+from test_site_limits import PATHS
 
 from solver.placement.siterules import FAIR_FLOOR, fair_factors
 from solver.policies import get_policy
@@ -46,11 +47,24 @@ def acct_gpus(rep, account_of, account):
 
 def test_fair_factors_follow_the_classic_formula():
     site = SitePolicy(shares={"A": 0.5, "B": 0.25, "C": 0.25}, usage={"A": 0.5, "B": 0.0, "C": 1.0})
-    f = fair_factors(site, {"B": 0.25})
-    # raw 2^(-u/s): A 2^-1, B 2^-1 (its allocation now, 0.25 of the cluster, counts), C 2^-4; / the largest
-    assert f == pytest.approx({"A": 1.0, "B": 1.0, "C": 2**-3})
-    assert fair_factors(SitePolicy(shares={"A": 0.01}, usage={"A": 1.0}), {})["A"] == 1.0  # alone: the largest
-    assert fair_factors(SitePolicy(shares={"A": 0.01, "B": 0.5}, usage={"A": 1.0}), {})["A"] == FAIR_FLOOR
+    # raw 2^(-u/s): A 2^-1, B 2^0, C 2^-4; divided by the largest
+    assert fair_factors(site) == pytest.approx({"A": 0.5, "B": 1.0, "C": 2**-4})
+    assert fair_factors(SitePolicy(shares={"A": 0.01}, usage={"A": 1.0}))["A"] == 1.0  # alone: the largest
+    assert fair_factors(SitePolicy(shares={"A": 0.01, "B": 0.5}, usage={"A": 1.0}))["A"] == FAIR_FLOOR
+
+
+def test_past_usage_lowers_an_accounts_jobs_value(exact_config):
+    """Two 4-GPU jobs on 4 GPUs, alike but for their accounts: the account
+    that used less of its share in the past goes first."""
+    one = ClusterView((NodeView("n0", "a100", 4, 4),))
+    jobs = [job("x", account="acctA", min_gpus=4, max_gpus=4), job("y", account="acctB", min_gpus=4, max_gpus=4)]
+    est = table_for(jobs, one, {(j.job_id, "a100"): 1.0 for j in jobs})
+    for heavy, first in (("acctA", "y"), ("acctB", "x")):
+        site = SitePolicy(shares={"acctA": 0.5, "acctB": 0.5}, usage={heavy: 0.6})
+        rep = get_policy("cellsched").schedule(ScheduleRequest(one, tuple(jobs), config=exact_config(), site=site), est)
+        assert list(rep.placements) == [first]
+        (late,) = {"x", "y"} - {first}
+        assert rep.reasons[late] == f"fairshare {heavy} usage 0.60 > share 0.50"
 
 
 def test_fair_share_reclaims_an_accounts_share_from_elastic_borrowers(exact_config):
@@ -65,6 +79,25 @@ def test_fair_share_reclaims_an_accounts_share_from_elastic_borrowers(exact_conf
     assert {"a0", "a1"} <= set(after.placements)  # borrowers shrink, none is preempted
 
 
+@pytest.mark.parametrize("share_b", [0.5, 0.25])
+def test_an_account_with_one_job_gets_its_share_against_one_with_ten(share_b, exact_config):
+    """10 acctA jobs and one acctB job (each up to 8 GPUs) on 8 GPUs: without
+    shares acctB gets nothing (ten 1-GPU starts are worth more); with them
+    it gets its entitlement, share x 8 GPUs, and acctA the rest."""
+    jobs = [job(f"a{i}", account="acctA", elastic=True, max_gpus=8) for i in range(10)]
+    jobs.append(job("b0", account="acctB", elastic=True, max_gpus=8))
+    est = table_for(jobs, EIGHT, {(j.job_id, "a100"): 1.0 for j in jobs})
+    account_of = {j.job_id: j.account for j in jobs}
+    free = get_policy("cellsched").schedule(ScheduleRequest(EIGHT, tuple(jobs), config=exact_config()), est)
+    assert acct_gpus(free, account_of, "acctB") == 0
+    site = SitePolicy(shares={"acctA": 1 - share_b, "acctB": share_b})
+    rep = get_policy("cellsched").schedule(ScheduleRequest(EIGHT, tuple(jobs), config=exact_config(), site=site), est)
+    assert acct_gpus(rep, account_of, "acctB") == 8 * share_b
+    assert acct_gpus(rep, account_of, "acctA") == 8 * (1 - share_b)
+    waiting = [j for j in account_of if j not in rep.placements]
+    assert {rep.reasons[j] for j in waiting} == {f"fairshare acctA usage {1 - share_b:.2f} >= share {1 - share_b:.2f}"}
+
+
 def test_idle_share_is_lent_out(exact_config):
     jobs, est = borrowers()
     jobs = jobs[:2]  # acctB has no demand
@@ -73,12 +106,14 @@ def test_idle_share_is_lent_out(exact_config):
     assert sum(p.cell.num_gpus for p in rep.placements.values()) == 8
 
 
-def test_a_pending_plain_sbatch_job_of_higher_priority_gets_a_whole_node(exact_config):
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_a_pending_plain_sbatch_job_of_higher_priority_gets_a_whole_node(path, exact_config):
     jobs, est = borrowers()
     jobs = jobs[:2]
     claim = UnmanagedDemand("77", 4, "a100", (), priority=1000.0, nodes=1)
     site = SitePolicy(unmanaged=(claim,))
-    rep = get_policy("cellsched").schedule(ScheduleRequest(EIGHT, tuple(jobs), config=exact_config(), site=site), est)
+    cfg = exact_config(**PATHS[path])
+    rep = get_policy("cellsched").schedule(ScheduleRequest(EIGHT, tuple(jobs), config=cfg, site=site), est)
     held = {n: sum(g for p in rep.placements.values() for m, g in p.nodes if m == n) for n in ("n0", "n1")}
     assert sorted(held.values()) == [0, 4]  # one node left whole for job 77, the borrowers squeezed onto the other
     assert set(rep.placements) == {"a0", "a1"}
@@ -118,7 +153,8 @@ def test_reason_forms_read_back():
     lim = GpuLimit(LimitScope.QOS_PER_USER, "normal", LimitKind.PER_USER, 4, gpu_type="a100")
     cases = {
         reason_limit(lim, 4, "alice"): ("limit", {"scope": "qos-per-user", "name": "normal/alice", "used": "4"}),
-        reason_fairshare("acctA", 0.62, 0.5): ("fairshare", {"account": "acctA", "usage": "0.62", "share": "0.50"}),
+        reason_fairshare("acctA", 0.62, 0.5): ("fairshare", {"account": "acctA", "usage": "0.62", "op": ">"}),
+        reason_fairshare("acctA", 0.5, 0.5): ("fairshare", {"usage": "0.50", "op": ">=", "share": "0.50"}),
         reason_reservation("maint", 0.0, 600.0): (
             "reservation",
             {"name": "maint", "start": "1970-01-01T00:00:00Z", "end": "1970-01-01T00:10:00Z"},

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from test_policies import job, running, table_for
+from test_site_limits import PATHS
 
 from solver.placement import validate_plan
 from solver.policies import get_policy
@@ -37,14 +39,16 @@ def plan(jobs, site, cluster=TWO, **cfg):
     return rep
 
 
-def test_a_20_minute_job_stays_off_nodes_reserved_in_10_minutes_and_a_5_minute_job_may_use_them():
-    rep = plan([four("long", 20), four("short", 5)], SitePolicy(reservations=(MAINT,)))
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_a_20_minute_job_stays_off_nodes_reserved_in_10_minutes_and_a_5_minute_job_may_use_them(path):
+    rep = plan([four("long", 20), four("short", 5)], SitePolicy(reservations=(MAINT,)), **PATHS[path])
     assert rep.placements["long"].node_names == ("n1",)
     assert rep.placements["short"].node_names == ("r0",)
 
 
-def test_a_job_that_would_end_after_the_window_opens_waits_and_says_which_window():
-    rep = plan([four("long1", 20), four("long2", 20)], SitePolicy(reservations=(MAINT,)))
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_a_job_that_would_end_after_the_window_opens_waits_and_says_which_window(path):
+    rep = plan([four("long1", 20), four("long2", 20)], SitePolicy(reservations=(MAINT,)), **PATHS[path])
     assert len(rep.placements) == 1 and all(p.node_names == ("n1",) for p in rep.placements.values())
     (waiting,) = {"long1", "long2"} - set(rep.placements)
     kind, fields = parse_reason(rep.reasons[waiting])
