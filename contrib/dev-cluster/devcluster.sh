@@ -27,7 +27,7 @@
 #   JOB_SUBMIT_LUA=path            install this job_submit.lua and enable JobSubmitPlugins=lua
 #   DEVCLUSTER_ACCOUNTING=1        also start MariaDB + slurmdbd (accounting, fair share,
 #                                  accounts/users/QOS; see the accounting block below and
-#                                  docs/site-policy.md); off (unset or 0): no accounting
+#                                  docs/site-policy-slurm.md); off (unset or 0): no accounting
 #   DBD_PORT=CTLD_PORT+2           slurmdbd's port (accounting only)
 #   DB_PORT=CTLD_PORT+3            MariaDB's TCP port on 127.0.0.1 (accounting only)
 #
@@ -289,10 +289,11 @@ stop_pids() {  # TERM, wait, then KILL the given pids
 # ==== accounting (DEVCLUSTER_ACCOUNTING=1) =================================
 # MariaDB (own datadir, socket and 127.0.0.1 port under $LAB) + slurmdbd (own
 # port), multifactor priority with fair share, limits enforced, and the site
-# below made with sacctmgr before slurmctld starts. Every function here runs
-# only when acct_on; without it the cluster is exactly the one above.
+# below made with sacctmgr (the cluster before slurmctld starts, the rest once
+# slurmctld has registered the gres/gpu TRES). Every function here runs only
+# when acct_on; without it the cluster is exactly the one above.
 #
-# The site (docs/site-policy.md):
+# The site (docs/site-policy-slurm.md):
 #   cluster cellsched; QOS normal (Slurm's) and gpu2 (GrpTRES=gres/gpu=2)
 #   account acct-a  Fairshare=60  GrpTRES=gres/gpu=4   (QOS normal,gpu2)
 #   account acct-b  Fairshare=40                       (QOS normal,gpu2)
