@@ -62,23 +62,47 @@ class Spy:
         return self.inner.schedule(request, estimator)
 
 
-def test_a_site_that_cannot_be_read_costs_no_round_and_is_tried_again(tmp_path, caplog):
+class Messages(logging.Handler):
+    """The messages the controller logs (a handler of its own: another test may
+    have configured the logger not to propagate, as the daemon does)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_a_site_that_cannot_be_read_costs_no_round_and_is_tried_again(tmp_path):
     clock = [1000.0]
     backend, spy = Site(SitePolicy(limits=(LIMIT,))), Spy()
     config = from_dict({"controller": {"state_path": str(tmp_path / "s.sqlite")}})
     ctl = Controller(config, backend=backend, policy=spy, clock=lambda: clock[0])
-    with caplog.at_level(logging.INFO, logger="cellsched.controller"):
+    logger, seen = logging.getLogger("cellsched.controller"), Messages()
+    level, disabled = logger.level, logger.disabled
+    logger.setLevel(logging.INFO)
+    logger.disabled = False
+    logger.addHandler(seen)
+    try:
         for _ in range(3):  # fails, then rounds within SITE_RETRY_S do not ask again
             assert ctl.round(dry_run=True).status == "ok"
             clock[0] += 1.0
         assert backend.reads == 1 and all(r.site == SitePolicy() for r in spy.requests)
-        assert [r.message for r in caplog.records].count(
-            "site policy not read: scheduling without accounts, limits, fair share and reservations"
-        ) == 1
+        assert (
+            seen.messages.count(
+                "site policy not read: scheduling without accounts, limits, fair share and reservations"
+            )
+            == 1
+        )
         clock[0] += SITE_RETRY_S
         backend.fail = False
         assert ctl.round(dry_run=True).status == "ok"
-        assert backend.reads == 2 and "site policy read again" in [r.message for r in caplog.records]
+        assert backend.reads == 2 and "site policy read again" in seen.messages
+    finally:
+        logger.removeHandler(seen)
+        logger.setLevel(level)
+        logger.disabled = disabled
     site = spy.requests[-1].site
     # the running plain job's 2 GPUs count under acct-a's limit; the pending one claims its 4 by its priority
     assert site.limits == (GpuLimit(LimitScope.ACCOUNT, "acct-a", LimitKind.GRP, 4, used_outside=2),)
