@@ -298,6 +298,9 @@ class SiteRules:
         by_id = {j.job_id: j for j in jobs}
         for jid, opts in options.items():
             job = by_id[jid]
+            if not self.reservations and jid not in self.per_job and (job.current is None or job.time_limit_s is None):
+                out[jid] = list(opts)  # nothing here can refuse an option
+                continue
             kept: list[Option] = []
             for o in opts:
                 lim = self.job_cap(job, o.cell)
