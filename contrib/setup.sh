@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a development/test environment for cellsched on Debian 12 (as root).
 #
-#   bash contrib/setup.sh            # Debian packages (Slurm, munge, systemd-analyze) + .venv with cellsched[test,torch]
+#   bash contrib/setup.sh            # Debian packages (Slurm, slurmdbd, MariaDB, munge, systemd-analyze) + .venv with cellsched[test,torch]
 #                                    # and the training frameworks of contrib/frameworks.txt (megatron-core, torchtitan, lightning)
 #
 # Idempotent: installs only what is missing. The virtual environment lives in
@@ -14,7 +14,9 @@ VENV=${VENV:-.venv}
 PY=${PYTHON:-python3}
 
 need_pkgs=()
-for cmd_pkg in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge lua5.3:lua5.3 systemd-analyze:systemd; do
+# slurmdbd + mariadb-server: the dev cluster with accounting (DEVCLUSTER_ACCOUNTING=1; same names on Debian 12 and 13)
+for cmd_pkg in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge lua5.3:lua5.3 systemd-analyze:systemd \
+  slurmdbd:slurmdbd mariadbd:mariadb-server; do
   cmd=${cmd_pkg%%:*}; pkg=${cmd_pkg#*:}
   command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || need_pkgs+=("$pkg")
 done

@@ -97,7 +97,10 @@ class SlurmJob:
     `exit_code` is the process exit status, 128+N when killed by signal N,
     and None until the job has finished. `time_limit` in minutes (None =
     unlimited). `num_tasks` / `tasks_per_node` are the requested task counts
-    (None = not set); `work_dir` the job's working directory.
+    (None = not set); `work_dir` the job's working directory. `account`,
+    `qos`, `priority` (Slurm's, 0 while held; None: not reported) and
+    `reservation` ("" = none) are what the site's policy sees of the job
+    (slurm_ext.site).
     """
 
     job_id: str
@@ -127,6 +130,10 @@ class SlurmJob:
     num_tasks: int | None = None
     tasks_per_node: int | None = None
     work_dir: str = ""
+    account: str = ""
+    qos: str = ""
+    priority: int | None = None
+    reservation: str = ""
 
     @property
     def holds_resources(self) -> bool:

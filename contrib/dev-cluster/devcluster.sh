@@ -25,6 +25,11 @@
 #   MEM_MB=16000                   RealMemory of every fake node
 #   CRED_EXPIRE=10                 seconds; also the delay before a requeued job may start
 #   JOB_SUBMIT_LUA=path            install this job_submit.lua and enable JobSubmitPlugins=lua
+#   DEVCLUSTER_ACCOUNTING=1        also start MariaDB + slurmdbd (accounting, fair share,
+#                                  accounts/users/QOS; see the accounting block below and
+#                                  docs/site-policy-slurm.md); off (unset or 0): no accounting
+#   DBD_PORT=CTLD_PORT+2           slurmdbd's port (accounting only)
+#   DB_PORT=CTLD_PORT+3            MariaDB's TCP port on 127.0.0.1 (accounting only)
 #
 # Two instances with different LAB and ports can run side by side: each has its
 # own munged (socket under $LAB/munge), so `down` never touches the other.
@@ -104,7 +109,7 @@ ours_alive() {
   [ -r "/proc/$pid/status" ] || return 1
   grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" && return 1
   comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
-  [[ $comm == slurmctld || $comm == slurmd || $comm == munged ]]
+  [[ $comm == slurmctld || $comm == slurmd || $comm == munged || $comm == slurmdbd || $comm == mariadbd ]]
 }
 
 ctld_up() { [ -f "$SLURM_CONF" ] && timeout 3 scontrol ping 2>/dev/null | grep -q 'is UP'; }
@@ -188,6 +193,7 @@ EOF
     echo "PartitionName=$t Nodes=$nodes MaxTime=INFINITE State=UP" >>"$SLURM_CONF"
   done
   echo "PartitionName=all Nodes=$(awk '{print $1}' <<<"$shape" | paste -sd,) Default=YES MaxTime=INFINITE State=UP" >>"$SLURM_CONF"
+  if acct_on; then acct_write_conf; fi
 }
 
 start_munge() {
@@ -280,14 +286,152 @@ stop_pids() {  # TERM, wait, then KILL the given pids
   done
 }
 
+# ==== accounting (DEVCLUSTER_ACCOUNTING=1) =================================
+# MariaDB (own datadir, socket and 127.0.0.1 port under $LAB) + slurmdbd (own
+# port), multifactor priority with fair share, limits enforced, and the site
+# below made with sacctmgr (the cluster before slurmctld starts, the rest once
+# slurmctld has registered the gres/gpu TRES). Every function here runs only
+# when acct_on; without it the cluster is exactly the one above.
+#
+# The site (docs/site-policy-slurm.md):
+#   cluster cellsched; QOS normal (Slurm's) and gpu2 (GrpTRES=gres/gpu=2)
+#   account acct-a  Fairshare=60  GrpTRES=gres/gpu=4   (QOS normal,gpu2)
+#   account acct-b  Fairshare=40                       (QOS normal,gpu2)
+#   user root in acct-a (default) and acct-b; users named in
+#   DEVCLUSTER_ACCT_USERS="alice:acct-a bob:acct-b" are added too
+ACCOUNTING=${DEVCLUSTER_ACCOUNTING:-0}
+DBD_PORT=${DBD_PORT:-$((CTLD_PORT + 2))}
+DB_PORT=${DB_PORT:-$((CTLD_PORT + 3))}
+DB_DIR=$LAB/mariadb
+DB_SOCKET=$DB_DIR/mysqld.sock
+
+acct_on() {
+  case $ACCOUNTING in
+    1) return 0 ;;
+    0 | "") return 1 ;;
+    *) die "DEVCLUSTER_ACCOUNTING must be 0 or 1, got '$ACCOUNTING'" ;;
+  esac
+}
+
+acct_install_packages() {
+  command -v slurmdbd >/dev/null && command -v mariadbd >/dev/null && command -v mariadb-install-db >/dev/null && return 0
+  echo "devcluster: installing mariadb-server and slurmdbd" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends mariadb-server slurmdbd
+}
+
+acct_write_conf() {  # slurm.conf's accounting lines, and slurmdbd.conf (next to it: slurmdbd reads it there)
+  sed -i -e 's|^AccountingStorageType=.*|AccountingStorageType=accounting_storage/slurmdbd|' "$SLURM_CONF"
+  cat >>"$SLURM_CONF" <<CONF
+# --- accounting (DEVCLUSTER_ACCOUNTING=1)
+AccountingStorageHost=localhost
+AccountingStoragePort=$DBD_PORT
+AccountingStoragePass=$MUNGE_SOCKET
+AccountingStorageEnforce=associations,limits,qos,safe
+AccountingStorageTRES=gres/gpu
+PriorityType=priority/multifactor
+PriorityWeightFairshare=10000
+PriorityWeightAge=1000
+PriorityWeightQOS=1000
+PriorityWeightJobSize=0
+PriorityWeightPartition=0
+PriorityMaxAge=1-0
+PriorityDecayHalfLife=1-0
+PriorityCalcPeriod=1
+CONF
+  [ -s "$DB_DIR/pass" ] || { mkdir -p "$DB_DIR"; head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$DB_DIR/pass"; }
+  chmod 0600 "$DB_DIR/pass"
+  (
+    umask 077
+    cat >"$ETC/slurmdbd.conf" <<CONF
+# written by devcluster.sh; edits are lost on the next 'up'
+AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCKET
+DbdHost=localhost
+DbdPort=$DBD_PORT
+SlurmUser=root
+LogFile=$LOGS/slurmdbd.log
+PidFile=$RUN/slurmdbd.pid
+DebugLevel=info
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$DB_PORT
+StorageUser=slurm
+StoragePass=$(cat "$DB_DIR/pass")
+StorageLoc=slurm_acct_db
+CONF
+  )
+}
+
+acct_sql() { mariadb --no-defaults -S "$DB_SOCKET" -u root --batch -e "$1"; }
+
+acct_start_db() {  # a fresh MariaDB in $DB_DIR/data, listening on 127.0.0.1:$DB_PORT and $DB_SOCKET
+  rm -rf "$DB_DIR/data"
+  mkdir -p "$DB_DIR/data"
+  mariadb-install-db --no-defaults --datadir="$DB_DIR/data" --user=root --auth-root-authentication-method=socket \
+    --skip-test-db >"$LOGS/mariadb-install.log" 2>&1 || fail "mariadb-install-db failed (see $LOGS/mariadb-install.log)"
+  # its own session, every descriptor closed: the caller (a test's subprocess) waits for its pipes' end
+  setsid mariadbd --no-defaults --datadir="$DB_DIR/data" --socket="$DB_SOCKET" --port="$DB_PORT" \
+    --bind-address=127.0.0.1 --pid-file="$RUN/mariadbd.pid" --log-error="$LOGS/mariadb.log" --user=root \
+    --skip-name-resolve --innodb-buffer-pool-size=64M --innodb-lock-wait-timeout=900 \
+    </dev/null >/dev/null 2>&1 &
+  local deadline=$((SECONDS + 60))
+  until acct_sql 'SELECT 1' >/dev/null 2>&1; do
+    [ $SECONDS -lt $deadline ] || fail "MariaDB not answering on $DB_SOCKET"
+    sleep 0.2
+  done
+  acct_sql "CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY '$(cat "$DB_DIR/pass")';
+    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';" || fail "could not create MariaDB user slurm"
+}
+
+acct_start_dbd() {
+  slurmdbd || fail "slurmdbd did not start"
+  local deadline=$((SECONDS + 90)) pid
+  until timeout 5 sacctmgr -n -P show cluster format=cluster >/dev/null 2>&1; do
+    pid=$(cat "$RUN/slurmdbd.pid" 2>/dev/null || true)
+    if [ -n "$pid" ] && ! ours_alive "$pid"; then fail "slurmdbd died"; fi
+    [ $SECONDS -lt $deadline ] || fail "slurmdbd not answering on port $DBD_PORT"
+    sleep 0.3
+  done
+}
+
+acct_site() {  # QOS, accounts and users (sacctmgr -i: no questions), once slurmctld registered the gres/gpu TRES
+  local sa=(timeout 20 sacctmgr -i) pair user account deadline=$((SECONDS + 30))
+  until timeout 5 sacctmgr -n -P show tres format=type,name 2>/dev/null | grep -qx 'gres|gpu'; do
+    [ $SECONDS -lt $deadline ] || fail "slurmctld did not register the gres/gpu TRES with slurmdbd"
+    sleep 0.3
+  done
+  "${sa[@]}" add qos gpu2 GrpTRES=gres/gpu=2 >/dev/null || fail "sacctmgr add qos failed"
+  "${sa[@]}" add account acct-a Cluster=cellsched Fairshare=60 GrpTRES=gres/gpu=4 QOS=normal,gpu2 \
+    Description=acct-a Organization=dev >/dev/null || fail "sacctmgr add account acct-a failed"
+  "${sa[@]}" add account acct-b Cluster=cellsched Fairshare=40 QOS=normal,gpu2 \
+    Description=acct-b Organization=dev >/dev/null || fail "sacctmgr add account acct-b failed"
+  "${sa[@]}" add user root Account=acct-a,acct-b >/dev/null || fail "sacctmgr add user root failed"
+  "${sa[@]}" modify user root set DefaultAccount=acct-a >/dev/null || fail "sacctmgr modify user root failed"
+  for pair in ${DEVCLUSTER_ACCT_USERS:-}; do
+    user=${pair%%:*} account=${pair#*:}
+    [[ $user =~ ^[a-z_][a-z0-9_-]*$ && $account =~ ^acct-[ab]$ ]] || die "DEVCLUSTER_ACCT_USERS: bad entry '$pair' (user:acct-a|acct-b)"
+    "${sa[@]}" add user "$user" Account="$account" DefaultAccount="$account" >/dev/null || fail "sacctmgr add user $user failed"
+  done
+}
+
+acct_up() {  # after munged, before slurmctld (acct_site follows once the nodes are up)
+  acct_start_db
+  acct_start_dbd
+  timeout 20 sacctmgr -i add cluster cellsched >/dev/null || fail "sacctmgr add cluster failed"
+}
+# ==== end of accounting ======================================================
+
 up() {
   [ "$(id -u)" = 0 ] || die "up must run as root"
   install_packages
+  if acct_on; then acct_install_packages; fi
   read_shape >/dev/null
   if [ -n "$(our_pids)" ]; then down; fi
   rm -rf "$LAB/state" "$LAB/spool" "$LOGS" "$RUN"
   write_conf
   start_munge
+  if acct_on; then acct_up; fi
   slurmctld -i || fail "slurmctld did not start"
   wait_ctld
   local n
@@ -296,6 +440,7 @@ up() {
     slurmd -N "$n" || fail "slurmd -N $n did not start"
   done
   wait_nodes idle  # exactly idle: not idle* (not responding), inval or drained
+  if acct_on; then acct_site; fi
   timeout 5 sinfo
 }
 

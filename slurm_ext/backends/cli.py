@@ -47,6 +47,7 @@ from slurm_ext.backends.base import (
 from slurm_ext.parse import json_output, scontrol_text
 from slurm_ext.parse.values import ParseError
 from slurm_ext.records import ClusterSnapshot, SlurmJob, compress_hostlist
+from slurm_ext.site import SiteReader, SiteReading
 
 #: stderr fragments that mean "slurmctld is not there" rather than "bad request"
 UNREACHABLE = (
@@ -116,6 +117,7 @@ class CliBackend:
         self.slurm_conf = slurm_conf
         self._runner = run
         self._version: tuple[int, int] | None = None
+        self._site = SiteReader(self._run)
 
     # --- running commands --------------------------------------------------
 
@@ -209,6 +211,11 @@ class CliBackend:
         except ParseError as exc:
             raise SlurmCommandError(f"observe ({style})", 0, f"unexpected Slurm output: {exc}") from exc
         return ClusterSnapshot(nodes=nodes, partitions=partitions, jobs=jobs, taken_at=taken_at)
+
+    def read_site(self) -> SiteReading:
+        """The site's standing policy (slurm_ext.site): sacctmgr, sshare and
+        scontrol; SlurmError or ParseError when accounting cannot be read."""
+        return self._site.read(time.time())
 
     def job(self, job_id: str) -> SlurmJob:
         """One job, read now."""

@@ -39,6 +39,7 @@ from slurm_ext.records import (
     compress_hostlist,
     expand_hostlist,
 )
+from slurm_ext.site import SiteReading
 from solver.extras import require
 
 
@@ -112,6 +113,10 @@ def job_record(job: Any) -> SlurmJob:
         num_tasks=integer(_get(job, "ntasks")) or None,
         tasks_per_node=integer(_get(job, "ntasks_per_node")) or None,
         work_dir=text(_get(job, "working_directory")),
+        account=text(_get(job, "account")),
+        qos=text(_get(job, "qos")),
+        priority=integer(priority),
+        reservation=text(_get(job, "reservation")),
     )
 
 
@@ -255,6 +260,13 @@ class PyslurmBackend(OneAtATime):
             jobs=tuple(job_record(j) for j in jobs.values()),
             taken_at=taken_at,
         )
+
+    def read_site(self) -> SiteReading:
+        """The site's standing policy, read with Slurm's commands
+        (slurm_ext.site; pyslurm has no stable accounting API across releases)."""
+        from slurm_ext.backends.cli import CliBackend
+
+        return CliBackend().read_site()
 
     def _job(self, job_id: str) -> Any:
         if not check_job_id(job_id).isdigit():

@@ -20,6 +20,7 @@ from slurm_ext.records import FINISHED
 from slurm_ext.state import RoundStatus, SpeedRow, StateStore
 from slurm_ext.textsafe import printable
 from solver.plan import JobPlan, PlanError
+from solver.site import parse_reason
 
 _CONFIG = click.option(
     "--config",
@@ -196,6 +197,51 @@ def _table(rows: list[dict[str, Any]]) -> str:
     )
 
 
+_SCOPES = {
+    "account": "account {name}",
+    "user": "user association {name} (account/user)",
+    "qos": "QOS {name}",
+    "qos-per-user": "QOS {name} per user",
+    "partition": "partition {name}'s QOS",
+}
+
+
+def why(reason: str) -> dict[str, Any]:
+    """The binding constraint a job's reason names (solver.site.parse_reason):
+    {"kind", "fields", "text"}, `text` one line that says it with its numbers.
+    A reason with a note after "; " is read by its first part."""
+    kind, fields = parse_reason(reason)
+    if kind == "other" and "; " in reason:
+        kind, fields = parse_reason(reason.split("; ", 1)[0])
+        if kind == "other":
+            fields = {"text": reason}
+    f = fields
+    if kind == "limit":
+        who = _SCOPES.get(f["scope"], f["scope"] + " {name}").format(name=f["name"])
+        gpus = f"{f['gpu_type']} GPUs" if f.get("gpu_type") else "GPUs"
+        text = f"GPU limit: {who} {f['kind']} allows {f['allowed']} {gpus}, {f['used']} in use or planned"
+    elif kind == "fairshare":
+        text = (
+            f"fair share: account {f['account']} has used {f['usage']} of the cluster against a share of {f['share']}"
+        )
+    elif kind == "reservation":
+        text = f"reservation {f['name']} takes the nodes from {f['start']}; the job would end about {f['end']}"
+    elif kind == "partition":
+        text = (
+            f"partition access: account {f['account'] or '-'} (QOS {f['qos'] or '-'}) may use none of {f['partitions']}"
+        )
+    elif kind == "unmanaged":
+        gtype = "" if f["gpu_type"] == "any" else f"{f['gpu_type']} "
+        text = f"plain sbatch job {f['job']} (Slurm priority {f['priority']}) claims {f['gpus']} {gtype}GPUs first"
+    elif kind == "no cell fits":
+        text = f"no cell fits: {f['why']}"
+    elif kind == "outbid":
+        text = f"the GPUs are worth more to other jobs: {reason.split(' by ', 1)[1]}"
+    else:
+        text = reason or "no reason recorded"
+    return {"kind": kind, "fields": fields, "text": text}
+
+
 def _history_text(job_id: str, events: list[dict[str, Any]]) -> str:
     lines = [f"job {printable(job_id)}: history of its cells"]
     for e in events:
@@ -248,13 +294,23 @@ def plan_text(report: Any) -> str:
 @_JSON
 @click.option("--all", "include_finished", is_flag=True, help="Include finished jobs.")
 @click.option(
+    "--why",
+    "why_of",
+    metavar="JOBID",
+    help="Say why one job waits: the binding constraint with its numbers (a GPU limit, fair share, a "
+    "reservation, partition access, a plain sbatch job's claim, no cell that fits, or the jobs the GPUs are worth "
+    "more to).",
+)
+@click.option(
     "--history",
     "history_of",
     metavar="JOBID",
     help="Show one job's history: cells it was placed in, moves (signalled, requeued, resumed with the "
     "measured restart cost), end.",
 )
-def status(config_path: str | None, as_json: bool, include_finished: bool, history_of: str | None) -> None:
+def status(
+    config_path: str | None, as_json: bool, include_finished: bool, why_of: str | None, history_of: str | None
+) -> None:
     """Managed jobs: cell, plan, speed, progress, time in queue, why pending.
 
     S/IT(EST/OBS): seconds per iteration the controller now estimates for the
@@ -270,6 +326,9 @@ def status(config_path: str | None, as_json: bool, include_finished: bool, histo
         raise ControllerError(f"no controller state at {config.controller.state_path} (has the controller run?)")
     state = open_state(config, readonly=True)
     try:
+        if why_of is not None:
+            _why_out(state, why_of, as_json)
+            return
         if history_of is not None:
             job = state.jobs().get(history_of)
             who = viewer()
@@ -291,6 +350,20 @@ def status(config_path: str | None, as_json: bool, include_finished: bool, histo
     click.echo(_table(rows))
     if last:
         click.echo("\n" + _round_text(last[0]))
+
+
+def _why_out(state: StateStore, job_id: str, as_json: bool) -> None:
+    """`status --why JOBID`: the job's phase and the constraint its reason names."""
+    job = state.jobs(include_finished=True).get(job_id)
+    who = viewer()
+    if job is None or (who is not None and job.user != who):
+        raise ControllerError(f"no managed job {printable(job_id)} of yours in the controller's state")
+    reason = job.bad_reason or job.reason or ""
+    w = why(reason)
+    if as_json:
+        _json_out({"job_id": job_id, "phase": job.phase, "state": job.slurm_state, "reason": reason, **w})
+    else:
+        click.echo(printable(f"job {job_id} ({job.phase}): {w['text']}"))
 
 
 @click.command()

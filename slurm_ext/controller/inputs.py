@@ -11,10 +11,12 @@ import functools
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from slurm_ext.config import NetworkConfig
 from slurm_ext.jobspec import JobSpec, JobSpecError, is_managed_comment, spec_of_job
 from slurm_ext.records import ClusterSnapshot, SlurmJob
+from slurm_ext.site import PriorityModel, SiteReading, round_policy
 from slurm_ext.state import JobRow, PlanRow, PlanStatus
 from slurm_ext.view import to_cluster_view
 from solver import contract
@@ -379,9 +381,26 @@ def request_view(
     (to_cluster_view's `ending_job_ids`): a move's job finds its own GPUs
     free for its target, and is not put on a smaller cell by its own
     checkpoint and then moved again."""
-    placed_ids = [m.job_id for m in jobs if m.phase in (Phase.RUNNING, Phase.CHECKPOINTING) and m.current is not None]
     ending_ids = [m.job_id for m in jobs if m.phase == Phase.CHECKPOINTED]
-    return to_cluster_view(snapshot, placed_ids, network, ending_ids)
+    return to_cluster_view(snapshot, placed_ids(jobs), network, ending_ids)
+
+
+def placed_ids(jobs: tuple[ManagedJob, ...]) -> list[str]:
+    """The managed jobs running (or checkpointing) on a placement of ours: the request carries their GPUs."""
+    return [m.job_id for m in jobs if m.phase in (Phase.RUNNING, Phase.CHECKPOINTING) and m.current is not None]
+
+
+def site_fields(job: SlurmJob, model: PriorityModel, now: float) -> dict[str, Any]:
+    """A JobRequest's view of the site from the Slurm job: account, QOS,
+    priority (Slurm's; for a held job the estimate of `model`), time limit
+    in seconds and reservation."""
+    return {
+        "account": job.account,
+        "qos": job.qos,
+        "priority": model.priority(job, now),
+        "time_limit_s": job.time_limit * 60.0 if job.time_limit else None,
+        "reservation": job.reservation or None,
+    }
 
 
 def elastic_now(m: ManagedJob, first_step_at: Mapping[str, float] | None, static: Collection[str]) -> bool:
@@ -391,6 +410,44 @@ def elastic_now(m: ManagedJob, first_step_at: Mapping[str, float] | None, static
     if m.spec is None or not m.spec.elastic or m.phase == Phase.CHECKPOINTING or m.job_id in static:
         return False
     return m.phase != Phase.RUNNING or first_step_at is None or started_training(m, first_step_at)
+
+
+def job_request(
+    m: ManagedJob,
+    spec: JobSpec,
+    progress: Mapping[str, float],
+    excluded: Mapping[str, frozenset[str]],
+    restart_costs: Mapping[str, float],
+    first_step_at: Mapping[str, float] | None,
+    static: Collection[str],
+    site: SiteReading,
+    now: float,
+) -> JobRequest:
+    """The JobRequest of a managed job in a scheduled phase (`build_request`)."""
+    return JobRequest(
+        job_id=m.job_id,
+        model=spec.model_spec(),
+        global_batch=spec.global_batch,
+        iterations=spec.iterations,
+        iterations_done=min(float(spec.iterations), progress.get(m.job_id, 0.0)),
+        user=m.job.user,
+        gpu_types=spec.gpu_types,
+        min_gpus=spec.min_gpus,
+        max_gpus=spec.max_gpus,
+        elastic=elastic_now(m, first_step_at, static),
+        submit_time=m.job.submit_time or 0.0,
+        requested_gpus=spec.requested_gpus,
+        requested_gpu_type=spec.requested_gpu_type,
+        partitions=getattr(spec, "partitions", None),
+        current=m.current,
+        excluded_cells=excluded.get(m.job_id, frozenset()),
+        restart_cost_s=restart_costs.get(m.job_id),
+        running_since=m.job.start_time if m.current is not None else None,
+        virtual_workers=fixed_virtual_workers(m),
+        runtime=spec.runtime,
+        movable=m.job_id not in static,
+        **site_fields(m.job, site.priority, now),
+    )
 
 
 def build_request(
@@ -404,6 +461,7 @@ def build_request(
     first_step_at: Mapping[str, float] | None = None,
     network: NetworkConfig | None = None,
     static: Collection[str] = (),
+    site: SiteReading | None = None,
 ) -> Inputs:
     """The ScheduleRequest of a round: jobs in a scheduled phase, with their
     progress and measured restart cost; the view counts GPUs of every job
@@ -413,43 +471,31 @@ def build_request(
     step yet (`started_training`, from `first_step_at`; None: not checked);
     a Phase.CHECKPOINTED one is placed like a pending job (`request_view`).
     `network`: the view's NICs and racks ([network]); a job in `static`
-    is neither elastic nor movable (controller.hooks, JobRequest.movable)."""
+    is neither elastic nor movable (controller.hooks, JobRequest.movable).
+    `site`: the site's standing policy (slurm_ext.site; None: none), made
+    the round's (`site.round_policy`); each job carries its account, QOS,
+    priority, time limit and reservation (`site_fields`)."""
+    reading, now = site or SiteReading(), snapshot.taken_at
     view = request_view(snapshot, jobs, network)
     requests: list[JobRequest] = []
     skipped: dict[str, str] = {}
     for m in jobs:
         if m.phase not in SCHEDULED or m.spec is None:
             continue
-        spec = m.spec
         try:
             requests.append(
-                JobRequest(
-                    job_id=m.job_id,
-                    model=spec.model_spec(),
-                    global_batch=spec.global_batch,
-                    iterations=spec.iterations,
-                    iterations_done=min(float(spec.iterations), progress.get(m.job_id, 0.0)),
-                    user=m.job.user,
-                    gpu_types=spec.gpu_types,
-                    min_gpus=spec.min_gpus,
-                    max_gpus=spec.max_gpus,
-                    elastic=elastic_now(m, first_step_at, static),
-                    submit_time=m.job.submit_time or 0.0,
-                    requested_gpus=spec.requested_gpus,
-                    requested_gpu_type=spec.requested_gpu_type,
-                    partitions=getattr(spec, "partitions", None),
-                    current=m.current,
-                    excluded_cells=(excluded or {}).get(m.job_id, frozenset()),
-                    restart_cost_s=(restart_costs or {}).get(m.job_id),
-                    running_since=m.job.start_time if m.current is not None else None,
-                    virtual_workers=fixed_virtual_workers(m),
-                    runtime=spec.runtime,
-                    movable=m.job_id not in static,
+                job_request(
+                    m, m.spec, progress, excluded or {}, restart_costs or {}, first_step_at, static, reading, now
                 )
             )
         except (JobSpecError, ValueError, TypeError) as exc:
             skipped[m.job_id] = f"cannot schedule: {exc}"
     request = ScheduleRequest(
-        cluster=view, jobs=tuple(requests), previous=dict(previous or {}), config=config, now=snapshot.taken_at
+        cluster=view,
+        jobs=tuple(requests),
+        previous=dict(previous or {}),
+        config=config,
+        now=now,
+        site=round_policy(reading, snapshot, placed_ids(jobs), {m.job_id for m in jobs}),
     )
     return Inputs(view=view, request=request, jobs=jobs, skipped=skipped)

@@ -317,6 +317,7 @@ def decide(
     checkpoint_timeout_s: float = float("inf"),
     resignal: Collection[str] = (),
     static: Collection[str] = (),
+    partitions: Mapping[str, tuple[str, ...]] | None = None,
 ) -> tuple[Action, ...]:
     """Actions that make Slurm match `desired`.
 
@@ -331,12 +332,15 @@ def decide(
     rebuilt from the Step this round: the controller that wrote the Step may
     have died before its signal) is asked again. Jobs that keep their cell
     are not touched, and neither is a running job in `static` (it may not be
-    signalled at all: controller.hooks).
+    signalled at all: controller.hooks). `partitions`: the partitions a job
+    may be placed in where the site's partition access allows it fewer than
+    its own (`site.allowed_partitions`).
     """
     actions: list[Action] = []
     for m in jobs:
         p = None if m.phase == Phase.RUNNING and m.job_id in static else desired.get(m.job_id)
-        a = _action(m, p, view, checkpoint_root, now, checkpoint_timeout_s, resignal)
+        allowed = (partitions or {}).get(m.job_id, getattr(m.spec, "partitions", None))
+        a = _action(m, p, view, checkpoint_root, now, checkpoint_timeout_s, resignal, allowed)
         if a is not None:
             actions.append(a)
     acted = {a.job_id for a in actions}
@@ -355,8 +359,10 @@ def _action(
     now: float,
     checkpoint_timeout_s: float,
     resignal: Collection[str],
+    allowed: tuple[str, ...] | None = None,
 ) -> Action | None:
-    """The action on one job (`decide`), None when it is left as it is."""
+    """The action on one job (`decide`), None when it is left as it is;
+    `allowed`: the partitions it may be placed in (None: any)."""
     if m.phase == Phase.LOOSE and p is None:
         return Action(ActionKind.HOLD, m.job_id, "pending without a plan")
     if m.phase == Phase.CHECKPOINTING:
@@ -375,7 +381,7 @@ def _action(
         return Action(ActionKind.REQUEUE, m.job_id, why, was=m.job.admin_comment, parks=True)
     if p is None or not _to_place(m, p, now):
         return None
-    return _placement_action(m, p, view, checkpoint_root, now)
+    return _placement_action(m, p, view, checkpoint_root, now, allowed)
 
 
 def _to_place(m: ManagedJob, p: Placement, now: float) -> bool:
@@ -398,11 +404,11 @@ def _to_place(m: ManagedJob, p: Placement, now: float) -> bool:
 
 
 def _placement_action(
-    m: ManagedJob, p: Placement, view: ClusterView, checkpoint_root: str, now: float
+    m: ManagedJob, p: Placement, view: ClusterView, checkpoint_root: str, now: float, allowed: tuple[str, ...] | None
 ) -> Action | None:
-    """MOVE a running job to `p`, or PLACE a waiting one there; None when no
-    partition holds the placement's nodes."""
-    partition = choose_partition(view, p, getattr(m.spec, "partitions", None))
+    """MOVE a running job to `p`, or PLACE a waiting one there, in a
+    partition among `allowed`; None when none of them holds the placement's nodes."""
+    partition = choose_partition(view, p, allowed)
     if partition is None:
         return None  # validate() keeps such placements out; nothing to carry out
     plan = job_plan(m, p, checkpoint_root, view)

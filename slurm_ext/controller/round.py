@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from slurm_ext.backends import Backend, SlurmUnavailable, get_backend
+from slurm_ext.backends import Backend, SlurmError, SlurmUnavailable, get_backend
 from slurm_ext.config import Config
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller import metrics as mx
@@ -24,7 +24,9 @@ from slurm_ext.controller.progress import Progress, ProgressFiles, ProgressReade
 from slurm_ext.controller.reconcile import Action, ActionKind, Outcome, Waiting, apply, checked, decide, intent_outcomes
 from slurm_ext.controller.report import RoundReport
 from slurm_ext.controller.round_metrics import declare_metrics, record_cluster, record_round
+from slurm_ext.parse.values import ParseError
 from slurm_ext.records import ClusterSnapshot, SlurmJob
+from slurm_ext.site import SiteReading, allowed_partitions
 from slurm_ext.state import HistoryEvent, JobRow, JobStatus, PlanRow, PlanStatus, RoundStatus, SpeedRow, StateStore
 from solver import contract
 from solver.calibration import CalibratedEstimator, Calibration, Observation, running_ratio
@@ -38,6 +40,8 @@ log = logging.getLogger("cellsched.controller")
 CALIBRATION_ROWS = 2000
 #: a job first seen this many times slower (or faster) than its estimate is logged
 NOTICED = 1.25
+#: after the site's policy could not be read, the rounds of this many seconds go without one before a retry
+SITE_RETRY_S = 60.0
 
 
 def _make_policy(config: Config) -> Policy:
@@ -94,6 +98,7 @@ class RoundContext:
     prog: Progress = field(init=False)
     proven: dict[str, frozenset[str]] = field(init=False)  #: the cells each job has trained in
     moving: Movability = field(init=False)  #: the running jobs that may not be moved (controller.hooks)
+    site: SiteReading = field(init=False)  #: the site's standing policy (slurm_ext.site)
     # 4. the solver's input and reply, and the speeds running jobs reached (to record)
     built: inp.Inputs = field(init=False)
     speeds: dict[tuple[str, str], tuple[SpeedRow, JobRequest]] = field(default_factory=dict)
@@ -160,6 +165,9 @@ class Controller:
             lease = FileLease(cc.lease_path, cc.lease_s, cc.lease_settle_s)
         self.lease = lease
         self._standing_by = False  # the last round was a standby round
+        self._site_failure = ""  # why the site's policy could not be read ("" : it could)
+        self._site_retry_at = 0.0  # no new try to read it before (controller clock)
+        self._site_dropped: tuple[str, ...] = ()  # what the last reading left out (logged when it changes)
 
     # --- one round --------------------------------------------------------
 
@@ -236,6 +244,7 @@ class Controller:
             (self._read_progress, both),  # how far each job is
             (self._record_progress, live),  # restart costs measured, cells trained in
             (self._read_hooks, both),  # which running jobs may be moved at all
+            (self._read_site, both),  # the site's policy: limits, shares, reservations, access
             (self._build_request, both),  # 4. the solver's input
             (self._calibrate, both),  # the estimates corrected by what jobs reach
             (self._record_speeds, live),
@@ -450,6 +459,34 @@ class Controller:
             self.state.add_history(m.job_id, HistoryEvent.TRAINED, ctx.now, ctx.round_id, key)
             proven[m.job_id] = proven.get(m.job_id, frozenset()) | {key}
 
+    def _read_site(self, ctx: RoundContext) -> None:
+        """The site's standing policy, read from Slurm each round (the
+        backend's `read_site`; a backend without one has none). When it
+        cannot be read (no slurmdbd, say) the round goes on without it: one
+        warning, and no new try for SITE_RETRY_S seconds."""
+        ctx.site = SiteReading()
+        read = getattr(self.backend, "read_site", None)
+        if read is None or self.clock() < self._site_retry_at:
+            return
+        try:
+            ctx.site = read()
+        except (SlurmError, ParseError, OSError, ValueError) as exc:
+            self._site_retry_at = self.clock() + SITE_RETRY_S
+            if str(exc) != self._site_failure:
+                log.warning(
+                    "site policy not read: scheduling without accounts, limits, fair share and reservations",
+                    extra={"fields": {"error": str(exc), "retry_s": SITE_RETRY_S}},
+                )
+            self._site_failure = str(exc)
+            return
+        if self._site_failure:
+            log.info("site policy read again")
+            self._site_failure = ""
+        if ctx.site.dropped != self._site_dropped:
+            self._site_dropped = ctx.site.dropped
+            if ctx.site.dropped:
+                log.warning("site policy: parts not used", extra={"fields": {"dropped": list(ctx.site.dropped)}})
+
     def _build_request(self, ctx: RoundContext) -> None:
         """The solver's input: the jobs in a scheduled phase, kept out of the
         cells that keep failing them (`excluded_cells`)."""
@@ -469,6 +506,7 @@ class Controller:
             first_step_at=ctx.prog.first_step_at,
             network=cfg.network,
             static=ctx.moving.static,
+            site=ctx.site,
         )
 
     def _calibrate(self, ctx: RoundContext) -> None:
@@ -573,6 +611,7 @@ class Controller:
             checkpoint_timeout_s=cc.checkpoint_timeout_s,
             resignal=ctx.resignal,
             static=ctx.moving.static,
+            partitions=allowed_partitions(ctx.built.request),
         )
 
     def _apply(self, ctx: RoundContext) -> None:

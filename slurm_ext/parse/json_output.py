@@ -125,6 +125,10 @@ def job_record(j: Mapping[str, Any]) -> SlurmJob:
             num_tasks=integer(j.get("tasks")) or None,
             tasks_per_node=integer(j.get("tasks_per_node")) or None,
             work_dir=text(j.get("current_working_directory")),
+            account=text(j.get("account")),
+            qos=text(j.get("qos")),
+            priority=integer(j.get("priority")),
+            reservation=text(j.get("resv_name")),
         )
     except (ParseError, ValueError, TypeError) as exc:
         raise ParseError(f"job {job_id}: {exc}") from exc

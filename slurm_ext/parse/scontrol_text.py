@@ -131,6 +131,10 @@ def job_record(f: dict[str, str]) -> SlurmJob:
             num_tasks=integer(f.get("NumTasks")) or None,
             tasks_per_node=_tasks_per_node(f.get("NtasksPerN:B:S:C")),
             work_dir=text(f.get("WorkDir")),
+            account=text(f.get("Account")),
+            qos=text(f.get("QOS")),
+            priority=priority,
+            reservation=text(f.get("Reservation")),
         )
     except KeyError as exc:
         raise ParseError(f"job {job_id}: missing field {exc.args[0]}") from exc

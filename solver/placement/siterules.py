@@ -211,7 +211,10 @@ class SiteRules:
         entitlement as its jobs can use, then lends what is left."""
         if not self.entitled:
             return 0
-        return 1 + max((o.value for opts in options.values() for o in opts), default=0)
+        # managed options only: a stand-in for a plain sbatch job (claim_jobs) is worth more than any
+        # shortfall, or a managed job could take the GPUs it claims to meet its account's target
+        managed = (opts for jid, opts in options.items() if not jid.startswith(UNMANAGED_PREFIX))
+        return 1 + max((o.value for opts in managed for o in opts), default=0)
 
     def penalty_unit(self, options: Mapping[str, Sequence[Option]]) -> int:
         """What one GPU over a limit costs: more than every option together

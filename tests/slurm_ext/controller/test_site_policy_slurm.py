@@ -1,0 +1,252 @@
+"""The site's policy binds cellsched on a real Slurm with accounting (issue
+"the site's policy binds the scheduler"): a dev cluster of its own with
+DEVCLUSTER_ACCOUNTING=1 (MariaDB + slurmdbd, multifactor priority, accounts
+acct-a with GrpTRES=gres/gpu=4 and acct-b, QOS gpu2) and a small shape, so
+that managed jobs can hold every GPU.
+
+* an account with GrpTRES=gres/gpu=4 never has more than 4 GPUs of managed
+  jobs running while another account's jobs use the rest, and the job it
+  holds back stays held by cellsched (not released for Slurm to refuse);
+* a job is never placed in a partition its account may not use;
+* a maintenance reservation starting in 10 minutes gets no job estimated to
+  end after it;
+* a pending plain sbatch GPU job of higher priority starts within 3 rounds
+  while elastic managed jobs hold every GPU;
+* `cellsched status --why` names the constraint in each case.
+
+Slurm is the oracle throughout: what runs where is read back from squeue.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from controller_support import cellsched, wait_until, write_config
+from support import WORKER, DevCluster, wait_for
+
+from slurm_ext.backends import get_backend
+from slurm_ext.config import load
+from slurm_ext.controller.round import Controller
+from slurm_ext.records import ClusterSnapshot
+
+pytestmark = pytest.mark.slurm
+
+#: two a40 nodes and one a100 node: 8 GPUs that a few managed jobs can hold
+SHAPE = "n1:a40:2,n2:a40:2,n3:a100:4"
+GPUS = 8
+ACCT_ENV = {
+    "LAB": os.environ.get("CELLSCHED_TEST_ACCT_LAB", "/tmp/cellsched-test-acct") + (f"-gw{WORKER}" if WORKER else ""),
+    "CTLD_PORT": str(int(os.environ.get("CELLSCHED_TEST_ACCT_CTLD_PORT", "18817")) + 200 * WORKER),
+    "SLURMD_BASEPORT": str(int(os.environ.get("CELLSCHED_TEST_ACCT_SLURMD_BASEPORT", "18900")) + 200 * WORKER),
+    "DEVCLUSTER_ACCOUNTING": "1",
+    "DEVCLUSTER_SHAPE": SHAPE,
+}
+#: a managed job's step (one per task): reports a first step (so that the job
+#: may be resized: controller.inputs.started_training) and checkpoints (exits
+#: 75) on the checkpoint signal; it never ends by itself
+STEP = """#!/bin/bash
+d="$SLURM_SUBMIT_DIR/.cellsched/$SLURM_JOB_ID"
+mkdir -p "$d"
+trap 'exit 75' USR1 TERM
+printf '{"iterations_done": 1, "first_step_at": %s}' "$(date +%s.%N)" >"$d/progress.json"
+while :; do sleep 0.2; done
+"""
+
+
+@pytest.fixture(scope="module")
+def acct_cluster() -> Iterator[DevCluster]:
+    env = {k: v for k, v in os.environ.items() if k != "JOB_SUBMIT_LUA"}
+    env.update(ACCT_ENV)
+    lab = Path(env["LAB"])
+    shape = {n: (t, int(g)) for n, t, g in (x.split(":") for x in SHAPE.split(","))}
+    cluster = DevCluster(lab=lab, conf=lab / "etc" / "slurm.conf", shape=shape, env=env)
+    started = cluster.devcluster("up", timeout=300)
+    if started.returncode != 0:
+        cluster.devcluster("down")
+        pytest.fail(f"the accounting dev cluster did not start:\n{started.stderr[-4000:]}", pytrace=False)
+    previous = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    try:
+        yield cluster
+    finally:
+        cluster.devcluster("down")
+        if previous is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = previous
+
+
+def _slurm(*args: str) -> str:
+    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 0, f"{args}: {proc.stderr}"
+    return proc.stdout
+
+
+@pytest.fixture
+def site(acct_cluster: DevCluster) -> Iterator[DevCluster]:
+    """The cluster; afterwards every job cancelled and the partitions and
+    reservations as the dev cluster made them."""
+    yield acct_cluster
+    jobs = _slurm("squeue", "-h", "-o", "%i").split()
+    if jobs:
+        subprocess.run(["scancel", "--full", *jobs], capture_output=True, timeout=20, check=False)
+        wait_for(lambda: not _slurm("squeue", "-h", "-t", "PD,R,CG", "-o", "%i").split(), timeout=60, what="jobs gone")
+    for part in ("a40", "a100", "all"):
+        _slurm("scontrol", "update", f"PartitionName={part}", "AllowAccounts=ALL")
+    if "maint" in _slurm("scontrol", "-o", "show", "reservation"):
+        _slurm("scontrol", "delete", "ReservationName=maint")
+
+
+def _controller(tmp_path: Path) -> tuple[Controller, Path]:
+    config = write_config(tmp_path / "c.toml", tmp_path / "state.sqlite", checkpoint_wait_s=20.0, checkpoint_poll_s=0.3)
+    return Controller(load(config)), config
+
+
+def _managed(tmp_path: Path, *opts: str, iterations: int = 100000, name: str = "job") -> str:
+    """A managed job (its script in tmp_path, where its progress file goes): its id."""
+    step, script = tmp_path / "step.sh", tmp_path / f"{name}.sh"
+    step.write_text(STEP)
+    script.write_text(f"#!/bin/bash\nsrun {step}\n")
+    for f in (step, script):
+        f.chmod(0o755)
+    args = ["sbatch", "--parsable", "--model", "gpt-350m", "--global-batch", "64", "--iterations", str(iterations)]
+    args += ["--runtime", "exact", "-o", str(tmp_path / f"{name}-%j.out"), *opts, "--", str(script)]
+    # from tmp_path: the job's work dir, where the controller reads its progress file (.cellsched/<job id>)
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurm_ext", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip().splitlines()[-1]
+    assert job_id.isdigit(), proc.stdout
+    return job_id
+
+
+def _gpus(snap: ClusterSnapshot, ids: set[str], account: str | None = None) -> int:
+    """GPUs that Slurm says the jobs among `ids` (of `account`) hold now."""
+    return sum(
+        (j.gpus_per_node or 0) * len(j.nodes)
+        for j in snap.jobs
+        if j.job_id in ids and j.holds_resources and (account is None or j.account == account)
+    )
+
+
+def _why(config: Path, job_id: str) -> dict:
+    return json.loads(cellsched("status", "--config", str(config), "--why", job_id, "--json").stdout)
+
+
+def test_an_account_limit_binds_managed_jobs_while_the_other_account_uses_the_rest(site, tmp_path):
+    backend = get_backend("cli")
+    ctl, config = _controller(tmp_path)
+    pinned = ("--min-gpus", "2", "--max-gpus", "2", "--no-elastic", "-t", "30")
+    a = {_managed(tmp_path, "-A", "acct-a", *pinned, name=f"a{i}") for i in range(3)}
+    b = {_managed(tmp_path, "-A", "acct-b", *pinned, name=f"b{i}") for i in range(2)}
+    for _ in range(3):  # place, start, settle
+        report = ctl.round()
+        assert report.status == "ok", report.error
+        released = {x["job"] for x in report.actions if x["kind"] == "place"}
+        wait_until(
+            lambda ids=released: all(backend.observe().job(j).state == "RUNNING" for j in ids), 60, "placed jobs to run"
+        )
+        snap = backend.observe()
+        assert _gpus(snap, a | b, "acct-a") <= 4
+    snap = backend.observe()
+    assert _gpus(snap, a, "acct-a") == 4 and _gpus(snap, b, "acct-b") == GPUS - 4
+    (waiting,) = [j for j in a if snap.job(j).pending]
+    assert snap.job(waiting).held  # cellsched held it back: it never relied on Slurm's AssocGrpGRES
+    why = _why(config, waiting)
+    assert why["kind"] == "limit" and why["fields"]["name"] == "acct-a", why
+    assert (why["fields"]["used"], why["fields"]["allowed"]) == ("4", "4"), why
+    assert "account acct-a GrpTRES allows 4 GPUs, 4 in use" in why["text"]
+
+
+def test_a_job_is_never_placed_in_a_partition_its_account_may_not_use(site, tmp_path):
+    backend = get_backend("cli")
+    ctl, config = _controller(tmp_path)
+    only_a100 = _managed(tmp_path, "-A", "acct-a", "-p", "a100", "--max-gpus", "2", name="only")
+    free = _managed(tmp_path, "-A", "acct-a", "--max-gpus", "2", name="free")
+    for part in ("a100", "all"):  # acct-a may use only the a40 partition from now on
+        _slurm("scontrol", "update", f"PartitionName={part}", "AllowAccounts=acct-b")
+    report = ctl.round()
+    assert report.status == "ok", report.error
+    wait_until(lambda: backend.observe().job(free).state == "RUNNING", 60, "the job acct-a may run to start")
+    snap = backend.observe()
+    assert snap.job(free).partition == "a40" and set(snap.job(free).nodes) <= {"n1", "n2"}
+    assert snap.job(only_a100).held and snap.job(only_a100).partition == "a100"
+    why = _why(config, only_a100)
+    assert why["kind"] == "partition" and why["fields"]["account"] == "acct-a", why
+    assert why["fields"]["partitions"] == "a100"
+
+
+def test_no_job_estimated_to_end_after_a_maintenance_reservation_starts_before_it(site, tmp_path):
+    backend = get_backend("cli")
+    ctl, config = _controller(tmp_path)
+    _slurm(
+        "scontrol", "create", "reservation", "ReservationName=maint", "StartTime=now+10minutes", "Duration=60",
+        "Nodes=ALL", "Users=root", "Flags=MAINT,IGNORE_JOBS",
+    )  # fmt: skip
+    long = _managed(tmp_path, "-A", "acct-b", "--max-gpus", "2", iterations=10_000_000, name="long")
+    short = _managed(tmp_path, "-A", "acct-b", "--max-gpus", "2", "-t", "5", iterations=20, name="short")
+    report = ctl.round()
+    assert report.status == "ok", report.error
+    wait_until(lambda: backend.observe().job(short).state == "RUNNING", 60, "the short job to start")
+    snap = backend.observe()
+    assert snap.job(long).held
+    why = _why(config, long)
+    assert why["kind"] == "reservation" and why["fields"]["name"] == "maint", why
+    assert why["fields"]["end"] > why["fields"]["start"]  # ISO 8601 UTC: the job would end after it starts
+
+
+def test_a_plain_job_of_higher_priority_starts_within_3_rounds_while_elastic_jobs_hold_every_gpu(site, tmp_path):
+    backend = get_backend("cli")
+    ctl, config = _controller(tmp_path)
+    elastic = ("-A", "acct-b", "--elastic", "--min-gpus", "2", "--max-gpus", "4")
+    e1 = _managed(tmp_path, *elastic, "--gpu-types", "a40", name="e1")
+    e2 = _managed(tmp_path, *elastic, "--gpu-types", "a100", name="e2")
+    managed = {e1, e2}
+    ctl.round()
+
+    def hold_all() -> bool:
+        snap = backend.observe()
+        return _gpus(snap, managed) == GPUS and all(snap.job(j).state == "RUNNING" for j in managed)
+
+    wait_until(hold_all, 60, "the elastic jobs to hold every GPU")
+    wait_until(lambda: all((tmp_path / ".cellsched" / j / "progress.json").exists() for j in managed), 30, "steps")
+    plain_sh = tmp_path / "plain.sh"
+    plain_sh.write_text("#!/bin/bash\nsleep 300\n")
+    plain = _slurm(
+        "sbatch", "--parsable", "-A", "acct-a", "-p", "a40", "--gres=gpu:2", "-t", "10", "-o", os.devnull, str(plain_sh)
+    ).strip()  # fmt: skip
+    _slurm("scontrol", "update", f"JobId={plain}", "Priority=1000000")  # above every managed job's
+    wait_until(lambda: backend.observe().job(plain).reason in ("Resources", "Priority"), 20, "the plain job to wait")
+    # a managed job that wants the same GPUs, behind the plain job by Slurm's priority
+    later = _managed(tmp_path, "-A", "acct-a", "--gpu-types", "a40", "--min-gpus", "2", "--max-gpus", "2", name="m3")
+    rounds, whys = 0, []
+    while backend.observe().job(plain).state != "RUNNING":
+        assert rounds < 3, [(j.job_id, j.state, j.reason) for j in backend.observe().jobs]
+        report = ctl.round()
+        rounds += 1
+        assert report.status == "ok", report.error
+        whys.append(_why(config, later))
+        # the round's requeue frees the GPUs; Slurm starts the plain job on its own (sched_interval=1)
+        try:
+            wait_for(lambda: backend.observe().job(plain).state == "RUNNING", timeout=15, what="the plain job")
+        except AssertionError:
+            continue
+    snap = backend.observe()
+    assert snap.job(plain).state == "RUNNING" and set(snap.job(plain).nodes) <= {"n1", "n2"}
+    assert rounds <= 3
+    # while the plain job waited, the managed job behind it was told why
+    assert whys[0]["kind"] == "unmanaged", whys
+    assert (whys[0]["fields"]["job"], whys[0]["fields"]["gpus"]) == (plain, "2"), whys
+    assert f"plain sbatch job {plain} (Slurm priority 1e+06) claims 2 GPUs first" == whys[0]["text"]
