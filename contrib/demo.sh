@@ -4,10 +4,11 @@
 #   bash contrib/demo.sh [--keep]
 #
 # Sets up Slurm + munge + .venv (contrib/setup.sh), brings up a local Slurm
-# dev cluster with fake GPUs of four types (LAB=/tmp/cellsched-demo), submits
-# jobs of different models through `cellsched sbatch` (held, untyped), runs
-# the controller until every job has finished, prints `cellsched status`,
-# and tears the cluster down (--keep leaves it running).
+# dev cluster with fake GPUs of four types and accounting (slurmdbd +
+# MariaDB: accounts acct-a, capped at 4 GPUs, and acct-b; LAB=/tmp/cellsched-demo),
+# submits jobs of different models of both accounts through `cellsched sbatch`
+# (held, untyped), runs the controller until every job has finished, prints
+# `cellsched status`, and tears the cluster down (--keep leaves it running).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KEEP=0
@@ -22,6 +23,7 @@ VENV=${VENV:-.venv}
 export PATH="$PWD/$VENV/bin:$PATH"
 export LAB=/tmp/cellsched-demo
 unset CTLD_PORT SLURMD_BASEPORT DEVCLUSTER_SHAPE JOB_SUBMIT_LUA
+export DEVCLUSTER_ACCOUNTING=1  # the site's accounts and limits bind the controller
 DEVCLUSTER=contrib/dev-cluster/devcluster.sh
 WORK=$LAB/demo
 CONFIG=$WORK/cellsched.toml
@@ -59,11 +61,14 @@ bash "$DEVCLUSTER" network >>"$CONFIG"  # the nodes' network cards, from the clu
 
 echo "demo: submitting jobs through cellsched sbatch"
 ids=()
+n=0
 for spec in "gpt-1.3b 64" "gpt-350m 32" "bert__760M 64" "bert__1.3B 128" "moe__690M 64" "wide_resnet__500M 32" "gpt-2.7b 128" "gpt-125m 16"; do
   read -r model batch <<<"$spec"
-  id=$(cellsched sbatch --parsable --model "$model" --global-batch "$batch" --iterations 100 \
+  if [ $((n % 2)) = 0 ]; then account=acct-a; else account=acct-b; fi
+  n=$((n + 1))
+  id=$(cellsched sbatch --parsable --model "$model" --global-batch "$batch" --iterations 100 -A "$account" \
          -J "demo-$model" -o "$WORK/%j.out" --export=ALL,DEMO_SLEEP=4 contrib/examples/demo_job.sh)
-  echo "  job $id: $model, global batch $batch"
+  echo "  job $id: $model, global batch $batch, account $account"
   ids+=("$id")
 done
 squeue
@@ -79,6 +84,11 @@ while :; do
   left=$(squeue -h -t PD,R,CG,CF -j "$(IFS=,; echo "${ids[*]}")" -o %i 2>/dev/null | wc -l)
   [ "$left" -eq 0 ] && break
   [ $SECONDS -lt $deadline ] || { echo "demo: jobs still unfinished after 300 s" >&2; squeue >&2; exit 1; }
+  if [ -z "${shown:-}" ] && [ "$(squeue -h -t PD -j "$(IFS=,; echo "${ids[*]}")" -o %i | wc -l)" -gt 0 ]; then
+    shown=1; sleep 8
+    echo "demo: cellsched status while jobs wait (why each waits)"
+    cellsched status --config "$CONFIG" || true
+  fi
   sleep 2
 done
 sleep 4  # one more round records the ends
