@@ -61,6 +61,11 @@ UNREACHABLE = (
     "Could not establish a configuration source",
     "Communication connection failure",
 )
+#: a job update refused "for now": Slurm 24.11 answers some updates of a held job's partition and
+#: nodes so (the same update on a fresh job passing at other times); tried again, TRANSIENT_TRIES
+#: times in all, 0.1 s, 0.2 s, ... apart, then split (CliBackend._update_alone)
+_TRANSIENT = ("Resource temporarily unavailable", "Interrupted system call")
+TRANSIENT_TRIES = 5
 #: what Slurm says of a job id it does not know (purged, or never was)
 _UNKNOWN_JOB = "Invalid job id specified"
 _ALREADY_DONE = ("already completing or completed", "Job/step already completing")
@@ -317,7 +322,7 @@ class CliBackend:
             alone = [j for j in argvs if j not in fed]
             fed_ok = pool.map(self._feed, [[lines[j] for j in chunk] for chunk in chunks])
             alone += [j for chunk, ok in zip(chunks, fed_ok, strict=True) if not ok for j in chunk]
-            failures.update(zip(alone, pool.map(self._try, [argvs[j] for j in alone]), strict=True))
+            failures.update(zip(alone, pool.map(self._update_alone, [argvs[j] for j in alone]), strict=True))
         jobs = self._jobs_or_none(list(argvs))
         members = self._partition_nodes() if any(j.required_nodes for j in jobs.values()) else {}
         out: dict[str, SlurmJob | Exception] = {}
@@ -347,13 +352,33 @@ class CliBackend:
         limit = self.timeout + 0.1 * len(lines)
         return not self._try(["scontrol"], stdin="\n".join(lines) + "\n", timeout=limit, env={"INPUTRC": "/dev/null"})
 
+    def _update_alone(self, args: list[str]) -> str:
+        """One job's ``scontrol update``; "" when it succeeded, else Slurm's message. When
+        Slurm keeps answering "not now" (_TRANSIENT) to an update that changes the partition
+        with other fields, the other fields go first and the partition after them: Slurm 24.11
+        refuses a partition and a node list in one update of a job pinned to other nodes, and
+        takes them one after the other (measured on the dev cluster)."""
+        failure = self._try(args)
+        partition = [a for a in args[3:] if a.startswith("Partition=")]
+        rest = [a for a in args if a not in partition]
+        if failure and partition and len(rest) > 3 and any(t in failure for t in _TRANSIENT):
+            failure = self._try(rest) or self._try([*args[:3], *partition])
+        return failure
+
     def _try(self, args: list[str], **run: Any) -> str:
-        """Run a command; "" when it succeeded, else Slurm's message."""
-        try:
-            self._run(args, **run)
-        except SlurmCommandError as exc:
-            return exc.stderr or str(exc)
-        return ""
+        """Run a command; "" when it succeeded, else Slurm's message. A refusal
+        that only says "not now" (_TRANSIENT) is tried again, TRANSIENT_TRIES in all."""
+        for attempt in range(TRANSIENT_TRIES):
+            try:
+                self._run(args, **run)
+            except SlurmCommandError as exc:
+                message = exc.stderr or str(exc)
+                if attempt + 1 == TRANSIENT_TRIES or not any(t in message for t in _TRANSIENT):
+                    return message
+                time.sleep(0.1 * 2**attempt)
+            else:
+                return ""
+        raise AssertionError("unreachable")
 
     def _many(self, verb: list[str], job_ids: Sequence[str], done: Callable[[SlurmJob], bool]) -> dict[str, Exception]:
         """`verb` for the whole list, IDS_PER_CALL ids a call. When a call

@@ -24,3 +24,12 @@ def utc(monkeypatch):
     yield
     monkeypatch.undo()
     time.tzset()
+
+
+@pytest.fixture
+def contract_backend(request, slurm_cluster):
+    """The backend under contract on the live cluster: `--backend cli` (default) or `pyslurm`."""
+    from slurm_ext.backends import get_backend
+
+    name = request.config.getoption("backend")
+    return get_backend(name, **({"timeout": 10.0} if name == "cli" else {}))

@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from slurm_ext.backends import get_backend
 from slurm_ext.backends.base import JobUpdate, SubmitRequest, UpdateNotApplied
+from slurm_ext.backends.cli import CliBackend
 from slurm_ext.records import expand_hostlist
 
 pytestmark = pytest.mark.slurm
 
 
 @pytest.fixture
-def backend(slurm_cluster):
-    return get_backend("cli", timeout=10.0)
+def backend(contract_backend):
+    return contract_backend
 
 
 @pytest.fixture
@@ -162,13 +162,18 @@ def test_signal_reaches_the_batch_shell(tmp_path, backend, jobs, wait_job_state,
 
 
 def test_typed_gres_job_rejects_the_update(tmp_path, backend, jobs):
-    """A job submitted with a typed GPU request cannot take an untyped Gres:
-    Slurm refuses the whole update; nothing may pass as applied."""
+    """Slurm 22.05: a job submitted with a typed GPU request cannot take an
+    untyped Gres: Slurm refuses the whole update; nothing may pass as applied.
+    Slurm 24.11 takes it (the request becomes untyped)."""
     req = SubmitRequest(
         script=script(tmp_path, "sleep 60\n"), hold=True, output="/dev/null", extra_args=("--gres=gpu:a100:1",)
     )
     job_id = backend.submit(req)
     jobs.append(job_id)
+    if (CliBackend().version() or (0, 0)) >= (24, 11):
+        job = backend.update(job_id, JobUpdate(partition="a40", gres_per_node=2, admin_comment="plan"))
+        assert (job.partition, job.gpus_per_node, job.gpu_type, job.admin_comment) == ("a40", 2, None, "plan")
+        return
     with pytest.raises(UpdateNotApplied) as info:
         backend.update(job_id, JobUpdate(partition="a40", gres_per_node=2, admin_comment="plan"))
     err = info.value
