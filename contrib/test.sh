@@ -36,13 +36,13 @@ status=0
 "$VENV/bin/python" -m pytest -q "${parallel[@]}" "$@" || status=$?
 if [ "${CELLSCHED_SLURM24:-$([ $# = 0 ] && echo 1 || echo 0)}" = 1 ]; then
   slurm24_tests=(
+    tests/slurm_ext/wrapper/test_lua_contract.py
+    tests/slurm_ext/wrapper/test_wrapper_slurm.py
+    tests/slurm_ext/wrapper/test_untrusted_slurm.py
     tests/slurm_ext/backends/test_slurm_jobs.py
     tests/slurm_ext/backends/test_slurm_observe.py
     tests/slurm_ext/backends/test_slurm_bulk.py
     tests/slurm_ext/backends/test_slurm_outage.py
-    tests/slurm_ext/wrapper/test_lua_contract.py
-    tests/slurm_ext/wrapper/test_wrapper_slurm.py
-    tests/slurm_ext/wrapper/test_untrusted_slurm.py
     tests/slurm_ext/controller/test_round_moves_slurm.py
     tests/slurm_ext/controller/test_controller_slurm.py::test_jobs_of_different_models_are_placed_run_and_complete
   )

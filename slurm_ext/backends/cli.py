@@ -60,6 +60,7 @@ UNREACHABLE = (
     "Zero Bytes were transmitted",
     "Could not establish a configuration source",
     "Communication connection failure",
+    "Connection reset by peer",  # 24.11 under load: slurmctld closed the connection unanswered
 )
 #: a job update refused "for now": Slurm 24.11 answers some updates of a held job's partition and
 #: nodes so (the same update on a fresh job passing at other times); tried again, TRANSIENT_TRIES
@@ -236,8 +237,8 @@ class CliBackend:
         if style == "text":
             one = [next(iter(wanted))] if len(wanted) == 1 else []
             found = scontrol_text.parse_jobs(self._run(["scontrol", "-o", "show", "job", *one]))
-        elif style == "scontrol-json" and len(wanted) == 1:  # one job: 20 ms where squeue takes 35 (24.11)
-            found = self._one_job_json(next(iter(wanted)))
+        elif style == "scontrol-json" and len(wanted) == 1 and (one_job := self._one_job_json(next(iter(wanted)))):
+            found = one_job  # one job: 20 ms where squeue takes 35 (24.11); squeue asked again when it says none
         else:  # 22.05 answers with every job whatever --jobs says; later ones filter
             found = json_output.parse_jobs(
                 self._run(["squeue", "--json", "--states=all", f"--jobs={','.join(sorted(wanted))}"])
