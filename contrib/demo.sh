@@ -70,7 +70,7 @@ bash "$DEVCLUSTER" network >>"$CONFIG"  # the nodes' network cards, from the clu
 
 echo "demo: submitting jobs through cellsched sbatch"
 ids=()
-for spec in "gpt-1.3b 64" "gpt-350m 32" "bert__760M 64" "bert__1.3B 128" "moe__690M 64" "wide_resnet__500M 32" "gpt-2.7b 128" "gpt-125m 16"; do
+for spec in "gpt-1.3b 64" "gpt-350m 32" "bert__760M 64" "bert__1.3B 128" "moe__690M 64" "wide_resnet__500M 32" "moe__1.3B 64" "gpt-125m 16"; do
   read -r model batch <<<"$spec"
   id=$(cellsched sbatch --parsable --model "$model" --global-batch "$batch" --iterations 100 \
          -J "demo-$model" -o "$WORK/%j.out" --export=ALL,DEMO_SLEEP=4 contrib/examples/demo_job.sh)
