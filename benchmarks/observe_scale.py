@@ -5,7 +5,9 @@ generated Slurm output of `--jobs` jobs and `--nodes` nodes.
 
 The output is made from the recorded real outputs in
 tests/slurm_ext/backends/data (Slurm 22.05: ``squeue --json``, ``sinfo
---json``, ``scontrol -o show partition``; the 23.11 JSON set): their records
+--json``, ``scontrol -o show partition``; Slurm 24.11, data/24.11: ``squeue
+--json``, ``scontrol --json show node`` at data_parser v0.0.42, ``scontrol -o
+show partition``): their records
 copied with new job ids and node names until the sizes are reached. The
 commands are answered from memory (the backend's `run` seam), so this
 measures cellsched's parsing and snapshot building, not slurmctld. One JSON
@@ -82,21 +84,18 @@ def outputs_2205(jobs: int, nodes: int) -> dict[tuple[str, ...], str]:
     }
 
 
-def outputs_2311(jobs: int, nodes: int) -> dict[tuple[str, ...], str]:
-    squeue = json.loads((DATA / "squeue_v0.0.41.json").read_text())
-    shown = json.loads((DATA / "scontrol_show_node_v0.0.41.json").read_text())
-    partitions = json.loads((DATA / "scontrol_show_partition_v0.0.41.json").read_text())
+def outputs_2411(jobs: int, nodes: int) -> dict[tuple[str, ...], str]:
+    squeue = json.loads((DATA / "24.11" / "squeue_v0.0.42.json").read_text())
+    shown = json.loads((DATA / "24.11" / "scontrol_show_node_v0.0.42.json").read_text())
     squeue["jobs"] = grow(squeue["jobs"], jobs, lambda r, k: r.update(job_id=k + 1))
     parts = node_types(shown["nodes"], nodes)
     shown["nodes"] = grow(shown["nodes"], nodes, lambda r, k: r.update(name=f"n{k + 1}", hostname=f"n{k + 1}"))
-    for p in partitions["partitions"]:
-        members = parts.get(p["name"], [])
-        p["nodes"].update(configured=compress_hostlist(members), total=len(members))
+    lines = [f"PartitionName={p} Nodes={compress_hostlist(members)} State=UP" for p, members in parts.items()]
     return {
-        ("sinfo", "--version"): "slurm 23.11.4\n",
+        ("sinfo", "--version"): "slurm-wlm 24.11.5\n",
         ("squeue", "--json", "--states=all"): json.dumps(squeue),
         ("scontrol", "--json", "show", "node"): json.dumps(shown),
-        ("scontrol", "--json", "show", "partition"): json.dumps(partitions),
+        ("scontrol", "-o", "show", "partition"): "\n".join(lines) + "\n",
     }
 
 
@@ -128,19 +127,15 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     worst = 0.0
-    for schema, make in (("22.05", outputs_2205), ("23.11", outputs_2311)):
+    for schema, make in (("22.05", outputs_2205), ("24.11", outputs_2411)):
         outputs = make(args.jobs, args.nodes)
         jobs_text = outputs[("squeue", "--json", "--states=all")]
         nodes_text = next(t for k, t in outputs.items() if k[-1] == "node" or k == ("sinfo", "--json"))
         observe_s, snap = timed(backend(outputs).observe, args.repeat)
         jobs_s, _ = timed(functools.partial(json_output.parse_jobs, jobs_text), args.repeat)
         nodes_s, _ = timed(functools.partial(json_output.parse_nodes, nodes_text), args.repeat)
-        if schema == "22.05":
-            part_text = outputs[("scontrol", "-o", "show", "partition")]
-            partitions_s, _ = timed(functools.partial(scontrol_text.parse_partitions, part_text), args.repeat)
-        else:
-            part_text = outputs[("scontrol", "--json", "show", "partition")]
-            partitions_s, _ = timed(functools.partial(json_output.parse_partitions, part_text), args.repeat)
+        part_text = outputs[("scontrol", "-o", "show", "partition")]
+        partitions_s, _ = timed(functools.partial(scontrol_text.parse_partitions, part_text), args.repeat)
         assert len(snap.jobs) == args.jobs and len(snap.nodes) == args.nodes, (len(snap.jobs), len(snap.nodes))
         worst = max(worst, observe_s)
         row = {

@@ -9,6 +9,9 @@
 # submits jobs of different models of both accounts through `cellsched sbatch`
 # (held, untyped), runs the controller until every job has finished, prints
 # `cellsched status`, and tears the cluster down (--keep leaves it running).
+#
+# DEVCLUSTER_SLURM=24.11 runs it all on Slurm 24.11: inside the Debian 13 root
+# that devcluster.sh builds (with that root's venv), or here on a Debian 13 machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KEEP=0
@@ -18,8 +21,16 @@ case "${1:-}" in
   *) echo "usage: $0 [--keep]" >&2; exit 2 ;;
 esac
 
-bash contrib/setup.sh
-VENV=${VENV:-.venv}
+if [ -n "${DEVCLUSTER_SLURM:-}" ] && [ -z "${CELLSCHED_DEMO_THERE:-}" ]; then
+  # where that release's clients are (devcluster.sh exec: in its root, or here)
+  exec env CELLSCHED_DEMO_THERE=1 bash contrib/dev-cluster/devcluster.sh exec -- bash contrib/demo.sh "$@"
+fi
+if [ -f /.cellsched-root ]; then  # inside a devcluster.sh root: its venv has cellsched
+  VENV=/opt/cellsched
+else
+  bash contrib/setup.sh
+  VENV=${VENV:-.venv}
+fi
 export PATH="$PWD/$VENV/bin:$PATH"
 export LAB=/tmp/cellsched-demo
 unset CTLD_PORT SLURMD_BASEPORT DEVCLUSTER_SHAPE JOB_SUBMIT_LUA
@@ -62,7 +73,7 @@ bash "$DEVCLUSTER" network >>"$CONFIG"  # the nodes' network cards, from the clu
 echo "demo: submitting jobs through cellsched sbatch"
 ids=()
 n=0
-for spec in "gpt-1.3b 64" "gpt-350m 32" "bert__760M 64" "bert__1.3B 128" "moe__690M 64" "wide_resnet__500M 32" "gpt-2.7b 128" "gpt-125m 16"; do
+for spec in "gpt-1.3b 64" "gpt-350m 32" "bert__760M 64" "bert__1.3B 128" "moe__690M 64" "wide_resnet__500M 32" "moe__1.3B 64" "gpt-125m 16"; do
   read -r model batch <<<"$spec"
   if [ $((n % 2)) = 0 ]; then account=acct-a; else account=acct-b; fi
   n=$((n + 1))

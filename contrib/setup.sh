@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Set up a development/test environment for cellsched on Debian 12 (as root).
 #
-#   bash contrib/setup.sh            # Debian packages (Slurm, slurmdbd, MariaDB, munge, systemd-analyze) + .venv with cellsched[test,torch]
+#   bash contrib/setup.sh            # Debian packages (Slurm, slurmdbd, MariaDB, munge, systemd-analyze, debootstrap) + .venv with cellsched[test,torch]
 #                                    # and the training frameworks of contrib/frameworks.txt (megatron-core, torchtitan, lightning)
+#
+# debootstrap builds the Debian 13 root in which the suite runs Slurm 24.11
+# (contrib/dev-cluster/devcluster.sh, DEVCLUSTER_SLURM=24.11).
 #
 # Idempotent: installs only what is missing. The virtual environment lives in
 # .venv (override with VENV=...). torch is pinned to the CPU build 2.13.0; on a
@@ -16,7 +19,7 @@ PY=${PYTHON:-python3}
 need_pkgs=()
 # slurmdbd + mariadb-server: the dev cluster with accounting (DEVCLUSTER_ACCOUNTING=1; same names on Debian 12 and 13)
 for cmd_pkg in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge lua5.3:lua5.3 systemd-analyze:systemd \
-  slurmdbd:slurmdbd mariadbd:mariadb-server; do
+  slurmdbd:slurmdbd mariadbd:mariadb-server debootstrap:debootstrap; do
   cmd=${cmd_pkg%%:*}; pkg=${cmd_pkg#*:}
   command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || need_pkgs+=("$pkg")
 done

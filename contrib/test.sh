@@ -12,6 +12,15 @@
 # /tmp/cellsched-test-cluster[-gwN], started and stopped by the session);
 # the other tests fill in beside them. CELLSCHED_TEST_WORKERS=0 runs
 # everything in one process.
+#
+# Then (unless PYTEST_ARGS were given, or CELLSCHED_SLURM24=0) the same
+# tests that prove the Slurm contract run again on Slurm 24.11 (docs/slurm-support.md):
+# the backend contract, the job_submit.lua contract, controller rounds end to
+# end and the hostile-user suite, inside the Debian 13 root that
+# `devcluster.sh` builds once with debootstrap and keeps under
+# /var/cache/cellsched (on a Debian 13 machine, on its own Slurm), on ports of
+# their own, in one process (about 1.5 minutes on 2 cores; about 4 more the first time,
+# to build the root). CELLSCHED_SLURM24=1 runs that stage after PYTEST_ARGS too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash contrib/setup.sh
@@ -24,4 +33,24 @@ export PATH="$PWD/$VENV/bin:$PATH"
 workers=${CELLSCHED_TEST_WORKERS:-2}
 parallel=()
 if [ "$workers" != 0 ]; then parallel=(-n "$workers" --dist loadgroup); fi
-exec "$VENV/bin/python" -m pytest -q "${parallel[@]}" "$@"
+status=0
+"$VENV/bin/python" -m pytest -q "${parallel[@]}" "$@" || status=$?
+if [ "${CELLSCHED_SLURM24:-$([ $# = 0 ] && echo 1 || echo 0)}" = 1 ]; then
+  slurm24_tests=(
+    tests/slurm_ext/wrapper/test_lua_contract.py
+    tests/slurm_ext/wrapper/test_wrapper_slurm.py
+    tests/slurm_ext/wrapper/test_untrusted_slurm.py
+    tests/slurm_ext/backends/test_slurm_jobs.py
+    tests/slurm_ext/backends/test_slurm_observe.py
+    tests/slurm_ext/backends/test_slurm_bulk.py
+    tests/slurm_ext/backends/test_slurm_outage.py
+    tests/slurm_ext/controller/test_round_moves_slurm.py
+    tests/slurm_ext/controller/test_controller_slurm.py::test_jobs_of_different_models_are_placed_run_and_complete
+  )
+  echo "test: the Slurm contract again on Slurm 24.11"
+  DEVCLUSTER_SLURM=24.11 CELLSCHED_TEST_CTLD_PORT=26817 CELLSCHED_TEST_SLURMD_BASEPORT=26900 \
+    CELLSCHED_TEST_WRAP_CTLD_PORT=24817 CELLSCHED_TEST_WRAP_SLURMD_BASEPORT=24900 \
+    bash contrib/dev-cluster/devcluster.sh exec -- python -m pytest -q -p no:cacheprovider "${slurm24_tests[@]}" ||
+    status=$?
+fi
+exit "$status"

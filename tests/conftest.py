@@ -144,6 +144,15 @@ SLURM_GROUP_A = frozenset(
 TESTS = Path(__file__).resolve().parent
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--backend",
+        default="cli",
+        choices=("cli", "pyslurm"),
+        help="the backend that the Slurm backend contract tests (tests/slurm_ext/backends, marked slurm) drive",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """With `--dist loadgroup`, xdist hands out the work units in the order
     pytest_collection_modifyitems leaves them (not by their number of tests):

@@ -15,6 +15,8 @@
 #               each node whose shape line says nic=GBPS
 #   stop-ctld   stop slurmctld only (its state is saved; slurmds keep running).
 #   start-ctld  start slurmctld again from the saved state.
+#   exec -- CMD...  run CMD where this cluster's Slurm clients are, with its
+#               SLURM_CONF: here, or inside the Slurm root (see DEVCLUSTER_SLURM)
 #
 # Environment (all optional):
 #   LAB=/tmp/cellsched-devcluster  everything lives here (conf, state, logs, pids)
@@ -30,12 +32,27 @@
 #                                  docs/site-policy-slurm.md); off (unset or 0): no accounting
 #   DBD_PORT=CTLD_PORT+2           slurmdbd's port (accounting only)
 #   DB_PORT=CTLD_PORT+3            MariaDB's TCP port on 127.0.0.1 (accounting only)
+#   DEVCLUSTER_SLURM=22.05|24.11   the Slurm release to run. Unset: the one installed here.
+#                                  One this Debian does not ship (24.11 on Debian 12) runs in a
+#                                  Debian root of its own (debootstrap: trixie for 24.11, bookworm
+#                                  for 22.05), built once under DEVCLUSTER_CACHE and rebuilt when
+#                                  missing; its daemons, clients and `exec` run chrooted there
+#                                  (/proc, /dev, /sys and this checkout mounted, at its own path and
+#                                  at /cellsched, in a mount namespace of their own), with a Python
+#                                  venv holding cellsched (editable, from /cellsched) and the test
+#                                  tools. 24.11 has its own defaults: LAB=/tmp/cellsched-devcluster-24.11
+#                                  (inside the root), CTLD_PORT=18817, SLURMD_BASEPORT=18900.
+#   DEVCLUSTER_CACHE=/var/cache/cellsched   where the roots are built
+#   DEVCLUSTER_MIRROR=http://deb.debian.org/debian   the archive debootstrap installs from
 #
 # Two instances with different LAB and ports can run side by side: each has its
 # own munged (socket under $LAB/munge), so `down` never touches the other.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+if [ "${DEVCLUSTER_SLURM:-}" = 24.11 ]; then  # its own state and ports, beside a 22.05 cluster
+  LAB=${LAB:-/tmp/cellsched-devcluster-24.11} CTLD_PORT=${CTLD_PORT:-18817} SLURMD_BASEPORT=${SLURMD_BASEPORT:-18900}
+fi
 LAB=${LAB:-/tmp/cellsched-devcluster}
 SHAPE=${DEVCLUSTER_SHAPE:-$HERE/cluster.conf}
 CTLD_PORT=${CTLD_PORT:-17817}
@@ -430,6 +447,7 @@ up() {
   if [ -n "$(our_pids)" ]; then down; fi
   rm -rf "$LAB/state" "$LAB/spool" "$LOGS" "$RUN"
   write_conf
+  write_release_conf
   start_munge
   if acct_on; then acct_up; fi
   slurmctld -i || fail "slurmctld did not start"
@@ -490,6 +508,162 @@ start_ctld() {
   wait_nodes '(idle|mixed|allocated|completing|drained|draining|down)([+][a-z]+)*'
 }
 
+# --- Slurm releases: the release this host ships runs here; another one runs in
+# a Debian root of its own, built once with debootstrap (kept apart from the
+# functions above so that they stay the same for every release) ---
+
+CACHE=${DEVCLUSTER_CACHE:-/var/cache/cellsched}
+MIRROR=${DEVCLUSTER_MIRROR:-http://deb.debian.org/debian}
+#: what a root holds: Slurm, munge, Lua for job_submit.lua, and a Python for cellsched and its tests
+ROOT_PKGS=slurmctld,slurmd,slurm-client,munge,lua5.3,python3,python3-venv,procps
+#: pip packages of the root's venv besides cellsched's own dependencies (no torch: no test run there needs it)
+ROOT_PIP="pytest pytest-xdist hypothesis setuptools>=77"
+ROOT_VENV=/opt/cellsched
+#: where the checkout is mounted in a root (besides its own path): the venv's editable cellsched points here
+ROOT_REPO=/cellsched
+
+release_of_host() {  # the Slurm release this Debian ships
+  case "$(cut -d. -f1 /etc/debian_version 2>/dev/null)" in
+    12) echo 22.05 ;;
+    13) echo 24.11 ;;
+    *) echo "" ;;
+  esac
+}
+
+suite_of() {
+  case $1 in
+    22.05) echo bookworm ;;
+    24.11) echo trixie ;;
+    *) die "DEVCLUSTER_SLURM must be 22.05 or 24.11, got '$1'" ;;
+  esac
+}
+
+in_a_root() { [ -n "${DEVCLUSTER_SLURM:-}" ] && [ "$DEVCLUSTER_SLURM" != "$(release_of_host)" ]; }
+
+root_dir() { echo "$CACHE/slurm-$DEVCLUSTER_SLURM-$(suite_of "$DEVCLUSTER_SLURM")"; }
+
+write_release_conf() {  # what Slurm 23.02 and later need besides slurm.conf
+  local v
+  v=$(slurmctld -V | awk '{print $2}')
+  if [ "$(printf '%s\n' "$v" 23.02 | sort -V | head -n1)" = 23.02 ]; then
+    # slurmd would take over a cgroup mount (none in a chroot or container); the dev cluster tracks by pid
+    echo "CgroupPlugin=disabled" >"$ETC/cgroup.conf"
+  fi
+}
+
+exec_here() {  # exec -- CMD...: CMD with this cluster's SLURM_CONF
+  [ "${1:-}" = -- ] && shift
+  [ $# -gt 0 ] || die "usage: $0 exec -- CMD..."
+  exec "$@"
+}
+
+# chroot_run ROOT CMD...: in a fresh mount namespace (see in_root), mount what
+# the daemons and clients need into ROOT and run CMD there, in the same folder
+# when the root has it, with the root's venv first on PATH.
+chroot_run() {
+  local root=$1 repo cwd
+  shift
+  repo=$(cd "$HERE/../.." && pwd)
+  mount -t proc proc "$root/proc"
+  mount --rbind /dev "$root/dev"
+  mount --rbind /sys "$root/sys"
+  mkdir -p "$root$ROOT_REPO" "$root$repo"
+  mount --bind "$repo" "$root$ROOT_REPO"
+  mount --bind "$repo" "$root$repo"
+  cp /etc/hosts "$root/etc/hosts"
+  cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+  # this machine's CA trust (a TLS proxy's own CA): pip in the root reaches the index as pip here does
+  if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+    mkdir -p "$root/etc/ssl/certs"
+    cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
+  fi
+  cwd=$PWD
+  [ -d "$root$cwd" ] || cwd=/
+  exec chroot "$root" /usr/bin/env -u VIRTUAL_ENV -u TMPDIR -C "$cwd" HOME=/root \
+    PATH="$ROOT_VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" "$@"
+}
+
+# in_root ROOT CMD...: CMD chrooted in ROOT. Its mounts live in a mount
+# namespace of its own, private to CMD and what it starts (daemons included),
+# so each checkout sees itself at /cellsched and nothing is left mounted.
+in_root() {
+  unshare --mount --propagation private -- bash "$HERE/devcluster.sh" _chroot "$@"
+}
+
+build_root() {  # build ROOT for SUITE unless it is there with this recipe
+  local root=$1 suite=$2 recipe tmp started=$SECONDS
+  recipe="$suite $ROOT_PKGS | $ROOT_PIP"
+  [ "$(cat "$root/.cellsched-root" 2>/dev/null)" = "$recipe" ] && return 0
+  mkdir -p "$CACHE"
+  exec 8>"$root.lock"
+  flock 8  # one build at a time; a second waits and finds it done
+  if [ "$(cat "$root/.cellsched-root" 2>/dev/null)" = "$recipe" ]; then exec 8>&-; return 0; fi
+  command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap >&2
+  tmp=$root.build
+  rm -rf "$tmp"
+  echo "devcluster: building the Slurm $DEVCLUSTER_SLURM root ($suite) in $root (a few minutes, once)" >&2
+  debootstrap --variant=minbase --include="$ROOT_PKGS" "$suite" "$tmp" "$MIRROR" >"$root.log" 2>&1 ||
+    { tail -n 20 "$root.log" >&2; die "debootstrap failed (log: $root.log)"; }
+  rm -f "$tmp"/var/cache/apt/archives/*.deb
+  chroot "$tmp" python3 -m venv --system-site-packages "$ROOT_VENV"
+  # shellcheck disable=SC2086  # ROOT_PIP is a list of requirements
+  in_root "$tmp" "$ROOT_VENV/bin/pip" install -q --no-cache-dir $ROOT_PIP -e "$ROOT_REPO" >>"$root.log" 2>&1 ||
+    { tail -n 20 "$root.log" >&2; die "pip in the root failed (log: $root.log)"; }
+  echo "$recipe" >"$tmp/.cellsched-root"
+  rm -rf "$root"
+  mv "$tmp" "$root"
+  echo "devcluster: built $root in $((SECONDS - started)) s ($(du -sh "$root" | cut -f1))" >&2
+  exec 8>&-
+}
+
+files_into_root() {  # copy a shape or job_submit.lua file the root does not have at the same path
+  local root=$1 var path
+  for var in DEVCLUSTER_SHAPE JOB_SUBMIT_LUA; do
+    path=${!var:-}
+    [ -n "$path" ] && [ -f "$path" ] || continue
+    [ -f "$root$path" ] && cmp -s "$path" "$root$path" && continue
+    mkdir -p "$root/tmp/cellsched-devcluster-files"
+    cp "$path" "$root/tmp/cellsched-devcluster-files/$var"
+    export "$var=/tmp/cellsched-devcluster-files/$var"
+  done
+}
+
+via_root() {  # run this script's command inside the root of $DEVCLUSTER_SLURM
+  local root
+  root=$(root_dir)
+  case $1 in
+    network) network; return ;;
+    env) echo "export SLURM_CONF=$SLURM_CONF  # inside $root: run clients with '$0 exec -- CMD'"; return ;;
+    down | status | stop-ctld | start-ctld)
+      if [ ! -f "$root/.cellsched-root" ]; then
+        [ "$1" = down ] && return 0
+        die "no Slurm $DEVCLUSTER_SLURM root at $root: run up first"
+      fi ;;
+    *)
+      [ "$(id -u)" = 0 ] || die "the Slurm $DEVCLUSTER_SLURM root needs root"
+      build_root "$root" "$(suite_of "$DEVCLUSTER_SLURM")" ;;
+  esac
+  files_into_root "$root"
+  export DEVCLUSTER_SLURM
+  if [ "$1" = exec ]; then
+    shift
+    [ "${1:-}" = -- ] && shift
+    [ $# -gt 0 ] || die "usage: $0 exec -- CMD..."
+    in_root "$root" "$@"
+  else
+    in_root "$root" bash "$HERE/devcluster.sh" "$@"
+  fi
+}
+
+if [ "${1:-}" = _chroot ]; then
+  shift
+  chroot_run "$@"
+fi
+if in_a_root && [ -n "${1:-}" ]; then
+  via_root "$@"
+  exit
+fi
+
 case "${1:-}" in
   up) up ;;
   down) down ;;
@@ -498,5 +672,6 @@ case "${1:-}" in
   network) network ;;
   stop-ctld) stop_ctld ;;
   start-ctld) start_ctld ;;
-  *) echo "usage: $0 up|down|status|env|network|stop-ctld|start-ctld" >&2; exit 2 ;;
+  exec) shift; exec_here "$@" ;;
+  *) echo "usage: $0 up|down|status|env|network|stop-ctld|start-ctld|exec -- CMD..." >&2; exit 2 ;;
 esac

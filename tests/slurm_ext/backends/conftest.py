@@ -1,5 +1,6 @@
-"""Recorded real Slurm outputs (Slurm 22.05.8 dev cluster, UTC) and a
-hand-written newer-schema (data_parser v0.0.41) set, under data/."""
+"""Recorded real Slurm outputs under data/: the Slurm 22.05.8 dev cluster
+(UTC) at its top, and the 24.11.5 one in data/24.11/ (text, and JSON at each
+data_parser version it offers; record_outputs.sh made them)."""
 
 import time
 from pathlib import Path
@@ -23,3 +24,12 @@ def utc(monkeypatch):
     yield
     monkeypatch.undo()
     time.tzset()
+
+
+@pytest.fixture
+def contract_backend(request, slurm_cluster):
+    """The backend under contract on the live cluster: `--backend cli` (default) or `pyslurm`."""
+    from slurm_ext.backends import get_backend
+
+    name = request.config.getoption("backend")
+    return get_backend(name, **({"timeout": 10.0} if name == "cli" else {}))

@@ -4,7 +4,7 @@ that any change of an argument (or of their order) fails here.
 
 The commands run through an ArgvRecorder at CliBackend's `run` seam. Reads
 are answered with the recorded outputs under data/ (22.05: the dev cluster;
-23.11: the hand-written newer-schema set), writes with nothing, as Slurm does.
+24.11: the dev cluster in data/24.11), writes with nothing, as Slurm does.
 
 After a meant change, rewrite the golden file and review its diff:
 
@@ -36,12 +36,13 @@ RELEASES = {
             ("scontrol", "-o", "show", "job"): "scontrol_show_-o_job.txt",
         },
     ),
-    "23.11": (
-        "slurm 23.11.4\n",
+    "24.11": (
+        "slurm-wlm 24.11.5\n",
         {
-            ("scontrol", "--json", "show", "node"): "scontrol_show_node_v0.0.41.json",
-            ("scontrol", "--json", "show", "partition"): "scontrol_show_partition_v0.0.41.json",
-            ("squeue", "--json", "--states=all"): "squeue_v0.0.41.json",
+            ("scontrol", "--json", "show", "node"): "24.11/scontrol_show_node_v0.0.42.json",
+            ("scontrol", "--json", "show", "job", "2"): "24.11/scontrol_show_job_run_v0.0.42.json",
+            ("scontrol", "-o", "show", "partition"): "24.11/scontrol_-o_show_partition.txt",
+            ("squeue", "--json", "--states=all"): "24.11/squeue_v0.0.42.json",
         },
     ),
 }
@@ -49,13 +50,13 @@ RELEASES = {
 PLACED = JobUpdate(
     partition="all", features="v100", num_nodes=1, gres_per_node=2, num_tasks=1, min_cpus_per_node=2, start_soon=True
 )
-#: job 102 of the 23.11 set as it is; with no partition text recorded for that cluster its pinned
-#: nodes read as outside their partition, so this update ends in UpdateNotApplied
+#: job 2 ("run") of the 24.11 set as it is, except for Features (it has none), so this update ends
+#: in UpdateNotApplied
 EVERY_FIELD = JobUpdate(
     partition="a100",
     features="a100",
     num_nodes=2,
-    req_nodes=("gn01", "gn02"),
+    req_nodes=("n1", "n2"),
     exc_nodes=(),
     gres_per_node=4,
     num_tasks=8,
@@ -116,7 +117,9 @@ def test_cli_backend_argument_lists(tmp_path, sample):
     script.write_text("#!/bin/bash\nsrun true\n")
     cases: dict[str, tuple[str, str, Callable[[CliBackend], object]]] = {
         "observe: 22.05 (sinfo --json)": ("22.05", "auto", lambda b: b.observe()),
-        "observe: 23.11 (scontrol --json)": ("23.11", "auto", lambda b: b.observe()),
+        "observe: 24.11 (scontrol --json)": ("24.11", "auto", lambda b: b.observe()),
+        "job: 24.11 (scontrol --json show job)": ("24.11", "auto", lambda b: b.job("2")),
+        "jobs: 24.11 (squeue --json --jobs)": ("24.11", "auto", lambda b: b.jobs(["2", "4"])),
         "observe: text": ("22.05", "text", lambda b: b.observe()),
         "job: json": ("22.05", "auto", lambda b: b.job("9")),
         "job: text": ("22.05", "text", lambda b: b.job("9")),
@@ -145,9 +148,10 @@ def test_cli_backend_argument_lists(tmp_path, sample):
         runner = slurm(release, sample)
         call(CliBackend(mode=mode, run=runner, workers=1))  # one worker: the commands in a fixed order
         recorded[name] = runner.calls
-    runner = slurm("23.11", sample)
-    with pytest.raises(UpdateNotApplied, match="req_nodes"):
-        CliBackend(run=runner).update("102", EVERY_FIELD)
+    runner = slurm("24.11", sample)
+    with pytest.raises(UpdateNotApplied, match="features") as refused:
+        CliBackend(run=runner).update("2", EVERY_FIELD)
+    assert set(refused.value.mismatches) == {"features"}
     recorded["update: every field, read back with the partition's nodes"] = runner.calls
     text = str(tmp_path)
     check_golden(

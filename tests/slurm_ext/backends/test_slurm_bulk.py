@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from slurm_ext.backends import get_backend
 from slurm_ext.backends.base import JobUpdate, SlurmCommandError, SubmitRequest, UpdateNotApplied
 from slurm_ext.backends.cli import _stdin_line, _update_args
 
@@ -23,8 +22,8 @@ HOSTILE = (
 
 
 @pytest.fixture
-def backend(slurm_cluster):
-    return get_backend("cli", timeout=10.0)
+def backend(contract_backend):
+    return contract_backend
 
 
 @pytest.fixture

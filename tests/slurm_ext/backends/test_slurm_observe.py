@@ -13,8 +13,8 @@ pytestmark = pytest.mark.slurm
 
 
 @pytest.fixture
-def backend(slurm_cluster):
-    return get_backend("cli", timeout=10.0)
+def backend(contract_backend):
+    return contract_backend
 
 
 def test_nodes_and_partitions_match_the_shape(slurm_cluster, backend):

@@ -1,5 +1,6 @@
-"""JSON parsers on recorded 22.05 output and on the newer data_parser schema."""
+"""JSON parsers on recorded real output: Slurm 22.05 (openapi v0.0.38) and 24.11 (data_parser v0.0.40 to v0.0.42)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -116,65 +117,106 @@ def test_squeue_json_agrees_with_squeue_text(sample):
         assert job.nodes == expand_hostlist(nodelist)
 
 
-def test_newer_schema_jobs(sample):
-    """data_parser v0.0.41 (Slurm 24.05): NO_VAL objects, state arrays, exit-code objects."""
-    text = sample("squeue_v0.0.41.json")
-    assert J.slurm_version(text) == (24, 5, 4)
+#: the data_parser versions Slurm 24.11.5 offered (`squeue --json=list`), each recorded
+V24 = ("v0.0.40", "v0.0.41", "v0.0.42")
+R24 = "24.11/"
+
+
+def recorded_ids(sample):
+    """job name -> id on the recorded 24.11 cluster (record_outputs.sh made one job of each kind)."""
+    return dict(line.split("=") for line in sample(R24 + "ids.txt").split())
+
+
+def test_every_offered_data_parser_is_recorded(sample):
+    assert tuple(sample(R24 + "data_parsers.txt").split()) == V24
+    assert sample(R24 + "version.txt").strip() == "slurm-wlm 24.11.5"
+
+
+@pytest.mark.parametrize("version", V24)
+@pytest.mark.parametrize("command", ["squeue", "scontrol_show_job"])
+def test_24_11_jobs_agree_with_squeue_text(sample, utc, version, command):
+    """The JSON jobs of real 24.11 output at each data_parser version against
+    `squeue -h -t all -o '%i|%j|%P|%T|%r|%D|%b|%f|%N|%k|%Q|%V|%S'` recorded with them."""
+    text = sample(f"{R24}{command}_{version}.json")
+    assert J.slurm_version(text) == (24, 11, 5)
     jobs = by_id(J.parse_jobs(text))
-    held = jobs["101"]
-    assert (held.state, held.held, held.gpus_per_node, held.gpu_type, held.time_limit, held.start_time) == (
-        "PENDING",
-        True,
-        2,
-        None,
-        None,
-        None,
-    )
-    run = jobs["102"]
-    assert (run.state, run.nodes, run.gpus_per_node, run.gpu_type, run.time_limit) == (
-        "RUNNING",
-        ("gn01", "gn02"),
-        4,
-        "a100",
-        60,
-    )
-    assert run.admin_comment == '{"cell":"a100:2x4:pp1"}'
-    assert run.required_nodes == ("gn01", "gn02") and run.end_time == 1732003620.0
-    requeued = jobs["103"]
-    assert (requeued.state, requeued.reason, requeued.held, requeued.excluded_nodes) == (
-        "PENDING",
-        "BeginTime",
-        False,
-        ("gv03",),
-    )
-    assert (requeued.eligible_time, held.eligible_time) == (1732000030.0, None)  # when a requeued job may start again
-    assert (held.user, held.uid) == ("alice", 1000)
-    assert (jobs["104"].state, jobs["104"].exit_code) == ("FAILED", 3)
-    assert (jobs["105"].state, jobs["105"].exit_code, jobs["105"].gpus_per_node) == ("CANCELLED", 143, None)
+    rows = _text_rows(sample(R24 + "squeue_-h_-t_all_-o.txt"))
+    assert sorted(jobs) == sorted(r[0] for r in rows)
+    for jid, name, part, state, reason, nnodes, tres, feat, nodelist, comment, prio, _submit, start in rows:
+        job = jobs[jid]
+        assert (job.name, job.partition, job.state, job.num_nodes) == (name, part, state, int(nnodes))
+        assert job.reason == ("" if reason == "None" else reason)
+        gtype, _, count = tres.removeprefix("gres/gpu").rpartition(":")
+        assert job.gpus_per_node == (int(count) if tres != "N/A" else None)
+        assert job.gpu_type == (gtype.lstrip(":") or None)
+        assert job.features == ("" if feat == "(null)" else feat)
+        assert job.comment == ("" if comment == "(null)" else comment)
+        assert job.held == (prio == "0")
+        assert job.nodes == expand_hostlist(nodelist)
+        if state == "PENDING":  # squeue prints the expected start, or N/A when none is known
+            assert job.start_time == (None if start == "N/A" else J.epoch(start))
 
 
-def test_newer_schema_nodes_and_partitions(sample):
-    nodes = {n.name: n for n in J.parse_nodes(sample("scontrol_show_node_v0.0.41.json"))}
-    assert (nodes["gn01"].state, nodes["gn01"].gpus_total, nodes["gn01"].gpus_alloc, nodes["gn01"].available) == (
-        "allocated",
-        4,
-        4,
-        True,
-    )
-    gv = nodes["gv03"]
-    assert (gv.state, gv.flags, gv.reason, gv.available, gv.gpus_total, gv.gpu_type) == (
-        "idle",
-        ("DRAIN",),
-        "bad gpu 3",
-        False,
-        8,
-        "v100",
-    )
-    assert (nodes["ga7"].state, nodes["ga7"].available) == ("down", False)
-    parts = {p.name: p for p in J.parse_partitions(sample("scontrol_show_partition_v0.0.41.json"))}
-    assert parts["a100"].max_time == 2880 and parts["all"].max_time is None
-    assert parts["all"].default and not parts["v100"].default
-    assert parts["all"].nodes == ("gn01", "gn02", "gv03", "ga7")
+@pytest.mark.parametrize("version", V24)
+def test_24_11_job_fields_the_text_does_not_show(sample, version):
+    """NO_VAL numbers as {set, infinite, number}, exit codes as objects, job_state lists."""
+    ids = recorded_ids(sample)
+    jobs = by_id(J.parse_jobs(sample(f"{R24}squeue_{version}.json")))
+    run, held, requeued = jobs[ids["run"]], jobs[ids["held"]], jobs[ids["requeued"]]
+    assert (run.time_limit, run.num_tasks, run.tasks_per_node, run.batch_host) == (60, 8, 4, "n1")
+    assert run.admin_comment == '{"cell":"a100:2x4:pp1"}' and run.required_nodes == ("n1", "n2")
+    assert run.end_time == run.start_time + 3600
+    assert (held.time_limit, held.start_time, held.eligible_time, held.end_time) == (None, None, None, None)
+    assert requeued.excluded_nodes == ("n5",) and requeued.eligible_time is not None
+    assert (jobs[ids["failed"]].exit_code, jobs[ids["done"]].exit_code) == (3, 0)
+    assert jobs[ids["cancelled"]].exit_code == 128 + 15  # killed by SIGTERM
+    assert {j.user for j in jobs.values()} == {"root"}
+
+
+@pytest.mark.parametrize("version", V24)
+def test_24_11_one_job_and_jobs_asked_for(sample, version):
+    """24.11 answers `squeue --jobs` with those jobs only, and `scontrol show job ID` with that one."""
+    ids = recorded_ids(sample)
+    asked = by_id(J.parse_jobs(sample(f"{R24}squeue_--jobs_{version}.json")))
+    everything = by_id(J.parse_jobs(sample(f"{R24}squeue_{version}.json")))
+    assert sorted(asked) == sorted([ids["run"], ids["failed"]])
+    assert all(asked[j] == everything[j] for j in asked)
+    (one,) = J.parse_jobs(sample(f"{R24}scontrol_show_job_run_{version}.json"))
+    assert one == everything[ids["run"]]
+
+
+@pytest.mark.parametrize("version", V24)
+def test_24_11_nodes_agree_with_sinfo_text(sample, version):
+    """`scontrol --json show node` against `sinfo -N -h -o '%N|%P|%T|%G|%f|%C|%m|%o|%E'`."""
+    nodes = {n.name: n for n in J.parse_nodes(sample(f"{R24}scontrol_show_node_{version}.json"))}
+    rows = _text_rows(sample(R24 + "sinfo_-N_-h_-o.txt"))
+    assert sorted(nodes) == sorted({r[0] for r in rows})
+    for name, part, state, gres, feat, cpus, mem, addr, reason in rows:
+        node = nodes[name]
+        assert part.rstrip("*") in node.partitions
+        assert f"gpu:{node.gpu_type}:{node.gpus_total}" == gres
+        assert feat == ",".join(node.features) and addr == node.address
+        alloc, _idle, _other, total = (int(c) for c in cpus.split("/"))
+        assert (node.cpus_alloc, node.cpus_total, node.memory_mb) == (alloc, total, int(mem))
+        assert node.reason == ("" if reason == "none" else reason)
+        if state == "drained":
+            assert (node.state, node.flags, node.available) == ("idle", ("DRAIN",), False)
+        else:
+            assert (node.state, node.available) == (state, True)
+    # the running job's 4 GPUs on each of n1, n2: what the text output does not show
+    assert [nodes[n].gpus_alloc for n in sorted(nodes)] == [4, 4, 0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("version", V24)
+def test_24_11_partitions_agree_with_scontrol_text(sample, version):
+    """Every field but one agrees with `scontrol -o show partition`: 24.11's JSON does not
+    say which partition is the default (so the cli backend reads partitions as text)."""
+    from slurm_ext.parse import scontrol_text
+
+    shown = {p.name: p for p in scontrol_text.parse_partitions(sample(R24 + "scontrol_-o_show_partition.txt"))}
+    parts = {p.name: p for p in J.parse_partitions(sample(f"{R24}scontrol_show_partition_{version}.json"))}
+    assert shown["a100"].max_time == 2880 and shown["all"].max_time is None and shown["all"].default
+    assert {n: dataclasses.replace(p, default=False) for n, p in shown.items()} == parts
 
 
 def test_bad_documents_raise_clear_errors():

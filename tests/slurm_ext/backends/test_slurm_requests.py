@@ -1,5 +1,7 @@
 """Request validation, update read-back comparison, backend selection."""
 
+import subprocess
+
 import pytest
 
 from slurm_ext.backends import get_backend
@@ -132,3 +134,51 @@ def test_a_plain_update_is_fed_as_exactly_its_arguments():
     change = JobUpdate(partition="a40", req_nodes=("n4", "n5"), admin_comment='{"a":"it\'s\\"#!$(id)`"}')
     args = _update_args("7", change)
     assert _stdin_line(args) == " ".join(args[1:]) and _stdin_line(args).split(" ") == args[1:]
+
+
+def test_a_refusal_for_now_is_tried_again_and_any_other_is_not(monkeypatch):
+    """Slurm 24.11 refuses some updates of held jobs with EAGAIN that pass when tried again
+    (seen on the dev cluster): those are tried again, TRANSIENT_TRIES in all; others once."""
+    from slurm_ext.backends import cli
+
+    monkeypatch.setattr(cli.time, "sleep", lambda s: None)
+    answers: list[tuple[int, str]] = []
+    calls: list[list[str]] = []
+
+    def run(args, **kw):
+        calls.append(args)
+        rc, err = answers.pop(0)
+        return subprocess.CompletedProcess(args, rc, "", err)
+
+    backend = cli.CliBackend(run=run)
+    update = ["scontrol", "update", "JobId=5", "Partition=a40"]
+    answers[:] = [(1, "Resource temporarily unavailable for job 5"), (1, "Interrupted system call for job 5"), (0, "")]
+    assert backend._try(update) == "" and len(calls) == 3
+    calls.clear()
+    answers[:] = [(1, "Invalid partition name specified for job 5")]
+    assert backend._try(update) == "Invalid partition name specified for job 5" and len(calls) == 1
+    calls.clear()
+    answers[:] = [(1, "Resource temporarily unavailable for job 5")] * cli.TRANSIENT_TRIES
+    assert "temporarily" in backend._try(update) and len(calls) == cli.TRANSIENT_TRIES
+
+
+def test_an_update_refused_for_now_goes_in_two_parts_the_partition_last(monkeypatch):
+    from slurm_ext.backends import cli
+
+    monkeypatch.setattr(cli.time, "sleep", lambda s: None)
+    calls: list[list[str]] = []
+
+    def run(args, **kw):  # refuses any update naming a partition and other fields together
+        calls.append(args)
+        both = any(a.startswith("Partition=") for a in args) and len(args) > 4
+        return subprocess.CompletedProcess(args, 1 if both else 0, "", "Resource temporarily unavailable" * both)
+
+    update = ["scontrol", "update", "JobId=5", "Partition=v100", "ReqNodeList=n3", "NumNodes=1-1"]
+    assert cli.CliBackend(run=run)._update_alone(update) == ""
+    assert calls[cli.TRANSIENT_TRIES :] == [
+        ["scontrol", "update", "JobId=5", "ReqNodeList=n3", "NumNodes=1-1"],
+        ["scontrol", "update", "JobId=5", "Partition=v100"],
+    ]
+    calls.clear()
+    assert cli.CliBackend(run=run)._update_alone(["scontrol", "update", "JobId=5", "Partition=v100"]) == ""
+    assert len(calls) == 1

@@ -54,15 +54,18 @@ def test_allocation_reported_by_slurm_wins_when_larger(sample):
     assert free(to_cluster_view(snap, managed_job_ids=set()))["n4"] == 1
 
 
-def test_newer_schema_cluster(sample):
+def test_24_11_cluster(sample):
+    """Recorded on 24.11 (data/24.11): job "run" holds 4 GPUs on each of n1, n2; n3 is drained."""
+    ids = dict(line.split("=") for line in sample("24.11/ids.txt").split())
     snap = ClusterSnapshot(
-        nodes=J.parse_nodes(sample("scontrol_show_node_v0.0.41.json")),
-        partitions=J.parse_partitions(sample("scontrol_show_partition_v0.0.41.json")),
-        jobs=J.parse_jobs(sample("squeue_v0.0.41.json")),
+        nodes=J.parse_nodes(sample("24.11/scontrol_show_node_v0.0.42.json")),
+        partitions=T.parse_partitions(sample("24.11/scontrol_-o_show_partition.txt")),
+        jobs=J.parse_jobs(sample("24.11/squeue_v0.0.42.json")),
         taken_at=0.0,
     )
-    assert free(to_cluster_view(snap, managed_job_ids=set())) == {"gn01": 0, "gn02": 0, "gv03": 0, "ga7": 0}
-    assert free(to_cluster_view(snap, managed_job_ids={"102"})) == {"gn01": 4, "gn02": 4, "gv03": 0, "ga7": 0}
+    others = {"n3": 0, "n4": 2, "n5": 2, "n6": 2}
+    assert free(to_cluster_view(snap, managed_job_ids=set())) == {"n1": 0, "n2": 0, **others}
+    assert free(to_cluster_view(snap, managed_job_ids={ids["run"]})) == {"n1": 4, "n2": 4, **others}
 
 
 def test_gpus_still_counted_for_a_job_that_ended_are_its_own_when_it_is_placed_again(sample):

@@ -42,8 +42,8 @@ SHAPE = "n1:a40:2,n2:a40:2,n3:a100:4"
 GPUS = 8
 ACCT_ENV = {
     "LAB": os.environ.get("CELLSCHED_TEST_ACCT_LAB", "/tmp/cellsched-test-acct") + (f"-gw{WORKER}" if WORKER else ""),
-    "CTLD_PORT": str(int(os.environ.get("CELLSCHED_TEST_ACCT_CTLD_PORT", "18817")) + 200 * WORKER),
-    "SLURMD_BASEPORT": str(int(os.environ.get("CELLSCHED_TEST_ACCT_SLURMD_BASEPORT", "18900")) + 200 * WORKER),
+    "CTLD_PORT": str(int(os.environ.get("CELLSCHED_TEST_ACCT_CTLD_PORT", "12817")) + 200 * WORKER),
+    "SLURMD_BASEPORT": str(int(os.environ.get("CELLSCHED_TEST_ACCT_SLURMD_BASEPORT", "12900")) + 200 * WORKER),
     "DEVCLUSTER_ACCOUNTING": "1",
     "DEVCLUSTER_SHAPE": SHAPE,
 }
