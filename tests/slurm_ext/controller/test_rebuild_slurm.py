@@ -20,8 +20,18 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from controller_support import Killed, log_lines, start_daemon, stop, wait_until, write_config
-from test_elastic_slurm import STEPS, _blocker, _controller, _env, _job, _steps_done, _submit_elastic, _wait_state
+from controller_support import (
+    Killed,
+    find_job,
+    job_env,
+    log_lines,
+    start_daemon,
+    stop,
+    wait_job_state,
+    wait_until,
+    write_config,
+)
+from test_elastic_slurm import STEPS, _blocker, _controller, _steps_done, _submit_elastic
 from test_rebuild_unit import Recorder
 
 from slurm_ext.backends import get_backend
@@ -37,7 +47,7 @@ pytestmark = pytest.mark.slurm
 def test_a_fresh_controller_on_an_empty_state_finishes_a_move_cut_short(slurm_cluster, tmp_path, dies_after):
     backend = get_backend("cli")
     blocker = _blocker("n5", "a40", 2)
-    _wait_state(backend, blocker, ("RUNNING",), 30, tmp_path)
+    wait_job_state(backend, blocker, ("RUNNING",), 30, tmp_path)
     job = _submit_elastic(tmp_path, "--gpu-types", "a40", "--min-gpus", "2", step_delay=0.2)
     calls: Counter = Counter()
     (tmp_path / "first").mkdir()
@@ -45,18 +55,20 @@ def test_a_fresh_controller_on_an_empty_state_finishes_a_move_cut_short(slurm_cl
     first = _controller(tmp_path / "first", checkpoint_wait_s=60.0, checkpoint_poll_s=0.3)
     first.backend = Recorder(backend, calls=calls)
     assert first.round().placements[job]["cell"] == "a40:1x2:pp1"
-    _wait_state(backend, job, ("RUNNING",), 60, tmp_path)
+    wait_job_state(backend, job, ("RUNNING",), 60, tmp_path)
     wait_until(lambda: _steps_done(backend, job) >= 3, 60, "three steps on two GPUs")
     first.round()  # sees the job train: it may be moved from now on
 
-    subprocess.run(["scancel", blocker], env=_env(), check=True, timeout=30)
-    wait_until(lambda: _job(backend, blocker) is None or _job(backend, blocker).finished, 30, "the blocker to end")
+    subprocess.run(["scancel", blocker], env=job_env(), check=True, timeout=30)
+    wait_until(
+        lambda: find_job(backend, blocker) is None or find_job(backend, blocker).finished, 30, "the blocker to end"
+    )
     first.backend = Recorder(backend, (dies_after, job), calls)
     with pytest.raises(Killed):
         first.round()  # the move: its Step written, signalled (, checkpointed, requeued held) ... killed
     first.state.close()
     assert calls[("signal", job)] == 1
-    shown = _job(backend, job)
+    shown = find_job(backend, job)
     assert contract.admin_comment_step(shown.admin_comment).step == contract.SIGNALLED
     if dies_after == "requeue_many":
         assert shown.held and shown.state == "PENDING"
@@ -70,12 +82,12 @@ def test_a_fresh_controller_on_an_empty_state_finishes_a_move_cut_short(slurm_cl
 
     def completed() -> bool:  # FAILED with exit 75 is its checkpoint, not its end: the next round requeues it
         acted.extend(a for a in fresh.round().actions if a["job"] == job)
-        j = _job(backend, job)
+        j = find_job(backend, job)
         checkpointed = j is not None and j.state == "FAILED" and j.exit_code == contract.EXIT_CHECKPOINTED
         return j is not None and j.state in ("COMPLETED", "FAILED", "CANCELLED") and not checkpointed
 
     wait_until(completed, 300, f"job {job} to end", interval=0.5)
-    done = _job(backend, job)
+    done = find_job(backend, job)
     assert done.state == "COMPLETED", done
     # asked once more when still running as the fresh controller took over: the job checkpoints once anyway
     assert calls[("signal", job)] in (1, 2)
@@ -101,7 +113,7 @@ def test_the_standby_finishes_a_move_after_the_active_daemon_is_sigkilled_and_it
     lands there), and the job completes with each training step run once."""
     backend = get_backend("cli")
     blocker = _blocker("n5", "a40", 2)
-    _wait_state(backend, blocker, ("RUNNING",), 30, tmp_path)
+    wait_job_state(backend, blocker, ("RUNNING",), 30, tmp_path)
     job = _submit_elastic(tmp_path, "--gpu-types", "a40", "--min-gpus", "2", step_delay=0.2)
     lease = tmp_path / "shared" / "lease"
     lease.parent.mkdir()
@@ -125,17 +137,17 @@ def test_the_standby_finishes_a_move_after_the_active_daemon_is_sigkilled_and_it
             f.write("max_pp = 1\n")  # data-parallel plans: a resize changes dp only
     try:
         for n in names:
-            procs[n] = start_daemon(tmp_path / n / "c.toml", logs[n], _env())
-        _wait_state(backend, job, ("RUNNING",), 90, tmp_path)
+            procs[n] = start_daemon(tmp_path / n / "c.toml", logs[n], job_env())
+        wait_job_state(backend, job, ("RUNNING",), 90, tmp_path)
         wait_until(lambda: _steps_done(backend, job) >= 3, 60, "three steps on two GPUs")
         active = next(n for n in names if _placed(logs[n], job))
         standby = next(n for n in names if n != active)
         assert _placed(logs[active], job) == ["a40:1x2:pp1"]
 
-        subprocess.run(["scancel", blocker], env=_env(), check=True, timeout=30)
+        subprocess.run(["scancel", blocker], env=job_env(), check=True, timeout=30)
 
         def signalled() -> bool:
-            j = _job(backend, job)
+            j = find_job(backend, job)
             step = contract.admin_comment_step(j.admin_comment) if j is not None else None
             return step is not None and step.step == contract.SIGNALLED
 
@@ -146,11 +158,11 @@ def test_the_standby_finishes_a_move_after_the_active_daemon_is_sigkilled_and_it
             f.unlink()  # the state is lost
 
         def ended() -> bool:  # (FAILED with exit 75 is its checkpoint: the standby requeues it)
-            j = _job(backend, job)
+            j = find_job(backend, job)
             return j is not None and j.state in ("COMPLETED", "CANCELLED")
 
         wait_until(ended, 300, f"job {job} to end", interval=0.5)
-        assert _job(backend, job).state == "COMPLETED", _job(backend, job)
+        assert find_job(backend, job).state == "COMPLETED", find_job(backend, job)
         # the standby finishes the move once (from the AdminComment's Step while the job checkpoints, or
         # from its checkpoint once it has: whichever it finds); it starts no move of its own
         assert _placed(logs[standby], job) == ["a40:2x2:pp1"]
