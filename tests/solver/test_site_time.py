@@ -15,7 +15,7 @@ from test_site_limits import PATHS
 from solver.placement import validate_plan
 from solver.policies import get_policy
 from solver.site import Reservation, SitePolicy, iso, parse_reason
-from solver.types import Cell, ClusterView, NodeView, ScheduleRequest
+from solver.types import Cell, ClusterView, NodeView, ScheduleRequest, SolverConfig
 
 T4 = 10 / 4**0.9  # s per iteration on 4 GPUs of one node
 NOW = 1_000_000.0
@@ -31,9 +31,8 @@ def four(jid: str, minutes: float, **kw):
 
 def plan(jobs, site, cluster=TWO, **cfg):
     est = table_for(jobs, cluster, {(j.job_id, "a100"): 1.0 for j in jobs})
-    from conftest import exact
-
-    req = ScheduleRequest(cluster, tuple(jobs), now=NOW, config=exact(**cfg), site=site)
+    exact = SolverConfig(**cfg, time_limit_s=600.0, deterministic=True)  # the deterministic budget decides
+    req = ScheduleRequest(cluster, tuple(jobs), now=NOW, config=exact, site=site)
     rep = get_policy("cellsched").schedule(req, est)
     validate_plan(cluster, rep.placements, {j.job_id: j for j in jobs}, site, NOW)
     return rep
