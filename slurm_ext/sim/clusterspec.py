@@ -158,7 +158,7 @@ def _ours(data: dict, where: str) -> ClusterSpec:
 def _site(data: Any, at: str) -> SiteSpec:
     """The ``[site]`` table (module doc)."""
     table = _table(data, at, _SITE_KEYS)
-    accounts_t = _table(table.get("accounts"), f"{at}.accounts", None)
+    accounts_t = _table(table.get("accounts", {}), f"{at}.accounts", None)
     if not accounts_t:
         raise ClusterSpecError(f"{at}: field 'accounts' must name at least one account")
     accounts = []

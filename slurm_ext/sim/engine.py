@@ -350,7 +350,7 @@ class Simulator:
         if o.limit_jobs is not None:
             jobs = jobs[: o.limit_jobs]
         if cluster.site is not None:
-            jobs = assign_accounts(jobs, cluster.site)  # slurm_ext.sim.site
+            jobs = list(assign_accounts(jobs, cluster.site))  # slurm_ext.sim.site
         self.cluster = cluster
         self.policy_name = policy if isinstance(policy, str) else getattr(policy, "name", type(policy).__name__)
         self.label = label or self.policy_name

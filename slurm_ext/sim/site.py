@@ -141,6 +141,7 @@ class SiteUsage(Observer):
         self.entitled_s: dict[str, float] = {}  # account -> GPU-seconds entitled (water_fill)
         self.jobs: dict[str, tuple[str, str, str, int]] = {}  # Slurm id -> account, user, QOS, GPUs asked
         self.users: dict[str, set[str]] = {}
+        self.peak: dict[str, int] = {}  # account -> most GPUs its jobs held at once
 
     def register(self, slurm_id: str, job: TraceJob) -> None:
         self.advance()
@@ -173,6 +174,7 @@ class SiteUsage(Observer):
         if a is not None:
             self.advance()
             self.gpus_held[a] = self.gpus_held.get(a, 0) + job.gpus
+            self.peak[a] = max(self.peak.get(a, 0), self.gpus_held[a])
 
     def stopped(self, job: SimJob, held_s: float) -> None:
         a = self._account(job)
@@ -197,7 +199,7 @@ class SiteUsage(Observer):
         )
 
     def summary(self) -> dict[str, Any]:
-        """Per account: share, GPU-seconds held and entitled, and their
+        """Per account: share, the most GPUs held at once, GPU-seconds held and entitled, and their
         fractions of all held / all entitled (the run's meta["site"])."""
         self.advance()
         held, ent = sum(self.held_s.values()), sum(self.entitled_s.values())
@@ -205,6 +207,7 @@ class SiteUsage(Observer):
         return {
             a: {
                 "share": self.shares.get(a, 0.0),
+                "peak_gpus": self.peak.get(a, 0),
                 "gpu_s": round(self.held_s.get(a, 0.0), 3),
                 "entitled_gpu_s": round(self.entitled_s.get(a, 0.0), 3),
                 "used_frac": self.held_s.get(a, 0.0) / held if held else 0.0,
@@ -228,7 +231,7 @@ class SiteFeed:
 
     def schedule(self, request: ScheduleRequest, estimator: EstimatorLike) -> ScheduleReply:
         site = self.usage.site_policy()
-        total = request.cluster.total_gpus() if hasattr(request.cluster, "total_gpus") else self.usage.capacity
+        total = sum(n.gpus_total for n in request.cluster.nodes)
         jobs = []
         for j in request.jobs:
             got = self.usage.jobs.get(j.job_id)

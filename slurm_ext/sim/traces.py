@@ -313,7 +313,7 @@ class _SacctRow:
             if duration < 0:
                 raise self.fail("end", f"is before Start ({end.isoformat()} < {start.isoformat()})")
         user = self.raw.get("user") or "sim"
-        site = {"account": self.raw.get("account", ""), "qos": self.raw.get("qos", "")}
+        account, qos = self.raw.get("account", ""), self.raw.get("qos", "")
         if spec is not None:
             return TraceJob(
                 job_id,
@@ -326,12 +326,24 @@ class _SacctRow:
                 duration_s=duration,
                 user=user,
                 line=self.line,
-                **site,
+                account=account,
+                qos=qos,
             ), submit
         if duration is None:
             return "not ended" if end is None else "no start time"
         return TraceJob(
-            job_id, 0.0, model, batch, None, gpus, gpu_type, duration_s=duration, user=user, line=self.line, **site
+            job_id,
+            0.0,
+            model,
+            batch,
+            None,
+            gpus,
+            gpu_type,
+            duration_s=duration,
+            user=user,
+            line=self.line,
+            account=account,
+            qos=qos,
         ), submit
 
 

@@ -53,7 +53,16 @@ from solver.placement.greedy import try_place
 from solver.policies.common import Feasible, dp_estimate, layouts, reply
 from solver.policies.fcfs import requested
 from solver.site import GpuLimit, LimitKind, LimitScope, SitePolicy
-from solver.types import Cell, EstimatorLike, JobRequest, Placement, ScheduleReply, ScheduleRequest, SolverStatus
+from solver.types import (
+    Cell,
+    EstimatorLike,
+    JobRequest,
+    NodeView,
+    Placement,
+    ScheduleReply,
+    ScheduleRequest,
+    SolverStatus,
+)
 
 
 @dataclass(frozen=True)
@@ -285,7 +294,7 @@ class SlurmMultifactorPolicy:
         )
 
     def _earliest(
-        self, profile: Profile, type_nodes: Sequence, job: JobRequest, options: Sequence[Option]
+        self, profile: Profile, type_nodes: Sequence[NodeView], job: JobRequest, options: Sequence[Option]
     ) -> tuple[float, Option, list[str]] | None:
         """The option (best locality first among equal starts) that can start earliest."""
         names = [n.name for n in type_nodes if job.partitions is None or set(n.partitions) & set(job.partitions)]
