@@ -142,6 +142,7 @@ class SiteUsage(Observer):
         self.jobs: dict[str, tuple[str, str, str, int]] = {}  # Slurm id -> account, user, QOS, GPUs asked
         self.users: dict[str, set[str]] = {}
         self.peak: dict[str, int] = {}  # account -> most GPUs its jobs held at once
+        self.over: set[str] = set()  # Slurm ids of the jobs that ended (not requeued since)
 
     def register(self, slurm_id: str, job: TraceJob) -> None:
         self.advance()
@@ -183,10 +184,19 @@ class SiteUsage(Observer):
             self.gpus_held[a] = self.gpus_held.get(a, 0) - job.gpus
 
     def ended(self, job: SimJob) -> None:
-        got = self.jobs.get(job.job_id)  # told only for a job that is over (not one being requeued)
-        if got is not None:
+        # a checkpointed job ends too (FAILED, exit 75) and is requeued later: its demand comes back then
+        got = self.jobs.get(job.job_id)
+        if got is not None and job.job_id not in self.over:
             self.advance()
+            self.over.add(job.job_id)
             self.demand[got[0]] -= got[3]
+
+    def requeued(self, job: SimJob) -> None:
+        got = self.jobs.get(job.job_id)
+        if got is not None and job.job_id in self.over:
+            self.advance()
+            self.over.discard(job.job_id)
+            self.demand[got[0]] += got[3]
 
     def normalized_usage(self) -> dict[str, float]:
         self.advance()

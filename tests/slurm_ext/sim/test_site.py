@@ -158,3 +158,16 @@ def test_an_account_limit_binds_in_a_run_and_the_share_is_measured():
     jct, site = run(limit=None)
     assert jct == {"x1": 100.0, "x2": 100.0, "y1": 200.0}
     assert site["x"]["peak_gpus"] == 8
+
+
+def test_a_checkpointed_job_keeps_its_demand_once_requeued():
+    site = SiteSpec((AccountSpec("a"),))
+    usage = SiteUsage(site, 8, lambda: 0.0, 0.0)
+    usage.register("1", tj("j1", account="a", user="u"))
+    j = SimpleNamespace(job_id="1", gpus=1)
+    assert usage.demand == {"a": 1}
+    usage.ended(j)  # a checkpoint: the job ends (exit 75) ...
+    assert usage.demand == {"a": 0}
+    usage.requeued(j)  # ... and the controller requeues it
+    usage.requeued(j)
+    assert usage.demand == {"a": 1}
