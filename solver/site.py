@@ -144,3 +144,92 @@ class SitePolicy:
     @property
     def empty(self) -> bool:
         return not (self.limits or self.shares or self.reservations or self.unmanaged or self.partition_access)
+
+
+# ---------- why a job waits: one line each, stable and parseable ----------
+#
+# Every reason a policy gives for a pending job under a site policy starts
+# with one of these words; `parse_reason` reads any of them back.
+#
+#   limit <scope>:<name> <kind> gres/gpu[:<type>] used <used>/<allowed>
+#   fairshare <account> usage <usage> >|>= share <share>
+#   reservation <name> from <iso start> (job est. end <iso end>)
+#   partition <account>/<qos> may use none of <p1,p2,...>
+#   unmanaged <job id> (priority <priority>) claims <gpus> <type|any> GPUs
+#   no cell fits: <why>
+#   outbid by job <id> (value <value>)[, job <id> (value <value>)...]
+
+REASON_KINDS = ("limit", "fairshare", "reservation", "partition", "unmanaged", "no cell fits", "outbid")
+
+
+def iso(t: float) -> str:
+    """Epoch seconds as UTC ISO 8601 to the second (``2026-11-27T10:40:43Z``)."""
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def reason_limit(limit: GpuLimit, used: int, user: str | None = None) -> str:
+    """``limit account:acctA GrpTRES gres/gpu used 4/4``: `used` counts every
+    GPU under the limit (used_outside included) against `limit.gpus`. A
+    per-user limit of a QOS names the user: ``qos-per-user:normal/alice``."""
+    name = limit.name if user is None or "/" in limit.name else f"{limit.name}/{user}"
+    tres = "gres/gpu" + (f":{limit.gpu_type}" if limit.gpu_type else "")
+    return f"limit {limit.scope}:{name} {limit.kind} {tres} used {used}/{limit.gpus}"
+
+
+def reason_fairshare(account: str, usage: float, share: float) -> str:
+    """``fairshare acctA usage 0.62 > share 0.50`` (``>=`` when they are equal
+    to two decimals)."""
+    op = ">" if f"{usage:.2f}" != f"{share:.2f}" and usage > share else ">="
+    return f"fairshare {account} usage {usage:.2f} {op} share {share:.2f}"
+
+
+def reason_reservation(name: str, start: float, est_end: float | None) -> str:
+    end = iso(est_end) if est_end is not None else "unknown"
+    return f"reservation {name} from {iso(start)} (job est. end {end})"
+
+
+def reason_partition(account: str, qos: str, partitions: tuple[str, ...]) -> str:
+    return f"partition {account}/{qos} may use none of {','.join(partitions) or '-'}"
+
+
+def reason_unmanaged(job_id: str, priority: float, gpus: int, gpu_type: str | None) -> str:
+    return f"unmanaged {job_id} (priority {priority:g}) claims {gpus} {gpu_type or 'any'} GPUs"
+
+
+def reason_no_cell(why: str) -> str:
+    return f"no cell fits: {why}"
+
+
+def reason_outbid(jobs: tuple[tuple[str, float], ...]) -> str:
+    """``outbid by job 12 (value 1.25), job 14 (value 0.80)``: the jobs that
+    hold the GPUs it could use, most valuable first (values in objective units)."""
+    return "outbid by " + ", ".join(f"job {j} (value {v:.2f})" for j, v in jobs)
+
+
+_PATTERNS = {
+    "limit": r"limit (?P<scope>[a-z-]+):(?P<name>\S+) (?P<kind>\S+) gres/gpu(?::(?P<gpu_type>\S+))? "
+    r"used (?P<used>\d+)/(?P<allowed>\d+)$",
+    "fairshare": r"fairshare (?P<account>\S+) usage (?P<usage>[0-9.]+) (?P<op>>=?) share (?P<share>[0-9.]+)$",
+    "reservation": r"reservation (?P<name>\S+) from (?P<start>\S+) \(job est\. end (?P<end>\S+)\)$",
+    "partition": r"partition (?P<account>[^/\s]*)/(?P<qos>\S*) may use none of (?P<partitions>\S+)$",
+    "unmanaged": r"unmanaged (?P<job>\S+) \(priority (?P<priority>\S+)\) claims (?P<gpus>\d+) (?P<gpu_type>\S+) GPUs$",
+    "no cell fits": r"no cell fits: (?P<why>.*)$",
+    "outbid": r"outbid by (?P<jobs>.*)$",
+}
+
+
+def parse_reason(text: str) -> tuple[str, dict[str, str]]:
+    """(kind, fields) of a reason in the forms above; ("other", {"text": text})
+    for any other reason (those of a round without a site policy)."""
+    import re
+
+    for kind, pattern in _PATTERNS.items():
+        m = re.match(pattern, text)
+        if m:
+            fields = {k: v for k, v in m.groupdict().items() if v is not None}
+            if kind == "outbid":
+                fields["jobs"] = ",".join(re.findall(r"job (\S+) \(value", text))
+            return kind, fields
+    return "other", {"text": text}

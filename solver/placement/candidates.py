@@ -37,6 +37,9 @@ class Option:
     #: what the job loses (objective units) when its network card is shared
     #: with another multi-node job (0: not priced; see model.py)
     nic_cost: int = 0
+    #: the reservation marks (nodes.RESERVED + name) whose nodes the option
+    #: may not use (a free option of a job a reservation does not admit)
+    blocked: frozenset[str] = frozenset()
 
     def placement(self, nodes: tuple[tuple[str, int], ...], partition: str | None = None) -> Placement:
         return Placement(self.job_id, self.cell, nodes, self.plan, self.iter_time_s, partition, self.source)

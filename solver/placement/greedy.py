@@ -17,10 +17,14 @@ Every step checks exact node capacity, so the result is always placeable.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from solver.placement.candidates import Option
-from solver.placement.nodes import ClassKey, Ledger
+from solver.placement.nodes import ClassKey, Ledger, partitions_of
 from solver.placement.space import Space
+
+if TYPE_CHECKING:
+    from solver.placement.siterules import Tally
 from solver.types import JobRequest, Placement
 
 Chosen = dict[str, tuple[Option, tuple[tuple[str, int], ...], str | None]]
@@ -61,6 +65,7 @@ def try_place(
         len(set(nodes)) != cell.num_nodes
         or any(ledger.free.get(n, -1) < cell.gpus_per_node for n in nodes)
         or not cell.holds_types([space.types.get(n, "") for n in nodes])
+        or space.blocks(nodes, opt.blocked)
     ):
         return None
     ok, part = space.partition_of(job, nodes)
@@ -75,8 +80,8 @@ def _pick_parts(
     """Nodes for each GPU type of the option's cell (within `partition` when given)."""
     cell = opt.cell
     names: list[str] = []
-    for n_nodes, groups in space.part_classes(job, cell):
-        sub = [k for k in groups if partition is None or not k[2] or partition in k[2]]
+    for n_nodes, groups in space.part_classes(job, cell, opt.blocked):
+        sub = [k for k in groups if partition is None or not partitions_of(k[2]) or partition in k[2]]
         got = ledger.pick(sub, n_nodes, cell.gpus_per_node, cell.num_nodes > 1, spread, exclude=names)
         if got is None:
             return None
@@ -94,16 +99,42 @@ def greedy(
     jobs: Sequence[JobRequest],
     options: Mapping[str, Sequence[Option]],
     preferred: Mapping[str, Placement] = {},
+    tally: Tally | None = None,
 ) -> Chosen:
-    """A placeable choice of (option, nodes, partition) per job."""
+    """A placeable choice of (option, nodes, partition) per job; with a
+    `tally` (siterules), within the site's GPU limits: a running job that
+    must stay keeps its GPUs over a limit only when no smaller option fits."""
     ledger = space.ledger()
     by_id = {j.job_id: j for j in jobs}
     chosen: Chosen = {}
+
+    def place(job: JobRequest, o: Option, at: tuple[str, ...] | None = None) -> Placed | None:
+        if tally is not None and not tally.fits(job.job_id, o.cell):
+            return None
+        got = try_place(space, ledger, job, o, at)
+        if got is not None and tally is not None:
+            tally.add(job.job_id, o.cell)
+        return got
+
     for job in jobs:  # running jobs that may stay keep their GPUs first (the controller never preempts)
         if job.current is None:
             continue
         for o in options.get(job.job_id, ()):
-            got = try_place(space, ledger, job, o) if o.pinned is not None else None
+            got = place(job, o) if o.pinned is not None else None
+            if got is not None:
+                chosen[job.job_id] = (o, *got)
+                break
+        if tally is None or job.job_id in chosen or not any(o.pinned for o in options.get(job.job_id, ())):
+            continue
+        # over a limit where it runs: its smallest option that fits, else where it runs anyway
+        for o in sorted(options[job.job_id], key=lambda o: (o.cell.num_gpus, -o.value)) + [
+            o for o in options[job.job_id] if o.pinned is not None
+        ]:
+            got = place(job, o)
+            if got is None and o.pinned is not None:
+                got = try_place(space, ledger, job, o)
+                if got is not None:
+                    tally.add(job.job_id, o.cell)
             if got is not None:
                 chosen[job.job_id] = (o, *got)
                 break
@@ -121,7 +152,7 @@ def greedy(
         tries += [(o, pref.node_names) for o in same if o.pinned is None]
         tries += [(o, None) for o in same if o.pinned is None]
         for o, at in tries:
-            got = try_place(space, ledger, job, o, at)
+            got = place(job, o, at)
             if got is not None:
                 chosen[job.job_id] = (o, *got)
                 break
@@ -130,7 +161,7 @@ def greedy(
     pairs.sort(key=lambda o: (-o.value / o.cell.num_gpus, -o.value, order[o.job_id]))
     for o in pairs:
         if o.job_id not in chosen:
-            got = try_place(space, ledger, by_id[o.job_id], o)
+            got = place(by_id[o.job_id], o)
             if got is not None:
                 chosen[o.job_id] = (o, *got)
     for jid in sorted(chosen, key=lambda j: (-chosen[j][0].value, order[j])):
@@ -139,12 +170,16 @@ def greedy(
             if o.value <= cur.value:
                 break
             release(ledger, cur, nodes)
-            got = try_place(space, ledger, by_id[jid], o)
+            if tally is not None:
+                tally.add(jid, cur.cell, -1)
+            got = place(by_id[jid], o)
             if got is not None:
                 chosen[jid] = (o, *got)
                 break
             for name, g in nodes:
                 ledger.take(name, g, cur.cell.num_nodes > 1)
+            if tally is not None:
+                tally.add(jid, cur.cell)
     return chosen
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from solver.placement.candidates import Option
 from solver.placement.cpsat import Solved, solve_cpsat
@@ -23,6 +24,7 @@ from solver.placement.greedy import Chosen, greedy, try_place, value_of
 from solver.placement.lp import integral_jobs, solve_lp
 from solver.placement.model import build, hint_values
 from solver.placement.objective import SCALE
+from solver.placement.siterules import SiteRules, Tally
 from solver.placement.space import Space
 from solver.types import JobRequest, Placement, SolverConfig, SolverStatus
 
@@ -42,7 +44,11 @@ class Result:
 
 
 def assign_nodes(
-    space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]], solved: Solved
+    space: Space,
+    jobs: Sequence[JobRequest],
+    options: Mapping[str, Sequence[Option]],
+    solved: Solved,
+    rules: SiteRules | None = None,
 ) -> tuple[Chosen, list[str], list[str]]:
     """Concrete nodes for CP-SAT's choice: pinned options first, then shares
     largest first (multi-node jobs first among equal shares) within the
@@ -50,7 +56,8 @@ def assign_nodes(
 
     Repair: a job whose chosen cell cannot be put on concrete nodes (the
     aggregated model does not see that one job's shares need distinct nodes)
-    takes its best other option that still fits, else stays unplaced.
+    takes its best other option that still fits (within the site's GPU
+    limits: `rules`), else stays unplaced.
     Returns the placed choices, the repaired jobs and the unplaced ones."""
     ledger = space.ledger()
     by_id = {j.job_id: j for j in jobs}
@@ -85,12 +92,21 @@ def assign_nodes(
             continue
         chosen[jid] = (o, ledger.place(cell, names), part)
     repaired, unplaced = [], []
+    tally = None
+    if rules is not None and failed:
+        tally = Tally(rules)
+        for jid, (o, _, _) in chosen.items():
+            tally.add(jid, o.cell)
     for jid in failed:
         for o in sorted(options[jid], key=lambda o: -o.value):
+            if tally is not None and not tally.fits(jid, o.cell):
+                continue
             got = try_place(space, ledger, by_id[jid], o, spread=True)
             if got is not None:
                 chosen[jid] = (o, *got)
                 repaired.append(jid)
+                if tally is not None:
+                    tally.add(jid, o.cell)
                 break
         else:
             unplaced.append(jid)
@@ -117,11 +133,12 @@ def _solve(
     config: SolverConfig,
     warm: Callable[[], Chosen],
     exact: bool,
+    rules: SiteRules | None = None,
 ) -> Solved:
     """CP-SAT on what the LP relaxation leaves open, or on the whole model
     (warm-started from `warm()`)."""
     t0 = time.perf_counter()
-    m = build(space, jobs, options, exact)
+    m = build(space, jobs, options, exact, rules)
     built = time.perf_counter() - t0
     if not exact and sum(1 for xs in m.choices if xs) >= config.lp_first_min_jobs:
         lp = solve_lp(m, config.time_limit_s)
@@ -152,26 +169,45 @@ def place_jobs(
     config: SolverConfig,
     preferred: Mapping[str, Placement] = {},
     use_cpsat: bool = True,
+    rules: SiteRules | None = None,
 ) -> Result:
     """Choose at most one option per job and concrete nodes for each.
 
     The greedy plan is computed when needed: as CP-SAT's warm start, as the
     fallback, and to compare with a plan further than
     config.relative_gap_limit from the bound (it cannot gain more than that).
+
+    `rules` (siterules): the site's GPU limits bind every path (the model's
+    rows, the greedy plan, the repair); a plan is worth its value less
+    the cost of the GPUs it holds over a limit (only where the jobs that
+    must stay hold more than it allows already).
     """
     t0 = time.perf_counter()
     warm_plan: list[Chosen] = []
+    unit = rules.penalty_unit(options) if rules is not None and rules.buckets else 0
+    bonus = rules.share_bonus(options) if rules is not None else 0
 
     def warm() -> Chosen:
         if not warm_plan:
-            warm_plan.append(greedy(space, jobs, options, preferred))
+            warm_plan.append(greedy(space, jobs, options, preferred, Tally(rules) if rules is not None else None))
         return warm_plan[0]
+
+    def worth(chosen: Chosen) -> int:
+        total = value_of(chosen, space.links)
+        if unit:
+            tally = Tally(cast(SiteRules, rules))
+            for jid, (o, _, _) in chosen.items():
+                tally.add(jid, o.cell)
+            total -= unit * tally.over()
+        if bonus:
+            total += bonus * cast(SiteRules, rules).entitled_use((jid, o.cell) for jid, (o, _, _) in chosen.items())
+        return total
 
     exact = space.num_nodes <= config.exact_node_model_max_nodes
     solved = Solved(SolverStatus.NOT_RUN)
     if use_cpsat and any(options.values()):
         try:
-            solved = _solve(space, jobs, options, config, warm, exact)
+            solved = _solve(space, jobs, options, config, warm, exact, rules)
         except Exception as e:  # solver trouble must not leave the cluster without a plan
             solved = Solved(SolverStatus.ERROR, f"{type(e).__name__}: {e}")
     elif not any(options.values()):
@@ -180,21 +216,21 @@ def place_jobs(
     repaired: list[str] = []
     dropped: list[str] = []
     if solved.status.solved:
-        chosen, repaired, dropped = assign_nodes(space, jobs, options, solved)
+        chosen, repaired, dropped = assign_nodes(space, jobs, options, solved, rules)
         if (repaired or dropped) and exact:
             chosen, repaired, dropped = _exact_nodes(space, jobs, options, solved), [], []
         status = solved.status if not (repaired or dropped) else SolverStatus.FEASIBLE
         place_s = time.perf_counter() - t1
-        value = value_of(chosen, space.links)
-        if (warm_plan or max(solved.bound, value) - value > config.relative_gap_limit * value) and value_of(
-            warm(), space.links
+        value = worth(chosen)
+        if (warm_plan or max(solved.bound, value) - value > config.relative_gap_limit * value) and worth(
+            warm()
         ) > value:
             chosen, status = warm(), SolverStatus.GREEDY
-        objective = value_of(chosen, space.links)
+        objective = worth(chosen)
         bound = max(solved.bound, objective)
     else:
         chosen, status = warm(), SolverStatus.GREEDY
-        objective = bound = value_of(chosen, space.links)
+        objective = bound = worth(chosen)
         place_s = 0.0
     reasons = {
         j: "its cell could not be put on concrete nodes, and no other option fit" for j in dropped if j not in chosen

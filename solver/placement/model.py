@@ -48,7 +48,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -57,6 +57,9 @@ from solver.placement.greedy import Chosen
 from solver.placement.nodes import ClassKey
 from solver.placement.space import Space
 from solver.types import Cell, JobRequest
+
+if TYPE_CHECKING:
+    from solver.placement.siterules import SiteRules
 
 #: A node (exact model) or a class of nodes (aggregated).
 ShareKey = str | ClassKey
@@ -115,8 +118,11 @@ class Model:
     x: dict[tuple[str, int], int] = field(default_factory=dict)
     shares: dict[tuple[str, int], Shares] = field(default_factory=dict)
     slots: list[tuple[int, int, int, list[tuple[int, int]]]] = field(default_factory=list)  # k, f, L, pinned
-    #: network-card overflow columns: (o, {column: coefficient}, free cards)
+    #: network-card overflow columns: (o, {column: coefficient}, free cards); and the
+    #: slack of a GPU limit's row (_limit_rows): (s, {column: GPUs}, cap)
     overflow: list[tuple[int, dict[int, int], int]] = field(default_factory=list)
+    #: fair share's entitlement columns (_share_rows): (e, {x column: GPUs}); e <= its GPUs
+    bonus: list[tuple[int, dict[int, int]]] = field(default_factory=list)
     exact: bool = False
     #: x columns of free options that are their class's count too (one class, no other columns)
     lone: list[int] = field(default_factory=list)
@@ -150,18 +156,25 @@ def _acc(terms: dict[int, int], col: int, coef: int) -> None:
     terms[col] = terms.get(col, 0) + coef
 
 
-def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]], exact: bool) -> Model:
-    """The model of choosing options for `jobs` within `space` (see the module doc)."""
+def build(
+    space: Space,
+    jobs: Sequence[JobRequest],
+    options: Mapping[str, Sequence[Option]],
+    exact: bool,
+    rules: SiteRules | None = None,
+) -> Model:
+    """The model of choosing options for `jobs` within `space` (see the module
+    doc), with the GPU limits of the site's `rules` (siterules) as rows."""
     m = Model(exact=exact)
     node_terms: dict[str, dict[int, int]] = defaultdict(dict)
     class_terms: dict[ShareKey, list[tuple[int, int, int]]] = defaultdict(list)  # class -> [(g, column, multiplier)]
     pins: dict[str, list[tuple[int, int]]] = defaultdict(list)  # node -> [(GPUs, x column)]
-    groups_of: _GroupsOf = {}  # (partitions, type, GPUs per node) -> (classes, their nodes)
+    groups_of: _GroupsOf = {}  # (partitions, type, GPUs per node, blocked) -> (classes, their nodes)
     priced = any(o.nic_cost > 0 for opts in options.values() for o in opts)
     class_of = {n: c for c, names in space.classes.items() for n in names} if priced else {}
     # node (exact) or class -> ({column: shares}, [cost per share])
     cards: dict[ShareKey, tuple[dict[int, int], list[float]]] = defaultdict(lambda: ({}, []))
-    routes: dict[tuple[tuple[str, ...] | None, int], Route] = {}  # (partitions, id of a cell) -> _route
+    routes: dict[tuple[tuple[str, ...] | None, int, frozenset[str]], Route] = {}  # (partitions, id(cell), blocked)
     for job in jobs:
         ji = len(m.jobs)
         m.jobs.append(job.job_id)
@@ -180,10 +193,10 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
                         _card(cards[n if exact else class_of.get(n, n)], v, 1, o)
             else:
                 g = o.cell.gpus_per_node
-                key = (job.partitions, id(o.cell))  # the same Cell objects recur (memoised estimates)
+                key = (job.partitions, id(o.cell), o.blocked)  # the same Cell objects recur (memoised estimates)
                 route = routes.get(key)
                 if route is None:
-                    route = routes[key] = _route(space, job, o.cell, groups_of)
+                    route = routes[key] = _route(space, job, o.cell, groups_of, o.blocked)
                 if not route:
                     continue
                 if len(route) == 1 and not exact and len(route[0][1]) == 1:  # one class: x is its count
@@ -252,22 +265,98 @@ def build(space: Space, jobs: Sequence[JobRequest], options: Mapping[str, Sequen
             m.add_le(row, space.free[name])
     for sk, (card_terms, costs) in cards.items():
         _card_row(m, space, sk, card_terms, costs)
+    if rules is not None:
+        _limit_rows(m, jobs, options, rules)
+        _share_rows(m, jobs, options, rules)
     return m
 
 
-#: (partitions, GPU type, GPUs per node) -> (classes, their nodes)
-_GroupsOf = dict[tuple[tuple[str, ...] | None, str, int], tuple[list[ClassKey], int]]
+def _share_rows(
+    m: Model, jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]], rules: SiteRules
+) -> None:
+    """Fair share's entitlement bonus (siterules.share_bonus): per account
+    with a share and jobs here, a column e <= its entitlement, e <= the GPUs
+    its jobs hold (those that keep their placement, and the chosen
+    options), worth the bonus per GPU."""
+    bonus = rules.share_bonus(options)
+    if not bonus:
+        return
+    terms: dict[str, dict[int, int]] = defaultdict(dict)
+    for job in jobs:
+        a = rules.account_of.get(job.job_id)
+        if a is None:
+            continue
+        for k, o in enumerate(options.get(job.job_id, ())):
+            col = m.x.get((job.job_id, k))
+            if col is not None:
+                _acc(terms[a], col, o.cell.num_gpus)
+    for a, row in sorted(terms.items()):
+        held = rules.fixed_by_account.get(a, 0)
+        room = rules.entitled[a] - held
+        if room <= 0:
+            continue  # its fixed jobs fill its entitlement: no option adds to it
+        e = m.column(room, bonus)
+        m.bonus.append((e, row))
+        m.rows.append(Row([e, *row], [1, *(-g for g in row.values())], 0))
 
 
-def _route(space: Space, job: JobRequest, cell: Cell, groups_of: _GroupsOf) -> Route:
-    """(nodes, classes) per GPU type of a free option's cell; empty when some
-    type has too few nodes for it."""
+def _limit_rows(
+    m: Model, jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]], rules: SiteRules
+) -> None:
+    """One row per GPU limit bucket (siterules): its jobs' GPUs it counts <=
+    its cap. Where the jobs that must stay already hold more with the
+    options they have now, a slack column lets the row hold, at a cost per
+    GPU above what every option together is worth: the plan then holds as
+    few GPUs over the cap as it can (it shrinks elastic jobs, starts none)."""
+    terms: dict[str, dict[int, int]] = defaultdict(dict)
+    now: dict[str, int] = defaultdict(int)  # GPUs the jobs that must stay hold where they run
+    most: dict[str, int] = defaultdict(int)  # the most its jobs can hold (one option each)
+    stays = {m.jobs[ji] for ji in m.stays}
+    for job in jobs:
+        keys = rules.of_job.get(job.job_id, ())
+        if not keys:
+            continue
+        top: dict[str, int] = defaultdict(int)
+        for k, o in enumerate(options.get(job.job_id, ())):
+            col = m.x.get((job.job_id, k))
+            if col is None:
+                continue
+            for key in keys:
+                g = rules.buckets[key].gpus(o.cell)
+                if g:
+                    _acc(terms[key], col, g)
+                    top[key] = max(top[key], g)
+                    if o.pinned is not None and job.job_id in stays:
+                        now[key] += g
+        for key, g in top.items():
+            most[key] += g
+    unit = None
+    for key, row in sorted(terms.items()):
+        cap = rules.cap(key)
+        if most[key] <= cap:
+            continue  # no plan can break it
+        if now[key] > cap:
+            if unit is None:
+                unit = rules.penalty_unit(options)
+            s = m.column(now[key] - cap, -unit)
+            m.overflow.append((s, row, cap))  # the same role as a card's overflow: max(0, load - cap)
+            row = {**row, s: -1}
+        m.add_le(row, cap)
+
+
+#: (partitions, GPU type, GPUs per node, blocked marks) -> (classes, their nodes)
+_GroupsOf = dict[tuple[tuple[str, ...] | None, str, int, frozenset[str]], tuple[list[ClassKey], int]]
+
+
+def _route(space: Space, job: JobRequest, cell: Cell, groups_of: _GroupsOf, blocked: frozenset[str]) -> Route:
+    """(nodes, classes) per GPU type of a free option's cell, none marked
+    `blocked`; empty when some type has too few nodes for it."""
     out: Route = []
     for gpu_type, n_nodes in cell.by_type():
-        key = (job.partitions, gpu_type, cell.gpus_per_node)
+        key = (job.partitions, gpu_type, cell.gpus_per_node, blocked)
         found = groups_of.get(key)
         if found is None:
-            groups = space.classes_for(job, cell, gpu_type)
+            groups = space.classes_for(job, cell, gpu_type, blocked)
             found = groups_of[key] = (groups, sum(len(space.classes[c]) for c in groups))
         if found[1] < n_nodes:
             return []
@@ -362,4 +451,6 @@ def hint_values(
         vals[k] = max(0, (f - sum(u for u, v in pinned if vals[v])) // level)
     for o, terms, free in m.overflow:
         vals[o] = max(0, sum(a * vals[c] for c, a in terms.items()) - free)
+    for e, terms in m.bonus:
+        vals[e] = min(m.ub[e], sum(a * vals[c] for c, a in terms.items()))
     return vals

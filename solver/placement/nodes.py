@@ -25,6 +25,8 @@ from typing import Generic, TypeVar
 from solver.types import Cell, ClusterView, JobRequest, NodeView
 
 ClassKey = tuple[str, int, tuple[str, ...]]
+#: mark of a reserved node in its node class key (after its partitions): "@reservation:<name>"
+RESERVED = "@reservation:"
 #: a Ledger's node group (the solver's: a ClassKey)
 G = TypeVar("G", bound=Hashable)
 
@@ -43,8 +45,16 @@ def in_partition(cluster: ClusterView, node: NodeView, partition: str) -> bool:
     return partition in node.partitions or node.name in cluster.partitions.get(partition, ())
 
 
+def partitions_of(key_parts: tuple[str, ...]) -> tuple[str, ...]:
+    """A class key's partitions without its reservation marks."""
+    if key_parts and key_parts[-1].startswith(RESERVED):
+        return tuple(p for p in key_parts if not p.startswith(RESERVED))
+    return key_parts
+
+
 def eligible(job: JobRequest, parts: tuple[str, ...]) -> bool:
     """A job may use a node unless both name partitions and none is shared."""
+    parts = partitions_of(parts)
     return job.partitions is None or not parts or any(p in parts for p in job.partitions)
 
 
@@ -59,15 +69,19 @@ def common_partition(job: JobRequest, parts: Sequence[tuple[str, ...]]) -> tuple
     return False, None
 
 
-def node_classes(cluster: ClusterView, free: Mapping[str, int]) -> dict[ClassKey, list[str]]:
+def node_classes(
+    cluster: ClusterView, free: Mapping[str, int], marks: Mapping[str, tuple[str, ...]] = {}
+) -> dict[ClassKey, list[str]]:
     """Nodes with free GPUs grouped by (GPU type, free GPUs, partitions), in
-    cluster order; classes sorted."""
+    cluster order; classes sorted. A node's `marks` (its reservations) join
+    its partitions in the key: no partition is named like one, so they only
+    keep reserved nodes in classes of their own."""
     parts = node_partitions(cluster)
     groups: dict[ClassKey, list[str]] = {}
     for n in cluster.nodes:
         f = free.get(n.name, 0)
         if f > 0:
-            groups.setdefault((n.gpu_type, f, parts[n.name]), []).append(n.name)
+            groups.setdefault((n.gpu_type, f, parts[n.name] + marks.get(n.name, ())), []).append(n.name)
     return dict(sorted(groups.items()))
 
 

@@ -8,6 +8,7 @@ from solver.errors import SolverError
 from solver.mixed import task_stage_types
 from solver.placement.nodes import in_partition
 from solver.runtimes import get_runtime, plan_problem
+from solver.site import SitePolicy
 from solver.types import Cell, ClusterView, Estimate, JobRequest, ParallelPlan, Placement
 
 
@@ -45,7 +46,11 @@ def runtime_allows(job: JobRequest, est: Estimate) -> bool:
 
 
 def validate_plan(
-    cluster: ClusterView, placements: Mapping[str, Placement], jobs: Mapping[str, JobRequest] | None = None
+    cluster: ClusterView,
+    placements: Mapping[str, Placement],
+    jobs: Mapping[str, JobRequest] | None = None,
+    site: SitePolicy | None = None,
+    now: float = 0.0,
 ) -> None:
     """Raise PlacementError unless every placement is on existing nodes of its cell's
     GPU type, matches its cell's layout (num_nodes distinct nodes with
@@ -54,7 +59,10 @@ def validate_plan(
     one type in the cluster's node order (Slurm's task order), no node
     gives out more than its free GPUs, and (for the jobs in `jobs`, by id) the
     job's runtime carries its plan out (`runtime_problem`): whatever policy
-    chose it, no job is given a plan its code would ignore."""
+    chose it, no job is given a plan its code would ignore. With a `site`
+    policy (and `jobs`), neither may it break the site's hard rules
+    (siterules.site_problems: GPU limits, partition access, reservations
+    active at `now`)."""
     by_name = {n.name: n for n in cluster.nodes}
     order = {n.name: i for i, n in enumerate(cluster.nodes)}
     used: dict[str, int] = {}
@@ -100,3 +108,9 @@ def validate_plan(
     for name, g in sorted(used.items()):
         if g > by_name[name].gpus_free:
             raise PlacementError(f"node {name}: {g} GPUs planned, {by_name[name].gpus_free} free")
+    if site is not None and not site.empty and jobs is not None:
+        from solver.placement.siterules import site_problems  # siterules stands on this package
+
+        problems = site_problems(site, cluster, list(jobs.values()), placements, now)
+        if problems:
+            raise PlacementError("; ".join(problems))

@@ -45,8 +45,18 @@ from solver.cells import cap, enumerate_cells, frontier, optional_mixed_cells
 from solver.contention import duty, nic_by_type
 from solver.placement import Space, objective, place_jobs, split_fixed
 from solver.placement.candidates import Option, Pick, fits, make_options, option_picks
+from solver.placement.joint import Result
+from solver.placement.siterules import (
+    UNMANAGED_PREFIX,
+    SiteRules,
+    all_partitions,
+    allowed_partitions,
+    claim_jobs,
+    claiming,
+)
 from solver.placement.validate import runtime_allows
 from solver.policies.common import reply
+from solver.site import reason_no_cell, reason_outbid, reason_partition, reason_unmanaged
 from solver.types import (
     Cell,
     ClusterView,
@@ -54,6 +64,7 @@ from solver.types import (
     EstimatorLike,
     JobRequest,
     ParallelPlan,
+    Placement,
     ScheduleReply,
     ScheduleRequest,
     SolverConfig,
@@ -185,6 +196,10 @@ class CellschedPolicy:
         t0 = time.perf_counter()
         cfg, cluster = request.config, request.cluster
         fixed, jobs, reasons = split_fixed(cluster, _configured(request.jobs, cfg), self.elastic, cfg)
+        rules = None
+        if not request.site.empty:
+            rules = SiteRules(request.site, cluster, request.jobs, fixed, request.now)
+            jobs = _with_access(jobs, request, reasons)
         used: dict[str, int] = {}
         for p in fixed.values():
             for n, g in p.nodes:
@@ -210,12 +225,21 @@ class CellschedPolicy:
                     kept, u = kept + [cur], u + [objective.utility(job, cur, ref, cfg.fairness_p)]
             ests[job.job_id], utils[job.job_id] = kept, u
         weights = objective.job_weights(jobs, refs, request.now, cfg)
+        if rules is not None and rules.fair:
+            weights = {
+                jid: w * rules.fair.get(by_acct, 1.0)
+                for (jid, w), by_acct in zip(weights.items(), (j.account for j in jobs), strict=True)
+            }
         picks = {}
         by_name = {n.name: n for n in cluster.nodes}
         for job in jobs:
             ref = refs[job.job_id]
             if ref is None:
-                reasons[job.job_id] = "no feasible cell (every cell out of memory or without data)"
+                why = "no feasible cell (every cell out of memory or without data)"
+                if rules is None:
+                    reasons[job.job_id] = why
+                else:
+                    reasons.setdefault(job.job_id, reason_no_cell(why))
                 continue
             stay = job.current is not None and fits(by_name, job.current, used)
             picks[job.job_id] = option_picks(
@@ -237,18 +261,30 @@ class CellschedPolicy:
             jid: make_options(by_id[jid], ests[jid], ps, costs[jid] if costs is not None else None)
             for jid, ps in picks.items()
         }
+        preferred = {**request.previous, **{j.job_id: j.current for j in jobs if j.current}}
+        if rules is None:
+            t1 = time.perf_counter()
+            result = place_jobs(Space.of(cluster, fixed), jobs, options, cfg, preferred=preferred)
+            for job in jobs:
+                if job.job_id not in result.placements and job.job_id not in reasons:
+                    reasons[job.job_id] = "waiting: the GPUs are worth more to other jobs this round"
+            return reply(fixed, result, sum(len(v) for v in options.values()), reasons, t1 - t0)
+        allowed, held = rules.options(jobs, options, cfg)
+        reasons.update(held)
+        stand_ins, claims = claim_jobs(claiming(request.site, request.jobs), cluster, rules.penalty_unit(allowed))
         t1 = time.perf_counter()
         result = place_jobs(
-            Space.of(cluster, fixed),
-            jobs,
-            options,
+            Space.of(cluster, fixed, rules.marks),
+            [*jobs, *stand_ins],
+            {**allowed, **claims},
             cfg,
-            preferred={**request.previous, **{j.job_id: j.current for j in jobs if j.current}},
+            preferred=preferred,
+            rules=rules,
         )
-        for job in jobs:
-            if job.job_id not in result.placements and job.job_id not in reasons:
-                reasons[job.job_id] = "waiting: the GPUs are worth more to other jobs this round"
-        return reply(fixed, result, sum(len(v) for v in options.values()), reasons, t1 - t0)
+        with_claims = {**fixed, **result.placements}
+        result = _without_stand_ins(result, claims)
+        site_reasons(rules, jobs, allowed, with_claims, claims, reasons)
+        return reply(fixed, result, sum(len(v) for v in allowed.values()), reasons, t1 - t0)
 
 
 def price_cards(
@@ -399,6 +435,90 @@ class FreeNow:
             (i for i in pays if i != first), key=lambda i: (optional[i].cell.num_gpus, optional[i].iter_time_s)
         )
         return sorted([first, *rest[: MIXED_OFFERS - 1]])
+
+
+def _with_access(jobs: Sequence[JobRequest], request: ScheduleRequest, reasons: dict[str, str]) -> list[JobRequest]:
+    """The jobs with only the partitions their account and QOS may use
+    (SitePolicy.partition_access); a reason for those left with none."""
+    out = []
+    for job in jobs:
+        parts = allowed_partitions(job, request.site, request.cluster)
+        if parts != job.partitions:
+            if parts is not None and not parts:
+                asked = job.partitions if job.partitions is not None else all_partitions(request.cluster)
+                reasons[job.job_id] = reason_partition(job.account, job.qos, tuple(asked))
+            job = dataclasses.replace(job, partitions=parts)
+        out.append(job)
+    return out
+
+
+def _without_stand_ins(result: Result, claims: Mapping[str, Sequence[Option]]) -> Result:
+    """The plan without the stand-ins of pending plain sbatch jobs (their
+    GPUs stay free for Slurm to start them) nor their worth."""
+    if not claims:
+        return result
+    worth = 0.0
+    for jid in claims:
+        p = result.placements.get(jid)
+        if p is not None:
+            worth += next((o.value for o in claims[jid] if o.cell == p.cell), 0) / objective.SCALE
+    kept = {jid: p for jid, p in result.placements.items() if jid not in claims}
+    return dataclasses.replace(
+        result,
+        placements=kept,
+        objective=result.objective - worth,
+        bound=result.bound - worth,
+        reasons={k: v for k, v in result.reasons.items() if k not in claims},
+    )
+
+
+def site_reasons(
+    rules: SiteRules,
+    jobs: Sequence[JobRequest],
+    options: Mapping[str, Sequence[Option]],
+    placed: Mapping[str, Placement],
+    claims: Mapping[str, Sequence[Option]],
+    reasons: dict[str, str],
+) -> None:
+    """The binding constraint of each job left pending (solver.site's reason
+    forms): a limit its smallest option would break, a reservation that
+    keeps it off nodes, its account past its fair share, a pending plain
+    sbatch job that claims GPUs of its types, or the jobs that hold those
+    GPUs and are worth more."""
+    held = {jid: p for jid, p in placed.items() if not jid.startswith(UNMANAGED_PREFIX)}
+    loads = rules.loads(held)
+    by_account: dict[str, int] = {}
+    accounts = {j.job_id: j.account for j in jobs} | rules.account_of
+    for jid, p in held.items():
+        a = accounts.get(jid, "")
+        by_account[a] = by_account.get(a, 0) + p.cell.num_gpus
+    top: dict[str, list[tuple[float, str]]] = {}  # GPU type -> the most valuable jobs on it (-value, job)
+    for jid, p in held.items():
+        v = next((o.value for o in options.get(jid, ()) if o.cell == p.cell), 0) / objective.SCALE
+        for t, _ in p.cell.by_type():
+            top.setdefault(t, []).append((-v, jid))
+    top = {t: sorted(vs)[:3] for t, vs in top.items()}
+    by_claim = {UNMANAGED_PREFIX + u.job_id: u for u in rules.site.unmanaged}
+    claimed = {placed[cid].cell.gpu_type: by_claim[cid] for cid in claims if cid in placed}
+    for job in jobs:
+        jid = job.job_id
+        if jid in placed or jid in reasons:
+            continue
+        opts = options.get(jid, ())
+        smallest = min((o.cell for o in opts), key=lambda c: c.num_gpus, default=None)
+        types = sorted({t for o in opts for t, _ in o.cell.by_type()})
+        why = rules.limit_reason(job, loads, smallest) or rules.held_off.get(jid) or rules.fair_reason(job, by_account)
+        u = next((claimed[t] for t in types if t in claimed), None)
+        if why is None and u is not None:
+            why = reason_unmanaged(u.job_id, u.priority, u.gpus, u.gpu_type)
+        if why is None:
+            rivals = sorted({r for t in types for r in top.get(t, ())})[:3]
+            why = (
+                reason_outbid(tuple((j, -v) for v, j in rivals))
+                if rivals
+                else reason_no_cell("no free GPUs of its types")
+            )
+        reasons[jid] = why
 
 
 def _configured(jobs: Sequence[JobRequest], cfg: SolverConfig) -> Sequence[JobRequest]:

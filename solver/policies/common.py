@@ -8,7 +8,17 @@ from collections.abc import Callable, Mapping
 
 from solver.placement import Result
 from solver.placement.validate import runtime_allows
-from solver.types import Cell, ClusterView, Estimate, EstimatorLike, JobRequest, ParallelPlan, Placement, ScheduleReply
+from solver.types import (
+    Cell,
+    ClusterView,
+    Estimate,
+    EstimatorLike,
+    JobRequest,
+    ParallelPlan,
+    Placement,
+    ScheduleReply,
+    ScheduleRequest,
+)
 
 #: `feasible(job, cell) -> bool`: an extra rule a baseline must respect
 #: (e.g. Arena's dp_mem memory test); None accepts every cell.
@@ -63,10 +73,14 @@ def reply(
     num_cells: int,
     reasons: Mapping[str, str],
     extra_build_s: float = 0.0,
+    request: ScheduleRequest | None = None,
 ) -> ScheduleReply:
+    """The policy's reply; with its `request`, kept within the site's hard
+    rules (siterules.enforce_site: GPU limits, partition access, active
+    reservations), whatever the policy chose (unchanged without a site policy)."""
     placements = {**fixed, **result.placements}
     why = {k: v for k, v in {**reasons, **result.reasons}.items() if k not in placements}
-    return ScheduleReply(
+    out = ScheduleReply(
         placements,
         result.status,
         result.objective,
@@ -77,3 +91,8 @@ def reply(
         why,
         result.place_s,
     )
+    if request is None or request.site.empty:
+        return out
+    from solver.placement.siterules import enforce_site
+
+    return enforce_site(request, out)

@@ -78,4 +78,5 @@ class FcfsPolicy:
             cells,
             reasons,
             dt,
+            request,
         )

@@ -162,4 +162,4 @@ class GavelPolicy:
         result = Result(
             placed, SolverStatus.HEURISTIC, fair, fair, solve_s=t1 - t_est, place_s=time.perf_counter() - t1
         )
-        return reply(fixed, result, sum(len(v) for v in ests.values()), reasons, t_est - t0)
+        return reply(fixed, result, sum(len(v) for v in ests.values()), reasons, t_est - t0, request)

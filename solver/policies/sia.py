@@ -91,7 +91,7 @@ class SiaPolicy:
         for job in jobs:
             if job.job_id not in result.placements and job.job_id not in reasons:
                 reasons[job.job_id] = "waiting: not chosen by the goodput ILP this round"
-        return reply(fixed, result, sum(len(v) for v in options.values()), reasons, t1 - t0)
+        return reply(fixed, result, sum(len(v) for v in options.values()), reasons, t1 - t0, request)
 
 
 def _used(fixed: Mapping[str, Placement]) -> dict[str, int]:

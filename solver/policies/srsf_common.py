@@ -288,6 +288,7 @@ class SrsfPolicy:
             cells,
             reasons,
             dt,
+            request,
         )
 
     def _place(self, state: RoundState, item: Pending) -> tuple[Placement | None, str]:

@@ -1,0 +1,513 @@
+"""The site's policy (solver.site) in a placement round: GPU limits as rows
+of the joint model and checks of every other path, partition access,
+reservations, time limits, fair-share weights and the GPUs pending plain
+sbatch jobs claim (docs/site-policy.md).
+
+Limits. A `GpuLimit` becomes one or more *buckets*: the jobs it binds
+together (all of them for GrpTRES; one bucket per user for MaxTRESPerUser
+and for a QOS's per-user limit; MaxTRESPerJob caps each job's options and
+has no bucket). A bucket's row in the joint model is
+
+    sum over options o of its jobs: GPUs of o counted by the limit * x[o]  <=  headroom - fixed
+
+(`fixed`: the GPUs its jobs that keep their placement hold). Where the
+running jobs that must stay already hold more than that (a limit lowered
+under them), the row gets a slack column that costs more than any plan can
+gain: the plan then shrinks the elastic ones as far as it can, grows none,
+and starts nothing else under that limit. The greedy plan and the repair
+of a CP-SAT plan check the same caps (`Tally`); `site_problems` is the
+guard every policy's plan can be checked with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from solver.models import ModelSpec
+from solver.placement.candidates import Option
+from solver.placement.nodes import RESERVED, node_partitions
+from solver.site import (
+    GpuLimit,
+    LimitKind,
+    LimitScope,
+    Reservation,
+    SitePolicy,
+    UnmanagedDemand,
+    reason_fairshare,
+    reason_limit,
+    reason_partition,
+    reason_reservation,
+)
+from solver.types import (
+    Cell,
+    ClusterView,
+    JobRequest,
+    ParallelPlan,
+    Placement,
+    ScheduleReply,
+    ScheduleRequest,
+    SolverConfig,
+)
+
+#: fair-share factors are kept in [FAIR_FLOOR, 1]
+FAIR_FLOOR = 1 / 64
+#: job ids of the stand-ins for pending plain sbatch jobs (`claim_jobs`)
+UNMANAGED_PREFIX = "@unmanaged:"
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """The jobs one limit binds together: all of them, or one user's (`user`)."""
+
+    limit: GpuLimit
+    user: str | None = None
+
+    @property
+    def key(self) -> str:
+        return self.limit.key + (f"/{self.user}" if self.user is not None else "")
+
+    def gpus(self, cell: Cell) -> int:
+        """The GPUs of `cell` the limit counts (those of its GPU type, or all)."""
+        t = self.limit.gpu_type
+        return sum(n * cell.gpus_per_node for ct, n in cell.by_type() if t is None or ct == t)
+
+    def reason(self, used: int) -> str:
+        return reason_limit(self.limit, used, self.user)
+
+
+def binds(limit: GpuLimit, job: JobRequest) -> bool:
+    """Does `limit` bind `job`? ACCOUNT: its account; USER: "account/user";
+    QOS: its QOS; QOS_PER_USER: its QOS (name "qos"), or its QOS and user
+    (name "qos/user"); PARTITION: every job that may run in the partition
+    (named among its partitions, or none named)."""
+    s, name = limit.scope, limit.name
+    if s == LimitScope.ACCOUNT:
+        return bool(job.account) and job.account == name
+    if s == LimitScope.USER:
+        return f"{job.account}/{job.user}" == name
+    if s == LimitScope.QOS:
+        return bool(job.qos) and job.qos == name
+    if s == LimitScope.QOS_PER_USER:
+        return f"{job.qos}/{job.user}" == name if "/" in name else bool(job.qos) and job.qos == name
+    return job.partitions is None or name in job.partitions
+
+
+def bucket_of(limit: GpuLimit, job: JobRequest) -> Bucket | None:
+    """The bucket of `limit` that counts `job`'s GPUs (None: it does not bind
+    the job, or it is a per-job limit)."""
+    if limit.kind == LimitKind.PER_JOB or not binds(limit, job):
+        return None
+    per_user = limit.kind == LimitKind.PER_USER or limit.scope == LimitScope.QOS_PER_USER
+    return Bucket(limit, job.user if per_user and "/" not in limit.name else None)
+
+
+def _placement_gpus(p: Placement) -> int:
+    return sum(g for _, g in p.nodes)
+
+
+def all_partitions(cluster: ClusterView) -> tuple[str, ...]:
+    return tuple(sorted({p for ps in node_partitions(cluster).values() for p in ps} | set(cluster.partitions)))
+
+
+def allowed_partitions(job: JobRequest, site: SitePolicy, cluster: ClusterView) -> tuple[str, ...] | None:
+    """The job's partitions less those whose PartitionAccess refuses its
+    account and QOS (unchanged when none refuses it)."""
+    if not site.partition_access:
+        return job.partitions
+    names = job.partitions if job.partitions is not None else all_partitions(cluster)
+    keep = tuple(
+        p for p in names if p not in site.partition_access or site.partition_access[p].allows(job.account, job.qos)
+    )
+    return job.partitions if len(keep) == len(names) else keep
+
+
+def fair_factors(site: SitePolicy, alloc: Mapping[str, float]) -> dict[str, float]:
+    """Fair-share factor per account with a share: F = 2 ** (-u / s), u the
+    larger of its decayed usage (SitePolicy.usage) and its share of the
+    cluster's GPUs its managed jobs hold now (`alloc`), s its share;
+    divided by the largest F, kept >= FAIR_FLOOR."""
+    raw: dict[str, float] = {}
+    for acct, share in site.shares.items():
+        u = max(site.usage.get(acct, 0.0), alloc.get(acct, 0.0))
+        raw[acct] = 2.0 ** (-u / share) if share > 0 else (1.0 if u <= 0 else 0.0)
+    top = max(raw.values(), default=1.0)
+    return {a: max(FAIR_FLOOR, f / top) if top > 0 else 1.0 for a, f in raw.items()}
+
+
+class SiteRules:
+    """The site policy of one round, against the round's jobs and cluster."""
+
+    def __init__(
+        self,
+        site: SitePolicy,
+        cluster: ClusterView,
+        jobs: Sequence[JobRequest],
+        fixed: Mapping[str, Placement],
+        now: float,
+    ) -> None:
+        self.site, self.cluster, self.now = site, cluster, now
+        self.buckets: dict[str, Bucket] = {}
+        self.of_job: dict[str, list[str]] = {}
+        self.per_job: dict[str, list[GpuLimit]] = {}
+        self.fixed_load: dict[str, int] = {}
+        self.current_load: dict[str, int] = {}
+        for job in jobs:
+            keys = []
+            for lim in site.limits:
+                if lim.kind == LimitKind.PER_JOB:
+                    if binds(lim, job):
+                        self.per_job.setdefault(job.job_id, []).append(lim)
+                    continue
+                b = bucket_of(lim, job)
+                if b is None or b.key in keys:
+                    continue
+                self.buckets.setdefault(b.key, b)
+                keys.append(b.key)
+                cur = fixed.get(job.job_id) or job.current
+                if cur is not None:
+                    self.current_load[b.key] = self.current_load.get(b.key, 0) + b.gpus(cur.cell)
+                if job.job_id in fixed:
+                    self.fixed_load[b.key] = self.fixed_load.get(b.key, 0) + b.gpus(fixed[job.job_id].cell)
+            self.of_job[job.job_id] = keys
+        total = sum(n.gpus_total for n in cluster.nodes) or 1
+        alloc: dict[str, float] = {}
+        for job in jobs:
+            cur = fixed.get(job.job_id) or job.current
+            if cur is not None and job.account:
+                alloc[job.account] = alloc.get(job.account, 0.0) + _placement_gpus(cur) / total
+        self.alloc = alloc
+        self.fair = fair_factors(site, alloc)
+        #: account -> the GPUs its share entitles it to (share x the cluster's GPUs)
+        self.entitled = {a: round(s * total) for a, s in site.shares.items() if s > 0}
+        self.account_of = {j.job_id: j.account for j in jobs if j.account in self.entitled}
+        #: account -> the GPUs its jobs that keep their placement hold
+        self.fixed_by_account: dict[str, int] = {}
+        for jid, p in fixed.items():
+            a = self.account_of.get(jid)
+            if a is not None:
+                self.fixed_by_account[a] = self.fixed_by_account.get(a, 0) + _placement_gpus(p)
+        self.total_gpus = total
+        self.marks: dict[str, tuple[str, ...]] = {}
+        self.reservations = {r.name: r for r in site.reservations if r.end is None or r.end > now}
+        #: job -> the reservation reason of its first option kept off reserved nodes (`options`)
+        self.held_off: dict[str, str] = {}
+        for r in self.reservations.values():
+            for n in r.nodes:
+                self.marks[n] = (*self.marks.get(n, ()), RESERVED + r.name)
+
+    # ---- limits
+    def cap(self, key: str) -> int:
+        """GPUs the movable jobs of a bucket may hold together this round."""
+        return self.buckets[key].limit.headroom - self.fixed_load.get(key, 0)
+
+    def job_cap(self, job: JobRequest, cell: Cell) -> GpuLimit | None:
+        """The per-job limit (MaxTRESPerJob) `cell` breaks, or None."""
+        for lim in self.per_job.get(job.job_id, ()):
+            if Bucket(lim).gpus(cell) > lim.headroom:
+                return lim
+        return None
+
+    def share_bonus(self, options: Mapping[str, Sequence[Option]]) -> int:
+        """What each GPU an account holds within its entitlement adds to a
+        plan's worth (0 without shares): more than any one option is worth,
+        so a plan first gives each account with demand as much of its
+        entitlement as it can use, then lends what is left."""
+        if not self.entitled:
+            return 0
+        return 1 + max((o.value for opts in options.values() for o in opts), default=0)
+
+    def penalty_unit(self, options: Mapping[str, Sequence[Option]]) -> int:
+        """What one GPU over a limit costs: more than every option together
+        is worth, with every entitlement bonus."""
+        top = sum(max((o.value for o in opts), default=0) for opts in options.values())
+        return 1 + top + self.share_bonus(options) * self.total_gpus
+
+    def entitled_use(self, chosen: Iterable[tuple[str, Cell]]) -> int:
+        """GPUs the accounts hold within their entitlements, with these (job, cell) choices."""
+        used = dict(self.fixed_by_account)
+        for jid, cell in chosen:
+            a = self.account_of.get(jid)
+            if a is not None:
+                used[a] = used.get(a, 0) + cell.num_gpus
+        return sum(min(e, used.get(a, 0)) for a, e in self.entitled.items())
+
+    # ---- reservations and time limits
+    def est_end(self, job: JobRequest, o: Option, moved: bool, config: SolverConfig) -> float:
+        """When the job would end with option `o`: now + its remaining
+        iterations x the option's iteration time (+ its restart cost when it
+        moves a running job), or earlier at its time limit."""
+        restart = 0.0
+        if moved and job.current is not None:
+            restart = job.restart_cost_s if job.restart_cost_s is not None else config.default_restart_cost_s
+        end = self.now + restart + job.remaining_iterations * o.iter_time_s
+        deadline = _deadline(job, self.now)
+        return min(end, deadline) if deadline is not None else end
+
+    def blocked(self, job: JobRequest, o: Option, config: SolverConfig) -> tuple[frozenset[str], Reservation | None]:
+        """The reservation marks whose nodes option `o` may not use, and the
+        first such reservation: one that does not admit the job and is
+        active now, or opens before the job's estimated end."""
+        if not self.reservations or o.pinned is not None:
+            return frozenset(), None
+        end = self.est_end(job, o, job.current is not None, config)
+        out, first = set(), None
+        for r in self.reservations.values():
+            if r.admits(job.account, job.user, job.reservation):
+                continue
+            if r.start <= self.now or end > r.start:
+                out.add(RESERVED + r.name)
+                first = first or r
+        return frozenset(out), first
+
+    def move_misses_limit(self, job: JobRequest, o: Option, config: SolverConfig) -> bool:
+        """True when moving the running job to option `o` would make it miss
+        its time limit while it would finish within it where it runs."""
+        cur, deadline = job.current, _deadline(job, self.now)
+        if cur is None or deadline is None or o.pinned is not None:
+            return False
+        if self.now + job.remaining_iterations * cur.iter_time_s > deadline:
+            return False  # it misses it anyway: the move is not what makes it miss it
+        restart = job.restart_cost_s if job.restart_cost_s is not None else config.default_restart_cost_s
+        return self.now + restart + job.remaining_iterations * o.iter_time_s > deadline
+
+    def options(
+        self, jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]], config: SolverConfig
+    ) -> tuple[dict[str, list[Option]], dict[str, str]]:
+        """The options the site allows (per-job caps, moves within time
+        limits; `blocked` reservation marks set), and a reason for each job
+        left with none."""
+        out: dict[str, list[Option]] = {}
+        why: dict[str, str] = {}
+        by_id = {j.job_id: j for j in jobs}
+        for jid, opts in options.items():
+            job = by_id[jid]
+            kept: list[Option] = []
+            for o in opts:
+                lim = self.job_cap(job, o.cell)
+                if lim is not None and o.pinned is None:
+                    why.setdefault(jid, reason_limit(lim, Bucket(lim).gpus(o.cell)))
+                    continue
+                if self.move_misses_limit(job, o, config):
+                    continue
+                marks, res = self.blocked(job, o, config)
+                if marks:
+                    o = replace(o, blocked=marks)
+                    if res is not None and jid not in why:
+                        why[jid] = reason_reservation(res.name, res.start, self.est_end(job, o, False, config))
+                kept.append(o)
+            out[jid] = kept
+        self.held_off = {j: w for j, w in why.items() if w.startswith("reservation ")}
+        return out, {j: w for j, w in why.items() if not out.get(j)}
+
+    def fair_reason(self, job: JobRequest, held: Mapping[str, int]) -> str | None:
+        """``fairshare ...`` when the job's account is at or past its share:
+        its decayed usage, or the GPUs it holds in the plan (`held`, per
+        account) over the cluster's."""
+        share = self.site.shares.get(job.account)
+        if share is None:
+            return None
+        u = max(self.site.usage.get(job.account, 0.0), held.get(job.account, 0) / max(self.total_gpus, 1))
+        return reason_fairshare(job.account, u, share) if u >= share else None
+
+    def limit_reason(self, job: JobRequest, loads: Mapping[str, int], min_cell: Cell | None) -> str | None:
+        """``limit ...`` for the first bucket of the job that its smallest
+        cell would put over its limit, given the plan's `loads` (`loads`)."""
+        if min_cell is None:
+            return None
+        for key in self.of_job.get(job.job_id, ()):
+            b = self.buckets[key]
+            used = loads.get(key, 0) + b.limit.used_outside
+            if used + b.gpus(min_cell) > b.limit.gpus:
+                return b.reason(used)
+        return None
+
+    def loads(self, placed: Mapping[str, Placement]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for jid, p in placed.items():
+            for key in self.of_job.get(jid, ()):
+                out[key] = out.get(key, 0) + self.buckets[key].gpus(p.cell)
+        return out
+
+
+def _deadline(job: JobRequest, now: float) -> float | None:
+    """When Slurm ends the job at its time limit (from its start; a pending
+    job: from now)."""
+    if job.time_limit_s is None:
+        return None
+    start = job.running_since if job.current is not None and job.running_since is not None else now
+    return start + job.time_limit_s
+
+
+class Tally:
+    """The GPUs each bucket holds in a plan being built (greedy, repair)."""
+
+    def __init__(self, rules: SiteRules) -> None:
+        self.rules = rules
+        self.load: dict[str, int] = {}
+
+    def fits(self, job_id: str, cell: Cell) -> bool:
+        r = self.rules
+        return all(
+            self.load.get(k, 0) + r.buckets[k].gpus(cell) <= r.cap(k)
+            for k in r.of_job.get(job_id, ())
+            if r.buckets[k].gpus(cell)
+        )
+
+    def add(self, job_id: str, cell: Cell, sign: int = 1) -> None:
+        r = self.rules
+        for k in r.of_job.get(job_id, ()):
+            self.load[k] = self.load.get(k, 0) + sign * r.buckets[k].gpus(cell)
+
+    def over(self) -> int:
+        """GPUs over the caps, all buckets together."""
+        return sum(max(0, v - self.rules.cap(k)) for k, v in self.load.items())
+
+
+def site_problems(
+    site: SitePolicy,
+    cluster: ClusterView,
+    jobs: Sequence[JobRequest],
+    placements: Mapping[str, Placement],
+    now: float = 0.0,
+) -> list[str]:
+    """What in a plan breaks the site's hard rules: a bucket over its limit
+    (unless no higher than the GPUs its jobs hold now: a limit lowered under
+    running jobs), a job over its per-job limit, a placement in a partition
+    its account may not use, or on nodes of a reservation active at `now`
+    that does not admit it (the last three unless the job keeps its
+    placement). Empty: none. (A reservation that opens later is checked
+    where the estimates are: a plan alone does not say when a job ends.)"""
+    if site.empty:
+        return []
+    rules = SiteRules(site, cluster, jobs, {}, 0.0)
+    by_id = {j.job_id: j for j in jobs}
+    out: list[str] = []
+    loads = rules.loads(placements)
+    for key, load in sorted(loads.items()):
+        b = rules.buckets[key]
+        allowed = max(b.limit.headroom, rules.current_load.get(key, 0))
+        if load > allowed:
+            out.append(f"{b.reason(load + b.limit.used_outside)} planned ({allowed} allowed to managed jobs)")
+    parts = node_partitions(cluster)
+    for jid, p in sorted(placements.items()):
+        job = by_id.get(jid)
+        if job is None:
+            continue
+        stays = job.current is not None and p.same_resources(job.current)
+        lim = rules.job_cap(job, p.cell)
+        if lim is not None and not stays:
+            out.append(f"job {jid}: {reason_limit(lim, Bucket(lim).gpus(p.cell))} for one job")
+        if site.partition_access and not stays:
+            allowed_parts = allowed_partitions(job, site, cluster)
+            if allowed_parts is not None and not _in_some(p, parts, allowed_parts):
+                out.append(f"job {jid}: {reason_partition(job.account, job.qos, tuple(sorted(set(allowed_parts))))}")
+        if not stays:
+            for r in site.reservations:
+                active = r.start <= now and (r.end is None or r.end > now)
+                if active and not r.admits(job.account, job.user, job.reservation) and set(p.node_names) & set(r.nodes):
+                    out.append(f"job {jid}: on nodes of reservation {r.name}, which does not admit it")
+                    break
+    return out
+
+
+def _in_some(p: Placement, parts: Mapping[str, tuple[str, ...]], allowed: tuple[str, ...]) -> bool:
+    """Does the placement lie in one of the allowed partitions (its own, or one holding all its nodes)?"""
+    if p.partition is not None:
+        return p.partition in allowed
+    node_parts = [parts.get(n, ()) for n in p.node_names]
+    if all(not ps for ps in node_parts):
+        return True
+    return any(all(a in ps or not ps for ps in node_parts) for a in allowed)
+
+
+# ---- pending plain sbatch jobs
+
+
+def claiming(site: SitePolicy, jobs: Sequence[JobRequest]) -> list[UnmanagedDemand]:
+    """The pending plain sbatch jobs that claim GPUs this round: those whose
+    Slurm priority is higher than some managed job's in the round."""
+    if not site.unmanaged or not jobs:
+        return []
+    lowest = min(j.priority for j in jobs)
+    return sorted(
+        (u for u in site.unmanaged if u.priority > lowest), key=lambda u: (-u.priority, u.submit_time, u.job_id)
+    )
+
+
+_STAND_IN = ModelSpec("unmanaged", "custom", 1, 1, 1, 1, 1, 2.0)
+
+
+def claim_jobs(
+    claims: Sequence[UnmanagedDemand], cluster: ClusterView, value: int
+) -> tuple[list[JobRequest], dict[str, list[Option]]]:
+    """Stand-ins for the claiming jobs: each a job of fixed shape (its nodes
+    x GPUs per node, on its GPU type or any, in its partitions) whose one
+    option per GPU type is worth `value` (more than every managed option
+    together, the higher priority first), so the joint model places it
+    first and the managed jobs fit around it; the stand-ins' placements are
+    dropped from the plan, leaving those GPUs free for Slurm to start them."""
+    jobs: list[JobRequest] = []
+    options: dict[str, list[Option]] = {}
+    for rank, u in enumerate(claims):
+        nodes = max(1, u.nodes)
+        if u.gpus < 1 or u.gpus % nodes:
+            continue
+        per = u.gpus // nodes
+        jid = UNMANAGED_PREFIX + u.job_id
+        types = (u.gpu_type,) if u.gpu_type else cluster.gpu_types()
+        job = JobRequest(jid, _STAND_IN, 1, 1, partitions=u.partitions or None, account=u.account, priority=u.priority)
+        opts = [
+            Option(jid, Cell(t, nodes, per), ParallelPlan(1, u.gpus, 1), 1.0, value * (len(claims) - rank))
+            for t in types
+            if any(n.gpus_total >= per for n in cluster.nodes_of(t))
+        ]
+        if opts:
+            jobs.append(job)
+            options[jid] = opts
+    return jobs, options
+
+
+def enforce_site(request: ScheduleRequest, reply: ScheduleReply) -> ScheduleReply:
+    """`reply` within the site's hard rules (`site_problems`), whatever
+    policy made it: a running job that changed placement where the change
+    breaks a rule keeps its current one instead; a pending job that breaks
+    one stays pending (under an over-full limit, the lowest Slurm priority,
+    then the latest submitted, then the last in the request, first), with the rule as its reason. The
+    reply as it is when nothing breaks (always, with an empty SitePolicy)."""
+    site = request.site
+    if site.empty or not site_problems(site, request.cluster, request.jobs, reply.placements, request.now):
+        return reply
+    plan = dict(reply.placements)
+    reasons = dict(reply.reasons)
+    by_id = {j.job_id: j for j in request.jobs}
+
+    def undo(jid: str, why: str) -> None:
+        job = by_id[jid]
+        if job.current is not None:
+            plan[jid] = job.current
+        else:
+            plan.pop(jid, None)
+            reasons[jid] = why
+
+    rules = SiteRules(site, request.cluster, request.jobs, {}, request.now)
+    index = {j.job_id: i for i, j in enumerate(request.jobs)}
+    order = sorted(
+        (jid for jid in plan if jid in by_id), key=lambda j: (by_id[j].priority, -by_id[j].submit_time, -index[j])
+    )
+    for jid in order:  # per-job rules first (they do not depend on the others)
+        alone = site_problems(site, request.cluster, [by_id[jid]], {jid: plan[jid]}, request.now)
+        if alone:
+            undo(jid, alone[0])
+    for key, b in sorted(rules.buckets.items()):
+        allowed = max(b.limit.headroom, rules.current_load.get(key, 0))
+        for jid in order:
+            load = rules.loads(plan).get(key, 0)
+            if load <= allowed:
+                break
+            p = plan.get(jid)
+            if p is None or key not in rules.of_job.get(jid, ()) or by_id[jid].current is p:
+                continue
+            undo(jid, b.reason(load + b.limit.used_outside))
+    return dataclasses.replace(reply, placements=plan, reasons={k: v for k, v in reasons.items() if k not in plan})
