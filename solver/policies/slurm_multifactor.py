@@ -23,7 +23,8 @@ requested_gpus, else the first allowed type and min_gpus), best locality
 first as FCFS does (`common.layouts`). A job that would put an account,
 user or QOS over a GPU limit of SitePolicy.limits (headroom: the limit less
 `used_outside`) does not start, and holds nothing: it waits, as Slurm's
-AssocGrpGRES / QOSMaxGRESPerUser reasons do, and the jobs behind it go on.
+AssocGrpGRES / QOSMaxGRESPerUser reasons do, and the jobs behind it go on
+(its reason: solver.site.reason_limit).
 Otherwise the job's expected start is the earliest time at which a layout
 fits the nodes' free GPUs over the whole of its expected run, counting the
 running jobs' expected ends and the reservations of higher-priority jobs;
@@ -50,9 +51,10 @@ from dataclasses import dataclass
 from solver.placement import Result, Space, split_fixed
 from solver.placement.candidates import Option
 from solver.placement.greedy import try_place
+from solver.placement.siterules import Bucket, binds, bucket_of
 from solver.policies.common import Feasible, dp_estimate, layouts, reply
 from solver.policies.fcfs import requested
-from solver.site import GpuLimit, LimitKind, LimitScope, SitePolicy
+from solver.site import GpuLimit, LimitKind, SitePolicy, reason_limit
 from solver.types import (
     Cell,
     EstimatorLike,
@@ -99,56 +101,37 @@ def multifactor_priority(
     return weights.age * age + weights.fairshare * fairshare_factor(job.account, site) + weights.job_size * size
 
 
-def binds(limit: GpuLimit, job: JobRequest) -> str | None:
-    """The group `limit` counts `job` in (None: it does not bind the job).
-    Jobs of one group share the limit; a per-job limit's group is the job."""
-    scope, name = limit.scope, limit.name
-    hit = (
-        (scope == LimitScope.ACCOUNT and job.account == name)
-        or (scope == LimitScope.USER and f"{job.account}/{job.user}" == name)
-        or (scope in (LimitScope.QOS, LimitScope.QOS_PER_USER) and job.qos == name)
-        or (scope == LimitScope.PARTITION and job.partitions is not None and name in job.partitions)
-    )
-    if not hit:
-        return None
-    if limit.kind == LimitKind.PER_JOB:
-        return f"job:{job.job_id}"
-    if limit.kind == LimitKind.PER_USER or scope == LimitScope.QOS_PER_USER:
-        return f"user:{job.user}"
-    return "all"
-
-
 class LimitBook:
-    """The GPUs each limit's groups hold (running jobs and those started this round)."""
+    """The GPUs each limit's buckets hold (running jobs and those started
+    this round); which jobs a limit binds is solver.placement.siterules'."""
 
     def __init__(self, limits: Sequence[GpuLimit]) -> None:
         self.limits = tuple(limits)
-        self.used: dict[tuple[str, str], int] = {}
-
-    @staticmethod
-    def _gpus(limit: GpuLimit, cell: Cell) -> int:
-        if limit.gpu_type is None:
-            return cell.num_gpus
-        return sum(n * cell.gpus_per_node for t, n in cell.parts if t == limit.gpu_type)
+        self.used: dict[str, int] = {}
 
     def blocking(self, job: JobRequest, cell: Cell) -> str | None:
-        """The first limit `job` in `cell` would exceed, with its numbers (None: none)."""
+        """The reason (solver.site.reason_limit) of the first limit `job` in
+        `cell` would exceed (None: none)."""
         for lim in self.limits:
-            group = binds(lim, job)
-            if group is None:
+            if lim.kind == LimitKind.PER_JOB:
+                want = Bucket(lim).gpus(cell)
+                if binds(lim, job) and want > lim.gpus:
+                    return reason_limit(lim, want)
                 continue
-            want = self._gpus(lim, cell)
-            have = self.used.get((lim.key, group), 0)
+            bucket = bucket_of(lim, job)
+            if bucket is None:
+                continue
+            have = self.used.get(bucket.key, 0)
+            want = bucket.gpus(cell)
             if want and have + want > lim.headroom:
-                return f"limit {lim.key}: {have} + {want} GPUs > {lim.headroom} allowed"
+                return bucket.reason(have + lim.used_outside)
         return None
 
     def add(self, job: JobRequest, cell: Cell) -> None:
         for lim in self.limits:
-            group = binds(lim, job)
-            if group is not None:
-                k = (lim.key, group)
-                self.used[k] = self.used.get(k, 0) + self._gpus(lim, cell)
+            bucket = bucket_of(lim, job)
+            if bucket is not None:
+                self.used[bucket.key] = self.used.get(bucket.key, 0) + bucket.gpus(cell)
 
 
 class Profile:
@@ -260,7 +243,7 @@ class SlurmMultifactorPolicy:
                 continue
             blocked = book.blocking(job, options[0].cell)
             if blocked is not None:
-                reasons[job.job_id] = f"waiting: {blocked}"
+                reasons[job.job_id] = blocked
                 continue
             best = self._earliest(profile, cluster.nodes_of(gpu_type), job, options)
             if best is None:
@@ -291,6 +274,7 @@ class SlurmMultifactorPolicy:
             cells,
             reasons,
             dt,
+            request,
         )
 
     def _earliest(

@@ -140,7 +140,7 @@ def test_an_account_limit_is_hard_and_holds_nothing():
     other = job("other", 4, 10, account="y")  # lower priority; the blocked job reserves nothing
     rep = schedule(cluster, [r, big, small, other], site)
     assert set(rep.placements) == {"r", "small", "other"}
-    assert rep.reasons["big"] == "waiting: limit account:x:GrpTRES: 2 + 4 GPUs > 4 allowed"
+    assert rep.reasons["big"] == "limit account:x GrpTRES gres/gpu used 2/4"
 
 
 def test_limit_headroom_counts_gpus_used_outside_and_per_user_qos_limits():
@@ -154,11 +154,12 @@ def test_limit_headroom_counts_gpus_used_outside_and_per_user_qos_limits():
     u3 = job("u3", 2, 10, account="y", user="bob", qos="normal", submit_time=3.0)
     rep = schedule(cluster, [a, u1, u2, u3], site)
     assert set(rep.placements) == {"u1", "u3"}
-    assert "account:x:GrpTRES: 0 + 2 GPUs > 1 allowed" in rep.reasons["a"]
-    assert "qos-per-user:normal:MaxTRESPerUser: 2 + 1 GPUs > 2 allowed" in rep.reasons["u2"]
+    assert rep.reasons["a"] == "limit account:x GrpTRES gres/gpu used 3/4"  # 3 outside, 2 more do not fit
+    assert rep.reasons["u2"] == "limit qos-per-user:normal/ann MaxTRESPerUser gres/gpu used 2/2"
 
 
 def test_a_per_job_limit():
     site = SitePolicy(limits=(GpuLimit(LimitScope.QOS, "small", LimitKind.PER_JOB, 2),))
     rep = schedule(ONE_NODE, [job("j", 4, 10, qos="small"), job("k", 2, 10, qos="small", submit_time=1.0)], site)
     assert set(rep.placements) == {"k"}
+    assert rep.reasons["j"] == "limit qos:small MaxTRESPerJob gres/gpu used 4/2"
