@@ -20,7 +20,8 @@ Measured per policy, from the run's meta["site"] (slurm_ext.sim.site.SiteUsage):
   against its entitlement: at every instant the cluster's GPUs are split
   among the accounts with demand (GPUs asked for by their unfinished jobs)
   in proportion to their shares, none above its demand, the rest lent to
-  the others by share (water-filling); entitlement = its share of those
+  the others by share (water-filling), none above its GPU limit either;
+  entitlement = its share of those
   entitled GPU-seconds over the run;
 * the largest |used - entitled| over the accounts, and Jain's index over
   the accounts with demand of used / entitled (1: every account got its
@@ -28,7 +29,9 @@ Measured per policy, from the run's meta["site"] (slurm_ext.sim.site.SiteUsage):
 * average JCT over its finished jobs, over the jobs every policy finished
   (the target's measure: slurm-multifactor, like FCFS, never starts a job
   whose requested type and count has no feasible layout), and per account
-  (finished jobs); the most GPUs the limited account held at once.
+  (finished jobs); the most GPUs the limited account held at once, and the
+  starts the simulated Slurm held back because they would have put an
+  account over its limit (a policy that respects the limits has none).
 
 Prints one JSON line per policy, then a summary line (the issue's target:
 cellsched's largest deviation at most slurm-multifactor's and its average
@@ -113,6 +116,7 @@ def numbers(results: Path, account: dict[str, str]) -> tuple[list[dict[str, obje
                 "used_frac": round(site[a]["used_frac"], 4),
                 "entitled_frac": round(site[a]["entitled_frac"], 4),
                 "peak_gpus": site[a]["peak_gpus"],
+                "held_back_starts": site[a].get("held_back_starts", 0),
             }
         rows.append(
             {
@@ -125,6 +129,7 @@ def numbers(results: Path, account: dict[str, str]) -> tuple[list[dict[str, obje
                 "max_share_deviation": round(max(abs(dev[a]) for a in with_demand), 4),
                 "jain": round(jain([site[a]["used_frac"] / site[a]["entitled_frac"] for a in with_demand]), 4),
                 "restarts": doc["summary"][policy]["restarts"],
+                "held_back_starts": sum(int(v["held_back_starts"]) for v in per_account.values()),
                 "accounts": per_account,
             }
         )
@@ -156,7 +161,8 @@ def markdown(rows: list[dict[str, object]]) -> str:
     common = rows[0]["jobs_common"]
     head = ["policy", "finished", "avg JCT s", f"avg JCT s, {common} jobs all finished"]
     head += ["largest share deviation", "Jain's index"]
-    head += [f"{a}: used / entitled, avg JCT s" for a in accounts] + [f"{LIMITED}: most GPUs at once"]
+    head += [f"{a}: used / entitled, avg JCT s" for a in accounts]
+    head += [f"{LIMITED}: most GPUs at once", "starts Slurm's limits held back"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         acc: dict[str, dict[str, object]] = r["accounts"]  # type: ignore[assignment]
@@ -165,7 +171,7 @@ def markdown(rows: list[dict[str, object]]) -> str:
         cells += [
             f"{acc[a]['used_frac']:.3f} / {acc[a]['entitled_frac']:.3f}, {num(acc[a]['avg_jct_s'])}" for a in accounts
         ]
-        cells.append(str(acc.get(LIMITED, {}).get("peak_gpus", "-")))
+        cells += [str(acc.get(LIMITED, {}).get("peak_gpus", "-")), str(r["held_back_starts"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -408,6 +408,7 @@ class Simulator:
             + ((self.site_usage,) if self.site_usage is not None else ()),
             speed_factor=self._speed_factor if conditions is not None and conditions.noise else None,
             network=NetworkTruth(self.network) if self.network is not None else None,
+            gate=self.site_usage.gate if self.site_usage is not None else None,
         )
         self.clock = self.world.clock
         #: what the controller talks to

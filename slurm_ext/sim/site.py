@@ -19,7 +19,14 @@ policies get in `ScheduleRequest.site` every round.
   Slurm's billing does. Normalised usage (Slurm's EffectvUsage in a flat
   tree of accounts under root): an account's usage over all accounts'.
   It also records, for the benchmark, each account's GPU-seconds held and
-  entitled (`SiteUsage.summary`).
+  entitled (`SiteUsage.summary`): at every instant the cluster's GPUs split
+  among the accounts with demand (GPUs asked for by their unfinished jobs,
+  at most the account's GPU limit) by share, the rest lent by share
+  (`water_fill`). And it is Slurm's limits at a job's start (`gate`): a
+  released job that fits but would put its account, user or QOS over a GPU
+  limit stays pending (AssocGrpGRES, QOSGrpGRES, QOSMaxGRESPerUser,
+  QOSMaxGRESPerJob) until it would not, as slurmctld keeps it; each such
+  start is counted (a policy that respects the limits never meets one).
 * `SiteFeed`: the policy as the controller calls it, the request given the
   jobs' accounts, users, QOS and multifactor priority, and the site's
   `SitePolicy` of the moment (shares normalised over the accounts, the
@@ -143,6 +150,10 @@ class SiteUsage(Observer):
         self.users: dict[str, set[str]] = {}
         self.peak: dict[str, int] = {}  # account -> most GPUs its jobs held at once
         self.over: set[str] = set()  # Slurm ids of the jobs that ended (not requeued since)
+        #: GPUs held by limit group: ("account", a), ("user", a, u), ("qos", q), ("qos-user", q, u)
+        self.by_group: dict[tuple[str, ...], int] = {}
+        self.held_back: set[tuple[str, int]] = set()  # (Slurm id, start) Slurm's limits kept from starting
+        self._qos = {q.name: q for q in site.qos}
 
     def register(self, slurm_id: str, job: TraceJob) -> None:
         self.advance()
@@ -161,27 +172,54 @@ class SiteUsage(Observer):
         for a in set(self.usage) | set(self.gpus_held):
             self.usage[a] = self.usage.get(a, 0.0) * f + self.gpus_held.get(a, 0) * gain
             self.held_s[a] = self.held_s.get(a, 0.0) + self.gpus_held.get(a, 0) * dt
-        active = {a: float(d) for a, d in self.demand.items() if d > 0}
+        active = {a: float(min(d, self._cap(a))) for a, d in self.demand.items() if d > 0}
         for a, e in water_fill(self.capacity, active, self.shares).items():
             self.entitled_s[a] = self.entitled_s.get(a, 0.0) + e * dt
         self.t = t
 
-    def _account(self, job: SimJob) -> str | None:
+    def _groups(self, slurm_id: str) -> list[tuple[str, ...]]:
+        a, u, q, _ = self.jobs[slurm_id]
+        return [("account", a), ("user", a, u), ("qos", q), ("qos-user", q, u)]
+
+    def gate(self, job: SimJob) -> str:
+        """Slurm's limits when `job` would start (SimWorld's gate): the
+        reason it may not, as squeue shows it, or "" (it may)."""
         got = self.jobs.get(job.job_id)
-        return got[0] if got else None
+        if got is None:
+            return ""
+        a, _, q, _ = got
+        gpus = max(job.gres, 0) * job.num_nodes
+        acc, qos = self.site.account(a), self._qos.get(q)
+        g = dict(zip(("account", "user", "qos", "qos-user"), self._groups(job.job_id), strict=True))
+        checks = [
+            (acc.gpus if acc else None, g["account"], "AssocGrpGRES"),
+            (acc.user_gpus if acc else None, g["user"], "AssocGrpGRES"),
+            (qos.gpus if qos else None, g["qos"], "QOSGrpGRES"),
+            (qos.user_gpus if qos else None, g["qos-user"], "QOSMaxGRESPerUser"),
+        ]
+        why = next((r for cap, k, r in checks if cap is not None and self.by_group.get(k, 0) + gpus > cap), "")
+        if not why and qos is not None and qos.job_gpus is not None and gpus > qos.job_gpus:
+            why = "QOSMaxGRESPerJob"
+        if why:
+            self.held_back.add((job.job_id, job.starts))
+        return why
 
     def started(self, job: SimJob, cell: str) -> None:
-        a = self._account(job)
-        if a is not None:
+        if job.job_id in self.jobs:
             self.advance()
+            a = self.jobs[job.job_id][0]
             self.gpus_held[a] = self.gpus_held.get(a, 0) + job.gpus
             self.peak[a] = max(self.peak.get(a, 0), self.gpus_held[a])
+            for k in self._groups(job.job_id):
+                self.by_group[k] = self.by_group.get(k, 0) + job.gpus
 
     def stopped(self, job: SimJob, held_s: float) -> None:
-        a = self._account(job)
-        if a is not None:
+        if job.job_id in self.jobs:
             self.advance()
+            a = self.jobs[job.job_id][0]
             self.gpus_held[a] = self.gpus_held.get(a, 0) - job.gpus
+            for k in self._groups(job.job_id):
+                self.by_group[k] -= job.gpus
 
     def ended(self, job: SimJob) -> None:
         # a checkpointed job ends too (FAILED, exit 75) and is requeued later: its demand comes back then
@@ -198,6 +236,10 @@ class SiteUsage(Observer):
             self.over.discard(job.job_id)
             self.demand[got[0]] += got[3]
 
+    def _cap(self, account: str) -> float:
+        spec = self.site.account(account)
+        return math.inf if spec is None or spec.gpus is None else spec.gpus
+
     def normalized_usage(self) -> dict[str, float]:
         self.advance()
         total = sum(self.usage.values())
@@ -209,14 +251,20 @@ class SiteUsage(Observer):
         )
 
     def summary(self) -> dict[str, Any]:
-        """Per account: share, the most GPUs held at once, GPU-seconds held and entitled, and their
-        fractions of all held / all entitled (the run's meta["site"])."""
+        """Per account: share, the starts Slurm's limits held back (the
+        policy asked for a start over a limit), the most GPUs held at once,
+        GPU-seconds held and entitled, and their fractions of all held / all
+        entitled (the run's meta["site"])."""
         self.advance()
         held, ent = sum(self.held_s.values()), sum(self.entitled_s.values())
         names = [a.name for a in self.site.accounts] + sorted(set(self.held_s) - {a.name for a in self.site.accounts})
+        held_back: dict[str, int] = {}
+        for sid, _ in self.held_back:
+            held_back[self.jobs[sid][0]] = held_back.get(self.jobs[sid][0], 0) + 1
         return {
             a: {
                 "share": self.shares.get(a, 0.0),
+                "held_back_starts": held_back.get(a, 0),
                 "peak_gpus": self.peak.get(a, 0),
                 "gpu_s": round(self.held_s.get(a, 0.0), 3),
                 "entitled_gpu_s": round(self.entitled_s.get(a, 0.0), 3),
@@ -224,7 +272,7 @@ class SiteUsage(Observer):
                 "entitled_frac": self.entitled_s.get(a, 0.0) / ent if ent else 0.0,
             }
             for a in names
-            if a in self.held_s or a in self.entitled_s
+            if a in self.held_s or a in self.entitled_s or a in self.demand
         }
 
 

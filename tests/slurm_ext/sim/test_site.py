@@ -171,3 +171,36 @@ def test_a_checkpointed_job_keeps_its_demand_once_requeued():
     usage.requeued(j)  # ... and the controller requeues it
     usage.requeued(j)
     assert usage.demand == {"a": 1}
+
+
+def test_slurms_limits_hold_back_a_start_over_them():
+    site = SiteSpec(
+        (AccountSpec("a", gpus=4, user_gpus=3), AccountSpec("b")), (QosSpec("q", gpus=6, user_gpus=5, job_gpus=4),), "q"
+    )
+    usage = SiteUsage(site, 16, lambda: 0.0, 0.0)
+    for sid, acct, user in (
+        ("1", "a", "ann"),
+        ("2", "a", "bob"),
+        ("3", "a", "ann"),
+        ("4", "b", "cy"),
+        ("5", "b", "cy"),
+    ):
+        usage.register(sid, assign_accounts([tj(sid, account=acct, user=user)], site)[0])
+
+    def sim_job(sid, gpus, nodes=1):
+        return SimpleNamespace(job_id=sid, gres=gpus, num_nodes=nodes, gpus=gpus * nodes, starts=0)
+
+    assert usage.gate(sim_job("1", 3)) == ""
+    usage.started(sim_job("1", 3), "a100:1x3")
+    assert usage.gate(sim_job("2", 2)) == "AssocGrpGRES"  # a: 3 + 2 > 4
+    assert usage.gate(sim_job("3", 1)) == "AssocGrpGRES"  # a/ann: 3 + 1 > 3
+    assert usage.gate(sim_job("2", 1)) == ""
+    assert usage.gate(sim_job("4", 2, nodes=2)) == "QOSGrpGRES"  # q: 3 + 4 > 6
+    assert usage.gate(sim_job("4", 3)) == ""
+    usage.started(sim_job("4", 3), "a100:1x3")
+    assert usage.gate(sim_job("5", 5)) == "QOSGrpGRES"
+    usage.stopped(sim_job("1", 3), 10.0)
+    assert usage.gate(sim_job("5", 3)) == "QOSMaxGRESPerUser"  # q/cy: 3 + 3 > 5
+    assert usage.gate(sim_job("2", 5)) == "AssocGrpGRES"  # a: 0 + 5 > 4
+    assert usage.gate(sim_job("5", 2)) == ""
+    assert usage.summary()["a"]["held_back_starts"] == 2  # jobs 2 and 3 (each start once)
