@@ -186,6 +186,7 @@ def place_jobs(
     warm_plan: list[Chosen] = []
     unit = rules.penalty_unit(options) if rules is not None and rules.buckets else 0
     bonus = rules.share_bonus(options) if rules is not None else 0
+    targets = cast(SiteRules, rules).share_targets(options) if bonus else {}
 
     def warm() -> Chosen:
         if not warm_plan:
@@ -200,7 +201,9 @@ def place_jobs(
                 tally.add(jid, o.cell)
             total -= unit * tally.over()
         if bonus:
-            total += bonus * cast(SiteRules, rules).entitled_use((jid, o.cell) for jid, (o, _, _) in chosen.items())
+            total -= bonus * cast(SiteRules, rules).shortfall(
+                targets, ((jid, o.cell) for jid, (o, _, _) in chosen.items())
+            )
         return total
 
     exact = space.num_nodes <= config.exact_node_model_max_nodes

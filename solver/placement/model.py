@@ -121,8 +121,8 @@ class Model:
     #: network-card overflow columns: (o, {column: coefficient}, free cards); and the
     #: slack of a GPU limit's row (_limit_rows): (s, {column: GPUs}, cap)
     overflow: list[tuple[int, dict[int, int], int]] = field(default_factory=list)
-    #: fair share's entitlement columns (_share_rows): (e, {x column: GPUs}); e <= its GPUs
-    bonus: list[tuple[int, dict[int, int]]] = field(default_factory=list)
+    #: fair share's shortfall columns (_share_rows): (d, {x column: GPUs}, need); d >= need - GPUs
+    shortfall: list[tuple[int, dict[int, int], int]] = field(default_factory=list)
     exact: bool = False
     #: x columns of free options that are their class's count too (one class, no other columns)
     lone: list[int] = field(default_factory=list)
@@ -271,35 +271,6 @@ def build(
     return m
 
 
-def _share_rows(
-    m: Model, jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]], rules: SiteRules
-) -> None:
-    """Fair share's entitlement bonus (siterules.share_bonus): per account
-    with a share and jobs here, a column e <= its entitlement, e <= the GPUs
-    its jobs hold (those that keep their placement, and the chosen
-    options), worth the bonus per GPU."""
-    bonus = rules.share_bonus(options)
-    if not bonus:
-        return
-    terms: dict[str, dict[int, int]] = defaultdict(dict)
-    for job in jobs:
-        a = rules.account_of.get(job.job_id)
-        if a is None:
-            continue
-        for k, o in enumerate(options.get(job.job_id, ())):
-            col = m.x.get((job.job_id, k))
-            if col is not None:
-                _acc(terms[a], col, o.cell.num_gpus)
-    for a, row in sorted(terms.items()):
-        held = rules.fixed_by_account.get(a, 0)
-        room = rules.entitled[a] - held
-        if room <= 0:
-            continue  # its fixed jobs fill its entitlement: no option adds to it
-        e = m.column(room, bonus)
-        m.bonus.append((e, row))
-        m.rows.append(Row([e, *row], [1, *(-g for g in row.values())], 0))
-
-
 def _limit_rows(
     m: Model, jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]], rules: SiteRules
 ) -> None:
@@ -342,6 +313,38 @@ def _limit_rows(
             m.overflow.append((s, row, cap))  # the same role as a card's overflow: max(0, load - cap)
             row = {**row, s: -1}
         m.add_le(row, cap)
+
+
+def _share_rows(
+    m: Model, jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]], rules: SiteRules
+) -> None:
+    """Fair share's shortfall (siterules.share_targets): per account with a
+    target above what its fixed jobs hold, a column d >= target - the GPUs
+    its jobs hold (fixed, and the chosen options), d >= 0, costing the
+    bonus per GPU. (A cost of what is missing rather than a bonus for what
+    is held: the same optimum, and the objective stays the plan's value
+    where every target is met, so the solver's relative gap keeps its meaning.)"""
+    bonus = rules.share_bonus(options)
+    if not bonus:
+        return
+    targets = rules.share_targets(options)
+    terms: dict[str, dict[int, int]] = defaultdict(dict)
+    for job in jobs:
+        a = rules.account_of.get(job.job_id)
+        if a is None:
+            continue
+        for k, o in enumerate(options.get(job.job_id, ())):
+            col = m.x.get((job.job_id, k))
+            if col is not None:
+                _acc(terms[a], col, o.cell.num_gpus)
+    for a, target in sorted(targets.items()):
+        need = target - rules.fixed_by_account.get(a, 0)
+        row = terms.get(a, {})
+        if need <= 0:
+            continue
+        d = m.column(need, -bonus)
+        m.shortfall.append((d, row, need))
+        m.rows.append(Row([d, *row], [-1, *(-g for g in row.values())], -need))
 
 
 #: (partitions, GPU type, GPUs per node, blocked marks) -> (classes, their nodes)
@@ -451,6 +454,6 @@ def hint_values(
         vals[k] = max(0, (f - sum(u for u, v in pinned if vals[v])) // level)
     for o, terms, free in m.overflow:
         vals[o] = max(0, sum(a * vals[c] for c, a in terms.items()) - free)
-    for e, terms in m.bonus:
-        vals[e] = min(m.ub[e], sum(a * vals[c] for c, a in terms.items()))
+    for d, terms, need in m.shortfall:
+        vals[d] = max(0, need - sum(a * vals[c] for c, a in terms.items()))
     return vals

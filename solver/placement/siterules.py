@@ -123,14 +123,15 @@ def allowed_partitions(job: JobRequest, site: SitePolicy, cluster: ClusterView) 
     return job.partitions if len(keep) == len(names) else keep
 
 
-def fair_factors(site: SitePolicy, alloc: Mapping[str, float]) -> dict[str, float]:
-    """Fair-share factor per account with a share: F = 2 ** (-u / s), u the
-    larger of its decayed usage (SitePolicy.usage) and its share of the
-    cluster's GPUs its managed jobs hold now (`alloc`), s its share;
-    divided by the largest F, kept >= FAIR_FLOOR."""
+def fair_factors(site: SitePolicy) -> dict[str, float]:
+    """Fair-share factor per account with a share: Slurm's classic
+    F = 2 ** (-u / s), u its decayed usage (SitePolicy.usage), s its share;
+    divided by the largest F, kept >= FAIR_FLOOR. (What an account holds
+    now is the entitlement's business, `share_targets`: a factor that
+    followed it would move every round and move jobs with it.)"""
     raw: dict[str, float] = {}
     for acct, share in site.shares.items():
-        u = max(site.usage.get(acct, 0.0), alloc.get(acct, 0.0))
+        u = site.usage.get(acct, 0.0)
         raw[acct] = 2.0 ** (-u / share) if share > 0 else (1.0 if u <= 0 else 0.0)
     top = max(raw.values(), default=1.0)
     return {a: max(FAIR_FLOOR, f / top) if top > 0 else 1.0 for a, f in raw.items()}
@@ -172,13 +173,7 @@ class SiteRules:
                     self.fixed_load[b.key] = self.fixed_load.get(b.key, 0) + b.gpus(fixed[job.job_id].cell)
             self.of_job[job.job_id] = keys
         total = sum(n.gpus_total for n in cluster.nodes) or 1
-        alloc: dict[str, float] = {}
-        for job in jobs:
-            cur = fixed.get(job.job_id) or job.current
-            if cur is not None and job.account:
-                alloc[job.account] = alloc.get(job.account, 0.0) + _placement_gpus(cur) / total
-        self.alloc = alloc
-        self.fair = fair_factors(site, alloc)
+        self.fair = fair_factors(site)
         #: account -> the GPUs its share entitles it to (share x the cluster's GPUs)
         self.entitled = {a: round(s * total) for a, s in site.shares.items() if s > 0}
         self.account_of = {j.job_id: j.account for j in jobs if j.account in self.entitled}
@@ -210,28 +205,45 @@ class SiteRules:
         return None
 
     def share_bonus(self, options: Mapping[str, Sequence[Option]]) -> int:
-        """What each GPU an account holds within its entitlement adds to a
-        plan's worth (0 without shares): more than any one option is worth,
-        so a plan first gives each account with demand as much of its
-        entitlement as it can use, then lends what is left."""
+        """What each GPU an account lacks of its fair-share target costs a
+        plan (0 without shares): more than any one option is worth, so a
+        plan first gives each account with demand as much of its
+        entitlement as its jobs can use, then lends what is left."""
         if not self.entitled:
             return 0
         return 1 + max((o.value for opts in options.values() for o in opts), default=0)
 
     def penalty_unit(self, options: Mapping[str, Sequence[Option]]) -> int:
         """What one GPU over a limit costs: more than every option together
-        is worth, with every entitlement bonus."""
+        is worth, with every fair-share shortfall."""
         top = sum(max((o.value for o in opts), default=0) for opts in options.values())
         return 1 + top + self.share_bonus(options) * self.total_gpus
 
-    def entitled_use(self, chosen: Iterable[tuple[str, Cell]]) -> int:
-        """GPUs the accounts hold within their entitlements, with these (job, cell) choices."""
+    def share_targets(self, options: Mapping[str, Sequence[Option]]) -> dict[str, int]:
+        """Account -> the GPUs fair share asks the plan to give it: its
+        entitlement, or less when its jobs cannot use that many (the GPUs
+        its fixed jobs hold, plus each other job's largest option) or its
+        own GPU limit (GrpTRES of the account, all GPU types) allows fewer."""
+        demand = dict(self.fixed_by_account)
+        for jid, opts in options.items():
+            a = self.account_of.get(jid)
+            if a is not None and opts:
+                demand[a] = demand.get(a, 0) + max(o.cell.num_gpus for o in opts)
+        cap: dict[str, int] = {}  # an account's own GPU limit (all types) caps its target too
+        for b in self.buckets.values():
+            lim = b.limit
+            if lim.scope == LimitScope.ACCOUNT and lim.kind == LimitKind.GRP and lim.gpu_type is None:
+                cap[lim.name] = min(cap.get(lim.name, lim.headroom), lim.headroom)
+        return {a: min(e, demand[a], cap.get(a, e)) for a, e in self.entitled.items() if demand.get(a, 0) > 0}
+
+    def shortfall(self, targets: Mapping[str, int], chosen: Iterable[tuple[str, Cell]]) -> int:
+        """GPUs the accounts lack of their `targets` with these (job, cell) choices."""
         used = dict(self.fixed_by_account)
         for jid, cell in chosen:
             a = self.account_of.get(jid)
             if a is not None:
                 used[a] = used.get(a, 0) + cell.num_gpus
-        return sum(min(e, used.get(a, 0)) for a, e in self.entitled.items())
+        return sum(max(0, t - used.get(a, 0)) for a, t in targets.items())
 
     # ---- reservations and time limits
     def est_end(self, job: JobRequest, o: Option, moved: bool, config: SolverConfig) -> float:
@@ -283,6 +295,9 @@ class SiteRules:
         by_id = {j.job_id: j for j in jobs}
         for jid, opts in options.items():
             job = by_id[jid]
+            if not self.reservations and jid not in self.per_job and (job.current is None or job.time_limit_s is None):
+                out[jid] = list(opts)  # nothing here can refuse an option
+                continue
             kept: list[Option] = []
             for o in opts:
                 lim = self.job_cap(job, o.cell)

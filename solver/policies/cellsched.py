@@ -30,6 +30,17 @@ get it now and it is faster than the fastest single-type cell the job could
 get now (`FreeNow`: the GPUs no other job holds, plus its own), in the same
 joint model; at most MIXED_OFFERS of them per job and round (the fastest
 first: multi-type options make the joint model slower to solve).
+
+A site policy (ScheduleRequest.site, docs/site-policy.md) binds the round
+(solver.placement.siterules): partition access trims a job's partitions,
+GPU limits are rows of the joint model (and checks of its greedy plan),
+reserved nodes are marked in the node classes and kept from the options
+of jobs that would not end before the reservation opens, moves that would
+make a job miss its time limit are not offered, fair share weighs values
+and costs each account's shortfall of its entitlement, and pending plain
+sbatch jobs of higher priority are placed first as stand-ins whose GPUs
+stay free. Each job left pending gets a reason in solver.site's forms.
+An empty SitePolicy leaves the round as it was.
 """
 
 from __future__ import annotations
@@ -226,10 +237,7 @@ class CellschedPolicy:
             ests[job.job_id], utils[job.job_id] = kept, u
         weights = objective.job_weights(jobs, refs, request.now, cfg)
         if rules is not None and rules.fair:
-            weights = {
-                jid: w * rules.fair.get(by_acct, 1.0)
-                for (jid, w), by_acct in zip(weights.items(), (j.account for j in jobs), strict=True)
-            }
+            weights = {j.job_id: weights[j.job_id] * rules.fair.get(j.account, 1.0) for j in jobs}
         picks = {}
         by_name = {n.name: n for n in cluster.nodes}
         for job in jobs:
@@ -284,7 +292,7 @@ class CellschedPolicy:
         with_claims = {**fixed, **result.placements}
         result = _without_stand_ins(result, claims)
         site_reasons(rules, jobs, allowed, with_claims, claims, reasons)
-        return reply(fixed, result, sum(len(v) for v in allowed.values()), reasons, t1 - t0)
+        return reply(fixed, result, sum(len(v) for v in allowed.values()), reasons, t1 - t0, request)
 
 
 def price_cards(

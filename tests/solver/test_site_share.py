@@ -47,11 +47,24 @@ def acct_gpus(rep, account_of, account):
 
 def test_fair_factors_follow_the_classic_formula():
     site = SitePolicy(shares={"A": 0.5, "B": 0.25, "C": 0.25}, usage={"A": 0.5, "B": 0.0, "C": 1.0})
-    f = fair_factors(site, {"B": 0.25})
-    # raw 2^(-u/s): A 2^-1, B 2^-1 (its allocation now, 0.25 of the cluster, counts), C 2^-4; / the largest
-    assert f == pytest.approx({"A": 1.0, "B": 1.0, "C": 2**-3})
-    assert fair_factors(SitePolicy(shares={"A": 0.01}, usage={"A": 1.0}), {})["A"] == 1.0  # alone: the largest
-    assert fair_factors(SitePolicy(shares={"A": 0.01, "B": 0.5}, usage={"A": 1.0}), {})["A"] == FAIR_FLOOR
+    # raw 2^(-u/s): A 2^-1, B 2^0, C 2^-4; divided by the largest
+    assert fair_factors(site) == pytest.approx({"A": 0.5, "B": 1.0, "C": 2**-4})
+    assert fair_factors(SitePolicy(shares={"A": 0.01}, usage={"A": 1.0}))["A"] == 1.0  # alone: the largest
+    assert fair_factors(SitePolicy(shares={"A": 0.01, "B": 0.5}, usage={"A": 1.0}))["A"] == FAIR_FLOOR
+
+
+def test_past_usage_lowers_an_accounts_jobs_value(exact_config):
+    """Two 4-GPU jobs on 4 GPUs, alike but for their accounts: the account
+    that used less of its share in the past goes first."""
+    one = ClusterView((NodeView("n0", "a100", 4, 4),))
+    jobs = [job("x", account="acctA", min_gpus=4, max_gpus=4), job("y", account="acctB", min_gpus=4, max_gpus=4)]
+    est = table_for(jobs, one, {(j.job_id, "a100"): 1.0 for j in jobs})
+    for heavy, first in (("acctA", "y"), ("acctB", "x")):
+        site = SitePolicy(shares={"acctA": 0.5, "acctB": 0.5}, usage={heavy: 0.6})
+        rep = get_policy("cellsched").schedule(ScheduleRequest(one, tuple(jobs), config=exact_config(), site=site), est)
+        assert list(rep.placements) == [first]
+        (late,) = {"x", "y"} - {first}
+        assert rep.reasons[late] == f"fairshare {heavy} usage 0.60 > share 0.50"
 
 
 def test_fair_share_reclaims_an_accounts_share_from_elastic_borrowers(exact_config):
