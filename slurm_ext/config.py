@@ -56,7 +56,7 @@ class ControllerConfig:
     policy: str = knob(
         "cellsched",
         "Scheduling policy (solver.policies.POLICIES): cellsched, cellsched-static, fcfs, fcfs-backfill, "
-        "gavel, sia, srsf-avoid, srsf-accept, ada-srsf.",
+        "gavel, sia, slurm-multifactor, srsf-avoid, srsf-accept, ada-srsf.",
     )
     interval_s: float = knob(60.0, "Seconds between rounds (> 0).")
     watch_s: float = knob(

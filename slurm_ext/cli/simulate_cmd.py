@@ -288,6 +288,7 @@ def load_cluster(path: str | None) -> ClusterSpec:
     multiple=True,
     metavar="NAME[:KEY=VALUE,...]",
     help="Policy to simulate; repeat for several (cellsched, cellsched-static, fcfs, fcfs-backfill, gavel, sia, "
+    "slurm-multifactor (Slurm's multifactor priority and backfill), "
     "and Wang et al.'s srsf-avoid, srsf-accept, ada-srsf). Solver keys after a colon set that run's "
     "configuration, e.g. cellsched:calibrate=false, cellsched:mixed_cells=false (no cells spanning GPU types) "
     "or ada-srsf:node_placement=first-fit (the whole string labels the run). Default: cellsched and fcfs.",

@@ -37,7 +37,11 @@ It shows what the cli backend shows of a real Slurm 22.05
   NODE_FAIL and requeued (reason BeginTime), and a job that still requires
   it pends with ReqNodeNotAvail; a drained one shows the DRAIN flag;
 * finished jobs vanish from observe() `min_job_age_s` after they end
-  (Slurm's MinJobAge).
+  (Slurm's MinJobAge);
+* with a site policy (the cluster file's ``[site]``, slurm_ext.sim.site) a
+  released job that fits but would put its account, user or QOS over a GPU
+  limit stays pending with Slurm's reason (AssocGrpGRES, QOSGrpGRES,
+  QOSMaxGRESPerUser, QOSMaxGRESPerJob) until it would not.
 """
 
 from __future__ import annotations

@@ -16,6 +16,20 @@ Our format (TOML shown; JSON is ``{"name": ..., "nodes": [{...}, ...]}``)::
     [uplink_gbps]          # optional: racks whose uplink is oversubscribed, Gb/s
     r1 = 40
 
+    [site]                 # optional: the site's policy (docs/simulator.md)
+    decay_half_life_s = 604800   # PriorityDecayHalfLife (default 7 days)
+    default_qos = "normal"       # the QOS of a job that names none
+    [site.accounts.physics]
+    share = 50             # raw fair share (normalised over the accounts)
+    gpus = 32              # GrpTRES=gres/gpu=32 (optional)
+    user_gpus = 8          # each user's association GrpTRES (optional)
+    users = 4              # traces without accounts: users its jobs are spread over
+    trace_weight = 1       # traces without accounts: its weight in the rule
+    [site.qos.normal]
+    gpus = 64              # GrpTRES (optional)
+    user_gpus = 16         # MaxTRESPerUser (optional)
+    job_gpus = 16          # MaxTRESPerJob (optional)
+
 Arena's format: ``{"cluster": {gpu: {"node_num", "gpus_per_node", ...}}}``
 (gpus_per_node defaults to Arena's node capacity of that type; a
 ``total_gpus`` given must match). Its GPU memory comes from Arena's
@@ -34,12 +48,16 @@ import re
 from typing import Any
 
 from slurm_ext.errors import CellschedError
-from slurm_ext.sim.types import ClusterSpec, NodeGroup
+from slurm_ext.sim.types import AccountSpec, ClusterSpec, NodeGroup, QosSpec, SiteSpec
 from solver.datafile import read_json_or_toml
 from solver.profiles.arena import load_device_specs, shipped_path
 
 _GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 _GROUP_KEYS = {"gpu_type", "count", "gpus_per_node", "mem_gb", "nic_gbps", "rack"}
+_SITE_KEYS = {"accounts", "qos", "default_qos", "decay_half_life_s"}
+_ACCOUNT_KEYS = {"share", "gpus", "user_gpus", "users", "trace_weight"}
+_QOS_KEYS = {"gpus", "user_gpus", "job_gpus"}
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 
 
 class ClusterSpecError(ValueError, CellschedError):
@@ -95,9 +113,9 @@ def node_type(name: str) -> str:
 
 
 def _ours(data: dict, where: str) -> ClusterSpec:
-    unknown = sorted(set(data) - {"name", "nodes", "uplink_gbps"})
+    unknown = sorted(set(data) - {"name", "nodes", "uplink_gbps", "site"})
     if unknown:
-        raise ClusterSpecError(f"{where}: unknown field {unknown[0]!r} (known: name, nodes, uplink_gbps)")
+        raise ClusterSpecError(f"{where}: unknown field {unknown[0]!r} (known: name, nodes, site, uplink_gbps)")
     name = data.get("name", "")
     if not isinstance(name, str):
         raise ClusterSpecError(f"{where}: field 'name' must be a string, got {name!r}")
@@ -133,7 +151,85 @@ def _ours(data: dict, where: str) -> ClusterSpec:
         if rack not in racks:
             raise ClusterSpecError(f"{where}: uplink_gbps.{rack}: no node group is in rack {rack!r}")
         _gbps(v, f"{where}: field 'uplink_gbps.{rack}'")
-    return ClusterSpec(tuple(groups), name, {k: float(v) for k, v in uplinks.items()})
+    site = _site(data["site"], f"{where}: site") if "site" in data else None
+    return ClusterSpec(tuple(groups), name, {k: float(v) for k, v in uplinks.items()}, site)
+
+
+def _site(data: Any, at: str) -> SiteSpec:
+    """The ``[site]`` table (module doc)."""
+    table = _table(data, at, _SITE_KEYS)
+    accounts_t = _table(table.get("accounts", {}), f"{at}.accounts", None)
+    if not accounts_t:
+        raise ClusterSpecError(f"{at}: field 'accounts' must name at least one account")
+    accounts = []
+    for name, a in accounts_t.items():
+        where = f"{at}.accounts.{_name(name, f'{at}.accounts')}"
+        a = _table(a, where, _ACCOUNT_KEYS)
+        accounts.append(
+            AccountSpec(
+                name,
+                _share(a.get("share", 1), f"{where}: field 'share'"),
+                _limit(a.get("gpus"), f"{where}: field 'gpus'"),
+                _limit(a.get("user_gpus"), f"{where}: field 'user_gpus'"),
+                _positive(a.get("users", 1), f"{where}: field 'users'"),
+                _share(a.get("trace_weight", 1), f"{where}: field 'trace_weight'"),
+            )
+        )
+    if not any(a.share > 0 for a in accounts):
+        raise ClusterSpecError(f"{at}.accounts: every share is 0 (at least one must be > 0)")
+    qos = []
+    for name, q in _table(table.get("qos", {}), f"{at}.qos", None).items():
+        where = f"{at}.qos.{_name(name, f'{at}.qos')}"
+        q = _table(q, where, _QOS_KEYS)
+        qos.append(
+            QosSpec(
+                name,
+                _limit(q.get("gpus"), f"{where}: field 'gpus'"),
+                _limit(q.get("user_gpus"), f"{where}: field 'user_gpus'"),
+                _limit(q.get("job_gpus"), f"{where}: field 'job_gpus'"),
+            )
+        )
+    default_qos = table.get("default_qos", "")
+    if not isinstance(default_qos, str) or (default_qos and default_qos not in {q.name for q in qos}):
+        known = ", ".join(q.name for q in qos) or "none"
+        raise ClusterSpecError(
+            f"{at}: field 'default_qos' must name a QOS of {at}.qos (known: {known}), got {default_qos!r}"
+        )
+    half = table.get("decay_half_life_s", 7 * 86400)
+    if isinstance(half, bool) or not isinstance(half, (int, float)) or not 0 < half < 1e9:
+        raise ClusterSpecError(f"{at}: field 'decay_half_life_s' must be a positive number of seconds, got {half!r}")
+    return SiteSpec(tuple(accounts), tuple(qos), default_qos, float(half))
+
+
+def _table(value: Any, at: str, keys: set[str] | None) -> dict:
+    """`value` as a table whose fields are among `keys` (None: any)."""
+    if not isinstance(value, dict):
+        raise ClusterSpecError(f"{at} must be a table/object, got {type(value).__name__}")
+    bad = sorted(set(value) - keys) if keys is not None else []
+    if bad:
+        raise ClusterSpecError(f"{at}: unknown field {bad[0]!r} (known: {', '.join(sorted(keys or ()))})")
+    return value
+
+
+def _name(value: str, at: str) -> str:
+    if not _SLURM_NAME.match(value):
+        raise ClusterSpecError(f"{at}: {value!r} is not a Slurm name (letters, digits, _ . -)")
+    return value
+
+
+def _share(value: Any, at: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e9:
+        raise ClusterSpecError(f"{at} must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+def _limit(value: Any, at: str) -> int | None:
+    """A GPU limit: an integer >= 0 (None when absent)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ClusterSpecError(f"{at} must be a number of GPUs (an integer >= 0), got {value!r}")
+    return value
 
 
 def _arena(data: dict, where: str) -> ClusterSpec:

@@ -75,6 +75,7 @@ from slurm_ext.sim.clusterspec import node_names
 from slurm_ext.sim.conditions import Conditions, table_speed
 from slurm_ext.sim.network import NetworkTruth, cluster_network
 from slurm_ext.sim.quantum import EXECUTED_SECONDS, ITERATIONS, QuantumMode
+from slurm_ext.sim.site import SiteFeed, SiteUsage, assign_accounts
 from slurm_ext.sim.types import ClusterSpec, JobOutcome, RoundStat, Sample, SimRun, TraceJob
 from slurm_ext.sim.world import Observer, RestartCostFn, SimJob, SimWorld, SpeedFn
 from slurm_ext.state import RoundStatus, StateStore
@@ -348,6 +349,8 @@ class Simulator:
         jobs = sorted(trace, key=lambda j: (j.submit_time, j.line, j.job_id))
         if o.limit_jobs is not None:
             jobs = jobs[: o.limit_jobs]
+        if cluster.site is not None:
+            jobs = list(assign_accounts(jobs, cluster.site))  # slurm_ext.sim.site
         self.cluster = cluster
         self.policy_name = policy if isinstance(policy, str) else getattr(policy, "name", type(policy).__name__)
         self.label = label or self.policy_name
@@ -375,7 +378,13 @@ class Simulator:
                 policy = get_policy(policy, **opts)
             except ValueError as exc:
                 raise SimError(str(exc)) from None
-        self.policy = policy
+        #: the site's usage (slurm_ext.sim.site; None: the cluster file has no [site])
+        self.site_usage = (
+            SiteUsage(cluster.site, cluster.total_gpus, self._clock, jobs[0].submit_time)
+            if cluster.site is not None
+            else None
+        )
+        self.policy = policy if self.site_usage is None else SiteFeed(policy, self.site_usage)
         self.restart_cost = restart_cost or restart_cost_for(self.policy_name, o)
         contention = o.contention if o.contention is not None else cluster.has_network and not o.arena_compat
         self.network = sim_network(cluster) if contention else None
@@ -395,9 +404,11 @@ class Simulator:
             min_job_age_s=o.min_job_age_s,
             quantum=self.quantum,
             start_time=self.t0,
-            observers=(self.accounting, _Changes(self._on_event)),
+            observers=(self.accounting, _Changes(self._on_event))
+            + ((self.site_usage,) if self.site_usage is not None else ()),
             speed_factor=self._speed_factor if conditions is not None and conditions.noise else None,
             network=NetworkTruth(self.network) if self.network is not None else None,
+            gate=self.site_usage.gate if self.site_usage is not None else None,
         )
         self.clock = self.world.clock
         #: what the controller talks to
@@ -525,6 +536,8 @@ class Simulator:
         )
         self.slurm_ids[job.job_id] = sid = self.backend.submit(req)
         self.trace_ids[sid] = job.job_id
+        if self.site_usage is not None:
+            self.site_usage.register(sid, job)
 
     def _advance_to(self, t: float) -> None:
         """Arrivals and job events up to `t`, in time order; no rounds."""
@@ -613,7 +626,7 @@ class Simulator:
             self.conditions.describe() if self.conditions is not None else None,
             [(j.job_id, j.submit_time) for j in trace],
             self.cluster.gpus_by_type(),
-        )
+        ) + ((self.cluster.site,) if self.cluster.site is not None else ())
         return f"{self.label}:{hashlib.sha256(repr(what).encode()).hexdigest()[:16]}"
 
     def run(
@@ -837,6 +850,8 @@ class Simulator:
             "controller_warnings": dict(self.log.counts),
             "controller_warning_examples": list(self.log.examples),
         }
+        if self.site_usage is not None:
+            meta["site"] = self.site_usage.summary()
         return SimRun(
             self.label,
             tuple(outcomes),

@@ -7,9 +7,10 @@ batch_size,num_gpu,gpu_type``): submit times are kept as in the file
 (seconds; Arena's Philly trace starts at 1,945,645 s); iterations =
 num_iteration // iteration_scale, at least 1 (Arena's simulator uses 5).
 
-Slurm accounting (``sacct -a -P -X -o JobID,JobName,User,Submit,Start,End,
-State,AllocTRES,NNodes,Comment``; any column order, extra columns allowed,
-JobID/Submit/AllocTRES required; ReqTRES is used when AllocTRES is empty):
+Slurm accounting (``sacct -a -P -X -o JobID,JobName,User,Account,QOS,Submit,
+Start,End,State,AllocTRES,NNodes,Comment``; any column order, extra columns
+allowed, JobID/Submit/AllocTRES required; ReqTRES is used when AllocTRES is
+empty; User, Account and QOS are the job's when given):
 submit times are relative to the earliest kept job's submit. A job whose
 Comment carries a cellsched spec takes model, batch and iterations from it;
 any other job gets the default model and batch, iterations None and
@@ -312,6 +313,7 @@ class _SacctRow:
             if duration < 0:
                 raise self.fail("end", f"is before Start ({end.isoformat()} < {start.isoformat()})")
         user = self.raw.get("user") or "sim"
+        account, qos = self.raw.get("account", ""), self.raw.get("qos", "")
         if spec is not None:
             return TraceJob(
                 job_id,
@@ -324,11 +326,24 @@ class _SacctRow:
                 duration_s=duration,
                 user=user,
                 line=self.line,
+                account=account,
+                qos=qos,
             ), submit
         if duration is None:
             return "not ended" if end is None else "no start time"
         return TraceJob(
-            job_id, 0.0, model, batch, None, gpus, gpu_type, duration_s=duration, user=user, line=self.line
+            job_id,
+            0.0,
+            model,
+            batch,
+            None,
+            gpus,
+            gpu_type,
+            duration_s=duration,
+            user=user,
+            line=self.line,
+            account=account,
+            qos=qos,
         ), submit
 
 

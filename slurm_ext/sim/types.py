@@ -29,6 +29,10 @@ class TraceJob:
     duration_s: float | None = None
     user: str = "sim"
     line: int = 0
+    #: its Slurm account and QOS ("": none given; the cluster file's site
+    #: assigns Arena trace jobs an account by its rule, slurm_ext.sim.site)
+    account: str = ""
+    qos: str = ""
 
 
 @dataclass(frozen=True)
@@ -45,14 +49,59 @@ class NodeGroup:
 
 
 @dataclass(frozen=True)
+class AccountSpec:
+    """One Slurm account of a simulated site (the cluster file's
+    ``[site.accounts.NAME]``): its raw fair share (normalised over the
+    accounts), its GPU limit (GrpTRES=gres/gpu=N; None: none), each of its
+    users' (a user association's GrpTRES; None: none), and, for traces
+    without accounts, how many users its jobs are spread over and its
+    weight in the assignment rule (slurm_ext.sim.site.assign_accounts)."""
+
+    name: str
+    share: float = 1.0
+    gpus: int | None = None
+    user_gpus: int | None = None
+    users: int = 1
+    trace_weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class QosSpec:
+    """One QOS of a simulated site (``[site.qos.NAME]``): GrpTRES,
+    MaxTRESPerUser and MaxTRESPerJob for gres/gpu (None: none)."""
+
+    name: str
+    gpus: int | None = None
+    user_gpus: int | None = None
+    job_gpus: int | None = None
+
+
+@dataclass(frozen=True)
+class SiteSpec:
+    """The site's policy of a simulated cluster (the cluster file's
+    ``[site]``, docs/simulator.md): accounts with shares and limits, QOS,
+    the QOS of a job that names none, and Slurm's PriorityDecayHalfLife."""
+
+    accounts: tuple[AccountSpec, ...]
+    qos: tuple[QosSpec, ...] = ()
+    default_qos: str = ""
+    decay_half_life_s: float = 7 * 86400.0
+
+    def account(self, name: str) -> AccountSpec | None:
+        return next((a for a in self.accounts if a.name == name), None)
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     """A simulated cluster; node names are ``<gpu type>-<index>`` (1-based,
     zero-padded), with one partition per GPU type and ``all``. `uplink_gbps`:
-    the racks whose uplink is oversubscribed, rack -> Gb/s."""
+    the racks whose uplink is oversubscribed, rack -> Gb/s. `site`: the
+    site's accounts, shares and limits (None: no site policy)."""
 
     groups: tuple[NodeGroup, ...]
     name: str = ""
     uplink_gbps: Mapping[str, float] = field(default_factory=dict)
+    site: SiteSpec | None = None
 
     @property
     def has_network(self) -> bool:

@@ -206,7 +206,10 @@ class SimWorld:
         observers: Sequence[Observer] = (),
         speed_factor: Callable[[str, str], float] | None = None,
         network: NetworkTruth | None = None,
+        gate: Callable[[SimJob], str] | None = None,
     ) -> None:
+        """`gate(job)`: Slurm's limits at a start (slurm_ext.sim.site): the
+        reason a job that fits may not start now (AssocGrpGRES, ...), or ""."""
         for name, value in (
             ("checkpoint_s", checkpoint_s),
             ("start_delay_s", start_delay_s),
@@ -221,6 +224,7 @@ class SimWorld:
         self.restart_cost = restart_cost or _no_cost
         self.speed_factor = speed_factor  # (job id, GPU type) -> factor on the speed's time (noise)
         self.network = network
+        self.gate = gate
         self.checkpoint_s = float(checkpoint_s)
         self.start_delay_s = float(start_delay_s)
         self.min_job_age_s = float(min_job_age_s)
@@ -431,6 +435,9 @@ class SimWorld:
                     self.clock.push(job.begin_time, "sched")
                 continue
             nodes, why = self._fit(job)
+            if nodes is not None and self.gate is not None:
+                why = self.gate(job)
+                nodes = None if why else nodes
             if nodes is None:
                 if job.reason != why:
                     job.reason = why

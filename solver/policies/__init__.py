@@ -1,7 +1,8 @@
 """Scheduling policies, one per module, all `schedule(request, estimator) -> ScheduleReply`.
 
 get_policy(name, **opts): "cellsched", "cellsched-static", "fcfs",
-"fcfs-backfill", "gavel", "sia", and the communication-contention baselines
+"fcfs-backfill", "gavel", "sia", "slurm-multifactor" (Slurm's multifactor
+priority with fair share, then backfill), and the communication-contention baselines
 of Wang et al. 2020: "srsf-avoid", "srsf-accept", "ada-srsf". Baselines take
 `feasible=(job, cell) -> bool`.
 """
@@ -50,6 +51,12 @@ def _sia(**opts: Any) -> Policy:
     return SiaPolicy(**opts)
 
 
+def _slurm_multifactor(**opts: Any) -> Policy:
+    from solver.policies.slurm_multifactor import SlurmMultifactorPolicy
+
+    return SlurmMultifactorPolicy(**opts)
+
+
 def _srsf_avoid(**opts: Any) -> Policy:
     from solver.policies.srsf_avoid import SrsfAvoidPolicy
 
@@ -75,6 +82,7 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "fcfs-backfill": _fcfs_backfill,
     "gavel": _gavel,
     "sia": _sia,
+    "slurm-multifactor": _slurm_multifactor,
     "srsf-avoid": _srsf_avoid,
     "srsf-accept": _srsf_accept,
     "ada-srsf": _ada_srsf,

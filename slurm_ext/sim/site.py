@@ -1,0 +1,300 @@
+"""The site's policy in a simulation (docs/simulator.md#the-sites-policy):
+accounts of trace jobs, Slurm's decayed usage, and the `SitePolicy` the
+policies get in `ScheduleRequest.site` every round.
+
+* `assign_accounts`: a trace job without an account (every Arena/Philly
+  job: those traces have no user, VC or account field) gets one by a
+  deterministic rule: u = the first 64 bits of sha256("account:" + job id)
+  over 2^64, and the account is the one whose slice of [0, 1) holds u, the
+  slices laid out in the cluster file's order, each as wide as its
+  ``trace_weight`` over their sum; its user is ``<account>-u<k>`` with k =
+  sha256("user:" + job id) mod the account's ``users``. A job keeps the
+  account and user a trace gives it (sacct). Its QOS: the trace's, else
+  the site's ``default_qos``.
+* `SiteUsage`: an observer of the world that keeps each account's usage as
+  Slurm does with PriorityDecayHalfLife H: the GPU-seconds its jobs hold,
+  each second's worth decayed by 2^(-age/H). Slurm applies the decay every
+  PriorityCalcPeriod (5 min); here it is continuous (the limit of short
+  periods). Usage counts allocated GPUs, restart stalls included, as
+  Slurm's billing does. Normalised usage (Slurm's EffectvUsage in a flat
+  tree of accounts under root): an account's usage over all accounts'.
+  It also records, for the benchmark, each account's GPU-seconds held and
+  entitled (`SiteUsage.summary`): at every instant the cluster's GPUs split
+  among the accounts with demand (GPUs asked for by their unfinished jobs,
+  at most the account's GPU limit) by share, the rest lent by share
+  (`water_fill`). And it is Slurm's limits at a job's start (`gate`): a
+  released job that fits but would put its account, user or QOS over a GPU
+  limit stays pending (AssocGrpGRES, QOSGrpGRES, QOSMaxGRESPerUser,
+  QOSMaxGRESPerJob) until it would not, as slurmctld keeps it; each such
+  start is counted (a policy that respects the limits never meets one).
+* `SiteFeed`: the policy as the controller calls it, the request given the
+  jobs' accounts, users, QOS and multifactor priority, and the site's
+  `SitePolicy` of the moment (shares normalised over the accounts, the
+  normalised usage, the GPU limits of the cluster file).
+
+A simulation without a site (no ``[site]`` in the cluster file) has none
+of this: its policies see an empty SitePolicy, as before there was one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from slurm_ext.sim.types import SiteSpec, TraceJob
+from slurm_ext.sim.world import Observer, SimJob
+from solver.policies.slurm_multifactor import MultifactorWeights, multifactor_priority
+from solver.site import GpuLimit, LimitKind, LimitScope, SitePolicy
+from solver.types import EstimatorLike, Policy, ScheduleReply, ScheduleRequest
+
+
+def _unit(text: str) -> float:
+    """A number in [0, 1) from sha256(text): the first 64 bits over 2^64."""
+    return int(hashlib.sha256(text.encode()).hexdigest()[:16], 16) / 2.0**64
+
+
+def assign_accounts(trace: Sequence[TraceJob], site: SiteSpec) -> tuple[TraceJob, ...]:
+    """The trace's jobs with accounts, users and QOS (module doc)."""
+    weights = [(a, a.trace_weight) for a in site.accounts if a.trace_weight > 0]
+    total = sum(w for _, w in weights)
+    out = []
+    for job in trace:
+        account, user = job.account, job.user
+        if not account:
+            if not weights:
+                raise ValueError("no account of the site has trace_weight > 0 to take jobs without an account")
+            u, acc = _unit(f"account:{job.job_id}") * total, 0.0
+            spec = weights[-1][0]
+            for a, w in weights:
+                acc += w
+                if u < acc:
+                    spec = a
+                    break
+            account = spec.name
+            user = f"{account}-u{int(hashlib.sha256(f'user:{job.job_id}'.encode()).hexdigest(), 16) % spec.users}"
+        out.append(dataclasses.replace(job, account=account, user=user, qos=job.qos or site.default_qos))
+    return tuple(out)
+
+
+def normalized_shares(site: SiteSpec) -> dict[str, float]:
+    """Each account's share over the sum of shares (Slurm's NormShares, flat tree)."""
+    total = sum(a.share for a in site.accounts)
+    return {a.name: a.share / total for a in site.accounts}
+
+
+def site_limits(site: SiteSpec, users: Mapping[str, set[str]]) -> tuple[GpuLimit, ...]:
+    """The GPU limits of the cluster file as solver.site.GpuLimits; a
+    per-user account limit for each user of `users` (account -> users)."""
+    out: list[GpuLimit] = []
+    for a in site.accounts:
+        if a.gpus is not None:
+            out.append(GpuLimit(LimitScope.ACCOUNT, a.name, LimitKind.GRP, a.gpus))
+        if a.user_gpus is not None:
+            for u in sorted(users.get(a.name, ())):
+                out.append(GpuLimit(LimitScope.USER, f"{a.name}/{u}", LimitKind.GRP, a.user_gpus))
+    for q in site.qos:
+        if q.gpus is not None:
+            out.append(GpuLimit(LimitScope.QOS, q.name, LimitKind.GRP, q.gpus))
+        if q.user_gpus is not None:
+            out.append(GpuLimit(LimitScope.QOS_PER_USER, q.name, LimitKind.PER_USER, q.user_gpus))
+        if q.job_gpus is not None:
+            out.append(GpuLimit(LimitScope.QOS, q.name, LimitKind.PER_JOB, q.job_gpus))
+    return tuple(out)
+
+
+def water_fill(capacity: float, demand: Mapping[str, float], shares: Mapping[str, float]) -> dict[str, float]:
+    """What each account with demand is entitled to: `capacity` split in
+    proportion to the shares, no account above its demand, what one cannot
+    use lent to the others by their shares (max-min by share); accounts of
+    share 0 share what is left equally."""
+    out = {a: 0.0 for a in demand}
+    left = min(capacity, sum(demand.values()))
+    for weight in (lambda a: shares.get(a, 0.0), lambda a: 1.0 if shares.get(a, 0.0) <= 0 else 0.0):
+        open_ = {a for a, d in demand.items() if d - out[a] > 1e-12 and weight(a) > 0}
+        while open_ and left > 1e-12:
+            level = left / sum(weight(a) for a in open_)
+            full = {a for a in open_ if demand[a] - out[a] <= weight(a) * level}
+            if not full:
+                for a in open_:
+                    out[a] += weight(a) * level
+                left = 0.0
+                break
+            for a in full:
+                left -= demand[a] - out[a]
+                out[a] = demand[a]
+            open_ -= full
+    return out
+
+
+class SiteUsage(Observer):
+    """Each account's decayed usage and its GPUs held and entitled over the
+    run (module doc). `now` is the world's clock; `register` tells it the
+    account of each Slurm job as it is submitted."""
+
+    def __init__(self, site: SiteSpec, capacity: int, now: Callable[[], float], start: float) -> None:
+        self.site = site
+        self.shares = normalized_shares(site)
+        self.capacity = capacity
+        self.now = now
+        self.half_life_s = site.decay_half_life_s
+        self.t = start
+        self.usage: dict[str, float] = {}  # account -> decayed GPU-seconds
+        self.gpus_held: dict[str, int] = {}  # account -> GPUs its jobs hold
+        self.demand: dict[str, int] = {}  # account -> GPUs its unfinished jobs ask for
+        self.held_s: dict[str, float] = {}  # account -> GPU-seconds held
+        self.entitled_s: dict[str, float] = {}  # account -> GPU-seconds entitled (water_fill)
+        self.jobs: dict[str, tuple[str, str, str, int]] = {}  # Slurm id -> account, user, QOS, GPUs asked
+        self.users: dict[str, set[str]] = {}
+        self.peak: dict[str, int] = {}  # account -> most GPUs its jobs held at once
+        self.over: set[str] = set()  # Slurm ids of the jobs that ended (not requeued since)
+        #: GPUs held by limit group: ("account", a), ("user", a, u), ("qos", q), ("qos-user", q, u)
+        self.by_group: dict[tuple[str, ...], int] = {}
+        self.held_back: set[tuple[str, int]] = set()  # (Slurm id, start) Slurm's limits kept from starting
+        self._qos = {q.name: q for q in site.qos}
+
+    def register(self, slurm_id: str, job: TraceJob) -> None:
+        self.advance()
+        self.jobs[slurm_id] = (job.account, job.user, job.qos, job.requested_gpus)
+        self.users.setdefault(job.account, set()).add(job.user)
+        self.demand[job.account] = self.demand.get(job.account, 0) + job.requested_gpus
+
+    def advance(self) -> None:
+        """Decay and accrue up to now (the GPUs held constant since the last change)."""
+        t = self.now()
+        dt = t - self.t
+        if dt <= 0:
+            return
+        f = 2.0 ** (-dt / self.half_life_s)
+        gain = self.half_life_s / math.log(2) * (1.0 - f)  # integral of 2^(-(t-s)/H) ds over (t - dt, t]
+        for a in set(self.usage) | set(self.gpus_held):
+            self.usage[a] = self.usage.get(a, 0.0) * f + self.gpus_held.get(a, 0) * gain
+            self.held_s[a] = self.held_s.get(a, 0.0) + self.gpus_held.get(a, 0) * dt
+        active = {a: float(min(d, self._cap(a))) for a, d in self.demand.items() if d > 0}
+        for a, e in water_fill(self.capacity, active, self.shares).items():
+            self.entitled_s[a] = self.entitled_s.get(a, 0.0) + e * dt
+        self.t = t
+
+    def _groups(self, slurm_id: str) -> list[tuple[str, ...]]:
+        a, u, q, _ = self.jobs[slurm_id]
+        return [("account", a), ("user", a, u), ("qos", q), ("qos-user", q, u)]
+
+    def gate(self, job: SimJob) -> str:
+        """Slurm's limits when `job` would start (SimWorld's gate): the
+        reason it may not, as squeue shows it, or "" (it may)."""
+        got = self.jobs.get(job.job_id)
+        if got is None:
+            return ""
+        a, _, q, _ = got
+        gpus = max(job.gres, 0) * job.num_nodes
+        acc, qos = self.site.account(a), self._qos.get(q)
+        g = dict(zip(("account", "user", "qos", "qos-user"), self._groups(job.job_id), strict=True))
+        checks = [
+            (acc.gpus if acc else None, g["account"], "AssocGrpGRES"),
+            (acc.user_gpus if acc else None, g["user"], "AssocGrpGRES"),
+            (qos.gpus if qos else None, g["qos"], "QOSGrpGRES"),
+            (qos.user_gpus if qos else None, g["qos-user"], "QOSMaxGRESPerUser"),
+        ]
+        why = next((r for cap, k, r in checks if cap is not None and self.by_group.get(k, 0) + gpus > cap), "")
+        if not why and qos is not None and qos.job_gpus is not None and gpus > qos.job_gpus:
+            why = "QOSMaxGRESPerJob"
+        if why:
+            self.held_back.add((job.job_id, job.starts))
+        return why
+
+    def started(self, job: SimJob, cell: str) -> None:
+        if job.job_id in self.jobs:
+            self.advance()
+            a = self.jobs[job.job_id][0]
+            self.gpus_held[a] = self.gpus_held.get(a, 0) + job.gpus
+            self.peak[a] = max(self.peak.get(a, 0), self.gpus_held[a])
+            for k in self._groups(job.job_id):
+                self.by_group[k] = self.by_group.get(k, 0) + job.gpus
+
+    def stopped(self, job: SimJob, held_s: float) -> None:
+        if job.job_id in self.jobs:
+            self.advance()
+            a = self.jobs[job.job_id][0]
+            self.gpus_held[a] = self.gpus_held.get(a, 0) - job.gpus
+            for k in self._groups(job.job_id):
+                self.by_group[k] -= job.gpus
+
+    def ended(self, job: SimJob) -> None:
+        # a checkpointed job ends too (FAILED, exit 75) and is requeued later: its demand comes back then
+        got = self.jobs.get(job.job_id)
+        if got is not None and job.job_id not in self.over:
+            self.advance()
+            self.over.add(job.job_id)
+            self.demand[got[0]] -= got[3]
+
+    def requeued(self, job: SimJob) -> None:
+        got = self.jobs.get(job.job_id)
+        if got is not None and job.job_id in self.over:
+            self.advance()
+            self.over.discard(job.job_id)
+            self.demand[got[0]] += got[3]
+
+    def _cap(self, account: str) -> float:
+        spec = self.site.account(account)
+        return math.inf if spec is None or spec.gpus is None else spec.gpus
+
+    def normalized_usage(self) -> dict[str, float]:
+        self.advance()
+        total = sum(self.usage.values())
+        return {a: (u / total if total > 0 else 0.0) for a, u in self.usage.items()}
+
+    def site_policy(self) -> SitePolicy:
+        return SitePolicy(
+            limits=site_limits(self.site, self.users), shares=dict(self.shares), usage=self.normalized_usage()
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """Per account: share, the starts Slurm's limits held back (the
+        policy asked for a start over a limit), the most GPUs held at once,
+        GPU-seconds held and entitled, and their fractions of all held / all
+        entitled (the run's meta["site"])."""
+        self.advance()
+        held, ent = sum(self.held_s.values()), sum(self.entitled_s.values())
+        names = [a.name for a in self.site.accounts] + sorted(set(self.held_s) - {a.name for a in self.site.accounts})
+        held_back: dict[str, int] = {}
+        for sid, _ in self.held_back:
+            held_back[self.jobs[sid][0]] = held_back.get(self.jobs[sid][0], 0) + 1
+        return {
+            a: {
+                "share": self.shares.get(a, 0.0),
+                "held_back_starts": held_back.get(a, 0),
+                "peak_gpus": self.peak.get(a, 0),
+                "gpu_s": round(self.held_s.get(a, 0.0), 3),
+                "entitled_gpu_s": round(self.entitled_s.get(a, 0.0), 3),
+                "used_frac": self.held_s.get(a, 0.0) / held if held else 0.0,
+                "entitled_frac": self.entitled_s.get(a, 0.0) / ent if ent else 0.0,
+            }
+            for a in names
+            if a in self.held_s or a in self.entitled_s or a in self.demand
+        }
+
+
+class SiteFeed:
+    """`inner` with the site given to it (module doc): each request's jobs
+    get their account, user, QOS and multifactor priority, and the request
+    the SitePolicy of the moment."""
+
+    def __init__(self, inner: Policy, usage: SiteUsage, weights: MultifactorWeights | None = None) -> None:
+        self.inner = inner
+        self.usage = usage
+        self.weights = weights or MultifactorWeights()
+        self.name = inner.name
+
+    def schedule(self, request: ScheduleRequest, estimator: EstimatorLike) -> ScheduleReply:
+        site = self.usage.site_policy()
+        total = sum(n.gpus_total for n in request.cluster.nodes)
+        jobs = []
+        for j in request.jobs:
+            got = self.usage.jobs.get(j.job_id)
+            if got is not None:
+                j = dataclasses.replace(j, account=got[0], user=got[1], qos=got[2])
+            j = dataclasses.replace(j, priority=multifactor_priority(j, site, request.now, total, self.weights))
+            jobs.append(j)
+        return self.inner.schedule(dataclasses.replace(request, jobs=tuple(jobs), site=site), estimator)
