@@ -34,7 +34,13 @@ fi
 export PATH="$PWD/$VENV/bin:$PATH"
 export LAB=/tmp/cellsched-demo
 unset CTLD_PORT SLURMD_BASEPORT DEVCLUSTER_SHAPE JOB_SUBMIT_LUA
-export DEVCLUSTER_ACCOUNTING=1  # the site's accounts and limits bind the controller
+# the site's accounts and limits bind the controller (Slurm 22.05; see docs/slurm-support.md for 24.11)
+if [ "${DEVCLUSTER_SLURM:-}" = 24.11 ] || [ "$(cut -d. -f1 /etc/debian_version)" = 13 ]; then
+  export DEVCLUSTER_ACCOUNTING=0
+  echo "demo: Slurm 24.11: no accounting (slurmdbd 24.11 does not start against Debian 13's MariaDB), one account"
+else
+  export DEVCLUSTER_ACCOUNTING=1
+fi
 DEVCLUSTER=contrib/dev-cluster/devcluster.sh
 WORK=$LAB/demo
 CONFIG=$WORK/cellsched.toml
@@ -75,11 +81,12 @@ ids=()
 n=0
 for spec in "gpt-1.3b 64" "gpt-350m 32" "bert__760M 64" "bert__1.3B 128" "moe__690M 64" "wide_resnet__500M 32" "moe__1.3B 64" "gpt-125m 16"; do
   read -r model batch <<<"$spec"
-  if [ $((n % 2)) = 0 ]; then account=acct-a; else account=acct-b; fi
+  account=()
+  if [ "$DEVCLUSTER_ACCOUNTING" = 1 ]; then account=(-A "acct-$([ $((n % 2)) = 0 ] && echo a || echo b)"); fi
   n=$((n + 1))
-  id=$(cellsched sbatch --parsable --model "$model" --global-batch "$batch" --iterations 100 -A "$account" \
+  id=$(cellsched sbatch --parsable --model "$model" --global-batch "$batch" --iterations 100 "${account[@]}" \
          -J "demo-$model" -o "$WORK/%j.out" --export=ALL,DEMO_SLEEP=4 contrib/examples/demo_job.sh)
-  echo "  job $id: $model, global batch $batch, account $account"
+  echo "  job $id: $model, global batch $batch ${account[*]}"
   ids+=("$id")
 done
 squeue

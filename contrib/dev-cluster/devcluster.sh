@@ -324,7 +324,13 @@ DB_SOCKET=$DB_DIR/mysqld.sock
 
 acct_on() {
   case $ACCOUNTING in
-    1) return 0 ;;
+    1)
+      # Debian 13's slurmdbd 24.11.5 against its MariaDB 11.8 stops at start-up (slurmdbd.log:
+      # "_check_mysql_concat_is_sane: null result", the client library refusing the result
+      # of `select @var := concat('')`): accounting runs on Slurm 22.05 only, for now
+      [ "$(release_of_host)" != 24.11 ] ||
+        die "DEVCLUSTER_ACCOUNTING=1 needs Slurm 22.05: slurmdbd 24.11 does not start against Debian 13's MariaDB 11.8 (docs/slurm-support.md)"
+      return 0 ;;
     0 | "") return 1 ;;
     *) die "DEVCLUSTER_ACCOUNTING must be 0 or 1, got '$ACCOUNTING'" ;;
   esac
