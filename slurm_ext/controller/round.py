@@ -20,6 +20,7 @@ from slurm_ext.controller import metrics as mx
 from slurm_ext.controller import relaunch
 from slurm_ext.controller.hooks import STATIC_REASON, HookFiles, HookReader, Movability, collect_movability
 from slurm_ext.controller.lease import FencedBackend, FileLease, LeaseLost
+from slurm_ext.controller.limits import within_limits
 from slurm_ext.controller.progress import Progress, ProgressFiles, ProgressReader, collect_progress
 from slurm_ext.controller.reconcile import Action, ActionKind, Outcome, Waiting, apply, checked, decide, intent_outcomes
 from slurm_ext.controller.report import RoundReport
@@ -613,6 +614,8 @@ class Controller:
             static=ctx.moving.static,
             partitions=allowed_partitions(ctx.built.request),
         )
+        ctx.actions, held_back = within_limits(ctx.actions, ctx.jobs, ctx.built.request)
+        ctx.rejected.update(held_back)
 
     def _apply(self, ctx: RoundContext) -> None:
         """Carry the actions out (reconcile.apply), fenced by the lease."""
