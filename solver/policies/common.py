@@ -4,6 +4,7 @@ estimates, the optional feasibility rule, and building a reply."""
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Mapping
 
 from solver.placement import Result
@@ -18,6 +19,7 @@ from solver.types import (
     Placement,
     ScheduleReply,
     ScheduleRequest,
+    SolverStatus,
 )
 
 #: `feasible(job, cell) -> bool`: an extra rule a baseline must respect
@@ -96,3 +98,18 @@ def reply(
     from solver.placement.siterules import enforce_site
 
     return enforce_site(request, out)
+
+
+def heuristic_reply(
+    fixed: Mapping[str, Placement],
+    placed: Mapping[str, Placement],
+    num_cells: int,
+    reasons: Mapping[str, str],
+    t0: float,
+    request: ScheduleRequest,
+) -> ScheduleReply:
+    """`reply` for a baseline's own placement (no solver ran), its time
+    counted from `t0` (time.perf_counter)."""
+    dt = time.perf_counter() - t0
+    n = float(len(placed))
+    return reply(fixed, Result(dict(placed), SolverStatus.HEURISTIC, n, n, place_s=dt), num_cells, reasons, dt, request)

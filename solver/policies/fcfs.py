@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import time
 
-from solver.placement import Result, Space, split_fixed
+from solver.placement import Space, split_fixed
 from solver.placement.candidates import Option
 from solver.placement.greedy import try_place
-from solver.policies.common import Feasible, dp_estimate, layouts, reply
-from solver.types import EstimatorLike, JobRequest, ScheduleReply, ScheduleRequest, SolverStatus
+from solver.policies.common import Feasible, dp_estimate, heuristic_reply, layouts
+from solver.types import EstimatorLike, JobRequest, ScheduleReply, ScheduleRequest
 
 
 def requested(job: JobRequest, types: tuple[str, ...]) -> tuple[str | None, int]:
@@ -71,12 +71,4 @@ class FcfsPolicy:
             reasons[job.job_id] = f"waiting for {gpus} free {gpu_type} GPUs"
             if not self.backfill:
                 blocked.add(gpu_type)
-        dt = time.perf_counter() - t0
-        return reply(
-            fixed,
-            Result(placed, SolverStatus.HEURISTIC, float(len(placed)), float(len(placed)), place_s=dt),
-            cells,
-            reasons,
-            dt,
-            request,
-        )
+        return heuristic_reply(fixed, placed, cells, reasons, t0, request)

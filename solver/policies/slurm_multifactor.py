@@ -48,23 +48,14 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from solver.placement import Result, Space, split_fixed
+from solver.placement import Space, split_fixed
 from solver.placement.candidates import Option
 from solver.placement.greedy import try_place
 from solver.placement.siterules import Bucket, binds, bucket_of
-from solver.policies.common import Feasible, dp_estimate, layouts, reply
+from solver.policies.common import Feasible, dp_estimate, heuristic_reply, layouts
 from solver.policies.fcfs import requested
 from solver.site import GpuLimit, LimitKind, SitePolicy, reason_limit
-from solver.types import (
-    Cell,
-    EstimatorLike,
-    JobRequest,
-    NodeView,
-    Placement,
-    ScheduleReply,
-    ScheduleRequest,
-    SolverStatus,
-)
+from solver.types import Cell, EstimatorLike, JobRequest, NodeView, Placement, ScheduleReply, ScheduleRequest
 
 
 @dataclass(frozen=True)
@@ -267,15 +258,7 @@ class SlurmMultifactorPolicy:
                 reserved += 1
                 for node in nodes:
                     profile.hold(start, start + run_s, node, opt.cell.gpus_per_node)
-        dt = time.perf_counter() - t0
-        return reply(
-            fixed,
-            Result(placed, SolverStatus.HEURISTIC, float(len(placed)), float(len(placed)), place_s=dt),
-            cells,
-            reasons,
-            dt,
-            request,
-        )
+        return heuristic_reply(fixed, placed, cells, reasons, t0, request)
 
     def _earliest(
         self, profile: Profile, type_nodes: Sequence[NodeView], job: JobRequest, options: Sequence[Option]

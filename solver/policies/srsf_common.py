@@ -35,11 +35,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from solver.contention import loaded_times
-from solver.placement import Result, Space, split_fixed
+from solver.placement import Space, split_fixed
 from solver.placement.candidates import Option
 from solver.placement.greedy import try_place
 from solver.placement.nodes import ClassKey, Ledger
-from solver.policies.common import Feasible, dp_estimate, layouts, reply
+from solver.policies.common import Feasible, dp_estimate, heuristic_reply, layouts
 from solver.policies.fcfs import requested
 from solver.types import (
     Cell,
@@ -50,7 +50,6 @@ from solver.types import (
     Placement,
     ScheduleReply,
     ScheduleRequest,
-    SolverStatus,
 )
 
 #: (job, placement, iteration time alone on its nodes) of a placed multi-node job
@@ -299,15 +298,7 @@ class SrsfPolicy:
             ends.append((item.job.remaining_iterations * got.iter_time_s, got))
             if got.cell.num_nodes > 1:
                 comm[item.job.job_id] = (item.job, got, got.iter_time_s)
-        dt = time.perf_counter() - t0
-        return reply(
-            fixed,
-            Result(placed, SolverStatus.HEURISTIC, float(len(placed)), float(len(placed)), place_s=dt),
-            cells,
-            reasons,
-            dt,
-            request,
-        )
+        return heuristic_reply(fixed, placed, cells, reasons, t0, request)
 
     def _place(self, state: RoundState, item: Pending) -> tuple[Placement | None, str]:
         """The job on its first layout that fits under the cap (adaptive: first
