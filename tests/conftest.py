@@ -41,24 +41,8 @@ def slurm_cluster() -> Iterator[DevCluster]:
     env.update(TEST_CLUSTER_ENV)
     lab = Path(env["LAB"])
     cluster = DevCluster(lab=lab, conf=lab / "etc" / "slurm.conf", shape=read_shape(SHAPE), env=env)
-    started = cluster.devcluster("up", timeout=300)
-    if started.returncode != 0:
-        cluster.devcluster("down")
-        pytest.fail(
-            f"the Slurm dev cluster did not start (devcluster.sh up, exit {started.returncode}):\n"
-            f"{started.stderr[-4000:]}",
-            pytrace=False,
-        )
-    previous = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(cluster.conf)
-    try:
+    with cluster.running():
         yield cluster
-    finally:
-        cluster.devcluster("down")
-        if previous is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = previous
 
 
 @pytest.fixture(autouse=True)

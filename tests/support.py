@@ -3,6 +3,7 @@ tests/ on sys.path): the dev cluster handle, polling, and building the package."
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shlex
@@ -10,7 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,29 @@ class DevCluster:
             timeout=timeout,
             check=False,
         )
+
+    @contextlib.contextmanager
+    def running(self, what: str = "the Slurm dev cluster") -> Iterator[DevCluster]:
+        """Start it (`up`; the test fails with its stderr when it does not
+        start), point SLURM_CONF at it, and take both back (`down`, the
+        previous SLURM_CONF) at the end."""
+        started = self.devcluster("up", timeout=300)
+        if started.returncode != 0:
+            self.devcluster("down")
+            pytest.fail(
+                f"{what} did not start (devcluster.sh up, exit {started.returncode}):\n{started.stderr[-4000:]}",
+                pytrace=False,
+            )
+        previous = os.environ.get("SLURM_CONF")
+        os.environ["SLURM_CONF"] = str(self.conf)
+        try:
+            yield self
+        finally:
+            self.devcluster("down")
+            if previous is None:
+                os.environ.pop("SLURM_CONF", None)
+            else:
+                os.environ["SLURM_CONF"] = previous
 
 
 def read_shape(path: Path) -> dict[str, tuple[str, int]]:

@@ -66,20 +66,8 @@ def acct_cluster() -> Iterator[DevCluster]:
     lab = Path(env["LAB"])
     shape = {n: (t, int(g)) for n, t, g in (x.split(":") for x in SHAPE.split(","))}
     cluster = DevCluster(lab=lab, conf=lab / "etc" / "slurm.conf", shape=shape, env=env)
-    started = cluster.devcluster("up", timeout=300)
-    if started.returncode != 0:
-        cluster.devcluster("down")
-        pytest.fail(f"the accounting dev cluster did not start:\n{started.stderr[-4000:]}", pytrace=False)
-    previous = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(cluster.conf)
-    try:
+    with cluster.running("the accounting dev cluster"):
         yield cluster
-    finally:
-        cluster.devcluster("down")
-        if previous is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = previous
 
 
 def _slurm(*args: str) -> str:
