@@ -79,9 +79,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -89,6 +87,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "contrib" / "examples")]  # this tree's solver and launch, not an installed one
+
+from benchmarks.local_step import free_port, run_step  # noqa: E402  (after the path above)
 
 SHAPE = {"layers": 4, "hidden": 192, "heads": 4, "seq": 256, "vocab": 256}
 BATCH = 8
@@ -235,72 +235,11 @@ def worker(steps: int, warmup: int, shape: dict, batch: int) -> None:
     torch.distributed.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def measure(plan: dict, steps: int, warmup: int, shape: dict, batch: int, timeout: float = 300) -> dict:
     """Run every rank of `plan` as a one-node Slurm step would, through the launcher."""
-    n = plan["pp"] * plan["dp"] * plan["tp"]
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CELLSCHED_"))}
-    base.update(
-        {
-            "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": str(REPO),
-            "CELLSCHED_PLAN": json.dumps(plan),
-            "CELLSCHED_MASTER_PORT": str(free_port()),
-        }
-    )
-    step = {
-        "SLURM_JOB_ID": "1",
-        "SLURM_STEP_ID": "0",
-        "SLURM_NTASKS": str(n),
-        "SLURM_NNODES": "1",
-        "SLURM_NODEID": "0",
-        "SLURM_JOB_NODELIST": "localhost",
-        "SLURM_TASKS_PER_NODE": str(n),
-    }
-    cmd = [
-        sys.executable,
-        "-m",
-        "launch",
-        "--",
-        sys.executable,
-        __file__,
-        "--worker",
-        "--steps",
-        str(steps),
-        "--warmup",
-        str(warmup),
-        "--shape",
-        json.dumps(shape),
-        "--batch",
-        str(batch),
-    ]
-    procs = [
-        subprocess.Popen(
-            cmd,
-            env={**base, **step, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)},
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(n)
-    ]
-    try:
-        outs = [p.communicate(timeout=timeout) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    bad = [(r, p.returncode, outs[r][1]) for r, p in enumerate(procs) if p.returncode != 0]
-    if bad:
-        raise RuntimeError(f"plan {plan}: rank {bad[0][0]} exited {bad[0][1]}:\n{bad[0][2][-2000:]}")
-    ranks = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    worker = [__file__, "--worker", "--steps", str(steps), "--warmup", str(warmup)]
+    worker += ["--shape", json.dumps(shape), "--batch", str(batch)]
+    ranks = run_step(plan, worker, pythonpath=[REPO], timeout=timeout)
     wall = [max(w) for w in zip(*(r["wall"] for r in ranks), strict=True)]  # a step ends with its slowest rank
     wait = [max(d) for d in zip(*(r["wait"] for r in ranks), strict=True)]
     return {

@@ -52,9 +52,7 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -63,6 +61,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "contrib" / "examples")]
+
+from benchmarks.local_step import run_step  # noqa: E402  (after the path above)
 
 SHAPE = {"layers": 4, "hidden": 192, "heads": 4, "seq": 256, "vocab": 256}
 BATCH = 8
@@ -260,57 +260,14 @@ def worker(steps: int, warmup: int) -> None:
     torch.distributed.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def measure(plan: dict, groups: list[Path], steps: int, warmup: int, timeout: float = 300) -> dict:
     """Run every rank of `plan` through the launcher, rank r in groups[r]."""
-    n = plan.get("pp", 1) * plan.get("dp", 1) * plan.get("tp", 1)
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CELLSCHED_"))}
-    base.update(
-        {
-            "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "contrib" / "examples")]),
-            "CELLSCHED_PLAN": json.dumps(plan),
-            "CELLSCHED_MASTER_PORT": str(free_port()),
-        }
+    worker = [__file__, "--worker", "--steps", str(steps), "--warmup", str(warmup)]
+    paths = [REPO, REPO / "contrib" / "examples"]
+    ranks = run_step(
+        plan, worker, pythonpath=paths, timeout=timeout, rank_env=lambda r: {"MIXED_CGROUP": str(groups[r])}
     )
-    step = {
-        "SLURM_JOB_ID": "1",
-        "SLURM_STEP_ID": "0",
-        "SLURM_NTASKS": str(n),
-        "SLURM_NNODES": "1",
-        "SLURM_NODEID": "0",
-        "SLURM_JOB_NODELIST": "localhost",
-        "SLURM_TASKS_PER_NODE": str(n),
-    }
-    cmd = [sys.executable, "-m", "launch", "--", sys.executable, __file__, "--worker"]
-    cmd += ["--steps", str(steps), "--warmup", str(warmup)]
-    procs = [
-        subprocess.Popen(
-            cmd,
-            env={**base, **step, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "MIXED_CGROUP": str(groups[r])},
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(n)
-    ]
-    try:
-        outs = [p.communicate(timeout=timeout) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    bad = [(r, p.returncode, outs[r][1]) for r, p in enumerate(procs) if p.returncode != 0]
-    if bad:
-        raise RuntimeError(f"plan {plan}: rank {bad[0][0]} exited {bad[0][1]}:\n{bad[0][2][-2000:]}")
-    ranks = sorted((json.loads(out.strip().splitlines()[-1]) for out, _ in outs), key=lambda r: r["rank"])
+    ranks.sort(key=lambda r: r["rank"])
     wall = [max(w) for w in zip(*(r["wall"] for r in ranks), strict=True)]
     return {
         "measured_s": statistics.median(wall),
