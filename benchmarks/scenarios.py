@@ -16,14 +16,20 @@ From a seed, `generate` makes a scenario nobody chose by hand:
 
 Each scenario is one `cellsched simulate --realistic` run (its own seed for
 the noise), so every variant sees the same truth, noise and restart costs:
-`cellsched` against each feature switched off:
+`cellsched` against each feature switched off (with ``--noise-seeds K``, K
+such runs under different truth noise, pooled):
 
 * ``mixed+sharding``: ``cellsched:mixed_cells=false,state_sharding=false``
 * ``contention``: ``cellsched:contention_aware=false`` (scenarios with cards)
 * ``calibration``: ``cellsched:calibrate=false``
 
 The ratio of a feature is cellsched's average JCT over the jobs both runs
-finished against the run without it (< 1: the feature pays). The report
+finished against the run without it (< 1: the feature pays); over K noise
+seeds, over the (noise seed, job) pairs both finished. On a small, loaded
+cluster one run's ratio swings by a few percent with the noise seed alone
+(a different truth reorders the queue), which K > 1 averages out. For
+contention the rows also give the share of the summed JCT each variant's
+jobs lost to shared links: what awareness could win back at most, directly. The report
 gives per feature the median, the 10th and 90th percentiles and the worst
 ratio, over all scenarios and, for contention, over those whose cards are
 10-25 Gb/s and where cellsched ran a multi-node job.
@@ -34,7 +40,7 @@ this benchmark and are what the results page reports; tune on others
 every variant is not run again. Scenarios run in parallel (`--workers`),
 each simulation on one core.
 
-    python benchmarks/scenarios.py --out /tmp/scen [--seeds 1000-1029] [--workers 2] [--features all]
+    python benchmarks/scenarios.py --out /tmp/scen [--seeds 1000-1029] [--workers 2] [--features all] [--noise-seeds 1]
 
 Prints one JSON line per scenario and feature, then one summary line per
 feature, and writes OUT/scenarios.md and OUT/scenarios.png.
@@ -59,6 +65,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this tree's simulator, not an installed one
 
 HELD_OUT = tuple(range(1000, 1030))
+#: a scenario's k-th noise seed is its seed + k x this (`--noise-seeds`; k = 0: the seed itself)
+NOISE_STRIDE = 100_000
 TYPES = ("a100", "v100", "a40", "a10")
 #: node sizes per type: Arena's (A100 4, V100 16, A40/A10 2) and nearby ones
 NODE_SIZES = {"a100": (4, 8), "v100": (4, 8, 16), "a40": (2, 4), "a10": (2, 4)}
@@ -188,9 +196,17 @@ def variants(scn: Scenario, features: Iterable[str]) -> list[str]:
     return [WITH] + [FEATURES[f] for f in features if f != "contention" or scn.nic_gbps is not None]
 
 
-def run(scn: Scenario, out: Path, features: Sequence[str], rows: Sequence[dict[str, str]]) -> Path:
-    """Simulate the scenario (not again when its results hold every variant)."""
+def noise_seed(scn: Scenario, k: int) -> int:
+    """The simulator's seed (truth noise) of the scenario's k-th run."""
+    return scn.seed + NOISE_STRIDE * k
+
+
+def run(scn: Scenario, out: Path, features: Sequence[str], rows: Sequence[dict[str, str]], noise: int = 0) -> Path:
+    """Simulate the scenario under its `noise`-th noise seed (not again when
+    its results hold every variant)."""
     d = out / f"scenario-{scn.seed}"
+    if noise:
+        d = d / f"noise-{noise}"
     results = d / "results.json"
     want = variants(scn, features)
     if results.exists() and set(want) <= set(json.loads(results.read_text())["runs"]):
@@ -204,7 +220,7 @@ def run(scn: Scenario, out: Path, features: Sequence[str], rows: Sequence[dict[s
         w.writerows(jobs)
     (d / "scenario.json").write_text(json.dumps(asdict(scn), indent=1))
     rate = scn.load * scn.total_gpus / ARENA_GPUS / share
-    cmd = [sys.executable, "-m", "slurm_ext", "simulate", "--realistic", "--seed", str(scn.seed)]
+    cmd = [sys.executable, "-m", "slurm_ext", "simulate", "--realistic", "--seed", str(noise_seed(scn, noise))]
     cmd += ["--trace", str(d / "trace.csv"), "--cluster", str(d / "cluster.toml"), "--arrival-rate", f"{rate:.6g}"]
     for p in want:
         cmd += ["--policy", p]
@@ -225,40 +241,65 @@ def multi_node(cells: Iterable[str]) -> bool:
     return False
 
 
-def ratios(scn: Scenario, doc: dict) -> list[dict[str, object]]:
-    """One row per feature of a scenario's run: the ratio on/off (module doc)."""
-    runs = doc["runs"]
-    jct = {
-        p: {j["job_id"]: j["jct"] for j in r["jobs"] if j["finished"] and j["jct"] is not None} for p, r in runs.items()
-    }
-    on = jct[WITH]
-    multi = any(multi_node(j["cells"]) for j in runs[WITH]["jobs"])
+def ratios(scn: Scenario, docs: dict | Sequence[dict]) -> list[dict[str, object]]:
+    """One row per feature of a scenario's runs (one results.json per noise
+    seed): the ratio on/off (module doc), over the (noise seed, job) pairs
+    both variants finished; for contention also the share of those jobs'
+    summed JCT that each variant's runs lost to shared links (the room
+    contention awareness has), where the results record it."""
+    runs_of = [d["runs"] for d in ([docs] if isinstance(docs, dict) else docs)]
+
+    def jct(runs: dict, p: str) -> dict[str, tuple[float, float]]:
+        return {
+            j["job_id"]: (j["jct"], j.get("contended_s", math.nan))
+            for j in runs[p]["jobs"]
+            if j["finished"] and j["jct"] is not None
+        }
+
+    multi = any(multi_node(j["cells"]) for runs in runs_of for j in runs[WITH]["jobs"])
     out = []
     for feat, off_name in FEATURES.items():
-        if off_name not in runs:
+        if any(off_name not in runs for runs in runs_of):
             continue
-        off = jct[off_name]
-        common = sorted(set(on) & set(off))
-        a = statistics.fmean(on[j] for j in common) if common else math.nan
-        b = statistics.fmean(off[j] for j in common) if common else math.nan
-        out.append(
-            {
-                "seed": scn.seed,
-                "feature": feat,
-                "ratio": round(a / b, 4) if common and b > 0 else None,
-                "jobs": len(runs[WITH]["jobs"]),
-                "finished_on": len(on),
-                "finished_off": len(off),
-                "jobs_common": len(common),
-                "gpus": scn.total_gpus,
-                "types": len(scn.groups),
-                "nic_gbps": scn.nic_gbps,
-                "racks": bool(scn.uplink_gbps),
-                "load": scn.load,
-                "multi_node": multi,
-            }
-        )
+        pairs_on, pairs_off, finished_on, finished_off = [], [], 0, 0
+        for runs in runs_of:
+            on, off = jct(runs, WITH), jct(runs, off_name)
+            finished_on, finished_off = finished_on + len(on), finished_off + len(off)
+            common = sorted(set(on) & set(off))
+            pairs_on += [on[j] for j in common]
+            pairs_off += [off[j] for j in common]
+        a = statistics.fmean(t for t, _ in pairs_on) if pairs_on else math.nan
+        b = statistics.fmean(t for t, _ in pairs_off) if pairs_off else math.nan
+        row: dict[str, object] = {
+            "seed": scn.seed,
+            "feature": feat,
+            "ratio": round(a / b, 4) if pairs_on and b > 0 else None,
+            "noise_seeds": len(runs_of),
+            "jobs": sum(len(runs[WITH]["jobs"]) for runs in runs_of),
+            "finished_on": finished_on,
+            "finished_off": finished_off,
+            "jobs_common": len(pairs_on),
+            "gpus": scn.total_gpus,
+            "types": len(scn.groups),
+            "nic_gbps": scn.nic_gbps,
+            "racks": bool(scn.uplink_gbps),
+            "load": scn.load,
+            "multi_node": multi,
+        }
+        if feat == "contention":
+            row["contended_on"] = lost_share(pairs_on)
+            row["contended_off"] = lost_share(pairs_off)
+        out.append(row)
     return out
+
+
+def lost_share(pairs: Sequence[tuple[float, float]]) -> float | None:
+    """Summed seconds lost to shared links / summed JCT of (JCT, lost) pairs
+    (None when the results do not record the loss)."""
+    total = sum(t for t, _ in pairs)
+    if not pairs or total <= 0 or any(math.isnan(c) for _, c in pairs):
+        return None
+    return round(sum(c for _, c in pairs) / total, 4)
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -292,9 +333,32 @@ def summary(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
             "worst": round(max(v), 4),
             "best": round(min(v), 4),
             "worse_than_off_by_1pct": sum(x > 1.01 for x in v),
+            **_lost(rows, f),
         }
         for f, v in groups.items()
     ]
+
+
+def _lost(rows: Sequence[dict[str, object]], group: str) -> dict[str, object]:
+    """For a contention group: the median share of JCT lost to shared links,
+    with awareness and without (over the rows that record it)."""
+    if not group.startswith("contention"):
+        return {}
+    slow = group != "contention"
+    picked = [
+        r
+        for r in rows
+        if r["feature"] == "contention"
+        and r.get("contended_off") is not None
+        and (not slow or (r["nic_gbps"] is not None and 10 <= float(r["nic_gbps"]) <= 25 and r["multi_node"]))  # type: ignore[arg-type]
+    ]
+    if not picked:
+        return {}
+    return {
+        "lost_to_links_on_median": round(statistics.median(float(r["contended_on"]) for r in picked), 4),  # type: ignore[arg-type]
+        "lost_to_links_off_median": round(statistics.median(float(r["contended_off"]) for r in picked), 4),  # type: ignore[arg-type]
+        "lost_to_links_off_max": round(max(float(r["contended_off"]) for r in picked), 4),  # type: ignore[arg-type]
+    }
 
 
 def markdown(rows: Sequence[dict[str, object]], sums: Sequence[dict[str, object]], argv: Sequence[str]) -> str:
@@ -306,11 +370,19 @@ def markdown(rows: Sequence[dict[str, object]], sums: Sequence[dict[str, object]
     for s in sums:
         cells = [s["feature"], s["scenarios"], s["median"], s["p10"], s["p90"], s["worst"], s["best"]]
         lines.append("| " + " | ".join(str(c) for c in [*cells, s["worse_than_off_by_1pct"]]) + " |")
-    lines += ["", "| seed | feature | ratio | finished on / off of | GPUs | types | NIC Gb/s | racks | load |"]
-    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for s in sums:
+        if "lost_to_links_off_median" in s:
+            lines.append(
+                f"\n{s['feature']}: share of JCT lost to shared links, median {s['lost_to_links_on_median']} "
+                f"with awareness, {s['lost_to_links_off_median']} without (max {s['lost_to_links_off_max']})."
+            )
+    head = "| seed | feature | ratio | noise seeds | finished on / off of | GPUs | types | NIC Gb/s | racks | load |"
+    lines += ["", head + " lost to links on / off |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         fin = f"{r['finished_on']} / {r['finished_off']} of {r['jobs']}"
-        cells = [r["seed"], r["feature"], r["ratio"], fin, r["gpus"], r["types"], r["nic_gbps"], r["racks"], r["load"]]
+        lost = f"{r['contended_on']} / {r['contended_off']}" if r.get("contended_off") is not None else None
+        cells = [r["seed"], r["feature"], r["ratio"], r.get("noise_seeds", 1), fin, r["gpus"], r["types"]]
+        cells += [r["nic_gbps"], r["racks"], r["load"], lost]
         lines.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -348,6 +420,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seeds", default=f"{HELD_OUT[0]}-{HELD_OUT[-1]}", help="e.g. 1000-1029 (held out) or 0-29")
     ap.add_argument("--workers", type=int, default=2, help="scenarios simulated at once (one core each)")
     ap.add_argument("--features", default="all", help=f"comma-separated of {', '.join(FEATURES)}, or all")
+    ap.add_argument(
+        "--noise-seeds",
+        type=int,
+        default=1,
+        help="runs per scenario, each under its own truth noise (seed + k x 100000); the ratio pools them",
+    )
     ap.add_argument("--dry-run", action="store_true", help="print the scenarios, run nothing")
     args = ap.parse_args(argv)
     features = list(FEATURES) if args.features == "all" else args.features.split(",")
@@ -361,9 +439,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     rows_all = philly()
+    if args.noise_seeds < 1:
+        ap.error("--noise-seeds must be at least 1")
+    tasks = [(s, k) for s in scns for k in range(args.noise_seeds)]
     with ThreadPoolExecutor(max(1, args.workers)) as pool:
-        paths = list(pool.map(lambda s: run(s, args.out, features, rows_all), scns))
-    rows = [r for s, p in zip(scns, paths, strict=True) for r in ratios(s, json.loads(p.read_text()))]
+        paths = list(pool.map(lambda t: run(t[0], args.out, features, rows_all, t[1]), tasks))
+    docs: dict[int, list[dict]] = {}
+    for (s, _), p in zip(tasks, paths, strict=True):
+        docs.setdefault(s.seed, []).append(json.loads(p.read_text()))
+    rows = [r for s in scns for r in ratios(s, docs[s.seed])]
     for r in rows:
         print(json.dumps(r))
     sums = summary(rows)

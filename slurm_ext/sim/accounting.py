@@ -42,6 +42,7 @@ class _Record:
     kinds: dict[str, KindUse] = field(default_factory=dict)
     run_kinds: tuple[str, ...] = ()  # the kinds of cell of its current run
     completed_at: float | None = None  # its end, when its last end was its completion
+    contended_s: float = 0.0  # seconds its runs lost to shared links (SimJob.contended_s)
 
 
 class Accounting(Observer):
@@ -84,6 +85,7 @@ class Accounting(Observer):
     def stopped(self, job: SimJob, held_s: float) -> None:
         rec = self._record(job.job_id)
         rec.gpu_seconds += job.gpus * held_s
+        rec.contended_s = job.contended_s
         for k in rec.run_kinds:
             use = rec.kinds[k]
             rec.kinds[k] = KindUse(use.placements, use.seconds + held_s, use.gpu_seconds + job.gpus * held_s)
@@ -107,7 +109,8 @@ class Accounting(Observer):
         `trace_job_id` submitted at `submit_time`: its first start; its end
         when it completed; its restarts (starts after the first); the
         GPU-seconds it held; the cells it ran in, in order (a cell repeated
-        back to back once); its runs by kind of cell (`run_kinds`)."""
+        back to back once); its runs by kind of cell (`run_kinds`); the
+        seconds its runs lost to links shared with other jobs."""
         rec = self._jobs.get(job_id) or _Record()
         cells: list[str] = []
         for c in rec.cells:
@@ -123,4 +126,5 @@ class Accounting(Observer):
             rec.gpu_seconds,
             tuple(cells),
             dict(rec.kinds),
+            rec.contended_s,
         )

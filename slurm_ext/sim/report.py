@@ -67,6 +67,8 @@ class PolicyResult:
     jobs_common: int | None = None
     #: kind of cell -> {"placements", "jobs", "job_hours", "gpu_hours"} (module doc), every kind
     cell_kinds: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    #: seconds the jobs' runs lost to shared network links, summed (contention; 0 without)
+    contended_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -177,6 +179,7 @@ def summarize(run: SimRun) -> PolicyResult:
         rounds=len(run.rounds),
         wall_s=run.wall_s,
         cell_kinds=cell_kinds(run),
+        contended_s=sum(j.contended_s for j in run.jobs),
     )
 
 

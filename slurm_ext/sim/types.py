@@ -152,6 +152,8 @@ class JobOutcome:
     cells: tuple[str, ...] = ()
     #: its runs by kind of cell (CELL_KINDS; STATE_SHARDED overlaps the others), kinds it never ran in left out
     kinds: Mapping[str, KindUse] = field(default_factory=dict)
+    #: seconds its runs lost to network links shared with other jobs (contention; 0 without)
+    contended_s: float = 0.0
 
     @property
     def jct(self) -> float | None:

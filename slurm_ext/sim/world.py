@@ -128,6 +128,7 @@ class SimJob:
     spec: JobSpec | None = None
     iter_time: float | None = None
     comm: Comm | None = None  # its network use alone (contention); None: one node or not modelled
+    contended_s: float = 0.0  # seconds of its runs lost to sharing links: slower than it ran alone
     complete_at: float = math.inf  # when its pending completion event is due (continuous mode)
     done: float = 0.0  # iterations done (strict model; continuous mode)
     exec_s: float = 0.0  # seconds executed (Arena's executed-seconds model)
@@ -609,6 +610,8 @@ class SimWorld:
             dt -= skip
         job.exec_s += dt
         job.done += dt / job.iter_time
+        if job.comm is not None and job.iter_time > job.comm.alone_s:
+            job.contended_s += dt * (1.0 - job.comm.alone_s / job.iter_time)
 
     # --- what the launcher would report ----------------------------------------------
 

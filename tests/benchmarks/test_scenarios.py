@@ -83,6 +83,38 @@ def test_a_ratio_is_over_the_jobs_both_runs_finished():
     assert row["ratio"] == 0.5 and row["multi_node"] is True
 
 
+def test_noise_seeds_pool_the_pairs_both_runs_finished_and_contention_rows_give_the_loss_to_links():
+    scn = S.generate(1000)
+    assert [S.noise_seed(scn, k) for k in range(3)] == [1000, 101000, 201000]
+    first = _doc({"a": 10.0, "b": None}, {"a": 20.0, "b": 40.0})
+    second = _doc({"a": 30.0, "b": 50.0}, {"a": 20.0, "b": 20.0})
+    # pairs both finished: (1, a), (2, a), (2, b): (10 + 30 + 50) / (20 + 20 + 20)
+    (row,) = S.ratios(scn, [first, second])
+    assert row["ratio"] == 1.5 and row["jobs_common"] == 3 and row["noise_seeds"] == 2
+    assert row["finished_on"] == 3 and row["finished_off"] == 4
+
+    def jobs(jct: dict[str, tuple[float, float]]) -> list[dict]:
+        return [
+            {"job_id": j, "jct": t, "finished": True, "cells": ["a100:2x4:pp1"], "contended_s": c}
+            for j, (t, c) in jct.items()
+        ]
+
+    doc = {
+        "runs": {
+            "cellsched": {"jobs": jobs({"a": (100.0, 5.0), "b": (300.0, 15.0)})},
+            S.FEATURES["contention"]: {"jobs": jobs({"a": (100.0, 20.0), "b": (100.0, 0.0)})},
+        }
+    }
+    (row,) = S.ratios(scn, doc)
+    assert row["feature"] == "contention" and row["ratio"] == 2.0
+    assert row["contended_on"] == 0.05 and row["contended_off"] == 0.1  # 20 of 400 s; 20 of 200 s
+    by = {s["feature"]: s for s in S.summary([row])}
+    assert by["contention"]["lost_to_links_off_median"] == 0.1
+    # results of a simulator that did not record the loss give none
+    (row,) = S.ratios(scn, _doc({"a": 1.0}, {"a": 1.0}))
+    assert "contended_off" not in row and S.lost_share([(1.0, float("nan"))]) is None
+
+
 def test_quantiles_and_the_summary_by_hand():
     assert S.pct([4.0, 1.0, 3.0, 2.0, 5.0], 0.1) == pytest.approx(1.4)  # 0.1 x 4 = 0.4 of the way from 1 to 2
     assert S.pct([1.0, 2.0], 0.9) == pytest.approx(1.9)

@@ -47,7 +47,7 @@ def test_a_multi_node_job_is_slower_on_slow_cards_and_a_one_node_job_never_is():
 
 
 def test_two_jobs_on_the_same_cards_slow_each_other_and_the_survivor_speeds_up_when_one_ends():
-    w, b, _ = sim(network=truth())
+    w, b, acct = sim(network=truth())
     a = submit(b, spec(iterations=200))
     place(b, a, PAIR, 2, now=True)
     alone = w.running[a].iter_time
@@ -69,6 +69,10 @@ def test_two_jobs_on_the_same_cards_slow_each_other_and_the_survivor_speeds_up_w
     assert b.observe().job(a).state == "RUNNING"
     w.advance(end + 1e-3)
     assert b.observe().job(a).state == "COMPLETED"
+    # the seconds lost to the shared cards: each ran its shared stretch at `together` instead of `alone`
+    lost = {j: acct.outcome(j, j, 0.0).contended_s for j in (a, short)}
+    assert lost[short] == pytest.approx(5 * (together[a] - alone))
+    assert lost[a] == pytest.approx((t2 - 10.0) * (1 - alone / together[a]))
 
 
 def test_one_node_jobs_and_jobs_on_other_cards_are_untouched():
@@ -82,6 +86,8 @@ def test_one_node_jobs_and_jobs_on_other_cards_are_untouched():
     place(b, single, ("a100-1",), 2, now=True)
     assert w.running[a].iter_time == pytest.approx(alone)
     assert w.running[single].iter_time == pytest.approx(speed(None, "a100", 1, 2, None))
+    w.advance(30.0)
+    assert [w.all_jobs[j].contended_s for j in (a, other, single)] == [0.0, 0.0, 0.0]
 
 
 def test_contention_is_on_where_the_cluster_gives_nics_and_never_in_arena_compat_mode():
