@@ -7,10 +7,12 @@ Running elastic jobs may be resized or moved when the gain pays the restart
 penalty; with `elastic=False` ("cellsched-static") or config.allow_resize
 false, running jobs keep their placement.
 
-With `contention_aware` (and a cluster whose NICs are known), a
-multi-node option carries what sharing a network card would cost it
-(`pick_costs`, before the options are made);
-the joint model charges for each card shared (model.py) and the node pass
+With `contention_aware` (and a cluster whose NICs are known), a round
+whose plan, made as if every job were alone on its links, puts two
+multi-node jobs on one card or uplink (`shares_links`) is solved again with
+each multi-node option carrying what sharing a network card would cost it
+(`pick_costs`); the joint model charges for each card shared (model.py).
+Elsewhere the round is the one without contention_aware. The node pass
 puts multi-node jobs on the least shared cards first.
 
 With config.state_sharding false, every job is estimated with replicated
@@ -88,6 +90,8 @@ MIXED_OFFERS = 1
 _Shape = tuple[Estimate | None, list[Estimate], list[float], list[Estimate], list[float]]
 #: (frontier per GPU type, the feasible estimates of fewest GPUs) of a job shape's uncalibrated estimates
 _Frontier = tuple[list[list[Estimate]], list[Estimate]]
+#: a round's plan: (result, the options offered, reasons of jobs held by the site's rules, stand-ins' claims)
+_Solved = tuple[Result, Mapping[str, Sequence[Option]], dict[str, str], Mapping[str, Sequence[Option]]]
 #: a hashable key of what something depends on (a job's shape, a round's context)
 _Key = tuple[object, ...]
 #: the duties of one job shape on one cluster's NICs: (cell, plan) -> duty
@@ -261,38 +265,47 @@ class CellschedPolicy:
                 cfg.max_cells_per_job,
                 utils[job.job_id],
             )
-        costs = None
-        if cfg.contention_aware and cluster.network.modelled:
-            costs = pick_costs(jobs, ests, picks, cluster, self._duties)
         by_id = {j.job_id: j for j in jobs}
-        options = {
-            jid: make_options(by_id[jid], ests[jid], ps, costs[jid] if costs is not None else None)
-            for jid, ps in picks.items()
-        }
+
+        def build(costed: bool) -> dict[str, list[Option]]:
+            costs = pick_costs(jobs, ests, picks, cluster, self._duties) if costed else None
+            return {
+                jid: make_options(by_id[jid], ests[jid], ps, costs[jid] if costs is not None else None)
+                for jid, ps in picks.items()
+            }
+
         preferred = {**request.previous, **{j.job_id: j.current for j in jobs if j.current}}
+
+        def solve(options: dict[str, list[Option]]) -> _Solved:
+            if rules is None:
+                return place_jobs(Space.of(cluster, fixed), jobs, options, cfg, preferred=preferred), options, {}, {}
+            allowed, held = rules.options(jobs, options, cfg)
+            stand_ins, claims = claim_jobs(claiming(request.site, request.jobs), cluster, rules.penalty_unit(allowed))
+            space = Space.of(cluster, fixed, rules.marks)
+            jobs_in = [*jobs, *stand_ins]
+            return (
+                place_jobs(space, jobs_in, {**allowed, **claims}, cfg, preferred=preferred, rules=rules),
+                allowed,
+                held,
+                claims,
+            )
+
+        options = build(False)
+        t1 = time.perf_counter()
+        result, allowed, held, claims = solve(options)
+        if cfg.contention_aware and cluster.network.modelled and shares_links(cluster, {**fixed, **result.placements}):
+            result, allowed, held, claims = solve(build(True))
+        offered = sum(len(v) for v in allowed.values())
         if rules is None:
-            t1 = time.perf_counter()
-            result = place_jobs(Space.of(cluster, fixed), jobs, options, cfg, preferred=preferred)
             for job in jobs:
                 if job.job_id not in result.placements and job.job_id not in reasons:
                     reasons[job.job_id] = "waiting: the GPUs are worth more to other jobs this round"
-            return reply(fixed, result, sum(len(v) for v in options.values()), reasons, t1 - t0)
-        allowed, held = rules.options(jobs, options, cfg)
+            return reply(fixed, result, offered, reasons, t1 - t0)
         reasons.update(held)
-        stand_ins, claims = claim_jobs(claiming(request.site, request.jobs), cluster, rules.penalty_unit(allowed))
-        t1 = time.perf_counter()
-        result = place_jobs(
-            Space.of(cluster, fixed, rules.marks),
-            [*jobs, *stand_ins],
-            {**allowed, **claims},
-            cfg,
-            preferred=preferred,
-            rules=rules,
-        )
         with_claims = {**fixed, **result.placements}
         result = _without_stand_ins(result, claims)
         site_reasons(rules, jobs, allowed, with_claims, claims, reasons)
-        return reply(fixed, result, sum(len(v) for v in allowed.values()), reasons, t1 - t0, request)
+        return reply(fixed, result, offered, reasons, t1 - t0, request)
 
 
 def pick_costs(
@@ -335,6 +348,21 @@ def pick_costs(
         ]
         for jid, ps in picks.items()
     }
+
+
+def shares_links(cluster: ClusterView, placements: Mapping[str, Placement]) -> bool:
+    """Do two of the multi-node `placements` communicate over one network card
+    or rack uplink (solver.network.Network.links)? Stand-ins of plain sbatch
+    jobs are left out (they hold GPUs for Slurm, not a plan's links)."""
+    seen: set[str] = set()
+    for jid, p in placements.items():
+        if p.cell.num_nodes < 2 or jid.startswith(UNMANAGED_PREFIX):
+            continue
+        for link, _ in cluster.network.links(n for n, _ in p.nodes):
+            if link in seen:
+                return True
+            seen.add(link)
+    return False
 
 
 def _duties(cluster: ClusterView, memo: DutyMemo | None) -> _DutyOf:

@@ -15,7 +15,9 @@ from solver.network import CommLoad, Network, iteration_times, slowdowns
 from solver.placement import Space
 from solver.placement.candidates import Option
 from solver.placement.greedy import value_of
+from solver.placement.siterules import UNMANAGED_PREFIX
 from solver.policies import get_policy
+from solver.policies.cellsched import shares_links
 from solver.types import (
     Cell,
     ClusterView,
@@ -149,6 +151,48 @@ def test_cellsched_keeps_a_communicating_job_off_a_shared_card_when_a_one_node_c
     pb = get_policy("cellsched").schedule(blind, table).placements["new"]
     assert pb.cell == Cell("v100", 2, 2)  # as if alone on its cards: the faster cell
     assert pa.cell == Cell("v100", 1, 2)  # sharing the running job's cards costs more
+
+
+def test_links_are_shared_by_two_multi_node_jobs_on_one_card_or_one_uplink():
+    racks = {"n1": "r0", "n2": "r0", "n3": "r1", "n4": "r1"}
+    cluster = ClusterView(
+        tuple(NodeView(n, "v100", 4, 4, nic_gbps=10.0, rack=r) for n, r in racks.items()),
+        uplink_gbps={"r0": 10.0, "r1": 10.0},
+    )
+    plan = ParallelPlan(1, 4, 1)
+
+    def at(jid: str, *nodes: str) -> Placement:
+        return Placement(jid, Cell("v100", len(nodes), 2), tuple((n, 2) for n in nodes), plan, 1.0)
+
+    def shared(*ps: Placement) -> bool:
+        return shares_links(cluster, {p.job_id: p for p in ps})
+
+    assert not shared(at("a", "n1", "n2"), at("b", "n3", "n4"))  # a rack each: no card, no uplink in common
+    assert shared(at("a", "n1", "n2"), at("b", "n2", "n3"))  # n2's card
+    assert shared(at("a", "n1", "n3"), at("b", "n2", "n4"))  # both cross racks: the uplinks
+    assert not shared(at("a", "n1", "n2"), at("c", "n1"), at("d", "n2"))  # one-node jobs use no link
+    assert not shared(at("a", "n1", "n2"), at(UNMANAGED_PREFIX + "7", "n1", "n2"))  # a plain job's stand-in
+
+
+def test_cellsched_prices_sharing_only_when_the_plan_that_ignores_it_shares_a_link(monkeypatch):
+    """Sharing is priced (pick_costs, a second solve) only in a round whose
+    plan, made as if every job were alone on its links, puts two multi-node
+    jobs on one link: elsewhere the round is the one without contention_aware."""
+    import solver.policies.cellsched as cs
+
+    calls: list[int] = []
+    real = cs.pick_costs
+    monkeypatch.setattr(cs, "pick_costs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    times = {"v100:2x2:pp1": 1.0, "v100:1x2:pp1": 1.5}
+    cluster = _cluster(10.0)  # the job alone on four free nodes: its 2x2 shares no card
+    lone = JobRequest("new", GPT, 64, 10_000, min_gpus=2, max_gpus=4, elastic=True)
+    for aware in (True, False):
+        request = ScheduleRequest(cluster, (lone,), config=SolverConfig(contention_aware=aware, mixed_cells=False))
+        assert get_policy("cellsched").schedule(request, Table(times)).placements["new"].cell == Cell("v100", 2, 2)
+    assert calls == []
+    shared, table = _request(True, times)  # the running 2x2 job's cards are the only free ones
+    assert get_policy("cellsched").schedule(shared, table).placements["new"].cell == Cell("v100", 1, 2)
+    assert calls == [1]
 
 
 def test_cellsched_shares_a_card_when_that_pays():
