@@ -363,12 +363,13 @@ def test_daemon_starts_rounds_early_notifies_systemd_and_serves_metrics(slurm_cl
             t0 = time.monotonic()
             wait_until(lambda: not backend.observe().job(job).held, 15, "the new job to be released")
             assert time.monotonic() - t0 < 10  # long before the 60 s interval
-            body = wait_until(
-                lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode(),
-                10,
-                "metrics",
-            )
-            assert 'cellsched_actions_total{kind="place",result="ok"} 1' in body
+            placed = 'cellsched_actions_total{kind="place",result="ok"} 1'
+
+            def scrape() -> str | None:  # the round counts its actions when it ends, after the release
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+                return body if placed in body else None
+
+            body = wait_until(scrape, 15, "/metrics to count the placement")
             assert 'cellsched_rounds_total{status="ok"}' in body
             assert 'cellsched_gpus{gpu_type="v100",use="total"} 8' in body
             assert "cellsched_round_duration_seconds" in body and "cellsched_solve_seconds" in body
