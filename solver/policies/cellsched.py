@@ -7,13 +7,14 @@ Running elastic jobs may be resized or moved when the gain pays the restart
 penalty; with `elastic=False` ("cellsched-static") or config.allow_resize
 false, running jobs keep their placement.
 
-With `contention_aware` (and a cluster whose NICs are known), a round
-whose plan, made as if every job were alone on its links, puts two
-multi-node jobs on one card or uplink (`shares_links`) is solved again with
-each multi-node option carrying what sharing a network card would cost it
-(`pick_costs`); the joint model charges for each card shared (model.py).
-Elsewhere the round is the one without contention_aware. The node pass
-puts multi-node jobs on the least shared cards first.
+With `contention_aware` (and a cluster whose NICs are known), sharing is
+priced in a round where two multi-node jobs share a network card or rack
+uplink (`shares_links`) now (the previous plan and the running jobs), or
+in the plan made as if every job were alone on its links (then solved
+again): each multi-node option carries what sharing a card would cost it
+(`pick_costs`), and the joint model charges for each card shared
+(model.py). Elsewhere the round is the one without contention_aware. The
+node pass puts multi-node jobs on the least shared cards first.
 
 With config.state_sharding false, every job is estimated with replicated
 optimizer state only (JobRequest.state_sharding cleared for the round).
@@ -290,10 +291,12 @@ class CellschedPolicy:
                 claims,
             )
 
-        options = build(False)
+        priced = cfg.contention_aware and cluster.network.modelled
+        shared_now = priced and shares_links(cluster, {**preferred, **fixed})
+        options = build(shared_now)
         t1 = time.perf_counter()
         result, allowed, held, claims = solve(options)
-        if cfg.contention_aware and cluster.network.modelled and shares_links(cluster, {**fixed, **result.placements}):
+        if priced and not shared_now and shares_links(cluster, {**fixed, **result.placements}):
             result, allowed, held, claims = solve(build(True))
         offered = sum(len(v) for v in allowed.values())
         if rules is None:

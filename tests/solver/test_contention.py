@@ -174,25 +174,39 @@ def test_links_are_shared_by_two_multi_node_jobs_on_one_card_or_one_uplink():
     assert not shared(at("a", "n1", "n2"), at(UNMANAGED_PREFIX + "7", "n1", "n2"))  # a plain job's stand-in
 
 
-def test_cellsched_prices_sharing_only_when_the_plan_that_ignores_it_shares_a_link(monkeypatch):
-    """Sharing is priced (pick_costs, a second solve) only in a round whose
-    plan, made as if every job were alone on its links, puts two multi-node
-    jobs on one link: elsewhere the round is the one without contention_aware."""
+def test_cellsched_prices_sharing_only_where_links_are_or_would_be_shared(monkeypatch):
+    """Sharing is priced (pick_costs) in a round where two multi-node jobs
+    share a link now (one solve), or in the plan made as if every job were
+    alone on its links (solved again); elsewhere the round is the one
+    without contention_aware (one solve, nothing priced)."""
     import solver.policies.cellsched as cs
 
-    calls: list[int] = []
-    real = cs.pick_costs
-    monkeypatch.setattr(cs, "pick_costs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    costs: list[int] = []
+    solves: list[int] = []
+    real_costs, real_place = cs.pick_costs, cs.place_jobs
+    monkeypatch.setattr(cs, "pick_costs", lambda *a, **k: costs.append(1) or real_costs(*a, **k))
+    monkeypatch.setattr(cs, "place_jobs", lambda *a, **k: solves.append(1) or real_place(*a, **k))
     times = {"v100:2x2:pp1": 1.0, "v100:1x2:pp1": 1.5}
     cluster = _cluster(10.0)  # the job alone on four free nodes: its 2x2 shares no card
     lone = JobRequest("new", GPT, 64, 10_000, min_gpus=2, max_gpus=4, elastic=True)
     for aware in (True, False):
         request = ScheduleRequest(cluster, (lone,), config=SolverConfig(contention_aware=aware, mixed_cells=False))
         assert get_policy("cellsched").schedule(request, Table(times)).placements["new"].cell == Cell("v100", 2, 2)
-    assert calls == []
-    shared, table = _request(True, times)  # the running 2x2 job's cards are the only free ones
-    assert get_policy("cellsched").schedule(shared, table).placements["new"].cell == Cell("v100", 1, 2)
-    assert calls == [1]
+    assert (costs, solves) == ([], [1, 1])
+    would, table = _request(True, times)  # the running 2x2 job's cards are the only free ones
+    assert get_policy("cellsched").schedule(would, table).placements["new"].cell == Cell("v100", 1, 2)
+    assert (costs, solves) == ([1], [1, 1, 1, 1])
+    # two running 2x2 jobs on n1 and n2's cards already: priced from the first solve
+    plan = ParallelPlan(1, 4, 1)
+    both = tuple(
+        JobRequest(
+            jid, GPT, 64, 10_000, min_gpus=4, max_gpus=4, current=Placement(jid, Cell("v100", 2, 2), nodes, plan, 1.0)
+        )
+        for jid, nodes in (("a", (("n1", 2), ("n2", 2))), ("b", (("n1", 2), ("n2", 2))))
+    )
+    now = ScheduleRequest(_cluster(10.0), both, config=SolverConfig(mixed_cells=False))
+    get_policy("cellsched").schedule(now, table)
+    assert (costs, solves) == ([1, 1], [1, 1, 1, 1, 1])
 
 
 def test_cellsched_shares_a_card_when_that_pays():
