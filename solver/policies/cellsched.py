@@ -8,10 +8,11 @@ penalty; with `elastic=False` ("cellsched-static") or config.allow_resize
 false, running jobs keep their placement.
 
 With `contention_aware` (and a cluster whose NICs are known), sharing is
-priced in a round where two multi-node jobs share a network card or rack
-uplink (`shares_links`) now (the previous plan and the running jobs), or
-in the plan made as if every job were alone on its links (then solved
-again): each multi-node option carries what sharing a card would cost it
+priced in a round where two multi-node jobs on one network card or rack
+uplink cost one of them at least MIN_SHARED_LOSS of its speed
+(`shared_loss`): now (the previous plan and the running jobs), or in the
+plan made as if every job were alone on its links (then solved again).
+Each multi-node option then carries what sharing a card would cost it
 (`pick_costs`), and the joint model charges for each card shared
 (model.py). Elsewhere the round is the one without contention_aware. The
 node pass puts multi-node jobs on the least shared cards first.
@@ -85,6 +86,9 @@ from solver.types import (
 )
 
 _MEMO_MAX = 4096
+#: sharing a link is priced only where it would cost a job at least this share of its speed
+#: (`shared_loss`): less is within the solver's stop gap (relative_gap_limit's default)
+MIN_SHARED_LOSS = 0.01
 #: at most this many mixed cells that pay are offered per job and round
 MIXED_OFFERS = 1
 #: (reference, pruned estimates, their utilities, mixed estimates that may pay, their utilities) of a job shape
@@ -292,11 +296,16 @@ class CellschedPolicy:
             )
 
         priced = cfg.contention_aware and cluster.network.modelled
-        shared_now = priced and shares_links(cluster, {**preferred, **fixed})
+        everyone = {j.job_id: j for j in request.jobs}
+
+        def shared(placements: Mapping[str, Placement]) -> bool:
+            return shared_loss(cluster, placements, everyone, self._duties) >= MIN_SHARED_LOSS
+
+        shared_now = priced and shared({**preferred, **fixed})
         options = build(shared_now)
         t1 = time.perf_counter()
         result, allowed, held, claims = solve(options)
-        if priced and not shared_now and shares_links(cluster, {**fixed, **result.placements}):
+        if priced and not shared_now and shared({**fixed, **result.placements}):
             result, allowed, held, claims = solve(build(True))
         offered = sum(len(v) for v in allowed.values())
         if rules is None:
@@ -353,19 +362,33 @@ def pick_costs(
     }
 
 
-def shares_links(cluster: ClusterView, placements: Mapping[str, Placement]) -> bool:
-    """Do two of the multi-node `placements` communicate over one network card
-    or rack uplink (solver.network.Network.links)? Stand-ins of plain sbatch
-    jobs are left out (they hold GPUs for Slurm, not a plan's links)."""
-    seen: set[str] = set()
+def shared_loss(
+    cluster: ClusterView,
+    placements: Mapping[str, Placement],
+    jobs: Mapping[str, JobRequest],
+    memo: DutyMemo | None = None,
+) -> float:
+    """The most a multi-node job of `placements` loses to another on one of
+    its network cards or rack uplinks (solver.network.Network.links), as a
+    share of its speed: 1 - 1 / (1 + d d') for the two largest duties d, d'
+    (`pick_costs`) on one link; 0 when no link carries two. A placement of
+    a job not in `jobs` counts with duty 1 (nothing known of it); stand-ins
+    of plain sbatch jobs are left out (they hold GPUs, not a plan's links)."""
+    duty_of = _duties(cluster, memo)
+    on: dict[str, list[float]] = {}
     for jid, p in placements.items():
         if p.cell.num_nodes < 2 or jid.startswith(UNMANAGED_PREFIX):
             continue
+        job = jobs.get(jid)
+        d = duty_of(job, p.cell, p.plan, None)[1] if job is not None else 1.0
         for link, _ in cluster.network.links(n for n, _ in p.nodes):
-            if link in seen:
-                return True
-            seen.add(link)
-    return False
+            on.setdefault(link, []).append(d)
+    worst = 0.0
+    for ds in on.values():
+        if len(ds) > 1:
+            a, b = sorted(ds)[-2:]
+            worst = max(worst, 1 - 1 / (1 + a * b))
+    return worst
 
 
 def _duties(cluster: ClusterView, memo: DutyMemo | None) -> _DutyOf:

@@ -17,7 +17,7 @@ from solver.placement.candidates import Option
 from solver.placement.greedy import value_of
 from solver.placement.siterules import UNMANAGED_PREFIX
 from solver.policies import get_policy
-from solver.policies.cellsched import shares_links
+from solver.policies.cellsched import shared_loss
 from solver.types import (
     Cell,
     ClusterView,
@@ -153,25 +153,30 @@ def test_cellsched_keeps_a_communicating_job_off_a_shared_card_when_a_one_node_c
     assert pa.cell == Cell("v100", 1, 2)  # sharing the running job's cards costs more
 
 
-def test_links_are_shared_by_two_multi_node_jobs_on_one_card_or_one_uplink():
+def test_a_link_carrying_two_multi_node_jobs_costs_the_product_of_their_duties():
     racks = {"n1": "r0", "n2": "r0", "n3": "r1", "n4": "r1"}
     cluster = ClusterView(
         tuple(NodeView(n, "v100", 4, 4, nic_gbps=10.0, rack=r) for n, r in racks.items()),
         uplink_gbps={"r0": 10.0, "r1": 10.0},
     )
     plan = ParallelPlan(1, 4, 1)
+    cell = Cell("v100", 2, 2)
+    jobs = {j: JobRequest(j, GPT, 64, 10_000) for j in "abcd"}
+    d = duty(jobs["a"], cell, plan, 10.0)
+    assert 0.1 < d < 1
 
     def at(jid: str, *nodes: str) -> Placement:
         return Placement(jid, Cell("v100", len(nodes), 2), tuple((n, 2) for n in nodes), plan, 1.0)
 
-    def shared(*ps: Placement) -> bool:
-        return shares_links(cluster, {p.job_id: p for p in ps})
+    def loss(*ps: Placement) -> float:
+        return shared_loss(cluster, {p.job_id: p for p in ps}, jobs)
 
-    assert not shared(at("a", "n1", "n2"), at("b", "n3", "n4"))  # a rack each: no card, no uplink in common
-    assert shared(at("a", "n1", "n2"), at("b", "n2", "n3"))  # n2's card
-    assert shared(at("a", "n1", "n3"), at("b", "n2", "n4"))  # both cross racks: the uplinks
-    assert not shared(at("a", "n1", "n2"), at("c", "n1"), at("d", "n2"))  # one-node jobs use no link
-    assert not shared(at("a", "n1", "n2"), at(UNMANAGED_PREFIX + "7", "n1", "n2"))  # a plain job's stand-in
+    assert loss(at("a", "n1", "n2"), at("b", "n3", "n4")) == 0.0  # a rack each: no card, no uplink in common
+    assert loss(at("a", "n1", "n2"), at("b", "n2", "n3")) == pytest.approx(1 - 1 / (1 + d * d))  # n2's card
+    assert loss(at("a", "n1", "n3"), at("b", "n2", "n4")) == pytest.approx(1 - 1 / (1 + d * d))  # the uplinks
+    assert loss(at("a", "n1", "n2"), at("c", "n1"), at("d", "n2")) == 0.0  # one-node jobs use no link
+    assert loss(at("a", "n1", "n2"), at(UNMANAGED_PREFIX + "7", "n1", "n2")) == 0.0  # a plain job's stand-in
+    assert loss(at("a", "n1", "n2"), at("x", "n1", "n2")) == pytest.approx(1 - 1 / (1 + d))  # unknown: duty 1
 
 
 def test_cellsched_prices_sharing_only_where_links_are_or_would_be_shared(monkeypatch):
