@@ -497,9 +497,9 @@ class SolverConfig:
     contention_aware: bool = knob(
         True,
         "Price the slowdown of multi-node jobs that share a NIC or rack uplink (solver.network; the "
-        "[network] section) in the objective and the node choice, in the rounds whose plan made without "
-        "it would share one; false: every job is estimated as if alone on its links (the NICs' speed "
-        "still counts in every estimate).",
+        "[network] section) in the objective and the node choice, in the rounds where sharing costs a "
+        "job 1% or more now or would in the plan made without it; false: every job is estimated as if "
+        "alone on its links (the NICs' speed still counts in every estimate).",
     )
     node_placement: str = knob(
         "lwf-kappa",
