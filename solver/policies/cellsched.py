@@ -371,16 +371,16 @@ def shared_loss(
     """The most a multi-node job of `placements` loses to another on one of
     its network cards or rack uplinks (solver.network.Network.links), as a
     share of its speed: 1 - 1 / (1 + d d') for the two largest duties d, d'
-    (`pick_costs`) on one link; 0 when no link carries two. A placement of
-    a job not in `jobs` counts with duty 1 (nothing known of it); stand-ins
-    of plain sbatch jobs are left out (they hold GPUs, not a plan's links)."""
+    (`pick_costs`) on one link; 0 when no link carries two. Placements of
+    jobs not in `jobs` (a previous plan's jobs that have ended) and stand-ins
+    of plain sbatch jobs (they hold GPUs, not a plan's links) are left out."""
     duty_of = _duties(cluster, memo)
     on: dict[str, list[float]] = {}
     for jid, p in placements.items():
-        if p.cell.num_nodes < 2 or jid.startswith(UNMANAGED_PREFIX):
-            continue
         job = jobs.get(jid)
-        d = duty_of(job, p.cell, p.plan, None)[1] if job is not None else 1.0
+        if p.cell.num_nodes < 2 or job is None:
+            continue
+        d = duty_of(job, p.cell, p.plan, None)[1]
         for link, _ in cluster.network.links(n for n, _ in p.nodes):
             on.setdefault(link, []).append(d)
     worst = 0.0
