@@ -8,8 +8,10 @@ cold round (empty caches), then warm rounds: between rounds 300 s pass,
 running jobs make progress, about 5% of them finish and as many new jobs
 arrive; each round is warm-started from the previous plan and the jobs'
 current placements. Every node has a 100 Gb/s network card, in racks of 32
-behind a 4:1 oversubscribed uplink, so cellsched prices shared cards
-("contention included"; --no-network leaves the NICs unknown).
+behind a 4:1 oversubscribed uplink, so cellsched checks each round for
+links shared at a cost ("contention included"; since sharing is priced only
+where it costs a job 1% or more, these cards never are; --no-network
+leaves the NICs unknown).
 
 Run it from the checkout with PYTHONPATH=. to time that checkout's solver
 (without it, `solver` is whatever the environment installed). Prints one
