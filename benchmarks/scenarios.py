@@ -310,54 +310,58 @@ def pct(values: Sequence[float], q: float) -> float:
     return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (x - lo)
 
 
+#: the summary group of contention on 10-25 Gb/s cards where cellsched ran a multi-node job
+SLOW_MULTI_NODE = "contention (10-25 Gb/s, multi-node)"
+
+
+def slow_multi_node(row: dict[str, object]) -> bool:
+    """Are the row's cards 10-25 Gb/s, with a multi-node job run?"""
+    nic = row["nic_gbps"]
+    return nic is not None and 10 <= float(nic) <= 25 and bool(row["multi_node"])  # type: ignore[arg-type]
+
+
 def summary(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
     """Per feature (and for contention on 10-25 Gb/s cards with multi-node
-    jobs): the distribution of the ratios."""
-    groups: dict[str, list[float]] = {}
+    jobs): the distribution of the ratios, and for contention the share of
+    JCT lost to shared links."""
+    groups: dict[str, list[dict[str, object]]] = {}
     for r in rows:
         if r["ratio"] is None:
             continue
-        ratio = float(r["ratio"])  # type: ignore[arg-type]
-        groups.setdefault(str(r["feature"]), []).append(ratio)
-        nic = r["nic_gbps"]
-        if r["feature"] == "contention" and nic is not None and 10 <= float(nic) <= 25 and r["multi_node"]:  # type: ignore[arg-type]
-            groups.setdefault("contention (10-25 Gb/s, multi-node)", []).append(ratio)
-    return [
-        {
-            "summary": True,
-            "feature": f,
-            "scenarios": len(v),
-            "median": round(statistics.median(v), 4),
-            "p10": round(pct(v, 0.1), 4),
-            "p90": round(pct(v, 0.9), 4),
-            "worst": round(max(v), 4),
-            "best": round(min(v), 4),
-            "worse_than_off_by_1pct": sum(x > 1.01 for x in v),
-            **_lost(rows, f),
-        }
-        for f, v in groups.items()
-    ]
+        groups.setdefault(str(r["feature"]), []).append(r)
+        if r["feature"] == "contention" and slow_multi_node(r):
+            groups.setdefault(SLOW_MULTI_NODE, []).append(r)
+    out = []
+    for f, group in groups.items():
+        v = [float(r["ratio"]) for r in group]  # type: ignore[arg-type]
+        out.append(
+            {
+                "summary": True,
+                "feature": f,
+                "scenarios": len(v),
+                "median": round(statistics.median(v), 4),
+                "p10": round(pct(v, 0.1), 4),
+                "p90": round(pct(v, 0.9), 4),
+                "worst": round(max(v), 4),
+                "best": round(min(v), 4),
+                "worse_than_off_by_1pct": sum(x > 1.01 for x in v),
+                **_lost(group),
+            }
+        )
+    return out
 
 
-def _lost(rows: Sequence[dict[str, object]], group: str) -> dict[str, object]:
-    """For a contention group: the median share of JCT lost to shared links,
-    with awareness and without (over the rows that record it)."""
-    if not group.startswith("contention"):
-        return {}
-    slow = group != "contention"
-    picked = [
-        r
-        for r in rows
-        if r["feature"] == "contention"
-        and r.get("contended_off") is not None
-        and (not slow or (r["nic_gbps"] is not None and 10 <= float(r["nic_gbps"]) <= 25 and r["multi_node"]))  # type: ignore[arg-type]
-    ]
-    if not picked:
+def _lost(group: Sequence[dict[str, object]]) -> dict[str, object]:
+    """The median share of JCT lost to shared links, with awareness and
+    without, over the rows of `group` that record it (contention's)."""
+    on = [float(r["contended_on"]) for r in group if r.get("contended_off") is not None]  # type: ignore[arg-type]
+    off = [float(r["contended_off"]) for r in group if r.get("contended_off") is not None]  # type: ignore[arg-type]
+    if not off:
         return {}
     return {
-        "lost_to_links_on_median": round(statistics.median(float(r["contended_on"]) for r in picked), 4),  # type: ignore[arg-type]
-        "lost_to_links_off_median": round(statistics.median(float(r["contended_off"]) for r in picked), 4),  # type: ignore[arg-type]
-        "lost_to_links_off_max": round(max(float(r["contended_off"]) for r in picked), 4),  # type: ignore[arg-type]
+        "lost_to_links_on_median": round(statistics.median(on), 4),
+        "lost_to_links_off_median": round(statistics.median(off), 4),
+        "lost_to_links_off_max": round(max(off), 4),
     }
 
 
