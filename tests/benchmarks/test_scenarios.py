@@ -134,3 +134,9 @@ def test_seed_ranges_and_unknown_features(capsys):
     with pytest.raises(SystemExit):
         S.main(["--out", "/nonexistent", "--features", "speed"])
     assert "unknown feature 'speed'" in capsys.readouterr().err
+
+
+def test_all_runs_every_feature_but_the_null_change():
+    scn = S.generate(1000)
+    assert S.FEATURES["null"] not in S.variants(scn, list(S.ALL))
+    assert S.variants(scn, ["null"]) == ["cellsched", "cellsched:age_scale_s=3601"]
