@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from solver.cost.share import network_share, nominal_nic_gbps
+from solver.cost.share import boundary_bytes, network_share, nominal_nic_gbps
 from solver.network import CommLoad, at_nic, iteration_times
 from solver.types import Cell, ClusterView, Estimate, EstimatorLike, JobRequest, ParallelPlan, Placement
 
@@ -41,7 +41,10 @@ def nic_factor(share: float, gpu_type: str, nic_gbps: float | None) -> float:
 
 class NicAwareEstimator:
     """`inner`'s estimates, multi-node cells carried to the cluster's NICs
-    (`set_cluster` each round; before it, and for one-node cells, unchanged)."""
+    (`set_cluster` each round; before it, and for one-node cells, unchanged):
+    the network share scaled to the slowest NIC, plus every micro-batch's
+    transfer over pipeline stage boundaries between nodes
+    (`solver.cost.share.boundary_bytes`) at that NIC beyond the nominal one."""
 
     def __init__(self, inner: EstimatorLike) -> None:
         self.inner = inner
@@ -62,7 +65,11 @@ class NicAwareEstimator:
             return est
         share = network_share(job.model, job.global_batch, cell, est.plan)
         f = nic_factor(share, cell.by_type()[0][0], min(known))
-        return est if f == 1.0 else dataclasses.replace(est, iter_time_s=est.iter_time_s * f)
+        slower = max(0.0, 1 / min(known) - 1 / nominal_nic_gbps(cell.by_type()[0][0]))  # s per Gb
+        extra = boundary_bytes(job.model, job.global_batch, cell, est.plan) * 8e-9 * slower
+        if f == 1.0 and extra == 0.0:
+            return est
+        return dataclasses.replace(est, iter_time_s=est.iter_time_s * f + extra)
 
     def __getattr__(self, name: str) -> Any:
         if name == "inner":  # not set yet (unpickling): no recursion

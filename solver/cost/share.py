@@ -17,8 +17,8 @@ import math
 from dataclasses import replace
 
 from solver.cost.comm import Links
-from solver.cost.layers import analytic_layers, split_stages
-from solver.cost.pipeline import dp_sync_time, pipeline_cost
+from solver.cost.layers import StageCosts, analytic_layers, split_stages
+from solver.cost.pipeline import boundary_crosses_nodes, dp_sync_time, pipeline_cost
 from solver.models import ModelSpec
 from solver.profiles.gpus import default_gpu_specs
 from solver.profiles.records import GpuSpec
@@ -55,16 +55,14 @@ def network_share(model: ModelSpec, global_batch: int, cell: Cell, plan: Paralle
 
 @functools.lru_cache(maxsize=65536)
 def _share(model: ModelSpec, batch: int, gpu_type: str, gpus_per_node: int, plan: ParallelPlan) -> float:
-    spec = _specs().get(gpu_type) or GpuSpec(gpu_type, mem_gb=math.inf, peak_tflops=100.0, mem_bw_gbps=1000.0)
+    spec = _spec(gpu_type)
     per_rank = max(1.0, batch / plan.dp)
     m = max(1, min(plan.micro_batches, int(per_rank)))
     b = per_rank / m
-    tp = plan.tp if model.num_layers and plan.tp >= 1 else 1
+    tp = _tp(model, plan)
     if plan.pp > model.num_layers:
         return 0.0
-    st = split_stages(
-        analytic_layers(model, spec, tp, efficiency=_EFFICIENCY, layer_overhead_s=_LAYER_OVERHEAD_S), plan.pp
-    )
+    st = _stages(model, spec, tp, plan.pp)
 
     def time_with(links: Links) -> float:
         t, _ = pipeline_cost(
@@ -85,3 +83,35 @@ def _share(model: ModelSpec, batch: int, gpu_type: str, gpus_per_node: int, plan
     if not (full > 0 and math.isfinite(full)):
         return 0.0
     return min(0.99, max(0.0, (full - free) / full))
+
+
+def boundary_bytes(model: ModelSpec, global_batch: int, cell: Cell, plan: ParallelPlan | None) -> float:
+    """Bytes one network card sends per iteration (and receives as many) over
+    the pipeline's stage boundaries between nodes, every micro-batch's: the
+    activations forward and their gradients back of the dp ranks on a node
+    (the most any one boundary carries)."""
+    if cell.num_nodes < 2 or plan is None or plan.pp < 2 or plan.num_gpus != cell.num_gpus:
+        return 0.0
+    if plan.pp > model.num_layers:
+        return 0.0
+    tp = _tp(model, plan)
+    st = _stages(model, _spec(cell.by_type()[0][0]), tp, plan.pp)
+    ranks, g = plan.dp * tp, cell.gpus_per_node
+    per_rank = max(1.0, global_batch / plan.dp)
+    crossing = [st.out_per_sample[k] for k in range(plan.pp - 1) if boundary_crosses_nodes(k, ranks, g)]
+    return 2.0 * per_rank * max(crossing, default=0.0) * max(1, min(ranks, g) // tp)
+
+
+def _spec(gpu_type: str) -> GpuSpec:
+    return _specs().get(gpu_type) or GpuSpec(gpu_type, mem_gb=math.inf, peak_tflops=100.0, mem_bw_gbps=1000.0)
+
+
+def _tp(model: ModelSpec, plan: ParallelPlan) -> int:
+    return plan.tp if model.num_layers and plan.tp >= 1 else 1
+
+
+def _stages(model: ModelSpec, spec: GpuSpec, tp: int, pp: int) -> StageCosts:
+    """The analytic stage costs shares are priced with."""
+    return split_stages(
+        analytic_layers(model, spec, tp, efficiency=_EFFICIENCY, layer_overhead_s=_LAYER_OVERHEAD_S), pp
+    )

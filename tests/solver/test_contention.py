@@ -111,6 +111,24 @@ def test_a_multi_node_cell_on_slow_cards_is_estimated_slower_and_a_one_node_cell
     assert nic_by_type(_cluster(10.0)) == {"v100": 10.0}
 
 
+def test_a_pipeline_boundary_between_nodes_costs_every_micro_batch_at_the_card():
+    """Every micro-batch's activations (forward) and their gradients (back) cross
+    the card between the two stages' nodes: 2 x (batch / dp) x boundary bytes per
+    sample x the dp ranks on a node, priced at the card's speed beyond the
+    datasheet network (100 Gb/s for a v100) that the estimate stands on."""
+    est = NicAwareEstimator(Table({"v100:2x2:pp2": 1.0}))
+    job = JobRequest("j", GPT, 64, 100)
+    cell = Cell("v100", 2, 2, 2)
+    est.set_cluster(_cluster(100.0))
+    assert est.estimate(job, cell).iter_time_s == pytest.approx(1.0)
+    est.set_cluster(_cluster(10.0))
+    share = network_share(GPT, 64, cell, ParallelPlan(2, 2, 1))  # the fill's transfer only
+    per_card = 2 * (64 / 2) * GPT.boundary_bytes_per_sample() * 2
+    extra = per_card * 8 / 1e9 * (1 / 10 - 1 / 100)
+    assert extra > 0.1  # far from the fill's share alone
+    assert est.estimate(job, cell).iter_time_s == pytest.approx(1 - share + 10 * share + extra)
+
+
 def test_contention_factors_price_jobs_on_the_same_cards():
     cluster = _cluster(10.0)
     a, b = JobRequest("a", GPT, 64, 100), JobRequest("b", GPT, 64, 100)
