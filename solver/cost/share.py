@@ -85,6 +85,7 @@ def _share(model: ModelSpec, batch: int, gpu_type: str, gpus_per_node: int, plan
     return min(0.99, max(0.0, (full - free) / full))
 
 
+@functools.lru_cache(maxsize=65536)
 def boundary_bytes(model: ModelSpec, global_batch: int, cell: Cell, plan: ParallelPlan | None) -> float:
     """Bytes one network card sends per iteration (and receives as many) over
     the pipeline's stage boundaries between nodes, every micro-batch's: the
