@@ -362,8 +362,9 @@ def summary(rows: Sequence[dict[str, object]]) -> list[dict[str, object]]:
 def _lost(group: Sequence[dict[str, object]]) -> dict[str, object]:
     """The median share of JCT lost to shared links, with awareness and
     without, over the rows of `group` that record it (contention's)."""
-    on = [float(r["contended_on"]) for r in group if r.get("contended_off") is not None]  # type: ignore[arg-type]
-    off = [float(r["contended_off"]) for r in group if r.get("contended_off") is not None]  # type: ignore[arg-type]
+    recorded = [r for r in group if r.get("contended_off") is not None]
+    on = [float(r["contended_on"]) for r in recorded]  # type: ignore[arg-type]
+    off = [float(r["contended_off"]) for r in recorded]  # type: ignore[arg-type]
     if not off:
         return {}
     return {

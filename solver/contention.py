@@ -63,9 +63,9 @@ class NicAwareEstimator:
         known = [self.nics[t] for t, _ in cell.by_type() if t in self.nics]
         if not known:
             return est
-        share = network_share(job.model, job.global_batch, cell, est.plan)
-        f = nic_factor(share, cell.by_type()[0][0], min(known))
-        slower = max(0.0, 1 / min(known) - 1 / nominal_nic_gbps(cell.by_type()[0][0]))  # s per Gb
+        gpu_type, nic = cell.by_type()[0][0], min(known)
+        f = nic_factor(network_share(job.model, job.global_batch, cell, est.plan), gpu_type, nic)
+        slower = max(0.0, 1 / nic - 1 / nominal_nic_gbps(gpu_type))  # s per Gb
         extra = boundary_bytes(job.model, job.global_batch, cell, est.plan) * 8e-9 * slower
         if f == 1.0 and extra == 0.0:
             return est

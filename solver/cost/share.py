@@ -91,9 +91,7 @@ def boundary_bytes(model: ModelSpec, global_batch: int, cell: Cell, plan: Parall
     the pipeline's stage boundaries between nodes, every micro-batch's: the
     activations forward and their gradients back of the dp ranks on a node
     (the most any one boundary carries)."""
-    if cell.num_nodes < 2 or plan is None or plan.pp < 2 or plan.num_gpus != cell.num_gpus:
-        return 0.0
-    if plan.pp > model.num_layers:
+    if cell.num_nodes < 2 or plan is None or not 2 <= plan.pp <= model.num_layers or plan.num_gpus != cell.num_gpus:
         return 0.0
     tp = _tp(model, plan)
     st = _stages(model, _spec(cell.by_type()[0][0]), tp, plan.pp)
