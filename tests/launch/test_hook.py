@@ -68,9 +68,10 @@ from pathlib import Path
 import launch
 state = {"step": 0}
 launch.on_checkpoint(lambda: Path(sys.argv[1]).write_text(str(state["step"])))
-Path(sys.argv[2]).write_text(str(os.getpid()))
 while True:
     state["step"] += 1
+    if state["step"] == 1:  # ready once a step has run: the signal cannot come before it
+        Path(sys.argv[2]).write_text(str(os.getpid()))
     time.sleep(0.001)
 """
 
