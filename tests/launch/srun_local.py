@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,3 +100,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_for_pid(path: Path, procs: list[subprocess.Popen], timeout: float = 60) -> int:
+    """The pid a child wrote to PATH once it was ready. The file can exist
+    before its writer has written it, so this waits for a whole number."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = path.read_text() if path.exists() else ""
+        if text.strip().isdigit():
+            return int(text)
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "the script died or hung"
+        time.sleep(0.01)

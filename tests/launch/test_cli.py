@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from srun_local import REPO, task_envs
+from srun_local import REPO, task_envs, wait_for_pid
 
 PLAN = {"pp": 2, "dp": 2, "tp": 1, "micro_batches": 4}
 SHOW_ENV = "import json, os; print(json.dumps(dict(os.environ)))"
@@ -232,10 +232,7 @@ def test_a_checkpoint_request_during_start_up_waits_for_the_handler(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 60
-    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    os.kill(int(ready.read_text()), signal.SIGUSR1)
+    os.kill(wait_for_pid(ready, [proc]), signal.SIGUSR1)
     go.write_text("")
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err

@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from srun_local import REPO, free_port, start, task_envs, wait
+from srun_local import REPO, free_port, start, task_envs, wait, wait_for_pid
 
 from launch.hook import on_checkpoint, write_hook_file
 from solver import contract
@@ -95,14 +95,6 @@ while step < 100000:
 """
 
 
-def _wait_for(path, procs, timeout=60):
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "the script died or hung"
-        time.sleep(0.01)
-    return path.read_text()
-
-
 def test_one_call_hook_saves_from_the_handler_and_exits_75(tmp_path):
     ck = tmp_path / "ck"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CELLSCHED_"))}
@@ -116,7 +108,7 @@ def test_one_call_hook_saves_from_the_handler_and_exits_75(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    pid = int(_wait_for(ready, [proc]))
+    pid = wait_for_pid(ready, [proc])
     assert json.loads((ck / contract.HOOK_FILE).read_text())["job_id"] == "99"
     os.kill(pid, signal.SIGUSR1)
     assert proc.wait(timeout=60) == contract.EXIT_CHECKPOINTED, proc.stderr.read()
@@ -132,7 +124,7 @@ def test_polling_hook_saves_the_same_step_on_every_rank_and_exits_75(tmp_path):
         2,
         env={"CELLSCHED_PLAN": json.dumps({"dp": 2}), "CELLSCHED_MASTER_PORT": str(free_port())},
     )
-    pids = [int(_wait_for(out / f"ready{r}", procs)) for r in range(2)]
+    pids = [wait_for_pid(out / f"ready{r}", procs) for r in range(2)]
     os.kill(pids[1], signal.SIGUSR1)
     tasks = wait(procs, timeout=60)
     assert [t.returncode for t in tasks] == [75, 75], tasks[0].stderr[-2000:] + tasks[1].stderr[-2000:]
