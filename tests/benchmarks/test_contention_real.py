@@ -97,6 +97,7 @@ def two_busy(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_a_job_alone_runs_at_the_configured_link_rate(two_busy: list[dict]) -> None:
     jobs = [r for r in two_busy if "job" in r]
     assert len(jobs) == 2
@@ -109,6 +110,7 @@ def test_a_job_alone_runs_at_the_configured_link_rate(two_busy: list[dict]) -> N
         assert r["alone_net_s"] / r["alone_s"] > 0.7, "the link, not the compute phase, must dominate"
 
 
+@pytest.mark.slow
 def test_two_jobs_on_one_link_share_it(two_busy: list[dict]) -> None:
     jobs = [r for r in two_busy if "job" in r]
     rate = min(jobs[0]["nic_mbit"].values()) * 1e6 / 8
@@ -123,6 +125,7 @@ def test_two_jobs_on_one_link_share_it(two_busy: list[dict]) -> None:
     assert summary["summary"] and summary["jobs"] == 2 and summary["cases"] == 1
 
 
+@pytest.mark.slow
 def test_nothing_outlives_a_run_or_a_sigterm(two_busy: list[dict]) -> None:
     assert two_busy, "the run above finished"
     assert _namespaces() == []

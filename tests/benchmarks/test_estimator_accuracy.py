@@ -75,6 +75,7 @@ def test_every_plan_is_held_out() -> None:
                 assert size in bench.HELD_OUT and size not in bench.PROFILED, (pp, dp, tp, m, vw)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the quick plans have 2 ranks")
 def test_quick_run_reports_per_runtime() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CELLSCHED_"))}

@@ -6,6 +6,8 @@ import pytest
 import torch
 from trainer_runs import checkpoint_state, relative_error, train
 
+pytestmark = pytest.mark.slow  # real processes or a package build: left out of the quick layer
+
 FLAGS = ("--layers", "2", "--hidden", "16", "--heads", "2", "--seq", "8", "--vocab", "32", "--global-batch", "16")
 
 

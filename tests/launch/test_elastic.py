@@ -17,7 +17,10 @@ from launch.elastic import VirtualWorker
 from slurm_ext.controller.progress import read_progress
 from solver.contract import EXIT_CHECKPOINTED
 
+pytestmark = pytest.mark.slow  # real processes or a package build: left out of the quick layer
+
 V = 4
+
 FLAGS = ("--layers", "2", "--hidden", "16", "--heads", "2", "--seq", "8", "--vocab", "32")
 
 

@@ -17,6 +17,8 @@ from srun_local import REPO, free_port, srun, start, task_envs, wait
 from launch.adapters import torchtitan as titan_adapter
 from solver.plan import JobPlan
 
+pytestmark = pytest.mark.slow  # real processes or a package build: left out of the quick layer
+
 LIGHTNING_EXAMPLE = REPO / "contrib" / "examples" / "lightning" / "train_lightning.py"
 
 

@@ -8,7 +8,10 @@ from minigpt.model import GPTConfig
 from minigpt.trainer import TrainConfig, reference_losses
 from trainer_runs import train
 
+pytestmark = pytest.mark.slow  # real processes or a package build: left out of the quick layer
+
 STEPS = 20
+
 VIRTUAL = 2  # fixed, so every layout sees the same data
 FLAGS = ("--dtype", "float64", "--layers", "4", "--hidden", "16", "--heads", "4", "--seq", "8", "--vocab", "32")
 LAYOUTS = list(itertools.product((1, 2), repeat=3))

@@ -324,6 +324,7 @@ def _tp_profile_worker(rank: int, port: int, out: str) -> None:
             json.dump([[r.tp, r.micro_batch, r.kind, r.fwd_s, r.bwd_s] for r in recs], f)
 
 
+@pytest.mark.slow
 def test_tp_layers_profile_on_their_tp_ranks(tmp_path):
     """Two gloo processes of one tp group profile the tp=2 layers among their all-reduces, in step."""
     import torch.multiprocessing as mp
@@ -461,6 +462,7 @@ def _wrapped_tp_worker(rank: int, port: int, out: str) -> None:
             json.dump({"calls": calls[0], "recs": [[r.gpu_type, r.tp, r.kind, r.fwd_s, r.bwd_s] for r in recs]}, f)
 
 
+@pytest.mark.slow
 def test_tp_layers_profiled_as_the_sharded_runtime_parallelizes_them(tmp_path):
     """tp=2 as DTensor runs it on two gloo processes: the reference trainer's
     plan (q, k, v and fc column-wise, proj and out row-wise) all-reduces 6

@@ -25,7 +25,10 @@ from launch.trainer import runtime_of
 from solver.contract import EXIT_CHECKPOINTED
 from solver.plan import JobPlan
 
+pytestmark = pytest.mark.slow  # real processes or a package build: left out of the quick layer
+
 TOL = 1e-5  #: docs/runtime-sharded.md: relative loss deviation from the unmoved run (float32)
+
 FLAGS = ("--layers", "4", "--hidden", "32", "--heads", "4")
 CFG = GPTConfig(layers=4, hidden=32, heads=4)
 #: >= 20M float32 parameters: 4 x (12 h^2 + 11 h) + embeddings and head at h = 672

@@ -255,6 +255,7 @@ def _state_reports(directory, ranks):
     return [json.loads((directory / f"state-{r}.json").read_text()) for r in range(ranks)]
 
 
+@pytest.mark.slow
 def test_memory_3_to_1_with_batch_3_to_1_matches_one_process(tmp_path):
     plan = {
         "dp": 2,
@@ -279,6 +280,7 @@ def test_memory_3_to_1_with_batch_3_to_1_matches_one_process(tmp_path):
         assert r["state_numel"] == 2 * (r["slice"][1] - r["slice"][0])
 
 
+@pytest.mark.slow
 def test_resume_on_three_ranks_with_other_memory_weights(tmp_path):
     """5 steps sharded 3:1 on 2 ranks, then 5 more sharded 1:2:1 on 3 ranks."""
     ckpt = str(tmp_path / "ckpt")

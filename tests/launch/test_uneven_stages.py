@@ -11,7 +11,10 @@ from trainer_runs import train
 
 from solver.plan import JobPlan, PlanError, largest_remainder
 
+pytestmark = pytest.mark.slow  # real processes or a package build: left out of the quick layer
+
 STEPS = 6
+
 VIRTUAL = 2
 FLAGS = ("--dtype", "float64", "--layers", "5", "--hidden", "16", "--heads", "4", "--seq", "8", "--vocab", "32")
 CASES = {  # name: (plan, each stage's layer indices); 1F1B needs micro_batches >= pp

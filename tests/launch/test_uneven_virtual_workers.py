@@ -9,7 +9,10 @@ from minigpt.model import GPTConfig
 from minigpt.trainer import TrainConfig, reference_losses
 from trainer_runs import checkpoint_state, train
 
+pytestmark = pytest.mark.slow  # real processes or a package build: left out of the quick layer
+
 V = 4
+
 STEPS = 6
 SHAPE = {"layers": 2, "hidden": 16, "heads": 2, "seq": 8, "vocab": 32}
 FLAGS = tuple(x for k, v in SHAPE.items() for x in (f"--{k}", str(v)))  # global batch 8: 2 samples per worker

@@ -15,6 +15,7 @@ import subprocess
 import tomllib
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from support import ROOT, console_script
 
@@ -82,6 +83,7 @@ def test_controller_backend_overrides_the_config(tmp_path):
     assert proc.returncode == 2 and "unknown backend 'bogus'" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_simulate_docs_example_verbatim(tmp_path):
     """docs/simulator.md's `cellsched simulate` example, run as written (only --out moved): 150 jobs, both policies."""
     page = (ROOT / "docs" / "simulator.md").read_text().splitlines()

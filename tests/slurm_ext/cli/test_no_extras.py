@@ -24,6 +24,8 @@ from support import ROOT
 
 from slurm_ext.cli.admin_cmd import admin_files
 
+pytestmark = pytest.mark.slow  # real processes or a package build: left out of the quick layer
+
 #: the environment of the venv's commands: nothing of the checkout or of the test's venv leaks in
 SCRUB = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "VIRTUAL_ENV", "PYTHONSTARTUP", "CELLSCHED_PLAN")
 

@@ -42,6 +42,7 @@ def outcomes(run):
     return [dataclasses.astuple(j) for j in run.jobs], [dataclasses.astuple(r)[:1] for r in run.rounds]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["cellsched", "sia"])
 def test_a_run_continued_from_its_checkpoint_ends_as_one_never_stopped(setting, policy, tmp_path):
     whole = simulator(setting, policy, tmp_path).run()

@@ -111,6 +111,7 @@ def test_arena_compat_markdown(tmp_path):
     assert not (tmp_path / "o" / "jct_cdf.png").exists()
 
 
+@pytest.mark.slow
 def test_bad_inputs_exit_2_with_one_line(tmp_path):
     trace, cluster = inputs(tmp_path)
     bad = tmp_path / "bad.csv"
