@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from support import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -105,10 +106,10 @@ def free_port() -> int:
 def wait_for_pid(path: Path, procs: list[subprocess.Popen], timeout: float = 60) -> int:
     """The pid a child wrote to PATH once it was ready. The file can exist
     before its writer has written it, so this waits for a whole number."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def pid() -> int | None:
+        assert all(p.poll() is None for p in procs), "the script died"
         text = path.read_text() if path.exists() else ""
-        if text.strip().isdigit():
-            return int(text)
-        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "the script died or hung"
-        time.sleep(0.01)
+        return int(text) if text.strip().isdigit() else None
+
+    return wait_for(pid, timeout=timeout, interval=0.01, what=f"a pid in {path}")
