@@ -108,8 +108,10 @@ def wait_for_pid(path: Path, procs: list[subprocess.Popen], timeout: float = 60)
     before its writer has written it, so this waits for a whole number."""
 
     def pid() -> int | None:
-        assert all(p.poll() is None for p in procs), "the script died"
         text = path.read_text() if path.exists() else ""
-        return int(text) if text.strip().isdigit() else None
+        if text.strip().isdigit():
+            return int(text)
+        assert all(p.poll() is None for p in procs), "the script died"
+        return None
 
     return wait_for(pid, timeout=timeout, interval=0.01, what=f"a pid in {path}")
