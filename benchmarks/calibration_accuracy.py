@@ -40,9 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from slurm_ext.sim.clusterspec import ClusterSpecError, arena_cluster, load_cluster_spec  # noqa: E402
 from slurm_ext.sim.conditions import Conditions  # noqa: E402
 from slurm_ext.sim.traces import read_arena_trace  # noqa: E402
+from solver.arena.estimates import ArenaEstimates  # noqa: E402
 from solver.calibration import Calibration, Observation  # noqa: E402
-from solver.profiles.arena import TRACE_FILE, shipped_path  # noqa: E402
-from solver.profiles.arena_estimates import ArenaEstimates  # noqa: E402
+from solver.contract.profiles.arena import TRACE_FILE, shipped_path  # noqa: E402
 from solver.types import Cell  # noqa: E402
 
 COUNTS = (1, 2, 4, 8, 16)

@@ -49,7 +49,7 @@ BASE = "ada-srsf"
 
 def trace(out: Path, jobs: int) -> Path:
     """The first `jobs` Philly jobs with gpu_type v100 (the cluster's one type)."""
-    from solver.profiles.arena import TRACE_FILE, shipped_path
+    from solver.contract.profiles.arena import TRACE_FILE, shipped_path
 
     src = shipped_path(TRACE_FILE)
     path = out / "philly-v100.csv"

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from slurm_ext.backends import SubmitRequest, get_backend  # noqa: E402
 from slurm_ext.config import Config, ControllerConfig, MetricsConfig  # noqa: E402
 from slurm_ext.controller.round import Controller  # noqa: E402
-from slurm_ext.jobspec import JobSpec  # noqa: E402
+from solver.contract.jobspec import JobSpec  # noqa: E402
 from solver.types import SolverConfig  # noqa: E402
 
 DEVCLUSTER = ROOT / "contrib" / "dev-cluster" / "devcluster.sh"

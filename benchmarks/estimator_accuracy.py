@@ -128,7 +128,7 @@ def runtimes_here() -> list[str]:
 
 
 def model_spec(s: dict = SHAPE):
-    from solver.models import spec_from_dict
+    from solver.contract.models import spec_from_dict
 
     return spec_from_dict(
         {
@@ -320,7 +320,7 @@ def profile_corun(ranks: int, repeat: int = 11, wrapped: tuple[str, ...] = ()) -
     memory bandwidth and caches, which a one-process profile cannot see."""
     import multiprocessing as mp
 
-    from solver.profiles.records import LayerRecord
+    from solver.contract.profiles.records import LayerRecord
 
     ctx = mp.get_context("spawn")
     started, finished = ctx.Barrier(ranks), ctx.Value("i", 0)
@@ -354,7 +354,7 @@ def profile_corun(ranks: int, repeat: int = 11, wrapped: tuple[str, ...] = ()) -
 def cpu_spec(comm, update_gbps: float, name: str = "cpu"):
     """This machine as a "cpu" GpuSpec: its memory, the profiled update bandwidth; ranks talk over loopback."""
     from launch.profiler import LOOPBACK, curve_bandwidth_gbps
-    from solver.profiles.records import GpuSpec
+    from solver.contract.profiles.records import GpuSpec
 
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
     return GpuSpec(
@@ -410,7 +410,7 @@ def profile_gpu(store, model) -> tuple[str, dict[str, float]]:
     import torch
 
     from launch import profiler
-    from solver.profiles.records import GpuSpec
+    from solver.contract.profiles.records import GpuSpec
 
     name = profiler.detect_gpu_type(0)
     kw = {"device": "cuda", "warmup": 3, "repeat": 11}
@@ -437,7 +437,7 @@ def one_pass(
     """Profile this machine into a fresh store (seeded as the controller's),
     then predict with the controller's estimator and measure every plan of
     every runtime: {"device", "update_gbps", "profile_s", "rows": [...]}."""
-    from solver.profiles.seed import open_store
+    from solver.contract.profiles.seed import open_store
 
     model = model_spec(shape)
     t0 = time.perf_counter()

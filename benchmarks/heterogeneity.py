@@ -43,7 +43,7 @@ feasible by sharding). A data-parallel mixed cell is composed from its
 parts' table times (each part able to run the whole batch alone,
 slurm_ext.sim.conditions); a pipeline across types from our per-layer
 costs, each type's put on the table's scale (``layer_scale``:
-solver.profiles.arena_estimates), with our memory model; the estimates
+solver.arena.estimates), with our memory model; the estimates
 from Arena's estimated table, the truth from the measured one. No plan was
 state-sharded in the runs reported: what sharding adds is not measured here.
 The result depends on the seed (the noise on the truth, and so the order of
@@ -97,7 +97,7 @@ def without() -> str:
 def trace(out: Path, jobs: int, models: str = "large") -> tuple[Path, float]:
     """The first `jobs` Philly jobs of LARGE models (`models` "all": of every
     model), and the share of the trace's jobs that the slice's models make."""
-    from solver.profiles.arena import TRACE_FILE, shipped_path
+    from solver.contract.profiles.arena import TRACE_FILE, shipped_path
 
     path = out / f"philly-{models}.csv"
     kept = total = taken = 0

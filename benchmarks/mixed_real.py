@@ -74,7 +74,7 @@ SHARES = 32768
 
 
 def model_spec() -> Any:
-    from solver.models import spec_from_dict
+    from solver.contract.models import spec_from_dict
 
     return spec_from_dict(
         {
@@ -91,7 +91,7 @@ def model_spec() -> Any:
 
 
 def job_spec(runtime: str) -> Any:
-    from slurm_ext.jobspec import JobSpec
+    from solver.contract.jobspec import JobSpec
 
     m = model_spec()
     model_def = {
@@ -117,10 +117,10 @@ class MeasuredTable:
     the table as ArenaEstimates calibrates to Arena's)."""
 
     def __init__(self, times: dict[str, float]) -> None:
+        from solver.contract.profiles.gpus import default_gpu_specs
+        from solver.contract.profiles.records import CellRecord
+        from solver.contract.profiles.store import ProfileStore
         from solver.estimator import Estimator
-        from solver.profiles.gpus import default_gpu_specs
-        from solver.profiles.records import CellRecord
-        from solver.profiles.store import ProfileStore
 
         self.times = times
         cpu = default_gpu_specs()["cpu"]
@@ -153,8 +153,8 @@ FAST, SLOW = "cpufast-1", "cpuslow-1"
 def plans_and_predictions(times: dict[str, float], runtime: str) -> dict[str, tuple[dict, float | None]]:
     """name -> (the plan to run, the composition's time for it)."""
     from slurm_ext.sim.conditions import MixedEstimator, TableTruth, table_speed
+    from solver.contract.plan import JobPlan
     from solver.mixed.cells import mixed_cell
-    from solver.plan import JobPlan
     from solver.types import JobRequest
 
     table = MeasuredTable(times)

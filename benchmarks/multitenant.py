@@ -79,7 +79,7 @@ def accounts_of(jobs: int, cluster: Path) -> dict[str, str]:
     from slurm_ext.sim.clusterspec import load_cluster_spec
     from slurm_ext.sim.site import assign_accounts
     from slurm_ext.sim.traces import read_arena_trace
-    from solver.profiles.arena import TRACE_FILE, shipped_path
+    from solver.contract.profiles.arena import TRACE_FILE, shipped_path
 
     site = load_cluster_spec(cluster).site
     assert site is not None

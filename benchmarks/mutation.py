@@ -19,7 +19,7 @@ go to OUT/<module>.survivors.txt.
 
     pip install mutmut   # not part of the project's extras
     python benchmarks/mutation.py                                   # every module below
-    python benchmarks/mutation.py --modules solver/contract.py launch/layout.py
+    python benchmarks/mutation.py --modules solver/contract/__init__.py launch/layout.py
     python benchmarks/mutation.py --max-mutants 100 --seed 0        # a seeded sample per module
 """
 
@@ -41,7 +41,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # module (path in the checkout) -> the test files that cover it (those that import it)
 MODULES: dict[str, list[str]] = {
-    "solver/contract.py": [
+    "solver/contract/__init__.py": [
         "tests/solver/test_contract.py",
         "tests/launch/test_elastic.py",
         "tests/slurm_ext/controller/test_failsafe_unit.py",

@@ -116,7 +116,7 @@ class Scenario:
         return sum(g.count * g.gpus_per_node for g in self.groups if g.gpu_type == gpu_type)
 
     def cluster_toml(self) -> str:
-        from solver.profiles.arena import load_device_specs
+        from solver.contract.profiles.arena import load_device_specs
 
         mem = load_device_specs()["simulator_gpu_specs"]
         lines = [f'name = "scenario-{self.seed}"', ""]
@@ -192,7 +192,7 @@ def trace_rows(scn: Scenario, rows: Sequence[dict[str, str]]) -> tuple[list[dict
 
 
 def philly() -> list[dict[str, str]]:
-    from solver.profiles.arena import TRACE_FILE, shipped_path
+    from solver.contract.profiles.arena import TRACE_FILE, shipped_path
 
     with open(shipped_path(TRACE_FILE), newline="") as f:
         return sorted(csv.DictReader(f), key=lambda r: float(r["submission_time"]))

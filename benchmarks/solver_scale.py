@@ -35,12 +35,12 @@ import statistics
 import time
 from dataclasses import replace
 
+from solver.contract.models import get_model
+from solver.contract.profiles.arena import TRACE_FILE, shipped_path
+from solver.contract.profiles.seed import open_store
 from solver.estimator import Estimator
-from solver.models import get_model
 from solver.placement import validate_plan
 from solver.policies import get_policy
-from solver.profiles.arena import TRACE_FILE, shipped_path
-from solver.profiles.seed import open_store
 from solver.types import ClusterView, JobRequest, NodeView, ScheduleRequest, SolverConfig
 
 ARENA = {"a100": (80, 4), "v100": (20, 16), "a40": (160, 2), "a10": (160, 2)}  # nodes, GPUs per node

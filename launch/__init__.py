@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from launch.hook import on_checkpoint
-from solver.extras import require
+from solver.contract.extras import require
 
 if TYPE_CHECKING:
     from launch.parallel import ParallelContext, init_parallel

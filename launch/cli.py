@@ -56,7 +56,7 @@ from launch.errors import LauncherError
 from launch.layout import Layout, LayoutError, in_step_order, plan_ranks
 from launch.slurm_env import SlurmEnv, SlurmEnvError
 from solver import contract
-from solver.plan import JobPlan, PlanError
+from solver.contract.plan import JobPlan, PlanError
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """The base of every error the in-job launcher raises on purpose.
 
-One base per layer (see ``solver.errors``): ``LauncherError`` for ``launch``.
+One base per layer (see ``solver.contract.errors``): ``LauncherError`` for ``launch``.
 """
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from launch.errors import LauncherError
-from solver.plan import PlanError, virtual_worker_counts
-from solver.plan import largest_remainder as largest_remainder  # re-exported: launch code splits with it
+from solver.contract.plan import PlanError, virtual_worker_counts
+from solver.contract.plan import largest_remainder as largest_remainder  # re-exported: launch code splits with it
 
 DIMS = ("pp", "dp", "tp")
 T = TypeVar("T")

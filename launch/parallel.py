@@ -34,7 +34,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from launch.errors import LauncherError
 from launch.layout import DIMS, Coords, Layout, LayoutError, largest_remainder, split_layers, virtual_worker_blocks
 from solver import contract
-from solver.plan import JobPlan, PlanError
+from solver.contract.plan import JobPlan, PlanError
 
 if TYPE_CHECKING:
     from torch.distributed.pipelining import Schedule1F1B

@@ -14,10 +14,10 @@ import pathlib
 
 import click
 
-from solver.extras import require
-from solver.models import ModelSpecError, get_model
-from solver.profiles.seed import open_store
-from solver.profiles.store import ENV_VAR, ProfileStoreError
+from solver.contract.extras import require
+from solver.contract.models import ModelSpecError, get_model
+from solver.contract.profiles.seed import open_store
+from solver.contract.profiles.store import ENV_VAR, ProfileStoreError
 
 
 def _ints(_ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:

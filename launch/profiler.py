@@ -50,9 +50,14 @@ from torch import nn
 from torch.multiprocessing.spawn import start_processes
 
 from launch.errors import LauncherError
-from solver.cost.layers import TP_ALLREDUCES_PER_BLOCK
-from solver.models import TRANSFORMER_FAMILIES, ModelSpec
-from solver.profiles.records import RUNTIME_SEP, CommRecord, LayerRecord, runtime_gpu_type
+from solver.contract.models import TRANSFORMER_FAMILIES, ModelSpec
+from solver.contract.profiles.records import (
+    RUNTIME_SEP,
+    TP_ALLREDUCES_PER_BLOCK,
+    CommRecord,
+    LayerRecord,
+    runtime_gpu_type,
+)
 
 #: Model dtype -> torch dtype.
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -12,7 +12,7 @@ import re
 import subprocess
 
 from launch.errors import LauncherError
-from solver.plan import PlanError
+from solver.contract.plan import PlanError
 
 #: Seconds one scontrol call may take.
 TIMEOUT_S = 15.0

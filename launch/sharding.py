@@ -48,7 +48,7 @@ import torch.distributed as dist
 
 from launch.errors import LauncherError
 from launch.layout import largest_remainder
-from solver.plan import JobPlan
+from solver.contract.plan import JobPlan
 
 #: Values of ``JobPlan.state_sharding`` (None and "none": replicated state).
 MODES = ("none", "even", "memory")

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from launch.errors import LauncherError
-from solver import hostlist
+from solver.contract import hostlist
 
 
 class SlurmEnvError(ValueError, LauncherError):

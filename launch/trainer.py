@@ -34,7 +34,7 @@ from launch.progress import write_progress
 from launch.sharded import ShardedEngine
 from launch.workload import Workload
 from solver.contract import EXIT_CHECKPOINTED
-from solver.plan import JobPlan
+from solver.contract.plan import JobPlan
 
 #: runtimes this trainer carries out (``plan.runtime``; None is exact)
 RUNTIMES = ("exact", "sharded")

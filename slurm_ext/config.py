@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_ext.errors import CellschedError
-from solver.hostlist import expand_hostlist
+from solver.contract.hostlist import expand_hostlist
 from solver.network import default_nic_gbps
 from solver.types import SolverConfig, knob, knob_factory
 

@@ -1,6 +1,6 @@
 """The base of every error the Slurm extension raises on purpose.
 
-One base per layer (see ``solver.errors``): ``CellschedError`` for
+One base per layer (see ``solver.contract.errors``): ``CellschedError`` for
 ``slurm_ext`` (controller, CLI, backends, simulator, wrapper).
 """
 

@@ -1,4 +1,4 @@
-"""Slurm's own view of the cluster as typed records, and hostlist helpers (over solver.hostlist).
+"""Slurm's own view of the cluster as typed records, and hostlist helpers (over solver.contract.hostlist).
 
 These are richer than the solver's capacity view (solver.types.ClusterView);
 slurm_ext.view maps them onto it in one place. Every parser and backend
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from solver import hostlist
-from solver.hostlist import compress_hostlist  # noqa: F401  (re-exported: records are where callers look)
+from solver.contract import hostlist
+from solver.contract.hostlist import compress_hostlist  # noqa: F401  (re-exported: records are where callers look)
 
 #: node base states / flags under which no new work can start on a node
 UNAVAILABLE_STATES = frozenset({"down", "inval", "fail", "future", "unknown"})
@@ -180,7 +180,7 @@ class ClusterSnapshot:
 
 
 def expand_hostlist(text: str | None) -> tuple[str, ...]:
-    """``n[1-3,5]`` -> (n1, n2, n3, n5) (solver.hostlist); "", None and
+    """``n[1-3,5]`` -> (n1, n2, n3, n5) (solver.contract.hostlist); "", None and
     Slurm's "(null)" / "None" / "N/A" -> ()."""
     if not text or text.strip() in ("(null)", "None", "N/A"):
         return ()

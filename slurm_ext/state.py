@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_ext.errors import CellschedError
-from solver import sqlitedb
+from solver.contract import sqlitedb
 
 BUSY_TIMEOUT_S = 10.0
 

@@ -14,7 +14,7 @@ Enumeration, for each GPU type the job allows:
   fewest nodes first;
 * pipeline stages pp: the divisors of N with pp <= min(config.max_pp,
   model.num_layers), and only what the job's runtime carries out
-  (solver.runtimes): pp = 1 for a runtime without pipeline parallelism, and
+  (solver.contract.runtimes): pp = 1 for a runtime without pipeline parallelism, and
   only pp dividing the model's layers for one that splits layers evenly
   over stages; a runtime with neither tensor parallelism nor uneven batch
   shares (ddp) gets only cells whose dp = N / pp divides its global batch.
@@ -36,8 +36,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
+from solver.contract.runtimes import get_runtime
 from solver.mixed import mixed_cells, needs_mixed
-from solver.runtimes import get_runtime
 from solver.types import Cell, ClusterView, Estimate, JobRequest, NodeView, SolverConfig
 
 

@@ -37,7 +37,7 @@ they also price adding one gradient into another at that bandwidth: each
 micro-batch's into the step's (every micro-batch but a worker's first) and,
 under "allgather", the gathered gradients in rank order (dp x k - 1 adds).
 
-Runtimes (``JobRequest.runtime``, ``solver.runtimes``): a job is priced as
+Runtimes (``JobRequest.runtime``, ``solver.contract.runtimes``): a job is priced as
 its runtime runs (``solver.cost.runtime``: its gradient sync, state layout
 and buffers, per rank at its peak) and offered only plans it carries out
 (tp, pp, even stages, dp = V without virtual workers, m >= pp under torch's
@@ -91,6 +91,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
+from solver.contract.models import ModelSpec
+from solver.contract.profiles.records import CellRecord, GpuSpec, ProfileSource, runtime_gpu_type
+from solver.contract.runtimes import SOLVER_DEFAULT_RUNTIME, get_runtime, plan_problem
 from solver.cost.comm import Links, load_curves
 from solver.cost.layers import (
     LayerCosts,
@@ -126,13 +129,10 @@ from solver.cost.runtime import (
     zero1_allreduce_time,
     zero1_gather_bytes,
 )
-from solver.models import ModelSpec
-from solver.profiles.records import CellRecord, GpuSpec, ProfileSource, runtime_gpu_type
-from solver.runtimes import SOLVER_DEFAULT_RUNTIME, get_runtime, plan_problem
 from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
 
 if TYPE_CHECKING:
-    from solver.profiles.store import ProfileStore
+    from solver.contract.profiles.store import ProfileStore
 
 _CELL_SOURCES = (ProfileSource.MEASURED, ProfileSource.ARENA_OPTIMAL)  # cell-level, in order of preference
 _GB = 1e9
@@ -348,7 +348,7 @@ class Estimator:
     ) -> Estimate:
         """The cell's estimate for a job of V = `virtual_workers` (None: dp
         free) that may shard its optimizer state (`state_sharding`, and the
-        estimator's own setting), run by `runtime` (solver.runtimes): only
+        estimator's own setting), run by `runtime` (solver.contract.runtimes): only
         plans that runtime carries out, priced as it runs them."""
         memo = self._sigs.get(id(model))
         if memo is None or memo[0] is not model:

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, TypeVar
 
-from solver.models import ModelSpec
+from solver.contract.models import ModelSpec
+from solver.contract.runtimes import SOLVER_DEFAULT_RUNTIME, get_runtime
 from solver.network import Network
-from solver.runtimes import SOLVER_DEFAULT_RUNTIME, get_runtime
 from solver.site import SitePolicy
 
 _T = TypeVar("_T")
@@ -242,7 +242,7 @@ class EstimateSource(StrEnum):
     COMPOSED = "composed"  # from layer profiles and communication tables
     ANALYTIC = "analytic"  # from GPU datasheet numbers
     ANALYTIC_CALIBRATED = "analytic+calibrated"  # analytic, scaled by the model's measured cells
-    ARENA_TABLE = "arena-table"  # Arena's simulator lookup (solver.profiles.arena_lookup)
+    ARENA_TABLE = "arena-table"  # Arena's simulator lookup (solver.arena.lookup)
     MIXED = "mixed"  # a mixed-GPU-type cell, from its parts' estimates (solver.mixed)
     NONE = "none"  # no data: infeasible
 
@@ -308,7 +308,7 @@ class JobRequest:
     layout of that size) the job must not be placed in again (e.g. it failed
     twice there); `excludes` tells.
     `virtual_workers` is the job's EasyScale V, fixed once accepted: any dp <=
-    V runs it (dp rank d runs ``solver.plan.virtual_worker_counts(V, dp)[d]``
+    V runs it (dp rank d runs ``solver.contract.plan.virtual_worker_counts(V, dp)[d]``
     virtual workers of global_batch / V samples each, one after the other).
     None: not fixed yet, a placement picks dp freely (one worker per rank).
     """
@@ -338,12 +338,12 @@ class JobRequest:
     #: (launch.sharding); policies clear it when SolverConfig.state_sharding
     #: is false, and the estimator then prices replicated state only
     state_sharding: bool = True
-    #: what the job's code can carry out (solver.runtimes): the solver offers
+    #: what the job's code can carry out (solver.contract.runtimes): the solver offers
     #: it no cell or plan outside that and prices its own sync and memory
     runtime: str = SOLVER_DEFAULT_RUNTIME
     #: False: a running job that may not be signalled, resized or moved (its
     #: runtime checkpoints only through a hook its script has not registered
-    #: yet: solver.runtimes.Checkpoint.HOOK); every policy keeps it where it
+    #: yet: solver.contract.runtimes.Checkpoint.HOOK); every policy keeps it where it
     #: runs (solver.placement.split_fixed / split_static)
     movable: bool = True
     #: the site's view of the job (solver.site): its Slurm account and QOS,

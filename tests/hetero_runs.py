@@ -35,7 +35,7 @@ from support import slurm, wait_for
 from launch.layout import split_layers
 from launch.scontrol import admin_comment_json
 from solver.contract import PLAN_KEY, admin_comment_plan
-from solver.plan import JobPlan, largest_remainder
+from solver.contract.plan import JobPlan, largest_remainder
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "contrib" / "examples" / "train_gpt.py"

@@ -1,4 +1,4 @@
-"""Every exception class of ours has its layer's base (solver.errors.SolverError,
+"""Every exception class of ours has its layer's base (solver.contract.errors.SolverError,
 slurm_ext.errors.CellschedError, launch.errors.LauncherError), and no two
 share a name, so that an ``except`` names one error only."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from launch.errors import LauncherError
 from slurm_ext.errors import CellschedError
-from solver.errors import SolverError
+from solver.contract.errors import SolverError
 
 BASES: dict[str, type[Exception]] = {"solver": SolverError, "slurm_ext": CellschedError, "launch": LauncherError}
 
@@ -58,8 +58,8 @@ def test_error_has_its_layer_base(cls):
 def test_builtin_bases_are_kept():
     from launch.scontrol import ScontrolError
     from slurm_ext.backends.base import SlurmUnavailable
-    from solver.extras import MissingExtra
-    from solver.hostlist import HostlistError
+    from solver.contract.extras import MissingExtra
+    from solver.contract.hostlist import HostlistError
 
     assert issubclass(HostlistError, ValueError) and issubclass(HostlistError, SolverError)
     assert issubclass(MissingExtra, ImportError) and issubclass(MissingExtra, SolverError)
@@ -75,8 +75,8 @@ def test_error_names_are_distinct():
 
 
 def test_a_plan_error_is_not_a_placement_error():
+    from solver.contract.plan import PlanError
     from solver.placement import PlacementError
-    from solver.plan import PlanError
 
     assert PlanError is not PlacementError
     assert not issubclass(PlanError, PlacementError) and not issubclass(PlacementError, PlanError)

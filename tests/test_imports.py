@@ -6,6 +6,7 @@ the source (every import statement, also inside functions; those under
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 from support import ROOT
@@ -102,8 +103,8 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_reader_sees_imports():
     g = graph()
-    assert "solver.plan" in g["solver.contract"] and "solver.contract" in g["launch.cli"]
-    assert "solver.profiles.store" in g["solver.profiles"]  # a package's __init__ counts as a module
+    assert "solver.contract.plan" in g["solver.contract"] and "solver.contract" in g["launch.cli"]
+    assert "solver.contract.profiles.store" in g["solver.contract.profiles"]  # a package's __init__ counts as a module
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -119,3 +120,54 @@ def test_imports_point_down():
         if t.partition(".")[0] not in ALLOWED[m.partition(".")[0]]
     )
     assert wrong == []
+
+
+#: the contract floor: what the controller and every rank share (docs/development.md)
+CONTRACT = "solver.contract"
+
+
+def _under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_launch_stands_on_the_contract_floor_only():
+    wrong = sorted(
+        f"{m} imports {t}"
+        for m, ts in graph().items()
+        if _under(m, "launch")
+        for t in ts
+        if _under(t, "solver") and not _under(t, CONTRACT)
+    )
+    assert wrong == []
+
+
+def test_the_contract_floor_imports_only_itself_and_the_standard_library():
+    """solver.contract is stdlib-only (every rank imports it, fast) and
+    stands on nothing of the optimizer above it."""
+    known = modules()
+    wrong = []
+    for name, path in known.items():
+        if not _under(name, CONTRACT):
+            continue
+        wrong += [f"{name} imports {t}" for t in imports_of(name, path, known) if not _under(t, CONTRACT)]
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                tops = [a.name.partition(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                tops = [(node.module or "").partition(".")[0]]
+            else:
+                continue
+            wrong += [
+                f"{name} imports {top}"
+                for top in tops
+                if top not in sys.stdlib_module_names and top not in ("__future__", "solver")
+            ]
+    assert wrong == []
+
+
+def test_the_optimizer_imports_the_contract_floor():
+    """The pure optimizer stands on the same floor (one definition of a job's spec, plan and runtime)."""
+    g = graph()
+    optimizer = [m for m in g if _under(m, "solver") and not _under(m, CONTRACT)]
+    assert any(_under(t, CONTRACT) for m in optimizer for t in g[m])

@@ -89,7 +89,7 @@ def _report_state(engine: ExactEngine | ShardedEngine, directory: str) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", help="model preset name (solver.models); overrides the shape flags")
+    ap.add_argument("--model", help="model preset name (solver.contract.models); overrides the shape flags")
     for k, v in asdict(GPTConfig()).items():
         ap.add_argument(f"--{k}", type=int, default=v)
     ap.add_argument("--steps", type=int, default=20, help="train until this step (counting resumed steps)")

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from launch.adapters import megatron, torchtitan
 from launch.adapters.base import Adapter, AdapterError, BatchSizes, batch_sizes, check_plan, sets_option
-from solver.plan import JobPlan
+from solver.contract.plan import JobPlan
 
 __all__ = [
     "ADAPTERS",

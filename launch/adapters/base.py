@@ -6,8 +6,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from launch.errors import LauncherError
-from solver.plan import JobPlan
-from solver.runtimes import get_runtime, plan_problem
+from solver.contract.plan import JobPlan
+from solver.contract.runtimes import get_runtime, plan_problem
 
 
 class AdapterError(ValueError, LauncherError):
@@ -48,7 +48,7 @@ def batch_sizes(plan: JobPlan) -> BatchSizes | None:
 
 
 def check_plan(plan: JobPlan, runtime: str) -> None:
-    """AdapterError when RUNTIME cannot carry the plan out (solver.runtimes.plan_problem)."""
+    """AdapterError when RUNTIME cannot carry the plan out (solver.contract.runtimes.plan_problem)."""
     problem = plan_problem(
         get_runtime(runtime),
         pp=plan.pp,

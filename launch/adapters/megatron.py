@@ -26,7 +26,7 @@ tracker file ``latest_checkpointed_iteration.txt`` was rewritten after it.
 from __future__ import annotations
 
 from launch.adapters.base import Adapter, batch_sizes, check_plan
-from solver.plan import JobPlan
+from solver.contract.plan import JobPlan
 
 RUNTIME = "megatron"
 #: Megatron's file naming its newest checkpoint, in the --save folder

@@ -28,7 +28,7 @@ parsed by its ``ConfigManager``; tests/launch/test_frameworks.py parses them):
 from __future__ import annotations
 
 from launch.adapters.base import Adapter, batch_sizes, check_plan
-from solver.plan import JobPlan
+from solver.contract.plan import JobPlan
 
 RUNTIME = "torchtitan"
 BRIDGE = "launch.adapters.titan_bridge.signal_checkpoint"

@@ -2,7 +2,7 @@
 
 ``get_backend("cli" | "pyslurm" | "auto", **opts)``; "auto" takes pyslurm
 when it imports and was built for the running Slurm's major.minor, else the
-CLI. Asking for "pyslurm" without it raises solver.extras.MissingExtra.
+CLI. Asking for "pyslurm" without it raises solver.contract.extras.MissingExtra.
 Further backends (the simulated cluster) register in BACKENDS.
 """
 

@@ -40,7 +40,7 @@ from slurm_ext.records import (
     expand_hostlist,
 )
 from slurm_ext.site import SiteReading
-from solver.extras import require
+from solver.contract.extras import require
 
 
 def gres_dict_gpus(gres: Mapping[str, Any] | None) -> tuple[str | None, int]:

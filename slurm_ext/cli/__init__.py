@@ -13,7 +13,7 @@ from importlib.metadata import entry_points
 import click
 
 from slurm_ext import __version__
-from solver.extras import MissingExtra
+from solver.contract.extras import MissingExtra
 
 #: command name -> "module:attribute" (imported only when the command runs,
 #: so `cellsched --help` stays fast and one broken command cannot hide others).

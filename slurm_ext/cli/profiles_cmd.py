@@ -14,12 +14,12 @@ from dataclasses import asdict
 import click
 
 from slurm_ext.errors import CellschedError
-from solver.models import ModelSpecError, get_model
-from solver.profiles.arena import ArenaFormatError
-from solver.profiles.exchange import ProfileFileError, export_jsonl, import_file
-from solver.profiles.records import CellRecord
-from solver.profiles.seed import open_store
-from solver.profiles.store import ENV_VAR, ProfileStore, ProfileStoreError
+from solver.contract.models import ModelSpecError, get_model
+from solver.contract.profiles.arena import ArenaFormatError
+from solver.contract.profiles.exchange import ProfileFileError, export_jsonl, import_file
+from solver.contract.profiles.records import CellRecord
+from solver.contract.profiles.seed import open_store
+from solver.contract.profiles.store import ENV_VAR, ProfileStore, ProfileStoreError
 
 
 class ProfilesError(click.ClickException, CellschedError):

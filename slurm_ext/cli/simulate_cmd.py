@@ -18,7 +18,7 @@ import click
 
 from slurm_ext.errors import CellschedError
 from slurm_ext.sim.types import ClusterSpec, SimRun, TraceJob
-from solver.extras import MissingExtra, require
+from solver.contract.extras import MissingExtra, require
 
 PROG = "cellsched simulate"
 EXIT_USAGE = 2
@@ -178,7 +178,7 @@ def load_trace(
     """The trace's jobs (the first `limit`), arrivals `arrival_rate` times as
     frequent: each submit time's distance from the first one divided by it."""
     from slurm_ext.sim.traces import TraceError, read_arena_trace, read_sacct
-    from solver.profiles.arena import TRACE_FILE, shipped_path
+    from solver.contract.profiles.arena import TRACE_FILE, shipped_path
 
     try:
         if fmt == "arena":

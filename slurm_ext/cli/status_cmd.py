@@ -19,7 +19,7 @@ from slurm_ext.controller.progress import FROM_ESTIMATE, FROM_FILE
 from slurm_ext.records import FINISHED
 from slurm_ext.state import RoundStatus, SpeedRow, StateStore
 from slurm_ext.textsafe import printable
-from solver.plan import JobPlan, PlanError
+from solver.contract.plan import JobPlan, PlanError
 from solver.site import parse_reason
 
 _CONFIG = click.option(

@@ -1,7 +1,7 @@
 """May a running job be moved? Its checkpoint hook (solver.contract.HOOK_FILE).
 
 A runtime that checkpoints only through a hook the script registers
-(``solver.runtimes.Checkpoint.HOOK``: ``ddp``) cannot answer the checkpoint
+(``solver.contract.runtimes.Checkpoint.HOOK``: ``ddp``) cannot answer the checkpoint
 signal until the script has called ``launch.on_checkpoint(save_fn)``; the
 launcher's rank 0 then writes ``<checkpoint_dir>/checkpoint-hook.json``,
 ``{"job_id": "...", "time": t}``. Such a job is *movable* (may be signalled,
@@ -30,7 +30,7 @@ from slurm_ext.controller import inputs as inp
 from slurm_ext.controller.progress import CLOCK_SLACK_S, Unreadable, _uid_of
 from slurm_ext.controller.userfiles import BoundedReader
 from solver.contract import HOOK_FILE
-from solver.runtimes import RUNTIMES, Checkpoint
+from solver.contract.runtimes import RUNTIMES, Checkpoint
 
 #: a hook record is tiny; anything larger is not one
 MAX_BYTES = 4096

@@ -14,16 +14,16 @@ from enum import StrEnum
 from typing import Any
 
 from slurm_ext.config import NetworkConfig
-from slurm_ext.jobspec import JobSpec, JobSpecError, is_managed_comment, spec_of_job
 from slurm_ext.records import ClusterSnapshot, SlurmJob
 from slurm_ext.site import PriorityModel, SiteReading, round_policy
 from slurm_ext.state import JobRow, PlanRow, PlanStatus
 from slurm_ext.view import to_cluster_view
 from solver import contract
 from solver.cells import in_partitions
+from solver.contract.jobspec import JobSpec, JobSpecError, is_managed_comment, spec_of_job
+from solver.contract.plan import JobPlan, PlanError, default_virtual_workers
+from solver.contract.runtimes import get_runtime
 from solver.mixed import parse_key
-from solver.plan import JobPlan, PlanError, default_virtual_workers
-from solver.runtimes import get_runtime
 from solver.types import Cell, ClusterView, JobRequest, ParallelPlan, Placement, ScheduleRequest, SolverConfig
 
 
@@ -134,7 +134,7 @@ def with_virtual_workers(spec: JobSpec, view: ClusterView) -> JobSpec:
     global batch that covers the largest dp it may get (``max_gpus``, else
     every GPU it may use), so it can grow to any size and shrink back with
     the same training. V then travels in the accepted spec. Only for a
-    runtime with virtual workers (solver.runtimes): another runtime's dp is
+    runtime with virtual workers (solver.contract.runtimes): another runtime's dp is
     whatever the plan says."""
     if not spec.elastic or spec.virtual_workers is not None or not get_runtime(spec.runtime).virtual_workers:
         return spec
@@ -148,7 +148,7 @@ def fixed_virtual_workers(m: ManagedJob) -> int | None:
     """The job's V when it is fixed: its spec's, else its plan's (a job placed
     before keeps the virtual workers its checkpoints hold); None while a
     never-placed job may still pick its dp freely, and always for a runtime
-    without virtual workers (its V is its dp: solver.runtimes)."""
+    without virtual workers (its V is its dp: solver.contract.runtimes)."""
     if m.spec is not None and not get_runtime(m.spec.runtime).virtual_workers:
         return None
     if m.spec is not None and m.spec.virtual_workers is not None:

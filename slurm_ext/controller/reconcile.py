@@ -62,9 +62,9 @@ from slurm_ext.controller.inputs import (
 from slurm_ext.controller.progress import default_checkpoint_dir
 from slurm_ext.state import HistoryEvent, PlanRow, PlanStatus, StateStore
 from solver import contract
+from solver.contract.plan import JobPlan
 from solver.mixed import stage_layers_in_order, task_stage_types
 from solver.placement import PlacementError, validate_plan
-from solver.plan import JobPlan
 from solver.types import ClusterView, JobRequest, Placement
 
 log = logging.getLogger("cellsched.controller")
@@ -228,7 +228,7 @@ def job_plan(m: ManagedJob, p: Placement, checkpoint_root: str, view: ClusterVie
     each dp rank (whole virtual workers: solver.mixed). A plan with pp > 1
     carries its stage_layers, one priced with sharded optimizer state its
     state_sharding / state_shares (`state_fields`), and every plan the
-    runtime of the job's spec (solver.runtimes)."""
+    runtime of the job's spec (solver.contract.runtimes)."""
     spec = m.spec
     assert spec is not None
     old = m.plan

@@ -32,7 +32,7 @@ from slurm_ext.state import HistoryEvent, JobRow, JobStatus, PlanRow, PlanStatus
 from solver import contract
 from solver.calibration import CalibratedEstimator, Calibration, Observation, running_ratio
 from solver.contention import NicAwareEstimator, contention_factors
-from solver.plan import JobPlan, PlanError
+from solver.contract.plan import JobPlan, PlanError
 from solver.types import Cell, EstimatorLike, JobRequest, Placement, Policy, ScheduleReply, ScheduleRequest, size_key_of
 
 log = logging.getLogger("cellsched.controller")
@@ -52,9 +52,9 @@ def _make_policy(config: Config) -> Policy:
 
 
 def _make_estimator(config: Config) -> EstimatorLike:
+    from solver.contract.profiles.seed import open_store
     from solver.estimator import Estimator
     from solver.mixed import MixedEstimator
-    from solver.profiles.seed import open_store
 
     # Each job is priced by its own runtime (JobRequest.runtime, solver.cost.runtime): its gradient sync,
     # state layout and buffers; the constructor's grad_sync and byte counts are the simulator's (adaptive) only.

@@ -25,10 +25,10 @@ from slurm_ext.backends.base import JobUpdate
 from slurm_ext.controller.inputs import ManagedJob, fixed_virtual_workers
 from slurm_ext.controller.progress import default_checkpoint_dir
 from slurm_ext.errors import CellschedError
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import ClusterSnapshot, SlurmNode, SlurmPartition
 from solver import contract
-from solver.plan import JobPlan
+from solver.contract.jobspec import JobSpec
+from solver.contract.plan import JobPlan
 from solver.types import Cell
 
 
@@ -142,7 +142,7 @@ def static_plan(m: ManagedJob, cell: StaticCell, checkpoint_root: str) -> JobPla
     """The plan the job is released with: pure data parallelism on the
     cell, its nodes left to Slurm; the checkpoint directory, virtual workers
     and micro-batches of an earlier plan are kept (as the controller does).
-    Any runtime carries a plan like that out (solver.runtimes); the plan
+    Any runtime carries a plan like that out (solver.contract.runtimes); the plan
     names the job's."""
     assert m.spec is not None
     old = m.plan

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from slurm_ext.sim.types import MIXED_DP, MIXED_PIPELINE, SINGLE, STATE_SHARDED, JobOutcome, KindUse
 from slurm_ext.sim.world import Observer, SimJob
-from solver.plan import JobPlan
+from solver.contract.plan import JobPlan
 
 
 def run_kinds(gpu_types: list[str] | tuple[str, ...], plan: JobPlan | None) -> tuple[str, ...]:

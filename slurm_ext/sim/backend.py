@@ -63,11 +63,11 @@ from slurm_ext.backends.base import (
     check_signal_target,
     update_mismatches,
 )
-from slurm_ext.jobspec import JobSpec, JobSpecError
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
 from slurm_ext.sim.types import ClusterSpec
 from slurm_ext.sim.world import SimJob, SimNode, SimWorld
 from solver.contract import CHECKPOINT_SIGNALS
+from solver.contract.jobspec import JobSpec, JobSpecError
 
 #: the launcher's checkpoint signals, by name and by number (as scancel takes them)
 _CHECKPOINT_SIGNALS = frozenset(CHECKPOINT_SIGNALS) | {

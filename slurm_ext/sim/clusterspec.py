@@ -49,8 +49,8 @@ from typing import Any
 
 from slurm_ext.errors import CellschedError
 from slurm_ext.sim.types import AccountSpec, ClusterSpec, NodeGroup, QosSpec, SiteSpec
-from solver.datafile import read_json_or_toml
-from solver.profiles.arena import load_device_specs, shipped_path
+from solver.contract.datafile import read_json_or_toml
+from solver.contract.profiles.arena import load_device_specs, shipped_path
 
 _GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 _GROUP_KEYS = {"gpu_type", "count", "gpus_per_node", "mem_gb", "nic_gbps", "rack"}

@@ -4,12 +4,12 @@ the truth, and the restart cost every policy pays.
 
 * truth: ``arena`` (Arena's measured optimal-plan table, the default),
   ``arena-filled`` (that table, and where its lookup finds no entry, our
-  estimator over it: solver.profiles.arena_estimates), a path to an Arena
+  estimator over it: solver.arena.estimates), a path to an Arena
   ``profiles_optimal.json``, or a profile-store SQLite file (our estimator
   over it).
 * estimates: ``truth`` (the truth's own table, so estimation error costs
   nothing), ``arena-estimated`` (Arena's profiler estimates,
-  solver.profiles.arena_estimates), or ``store`` (our estimator over the
+  solver.arena.estimates), or ``store`` (our estimator over the
   truth's store when the truth is one, else the default profile store).
 * noise: sigma of a seeded multiplicative factor on the truth of each job,
   exp(sigma z_job + sigma / 2 z_job,type): a part that travels with the job
@@ -28,7 +28,7 @@ the truth, and the restart cost every policy pays.
   compute is its plan samples at its true speed (`mixed_time`). A pipeline
   across types is priced from the truth's per-layer costs: a profile
   store's, or for Arena's tables (which have none) ours put type by type on
-  the table's scale (``layer_scale``, solver.profiles.arena_estimates), at
+  the table's scale (``layer_scale``, solver.arena.estimates), at
   the truth's best plan, as a single-type cell's truth is the table's best
   plan; its memory is our model's. The noise is the one of any cell
   (`speed_factor`: its slowest part's). A mixed cell whose parts have no
@@ -46,11 +46,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from slurm_ext.errors import CellschedError
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.clusterspec import node_type
 from slurm_ext.sim.world import SpeedFn
+from solver.contract.jobspec import JobSpec
+from solver.contract.plan import JobPlan
 from solver.mixed import MixedEstimator, parse_key
-from solver.plan import JobPlan
 from solver.types import Cell, Estimate, EstimateSource, EstimatorLike, JobRequest, ParallelPlan
 
 TRUTHS = ("arena", "arena-filled")
@@ -143,31 +143,31 @@ class Conditions:
         kind = self.truth if self.truth in TRUTHS else truth_kind(self.truth)
         own: EstimatorLike
         if kind == "arena-filled":
-            from solver.profiles.arena_estimates import ArenaEstimates
+            from solver.arena.estimates import ArenaEstimates
 
             filled = ArenaEstimates.filled_truth()
             speed, own = table_speed(filled, mixed), filled
         elif kind == "arena":
-            from solver.profiles.arena_lookup import ArenaTable
+            from solver.arena.lookup import ArenaTable
 
             table = ArenaTable(None if self.truth == "arena" else self.truth)
             speed, own = table_speed(table, mixed), table
         else:
+            from solver.contract.profiles.seed import open_store
             from solver.estimator import Estimator
-            from solver.profiles.seed import open_store
 
             own = Estimator(open_store(self.truth))
             speed = estimator_speed(own, mixed)
         if self.estimates == "truth":
             return speed, own
         if self.estimates == "arena-estimated":
-            from solver.profiles.arena_estimates import ArenaEstimates
+            from solver.arena.estimates import ArenaEstimates
 
             return speed, ArenaEstimates()
         if kind == "store":
             return speed, own
+        from solver.contract.profiles.seed import open_store
         from solver.estimator import Estimator
-        from solver.profiles.seed import open_store
 
         return speed, Estimator(open_store(None))
 

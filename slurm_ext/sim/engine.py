@@ -41,7 +41,7 @@ the conditions' truth composes mixed cells the same way
 (slurm_ext.sim.conditions); a policy that offers none is unaffected. In
 arena-compat mode neither is (Arena's simulator has no mixed cells).
 
-Runtimes (solver.runtimes): every trace job is submitted with runtime
+Runtimes (solver.contract.runtimes): every trace job is submitted with runtime
 `TRACE_RUNTIME` (``adaptive``): Arena's jobs run adaptive parallelism, as
 Arena assumes (any dp x tp x pp, uneven shares and stages, mixed types, a
 checkpoint on the signal), so a simulation offers a trace job every plan it
@@ -68,7 +68,6 @@ from slurm_ext.config import Config, ControllerConfig, NetworkConfig
 from slurm_ext.controller.progress import JobProgress
 from slurm_ext.controller.round import Controller
 from slurm_ext.errors import CellschedError
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.accounting import Accounting
 from slurm_ext.sim.backend import SimBackend
 from slurm_ext.sim.clusterspec import node_names
@@ -80,11 +79,12 @@ from slurm_ext.sim.types import ClusterSpec, JobOutcome, RoundStat, Sample, SimR
 from slurm_ext.sim.world import Observer, RestartCostFn, SimJob, SimWorld, SpeedFn
 from slurm_ext.state import RoundStatus, StateStore
 from slurm_ext.wrapper.submission import provisional_gres
+from solver.contract.jobspec import JobSpec
+from solver.contract.plan import JobPlan
+from solver.contract.profiles.arena import load_sim_constants
+from solver.contract.runtimes import RUNTIMES, SOLVER_DEFAULT_RUNTIME
 from solver.mixed import MixedEstimator
 from solver.network import Network, default_nic_gbps
-from solver.plan import JobPlan
-from solver.profiles.arena import load_sim_constants
-from solver.runtimes import RUNTIMES, SOLVER_DEFAULT_RUNTIME
 from solver.types import EstimatorLike, Policy, SolverConfig
 
 #: policies that search plans with pruning in Arena's simulator (cheap restarts)
@@ -130,7 +130,7 @@ class SimOptions:
     the cluster's NICs; None: when the cluster gives NICs (never in
     arena_compat mode); True on a cluster without NICs: each GPU type's
     default NIC (solver.network). runtime: the runtime every trace job is
-    submitted with (solver.runtimes; default `TRACE_RUNTIME`, the module doc).
+    submitted with (solver.contract.runtimes; default `TRACE_RUNTIME`, the module doc).
     """
 
     interval_s: float = 60.0
@@ -355,7 +355,7 @@ class Simulator:
         self.policy_name = policy if isinstance(policy, str) else getattr(policy, "name", type(policy).__name__)
         self.label = label or self.policy_name
         if o.arena_compat and (speed is None or estimator is None):
-            from solver.profiles.arena_lookup import ArenaTable
+            from solver.arena.lookup import ArenaTable
 
             table = ArenaTable()
             speed = speed or table_speed(table)
@@ -371,7 +371,7 @@ class Simulator:
 
             opts = dict(policy_opts or {})
             if o.arena_compat and policy in ("gavel", "sia") and "feasible" not in opts:
-                from solver.profiles.arena_lookup import arena_dp_feasible
+                from solver.arena.lookup import arena_dp_feasible
 
                 opts["feasible"] = arena_dp_feasible()
             try:

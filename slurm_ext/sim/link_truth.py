@@ -253,7 +253,7 @@ def _expected(
 
 @functools.cache
 def _nominal_gbps() -> dict[str, float]:
-    from solver.profiles.gpus import default_gpu_specs  # datasheets: data, not a model of contention
+    from solver.contract.profiles.gpus import default_gpu_specs  # datasheets: data, not a model of contention
 
     return {name: s.inter_bw_gbps * 8.0 for name, s in default_gpu_specs().items()}
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.clusterspec import node_names
 from slurm_ext.sim.link_truth import LinkRates, Links, Talk, alone_comm, loaded_times, wire_bytes
 from slurm_ext.sim.types import ClusterSpec
-from solver.plan import JobPlan
+from solver.contract.jobspec import JobSpec
+from solver.contract.plan import JobPlan
 
 
 def cluster_network(spec: ClusterSpec) -> Links:

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from slurm_ext.sim.types import CELL_KINDS, Sample, SimRun
-from solver.extras import require
+from solver.contract.extras import require
 
 ARENA_MIN_THROUGHPUT = 100.0
 PLOTS = ("jct_cdf.png", "queue_length.png", "throughput.png", "gpu_use_by_type.png")

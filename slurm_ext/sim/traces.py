@@ -33,9 +33,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from slurm_ext.errors import CellschedError
-from slurm_ext.jobspec import JobSpec, JobSpecError
 from slurm_ext.sim.types import TraceJob
-from solver.models import ModelSpecError, get_model
+from solver.contract.jobspec import JobSpec, JobSpecError
+from solver.contract.models import ModelSpecError, get_model
 
 ARENA_COLUMNS = (
     "job_id",

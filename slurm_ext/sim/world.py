@@ -51,14 +51,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import SlurmJob, SlurmNode
 from slurm_ext.sim.clock import Event, EventClock
 from slurm_ext.sim.clusterspec import node_names
 from slurm_ext.sim.network import Comm, NetworkTruth
 from slurm_ext.sim.types import ClusterSpec
 from solver.contract import EXIT_CHECKPOINTED, admin_comment_plan
-from solver.plan import JobPlan
+from solver.contract.jobspec import JobSpec
+from solver.contract.plan import JobPlan
 
 if TYPE_CHECKING:
     from slurm_ext.sim.quantum import QuantumMode

@@ -7,10 +7,10 @@ import math
 import os
 from collections.abc import Callable, Mapping
 
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import ClusterSnapshot
 from slurm_ext.wrapper.options import Setting, WrapperError
 from slurm_ext.wrapper.values import field_name
+from solver.contract.jobspec import JobSpec
 
 
 def check_against_cluster(
@@ -87,10 +87,10 @@ def fits_some_cell(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
     """
     from slurm_ext.view import to_cluster_view
     from solver.cells import enumerate_cells
+    from solver.contract.profiles.seed import open_store
+    from solver.contract.profiles.store import ENV_VAR
     from solver.estimator import Estimator
     from solver.mixed import MixedEstimator
-    from solver.profiles.seed import open_store
-    from solver.profiles.store import ENV_VAR
     from solver.types import EstimateSource, JobRequest, SolverConfig
 
     model = spec.model_spec()

@@ -1,4 +1,4 @@
-"""--model: a preset of solver.models (any case, aliases) or a small spec file."""
+"""--model: a preset of solver.contract.models (any case, aliases) or a small spec file."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import stat
 
 from slurm_ext.wrapper.options import Setting, WrapperError
 from slurm_ext.wrapper.values import field_name, one_line
-from solver.models import ModelSpec, ModelSpecError, aliases, get_model, list_presets, load_spec_file
+from solver.contract.models import ModelSpec, ModelSpecError, aliases, get_model, list_presets, load_spec_file
 
 MAX_MODEL_FILE_BYTES = 64 << 10
 

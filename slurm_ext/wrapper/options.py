@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slurm_ext.errors import CellschedError
-from solver.runtimes import DEFAULT_RUNTIME, RUNTIMES, SUBMITTABLE
+from solver.contract.runtimes import DEFAULT_RUNTIME, RUNTIMES, SUBMITTABLE
 
 PROG = "cellsched sbatch"
 

@@ -6,11 +6,11 @@ import pathlib
 import re
 from collections.abc import Mapping
 
-from slurm_ext.jobspec import JobSpec, JobSpecError
 from slurm_ext.wrapper.model import load_model
 from slurm_ext.wrapper.options import Setting, WrapperError
 from slurm_ext.wrapper.values import NAME, field_name, name_list, one_line, whole_number
-from solver.runtimes import DEFAULT_RUNTIME, RUNTIMES, SUBMITTABLE
+from solver.contract.jobspec import JobSpec, JobSpecError
+from solver.contract.runtimes import DEFAULT_RUNTIME, RUNTIMES, SUBMITTABLE
 
 _GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 #: JobSpecError field -> the option that sets it
@@ -29,7 +29,7 @@ _SPEC_TO_OPTION = {
 
 def runtime_of(setting: Setting | None) -> str:
     """The runtime a submission names (DEFAULT_RUNTIME when none); only
-    the submittable ones (solver.runtimes.SUBMITTABLE)."""
+    the submittable ones (solver.contract.runtimes.SUBMITTABLE)."""
     if setting is None:
         return DEFAULT_RUNTIME
     name = str(setting.value).strip()

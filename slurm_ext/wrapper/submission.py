@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 
 from slurm_ext.backends.base import Backend, SubmitRequest
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import ClusterSnapshot
 from slurm_ext.wrapper.argv import parse_argv
 from slurm_ext.wrapper.directives import parse_directives
@@ -21,6 +20,7 @@ from slurm_ext.wrapper.options import PROG, Setting, WrapperError
 from slurm_ext.wrapper.script import read_script
 from slurm_ext.wrapper.spec import build_spec
 from slurm_ext.wrapper.values import NAME, field_name, name_list, one_line
+from solver.contract.jobspec import JobSpec
 
 _TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^UNLIMITED$")
 _OPEN_MODE = re.compile(r"^(append|truncate)$")

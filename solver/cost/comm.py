@@ -20,7 +20,7 @@ import bisect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from solver.profiles.records import CommRecord, GpuSpec
+from solver.contract.profiles.records import CommRecord, GpuSpec
 
 #: Per-message latency (s) when no curve is profiled: inside a node, between nodes.
 INTRA_LATENCY_S = 1e-5

@@ -36,28 +36,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from solver.models import ModelSpec
-from solver.plan import largest_remainder
-from solver.profiles.records import GpuSpec, LayerRecord
-
-#: TP all-reduces per micro-batch (forward + backward) of one layer, by
-#: kind; any other kind is a whole transformer block: 2 forward, 2 backward.
-TP_ALLREDUCES_BY_KIND = {
-    "embed": 0,
-    "embedding": 0,
-    "head": 0,
-    "lm_head": 0,
-    "loss": 0,
-    "pool": 0,
-    "stem": 0,
-    "attention": 2,
-    "attn": 2,
-    "mlp": 2,
-    "ffn": 2,
-}
-TP_ALLREDUCES_PER_BLOCK = 4
-#: Layer kinds that are not one of the trainer's layers (blocks): they ride with a neighbouring block.
-NON_BLOCK_KINDS = frozenset(k for k, n in TP_ALLREDUCES_BY_KIND.items() if n == 0)
+from solver.contract.models import ModelSpec
+from solver.contract.plan import largest_remainder
+from solver.contract.profiles.records import (
+    NON_BLOCK_KINDS,
+    TP_ALLREDUCES_BY_KIND,
+    TP_ALLREDUCES_PER_BLOCK,
+    GpuSpec,
+    LayerRecord,
+)
 
 #: GpuSpec.peak_tflops is the fp16/bf16 tensor-core peak; fp32 models run at
 #: this fraction of it (TF32 is 1/2, plain FP32 1/4 to 1/16 on the datasheets).
@@ -304,7 +291,7 @@ def even_block_sizes(costs: LayerCosts, pp: int) -> tuple[int, ...] | None:
 
 def split_even(costs: LayerCosts, pp: int, num_layers: int | None = None) -> StageCosts | None:
     """The split into pp stages of equal block counts (runtimes that cannot
-    split layers unevenly: solver.runtimes); None when the trainer's layers
+    split layers unevenly: solver.contract.runtimes); None when the trainer's layers
     (`num_layers`, default the profile's blocks) or the profile's blocks do
     not divide by pp."""
     if num_layers is not None and num_layers % pp:
@@ -367,7 +354,7 @@ def stage_layers_for(num_layers: int, stage_weights: Sequence[float], stage_caps
 
     Water filling: a stage whose quota passes its cap is fixed at the cap,
     then one whose quota is below one layer at one, and the rest share what
-    is left again; the last ones by largest remainder (solver.plan). Raises
+    is left again; the last ones by largest remainder (solver.contract.plan). Raises
     ValueError when no split exists (fewer layers than stages, or more than
     the caps hold)."""
     n = len(stage_weights)

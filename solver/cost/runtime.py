@@ -1,4 +1,4 @@
-"""What a runtime (``solver.runtimes``) adds to a plan's time and memory.
+"""What a runtime (``solver.contract.runtimes``) adds to a plan's time and memory.
 
 The pipeline model (``solver.cost.pipeline``) prices compute, tensor- and
 pipeline-parallel communication, the optimizer's state and the activations.
@@ -78,10 +78,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from solver.contract.runtimes import RUNTIMES, GradSync, Runtime, State
 from solver.cost.comm import NET, Links
 from solver.cost.layers import StageCosts
 from solver.cost.pipeline import ALLGATHER, ALLREDUCE, stage_spans_nodes
-from solver.runtimes import RUNTIMES, GradSync, Runtime, State
 
 #: FSDP: parameters all-gathered, gradients reduce-scattered
 REDUCE_SCATTER = str(GradSync.REDUCE_SCATTER)
@@ -100,7 +100,7 @@ class Pricing:
 
     runtime: str
     grad_sync: str  #: ALLREDUCE, ALLGATHER or REDUCE_SCATTER
-    state: str  #: solver.runtimes.State: replicated, optimizer (ZeRO-1 may shard), full (FSDP)
+    state: str  #: solver.contract.runtimes.State: replicated, optimizer (ZeRO-1 may shard), full (FSDP)
     tp: bool = True
     pp: bool = True
     uneven_stages: bool = True

@@ -16,12 +16,12 @@ import functools
 import math
 from dataclasses import replace
 
+from solver.contract.models import ModelSpec
+from solver.contract.profiles.gpus import default_gpu_specs
+from solver.contract.profiles.records import GpuSpec
 from solver.cost.comm import Links
 from solver.cost.layers import StageCosts, analytic_layers, split_stages
 from solver.cost.pipeline import boundary_crosses_nodes, dp_sync_time, pipeline_cost
-from solver.models import ModelSpec
-from solver.profiles.gpus import default_gpu_specs
-from solver.profiles.records import GpuSpec
 from solver.types import Cell, ParallelPlan
 
 #: the analytic model's assumptions (as the estimator's defaults)

@@ -8,9 +8,9 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 
+from solver.contract.plan import largest_remainder
+from solver.contract.runtimes import get_runtime
 from solver.cost.layers import stage_layers_for
-from solver.plan import largest_remainder
-from solver.runtimes import get_runtime
 from solver.types import Cell, JobRequest, ParallelPlan, SolverConfig
 
 #: "when they pay" candidates generated per job, per max_mixed_cells (the policy keeps max_mixed_cells of them)
@@ -121,7 +121,7 @@ def mixed_cells(job: JobRequest, sizes_of: Mapping[str, Sequence[int]], config: 
 
     `sizes_of`: GPUs per node of each allowed type's nodes (what
     solver.cells.enumerate_cells gathered). See the module doc. None for a
-    job whose runtime runs on one GPU type only (solver.runtimes).
+    job whose runtime runs on one GPU type only (solver.contract.runtimes).
     """
     if not config.mixed_cells or len(sizes_of) < 2 or config.max_mixed_cells < 1:
         return []

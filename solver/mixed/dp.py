@@ -7,7 +7,7 @@ weight update and the fixed cost of every micro-batch. `part_step` takes
 them apart with the inner estimator's cost model (``solver.cost``: its
 per-layer costs, links and GPU spec; the datasheet's, as in
 ``solver.cost.share``, for an estimator that has none, such as a plain
-truth table; Arena's tables offer ours, solver.profiles.arena_estimates)
+truth table; Arena's tables offer ours, solver.arena.estimates)
 for the part's plan, and scales every piece by the estimate's time over
 that model's, so the pieces add up to the estimate::
 
@@ -39,12 +39,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from solver.contract.profiles.gpus import default_gpu_specs
+from solver.contract.profiles.records import GpuSpec
 from solver.cost.comm import NET, Links
 from solver.cost.layers import analytic_layers, split_stages
 from solver.cost.pipeline import ALLGATHER, ALLREDUCE, dp_sync_time, pipeline_cost, sharded_sync_time, update_time
 from solver.cost.runtime import REDUCE_SCATTER
-from solver.profiles.gpus import default_gpu_specs
-from solver.profiles.records import GpuSpec
 from solver.types import Estimate, JobRequest
 
 #: the analytic model's assumptions where the inner estimator has none (as the estimator's defaults)

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from solver.contract.profiles.records import GpuSpec
+from solver.contract.runtimes import SOLVER_DEFAULT_RUNTIME, get_runtime, plan_problem
 from solver.cost.comm import NET_LATENCY_S, Links
 from solver.cost.layers import LayerCosts
 from solver.cost.pipeline import ALLGATHER, ALLREDUCE, state_split
@@ -16,8 +18,6 @@ from solver.cost.typed_pipeline import TypeSide, typed_pipeline_cost
 from solver.mixed.cells import _divisors, stages_per_part
 from solver.mixed.dp import DpStep, PartStep, dp_step, part_step, sync_time
 from solver.mixed.split import split_batch
-from solver.profiles.records import GpuSpec
-from solver.runtimes import SOLVER_DEFAULT_RUNTIME, get_runtime, plan_problem
 from solver.types import Cell, Estimate, EstimateSource, EstimatorLike, JobRequest, ParallelPlan
 
 __all__ = ["NET_LATENCY_S", "MixedEstimator"]  # NET_LATENCY_S: the network's per-message latency (s)

@@ -25,7 +25,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from solver.models import ModelSpec
+from solver.contract.models import ModelSpec
 from solver.placement.candidates import Option
 from solver.placement.nodes import RESERVED, node_partitions
 from solver.site import (

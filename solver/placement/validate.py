@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from solver.errors import SolverError
+from solver.contract.errors import SolverError
+from solver.contract.runtimes import get_runtime, plan_problem
 from solver.mixed import task_stage_types
 from solver.placement.nodes import in_partition
-from solver.runtimes import get_runtime, plan_problem
 from solver.site import SitePolicy
 from solver.types import Cell, ClusterView, Estimate, JobRequest, ParallelPlan, Placement
 
 
 class PlacementError(ValueError, SolverError):
     """Placements that cannot be carried out on the cluster as it is (not to
-    be confused with ``solver.plan.PlanError``, a malformed job plan)."""
+    be confused with ``solver.contract.plan.PlanError``, a malformed job plan)."""
 
 
 def runtime_problem(job: JobRequest, cell: Cell, plan: ParallelPlan, gpu_types: Sequence[str] = ()) -> str | None:
-    """Why the job's runtime (solver.runtimes) cannot carry out `plan` on
+    """Why the job's runtime (solver.contract.runtimes) cannot carry out `plan` on
     `cell` (its nodes of these GPU types; default: the cell's own types);
     None when it can. The batch shares are the plan's per-part shares on a
     mixed cell, else the global batch split over dp as evenly as whole

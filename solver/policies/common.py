@@ -55,7 +55,7 @@ def dp_estimate(job: JobRequest, cell: Cell, estimator: EstimatorLike, feasible:
     cell (as Arena's simulator does: every policy progresses at its profile's
     iteration time). A job with V virtual workers cannot run pure data
     parallelism on more than V GPUs (dp > V): None; nor a job whose runtime
-    cannot carry that plan out (solver.runtimes): None."""
+    cannot carry that plan out (solver.contract.runtimes): None."""
     if (feasible is not None and not feasible(job, cell)) or job.excludes(cell):
         return None
     if job.virtual_workers is not None and cell.num_gpus > job.virtual_workers:

@@ -17,7 +17,7 @@ import pytest
 from support import ROOT
 
 from slurm_ext.sim.clusterspec import load_cluster_spec
-from solver.profiles.arena import TRACE_FILE, shipped_path
+from solver.contract.profiles.arena import TRACE_FILE, shipped_path
 
 SCRIPT = ROOT / "benchmarks" / "scenarios.py"
 

@@ -4,7 +4,7 @@ import pytest
 
 from launch import adapters
 from launch.adapters import AdapterError, command_for, megatron, torchtitan
-from solver.plan import JobPlan
+from solver.contract.plan import JobPlan
 
 TITAN = ["python", "-m", "torchtitan.train", "--module", "llama3", "--config", "llama3_debugmodel"]
 MEGATRON = ["python", "pretrain_gpt.py", "--num-layers", "4"]

@@ -176,7 +176,7 @@ def test_unknown_head_node_is_named(tmp_path):
 def test_launcher_is_fast_and_does_not_import_torch():
     task = task_envs(4)[0]
     r = launch([], task, extra={"PYTHONPROFILEIMPORTTIME": "1"})  # the launcher's own imports
-    assert "solver.plan" in r.stderr and "launch.cli" in r.stderr
+    assert "solver.contract.plan" in r.stderr and "launch.cli" in r.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
     heavy = {
         m for m in imported if m.split(".")[0] in ("torch", "numpy", "ortools", "torchtitan", "megatron", "lightning")

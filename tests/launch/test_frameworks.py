@@ -15,7 +15,7 @@ import pytest
 from srun_local import REPO, free_port, srun, start, task_envs, wait
 
 from launch.adapters import torchtitan as titan_adapter
-from solver.plan import JobPlan
+from solver.contract.plan import JobPlan
 
 pytestmark = pytest.mark.slow  # real processes or a package build: left out of the quick layer
 

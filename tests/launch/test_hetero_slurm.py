@@ -22,7 +22,7 @@ from __future__ import annotations
 import pytest
 from hetero_runs import Training, check_losses, check_stages, check_state, explicit_plan, run_job
 
-from solver.plan import JobPlan
+from solver.contract.plan import JobPlan
 
 pytestmark = pytest.mark.slurm
 

@@ -12,7 +12,7 @@ from launch import checkpoint
 from launch.elastic import VirtualWorker, ordered_sum
 from launch.layout import Layout, LayoutError, largest_remainder, split_layers, virtual_worker_blocks
 from launch.parallel import ParallelError, batch_slice, unit_counts
-from solver.plan import JobPlan, PlanError
+from solver.contract.plan import JobPlan, PlanError
 
 
 @given(st.integers(1, 4), st.integers(1, 4), st.integers(1, 4))

@@ -11,9 +11,9 @@ from click.testing import CliRunner
 
 from launch import profiler
 from slurm_ext.cli import main
+from solver.contract.models import get_model
+from solver.contract.profiles.seed import open_store
 from solver.estimator import Estimator
-from solver.models import get_model
-from solver.profiles.seed import open_store
 from solver.types import Cell, EstimateSource
 
 MODEL = get_model("gpt-tiny")

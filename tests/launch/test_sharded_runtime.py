@@ -23,7 +23,7 @@ from launch.parallel import ParallelError
 from launch.sharded import TRAINER_STATE, batch_sizes, step_dir
 from launch.trainer import runtime_of
 from solver.contract import EXIT_CHECKPOINTED
-from solver.plan import JobPlan
+from solver.contract.plan import JobPlan
 
 pytestmark = pytest.mark.slow  # real processes or a package build: left out of the quick layer
 

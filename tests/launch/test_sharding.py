@@ -17,7 +17,7 @@ from trainer_runs import checkpoint_state, relative_error, train
 
 from launch.elastic import ordered_sum
 from launch.sharding import ShardedOptimizer, ShardingError, ShardLayout, sharding_mode, state_numel
-from solver.plan import JobPlan, PlanError
+from solver.contract.plan import JobPlan, PlanError
 
 SHAPE = {"layers": 2, "hidden": 16, "heads": 2, "seq": 8, "vocab": 32}
 FLAGS = tuple(x for k, v in SHAPE.items() for x in (f"--{k}", str(v)))

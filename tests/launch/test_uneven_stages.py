@@ -9,7 +9,7 @@ from minigpt.model import GPTConfig
 from minigpt.trainer import TrainConfig, reference_losses
 from trainer_runs import train
 
-from solver.plan import JobPlan, PlanError, largest_remainder
+from solver.contract.plan import JobPlan, PlanError, largest_remainder
 
 pytestmark = pytest.mark.slow  # real processes or a package build: left out of the quick layer
 

@@ -18,7 +18,7 @@ from torchtitan.config import ConfigManager
 from torchtitan.config.override import apply_overrides
 
 from launch.adapters import torchtitan as adapter
-from solver.plan import JobPlan
+from solver.contract.plan import JobPlan
 
 warnings.filterwarnings("ignore")
 folder, port, signal_at = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -7,10 +7,16 @@ import json
 
 import pytest
 
-from solver.profiles.arena import ArenaFormatError, load_cluster_spec, load_dp_mem, load_sim_constants, shipped_path
-from solver.profiles.arena_import import import_arena
-from solver.profiles.records import ProfileSource
-from solver.profiles.store import ProfileStore
+from solver.contract.profiles.arena import (
+    ArenaFormatError,
+    load_cluster_spec,
+    load_dp_mem,
+    load_sim_constants,
+    shipped_path,
+)
+from solver.contract.profiles.arena_import import import_arena
+from solver.contract.profiles.records import ProfileSource
+from solver.contract.profiles.store import ProfileStore
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import math
 
 import pytest
 
-from solver.models import get_model
-from solver.profiles.arena import ArenaFormatError, load_device_specs, shipped_path
-from solver.profiles.arena_lookup import ArenaTable, arena_dp_feasible
+from solver.arena.lookup import ArenaTable, arena_dp_feasible
+from solver.contract.models import get_model
+from solver.contract.profiles.arena import ArenaFormatError, load_device_specs, shipped_path
 from solver.types import Cell, EstimateSource, JobRequest
 
 

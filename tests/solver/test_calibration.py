@@ -9,8 +9,8 @@ import math
 import pytest
 
 from solver.calibration import CalibratedEstimator, Calibration, Observation, running_ratio
+from solver.contract.models import get_model
 from solver.mixed import mixed_cell
-from solver.models import get_model
 from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
 
 A100, A40 = Cell("a100", 1, 4, 1), Cell("a40", 2, 2, 1)
@@ -90,9 +90,9 @@ def test_the_calibrated_estimator_scales_feasible_times_only_and_passes_the_rest
 def test_the_estimate_cache_follows_the_profile_store(tmp_path):
     """A profile imported into the store (by another process too) replaces a
     cached estimate at the next refresh; an unchanged store keeps the cache."""
+    from solver.contract.profiles.records import CellRecord
+    from solver.contract.profiles.store import ProfileStore
     from solver.estimator import Estimator
-    from solver.profiles.records import CellRecord
-    from solver.profiles.store import ProfileStore
 
     path = tmp_path / "p.sqlite"
     store = ProfileStore(path)

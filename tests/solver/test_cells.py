@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from solver.cells import cap, enumerate_cells, frontier, prune_dominated
-from solver.models import ModelSpec
+from solver.contract.models import ModelSpec
 from solver.types import Cell, ClusterView, Estimate, JobRequest, NodeView, ParallelPlan, SolverConfig
 
 MODEL = ModelSpec("m", "gpt", num_layers=8, hidden=64, heads=4, seq_len=16, vocab=32, params=1e6)
@@ -247,7 +247,7 @@ def test_prune_output_order(cap):
     assert keys == sorted(keys)
 
 
-# ---- what the job's runtime carries out (solver.runtimes) ---------------------------------
+# ---- what the job's runtime carries out (solver.contract.runtimes) ---------------------------------
 
 
 def keys(cells) -> list[str]:

@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from solver.contention import NicAwareEstimator, contention_factors, duty, nic_by_type
+from solver.contract.models import get_model
 from solver.cost.share import network_share, nominal_nic_gbps
-from solver.models import get_model
 from solver.network import CommLoad, Network, iteration_times, slowdowns
 from solver.placement import Space
 from solver.placement.candidates import Option

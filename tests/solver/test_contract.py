@@ -6,7 +6,7 @@ import json
 import pytest
 
 from solver import contract
-from solver.plan import JobPlan, PlanError
+from solver.contract.plan import JobPlan, PlanError
 
 PLAN = JobPlan(pp=1, dp=2, tp=1, cell="a100 x 2", job_id="7")
 

@@ -10,15 +10,15 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from solver.contract.models import ModelSpec, get_model
+from solver.contract.profiles.gpus import default_gpu_specs
+from solver.contract.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord
+from solver.contract.profiles.seed import open_store
+from solver.contract.profiles.store import ProfileStore
 from solver.cost.comm import CommCurve, Links, gather_factor, load_curves, ring_factor
 from solver.cost.layers import balanced_sizes
 from solver.cost.pipeline import ALLGATHER, boundary_crosses_nodes, dp_sync_time, stage_spans_nodes
 from solver.estimator import Estimator
-from solver.models import ModelSpec, get_model
-from solver.profiles.gpus import default_gpu_specs
-from solver.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord
-from solver.profiles.seed import open_store
-from solver.profiles.store import ProfileStore
 from solver.types import Cell, JobRequest
 
 HAND = ModelSpec("hand", "gpt", num_layers=4, hidden=64, heads=4, seq_len=8, vocab=16, params=1e6)

@@ -1,4 +1,4 @@
-"""solver.extras: an optional package that is missing or does not import is
+"""solver.contract.extras: an optional package that is missing or does not import is
 one line naming the extra that installs it."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import tomllib
 import pytest
 from support import ROOT
 
-from solver import extras
-from solver.extras import MissingExtra, install_hint, require
+from solver.contract import extras
+from solver.contract.extras import MissingExtra, install_hint, require
 
 
 @pytest.fixture

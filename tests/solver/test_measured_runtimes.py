@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
+from solver.contract.models import get_model
+from solver.contract.profiles.arena import load_device_specs
+from solver.contract.profiles.gpus import default_gpu_specs
+from solver.contract.profiles.records import CellRecord
+from solver.contract.profiles.store import ProfileStore
 from solver.estimator import Estimator
-from solver.models import get_model
-from solver.profiles.arena import load_device_specs
-from solver.profiles.gpus import default_gpu_specs
-from solver.profiles.records import CellRecord
-from solver.profiles.store import ProfileStore
 from solver.types import Cell, EstimateSource
 
 MODEL = get_model("gpt-350m")

@@ -9,17 +9,17 @@ from dataclasses import replace
 import pytest
 
 from solver.cells import enumerate_cells, optional_mixed_cells
+from solver.contract.models import ModelSpec, get_model
+from solver.contract.profiles.records import GpuSpec
+from solver.contract.profiles.seed import open_store
 from solver.cost.comm import NET, Links
 from solver.cost.layers import LayerCosts
 from solver.estimator import Estimator
 from solver.mixed import OPTIONAL_PER_CELL, MixedEstimator, mixed_cell, parse_key, split_batch, stages_per_part
 from solver.mixed.dp import part_step
-from solver.models import ModelSpec, get_model
 from solver.placement import PlacementError, validate_plan
 from solver.placement.candidates import fits
 from solver.policies.cellsched import CellschedPolicy, FreeNow
-from solver.profiles.records import GpuSpec
-from solver.profiles.seed import open_store
 from solver.types import (
     Cell,
     ClusterView,

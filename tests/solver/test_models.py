@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from solver.models import ModelSpec, ModelSpecError, get_model, list_presets, parse_size
-from solver.profiles.arena import shipped_path
+from solver.contract.models import ModelSpec, ModelSpecError, get_model, list_presets, parse_size
+from solver.contract.profiles.arena import shipped_path
 
 
 def _nominal(name: str) -> float:

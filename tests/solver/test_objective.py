@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from solver.models import ModelSpec
+from solver.contract.models import ModelSpec
 from solver.placement import objective
 from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan, SolverConfig
 

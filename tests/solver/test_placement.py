@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from solver.models import ModelSpec, get_model
+from solver.contract.models import ModelSpec, get_model
 from solver.placement import Option, PlacementError, Space, place_jobs, validate_plan
 from solver.placement.cpsat import solve_cpsat
 from solver.placement.lp import integral_jobs, solve_lp
@@ -453,7 +453,7 @@ def guard_cluster() -> ClusterView:
 
 
 #: plans on 4 GPUs (global batch 8, 4 layers) -> the runtimes that carry each out, by hand from
-#: docs/runtimes.md's table (not from solver.runtimes)
+#: docs/runtimes.md's table (not from solver.contract.runtimes)
 GUARD_CASES = {
     "dp4": (Cell("a100", 1, 4, 1), ParallelPlan(1, 4, 1), {"ddp", "sharded", "exact", "torchtitan", "megatron"}),
     "dp2 x tp2": (Cell("a100", 1, 4, 1), ParallelPlan(1, 2, 2), {"sharded", "exact", "torchtitan", "megatron"}),

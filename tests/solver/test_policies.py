@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from solver.models import ModelSpec
+from solver.contract.models import ModelSpec
 from solver.placement import validate_plan
 from solver.policies import get_policy
 from solver.types import Cell, ClusterView, Estimate, JobRequest, NodeView, ParallelPlan, Placement, ScheduleRequest

@@ -6,9 +6,9 @@ import sqlite3
 
 import pytest
 
-from solver.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord
-from solver.profiles.seed import open_store
-from solver.profiles.store import InvalidRecordError, ProfileStore, ProfileStoreError
+from solver.contract.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord
+from solver.contract.profiles.seed import open_store
+from solver.contract.profiles.store import InvalidRecordError, ProfileStore, ProfileStoreError
 
 CELL = CellRecord("gpt-1.3b", 64, "a100", 2, 4, 1.25, source="measured")
 

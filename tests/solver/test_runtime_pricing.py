@@ -12,11 +12,11 @@ import math
 
 import pytest
 
+from solver.contract.models import get_model
+from solver.contract.profiles.gpus import default_gpu_specs
+from solver.contract.profiles.seed import open_store
 from solver.estimator import Estimator
 from solver.mixed import MixedEstimator
-from solver.models import get_model
-from solver.profiles.gpus import default_gpu_specs
-from solver.profiles.seed import open_store
 from solver.types import Cell, JobRequest
 
 MODEL = get_model("gpt-1.3b")
@@ -171,7 +171,7 @@ def _layer_store(path, *, wrapped: bool):  # noqa: ANN001, ANN202  (a test helpe
     """A store of gpt-tiny's layers on "cpu" at tp 1, micro-batch 2: each layer
     1 ms forward and 2 ms backward; with `wrapped`, also the same layers as
     the sharded runtime wraps them (``runtime_gpu_type``), 4 ms and 7 ms."""
-    from solver.profiles.records import GpuSpec, LayerRecord, runtime_gpu_type
+    from solver.contract.profiles.records import GpuSpec, LayerRecord, runtime_gpu_type
 
     tiny = get_model("gpt-tiny")
     kinds = ["embed"] + ["block"] * tiny.num_layers + ["head"]
@@ -218,7 +218,7 @@ def test_a_micro_batch_between_two_profiled_sizes_is_priced_on_their_line(tmp_pa
     layer, 4 ms under the plan at 4 for each of the 6 layers (one GPU, one
     micro-batch, the rest of the step alike); the simulator's `adaptive`
     keeps the nearest size's time per sample (4 ms: 8 ms at 2)."""
-    from solver.profiles.records import GpuSpec, LayerRecord
+    from solver.contract.profiles.records import GpuSpec, LayerRecord
 
     tiny = get_model("gpt-tiny")
     kinds = ["embed"] + ["block"] * tiny.num_layers + ["head"]

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from solver.models import ModelSpec
+from solver.contract.models import ModelSpec
 from solver.placement import validate_plan
 from solver.policies import get_policy
 from solver.policies.slurm_multifactor import MultifactorWeights, fairshare_factor, multifactor_priority

@@ -4,7 +4,7 @@ import sqlite3
 
 import pytest
 
-from solver import sqlitedb
+from solver.contract import sqlitedb
 
 V1 = sqlitedb.Schema("test file", 1, ("CREATE TABLE t (a INTEGER)",))
 

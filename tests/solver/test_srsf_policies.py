@@ -9,7 +9,7 @@ import math
 import pytest
 
 from solver.contention import loaded_times
-from solver.models import get_model
+from solver.contract.models import get_model
 from solver.policies import POLICIES, get_policy
 from solver.types import (
     Cell,

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from solver.contention import loaded_times
-from solver.models import get_model
+from solver.contract.models import get_model
 from solver.placement import Space
 from solver.policies import get_policy
 from solver.policies.srsf_common import clean_start, component, pick_nodes, remaining_service

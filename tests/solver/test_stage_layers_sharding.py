@@ -11,15 +11,15 @@ from hypothesis import strategies as st
 
 from launch.layout import split_layers
 from slurm_ext.config import solver_options
+from solver.contract.models import ModelSpec, get_model
+from solver.contract.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord
+from solver.contract.profiles.seed import open_store
+from solver.contract.profiles.store import ProfileStore
 from solver.cost.comm import Links
 from solver.cost.layers import layers_from_records, split_stages, stage_layers_for, uniform_sizes
 from solver.cost.pipeline import sharded_memory, sharded_step_time, state_split
 from solver.estimator import Estimator
-from solver.models import ModelSpec, get_model
 from solver.policies.cellsched import CellschedPolicy
-from solver.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord
-from solver.profiles.seed import open_store
-from solver.profiles.store import ProfileStore
 from solver.types import Cell, ClusterView, JobRequest, NodeView, ParallelPlan, ScheduleRequest, SolverConfig
 
 HAND = ModelSpec("hand", "gpt", num_layers=4, hidden=64, heads=4, seq_len=8, vocab=16, params=1e6)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from solver.contract.models import ModelSpec, get_model
+from solver.contract.profiles.records import GpuSpec, LayerRecord
+from solver.contract.profiles.seed import open_store
+from solver.contract.profiles.store import ProfileStore
 from solver.estimator import Estimator
 from solver.mixed import MixedEstimator, mixed_cell, stage_layers_in_order
-from solver.models import ModelSpec, get_model
-from solver.profiles.records import GpuSpec, LayerRecord
-from solver.profiles.seed import open_store
-from solver.profiles.store import ProfileStore
 from solver.types import JobRequest
 
 P = ModelSpec("p", "gpt", num_layers=8, hidden=64, heads=4, seq_len=8, vocab=16, params=1e6)

@@ -12,15 +12,15 @@ import pytest
 from test_estimator import HAND, hand_store
 
 from solver.cells import enumerate_cells
+from solver.contract.models import get_model
+from solver.contract.plan import largest_remainder, virtual_worker_counts
+from solver.contract.profiles.records import CellRecord
+from solver.contract.profiles.seed import open_store
 from solver.estimator import Estimator, busiest_factor
 from solver.mixed import MixedEstimator, mixed_cell, split_batch
 from solver.mixed.dp import part_step
-from solver.models import get_model
-from solver.plan import largest_remainder, virtual_worker_counts
 from solver.policies import get_policy
 from solver.policies.common import dp_estimate
-from solver.profiles.records import CellRecord
-from solver.profiles.seed import open_store
 from solver.types import Cell, ClusterView, JobRequest, NodeView, ScheduleRequest, SolverConfig
 
 # Update of the hand model's one stage: 6000 fp16 parameters x 32 B at 1000 GB/s.

@@ -35,9 +35,9 @@ class GPTConfig:
 
     @classmethod
     def from_preset(cls, name: str) -> GPTConfig:
-        """A model preset from solver.models (layers, hidden, heads, seq, vocab)."""
+        """A model preset from solver.contract.models (layers, hidden, heads, seq, vocab)."""
         try:
-            from solver.models import get_model
+            from solver.contract.models import get_model
         except ImportError:
             raise ValueError(
                 f"model presets are not available; give --layers/--hidden/... instead of {name!r}"

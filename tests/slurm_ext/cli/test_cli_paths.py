@@ -20,8 +20,8 @@ from click.testing import CliRunner
 from support import ROOT, console_script
 
 from slurm_ext.cli import main
-from solver.profiles.arena import TRACE_FILE, shipped_path
-from solver.profiles.seed import open_store
+from solver.contract.profiles.arena import TRACE_FILE, shipped_path
+from solver.contract.profiles.seed import open_store
 
 SACCT = ROOT / "tests" / "slurm_ext" / "sim" / "data" / "sacct_sample.txt"
 

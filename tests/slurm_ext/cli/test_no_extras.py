@@ -186,7 +186,7 @@ def test_launcher_and_the_library_without_torch(venv):
     proc = venv.run(venv.bin("python"), "-c", "import launch; launch.init_parallel")
     assert proc.returncode == 1
     assert proc.stderr.splitlines()[-1] == (
-        "solver.extras.MissingExtra: needs PyTorch; install it with: pip install 'cellsched[torch]'"
+        "solver.contract.extras.MissingExtra: needs PyTorch; install it with: pip install 'cellsched[torch]'"
     )
 
 

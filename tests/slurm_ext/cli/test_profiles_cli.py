@@ -10,10 +10,10 @@ from click.testing import CliRunner
 from support import console_script
 
 from slurm_ext.cli import main
-from solver.profiles.arena import shipped_path
-from solver.profiles.records import CommRecord, LayerRecord
-from solver.profiles.seed import open_store
-from solver.profiles.store import ProfileStore
+from solver.contract.profiles.arena import shipped_path
+from solver.contract.profiles.records import CommRecord, LayerRecord
+from solver.contract.profiles.seed import open_store
+from solver.contract.profiles.store import ProfileStore
 
 
 def run(*args: str):

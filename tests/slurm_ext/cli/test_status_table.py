@@ -9,8 +9,8 @@ import json
 import pytest
 
 from slurm_ext.cli import status_cmd
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.state import JobStatus, SpeedRow, StateStore
+from solver.contract.jobspec import JobSpec
 
 SPEC = JobSpec(model="gpt-350m", global_batch=64, iterations=100).to_json()
 HEAD = list(status_cmd.HEADER)

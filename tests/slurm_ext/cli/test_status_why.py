@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_ext.cli import main, status_cmd
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.state import JobStatus, StateStore
+from solver.contract.jobspec import JobSpec
 from solver.site import (
     GpuLimit,
     LimitKind,

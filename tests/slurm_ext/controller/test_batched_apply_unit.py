@@ -22,11 +22,11 @@ from slurm_ext.config import from_dict
 from slurm_ext.controller.progress import JobProgress
 from slurm_ext.controller.reconcile import DEFERRED
 from slurm_ext.controller.round import Controller
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.backend import SimBackend
 from slurm_ext.sim.types import ClusterSpec, NodeGroup
 from slurm_ext.sim.world import SimWorld
 from slurm_ext.state import PlanStatus, StateStore
+from solver.contract.jobspec import JobSpec
 
 CLUSTER = ClusterSpec((NodeGroup("a100", 4, 4), NodeGroup("v100", 2, 8)))
 #: a100 nodes only, so that a new 4-GPU job makes the elastic one on both of them shrink (a move)

@@ -26,10 +26,10 @@ from slurm_ext.controller.progress import (
     read_progress,
 )
 from slurm_ext.controller.reconcile import ActionKind, checked, choose_partition, decide, intent_outcomes
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
 from slurm_ext.state import JobStatus, StateStore
-from solver.plan import JobPlan
+from solver.contract.jobspec import JobSpec
+from solver.contract.plan import JobPlan
 from solver.types import Cell, ParallelPlan, Placement
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -24,8 +24,8 @@ from slurm_ext.controller.hooks import STATIC_REASON
 from slurm_ext.controller.round import Controller
 from slurm_ext.view import to_cluster_view
 from solver import contract
-from solver.models import get_model
-from solver.plan import JobPlan
+from solver.contract.models import get_model
+from solver.contract.plan import JobPlan
 from solver.types import JobRequest, ScheduleRequest
 
 pytestmark = pytest.mark.slurm

@@ -42,10 +42,10 @@ from slurm_ext.controller import relaunch
 from slurm_ext.controller.inputs import admin_comment_plan
 from slurm_ext.controller.progress import read_progress_file
 from slurm_ext.controller.round import Controller
-from solver.profiles.arena import load_device_specs
-from solver.profiles.gpus import default_gpu_specs
-from solver.profiles.records import CellRecord
-from solver.profiles.store import ProfileStore
+from solver.contract.profiles.arena import load_device_specs
+from solver.contract.profiles.gpus import default_gpu_specs
+from solver.contract.profiles.records import CellRecord
+from solver.contract.profiles.store import ProfileStore
 
 pytestmark = pytest.mark.slurm
 

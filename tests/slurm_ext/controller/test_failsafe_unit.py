@@ -18,13 +18,13 @@ from slurm_ext.controller.round import Controller
 from slurm_ext.failsafe.check import check
 from slurm_ext.failsafe.decision import select, verdict
 from slurm_ext.failsafe.hint import HintError, StaticCell, per_node_options, release_update, static_cell
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
 from slurm_ext.sim.backend import SimBackend
 from slurm_ext.sim.types import ClusterSpec, NodeGroup
 from slurm_ext.sim.world import SimWorld
 from slurm_ext.state import HistoryEvent, JobRow, RoundStatus, StateError, StateStore
 from solver import contract
+from solver.contract.jobspec import JobSpec
 
 SPEC = JobSpec(model="gpt-350m", global_batch=64, iterations=100)
 NODES = (("n1", "a100", 4), ("n2", "a100", 4), ("n3", "v100", 8), ("n4", "a40", 2), ("n5", "a40", 2))

@@ -35,8 +35,8 @@ from support import wait_for
 from slurm_ext.config import load
 from slurm_ext.controller.round import Controller
 from solver.cells import enumerate_cells
+from solver.contract.models import load_spec_file
 from solver.mixed import parse_key
-from solver.models import load_spec_file
 from solver.types import Cell, ClusterView, JobRequest, NodeView
 
 pytestmark = pytest.mark.slurm

@@ -18,11 +18,11 @@ from slurm_ext.config import ConfigError, from_dict
 from slurm_ext.controller.lease import FencedBackend, FileLease, LeaseLost, LeaseRecord, boottime
 from slurm_ext.controller.round import Controller
 from slurm_ext.failsafe.check import last_completed
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.backend import SimBackend
 from slurm_ext.sim.types import ClusterSpec, NodeGroup
 from slurm_ext.sim.world import SimWorld
 from slurm_ext.state import RoundStatus, StateStore
+from solver.contract.jobspec import JobSpec
 
 LEASE_S, SETTLE_S = 10.0, 1.0
 

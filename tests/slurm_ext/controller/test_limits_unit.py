@@ -10,7 +10,7 @@ from slurm_ext.controller.inputs import ManagedJob, Phase
 from slurm_ext.controller.limits import within_limits
 from slurm_ext.controller.reconcile import Action, ActionKind
 from slurm_ext.records import SlurmJob
-from solver.models import get_model
+from solver.contract.models import get_model
 from solver.site import GpuLimit, LimitKind, LimitScope, SitePolicy, parse_reason
 from solver.types import Cell, ClusterView, JobRequest, NodeView, ParallelPlan, Placement, ScheduleRequest
 

@@ -23,8 +23,8 @@ from slurm_ext.backends import get_backend
 from slurm_ext.config import load
 from slurm_ext.controller.inputs import admin_comment_plan
 from slurm_ext.controller.round import Controller
+from solver.contract.models import get_model
 from solver.mixed import parse_key
-from solver.models import get_model
 from solver.types import JobRequest
 
 pytestmark = pytest.mark.slurm

@@ -8,10 +8,10 @@ import pytest
 from slurm_ext.config import Config
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller.reconcile import ActionKind, decide
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
+from solver.contract.jobspec import JobSpec
+from solver.contract.plan import JobPlan
 from solver.mixed import mixed_cell
-from solver.plan import JobPlan
 from solver.types import Cell, ClusterView, NodeView, ParallelPlan, Placement
 
 SPEC = JobSpec(model="gpt-tiny", global_batch=24, iterations=10, gpu_types=("a40", "a10"), min_gpus=6)

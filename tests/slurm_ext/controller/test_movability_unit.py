@@ -20,7 +20,6 @@ from slurm_ext.controller.hooks import MAX_BYTES, STATIC_REASON, Hook, HookFiles
 from slurm_ext.controller.progress import JobProgress, Unreadable
 from slurm_ext.controller.reconcile import ActionKind, decide
 from slurm_ext.controller.round import Controller
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
 from slurm_ext.sim.backend import SimBackend
 from slurm_ext.sim.types import ClusterSpec, NodeGroup
@@ -28,7 +27,8 @@ from slurm_ext.sim.world import SimWorld
 from slurm_ext.state import StateStore
 from slurm_ext.view import to_cluster_view
 from solver.contract import HOOK_FILE
-from solver.plan import JobPlan
+from solver.contract.jobspec import JobSpec
+from solver.contract.plan import JobPlan
 from solver.types import Cell, ParallelPlan, Placement, ScheduleReply, SolverStatus
 
 DDP = JobSpec(model="gpt-350m", global_batch=64, iterations=10_000, elastic=True, gpu_types=("a100",))

@@ -17,12 +17,12 @@ from slurm_ext.controller import relaunch
 from slurm_ext.controller.progress import JobProgress
 from slurm_ext.controller.reconcile import ActionKind, decide
 from slurm_ext.controller.round import excluded_cells
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
 from slurm_ext.state import HistoryEvent, JobStatus, PlanStatus, StateStore
+from solver.contract.jobspec import JobSpec
+from solver.contract.models import get_model
+from solver.contract.plan import JobPlan
 from solver.mixed import mixed_cell
-from solver.models import get_model
-from solver.plan import JobPlan
 from solver.types import Cell, JobRequest, ParallelPlan, Placement
 
 #: the dev cluster's shape: 22 GPUs, 4 of them A40

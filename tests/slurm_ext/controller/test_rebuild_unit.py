@@ -28,13 +28,13 @@ from slurm_ext.config import from_dict
 from slurm_ext.controller.inputs import Phase
 from slurm_ext.controller.progress import JobProgress
 from slurm_ext.controller.round import Controller
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import ClusterSnapshot
 from slurm_ext.sim.backend import SimBackend
 from slurm_ext.sim.types import ClusterSpec, NodeGroup
 from slurm_ext.sim.world import Observer, SimJob, SimWorld
 from slurm_ext.state import StateStore
 from solver import contract
+from solver.contract.jobspec import JobSpec
 
 CLUSTER = ClusterSpec((NodeGroup("a100", 2, 4),))
 #: the reference trainer (runtime exact): it answers the checkpoint signal itself, so it is moved

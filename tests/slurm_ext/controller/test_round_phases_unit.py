@@ -14,11 +14,11 @@ from slurm_ext.config import from_dict
 from slurm_ext.controller.inputs import Phase
 from slurm_ext.controller.reconcile import Action, ActionKind
 from slurm_ext.controller.round import Controller
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.backend import SimBackend
 from slurm_ext.sim.types import ClusterSpec, NodeGroup
 from slurm_ext.sim.world import SimWorld
 from slurm_ext.state import RoundStatus, StateStore
+from solver.contract.jobspec import JobSpec
 
 CLUSTER = ClusterSpec((NodeGroup("a100", 2, 4),))
 SPEC = JobSpec(model="gpt-350m", global_batch=64, iterations=400, requested_gpus=4, requested_gpu_type="a100")

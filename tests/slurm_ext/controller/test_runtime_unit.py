@@ -1,4 +1,4 @@
-"""A job's runtime (solver.runtimes) from its spec to the solver's request
+"""A job's runtime (solver.contract.runtimes) from its spec to the solver's request
 and the plan the controller writes, without Slurm (docs/runtimes.md)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 from slurm_ext.config import Config
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller.reconcile import decide
-from slurm_ext.jobspec import JobSpec, JobSpecError
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
 from slurm_ext.sim.engine import TRACE_RUNTIME, Simulator
 from slurm_ext.sim.types import ClusterSpec, NodeGroup, TraceJob
-from solver.plan import JobPlan
+from solver.contract.jobspec import JobSpec, JobSpecError
+from solver.contract.plan import JobPlan
 from solver.types import Cell, Estimate, ParallelPlan, Placement
 
 NODES = (("n1", "a100", 4), ("n2", "a100", 4), ("n3", "v100", 8), ("n4", "a40", 2), ("n5", "a40", 2))
@@ -126,7 +126,7 @@ def test_the_controller_applies_no_plan_outside_the_runtime_whatever_the_policy(
     placed before it had a runtime is not stopped for it)."""
     from slurm_ext.controller.reconcile import checked
     from slurm_ext.view import to_cluster_view
-    from solver.models import get_model
+    from solver.contract.models import get_model
     from solver.types import JobRequest
 
     view = to_cluster_view(snapshot(), ())

@@ -13,9 +13,9 @@ from test_controller_unit import managed_job, snapshot
 from slurm_ext.backends import SlurmCommandError
 from slurm_ext.config import from_dict
 from slurm_ext.controller.round import SITE_RETRY_S, Controller
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import SlurmJob
 from slurm_ext.site import SiteReading
+from solver.contract.jobspec import JobSpec
 from solver.policies import get_policy
 from solver.site import GpuLimit, LimitKind, LimitScope, PartitionAccess, SitePolicy
 

@@ -117,7 +117,8 @@ def version_3_file(path, version_key: str) -> None:
         assert {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")} >= {"jobs", "rounds"}
 
 
-@pytest.mark.parametrize("version_key", ["schema_version", "schema"])  # "schema": files older than solver.sqlitedb
+# "schema": the key of files older than solver.contract.sqlitedb
+@pytest.mark.parametrize("version_key", ["schema_version", "schema"])
 def test_a_version_3_state_file_is_migrated_and_used(tmp_path, version_key):
     assert SCHEMA.version == 4, "a new schema version needs its own upgrade test (from the version before it)"
     path = tmp_path / "state.sqlite"

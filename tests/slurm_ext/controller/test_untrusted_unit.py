@@ -19,9 +19,9 @@ from slurm_ext.controller import userfiles
 from slurm_ext.controller.progress import JobProgress, ProgressFiles, collect_progress, doubt
 from slurm_ext.controller.reconcile import Waiting
 from slurm_ext.controller.userfiles import BoundedReader, Refused, read_owned_file
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
-from solver.plan import JobPlan
+from solver.contract.jobspec import JobSpec
+from solver.contract.plan import JobPlan
 
 NOBODY = 65534
 SPEC = JobSpec(model="gpt-350m", global_batch=64, iterations=100)

@@ -9,14 +9,14 @@ import json
 import pytest
 
 from slurm_ext.backends.base import Backend, JobUpdate, SlurmCommandError, SubmitRequest, UpdateNotApplied
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.accounting import Accounting
 from slurm_ext.sim.backend import SimBackend
 from slurm_ext.sim.quantum import ITERATIONS, QuantumMode
 from slurm_ext.sim.types import SINGLE, ClusterSpec, JobOutcome, KindUse, NodeGroup
 from slurm_ext.sim.world import SimWorld
 from solver.contract import EXIT_CHECKPOINTED
-from solver.plan import JobPlan
+from solver.contract.jobspec import JobSpec
+from solver.contract.plan import JobPlan
 
 CLUSTER = ClusterSpec((NodeGroup("a100", 2, 4), NodeGroup("v100", 2, 8)))
 #: seconds per iteration by GPU type (x GPUs: perfect scaling of a 1-GPU time)

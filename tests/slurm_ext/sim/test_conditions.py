@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.clusterspec import load_cluster_spec
 from slurm_ext.sim.conditions import Conditions, ConditionsError, RestartModel
 from slurm_ext.sim.engine import SimOptions, Simulator
 from slurm_ext.sim.traces import read_arena_trace
 from slurm_ext.sim.types import ClusterSpec, NodeGroup, TraceJob
 from slurm_ext.state import StateStore
-from solver.models import get_model
-from solver.profiles.arena import ESTIMATED_FILE, shipped_path
-from solver.profiles.arena_estimates import ArenaEstimates
+from solver.arena.estimates import ArenaEstimates
+from solver.contract.jobspec import JobSpec
+from solver.contract.models import get_model
+from solver.contract.profiles.arena import ESTIMATED_FILE, shipped_path
 from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan, SolverConfig
 
 DATA = Path(__file__).parent / "data"

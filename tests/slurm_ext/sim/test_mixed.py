@@ -11,7 +11,6 @@ import json
 import pytest
 
 from slurm_ext.cli.simulate_cmd import SimulateError, parse_policies
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.sim.accounting import run_kinds
 from slurm_ext.sim.conditions import Conditions, TableTruth, estimator_speed, mixed_time, table_speed
 from slurm_ext.sim.engine import SimOptions, Simulator
@@ -28,13 +27,14 @@ from slurm_ext.sim.types import (
     SimRun,
     TraceJob,
 )
+from solver.contract.jobspec import JobSpec
+from solver.contract.models import get_model
+from solver.contract.plan import JobPlan
+from solver.contract.profiles.records import NET_GBPS
+from solver.contract.profiles.seed import open_store
 from solver.estimator import Estimator
 from solver.mixed import NET_LATENCY_S, MixedEstimator, mixed_cell
 from solver.mixed.dp import PartStep, part_step
-from solver.models import get_model
-from solver.plan import JobPlan
-from solver.profiles.records import NET_GBPS
-from solver.profiles.seed import open_store
 from solver.types import Cell, JobRequest, SolverConfig
 
 MODEL, BATCH = "bert__760M", 64
@@ -173,7 +173,7 @@ def test_a_tables_pipeline_across_types_follows_the_table_type_by_type():
     ours, each type's put on the table's scale (layer_scale). The same table
     with every time doubled: the same plan in twice the time; the estimates
     and the filled truth both price it, from their own tables."""
-    from solver.profiles.arena_estimates import ArenaEstimates, best_plan_records
+    from solver.arena.estimates import ArenaEstimates, best_plan_records
 
     job = JobRequest("j", get_model("moe__2.4B"), 256, 10)
     cell = mixed_cell((("a10", 4), ("a40", 4)), 2, 4)

@@ -34,16 +34,16 @@ from slurm_ext.backends import get_backend
 from slurm_ext.backends.base import Backend
 from slurm_ext.config import Config, ControllerConfig, NetworkConfig
 from slurm_ext.controller.round import Controller
-from slurm_ext.jobspec import JobSpec
 from slurm_ext.records import SlurmJob
 from slurm_ext.sim.clusterspec import load_cluster_spec, node_names
 from slurm_ext.sim.engine import SimOptions, Simulator
 from slurm_ext.sim.types import TraceJob
 from slurm_ext.state import RoundStatus, StateStore
+from solver.contract.jobspec import JobSpec
+from solver.contract.plan import JobPlan
+from solver.contract.profiles.seed import open_store
 from solver.estimator import Estimator
 from solver.mixed import MixedEstimator
-from solver.plan import JobPlan
-from solver.profiles.seed import open_store
 from solver.types import SolverConfig
 
 pytestmark = pytest.mark.slurm

@@ -14,7 +14,7 @@ import pathlib
 import pytest
 
 from slurm_ext.sim.traces import TraceError, load_sacct, parse_tres_gpus, read_arena_trace, read_sacct
-from solver.profiles.arena import shipped_path
+from solver.contract.profiles.arena import shipped_path
 
 PHILLY = shipped_path("traces/simulate_trace_philly.csv")
 SACCT = pathlib.Path(__file__).parent / "data" / "sacct_sample.txt"

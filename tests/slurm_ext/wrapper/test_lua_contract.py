@@ -1,11 +1,11 @@
 """job_submit.lua runs inside slurmctld and cannot import the Python side:
-its copies of the Comment contract must say what slurm_ext.jobspec says."""
+its copies of the Comment contract must say what solver.contract.jobspec says."""
 
 import re
 
 from support import ROOT
 
-from slurm_ext.jobspec import ADMIN_MARKER, MAX_SPEC_BYTES, TAG
+from solver.contract.jobspec import ADMIN_MARKER, MAX_SPEC_BYTES, TAG
 
 
 def test_job_submit_lua_speaks_the_same_contract():

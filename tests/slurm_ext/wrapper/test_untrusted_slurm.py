@@ -26,8 +26,8 @@ from slurm_ext.config import Config, ControllerConfig
 from slurm_ext.controller import logs
 from slurm_ext.controller.progress import ProgressFiles
 from slurm_ext.controller.round import Controller
-from slurm_ext.jobspec import MAX_SPEC_BYTES, TAG, JobSpec
 from slurm_ext.state import RoundStatus, StateStore
+from solver.contract.jobspec import MAX_SPEC_BYTES, TAG, JobSpec
 from solver.types import SolverConfig
 
 pytestmark = pytest.mark.slurm

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurm_ext.jobspec import JobSpec, JobSpecError
 from slurm_ext.wrapper.command import main
 from slurm_ext.wrapper.options import DIRECTIVE_KEYS, OPTIONS
+from solver.contract.jobspec import JobSpec, JobSpecError
 
 ERROR = re.compile(r"^cellsched sbatch: error: (?P<field>[^:\n]+): (?P<msg>[^\n]+)\n$")
 SCRIPT = "#!/bin/bash\nsrun true\n"

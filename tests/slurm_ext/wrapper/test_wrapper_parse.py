@@ -11,13 +11,13 @@ import pathlib
 import pytest
 from wrapper_cases import BASE, TYPED_REQUEST
 
-from slurm_ext.jobspec import MAX_SPEC_BYTES, JobSpec
 from slurm_ext.wrapper.argv import parse_argv
 from slurm_ext.wrapper.command import main
 from slurm_ext.wrapper.directives import parse_directives
 from slurm_ext.wrapper.model import MAX_MODEL_FILE_BYTES
 from slurm_ext.wrapper.options import OPTIONS
 from slurm_ext.wrapper.submission import prepare
+from solver.contract.jobspec import MAX_SPEC_BYTES, JobSpec
 
 
 def script(tmp_path: pathlib.Path, *lines: str, name: str = "job.sh") -> str:
@@ -316,7 +316,7 @@ def test_model_spec_file_travels_inline(tmp_path, make_recorder):
         lambda n: rec,
         environ={},
     )
-    from solver.models import load_spec_file
+    from solver.contract.models import load_spec_file
 
     assert sub.spec.model == "my model.toml" and sub.spec.model_def is not None
     assert JobSpec.from_comment(sub.request.comment).model_spec() == load_spec_file(spec_file)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from slurm_ext.backends.base import JobUpdate
-from slurm_ext.jobspec import ADMIN_MARKER, JobSpec, spec_of_job
+from solver.contract.jobspec import ADMIN_MARKER, JobSpec, spec_of_job
 
 pytestmark = pytest.mark.slurm
 

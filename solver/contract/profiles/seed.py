@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 
-from solver.profiles.arena import ESTIMATED_FILE, OPTIMAL_FILE, load_device_specs, shipped_path
-from solver.profiles.arena_import import import_arena
-from solver.profiles.gpus import default_gpu_specs
-from solver.profiles.store import ProfileStore
+from solver.contract.profiles.arena import ESTIMATED_FILE, OPTIMAL_FILE, load_device_specs, shipped_path
+from solver.contract.profiles.arena_import import import_arena
+from solver.contract.profiles.gpus import default_gpu_specs
+from solver.contract.profiles.store import ProfileStore
 
 
 def seed_store(store: ProfileStore) -> str:

@@ -40,15 +40,15 @@ import json
 import os
 import pathlib
 
+from solver.arena.lookup import NO_PROFILE, ArenaTable
+from solver.contract.models import ModelSpec, get_model
+from solver.contract.profiles.arena import ESTIMATED_FILE, OPTIMAL_FILE, load_device_specs, shipped_path
+from solver.contract.profiles.arena_import import arena_records
+from solver.contract.profiles.gpus import default_gpu_specs
+from solver.contract.profiles.records import CellRecord, GpuSpec, ProfileSource
 from solver.cost.comm import Links
 from solver.cost.layers import LayerCosts
 from solver.estimator import Estimator, divisors
-from solver.models import ModelSpec, get_model
-from solver.profiles.arena import ESTIMATED_FILE, OPTIMAL_FILE, load_device_specs, shipped_path
-from solver.profiles.arena_import import arena_records
-from solver.profiles.arena_lookup import NO_PROFILE, ArenaTable
-from solver.profiles.gpus import default_gpu_specs
-from solver.profiles.records import CellRecord, GpuSpec, ProfileSource
 from solver.types import Cell, Estimate, JobRequest, ParallelPlan
 
 _Key = tuple[str, int, str, int, int]
@@ -114,7 +114,7 @@ class ArenaEstimates:
     def _estimator(self) -> Estimator:
         """Our estimator over the best-plan times (built on first use)."""
         if self._fallback is None:
-            from solver.profiles.store import ProfileStore
+            from solver.contract.profiles.store import ProfileStore
 
             store = ProfileStore(":memory:")
             store.put_cells(dataclasses.replace(r, source=ProfileSource.ARENA_OPTIMAL) for r in self._fallback_recs)

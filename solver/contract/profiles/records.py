@@ -43,6 +43,27 @@ class CellRecord:
         return self.iter_time_s is None
 
 
+#: layer kinds (LayerRecord.kind):
+#: TP all-reduces per micro-batch (forward + backward) of one layer, by
+#: kind; any other kind is a whole transformer block: 2 forward, 2 backward.
+TP_ALLREDUCES_BY_KIND = {
+    "embed": 0,
+    "embedding": 0,
+    "head": 0,
+    "lm_head": 0,
+    "loss": 0,
+    "pool": 0,
+    "stem": 0,
+    "attention": 2,
+    "attn": 2,
+    "mlp": 2,
+    "ffn": 2,
+}
+TP_ALLREDUCES_PER_BLOCK = 4
+#: Layer kinds that are not one of the trainer's layers (blocks): they ride with a neighbouring block.
+NON_BLOCK_KINDS = frozenset(k for k, n in TP_ALLREDUCES_BY_KIND.items() if n == 0)
+
+
 @dataclass(frozen=True)
 class LayerRecord:
     """One layer of a model profiled on ONE GPU of a type (Arena-style).

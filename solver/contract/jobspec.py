@@ -15,7 +15,7 @@ controller):
   else from the Comment tag (`spec_of_job` does exactly that), re-validates
   it (never trusts it), and keeps the first accepted copy in its state DB; a
   later change of the Comment is ignored. When it places the job it writes AdminComment =
-  ``{"spec": {...}, "plan": {...}}`` (solver.plan.JobPlan), which the launch
+  ``{"spec": {...}, "plan": {...}}`` (solver.contract.plan.JobPlan), which the launch
   runtime reads.
 """
 
@@ -24,11 +24,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
-from slurm_ext.errors import CellschedError
 from solver import contract
-from solver.models import ModelSpec, ModelSpecError, get_model, spec_from_dict
-from solver.runtimes import DEFAULT_RUNTIME, RUNTIMES
+from solver.contract.errors import SolverError
+from solver.contract.models import ModelSpec, ModelSpecError, get_model, spec_from_dict
+from solver.contract.runtimes import DEFAULT_RUNTIME, RUNTIMES
 
 TAG = "cellsched/v1 "
 #: the Comment of a managed job once job_submit.lua moved its spec to AdminComment
@@ -44,7 +45,7 @@ _PARTITION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _PRINTABLE = re.compile(r"^[^\x00-\x1f\x7f]{1,255}$")
 
 
-class JobSpecError(ValueError, CellschedError):
+class JobSpecError(ValueError, SolverError):
     """A malformed job spec; the message names the field."""
 
     def __init__(self, field_name: str, message: str) -> None:
@@ -62,7 +63,7 @@ class JobSpec:
     requested_gpu_type: the user's static request (a hint; FCFS uses it).
     virtual_workers: elastic data-parallel workers (EasyScale), None = auto.
     partitions: the Slurm partitions the job may run in, None = any.
-    runtime: what the job's code can carry out (solver.runtimes; docs/runtimes.md):
+    runtime: what the job's code can carry out (solver.contract.runtimes; docs/runtimes.md):
     DEFAULT_RUNTIME ("ddp") when the spec names none. `cellsched sbatch`
     accepts only the submittable names; a spec may also name ``adaptive``,
     the simulator's runtime for trace jobs.
@@ -71,7 +72,7 @@ class JobSpec:
     model: str
     global_batch: int
     iterations: int
-    model_def: dict | None = None
+    model_def: dict[str, Any] | None = None
     gpu_types: tuple[str, ...] | None = None
     min_gpus: int = 1
     max_gpus: int | None = None

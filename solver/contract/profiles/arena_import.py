@@ -20,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from solver.profiles.arena import ESTIMATED_FILE, OPTIMAL_FILE, ArenaFormatError
-from solver.profiles.records import CellRecord, ProfileSource
+from solver.contract.profiles.arena import ESTIMATED_FILE, OPTIMAL_FILE, ArenaFormatError
+from solver.contract.profiles.records import CellRecord, ProfileSource
 
 if TYPE_CHECKING:
-    from solver.profiles.store import ProfileStore
+    from solver.contract.profiles.store import ProfileStore
 
 
 @dataclass(frozen=True)

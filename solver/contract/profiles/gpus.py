@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from solver.profiles.arena import load_device_specs
-from solver.profiles.records import NET_GBPS, PCIE4_GBPS, GpuSpec
+from solver.contract.profiles.arena import load_device_specs
+from solver.contract.profiles.records import NET_GBPS, PCIE4_GBPS, GpuSpec
 
 #: name -> (peak fp16 TFLOP/s, intra link, intra GB/s); Arena's four types
 #: take memory and memory bandwidth from Arena's specs.

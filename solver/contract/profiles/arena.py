@@ -1,7 +1,7 @@
 """Arena's public data as shipped in solver/data/arena: where the files are,
 and loaders for those the simulator and the baseline policies read (device
 specs, dp memory, Arena's cluster, the simulator's constants). Importing
-Arena's profile files into a store is ``solver.profiles.arena_import``'s.
+Arena's profile files into a store is ``solver.contract.profiles.arena_import``'s.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import pathlib
 from typing import Any
 
-from solver.errors import SolverError
+from solver.contract.errors import SolverError
 
 OPTIMAL_FILE = "profiles_optimal.json"
 ESTIMATED_FILE = "profiles_plans_estimated.json"

@@ -39,8 +39,8 @@ import os
 import pathlib
 from collections.abc import Callable, Iterable
 
-from solver.models import aliases
-from solver.profiles.arena import (
+from solver.contract.models import aliases
+from solver.contract.profiles.arena import (
     OPTIMAL_FILE,
     ArenaFormatError,
     load_device_specs,
@@ -48,8 +48,8 @@ from solver.profiles.arena import (
     load_sim_constants,
     shipped_path,
 )
-from solver.profiles.arena_import import arena_records
-from solver.profiles.records import CellRecord, ProfileSource
+from solver.contract.profiles.arena_import import arena_records
+from solver.contract.profiles.records import CellRecord, ProfileSource
 from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
 
 MAX_ITER_TIME_S = 300.0

@@ -13,11 +13,11 @@ import os
 from dataclasses import MISSING, asdict, fields
 from typing import IO, Any
 
-from solver.errors import SolverError
-from solver.profiles.arena import ArenaFormatError
-from solver.profiles.arena_import import ImportReport, import_arena_data
-from solver.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord
-from solver.profiles.store import InvalidRecordError, ProfileStore
+from solver.contract.errors import SolverError
+from solver.contract.profiles.arena import ArenaFormatError
+from solver.contract.profiles.arena_import import ImportReport, import_arena_data
+from solver.contract.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord
+from solver.contract.profiles.store import InvalidRecordError, ProfileStore
 
 FORMAT = "cellsched-profiles"
 VERSION = 1

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field, fields
 from fractions import Fraction
 from typing import Any
 
-from solver.errors import SolverError
-from solver.runtimes import RUNTIMES
+from solver.contract.errors import SolverError
+from solver.contract.runtimes import RUNTIMES
 
 PLAN_VERSION = 1
 #: Slurm keeps comments of any length, but a plan stays small: refuse a plan
@@ -50,7 +50,7 @@ class JobPlan:
     checkpoint_dir: where to checkpoint / resume; the job also writes its
       progress there (``progress.json``: step, iterations_done, time), the
       channel through which the controller learns a running job's progress.
-    runtime: the runtime that carries the plan out (solver.runtimes; None:
+    runtime: the runtime that carries the plan out (solver.contract.runtimes; None:
       the job's code reads the degrees itself, as ``exact`` did before runtimes
       had names).
     cell: the cell key the solver chose; job_id: the Slurm job id (the

@@ -1,7 +1,7 @@
 """Cached, disaggregated profiles: cell-level times, layer-level profiles,
 communication tables and GPU specs, in one SQLite store."""
 
-from solver.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord
-from solver.profiles.store import ProfileStore
+from solver.contract.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord
+from solver.contract.profiles.store import ProfileStore
 
 __all__ = ["CellRecord", "CommRecord", "GpuSpec", "LayerRecord", "ProfileStore"]

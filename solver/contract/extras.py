@@ -10,7 +10,7 @@ import importlib
 import importlib.util
 from types import ModuleType
 
-from solver.errors import SolverError
+from solver.contract.errors import SolverError
 
 #: optional top-level module -> (what it is called in messages, the extra that installs it)
 EXTRAS: dict[str, tuple[str, str]] = {

@@ -4,7 +4,7 @@ communication tables and GPU specs.
 Safe for one writer and many readers: files use WAL, every connection waits
 on a busy timeout, every write is one transaction and an upsert (a re-import
 replaces rows instead of duplicating them). The store fills nothing itself:
-``solver.profiles.seed.open_store`` seeds a new one.
+``solver.contract.profiles.seed.open_store`` seeds a new one.
 
 In the ``cells`` table a plan of ``pp = dp = tp = 0`` stands for "best plan /
 plan unknown" (SQLite keys treat NULLs as distinct, so 0 keeps upserts exact);
@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import fields
 from typing import Any
 
-from solver import sqlitedb
-from solver.errors import SolverError
-from solver.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord, ProfileSource
+from solver.contract import sqlitedb
+from solver.contract.errors import SolverError
+from solver.contract.profiles.records import CellRecord, CommRecord, GpuSpec, LayerRecord, ProfileSource
 
 BUSY_TIMEOUT_S = 30.0
 ENV_VAR = "CELLSCHED_PROFILES"
@@ -89,7 +89,7 @@ class ProfileStore:
         """Open (or create) the store at `path` (None: ``default_path()``).
         `on_create` fills a new store in the transaction that creates it and
         returns what it put there (kept as the ``seeded`` meta row);
-        ``solver.profiles.seed.open_store`` seeds that way."""
+        ``solver.contract.profiles.seed.open_store`` seeds that way."""
         self.path = str(self.default_path() if path is None else path)
         self.seeded_now = False
         if self.path != ":memory:":

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from solver.errors import SolverError
+from solver.contract.errors import SolverError
 
 
 class UnknownRuntime(ValueError, SolverError):

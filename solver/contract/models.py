@@ -37,8 +37,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from solver.datafile import read_json_or_toml
-from solver.errors import SolverError
+from solver.contract.datafile import read_json_or_toml
+from solver.contract.errors import SolverError
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 FAMILIES = ("gpt", "bert", "moe", "wide_resnet", "custom")

@@ -1,11 +1,11 @@
 """The contract between the controller and the jobs it places, defined once.
 
-Both sides stand on this module (stdlib and ``solver.plan`` only, so
+Both sides stand on this module (stdlib and ``solver.contract.plan`` only, so
 ``cellsched-launch`` starts fast):
 
 * **AdminComment**: a JSON object ``{"spec": {...}, "plan": {...}}``. The
   spec is the job's validated spec (written by ``job_submit.lua`` or the
-  controller); the plan is a ``solver.plan.JobPlan`` the controller writes
+  controller); the plan is a ``solver.contract.plan.JobPlan`` the controller writes
   when it places the job, and the launcher reads back. While the controller
   has the job held (or is moving it) the object also holds a ``Step``
   under ``STEP_KEY``: how far it got, so that a controller that lost its
@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from solver.plan import JobPlan, PlanError
+from solver.contract.plan import JobPlan, PlanError
 
 EXIT_CHECKPOINTED = 75
 CHECKPOINT_SIGNAL = "USR1"
@@ -43,7 +43,7 @@ PROGRESS_FILE = "progress.json"
 #: ``<checkpoint_dir>/HOOK_FILE``: written (atomically, by rank 0) when a
 #: script calls ``launch.on_checkpoint``; JSON ``{"job_id": "...", "time": t}``.
 #: A running job whose runtime checkpoints only through that hook
-#: (solver.runtimes.Checkpoint.HOOK) is movable once this file names its job
+#: (solver.contract.runtimes.Checkpoint.HOOK) is movable once this file names its job
 #: id, and static (never signalled, resized or moved) until then.
 HOOK_FILE = "checkpoint-hook.json"
 
@@ -53,7 +53,7 @@ ENV_DP = "CELLSCHED_DP"
 ENV_TP = "CELLSCHED_TP"
 ENV_MASTER_ADDR = "CELLSCHED_MASTER_ADDR"
 ENV_MASTER_PORT = "CELLSCHED_MASTER_PORT"
-#: the plan's runtime (solver.runtimes; unset for a plan without one)
+#: the plan's runtime (solver.contract.runtimes; unset for a plan without one)
 ENV_RUNTIME = "CELLSCHED_RUNTIME"
 #: the plan's batch facts for a script that sizes its own batches (unset when
 #: the plan leaves them open): samples per iteration over the whole job; per
