@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from solver.errors import SolverError
+from solver.contract.errors import SolverError
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
