@@ -135,10 +135,10 @@ class MeasuredTable:
             return None
         return self.times.get(gpu_type)
 
-    def __getattr__(self, name: str) -> Any:
-        if name in ("layer_costs", "layer_scale", "links_of", "gpu_spec", "mem_limit_gb"):
-            return getattr(self.__dict__["est"], name)
-        raise AttributeError(name)
+    @property
+    def cost_model(self) -> Any:
+        """What pipelines across types are priced from: our estimator over the table's times."""
+        return self.est
 
 
 def _scaled_spec(cpu: Any, name: str, q: float) -> Any:

@@ -29,9 +29,9 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
-from solver.types import Cell, Estimate, EstimatorLike, JobRequest
+from solver.estimator.protocol import CostModel, EstimatorBase, EstimatorLike
+from solver.types import Cell, Estimate, JobRequest
 
 
 @dataclass(frozen=True)
@@ -123,27 +123,29 @@ class Calibration:
         return math.exp(max(-bound, min(bound, lf)))
 
 
-class CalibratedEstimator:
-    """An EstimatorLike whose times are the inner estimator's times the
-    calibration's factor (`calibration` is replaced every round); every
-    other attribute is the inner estimator's."""
+class CalibratedEstimator(EstimatorBase):
+    """An EstimatorLike stage whose times are the inner estimator's times the
+    calibration's factor (`calibration` is replaced every round): the
+    factor is the job's own (`adjust`), on estimates that are its shape's
+    (`estimate_shape`: the inner estimator's)."""
 
     def __init__(self, inner: EstimatorLike, calibration: Calibration | None = None) -> None:
         self.inner = inner
         self.calibration = calibration or Calibration()
 
     def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
-        return self.calibrated(job, self.inner.estimate(job, cell))
+        return self.adjust(job, (self.estimate_shape(job, cell),))[0]
 
-    def calibrated(self, job: JobRequest, est: Estimate) -> Estimate:
-        """`est`, the inner estimator's for `job` in ``est.cell``, times the job's factor there."""
-        return self.calibrated_all(job, (est,))[0]
+    def estimate_shape(self, job: JobRequest, cell: Cell) -> Estimate:
+        return self.inner.estimate_shape(job, cell)
 
-    def calibrated_all(self, job: JobRequest, ests: Iterable[Estimate]) -> list[Estimate]:
-        """`calibrated` of each of `ests`; a factor depends on the cell's GPU
-        type(s) alone (``Calibration.factor``), so each is computed once."""
+    def adjust(self, job: JobRequest, estimates: Iterable[Estimate]) -> list[Estimate]:
+        """Each of `estimates` (the inner estimator's for `job`) times the
+        job's factor in its cell; a factor depends on the cell's GPU type(s)
+        alone (``Calibration.factor``), so each is computed once."""
+        ests = self.inner.adjust(job, estimates)
         if not self.calibration:
-            return list(ests)
+            return ests
         factors: dict[str, float] = {}
         out = []
         for est in ests:
@@ -157,15 +159,19 @@ class CalibratedEstimator:
             out.append(est)
         return out
 
-    def memo_key(self, job: JobRequest) -> tuple[object, ...]:
+    def job_key(self, job: JobRequest) -> tuple[object, ...]:
         """What calibration does to `job`'s estimates now (``Calibration.key``; () when uncalibrated):
         a policy that caches estimates by the job's shape adds it to its key."""
-        return self.calibration.key(job.job_id, job.model.name) if self.calibration else ()
+        own = self.calibration.key(job.job_id, job.model.name) if self.calibration else ()
+        inner = self.inner.job_key(job)
+        return own if not inner else (own, inner)
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "inner":  # not set yet (unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+    def refresh(self) -> bool:
+        return self.inner.refresh()
+
+    @property
+    def cost_model(self) -> CostModel | None:
+        return self.inner.cost_model
 
 
 __all__ = ["Observation", "Calibration", "CalibratedEstimator", "running_ratio"]

@@ -14,10 +14,11 @@ Enumeration, for each GPU type the job allows:
   fewest nodes first;
 * pipeline stages pp: the divisors of N with pp <= min(config.max_pp,
   model.num_layers), and only what the job's runtime carries out
-  (solver.contract.runtimes): pp = 1 for a runtime without pipeline parallelism, and
-  only pp dividing the model's layers for one that splits layers evenly
-  over stages; a runtime with neither tensor parallelism nor uneven batch
-  shares (ddp) gets only cells whose dp = N / pp divides its global batch.
+  (solver.contract.runtimes.refusal): pp = 1 for a runtime without pipeline
+  parallelism, and only pp dividing the model's layers for one that splits
+  layers evenly over stages; a runtime with neither tensor parallelism nor
+  uneven batch shares (ddp) gets only cells whose dp = N / pp divides its
+  global batch.
 
 Cells the job excludes (``JobRequest.excludes``: by key or size) are skipped, and so, for a job
 with V virtual workers, are cells with N > V x pp x g: tp divides g, so
@@ -36,7 +37,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
-from solver.contract.runtimes import get_runtime
+from solver.contract.runtimes import refusal
 from solver.mixed import mixed_cells, needs_mixed
 from solver.types import Cell, ClusterView, Estimate, JobRequest, NodeView, SolverConfig
 
@@ -88,17 +89,13 @@ def optional_mixed_cells(job: JobRequest, cluster: ClusterView, config: SolverCo
 
 
 def stage_counts(job: JobRequest, config: SolverConfig, count: int) -> list[int]:
-    """The pipeline stage counts of a cell of `count` GPUs (the module doc)."""
-    runtime = get_runtime(job.runtime)
-    layers = job.model.num_layers
-    max_pp = min(config.max_pp, layers) if runtime.pp else 1
-    even_dp = not runtime.tp and not runtime.uneven_batch  # dp = count / pp must split the batch evenly
+    """The pipeline stage counts of a cell of `count` GPUs (the module doc):
+    those the job's runtime may run (solver.contract.runtimes.refusal)."""
+    shape = (job.runtime, job.model.num_layers, job.global_batch)
     return [
         p
-        for p in range(1, min(max_pp, count) + 1)
-        if count % p == 0
-        and (runtime.uneven_stages or layers % p == 0)
-        and (not even_dp or job.global_batch % (count // p) == 0)
+        for p in range(1, min(config.max_pp, job.model.num_layers, count) + 1)
+        if count % p == 0 and refusal(*shape, pp=p, gpus=count) is None
     ]
 
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from solver.cost.share import boundary_bytes, network_share, nominal_nic_gbps
+from solver.estimator.protocol import CostModel, EstimatorBase, EstimatorLike
 from solver.network import CommLoad, at_nic, iteration_times
-from solver.types import Cell, ClusterView, Estimate, EstimatorLike, JobRequest, ParallelPlan, Placement
+from solver.types import Cell, ClusterView, Estimate, JobRequest, ParallelPlan, Placement
 
 
 def nic_by_type(cluster: ClusterView) -> dict[str, float]:
@@ -39,7 +39,7 @@ def nic_factor(share: float, gpu_type: str, nic_gbps: float | None) -> float:
     return 1.0 - share + at_nic(share, nominal_nic_gbps(gpu_type), nic_gbps)
 
 
-class NicAwareEstimator:
+class NicAwareEstimator(EstimatorBase):
     """`inner`'s estimates, multi-node cells carried to the cluster's NICs
     (`set_cluster` each round; before it, and for one-node cells, unchanged):
     the network share scaled to the slowest NIC, plus every micro-batch's
@@ -71,10 +71,12 @@ class NicAwareEstimator:
             return est
         return dataclasses.replace(est, iter_time_s=est.iter_time_s * f + extra)
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "inner":  # not set yet (unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+    def refresh(self) -> bool:
+        return self.inner.refresh()
+
+    @property
+    def cost_model(self) -> CostModel | None:
+        return self.inner.cost_model
 
 
 def duty(job: JobRequest, cell: Cell, plan: ParallelPlan | None, nic_gbps: float | None) -> float:

@@ -12,12 +12,15 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from solver.contract.models import ModelSpec
 from solver.contract.runtimes import SOLVER_DEFAULT_RUNTIME, get_runtime
 from solver.network import Network
 from solver.site import SitePolicy
+
+if TYPE_CHECKING:
+    from solver.contract.jobspec import JobSpec
 
 _T = TypeVar("_T")
 
@@ -367,6 +370,29 @@ class JobRequest:
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             raise ValueError(f"job {self.job_id}: virtual_workers must be an integer >= 1, got {v!r}")
 
+    @classmethod
+    def from_spec(cls, spec: JobSpec, job_id: str, **facts: Any) -> JobRequest:
+        """The request of a job submitted with `spec` (solver.contract.jobspec):
+        the one place a spec becomes a request. `facts` are what the shell
+        knows besides the spec (progress, placement, the site's view, ...) and
+        override the spec's own where both say (``elastic`` and
+        ``virtual_workers`` as the controller decides them this round)."""
+        fields: dict[str, Any] = {
+            "model": spec.model_spec(),
+            "global_batch": spec.global_batch,
+            "iterations": spec.iterations,
+            "gpu_types": spec.gpu_types,
+            "min_gpus": spec.min_gpus,
+            "max_gpus": spec.max_gpus,
+            "elastic": spec.elastic,
+            "requested_gpus": spec.requested_gpus,
+            "requested_gpu_type": spec.requested_gpu_type,
+            "partitions": spec.partitions,
+            "virtual_workers": spec.virtual_workers,
+            "runtime": spec.runtime,
+        }
+        return cls(job_id=job_id, **{**fields, **facts})
+
     def excludes(self, cell: Cell) -> bool:
         """Is `cell` (its key or its size) in `excluded_cells`? A mixed cell
         also is when one of its parts, as a single-type cell of the same
@@ -577,17 +603,3 @@ class ScheduleReply:
         if self.objective == 0:
             return 0.0 if self.bound == 0 else math.inf
         return abs(self.bound - self.objective) / abs(self.objective)
-
-
-class EstimatorLike(Protocol):
-    """What policies need of an estimator."""
-
-    def estimate(self, job: JobRequest, cell: Cell) -> Estimate: ...
-
-
-class Policy(Protocol):
-    """One scheduling policy per module, all behind this signature."""
-
-    name: str
-
-    def schedule(self, request: ScheduleRequest, estimator: EstimatorLike) -> ScheduleReply: ...

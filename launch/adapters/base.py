@@ -58,6 +58,8 @@ def check_plan(plan: JobPlan, runtime: str) -> None:
         batch_shares=plan.batch_shares,
         stage_layers=plan.stage_layers,
         virtual_workers=plan.virtual_workers,
+        micro_batches=plan.micro_batches,
+        global_batch=plan.global_batch,
     )
     if problem:
         raise AdapterError(problem)

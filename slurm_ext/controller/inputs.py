@@ -424,27 +424,18 @@ def job_request(
     now: float,
 ) -> JobRequest:
     """The JobRequest of a managed job in a scheduled phase (`build_request`)."""
-    return JobRequest(
-        job_id=m.job_id,
-        model=spec.model_spec(),
-        global_batch=spec.global_batch,
-        iterations=spec.iterations,
+    return JobRequest.from_spec(
+        spec,
+        m.job_id,
         iterations_done=min(float(spec.iterations), progress.get(m.job_id, 0.0)),
         user=m.job.user,
-        gpu_types=spec.gpu_types,
-        min_gpus=spec.min_gpus,
-        max_gpus=spec.max_gpus,
         elastic=elastic_now(m, first_step_at, static),
         submit_time=m.job.submit_time or 0.0,
-        requested_gpus=spec.requested_gpus,
-        requested_gpu_type=spec.requested_gpu_type,
-        partitions=getattr(spec, "partitions", None),
         current=m.current,
         excluded_cells=excluded.get(m.job_id, frozenset()),
         restart_cost_s=restart_costs.get(m.job_id),
         running_since=m.job.start_time if m.current is not None else None,
         virtual_workers=fixed_virtual_workers(m),
-        runtime=spec.runtime,
         movable=m.job_id not in static,
         **site_fields(m.job, site.priority, now),
     )

@@ -33,7 +33,9 @@ from solver import contract
 from solver.calibration import CalibratedEstimator, Calibration, Observation, running_ratio
 from solver.contention import NicAwareEstimator, contention_factors
 from solver.contract.plan import JobPlan, PlanError
-from solver.types import Cell, EstimatorLike, JobRequest, Placement, Policy, ScheduleReply, ScheduleRequest, size_key_of
+from solver.estimator.protocol import EstimatorLike
+from solver.policies import Policy
+from solver.types import Cell, JobRequest, Placement, ScheduleReply, ScheduleRequest, size_key_of
 
 log = logging.getLogger("cellsched.controller")
 
@@ -519,8 +521,7 @@ class Controller:
         rows calibrate; this round's are `ctx.speeds`, for `_record_speeds`)."""
         request = ctx.built.request
         self._nic_estimator.set_cluster(request.cluster)
-        refresh = getattr(self.estimator, "refresh", None)  # the profile store may have changed
-        if refresh is not None and refresh():
+        if self.estimator.refresh():  # the profile store may have changed
             log.info("profile store changed: estimates recomputed")
         if not self.config.solver.calibrate:
             self.estimator.calibration = Calibration()

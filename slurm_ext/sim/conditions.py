@@ -41,17 +41,32 @@ from __future__ import annotations
 import math
 import pathlib
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from slurm_ext.errors import CellschedError
 from slurm_ext.sim.clusterspec import node_type
 from slurm_ext.sim.world import SpeedFn
 from solver.contract.jobspec import JobSpec
 from solver.contract.plan import JobPlan
+from solver.estimator.protocol import CostModel, EstimatorBase, EstimatorLike
 from solver.mixed import MixedEstimator, parse_key
-from solver.types import Cell, Estimate, EstimateSource, EstimatorLike, JobRequest, ParallelPlan
+from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
+
+if TYPE_CHECKING:
+    from solver.estimator import Estimator
+
+
+class Table(Protocol):
+    """A table of true iteration times (ArenaTable, ArenaEstimates): a cell's
+    time with the whole global batch (None: it does not run there), and the
+    cost model its mixed cells are composed with (None: none)."""
+
+    def iter_time(self, model: str, batch: int, gpu_type: str, num_nodes: int, gpus_per_node: int) -> float | None: ...
+
+    @property
+    def cost_model(self) -> CostModel | None: ...
+
 
 TRUTHS = ("arena", "arena-filled")
 ESTIMATES = ("truth", "arena-estimated", "store")
@@ -135,7 +150,7 @@ class Conditions:
         base = cls(truth="arena-filled", estimates="arena-estimated", noise=0.1, restart=RestartModel())
         return replace(base, **{k: v for k, v in given.items() if v is not None})
 
-    def speed_and_estimator(self, mixed: bool = True) -> tuple[Callable[..., Any], Any]:
+    def speed_and_estimator(self, mixed: bool = True) -> tuple[SpeedFn, EstimatorLike]:
         """(truth speed, the estimator the policy decides with). `mixed`: the
         truth composes mixed-type cells (module doc); False (arena-compat:
         Arena has none) keeps the truth of single-type cells only. The
@@ -156,8 +171,8 @@ class Conditions:
             from solver.contract.profiles.seed import open_store
             from solver.estimator import Estimator
 
-            own = Estimator(open_store(self.truth))
-            speed = estimator_speed(own, mixed)
+            store_truth = Estimator(open_store(self.truth))
+            speed, own = estimator_speed(store_truth, mixed), store_truth
         if self.estimates == "truth":
             return speed, own
         if self.estimates == "arena-estimated":
@@ -192,7 +207,7 @@ class Conditions:
         }
 
 
-def estimator_speed(estimator: EstimatorLike, mixed: bool = False) -> SpeedFn:
+def estimator_speed(estimator: Estimator, mixed: bool = False) -> SpeedFn:
     """A truth speed from an estimator with ``estimate_model`` (solver.estimator.Estimator):
     the estimated iteration time of the cell the job runs in (pp from its plan).
     `mixed`: a mixed-type cell's time is composed by `mixed_time` over the estimator
@@ -209,13 +224,13 @@ def estimator_speed(estimator: EstimatorLike, mixed: bool = False) -> SpeedFn:
         else:
             pp = plan.pp if plan and (num_nodes * gpus_per_node) % plan.pp == 0 else 1
             cell = Cell(gpu_type, num_nodes, gpus_per_node, pp)
-        est = estimator.estimate_model(spec.model_spec(), spec.global_batch, cell)  # type: ignore[attr-defined]
+        est = estimator.estimate_model(spec.model_spec(), spec.global_batch, cell)
         return est.iter_time_s if est.feasible else None
 
     return speed
 
 
-def table_speed(table: Any, mixed: bool = False) -> SpeedFn:
+def table_speed(table: Table, mixed: bool = False) -> SpeedFn:
     """A truth speed from an ``iter_time(model, batch, gpu_type, num_nodes, gpus_per_node)`` table (ArenaTable).
     `mixed`: a mixed-type cell's time is composed by `mixed_time` over `TableTruth(table)`."""
     return TableSpeed(table, MixedEstimator(TableTruth(table)) if mixed else None)
@@ -225,8 +240,8 @@ def table_speed(table: Any, mixed: bool = False) -> SpeedFn:
 class TableSpeed:
     """``table_speed``'s function (an object, so that a simulation's checkpoint can hold it)."""
 
-    table: Any
-    truth: Any = None
+    table: Table
+    truth: MixedEstimator | None = None
 
     def __call__(
         self, spec: JobSpec, gpu_type: str, num_nodes: int, gpus_per_node: int, plan: JobPlan | None
@@ -236,26 +251,22 @@ class TableSpeed:
         return self.table.iter_time(spec.model, spec.global_batch, gpu_type, num_nodes, gpus_per_node)
 
 
-class TableTruth:
+class TableTruth(EstimatorBase):
     """A truth table as an estimator (EstimatorLike) of single-type pp-1
     cells, for MixedEstimator to compose mixed cells from: the table's time
     with the whole global batch, shown as data parallelism over the cell's
     GPUs (tp 1, one micro-batch), no memory figure (the table itself says
     where a cell does not fit: no time). The job's virtual workers are not
-    looked at, as in `table_speed`. Where the table offers per-layer costs
-    (ArenaEstimates: ours, scaled to the table by ``layer_scale``), so does
-    this, and MixedEstimator composes pipelines across types from them."""
+    looked at, as in `table_speed`. Its cost model is the table's (`Table`:
+    ArenaEstimates offers ours, scaled to the table; ArenaTable none), from
+    which MixedEstimator composes pipelines across types."""
 
-    #: what MixedEstimator prices pipelines across types with, passed on from the table when it has them
-    LAYER_API = ("layer_costs", "layer_scale", "links_of", "gpu_spec", "mem_limit_gb")
-
-    def __init__(self, table: Any) -> None:
+    def __init__(self, table: Table) -> None:
         self.table = table
 
-    def __getattr__(self, name: str) -> Any:
-        if name in TableTruth.LAYER_API:
-            return getattr(self.__dict__["table"], name)
-        raise AttributeError(name)
+    @property
+    def cost_model(self) -> CostModel | None:
+        return self.table.cost_model
 
     def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
         if cell.mixed or cell.pp != 1:

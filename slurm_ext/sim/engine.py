@@ -83,9 +83,11 @@ from solver.contract.jobspec import JobSpec
 from solver.contract.plan import JobPlan
 from solver.contract.profiles.arena import load_sim_constants
 from solver.contract.runtimes import RUNTIMES, SOLVER_DEFAULT_RUNTIME
+from solver.estimator.protocol import EstimatorLike
 from solver.mixed import MixedEstimator
 from solver.network import Network, default_nic_gbps
-from solver.types import EstimatorLike, Policy, SolverConfig
+from solver.policies import Policy
+from solver.types import SolverConfig
 
 #: policies that search plans with pruning in Arena's simulator (cheap restarts)
 PRUNED_POLICIES = ("cellsched", "cellsched-static")
@@ -362,7 +364,7 @@ class Simulator:
             estimator = estimator or table
         if speed is None or estimator is None:
             raise SimError("a simulation needs a truth speed and an estimator (or arena_compat)")
-        if not o.arena_compat and not isinstance(estimator, MixedEstimator):
+        if not o.arena_compat:
             estimator = MixedEstimator(estimator)  # as the live controller's (round._make_estimator)
         self.speed = speed
         self.estimator = estimator

@@ -46,9 +46,11 @@ from typing import Any
 
 from slurm_ext.sim.types import SiteSpec, TraceJob
 from slurm_ext.sim.world import Observer, SimJob
+from solver.estimator.protocol import EstimatorLike
+from solver.policies import Policy
 from solver.policies.slurm_multifactor import MultifactorWeights, multifactor_priority
 from solver.site import GpuLimit, LimitKind, LimitScope, SitePolicy
-from solver.types import EstimatorLike, Policy, ScheduleReply, ScheduleRequest
+from solver.types import ScheduleReply, ScheduleRequest
 
 
 def _unit(text: str) -> float:

@@ -94,31 +94,21 @@ def fits_some_cell(spec: JobSpec, snapshot: ClusterSnapshot) -> str | None:
     from solver.types import EstimateSource, JobRequest, SolverConfig
 
     model = spec.model_spec()
-    job = JobRequest(
-        job_id="new",
-        model=model,
-        global_batch=spec.global_batch,
-        iterations=spec.iterations,
-        gpu_types=spec.gpu_types,
-        min_gpus=spec.min_gpus,
-        max_gpus=spec.max_gpus,
-        partitions=spec.partitions,
-        requested_gpus=spec.requested_gpus,
-        runtime=spec.runtime,
-    )
+    job = JobRequest.from_spec(spec, "new")
     cells = enumerate_cells(job, to_cluster_view(snapshot, ()), SolverConfig())
     if not cells:
         return f"no cell of this cluster can hold {model.name} with min-gpus={spec.min_gpus} on one GPU type"
     env_path = os.environ.get(ENV_VAR)
     store = open_store(env_path if env_path and os.path.isfile(env_path) else ":memory:")
     try:
-        estimator = MixedEstimator(Estimator(store))
+        single = Estimator(store)
+        estimator = MixedEstimator(single)
         notes: list[str] = []
         for cell in sorted(cells, key=lambda c: (-c.num_gpus, c.num_nodes, c.pp, c.gpu_type)):
             est = estimator.estimate(job, cell)
             if (
                 est.feasible
-                or not math.isfinite(estimator.mem_limit_gb(cell.gpu_type))
+                or not math.isfinite(single.mem_limit_gb(cell.gpu_type))
                 or est.source == EstimateSource.NONE
             ):
                 return None

@@ -48,7 +48,8 @@ from solver.contract.profiles.gpus import default_gpu_specs
 from solver.contract.profiles.records import CellRecord, GpuSpec, ProfileSource
 from solver.cost.comm import Links
 from solver.cost.layers import LayerCosts
-from solver.estimator import Estimator, divisors
+from solver.cost.runtime import Pricing, pricing_of
+from solver.estimator import CostModel, CostSettings, Estimator, EstimatorBase, divisors
 from solver.types import Cell, Estimate, JobRequest, ParallelPlan
 
 _Key = tuple[str, int, str, int, int]
@@ -77,8 +78,9 @@ def best_plan_records(path: str | os.PathLike[str] | None = None) -> list[CellRe
     return [CellRecord(m, b, g, n, p, t, source=ProfileSource.ARENA_ESTIMATED) for (m, b, g, n, p), t in best.items()]
 
 
-class ArenaEstimates:
-    """Arena's profiler estimates, best plan per configuration (module doc)."""
+class ArenaEstimates(EstimatorBase):
+    """Arena's profiler estimates, best plan per configuration (module doc);
+    its cost model is our estimator's over the same times (`TableCosts`)."""
 
     def __init__(
         self,
@@ -111,7 +113,7 @@ class ArenaEstimates:
         est = self.estimate(job, Cell(gpu_type, num_nodes, gpus_per_node, 1))
         return est.iter_time_s if est.feasible else None
 
-    def _estimator(self) -> Estimator:
+    def fallback(self) -> Estimator:
         """Our estimator over the best-plan times (built on first use)."""
         if self._fallback is None:
             from solver.contract.profiles.store import ProfileStore
@@ -123,26 +125,9 @@ class ArenaEstimates:
             self._fallback = Estimator(store)
         return self._fallback
 
-    # ---- per-layer costs, for pipelines across types (solver.mixed) -------------------------
-
-    def layer_costs(self, model: ModelSpec, gpu_type: str, tp: int, b: int) -> LayerCosts | None:
-        """Our estimator's per-layer costs (the datasheet's: Arena's tables have no layers);
-        `layer_scale` puts them on the scale of this table's cells."""
-        return self._estimator().layer_costs(model, gpu_type, tp, b)
-
-    def layer_scale(self, model: ModelSpec, global_batch: int, cell: Cell, tp: int) -> float:
-        """This table's time over our analytic time for `cell`'s nearest layouts (Estimator.layer_scale)."""
-        return self._estimator().layer_scale(model, global_batch, cell, tp)
-
-    def links_of(self, gpu_type: str) -> Links:
-        return self._estimator().links_of(gpu_type)
-
-    def gpu_spec(self, gpu_type: str) -> GpuSpec | None:
-        return self._estimator().gpu_spec(gpu_type)
-
-    def mem_limit_gb(self, gpu_type: str) -> float:
-        """Memory a stage may use per GPU (our estimator's: Arena's tables have no memory figure)."""
-        return self._estimator().mem_limit_gb(gpu_type)
+    @property
+    def cost_model(self) -> CostModel:
+        return TableCosts(self)
 
     def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
         """Arena's estimate by Arena's rules; ours for a (model, GPU type) Arena never estimated."""
@@ -154,7 +139,7 @@ class ArenaEstimates:
                 return est
         elif (self.table.model_name(job.model.name), cell.gpu_type.lower()) in self._covered:
             return est
-        ours = [self._estimator().estimate(job, dataclasses.replace(cell, pp=pp)) for pp in divisors(cell.num_gpus)]
+        ours = [self.fallback().estimate(job, dataclasses.replace(cell, pp=pp)) for pp in divisors(cell.num_gpus)]
         best = min(ours, key=lambda e: e.iter_time_s)
         if not best.feasible:
             return ours[0]
@@ -167,4 +152,41 @@ class ArenaEstimates:
         return dataclasses.replace(best, cell=cell, plan=plan, note=note)
 
 
-__all__ = ["ArenaEstimates", "best_plan_records"]
+class TableCosts:
+    """The cost model of Arena's tables (solver.estimator.CostModel), for
+    pipelines across types (solver.mixed): our estimator's per-layer costs,
+    links, GPU specs and memory limits (the datasheet's: Arena's tables have
+    none), `layer_scale` putting each type's layers on the table's scale;
+    the default settings; and no list of plans (the tables hold one best
+    time per cell)."""
+
+    settings = CostSettings()
+
+    def __init__(self, table: ArenaEstimates) -> None:
+        self.table = table
+
+    def pricing(self, runtime: str) -> Pricing:
+        return pricing_of(runtime, self.settings.grad_sync)
+
+    def layer_costs(self, model: ModelSpec, gpu_type: str, tp: int, b: int) -> LayerCosts | None:
+        return self.table.fallback().layer_costs(model, gpu_type, tp, b)
+
+    def layer_scale(self, model: ModelSpec, global_batch: int, cell: Cell, tp: int) -> float:
+        """The table's time over our analytic time for `cell`'s nearest layouts (Estimator.layer_scale)."""
+        return self.table.fallback().layer_scale(model, global_batch, cell, tp)
+
+    def links_of(self, gpu_type: str) -> Links:
+        return self.table.fallback().links_of(gpu_type)
+
+    def gpu_spec(self, gpu_type: str) -> GpuSpec | None:
+        return self.table.fallback().gpu_spec(gpu_type)
+
+    def mem_limit_gb(self, gpu_type: str) -> float:
+        """Memory a stage may use per GPU (our estimator's: Arena's tables have no memory figure)."""
+        return self.table.fallback().mem_limit_gb(gpu_type)
+
+    def plans(self, model: ModelSpec, global_batch: int, cell: Cell) -> list[tuple[ParallelPlan, float, float]] | None:
+        return None
+
+
+__all__ = ["ArenaEstimates", "TableCosts", "best_plan_records"]

@@ -50,6 +50,8 @@ from solver.contract.profiles.arena import (
 )
 from solver.contract.profiles.arena_import import arena_records
 from solver.contract.profiles.records import CellRecord, ProfileSource
+from solver.contract.runtimes import refusal
+from solver.estimator.protocol import EstimatorBase
 from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
 
 MAX_ITER_TIME_S = 300.0
@@ -60,8 +62,9 @@ PREC = 3
 _Key = tuple[str, int, str, int, int]  # model, batch, gpu type, nodes, gpus per node
 
 
-class ArenaTable:
-    """Arena's optimal-plan iteration times as an estimator (EstimatorLike)."""
+class ArenaTable(EstimatorBase):
+    """Arena's optimal-plan iteration times as an estimator (EstimatorLike;
+    no cost model: the table has no layers, links or memory figures)."""
 
     def __init__(
         self, path: str | os.PathLike[str] | None = None, *, records: Iterable[CellRecord] | None = None
@@ -180,9 +183,10 @@ class ArenaTable:
                 f"Arena's table has no pipeline dimension: only pp=1 cells, got pp={cell.pp}",
             )
         vw = job.virtual_workers
-        if vw is not None and (job.global_batch % vw or cell.num_gpus > vw):
-            why = "do not divide the global batch" if job.global_batch % vw else "need dp <= V for the DP plan"
-            return Estimate(cell, None, math.inf, 0.0, EstimateSource.ARENA_TABLE, f"V={vw} virtual workers {why}")
+        types = [t for t, _ in cell.by_type()]
+        why = refusal(job.runtime, job.model.num_layers, job.global_batch, vw, tp=1, dp=cell.num_gpus, gpu_types=types)
+        if why:  # the plan shown is data parallelism over the cell's GPUs
+            return Estimate(cell, None, math.inf, 0.0, EstimateSource.ARENA_TABLE, why)
         t, how = self.lookup(job.model.name, job.global_batch, cell.gpu_type, cell.num_nodes, cell.gpus_per_node)
         if t is None:
             return Estimate(cell, None, math.inf, 0.0, EstimateSource.ARENA_TABLE, how)

@@ -3,9 +3,13 @@
 A plan is only as good as the code that runs it. A torchrun-style DDP
 script ignores a pp=2 or tp=2 plan and trains at the speed of the plan it
 really runs; Megatron cannot split a batch unevenly. Each runtime here
-declares what it can carry out, and the solver never offers a cell or a plan
-outside that (``plan_problem``); the estimator prices the runtime's own
-gradient sync (``grad_sync``) and state layout (``state``).
+declares what it can carry out (the table below). The rule is applied in
+one place: `refusal` says why a runtime cannot run a plan being generated
+(the cell enumerations and the estimators ask it), and `plan_problem` why it
+cannot carry out a whole plan (the controller checks every plan with it
+before applying it, the launcher's adapters before starting one). The
+estimator prices the runtime's own gradient sync (``grad_sync``) and state
+layout (``state``).
 
 Names (``cellsched sbatch --runtime NAME``; docs/runtimes.md):
 
@@ -76,6 +80,9 @@ class Runtime:
     grad_sync: GradSync
     state: State
     checkpoint: Checkpoint
+    #: its pipelines run torch.distributed.pipelining's Schedule1F1B, which needs
+    #: at least pp micro-batches per iteration (per virtual worker)
+    m_at_least_pp: bool = False
     submittable: bool = True  #: a user may name it (not a simulation-only runtime)
     doc: str = ""
 
@@ -107,6 +114,7 @@ RUNTIMES: dict[str, Runtime] = {
             grad_sync=GradSync.REDUCE_SCATTER,
             state=State.FULL,
             checkpoint=Checkpoint.SIGNAL,
+            m_at_least_pp=True,
             doc="cellsched's torch-native runtime: FSDP2, DTensor TP, pipelining, DCP",
         ),
         Runtime(
@@ -120,6 +128,7 @@ RUNTIMES: dict[str, Runtime] = {
             grad_sync=GradSync.ALLGATHER,
             state=State.OPTIMIZER,
             checkpoint=Checkpoint.SIGNAL,
+            m_at_least_pp=True,
             doc="cellsched's bitwise-reproducible runtime (virtual workers, ordered all-gather sum)",
         ),
         Runtime(
@@ -133,6 +142,7 @@ RUNTIMES: dict[str, Runtime] = {
             grad_sync=GradSync.REDUCE_SCATTER,
             state=State.FULL,
             checkpoint=Checkpoint.SIGNAL,
+            m_at_least_pp=True,
             doc="torchtitan's trainer, options from the launcher's adapter",
         ),
         Runtime(
@@ -194,8 +204,11 @@ def plan_problem(
     stage_layers: Sequence[int] | None = None,
     virtual_workers: int | None = None,
     dp: int = 1,
+    micro_batches: int | None = None,
+    global_batch: int | None = None,
 ) -> str | None:
-    """Why RUNTIME cannot carry out this plan, or None when it can."""
+    """Why RUNTIME cannot carry out this plan, or None when it can (what is
+    not given is not checked)."""
     name = runtime.name
     if tp > 1 and not runtime.tp:
         return f"runtime {name} has no tensor parallelism (tp={tp})"
@@ -207,6 +220,69 @@ def plan_problem(
         return f"runtime {name} splits the batch evenly (shares {list(batch_shares)})"
     if stage_layers is not None and len(set(stage_layers)) > 1 and not runtime.uneven_stages:
         return f"runtime {name} splits layers evenly over stages ({list(stage_layers)})"
-    if virtual_workers is not None and virtual_workers != dp and not runtime.virtual_workers:
-        return f"runtime {name} has no virtual workers (V={virtual_workers}, dp={dp})"
+    if virtual_workers is not None:
+        if virtual_workers != dp and not runtime.virtual_workers:
+            return f"runtime {name} has no virtual workers (V={virtual_workers}, dp={dp})"
+        if global_batch is not None and global_batch % virtual_workers:
+            return f"V={virtual_workers} virtual workers do not divide the global batch {global_batch}"
+        if dp > virtual_workers:
+            return f"needs dp > V: dp={dp}, V={virtual_workers} virtual workers"
+    if micro_batches is not None and pp > 1 and micro_batches < pp and runtime.m_at_least_pp:
+        return f"runtime {name} runs 1F1B pipelines: {micro_batches} micro-batches for pp={pp} (needs at least pp)"
     return None
+
+
+def even_split(total: int, parts: int) -> tuple[int, ...]:
+    """`total` samples over `parts` ranks as evenly as whole samples allow (the first ranks take one more)."""
+    q, r = divmod(total, parts)
+    return (q + 1,) * r + (q,) * (parts - r)
+
+
+def refusal(
+    runtime: str,
+    layers: int,
+    global_batch: int,
+    virtual_workers: int | None = None,
+    *,
+    pp: int = 1,
+    tp: int | None = None,
+    dp: int | None = None,
+    gpus: int | None = None,
+    gpu_types: Sequence[str] = (),
+    micro_batches: int | None = None,
+) -> str | None:
+    """Why RUNTIME cannot run a plan being generated for a job of `layers`
+    layers, `global_batch` samples per iteration and V = `virtual_workers`
+    (None: one per dp rank), or None when it may: the one rule the cell
+    enumerations and the estimators apply (module doc), by `plan_problem`.
+
+    What is None is not decided yet: any value the runtime allows may come.
+    `pp` stages, `tp`, `dp` (or `gpus`: dp = gpus / (pp tp), known when tp
+    is, and tp is 1 for a runtime without tensor parallelism), the GPU types
+    of the cell, and `micro_batches` per iteration (per virtual worker). The
+    plan is the one a generator makes for a runtime that splits evenly:
+    layers evenly over stages, the batch evenly over dp ranks (without V)."""
+    rt = get_runtime(runtime)
+    if tp is None and not rt.tp:
+        tp = 1
+    if dp is None and gpus is not None and tp is not None:
+        dp = gpus // (pp * tp)
+    return plan_problem(
+        rt,
+        pp=pp,
+        tp=tp or 1,
+        gpu_types=gpu_types,
+        batch_shares=even_split(global_batch, dp) if dp is not None and virtual_workers is None else None,
+        stage_layers=_even_stages(layers, pp),
+        virtual_workers=virtual_workers if dp is not None else None,
+        dp=dp or 1,
+        micro_batches=micro_batches,
+        global_batch=global_batch,
+    )
+
+
+def _even_stages(layers: int, pp: int) -> tuple[int, ...] | None:
+    """`layers` over `pp` stages as evenly as whole layers allow (None: one stage, or more stages than layers)."""
+    if pp < 2 or pp > layers:
+        return None
+    return even_split(layers, pp)

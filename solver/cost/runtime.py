@@ -78,7 +78,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from solver.contract.runtimes import RUNTIMES, GradSync, Runtime, State
+from solver.contract.runtimes import GradSync, Runtime, State, get_runtime
 from solver.cost.comm import NET, Links
 from solver.cost.layers import StageCosts
 from solver.cost.pipeline import ALLGATHER, ALLREDUCE, stage_spans_nodes
@@ -90,26 +90,23 @@ REDUCE_SCATTER = str(GradSync.REDUCE_SCATTER)
 EXACT_COPIES = 4
 #: bytes per dtype byte of one copy (read + write) and of one add (two reads, a write)
 COPY_SWEEP, ADD_SWEEP = 2, 3
-#: runtimes whose pipelines are torch.distributed.pipelining's Schedule1F1B (m >= pp)
-TORCH_PIPELINING = frozenset({"exact", "sharded", "torchtitan"})
 
 
 @dataclass(frozen=True)
 class Pricing:
-    """How one runtime's plans are priced (module doc)."""
+    """How one runtime's plans are priced (module doc): `runtime` is the
+    runtime itself (what it may run: solver.contract.runtimes), the rest how
+    its step is priced."""
 
-    runtime: str
+    runtime: Runtime
     grad_sync: str  #: ALLREDUCE, ALLGATHER or REDUCE_SCATTER
     state: str  #: solver.contract.runtimes.State: replicated, optimizer (ZeRO-1 may shard), full (FSDP)
-    tp: bool = True
-    pp: bool = True
-    uneven_stages: bool = True
-    virtual_workers: bool = True
-    mixed_types: bool = True
     #: the runtime's own memory and copies are added (False: `adaptive`, the estimator's settings alone)
     own: bool = True
-    #: pipelines run torch.distributed.pipelining's 1F1B, which needs at least pp micro-batches
-    m_at_least_pp: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.runtime.name
 
     @property
     def fsdp(self) -> bool:
@@ -119,27 +116,13 @@ class Pricing:
     def may_shard_optimizer(self) -> bool:
         return self.state == State.OPTIMIZER
 
-    @classmethod
-    def of(cls, runtime: Runtime) -> Pricing:
-        return cls(
-            runtime.name,
-            str(runtime.grad_sync),
-            str(runtime.state),
-            tp=runtime.tp,
-            pp=runtime.pp,
-            uneven_stages=runtime.uneven_stages,
-            virtual_workers=runtime.virtual_workers,
-            mixed_types=runtime.mixed_types,
-            m_at_least_pp=runtime.name in TORCH_PIPELINING,
-        )
-
 
 def pricing_of(name: str, grad_sync: str = ALLREDUCE) -> Pricing:
     """The pricing of runtime NAME; ``adaptive`` takes the estimator's `grad_sync` and adds nothing."""
-    rt = RUNTIMES[name]
+    rt = get_runtime(name)
     if name == "adaptive":
-        return Pricing(name, grad_sync, str(State.OPTIMIZER), own=False)
-    return Pricing.of(rt)
+        return Pricing(rt, grad_sync, str(State.OPTIMIZER), own=False)
+    return Pricing(rt, str(rt.grad_sync), str(rt.state))
 
 
 def _stage_link(links: Links, st: StageCosts, k: int, dp: int, tp: int, gpus_per_node: int) -> tuple[str, float]:
@@ -240,11 +223,11 @@ def runtime_memory(
             during = params * o + act + (units - 1) * grads
             held = (units + 1) if dp <= 1 else (2 * units + 2 * dp * units - 1)
             mem = max(during, params * o + held * grads)
-        elif pricing.runtime == "ddp":
+        elif pricing.name == "ddp":
             mem = params * o + act + (grads if dp > 1 else 0.0)
         else:
             mem = params * o + act
-        if pricing.m_at_least_pp and st.pp > 1:  # 1F1B's receive buffers; the last stage keeps its outputs
+        if pricing.runtime.m_at_least_pp and st.pp > 1:  # 1F1B's receive buffers; the last stage keeps its outputs
             mem += m * b * ((st.out_per_sample[k - 1] if k > 0 else 0.0) + st.out_per_sample[k])
         peak = max(peak, mem)
     return peak

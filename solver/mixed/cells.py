@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from solver.contract.plan import largest_remainder
-from solver.contract.runtimes import get_runtime
+from solver.contract.runtimes import refusal
 from solver.cost.layers import stage_layers_for
 from solver.types import Cell, JobRequest, ParallelPlan, SolverConfig
 
@@ -125,9 +125,9 @@ def mixed_cells(job: JobRequest, sizes_of: Mapping[str, Sequence[int]], config: 
     """
     if not config.mixed_cells or len(sizes_of) < 2 or config.max_mixed_cells < 1:
         return []
-    if not get_runtime(job.runtime).mixed_types:
-        return []
     types = sorted(sizes_of)
+    if refusal(job.runtime, job.model.num_layers, job.global_batch, gpu_types=types):
+        return []
     combos = [
         c for k in range(2, min(config.max_mixed_types, len(types)) + 1) for c in itertools.combinations(types, k)
     ]
@@ -203,11 +203,17 @@ def _optional(
         job.min_gpus,
         job.max_gpus,
         job.requested_gpus,
-        min(config.max_pp, job.model.num_layers) if get_runtime(job.runtime).pp else 1,
+        _deepest(job, min(config.max_pp, job.model.num_layers)),
         job.virtual_workers,
         budget + len(job.excluded_cells),
     )
     return [c for c in cells if not job.excludes(c)][:budget]
+
+
+def _deepest(job: JobRequest, most: int) -> int:
+    """The deepest pipeline, up to `most` stages, the job's runtime may run."""
+    shape = (job.runtime, job.model.num_layers, job.global_batch)
+    return max(p for p in range(1, most + 1) if p == 1 or refusal(*shape, pp=p) is None)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -45,11 +45,8 @@ from solver.cost.comm import NET, Links
 from solver.cost.layers import analytic_layers, split_stages
 from solver.cost.pipeline import ALLGATHER, ALLREDUCE, dp_sync_time, pipeline_cost, sharded_sync_time, update_time
 from solver.cost.runtime import REDUCE_SCATTER
+from solver.estimator.protocol import CostModel, CostSettings
 from solver.types import Estimate, JobRequest
-
-#: the analytic model's assumptions where the inner estimator has none (as the estimator's defaults)
-_EFFICIENCY = 0.4
-_LAYER_OVERHEAD_S = 2e-4
 
 
 @functools.cache
@@ -93,34 +90,28 @@ class DpStep:
         return self.compute_s + self.sync_s + self.update_s
 
 
-def part_step(inner: object, job: JobRequest, est: Estimate) -> PartStep:
+def part_step(costs: CostModel | None, settings: CostSettings, job: JobRequest, est: Estimate) -> PartStep:
     """Part `est` (a feasible single-type pp-1 estimate of `job`'s whole
-    batch) taken apart by `inner`'s cost model (module doc)."""
+    batch) taken apart by the inner estimator's cost model `costs` (module
+    doc; None: the datasheet's, with `settings`)."""
     assert est.plan is not None
     cell, plan, model = est.cell, est.plan, job.model
     t, tp, ranks, m = cell.gpu_type, plan.tp, plan.dp, plan.micro_batches
     b = job.global_batch / (ranks * m)
-    spec_of = getattr(inner, "gpu_spec", None)
-    spec = (spec_of(t) if spec_of is not None else None) or _specs().get(t)
-    links_of = getattr(inner, "links_of", None)
-    links = links_of(t) if links_of is not None else Links(spec or GpuSpec(t, math.inf, 1.0, 1.0), {})
+    spec = (costs.gpu_spec(t) if costs is not None else None) or _specs().get(t)
+    links = costs.links_of(t) if costs is not None else Links(spec or GpuSpec(t, math.inf, 1.0, 1.0), {})
     grad_bytes = model.params * model.dtype_bytes / tp
     whole = est.iter_time_s * ranks / job.global_batch  # all of it per sample: where no model takes it apart
     plain = PartStep(t, ranks, tp, whole, 0.0, 0.0, grad_bytes, links)
-    layer_costs = getattr(inner, "layer_costs", None)
-    costs = layer_costs(model, t, tp, max(1, round(b))) if layer_costs is not None else None
-    if costs is None:
+    layers = costs.layer_costs(model, t, tp, max(1, round(b))) if costs is not None else None
+    if layers is None:
         if spec is None:
             return plain
-        costs = analytic_layers(
-            model,
-            spec,
-            tp,
-            efficiency=getattr(inner, "efficiency", _EFFICIENCY),
-            layer_overhead_s=getattr(inner, "layer_overhead_s", _LAYER_OVERHEAD_S),
+        layers = analytic_layers(
+            model, spec, tp, efficiency=settings.efficiency, layer_overhead_s=settings.layer_overhead_s
         )
-    st = split_stages(costs, 1, b, model.num_layers)
-    obpp = getattr(inner, "optimizer_bytes_per_param", 16.0)
+    st = split_stages(layers, 1, b, model.num_layers)
+    obpp = settings.optimizer_bytes_per_param
     g = cell.gpus_per_node
 
     def one(size: float) -> float:  # one micro-batch of `size` samples on one rank
@@ -138,13 +129,11 @@ def part_step(inner: object, job: JobRequest, est: Estimate) -> PartStep:
 
     per_sample = max(0.0, (one(2 * b) - one(b)) / b)
     per_micro = max(0.0, one(b) - per_sample * b)
-    sync = dp_sync_time(
-        st, dp=ranks, tp=tp, gpus_per_node=g, links=links, collective=getattr(inner, "grad_sync", ALLREDUCE)
-    )
+    sync = dp_sync_time(st, dp=ranks, tp=tp, gpus_per_node=g, links=links, collective=settings.grad_sync)
     upd = update_time(
         st,
         dtype_bytes=model.dtype_bytes,
-        update_bytes_per_param=getattr(inner, "update_bytes_per_param", 2 * obpp),
+        update_bytes_per_param=settings.update_bytes,
         mem_bw_gbps=spec.mem_bw_gbps if spec is not None else 0.0,
     )
     modelled = m * (per_sample * b + per_micro) + sync + upd

@@ -6,19 +6,19 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from solver.contract.profiles.records import GpuSpec
-from solver.contract.runtimes import SOLVER_DEFAULT_RUNTIME, get_runtime, plan_problem
+from solver.contract.runtimes import SOLVER_DEFAULT_RUNTIME, refusal
 from solver.cost.comm import NET_LATENCY_S, Links
 from solver.cost.layers import LayerCosts
-from solver.cost.pipeline import ALLGATHER, ALLREDUCE, state_split
+from solver.cost.pipeline import ALLGATHER, state_split
 from solver.cost.runtime import REDUCE_SCATTER, Pricing, pricing_of
 from solver.cost.typed_pipeline import TypeSide, typed_pipeline_cost
+from solver.estimator.protocol import CostModel, CostSettings, EstimatorBase, EstimatorLike
 from solver.mixed.cells import _divisors, stages_per_part
 from solver.mixed.dp import DpStep, PartStep, dp_step, part_step, sync_time
 from solver.mixed.split import split_batch
-from solver.types import Cell, Estimate, EstimateSource, EstimatorLike, JobRequest, ParallelPlan
+from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
 
 __all__ = ["NET_LATENCY_S", "MixedEstimator"]  # NET_LATENCY_S: the network's per-message latency (s)
 
@@ -45,8 +45,11 @@ class _Split:
         )
 
 
-class MixedEstimator:
-    """EstimatorLike: mixed cells priced here, every other cell by `inner`.
+class MixedEstimator(EstimatorBase):
+    """EstimatorLike: mixed cells priced here, every other cell by `inner`,
+    from `inner`'s cost model (its per-layer costs, links, GPU specs, memory
+    limits and settings; without one, the datasheet's specs and the settings'
+    defaults, and no pipelines across types).
 
     `state_sharding` false prices replicated optimizer state only (as the
     inner Estimator's own switch does for single-type cells)."""
@@ -59,23 +62,23 @@ class MixedEstimator:
         shard_min_gain: float | None = None,
     ) -> None:
         self.inner = inner
+        self.costs: CostModel | None = inner.cost_model
+        self.settings = self.costs.settings if self.costs is not None else CostSettings()
         self.net_gbps = net_gbps
         self.state_sharding = state_sharding
-        self.shard_min_gain = shard_min_gain if shard_min_gain is not None else getattr(inner, "shard_min_gain", 0.1)
+        self.shard_min_gain = shard_min_gain if shard_min_gain is not None else self.settings.shard_min_gain
         # (model signature, global batch, cell, V, shard, runtime) -> estimate
         self._cache: dict[tuple[str, int, Cell, int | None, bool, str], Estimate] = {}
         # (model signature, global batch, cell, shard) -> _dp_parts
         self._parts_cache: dict[tuple[str, int, Cell, bool], tuple[list[Estimate], list[PartStep]] | Estimate] = {}
 
-    def __getattr__(self, name: str) -> Any:  # the inner estimator's other helpers (plans, mem_limit_gb, ...)
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+    @property
+    def cost_model(self) -> CostModel | None:
+        return self.costs
 
     def refresh(self) -> bool:
         """Follow the inner estimator's store (its `refresh`): when it changed, forget every mixed estimate too."""
-        inner = getattr(self.inner, "refresh", None)
-        changed = bool(inner()) if inner is not None else False
+        changed = self.inner.refresh()
         if changed:
             self._cache.clear()
             self._parts_cache.clear()
@@ -89,7 +92,8 @@ class MixedEstimator:
         key = (job.model.signature, job.global_batch, cell, job.virtual_workers, shard, job.runtime)
         est = self._cache.get(key)
         if est is None:
-            why = plan_problem(get_runtime(job.runtime), pp=cell.pp, tp=1, gpu_types=[t for t, _ in cell.parts])
+            types = [t for t, _ in cell.parts]
+            why = refusal(job.runtime, job.model.num_layers, job.global_batch, pp=cell.pp, gpu_types=types)
             if why:
                 est = self._none(cell, why)
             else:
@@ -98,13 +102,11 @@ class MixedEstimator:
         return est
 
     def pricing(self, job: JobRequest) -> Pricing:
-        """How `job`'s runtime is priced (the inner estimator's `pricing`; the
-        runtime's own table, or the inner's grad_sync for ``adaptive``, otherwise)."""
-        of = getattr(self.inner, "pricing", None)
-        if of is not None:
-            pr: Pricing = of(job.runtime)
-            return pr
-        return pricing_of(job.runtime, getattr(self.inner, "grad_sync", ALLREDUCE))
+        """How `job`'s runtime is priced (the cost model's `pricing`; without
+        one, the runtime's own table, or the settings' grad_sync for ``adaptive``)."""
+        if self.costs is not None:
+            return self.costs.pricing(job.runtime)
+        return pricing_of(job.runtime, self.settings.grad_sync)
 
     def _grad_sync(self, job: JobRequest) -> str:
         return self.pricing(job).grad_sync
@@ -152,7 +154,7 @@ class MixedEstimator:
             elif len(tps) != 1:
                 out = self._none(cell, f"parts want different tp {sorted(tps)}")
             else:
-                out = (subs, [part_step(self.inner, part_job, e) for e in subs])
+                out = (subs, [part_step(self.costs, self.settings, part_job, e) for e in subs])
         self._parts_cache[key] = out
         return out
 
@@ -249,8 +251,8 @@ class MixedEstimator:
         if vw is not None and (batch % vw or vw < sum(ranks)):
             why = "do not divide the global batch" if batch % vw else f"are fewer than the {sum(ranks)} dp ranks"
             return self._none(cell, f"V={vw} virtual workers {why}")
-        limit = getattr(self.inner, "mem_limit_gb", None)
-        limits = [limit(t) if limit is not None else math.inf for t, _ in cell.parts]
+        costs = self.costs
+        limits = [costs.mem_limit_gb(t) if costs is not None else math.inf for t, _ in cell.parts]
         src = "+".join(sorted({e.source for e in subs}))
         replicated_ok = all(e.plan is not None and e.plan.state_shares == () for e in subs)
         plain: Estimate | None = None
@@ -300,7 +302,7 @@ class MixedEstimator:
         the state (parameters, gradients, optimizer) does not grow with the
         micro-batch, the activations do. All of it counts as activations where
         the part's estimate does not say its optimizer state."""
-        obpp = getattr(self.inner, "optimizer_bytes_per_param", 16.0)
+        obpp = self.settings.optimizer_bytes_per_param
         _, state = state_split(job.model.dtype_bytes, obpp)
         out = []
         for e in subs:
@@ -357,15 +359,12 @@ class MixedEstimator:
     def _roomy(self, job: JobRequest, e: Estimate) -> Estimate | None:
         """A part's estimate as if its memory were unlimited: its fastest plan
         and that plan's memory (None: the inner estimator cannot say)."""
-        plans = getattr(self.inner, "plans", None)
-        if plans is None:
-            return None
-        every = plans(job.model, job.global_batch, e.cell)
+        every = self.costs.plans(job.model, job.global_batch, e.cell) if self.costs is not None else None
         if not every:
             return None
         plan, t, mem = min(every, key=lambda x: (x[2], x[1]))  # the least memory: sharding must cover the rest
-        _, state = state_split(job.model.dtype_bytes, getattr(self.inner, "optimizer_bytes_per_param", 16.0))
-        obpp = getattr(self.inner, "optimizer_bytes_per_param", 16.0)
+        obpp = self.settings.optimizer_bytes_per_param
+        _, state = state_split(job.model.dtype_bytes, obpp)
         state_gb = self._state_of(job, plan.tp, mem, state, obpp)
         return Estimate(e.cell, plan, t, mem, e.source, "memory not limited", state_gb)
 
@@ -388,7 +387,7 @@ class MixedEstimator:
         are split again for the sharded step (its gathers grow with the most
         virtual workers a rank holds); without, they stay."""
         d = job.model.dtype_bytes
-        obpp = getattr(self.inner, "optimizer_bytes_per_param", 16.0)
+        obpp = self.settings.optimizer_bytes_per_param
         _, state = state_split(d, obpp)
         if state <= 0 or not all(e.state_gb > 0 for e in subs):
             return None
@@ -460,49 +459,47 @@ class MixedEstimator:
             return self._none(cell, f"a part does not hold whole stages of {cell.num_gpus // cell.pp} GPUs")
         if cell.pp > model.num_layers:
             return self._none(cell, "more pipeline stages than layers")
-        layer_costs = getattr(self.inner, "layer_costs", None)
-        links_of = getattr(self.inner, "links_of", None)
-        spec_of = getattr(self.inner, "gpu_spec", None)
-        mem_limit_of = getattr(self.inner, "mem_limit_gb", None)
-        if layer_costs is None or links_of is None or spec_of is None or mem_limit_of is None:
+        costs = self.costs
+        if costs is None:
             return self._none(cell, "pipelines across types need an estimator with per-layer costs")
         types = [t for t, _ in cell.parts]
-        specs = [spec_of(t) for t in types]
-        if any(s is None for s in specs):
+        known = [costs.gpu_spec(t) for t in types]
+        specs = [s for s in known if s is not None]
+        if len(specs) != len(known):
             return self._none(cell, "no GPU spec for a part's type")
         per_stage, g = cell.num_gpus // cell.pp, cell.gpus_per_node
         width = model.heads if model.heads > 1 else model.hidden
-        obpp = getattr(self.inner, "optimizer_bytes_per_param", 16.0)
-        upd = getattr(self.inner, "update_bytes_per_param", 2 * obpp)
+        obpp = self.settings.optimizer_bytes_per_param
+        upd = self.settings.update_bytes
         grad_sync = self._grad_sync(job)
-        limits = [mem_limit_of(t) * 1e9 for t in types]
-        scale_of = getattr(self.inner, "layer_scale", None)
+        limits = [costs.mem_limit_gb(t) * 1e9 for t in types]
         best: tuple[float, ParallelPlan, float, float] | None = None
         best_sharded: tuple[float, ParallelPlan, float, float] | None = None
         for tp in (d for d in range(1, g + 1) if g % d == 0 and width % d == 0 and per_stage % d == 0):
             dp = per_stage // tp
             # each type's layers on the scale of the inner estimator's cells of that type (its part's layout)
-            scales = [
-                scale_of(model, batch, Cell(t, n, g, 1), tp) if scale_of is not None else 1.0 for t, n in cell.parts
-            ]
+            scales = [costs.layer_scale(model, batch, Cell(t, n, g, 1), tp) for t, n in cell.parts]
             largest = max(scales)
+            shape = (job.runtime, model.num_layers, batch, vw)
+            if refusal(*shape, pp=cell.pp, tp=tp, dp=dp, gpu_types=types):
+                continue
             if vw is None:
                 if batch % dp:
                     continue
                 per_worker, units = batch // dp, 1
             else:
-                if batch % vw or dp > vw:
-                    continue
                 per_worker, units = batch // vw, -(-vw // dp)
             prev = math.inf
             for m in _divisors(per_worker):
+                if refusal(*shape, pp=cell.pp, tp=tp, dp=dp, gpu_types=types, micro_batches=m):
+                    continue
                 b = per_worker // m
                 sides = []
                 for t, spec, lim, f in zip(types, specs, limits, scales, strict=True):
-                    costs = layer_costs(model, t, tp, b)
-                    if costs is None:
+                    layers = costs.layer_costs(model, t, tp, b)
+                    if layers is None:
                         break
-                    sides.append(TypeSide(t, _scaled(costs, f / largest), links_of(t), lim, spec.mem_bw_gbps))
+                    sides.append(TypeSide(t, _scaled(layers, f / largest), costs.links_of(t), lim, spec.mem_bw_gbps))
                 if len(sides) != len(types):
                     continue
                 t_plain: float | None = None

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from solver.contract.errors import SolverError
-from solver.contract.runtimes import get_runtime, plan_problem
+from solver.contract.runtimes import even_split, get_runtime, plan_problem
 from solver.mixed import task_stage_types
 from solver.placement.nodes import in_partition
 from solver.site import SitePolicy
-from solver.types import Cell, ClusterView, Estimate, JobRequest, ParallelPlan, Placement
+from solver.types import Cell, ClusterView, JobRequest, ParallelPlan, Placement
 
 
 class PlacementError(ValueError, SolverError):
@@ -17,16 +17,13 @@ class PlacementError(ValueError, SolverError):
     be confused with ``solver.contract.plan.PlanError``, a malformed job plan)."""
 
 
-def runtime_problem(job: JobRequest, cell: Cell, plan: ParallelPlan, gpu_types: Sequence[str] = ()) -> str | None:
+def _runtime_problem(job: JobRequest, cell: Cell, plan: ParallelPlan, gpu_types: Sequence[str] = ()) -> str | None:
     """Why the job's runtime (solver.contract.runtimes) cannot carry out `plan` on
     `cell` (its nodes of these GPU types; default: the cell's own types);
     None when it can. The batch shares are the plan's per-part shares on a
     mixed cell, else the global batch split over dp as evenly as whole
     samples allow."""
-    shares: Sequence[int] = plan.shares
-    if not cell.mixed:
-        q, r = divmod(job.global_batch, plan.dp)
-        shares = (q + 1,) * r + (q,) * (plan.dp - r)
+    shares: Sequence[int] = plan.shares if cell.mixed else even_split(job.global_batch, plan.dp)
     return plan_problem(
         get_runtime(job.runtime),
         pp=plan.pp,
@@ -36,13 +33,9 @@ def runtime_problem(job: JobRequest, cell: Cell, plan: ParallelPlan, gpu_types: 
         batch_shares=shares or None,
         stage_layers=plan.stage_layers or None,
         virtual_workers=job.virtual_workers,
+        micro_batches=plan.micro_batches,
+        global_batch=job.global_batch,
     )
-
-
-def runtime_allows(job: JobRequest, est: Estimate) -> bool:
-    """Does the job's runtime carry out this estimate's plan? (The policies
-    offer no other: an estimate without a plan is left to them.)"""
-    return est.plan is None or runtime_problem(job, est.cell, est.plan) is None
 
 
 def validate_plan(
@@ -58,7 +51,7 @@ def validate_plan(
     plan fits the cell, every stage of a pipeline across types lies on nodes of
     one type in the cluster's node order (Slurm's task order), no node
     gives out more than its free GPUs, and (for the jobs in `jobs`, by id) the
-    job's runtime carries its plan out (`runtime_problem`): whatever policy
+    job's runtime carries its plan out (`_runtime_problem`): whatever policy
     chose it, no job is given a plan its code would ignore. With a `site`
     policy (and `jobs`), neither may it break the site's hard rules
     (siterules.site_problems: GPU limits, partition access, reservations
@@ -102,7 +95,7 @@ def validate_plan(
                 )
         job = (jobs or {}).get(job_id)
         if job is not None:
-            problem = runtime_problem(job, cell, p.plan, [by_name[n].gpu_type for n in names])
+            problem = _runtime_problem(job, cell, p.plan, [by_name[n].gpu_type for n in names])
             if problem is not None:
                 raise PlacementError(f"job {job_id}: {problem}")
     for name, g in sorted(used.items()):

@@ -10,9 +10,18 @@ of Wang et al. 2020: "srsf-avoid", "srsf-accept", "ada-srsf". Baselines take
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from solver.types import Policy
+from solver.estimator.protocol import EstimatorLike
+from solver.types import ScheduleReply, ScheduleRequest
+
+
+class Policy(Protocol):
+    """One scheduling policy per module, all behind this signature."""
+
+    name: str
+
+    def schedule(self, request: ScheduleRequest, estimator: EstimatorLike) -> ScheduleReply: ...
 
 
 def _cellsched(**opts: Any) -> Policy:

@@ -55,9 +55,9 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from solver.calibration import CalibratedEstimator
 from solver.cells import cap, enumerate_cells, frontier, optional_mixed_cells
 from solver.contention import duty, nic_by_type
+from solver.estimator.protocol import EstimatorLike
 from solver.placement import Space, objective, place_jobs, split_fixed
 from solver.placement.candidates import Option, Pick, fits, make_options, option_picks
 from solver.placement.joint import Result
@@ -69,14 +69,12 @@ from solver.placement.siterules import (
     claim_jobs,
     claiming,
 )
-from solver.placement.validate import runtime_allows
 from solver.policies.common import reply
 from solver.site import reason_no_cell, reason_outbid, reason_partition, reason_unmanaged
 from solver.types import (
     Cell,
     ClusterView,
     Estimate,
-    EstimatorLike,
     JobRequest,
     ParallelPlan,
     Placement,
@@ -159,13 +157,12 @@ class CellschedPolicy:
     def _cells(self, job: JobRequest, cluster: ClusterView, estimator: EstimatorLike, cfg: SolverConfig) -> _Shape:
         """(reference estimate, pruned estimates, their utilities, the mixed
         estimates that may pay and their utilities) of the job's shape, as
-        calibrated for it (the estimator's ``memo_key``: without it in the
+        adjusted for it (the estimator's ``job_key``: without it in the
         key a shape kept the calibration of the first job seen with it)."""
-        memo_key = getattr(estimator, "memo_key", None)
-        key = (_shape(job), memo_key(job) if memo_key is not None else ())
+        key = (_shape(job), estimator.job_key(job))
         hit = self._memo.get(key)
         if hit is None:
-            scale = estimator.calibrated_all if isinstance(estimator, CalibratedEstimator) else lambda _, es: list(es)
+            scale = estimator.adjust
             groups, smallest = self._frontier(job, "cells", cluster, estimator, cfg)
             ref = objective.reference(job, scale(job, smallest))
             kept = cap([scale(job, g) for g in groups], cfg)
@@ -191,8 +188,9 @@ class CellschedPolicy:
     def _frontier(
         self, job: JobRequest, kind: str, cluster: ClusterView, estimator: EstimatorLike, cfg: SolverConfig
     ) -> _Frontier:
-        """The uncalibrated estimates of the job's cells (`kind` "cells") or of
-        the mixed cells that may pay ("mixed"), memoised by shape: their
+        """The shape's estimates of the job's cells (`kind` "cells") or of
+        the mixed cells that may pay ("mixed"), before the job's own
+        calibration (the estimator's ``estimate_shape``), memoised by shape: their
         frontier (solver.cells.frontier) and the feasible ones of fewest GPUs
         (where the reference is). Calibration scales a job's times by one
         factor per GPU type, which keeps both, so a job whose factors move
@@ -202,9 +200,8 @@ class CellschedPolicy:
         key = (_shape(job), kind)
         hit = self._base.get(key)
         if hit is None:
-            inner = estimator.inner if isinstance(estimator, CalibratedEstimator) else estimator
             cells = enumerate_cells(job, cluster, cfg) if kind == "cells" else optional_mixed_cells(job, cluster, cfg)
-            base = [e for e in (inner.estimate(job, c) for c in cells) if e.feasible and runtime_allows(job, e)]
+            base = [e for e in (estimator.estimate_shape(job, c) for c in cells) if e.feasible]
             fewest = min((e.cell.num_gpus for e in base), default=0)
             hit = (frontier(base), [e for e in base if e.cell.num_gpus == fewest])
             if len(self._base) >= _MEMO_MAX:

@@ -7,13 +7,13 @@ import functools
 import time
 from collections.abc import Callable, Mapping
 
+from solver.contract.runtimes import refusal
+from solver.estimator.protocol import EstimatorLike
 from solver.placement import Result
-from solver.placement.validate import runtime_allows
 from solver.types import (
     Cell,
     ClusterView,
     Estimate,
-    EstimatorLike,
     JobRequest,
     ParallelPlan,
     Placement,
@@ -53,20 +53,20 @@ def dp_estimate(job: JobRequest, cell: Cell, estimator: EstimatorLike, feasible:
     """The cell's estimate with a pure data-parallel plan (pp = tp = 1), or
     None when infeasible. Baselines run DP-only at the estimated speed of the
     cell (as Arena's simulator does: every policy progresses at its profile's
-    iteration time). A job with V virtual workers cannot run pure data
-    parallelism on more than V GPUs (dp > V): None; nor a job whose runtime
-    cannot carry that plan out (solver.contract.runtimes): None."""
+    iteration time). None where the job's runtime cannot run that plan
+    (solver.contract.runtimes.refusal: on more GPUs than its V virtual
+    workers, the batch split unevenly by a runtime that splits it evenly, ...)."""
     if (feasible is not None and not feasible(job, cell)) or job.excludes(cell):
         return None
-    if job.virtual_workers is not None and cell.num_gpus > job.virtual_workers:
+    shape = (job.runtime, job.model.num_layers, job.global_batch, job.virtual_workers)
+    if refusal(*shape, pp=1, tp=1, dp=cell.num_gpus, gpu_types=[t for t, _ in cell.by_type()]):
         return None
     est = estimator.estimate(job, cell)
     if not est.feasible:
         return None
     shards = est.plan.state_shares if est.plan is not None and not cell.mixed else ()  # sharded where it had to be
     plan = ParallelPlan(1, cell.num_gpus, 1, state_shares=shards)
-    out = Estimate(cell, plan, est.iter_time_s, est.mem_per_gpu_gb, est.source, est.note, est.state_gb)
-    return out if runtime_allows(job, out) else None
+    return Estimate(cell, plan, est.iter_time_s, est.mem_per_gpu_gb, est.source, est.note, est.state_gb)
 
 
 def reply(

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import time
 
+from solver.estimator.protocol import EstimatorLike
 from solver.placement import Space, split_fixed
 from solver.placement.candidates import Option
 from solver.placement.greedy import try_place
 from solver.policies.common import Feasible, dp_estimate, heuristic_reply, layouts
-from solver.types import EstimatorLike, JobRequest, ScheduleReply, ScheduleRequest
+from solver.types import JobRequest, ScheduleReply, ScheduleRequest
 
 
 def requested(job: JobRequest, types: tuple[str, ...]) -> tuple[str | None, int]:

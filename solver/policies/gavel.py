@@ -23,11 +23,12 @@ import time
 
 from ortools.linear_solver import pywraplp
 
+from solver.estimator.protocol import EstimatorLike
 from solver.placement import Result, Space, split_fixed, split_static
 from solver.placement.candidates import Option
 from solver.placement.greedy import release, try_place
 from solver.policies.common import Feasible, dp_estimate, layouts, reply
-from solver.types import Estimate, EstimatorLike, JobRequest, Placement, ScheduleReply, ScheduleRequest, SolverStatus
+from solver.types import Estimate, JobRequest, Placement, ScheduleReply, ScheduleRequest, SolverStatus
 
 
 def max_min_fractions(

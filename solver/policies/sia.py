@@ -23,10 +23,11 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
+from solver.estimator.protocol import EstimatorLike
 from solver.placement import Space, job_options, objective, place_jobs, split_fixed, split_static
 from solver.placement.candidates import fits
 from solver.policies.common import Feasible, dp_estimate, layouts, reply
-from solver.types import EstimatorLike, JobRequest, Placement, ScheduleReply, ScheduleRequest
+from solver.types import JobRequest, Placement, ScheduleReply, ScheduleRequest
 
 
 class SiaPolicy:

@@ -48,6 +48,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from solver.estimator.protocol import EstimatorLike
 from solver.placement import Space, split_fixed
 from solver.placement.candidates import Option
 from solver.placement.greedy import try_place
@@ -55,7 +56,7 @@ from solver.placement.siterules import Bucket, binds, bucket_of
 from solver.policies.common import Feasible, dp_estimate, heuristic_reply, layouts
 from solver.policies.fcfs import requested
 from solver.site import GpuLimit, LimitKind, SitePolicy, reason_limit
-from solver.types import Cell, EstimatorLike, JobRequest, NodeView, Placement, ScheduleReply, ScheduleRequest
+from solver.types import Cell, JobRequest, NodeView, Placement, ScheduleReply, ScheduleRequest
 
 
 @dataclass(frozen=True)

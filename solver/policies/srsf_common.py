@@ -35,22 +35,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from solver.contention import loaded_times
+from solver.estimator.protocol import EstimatorLike
 from solver.placement import Space, split_fixed
 from solver.placement.candidates import Option
 from solver.placement.greedy import try_place
 from solver.placement.nodes import ClassKey, Ledger
 from solver.policies.common import Feasible, dp_estimate, heuristic_reply, layouts
 from solver.policies.fcfs import requested
-from solver.types import (
-    Cell,
-    ClusterView,
-    Estimate,
-    EstimatorLike,
-    JobRequest,
-    Placement,
-    ScheduleReply,
-    ScheduleRequest,
-)
+from solver.types import Cell, ClusterView, Estimate, JobRequest, Placement, ScheduleReply, ScheduleRequest
 
 #: (job, placement, iteration time alone on its nodes) of a placed multi-node job
 Comm = tuple[JobRequest, Placement, float]

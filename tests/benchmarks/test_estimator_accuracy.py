@@ -62,7 +62,8 @@ def test_it_measures_the_controllers_estimator(tmp_path: Path) -> None:
     assert isinstance(est, MixedEstimator) and isinstance(est.inner, Estimator)
     inner = est.inner
     # the controller's defaults: no benchmark-only byte counts, the sync from each job's runtime
-    assert (inner.grad_sync, inner.accumulate_bytes_per_param, inner.update_bytes_per_param) == ("allreduce", 0.0, 32.0)
+    s = inner.settings
+    assert (s.grad_sync, s.accumulate_bytes_per_param, s.update_bytes) == ("allreduce", 0.0, 32.0)
     assert inner.pricing("exact").grad_sync == "allgather"
 
 

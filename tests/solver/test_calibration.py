@@ -4,12 +4,14 @@ shrunk) elsewhere, the job's own deviation carried along."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
 from solver.calibration import CalibratedEstimator, Calibration, Observation, running_ratio
 from solver.contract.models import get_model
+from solver.estimator import EstimatorBase
 from solver.mixed import mixed_cell
 from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
 
@@ -66,10 +68,8 @@ def test_factors_are_bounded_and_a_mixed_cell_takes_its_slowest_part():
     assert Calibration(obs).factor("1", "m", mixed_cell((("a100", 1), ("a40", 1)), 2)) == pytest.approx(1.6)
 
 
-class _Fixed:
+class _Fixed(EstimatorBase):
     """An estimator: 2 s per iteration everywhere, a100 only."""
-
-    kind = "fixed"
 
     def estimate(self, job, cell):
         if cell.gpu_type != "a100":
@@ -80,10 +80,13 @@ class _Fixed:
 def test_the_calibrated_estimator_scales_feasible_times_only_and_passes_the_rest_through():
     job = JobRequest("1", get_model("gpt-350m"), 8, 10)
     est = CalibratedEstimator(_Fixed())
-    assert est.estimate(job, A100).iter_time_s == 2.0 and est.kind == "fixed"
+    assert est.estimate(job, A100).iter_time_s == 2.0 and est.estimate_shape(job, A100).iter_time_s == 2.0
     est.calibration = Calibration([Observation("1", "u", "gpt-350m", "a100", 1.5)])
     got = est.estimate(job, A100)
     assert got.iter_time_s == pytest.approx(3.0) and got.note == "model; x1.5 calibrated"
+    # the shape's estimate is the inner one; the job's factor comes on top (adjust)
+    assert est.estimate_shape(job, A100).iter_time_s == 2.0
+    assert est.adjust(job, [est.estimate_shape(job, A100)]) == [got]
     assert not est.estimate(job, A40).feasible
 
 
@@ -119,4 +122,7 @@ def test_the_key_tells_apart_what_the_factors_tell_apart():
         assert twin.key(jid, model) == cal.key(jid, model)
         assert [twin.factor(jid, model, c) for c in (A100, A40)] == [cal.factor(jid, model, c) for c in (A100, A40)]
     est = CalibratedEstimator(_Fixed())
-    assert est.memo_key(JobRequest("1", get_model("gpt-350m"), 8, 10)) == ()  # uncalibrated
+    assert est.job_key(JobRequest("1", get_model("gpt-350m"), 8, 10)) == ()  # uncalibrated
+    est.calibration = cal
+    m = dataclasses.replace(get_model("gpt-350m"), name="m")
+    assert est.job_key(JobRequest("1", m, 8, 10)) == cal.key("1", "m") != est.job_key(JobRequest("2", m, 8, 10))

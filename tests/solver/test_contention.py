@@ -11,6 +11,7 @@ import pytest
 from solver.contention import NicAwareEstimator, contention_factors, duty, nic_by_type
 from solver.contract.models import get_model
 from solver.cost.share import network_share, nominal_nic_gbps
+from solver.estimator import EstimatorBase
 from solver.network import CommLoad, Network, iteration_times, slowdowns
 from solver.placement import Space
 from solver.placement.candidates import Option
@@ -85,7 +86,7 @@ def _cluster(nic: float, free: dict[str, int] | None = None) -> ClusterView:
     return ClusterView(tuple(NodeView(f"n{i}", "v100", 4, free.get(f"n{i}", 4), nic_gbps=nic) for i in range(1, 5)))
 
 
-class Table:
+class Table(EstimatorBase):
     """Iteration times by cell key (missing: infeasible), DP-only plans."""
 
     def __init__(self, times: dict[str, float]) -> None:

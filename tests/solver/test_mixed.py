@@ -14,7 +14,8 @@ from solver.contract.profiles.records import GpuSpec
 from solver.contract.profiles.seed import open_store
 from solver.cost.comm import NET, Links
 from solver.cost.layers import LayerCosts
-from solver.estimator import Estimator
+from solver.cost.runtime import pricing_of
+from solver.estimator import CostSettings, Estimator, EstimatorBase
 from solver.mixed import OPTIONAL_PER_CELL, MixedEstimator, mixed_cell, parse_key, split_batch, stages_per_part
 from solver.mixed.dp import part_step
 from solver.placement import PlacementError, validate_plan
@@ -127,7 +128,7 @@ def test_split_batch_matches_brute_force_over_every_split(ranks, cost):
                 assert m == want[0] and max(s0 * cost[0], s1 * cost[1]) == pytest.approx(want[1], rel=1e-12), case
 
 
-class HandParts:
+class HandParts(EstimatorBase):
     """Inner estimator stub with a hand-made cost model: a rank of type t takes
     A[t] s per sample and F s per micro-batch (4 uniform layers, tp 1), syncs
     on links of NET[t] GB/s between nodes (32 GB/s inside one), updates at
@@ -139,6 +140,23 @@ class HandParts:
     NET = {"a10": 8.0, "a40": 2.0}
     BW = {"a10": 50.0, "a40": 100.0}
     update_bytes_per_param = 4.0
+    settings = CostSettings(update_bytes_per_param=4.0)
+
+    @property
+    def cost_model(self):  # itself: no memory limit, no list of plans, its layers on its own scale
+        return self
+
+    def pricing(self, runtime):
+        return pricing_of(runtime)
+
+    def layer_scale(self, model, global_batch, cell, tp):
+        return 1.0
+
+    def mem_limit_gb(self, t):
+        return math.inf
+
+    def plans(self, model, global_batch, cell):
+        return None
 
     def gpu_spec(self, t):
         return GpuSpec(t, 1000.0, 1.0, self.BW[t], intra_bw_gbps=32.0, inter_bw_gbps=self.NET[t])
@@ -181,7 +199,9 @@ def test_pricing_by_hand():
     assert est.iter_time_s == pytest.approx(0.725 + sync + update, rel=1e-12)
     # the parts taken apart: compute per sample and per micro-batch, and the update, without their own sync
     inner, j = HandParts(), JobRequest("j", HAND, 24, 10)
-    steps = [part_step(inner, j, inner.estimate(j, Cell(t, n, 2, 1))) for t, n in (("a10", 1), ("a40", 2))]
+    steps = [
+        part_step(inner, inner.settings, j, inner.estimate(j, Cell(t, n, 2, 1))) for t, n in (("a10", 1), ("a40", 2))
+    ]
     assert [s.per_sample_s for s in steps] == pytest.approx([0.25, 0.125], rel=1e-12)
     assert [s.per_micro_batch_s for s in steps] == pytest.approx([0.1, 0.1], rel=1e-12)
     assert [s.update_s for s in steps] == pytest.approx([0.12, 0.06], rel=1e-12)
@@ -199,10 +219,10 @@ def test_a_faster_type_takes_more_samples_per_rank_and_its_own_sync_does_not_cou
     one, two = (estimator.inner.estimate(j, Cell("a40", n, 2, 1)) for n in (1, 2))
     assert one.plan.tp == two.plan.tp == 1
     assert one.iter_time_s * 2 < two.iter_time_s * 4  # by the whole estimates, two nodes cost more per sample
-    per = [part_step(estimator.inner, j, e).per_sample_s for e in (one, two)]
+    per = [part_step(estimator.costs, estimator.settings, j, e).per_sample_s for e in (one, two)]
     assert per[0] == pytest.approx(per[1], rel=1e-9)
     a10 = estimator.inner.estimate(j, Cell("a10", 1, 2, 1))
-    assert part_step(estimator.inner, j, a10).per_sample_s > per[0]
+    assert part_step(estimator.costs, estimator.settings, j, a10).per_sample_s > per[0]
 
 
 def test_pricing_composes_the_parts(estimator):
@@ -219,7 +239,7 @@ def test_pricing_composes_the_parts(estimator):
     )
     s10, s40 = est.plan.shares
     assert 2 * s10 + 4 * s40 == j.global_batch
-    p10, p40 = (part_step(estimator.inner, j, e) for e in (a10, a40))
+    p10, p40 = (part_step(estimator.costs, estimator.settings, j, e) for e in (a10, a40))
     m = est.plan.micro_batches
     assert m == max(a10.plan.micro_batches, a40.plan.micro_batches)
     # the shares: the least slowest compute over every whole split (multiples of m)
@@ -388,7 +408,7 @@ def test_mixed_state_sharded_by_free_memory(estimator):
     assert e.feasible and e.plan.sharded and len(e.plan.state_shares) == 2
     free100, free40 = e.plan.state_shares
     assert free40 > free100 > 0  # an a40 has more memory left for state than an a100-40GB
-    limit = max(estimator.mem_limit_gb("a100"), estimator.mem_limit_gb("a40"))
+    limit = max(estimator.costs.mem_limit_gb("a100"), estimator.costs.mem_limit_gb("a40"))
     assert e.mem_per_gpu_gb <= limit + 1e-9
     # the cell's whole state fits the free memory of its ranks, and no more than that is claimed
     ranks = [4 // e.plan.tp, 8 // e.plan.tp]

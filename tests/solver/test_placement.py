@@ -10,6 +10,9 @@ from dataclasses import replace
 import pytest
 
 from solver.contract.models import ModelSpec, get_model
+from solver.contract.profiles.seed import open_store
+from solver.estimator import Estimator, EstimatorBase
+from solver.mixed import MixedEstimator
 from solver.placement import Option, PlacementError, Space, place_jobs, validate_plan
 from solver.placement.cpsat import solve_cpsat
 from solver.placement.lp import integral_jobs, solve_lp
@@ -457,8 +460,10 @@ def guard_cluster() -> ClusterView:
 GUARD_CASES = {
     "dp4": (Cell("a100", 1, 4, 1), ParallelPlan(1, 4, 1), {"ddp", "sharded", "exact", "torchtitan", "megatron"}),
     "dp2 x tp2": (Cell("a100", 1, 4, 1), ParallelPlan(1, 2, 2), {"sharded", "exact", "torchtitan", "megatron"}),
-    "pp2 x dp2": (Cell("a100", 1, 4, 2), ParallelPlan(2, 2, 1), {"sharded", "exact", "torchtitan", "megatron"}),
-    "pp2 uneven layers": (Cell("a100", 1, 4, 2), ParallelPlan(2, 2, 1, stage_layers=(3, 1)), {"sharded", "exact"}),
+    "pp2 x dp2": (Cell("a100", 1, 4, 2), ParallelPlan(2, 2, 1, 2), {"sharded", "exact", "torchtitan", "megatron"}),
+    # torch's 1F1B schedule (sharded, exact, torchtitan) needs at least pp micro-batches; Megatron's does not
+    "pp2 x dp2, 1 micro-batch": (Cell("a100", 1, 4, 2), ParallelPlan(2, 2, 1, 1), {"megatron"}),
+    "pp2 uneven layers": (Cell("a100", 1, 4, 2), ParallelPlan(2, 2, 1, 2, stage_layers=(3, 1)), {"sharded", "exact"}),
     "dp3 (8 samples: 3+3+2)": (Cell("a100", 1, 3, 1), ParallelPlan(1, 3, 1), {"sharded", "exact"}),
 }
 
@@ -501,7 +506,7 @@ def test_validation_names_what_the_runtime_lacks():
     assert str(e.value) == "job j: runtime ddp runs on one GPU type, not a100+a40"
 
 
-class RuntimeBlindEstimator:
+class RuntimeBlindEstimator(EstimatorBase):
     """An estimator that knows nothing of runtimes: tensor parallelism (tp 2)
     wherever a node gives the cell 2 GPUs or more, and it is faster there."""
 
@@ -515,20 +520,22 @@ class RuntimeBlindEstimator:
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_no_policy_gives_a_ddp_job_a_plan_outside_its_runtime(policy):
-    """Whatever the estimator prices, a ddp job is placed with pp = tp = 1 on
-    one GPU type (docs/runtimes.md), or not at all."""
+    """With the controller's estimator (solver.contract.runtimes.refusal at every
+    plan it generates), a ddp job is placed with pp = tp = 1 on one GPU type
+    (docs/runtimes.md), or not at all; and a plan an estimator blind to
+    runtimes gives it is refused by the controller's guard (validate_plan)."""
     cluster = guard_cluster()
     ddp = JobRequest("j", MODEL, 8, 100, min_gpus=2, max_gpus=8, requested_gpus=2, elastic=True, runtime="ddp")
-    reply = get_policy(policy).schedule(
-        ScheduleRequest(cluster, (ddp,), config=SolverConfig()), RuntimeBlindEstimator()
-    )
+    estimator = MixedEstimator(Estimator(open_store(":memory:")))
+    reply = get_policy(policy).schedule(ScheduleRequest(cluster, (ddp,), config=SolverConfig()), estimator)
     for p in reply.placements.values():
         assert (p.plan.pp, p.plan.tp, p.cell.mixed) == (1, 1, False), (policy, p)
     validate_plan(cluster, reply.placements, {"j": ddp})
     if policy.startswith("cellsched"):
-        assert "j" in reply.placements  # a cell of one GPU per node serves it data-parallel
-        exact = replace(ddp, runtime="exact")  # the control: a runtime with tp is given tp here
-        got = get_policy(policy).schedule(
-            ScheduleRequest(cluster, (exact,), config=SolverConfig()), RuntimeBlindEstimator()
+        assert "j" in reply.placements
+        blind = get_policy(policy).schedule(
+            ScheduleRequest(cluster, (ddp,), config=SolverConfig()), RuntimeBlindEstimator()
         )
-        assert got.placements["j"].plan.tp == 2
+        assert blind.placements["j"].plan.tp == 2  # a broken estimator's plan reaches the guard ...
+        with pytest.raises(PlacementError, match="^job j: runtime ddp has no tensor parallelism"):
+            validate_plan(cluster, blind.placements, {"j": ddp})  # ... which refuses it

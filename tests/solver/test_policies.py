@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from solver.contract.models import ModelSpec
+from solver.estimator import EstimatorBase
 from solver.placement import validate_plan
 from solver.policies import get_policy
 from solver.types import Cell, ClusterView, Estimate, JobRequest, NodeView, ParallelPlan, Placement, ScheduleRequest
@@ -15,7 +16,7 @@ from solver.types import Cell, ClusterView, Estimate, JobRequest, NodeView, Para
 MODEL = ModelSpec("tiny", "gpt", 4, 256, 4, 128, 1000, 1e7)
 
 
-class TableEstimator:
+class TableEstimator(EstimatorBase):
     """Iteration times from a table {(job_id, cell key): seconds}; missing = infeasible."""
 
     def __init__(self, table: dict[tuple[str, str], float]) -> None:
@@ -199,7 +200,7 @@ def test_a_pickled_cellsched_drops_its_memos_and_plans_the_same(exact_config):
     assert copy.schedule(req, est).placements == pol.schedule(req, est).placements == first.placements
 
 
-class ByType:
+class ByType(EstimatorBase):
     """The same estimate for every job: seconds per iteration by GPU type."""
 
     def __init__(self, seconds: dict[str, float]) -> None:

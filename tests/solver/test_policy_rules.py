@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 from test_policies import MODEL, MOVE, TWO_TYPES, hetero_case, job, move_case, running, table_for
 
+from solver.estimator import EstimatorBase
 from solver.placement import validate_plan
 from solver.policies import get_policy
 from solver.policies.cellsched import FreeNow, _remaining_s
@@ -33,7 +34,7 @@ from solver.types import (
 # ---------- cellsched ----------
 
 
-class Recording:
+class Recording(EstimatorBase):
     """1 s an iteration on every DP cell; records the jobs it was asked about."""
 
     def __init__(self) -> None:
@@ -138,7 +139,7 @@ def test_free_now_offers_the_fastest_mixed_cell_that_fits_and_beats_every_single
     assert free.paying(j, [est(Cell("a100", 2, 1), 1.0), est(Cell("a10", 3, 1), 1.0)], optional[:1]) == [0]
 
 
-class Shards:
+class Shards(EstimatorBase):
     """DP plans with the optimizer state sharded evenly (one part)."""
 
     def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
@@ -157,7 +158,7 @@ def test_dp_estimate_keeps_the_estimate_s_sharding_time_memory_and_note():
     assert dp_estimate(j, cell, Recording(), None).plan == ParallelPlan(1, 4, 1)  # not sharded: not sharded
 
 
-class MixedShards:
+class MixedShards(EstimatorBase):
     """A mixed cell's plan sharded over its two parts."""
 
     def estimate(self, job: JobRequest, cell: Cell) -> Estimate:

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from solver.contract.models import ModelSpec
+from solver.estimator import EstimatorBase
 from solver.placement import validate_plan
 from solver.policies import get_policy
 from solver.policies.slurm_multifactor import MultifactorWeights, fairshare_factor, multifactor_priority
@@ -19,7 +20,7 @@ MODEL = ModelSpec("tiny", "gpt", 4, 256, 4, 128, 1000, 1e7)
 DAY = 86400.0
 
 
-class OneSecond:
+class OneSecond(EstimatorBase):
     """Every cell feasible at 1 s per iteration."""
 
     def estimate(self, job: JobRequest, cell: Cell) -> Estimate:

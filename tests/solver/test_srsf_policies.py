@@ -10,6 +10,7 @@ import pytest
 
 from solver.contention import loaded_times
 from solver.contract.models import get_model
+from solver.estimator import EstimatorBase
 from solver.policies import POLICIES, get_policy
 from solver.types import (
     Cell,
@@ -28,7 +29,7 @@ GPT = get_model("gpt-1.3b")
 SRSF = ("srsf-avoid", "srsf-accept", "ada-srsf")
 
 
-class OneSecond:
+class OneSecond(EstimatorBase):
     """Every cell of up to 16 GPUs takes 1 s an iteration (DP-only); larger ones are infeasible."""
 
     def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
@@ -213,7 +214,7 @@ def test_running_jobs_keep_their_placements_and_impossible_jobs_say_why(name):
     assert "other" in r.placements
 
 
-class FitsFrom8:
+class FitsFrom8(EstimatorBase):
     """A model whose data-parallel replica fits only on 8 or more GPUs (its
     optimizer state sharded over them), at 1 s an iteration."""
 

@@ -12,6 +12,7 @@ import pytest
 
 from solver.contention import loaded_times
 from solver.contract.models import get_model
+from solver.estimator import EstimatorBase
 from solver.placement import Space
 from solver.policies import get_policy
 from solver.policies.srsf_common import clean_start, component, pick_nodes, remaining_service
@@ -32,7 +33,7 @@ from solver.types import (
 GPT = get_model("gpt-1.3b")
 
 
-class Seconds:
+class Seconds(EstimatorBase):
     """Every DP cell of up to 16 GPUs takes `s` seconds an iteration (source MEASURED)."""
 
     def __init__(self, s: float = 1.0) -> None:

@@ -262,7 +262,7 @@ def test_estimate_is_replicated_unless_sharding_fits_alone_or_clearly_faster(tim
     sharded = min((t for t, p in fits if p.sharded), default=None)
     if plain is None and sharded is None:
         assert not e.feasible
-    elif sharded is not None and (plain is None or sharded < plain * (1 - est.shard_min_gain)):
+    elif sharded is not None and (plain is None or sharded < plain * (1 - est.settings.shard_min_gain)):
         assert e.plan.sharded and e.iter_time_s == pytest.approx(sharded, rel=1e-12)
     else:
         assert not e.plan.sharded and e.iter_time_s == pytest.approx(plain, rel=1e-12)

@@ -9,7 +9,7 @@ from solver.contract.models import ModelSpec, get_model
 from solver.contract.profiles.records import GpuSpec, LayerRecord
 from solver.contract.profiles.seed import open_store
 from solver.contract.profiles.store import ProfileStore
-from solver.estimator import Estimator
+from solver.estimator import Estimator, EstimatorBase
 from solver.mixed import MixedEstimator, mixed_cell, stage_layers_in_order
 from solver.types import JobRequest
 
@@ -60,17 +60,41 @@ def test_layers_split_by_speed_and_priced_by_hand():
     assert e.iter_time_s == pytest.approx(want, rel=1e-9)
 
 
-class _Scaled:
-    """An inner estimator whose layers of each GPU type stand on another scale (`layer_scale`)."""
+class _Scaled(EstimatorBase):
+    """An inner estimator whose layers of each GPU type stand on another scale (`layer_scale`):
+    the Estimator's estimates and cost model but for that."""
 
     def __init__(self, inner, scales: dict[str, float]) -> None:
         self.inner, self.scales = inner, scales
+        self.settings = inner.settings
 
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
+    def estimate(self, job, cell):
+        return self.inner.estimate(job, cell)
+
+    @property
+    def cost_model(self):
+        return self
 
     def layer_scale(self, model, global_batch, cell, tp) -> float:
         return self.scales[cell.gpu_type]
+
+    def pricing(self, runtime):
+        return self.inner.pricing(runtime)
+
+    def layer_costs(self, model, gpu_type, tp, b):
+        return self.inner.layer_costs(model, gpu_type, tp, b)
+
+    def links_of(self, gpu_type):
+        return self.inner.links_of(gpu_type)
+
+    def gpu_spec(self, gpu_type):
+        return self.inner.gpu_spec(gpu_type)
+
+    def mem_limit_gb(self, gpu_type):
+        return self.inner.mem_limit_gb(gpu_type)
+
+    def plans(self, model, global_batch, cell):
+        return self.inner.plans(model, global_batch, cell)
 
 
 def test_each_types_layers_are_priced_on_the_inner_estimators_scale():

@@ -241,7 +241,7 @@ def test_mixed_shares_are_whole_virtual_workers(shipped, vw):
     # the slowest part's compute: its rank's samples, in m micro-batches per virtual worker (solver.mixed.dp)
     free = JobRequest("j", get_model("gpt-tiny"), 24, 100, gpu_types=("a40", "a10"), min_gpus=6)
     subs = [shipped.estimate(free, Cell(t, n, 2, 1)) for t, n in cell.parts]
-    steps = [part_step(shipped.inner, free, sub) for sub in subs]
+    steps = [part_step(shipped.costs, shipped.settings, free, sub) for sub in subs]
     m = e.plan.micro_batches
     compute = max(p.compute_s(s, s * vw // 24 * m) for s, p in zip(e.plan.shares, steps, strict=True))
     assert compute < e.iter_time_s < compute + 0.01

@@ -30,6 +30,7 @@ from slurm_ext.controller.round import Controller
 from slurm_ext.sim import engine
 from slurm_ext.sim.engine import SimOptions, Simulator
 from slurm_ext.sim.types import ClusterSpec, NodeGroup, TraceJob
+from solver.estimator import EstimatorBase
 from solver.types import Estimate, ParallelPlan
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "contrib" / "grafana" / "cellsched.json"
@@ -71,7 +72,7 @@ class Recording(mx.Metrics):
         super().replace(name, values)
 
 
-class _Speed:
+class _Speed(EstimatorBase):
     """One iteration a second on any cell: truth and estimate alike."""
 
     def speed(self, spec, gpu_type, num_nodes, gpus_per_node, plan) -> float:

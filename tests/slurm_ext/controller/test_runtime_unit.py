@@ -15,6 +15,7 @@ from slurm_ext.sim.engine import TRACE_RUNTIME, Simulator
 from slurm_ext.sim.types import ClusterSpec, NodeGroup, TraceJob
 from solver.contract.jobspec import JobSpec, JobSpecError
 from solver.contract.plan import JobPlan
+from solver.estimator import EstimatorBase
 from solver.types import Cell, Estimate, ParallelPlan, Placement
 
 NODES = (("n1", "a100", 4), ("n2", "a100", 4), ("n3", "v100", 8), ("n4", "a40", 2), ("n5", "a40", 2))
@@ -108,7 +109,7 @@ def test_simulated_trace_jobs_run_adaptive_parallelism():
     def speed(spec, gpu_type, num_nodes, gpus_per_node, plan):
         return 1.0
 
-    class Estimator:
+    class Estimator(EstimatorBase):
         def estimate(self, job, cell):
             asked.add(job.runtime)
             return Estimate(cell, ParallelPlan(1, cell.num_gpus, 1), 1.0, 1.0, "measured")

@@ -21,6 +21,7 @@ from solver.arena.estimates import ArenaEstimates
 from solver.contract.jobspec import JobSpec
 from solver.contract.models import get_model
 from solver.contract.profiles.arena import ESTIMATED_FILE, shipped_path
+from solver.estimator import EstimatorBase
 from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan, SolverConfig
 
 DATA = Path(__file__).parent / "data"
@@ -116,7 +117,7 @@ def test_the_controller_learns_the_noisy_truth(tmp_path):
     assert none == [] and all(o.finished for o in off.jobs)
 
 
-class _Times:
+class _Times(EstimatorBase):
     """Seconds per iteration by (model, GPU type, GPUs); None: infeasible."""
 
     def __init__(self, times: dict[tuple[str, str, int], float]) -> None:

@@ -10,12 +10,13 @@ import pytest
 
 from slurm_ext.sim.engine import SimError, SimOptions, Simulator, restart_cost_for
 from slurm_ext.sim.types import ClusterSpec, NodeGroup, TraceJob
+from solver.estimator import EstimatorBase
 from solver.types import Estimate, ParallelPlan
 
 ONE_NODE = ClusterSpec((NodeGroup("a100", 1, 8),))
 
 
-class Table:
+class Table(EstimatorBase):
     """Seconds per iteration by (GPU type, GPUs): truth and estimate alike."""
 
     def __init__(self, times: dict[tuple[str, int], float]) -> None:

@@ -32,7 +32,7 @@ from solver.contract.models import get_model
 from solver.contract.plan import JobPlan
 from solver.contract.profiles.records import NET_GBPS
 from solver.contract.profiles.seed import open_store
-from solver.estimator import Estimator
+from solver.estimator import CostSettings, Estimator, EstimatorBase
 from solver.mixed import NET_LATENCY_S, MixedEstimator, mixed_cell
 from solver.mixed.dp import PartStep, part_step
 from solver.types import Cell, JobRequest, SolverConfig
@@ -43,7 +43,7 @@ PAIR = ClusterSpec((NodeGroup("a40", 1, 2), NodeGroup("a10", 1, 2)))
 CELL = mixed_cell((("a40", 1), ("a10", 1)), 2)
 
 
-class Table:
+class Table(EstimatorBase):
     """Truth (and belief) by (GPU type, nodes, GPUs per node): seconds per
     iteration with the whole global batch; absent: no truth (infeasible)."""
 
@@ -70,7 +70,8 @@ def sync_s() -> float:
 def table_parts(table: Table = TABLE) -> dict[str, PartStep]:
     """Each part of CELL (one node of a type running the whole batch) taken apart (solver.mixed.dp)."""
     inner, job = TableTruth(table), JobRequest("j", get_model(MODEL), BATCH, 10)
-    return {t: part_step(inner, job, inner.estimate(job, Cell(t, 1, 2, 1))) for t in ("a40", "a10")}
+    settings = CostSettings()  # a truth table has no cost model: the defaults
+    return {t: part_step(None, settings, job, inner.estimate(job, Cell(t, 1, 2, 1))) for t in ("a40", "a10")}
 
 
 def composed(a40: float, a10: float, m: int = 1) -> float:

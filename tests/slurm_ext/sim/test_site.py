@@ -14,6 +14,7 @@ from slurm_ext.sim.clusterspec import ClusterSpecError, load_cluster_spec
 from slurm_ext.sim.engine import SimOptions, Simulator
 from slurm_ext.sim.site import SiteUsage, assign_accounts, water_fill
 from slurm_ext.sim.types import AccountSpec, ClusterSpec, NodeGroup, QosSpec, SiteSpec, TraceJob
+from solver.estimator import EstimatorBase
 from solver.types import Estimate, ParallelPlan
 
 NODES = '[[nodes]]\ngpu_type = "a100"\ncount = 1\ngpus_per_node = 8\n'
@@ -125,7 +126,7 @@ def test_usage_decays_with_the_half_life():
 # ---- a run -------------------------------------------------------------------------------
 
 
-class Table:
+class Table(EstimatorBase):
     """1 s per iteration on any cell: truth and estimate."""
 
     def speed(self, spec, gpu_type, num_nodes, gpus_per_node, plan):
