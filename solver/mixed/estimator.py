@@ -10,13 +10,11 @@ from dataclasses import dataclass
 from solver.contract.profiles.records import GpuSpec
 from solver.contract.runtimes import SOLVER_DEFAULT_RUNTIME, refusal
 from solver.cost.comm import NET_LATENCY_S, Links
-from solver.cost.layers import LayerCosts
 from solver.cost.pipeline import ALLGATHER, state_split
 from solver.cost.runtime import REDUCE_SCATTER, Pricing, pricing_of
-from solver.cost.typed_pipeline import TypeSide, typed_pipeline_cost
 from solver.estimator.protocol import CostModel, CostSettings, EstimatorBase, EstimatorLike
-from solver.mixed.cells import _divisors, stages_per_part
 from solver.mixed.dp import DpStep, PartStep, dp_step, part_step, sync_time
+from solver.mixed.pipeline import price_pipeline
 from solver.mixed.split import split_batch
 from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
 
@@ -95,9 +93,9 @@ class MixedEstimator(EstimatorBase):
             types = [t for t, _ in cell.parts]
             why = refusal(job.runtime, job.model.num_layers, job.global_batch, pp=cell.pp, gpu_types=types)
             if why:
-                est = self._none(cell, why)
+                est = self.none(cell, why)
             else:
-                est = self._price_pipeline(job, cell, shard) if cell.pp > 1 else self._price(job, cell, shard)
+                est = price_pipeline(self, job, cell, shard) if cell.pp > 1 else self._price(job, cell, shard)
             self._cache[key] = est
         return est
 
@@ -108,7 +106,7 @@ class MixedEstimator(EstimatorBase):
             return self.costs.pricing(job.runtime)
         return pricing_of(job.runtime, self.settings.grad_sync)
 
-    def _grad_sync(self, job: JobRequest) -> str:
+    def grad_sync(self, job: JobRequest) -> str:
         return self.pricing(job).grad_sync
 
     def _held_gb(self, job: JobRequest, tp: int, ranks: int, units: int) -> tuple[float, float]:
@@ -122,7 +120,7 @@ class MixedEstimator(EstimatorBase):
         return grads, grads * ((units + 1) if ranks <= 1 else (2 * units + 2 * ranks * units - 1))
 
     @staticmethod
-    def _none(cell: Cell, note: str, mem: float = math.inf) -> Estimate:
+    def none(cell: Cell, note: str, mem: float = math.inf) -> Estimate:
         return Estimate(cell, None, math.inf, mem, EstimateSource.NONE, note)
 
     # ---- data parallel across types ----------------------------------------------------------------------
@@ -141,7 +139,7 @@ class MixedEstimator(EstimatorBase):
         bad = [e for e in subs if not e.feasible]
         out: tuple[list[Estimate], list[PartStep]] | Estimate
         if bad and not shard:
-            out = self._none(
+            out = self.none(
                 cell, f"part {bad[0].cell.key()} infeasible: {bad[0].note}", min(e.mem_per_gpu_gb for e in bad)
             )
         else:
@@ -150,9 +148,9 @@ class MixedEstimator(EstimatorBase):
                 subs = [e for e in roomy if e is not None and e.feasible]
             tps = {e.plan.tp for e in subs if e.plan is not None}
             if len(subs) != len(cell.parts):
-                out = self._none(cell, "a part has no plan even with its state sharded over the cell")
+                out = self.none(cell, "a part has no plan even with its state sharded over the cell")
             elif len(tps) != 1:
-                out = self._none(cell, f"parts want different tp {sorted(tps)}")
+                out = self.none(cell, f"parts want different tp {sorted(tps)}")
             else:
                 out = (subs, [part_step(self.costs, self.settings, part_job, e) for e in subs])
         self._parts_cache[key] = out
@@ -184,7 +182,7 @@ class MixedEstimator(EstimatorBase):
         if isinstance(got, Estimate):
             return None
         step = dp_step(
-            got[1], samples, micro_batches, units=units, grad_sync=self._grad_sync(job), slices=slices, net=self._net()
+            got[1], samples, micro_batches, units=units, grad_sync=self.grad_sync(job), slices=slices, net=self._net()
         )
         return step.time_s
 
@@ -203,7 +201,7 @@ class MixedEstimator(EstimatorBase):
         sharded (`slices`) or the sync is an all-gather)."""
         batch, vw = job.global_batch, job.virtual_workers
         ranks = [p.ranks for p in parts]
-        grad_sync = self._grad_sync(job)
+        grad_sync = self.grad_sync(job)
         per_units = vw is not None and (slices is not None or grad_sync == ALLGATHER)
         if grad_sync == REDUCE_SCATTER:  # FSDP: every rank holds 1/dp of the state and updates it
             slices = [1.0 / sum(ranks)] * len(parts)
@@ -250,7 +248,7 @@ class MixedEstimator(EstimatorBase):
         ranks = [p.ranks for p in parts]
         if vw is not None and (batch % vw or vw < sum(ranks)):
             why = "do not divide the global batch" if batch % vw else f"are fewer than the {sum(ranks)} dp ranks"
-            return self._none(cell, f"V={vw} virtual workers {why}")
+            return self.none(cell, f"V={vw} virtual workers {why}")
         costs = self.costs
         limits = [costs.mem_limit_gb(t) if costs is not None else math.inf for t, _ in cell.parts]
         src = "+".join(sorted({e.source for e in subs}))
@@ -289,13 +287,13 @@ class MixedEstimator(EstimatorBase):
                 else f"V={vw} virtual workers do not split into whole ones per rank over {'+'.join(map(str, ranks))}"
                 " ranks"
             )
-            return self._none(cell, why)
-        pick = self._pick(plain, sharded)
+            return self.none(cell, why)
+        pick = self.pick(plain, sharded)
         if pick is not None:
             return pick
         mems = least[1]
         worst_part = max(range(len(mems)), key=lambda i: mems[i] / limits[i])
-        return self._none(cell, f"OOM: {mems[worst_part]:.1f} GB per {cell.parts[worst_part][0]} GPU", max(mems))
+        return self.none(cell, f"OOM: {mems[worst_part]:.1f} GB per {cell.parts[worst_part][0]} GPU", max(mems))
 
     def _memory(self, job: JobRequest, subs: list[Estimate]) -> list[tuple[float, float]]:
         """Each part's memory per GPU (GB) as (training state, activations):
@@ -337,7 +335,7 @@ class MixedEstimator(EstimatorBase):
             out.append(max(static + act * f + (u - 1) * grads * (held > 0), static + held))
         return out
 
-    def _held_per_param(self, job: JobRequest, dp: int, units: int) -> float:
+    def held_per_param(self, job: JobRequest, dp: int, units: int) -> float:
         """Bytes per parameter the exact runtime's all-gather holds besides
         the state (counted against every stage, with its activations: an
         upper bound for pipelines across types); 0 for other runtimes."""
@@ -424,7 +422,7 @@ class MixedEstimator(EstimatorBase):
                 split.shares,
                 [split.m * u for u in split.units],
                 units=max(split.units),
-                grad_sync=self._grad_sync(job),
+                grad_sync=self.grad_sync(job),
                 slices=fractions,
                 net=self._net(),
             )
@@ -443,129 +441,9 @@ class MixedEstimator(EstimatorBase):
             max(full * x for x in fractions),
         )
 
-    def _pick(self, plain: Estimate | None, sharded: Estimate | None) -> Estimate | None:
+    def pick(self, plain: Estimate | None, sharded: Estimate | None) -> Estimate | None:
         if sharded is None:
             return plain
         if plain is None or sharded.iter_time_s < plain.iter_time_s * (1.0 - self.shard_min_gain):
             return sharded
         return plain
-
-    # ---- pipelines across types ---------------------------------------------------------------------------
-
-    def _price_pipeline(self, job: JobRequest, cell: Cell, shard: bool) -> Estimate:
-        per_part = stages_per_part(cell)
-        model, batch, vw = job.model, job.global_batch, job.virtual_workers
-        if per_part is None:
-            return self._none(cell, f"a part does not hold whole stages of {cell.num_gpus // cell.pp} GPUs")
-        if cell.pp > model.num_layers:
-            return self._none(cell, "more pipeline stages than layers")
-        costs = self.costs
-        if costs is None:
-            return self._none(cell, "pipelines across types need an estimator with per-layer costs")
-        types = [t for t, _ in cell.parts]
-        known = [costs.gpu_spec(t) for t in types]
-        specs = [s for s in known if s is not None]
-        if len(specs) != len(known):
-            return self._none(cell, "no GPU spec for a part's type")
-        per_stage, g = cell.num_gpus // cell.pp, cell.gpus_per_node
-        width = model.heads if model.heads > 1 else model.hidden
-        obpp = self.settings.optimizer_bytes_per_param
-        upd = self.settings.update_bytes
-        grad_sync = self._grad_sync(job)
-        limits = [costs.mem_limit_gb(t) * 1e9 for t in types]
-        best: tuple[float, ParallelPlan, float, float] | None = None
-        best_sharded: tuple[float, ParallelPlan, float, float] | None = None
-        for tp in (d for d in range(1, g + 1) if g % d == 0 and width % d == 0 and per_stage % d == 0):
-            dp = per_stage // tp
-            # each type's layers on the scale of the inner estimator's cells of that type (its part's layout)
-            scales = [costs.layer_scale(model, batch, Cell(t, n, g, 1), tp) for t, n in cell.parts]
-            largest = max(scales)
-            shape = (job.runtime, model.num_layers, batch, vw)
-            if refusal(*shape, pp=cell.pp, tp=tp, dp=dp, gpu_types=types):
-                continue
-            if vw is None:
-                if batch % dp:
-                    continue
-                per_worker, units = batch // dp, 1
-            else:
-                per_worker, units = batch // vw, -(-vw // dp)
-            prev = math.inf
-            for m in _divisors(per_worker):
-                if refusal(*shape, pp=cell.pp, tp=tp, dp=dp, gpu_types=types, micro_batches=m):
-                    continue
-                b = per_worker // m
-                sides = []
-                for t, spec, lim, f in zip(types, specs, limits, scales, strict=True):
-                    layers = costs.layer_costs(model, t, tp, b)
-                    if layers is None:
-                        break
-                    sides.append(TypeSide(t, _scaled(layers, f / largest), costs.links_of(t), lim, spec.mem_bw_gbps))
-                if len(sides) != len(types):
-                    continue
-                t_plain: float | None = None
-                for sharded in (False, True) if shard and dp > 1 else (False,):
-                    c = typed_pipeline_cost(
-                        sides,
-                        per_part,
-                        model.num_layers,
-                        dp=dp,
-                        tp=tp,
-                        m=m,
-                        b=b,
-                        gpus_per_node=g,
-                        dtype_bytes=model.dtype_bytes,
-                        optimizer_bytes_per_param=obpp,
-                        update_bytes_per_param=upd,
-                        grad_sync=grad_sync,
-                        units=units,
-                        sharded=sharded,
-                        held_bytes_per_param=self._held_per_param(job, dp, units),
-                    )
-                    if c is None:
-                        continue
-                    plan = ParallelPlan(
-                        cell.pp,
-                        dp,
-                        tp,
-                        m,
-                        stage_layers=c.stage_layers,
-                        state_shares=(1.0,) * len(types) if sharded else (),
-                    )
-                    cand = (c.time_s * largest, plan, c.mem_bytes / 1e9, c.state_bytes / 1e9)
-                    if sharded:
-                        if best_sharded is None or cand[0] < best_sharded[0]:
-                            best_sharded = cand
-                    elif best is None or cand[0] < best[0]:
-                        best = cand
-                    if not sharded:
-                        t_plain = cand[0]
-                if t_plain is not None and t_plain > prev:
-                    break  # past the optimum: time is unimodal in m, and the replicated plan fits here
-                prev = t_plain if t_plain is not None else prev
-
-        def est(c: tuple[float, ParallelPlan, float, float] | None) -> Estimate | None:
-            if c is None:
-                return None
-            layers = "+".join(map(str, c[1].stage_layers))
-            state = "; state sharded" if c[1].sharded else ""
-            return Estimate(
-                cell, c[1], c[0], c[2], EstimateSource.MIXED, f"pipeline across types, layers {layers}{state}", c[3]
-            )
-
-        pick = self._pick(est(best), est(best_sharded))
-        if pick is None:
-            return self._none(
-                cell, "no plan fits: the layers do not split within the stages' memory (or no valid tp/dp)"
-            )
-        return pick
-
-
-def _scaled(costs: LayerCosts, factor: float) -> LayerCosts:
-    """`costs` with every layer's compute time times `factor`."""
-    if factor == 1.0:
-        return costs
-    return dataclasses.replace(
-        costs,
-        time_per_sample=tuple(x * factor for x in costs.time_per_sample),
-        time_fixed=tuple(x * factor for x in costs.time_fixed),
-    )
