@@ -50,9 +50,9 @@ from typing import Any
 from slurm_ext.errors import CellschedError
 from slurm_ext.sim.types import AccountSpec, ClusterSpec, NodeGroup, QosSpec, SiteSpec
 from solver.contract.datafile import read_json_or_toml
+from solver.contract.jobspec import GPU_TYPE
 from solver.contract.profiles.arena import load_device_specs, shipped_path
 
-_GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 _GROUP_KEYS = {"gpu_type", "count", "gpus_per_node", "mem_gb", "nic_gbps", "rack"}
 _SITE_KEYS = {"accounts", "qos", "default_qos", "decay_half_life_s"}
 _ACCOUNT_KEYS = {"share", "gpus", "user_gpus", "users", "trace_weight"}
@@ -262,7 +262,7 @@ def _arena(data: dict, where: str) -> ClusterSpec:
 
 
 def _gpu_type(value: Any, at: str) -> str:
-    if not isinstance(value, str) or not _GPU_TYPE.match(value):
+    if not isinstance(value, str) or not GPU_TYPE.match(value):
         raise ClusterSpecError(
             f"{at}: field 'gpu_type' must be a lower-case GPU type name (letters, digits, - or _), got {value!r}"
         )
@@ -280,7 +280,7 @@ def _gbps(value: Any, at: str) -> float | None:
 
 
 def _rack(value: Any, at: str) -> str:
-    if not isinstance(value, str) or (value and not _GPU_TYPE.match(value)):
+    if not isinstance(value, str) or (value and not GPU_TYPE.match(value)):
         raise ClusterSpecError(f"{at} must be a rack name (lower-case letters, digits, - or _), got {value!r}")
     return value
 

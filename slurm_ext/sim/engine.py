@@ -82,7 +82,7 @@ from slurm_ext.wrapper.submission import provisional_gres
 from solver.contract.jobspec import JobSpec
 from solver.contract.plan import JobPlan
 from solver.contract.profiles.arena import load_sim_constants
-from solver.contract.runtimes import RUNTIMES, SOLVER_DEFAULT_RUNTIME
+from solver.contract.runtimes import SOLVER_DEFAULT_RUNTIME, UnknownRuntime, get_runtime
 from solver.estimator.protocol import EstimatorLike
 from solver.mixed import MixedEstimator
 from solver.network import Network, default_nic_gbps
@@ -173,8 +173,10 @@ class SimOptions:
             raise SimError(f"SimOptions.max_time_s must be > 0, got {self.max_time_s}")
         if not 1 <= self.min_gpus <= self.max_gpus:
             raise SimError("SimOptions: need 1 <= min_gpus <= max_gpus")
-        if self.runtime not in RUNTIMES:
-            raise SimError(f"SimOptions.runtime must be one of {', '.join(RUNTIMES)}, got {self.runtime!r}")
+        try:
+            get_runtime(self.runtime)
+        except UnknownRuntime as e:
+            raise SimError(f"SimOptions.runtime: {e}") from None
         if self.contention and self.arena_compat:
             raise SimError("contention is not modelled in arena-compat mode (Arena's simulator has none)")
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 
 from slurm_ext.errors import CellschedError
 from slurm_ext.sim.types import TraceJob
-from solver.contract.jobspec import JobSpec, JobSpecError
+from solver.contract.jobspec import GPU_TYPE, JobSpec, JobSpecError
 from solver.contract.models import ModelSpecError, get_model
 
 ARENA_COLUMNS = (
@@ -50,7 +50,6 @@ ARENA_COLUMNS = (
 SACCT_REQUIRED = ("JobID", "Submit", "AllocTRES")
 DEFAULT_MODEL = "gpt-1.3b"
 DEFAULT_BATCH = 128
-_GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 _TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}$")
 _NO_TIME = ("", "unknown", "none")
 
@@ -106,7 +105,7 @@ def read_arena_trace(path: str | os.PathLike, *, iteration_scale: int = 1) -> tu
                 raise TraceError(path, line, "job_id", f"duplicate job id {job_id!r} (first on line {seen[job_id]})")
             seen[job_id] = line
             gpu_type = raw["gpu_type"] or None
-            if gpu_type is not None and not _GPU_TYPE.match(gpu_type):
+            if gpu_type is not None and not GPU_TYPE.match(gpu_type):
                 raise TraceError(path, line, "gpu_type", f"must be a lower-case GPU type name, got {gpu_type!r}")
             jobs.append(
                 TraceJob(

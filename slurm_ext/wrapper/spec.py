@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import pathlib
-import re
 from collections.abc import Mapping
 
 from slurm_ext.wrapper.model import load_model
 from slurm_ext.wrapper.options import Setting, WrapperError
 from slurm_ext.wrapper.values import NAME, field_name, name_list, one_line, whole_number
-from solver.contract.jobspec import JobSpec, JobSpecError
-from solver.contract.runtimes import DEFAULT_RUNTIME, RUNTIMES, SUBMITTABLE
+from solver.contract.jobspec import GPU_TYPE, JobSpec, JobSpecError
+from solver.contract.runtimes import DEFAULT_RUNTIME, SUBMITTABLE, UnknownRuntime, get_runtime
 
-_GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 #: JobSpecError field -> the option that sets it
 _SPEC_TO_OPTION = {
     "global_batch": "global-batch",
@@ -33,8 +31,12 @@ def runtime_of(setting: Setting | None) -> str:
     if setting is None:
         return DEFAULT_RUNTIME
     name = str(setting.value).strip()
-    if name not in SUBMITTABLE:
-        why = "is the simulator's runtime for trace jobs" if name in RUNTIMES else "is not a runtime"
+    try:
+        submittable = get_runtime(name).submittable
+        why = "is the simulator's runtime for trace jobs"
+    except UnknownRuntime:
+        submittable, why = False, "is not a runtime"
+    if not submittable:
         raise WrapperError(field_name("runtime", setting), f"{name!r} {why}; known: {', '.join(SUBMITTABLE)}")
     return name
 
@@ -67,9 +69,9 @@ def build_spec(settings: Mapping[str, Setting], cwd: pathlib.Path) -> JobSpec:
             f"{workers} does not divide global-batch ({global_batch})",
         )
     gpu_types = (
-        name_list("gpu-types", settings["gpu-types"], _GPU_TYPE, "GPU type name") if "gpu-types" in settings else None
+        name_list("gpu-types", settings["gpu-types"], GPU_TYPE, "GPU type name") if "gpu-types" in settings else None
     )
-    gpu_type = one_line("gpu-type", get("gpu-type"), _GPU_TYPE, "a GPU type name")
+    gpu_type = one_line("gpu-type", get("gpu-type"), GPU_TYPE, "a GPU type name")
     if gpu_type is not None and gpu_types is not None and gpu_type not in gpu_types:
         raise WrapperError(
             field_name("gpu-type", settings["gpu-type"]), f"{gpu_type!r} is not among gpu-types ({','.join(gpu_types)})"

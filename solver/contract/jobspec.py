@@ -29,7 +29,7 @@ from typing import Any
 from solver import contract
 from solver.contract.errors import SolverError
 from solver.contract.models import ModelSpec, ModelSpecError, get_model, spec_from_dict
-from solver.contract.runtimes import DEFAULT_RUNTIME, RUNTIMES
+from solver.contract.runtimes import DEFAULT_RUNTIME, RUNTIMES, UnknownRuntime, get_runtime
 
 TAG = "cellsched/v1 "
 #: the Comment of a managed job once job_submit.lua moved its spec to AdminComment
@@ -40,8 +40,10 @@ SPEC_VERSION = 1
 MAX_COMMENT_BYTES = 1024
 #: a spec travels in the Comment after TAG; anything larger is refused before it reaches Slurm
 MAX_SPEC_BYTES = MAX_COMMENT_BYTES - len(TAG)
-_GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
-_PARTITION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+#: a GPU type name (a GRES type and node Feature): what every reader of one checks it against
+GPU_TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+#: a Slurm partition name
+PARTITION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _PRINTABLE = re.compile(r"^[^\x00-\x1f\x7f]{1,255}$")
 
 
@@ -101,7 +103,7 @@ class JobSpec:
             if not isinstance(self.gpu_types, tuple) or not self.gpu_types:
                 raise JobSpecError("gpu_types", "must be a non-empty list of GPU type names")
             for t in self.gpu_types:
-                if not isinstance(t, str) or not _GPU_TYPE.match(t):
+                if not isinstance(t, str) or not GPU_TYPE.match(t):
                     raise JobSpecError(
                         "gpu_types", f"{t!r} is not a GPU type name (lower-case letters, digits, - or _)"
                     )
@@ -109,16 +111,18 @@ class JobSpec:
             if not isinstance(self.partitions, tuple) or not self.partitions:
                 raise JobSpecError("partitions", "must be a non-empty list of partition names")
             for p in self.partitions:
-                if not isinstance(p, str) or not _PARTITION.match(p):
+                if not isinstance(p, str) or not PARTITION.match(p):
                     raise JobSpecError(
                         "partitions", f"{p!r} is not a partition name (letters, digits, '.', '_' or '-')"
                     )
         if self.requested_gpu_type is not None and (
-            not isinstance(self.requested_gpu_type, str) or not _GPU_TYPE.match(self.requested_gpu_type)
+            not isinstance(self.requested_gpu_type, str) or not GPU_TYPE.match(self.requested_gpu_type)
         ):
             raise JobSpecError("requested_gpu_type", f"{self.requested_gpu_type!r} is not a GPU type name")
-        if not isinstance(self.runtime, str) or self.runtime not in RUNTIMES:
-            raise JobSpecError("runtime", f"unknown runtime {self.runtime!r} (known: {', '.join(RUNTIMES)})")
+        try:
+            get_runtime(self.runtime)
+        except UnknownRuntime as e:
+            raise JobSpecError("runtime", str(e)) from None
         if self.virtual_workers is not None and not RUNTIMES[self.runtime].virtual_workers:
             raise JobSpecError(
                 "virtual_workers",

@@ -15,7 +15,7 @@ from fractions import Fraction
 from typing import Any
 
 from solver.contract.errors import SolverError
-from solver.contract.runtimes import RUNTIMES
+from solver.contract.runtimes import RUNTIMES, UnknownRuntime, get_runtime
 
 PLAN_VERSION = 1
 #: Slurm keeps comments of any length, but a plan stays small: refuse a plan
@@ -118,8 +118,13 @@ class JobPlan:
                     f"plan field 'virtual_workers' ({self.virtual_workers}) must be at least dp ({self.dp}):"
                     " every dp rank runs at least one virtual worker"
                 )
-        if self.runtime is not None and (not isinstance(self.runtime, str) or self.runtime not in RUNTIMES):
-            raise PlanError(f"plan field 'runtime' must be one of {', '.join(RUNTIMES)}, got {self.runtime!r}")
+        if self.runtime is not None:
+            try:
+                get_runtime(self.runtime)
+            except UnknownRuntime:
+                raise PlanError(
+                    f"plan field 'runtime' must be one of {', '.join(RUNTIMES)}, got {self.runtime!r}"
+                ) from None
         if self.version > PLAN_VERSION:
             raise PlanError(f"plan version {self.version} is newer than this cellsched understands ({PLAN_VERSION})")
 
