@@ -64,6 +64,19 @@ GRAD_SYNCS = (ALLREDUCE, ALLGATHER)
 
 
 @dataclass(frozen=True)
+class Ranks:
+    """Where a plan's stages run: `dp` x `tp` ranks per stage, laid out in
+    order on nodes of `gpus_per_node` GPUs that talk over `links`, training
+    a model of `dtype_bytes` per parameter."""
+
+    dp: int
+    tp: int
+    gpus_per_node: int
+    links: Links
+    dtype_bytes: int
+
+
+@dataclass(frozen=True)
 class PlanCost:
     """Iteration time (s) and peak per-GPU memory (bytes) of one plan."""
 
@@ -85,14 +98,13 @@ def stage_spans_nodes(stage: int, ranks_per_stage: int, gpus_per_node: int) -> b
     return first // gpus_per_node != (first + ranks_per_stage - 1) // gpus_per_node
 
 
-def dp_sync_time(
-    st: StageCosts, *, dp: int, tp: int, gpus_per_node: int, links: Links, collective: str = ALLREDUCE, units: int = 1
-) -> float:
+def dp_sync_time(st: StageCosts, at: Ranks, *, collective: str = ALLREDUCE, units: int = 1) -> float:
     """Gradient sync of the slowest stage (stages sync in parallel): a ring
     all-reduce of its gradient, or (ALLGATHER) an all-gather of the `units`
     gradients each rank holds, summed locally in rank order."""
     if collective not in GRAD_SYNCS:
         raise ValueError(f"gradient sync must be one of {GRAD_SYNCS}, got {collective!r}")
+    dp, tp, gpus_per_node, links = at.dp, at.tp, at.gpus_per_node, at.links
     if dp <= 1:
         return 0.0
     s, sync = dp * tp, 0.0
@@ -116,19 +128,11 @@ def update_time(st: StageCosts, *, dtype_bytes: int, update_bytes_per_param: flo
 
 
 def pipeline_cost(
-    st: StageCosts,
-    *,
-    dp: int,
-    tp: int,
-    m: int,
-    b: float,
-    gpus_per_node: int,
-    links: Links,
-    dtype_bytes: int,
-    optimizer_bytes_per_param: float,
+    st: StageCosts, at: Ranks, *, m: int, b: float, optimizer_bytes_per_param: float
 ) -> tuple[float, float]:
     """(time without the gradient sync, peak memory) of a plan; see plan_cost."""
-    pp, s, g = st.pp, dp * tp, gpus_per_node
+    tp, links, dtype_bytes = at.tp, at.links, at.dtype_bytes
+    pp, s, g = st.pp, at.dp * tp, at.gpus_per_node
     intra = links.intra
     slowest = total = p2p = peak = 0.0
     for k in range(pp):
@@ -155,34 +159,20 @@ def pipeline_cost(
 
 def plan_cost(
     st: StageCosts,
+    at: Ranks,
     *,
-    dp: int,
-    tp: int,
     m: int,
     b: float,
-    gpus_per_node: int,
-    links: Links,
-    dtype_bytes: int,
     optimizer_bytes_per_param: float,
     mem_bw_gbps: float = 0.0,
     update_bytes_per_param: float | None = None,
 ) -> PlanCost:
-    """Time and memory of plan (st.pp, dp, tp) with m micro-batches of b samples
+    """Time and memory of plan (st.pp, at.dp, at.tp) with m micro-batches of b samples
     (the update is priced when `mem_bw_gbps` is given)."""
-    t, mem = pipeline_cost(
-        st,
-        dp=dp,
-        tp=tp,
-        m=m,
-        b=b,
-        gpus_per_node=gpus_per_node,
-        links=links,
-        dtype_bytes=dtype_bytes,
-        optimizer_bytes_per_param=optimizer_bytes_per_param,
-    )
+    t, mem = pipeline_cost(st, at, m=m, b=b, optimizer_bytes_per_param=optimizer_bytes_per_param)
     upd = 2 * optimizer_bytes_per_param if update_bytes_per_param is None else update_bytes_per_param
-    t += update_time(st, dtype_bytes=dtype_bytes, update_bytes_per_param=upd, mem_bw_gbps=mem_bw_gbps)
-    return PlanCost(t + dp_sync_time(st, dp=dp, tp=tp, gpus_per_node=gpus_per_node, links=links), mem)
+    t += update_time(st, dtype_bytes=at.dtype_bytes, update_bytes_per_param=upd, mem_bw_gbps=mem_bw_gbps)
+    return PlanCost(t + dp_sync_time(st, at), mem)
 
 
 def state_split(dtype_bytes: int, optimizer_bytes_per_param: float) -> tuple[float, float]:
@@ -234,21 +224,12 @@ def sharded_sync_time(links: Links, link: str, nbytes: float, dp: int, units: in
 
 
 def sharded_step_time(
-    st: StageCosts,
-    *,
-    dp: int,
-    tp: int,
-    gpus_per_node: int,
-    links: Links,
-    units: int,
-    fraction: float,
-    dtype_bytes: int,
-    update_bytes_per_param: float,
-    mem_bw_gbps: float,
+    st: StageCosts, at: Ranks, *, units: int, fraction: float, update_bytes_per_param: float, mem_bw_gbps: float
 ) -> float:
     """Gradient reduce, slice update and all-gather of the slowest stage with
     sharded state (module doc); `fraction`: the largest slice's share of a
     stage's parameters, `units` the gradients each rank holds."""
+    dp, tp, links, dtype_bytes = at.dp, at.tp, at.links, at.dtype_bytes
     if dp <= 1:
         return update_time(
             st, dtype_bytes=dtype_bytes, update_bytes_per_param=update_bytes_per_param, mem_bw_gbps=mem_bw_gbps
@@ -256,7 +237,7 @@ def sharded_step_time(
     s, comm = dp * tp, 0.0
     for k in range(st.pp):
         link, nbytes = links.intra, st.param_bytes[k]
-        if stage_spans_nodes(k, s, gpus_per_node):
+        if stage_spans_nodes(k, s, at.gpus_per_node):
             link, nbytes = NET, nbytes * tp
         comm = max(comm, sharded_sync_time(links, link, nbytes, dp, units, fraction))
     upd = 0.0

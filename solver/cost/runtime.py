@@ -81,7 +81,7 @@ from dataclasses import dataclass
 from solver.contract.runtimes import GradSync, Runtime, State, get_runtime
 from solver.cost.comm import NET, Links
 from solver.cost.layers import StageCosts
-from solver.cost.pipeline import ALLGATHER, ALLREDUCE, stage_spans_nodes
+from solver.cost.pipeline import ALLGATHER, ALLREDUCE, Ranks, stage_spans_nodes
 
 #: FSDP: parameters all-gathered, gradients reduce-scattered
 REDUCE_SCATTER = str(GradSync.REDUCE_SCATTER)
@@ -125,11 +125,11 @@ def pricing_of(name: str, grad_sync: str = ALLREDUCE) -> Pricing:
     return Pricing(rt, str(rt.grad_sync), str(rt.state))
 
 
-def _stage_link(links: Links, st: StageCosts, k: int, dp: int, tp: int, gpus_per_node: int) -> tuple[str, float]:
+def _stage_link(st: StageCosts, k: int, at: Ranks) -> tuple[str, float]:
     """The link a stage's dp sync runs on and its bytes per rank (a node's tp rings share its card)."""
-    if stage_spans_nodes(k, dp * tp, gpus_per_node):
-        return NET, st.param_bytes[k] * tp
-    return links.intra, st.param_bytes[k]
+    if stage_spans_nodes(k, at.dp * at.tp, at.gpus_per_node):
+        return NET, st.param_bytes[k] * at.tp
+    return at.links.intra, st.param_bytes[k]
 
 
 def reduce_scatter(links: Links, link: str, nbytes: float, n: int) -> float:
@@ -137,14 +137,15 @@ def reduce_scatter(links: Links, link: str, nbytes: float, n: int) -> float:
     return links.allgather(link, nbytes / n, n) if n > 1 else 0.0
 
 
-def fsdp_sync_time(st: StageCosts, *, dp: int, tp: int, m: int, gpus_per_node: int, links: Links) -> float:
+def fsdp_sync_time(st: StageCosts, at: Ranks, *, m: int) -> float:
     """FSDP's communication of the slowest stage (module doc): 2 m parameter
     all-gathers and m gradient reduce-scatters (one with pp > 1)."""
+    dp, links = at.dp, at.links
     if dp <= 1:
         return 0.0
     out, scatters = 0.0, m if st.pp == 1 else 1
     for k in range(st.pp):
-        link, nbytes = _stage_link(links, st, k, dp, tp, gpus_per_node)
+        link, nbytes = _stage_link(st, k, at)
         # one collective per FSDP unit: the stage's blocks and the stage itself (the root)
         units = (st.blocks[k] if st.blocks else st.layers[k]) + 1
         per = nbytes / units
@@ -153,13 +154,14 @@ def fsdp_sync_time(st: StageCosts, *, dp: int, tp: int, m: int, gpus_per_node: i
     return out
 
 
-def zero1_allreduce_time(st: StageCosts, *, dp: int, tp: int, gpus_per_node: int, links: Links) -> float:
+def zero1_allreduce_time(st: StageCosts, at: Ranks) -> float:
     """Megatron's distributed optimizer: reduce-scatter of the gradients and all-gather of the parameters."""
+    dp, links = at.dp, at.links
     if dp <= 1:
         return 0.0
     out = 0.0
     for k in range(st.pp):
-        link, nbytes = _stage_link(links, st, k, dp, tp, gpus_per_node)
+        link, nbytes = _stage_link(st, k, at)
         out = max(out, reduce_scatter(links, link, nbytes, dp) + links.allgather(link, nbytes / dp, dp))
     return out
 

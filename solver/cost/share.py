@@ -21,7 +21,7 @@ from solver.contract.profiles.gpus import default_gpu_specs
 from solver.contract.profiles.records import GpuSpec
 from solver.cost.comm import Links
 from solver.cost.layers import StageCosts, analytic_layers, split_stages
-from solver.cost.pipeline import boundary_crosses_nodes, dp_sync_time, pipeline_cost
+from solver.cost.pipeline import Ranks, boundary_crosses_nodes, dp_sync_time, pipeline_cost
 from solver.types import Cell, ParallelPlan
 
 #: the analytic model's assumptions (as the estimator's defaults)
@@ -65,18 +65,9 @@ def _share(model: ModelSpec, batch: int, gpu_type: str, gpus_per_node: int, plan
     st = _stages(model, spec, tp, plan.pp)
 
     def time_with(links: Links) -> float:
-        t, _ = pipeline_cost(
-            st,
-            dp=plan.dp,
-            tp=tp,
-            m=m,
-            b=b,
-            gpus_per_node=gpus_per_node,
-            links=links,
-            dtype_bytes=model.dtype_bytes,
-            optimizer_bytes_per_param=2.0 * model.dtype_bytes,
-        )
-        return t + dp_sync_time(st, dp=plan.dp, tp=tp, gpus_per_node=gpus_per_node, links=links)
+        at = Ranks(plan.dp, tp, gpus_per_node, links, model.dtype_bytes)
+        t, _ = pipeline_cost(st, at, m=m, b=b, optimizer_bytes_per_param=2.0 * model.dtype_bytes)
+        return t + dp_sync_time(st, at)
 
     full = time_with(Links(spec, {}))
     free = time_with(Links(replace(spec, inter_bw_gbps=_FREE_GBPS), {}))

@@ -16,9 +16,16 @@ from typing import NamedTuple
 
 from solver.contract.models import ModelSpec
 from solver.contract.runtimes import refusal
-from solver.cost.comm import Links
 from solver.cost.layers import StageCosts
-from solver.cost.pipeline import ALLGATHER, dp_sync_time, pipeline_cost, sharded_step_time, state_split, update_time
+from solver.cost.pipeline import (
+    ALLGATHER,
+    Ranks,
+    dp_sync_time,
+    pipeline_cost,
+    sharded_step_time,
+    state_split,
+    update_time,
+)
 from solver.cost.runtime import (
     ADD_SWEEP,
     COPY_SWEEP,
@@ -54,16 +61,11 @@ class Cand(NamedTuple):
 
 
 class StepAt(NamedTuple):
-    """Where a step's end is priced: dp x tp ranks, `g` GPUs a node on
-    `links`, `k` gradient units per rank, the model's dtype and the GPU's
-    memory bandwidth."""
+    """Where a step's end is priced: its `ranks`, `k` gradient units per
+    rank and the GPU's memory bandwidth."""
 
-    dp: int
-    tp: int
-    g: int
-    links: Links
+    ranks: Ranks
     k: int
-    dtype_bytes: int
     mem_bw: float
 
 
@@ -207,6 +209,7 @@ class PlanSearch:
                 per_worker, k = batch // dp, 1
             else:  # the busiest rank runs k virtual workers of batch / V samples in turn
                 per_worker, k = batch // vw, -(-vw // dp)
+            at = Ranks(dp, tp, g, links, model.dtype_bytes)
             prev, last_st, sync, accumulate = math.inf, None, 0.0, 0.0
             for m in divisors(per_worker):
                 if pp > 1 and refusal(rt, layers, batch, vw, pp=pp, tp=tp, dp=dp, micro_batches=m):
@@ -221,7 +224,7 @@ class PlanSearch:
                         continue
                     st = even
                 if st is not last_st:  # gradient sync and weight update: once per iteration
-                    sync = self.sync_and_update(st, StepAt(dp, tp, g, links, k, model.dtype_bytes, mem_bw), pr)
+                    sync = self.sync_and_update(st, StepAt(at, k, mem_bw), pr)
                     # the runtimes' autograd adds each micro-batch's gradients into the step's (the
                     # simulator's runtime: only at the settings' accumulate_bytes_per_param)
                     acc = ADD_SWEEP * model.dtype_bytes if pr.own else self.settings.accumulate_bytes_per_param
@@ -232,20 +235,12 @@ class PlanSearch:
                         sync += (dp * k - 1) * accumulate
                     last_st = st
                 t, mem = pipeline_cost(
-                    st,
-                    dp=dp,
-                    tp=tp,
-                    m=m,
-                    b=b,
-                    gpus_per_node=g,
-                    links=links,
-                    dtype_bytes=model.dtype_bytes,
-                    optimizer_bytes_per_param=self.settings.optimizer_bytes_per_param,
+                    st, at, m=m, b=b, optimizer_bytes_per_param=self.settings.optimizer_bytes_per_param
                 )
                 t += (m - 1) * accumulate  # the largest stage adds m - 1 micro-batches into its gradients
                 t = (t if k == 1 else k * t) + sync
                 if pr.own and pr.fsdp:  # FSDP's parameter all-gathers and gradient reduce-scatters, every micro-batch
-                    t += fsdp_sync_time(st, dp=dp, tp=tp, m=m, gpus_per_node=g, links=links)
+                    t += fsdp_sync_time(st, at, m=m)
                 mem = self.memory.replicated(pr, st, model, dp=dp, tp=tp, m=m, b=b, k=k, base=mem)
                 i = len(plans)
                 plans.append(Cand(dp, tp, m, t, mem, st.blocks, -1, -1.0))
@@ -265,19 +260,12 @@ class PlanSearch:
         rank) and the weight update, as the runtime priced by `pr` does them
         (None: the settings' own; FSDP: the update of 1/dp of the state, its
         communication is per micro-batch, see `found`)."""
-        d, dp, mem_bw = at.dtype_bytes, at.dp, at.mem_bw
+        d, dp, mem_bw = at.ranks.dtype_bytes, at.ranks.dp, at.mem_bw
         upd = update_time(st, dtype_bytes=d, update_bytes_per_param=self.settings.update_bytes, mem_bw_gbps=mem_bw)
         if pr is not None and pr.fsdp:
             return upd / dp
-        sync = dp_sync_time(
-            st,
-            dp=dp,
-            tp=at.tp,
-            gpus_per_node=at.g,
-            links=at.links,
-            collective=self.settings.grad_sync if pr is None else pr.grad_sync,
-            units=at.k,
-        )
+        collective = self.settings.grad_sync if pr is None else pr.grad_sync
+        sync = dp_sync_time(st, at.ranks, collective=collective, units=at.k)
         if pr is not None and pr.own and pr.grad_sync == ALLGATHER:  # its copies and the ordered sum's adds
             upd += sweep_time(st, dtype_bytes=d, bytes_per_param=exact_copy_bytes(d, dp, at.k), mem_bw_gbps=mem_bw)
         return sync + upd
@@ -305,26 +293,12 @@ class PlanSearch:
         def delta(st: StageCosts, dp: int, tp: int, k: int) -> float:
             key = (cell.gpu_type, id(st), dp, k, g, rt)
             if key not in steps:
-                at = StepAt(dp, tp, g, links, k, model.dtype_bytes, mem_bw)
+                at = StepAt(Ranks(dp, tp, g, links, model.dtype_bytes), k, mem_bw)
                 if pr.own:
                     steps[key] = self._zero1_step(st, at, pr) - self.sync_and_update(st, at, pr)
                     return steps[key]
                 plain_step = self.sync_and_update(st, at)
-                steps[key] = (
-                    sharded_step_time(
-                        st,
-                        dp=dp,
-                        tp=tp,
-                        gpus_per_node=g,
-                        links=links,
-                        units=k,
-                        fraction=1.0 / dp,
-                        dtype_bytes=model.dtype_bytes,
-                        update_bytes_per_param=settings.update_bytes,
-                        mem_bw_gbps=mem_bw,
-                    )
-                    - plain_step
-                )
+                steps[key] = self._sharded_step(st, at) - plain_step
             return steps[key]
 
         twins: list[tuple[int, StageCosts, int, int]] = []  # (replicated plan, its stages, b, k)
@@ -361,23 +335,23 @@ class PlanSearch:
         does it: the exact runtime's gathers to the owners and its copies
         (``launch.sharding``), else a reduce-scatter and an all-gather
         (Megatron's distributed optimizer); the update of 1/dp."""
-        upd, dp, tp, g, links, k, d, mem_bw = self.settings.update_bytes, *at
+        upd, dp, k, d, mem_bw = self.settings.update_bytes, at.ranks.dp, at.k, at.ranks.dtype_bytes, at.mem_bw
         if pr.grad_sync == ALLGATHER:
             extra = 2 * COPY_SWEEP * d + max(0, dp * k - 1) * ADD_SWEEP * d / dp  # flatten, stack; the slice's adds
-            return sharded_step_time(
-                st,
-                dp=dp,
-                tp=tp,
-                gpus_per_node=g,
-                links=links,
-                units=k,
-                fraction=1.0 / dp,
-                dtype_bytes=d,
-                update_bytes_per_param=upd,
-                mem_bw_gbps=mem_bw,
-            ) + sweep_time(st, dtype_bytes=d, bytes_per_param=extra, mem_bw_gbps=mem_bw)
-        comm = zero1_allreduce_time(st, dp=dp, tp=tp, gpus_per_node=g, links=links)
+            return self._sharded_step(st, at) + sweep_time(st, dtype_bytes=d, bytes_per_param=extra, mem_bw_gbps=mem_bw)
+        comm = zero1_allreduce_time(st, at.ranks)
         return comm + update_time(st, dtype_bytes=d, update_bytes_per_param=upd, mem_bw_gbps=mem_bw) / dp
+
+    def _sharded_step(self, st: StageCosts, at: StepAt) -> float:
+        """The sharded step (solver.cost.pipeline.sharded_step_time): the slices of 1/dp each."""
+        return sharded_step_time(
+            st,
+            at.ranks,
+            units=at.k,
+            fraction=1.0 / at.ranks.dp,
+            update_bytes_per_param=self.settings.update_bytes,
+            mem_bw_gbps=at.mem_bw,
+        )
 
     def state_gb(self, md: ModelData, batch: int, cell: Cell, found: Found, i: int, rt: str, vw: int | None) -> float:
         """The optimizer state (GB per GPU, at the stage of peak memory) of

@@ -43,7 +43,15 @@ from solver.contract.profiles.gpus import default_gpu_specs
 from solver.contract.profiles.records import GpuSpec
 from solver.cost.comm import NET, Links
 from solver.cost.layers import analytic_layers, split_stages
-from solver.cost.pipeline import ALLGATHER, ALLREDUCE, dp_sync_time, pipeline_cost, sharded_sync_time, update_time
+from solver.cost.pipeline import (
+    ALLGATHER,
+    ALLREDUCE,
+    Ranks,
+    dp_sync_time,
+    pipeline_cost,
+    sharded_sync_time,
+    update_time,
+)
 from solver.cost.runtime import REDUCE_SCATTER
 from solver.estimator.protocol import CostModel, CostSettings
 from solver.types import Estimate, JobRequest
@@ -116,20 +124,12 @@ def part_step(costs: CostModel | None, settings: CostSettings, job: JobRequest, 
 
     def one(size: float) -> float:  # one micro-batch of `size` samples on one rank
         return pipeline_cost(
-            st,
-            dp=1,
-            tp=tp,
-            m=1,
-            b=size,
-            gpus_per_node=g,
-            links=links,
-            dtype_bytes=model.dtype_bytes,
-            optimizer_bytes_per_param=obpp,
+            st, Ranks(1, tp, g, links, model.dtype_bytes), m=1, b=size, optimizer_bytes_per_param=obpp
         )[0]
 
     per_sample = max(0.0, (one(2 * b) - one(b)) / b)
     per_micro = max(0.0, one(b) - per_sample * b)
-    sync = dp_sync_time(st, dp=ranks, tp=tp, gpus_per_node=g, links=links, collective=settings.grad_sync)
+    sync = dp_sync_time(st, Ranks(ranks, tp, g, links, model.dtype_bytes), collective=settings.grad_sync)
     upd = update_time(
         st,
         dtype_bytes=model.dtype_bytes,

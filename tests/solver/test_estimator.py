@@ -17,7 +17,7 @@ from solver.contract.profiles.seed import open_store
 from solver.contract.profiles.store import ProfileStore
 from solver.cost.comm import CommCurve, Links, gather_factor, load_curves, ring_factor
 from solver.cost.layers import balanced_sizes
-from solver.cost.pipeline import ALLGATHER, boundary_crosses_nodes, dp_sync_time, stage_spans_nodes
+from solver.cost.pipeline import ALLGATHER, Ranks, boundary_crosses_nodes, dp_sync_time, stage_spans_nodes
 from solver.estimator import Estimator
 from solver.types import Cell, JobRequest
 
@@ -240,15 +240,14 @@ def test_dp_sync_time_by_collective():
 
     st = split_stages(layers_from_records(layer_recs("g", 1, TIMES)), 2, 2.0)  # [1,2 | 3,2]: 6000 B each
     links = Links(G, load_curves(gather_store().comm("nvlink", "allgather")))
-    assert dp_sync_time(st, dp=2, tp=1, gpus_per_node=4, links=links, collective=ALLGATHER) == pytest.approx(6.0)
-    assert dp_sync_time(st, dp=2, tp=1, gpus_per_node=4, links=links, collective=ALLGATHER, units=3) == pytest.approx(
-        18.0
-    )
+    two, one = Ranks(2, 1, 4, links, 2), Ranks(1, 1, 4, links, 2)
+    assert dp_sync_time(st, two, collective=ALLGATHER) == pytest.approx(6.0)
+    assert dp_sync_time(st, two, collective=ALLGATHER, units=3) == pytest.approx(18.0)
     # no all-reduce curve here: the nvlink datasheet, 2 latencies + 6000 B at 100 GB/s
-    assert dp_sync_time(st, dp=2, tp=1, gpus_per_node=4, links=links) == pytest.approx(2e-5 + 6000 / 100e9)
-    assert dp_sync_time(st, dp=1, tp=1, gpus_per_node=4, links=links, collective=ALLGATHER) == 0.0
+    assert dp_sync_time(st, two) == pytest.approx(2e-5 + 6000 / 100e9)
+    assert dp_sync_time(st, one, collective=ALLGATHER) == 0.0
     with pytest.raises(ValueError):
-        dp_sync_time(st, dp=2, tp=1, gpus_per_node=4, links=links, collective="broadcast")
+        dp_sync_time(st, two, collective="broadcast")
 
 
 def test_picks_fastest_plan_that_fits():

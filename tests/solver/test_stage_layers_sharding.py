@@ -17,7 +17,7 @@ from solver.contract.profiles.seed import open_store
 from solver.contract.profiles.store import ProfileStore
 from solver.cost.comm import Links
 from solver.cost.layers import layers_from_records, split_stages, stage_layers_for, uniform_sizes
-from solver.cost.pipeline import sharded_memory, sharded_step_time, state_split
+from solver.cost.pipeline import Ranks, sharded_memory, sharded_step_time, state_split
 from solver.estimator import Estimator
 from solver.policies.cellsched import CellschedPolicy
 from solver.types import Cell, ClusterView, JobRequest, NodeView, ParallelPlan, ScheduleRequest, SolverConfig
@@ -157,16 +157,7 @@ def test_sharded_step_by_hand():
     st_ = split_stages(layers_from_records(profile("g")), 1, 2.0)  # 12000 B
     links = Links(spec("g", 80.0), {})
     t = sharded_step_time(
-        st_,
-        dp=2,
-        tp=1,
-        gpus_per_node=2,
-        links=links,
-        units=1,
-        fraction=0.5,
-        dtype_bytes=2,
-        update_bytes_per_param=32.0,
-        mem_bw_gbps=1000.0,
+        st_, Ranks(2, 1, 2, links, 2), units=1, fraction=0.5, update_bytes_per_param=32.0, mem_bw_gbps=1000.0
     )
     gather = 1e-5 + 12000 / 100e9
     slices = 1e-5 + 6000 / 100e9
