@@ -185,7 +185,7 @@ class TableCosts:
         """Memory a stage may use per GPU (our estimator's: Arena's tables have no memory figure)."""
         return self.table.fallback().mem_limit_gb(gpu_type)
 
-    def plans(self, model: ModelSpec, global_batch: int, cell: Cell) -> list[tuple[ParallelPlan, float, float]] | None:
+    def plans(self, job: JobRequest, cell: Cell) -> list[tuple[ParallelPlan, float, float]] | None:
         return None
 
 

@@ -99,22 +99,8 @@ class JobSpec:
                 _int_field(name, getattr(self, name), 1, 100_000)
         if not isinstance(self.elastic, bool):
             raise JobSpecError("elastic", f"must be true or false, got {self.elastic!r}")
-        if self.gpu_types is not None:
-            if not isinstance(self.gpu_types, tuple) or not self.gpu_types:
-                raise JobSpecError("gpu_types", "must be a non-empty list of GPU type names")
-            for t in self.gpu_types:
-                if not isinstance(t, str) or not GPU_TYPE.match(t):
-                    raise JobSpecError(
-                        "gpu_types", f"{t!r} is not a GPU type name (lower-case letters, digits, - or _)"
-                    )
-        if self.partitions is not None:
-            if not isinstance(self.partitions, tuple) or not self.partitions:
-                raise JobSpecError("partitions", "must be a non-empty list of partition names")
-            for p in self.partitions:
-                if not isinstance(p, str) or not PARTITION.match(p):
-                    raise JobSpecError(
-                        "partitions", f"{p!r} is not a partition name (letters, digits, '.', '_' or '-')"
-                    )
+        _names("gpu_types", self.gpu_types, GPU_TYPE, "GPU type name", " (lower-case letters, digits, - or _)")
+        _names("partitions", self.partitions, PARTITION, "partition name", " (letters, digits, '.', '_' or '-')")
         if self.requested_gpu_type is not None and (
             not isinstance(self.requested_gpu_type, str) or not GPU_TYPE.match(self.requested_gpu_type)
         ):
@@ -219,6 +205,17 @@ def spec_of_job(comment: str | None, admin_comment: str | None) -> JobSpec | Non
 
 def is_managed_comment(comment: str | None) -> bool:
     return comment is not None and comment.startswith(TAG)
+
+
+def _names(field: str, value: object, pattern: re.Pattern[str], what: str, hint: str) -> None:
+    """JobSpecError unless `value` is None or a non-empty tuple of names matching `pattern`."""
+    if value is None:
+        return
+    if not isinstance(value, tuple) or not value:
+        raise JobSpecError(field, f"must be a non-empty list of {what}s")
+    for name in value:
+        if not isinstance(name, str) or not pattern.match(name):
+            raise JobSpecError(field, f"{name!r} is not a {what}{hint}")
 
 
 def _int_field(name: str, value: object, lo: int, hi: int) -> None:

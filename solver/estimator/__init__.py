@@ -221,24 +221,17 @@ class Estimator(EstimatorBase):
         """Memory a plan may use per GPU of this type (inf when the type is unknown)."""
         return self.profiles.mem_limit_gb(gpu_type)
 
-    def plans(
-        self,
-        model: ModelSpec,
-        global_batch: int,
-        cell: Cell,
-        virtual_workers: int | None = None,
-        state_sharding: bool = False,
-        runtime: str = SOLVER_DEFAULT_RUNTIME,
-    ) -> list[tuple[ParallelPlan, float, float]]:
-        """Every candidate plan of the cell under its model source (composed,
-        else analytic, calibrated as in `estimate`): (plan, iteration time s,
-        peak memory GB per GPU), feasible or not; with V = `virtual_workers`,
-        those of the module doc's virtual-worker search; with
-        `state_sharding`, also each plan of dp > 1 with its state sharded;
-        under `runtime`, its plans only, priced as it runs them."""
-        md = self.profiles.data(model)
-        shard = state_sharding and self.pricing(runtime).may_shard_optimizer
-        found = self.search.found(md, global_batch, cell, runtime, every=True, vw=virtual_workers, shard=shard)
+    def plans(self, job: JobRequest, cell: Cell) -> list[tuple[ParallelPlan, float, float]]:
+        """Every candidate plan of `job` in the cell under its model source
+        (composed, else analytic, calibrated as in `estimate`): (plan,
+        iteration time s, peak memory GB per GPU), feasible or not; with the
+        job's V, those of the module doc's virtual-worker search; where the
+        job may shard its state, also each plan of dp > 1 with its state
+        sharded; under its runtime, its plans only, priced as it runs them."""
+        md = self.profiles.data(job.model)
+        runtime, global_batch = job.runtime, job.global_batch
+        shard = job.state_sharding and self.pricing(runtime).may_shard_optimizer
+        found = self.search.found(md, global_batch, cell, runtime, every=True, vw=job.virtual_workers, shard=shard)
         scale = self.measured.scale(md, global_batch, cell, found.source)
         return [(found.plan(i, cell.pp), c.time_s * scale, c.mem_bytes / GB) for i, c in enumerate(found.plans)]
 

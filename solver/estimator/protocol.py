@@ -110,9 +110,9 @@ class CostModel(Protocol):
         """Memory a plan may use per GPU of this type (inf when the type is unknown)."""
         ...
 
-    def plans(self, model: ModelSpec, global_batch: int, cell: Cell) -> list[tuple[ParallelPlan, float, float]] | None:
-        """Every candidate plan of a single-type cell, fitting or not, as (plan,
-        iteration time s, peak memory GB per GPU); None: this model cannot list them."""
+    def plans(self, job: JobRequest, cell: Cell) -> list[tuple[ParallelPlan, float, float]] | None:
+        """Every candidate plan of `job` in a single-type cell, fitting or not, as
+        (plan, iteration time s, peak memory GB per GPU); None: this model cannot list them."""
         ...
 
 

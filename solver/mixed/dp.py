@@ -143,17 +143,25 @@ def part_step(costs: CostModel | None, settings: CostSettings, job: JobRequest, 
     return PartStep(t, ranks, tp, per_sample * scale, per_micro * scale, upd * scale, st.param_bytes[0], links)
 
 
-def sync_time(
-    parts: Sequence[PartStep],
-    *,
-    units: int = 1,
-    grad_sync: str = ALLREDUCE,
-    slices: Sequence[float] | None = None,
-    net: Links | None = None,
-) -> float:
+@dataclass(frozen=True)
+class Sync:
+    """How a data-parallel mixed cell's step syncs: `units` the most unit
+    gradients a rank holds (its virtual workers; 1 without), `grad_sync` the
+    runtime's collective, `slices` with the state sharded the fraction of
+    the parameters whose state a rank of part i owns (None: replicated),
+    `net` the network to sync on (None: the slowest of the parts')."""
+
+    units: int = 1
+    grad_sync: str = ALLREDUCE
+    slices: Sequence[float] | None = None
+    net: Links | None = None
+
+
+def sync_time(parts: Sequence[PartStep], sync: Sync) -> float:
     """The gradient sync of a data-parallel mixed cell's step (`dp_step`): one
     over all its dp ranks on the slowest network; sharded, the gathers of
     ``sharded_sync_time``."""
+    units, grad_sync, slices, net = sync.units, sync.grad_sync, sync.slices, sync.net
     n_ranks = sum(p.ranks for p in parts)
     nbytes = max(p.grad_bytes * p.tp for p in parts)  # a node's tp rings cross its card together
     nets = [net] if net is not None else [p.links for p in parts]
@@ -166,26 +174,12 @@ def sync_time(
     return max(x.allreduce(NET, nbytes, n_ranks) for x in nets)
 
 
-def dp_step(
-    parts: Sequence[PartStep],
-    samples: Sequence[float],
-    micro_batches: Sequence[float],
-    *,
-    units: int = 1,
-    grad_sync: str = ALLREDUCE,
-    slices: Sequence[float] | None = None,
-    net: Links | None = None,
-) -> DpStep:
+def dp_step(parts: Sequence[PartStep], samples: Sequence[float], micro_batches: Sequence[float], sync: Sync) -> DpStep:
     """The step of a data-parallel mixed cell whose busiest rank of part i
-    runs samples[i] in micro_batches[i] micro-batches (module doc). `units`:
-    the most unit gradients a rank holds (its virtual workers; 1 without);
-    `slices`: with the state sharded, the fraction of the parameters whose
-    state a rank of part i owns (None: replicated); `net`: the network to
-    sync on (default: the slowest of the parts')."""
+    runs samples[i] in micro_batches[i] micro-batches (module doc), synced by `sync`."""
     compute = max(p.compute_s(s, n) for p, s, n in zip(parts, samples, micro_batches, strict=True))
-    sync = sync_time(parts, units=units, grad_sync=grad_sync, slices=slices, net=net)
-    if slices is not None:
-        update = max(p.update_s * f for p, f in zip(parts, slices, strict=True))
+    if sync.slices is not None:
+        update = max(p.update_s * f for p, f in zip(parts, sync.slices, strict=True))
     else:
         update = max(p.update_s for p in parts)
-    return DpStep(compute, sync, update)
+    return DpStep(compute, sync_time(parts, sync), update)

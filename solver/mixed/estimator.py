@@ -13,7 +13,7 @@ from solver.cost.comm import NET_LATENCY_S, Links
 from solver.cost.pipeline import ALLGATHER, state_split
 from solver.cost.runtime import REDUCE_SCATTER, Pricing, pricing_of
 from solver.estimator.protocol import CostModel, CostSettings, EstimatorBase, EstimatorLike
-from solver.mixed.dp import DpStep, PartStep, dp_step, part_step, sync_time
+from solver.mixed.dp import DpStep, PartStep, Sync, dp_step, part_step, sync_time
 from solver.mixed.pipeline import price_pipeline
 from solver.mixed.split import split_batch
 from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
@@ -181,9 +181,7 @@ class MixedEstimator(EstimatorBase):
         got = self._dp_parts(job, cell, job.state_sharding and self.state_sharding)
         if isinstance(got, Estimate):
             return None
-        step = dp_step(
-            got[1], samples, micro_batches, units=units, grad_sync=self.grad_sync(job), slices=slices, net=self._net()
-        )
+        step = dp_step(got[1], samples, micro_batches, Sync(units, self.grad_sync(job), slices, self._net()))
         return step.time_s
 
     def _split(
@@ -207,7 +205,7 @@ class MixedEstimator(EstimatorBase):
             slices = [1.0 / sum(ranks)] * len(parts)
 
         def sync_of(units: int) -> float:
-            return sync_time(parts, units=units, grad_sync=grad_sync, slices=slices, net=self._net())
+            return sync_time(parts, Sync(units, grad_sync, slices, self._net()))
 
         split = split_batch(
             batch,
@@ -225,9 +223,7 @@ class MixedEstimator(EstimatorBase):
         units = tuple([1] * len(shares) if vw is None else [s * vw // batch for s in shares])
         # FSDP's gathers and reduce-scatters come once per micro-batch (dp.sync_time counts them as units)
         n_units = m if grad_sync == REDUCE_SCATTER else max(units)
-        step = dp_step(
-            parts, shares, [m * u for u in units], units=n_units, grad_sync=grad_sync, slices=slices, net=self._net()
-        )
+        step = dp_step(parts, shares, [m * u for u in units], Sync(n_units, grad_sync, slices, self._net()))
         # a rank's micro-batch is shares/m here (batch/V/m with V), batch/(ranks*m_i) in the part's own estimate
         mb = [s / m for s in shares] if vw is None else [batch / vw / m] * len(shares)
         grow_by: list[float] = []
@@ -357,7 +353,7 @@ class MixedEstimator(EstimatorBase):
     def _roomy(self, job: JobRequest, e: Estimate) -> Estimate | None:
         """A part's estimate as if its memory were unlimited: its fastest plan
         and that plan's memory (None: the inner estimator cannot say)."""
-        every = self.costs.plans(job.model, job.global_batch, e.cell) if self.costs is not None else None
+        every = self.costs.plans(job, e.cell) if self.costs is not None else None
         if not every:
             return None
         plan, t, mem = min(every, key=lambda x: (x[2], x[1]))  # the least memory: sharding must cover the rest
@@ -417,15 +413,8 @@ class MixedEstimator(EstimatorBase):
                 return None
             split = again
         else:
-            step = dp_step(
-                parts,
-                split.shares,
-                [split.m * u for u in split.units],
-                units=max(split.units),
-                grad_sync=self.grad_sync(job),
-                slices=fractions,
-                net=self._net(),
-            )
+            sync = Sync(max(split.units), self.grad_sync(job), fractions, self._net())
+            step = dp_step(parts, split.shares, [split.m * u for u in split.units], sync)
             split = dataclasses.replace(split, step=step)
         plan = ParallelPlan(
             1, sum(p.ranks for p in parts), parts[0].tp, split.m, split.shares, state_shares=tuple(free)

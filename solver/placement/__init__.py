@@ -3,7 +3,7 @@
 See objective.py for the objective and cpsat.py for the model.
 """
 
-from solver.placement.candidates import Option, job_options, split_fixed, split_static
+from solver.placement.candidates import Option, make_options, option_picks, split_fixed, split_static
 from solver.placement.joint import Result, place_jobs
 from solver.placement.space import Space
 from solver.placement.validate import PlacementError, validate_plan
@@ -13,7 +13,8 @@ __all__ = [
     "PlacementError",
     "Result",
     "Space",
-    "job_options",
+    "make_options",
+    "option_picks",
     "place_jobs",
     "split_fixed",
     "split_static",

@@ -123,8 +123,13 @@ def option_picks(
     max_options: int,
     utilities: Sequence[float] | None = None,
 ) -> list[Pick]:
-    """What job_options returns, as (estimate index, value, pinned) triples:
-    cheap to weigh before the Option objects are made."""
+    """The job's options, best first, as (estimate index, value, pinned)
+    triples (cheap to weigh before `make_options` makes the Option objects):
+    at most `max_options` free ones plus the pinned one when the job runs and
+    may stay (`stay_ok`). Free options of a running job that may stay are
+    worth `restart_mult` times their value; options worth <= 0 are dropped.
+    `utilities` may carry objective.utility of each estimate, computed once
+    per job shape."""
     cur = job.current
     moving = cur is not None and stay_ok
     free: list[tuple[int, int, Cell, int]] = []
@@ -167,25 +172,3 @@ def make_options(
             )
         )
     return out
-
-
-def job_options(
-    job: JobRequest,
-    estimates: Sequence[Estimate],
-    ref: Estimate,
-    weight: float,
-    p: float,
-    restart_mult: float,
-    stay_ok: bool,
-    max_options: int,
-    utilities: Sequence[float] | None = None,
-) -> list[Option]:
-    """The job's options, best first: at most `max_options` free ones plus the
-    pinned one when the job runs and may stay (`stay_ok`).
-
-    Free options of a running job that may stay are worth `restart_mult` times
-    their value; options worth <= 0 are dropped. `utilities` may carry
-    objective.utility of each estimate, computed once per job shape.
-    """
-    picks = option_picks(job, estimates, ref, weight, p, restart_mult, stay_ok, max_options, utilities)
-    return make_options(job, estimates, picks)

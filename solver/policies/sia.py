@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping
 
 from solver.estimator.protocol import EstimatorLike
-from solver.placement import Space, job_options, objective, place_jobs, split_fixed, split_static
+from solver.placement import Space, make_options, objective, option_picks, place_jobs, split_fixed, split_static
 from solver.placement.candidates import fits
 from solver.policies.common import Feasible, dp_estimate, layouts, reply
 from solver.types import JobRequest, Placement, ScheduleReply, ScheduleRequest
@@ -75,16 +75,9 @@ class SiaPolicy:
             stay = current is not None and fits(cluster, current, _used(fixed))
             if stay and current is not None and all(e.cell != current.cell for e in ests):
                 stay = False
-            options[job.job_id] = job_options(
-                job,
-                ests,
-                ref,
-                1.0,
-                self.p,
-                objective.restart_factor(job, cfg, penalty=1.0, at_least=0.0),
-                stay,
-                cfg.max_cells_per_job,
-            )
+            restart = objective.restart_factor(job, cfg, penalty=1.0, at_least=0.0)
+            picks = option_picks(job, ests, ref, 1.0, self.p, restart, stay, cfg.max_cells_per_job)
+            options[job.job_id] = make_options(job, ests, picks)
         t1 = time.perf_counter()
         result = place_jobs(
             Space.of(cluster, fixed), jobs, options, cfg, preferred={j.job_id: j.current for j in jobs if j.current}

@@ -83,7 +83,9 @@ def hand_store() -> ProfileStore:
 
 def plan_of(est: Estimator, cell: Cell, batch: int, pp: int, dp: int, tp: int, m: int) -> tuple[float, float]:
     [(t, mem)] = [
-        (t, mem) for p, t, mem in est.plans(HAND, batch, cell) if (p.pp, p.dp, p.tp, p.micro_batches) == (pp, dp, tp, m)
+        (t, mem)
+        for p, t, mem in est.plans(JobRequest("j", HAND, batch, 1, state_sharding=False), cell)
+        if (p.pp, p.dp, p.tp, p.micro_batches) == (pp, dp, tp, m)
     ]
     return t, mem
 
@@ -256,7 +258,8 @@ def test_picks_fastest_plan_that_fits():
     e = est.estimate_model(HAND, 8, cell)
     assert e.feasible and e.plan.tp == 1 and e.iter_time_s == pytest.approx(16.012)
     assert any(
-        p.tp == 2 and t < e.iter_time_s and mem > est.mem_limit_gb("g2") for p, t, mem in est.plans(HAND, 8, cell)
+        p.tp == 2 and t < e.iter_time_s and mem > est.mem_limit_gb("g2")
+        for p, t, mem in est.plans(JobRequest("j", HAND, 8, 1, state_sharding=False), cell)
     )
 
 
@@ -483,7 +486,11 @@ def test_estimate_is_fastest_feasible_composed_plan(times, tp2, mb, batch, cell,
     by_tp = {1: times, 2: [t / 1.7 for t in times]} if tp2 else {1: times}
     est = Estimator(random_store(by_tp, mb, mem_kb * 1e-6), state_sharding=False)  # replicated state, as plans()
     e = est.estimate_model(HAND, batch, cell)
-    feasible = [(t, p) for p, t, mem in est.plans(HAND, batch, cell) if mem <= est.mem_limit_gb("g")]
+    feasible = [
+        (t, p)
+        for p, t, mem in est.plans(JobRequest("j", HAND, batch, 1, state_sharding=False), cell)
+        if mem <= est.mem_limit_gb("g")
+    ]
     if not feasible:
         assert not e.feasible
         return
@@ -520,7 +527,7 @@ def test_analytic_search_finds_fastest_and_memory_falls_with_micro_batches(shape
     # the plain search: sharded optimizer state (ZeRO-1, tested on its own) would add candidates `plans` leaves out
     est = Estimator(store, mem_fraction=mem_fraction, state_sharding=False)
     e = est.estimate_model(model, batch, cell)
-    plans = est.plans(model, batch, cell)
+    plans = est.plans(JobRequest("j", model, batch, 1, state_sharding=False), cell)
     feasible = [t for _, t, mem in plans if mem <= est.mem_limit_gb(cell.gpu_type)]
     assert e.feasible == bool(feasible)
     if feasible:

@@ -155,7 +155,7 @@ class HandParts(EstimatorBase):
     def mem_limit_gb(self, t):
         return math.inf
 
-    def plans(self, model, global_batch, cell):
+    def plans(self, job, cell):
         return None
 
     def gpu_spec(self, t):
@@ -490,7 +490,9 @@ def test_a_mixed_cell_of_two_alike_types_prices_the_single_type_step(twins, mode
     p = mixed.plan
     same = [
         t
-        for plan, t, _ in twins.inner.plans(model, 24, Cell("x", 2, 2), vw, state_sharding=sharded)
+        for plan, t, _ in twins.inner.plans(
+            JobRequest("j", model, 24, 1, virtual_workers=vw, state_sharding=sharded), Cell("x", 2, 2)
+        )
         if (plan.dp, plan.tp, plan.micro_batches, plan.sharded) == (p.dp, p.tp, p.micro_batches, sharded)
     ]
     assert len(same) == 1 and mixed.iter_time_s == pytest.approx(same[0], rel=1e-9), (mixed, same)

@@ -94,7 +94,7 @@ def test_exact_prices_the_allgather_of_every_unit(est: Estimator) -> None:
     sweeps = (4 * 2 * d + (dp * k - 1) * 3 * d) * MODEL.params / tp / (spec.mem_bw_gbps * 1e9)
     times: dict[str, float] = {}
     for rt in ("adaptive", "exact"):
-        plans = est.plans(MODEL, BATCH, CELL, V, runtime=rt)
+        plans = est.plans(JobRequest("j", MODEL, BATCH, 1, virtual_workers=V, state_sharding=False, runtime=rt), CELL)
         (times[rt],) = [t for p, t, _ in plans if (p.dp, p.tp, p.micro_batches) == (dp, tp, m)]
     assert times["exact"] - times["adaptive"] == pytest.approx(allgather - allreduce + sweeps, rel=1e-6)
 
@@ -120,7 +120,7 @@ def test_sharded_runtime_holds_a_dp_th_of_the_state(est: Estimator) -> None:
 
 
 def test_ddp_gets_data_parallel_plans_only(est: Estimator) -> None:
-    plans = est.plans(MODEL, BATCH, CELL, runtime="ddp")
+    plans = est.plans(JobRequest("j", MODEL, BATCH, 1, state_sharding=False, runtime="ddp"), CELL)
     assert plans and {p.tp for p, _, _ in plans} == {1} and {p.dp for p, _, _ in plans} == {16}
     deep = est.estimate(job("ddp", vw=None), Cell("a100", 4, 4, 2))
     assert not deep.feasible and "no pipeline parallelism" in deep.note
@@ -201,7 +201,11 @@ def test_sharded_plans_are_priced_from_the_layers_profiled_as_it_wraps_them(tmp_
         plain, wrapped = Estimator(a), Estimator(b)
 
         def one(est: Estimator, runtime: str) -> tuple[float, float]:
-            [(plan, t, mem)] = [p for p in est.plans(tiny, 2, cell, None, runtime=runtime) if p[0].micro_batches == 1]
+            [(plan, t, mem)] = [
+                p
+                for p in est.plans(JobRequest("j", tiny, 2, 1, state_sharding=False, runtime=runtime), cell)
+                if p[0].micro_batches == 1
+            ]
             return t, mem
 
         t0, m0 = one(plain, "sharded")
@@ -233,7 +237,11 @@ def test_a_micro_batch_between_two_profiled_sizes_is_priced_on_their_line(tmp_pa
         cell = Cell("cpu", 1, 1, 1)
 
         def one(batch: int, runtime: str) -> float:
-            return next(t for p, t, _ in est.plans(tiny, batch, cell, None, runtime=runtime) if p.micro_batches == 1)
+            return next(
+                t
+                for p, t, _ in est.plans(JobRequest("j", tiny, batch, 1, state_sharding=False, runtime=runtime), cell)
+                if p.micro_batches == 1
+            )
 
         for runtime in ("exact", "sharded"):
             assert one(4, runtime) - one(2, runtime) == pytest.approx(6 * 4e-3, rel=1e-9)

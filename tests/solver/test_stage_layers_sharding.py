@@ -248,7 +248,9 @@ def test_estimate_is_replicated_unless_sharding_fits_alone_or_clearly_faster(tim
     cell = Cell("r", 2, 2, pp)
     e = est.estimate_model(HAND, batch, cell)
     limit = est.mem_limit_gb("r")
-    fits = [(t, p) for p, t, mem in est.plans(HAND, batch, cell, state_sharding=True) if mem <= limit]
+    fits = [
+        (t, p) for p, t, mem in est.plans(JobRequest("j", HAND, batch, 1, runtime="adaptive"), cell) if mem <= limit
+    ]
     plain = min((t for t, p in fits if not p.sharded), default=None)
     sharded = min((t for t, p in fits if p.sharded), default=None)
     if plain is None and sharded is None:

@@ -93,8 +93,8 @@ class _Scaled(EstimatorBase):
     def mem_limit_gb(self, gpu_type):
         return self.inner.mem_limit_gb(gpu_type)
 
-    def plans(self, model, global_batch, cell):
-        return self.inner.plans(model, global_batch, cell)
+    def plans(self, job, cell):
+        return self.inner.plans(job, cell)
 
 
 def test_each_types_layers_are_priced_on_the_inner_estimators_scale():

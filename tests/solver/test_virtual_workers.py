@@ -86,7 +86,7 @@ def test_three_ranks_run_four_virtual_workers_priced_by_the_busiest():
     assert e.iter_time_s == pytest.approx(2 * 8.0 + 0.016 + UPDATE, rel=1e-12)
     assert e.source == "composed"
     # every candidate: m divides B/V = 2, and the time is 2 x (m micro-batches of 2/m) + sync + update
-    plans = est.plans(HAND, 8, cell, 4)
+    plans = est.plans(JobRequest("j", HAND, 8, 1, virtual_workers=4, state_sharding=False), cell)
     assert sorted(p.micro_batches for p, _, _ in plans) == [1, 2]
     assert all(t == pytest.approx(16.016 + UPDATE, rel=1e-12) for _, t, _ in plans)
 
@@ -94,9 +94,9 @@ def test_three_ranks_run_four_virtual_workers_priced_by_the_busiest():
 def test_eight_gpus_with_four_virtual_workers_keep_dp_at_most_four():
     est = Estimator(hand_store())
     for cell in (Cell("g", 1, 8, 1), Cell("g", 1, 8, 2), Cell("g", 2, 4, 1)):
-        free = est.plans(HAND, 8, cell)
+        free = est.plans(JobRequest("j", HAND, 8, 1, state_sharding=False), cell)
         assert any(p.dp == 8 for p, _, _ in free) == (cell.pp == 1)  # without V, dp 8 at pp 1 tp 1
-        plans = est.plans(HAND, 8, cell, 4)
+        plans = est.plans(JobRequest("j", HAND, 8, 1, virtual_workers=4, state_sharding=False), cell)
         assert plans and all(p.dp <= 4 and 2 % p.micro_batches == 0 for p, _, _ in plans)
         e = est.estimate(hand_job(8, 4), cell)
         assert e.feasible and e.plan.dp <= 4 and e.plan.num_gpus == 8
@@ -108,14 +108,18 @@ def test_dp_two_under_v_four_by_hand():
     est = Estimator(hand_store())
     [(t, _)] = [
         (t, mem)
-        for p, t, mem in est.plans(HAND, 8, Cell("g", 1, 2, 1), 4)
+        for p, t, mem in est.plans(
+            JobRequest("j", HAND, 8, 1, virtual_workers=4, state_sharding=False), Cell("g", 1, 2, 1)
+        )
         if (p.dp, p.tp, p.micro_batches) == (2, 1, 1)
     ]
     assert t == pytest.approx(16.012 + UPDATE, rel=1e-12)
     # tp 2 (dp 1) runs all 4 in turn: 4 x (2 s + 16 all-reduces of 1500 B = 0.024 s)
     [(t, _)] = [
         (t, mem)
-        for p, t, mem in est.plans(HAND, 8, Cell("g", 1, 2, 1), 4)
+        for p, t, mem in est.plans(
+            JobRequest("j", HAND, 8, 1, virtual_workers=4, state_sharding=False), Cell("g", 1, 2, 1)
+        )
         if (p.dp, p.tp, p.micro_batches) == (1, 2, 1)
     ]
     assert t == pytest.approx(4 * 2.024 + UPDATE, rel=1e-12)
@@ -127,7 +131,9 @@ def test_pipeline_fill_paid_per_virtual_worker():
     est = Estimator(hand_store())
     [(t, _)] = [
         (t, mem)
-        for p, t, mem in est.plans(HAND, 8, Cell("g", 1, 2, 2), 2)
+        for p, t, mem in est.plans(
+            JobRequest("j", HAND, 8, 1, virtual_workers=2, state_sharding=False), Cell("g", 1, 2, 2)
+        )
         if (p.dp, p.tp, p.micro_batches) == (1, 1, 4)
     ]
     assert t == pytest.approx(2 * 11.65 + 3000 * 32 / 1e12, rel=1e-12)
