@@ -1,5 +1,5 @@
-"""The controller's systemd unit, etc/cellsched-controller.service, and the
-fail-safe's, etc/cellsched-failsafe.service with its timer.
+"""The controller's systemd unit, slurm_ext/admin/cellsched-controller.service,
+and the fail-safe's, slurm_ext/admin/cellsched-failsafe.service with its timer.
 
 - `systemd-analyze verify` accepts it, with no unknown or ignored directive
   (verify exits 0 on those, so its output is read too).
@@ -28,9 +28,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-UNIT = ROOT / "etc" / "cellsched-controller.service"
-FAILSAFE = ROOT / "etc" / "cellsched-failsafe.service"
-FAILSAFE_TIMER = ROOT / "etc" / "cellsched-failsafe.timer"
+ADMIN = ROOT / "slurm_ext" / "admin"
+UNIT = ADMIN / "cellsched-controller.service"
+FAILSAFE = ADMIN / "cellsched-failsafe.service"
+FAILSAFE_TIMER = ADMIN / "cellsched-failsafe.timer"
 DOC = ROOT / "docs" / "controller.md"
 ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(
