@@ -12,7 +12,7 @@ and the fail-safe's, slurm_ext/admin/cellsched-failsafe.service with its timer.
   policy: CP-SAT, numpy) in a process with systemd's W^X seccomp filter.
 
 systemd-analyze comes with Debian's `systemd` package (contrib/setup.sh
-installs it); without it the first two are skipped.
+--test installs it); without it the first two are skipped.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ FAILSAFE_TIMER = ADMIN / "cellsched-failsafe.timer"
 DOC = ROOT / "docs" / "controller.md"
 ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(
-    ANALYZE is None, reason="systemd-analyze is not installed (Debian package systemd; contrib/setup.sh installs it)"
+    ANALYZE is None, reason="systemd-analyze is not installed (Debian package systemd; contrib/setup.sh --test installs it)"
 )
 #: docs/controller.md's sentences with the documented scores (the controller's, the fail-safe's)
 DOCUMENTED = re.compile(r"overall\s+exposure\s+at\s+\*\*(\d+\.\d)\s+\(")
