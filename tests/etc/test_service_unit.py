@@ -35,7 +35,7 @@ FAILSAFE_TIMER = ADMIN / "cellsched-failsafe.timer"
 DOC = ROOT / "docs" / "controller.md"
 ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(
-    ANALYZE is None, reason="systemd-analyze is not installed (Debian package systemd; contrib/setup.sh --test installs it)"
+    ANALYZE is None, reason="systemd-analyze is missing (Debian package systemd; contrib/setup.sh --test installs it)"
 )
 #: docs/controller.md's sentences with the documented scores (the controller's, the fail-safe's)
 DOCUMENTED = re.compile(r"overall\s+exposure\s+at\s+\*\*(\d+\.\d)\s+\(")
