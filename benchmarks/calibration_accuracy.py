@@ -32,18 +32,14 @@ import argparse
 import json
 import math
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from slurm_ext.sim.clusterspec import ClusterSpecError, arena_cluster, load_cluster_spec  # noqa: E402
-from slurm_ext.sim.conditions import Conditions  # noqa: E402
-from slurm_ext.sim.traces import read_arena_trace  # noqa: E402
-from solver.arena.estimates import ArenaEstimates  # noqa: E402
-from solver.calibration import Calibration, Observation  # noqa: E402
-from solver.contract.profiles.arena import TRACE_FILE, shipped_path  # noqa: E402
-from solver.types import Cell  # noqa: E402
+from slurm_ext.sim.clusterspec import ClusterSpecError, arena_cluster, load_cluster_spec
+from slurm_ext.sim.conditions import Conditions
+from slurm_ext.sim.traces import read_arena_trace
+from solver.arena.estimates import ArenaEstimates
+from solver.calibration import Calibration, Observation
+from solver.contract.profiles.arena import TRACE_FILE, shipped_path
+from solver.types import Cell
 
 COUNTS = (1, 2, 4, 8, 16)
 

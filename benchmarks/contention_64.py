@@ -32,7 +32,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # this tree's simulator, not an installed one
 CLUSTER = REPO / "etc" / "sim-64-10g.toml"
 POLICIES = (
     "cellsched",

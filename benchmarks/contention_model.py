@@ -25,12 +25,8 @@ import argparse
 import json
 import random
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from solver.network import CommLoad, Network, iteration_times  # noqa: E402
+from solver.network import CommLoad, Network, iteration_times
 
 NODES = [f"n{i}" for i in range(8)]
 NIC = 10.0

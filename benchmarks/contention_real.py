@@ -67,7 +67,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # this tree's solver, not an installed one
 
 PREFIX = "cscr-"
 SWITCH = PREFIX + "sw"

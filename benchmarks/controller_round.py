@@ -30,14 +30,13 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from slurm_ext.backends import SubmitRequest, get_backend
+from slurm_ext.config import Config, ControllerConfig, MetricsConfig
+from slurm_ext.controller.round import Controller
+from solver.contract.jobspec import JobSpec
+from solver.types import SolverConfig
 
-from slurm_ext.backends import SubmitRequest, get_backend  # noqa: E402
-from slurm_ext.config import Config, ControllerConfig, MetricsConfig  # noqa: E402
-from slurm_ext.controller.round import Controller  # noqa: E402
-from solver.contract.jobspec import JobSpec  # noqa: E402
-from solver.types import SolverConfig  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 DEVCLUSTER = ROOT / "contrib" / "dev-cluster" / "devcluster.sh"
 CLUSTER_ENV = {"LAB": "/tmp/cellsched-bench", "CTLD_PORT": "15417", "SLURMD_BASEPORT": "15500"}

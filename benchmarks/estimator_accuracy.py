@@ -85,10 +85,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "contrib" / "examples")]  # this tree's solver and launch, not an installed one
+from local_step import free_port, run_step  # beside this script
 
-from benchmarks.local_step import free_port, run_step  # noqa: E402  (after the path above)
+#: the reference trainer (minigpt): an example job, not part of the package
+EXAMPLES = Path(__file__).resolve().parents[1] / "contrib" / "examples"
+sys.path.insert(0, str(EXAMPLES))
 
 SHAPE = {"layers": 4, "hidden": 192, "heads": 4, "seq": 256, "vocab": 256}
 BATCH = 8
@@ -239,7 +240,7 @@ def measure(plan: dict, steps: int, warmup: int, shape: dict, batch: int, timeou
     """Run every rank of `plan` as a one-node Slurm step would, through the launcher."""
     worker = [__file__, "--worker", "--steps", str(steps), "--warmup", str(warmup)]
     worker += ["--shape", json.dumps(shape), "--batch", str(batch)]
-    ranks = run_step(plan, worker, pythonpath=[REPO], timeout=timeout)
+    ranks = run_step(plan, worker, pythonpath=[EXAMPLES], timeout=timeout)
     wall = [max(w) for w in zip(*(r["wall"] for r in ranks), strict=True)]  # a step ends with its slowest rank
     wait = [max(d) for d in zip(*(r["wait"] for r in ranks), strict=True)]
     return {

@@ -78,7 +78,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # this tree's simulator, not an installed one
 CLUSTER = REPO / "etc" / "sim-hetero-24.toml"
 #: the trace's models of 2.4B parameters and up
 LARGE = ("bert__2.6B", "bert__6.7B", "moe__2.4B", "moe__10B", "moe__27B", "wide_resnet__4B", "wide_resnet__6.8B")

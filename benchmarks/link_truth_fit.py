@@ -31,12 +31,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from slurm_ext.sim import link_truth
+from slurm_ext.sim.link_truth import Links, Params, Talk, loaded_times
 
-from slurm_ext.sim import link_truth  # noqa: E402
-from slurm_ext.sim.link_truth import Links, Params, Talk, loaded_times  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 RESULTS = REPO / "benchmarks" / "results"
 GAMMAS = tuple(i / 4 for i in range(9))  # 0 .. 2

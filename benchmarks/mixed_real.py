@@ -59,10 +59,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "contrib" / "examples")]
+from local_step import run_step  # beside this script
 
-from benchmarks.local_step import run_step  # noqa: E402  (after the path above)
+#: the reference trainer (minigpt): an example job, not part of the package
+EXAMPLES = Path(__file__).resolve().parents[1] / "contrib" / "examples"
+sys.path.insert(0, str(EXAMPLES))
 
 SHAPE = {"layers": 4, "hidden": 192, "heads": 4, "seq": 256, "vocab": 256}
 BATCH = 8
@@ -263,9 +264,8 @@ def worker(steps: int, warmup: int) -> None:
 def measure(plan: dict, groups: list[Path], steps: int, warmup: int, timeout: float = 300) -> dict:
     """Run every rank of `plan` through the launcher, rank r in groups[r]."""
     worker = [__file__, "--worker", "--steps", str(steps), "--warmup", str(warmup)]
-    paths = [REPO, REPO / "contrib" / "examples"]
     ranks = run_step(
-        plan, worker, pythonpath=paths, timeout=timeout, rank_env=lambda r: {"MIXED_CGROUP": str(groups[r])}
+        plan, worker, pythonpath=[EXAMPLES], timeout=timeout, rank_env=lambda r: {"MIXED_CGROUP": str(groups[r])}
     )
     ranks.sort(key=lambda r: r["rank"])
     wall = [max(w) for w in zip(*(r["wall"] for r in ranks), strict=True)]

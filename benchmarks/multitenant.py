@@ -51,7 +51,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # this tree's simulator, not an installed one
 CLUSTER = REPO / "etc" / "sim-multitenant-88.toml"
 POLICIES = ("cellsched", "slurm-multifactor", "gavel")
 LIMITED = "speech"

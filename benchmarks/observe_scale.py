@@ -28,12 +28,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from slurm_ext.backends.cli import CliBackend
+from slurm_ext.parse import json_output, scontrol_text
+from slurm_ext.records import compress_hostlist
 
-from slurm_ext.backends.cli import CliBackend  # noqa: E402
-from slurm_ext.parse import json_output, scontrol_text  # noqa: E402
-from slurm_ext.records import compress_hostlist  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 DATA = ROOT / "tests" / "slurm_ext" / "backends" / "data"
 

@@ -40,7 +40,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # this tree's simulator, not an installed one
 POLICIES = ("cellsched", "sia", "gavel", "fcfs")
 RATES = (1, 2, 4)
 SMALL = REPO / "etc" / "sim-mixed-88.toml"

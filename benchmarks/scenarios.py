@@ -67,7 +67,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # this tree's simulator, not an installed one
 
 HELD_OUT = tuple(range(1000, 1030))
 #: a scenario's k-th noise seed is its seed + k x this (`--noise-seeds`; k = 0: the seed itself)

@@ -3,12 +3,17 @@
 #
 #   bash contrib/demo.sh [--keep]
 #
-# Sets up Slurm + munge + .venv (contrib/setup.sh), brings up a local Slurm
+# Sets up Slurm + munge + .venv with cellsched (contrib/setup.sh: no test
+# tools, no training frameworks), brings up a local Slurm
 # dev cluster with fake GPUs of four types and accounting (slurmdbd +
 # MariaDB: accounts acct-a, capped at 4 GPUs, and acct-b; LAB=/tmp/cellsched-demo),
 # submits jobs of different models of both accounts through `cellsched sbatch`
 # (held, untyped), runs the controller until every job has finished, prints
 # `cellsched status`, and tears the cluster down (--keep leaves it running).
+#
+# CELLSCHED_DEMO_LAB, CELLSCHED_DEMO_CTLD_PORT and CELLSCHED_DEMO_SLURMD_BASEPORT
+# move the cluster (the dev cluster's LAB, CTLD_PORT, SLURMD_BASEPORT), e.g. beside
+# another demo.
 #
 # DEVCLUSTER_SLURM=24.11 runs it all on Slurm 24.11: inside the Debian 13 root
 # that devcluster.sh builds (with that root's venv), or here on a Debian 13 machine.
@@ -32,8 +37,10 @@ else
   VENV=${VENV:-.venv}
 fi
 export PATH="$PWD/$VENV/bin:$PATH"
-export LAB=/tmp/cellsched-demo
+export LAB=${CELLSCHED_DEMO_LAB:-/tmp/cellsched-demo}
 unset CTLD_PORT SLURMD_BASEPORT DEVCLUSTER_SHAPE JOB_SUBMIT_LUA
+if [ -n "${CELLSCHED_DEMO_CTLD_PORT:-}" ]; then export CTLD_PORT=$CELLSCHED_DEMO_CTLD_PORT; fi
+if [ -n "${CELLSCHED_DEMO_SLURMD_BASEPORT:-}" ]; then export SLURMD_BASEPORT=$CELLSCHED_DEMO_SLURMD_BASEPORT; fi
 # the site's accounts and limits bind the controller (Slurm 22.05; see docs/slurm-support.md for 24.11)
 if [ "${DEVCLUSTER_SLURM:-}" = 24.11 ] || [ "$(cut -d. -f1 /etc/debian_version)" = 13 ]; then
   export DEVCLUSTER_ACCOUNTING=0

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Set up a development/test environment for cellsched on Debian 12 (as root).
+# Set up cellsched on Debian 12 or 13 (as root): what the product and the demo need,
+# and with --test what the test suite needs besides.
 #
-#   bash contrib/setup.sh            # Debian packages (Slurm, slurmdbd, MariaDB, munge, systemd-analyze, debootstrap) + .venv with cellsched[test,torch]
-#                                    # and the training frameworks of contrib/frameworks.txt (megatron-core, torchtitan, lightning)
+#   bash contrib/setup.sh          # Debian's Slurm, slurmdbd, MariaDB, munge and Lua + .venv with cellsched[torch]
+#                                  # (the demo, contrib/demo.sh, runs this)
+#   bash contrib/setup.sh --test   # also systemd-analyze and debootstrap, cellsched's test extra, and
+#                                  # the training frameworks of contrib/frameworks.txt (megatron-core,
+#                                  # torchtitan, lightning) that the launcher's adapters are tested against
+#                                  # (the test suite, contrib/test.sh, runs this)
 #
 # debootstrap builds the Debian 13 root in which the suite runs Slurm 24.11
 # (contrib/dev-cluster/devcluster.sh, DEVCLUSTER_SLURM=24.11).
@@ -15,11 +20,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PY=${PYTHON:-python3}
+TEST=0
+case "${1:-}" in
+  --test) TEST=1 ;;
+  "") ;;
+  *) echo "usage: $0 [--test]" >&2; exit 2 ;;
+esac
 
+# command:package; slurmdbd + mariadb-server: the dev cluster with accounting (DEVCLUSTER_ACCOUNTING=1,
+# as the demo runs it), Lua: what Slurm's job_submit/lua plugin loads (same names on Debian 12 and 13)
+needs=(slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge lua5.3:lua5.3 slurmdbd:slurmdbd
+  mariadbd:mariadb-server)
+if [ "$TEST" = 1 ]; then
+  # systemd-analyze checks the units, debootstrap builds the Slurm 24.11 root
+  needs+=(systemd-analyze:systemd debootstrap:debootstrap)
+fi
 need_pkgs=()
-# slurmdbd + mariadb-server: the dev cluster with accounting (DEVCLUSTER_ACCOUNTING=1; same names on Debian 12 and 13)
-for cmd_pkg in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge lua5.3:lua5.3 systemd-analyze:systemd \
-  slurmdbd:slurmdbd mariadbd:mariadb-server debootstrap:debootstrap; do
+for cmd_pkg in "${needs[@]}"; do
   cmd=${cmd_pkg%%:*}; pkg=${cmd_pkg#*:}
   command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || need_pkgs+=("$pkg")
 done
@@ -39,8 +56,12 @@ fi
 pip_args=(-q)
 if [ -n "${TORCH_INDEX_URL:-}" ]; then pip_args+=(--extra-index-url "$TORCH_INDEX_URL"); fi
 "$VENV/bin/python" -m pip install "${pip_args[@]}" "torch==2.13.0"
-"$VENV/bin/python" -m pip install "${pip_args[@]}" -e ".[test,torch]"
-# the training frameworks the adapters are tested against: pinned, without their own dependency
-# resolution (which would pull wandb and could replace the CPU torch); torch==2.13.0 stays
-"$VENV/bin/python" -m pip install "${pip_args[@]}" --no-deps -r contrib/frameworks.txt "torch==2.13.0"
+if [ "$TEST" = 1 ]; then
+  "$VENV/bin/python" -m pip install "${pip_args[@]}" -e ".[test,torch]"
+  # the training frameworks the adapters are tested against: pinned, without their own dependency
+  # resolution (which would pull wandb and could replace the CPU torch); torch==2.13.0 stays
+  "$VENV/bin/python" -m pip install "${pip_args[@]}" --no-deps -r contrib/frameworks.txt "torch==2.13.0"
+else
+  "$VENV/bin/python" -m pip install "${pip_args[@]}" -e ".[torch]"
+fi
 echo "setup: ready ($("$VENV/bin/cellsched" --version))"

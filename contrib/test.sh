@@ -3,7 +3,9 @@
 #
 #   bash contrib/test.sh [PYTEST_ARGS...]
 #
-# Sets up Debian's Slurm + munge and a .venv (contrib/setup.sh), checks the
+# Sets up Debian's Slurm + munge, systemd-analyze and debootstrap, and a
+# .venv with cellsched's test extra and the training frameworks of
+# contrib/frameworks.txt (contrib/setup.sh --test; the demo installs neither), checks the
 # code with ruff (lint and format) and mypy (types: strict on solver/ and
 # launch/), all configured in pyproject.toml, then runs
 # pytest on 2 workers (pytest-xdist): the integration tests, in two groups,
@@ -23,7 +25,7 @@
 # to build the root). CELLSCHED_SLURM24=1 runs that stage after PYTEST_ARGS too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash contrib/setup.sh
+bash contrib/setup.sh --test
 VENV=${VENV:-.venv}
 # tests run the installed console scripts (cellsched, cellsched-launch) from the venv
 export PATH="$PWD/$VENV/bin:$PATH"

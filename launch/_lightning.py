@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from lightning.pytorch.callbacks import Callback
 
-if TYPE_CHECKING:
-    from launch.hook import CheckpointHook
+
+class Stepper(Protocol):
+    """What the callback drives: ``launch.hook.CheckpointHook.step``."""
+
+    def step(self, done: int | None = None) -> None: ...
 
 
 class _HookCallback(Callback):
-    def __init__(self, hook: CheckpointHook) -> None:
+    def __init__(self, hook: Stepper) -> None:
         self.hook = hook
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.hook.step(int(trainer.global_step))
 
 
-def hook_callback(hook: CheckpointHook) -> Any:
+def hook_callback(hook: Stepper) -> Any:
     return _HookCallback(hook)

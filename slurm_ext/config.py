@@ -11,7 +11,7 @@ Every field carries its documentation where it is declared
 (``knob(default, doc)``, solver.types: its ``metadata["doc"]``); ``python -m slurm_ext.config
 --markdown > docs/config.md`` writes the reference page from them
 (tests/slurm_ext/test_config_docs.py checks that the page is current).
-etc/cellsched.toml is an example with the defaults.
+slurm_ext/admin/cellsched.toml is an example with the defaults.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ class ControllerConfig:
     )
     failsafe_after_s: float = knob(
         600.0,
-        "The fail-safe (`cellsched failsafe`, etc/cellsched-failsafe.timer; slurm_ext.failsafe): once no "
+        "The fail-safe (`cellsched failsafe`, cellsched-failsafe.timer; slurm_ext.failsafe): once no "
         "controller round has completed for this long (s, > 0), it releases the jobs the controller holds on "
         "their static request (the GPU type and count the user asked for, else a conservative default) and "
         "logs why; it stands down as soon as a round completes again. The default, 600 s: 10 rounds of the "
@@ -296,7 +296,7 @@ class NetworkConfig:
 @dataclass(frozen=True)
 class MetricsConfig:
     """[metrics]: the controller's Prometheus metrics, on
-    ``http://ADDRESS:PORT/metrics`` (contrib/grafana/cellsched.json shows them)."""
+    ``http://ADDRESS:PORT/metrics`` (slurm_ext/admin/grafana/cellsched.json shows them)."""
 
     port: int = knob(9464, "TCP port of the metrics endpoint (0..65535); 0 = off.")
     address: str = knob("127.0.0.1", "Address the metrics endpoint listens on.")
@@ -492,7 +492,8 @@ def markdown() -> str:
         "The controller (and `cellsched failsafe`) read one TOML file: `--config FILE`, else `$CELLSCHED_CONFIG`,",
         "else `/etc/cellsched/cellsched.toml`; when none exists, the defaults apply. Every key is optional; an",
         "unknown section or key, or a value of the wrong type, is an error that names it. A number may be written",
-        "as an integer. `etc/cellsched.toml` is an example with the defaults (`cellsched admin files DIR` writes it).",
+        "as an integer. `slurm_ext/admin/cellsched.toml` is an example with the defaults (`cellsched admin files DIR`",
+        "writes it).",
     ]
     for section, cls in SECTIONS.items():
         out += ["", f"## [{section}]", "", _summary(cls), ""]

@@ -23,6 +23,8 @@ from slurm_ext.backends.cli import UNREACHABLE
 ROOT = Path(__file__).resolve().parents[1]
 DEVCLUSTER = ROOT / "contrib" / "dev-cluster" / "devcluster.sh"
 SHAPE = ROOT / "contrib" / "dev-cluster" / "cluster.conf"
+#: the admin files (`cellsched admin files`): package data of slurm_ext
+ADMIN = ROOT / "slurm_ext" / "admin"
 #: the pytest-xdist worker this process is (gw0, gw1, ...; 0 without xdist)
 WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
 #: where the session's test cluster lives: one per xdist worker (its own LAB

@@ -24,8 +24,8 @@ def our_modules() -> list[ModuleType]:
         root = importlib.import_module(pkg)
         out.append(root)
         for info in pkgutil.walk_packages(root.__path__, f"{pkg}."):
-            if info.name.endswith("__main__") or info.name.startswith("slurm_ext.share"):
-                continue  # __main__ runs its command on import; share holds the admin files
+            if info.name.endswith("__main__"):
+                continue  # __main__ runs its command on import
             out.append(importlib.import_module(info.name))
     return out
 

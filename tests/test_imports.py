@@ -1,7 +1,8 @@
 """The shape of the packages: imports point down (solver <- slurm_ext, launch)
-and no module imports itself back through others, lazily or not. Read from
-the source (every import statement, also inside functions; those under
-``if TYPE_CHECKING:`` do not run and are left out)."""
+and no file imports itself back through others. Read from the source: every
+import statement of a file counts, also inside functions (lazy) and under
+``if TYPE_CHECKING:`` (a type a file names is a dependency too, even if it
+is not loaded at run time)."""
 
 from __future__ import annotations
 
@@ -25,19 +26,10 @@ def modules() -> dict[str, Path]:
     return out
 
 
-def _type_checking_only(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
-    while node in parents:
-        node = parents[node]
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            return True
-    return False
-
-
 def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     """Our modules that module `name` imports (the module itself when it is
     one, else the package it comes from)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
     for node in ast.walk(tree):
@@ -50,8 +42,6 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
                 base = f"{anchor}.{base}" if base else anchor
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
         else:
-            continue
-        if _type_checking_only(node, parents):
             continue
         for target in targets:
             while target and target not in known:
@@ -108,8 +98,29 @@ def test_the_reader_sees_imports():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+def test_lazy_and_type_checking_imports_count(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from pkg.b import B\n"
+        "def f():\n    import pkg.c\n"
+        "from . import d\n"
+    )
+    known = {name: path for name in ("pkg", "pkg.a", "pkg.b", "pkg.c", "pkg.d")}
+    assert imports_of("pkg.a", path, known) == {"pkg.b", "pkg.c", "pkg.d"}
+
+
 def test_no_import_cycles():
+    """Between files (a package's __init__ is one), lazy and TYPE_CHECKING imports included."""
     assert cycles(graph()) == []
+
+
+def test_the_backend_table_names_no_simulator():
+    """slurm_ext.backends lists Slurm's own backends; the simulator declares its
+    own in the cellsched.backends entry-point group (pyproject.toml)."""
+    path = ROOT / "slurm_ext" / "backends" / "__init__.py"
+    assert not [t for t in imports_of("slurm_ext.backends", path, modules()) if _under(t, "slurm_ext.sim")]
+    assert "slurm_ext.sim" not in path.read_text(encoding="utf-8")  # not by name either
 
 
 def test_imports_point_down():

@@ -10,7 +10,7 @@ import sys
 import tomllib
 import zipfile
 
-from support import ROOT
+from support import ADMIN, ROOT
 
 from slurm_ext.cli.admin_cmd import ADMIN_FILES, admin_files
 
@@ -50,19 +50,20 @@ def test_wheel_carries_the_arena_data_and_the_admin_files(built_dist):
     names = wheel_names(built_dist.wheel)
     arena = {p.relative_to(ROOT).as_posix() for p in (ROOT / "solver" / "data" / "arena").rglob("*") if p.is_file()}
     assert arena and arena <= names
-    admin = {f"slurm_ext/share/{f.as_posix()}" for f in admin_files(ROOT)}
-    assert {"slurm_ext/share/etc/cellsched.toml", "slurm_ext/share/contrib/job_submit.lua"} <= admin
-    assert {n for n in names if n.startswith("slurm_ext/share/")} == admin
+    admin = {f"slurm_ext/admin/{f.as_posix()}" for f in admin_files(ADMIN)}
+    assert {"slurm_ext/admin/cellsched.toml", "slurm_ext/admin/job_submit.lua"} <= admin
+    assert {n for n in names if n.startswith("slurm_ext/admin/")} == admin
     with zipfile.ZipFile(built_dist.wheel) as zf:
-        for f in admin_files(ROOT):
-            assert zf.read(f"slurm_ext/share/{f.as_posix()}") == (ROOT / f).read_bytes(), f
+        for f in admin_files(ADMIN):
+            assert zf.read(f"slurm_ext/admin/{f.as_posix()}") == (ADMIN / f).read_bytes(), f
 
 
 def test_package_data_lists_the_admin_files():
-    """pyproject.toml ships what `cellsched admin files` writes, glob for glob."""
+    """pyproject.toml ships what `cellsched admin files` writes, glob for glob, as
+    package data of slurm_ext (no package mapped onto another folder)."""
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert setuptools["package-dir"]["slurm_ext.share"] == "."
-    assert setuptools["package-data"]["slurm_ext.share"] == list(ADMIN_FILES)
+    assert "package-dir" not in setuptools
+    assert setuptools["package-data"]["slurm_ext"] == [f"admin/{f}" for f in ADMIN_FILES]
 
 
 def test_wheel_metadata(built_dist):
@@ -81,3 +82,4 @@ def test_wheel_metadata(built_dist):
     assert sorted(r.split(">")[0] for r in plain) == ["click", "numpy", "nvidia-ml-py", "ortools", "prometheus-client"]
     assert "cellsched = slurm_ext.cli:main" in entry_points and "cellsched-launch = launch.cli:main" in entry_points
     assert "profile = launch.profile_cli:profile" in entry_points
+    assert "[cellsched.backends]\nsim = slurm_ext.sim.backend:sim_backend" in entry_points

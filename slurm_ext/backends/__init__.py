@@ -3,13 +3,19 @@
 ``get_backend("cli" | "pyslurm" | "auto", **opts)``; "auto" takes pyslurm
 when it imports and was built for the running Slurm's major.minor, else the
 CLI. Asking for "pyslurm" without it raises solver.contract.extras.MissingExtra.
-Further backends (the simulated cluster) register in BACKENDS.
+
+Further backends (the simulated cluster, ``sim``) are declared by the
+package that holds them in the ``cellsched.backends`` entry-point group
+(pyproject.toml), as ``name = "module:factory"``, and imported only when
+asked for by name; this module names none of them.
 """
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from typing import Any
 
 from slurm_ext.backends.base import (
@@ -40,21 +46,28 @@ def _pyslurm(**opts: Any) -> Backend:
     return PyslurmBackend(**opts)
 
 
-def _sim(**opts: Any) -> Backend:
-    """The simulated Slurm (slurm_ext.sim.backend.SimBackend); `cluster` (a
-    ClusterSpec) defaults to Arena's simulated cluster."""
-    from slurm_ext.sim.backend import SimBackend
-
-    cluster = opts.pop("cluster", None)
-    if cluster is None:
-        from slurm_ext.sim.clusterspec import arena_cluster
-
-        cluster = arena_cluster()
-    return SimBackend(cluster, **opts)
+#: name -> factory(**opts): the backends of a real Slurm
+BACKENDS: dict[str, Callable[..., Backend]] = {"cli": _cli, "pyslurm": _pyslurm}
+#: the entry-point group in which other packages declare backends
+ENTRY_POINTS = "cellsched.backends"
 
 
-#: name -> factory(**opts)
-BACKENDS: dict[str, Callable[..., Backend]] = {"cli": _cli, "pyslurm": _pyslurm, "sim": _sim}
+def plugin_backends() -> dict[str, str]:
+    """name -> "module:factory" of the backends declared in ENTRY_POINTS."""
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINTS)}
+
+
+def _factory(name: str) -> Callable[..., Backend]:
+    """The factory of backend `name`: BACKENDS', else the declared one's (imported now)."""
+    if name in BACKENDS:
+        return BACKENDS[name]
+    target = plugin_backends().get(name)
+    if target is None:
+        known = ", ".join(sorted(set(BACKENDS) | set(plugin_backends())))
+        raise ValueError(f"unknown backend {name!r}; choose one of: auto, {known}")
+    module, attr = target.split(":")
+    factory: Callable[..., Backend] = getattr(importlib.import_module(module), attr)
+    return factory
 
 
 def running_slurm_version(timeout: float = 5.0) -> tuple[int, int] | None:
@@ -83,7 +96,7 @@ def pyslurm_matches() -> bool:
 
 
 def get_backend(name: str = "auto", **opts: Any) -> Backend:
-    """A backend by name: "cli", "pyslurm", "auto" (or one registered later).
+    """A backend by name: "cli", "pyslurm", "auto", or one declared in ENTRY_POINTS ("sim").
 
     `opts` go to the backend's constructor (for "cli": timeout,
     ping_timeout, mode, slurm_conf, run).
@@ -92,9 +105,7 @@ def get_backend(name: str = "auto", **opts: Any) -> Backend:
         name = "pyslurm" if pyslurm_matches() else "cli"
         if name == "pyslurm":
             opts = {}  # CLI-only options do not apply
-    if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; choose one of: auto, {', '.join(sorted(BACKENDS))}")
-    return BACKENDS[name](**opts)
+    return _factory(name)(**opts)
 
 
 __all__ = [
@@ -104,6 +115,7 @@ __all__ = [
     "STEPS",
     "check_signal_target",
     "BACKENDS",
+    "ENTRY_POINTS",
     "Backend",
     "JobUpdate",
     "SlurmCommandError",
@@ -112,4 +124,5 @@ __all__ = [
     "SubmitRequest",
     "UpdateNotApplied",
     "get_backend",
+    "plugin_backends",
 ]

@@ -1,15 +1,16 @@
 """`cellsched admin files DIR`: write the files an admin installs on the
-controller host (config, systemd unit, job_submit.lua, ...) into DIR.
+controller host (config, systemd units, job_submit.lua, ...) into DIR.
 
-There is one copy of each file: etc/ and contrib/ of the source tree. The
-wheel carries them as package data under slurm_ext/share/ (pyproject.toml
-maps the package ``slurm_ext.share`` onto the project root), so an installed
-cellsched and a source checkout read them from the same relative paths.
+There is one copy of each file, in slurm_ext/admin/: ordinary package data
+of slurm_ext (pyproject.toml lists them), read through importlib.resources,
+so an installed wheel and a checkout (an editable install) read the same.
 """
 
 from __future__ import annotations
 
-import shutil
+from fnmatch import fnmatch
+from importlib.resources import files as package_files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +20,16 @@ from slurm_ext.errors import CellschedError
 
 PROG = "cellsched admin files"
 
-#: the admin files, as paths (or globs) relative to `data_root()`; pyproject.toml's
-#: package-data of slurm_ext.share lists the same (tests/test_packaging.py checks)
+#: the admin files, as paths (or globs of one folder) relative to `data_root()`; pyproject.toml's
+#: package-data of slurm_ext lists the same under admin/ (tests/test_packaging.py checks)
 ADMIN_FILES: tuple[str, ...] = (
-    "etc/cellsched.toml",
-    "etc/cellsched-controller.service",
-    "etc/sim-cluster.toml",
-    "contrib/job_submit.lua",
-    "contrib/grafana/*.json",
-    "etc/cellsched-failsafe.service",
-    "etc/cellsched-failsafe.timer",
+    "cellsched.toml",
+    "cellsched-controller.service",
+    "sim-cluster.toml",
+    "job_submit.lua",
+    "grafana/*.json",
+    "cellsched-failsafe.service",
+    "cellsched-failsafe.timer",
 )
 
 
@@ -41,32 +42,37 @@ class AdminError(click.ClickException, CellschedError):
         click.echo(f"{PROG}: error: {self.message}", err=True)
 
 
-def data_root() -> Path:
-    """Where the admin files are: slurm_ext/share/ in an installed wheel, else
-    the source checkout that holds slurm_ext (also an editable install)."""
-    package = Path(__file__).resolve().parents[1]
-    shared = package / "share"
-    return shared if shared.is_dir() else package.parent
+def data_root() -> Traversable:
+    """Where the admin files are: slurm_ext/admin/ of the installed package."""
+    return package_files("slurm_ext") / "admin"
 
 
-def admin_files(root: Path | None = None) -> list[Path]:
+def _at(root: Traversable, relative: Path) -> Traversable:
+    for part in relative.parts:
+        root = root / part
+    return root
+
+
+def admin_files(root: Traversable | None = None) -> list[Path]:
     """The admin files under `root` (default `data_root()`), relative to it; an
     AdminError names any fixed one that is missing (a glob may match nothing)."""
     root = data_root() if root is None else root
     found: list[Path] = []
-    for pattern in ADMIN_FILES:
-        if "*" in pattern:
-            found += sorted(p.relative_to(root) for p in root.glob(pattern) if p.is_file())
-        elif (root / pattern).is_file():
-            found.append(Path(pattern))
+    for pattern in map(Path, ADMIN_FILES):
+        if "*" in pattern.name:
+            folder = _at(root, pattern.parent)
+            names = [e.name for e in folder.iterdir() if e.is_file()] if folder.is_dir() else []
+            found += [pattern.parent / n for n in sorted(names) if fnmatch(n, pattern.name)]
+        elif _at(root, pattern).is_file():
+            found.append(pattern)
         else:
             raise AdminError(f"{pattern} is missing from {root} (a broken install? reinstall cellsched)")
     return found
 
 
-def write_admin_files(dest: Path, *, force: bool = False, root: Path | None = None) -> list[Path]:
-    """Copy the admin files into `dest` (keeping etc/ and contrib/); returns the
-    paths written. Without `force` nothing is written when any of them exists."""
+def write_admin_files(dest: Path, *, force: bool = False, root: Traversable | None = None) -> list[Path]:
+    """Copy the admin files into `dest` (keeping grafana/); returns the paths
+    written. Without `force` nothing is written when any of them exists."""
     root = data_root() if root is None else root
     files = admin_files(root)
     if dest.exists() and not dest.is_dir():
@@ -83,7 +89,7 @@ def write_admin_files(dest: Path, *, force: bool = False, root: Path | None = No
             target.parent.mkdir(parents=True, exist_ok=True)
             if target.is_symlink():
                 target.unlink()  # replace the link, never write through it
-            shutil.copyfile(root / f, target)
+            target.write_bytes(_at(root, f).read_bytes())
         except OSError as exc:
             raise AdminError(f"{target}: {exc.strerror or exc}") from None
         written.append(target)
@@ -99,10 +105,10 @@ def admin() -> None:
 @click.argument("directory", metavar="DIR", type=click.Path(path_type=Path))
 @click.option("--force", is_flag=True, help="Overwrite files that exist already.")
 def files(directory: Path, force: bool) -> None:
-    """Write the admin files into DIR: etc/cellsched.toml (the config),
-    etc/cellsched-controller.service (the systemd unit), etc/sim-cluster.toml,
-    etc/cellsched-failsafe.service and .timer (the fail-safe's units),
-    contrib/job_submit.lua (the Slurm plugin) and contrib/grafana/*.json
-    (dashboards). Refuses to overwrite unless --force; prints each path written."""
+    """Write the admin files into DIR: cellsched.toml (the config),
+    cellsched-controller.service (the systemd unit), sim-cluster.toml,
+    cellsched-failsafe.service and .timer (the fail-safe's units),
+    job_submit.lua (the Slurm plugin) and grafana/*.json (dashboards).
+    Refuses to overwrite unless --force; prints each path written."""
     for path in write_admin_files(directory, force=force):
         click.echo(f"wrote {path}")

@@ -9,7 +9,7 @@ past a million), and label values and help texts get the format's escapes.
 
 Why a collector rather than prometheus_client's `Gauge` and `Counter`:
 
-- the exported names stay what the dashboard (contrib/grafana/cellsched.json)
+- the exported names stay what the dashboard (slurm_ext/admin/grafana/cellsched.json)
   queries: a library `Counter` adds a ``<name>_created`` series, i.e. a new
   metric family, to every counter (turning that off is a process-wide switch);
 - `Metrics.replace` swaps a whole family at once (the labels that vanished

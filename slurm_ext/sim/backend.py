@@ -64,6 +64,7 @@ from slurm_ext.backends.base import (
     update_mismatches,
 )
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
+from slurm_ext.sim.clusterspec import arena_cluster
 from slurm_ext.sim.types import ClusterSpec
 from slurm_ext.sim.world import SimJob, SimNode, SimWorld
 from solver.contract import CHECKPOINT_SIGNALS
@@ -254,6 +255,13 @@ class SimBackend(OneAtATime):
             return
         if sig in _KILL_SIGNALS:  # the launcher or the batch shell dies: so does the job
             self._world.end(job, "FAILED", _KILL_SIGNALS[sig])
+
+
+def sim_backend(*, cluster: ClusterSpec | None = None, **options: Any) -> SimBackend:
+    """``get_backend("sim", ...)``: the ``cellsched.backends`` entry point
+    (pyproject.toml). A world of its own on `cluster` (default: Arena's
+    simulated cluster) with `options` (SimWorld's), whose clock nobody moves."""
+    return SimBackend(arena_cluster() if cluster is None else cluster, **options)
 
 
 # --- how Slurm shows the world's nodes and jobs (cached on them until they change) ---

@@ -2,8 +2,9 @@
 in fixed rounds (``simulate --arena-compat``; solver/data/arena/README.md).
 
 In this mode the world (slurm_ext.sim.world) schedules no completions of its
-own: at each round start the engine calls `QuantumMode.settle`, which
-accounts the round for every running job and completes the jobs whose work
+own (it charges restarts and counts progress through its ``Rounds``
+protocol, which QuantumMode fulfils): at each round start the engine calls
+`QuantumMode.settle`, which accounts the round for every running job and completes the jobs whose work
 is done then (they end at the round boundary where the completion is
 detected, their GPUs taken until then). A restart charge within one round
 only lowers that round's throughput (`round_throughput`); a longer one costs
@@ -22,10 +23,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from slurm_ext.sim.world import SimJob, SimWorld
+from slurm_ext.sim.world import SimJob, SimWorld
 
 #: progress models in quantum (round) mode
 EXECUTED_SECONDS, ITERATIONS = "executed-seconds", "iterations"

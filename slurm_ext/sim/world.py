@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from slurm_ext.records import SlurmJob, SlurmNode
 from slurm_ext.sim.clock import Event, EventClock
@@ -59,9 +59,6 @@ from slurm_ext.sim.types import ClusterSpec
 from solver.contract import EXIT_CHECKPOINTED, admin_comment_plan
 from solver.contract.jobspec import JobSpec
 from solver.contract.plan import JobPlan
-
-if TYPE_CHECKING:
-    from slurm_ext.sim.quantum import QuantumMode
 
 #: speed(spec, gpu_type, num_nodes, gpus_per_node, plan) -> seconds per iteration, None = infeasible
 SpeedFn = Callable[[JobSpec, str, int, int, "JobPlan | None"], "float | None"]
@@ -155,6 +152,17 @@ class SimJob:
         return self.state not in ("PENDING", "RUNNING")
 
 
+class Rounds(Protocol):
+    """Arena's rounds as the world uses them (slurm_ext.sim.quantum.QuantumMode,
+    which drives the world through the rest)."""
+
+    def charge(self, job: SimJob, cost: float, now: float) -> None:
+        """A (re)start of `job` at `now` that costs `cost` seconds."""
+
+    def iterations_done(self, job: SimJob) -> float:
+        """The job's iterations done as of the last settlement."""
+
+
 class Observer:
     """Told what happens to the world's jobs and nodes, as it happens; every
     hook does nothing here (an observer overrides those it needs)."""
@@ -201,7 +209,7 @@ class SimWorld:
         min_job_age_s: float = 300.0,
         requeue_delay_s: float = 120.0,
         node_fail_requeue: bool = True,
-        quantum: QuantumMode | None = None,
+        quantum: Rounds | None = None,
         start_time: float = 0.0,
         user: str = "sim",
         observers: Sequence[Observer] = (),

@@ -6,7 +6,7 @@ controller):
 
 * The wrapper submits the job HELD, with untyped gres, and its Comment set to
   ``cellsched/v1 <compact JSON of the spec>`` (the tag marks it managed).
-* ``contrib/job_submit.lua`` (when installed) copies that JSON into the job's
+* ``slurm_ext/admin/job_submit.lua`` (when installed) copies that JSON into the job's
   AdminComment as ``{"spec": {...}}``, replaces the Comment with
   ``ADMIN_MARKER`` (the tag and a marker), and keeps the job held: it refuses
   any release, hold, Comment or placement change by a non-admin, so the user

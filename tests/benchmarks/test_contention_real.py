@@ -67,10 +67,6 @@ def _namespaces() -> list[str]:
     return [line.split()[0] for line in out.stdout.splitlines() if line.startswith(PREFIX)]
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
-
-
 def _skip_unless_ran(proc: subprocess.CompletedProcess[str]) -> None:
     if proc.returncode == EXIT_NO_NETNS:
         pytest.skip(f"network namespaces cannot be made here: {proc.stderr.strip()}")
@@ -86,7 +82,6 @@ def two_busy(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--quick", "--cases", "two-busy", "--out", str(out)],
         cwd=ROOT,
-        env=_env(),
         capture_output=True,
         text=True,
         timeout=240,
@@ -132,7 +127,6 @@ def test_nothing_outlives_a_run_or_a_sigterm(two_busy: list[dict]) -> None:
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPT), "--quick", "--cases", "two-busy"],
         cwd=ROOT,
-        env=_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

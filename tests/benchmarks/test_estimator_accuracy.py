@@ -80,7 +80,6 @@ def test_every_plan_is_held_out() -> None:
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the quick plans have 2 ranks")
 def test_quick_run_reports_per_runtime() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CELLSCHED_"))}
-    env["PYTHONPATH"] = str(ROOT)
     out = subprocess.run(
         [sys.executable, str(SCRIPT), "--quick", "--runtime", "exact", "--steps", "2", "--warmup", "1"],
         capture_output=True,

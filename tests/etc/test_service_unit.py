@@ -1,5 +1,5 @@
-"""The controller's systemd unit, etc/cellsched-controller.service, and the
-fail-safe's, etc/cellsched-failsafe.service with its timer.
+"""The controller's systemd unit, slurm_ext/admin/cellsched-controller.service,
+and the fail-safe's, slurm_ext/admin/cellsched-failsafe.service with its timer.
 
 - `systemd-analyze verify` accepts it, with no unknown or ignored directive
   (verify exits 0 on those, so its output is read too).
@@ -12,7 +12,7 @@ fail-safe's, etc/cellsched-failsafe.service with its timer.
   policy: CP-SAT, numpy) in a process with systemd's W^X seccomp filter.
 
 systemd-analyze comes with Debian's `systemd` package (contrib/setup.sh
-installs it); without it the first two are skipped.
+--test installs it); without it the first two are skipped.
 """
 
 from __future__ import annotations
@@ -28,13 +28,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-UNIT = ROOT / "etc" / "cellsched-controller.service"
-FAILSAFE = ROOT / "etc" / "cellsched-failsafe.service"
-FAILSAFE_TIMER = ROOT / "etc" / "cellsched-failsafe.timer"
+ADMIN = ROOT / "slurm_ext" / "admin"
+UNIT = ADMIN / "cellsched-controller.service"
+FAILSAFE = ADMIN / "cellsched-failsafe.service"
+FAILSAFE_TIMER = ADMIN / "cellsched-failsafe.timer"
 DOC = ROOT / "docs" / "controller.md"
 ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(
-    ANALYZE is None, reason="systemd-analyze is not installed (Debian package systemd; contrib/setup.sh installs it)"
+    ANALYZE is None, reason="systemd-analyze is missing (Debian package systemd; contrib/setup.sh --test installs it)"
 )
 #: docs/controller.md's sentences with the documented scores (the controller's, the fail-safe's)
 DOCUMENTED = re.compile(r"overall\s+exposure\s+at\s+\*\*(\d+\.\d)\s+\(")

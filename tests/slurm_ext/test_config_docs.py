@@ -1,5 +1,5 @@
 """The config's documentation: every key documented where it is declared,
-docs/config.md generated from those docs and current, etc/cellsched.toml
+docs/config.md generated from those docs and current, slurm_ext/admin/cellsched.toml
 naming only real keys (and every one of them)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from solver.policies import POLICIES
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "config.md"
-EXAMPLE = ROOT / "etc" / "cellsched.toml"
+EXAMPLE = ROOT / "slurm_ext" / "admin" / "cellsched.toml"
 
 
 def keys(section: str) -> list[str]:
@@ -116,7 +116,7 @@ def test_the_policy_doc_names_every_policy():
 
 
 def example_keys() -> dict[str, set[str]]:
-    """section -> the keys etc/cellsched.toml sets, or shows in a comment (``# key = value``)."""
+    """section -> the keys the example config sets, or shows in a comment (``# key = value``)."""
     text = EXAMPLE.read_text()
     out = {section: set(values) for section, values in tomllib.loads(text).items()}
     section = ""

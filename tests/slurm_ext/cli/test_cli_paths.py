@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from support import ROOT, console_script
+from support import ADMIN, ROOT, console_script
 
 from slurm_ext.cli import main
 from solver.contract.profiles.arena import TRACE_FILE, shipped_path
@@ -117,7 +117,7 @@ def test_simulate_sacct_trace(tmp_path):
         "--trace-format",
         "sacct",
         "--cluster",
-        str(ROOT / "etc" / "sim-cluster.toml"),
+        str(ADMIN / "sim-cluster.toml"),
         "--profiles",
         str(store),
         "--policy",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support import ROOT
+from support import ADMIN
 
 from slurm_ext.cli.admin_cmd import admin_files
 
@@ -194,11 +194,11 @@ def test_admin_files_from_the_wheel(venv):
     dest = venv.work / "admin"
     proc = venv.cellsched("admin", "files", str(dest))
     assert proc.returncode == 0, proc.stderr
-    files = admin_files(ROOT)
+    files = admin_files(ADMIN)
     assert proc.stdout.splitlines() == [f"wrote {dest / f}" for f in files]
     for f in files:
-        assert (dest / f).read_bytes() == (ROOT / f).read_bytes(), f
-    assert tomllib.loads((dest / "etc" / "cellsched.toml").read_text())  # the config as shipped parses
+        assert (dest / f).read_bytes() == (ADMIN / f).read_bytes(), f
+    assert tomllib.loads((dest / "cellsched.toml").read_text())  # the config as shipped parses
     proc = venv.cellsched("admin", "files", str(dest))
     assert (
         proc.returncode == 2 and proc.stderr.startswith("cellsched admin files: error: ") and "--force" in proc.stderr

@@ -94,7 +94,7 @@ def placement(job_id: str, nodes: tuple[str, ...], gpu_type: str = "a100", gpn: 
 
 
 def test_the_documented_example_config_is_the_defaults():
-    example = load(ROOT / "etc" / "cellsched.toml")
+    example = load(ROOT / "slurm_ext" / "admin" / "cellsched.toml")
     assert example.controller == Config().controller
     assert example.solver == Config().solver
     assert example.metrics == Config().metrics and example.log == Config().log

@@ -1,4 +1,4 @@
-"""contrib/grafana/cellsched.json queries only what the controller exports.
+"""slurm_ext/admin/grafana/cellsched.json queries only what the controller exports.
 
 The exported metrics come from the real thing: a Metrics registry that the
 real controller writes to while the simulator runs a few rounds on a small
@@ -33,7 +33,7 @@ from slurm_ext.sim.types import ClusterSpec, NodeGroup, TraceJob
 from solver.estimator import EstimatorBase
 from solver.types import Estimate, ParallelPlan
 
-DASHBOARD = Path(__file__).resolve().parents[3] / "contrib" / "grafana" / "cellsched.json"
+DASHBOARD = Path(__file__).resolve().parents[3] / "slurm_ext" / "admin" / "grafana" / "cellsched.json"
 DATASOURCE_VAR = "${DS_PROMETHEUS}"
 TARGET_LABELS = frozenset({"instance", "job"})  # added by Prometheus when it scrapes
 
@@ -373,6 +373,6 @@ def test_every_query_names_only_exported_metrics_and_labels(dashboard, exported)
 
 def test_the_dashboard_shows_the_controllers_metrics(dashboard, exported):
     """Every metric the controller exports is on the dashboard (a new one
-    needs a panel in contrib/grafana/cellsched.json)."""
+    needs a panel in slurm_ext/admin/grafana/cellsched.json)."""
     used = set().union(*(parse(expr).metrics for _, expr, _ in dashboard_queries(dashboard)))
     assert not exported.names - used, f"not on the dashboard: {sorted(exported.names - used)}"

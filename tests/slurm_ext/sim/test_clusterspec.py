@@ -32,7 +32,7 @@ def test_arena_cluster_is_the_shipped_1280_gpu_one():
 
 
 def test_shipped_example_matches_dev_cluster_shape():
-    spec = load_cluster_spec(ROOT / "etc" / "sim-cluster.toml")
+    spec = load_cluster_spec(ROOT / "slurm_ext" / "admin" / "sim-cluster.toml")
     assert spec.name == "dev"
     dev = [line.split() for line in DEV_CONF.read_text().splitlines() if line.strip() and not line.startswith("#")]
     assert [(t, g) for _, t, g in node_names(spec)] == [(t, int(g)) for _, t, g, *_ in dev]

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from support import ROOT, SHAPE, read_shape, wait_for
+from support import ADMIN, SHAPE, read_shape, wait_for
 
 from slurm_ext.backends import get_backend
 from slurm_ext.backends.base import Backend
@@ -55,7 +55,7 @@ POLICY = "cellsched"
 #: calibration (ITER_S below is a stand-in clock, not a speed to learn)
 SOLVER = SolverConfig(w_age=0.0, time_limit_s=30.0, calibrate=False)
 #: the same network on both sides: none modelled, as the simulator's controller has it for a cluster
-#: spec without NICs (etc/sim-cluster.toml; slurm_ext.sim.engine.network_config), where the live
+#: spec without NICs (slurm_ext/admin/sim-cluster.toml; slurm_ext.sim.engine.network_config), where the live
 #: controller's default would price every node's NIC (100 Gb/s) and the solver the jobs sharing them
 NETWORK = NetworkConfig(modelled=False)
 #: every job: not elastic, 1 to MAX_GPUS GPUs (what the simulator's specs say)
@@ -160,7 +160,7 @@ def show(placed: list[Placement]) -> list[str]:
 
 def simulate(workdir: Path, profiles: Path) -> tuple[list[Placement], dict[str, str | None]]:
     """The trace on the simulated dev cluster: placements and accepted specs."""
-    cluster = load_cluster_spec(ROOT / "etc" / "sim-cluster.toml")
+    cluster = load_cluster_spec(ADMIN / "sim-cluster.toml")
     shape = read_shape(SHAPE)
     sim_nodes = node_names(cluster)
     assert [(t, g) for _, t, g in sim_nodes] == list(shape.values()), "sim-cluster.toml is not the dev cluster"

@@ -9,7 +9,7 @@
   commands it would run (sbatch answers with job 4242).
 * `wrap_cluster(plugin)`: a real Slurm dev cluster of its own (LAB
   /tmp/cellsched-wrap, ports 14817/14900+), started with or without
-  contrib/job_submit.lua; one instance, restarted only when the mode
+  slurm_ext/admin/job_submit.lua; one instance, restarted only when the mode
   changes, stopped at the end of the session.
 * `users`: local users cs_alice and cs_bob, and how to run `cellsched` as
   them (an interpreter they can execute, reading this checkout).
@@ -40,7 +40,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # wrapper_case
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 DEVCLUSTER = ROOT / "contrib" / "dev-cluster" / "devcluster.sh"
 SHAPE = ROOT / "contrib" / "dev-cluster" / "cluster.conf"
-PLUGIN = ROOT / "contrib" / "job_submit.lua"
+PLUGIN = ROOT / "slurm_ext" / "admin" / "job_submit.lua"
 HELLO = ROOT / "contrib" / "examples" / "hello_job.sh"
 #: CELLSCHED_TEST_WRAP_LAB / _CTLD_PORT / _SLURMD_BASEPORT move it, so that two test runs can share a machine
 LAB = pathlib.Path(os.environ.get("CELLSCHED_TEST_WRAP_LAB", "/tmp/cellsched-wrap"))
@@ -217,7 +217,7 @@ def plain_cluster(_lab: _Lab) -> WrapCluster:
 
 @pytest.fixture
 def lua_cluster(_lab: _Lab) -> WrapCluster:
-    """The test cluster with contrib/job_submit.lua installed."""
+    """The test cluster with slurm_ext/admin/job_submit.lua installed."""
     return _lab.ensure(True)
 
 

@@ -1,5 +1,5 @@
 """`cellsched sbatch` on a real Slurm dev cluster, without and with
-contrib/job_submit.lua, as root and as two ordinary users."""
+slurm_ext/admin/job_submit.lua, as root and as two ordinary users."""
 
 from __future__ import annotations
 
@@ -166,7 +166,7 @@ def test_users_cannot_touch_each_others_jobs_without_the_plugin(plain_cluster, u
     plain_cluster.run(["scancel", job_id])
 
 
-# ---- with contrib/job_submit.lua ---------------------------------------------------------
+# ---- with slurm_ext/admin/job_submit.lua ----------------------------------------------------------
 
 
 def test_plugin_moves_the_spec_to_admin_comment_and_holds(lua_cluster, users):
