@@ -13,8 +13,9 @@ from solver.contract.models import ModelSpec
 from solver.contract.profiles.records import CellRecord
 from solver.contract.runtimes import SOLVER_DEFAULT_RUNTIME, refusal
 from solver.cost.layers import uniform_sizes
+from solver.estimator.candidates import Cand
 from solver.estimator.profiles import GB, Layout, ModelData
-from solver.estimator.search import Cand, PlanSearch, busiest_factor
+from solver.estimator.search import PlanSearch, busiest_factor
 from solver.types import Cell, Estimate, EstimateSource, ParallelPlan
 
 #: the runtime whose pricing is the settings' own (solver.cost.runtime: `adaptive`): what a

@@ -27,13 +27,13 @@ from solver.cost.layers import (
     split_even,
     split_stages,
 )
+from solver.estimator.candidates import Found
 from solver.estimator.protocol import CostSettings
 from solver.types import Cell, EstimateSource
 
 if TYPE_CHECKING:
     from solver.contract.profiles.store import ProfileStore
     from solver.cost.runtime import Pricing
-    from solver.estimator.search import Found
 
 CELL_SOURCES = (ProfileSource.MEASURED, ProfileSource.ARENA_OPTIMAL)  # cell-level, in order of preference
 GB = 1e9

@@ -8,19 +8,35 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from solver.contract.runtimes import refusal
 from solver.cost.layers import LayerCosts
 from solver.cost.typed_pipeline import TypeSide, typed_pipeline_cost
+from solver.estimator.protocol import CostModel, CostSettings
 from solver.mixed.cells import _divisors, stages_per_part
 from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
 
-if TYPE_CHECKING:
-    from solver.mixed.estimator import MixedEstimator
+
+class Pricer(Protocol):
+    """What a pipeline across types is priced with (solver.mixed.MixedEstimator is one)."""
+
+    @property
+    def costs(self) -> CostModel | None: ...
+
+    @property
+    def settings(self) -> CostSettings: ...
+
+    def grad_sync(self, job: JobRequest) -> str: ...
+
+    def held_per_param(self, job: JobRequest, dp: int, units: int) -> float: ...
+
+    def pick(self, plain: Estimate | None, sharded: Estimate | None) -> Estimate | None: ...
+
+    def none(self, cell: Cell, note: str, mem: float = ...) -> Estimate: ...
 
 
-def price_pipeline(mixed: MixedEstimator, job: JobRequest, cell: Cell, shard: bool) -> Estimate:
+def price_pipeline(mixed: Pricer, job: JobRequest, cell: Cell, shard: bool) -> Estimate:
     """The best plan of a pipeline across types (solver.mixed's module doc), by `mixed`'s cost model."""
     per_part = stages_per_part(cell)
     model, batch, vw = job.model, job.global_batch, job.virtual_workers
