@@ -11,8 +11,10 @@ admitted in id order) is refused, "used 6/4"."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,13 +65,29 @@ class Blind:
         return get_policy("fcfs").schedule(dataclasses.replace(request, site=SitePolicy()), estimator)  # ... and not
 
 
-class Messages(logging.Handler):
+class Records(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.INFO)
         self.records: list[logging.LogRecord] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
+
+
+@contextlib.contextmanager
+def controller_log() -> Iterator[list[logging.LogRecord]]:
+    """What the controller logs meanwhile (a handler of its own: the daemon's tests stop propagation)."""
+    logger, seen = logging.getLogger("cellsched.controller"), Records()
+    was = (logger.level, logger.disabled)
+    logger.setLevel(logging.INFO)
+    logger.disabled = False
+    logger.addHandler(seen)
+    try:
+        yield seen.records
+    finally:
+        logger.removeHandler(seen)
+        logger.setLevel(was[0])
+        logger.disabled = was[1]
 
 
 def test_a_plan_over_a_grptres_limit_is_refused_and_the_job_waits(tmp_path: Path) -> None:
@@ -87,17 +105,8 @@ def test_a_plan_over_a_grptres_limit_is_refused_and_the_job_waits(tmp_path: Path
         clock=lambda: world.now,
         progress=lambda m: None,
     )
-    logger, seen = logging.getLogger("cellsched.controller"), Messages()
-    level, disabled = logger.level, logger.disabled
-    logger.setLevel(logging.INFO)
-    logger.disabled = False
-    logger.addHandler(seen)
-    try:
+    with controller_log() as logged:
         report = ctl.round()
-    finally:
-        logger.removeHandler(seen)
-        logger.setLevel(level)
-        logger.disabled = disabled
     first, second, third = jobs
     assert report.status == "ok" and set(report.placements) == {first, second}
     phase = {s.job_id: s.phase for s in report.jobs}
@@ -108,7 +117,7 @@ def test_a_plan_over_a_grptres_limit_is_refused_and_the_job_waits(tmp_path: Path
         why.removeprefix("plan rejected: ").removesuffix(" planned (4 allowed to managed jobs)")
     )
     assert kind == "limit" and fields["name"] == "acct-a"
-    (line,) = [r for r in seen.records if r.getMessage() == "placement rejected"]
+    (line,) = [r for r in logged if r.getMessage() == "placement rejected"]
     assert line.levelno == logging.ERROR and "acct-a" in line.fields["error"]  # type: ignore[attr-defined]
     # never lost: held in Slurm, known to the state, placed once the limit allows
     assert sim.observe().job(third).held and third in ctl.state.jobs()
