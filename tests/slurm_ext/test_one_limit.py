@@ -167,3 +167,21 @@ def test_slurms_running_jobs_count_under_the_same_rule():
     other = replace(running[0], account="acctB")
     assert [binds(LIMIT, holder(j)) for j in (*running, other)] == [True, True, True, False]
     assert [binds(LIMIT, j) for j in JOBS] == [True, True, True]
+
+
+def test_a_partition_qos_counts_the_jobs_that_run_in_its_partition():
+    """Partition `all`'s QOS: GrpTRES 4 and MaxTRESPerUser 2. alice's plain job runs in
+    `all` with 2 GPUs, bob's in `a100`: only alice's counts, under both, and her
+    per-user share outside becomes a limit of her own, which binds her jobs only."""
+    grp = GpuLimit(LimitScope.PARTITION, "all", LimitKind.GRP, 4)
+    per_user = GpuLimit(LimitScope.PARTITION, "all", LimitKind.PER_USER, 2)
+    nodes = tuple(SlurmNode(f"n{i}", gpus_total=4, gpu_type="a100") for i in range(2))
+    running = [
+        SlurmJob("1", user="alice", state="RUNNING", partition="all", nodes=("n0",), num_nodes=1, gpus_per_node=2),
+        SlurmJob("2", user="bob", state="RUNNING", partition="a100", nodes=("n1",), num_nodes=1, gpus_per_node=2),
+    ]
+    snap = ClusterSnapshot(nodes=nodes, partitions=(), jobs=tuple(running), taken_at=0.0)
+    got = outside_limits((grp, per_user), running, snap)
+    alice = GpuLimit(LimitScope.PARTITION, "all/alice", LimitKind.PER_USER, 2, used_outside=2)
+    assert got == [replace(grp, used_outside=2), per_user, alice]
+    assert [binds(alice, replace(JOBS[0], user=u)) for u in ("alice", "bob")] == [True, False]
