@@ -9,20 +9,23 @@ limit (`GpuLimit.used_outside`) and the pending plain sbatch GPU jobs
 (`UnmanagedDemand`). The controller puts the result on
 `ScheduleRequest.site`.
 
-A backend offers the reading as ``read_site() -> SiteReading`` (the CLI and
-pyslurm backends through Slurm's commands; one without the method has no
-site policy: the solver then behaves as before there was one).
+Every backend offers the reading as ``read_site() -> SiteReading`` (the
+Backend protocol: the CLI and pyslurm backends through Slurm's commands;
+the simulated one reads an empty one, as does any without accounting: the
+solver then behaves as before there was a site policy). Which limit binds
+which job is solver.limits'; `holder` maps Slurm's job records onto what it
+needs, for the GPUs running jobs hold outside the round (`outside_limits`).
 """
 
 from __future__ import annotations
 
 import re
-from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from slurm_ext.parse import accounting as acc
 from slurm_ext.records import ClusterSnapshot, SlurmJob
+from solver.limits import Bucket, Held, Holder, bucket_of
 from solver.site import GpuLimit, LimitKind, LimitScope, PartitionAccess, Reservation, SitePolicy, UnmanagedDemand
 from solver.types import ScheduleRequest
 
@@ -270,43 +273,40 @@ def job_gpus(job: SlurmJob) -> int:
     return (job.gpus_per_node or 0) * max(1, len(job.nodes) or job.num_nodes)
 
 
-def _counted_by(limit: GpuLimit, job: SlurmJob) -> bool:
-    """Does `limit` count a running job's GPUs (its account, user, QOS or partition)?"""
-    s, name = limit.scope, limit.name
-    if limit.kind == LimitKind.PER_JOB:
-        return False
-    if s == LimitScope.ACCOUNT:
-        return job.account == name
-    if s == LimitScope.USER:
-        return f"{job.account}/{job.user}" == name
-    if s == LimitScope.QOS:
-        return job.qos == name
-    if s == LimitScope.QOS_PER_USER:
-        return f"{job.qos}/{job.user}" == name
-    return limit.kind == LimitKind.GRP and name in job.partition.split(",")
+def holder(job: SlurmJob) -> Holder:
+    """A Slurm job record as the limits see it (solver.limits; the one place
+    Slurm's records map onto it): its account, user, QOS and the partition
+    it runs in."""
+    return Holder(job.account, job.user, job.qos, tuple(p for p in job.partition.split(",") if p))
 
 
-def _typed_gpus(job: SlurmJob, gpu_type: str | None, node_types: Mapping[str, str | None]) -> int:
-    if gpu_type is None:
-        return job_gpus(job)
-    return sum(job.gpus_per_node or 0 for n in job.nodes if (job.gpu_type or node_types.get(n)) == gpu_type)
+def held_gpus(job: SlurmJob, node_types: Mapping[str, str | None]) -> Held:
+    """The GPUs a running job holds, by type: its request's type, else its node's."""
+    if not job.nodes:
+        return ((job.gpu_type, job_gpus(job)),)
+    return tuple((job.gpu_type or node_types.get(n), job.gpus_per_node or 0) for n in job.nodes)
 
 
 def outside_limits(limits: Iterable[GpuLimit], outside: list[SlurmJob], snapshot: ClusterSnapshot) -> list[GpuLimit]:
     """The limits with `used_outside` counted from the `outside` running
-    jobs; a per-user limit of a QOS gets one limit per user who holds GPUs
-    under it outside ("qos/user"), next to the general one."""
+    jobs; a per-user limit gets one limit per user who holds GPUs under it
+    outside (``<name>/<user>``: solver.limits.Bucket.alone), next to the general one."""
     node_types = {n.name: n.gpu_type for n in snapshot.nodes}
+    held = [(holder(j), held_gpus(j, node_types)) for j in outside]
     out = []
     for lim in limits:
-        used = sum(_typed_gpus(j, lim.gpu_type, node_types) for j in outside if _counted_by(lim, j))
+        used = 0
+        per_user: dict[str, tuple[Bucket, int]] = {}
+        for who, gpus in held:
+            b = bucket_of(lim, who)
+            if b is None or b.per_job:
+                continue
+            if b.user is None:
+                used += b.count(gpus)
+            else:
+                per_user[b.user] = (b, per_user.get(b.user, (b, 0))[1] + b.count(gpus))
         out.append(replace(lim, used_outside=used) if used else lim)
-        if lim.scope == LimitScope.QOS_PER_USER and "/" not in lim.name:
-            per_user: dict[str, int] = defaultdict(int)
-            for j in outside:
-                if j.qos == lim.name:
-                    per_user[j.user] += _typed_gpus(j, lim.gpu_type, node_types)
-            out += [replace(lim, name=f"{lim.name}/{u}", used_outside=n) for u, n in sorted(per_user.items()) if n]
+        out += [b.alone(n) for _, (b, n) in sorted(per_user.items()) if n]
     return out
 
 

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from slurm_ext.errors import CellschedError
 from slurm_ext.records import ClusterSnapshot, SlurmJob
+from slurm_ext.site import SiteReading
 
 _JOB_ID = re.compile(r"^\d+(_\d+)?$")
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -316,6 +317,13 @@ class Backend(Protocol):
     def update(self, job_id: str, change: JobUpdate) -> SlurmJob:
         """Apply `change`, read the job back, and return it; raises
         UpdateNotApplied listing the fields that did not stick."""
+        ...
+
+    def read_site(self) -> SiteReading:
+        """The site's standing policy (slurm_ext.site: GPU limits, fair share,
+        reservations, partition access); SlurmError or ParseError when the
+        accounting cannot be read. A backend without accounting returns an
+        empty SiteReading (no site policy)."""
         ...
 
     def hold(self, job_id: str) -> None: ...

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 from slurm_ext.controller.inputs import ManagedJob, Phase
 from slurm_ext.controller.reconcile import Action, ActionKind
-from solver.placement.siterules import Bucket, bucket_of
-from solver.types import JobRequest, ScheduleRequest
+from solver.limits import Bucket, Loads, bindings, held_in
+from solver.types import ScheduleRequest
 
 log = logging.getLogger("cellsched.controller")
 
@@ -31,35 +31,32 @@ def within_limits(
     actions: Sequence[Action], jobs: Sequence[ManagedJob], request: ScheduleRequest
 ) -> tuple[tuple[Action, ...], dict[str, str]]:
     """The actions without the releases that would go over a GPU limit now,
-    and why each of those waits (module doc)."""
+    and why each of those waits (module doc; which limit binds which job and
+    the count against its headroom: solver.limits)."""
     limits = request.site.limits
     if not limits:
         return tuple(actions), {}
     reqs = {j.job_id: j for j in request.jobs}
 
-    def buckets(job: JobRequest | None) -> list[Bucket]:
-        return [] if job is None else [b for lim in limits if (b := bucket_of(lim, job)) is not None]
+    def buckets(job_id: str) -> list[Bucket]:  # per-job limits are the plan's: nothing frees them
+        job = reqs.get(job_id)
+        return [] if job is None else [b for b in bindings(limits, job) if not b.per_job]
 
     placing = {a.job_id for a in actions if a.kind == ActionKind.PLACE}
-    held: dict[str, int] = {}
+    held = Loads()
     for m in jobs:
         if m.phase in HOLDING and m.current is not None and not (m.phase == Phase.RELEASED and m.job_id in placing):
-            for b in buckets(reqs.get(m.job_id)):
-                held[b.key] = held.get(b.key, 0) + b.gpus(m.current.cell)
+            held.add(buckets(m.job_id), held_in(m.current.cell))
     waits: dict[str, str] = {}
     for a in sorted(actions, key=lambda a: -(reqs[a.job_id].priority if a.job_id in reqs else 0.0)):
         if a.kind != ActionKind.PLACE or a.placement is None:
             continue
-        cell = a.placement.cell
-        bs = buckets(reqs.get(a.job_id))
-        over = next((b for b in bs if held.get(b.key, 0) + b.gpus(cell) > b.limit.headroom), None)
+        bs, cell = buckets(a.job_id), held_in(a.placement.cell)
+        over = held.blocking(bs, cell)
         if over is not None:
-            waits[a.job_id] = (
-                f"{over.reason(held.get(over.key, 0) + over.limit.used_outside)}: waits for GPUs being freed"
-            )
+            waits[a.job_id] = f"{over[0].reason(over[1])}: waits for GPUs being freed"
             continue
-        for b in bs:
-            held[b.key] = held.get(b.key, 0) + b.gpus(cell)
+        held.add(bs, cell)
     for job_id, why in waits.items():
         log.info("release held back by a GPU limit", extra={"fields": {"job": job_id, "why": why}})
     return tuple(a for a in actions if a.job_id not in waits or a.kind != ActionKind.PLACE), waits

@@ -65,6 +65,7 @@ from solver import contract
 from solver.contract.plan import JobPlan
 from solver.mixed import stage_layers_in_order, task_stage_types
 from solver.placement import PlacementError, validate_plan
+from solver.site import SitePolicy
 from solver.types import ClusterView, JobRequest, Placement
 
 log = logging.getLogger("cellsched.controller")
@@ -270,15 +271,20 @@ def checked(
     placements: Mapping[str, Placement],
     first: frozenset[str] | set[str] = frozenset(),
     jobs: Mapping[str, JobRequest] | None = None,
+    site: SitePolicy | None = None,
+    now: float = 0.0,
 ) -> tuple[dict[str, Placement], dict[str, str]]:
     """The placements that can be carried out together, and why the others
     cannot (solver.placement.validate_plan; on a failure, placements are
     admitted one at a time, the jobs in `first` (already placed) first).
     A placement of a job in `jobs` other than the one it runs in must be a
-    plan its runtime carries out (whatever the policy)."""
+    plan its runtime carries out, and the placements of all of them must
+    keep the `site`'s hard rules at `now` (siterules.site_problems: GPU
+    limits, partition access, active reservations), whatever the policy."""
     new = {j: r for j, r in (jobs or {}).items() if r.current is None or placements.get(j) != r.current}
+    every = dict(jobs or {})
     try:
-        validate_plan(view, placements, new)
+        validate_plan(view, placements, new, site, now, every)
         return dict(placements), {}
     except PlacementError:
         pass
@@ -286,7 +292,7 @@ def checked(
     rejected: dict[str, str] = {}
     for job_id, p in sorted(placements.items(), key=lambda kv: (kv[0] not in first, kv[0])):
         try:
-            validate_plan(view, {**ok, job_id: p}, new)
+            validate_plan(view, {**ok, job_id: p}, new, site, now, every)
             ok[job_id] = p
         except PlacementError as exc:
             rejected[job_id] = f"plan rejected: {exc}"

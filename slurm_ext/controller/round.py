@@ -464,15 +464,14 @@ class Controller:
 
     def _read_site(self, ctx: RoundContext) -> None:
         """The site's standing policy, read from Slurm each round (the
-        backend's `read_site`; a backend without one has none). When it
-        cannot be read (no slurmdbd, say) the round goes on without it: one
-        warning, and no new try for SITE_RETRY_S seconds."""
+        backend's `read_site`; one without accounting reads an empty one).
+        When it cannot be read (no slurmdbd, say) the round goes on without
+        it: one warning, and no new try for SITE_RETRY_S seconds."""
         ctx.site = SiteReading()
-        read = getattr(self.backend, "read_site", None)
-        if read is None or self.clock() < self._site_retry_at:
+        if self.clock() < self._site_retry_at:
             return
         try:
-            ctx.site = read()
+            ctx.site = self.backend.read_site()
         except (SlurmError, ParseError, OSError, ValueError) as exc:
             self._site_retry_at = self.clock() + SITE_RETRY_S
             if str(exc) != self._site_failure:
@@ -597,9 +596,10 @@ class Controller:
         """The placements that can be carried out together (a running job
         keeps its own unless moved) and the actions that make Slurm match them."""
         placed = {m.job_id for m in ctx.jobs if m.current is not None}
-        requests = {j.job_id: j for j in ctx.built.request.jobs}
+        request = ctx.built.request
+        requests = {j.job_id: j for j in request.jobs}
         keep = _keep_running(ctx.jobs, ctx.reply.placements, ctx.moving.static)
-        ctx.desired, ctx.rejected = checked(ctx.built.view, keep, placed, requests)
+        ctx.desired, ctx.rejected = checked(ctx.built.view, keep, placed, requests, request.site, request.now)
         for job_id, why in ctx.rejected.items():
             log.error("placement rejected", extra={"fields": {"job": job_id, "error": why}})
             self.metrics.inc("errors_total", labels={"kind": "invalid_placement"})

@@ -67,6 +67,7 @@ from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartiti
 from slurm_ext.sim.clusterspec import arena_cluster
 from slurm_ext.sim.types import ClusterSpec
 from slurm_ext.sim.world import SimJob, SimNode, SimWorld
+from slurm_ext.site import SiteReading
 from solver.contract import CHECKPOINT_SIGNALS
 from solver.contract.jobspec import JobSpec, JobSpecError
 
@@ -117,6 +118,10 @@ class SimBackend(OneAtATime):
         nodes = tuple(_node_record(n, self._node_partitions[n.name]) for n in w.nodes.values())
         jobs = tuple(_job_record(j, w.now) for j in w.jobs.values())
         return ClusterSnapshot(nodes=nodes, partitions=self._partitions, jobs=jobs, taken_at=w.now)
+
+    def read_site(self) -> SiteReading:
+        """None to read: a simulation's site policy (slurm_ext.sim.site) reaches the policies with each request."""
+        return SiteReading()
 
     def _get(self, job_id: str) -> SimJob:
         check_job_id(job_id)

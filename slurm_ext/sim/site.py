@@ -47,6 +47,7 @@ from typing import Any
 from slurm_ext.sim.types import SiteSpec, TraceJob
 from slurm_ext.sim.world import Observer, SimJob
 from solver.estimator.protocol import EstimatorLike
+from solver.limits import Bucket, Holder, Loads, bindings
 from solver.policies import Policy
 from solver.policies.slurm_multifactor import MultifactorWeights, multifactor_priority
 from solver.site import GpuLimit, LimitKind, LimitScope, SitePolicy
@@ -107,6 +108,16 @@ def site_limits(site: SiteSpec, users: Mapping[str, set[str]]) -> tuple[GpuLimit
     return tuple(out)
 
 
+#: the reason squeue shows for a job a limit keeps from starting, by the limit's scope and kind
+SLURM_REASONS = {
+    (LimitScope.ACCOUNT, LimitKind.GRP): "AssocGrpGRES",
+    (LimitScope.USER, LimitKind.GRP): "AssocGrpGRES",
+    (LimitScope.QOS, LimitKind.GRP): "QOSGrpGRES",
+    (LimitScope.QOS_PER_USER, LimitKind.PER_USER): "QOSMaxGRESPerUser",
+    (LimitScope.QOS, LimitKind.PER_JOB): "QOSMaxGRESPerJob",
+}
+
+
 def water_fill(capacity: float, demand: Mapping[str, float], shares: Mapping[str, float]) -> dict[str, float]:
     """What each account with demand is entitled to: `capacity` split in
     proportion to the shares, no account above its demand, what one cannot
@@ -152,16 +163,18 @@ class SiteUsage(Observer):
         self.users: dict[str, set[str]] = {}
         self.peak: dict[str, int] = {}  # account -> most GPUs its jobs held at once
         self.over: set[str] = set()  # Slurm ids of the jobs that ended (not requeued since)
-        #: GPUs held by limit group: ("account", a), ("user", a, u), ("qos", q), ("qos-user", q, u)
-        self.by_group: dict[tuple[str, ...], int] = {}
+        #: the limits' buckets (solver.limits) that bind each job, by Slurm id, and the GPUs each holds
+        self.bindings: dict[str, list[Bucket]] = {}
+        self.loads = Loads()
         self.held_back: set[tuple[str, int]] = set()  # (Slurm id, start) Slurm's limits kept from starting
-        self._qos = {q.name: q for q in site.qos}
 
     def register(self, slurm_id: str, job: TraceJob) -> None:
         self.advance()
         self.jobs[slurm_id] = (job.account, job.user, job.qos, job.requested_gpus)
         self.users.setdefault(job.account, set()).add(job.user)
         self.demand[job.account] = self.demand.get(job.account, 0) + job.requested_gpus
+        mine = site_limits(self.site, {job.account: {job.user}})  # the cluster file's limits that may bind it
+        self.bindings[slurm_id] = bindings(mine, Holder(job.account, job.user, job.qos))
 
     def advance(self) -> None:
         """Decay and accrue up to now (the GPUs held constant since the last change)."""
@@ -179,32 +192,18 @@ class SiteUsage(Observer):
             self.entitled_s[a] = self.entitled_s.get(a, 0.0) + e * dt
         self.t = t
 
-    def _groups(self, slurm_id: str) -> list[tuple[str, ...]]:
-        a, u, q, _ = self.jobs[slurm_id]
-        return [("account", a), ("user", a, u), ("qos", q), ("qos-user", q, u)]
-
     def gate(self, job: SimJob) -> str:
         """Slurm's limits when `job` would start (SimWorld's gate): the
-        reason it may not, as squeue shows it, or "" (it may)."""
-        got = self.jobs.get(job.job_id)
-        if got is None:
+        reason it may not, as squeue shows it, or "" (it may). The cluster
+        file's limits are of every GPU type: a job's GPUs count whatever their type."""
+        bs = self.bindings.get(job.job_id)
+        if not bs:
             return ""
-        a, _, q, _ = got
-        gpus = max(job.gres, 0) * job.num_nodes
-        acc, qos = self.site.account(a), self._qos.get(q)
-        g = dict(zip(("account", "user", "qos", "qos-user"), self._groups(job.job_id), strict=True))
-        checks = [
-            (acc.gpus if acc else None, g["account"], "AssocGrpGRES"),
-            (acc.user_gpus if acc else None, g["user"], "AssocGrpGRES"),
-            (qos.gpus if qos else None, g["qos"], "QOSGrpGRES"),
-            (qos.user_gpus if qos else None, g["qos-user"], "QOSMaxGRESPerUser"),
-        ]
-        why = next((r for cap, k, r in checks if cap is not None and self.by_group.get(k, 0) + gpus > cap), "")
-        if not why and qos is not None and qos.job_gpus is not None and gpus > qos.job_gpus:
-            why = "QOSMaxGRESPerJob"
-        if why:
-            self.held_back.add((job.job_id, job.starts))
-        return why
+        over = self.loads.blocking(bs, ((None, max(job.gres, 0) * job.num_nodes),))
+        if over is None:
+            return ""
+        self.held_back.add((job.job_id, job.starts))
+        return SLURM_REASONS[over[0].limit.scope, over[0].limit.kind]
 
     def started(self, job: SimJob, cell: str) -> None:
         if job.job_id in self.jobs:
@@ -212,16 +211,14 @@ class SiteUsage(Observer):
             a = self.jobs[job.job_id][0]
             self.gpus_held[a] = self.gpus_held.get(a, 0) + job.gpus
             self.peak[a] = max(self.peak.get(a, 0), self.gpus_held[a])
-            for k in self._groups(job.job_id):
-                self.by_group[k] = self.by_group.get(k, 0) + job.gpus
+            self.loads.add(self.bindings[job.job_id], ((None, job.gpus),))
 
     def stopped(self, job: SimJob, held_s: float) -> None:
         if job.job_id in self.jobs:
             self.advance()
             a = self.jobs[job.job_id][0]
             self.gpus_held[a] = self.gpus_held.get(a, 0) - job.gpus
-            for k in self._groups(job.job_id):
-                self.by_group[k] -= job.gpus
+            self.loads.add(self.bindings[job.job_id], ((None, job.gpus),), -1)
 
     def ended(self, job: SimJob) -> None:
         # a checkpointed job ends too (FAILED, exit 75) and is requeued later: its demand comes back then

@@ -3,40 +3,38 @@ of the joint model and checks of every other path, partition access,
 reservations, time limits, fair-share weights and the GPUs pending plain
 sbatch jobs claim (docs/site-policy.md).
 
-Limits. A `GpuLimit` becomes one or more *buckets*: the jobs it binds
-together (all of them for GrpTRES; one bucket per user for MaxTRESPerUser
-and for a QOS's per-user limit; MaxTRESPerJob caps each job's options and
-has no bucket). A bucket's row in the joint model is
+Limits. Which limit binds which job, its *buckets* and a bucket's load
+against its cap are solver.limits' (one place); here they meet the round.
+A bucket's row in the joint model is
 
     sum over options o of its jobs: GPUs of o counted by the limit * x[o]  <=  headroom - fixed
 
-(`fixed`: the GPUs its jobs that keep their placement hold). Where the
-running jobs that must stay already hold more than that (a limit lowered
-under them), the row gets a slack column that costs more than any plan can
-gain: the plan then shrinks the elastic ones as far as it can, grows none,
-and starts nothing else under that limit. The greedy plan and the repair
-of a CP-SAT plan check the same caps (`Tally`); `site_problems` is the
-guard every policy's plan can be checked with.
+(`fixed`: the GPUs its jobs that keep their placement hold; `SiteRules.cap`).
+Where the running jobs that must stay already hold more than that (a limit
+lowered under them), the row gets a slack column that costs more than any
+plan can gain: the plan then shrinks the elastic ones as far as it can,
+grows none, and starts nothing else under that limit. The greedy plan and
+the repair of a CP-SAT plan check the same caps (`Tally`); `site_problems`
+is the guard every policy's plan can be checked with.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 
 from solver.contract.models import ModelSpec
+from solver.limits import Bucket, Loads, bindings, headroom, held_in
 from solver.placement.candidates import Option
 from solver.placement.nodes import RESERVED, node_partitions
 from solver.site import (
-    GpuLimit,
     LimitKind,
     LimitScope,
     Reservation,
     SitePolicy,
     UnmanagedDemand,
     reason_fairshare,
-    reason_limit,
     reason_partition,
     reason_reservation,
 )
@@ -55,52 +53,6 @@ from solver.types import (
 FAIR_FLOOR = 1 / 64
 #: job ids of the stand-ins for pending plain sbatch jobs (`claim_jobs`)
 UNMANAGED_PREFIX = "@unmanaged:"
-
-
-@dataclass(frozen=True)
-class Bucket:
-    """The jobs one limit binds together: all of them, or one user's (`user`)."""
-
-    limit: GpuLimit
-    user: str | None = None
-
-    @property
-    def key(self) -> str:
-        return self.limit.key + (f"/{self.user}" if self.user is not None else "")
-
-    def gpus(self, cell: Cell) -> int:
-        """The GPUs of `cell` the limit counts (those of its GPU type, or all)."""
-        t = self.limit.gpu_type
-        return sum(n * cell.gpus_per_node for ct, n in cell.by_type() if t is None or ct == t)
-
-    def reason(self, used: int) -> str:
-        return reason_limit(self.limit, used, self.user)
-
-
-def binds(limit: GpuLimit, job: JobRequest) -> bool:
-    """Does `limit` bind `job`? ACCOUNT: its account; USER: "account/user";
-    QOS: its QOS; QOS_PER_USER: its QOS (name "qos"), or its QOS and user
-    (name "qos/user"); PARTITION: every job that may run in the partition
-    (named among its partitions, or none named)."""
-    s, name = limit.scope, limit.name
-    if s == LimitScope.ACCOUNT:
-        return bool(job.account) and job.account == name
-    if s == LimitScope.USER:
-        return f"{job.account}/{job.user}" == name
-    if s == LimitScope.QOS:
-        return bool(job.qos) and job.qos == name
-    if s == LimitScope.QOS_PER_USER:
-        return f"{job.qos}/{job.user}" == name if "/" in name else bool(job.qos) and job.qos == name
-    return job.partitions is None or name in job.partitions
-
-
-def bucket_of(limit: GpuLimit, job: JobRequest) -> Bucket | None:
-    """The bucket of `limit` that counts `job`'s GPUs (None: it does not bind
-    the job, or it is a per-job limit)."""
-    if limit.kind == LimitKind.PER_JOB or not binds(limit, job):
-        return None
-    per_user = limit.kind == LimitKind.PER_USER or limit.scope == LimitScope.QOS_PER_USER
-    return Bucket(limit, job.user if per_user and "/" not in limit.name else None)
 
 
 def _placement_gpus(p: Placement) -> int:
@@ -149,29 +101,27 @@ class SiteRules:
         now: float,
     ) -> None:
         self.site, self.cluster, self.now = site, cluster, now
+        #: the buckets of the round's jobs (solver.limits), by key; each job's, by job id
         self.buckets: dict[str, Bucket] = {}
         self.of_job: dict[str, list[str]] = {}
-        self.per_job: dict[str, list[GpuLimit]] = {}
-        self.fixed_load: dict[str, int] = {}
-        self.current_load: dict[str, int] = {}
+        self.per_job: dict[str, list[Bucket]] = {}
+        fixed_load, current_load = Loads(), Loads()
         for job in jobs:
-            keys = []
-            for lim in site.limits:
-                if lim.kind == LimitKind.PER_JOB:
-                    if binds(lim, job):
-                        self.per_job.setdefault(job.job_id, []).append(lim)
-                    continue
-                b = bucket_of(lim, job)
-                if b is None or b.key in keys:
-                    continue
-                self.buckets.setdefault(b.key, b)
-                keys.append(b.key)
-                cur = fixed.get(job.job_id) or job.current
-                if cur is not None:
-                    self.current_load[b.key] = self.current_load.get(b.key, 0) + b.gpus(cur.cell)
-                if job.job_id in fixed:
-                    self.fixed_load[b.key] = self.fixed_load.get(b.key, 0) + b.gpus(fixed[job.job_id].cell)
-            self.of_job[job.job_id] = keys
+            groups = []
+            for b in bindings(site.limits, job):
+                if b.per_job:
+                    self.per_job.setdefault(job.job_id, []).append(b)
+                else:
+                    self.buckets.setdefault(b.key, b)
+                    groups.append(b)
+            self.of_job[job.job_id] = [b.key for b in groups]
+            cur = fixed.get(job.job_id) or job.current
+            if cur is not None and groups:
+                current_load.add(groups, held_in(cur.cell))
+            if job.job_id in fixed and groups:
+                fixed_load.add(groups, held_in(fixed[job.job_id].cell))
+        #: bucket key -> the GPUs its jobs that keep their placement hold / its jobs hold now
+        self.fixed_load, self.current_load = fixed_load.load, current_load.load
         total = sum(n.gpus_total for n in cluster.nodes) or 1
         self.fair = fair_factors(site)
         #: account -> the GPUs its share entitles it to (share x the cluster's GPUs)
@@ -197,12 +147,19 @@ class SiteRules:
         """GPUs the movable jobs of a bucket may hold together this round."""
         return self.buckets[key].limit.headroom - self.fixed_load.get(key, 0)
 
-    def job_cap(self, job: JobRequest, cell: Cell) -> GpuLimit | None:
-        """The per-job limit (MaxTRESPerJob) `cell` breaks, or None."""
-        for lim in self.per_job.get(job.job_id, ()):
-            if Bucket(lim).gpus(cell) > lim.headroom:
-                return lim
-        return None
+    def groups(self, job_id: str) -> list[Bucket]:
+        """The buckets that count the job's GPUs together with other jobs'."""
+        return [self.buckets[k] for k in self.of_job.get(job_id, ())]
+
+    def allowed(self, b: Bucket) -> int:
+        """The most GPUs a whole plan may hold under a bucket: its headroom,
+        or what its jobs hold now where that is more (a limit lowered under them)."""
+        return max(b.limit.headroom, self.current_load.get(b.key, 0))
+
+    def job_cap(self, job: JobRequest, cell: Cell) -> str | None:
+        """Why `cell` breaks a per-job limit (MaxTRESPerJob) of the job, or None."""
+        over = Loads().blocking(self.per_job.get(job.job_id, ()), held_in(cell))
+        return None if over is None else over[0].reason(over[1])
 
     def share_bonus(self, options: Mapping[str, Sequence[Option]]) -> int:
         """What each GPU an account lacks of its fair-share target costs a
@@ -303,9 +260,9 @@ class SiteRules:
                 continue
             kept: list[Option] = []
             for o in opts:
-                lim = self.job_cap(job, o.cell)
-                if lim is not None and o.pinned is None:
-                    why.setdefault(jid, reason_limit(lim, Bucket(lim).gpus(o.cell)))
+                over = self.job_cap(job, o.cell)
+                if over is not None and o.pinned is None:
+                    why.setdefault(jid, over)
                     continue
                 if self.move_misses_limit(job, o, config):
                     continue
@@ -329,23 +286,19 @@ class SiteRules:
         u = max(self.site.usage.get(job.account, 0.0), held.get(job.account, 0) / max(self.total_gpus, 1))
         return reason_fairshare(job.account, u, share) if u >= share else None
 
-    def limit_reason(self, job: JobRequest, loads: Mapping[str, int], min_cell: Cell | None) -> str | None:
+    def limit_reason(self, job: JobRequest, loads: Loads, min_cell: Cell | None) -> str | None:
         """``limit ...`` for the first bucket of the job that its smallest
         cell would put over its limit, given the plan's `loads` (`loads`)."""
         if min_cell is None:
             return None
-        for key in self.of_job.get(job.job_id, ()):
-            b = self.buckets[key]
-            used = loads.get(key, 0) + b.limit.used_outside
-            if used + b.gpus(min_cell) > b.limit.gpus:
-                return b.reason(used)
-        return None
+        over = loads.blocking(self.groups(job.job_id), held_in(min_cell))
+        return None if over is None else over[0].reason(over[1])
 
-    def loads(self, placed: Mapping[str, Placement]) -> dict[str, int]:
-        out: dict[str, int] = {}
+    def loads(self, placed: Mapping[str, Placement], cap: Callable[[Bucket], int] = headroom) -> Loads:
+        """The loads of the buckets with these placements, against `cap` (default: the headroom)."""
+        out = Loads(cap)
         for jid, p in placed.items():
-            for key in self.of_job.get(jid, ()):
-                out[key] = out.get(key, 0) + self.buckets[key].gpus(p.cell)
+            out.add(self.groups(jid), held_in(p.cell))
         return out
 
 
@@ -359,28 +312,22 @@ def _deadline(job: JobRequest, now: float) -> float | None:
 
 
 class Tally:
-    """The GPUs each bucket holds in a plan being built (greedy, repair)."""
+    """The GPUs each bucket holds in a plan being built (greedy, repair),
+    by job id, against the round's caps (`SiteRules.cap`)."""
 
     def __init__(self, rules: SiteRules) -> None:
         self.rules = rules
-        self.load: dict[str, int] = {}
+        self.loads = Loads(lambda b: rules.cap(b.key))
 
     def fits(self, job_id: str, cell: Cell) -> bool:
-        r = self.rules
-        return all(
-            self.load.get(k, 0) + r.buckets[k].gpus(cell) <= r.cap(k)
-            for k in r.of_job.get(job_id, ())
-            if r.buckets[k].gpus(cell)
-        )
+        return self.loads.fits(self.rules.groups(job_id), held_in(cell))
 
     def add(self, job_id: str, cell: Cell, sign: int = 1) -> None:
-        r = self.rules
-        for k in r.of_job.get(job_id, ()):
-            self.load[k] = self.load.get(k, 0) + sign * r.buckets[k].gpus(cell)
+        self.loads.add(self.rules.groups(job_id), held_in(cell), sign)
 
     def over(self) -> int:
         """GPUs over the caps, all buckets together."""
-        return sum(max(0, v - self.rules.cap(k)) for k, v in self.load.items())
+        return self.loads.over()
 
 
 def site_problems(
@@ -402,21 +349,17 @@ def site_problems(
     rules = SiteRules(site, cluster, jobs, {}, 0.0)
     by_id = {j.job_id: j for j in jobs}
     out: list[str] = []
-    loads = rules.loads(placements)
-    for key, load in sorted(loads.items()):
-        b = rules.buckets[key]
-        allowed = max(b.limit.headroom, rules.current_load.get(key, 0))
-        if load > allowed:
-            out.append(f"{b.reason(load + b.limit.used_outside)} planned ({allowed} allowed to managed jobs)")
+    for b, load in rules.loads(placements, rules.allowed).overs():
+        out.append(f"{b.reason(load + b.limit.used_outside)} planned ({rules.allowed(b)} allowed to managed jobs)")
     parts = node_partitions(cluster)
     for jid, p in sorted(placements.items()):
         job = by_id.get(jid)
         if job is None:
             continue
         stays = job.current is not None and p.same_resources(job.current)
-        lim = rules.job_cap(job, p.cell)
-        if lim is not None and not stays:
-            out.append(f"job {jid}: {reason_limit(lim, Bucket(lim).gpus(p.cell))} for one job")
+        over = rules.job_cap(job, p.cell)
+        if over is not None and not stays:
+            out.append(f"job {jid}: {over} for one job")
         if site.partition_access and not stays:
             allowed_parts = allowed_partitions(job, site, cluster)
             if allowed_parts is not None and not _in_some(p, parts, allowed_parts):
@@ -519,13 +462,12 @@ def enforce_site(request: ScheduleRequest, reply: ScheduleReply) -> ScheduleRepl
         if alone:
             undo(jid, alone[0])
     for key, b in sorted(rules.buckets.items()):
-        allowed = max(b.limit.headroom, rules.current_load.get(key, 0))
         for jid in order:
-            load = rules.loads(plan).get(key, 0)
-            if load <= allowed:
+            loads = rules.loads(plan, rules.allowed)
+            if not loads.excess(key):
                 break
             p = plan.get(jid)
             if p is None or key not in rules.of_job.get(jid, ()) or by_id[jid].current is p:
                 continue
-            undo(jid, b.reason(load + b.limit.used_outside))
+            undo(jid, b.reason(loads.load[key] + b.limit.used_outside))
     return dataclasses.replace(reply, placements=plan, reasons={k: v for k, v in reasons.items() if k not in plan})

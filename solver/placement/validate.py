@@ -44,6 +44,7 @@ def validate_plan(
     jobs: Mapping[str, JobRequest] | None = None,
     site: SitePolicy | None = None,
     now: float = 0.0,
+    site_jobs: Mapping[str, JobRequest] | None = None,
 ) -> None:
     """Raise PlacementError unless every placement is on existing nodes of its cell's
     GPU type, matches its cell's layout (num_nodes distinct nodes with
@@ -55,7 +56,9 @@ def validate_plan(
     chose it, no job is given a plan its code would ignore. With a `site`
     policy (and `jobs`), neither may it break the site's hard rules
     (siterules.site_problems: GPU limits, partition access, reservations
-    active at `now`)."""
+    active at `now`) for the jobs in `site_jobs` (default: `jobs`; the
+    controller checks the runtimes of the jobs that move or start only, and
+    the rules over every job, as the running ones hold GPUs under the limits too)."""
     by_name = {n.name: n for n in cluster.nodes}
     order = {n.name: i for i, n in enumerate(cluster.nodes)}
     used: dict[str, int] = {}
@@ -101,9 +104,10 @@ def validate_plan(
     for name, g in sorted(used.items()):
         if g > by_name[name].gpus_free:
             raise PlacementError(f"node {name}: {g} GPUs planned, {by_name[name].gpus_free} free")
-    if site is not None and not site.empty and jobs is not None:
+    ruled = jobs if site_jobs is None else site_jobs
+    if site is not None and not site.empty and ruled is not None:
         from solver.placement.siterules import site_problems  # siterules stands on this package
 
-        problems = site_problems(site, cluster, list(jobs.values()), placements, now)
+        problems = site_problems(site, cluster, list(ruled.values()), placements, now)
         if problems:
             raise PlacementError("; ".join(problems))

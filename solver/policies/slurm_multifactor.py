@@ -22,7 +22,8 @@ requested GPU type and count (JobRequest.requested_gpu_type /
 requested_gpus, else the first allowed type and min_gpus), best locality
 first as FCFS does (`common.layouts`). A job that would put an account,
 user or QOS over a GPU limit of SitePolicy.limits (headroom: the limit less
-`used_outside`) does not start, and holds nothing: it waits, as Slurm's
+`used_outside`; which limit binds which job and the count are
+solver.limits') does not start, and holds nothing: it waits, as Slurm's
 AssocGrpGRES / QOSMaxGRESPerUser reasons do, and the jobs behind it go on
 (its reason: solver.site.reason_limit).
 Otherwise the job's expected start is the earliest time at which a layout
@@ -49,13 +50,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from solver.estimator.protocol import EstimatorLike
+from solver.limits import Loads, bindings, held_in
 from solver.placement import Space, split_fixed
 from solver.placement.candidates import Option
 from solver.placement.greedy import try_place
-from solver.placement.siterules import Bucket, binds, bucket_of
 from solver.policies.common import Feasible, dp_estimate, heuristic_reply, layouts
 from solver.policies.fcfs import requested
-from solver.site import GpuLimit, LimitKind, SitePolicy, reason_limit
+from solver.site import SitePolicy
 from solver.types import Cell, JobRequest, NodeView, Placement, ScheduleReply, ScheduleRequest
 
 
@@ -91,39 +92,6 @@ def multifactor_priority(
     gpus = job.requested_gpus or job.min_gpus
     size = min(gpus / total_gpus, 1.0) if total_gpus > 0 else 0.0
     return weights.age * age + weights.fairshare * fairshare_factor(job.account, site) + weights.job_size * size
-
-
-class LimitBook:
-    """The GPUs each limit's buckets hold (running jobs and those started
-    this round); which jobs a limit binds is solver.placement.siterules'."""
-
-    def __init__(self, limits: Sequence[GpuLimit]) -> None:
-        self.limits = tuple(limits)
-        self.used: dict[str, int] = {}
-
-    def blocking(self, job: JobRequest, cell: Cell) -> str | None:
-        """The reason (solver.site.reason_limit) of the first limit `job` in
-        `cell` would exceed (None: none)."""
-        for lim in self.limits:
-            if lim.kind == LimitKind.PER_JOB:
-                want = Bucket(lim).gpus(cell)
-                if binds(lim, job) and want > lim.gpus:
-                    return reason_limit(lim, want)
-                continue
-            bucket = bucket_of(lim, job)
-            if bucket is None:
-                continue
-            have = self.used.get(bucket.key, 0)
-            want = bucket.gpus(cell)
-            if want and have + want > lim.headroom:
-                return bucket.reason(have + lim.used_outside)
-        return None
-
-    def add(self, job: JobRequest, cell: Cell) -> None:
-        for lim in self.limits:
-            bucket = bucket_of(lim, job)
-            if bucket is not None:
-                self.used[bucket.key] = self.used.get(bucket.key, 0) + bucket.gpus(cell)
 
 
 class Profile:
@@ -210,10 +178,11 @@ class SlurmMultifactorPolicy:
         space = Space.of(cluster, fixed)
         ledger = space.ledger()
         by_id = {j.job_id: j for j in request.jobs}
-        book = LimitBook(request.site.limits)
+        limits = request.site.limits
+        book = Loads()  # the GPUs each limit's buckets hold: running jobs and those started this round
         profile = Profile({n.name: ledger.free.get(n.name, 0) for n in cluster.nodes}, now)
         for jid, p in fixed.items():
-            book.add(by_id[jid], p.cell)
+            book.add(bindings(limits, by_id[jid]), held_in(p.cell))
             end = self._expected_end(by_id[jid], p, now, estimator)
             for node, g in p.nodes:
                 profile.release(end, node, g)
@@ -233,9 +202,10 @@ class SlurmMultifactorPolicy:
             if not options:
                 reasons[job.job_id] = f"no feasible layout of {gpus} x {gpu_type}"
                 continue
-            blocked = book.blocking(job, options[0].cell)
+            binding = bindings(limits, job)
+            blocked = book.blocking(binding, held_in(options[0].cell))
             if blocked is not None:
-                reasons[job.job_id] = blocked
+                reasons[job.job_id] = blocked[0].reason(blocked[1])
                 continue
             best = self._earliest(profile, cluster.nodes_of(gpu_type), job, options)
             if best is None:
@@ -247,7 +217,7 @@ class SlurmMultifactorPolicy:
                 got = try_place(space, ledger, job, opt, tuple(nodes))
                 if got is not None:
                     placed[job.job_id] = opt.placement(*got)
-                    book.add(job, opt.cell)
+                    book.add(binding, held_in(opt.cell))
                     for node in nodes:
                         profile.free[node] -= opt.cell.gpus_per_node
                         profile.release(now + run_s, node, opt.cell.gpus_per_node)

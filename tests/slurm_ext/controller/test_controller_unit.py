@@ -472,6 +472,7 @@ def test_a_job_the_solver_fails_on_is_left_out(tmp_path):
     """The real cellsched policy behind a wrapper that fails on one job: the
     round still places the others and names the culprit."""
     from slurm_ext.controller.round import Controller
+    from slurm_ext.site import SiteReading
     from solver.policies import get_policy
 
     class Picky:
@@ -485,11 +486,14 @@ def test_a_job_the_solver_fails_on_is_left_out(tmp_path):
                 raise RuntimeError("cannot handle job 3")
             return self.inner.schedule(request, estimator)
 
-    class Frozen:  # a backend that only observes this snapshot
+    class Frozen:  # a backend that only observes this snapshot (no accounting)
         name = "frozen"
 
         def observe(self):
             return snapshot(managed_job("2"), managed_job("3"))
+
+        def read_site(self):
+            return SiteReading()
 
     config = from_dict({"controller": {"state_path": str(tmp_path / "s.sqlite")}})
     ctl = Controller(config, backend=Frozen(), policy=Picky())

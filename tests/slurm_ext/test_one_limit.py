@@ -1,0 +1,188 @@
+"""One GPU limit, every path that counts under it: the CP-SAT model (exact,
+aggregated, LP first), the greedy plan and the repair's `Tally`,
+`enforce_site` over a plan made without the site, slurm-multifactor, the
+controller's check at a release, the simulated Slurm's check at a start, and
+the GPUs Slurm's running records hold under it. They all ask solver.limits,
+so they agree.
+
+The case, worked out by hand: account acctA has GrpTRES=gres/gpu=4 on a
+cluster of 8 A100s; three acctA jobs ask for 2 GPUs each. 2 + 2 = 4 fits,
+a third 2 would make 6 > 4: whatever plans it, two run (4 GPUs) and the
+third waits, "used 4/4"."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+
+from slurm_ext.controller.inputs import ManagedJob, Phase
+from slurm_ext.controller.limits import within_limits
+from slurm_ext.controller.reconcile import Action, ActionKind
+from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode
+from slurm_ext.sim.site import SiteUsage
+from slurm_ext.sim.types import AccountSpec, SiteSpec, TraceJob
+from slurm_ext.site import holder, outside_limits
+from solver.contract.models import get_model
+from solver.estimator import EstimatorBase
+from solver.limits import binds
+from solver.placement import joint
+from solver.placement.siterules import SiteRules, Tally, enforce_site
+from solver.policies import get_policy
+from solver.site import GpuLimit, LimitKind, LimitScope, SitePolicy
+from solver.types import (
+    Cell,
+    ClusterView,
+    Estimate,
+    JobRequest,
+    NodeView,
+    ParallelPlan,
+    Placement,
+    ScheduleReply,
+    ScheduleRequest,
+    SolverConfig,
+)
+
+EIGHT = ClusterView(tuple(NodeView(f"n{i}", "a100", 4, 4) for i in range(2)))
+LIMIT = GpuLimit(LimitScope.ACCOUNT, "acctA", LimitKind.GRP, 4)
+SITE = SitePolicy(limits=(LIMIT,))
+JOBS = tuple(
+    JobRequest(
+        f"j{i}",
+        get_model("gpt-350m"),
+        32,
+        1000,
+        user="u",
+        min_gpus=2,
+        max_gpus=2,
+        requested_gpus=2,
+        requested_gpu_type="a100",
+        submit_time=float(i),
+        account="acctA",
+    )
+    for i in (1, 2, 3)
+)
+WAITS = "limit account:acctA GrpTRES gres/gpu used 4/4"
+PATHS = {
+    "exact": {},
+    "aggregated": {"exact_node_model_max_nodes": 0},
+    "lp-first": {"exact_node_model_max_nodes": 0, "lp_first_min_jobs": 0},
+}
+
+
+class Flat(EstimatorBase):
+    """1 s per iteration in every one-stage cell."""
+
+    def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
+        if cell.pp != 1:
+            return Estimate(cell, None, float("inf"), 0.0, "none")
+        return Estimate(cell, ParallelPlan(1, cell.num_gpus, 1), 1.0, 1.0, "measured")
+
+
+def request(site: SitePolicy = SITE, **config: int) -> ScheduleRequest:
+    return ScheduleRequest(EIGHT, JOBS, config=SolverConfig(deterministic=True, **config), site=site)
+
+
+def held(reply: ScheduleReply) -> int:
+    return sum(p.cell.num_gpus for p in reply.placements.values())
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_the_cpsat_model_holds_4(path):
+    reply = get_policy("cellsched").schedule(request(**PATHS[path]), Flat())
+    assert held(reply) == 4 and len(reply.placements) == 2
+    (waiting,) = {j.job_id for j in JOBS} - set(reply.placements)
+    assert reply.reasons[waiting] == WAITS
+    assert held(get_policy("cellsched").schedule(request(SitePolicy()), Flat())) == 6  # the limit is what stops it
+
+
+def test_the_greedy_plan_holds_4(monkeypatch):
+    def broken(*a, **kw):
+        raise RuntimeError("no CP-SAT today")
+
+    monkeypatch.setattr(joint, "solve_cpsat", broken)
+    reply = get_policy("cellsched").schedule(request(), Flat())
+    assert reply.status == "GREEDY" and held(reply) == 4
+
+
+def test_the_tally_of_the_greedy_plan_and_the_repair_takes_two():
+    tally = Tally(SiteRules(SITE, EIGHT, JOBS, {}, 0.0))
+    fits = []
+    for j in JOBS:
+        fits.append(tally.fits(j.job_id, Cell("a100", 1, 2)))
+        if fits[-1]:
+            tally.add(j.job_id, Cell("a100", 1, 2))
+    assert fits == [True, True, False] and tally.over() == 0
+
+
+def test_enforce_site_cuts_a_plan_made_without_the_site_to_4():
+    own = get_policy("fcfs").schedule(request(SitePolicy()), Flat())
+    assert held(own) == 6
+    fixed = enforce_site(request(), own)
+    # the last submitted waits; its reason counts the plan it was cut from
+    assert held(fixed) == 4 and fixed.reasons == {"j3": WAITS.replace("4/4", "6/4")}
+
+
+def test_slurm_multifactor_starts_two():
+    reply = get_policy("slurm-multifactor").schedule(request(), Flat())
+    assert held(reply) == 4 and reply.reasons == {"j3": WAITS}
+
+
+def test_the_controller_releases_two():
+    def place(j: JobRequest, node: str) -> Action:
+        p = Placement(j.job_id, Cell("a100", 1, 2), ((node, 2),), ParallelPlan(1, 2, 1), 1.0)
+        return Action(ActionKind.PLACE, j.job_id, "new", p)
+
+    held_jobs = [ManagedJob(SlurmJob(j.job_id, account="acctA"), Phase.HELD) for j in JOBS]
+    actions = [place(JOBS[0], "n0"), place(JOBS[1], "n0"), place(JOBS[2], "n1")]
+    kept, waits = within_limits(actions, held_jobs, request())
+    assert [a.job_id for a in kept] == ["j1", "j2"] and waits == {"j3": f"{WAITS}: waits for GPUs being freed"}
+
+
+def test_the_simulated_slurm_starts_two():
+    usage = SiteUsage(SiteSpec((AccountSpec("acctA", gpus=4),)), 8, lambda: 0.0, 0.0)
+    started, why = 0, []
+    for j in JOBS:
+        usage.register(j.job_id, TraceJob(j.job_id, 0.0, "gpt-350m", 32, 1000, 2, "a100", user="u", account="acctA"))
+        sim_job = SimpleNamespace(job_id=j.job_id, gres=2, num_nodes=1, gpus=2, starts=0)
+        why.append(usage.gate(sim_job))
+        if not why[-1]:
+            usage.started(sim_job, "a100:1x2")
+            started += 2
+    assert started == 4 and why == ["", "", "AssocGrpGRES"]
+
+
+def test_slurms_running_jobs_count_under_the_same_rule():
+    """Three plain acctA jobs of 2 GPUs running in Slurm hold 6 GPUs under the
+    limit (none left to managed jobs); the records bind as the requests do."""
+    nodes = tuple(SlurmNode(f"n{i}", gpus_total=4, gpu_type="a100") for i in range(2))
+    running = tuple(
+        SlurmJob(f"{i}", user="u", state="RUNNING", account="acctA", partition="all", nodes=(f"n{i % 2}",),
+                 num_nodes=1, gpus_per_node=2)
+        for i in (1, 2, 3)
+    )  # fmt: skip
+    snap = ClusterSnapshot(nodes=nodes, partitions=(), jobs=running, taken_at=0.0)
+    (lim,) = outside_limits((LIMIT,), list(running), snap)
+    assert (lim.used_outside, lim.headroom) == (6, 0)
+    other = replace(running[0], account="acctB")
+    assert [binds(LIMIT, holder(j)) for j in (*running, other)] == [True, True, True, False]
+    assert [binds(LIMIT, j) for j in JOBS] == [True, True, True]
+
+
+def test_a_partition_qos_counts_the_jobs_that_run_in_its_partition():
+    """Partition `all`'s QOS: GrpTRES 4 and MaxTRESPerUser 2. alice's plain job runs in
+    `all` with 2 GPUs, bob's in `a100`: only alice's counts, under both, and her
+    per-user share outside becomes a limit of her own, which binds her jobs only."""
+    grp = GpuLimit(LimitScope.PARTITION, "all", LimitKind.GRP, 4)
+    per_user = GpuLimit(LimitScope.PARTITION, "all", LimitKind.PER_USER, 2)
+    nodes = tuple(SlurmNode(f"n{i}", gpus_total=4, gpu_type="a100") for i in range(2))
+    running = [
+        SlurmJob("1", user="alice", state="RUNNING", partition="all", nodes=("n0",), num_nodes=1, gpus_per_node=2),
+        SlurmJob("2", user="bob", state="RUNNING", partition="a100", nodes=("n1",), num_nodes=1, gpus_per_node=2),
+    ]
+    snap = ClusterSnapshot(nodes=nodes, partitions=(), jobs=tuple(running), taken_at=0.0)
+    got = outside_limits((grp, per_user), running, snap)
+    alice = GpuLimit(LimitScope.PARTITION, "all/alice", LimitKind.PER_USER, 2, used_outside=2)
+    assert got == [replace(grp, used_outside=2), per_user, alice]
+    assert [binds(alice, replace(JOBS[0], user=u)) for u in ("alice", "bob")] == [True, False]
