@@ -1,7 +1,7 @@
 """How close the controller's estimator is to real training, per runtime, on CPU.
 
 The estimator measured is the one the controller builds
-(``slurm_ext.controller.round._make_estimator``: ``MixedEstimator(Estimator(
+(``slurm_ext.controller.speeds.make_estimator``: ``MixedEstimator(Estimator(
 open_store(profiles_path), state_sharding=...))``, its defaults), over a
 store seeded as the controller's is, and each job priced by its runtime
 (``JobRequest.runtime``, ``solver.cost.runtime``). Per runtime mode
@@ -425,11 +425,11 @@ def profile_gpu(store, model) -> tuple[str, dict[str, float]]:
 
 
 def controller_estimator(store_path: Path):
-    """The estimator the controller builds (round._make_estimator) over the store at `store_path`."""
+    """The estimator the controller builds (speeds.make_estimator) over the store at `store_path`."""
     from slurm_ext.config import from_dict
-    from slurm_ext.controller.round import _make_estimator
+    from slurm_ext.controller.speeds import make_estimator
 
-    return _make_estimator(from_dict({"controller": {"profiles_path": str(store_path)}}))
+    return make_estimator(from_dict({"controller": {"profiles_path": str(store_path)}}))
 
 
 def one_pass(

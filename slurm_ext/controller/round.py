@@ -6,43 +6,38 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from slurm_ext.backends import Backend, SlurmError, SlurmUnavailable, get_backend
 from slurm_ext.config import Config
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller import metrics as mx
 from slurm_ext.controller import relaunch
-from slurm_ext.controller.hooks import STATIC_REASON, HookFiles, HookReader, Movability, collect_movability
+from slurm_ext.controller.context import RestoredIntent, RoundContext, RoundPhase
+from slurm_ext.controller.hooks import STATIC_REASON, HookReader
 from slurm_ext.controller.lease import FencedBackend, FileLease, LeaseLost
 from slurm_ext.controller.limits import within_limits
-from slurm_ext.controller.progress import Progress, ProgressFiles, ProgressReader, collect_progress
-from slurm_ext.controller.reconcile import Action, ActionKind, Outcome, Waiting, apply, checked, decide, intent_outcomes
+from slurm_ext.controller.progress import Progress, ProgressReader
+from slurm_ext.controller.reconcile import ActionKind, Waiting, apply, checked, decide, intent_outcomes
 from slurm_ext.controller.report import RoundReport
+from slurm_ext.controller.reports import JobReports
 from slurm_ext.controller.round_metrics import declare_metrics, record_cluster, record_round
+from slurm_ext.controller.speeds import Speeds
 from slurm_ext.parse.values import ParseError
 from slurm_ext.records import ClusterSnapshot, SlurmJob
 from slurm_ext.site import SiteReading, allowed_partitions
-from slurm_ext.state import HistoryEvent, JobRow, JobStatus, PlanRow, PlanStatus, RoundStatus, SpeedRow, StateStore
+from slurm_ext.state import HistoryEvent, JobRow, JobStatus, PlanStatus, RoundStatus, StateStore
 from solver import contract
-from solver.calibration import CalibratedEstimator, Calibration, Observation, running_ratio
-from solver.contention import NicAwareEstimator, contention_factors
 from solver.contract.plan import JobPlan, PlanError
 from solver.estimator.protocol import EstimatorLike
 from solver.policies import Policy
-from solver.types import Cell, JobRequest, Placement, ScheduleReply, ScheduleRequest, size_key_of
+from solver.types import Placement, ScheduleReply, ScheduleRequest, size_key_of
 
 log = logging.getLogger("cellsched.controller")
 
-#: calibration uses the speeds of this many (job, GPU type) pairs, the most recently seen
-CALIBRATION_ROWS = 2000
-#: a job first seen this many times slower (or faster) than its estimate is logged
-NOTICED = 1.25
 #: after the site's policy could not be read, the rounds of this many seconds go without one before a retry
 SITE_RETRY_S = 60.0
 
@@ -51,70 +46,6 @@ def _make_policy(config: Config) -> Policy:
     from solver.policies import get_policy
 
     return get_policy(config.controller.policy)
-
-
-def _make_estimator(config: Config) -> EstimatorLike:
-    from solver.contract.profiles.seed import open_store
-    from solver.estimator import Estimator
-    from solver.mixed import MixedEstimator
-
-    # Each job is priced by its own runtime (JobRequest.runtime, solver.cost.runtime): its gradient sync,
-    # state layout and buffers; the constructor's grad_sync and byte counts are the simulator's (adaptive) only.
-    shard = config.solver.state_sharding
-    return MixedEstimator(
-        Estimator(open_store(config.controller.profiles_path or None), state_sharding=shard), state_sharding=shard
-    )
-
-
-#: a round phase: reads the fields of the RoundContext that the phases before it set, sets its own
-RoundPhase = Callable[["RoundContext"], None]
-
-
-@dataclass(repr=False)  # (a generated repr would fail on the fields not set yet)
-class RoundContext:
-    """One round on its way through the phases (Controller._phases): what
-    was observed, what was decided and what came of it. Each phase reads the
-    fields the phases before it set; a field no phase has set yet is not
-    there (AttributeError), never a stale or made-up value."""
-
-    round_id: int | None  #: None for a dry run (not recorded)
-    started: float  #: the controller's clock at the start
-    t0: float  #: time.perf_counter() at the start
-    dry_run: bool
-    observe_s: float = 0.0
-    solve_s: float = 0.0
-    apply_s: float = 0.0
-    # 1. observed: Slurm's snapshot and the state's rows of its jobs
-    snap: ClusterSnapshot = field(init=False)
-    now: float = field(init=False)  #: when the snapshot was taken
-    listed: list[str] = field(init=False)  #: Slurm's jobs (the state's other rows are history)
-    known: dict[str, JobRow] = field(init=False)
-    released: set[str] = field(init=False)
-    parked: set[str] = field(init=False)
-    opens: dict[str, PlanRow] = field(init=False)  #: the open intents, by job
-    # 2. the work in flight the AdminComments show and the state DB does not know
-    rebuilt: dict[str, tuple[SlurmJob, contract.Step, RestoredIntent]] = field(default_factory=dict)
-    resignal: set[str] = field(default_factory=set)
-    # 3. the managed jobs, their failed runs and their progress
-    jobs: tuple[inp.ManagedJob, ...] = field(init=False)
-    failures: dict[str, relaunch.RunFailure] = field(init=False)
-    prog: Progress = field(init=False)
-    proven: dict[str, frozenset[str]] = field(init=False)  #: the cells each job has trained in
-    moving: Movability = field(init=False)  #: the running jobs that may not be moved (controller.hooks)
-    site: SiteReading = field(init=False)  #: the site's standing policy (slurm_ext.site)
-    # 4. the solver's input and reply, and the speeds running jobs reached (to record)
-    built: inp.Inputs = field(init=False)
-    speeds: dict[tuple[str, str], tuple[SpeedRow, JobRequest]] = field(default_factory=dict)
-    reply: ScheduleReply = field(init=False)
-    crashed: dict[str, str] = field(init=False)  #: the jobs the solver fails on
-    # 5. what was decided and what came of it
-    desired: dict[str, Placement] = field(init=False)
-    rejected: dict[str, str] = field(init=False)
-    actions: tuple[Action, ...] = field(init=False)
-    outcomes: list[Outcome] = field(default_factory=list)
-    summaries: tuple[dict, ...] = ()
-    failed: dict[str, str] = field(init=False)  #: the actions that failed, by job
-    statuses: tuple[JobStatus, ...] = field(init=False)
 
 
 class Controller:
@@ -146,24 +77,19 @@ class Controller:
         self.clock = clock
         self.sleep = sleep
         cc = config.controller
-        self.progress = progress or ProgressFiles(cc.read_timeout_s, cc.read_budget_s)
-        self.hooks = hooks or HookFiles(cc.read_timeout_s, cc.read_budget_s)
-        self._hooked: dict[str, float | None] = {}  # job -> start of the run whose hook is registered
-        self._hook_notes: dict[str, str] = {}  # job -> why its hook file was not used (logged when it changes)
-        self._doubts: dict[str, str] = {}  # job -> why its progress file was not used (logged when it changes)
-        self._iter_s: dict[str, float] = {}  # job -> estimated iteration time of its cell at the last round
         self.stop = threading.Event()  # set: the round in progress stops waiting (daemon.run(stop=...) shares it)
         self.backend = backend or get_backend(
             cc.backend, **({"timeout": cc.slurm_timeout_s, "workers": cc.slurm_workers} if cc.backend == "cli" else {})
         )
         self.state = state or StateStore(cc.state_path, readonly=readonly)
         self.policy = policy or _make_policy(config)
-        # the given estimator (or the profile store's) on the cluster's NICs: the uncalibrated estimates
-        self._nic_estimator = NicAwareEstimator(estimator or _make_estimator(config))
-        #: the policy's estimator: the NIC-aware one corrected by what jobs reach
-        self.estimator = CalibratedEstimator(self._nic_estimator)
         self.metrics = metrics or mx.Metrics()
         declare_metrics(self.metrics)
+        #: what the jobs report (progress, checkpoint hooks, restarts, cells trained in)
+        self.reports = JobReports(config, self.state, self.metrics, progress, hooks)
+        #: the estimates the policy decides with, calibrated by what jobs reach
+        self.speeds = Speeds(config, self.state, estimator)
+        self.estimator = self.speeds.estimator
         if lease is None and cc.lease_path and not readonly:
             lease = FileLease(cc.lease_path, cc.lease_s, cc.lease_settle_s)
         self.lease = lease
@@ -244,13 +170,13 @@ class Controller:
             (self._settle, live),  # remembered specs, ended intents
             (self._review_failures, both),  # runs that failed before training: relaunched or parked
             (self._record_failures, live),
-            (self._read_progress, both),  # how far each job is
-            (self._record_progress, live),  # restart costs measured, cells trained in
-            (self._read_hooks, both),  # which running jobs may be moved at all
+            (self.reports.read_progress, both),  # how far each job is
+            (self.reports.record_progress, live),  # restart costs measured, cells trained in
+            (self.reports.read_hooks, both),  # which running jobs may be moved at all
             (self._read_site, both),  # the site's policy: limits, shares, reservations, access
             (self._build_request, both),  # 4. the solver's input
-            (self._calibrate, both),  # the estimates corrected by what jobs reach
-            (self._record_speeds, live),
+            (self.speeds.calibrate, both),  # the estimates corrected by what jobs reach
+            (self.speeds.record_speeds, live),
             (self._solve, both),
             (self._decide, both),  # 5. the actions that make Slurm match the placements
             (self._apply, live),
@@ -344,7 +270,7 @@ class Controller:
         when their runs keep failing; the jobs parked before stay parked."""
         ctx.failures = relaunch.review(
             ctx.jobs,
-            self.progress,
+            self.reports.progress,
             self.state.run_failures(ctx.listed),
             self.config.controller.max_relaunches,
             relaunch.trained_jobs(ctx.known),
@@ -373,94 +299,6 @@ class Controller:
             if m.job_id in ctx.parked and m.phase not in (inp.Phase.PARKED, inp.Phase.FINISHED):
                 self.state.add_history(m.job_id, HistoryEvent.UNPARKED, ctx.now, ctx.round_id)
                 log.info("parked job released: managed again", extra={"fields": {"job": m.job_id, "phase": m.phase}})
-
-    def _read_progress(self, ctx: RoundContext) -> None:
-        """This round's progress: the jobs' own reports where believed
-        (slurm_ext.controller.progress), read within the round's budget."""
-        start_round = getattr(self.progress, "start_round", None)
-        if start_round is not None:
-            start_round()
-        previous = {
-            j: (r.iterations_done, r.updated if r.progress_at is None else r.progress_at)
-            for j, r in ctx.known.items()
-            if r.iterations_done is not None
-        }
-        # a job moved since the last round ran part of the time in its earlier cell: the faster one bounds it
-        now_s = {m.job_id: m.current.iter_time_s for m in ctx.jobs if m.current is not None and m.current.iter_time_s}
-        fastest = {j: min(s, self._iter_s.get(j, s)) for j, s in now_s.items()}
-        self._iter_s = now_s
-        ctx.prog = collect_progress(
-            ctx.jobs,
-            ctx.now,
-            {j for j, r in ctx.known.items() if r.finished},
-            self.progress,
-            previous=previous,
-            rate_factor=self.config.controller.progress_rate_factor,
-            iter_times=fastest,
-        )
-        for job_id, why in ctx.prog.notes.items():
-            if self._doubts.get(job_id) != why:
-                log.warning("progress not used", extra={"fields": {"job": job_id, "why": why}})
-                self.metrics.inc("errors_total", labels={"kind": "progress"})
-        self._doubts = dict(ctx.prog.notes)
-        ctx.proven = self.state.trained_cells(ctx.listed)
-
-    def _record_progress(self, ctx: RoundContext) -> None:
-        self._measure_restarts(ctx)
-        self._record_trained(ctx)
-
-    def _read_hooks(self, ctx: RoundContext) -> None:
-        """The running jobs that may not be moved this round: their runtime
-        checkpoints only through the script's hook, and its file does not
-        name them for their current run yet (slurm_ext.controller.hooks).
-        A hook file that cannot be used is logged once."""
-        start_round = getattr(self.hooks, "start_round", None)
-        if start_round is not None:
-            start_round()
-        ctx.moving, self._hooked = collect_movability(ctx.jobs, self.hooks, self._hooked)
-        for job_id, why in ctx.moving.notes.items():
-            if self._hook_notes.get(job_id) != why:
-                log.warning("checkpoint hook not used", extra={"fields": {"job": job_id, "why": why}})
-                self.metrics.inc("errors_total", labels={"kind": "hook"})
-        self._hook_notes = dict(ctx.moving.notes)
-
-    def _measure_restarts(self, ctx: RoundContext) -> None:
-        """Restart cost of each moved job, once it runs again: from the
-        signal to the end of the first step after the resume (the job's own
-        progress record), less that step (the seconds per iteration it
-        reports, else its cell's estimate): the step is work done, not lost.
-        Stored as a "resumed" event; the solver charges it for the job's next
-        move."""
-        pending = self.state.pending_restarts()
-        for m in ctx.jobs:
-            signalled_at = pending.get(m.job_id)
-            first = ctx.prog.first_step_at.get(m.job_id)
-            if signalled_at is None or first is None or m.phase != inp.Phase.RUNNING or first <= signalled_at:
-                continue
-            step = ctx.prog.iter_time.get(m.job_id) or (m.current.iter_time_s if m.current else 0.0) or 0.0
-            step = step if math.isfinite(step) else 0.0
-            # the job's own word: bounded
-            cost = min(max(0.0, first - signalled_at - step), self.config.controller.max_restart_cost_s)
-            cell = m.current.cell.key() if m.current else ""
-            self.state.add_history(m.job_id, HistoryEvent.RESUMED, ctx.now, ctx.round_id, cell, value=round(cost, 3))
-            log.info("restart measured", extra={"fields": {"job": m.job_id, "restart_s": round(cost, 3)}})
-
-    def _record_trained(self, ctx: RoundContext) -> None:
-        """A "trained" event for each cell a running job has reported a step
-        in since its run started, once per job and cell (`ctx.proven`,
-        updated): the job fits there, whatever failed in other layouts of its
-        size."""
-        proven = ctx.proven
-        for m in ctx.jobs:
-            if m.phase != inp.Phase.RUNNING or m.current is None:
-                continue
-            if not relaunch.trained(m.job.start_time, ctx.prog.first_step_at.get(m.job_id)):
-                continue  # no step yet, or only an earlier run's
-            key = m.current.cell.key()
-            if key in proven.get(m.job_id, ()):
-                continue
-            self.state.add_history(m.job_id, HistoryEvent.TRAINED, ctx.now, ctx.round_id, key)
-            proven[m.job_id] = proven.get(m.job_id, frozenset()) | {key}
 
     def _read_site(self, ctx: RoundContext) -> None:
         """The site's standing policy, read from Slurm each round (the
@@ -509,57 +347,6 @@ class Controller:
             network=cfg.network,
             static=ctx.moving.static,
             site=ctx.site,
-        )
-
-    def _calibrate(self, ctx: RoundContext) -> None:
-        """Correct the estimates by the iteration times running jobs report
-        (solver.calibration; off with the solver's `calibrate`): each
-        report is a ratio to the uncalibrated estimate of the job's cell, on
-        its nodes next to the other running jobs (solver.contention), kept
-        per job and GPU type in the state DB (the newest CALIBRATION_ROWS
-        rows calibrate; this round's are `ctx.speeds`, for `_record_speeds`)."""
-        request = ctx.built.request
-        self._nic_estimator.set_cluster(request.cluster)
-        if self.estimator.refresh():  # the profile store may have changed
-            log.info("profile store changed: estimates recomputed")
-        if not self.config.solver.calibrate:
-            self.estimator.calibration = Calibration()
-            return
-        rows = {(r.job_id, r.gpu_type): r for r in self.state.speeds(limit=CALIBRATION_ROWS)}
-        for job, cell, est_s, load in self._uncalibrated(request):
-            t = ctx.prog.iter_time.get(job.job_id)
-            if t is None:
-                continue
-            row = _speed_row(job, cell, est_s, load, t, rows.get((job.job_id, cell.gpu_type)), ctx.now)
-            rows[(job.job_id, cell.gpu_type)] = row
-            ctx.speeds[(job.job_id, cell.gpu_type)] = (row, job)
-        bound = self.config.controller.progress_rate_factor
-        self.estimator.calibration = Calibration(
-            (Observation(r.job_id, r.user, r.model, r.gpu_type, r.ratio, r.samples) for r in rows.values()),
-            max_factor=bound if math.isfinite(bound) else 10.0,
-        )
-
-    def _uncalibrated(self, request: ScheduleRequest) -> list[tuple[JobRequest, Cell, float, float]]:
-        """(job, cell, uncalibrated estimate (s per iteration), load factor)
-        of each running job in a single-type cell that the estimator prices:
-        what other jobs on its links cost a job is the placement's, not the
-        job's speed (solver.contention)."""
-        alone: dict[str, tuple[JobRequest, Placement, float]] = {}
-        for job in request.jobs:
-            if job.current is not None and not job.current.cell.mixed:
-                est = self._nic_estimator.estimate(job, job.current.cell)
-                if est.feasible:
-                    alone[job.job_id] = (job, job.current, est.iter_time_s)
-        loaded = contention_factors(alone.values(), request.cluster)
-        return [(job, p.cell, est_s, loaded.get(job.job_id, 1.0)) for job, p, est_s in alone.values()]
-
-    def _record_speeds(self, ctx: RoundContext) -> None:
-        """Store this round's speeds with the calibrated estimate of each."""
-        if not ctx.speeds:
-            return
-        self.state.record_speeds(
-            dataclasses.replace(row, calibrated_s=self.estimator.estimate(job, _current(job).cell).iter_time_s)
-            for row, job in ctx.speeds.values()
         )
 
     def _solve(self, ctx: RoundContext) -> None:
@@ -763,26 +550,6 @@ def _marked_jobs(snap: ClusterSnapshot) -> tuple[dict[str, tuple[SlurmJob, contr
     return marked, unmarked
 
 
-def _current(job: JobRequest) -> Placement:
-    assert job.current is not None  # only running jobs have speeds
-    return job.current
-
-
-def _speed_row(
-    job: JobRequest, cell: Cell, est_s: float, load: float, t: float, prev: SpeedRow | None, now: float
-) -> SpeedRow:
-    """A running job's speed in `cell`: `t` s per iteration against the
-    uncalibrated estimate `est_s` times the `load` of its links, kept as a
-    running ratio with the earlier rounds' (`prev`). A job first seen far
-    from its estimate (NOTICED) is logged."""
-    ratio, n = running_ratio((prev.ratio, prev.samples) if prev else None, t / (est_s * load))
-    row = SpeedRow(job.job_id, cell.gpu_type, job.user, job.model.name, cell.key(), est_s, t, ratio, n, None, now)
-    if prev is None and abs(math.log(ratio)) > math.log(NOTICED):
-        fields = {"job": job.job_id, "cell": row.cell, "estimated_s": round(est_s, 4), "observed_s": round(t, 4)}
-        log.warning("job speed differs from its estimate", extra={"fields": fields})
-    return row
-
-
 def _job_status(m: inp.ManagedJob, reasons: Mapping[str, str], placed: set[str], prog: Progress) -> JobStatus:
     """A managed job's status: `placed`: released this round; `reasons`: why
     a job is not placed; `prog`: its progress and where it came from."""
@@ -851,17 +618,6 @@ def excluded_cells(failures: Mapping[str, int], max_failures: int, trained_in: C
             sizes[size] = sizes.get(size, 0) + n
     cells = {c for c, n in failures.items() if n >= max_failures and c not in trained_in}
     return frozenset(cells | {s for s, n in sizes.items() if n >= max_failures and s not in proven_sizes})
-
-
-class RestoredIntent(NamedTuple):
-    """The intent a job's Step stands for (`restored_intent`), as the state DB journals it."""
-
-    cell: str
-    nodes: tuple[tuple[str, int], ...]
-    partition: str
-    plan_json: str
-    admin_comment: str
-    status: PlanStatus
 
 
 def restored_intent(job: SlurmJob, step: contract.Step) -> RestoredIntent | None:

@@ -367,7 +367,7 @@ class Simulator:
         if speed is None or estimator is None:
             raise SimError("a simulation needs a truth speed and an estimator (or arena_compat)")
         if not o.arena_compat:
-            estimator = MixedEstimator(estimator)  # as the live controller's (round._make_estimator)
+            estimator = MixedEstimator(estimator)  # as the live controller's (speeds.make_estimator)
         self.speed = speed
         self.estimator = estimator
         if isinstance(policy, str):

@@ -122,7 +122,7 @@ def constant_speed(spec: JobSpec, gpu_type: str, num_nodes: int, gpus_per_node: 
 
 
 def estimator(profiles: Path) -> MixedEstimator:
-    """What the controller builds from its config's profiles_path (round._make_estimator)."""
+    """What the controller builds from its config's profiles_path (speeds.make_estimator)."""
     return MixedEstimator(Estimator(open_store(str(profiles))))
 
 
