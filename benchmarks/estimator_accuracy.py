@@ -474,7 +474,7 @@ def predict_and_measure(est, model, shape, batch, gpu, runtime, plan_t, steps, w
     assert est.estimate(job, cell).source == EstimateSource.COMPOSED
     chosen, predicted, mem_gb = next(
         (p, t, mem)
-        for p, t, mem in est.plans(model, batch, cell, vw, runtime=runtime)
+        for p, t, mem in est.costs.plans(job, cell)
         if (p.dp, p.tp, p.micro_batches) == (dp, tp, m) and not p.sharded
     )
     plan = {

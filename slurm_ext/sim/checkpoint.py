@@ -24,9 +24,10 @@ from typing import Any
 
 from slurm_ext.errors import CellschedError
 
-#: the file's format (3: a header, then the payload; the simulator as world, clock, accounting and backend;
+#: the file's format (4: the solver's contract floor, estimator stages and the simulator's submitter;
+#: 3: a header, then the payload; the simulator as world, clock, accounting and backend;
 #: 2: the payload holds the wall time spent); a checkpoint of another version is not continued
-VERSION = 3
+VERSION = 4
 _LOCKS = {type(threading.Lock()): "lock", type(threading.RLock()): "rlock"}
 
 

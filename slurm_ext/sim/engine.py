@@ -63,7 +63,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurm_ext.backends.base import SubmitRequest
 from slurm_ext.config import Config, ControllerConfig, NetworkConfig
 from slurm_ext.controller.progress import JobProgress
 from slurm_ext.controller.round import Controller
@@ -75,10 +74,10 @@ from slurm_ext.sim.conditions import Conditions, table_speed
 from slurm_ext.sim.network import NetworkTruth, cluster_network
 from slurm_ext.sim.quantum import EXECUTED_SECONDS, ITERATIONS, QuantumMode
 from slurm_ext.sim.site import SiteFeed, SiteUsage, assign_accounts
+from slurm_ext.sim.submit import Submitter
 from slurm_ext.sim.types import ClusterSpec, JobOutcome, RoundStat, Sample, SimRun, TraceJob
 from slurm_ext.sim.world import Observer, RestartCostFn, SimJob, SimWorld, SpeedFn
 from slurm_ext.state import RoundStatus, StateStore
-from slurm_ext.wrapper.submission import provisional_gres
 from solver.contract.jobspec import JobSpec
 from solver.contract.plan import JobPlan
 from solver.contract.profiles.arena import load_sim_constants
@@ -258,19 +257,6 @@ def file_stem(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in label)
 
 
-def best_layout(cluster: ClusterSpec, gpu_type: str | None, gpus: int) -> tuple[str, int, int] | None:
-    """(type, nodes, GPUs per node) of the fewest nodes holding `gpus` GPUs."""
-    for g in sorted(cluster.groups, key=lambda g: -g.gpus_per_node):
-        if gpu_type is not None and g.gpu_type != gpu_type:
-            continue
-        per = min(g.gpus_per_node, gpus)
-        while per > 1 and gpus % per:
-            per -= 1
-        if gpus // per <= sum(x.count for x in cluster.groups if x.gpu_type == g.gpu_type and x.gpus_per_node >= per):
-            return g.gpu_type, gpus // per, per
-    return None
-
-
 class LogCollector(logging.Handler):
     """Counts the controller's warnings and errors of a run (by message)
     and keeps the first few with their fields, for the run's meta."""
@@ -417,10 +403,10 @@ class Simulator:
         self.clock = self.world.clock
         #: what the controller talks to
         self.backend = SimBackend(self.world)
-        self._nodes_snapshot = self.backend.observe()
-        self.slurm_ids: dict[str, str] = {}  # trace job id -> Slurm job id
-        self.trace_ids: dict[str, str] = {}  # Slurm job id -> trace job id
-        self.skipped: dict[str, str] = {}  # trace jobs never submitted: why
+        #: the trace's jobs as Slurm jobs (slurm_ext.sim.submit)
+        self.submitter = Submitter(self.backend, cluster, o, self._speed, self.site_usage)
+        self.slurm_ids = self.submitter.slurm_ids  # trace job id -> Slurm job id
+        self.trace_ids = self.submitter.trace_ids  # Slurm job id -> trace job id
         self.samples: list[Sample] = []
         self.rounds: list[RoundStat] = []
         self.rounds_skipped = 0
@@ -495,54 +481,6 @@ class Simulator:
             return None
         return JobProgress(done, self.world.first_step_at(m.job_id), self.world.iter_time(m.job_id))
 
-    def _spec(self, job: TraceJob) -> JobSpec | str:
-        iterations = job.iterations
-        if iterations is None:
-            if job.duration_s is None:
-                return "no iterations and no duration"
-            layout = best_layout(self.cluster, job.requested_gpu_type, job.requested_gpus)
-            t = None
-            if layout is not None:
-                probe = JobSpec(
-                    model=job.model, global_batch=job.global_batch, iterations=1, runtime=self.options.runtime
-                )
-                t = self._speed(probe, layout[0], layout[1], layout[2], None)
-            if not t:
-                return "its requested cell has no speed to turn its duration into iterations"
-            iterations = max(1, round(job.duration_s / t))
-        try:
-            return JobSpec(
-                model=job.model,
-                global_batch=job.global_batch,
-                iterations=iterations,
-                elastic=self.options.elastic,
-                min_gpus=self.options.min_gpus,
-                max_gpus=max(self.options.max_gpus, job.requested_gpus),
-                requested_gpus=job.requested_gpus,
-                requested_gpu_type=job.requested_gpu_type,
-                runtime=self.options.runtime,
-            )
-        except ValueError as exc:
-            return str(exc)
-
-    def _submit(self, job: TraceJob) -> None:
-        spec = self._spec(job)
-        if isinstance(spec, str):
-            self.skipped[job.job_id] = spec
-            return
-        req = SubmitRequest(
-            script="sim-job.sh",
-            job_name=None,
-            gres_per_node=provisional_gres(spec, self._nodes_snapshot),
-            nodes=1,
-            hold=True,
-            comment=spec.to_comment(),
-        )
-        self.slurm_ids[job.job_id] = sid = self.backend.submit(req)
-        self.trace_ids[sid] = job.job_id
-        if self.site_usage is not None:
-            self.site_usage.register(sid, job)
-
     def _advance_to(self, t: float) -> None:
         """Arrivals and job events up to `t`, in time order; no rounds."""
         while True:
@@ -560,7 +498,7 @@ class Simulator:
             else:
                 self.world.advance(t_arr)
                 while self._next < len(self.trace) and self.trace[self._next].submit_time <= t_arr:
-                    self._submit(self.trace[self._next])
+                    self.submitter.submit(self.trace[self._next])
                     self._next += 1
                 if not self._in_round:
                     self._want_round(t_arr)
@@ -712,7 +650,7 @@ class Simulator:
                 state.close()
             if tmp is not None:
                 tmp.cleanup()
-        result = self._result(wall_s_before + time.perf_counter() - wall0, state_path)
+        result = run_result(self, wall_s_before + time.perf_counter() - wall0)
         if checkpoint is not None:  # over: nothing to go on from
             checkpoint.unlink(missing_ok=True)
             if self._state_dir is None:
@@ -795,7 +733,7 @@ class Simulator:
         self.quantum.settle(self.world, T)
         end = T + ARENA_ROUND_S
         while self._next < len(self.trace) and self.trace[self._next].submit_time < end:
-            self._submit(self.trace[self._next])
+            self.submitter.submit(self.trace[self._next])
             self._next += 1
         self._round(controller)
         self._round_sample(T)
@@ -827,44 +765,40 @@ class Simulator:
             len(self.rounds),
         )
 
-    def _result(self, wall_s: float, state_path: Path) -> SimRun:
-        outcomes = []
-        for tj in self.trace:
-            sid = self.slurm_ids.get(tj.job_id)
-            if sid is None:
-                outcomes.append(JobOutcome(tj.job_id, tj.submit_time, None, None, False))
-                continue
-            outcomes.append(self.accounting.outcome(sid, tj.job_id, tj.submit_time))
-        o = self.options
-        meta: dict[str, object] = {
-            "mode": "arena-compat" if o.arena_compat else "event",
-            "policy": self.policy_name,
-            "conditions": self.conditions.describe() if self.conditions is not None else None,
-            "options": {k: v for k, v in dataclasses.asdict(o).items() if k != "solver"},
-            "solver": dataclasses.asdict(dataclasses.replace(o.solver, seed=o.seed)),  # the config the rounds ran with
-            "jobs": len(self.trace),
-            "not_submitted": dict(self.skipped),
-            "infeasible_starts": self.accounting.infeasible_starts,
-            "rounds_run": len(self.rounds),
-            "rounds_skipped": self.rounds_skipped,
-            "contention": self.network is not None,
-            "observe_calls": self.world.observe_calls,
-            "simulated_s": self.clock.now - self.t0,
-            "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
-            "controller_warnings": dict(self.log.counts),
-            "controller_warning_examples": list(self.log.examples),
-        }
-        if self.site_usage is not None:
-            meta["site"] = self.site_usage.summary()
-        return SimRun(
-            self.label,
-            tuple(outcomes),
-            tuple(self.samples),
-            tuple(self.rounds),
-            self.cluster.gpus_by_type(),
-            wall_s,
-            meta,
-        )
+
+def run_result(sim: Simulator, wall_s: float) -> SimRun:
+    """What a finished run recorded: each trace job's outcome, the samples, the rounds and the run's meta."""
+    outcomes = []
+    for tj in sim.trace:
+        sid = sim.slurm_ids.get(tj.job_id)
+        if sid is None:
+            outcomes.append(JobOutcome(tj.job_id, tj.submit_time, None, None, False))
+            continue
+        outcomes.append(sim.accounting.outcome(sid, tj.job_id, tj.submit_time))
+    o = sim.options
+    meta: dict[str, object] = {
+        "mode": "arena-compat" if o.arena_compat else "event",
+        "policy": sim.policy_name,
+        "conditions": sim.conditions.describe() if sim.conditions is not None else None,
+        "options": {k: v for k, v in dataclasses.asdict(o).items() if k != "solver"},
+        "solver": dataclasses.asdict(dataclasses.replace(o.solver, seed=o.seed)),  # the config the rounds ran with
+        "jobs": len(sim.trace),
+        "not_submitted": dict(sim.submitter.skipped),
+        "infeasible_starts": sim.accounting.infeasible_starts,
+        "rounds_run": len(sim.rounds),
+        "rounds_skipped": sim.rounds_skipped,
+        "contention": sim.network is not None,
+        "observe_calls": sim.world.observe_calls,
+        "simulated_s": sim.clock.now - sim.t0,
+        "timings_s": {k: round(v, 3) for k, v in sim.timings.items()},
+        "controller_warnings": dict(sim.log.counts),
+        "controller_warning_examples": list(sim.log.examples),
+    }
+    if sim.site_usage is not None:
+        meta["site"] = sim.site_usage.summary()
+    return SimRun(
+        sim.label, tuple(outcomes), tuple(sim.samples), tuple(sim.rounds), sim.cluster.gpus_by_type(), wall_s, meta
+    )
 
 
 def sim_network(cluster: ClusterSpec) -> Network:
