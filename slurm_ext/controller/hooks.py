@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from slurm_ext.controller import inputs as inp
-from slurm_ext.controller.progress import CLOCK_SLACK_S, Unreadable, _uid_of
-from slurm_ext.controller.userfiles import BoundedReader
+from slurm_ext.controller.progress import CLOCK_SLACK_S, JobFiles, Unreadable
 from solver.contract import HOOK_FILE
 from solver.contract.runtimes import RUNTIMES, Checkpoint
 
@@ -68,27 +66,11 @@ def parse_hook(raw: bytes) -> Hook:
     return Hook(job_id, float(t))
 
 
-class HookFiles:
-    """The HookReader of a real cluster: ``<checkpoint_dir>/HOOK_FILE`` read
-    as slurm_ext.controller.userfiles says, each read within `timeout_s` and
-    all of a round's (from `start_round`) within `budget_s`."""
+class HookFiles(JobFiles[Hook]):
+    """The HookReader of a real cluster: ``<checkpoint_dir>/HOOK_FILE`` (progress.JobFiles)."""
 
     def __init__(self, timeout_s: float = 0.5, budget_s: float = 5.0) -> None:
-        self.reader = BoundedReader(timeout_s, budget_s, MAX_BYTES)
-
-    def start_round(self) -> None:
-        self.reader.reset()
-
-    def __call__(self, m: inp.ManagedJob) -> Hook | None:
-        if m.plan is None or not m.plan.checkpoint_dir:
-            return None
-        uid = m.job.uid if m.job.uid is not None else _uid_of(m.job.user)
-        if uid is None:
-            raise Unreadable(f"the uid of user {m.job.user!r} is unknown")
-        got = self.reader.read(os.path.join(m.plan.checkpoint_dir, HOOK_FILE), uid)
-        if got.error:
-            raise Unreadable(got.error)
-        return None if got.data is None else parse_hook(got.data)
+        super().__init__(HOOK_FILE, parse_hook, MAX_BYTES, timeout_s, budget_s)
 
 
 def needs_hook(m: inp.ManagedJob) -> bool:

@@ -15,7 +15,7 @@ import os
 import pwd
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import TypeGuard
+from typing import Generic, TypeGuard, TypeVar
 
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller.userfiles import BoundedReader, Refused, read_owned_file
@@ -44,6 +44,8 @@ FROM_FILE, FROM_ESTIMATE = "file", "estimate"
 
 #: a progress file is small; anything larger is ignored
 MAX_BYTES = 65536
+
+T = TypeVar("T")
 #: a reported iteration time above this (s) is not one
 MAX_ITER_TIME_S = 86400.0
 
@@ -98,29 +100,40 @@ def parse_progress(raw: bytes) -> JobProgress:
     )
 
 
-class ProgressFiles:
-    """The ProgressReader of a real cluster: ``<checkpoint_dir>/progress.json``
+class JobFiles(Generic[T]):
+    """A file `name` of each job's checkpoint directory on a real cluster,
     read as slurm_ext.controller.userfiles says (a regular file of the job's
-    user, never followed or waited for), each read within `timeout_s` and
-    all of a round's (from `start_round`) within `budget_s`. Raises
-    Unreadable for a file it will not use."""
+    user, at most `max_bytes`, never followed or waited for), each read
+    within `timeout_s` and all of a round's (from `start_round`) within
+    `budget_s`, and parsed by `parse`. Raises Unreadable for a file it will
+    not use; None for a job without a checkpoint directory or file."""
 
-    def __init__(self, timeout_s: float = 0.5, budget_s: float = 5.0) -> None:
-        self.reader = BoundedReader(timeout_s, budget_s, MAX_BYTES)
+    def __init__(
+        self, name: str, parse: Callable[[bytes], T], max_bytes: int, timeout_s: float = 0.5, budget_s: float = 5.0
+    ) -> None:
+        self.name, self.parse = name, parse
+        self.reader = BoundedReader(timeout_s, budget_s, max_bytes)
 
     def start_round(self) -> None:
         self.reader.reset()
 
-    def __call__(self, m: inp.ManagedJob) -> JobProgress | None:
+    def __call__(self, m: inp.ManagedJob) -> T | None:
         if m.plan is None or not m.plan.checkpoint_dir:
             return None
         uid = m.job.uid if m.job.uid is not None else _uid_of(m.job.user)
         if uid is None:
             raise Unreadable(f"the uid of user {m.job.user!r} is unknown")
-        got = self.reader.read(os.path.join(m.plan.checkpoint_dir, PROGRESS_FILE), uid)
+        got = self.reader.read(os.path.join(m.plan.checkpoint_dir, self.name), uid)
         if got.error:
             raise Unreadable(got.error)
-        return None if got.data is None else parse_progress(got.data)
+        return None if got.data is None else self.parse(got.data)
+
+
+class ProgressFiles(JobFiles[JobProgress]):
+    """The ProgressReader of a real cluster: ``<checkpoint_dir>/progress.json`` (JobFiles)."""
+
+    def __init__(self, timeout_s: float = 0.5, budget_s: float = 5.0) -> None:
+        super().__init__(PROGRESS_FILE, parse_progress, MAX_BYTES, timeout_s, budget_s)
 
 
 def _uid_of(user: str) -> int | None:

@@ -99,6 +99,21 @@ def _block(side: TypeSide, b: float, tp: int) -> _Block | None:
 
 
 @dataclass(frozen=True)
+class TypedPlan:
+    """The plan's degrees: dp x tp ranks per stage on nodes of `gpus_per_node`
+    GPUs, m micro-batches of b samples, `units` gradients per rank (virtual
+    workers), the optimizer state `sharded` over dp or not."""
+
+    dp: int
+    tp: int
+    m: int
+    b: float
+    gpus_per_node: int
+    units: int = 1
+    sharded: bool = False
+
+
+@dataclass(frozen=True)
 class TypedPlanCost:
     """A typed pipeline plan: layers per stage, time (s), the peak memory
     over the stages as a fraction of their type's limit, the most memory of
@@ -115,28 +130,23 @@ def typed_pipeline_cost(
     sides: Sequence[TypeSide],
     stages_of: Sequence[int],
     num_layers: int,
+    plan: TypedPlan,
     *,
-    dp: int,
-    tp: int,
-    m: int,
-    b: float,
-    gpus_per_node: int,
     dtype_bytes: int,
     optimizer_bytes_per_param: float,
     update_bytes_per_param: float,
     grad_sync: str,
-    units: int = 1,
-    sharded: bool = False,
     held_bytes_per_param: float = 0.0,
 ) -> TypedPlanCost | None:
-    """The plan (pp = sum(stages_of), dp, tp, m micro-batches of b samples)
-    on `sides[i]` for stages_of[i] consecutive stages each (module doc);
-    None when its layers cannot be split within the stages' memory.
+    """The `plan` (pp = sum(stages_of)) on `sides[i]` for stages_of[i]
+    consecutive stages each (module doc); None when its layers cannot be
+    split within the stages' memory.
 
     `grad_sync` REDUCE_SCATTER (FSDP, solver.cost.runtime) shards the whole
     state over dp and prices ``fsdp_sync_time``'s gathers; `held_bytes_per_param`
     is memory a runtime holds besides the state and activations (the exact
     runtime's all-gather buffers), counted against every stage's memory."""
+    dp, tp, m, b, units, sharded = plan.dp, plan.tp, plan.m, plan.b, plan.units, plan.sharded
     fsdp = grad_sync == "reduce_scatter"
     pp = sum(stages_of)
     if pp < 2 or num_layers < pp:
@@ -165,7 +175,7 @@ def typed_pipeline_cost(
         layers = stage_layers_for(num_layers, weights, caps)
     except ValueError:
         return None
-    s_ranks, g = dp * tp, gpus_per_node
+    s_ranks, g = dp * tp, plan.gpus_per_node
     times, acts, params = [], [], []
     for k, i in enumerate(kinds):
         blk, n = blocks[i], layers[k]

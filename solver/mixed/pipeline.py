@@ -12,7 +12,7 @@ from typing import Protocol
 
 from solver.contract.runtimes import refusal
 from solver.cost.layers import LayerCosts
-from solver.cost.typed_pipeline import TypeSide, typed_pipeline_cost
+from solver.cost.typed_pipeline import TypedPlan, TypeSide, typed_pipeline_cost
 from solver.estimator.protocol import CostModel, CostSettings
 from solver.mixed.cells import _divisors, stages_per_part
 from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
@@ -93,17 +93,11 @@ def price_pipeline(mixed: Pricer, job: JobRequest, cell: Cell, shard: bool) -> E
                     sides,
                     per_part,
                     model.num_layers,
-                    dp=dp,
-                    tp=tp,
-                    m=m,
-                    b=b,
-                    gpus_per_node=g,
+                    TypedPlan(dp, tp, m, b, g, units, sharded),
                     dtype_bytes=model.dtype_bytes,
                     optimizer_bytes_per_param=obpp,
                     update_bytes_per_param=upd,
                     grad_sync=grad_sync,
-                    units=units,
-                    sharded=sharded,
                     held_bytes_per_param=mixed.held_per_param(job, dp, units),
                 )
                 if c is None:
