@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from slurm_ext.controller import inputs as inp
-from slurm_ext.controller.progress import CLOCK_SLACK_S, JobFiles, Unreadable
+from slurm_ext.controller.progress import CLOCK_SLACK_S, JobFiles, RoundReader, Unreadable
 from solver.contract import HOOK_FILE
 from solver.contract.runtimes import RUNTIMES, Checkpoint
 
@@ -47,7 +47,7 @@ class Hook:
 #: how the controller learns whether a job registered its hook: the job's
 #: hook file on a real cluster (`HookFiles`); raises Unreadable for a file it
 #: will not use, None when there is none
-HookReader = Callable[["inp.ManagedJob"], "Hook | None"]
+HookReader = RoundReader["Hook"]
 
 
 def parse_hook(raw: bytes) -> Hook:

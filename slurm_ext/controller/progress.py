@@ -15,7 +15,7 @@ import os
 import pwd
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, TypeGuard, TypeVar
+from typing import Generic, Protocol, TypeGuard, TypeVar
 
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller.userfiles import BoundedReader, Refused, read_owned_file
@@ -34,9 +34,37 @@ class JobProgress:
     iter_time_s: float | None = None
 
 
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class RoundReader(Protocol[T_co]):
+    """What the controller reads of each job, round after round: a job's
+    record (None: there is none yet); `start_round` when a round begins (a
+    real cluster's files get their time budget again)."""
+
+    def __call__(self, m: inp.ManagedJob) -> T_co | None: ...
+
+    def start_round(self) -> None: ...
+
+
+class EachCall(Generic[T]):
+    """A RoundReader of a plain function (the simulator's own counters, a
+    test's answers): nothing to start per round."""
+
+    def __init__(self, read: Callable[[inp.ManagedJob], T | None]) -> None:
+        self.read = read
+
+    def __call__(self, m: inp.ManagedJob) -> T | None:
+        return self.read(m)
+
+    def start_round(self) -> None:
+        pass
+
+
 #: how the controller learns a job's progress: the job's progress file on a
-#: real cluster; the simulated backend's own counter in the simulator
-ProgressReader = Callable[["inp.ManagedJob"], "JobProgress | None"]
+#: real cluster (ProgressFiles); the simulated backend's own counter in the simulator
+ProgressReader = RoundReader["JobProgress"]
 
 #: where a job's count of iterations done came from: its own progress report,
 #: or the controller's estimate from its run time
@@ -44,8 +72,6 @@ FROM_FILE, FROM_ESTIMATE = "file", "estimate"
 
 #: a progress file is small; anything larger is ignored
 MAX_BYTES = 65536
-
-T = TypeVar("T")
 #: a reported iteration time above this (s) is not one
 MAX_ITER_TIME_S = 86400.0
 

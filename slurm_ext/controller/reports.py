@@ -45,9 +45,7 @@ class JobReports:
     def read_progress(self, ctx: RoundContext) -> None:
         """This round's progress: the jobs' own reports where believed
         (slurm_ext.controller.progress), read within the round's budget."""
-        start_round = getattr(self.progress, "start_round", None)
-        if start_round is not None:
-            start_round()
+        self.progress.start_round()
         previous = {
             j: (r.iterations_done, r.updated if r.progress_at is None else r.progress_at)
             for j, r in ctx.known.items()
@@ -82,9 +80,7 @@ class JobReports:
         checkpoints only through the script's hook, and its file does not
         name them for their current run yet (slurm_ext.controller.hooks).
         A hook file that cannot be used is logged once."""
-        start_round = getattr(self.hooks, "start_round", None)
-        if start_round is not None:
-            start_round()
+        self.hooks.start_round()
         ctx.moving, self._hooked = collect_movability(ctx.jobs, self.hooks, self._hooked)
         for job_id, why in ctx.moving.notes.items():
             if self._hook_notes.get(job_id) != why:

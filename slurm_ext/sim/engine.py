@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_ext.config import Config, ControllerConfig, NetworkConfig
-from slurm_ext.controller.progress import JobProgress
+from slurm_ext.controller.progress import EachCall, JobProgress
 from slurm_ext.controller.round import Controller
 from slurm_ext.errors import CellschedError
 from slurm_ext.sim.accounting import Accounting
@@ -681,7 +681,7 @@ class Simulator:
             estimator=self.estimator,
             clock=self._clock,
             sleep=self._sleep,
-            progress=self._progress,
+            progress=EachCall(self._progress),
         )
 
     def _over_time(self, t: float) -> bool:

@@ -19,7 +19,7 @@ from controller_support import DiesAt, Killed
 
 from slurm_ext.backends.base import SubmitRequest
 from slurm_ext.config import from_dict
-from slurm_ext.controller.progress import JobProgress
+from slurm_ext.controller.progress import EachCall, JobProgress
 from slurm_ext.controller.reconcile import DEFERRED
 from slurm_ext.controller.round import Controller
 from slurm_ext.sim.backend import SimBackend
@@ -72,7 +72,7 @@ def controller(tmp_path, backend, world: SimWorld, **cc) -> Controller:
         state=StateStore(tmp_path / "state.sqlite"),
         clock=lambda: world.now,
         sleep=lambda dt: world.advance(world.now + dt),  # the checkpoint wait: simulated time
-        progress=progress,
+        progress=EachCall(progress),
     )
 
 

@@ -17,7 +17,7 @@ from slurm_ext.backends.base import SubmitRequest
 from slurm_ext.config import from_dict
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller.hooks import MAX_BYTES, STATIC_REASON, Hook, HookFiles, collect_movability, parse_hook
-from slurm_ext.controller.progress import JobProgress, Unreadable
+from slurm_ext.controller.progress import EachCall, JobProgress, Unreadable
 from slurm_ext.controller.reconcile import ActionKind, decide
 from slurm_ext.controller.round import Controller
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
@@ -130,7 +130,7 @@ def answers(hooks: dict[str, Any]):
             raise got
         return got
 
-    return read
+    return EachCall(read)
 
 
 def test_a_ddp_job_is_static_until_its_hook_names_it_in_its_current_run():
@@ -248,7 +248,7 @@ def rounds_until_running(tmp_path: Path, spec: JobSpec, hooks: dict[str, Any]):
         state=StateStore(tmp_path / "s.sqlite"),
         clock=lambda: world.now,
         sleep=lambda dt: world.advance(world.now + dt),
-        progress=progress,
+        progress=EachCall(progress),
         policy=Widen(),
         hooks=answers(hooks),
     )

@@ -26,7 +26,7 @@ from controller_support import Killed
 from slurm_ext.backends.base import SubmitRequest
 from slurm_ext.config import from_dict
 from slurm_ext.controller.inputs import Phase
-from slurm_ext.controller.progress import JobProgress
+from slurm_ext.controller.progress import EachCall, JobProgress
 from slurm_ext.controller.round import Controller
 from slurm_ext.records import ClusterSnapshot
 from slurm_ext.sim.backend import SimBackend
@@ -94,7 +94,7 @@ def controller(state: Path, backend: Any, sim: SimWorld) -> Controller:
         state=StateStore(state),
         clock=lambda: sim.now,
         sleep=lambda dt: sim.advance(sim.now + dt),
-        progress=progress,
+        progress=EachCall(progress),
     )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from slurm_ext.backends.base import SubmitRequest
 from slurm_ext.config import from_dict
 from slurm_ext.controller.inputs import Phase
+from slurm_ext.controller.progress import EachCall
 from slurm_ext.controller.reconcile import Action, ActionKind
 from slurm_ext.controller.round import Controller
 from slurm_ext.sim.backend import SimBackend
@@ -46,7 +47,7 @@ class Counting:
 def controller(state: Path, backend: Any, world: SimWorld) -> Controller:
     config = from_dict({"controller": {"state_path": str(state), "kick_file": ""}})
     return Controller(
-        config, backend=backend, state=StateStore(state), clock=lambda: world.now, progress=lambda m: None
+        config, backend=backend, state=StateStore(state), clock=lambda: world.now, progress=EachCall(lambda m: None)
     )
 
 

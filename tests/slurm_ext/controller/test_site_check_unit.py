@@ -21,6 +21,7 @@ from typing import Any
 from slurm_ext.backends.base import SubmitRequest
 from slurm_ext.config import from_dict
 from slurm_ext.controller.inputs import Phase
+from slurm_ext.controller.progress import EachCall
 from slurm_ext.controller.round import Controller
 from slurm_ext.records import ClusterSnapshot
 from slurm_ext.sim.backend import SimBackend
@@ -104,7 +105,7 @@ def test_a_plan_over_a_grptres_limit_is_refused_and_the_job_waits(tmp_path: Path
         policy=Blind(),
         state=StateStore(state),
         clock=lambda: world.now,
-        progress=lambda m: None,
+        progress=EachCall(lambda m: None),
     )
     with controller_log() as logged:
         report = ctl.round()
