@@ -85,6 +85,7 @@ class JobSource:
             submit_time=now,
             requested_gpus=int(r["num_gpu"]),
             requested_gpu_type=r["gpu_type"],
+            runtime="adaptive",
         )
 
 

@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from solver.contract.models import ModelSpec
-from solver.contract.runtimes import SOLVER_DEFAULT_RUNTIME, get_runtime
+from solver.contract.runtimes import get_runtime
 from solver.network import Network
 from solver.site import SitePolicy
 
@@ -342,8 +342,9 @@ class JobRequest:
     #: is false, and the estimator then prices replicated state only
     state_sharding: bool = True
     #: what the job's code can carry out (solver.contract.runtimes): the solver offers
-    #: it no cell or plan outside that and prices its own sync and memory
-    runtime: str = SOLVER_DEFAULT_RUNTIME
+    #: it no cell or plan outside that and prices its own sync and memory; always
+    #: named (a submission's default is its spec's: solver.contract.runtimes.DEFAULT_RUNTIME)
+    runtime: str = field(kw_only=True)
     #: False: a running job that may not be signalled, resized or moved (its
     #: runtime checkpoints only through a hook its script has not registered
     #: yet: solver.contract.runtimes.Checkpoint.HOOK); every policy keeps it where it

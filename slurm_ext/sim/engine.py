@@ -81,7 +81,7 @@ from slurm_ext.state import RoundStatus, StateStore
 from solver.contract.jobspec import JobSpec
 from solver.contract.plan import JobPlan
 from solver.contract.profiles.arena import load_sim_constants
-from solver.contract.runtimes import SOLVER_DEFAULT_RUNTIME, UnknownRuntime, get_runtime
+from solver.contract.runtimes import ADAPTIVE, UnknownRuntime, get_runtime
 from solver.estimator.protocol import EstimatorLike
 from solver.mixed import MixedEstimator
 from solver.network import Network, default_nic_gbps
@@ -91,7 +91,7 @@ from solver.types import SolverConfig
 #: policies that search plans with pruning in Arena's simulator (cheap restarts)
 PRUNED_POLICIES = ("cellsched", "cellsched-static")
 #: the runtime of every trace job (the module doc): Arena's adaptive parallelism
-TRACE_RUNTIME = SOLVER_DEFAULT_RUNTIME
+TRACE_RUNTIME = ADAPTIVE
 
 #: the round length of Arena's simulator (its SCHEDULING_INTERVAL, solver/data/arena/sim_constants.json):
 #: in arena_compat mode the rounds, the arrival grid and the throughput samples

@@ -46,6 +46,7 @@ from solver.contract.profiles.arena import ESTIMATED_FILE, OPTIMAL_FILE, load_de
 from solver.contract.profiles.arena_import import arena_records
 from solver.contract.profiles.gpus import default_gpu_specs
 from solver.contract.profiles.records import CellRecord, GpuSpec, ProfileSource
+from solver.contract.runtimes import ADAPTIVE
 from solver.cost.comm import Links
 from solver.cost.layers import LayerCosts
 from solver.cost.runtime import Pricing, pricing_of
@@ -109,7 +110,7 @@ class ArenaEstimates(EstimatorBase):
 
     def iter_time(self, model: str, batch: int, gpu_type: str, num_nodes: int, gpus_per_node: int) -> float | None:
         """The cell's time (None: infeasible), for a truth speed."""
-        job = JobRequest("truth", get_model(model), batch, 1)
+        job = JobRequest("truth", get_model(model), batch, 1, runtime=ADAPTIVE)
         est = self.estimate(job, Cell(gpu_type, num_nodes, gpus_per_node, 1))
         return est.iter_time_s if est.feasible else None
 

@@ -180,9 +180,11 @@ RUNTIMES: dict[str, Runtime] = {
 #: (dp only, even batches, one GPU type) and that is never moved before the
 #: script says it can checkpoint (docs/runtimes.md says why)
 DEFAULT_RUNTIME = "ddp"
-#: the runtime of a JobRequest that names none (the solver's own tests, the
-#: simulator's trace jobs): Arena's adaptive parallelism
-SOLVER_DEFAULT_RUNTIME = "adaptive"
+#: Arena's adaptive parallelism: the runtime of the simulator's trace jobs, and
+#: the one whose plans the estimator prices by its own settings (what a
+#: measurement, which names no runtime, is compared with). Only the submission
+#: has a default runtime (DEFAULT_RUNTIME): a solver's request names its own.
+ADAPTIVE = "adaptive"
 SUBMITTABLE = tuple(name for name, r in RUNTIMES.items() if r.submittable)
 
 

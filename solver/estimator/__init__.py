@@ -98,7 +98,7 @@ from typing import TYPE_CHECKING
 
 from solver.contract.models import ModelSpec
 from solver.contract.profiles.records import GpuSpec
-from solver.contract.runtimes import SOLVER_DEFAULT_RUNTIME, refusal
+from solver.contract.runtimes import ADAPTIVE, refusal
 from solver.cost.comm import Links
 from solver.cost.layers import LayerCosts
 from solver.cost.pipeline import ALLREDUCE
@@ -189,7 +189,7 @@ class Estimator(EstimatorBase):
 
     # ---- the cost model ----------------------------------------------------------------
 
-    def pricing(self, runtime: str = SOLVER_DEFAULT_RUNTIME) -> Pricing:
+    def pricing(self, runtime: str = ADAPTIVE) -> Pricing:
         """How plans of `runtime` are priced (solver.cost.runtime): its own
         gradient sync, state layout and buffers; ``adaptive`` this
         estimator's own settings (`grad_sync`, ZeRO-1 where it may shard)."""
@@ -244,7 +244,7 @@ class Estimator(EstimatorBase):
         cell: Cell,
         virtual_workers: int | None = None,
         state_sharding: bool = True,
-        runtime: str = SOLVER_DEFAULT_RUNTIME,
+        runtime: str = ADAPTIVE,
     ) -> Estimate:
         """The cell's estimate for a job of V = `virtual_workers` (None: dp
         free) that may shard its optimizer state (`state_sharding`, and the

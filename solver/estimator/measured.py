@@ -11,7 +11,7 @@ import statistics
 
 from solver.contract.models import ModelSpec
 from solver.contract.profiles.records import CellRecord
-from solver.contract.runtimes import SOLVER_DEFAULT_RUNTIME, refusal
+from solver.contract.runtimes import ADAPTIVE, refusal
 from solver.cost.layers import uniform_sizes
 from solver.estimator.candidates import Cand
 from solver.estimator.profiles import GB, Layout, ModelData
@@ -20,7 +20,7 @@ from solver.types import Cell, Estimate, EstimateSource, ParallelPlan
 
 #: the runtime whose pricing is the settings' own (solver.cost.runtime: `adaptive`): what a
 #: measurement is compared with, since it names no runtime
-OWN = SOLVER_DEFAULT_RUNTIME
+OWN = ADAPTIVE
 
 
 def infeasible(cell: Cell, source: EstimateSource, note: str, mem_gb: float = math.inf) -> Estimate:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from solver.contract.profiles.records import GpuSpec
-from solver.contract.runtimes import SOLVER_DEFAULT_RUNTIME, refusal
+from solver.contract.runtimes import ADAPTIVE, refusal
 from solver.cost.comm import NET_LATENCY_S, Links
 from solver.cost.pipeline import ALLGATHER, state_split
 from solver.cost.runtime import REDUCE_SCATTER, Pricing, pricing_of
@@ -134,7 +134,7 @@ class MixedEstimator(EstimatorBase):
         if got is not None:
             return got
         # speeds per sample: the compute is the runtime's, its sync and memory are added here
-        part_job = dataclasses.replace(job, virtual_workers=None, state_sharding=False, runtime=SOLVER_DEFAULT_RUNTIME)
+        part_job = dataclasses.replace(job, virtual_workers=None, state_sharding=False, runtime=ADAPTIVE)
         subs = [self.inner.estimate(part_job, Cell(t, n, cell.gpus_per_node, 1)) for t, n in cell.parts]
         bad = [e for e in subs if not e.feasible]
         out: tuple[list[Estimate], list[PartStep]] | Estimate

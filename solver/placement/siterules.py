@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from solver.contract.models import ModelSpec
+from solver.contract.runtimes import ADAPTIVE
 from solver.limits import Bucket, Loads, bindings, headroom, held_in
 from solver.placement.candidates import Option
 from solver.placement.nodes import RESERVED, node_partitions
@@ -418,7 +419,16 @@ def claim_jobs(
         per = u.gpus // nodes
         jid = UNMANAGED_PREFIX + u.job_id
         types = (u.gpu_type,) if u.gpu_type else cluster.gpu_types()
-        job = JobRequest(jid, _STAND_IN, 1, 1, partitions=u.partitions or None, account=u.account, priority=u.priority)
+        job = JobRequest(
+            jid,
+            _STAND_IN,
+            1,
+            1,
+            partitions=u.partitions or None,
+            account=u.account,
+            priority=u.priority,
+            runtime=ADAPTIVE,
+        )
         opts = [
             Option(jid, Cell(t, nodes, per), ParallelPlan(1, u.gpus, 1), 1.0, value * (len(claims) - rank))
             for t in types

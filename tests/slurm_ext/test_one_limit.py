@@ -60,6 +60,7 @@ JOBS = tuple(
         requested_gpu_type="a100",
         submit_time=float(i),
         account="acctA",
+        runtime="adaptive",
     )
     for i in (1, 2, 3)
 )

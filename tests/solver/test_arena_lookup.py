@@ -21,7 +21,7 @@ def table() -> ArenaTable:
 
 
 def job(model: str, batch: int) -> JobRequest:
-    return JobRequest("j1", get_model(model), batch, 100)
+    return JobRequest("j1", get_model(model), batch, 100, runtime="adaptive")
 
 
 def test_exact_entry_moe_2_4b(table):

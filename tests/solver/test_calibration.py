@@ -78,7 +78,7 @@ class _Fixed(EstimatorBase):
 
 
 def test_the_calibrated_estimator_scales_feasible_times_only_and_passes_the_rest_through():
-    job = JobRequest("1", get_model("gpt-350m"), 8, 10)
+    job = JobRequest("1", get_model("gpt-350m"), 8, 10, runtime="adaptive")
     est = CalibratedEstimator(_Fixed())
     assert est.estimate(job, A100).iter_time_s == 2.0 and est.estimate_shape(job, A100).iter_time_s == 2.0
     est.calibration = Calibration([Observation("1", "u", "gpt-350m", "a100", 1.5)])
@@ -101,7 +101,7 @@ def test_the_estimate_cache_follows_the_profile_store(tmp_path):
     store = ProfileStore(path)
     store.put_cells([CellRecord("gpt-350m", 8, "a10", 1, 1, 0.2)])
     est = Estimator(store)
-    job, cell = JobRequest("1", get_model("gpt-350m"), 8, 10), Cell("a10", 1, 1, 1)
+    job, cell = JobRequest("1", get_model("gpt-350m"), 8, 10, runtime="adaptive"), Cell("a10", 1, 1, 1)
     assert est.estimate(job, cell).iter_time_s == 0.2 and not est.refresh()
     other = ProfileStore(path)
     other.put_cells([CellRecord("gpt-350m", 8, "a10", 1, 1, 0.5)])
@@ -122,7 +122,11 @@ def test_the_key_tells_apart_what_the_factors_tell_apart():
         assert twin.key(jid, model) == cal.key(jid, model)
         assert [twin.factor(jid, model, c) for c in (A100, A40)] == [cal.factor(jid, model, c) for c in (A100, A40)]
     est = CalibratedEstimator(_Fixed())
-    assert est.job_key(JobRequest("1", get_model("gpt-350m"), 8, 10)) == ()  # uncalibrated
+    assert est.job_key(JobRequest("1", get_model("gpt-350m"), 8, 10, runtime="adaptive")) == ()  # uncalibrated
     est.calibration = cal
     m = dataclasses.replace(get_model("gpt-350m"), name="m")
-    assert est.job_key(JobRequest("1", m, 8, 10)) == cal.key("1", "m") != est.job_key(JobRequest("2", m, 8, 10))
+    assert (
+        est.job_key(JobRequest("1", m, 8, 10, runtime="adaptive"))
+        == cal.key("1", "m")
+        != est.job_key(JobRequest("2", m, 8, 10, runtime="adaptive"))
+    )

@@ -25,7 +25,7 @@ def cluster() -> ClusterView:
 
 
 def job(**kw) -> JobRequest:
-    return JobRequest("j", kw.pop("model", MODEL), 64, 10, **kw)
+    return JobRequest("j", kw.pop("model", MODEL), 64, 10, **{"runtime": "adaptive", **kw})
 
 
 def test_exact_cells_of_a_small_request():
@@ -112,7 +112,7 @@ def test_deterministic_order_fewest_nodes_first():
 def test_cells_honour_limits(sizes, lo, span, layers):
     nodes = tuple(NodeView(f"n{i}", "g", s, s) for i, s in enumerate(sizes))
     model = ModelSpec("p", "gpt", num_layers=layers, hidden=64, heads=4, seq_len=16, vocab=32, params=1e6)
-    j = JobRequest("j", model, 64, 10, min_gpus=lo, max_gpus=lo + span)
+    j = JobRequest("j", model, 64, 10, min_gpus=lo, max_gpus=lo + span, runtime="adaptive")
     cells = enumerate_cells(j, ClusterView(nodes), CFG)
     for c in cells:
         assert lo <= c.num_gpus <= min(lo + span, sum(sizes))

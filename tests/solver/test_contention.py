@@ -102,7 +102,7 @@ class Table(EstimatorBase):
 
 def test_a_multi_node_cell_on_slow_cards_is_estimated_slower_and_a_one_node_cell_is_not():
     est = NicAwareEstimator(Table({"v100:2x2:pp1": 1.0, "v100:1x4:pp1": 1.0}))
-    job = JobRequest("j", GPT, 64, 100)
+    job = JobRequest("j", GPT, 64, 100, runtime="adaptive")
     est.set_cluster(_cluster(100.0))
     assert est.estimate(job, Cell("v100", 2, 2)).iter_time_s == pytest.approx(1.0)
     assert est.set_cluster(_cluster(10.0))
@@ -118,7 +118,7 @@ def test_a_pipeline_boundary_between_nodes_costs_every_micro_batch_at_the_card()
     sample x the dp ranks on a node, priced at the card's speed beyond the
     datasheet network (100 Gb/s for a v100) that the estimate stands on."""
     est = NicAwareEstimator(Table({"v100:2x2:pp2": 1.0}))
-    job = JobRequest("j", GPT, 64, 100)
+    job = JobRequest("j", GPT, 64, 100, runtime="adaptive")
     cell = Cell("v100", 2, 2, 2)
     est.set_cluster(_cluster(100.0))
     assert est.estimate(job, cell).iter_time_s == pytest.approx(1.0)
@@ -132,7 +132,7 @@ def test_a_pipeline_boundary_between_nodes_costs_every_micro_batch_at_the_card()
 
 def test_contention_factors_price_jobs_on_the_same_cards():
     cluster = _cluster(10.0)
-    a, b = JobRequest("a", GPT, 64, 100), JobRequest("b", GPT, 64, 100)
+    a, b = JobRequest("a", GPT, 64, 100, runtime="adaptive"), JobRequest("b", GPT, 64, 100, runtime="adaptive")
     cell, plan = Cell("v100", 2, 2), ParallelPlan(1, 4, 1)
     pa = Placement("a", cell, (("n1", 2), ("n2", 2)), plan, 1.0)
     pb = Placement("b", cell, (("n1", 2), ("n2", 2)), plan, 1.0)
@@ -156,8 +156,9 @@ def _request(contention_aware: bool, times: dict[str, float]) -> tuple[ScheduleR
         min_gpus=4,
         max_gpus=4,
         current=Placement("old", Cell("v100", 2, 2), (("n1", 2), ("n2", 2)), plan, 1.0),
+        runtime="adaptive",
     )
-    new = JobRequest("new", GPT, 64, 10_000, min_gpus=2, max_gpus=4, elastic=True)
+    new = JobRequest("new", GPT, 64, 10_000, min_gpus=2, max_gpus=4, elastic=True, runtime="adaptive")
     cfg = SolverConfig(contention_aware=contention_aware, mixed_cells=False)
     return ScheduleRequest(cluster, (running, new), config=cfg), Table(times)
 
@@ -180,7 +181,7 @@ def test_a_link_carrying_two_multi_node_jobs_costs_the_product_of_their_duties()
     )
     plan = ParallelPlan(1, 4, 1)
     cell = Cell("v100", 2, 2)
-    jobs = {j: JobRequest(j, GPT, 64, 10_000) for j in "abcd"}
+    jobs = {j: JobRequest(j, GPT, 64, 10_000, runtime="adaptive") for j in "abcd"}
     d = duty(jobs["a"], cell, plan, 10.0)
     assert 0.1 < d < 1
 
@@ -212,7 +213,7 @@ def test_cellsched_prices_sharing_only_where_links_are_or_would_be_shared(monkey
     monkeypatch.setattr(cs, "place_jobs", lambda *a, **k: solves.append(1) or real_place(*a, **k))
     times = {"v100:2x2:pp1": 1.0, "v100:1x2:pp1": 1.5}
     cluster = _cluster(10.0)  # the job alone on four free nodes: its 2x2 shares no card
-    lone = JobRequest("new", GPT, 64, 10_000, min_gpus=2, max_gpus=4, elastic=True)
+    lone = JobRequest("new", GPT, 64, 10_000, min_gpus=2, max_gpus=4, elastic=True, runtime="adaptive")
     for aware in (True, False):
         request = ScheduleRequest(cluster, (lone,), config=SolverConfig(contention_aware=aware, mixed_cells=False))
         assert get_policy("cellsched").schedule(request, Table(times)).placements["new"].cell == Cell("v100", 2, 2)
@@ -224,7 +225,14 @@ def test_cellsched_prices_sharing_only_where_links_are_or_would_be_shared(monkey
     plan = ParallelPlan(1, 4, 1)
     both = tuple(
         JobRequest(
-            jid, GPT, 64, 10_000, min_gpus=4, max_gpus=4, current=Placement(jid, Cell("v100", 2, 2), nodes, plan, 1.0)
+            jid,
+            GPT,
+            64,
+            10_000,
+            min_gpus=4,
+            max_gpus=4,
+            current=Placement(jid, Cell("v100", 2, 2), nodes, plan, 1.0),
+            runtime="adaptive",
         )
         for jid, nodes in (("a", (("n1", 2), ("n2", 2))), ("b", (("n1", 2), ("n2", 2))))
     )

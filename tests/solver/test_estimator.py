@@ -84,7 +84,7 @@ def hand_store() -> ProfileStore:
 def plan_of(est: Estimator, cell: Cell, batch: int, pp: int, dp: int, tp: int, m: int) -> tuple[float, float]:
     [(t, mem)] = [
         (t, mem)
-        for p, t, mem in est.plans(JobRequest("j", HAND, batch, 1, state_sharding=False), cell)
+        for p, t, mem in est.plans(JobRequest("j", HAND, batch, 1, state_sharding=False, runtime="adaptive"), cell)
         if (p.pp, p.dp, p.tp, p.micro_batches) == (pp, dp, tp, m)
     ]
     return t, mem
@@ -259,7 +259,7 @@ def test_picks_fastest_plan_that_fits():
     assert e.feasible and e.plan.tp == 1 and e.iter_time_s == pytest.approx(16.012)
     assert any(
         p.tp == 2 and t < e.iter_time_s and mem > est.mem_limit_gb("g2")
-        for p, t, mem in est.plans(JobRequest("j", HAND, 8, 1, state_sharding=False), cell)
+        for p, t, mem in est.plans(JobRequest("j", HAND, 8, 1, state_sharding=False, runtime="adaptive"), cell)
     )
 
 
@@ -337,7 +337,7 @@ def test_cache_and_job_interface():
     cell = Cell("g", 1, 2, pp=2)
     a = est.estimate_model(HAND, 8, cell)
     assert est.estimate_model(HAND, 8, cell) is a and est.cache_size() == 1
-    job = JobRequest("j", HAND, 8, 10)
+    job = JobRequest("j", HAND, 8, 10, runtime="adaptive")
     assert est.estimate(job, cell) is a
     est.estimate_model(HAND, 16, cell)
     assert est.cache_size() == 2
@@ -488,7 +488,7 @@ def test_estimate_is_fastest_feasible_composed_plan(times, tp2, mb, batch, cell,
     e = est.estimate_model(HAND, batch, cell)
     feasible = [
         (t, p)
-        for p, t, mem in est.plans(JobRequest("j", HAND, batch, 1, state_sharding=False), cell)
+        for p, t, mem in est.plans(JobRequest("j", HAND, batch, 1, state_sharding=False, runtime="adaptive"), cell)
         if mem <= est.mem_limit_gb("g")
     ]
     if not feasible:
@@ -527,7 +527,7 @@ def test_analytic_search_finds_fastest_and_memory_falls_with_micro_batches(shape
     # the plain search: sharded optimizer state (ZeRO-1, tested on its own) would add candidates `plans` leaves out
     est = Estimator(store, mem_fraction=mem_fraction, state_sharding=False)
     e = est.estimate_model(model, batch, cell)
-    plans = est.plans(JobRequest("j", model, batch, 1, state_sharding=False), cell)
+    plans = est.plans(JobRequest("j", model, batch, 1, state_sharding=False, runtime="adaptive"), cell)
     feasible = [t for _, t, mem in plans if mem <= est.mem_limit_gb(cell.gpu_type)]
     assert e.feasible == bool(feasible)
     if feasible:

@@ -48,7 +48,13 @@ def cluster(a40_free: int = 2) -> ClusterView:
 
 
 def job(model: str = "gpt-tiny", batch: int = 24, **kw) -> JobRequest:
-    return JobRequest("j", get_model(model), batch, 100, **{"gpu_types": ("a40", "a10"), "min_gpus": 6, **kw})
+    return JobRequest(
+        "j",
+        get_model(model),
+        batch,
+        100,
+        **{"runtime": "adaptive", **{"gpu_types": ("a40", "a10"), "min_gpus": 6, **kw}},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -191,14 +197,16 @@ def test_pricing_by_hand():
     would cost 3.16 x 4 / 24 = 0.527 s a sample, more than an a10's 3.31 x 2 / 24 = 0.276 s, and take
     fewer samples; by its compute it is twice as fast: 2 s10 + 4 s40 = 24 ->
     (2, 5): max(0.6, 0.725); (4, 4): max(1.1, 0.6); ... -> (2, 5), compute 0.725 s."""
-    est = MixedEstimator(HandParts()).estimate(JobRequest("j", HAND, 24, 10), mixed_cell((("a10", 1), ("a40", 2)), 2))
+    est = MixedEstimator(HandParts()).estimate(
+        JobRequest("j", HAND, 24, 10, runtime="adaptive"), mixed_cell((("a10", 1), ("a40", 2)), 2)
+    )
     assert est.plan == ParallelPlan(1, 6, 1, 1, (2, 5))
     # one sync over the 6 ranks on the slowest network (2 GB/s): 2 x 5 x 25 us + 2 x 5/6 x 3e9 / 2e9
     sync = 10 * 25e-6 + 2 * 5 / 6 * 3e9 / 2e9
     update = 1.5e9 * 4 / 50e9  # the slower part's (the a10's)
     assert est.iter_time_s == pytest.approx(0.725 + sync + update, rel=1e-12)
     # the parts taken apart: compute per sample and per micro-batch, and the update, without their own sync
-    inner, j = HandParts(), JobRequest("j", HAND, 24, 10)
+    inner, j = HandParts(), JobRequest("j", HAND, 24, 10, runtime="adaptive")
     steps = [
         part_step(inner, inner.settings, j, inner.estimate(j, Cell(t, n, 2, 1))) for t, n in (("a10", 1), ("a40", 2))
     ]
@@ -480,7 +488,7 @@ def test_a_mixed_cell_of_two_alike_types_prices_the_single_type_step(twins, mode
     """x + y (one node each) runs the step of x:2x2 with the same plan: the same compute, gradient sync
     and update; with the state sharded, the runtime's sharded step (every rank's unit gradients
     gathered to the slices' owners, the slices all-gathered), priced the same way for both."""
-    j = JobRequest("j", model, 24, 10, virtual_workers=vw)
+    j = JobRequest("j", model, 24, 10, virtual_workers=vw, runtime="adaptive")
     mixed = twins.estimate(j, mixed_cell((("x", 1), ("y", 1)), 2))
     assert mixed.feasible and mixed.plan.sharded == sharded, mixed
     assert mixed.plan.shares[0] == mixed.plan.shares[1]
@@ -491,7 +499,8 @@ def test_a_mixed_cell_of_two_alike_types_prices_the_single_type_step(twins, mode
     same = [
         t
         for plan, t, _ in twins.inner.plans(
-            JobRequest("j", model, 24, 1, virtual_workers=vw, state_sharding=sharded), Cell("x", 2, 2)
+            JobRequest("j", model, 24, 1, virtual_workers=vw, state_sharding=sharded, runtime="adaptive"),
+            Cell("x", 2, 2),
         )
         if (plan.dp, plan.tp, plan.micro_batches, plan.sharded) == (p.dp, p.tp, p.micro_batches, sharded)
     ]

@@ -20,7 +20,7 @@ PLAIN = SolverConfig(w_age=0.0, w_throughput=1.0, w_short_jobs=0.0, srpt_exponen
 
 
 def job(jid: str = "j", iterations: float = 100, **kw) -> JobRequest:
-    return JobRequest(jid, MODEL, 8, iterations, **kw)
+    return JobRequest(jid, MODEL, 8, iterations, **{"runtime": "adaptive", **kw})
 
 
 def est(iter_time_s: float, feasible: bool = True) -> Estimate:

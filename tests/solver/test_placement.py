@@ -36,7 +36,7 @@ MODEL = ModelSpec("tiny", "gpt", 4, 256, 4, 128, 1000, 1e7)
 
 
 def job(jid: str, **kw) -> JobRequest:
-    return JobRequest(jid, MODEL, 8, 100, **kw)
+    return JobRequest(jid, MODEL, 8, 100, **{"runtime": "adaptive", **kw})
 
 
 def opt(jid: str, cell: Cell, value: int, pinned=None) -> Option:
@@ -378,7 +378,10 @@ def test_srpt_exponent_weighs_a_job_by_its_share_of_the_median_remaining_work():
     from solver.placement import objective
 
     ref = Estimate(Cell("a100", 1, 4, 1), ParallelPlan(1, 4, 1), 1.0, 1.0, EstimateSource.MEASURED)
-    jobs = [JobRequest(str(i), get_model("gpt-350m"), 8, n) for i, n in enumerate((100, 200, 400, 100_000))]
+    jobs = [
+        JobRequest(str(i), get_model("gpt-350m"), 8, n, runtime="adaptive")
+        for i, n in enumerate((100, 200, 400, 100_000))
+    ]
     refs = {j.job_id: ref for j in jobs}
     off = SolverConfig(w_age=0.0, w_short_jobs=0.0, hesrpt=False)
     assert set(objective.job_weights(jobs, refs, 0.0, off).values()) == {1.0}
@@ -391,7 +394,9 @@ def test_hesrpt_weights_draw_shares_in_heSRPT_order_of_remaining_work():
     from solver.placement import objective
 
     ref = Estimate(Cell("a100", 1, 4, 1), ParallelPlan(1, 4, 1), 1.0, 1.0, EstimateSource.MEASURED)
-    jobs = [JobRequest(str(i), get_model("gpt-350m"), 8, n) for i, n in enumerate((400, 100, 100_000))]
+    jobs = [
+        JobRequest(str(i), get_model("gpt-350m"), 8, n, runtime="adaptive") for i, n in enumerate((400, 100, 100_000))
+    ]
     refs = {**{j.job_id: ref for j in jobs}, "2": None}  # job 2 has no feasible cell: weight untouched
     base = SolverConfig(w_age=0.0, w_short_jobs=0.0, fairness_p=0.5)
     w = objective.job_weights(jobs, refs, 0.0, replace(base, hesrpt=True))

@@ -56,7 +56,7 @@ def table_for(jobs, cluster, speed: dict[tuple[str, str], float], scaling: float
 
 def job(jid: str, **kw) -> JobRequest:
     kw.setdefault("iterations", 1000)
-    return JobRequest(jid, MODEL, 32, **kw)
+    return JobRequest(jid, MODEL, 32, **{"runtime": "adaptive", **kw})
 
 
 def running(j: JobRequest, cell: Cell, nodes, t: float, **kw) -> JobRequest:

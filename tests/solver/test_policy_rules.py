@@ -292,8 +292,12 @@ def test_gavel_serves_the_job_with_the_smaller_share_of_time_served(a, b):
     500: 0.4 (0.2). a has the higher priority (0.5 / 0.1) and runs, whatever
     the batch sizes (they cancel) and although b is listed first."""
     cluster = ClusterView((NodeView("a100-0", "a100", 1, 1),))
-    ja = JobRequest("a", MODEL, a[0], 1000, requested_gpus=1, iterations_done=float(a[1]), submit_time=a[2])
-    jb = JobRequest("b", MODEL, b[0], 1000, requested_gpus=1, iterations_done=float(b[1]), submit_time=b[2])
+    ja = JobRequest(
+        "a", MODEL, a[0], 1000, requested_gpus=1, iterations_done=float(a[1]), submit_time=a[2], runtime="adaptive"
+    )
+    jb = JobRequest(
+        "b", MODEL, b[0], 1000, requested_gpus=1, iterations_done=float(b[1]), submit_time=b[2], runtime="adaptive"
+    )
     est = table_for([ja, jb], cluster, {("a", "a100"): 1.0, ("b", "a100"): 1.0})
     assert est.table[("a", Cell("a100", 1, 1).key())] == 10.0
     rep = get_policy("gavel").schedule(ScheduleRequest(cluster, (jb, ja), now=1000.0), est)
@@ -313,7 +317,7 @@ def test_gavel_normalises_by_the_job_s_own_best_throughput():
     """j (batch 8, 10 s an iteration on the A100: 0.8 samples/s; no A10
     estimate) gets the A100 whole: its normalised throughput, the max-min
     value, is 1 (not 0.8: a type it cannot use does not count as 1)."""
-    j = JobRequest("j", MODEL, 8, 1000, requested_gpus=1)
+    j = JobRequest("j", MODEL, 8, 1000, requested_gpus=1, runtime="adaptive")
     est = table_for([j], TWO_TYPES, {("j", "a100"): 1.0})
     rep = get_policy("gavel").schedule(ScheduleRequest(TWO_TYPES, (j,)), est)
     assert rep.placements["j"].cell == Cell("a100", 1, 1)

@@ -29,7 +29,7 @@ class OneSecond(EstimatorBase):
 
 def job(jid: str, gpus: int, iterations: int, **kw) -> JobRequest:
     kw.setdefault("requested_gpu_type", "a100")
-    return JobRequest(jid, MODEL, 32, iterations=iterations, requested_gpus=gpus, **kw)
+    return JobRequest(jid, MODEL, 32, iterations=iterations, requested_gpus=gpus, **{"runtime": "adaptive", **kw})
 
 
 def running(j: JobRequest, node: str, gpus: int) -> JobRequest:

@@ -49,7 +49,9 @@ def cluster(free: dict[str, int] | None = None, nodes: int = 4, nic: float = 10.
 
 
 def job(jid: str, gpus: int, iterations: int = 1000, **kw) -> JobRequest:
-    return JobRequest(jid, GPT, 64, iterations, requested_gpus=gpus, requested_gpu_type="v100", **kw)
+    return JobRequest(
+        jid, GPT, 64, iterations, requested_gpus=gpus, requested_gpu_type="v100", **{"runtime": "adaptive", **kw}
+    )
 
 
 def running(jid: str, nodes: tuple[str, ...], per_node: int, iterations: int = 10_000) -> JobRequest:

@@ -52,7 +52,9 @@ def nodes(spec: dict[str, int], nic: float = 10.0, parts: dict[str, tuple[str, .
 
 
 def job(jid: str, gpus: int, iterations: int = 1000, **kw) -> JobRequest:
-    return JobRequest(jid, GPT, 64, iterations, requested_gpus=gpus, requested_gpu_type="v100", **kw)
+    return JobRequest(
+        jid, GPT, 64, iterations, requested_gpus=gpus, requested_gpu_type="v100", **{"runtime": "adaptive", **kw}
+    )
 
 
 def placement(jid: str, on: tuple[str, ...], per_node: int, t: float = 1.0) -> Placement:
@@ -115,7 +117,7 @@ def test_pick_nodes_takes_each_type_s_nodes_of_a_mixed_cell():
     cl = ClusterView((NodeView("a", "a100", 4, 4, nic_gbps=10.0), NodeView("v", "v100", 4, 4, nic_gbps=10.0)))
     space = Space.of(cl)
     cell = Cell("a100+v100", 2, 4, 1, (("a100", 1), ("v100", 1)))
-    j = JobRequest("j", GPT, 64, 100, requested_gpus=8)
+    j = JobRequest("j", GPT, 64, 100, requested_gpus=8, runtime="adaptive")
     assert pick_nodes(space, space.ledger(), j, cell, 1, "lwf-kappa", {"a": 0, "v": 1}) == ("a", "v")
 
 
@@ -314,7 +316,7 @@ def test_ada_srsf_s_boundary_in_other_time_units(alone):
 
 
 def test_srsf_says_when_no_gpu_type_of_the_cluster_is_allowed():
-    a100_only = JobRequest("x", GPT, 64, 100, requested_gpus=1, gpu_types=("a100",))
+    a100_only = JobRequest("x", GPT, 64, 100, requested_gpus=1, gpu_types=("a100",), runtime="adaptive")
     r = schedule("srsf-avoid", nodes({"n1": 4}), [a100_only])
     assert r.placements == {} and r.reasons == {"x": "no GPU type of the cluster is allowed"}
 

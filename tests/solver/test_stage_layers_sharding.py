@@ -180,7 +180,7 @@ def test_a_cell_that_fits_only_sharded_becomes_feasible():
     assert on.mem_per_gpu_gb * 1e9 <= est.mem_limit_gb("s") * 1e9
     assert on.state_gb * 1e9 == pytest.approx(6000 * 14 / 2)
     # the job may refuse sharding (and a policy clears it when config.state_sharding is false)
-    job = JobRequest("j", HAND, 8, 10, state_sharding=False)
+    job = JobRequest("j", HAND, 8, 10, state_sharding=False, runtime="adaptive")
     assert not est.estimate(job, cell).feasible
     # priced: the replicated plan's time (same compute) with the sharded step instead of the all-reduce
     big = Estimator(store(BIG)).estimate_model(HAND, 8, cell)
@@ -220,7 +220,7 @@ def test_policy_option_turns_sharding_off():
         solver_options(SolverConfig(), "max_mixed_types=1")
     cfg = solver_options(SolverConfig(max_pp=1), "state_sharding=false")  # pp 2 would fit replicated
     cluster = ClusterView((NodeView("n1", "s", 2, 2, ("p",)),))
-    job = JobRequest("j", HAND, 8, 10, min_gpus=2, max_gpus=2)
+    job = JobRequest("j", HAND, 8, 10, min_gpus=2, max_gpus=2, runtime="adaptive")
     est = Estimator(store(SMALL))
     on = CellschedPolicy().schedule(ScheduleRequest(cluster, (job,), config=SolverConfig(max_pp=1)), est)
     assert on.placements["j"].plan.sharded

@@ -53,7 +53,7 @@ def test_layers_split_by_speed_and_priced_by_hand():
     network once (2 x (25 us + 500 B at 10 GB/s)), plus the update of the larger stage (3000
     parameters x 32 B at 1000 GB/s)."""
     cell = mixed_cell((("f", 1), ("s", 1)), 1, 2)
-    e = estimator().estimate(JobRequest("j", P, 2, 10), cell)
+    e = estimator().estimate(JobRequest("j", P, 2, 10, runtime="adaptive"), cell)
     assert e.feasible and e.source == "mixed" and e.plan.stage_layers == (6, 2)
     assert (e.plan.pp, e.plan.dp, e.plan.tp, e.plan.micro_batches) == (2, 1, 1, 2)
     want = 6 + 12 + 2 * (2.5e-5 + 500 / 10e9) + 3000 * 32 / 1000e9
@@ -101,7 +101,7 @@ def test_each_types_layers_are_priced_on_the_inner_estimators_scale():
     """layer_scale 2 on both types: the same plan, twice the time. s's layers twice as slow as
     profiled (6 s a block): f takes 7 of the 8 blocks, stages 7 x 1 s and 1 x 6 s; the transfers
     and the update count at the larger scale (2), as the slowest type's cells would."""
-    cell, j = mixed_cell((("f", 1), ("s", 1)), 1, 2), JobRequest("j", P, 2, 10)
+    cell, j = mixed_cell((("f", 1), ("s", 1)), 1, 2), JobRequest("j", P, 2, 10, runtime="adaptive")
     inner = estimator().inner
     base = MixedEstimator(_Scaled(inner, {"f": 1.0, "s": 1.0})).estimate(j, cell)
     assert base == estimator().estimate(j, cell)  # profiled layers: the Estimator's own scale is 1
@@ -116,10 +116,10 @@ def test_each_types_layers_are_priced_on_the_inner_estimators_scale():
 def test_memory_caps_the_slow_stage():
     """s holds one block: 1000 B / 2 x 16 B + 100 B x 2 micro-batches in flight = 8200 B of 9000 B."""
     cell = mixed_cell((("f", 1), ("s", 1)), 1, 2)
-    e = estimator(slow_mem_gb=1e-5).estimate(JobRequest("j", P, 2, 10), cell)
+    e = estimator(slow_mem_gb=1e-5).estimate(JobRequest("j", P, 2, 10, runtime="adaptive"), cell)
     assert e.feasible and e.plan.stage_layers == (7, 1)
     assert e.iter_time_s == pytest.approx(7 + 7 + 3 + 2 * (2.5e-5 + 500 / 10e9) + 3500 * 32 / 1000e9, rel=1e-9)
-    none = estimator(slow_mem_gb=5e-6).estimate(JobRequest("j", P, 2, 10), cell)
+    none = estimator(slow_mem_gb=5e-6).estimate(JobRequest("j", P, 2, 10, runtime="adaptive"), cell)
     assert not none.feasible  # not even one block fits the slow stage
 
 
@@ -138,7 +138,7 @@ def test_dev_cluster_pipeline_across_a100_and_a10():
     est = MixedEstimator(Estimator(open_store(":memory:")))
     model = get_model("gpt-tiny")
     cell = mixed_cell((("a100", 1), ("a10", 1)), 1, 2)
-    e = est.estimate(JobRequest("j", model, 8, 10), cell)
+    e = est.estimate(JobRequest("j", model, 8, 10, runtime="adaptive"), cell)
     assert (
         e.feasible and sum(e.plan.stage_layers) == model.num_layers and e.plan.stage_layers[0] >= e.plan.stage_layers[1]
     )

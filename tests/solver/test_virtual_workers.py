@@ -28,7 +28,7 @@ UPDATE = 6000 * 32 / 1e12
 
 
 def hand_job(batch: int = 8, vw: int | None = None, **kw) -> JobRequest:
-    return JobRequest("j", HAND, batch, 10, virtual_workers=vw, **kw)
+    return JobRequest("j", HAND, batch, 10, virtual_workers=vw, **{"runtime": "adaptive", **kw})
 
 
 # ---- V = None: exactly the estimates recorded before virtual workers existed ---------------
@@ -65,7 +65,7 @@ SHIPPED_BEFORE = [  # (model, batch, cell, (pp, dp, tp, m, shares), time, source
 
 @pytest.mark.parametrize("name, batch, cell, plan, time_s, source", SHIPPED_BEFORE)
 def test_no_virtual_workers_is_unchanged_shipped(shipped, name, batch, cell, plan, time_s, source):
-    e = shipped.estimate(JobRequest("j", get_model(name), batch, 10, min_gpus=cell.num_gpus), cell)
+    e = shipped.estimate(JobRequest("j", get_model(name), batch, 10, min_gpus=cell.num_gpus, runtime="adaptive"), cell)
     assert (e.plan.pp, e.plan.dp, e.plan.tp, e.plan.micro_batches, e.plan.shares) == plan
     assert (e.iter_time_s, e.source) == (time_s, source)
 
@@ -86,7 +86,7 @@ def test_three_ranks_run_four_virtual_workers_priced_by_the_busiest():
     assert e.iter_time_s == pytest.approx(2 * 8.0 + 0.016 + UPDATE, rel=1e-12)
     assert e.source == "composed"
     # every candidate: m divides B/V = 2, and the time is 2 x (m micro-batches of 2/m) + sync + update
-    plans = est.plans(JobRequest("j", HAND, 8, 1, virtual_workers=4, state_sharding=False), cell)
+    plans = est.plans(JobRequest("j", HAND, 8, 1, virtual_workers=4, state_sharding=False, runtime="adaptive"), cell)
     assert sorted(p.micro_batches for p, _, _ in plans) == [1, 2]
     assert all(t == pytest.approx(16.016 + UPDATE, rel=1e-12) for _, t, _ in plans)
 
@@ -94,9 +94,11 @@ def test_three_ranks_run_four_virtual_workers_priced_by_the_busiest():
 def test_eight_gpus_with_four_virtual_workers_keep_dp_at_most_four():
     est = Estimator(hand_store())
     for cell in (Cell("g", 1, 8, 1), Cell("g", 1, 8, 2), Cell("g", 2, 4, 1)):
-        free = est.plans(JobRequest("j", HAND, 8, 1, state_sharding=False), cell)
+        free = est.plans(JobRequest("j", HAND, 8, 1, state_sharding=False, runtime="adaptive"), cell)
         assert any(p.dp == 8 for p, _, _ in free) == (cell.pp == 1)  # without V, dp 8 at pp 1 tp 1
-        plans = est.plans(JobRequest("j", HAND, 8, 1, virtual_workers=4, state_sharding=False), cell)
+        plans = est.plans(
+            JobRequest("j", HAND, 8, 1, virtual_workers=4, state_sharding=False, runtime="adaptive"), cell
+        )
         assert plans and all(p.dp <= 4 and 2 % p.micro_batches == 0 for p, _, _ in plans)
         e = est.estimate(hand_job(8, 4), cell)
         assert e.feasible and e.plan.dp <= 4 and e.plan.num_gpus == 8
@@ -109,7 +111,7 @@ def test_dp_two_under_v_four_by_hand():
     [(t, _)] = [
         (t, mem)
         for p, t, mem in est.plans(
-            JobRequest("j", HAND, 8, 1, virtual_workers=4, state_sharding=False), Cell("g", 1, 2, 1)
+            JobRequest("j", HAND, 8, 1, virtual_workers=4, state_sharding=False, runtime="adaptive"), Cell("g", 1, 2, 1)
         )
         if (p.dp, p.tp, p.micro_batches) == (2, 1, 1)
     ]
@@ -118,7 +120,7 @@ def test_dp_two_under_v_four_by_hand():
     [(t, _)] = [
         (t, mem)
         for p, t, mem in est.plans(
-            JobRequest("j", HAND, 8, 1, virtual_workers=4, state_sharding=False), Cell("g", 1, 2, 1)
+            JobRequest("j", HAND, 8, 1, virtual_workers=4, state_sharding=False, runtime="adaptive"), Cell("g", 1, 2, 1)
         )
         if (p.dp, p.tp, p.micro_batches) == (1, 2, 1)
     ]
@@ -132,7 +134,7 @@ def test_pipeline_fill_paid_per_virtual_worker():
     [(t, _)] = [
         (t, mem)
         for p, t, mem in est.plans(
-            JobRequest("j", HAND, 8, 1, virtual_workers=2, state_sharding=False), Cell("g", 1, 2, 2)
+            JobRequest("j", HAND, 8, 1, virtual_workers=2, state_sharding=False, runtime="adaptive"), Cell("g", 1, 2, 2)
         )
         if (p.dp, p.tp, p.micro_batches) == (1, 1, 4)
     ]
@@ -190,18 +192,20 @@ def test_arena_optimum_under_v(shipped):
     model = get_model("moe__2.4B")  # Arena's optimum on a40 4x2 is pp 4, dp 2 (6.482 s)
     t_star = 6.481967449188232
     pp4 = Cell("a40", 4, 2, 4)
-    e = shipped.estimate(JobRequest("j", model, 256, 10, virtual_workers=2), pp4)
+    e = shipped.estimate(JobRequest("j", model, 256, 10, virtual_workers=2, runtime="adaptive"), pp4)
     assert e.source == "measured" and e.iter_time_s == t_star and e.plan.dp <= 2
     # V=4 over dp 2: 2 virtual workers in turn, each with its own pipeline fill: no faster than T*
-    e = shipped.estimate(JobRequest("j", model, 256, 10, virtual_workers=4), pp4)
+    e = shipped.estimate(JobRequest("j", model, 256, 10, virtual_workers=4, runtime="adaptive"), pp4)
     assert e.feasible and e.iter_time_s >= t_star and e.plan.dp <= 4
     for pp in (1, 2, 8):
-        e = shipped.estimate(JobRequest("j", model, 256, 10, virtual_workers=4), Cell("a40", 4, 2, pp))
+        e = shipped.estimate(
+            JobRequest("j", model, 256, 10, virtual_workers=4, runtime="adaptive"), Cell("a40", 4, 2, pp)
+        )
         assert not e.feasible or (e.plan.dp <= 4 and e.iter_time_s >= t_star)
     # V=8 on 8 GPUs at pp 1 is dp 8, one virtual worker each: exactly the estimate without V
-    e = shipped.estimate(JobRequest("j", model, 256, 10, virtual_workers=8), Cell("a40", 4, 2, 1))
+    e = shipped.estimate(JobRequest("j", model, 256, 10, virtual_workers=8, runtime="adaptive"), Cell("a40", 4, 2, 1))
     assert (e.iter_time_s, e.plan.dp) == (9.323505031180776, 8)
-    e = shipped.estimate(JobRequest("j", model, 256, 10, virtual_workers=2), Cell("a40", 4, 2, 1))
+    e = shipped.estimate(JobRequest("j", model, 256, 10, virtual_workers=2, runtime="adaptive"), Cell("a40", 4, 2, 1))
     assert not e.feasible and e.note.startswith("needs dp > V")  # 8 GPUs at tp <= 2: dp >= 4
 
 
@@ -234,7 +238,16 @@ def test_split_batch_moves_whole_virtual_workers():
 @pytest.mark.parametrize("vw", [6, 8, 12, 24])
 def test_mixed_shares_are_whole_virtual_workers(shipped, vw):
     cell = mixed_cell((("a10", 1), ("a40", 2)), 2)
-    j = JobRequest("j", get_model("gpt-tiny"), 24, 100, gpu_types=("a40", "a10"), min_gpus=6, virtual_workers=vw)
+    j = JobRequest(
+        "j",
+        get_model("gpt-tiny"),
+        24,
+        100,
+        gpu_types=("a40", "a10"),
+        min_gpus=6,
+        virtual_workers=vw,
+        runtime="adaptive",
+    )
     e = shipped.estimate(j, cell)
     assert e.feasible and e.plan.dp == 6 and e.plan.tp == 1
     ranks = (2, 4)
@@ -245,7 +258,7 @@ def test_mixed_shares_are_whole_virtual_workers(shipped, vw):
     assert virtual_worker_counts(vw, 6, per_rank) == units == largest_remainder(vw, per_rank)
     assert (24 // vw) % e.plan.micro_batches == 0
     # the slowest part's compute: its rank's samples, in m micro-batches per virtual worker (solver.mixed.dp)
-    free = JobRequest("j", get_model("gpt-tiny"), 24, 100, gpu_types=("a40", "a10"), min_gpus=6)
+    free = JobRequest("j", get_model("gpt-tiny"), 24, 100, gpu_types=("a40", "a10"), min_gpus=6, runtime="adaptive")
     subs = [shipped.estimate(free, Cell(t, n, 2, 1)) for t, n in cell.parts]
     steps = [part_step(shipped.costs, shipped.settings, free, sub) for sub in subs]
     m = e.plan.micro_batches
@@ -257,7 +270,16 @@ def test_mixed_shares_are_whole_virtual_workers(shipped, vw):
 def test_mixed_infeasible_with_v(shipped):
     cell = mixed_cell((("a10", 1), ("a40", 2)), 2)
     for vw, why in ((4, "fewer than the 6 dp ranks"), (5, "do not divide the global batch")):
-        j = JobRequest("j", get_model("gpt-tiny"), 24, 100, gpu_types=("a40", "a10"), min_gpus=6, virtual_workers=vw)
+        j = JobRequest(
+            "j",
+            get_model("gpt-tiny"),
+            24,
+            100,
+            gpu_types=("a40", "a10"),
+            min_gpus=6,
+            virtual_workers=vw,
+            runtime="adaptive",
+        )
         e = shipped.estimate(j, cell)
         assert not e.feasible and why in e.note
 
@@ -292,7 +314,10 @@ def test_baselines_keep_dp_at_most_v():
     reply = get_policy("fcfs").schedule(ScheduleRequest(cl, (j,)), est)
     assert "j" not in reply.placements and "no feasible layout" in reply.reasons["j"]
     for name in ("cellsched", "gavel", "sia"):
-        jobs = (hand_job(8, 2, elastic=True, max_gpus=8), JobRequest("k", HAND, 8, 10, elastic=True, max_gpus=8))
+        jobs = (
+            hand_job(8, 2, elastic=True, max_gpus=8),
+            JobRequest("k", HAND, 8, 10, elastic=True, max_gpus=8, runtime="adaptive"),
+        )
         reply = get_policy(name).schedule(ScheduleRequest(cl, jobs), est)
         p = reply.placements["j"]
         assert p.plan.dp <= 2 and math.isfinite(p.iter_time_s), (name, p)

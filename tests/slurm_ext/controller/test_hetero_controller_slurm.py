@@ -85,7 +85,11 @@ def spec_file(tmp_path: Path, model: dict) -> Path:
 def probe(model: Path, training: Training, **kw: object) -> JobRequest:
     """A job request of the declared model, to ask the controller's estimator about cells."""
     return JobRequest(
-        job_id="probe", model=load_spec_file(model), global_batch=training.global_batch, iterations=training.steps, **kw
+        job_id="probe",
+        model=load_spec_file(model),
+        global_batch=training.global_batch,
+        iterations=training.steps,
+        **{"runtime": "adaptive", **kw},
     )
 
 

@@ -29,7 +29,8 @@ def _managed(job_id: str, phase: Phase, current: Placement | None = None) -> Man
 def _request(*job_ids: str, priority: dict[str, float] | None = None, limit: GpuLimit = A4) -> ScheduleRequest:
     pr = priority or {}
     jobs = tuple(
-        JobRequest(j, get_model("gpt-350m"), 8, 100, account="acct-a", priority=pr.get(j, 0.0)) for j in job_ids
+        JobRequest(j, get_model("gpt-350m"), 8, 100, account="acct-a", priority=pr.get(j, 0.0), runtime="adaptive")
+        for j in job_ids
     )
     return ScheduleRequest(CLUSTER, jobs, site=SitePolicy(limits=(limit,)))
 

@@ -67,7 +67,9 @@ def test_job_spanning_two_gpu_types_trains_like_the_reference(slurm_cluster, tmp
     # each rank's share is what the controller's estimator priced for its type (cell parts: a10, a40), the
     # faster a40 never less than the a10 (gpt-tiny with one sample per virtual worker: the fixed cost of a
     # virtual worker's micro-batch dominates, so they may be even)
-    probe = JobRequest("probe", get_model("gpt-tiny"), BATCH, STEPS, virtual_workers=VIRTUAL_WORKERS)
+    probe = JobRequest(
+        "probe", get_model("gpt-tiny"), BATCH, STEPS, virtual_workers=VIRTUAL_WORKERS, runtime="adaptive"
+    )
     priced = ctl.estimator.estimate(probe, parse_key(CELL)).plan.shares
     assert (shares[0], shares[4]) == (priced[1], priced[0]) and priced[1] >= priced[0], (shares, priced)
 

@@ -238,7 +238,7 @@ def test_failures_in_new_sizes_are_free_and_a_size_that_failed_twice_is_excluded
     assert not relaunch.review(jobs, lambda m: None, {"1": repeats + [(990.0, "a40:2x1:pp1")]}, 3)["1"].relaunch
     out = excluded_cells({"a40:1x2:pp1": 1, "a40:2x1:pp1": 1, "a10:1x2:pp1": 1}, 2)
     assert out == {"a40:2gpus:pp1"}
-    job = JobRequest("1", get_model("gpt-350m"), 8, 10, excluded_cells=out)
+    job = JobRequest("1", get_model("gpt-350m"), 8, 10, excluded_cells=out, runtime="adaptive")
     assert job.excludes(Cell("a40", 2, 1, 1)) and job.excludes(Cell("a40", 1, 2, 1))
     assert not job.excludes(Cell("a40", 1, 2, 2)) and not job.excludes(Cell("a10", 1, 2, 1))
 
@@ -364,7 +364,7 @@ def test_a_job_is_never_kept_out_of_a_cell_it_has_trained_in():
     assert excluded_cells(failures, 2) == {"a100:2x2:pp1", "a100:1x4:pp1", "a100:4gpus:pp1", "a40:2gpus:pp1"}
     out = excluded_cells(failures, 2, trained_in={"a100:1x4:pp1"})
     assert out == {"a100:2x2:pp1", "a40:2gpus:pp1"}
-    job = JobRequest("1", get_model("gpt-350m"), 8, 10, excluded_cells=out)
+    job = JobRequest("1", get_model("gpt-350m"), 8, 10, excluded_cells=out, runtime="adaptive")
     assert not job.excludes(Cell("a100", 1, 4, 1)) and job.excludes(Cell("a100", 2, 2, 1))
 
 

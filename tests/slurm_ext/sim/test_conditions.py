@@ -78,7 +78,7 @@ def test_arena_estimates_take_the_best_plan_and_ours_where_arena_has_none():
         and r["status"] == "ok"
     ]
     est = ArenaEstimates()
-    job = JobRequest("1", get_model("moe__2.4B"), 512, 10)
+    job = JobRequest("1", get_model("moe__2.4B"), 512, 10, runtime="adaptive")
     got = est.estimate(job, Cell("a100", 1, 2, 1))
     assert len(plans) > 1 and got.iter_time_s == pytest.approx(min(plans), abs=1e-3)
     assert got.source == EstimateSource.ARENA_TABLE
@@ -158,7 +158,9 @@ def test_the_filled_truth_is_arenas_measured_table_and_ours_only_where_it_has_no
     truth = ArenaEstimates.filled_truth()
     assert truth.iter_time("bert__6.7B", 128, "a100", 2, 4) == pytest.approx(6.242, abs=1e-3)  # measured
     assert truth.iter_time("bert__6.7B", 128, "a100", 2, 2) is None  # measured out of memory: stays so
-    filled = truth.estimate(JobRequest("1", get_model("bert__6.7B"), 128, 10), Cell("a100", 4, 4, 1))
+    filled = truth.estimate(
+        JobRequest("1", get_model("bert__6.7B"), 128, 10, runtime="adaptive"), Cell("a100", 4, 4, 1)
+    )
     assert filled.feasible and filled.source != EstimateSource.ARENA_TABLE  # 16 A100s: never run by Arena
     speed, believed = Conditions.realistic().speed_and_estimator()
     spec = JobSpec(model="bert__6.7B", global_batch=128, iterations=10)

@@ -69,7 +69,7 @@ def sync_s() -> float:
 
 def table_parts(table: Table = TABLE) -> dict[str, PartStep]:
     """Each part of CELL (one node of a type running the whole batch) taken apart (solver.mixed.dp)."""
-    inner, job = TableTruth(table), JobRequest("j", get_model(MODEL), BATCH, 10)
+    inner, job = TableTruth(table), JobRequest("j", get_model(MODEL), BATCH, 10, runtime="adaptive")
     settings = CostSettings()  # a truth table has no cost model: the defaults
     return {t: part_step(None, settings, job, inner.estimate(job, Cell(t, 1, 2, 1))) for t in ("a40", "a10")}
 
@@ -97,7 +97,9 @@ def test_a_mixed_cells_truth_is_composed_from_its_parts_at_the_plans_shares():
     assert p["a40"].per_sample_s < p["a10"].per_sample_s
     assert p["a40"].compute_s(BATCH / 2, 1) + p["a40"].update_s < 1.0 < 3.0  # the table's time holds a sync too
     speed = table_speed(TABLE, mixed=True)
-    best = MixedEstimator(TableTruth(TABLE)).estimate(JobRequest("j", get_model(MODEL), BATCH, 10), CELL)
+    best = MixedEstimator(TableTruth(TABLE)).estimate(
+        JobRequest("j", get_model(MODEL), BATCH, 10, runtime="adaptive"), CELL
+    )
     splits = {(a, (BATCH - 2 * a) // 2) for a in range(1, BATCH // 2)}
     want = min(splits, key=lambda s: composed(*s))
     assert best.plan.shares == want and want[0] > want[1]
@@ -162,7 +164,7 @@ def test_with_the_truth_as_estimates_a_mixed_cell_runs_as_estimated(truth, pp):
         speed = estimator_speed(believed, mixed=True)
         model, batch = "bert__760M", 64
     cell = mixed_cell((("a40", 2), ("a10", 2)), 2, pp)
-    est = MixedEstimator(believed).estimate(JobRequest("j", get_model(model), batch, 10), cell)
+    est = MixedEstimator(believed).estimate(JobRequest("j", get_model(model), batch, 10, runtime="adaptive"), cell)
     assert est.feasible, est.note
     assert (est.plan.pp, len(est.plan.stage_layers)) == ((1, 0) if pp == 1 else (pp, pp))
     spec = JobSpec(model=model, global_batch=batch, iterations=10)
@@ -176,7 +178,7 @@ def test_a_tables_pipeline_across_types_follows_the_table_type_by_type():
     and the filled truth both price it, from their own tables."""
     from solver.arena.estimates import ArenaEstimates, best_plan_records
 
-    job = JobRequest("j", get_model("moe__2.4B"), 256, 10)
+    job = JobRequest("j", get_model("moe__2.4B"), 256, 10, runtime="adaptive")
     cell = mixed_cell((("a10", 4), ("a40", 4)), 2, 4)
     recs = best_plan_records()
     twice = [dataclasses.replace(r, iter_time_s=r.iter_time_s and 2 * r.iter_time_s) for r in recs]
@@ -200,7 +202,9 @@ def test_a_sharded_plan_with_virtual_workers_runs_as_estimated(vw):
     believed = Estimator(open_store(":memory:"))
     speed = estimator_speed(believed, mixed=True)
     cell = mixed_cell((("a10", 1), ("a40", 2)), 2)
-    est = MixedEstimator(believed).estimate(JobRequest("j", get_model("gpt-2.7b"), 24, 10, virtual_workers=vw), cell)
+    est = MixedEstimator(believed).estimate(
+        JobRequest("j", get_model("gpt-2.7b"), 24, 10, virtual_workers=vw, runtime="adaptive"), cell
+    )
     assert est.feasible and est.plan.sharded, est.note
     spec = JobSpec(model="gpt-2.7b", global_batch=24, iterations=10)
     sharded = _plan_of(est, cell, vw)
@@ -250,7 +254,9 @@ def test_the_sims_policies_place_mixed_cells_and_the_job_runs_at_the_composed_tr
     (j,) = run.jobs
     assert j.finished and j.cells == ("a10+a40:2x2",) and run.meta["infeasible_starts"] == 0
     # the belief is the truth: its best shares
-    best = MixedEstimator(TableTruth(TABLE)).estimate(JobRequest("j", get_model(MODEL), BATCH, 10), CELL)
+    best = MixedEstimator(TableTruth(TABLE)).estimate(
+        JobRequest("j", get_model(MODEL), BATCH, 10, runtime="adaptive"), CELL
+    )
     assert j.jct == pytest.approx(100 * composed(*best.plan.shares), rel=1e-6)
     assert j.kinds == {MIXED_DP: KindUse(1, pytest.approx(j.jct), pytest.approx(4 * j.jct))}
     (summary,) = summaries([run])
