@@ -235,19 +235,16 @@ def test_split_batch_moves_whole_virtual_workers():
     assert split_batch(20, (2, 2), (1.0, 1.0), 1, 5) is None  # 2 u0 + 2 u1 = 5 has no whole solution
 
 
+def tiny_over_two_types(vw: int | None) -> JobRequest:
+    """gpt-tiny, 24 samples, at least 6 GPUs of a40 and a10, V = `vw`."""
+    model = get_model("gpt-tiny")
+    return JobRequest("j", model, 24, 100, gpu_types=("a40", "a10"), min_gpus=6, virtual_workers=vw, runtime="adaptive")
+
+
 @pytest.mark.parametrize("vw", [6, 8, 12, 24])
 def test_mixed_shares_are_whole_virtual_workers(shipped, vw):
     cell = mixed_cell((("a10", 1), ("a40", 2)), 2)
-    j = JobRequest(
-        "j",
-        get_model("gpt-tiny"),
-        24,
-        100,
-        gpu_types=("a40", "a10"),
-        min_gpus=6,
-        virtual_workers=vw,
-        runtime="adaptive",
-    )
+    j = tiny_over_two_types(vw)
     e = shipped.estimate(j, cell)
     assert e.feasible and e.plan.dp == 6 and e.plan.tp == 1
     ranks = (2, 4)
@@ -258,7 +255,7 @@ def test_mixed_shares_are_whole_virtual_workers(shipped, vw):
     assert virtual_worker_counts(vw, 6, per_rank) == units == largest_remainder(vw, per_rank)
     assert (24 // vw) % e.plan.micro_batches == 0
     # the slowest part's compute: its rank's samples, in m micro-batches per virtual worker (solver.mixed.dp)
-    free = JobRequest("j", get_model("gpt-tiny"), 24, 100, gpu_types=("a40", "a10"), min_gpus=6, runtime="adaptive")
+    free = tiny_over_two_types(None)
     subs = [shipped.estimate(free, Cell(t, n, 2, 1)) for t, n in cell.parts]
     steps = [part_step(shipped.costs, shipped.settings, free, sub) for sub in subs]
     m = e.plan.micro_batches
@@ -270,16 +267,7 @@ def test_mixed_shares_are_whole_virtual_workers(shipped, vw):
 def test_mixed_infeasible_with_v(shipped):
     cell = mixed_cell((("a10", 1), ("a40", 2)), 2)
     for vw, why in ((4, "fewer than the 6 dp ranks"), (5, "do not divide the global batch")):
-        j = JobRequest(
-            "j",
-            get_model("gpt-tiny"),
-            24,
-            100,
-            gpu_types=("a40", "a10"),
-            min_gpus=6,
-            virtual_workers=vw,
-            runtime="adaptive",
-        )
+        j = tiny_over_two_types(vw)
         e = shipped.estimate(j, cell)
         assert not e.feasible and why in e.note
 
