@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from slurm_ext.backends.base import SlurmUnavailable
 from slurm_ext.backends.cli import UNREACHABLE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,14 +100,22 @@ def read_shape(path: Path) -> dict[str, tuple[str, int]]:
 def wait_for(
     predicate: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.2, what: str = "a condition"
 ) -> Any:
-    """Poll `predicate` until it returns something truthy; return that."""
+    """Poll `predicate` until it returns something truthy; return that. A
+    slurmctld too loaded to answer one poll in time (SlurmUnavailable) is
+    not the event waited for, nor its absence: the poll is made again until
+    the deadline (the last such error is named if it comes)."""
     deadline = time.monotonic() + timeout
+    missed: SlurmUnavailable | None = None
     while True:
-        value = predicate()
+        try:
+            value = predicate()
+        except SlurmUnavailable as exc:
+            value, missed = None, exc
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+            last = f" (the last poll: {missed})" if missed is not None else ""
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{last}")
         time.sleep(interval)
 
 
