@@ -69,8 +69,8 @@ def test_a_restart_never_starts_in_the_second_its_job_ended_in(slurm_cluster, tm
                     break
                 except SlurmCommandError:  # still completing
                     time.sleep(0.01)
-            answered(lambda: backend.update(job_id, JobUpdate(start_soon=True)))
-            answered(lambda: backend.release(job_id))
+            answered(lambda job_id=job_id: backend.update(job_id, JobUpdate(start_soon=True)))
+            answered(lambda job_id=job_id: backend.release(job_id))
             released_at = time.time()
             ended_at = first.end_time if first.end_time is not None else released_at
             inside += math.floor(released_at) == math.floor(ended_at)
