@@ -1,0 +1,279 @@
+"""Slurm preempts a managed job, on a real Slurm 22.05 with QOS preemption
+(docs/preemption.md): a dev cluster of its own with accounting and
+DEVCLUSTER_PREEMPT=qos (QOS `urgent` preempts `normal`, PreemptMode=REQUEUE,
+KillWait 2 s, cred_expire 10 s) and one node of 2 A40s, started once for the
+cases below.
+
+A managed `exact` job of the reference trainer holds both GPUs; a plain
+`-q urgent` job asks for them:
+
+* GraceTime 20 s, longer than the job's checkpoint: the launcher saves on
+  Slurm's SIGTERM and exits 75 within the grace time (22.05 ends the job
+  FAILED 75 and does not requeue it); the controller requeues it held and
+  places it again once the urgent job has ended;
+* GraceTime 0, shorter than its checkpoint: Slurm requeues the job at once,
+  unheld, to start by itself cred_expire later; the controller holds it
+  before that (the job saved within KillWait) and places it again;
+* PreemptMode=CANCEL: the job ends PREEMPTED, with a reason that says so in
+  `cellsched status` and the journal, never as completed.
+
+Each job resumes from its checkpoint and completes with the losses of an
+uninterrupted run, bitwise (same plan); each of its runs in sacct started
+after the controller had released it on exactly its plan's nodes (Slurm
+never started it by itself). The test waits for Slurm's states, never for time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "launch"))  # trainer_runs, srun_local
+
+from controller_support import ROOT, find_job, job_env, job_logs, submit_training, wait_until, write_config
+from support import WORKER, DevCluster
+from trainer_runs import train
+
+from slurm_ext.backends import get_backend
+from slurm_ext.config import load
+from slurm_ext.controller.inputs import Phase, admin_comment_plan
+from slurm_ext.controller.progress import read_progress_file
+from slurm_ext.controller.round import Controller
+from slurm_ext.records import SlurmJob
+from slurm_ext.state import PlanStatus
+
+pytestmark = pytest.mark.slurm
+
+SHAPE = "n1:a40:2"
+ENV = {
+    "LAB": os.environ.get("CELLSCHED_TEST_PREEMPT_LAB", "/tmp/cellsched-test-preempt")
+    + (f"-gw{WORKER}" if WORKER else ""),
+    "CTLD_PORT": str(int(os.environ.get("CELLSCHED_TEST_PREEMPT_CTLD_PORT", "13817")) + 200 * WORKER),
+    "SLURMD_BASEPORT": str(int(os.environ.get("CELLSCHED_TEST_PREEMPT_SLURMD_BASEPORT", "13900")) + 200 * WORKER),
+    "DEVCLUSTER_ACCOUNTING": "1",
+    "DEVCLUSTER_PREEMPT": "qos",
+    "DEVCLUSTER_GRACE_S": "20",
+    "DEVCLUSTER_SHAPE": SHAPE,
+}
+TRAIN = ROOT / "contrib" / "examples" / "train_gpt.py"
+TRAIN_FLAGS = ("--model", "gpt-tiny", "--dtype", "float64")
+STEPS = 16
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[DevCluster]:
+    env = {k: v for k, v in os.environ.items() if k != "JOB_SUBMIT_LUA"}
+    env.update(ENV)
+    lab = Path(env["LAB"])
+    shape = {n: (t, int(g)) for n, t, g in (x.split(":") for x in SHAPE.split(","))}
+    c = DevCluster(lab=lab, conf=lab / "etc" / "slurm.conf", shape=shape, env=env)
+    with c.running("the dev cluster with preemption"):
+        yield c
+
+
+def _run(*args: str) -> str:
+    proc = subprocess.run(list(args), env=job_env(), capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, f"{args}: {proc.stderr}"
+    return proc.stdout
+
+
+def _grace(seconds: int) -> None:
+    _run("sacctmgr", "-i", "modify", "qos", "normal", "set", f"GraceTime={seconds}")
+
+
+def _mode(cluster: DevCluster, mode: str) -> None:
+    """Slurm's PreemptMode, changed in slurm.conf and read again (scontrol reconfigure)."""
+    conf = cluster.conf.read_text().splitlines()
+    cluster.conf.write_text("\n".join(f"PreemptMode={mode}" if ln.startswith("PreemptMode=") else ln for ln in conf))
+    _run("scontrol", "reconfigure")
+    wait_until(
+        lambda: f"= {mode}" in _run("scontrol", "show", "config").split("PreemptMode")[1].split("\n")[0], 30, mode
+    )
+
+
+def _controller(tmp_path: Path) -> Controller:
+    config = write_config(tmp_path / "cellsched.toml", tmp_path / "state.sqlite")
+    with config.open("a") as f:
+        f.write("max_pp = 1\n")
+    return Controller(load(config))
+
+
+def _submit(tmp_path: Path) -> str:
+    """A managed exact job of the reference trainer on both A40s (not elastic: only Slurm stops it)."""
+    train_args = [str(TRAIN), *TRAIN_FLAGS, "--steps", str(STEPS), "--step-delay", "0.3"]
+    train_args += ["--out", str(tmp_path / "losses.json")]
+    sbatch = ["--runtime", "exact", "--model", "gpt-350m", "--global-batch", "16", "--iterations", "200000"]
+    sbatch += ["--gpu-types", "a40", "--min-gpus", "2", "--max-gpus", "2", "-A", "acct-b", "--open-mode", "append"]
+    return submit_training(tmp_path, train_args, sbatch)
+
+
+def _urgent(stop: Path) -> str:
+    """A plain urgent GPU job on both GPUs, running until `stop` exists."""
+    out = _run(
+        "sbatch", "--parsable", "-A", "acct-b", "-q", "urgent", "-N1", "--gres=gpu:2", "-o", "/dev/null",
+        "--wrap", f"while [ ! -e {stop} ]; do sleep 0.2; done",
+    )  # fmt: skip
+    return out.strip().split(";")[0]
+
+
+def _job(backend, job_id: str) -> SlurmJob:
+    job = find_job(backend, job_id)
+    assert job is not None, f"job {job_id} left the queue"
+    return job
+
+
+def _steps_done(backend, job_id: str) -> float:
+    plan = admin_comment_plan(_job(backend, job_id).admin_comment)
+    p = read_progress_file(plan.checkpoint_dir if plan else None)
+    return p.iterations_done if p is not None else 0.0
+
+
+def _rounds_until(ctl: Controller, pred, timeout: float, what: str):
+    """Controller rounds until `pred()` holds after one."""
+    return wait_until(lambda: ctl.round() and pred(), timeout, what, interval=0.2)
+
+
+def _placed_and_training(ctl: Controller, backend, tmp_path: Path) -> tuple[str, dict]:
+    job = _submit(tmp_path)
+    first = ctl.round()
+    assert first.placements[job]["cell"] == "a40:1x2:pp1", first.placements
+    plan = json.loads(ctl.state.plans_of(job)[0].plan)
+    wait_until(lambda: _steps_done(backend, job) >= 3, 90, f"three steps of job {job}\n{job_logs(tmp_path)}")
+    return job, plan
+
+
+def _uninterrupted(tmp_path: Path, plan: dict) -> list[float]:
+    keep = ("pp", "dp", "tp", "micro_batches", "virtual_workers", "global_batch")
+    return train({k: plan[k] for k in keep if k in plan}, tmp_path / "uninterrupted.json", STEPS, *TRAIN_FLAGS).losses
+
+
+def _runs(job_id: str) -> list[tuple[float, float | None, str]]:
+    """(start, end, nodes) of each run of the job in sacct (-D: the requeued ones too)."""
+    out = _run("sacct", "-D", "-X", "-n", "-P", "-j", job_id, "-o", "start,end,nodelist,state")
+    runs = []
+    for line in out.splitlines():
+        start, end, nodes, state = line.split("|")
+        if start in ("Unknown", "None", ""):
+            continue
+        runs.append(
+            (
+                datetime.fromisoformat(start).timestamp(),
+                None if end == "Unknown" else datetime.fromisoformat(end).timestamp(),
+                nodes,
+            )
+        )
+    return sorted(runs)
+
+
+def _only_planned_runs(ctl: Controller, job_id: str) -> list[tuple[float, float | None, str]]:
+    """Every run of the job in sacct started after the controller released it
+    (since the run before ended) on exactly that plan's nodes."""
+    released = [
+        (p.applied_at, ",".join(sorted(n for n, _ in p.nodes)))
+        for p in ctl.state.plans_of(job_id)
+        if p.status == PlanStatus.RELEASED and p.applied_at is not None
+    ]
+    runs = _runs(job_id)
+    previous_end = 0.0
+    for start, end, nodes in runs:
+        # sacct keeps whole seconds: a release in the second the run started counts
+        by = [n for t, n in released if previous_end - 1 <= t < start + 1]
+        assert by and by[-1] == nodes, f"a run at {start} on {nodes} without a release on it: {released} {runs}"
+        previous_end = end or start
+    return runs
+
+
+def _completes_with_uninterrupted_losses(backend, tmp_path: Path, job: str, reference) -> None:
+    wait_until(lambda: _job(backend, job).state == "COMPLETED", 120, f"job {job} to complete\n{job_logs(tmp_path)}")
+    assert json.loads((tmp_path / "losses.json").read_text())["losses"] == reference.result()
+
+
+def _resumed_from_a_checkpoint(tmp_path: Path) -> None:
+    """Both runs together printed each step once: the later one went on from
+    the step the first one saved (its output is appended to the same file)."""
+    steps = [json.loads(ln)["step"] for ln in job_logs(tmp_path, 100_000).splitlines() if ln.startswith('{"step"')]
+    assert steps == list(range(1, STEPS + 1)), steps
+
+
+def test_a_grace_time_longer_than_the_checkpoint(cluster, tmp_path):
+    _grace(20)
+    ctl, backend = _controller(tmp_path), get_backend("cli")
+    job, plan = _placed_and_training(ctl, backend, tmp_path)
+    with ThreadPoolExecutor(1) as pool:
+        reference = pool.submit(_uninterrupted, tmp_path, plan)
+        stop = tmp_path / "urgent-done"
+        urgent = _urgent(stop)
+        ended = wait_until(lambda: _job(backend, job).finished and _job(backend, job), 60, "the job to checkpoint")
+        assert (ended.state, ended.exit_code, ended.preempted) == ("FAILED", 75, True), ended  # 22.05: not requeued
+        wait_until(lambda: _job(backend, urgent).state == "RUNNING", 60, "the urgent job to start")
+        _rounds_until(ctl, lambda: _job(backend, job).held, 60, "the job requeued held")
+        status = {s.job_id: s for s in ctl.round().jobs}[job]
+        assert status.phase == Phase.HELD, status
+        events = [e["event"] for e in ctl.state.history(job)]
+        assert events[:1] == ["placed"] and "slurm-preempted" in events and "requeued" in events, events
+        stop.touch()
+        _rounds_until(ctl, lambda: _job(backend, job).state == "RUNNING", 90, "the job placed again")
+        _completes_with_uninterrupted_losses(backend, tmp_path, job, reference)
+    _resumed_from_a_checkpoint(tmp_path)
+    assert len(_only_planned_runs(ctl, job)) == 2
+
+
+def test_a_grace_time_shorter_than_the_checkpoint(cluster, tmp_path):
+    _grace(0)
+    ctl, backend = _controller(tmp_path), get_backend("cli")
+    job, plan = _placed_and_training(ctl, backend, tmp_path)
+    with ThreadPoolExecutor(1) as pool:
+        reference = pool.submit(_uninterrupted, tmp_path, plan)
+        stop = tmp_path / "urgent-done"
+        urgent = _urgent(stop)
+        # Slurm requeues it at once, unheld, to start again by itself cred_expire (10 s) later
+        requeued = wait_until(lambda: _job(backend, job).pending and _job(backend, job), 60, "Slurm's requeue")
+        assert not requeued.held and requeued.eligible_time > requeued.submit_time, requeued
+        report = ctl.round()
+        assert [(a["kind"], a["ok"]) for a in report.actions if a["job"] == job] == [("requeue", True)], report.actions
+        assert _job(backend, job).held  # before Slurm could start it (the round ended before the BeginTime)
+        status = {s.job_id: s for s in report.jobs}[job]
+        assert status.phase == Phase.SLURM_REQUEUED, status  # its reason: why it waits (no free GPUs)
+        wait_until(lambda: _job(backend, urgent).state == "RUNNING", 60, "the urgent job to start")
+        assert _job(backend, job).held
+        events = [e["event"] for e in ctl.state.history(job)]
+        assert "slurm-requeued" in events and events[-1] == "requeued", events
+        stop.touch()
+        _rounds_until(ctl, lambda: _job(backend, job).state == "RUNNING", 90, "the job placed again")
+        _completes_with_uninterrupted_losses(backend, tmp_path, job, reference)
+    _resumed_from_a_checkpoint(tmp_path)
+    assert len(_only_planned_runs(ctl, job)) == 2
+
+
+def test_preempt_mode_cancel_ends_the_job_as_preempted(cluster, tmp_path):
+    _grace(0)
+    _mode(cluster, "CANCEL")
+    try:
+        ctl, backend = _controller(tmp_path), get_backend("cli")
+        job, _ = _placed_and_training(ctl, backend, tmp_path)
+        stop = tmp_path / "urgent-done"
+        _urgent(stop)
+        wait_until(lambda: _job(backend, job).finished, 60, "the job to end")
+        assert _job(backend, job).state == "PREEMPTED"
+        ctl.round()
+        stop.touch()
+        config = str(tmp_path / "cellsched.toml")
+        shown = subprocess.run(
+            [sys.executable, "-m", "slurm_ext", "status", "--config", config, "--all", "--json"],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout  # fmt: skip
+        (row,) = [r for r in json.loads(shown)["jobs"] if str(r["job_id"]) == job]
+        assert row["state"] == "PREEMPTED" and row["reason"].startswith("preempted by Slurm"), row
+        events = [(e["event"], e["cell"]) for e in ctl.state.history(job)]
+        assert ("finished", "PREEMPTED") in events and events[-2][0] == "slurm-preempted", events
+        assert not _job(backend, job).pending  # never requeued
+    finally:
+        _mode(cluster, "REQUEUE")
