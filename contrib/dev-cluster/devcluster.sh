@@ -50,6 +50,9 @@
 #                                  tools. 24.11 has its own defaults: LAB=/tmp/cellsched-devcluster-24.11
 #                                  (inside the root), CTLD_PORT=18817, SLURMD_BASEPORT=18900.
 #   DEVCLUSTER_CACHE=/var/cache/cellsched   where the roots are built
+#   DEVCLUSTER_BIND=/path[:/path...]  folders of this machine mounted (read-only) at their own path
+#                                  in the root, for what jobs need from here: e.g. the Python that
+#                                  runs this checkout's .venv (with torch), which the root lacks
 #   DEVCLUSTER_MIRROR=http://deb.debian.org/debian   the archive debootstrap installs from
 #
 # Two instances with different LAB and ports can run side by side: each has its
@@ -637,6 +640,13 @@ chroot_run() {
   mkdir -p "$root$ROOT_REPO" "$root$repo"
   mount --bind "$repo" "$root$ROOT_REPO"
   mount --bind "$repo" "$root$repo"
+  local bind
+  for bind in ${DEVCLUSTER_BIND:+${DEVCLUSTER_BIND//:/ }}; do
+    [ -d "$bind" ] || die "DEVCLUSTER_BIND: '$bind' is not a folder"
+    mkdir -p "$root$bind"
+    mount --bind "$bind" "$root$bind"
+    mount -o remount,bind,ro "$root$bind" 2>/dev/null || true
+  done
   cp /etc/hosts "$root/etc/hosts"
   cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
   # this machine's CA trust (a TLS proxy's own CA): pip in the root reaches the index as pip here does

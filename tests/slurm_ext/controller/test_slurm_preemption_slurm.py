@@ -1,16 +1,20 @@
-"""Slurm preempts a managed job, on a real Slurm 22.05 with QOS preemption
-(docs/preemption.md): a dev cluster of its own with accounting and
-DEVCLUSTER_PREEMPT=qos (QOS `urgent` preempts `normal`, PreemptMode=REQUEUE,
-KillWait 2 s, cred_expire 10 s) and one node of 2 A40s, started once for the
-cases below.
+"""Slurm preempts a managed job, on a real Slurm (docs/preemption.md): a dev
+cluster of its own with one node of 2 A40s (KillWait 2 s, cred_expire 10 s),
+started once for the cases below. On 22.05: accounting and QOS preemption
+(DEVCLUSTER_PREEMPT=qos: QOS `urgent` preempts `normal`); on 24.11 (its dev
+cluster has no accounting; run inside its root with `devcluster.sh exec`, see
+`slurm24_preemption` in contrib/test.sh): partition preemption
+(DEVCLUSTER_PREEMPT=partition: partition `urgent` preempts `a40`). Both with
+PreemptMode=REQUEUE, then CANCEL.
 
 A managed `exact` job of the reference trainer holds both GPUs; a plain
-`-q urgent` job asks for them:
+urgent job asks for them:
 
 * GraceTime 20 s, longer than the job's checkpoint: the launcher saves on
-  Slurm's SIGTERM and exits 75 within the grace time (22.05 ends the job
-  FAILED 75 and does not requeue it); the controller requeues it held and
-  places it again once the urgent job has ended;
+  Slurm's SIGTERM and exits 75 within the grace time. 22.05 ends the job
+  FAILED 75 and does not requeue it (the controller requeues it held);
+  24.11 requeues it unheld (the controller holds it before Slurm starts it
+  again by itself). Either way it is placed again once the urgent job ended;
 * GraceTime 0, shorter than its checkpoint: Slurm requeues the job at once,
   unheld, to start by itself cred_expire later; the controller holds it
   before that (the job saved within KillWait) and places it again;
@@ -18,19 +22,22 @@ A managed `exact` job of the reference trainer holds both GPUs; a plain
   `cellsched status` and the journal, never as completed.
 
 Each job resumes from its checkpoint and completes with the losses of an
-uninterrupted run, bitwise (same plan); each of its runs in sacct started
-after the controller had released it on exactly its plan's nodes (Slurm
-never started it by itself). The test waits for Slurm's states, never for time.
+uninterrupted run, bitwise (same plan); each of its runs in sacct (22.05) or
+seen running (24.11) started after the controller had released it on
+exactly its plan's nodes: Slurm never started it by itself. The test waits
+for Slurm's states, never for time.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -47,7 +54,7 @@ from slurm_ext.config import load
 from slurm_ext.controller.inputs import Phase, admin_comment_plan
 from slurm_ext.controller.progress import read_progress_file
 from slurm_ext.controller.round import Controller
-from slurm_ext.records import SlurmJob
+from slurm_ext.records import SlurmJob, expand_hostlist
 from slurm_ext.state import PlanStatus
 
 pytestmark = pytest.mark.slurm
@@ -58,8 +65,6 @@ ENV = {
     + (f"-gw{WORKER}" if WORKER else ""),
     "CTLD_PORT": str(int(os.environ.get("CELLSCHED_TEST_PREEMPT_CTLD_PORT", "13817")) + 200 * WORKER),
     "SLURMD_BASEPORT": str(int(os.environ.get("CELLSCHED_TEST_PREEMPT_SLURMD_BASEPORT", "13900")) + 200 * WORKER),
-    "DEVCLUSTER_ACCOUNTING": "1",
-    "DEVCLUSTER_PREEMPT": "qos",
     "DEVCLUSTER_GRACE_S": "20",
     "DEVCLUSTER_SHAPE": SHAPE,
 }
@@ -68,15 +73,55 @@ TRAIN_FLAGS = ("--model", "gpt-tiny", "--dtype", "float64")
 STEPS = 16
 
 
+@dataclass(frozen=True)
+class Site:
+    """How this Slurm preempts: by QOS with accounting (22.05) or by partition (23.02 and later)."""
+
+    qos: bool
+
+    @property
+    def env(self) -> dict[str, str]:
+        return (
+            {"DEVCLUSTER_ACCOUNTING": "1", "DEVCLUSTER_PREEMPT": "qos"}
+            if self.qos
+            else {"DEVCLUSTER_PREEMPT": "partition"}
+        )
+
+    @property
+    def job_args(self) -> list[str]:
+        """What a managed job is submitted with: an account without a GPU limit (the accounts: 22.05 only)."""
+        return ["-A", "acct-b"] if self.qos else []
+
+    @property
+    def urgent_args(self) -> list[str]:
+        return ["-A", "acct-b", "-q", "urgent"] if self.qos else ["-p", "urgent"]
+
+    def grace(self, seconds: int) -> None:
+        if self.qos:
+            _run("sacctmgr", "-i", "modify", "qos", "normal", "set", f"GraceTime={seconds}")
+            return
+        for partition in ("a40", "all"):
+            _run("scontrol", "update", f"PartitionName={partition}", f"GraceTime={seconds}")
+
+
+def _slurm_major() -> tuple[int, int]:
+    ctld = shutil.which("slurmctld") or "/usr/sbin/slurmctld"  # an sbin, maybe not on PATH
+    version = subprocess.run([ctld, "-V"], capture_output=True, text=True, timeout=30, check=True).stdout
+    major, minor = version.split()[1].split(".")[:2]
+    return int(major), int(minor)
+
+
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[DevCluster]:
+def site() -> Iterator[Site]:
+    here = Site(qos=_slurm_major() < (23, 2))
     env = {k: v for k, v in os.environ.items() if k != "JOB_SUBMIT_LUA"}
     env.update(ENV)
+    env.update(here.env)
     lab = Path(env["LAB"])
     shape = {n: (t, int(g)) for n, t, g in (x.split(":") for x in SHAPE.split(","))}
     c = DevCluster(lab=lab, conf=lab / "etc" / "slurm.conf", shape=shape, env=env)
     with c.running("the dev cluster with preemption"):
-        yield c
+        yield here
 
 
 def _run(*args: str) -> str:
@@ -85,14 +130,11 @@ def _run(*args: str) -> str:
     return proc.stdout
 
 
-def _grace(seconds: int) -> None:
-    _run("sacctmgr", "-i", "modify", "qos", "normal", "set", f"GraceTime={seconds}")
-
-
-def _mode(cluster: DevCluster, mode: str) -> None:
+def _mode(mode: str) -> None:
     """Slurm's PreemptMode, changed in slurm.conf and read again (scontrol reconfigure)."""
-    conf = cluster.conf.read_text().splitlines()
-    cluster.conf.write_text("\n".join(f"PreemptMode={mode}" if ln.startswith("PreemptMode=") else ln for ln in conf))
+    conf = Path(os.environ["SLURM_CONF"])
+    lines = conf.read_text().splitlines()
+    conf.write_text("\n".join(f"PreemptMode={mode}" if ln.startswith("PreemptMode=") else ln for ln in lines) + "\n")
     _run("scontrol", "reconfigure")
     wait_until(
         lambda: f"= {mode}" in _run("scontrol", "show", "config").split("PreemptMode")[1].split("\n")[0], 30, mode
@@ -106,19 +148,22 @@ def _controller(tmp_path: Path) -> Controller:
     return Controller(load(config))
 
 
-def _submit(tmp_path: Path) -> str:
-    """A managed exact job of the reference trainer on both A40s (not elastic: only Slurm stops it)."""
+def _submit(site: Site, tmp_path: Path) -> str:
+    """A managed exact job of the reference trainer on both A40s (not elastic:
+    only Slurm stops it); each run writes when it started and on which nodes
+    to runs.txt."""
     train_args = [str(TRAIN), *TRAIN_FLAGS, "--steps", str(STEPS), "--step-delay", "0.3"]
     train_args += ["--out", str(tmp_path / "losses.json")]
     sbatch = ["--runtime", "exact", "--model", "gpt-350m", "--global-batch", "16", "--iterations", "200000"]
-    sbatch += ["--gpu-types", "a40", "--min-gpus", "2", "--max-gpus", "2", "-A", "acct-b", "--open-mode", "append"]
-    return submit_training(tmp_path, train_args, sbatch)
+    sbatch += ["--gpu-types", "a40", "--min-gpus", "2", "--max-gpus", "2", "--open-mode", "append", *site.job_args]
+    prelude = f'echo "$(date +%s.%N) $SLURM_JOB_NODELIST" >>{tmp_path / "runs.txt"}\n'
+    return submit_training(tmp_path, train_args, sbatch, prelude=prelude)
 
 
-def _urgent(stop: Path) -> str:
+def _urgent(site: Site, stop: Path) -> str:
     """A plain urgent GPU job on both GPUs, running until `stop` exists."""
     out = _run(
-        "sbatch", "--parsable", "-A", "acct-b", "-q", "urgent", "-N1", "--gres=gpu:2", "-o", "/dev/null",
+        "sbatch", "--parsable", *site.urgent_args, "-N1", "--gres=gpu:2", "-o", "/dev/null",
         "--wrap", f"while [ ! -e {stop} ]; do sleep 0.2; done",
     )  # fmt: skip
     return out.strip().split(";")[0]
@@ -141,8 +186,8 @@ def _rounds_until(ctl: Controller, pred, timeout: float, what: str):
     return wait_until(lambda: ctl.round() and pred(), timeout, what, interval=0.2)
 
 
-def _placed_and_training(ctl: Controller, backend, tmp_path: Path) -> tuple[str, dict]:
-    job = _submit(tmp_path)
+def _placed_and_training(site: Site, ctl: Controller, backend, tmp_path: Path) -> tuple[str, dict]:
+    job = _submit(site, tmp_path)
     first = ctl.round()
     assert first.placements[job]["cell"] == "a40:1x2:pp1", first.placements
     plan = json.loads(ctl.state.plans_of(job)[0].plan)
@@ -155,45 +200,31 @@ def _uninterrupted(tmp_path: Path, plan: dict) -> list[float]:
     return train({k: plan[k] for k in keep if k in plan}, tmp_path / "uninterrupted.json", STEPS, *TRAIN_FLAGS).losses
 
 
-def _runs(job_id: str) -> list[tuple[float, float | None, str]]:
-    """(start, end, nodes) of each run of the job in sacct (-D: the requeued ones too)."""
-    out = _run("sacct", "-D", "-X", "-n", "-P", "-j", job_id, "-o", "start,end,nodelist,state")
-    runs = []
-    for line in out.splitlines():
-        start, end, nodes, state = line.split("|")
-        if start in ("Unknown", "None", ""):
-            continue
-        runs.append(
-            (
-                datetime.fromisoformat(start).timestamp(),
-                None if end == "Unknown" else datetime.fromisoformat(end).timestamp(),
-                nodes,
-            )
-        )
-    return sorted(runs)
+def _sacct_runs(job_id: str) -> list[tuple[float, str]]:
+    """(start, nodes) of each run of the job in sacct (-D: the requeued ones too)."""
+    out = _run("sacct", "-D", "-X", "-n", "-P", "-j", job_id, "-o", "start,nodelist")
+    runs = [line.split("|") for line in out.splitlines()]
+    return sorted((datetime.fromisoformat(t).timestamp(), n) for t, n in runs if t not in ("Unknown", "None", ""))
 
 
-def _only_planned_runs(ctl: Controller, job_id: str) -> list[tuple[float, float | None, str]]:
-    """Every run of the job in sacct started after the controller released it
-    (since the run before ended) on exactly that plan's nodes."""
-    released = [
+def _only_planned_runs(site: Site, ctl: Controller, job_id: str, tmp_path: Path) -> int:
+    """Every run of the job (as it wrote them, and in sacct where there is
+    one) started after the controller released it (since the run before
+    started) on exactly that plan's nodes; how many runs there were."""
+    released = sorted(
         (p.applied_at, ",".join(sorted(n for n, _ in p.nodes)))
         for p in ctl.state.plans_of(job_id)
         if p.status == PlanStatus.RELEASED and p.applied_at is not None
-    ]
-    runs = _runs(job_id)
-    previous_end = 0.0
-    for start, end, nodes in runs:
-        # sacct keeps whole seconds: a release in the second the run started counts
-        by = [n for t, n in released if previous_end - 1 <= t < start + 1]
+    )
+    written = [ln.split() for ln in (tmp_path / "runs.txt").read_text().splitlines()]
+    runs = [(float(t), ",".join(expand_hostlist(n))) for t, n in written]
+    sacct = [(t, ",".join(expand_hostlist(n))) for t, n in _sacct_runs(job_id)] if site.qos else runs
+    assert [n for _, n in sacct] == [n for _, n in runs], (sacct, runs)
+    for (start, nodes), (whole_second, _) in zip(runs, sacct, strict=True):
+        before = max([t for t, _ in runs if t < start], default=0.0)
+        by = [n for t, n in released if before < t <= start and t < whole_second + 1]
         assert by and by[-1] == nodes, f"a run at {start} on {nodes} without a release on it: {released} {runs}"
-        previous_end = end or start
-    return runs
-
-
-def _completes_with_uninterrupted_losses(backend, tmp_path: Path, job: str, reference) -> None:
-    wait_until(lambda: _job(backend, job).state == "COMPLETED", 120, f"job {job} to complete\n{job_logs(tmp_path)}")
-    assert json.loads((tmp_path / "losses.json").read_text())["losses"] == reference.result()
+    return len(runs)
 
 
 def _resumed_from_a_checkpoint(tmp_path: Path) -> None:
@@ -203,64 +234,74 @@ def _resumed_from_a_checkpoint(tmp_path: Path) -> None:
     assert steps == list(range(1, STEPS + 1)), steps
 
 
-def test_a_grace_time_longer_than_the_checkpoint(cluster, tmp_path):
-    _grace(20)
+def _held_before_slurm_restarts_it(ctl: Controller, backend, job: str) -> None:
+    """Slurm requeued the job itself, unheld, to start again by itself
+    cred_expire (10 s) later: the next round holds it (it cannot be placed:
+    the urgent job has its GPUs), before that."""
+    requeued = _job(backend, job)
+    assert requeued.pending and not requeued.held and requeued.eligible_time > requeued.submit_time, requeued
+    report = ctl.round()
+    assert [(a["kind"], a["ok"]) for a in report.actions if a["job"] == job] == [("requeue", True)], report.actions
+    assert _job(backend, job).held
+    status = {s.job_id: s for s in report.jobs}[job]
+    assert status.phase == Phase.SLURM_REQUEUED, status  # its reason: why it waits (no free GPUs)
+    events = [e["event"] for e in ctl.state.history(job)]
+    assert events[-2:] == ["slurm-requeued", "requeued"], events
+
+
+def _back_after_the_urgent_job(ctl: Controller, backend, tmp_path: Path, job: str, urgent: str, stop: Path, reference):
+    wait_until(lambda: _job(backend, urgent).state == "RUNNING", 60, "the urgent job to start")
+    assert _job(backend, job).held
+    stop.touch()
+    _rounds_until(ctl, lambda: _job(backend, job).state == "RUNNING", 90, "the job placed again")
+    wait_until(lambda: _job(backend, job).state == "COMPLETED", 120, f"job {job} to complete\n{job_logs(tmp_path)}")
+    assert json.loads((tmp_path / "losses.json").read_text())["losses"] == reference.result()
+
+
+def test_a_grace_time_longer_than_the_checkpoint(site, tmp_path):
+    site.grace(20)
     ctl, backend = _controller(tmp_path), get_backend("cli")
-    job, plan = _placed_and_training(ctl, backend, tmp_path)
+    job, plan = _placed_and_training(site, ctl, backend, tmp_path)
     with ThreadPoolExecutor(1) as pool:
         reference = pool.submit(_uninterrupted, tmp_path, plan)
         stop = tmp_path / "urgent-done"
-        urgent = _urgent(stop)
-        ended = wait_until(lambda: _job(backend, job).finished and _job(backend, job), 60, "the job to checkpoint")
-        assert (ended.state, ended.exit_code, ended.preempted) == ("FAILED", 75, True), ended  # 22.05: not requeued
-        wait_until(lambda: _job(backend, urgent).state == "RUNNING", 60, "the urgent job to start")
-        _rounds_until(ctl, lambda: _job(backend, job).held, 60, "the job requeued held")
-        status = {s.job_id: s for s in ctl.round().jobs}[job]
-        assert status.phase == Phase.HELD, status
-        events = [e["event"] for e in ctl.state.history(job)]
-        assert events[:1] == ["placed"] and "slurm-preempted" in events and "requeued" in events, events
-        stop.touch()
-        _rounds_until(ctl, lambda: _job(backend, job).state == "RUNNING", 90, "the job placed again")
-        _completes_with_uninterrupted_losses(backend, tmp_path, job, reference)
+        urgent = _urgent(site, stop)
+        ended = wait_until(lambda: not _job(backend, job).holds_resources and _job(backend, job), 60, "a checkpoint")
+        if site.qos:  # 22.05 ends a job that exits within its grace time, and does not requeue it
+            assert (ended.state, ended.exit_code, ended.preempted) == ("FAILED", 75, True), ended
+            _rounds_until(ctl, lambda: _job(backend, job).held, 60, "the job requeued held")
+            events = [e["event"] for e in ctl.state.history(job)]
+            assert events[-2:] == ["slurm-preempted", "requeued"], events
+        else:  # 24.11 requeues it all the same
+            _held_before_slurm_restarts_it(ctl, backend, job)
+        _back_after_the_urgent_job(ctl, backend, tmp_path, job, urgent, stop, reference)
     _resumed_from_a_checkpoint(tmp_path)
-    assert len(_only_planned_runs(ctl, job)) == 2
+    assert _only_planned_runs(site, ctl, job, tmp_path) == 2
 
 
-def test_a_grace_time_shorter_than_the_checkpoint(cluster, tmp_path):
-    _grace(0)
+def test_a_grace_time_shorter_than_the_checkpoint(site, tmp_path):
+    site.grace(0)
     ctl, backend = _controller(tmp_path), get_backend("cli")
-    job, plan = _placed_and_training(ctl, backend, tmp_path)
+    job, plan = _placed_and_training(site, ctl, backend, tmp_path)
     with ThreadPoolExecutor(1) as pool:
         reference = pool.submit(_uninterrupted, tmp_path, plan)
         stop = tmp_path / "urgent-done"
-        urgent = _urgent(stop)
-        # Slurm requeues it at once, unheld, to start again by itself cred_expire (10 s) later
-        requeued = wait_until(lambda: _job(backend, job).pending and _job(backend, job), 60, "Slurm's requeue")
-        assert not requeued.held and requeued.eligible_time > requeued.submit_time, requeued
-        report = ctl.round()
-        assert [(a["kind"], a["ok"]) for a in report.actions if a["job"] == job] == [("requeue", True)], report.actions
-        assert _job(backend, job).held  # before Slurm could start it (the round ended before the BeginTime)
-        status = {s.job_id: s for s in report.jobs}[job]
-        assert status.phase == Phase.SLURM_REQUEUED, status  # its reason: why it waits (no free GPUs)
-        wait_until(lambda: _job(backend, urgent).state == "RUNNING", 60, "the urgent job to start")
-        assert _job(backend, job).held
-        events = [e["event"] for e in ctl.state.history(job)]
-        assert "slurm-requeued" in events and events[-1] == "requeued", events
-        stop.touch()
-        _rounds_until(ctl, lambda: _job(backend, job).state == "RUNNING", 90, "the job placed again")
-        _completes_with_uninterrupted_losses(backend, tmp_path, job, reference)
-    _resumed_from_a_checkpoint(tmp_path)
-    assert len(_only_planned_runs(ctl, job)) == 2
+        urgent = _urgent(site, stop)
+        wait_until(lambda: _job(backend, job).pending, 60, "Slurm's requeue")
+        _held_before_slurm_restarts_it(ctl, backend, job)
+        _back_after_the_urgent_job(ctl, backend, tmp_path, job, urgent, stop, reference)
+    _resumed_from_a_checkpoint(tmp_path)  # it saved within KillWait, after Slurm's SIGTERM
+    assert _only_planned_runs(site, ctl, job, tmp_path) == 2
 
 
-def test_preempt_mode_cancel_ends_the_job_as_preempted(cluster, tmp_path):
-    _grace(0)
-    _mode(cluster, "CANCEL")
+def test_preempt_mode_cancel_ends_the_job_as_preempted(site, tmp_path):
+    site.grace(0)
+    _mode("CANCEL")
     try:
         ctl, backend = _controller(tmp_path), get_backend("cli")
-        job, _ = _placed_and_training(ctl, backend, tmp_path)
+        job, _ = _placed_and_training(site, ctl, backend, tmp_path)
         stop = tmp_path / "urgent-done"
-        _urgent(stop)
+        _urgent(site, stop)
         wait_until(lambda: _job(backend, job).finished, 60, "the job to end")
         assert _job(backend, job).state == "PREEMPTED"
         ctl.round()
@@ -273,7 +314,8 @@ def test_preempt_mode_cancel_ends_the_job_as_preempted(cluster, tmp_path):
         (row,) = [r for r in json.loads(shown)["jobs"] if str(r["job_id"]) == job]
         assert row["state"] == "PREEMPTED" and row["reason"].startswith("preempted by Slurm"), row
         events = [(e["event"], e["cell"]) for e in ctl.state.history(job)]
-        assert ("finished", "PREEMPTED") in events and events[-2][0] == "slurm-preempted", events
-        assert not _job(backend, job).pending  # never requeued
+        assert events[-2:] == [("slurm-preempted", ""), ("finished", "PREEMPTED")], events
+        ctl.round()
+        assert _job(backend, job).state == "PREEMPTED"  # never requeued
     finally:
-        _mode(cluster, "REQUEUE")
+        _mode("REQUEUE")
