@@ -36,17 +36,19 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "launch"))  # trainer_runs, srun_local
 
 from controller_support import ROOT, find_job, job_env, job_logs, submit_training, wait_until, write_config
-from support import WORKER, DevCluster
+from support import WORKER, cluster_of
 from trainer_runs import train
 
 from slurm_ext.backends import get_backend
@@ -114,13 +116,7 @@ def _slurm_major() -> tuple[int, int]:
 @pytest.fixture(scope="module")
 def site() -> Iterator[Site]:
     here = Site(qos=_slurm_major() < (23, 2))
-    env = {k: v for k, v in os.environ.items() if k != "JOB_SUBMIT_LUA"}
-    env.update(ENV)
-    env.update(here.env)
-    lab = Path(env["LAB"])
-    shape = {n: (t, int(g)) for n, t, g in (x.split(":") for x in SHAPE.split(","))}
-    c = DevCluster(lab=lab, conf=lab / "etc" / "slurm.conf", shape=shape, env=env)
-    with c.running("the dev cluster with preemption"):
+    with cluster_of({**ENV, **here.env}, SHAPE).running("the dev cluster with preemption"):
         yield here
 
 
@@ -249,23 +245,46 @@ def _held_before_slurm_restarts_it(ctl: Controller, backend, job: str) -> None:
     assert events[-2:] == ["slurm-requeued", "requeued"], events
 
 
-def _back_after_the_urgent_job(ctl: Controller, backend, tmp_path: Path, job: str, urgent: str, stop: Path, reference):
-    wait_until(lambda: _job(backend, urgent).state == "RUNNING", 60, "the urgent job to start")
-    assert _job(backend, job).held
-    stop.touch()
-    _rounds_until(ctl, lambda: _job(backend, job).state == "RUNNING", 90, "the job placed again")
-    wait_until(lambda: _job(backend, job).state == "COMPLETED", 120, f"job {job} to complete\n{job_logs(tmp_path)}")
-    assert json.loads((tmp_path / "losses.json").read_text())["losses"] == reference.result()
+def _back_after_the_urgent_job(p: Preempted, tmp_path: Path) -> None:
+    """The urgent job runs while the managed one stays held; once it ends, the
+    controller places the managed job again and it completes with the losses
+    of the uninterrupted run."""
+    wait_until(lambda: _job(p.backend, p.urgent).state == "RUNNING", 60, "the urgent job to start")
+    assert _job(p.backend, p.job).held
+    p.stop.touch()
+    _rounds_until(p.ctl, lambda: _job(p.backend, p.job).state == "RUNNING", 90, "the job placed again")
+    done = f"job {p.job} to complete\n{job_logs(tmp_path)}"
+    wait_until(lambda: _job(p.backend, p.job).state == "COMPLETED", 120, done)
+    assert json.loads((tmp_path / "losses.json").read_text())["losses"] == p.reference.result()
 
 
-def test_a_grace_time_longer_than_the_checkpoint(site, tmp_path):
-    site.grace(20)
+@dataclass
+class Preempted:
+    """A managed job that trains, a reference run of it going on meanwhile, and an urgent job that wants its GPUs."""
+
+    ctl: Controller
+    backend: Any
+    job: str
+    urgent: str
+    stop: Path
+    reference: Future
+
+
+@contextmanager
+def _preempting(site: Site, tmp_path: Path, grace: int) -> Iterator[Preempted]:
+    """With GraceTime `grace`: a managed job placed and training, then an urgent job submitted."""
+    site.grace(grace)
     ctl, backend = _controller(tmp_path), get_backend("cli")
     job, plan = _placed_and_training(site, ctl, backend, tmp_path)
     with ThreadPoolExecutor(1) as pool:
         reference = pool.submit(_uninterrupted, tmp_path, plan)
         stop = tmp_path / "urgent-done"
-        urgent = _urgent(site, stop)
+        yield Preempted(ctl, backend, job, _urgent(site, stop), stop, reference)
+
+
+def test_a_grace_time_longer_than_the_checkpoint(site, tmp_path):
+    with _preempting(site, tmp_path, 20) as p:
+        ctl, backend, job = p.ctl, p.backend, p.job
         ended = wait_until(lambda: not _job(backend, job).holds_resources and _job(backend, job), 60, "a checkpoint")
         if site.qos:  # 22.05 ends a job that exits within its grace time, and does not requeue it
             assert (ended.state, ended.exit_code, ended.preempted) == ("FAILED", 75, True), ended
@@ -274,24 +293,18 @@ def test_a_grace_time_longer_than_the_checkpoint(site, tmp_path):
             assert events[-2:] == ["slurm-preempted", "requeued"], events
         else:  # 24.11 requeues it all the same
             _held_before_slurm_restarts_it(ctl, backend, job)
-        _back_after_the_urgent_job(ctl, backend, tmp_path, job, urgent, stop, reference)
+        _back_after_the_urgent_job(p, tmp_path)
     _resumed_from_a_checkpoint(tmp_path)
     assert _only_planned_runs(site, ctl, job, tmp_path) == 2
 
 
 def test_a_grace_time_shorter_than_the_checkpoint(site, tmp_path):
-    site.grace(0)
-    ctl, backend = _controller(tmp_path), get_backend("cli")
-    job, plan = _placed_and_training(site, ctl, backend, tmp_path)
-    with ThreadPoolExecutor(1) as pool:
-        reference = pool.submit(_uninterrupted, tmp_path, plan)
-        stop = tmp_path / "urgent-done"
-        urgent = _urgent(site, stop)
-        wait_until(lambda: _job(backend, job).pending, 60, "Slurm's requeue")
-        _held_before_slurm_restarts_it(ctl, backend, job)
-        _back_after_the_urgent_job(ctl, backend, tmp_path, job, urgent, stop, reference)
+    with _preempting(site, tmp_path, 0) as p:
+        wait_until(lambda: _job(p.backend, p.job).pending, 60, "Slurm's requeue")
+        _held_before_slurm_restarts_it(p.ctl, p.backend, p.job)
+        _back_after_the_urgent_job(p, tmp_path)
     _resumed_from_a_checkpoint(tmp_path)  # it saved within KillWait, after Slurm's SIGTERM
-    assert _only_planned_runs(site, ctl, job, tmp_path) == 2
+    assert _only_planned_runs(site, p.ctl, p.job, tmp_path) == 2
 
 
 def test_preempt_mode_cancel_ends_the_job_as_preempted(site, tmp_path):
