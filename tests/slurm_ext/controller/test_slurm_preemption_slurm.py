@@ -307,6 +307,50 @@ def test_a_grace_time_shorter_than_the_checkpoint(site, tmp_path):
     assert _only_planned_runs(site, p.ctl, p.job, tmp_path) == 2
 
 
+#: a `ddp` script that never registers a checkpoint hook: rank 0 appends "time step restarts" after each step
+NO_HOOK = """
+import os, sys, time
+out, steps = sys.argv[1], int(sys.argv[2])
+for k in range(1, steps + 1):
+    time.sleep(0.25)
+    if os.environ["RANK"] == "0":
+        with open(out, "a") as f:
+            f.write(f"{time.time()} {k} {os.environ.get('SLURM_RESTART_COUNT', '0')}\\n")
+"""
+
+
+def test_a_job_that_cannot_checkpoint_runs_out_its_grace_time_and_comes_back(site, tmp_path):
+    """A `ddp` job without a hook never sees Slurm's SIGTERM (cellsched-launch
+    keeps it blocked): it runs on through its grace time until Slurm's
+    SIGKILL, Slurm requeues it, and the controller holds it and places it
+    again; it runs again from the start (it saved nothing) and completes."""
+    grace, steps = 3, 60  # 15 s: longer than the grace time (and 22.05's 5 s late), so Slurm stops it
+    site.grace(grace)
+    ctl, backend = _controller(tmp_path), get_backend("cli")
+    sbatch = ["--runtime", "ddp", "--model", "gpt-350m", "--global-batch", "16", "--iterations", str(steps)]
+    sbatch += ["--gpu-types", "a40", "--min-gpus", "2", "--max-gpus", "2", *site.job_args]
+    prelude = f'echo "$(date +%s.%N) $SLURM_JOB_NODELIST" >>{tmp_path / "runs.txt"}\n'
+    log = tmp_path / "steps.txt"
+    job = submit_training(tmp_path, ["-c", NO_HOOK, str(log), str(steps)], sbatch, prelude=prelude)
+    assert ctl.round().placements[job]["cell"] == "a40:1x2:pp1"
+    wait_until(lambda: log.exists() and len(log.read_text().splitlines()) >= 2, 90, f"two steps\n{job_logs(tmp_path)}")
+    stop = tmp_path / "urgent-done"
+    urgent = _urgent(site, stop)
+    preempted = wait_until(lambda: _job(backend, job).preempted_at, 60, "Slurm to preempt the job")
+    wait_until(lambda: _job(backend, job).pending, 60, "Slurm's requeue")
+    _held_before_slurm_restarts_it(ctl, backend, job)
+    first_run = [ln.split() for ln in log.read_text().splitlines()]
+    assert all(r == "0" for _, _, r in first_run)
+    assert float(first_run[-1][0]) >= preempted + grace - 1, (preempted, first_run)  # alive through the grace time
+    wait_until(lambda: _job(backend, urgent).state == "RUNNING", 60, "the urgent job to start")
+    stop.touch()
+    _rounds_until(ctl, lambda: _job(backend, job).state == "RUNNING", 90, "the job placed again")
+    wait_until(lambda: _job(backend, job).state == "COMPLETED", 120, f"job {job} to complete\n{job_logs(tmp_path)}")
+    again = [ln.split()[1:] for ln in log.read_text().splitlines()][len(first_run) :]
+    assert again == [[str(k), "1"] for k in range(1, steps + 1)]
+    assert _only_planned_runs(site, ctl, job, tmp_path) == 2
+
+
 def test_preempt_mode_cancel_ends_the_job_as_preempted(site, tmp_path):
     site.grace(0)
     _mode("CANCEL")
