@@ -41,20 +41,12 @@ class Phase(StrEnum):
     CHECKPOINTING = "checkpointing"  # asked to checkpoint for a move; keeps its GPUs until it ends
     CHECKPOINTED = "checkpointed"  # ended with a checkpoint (or its node failed): requeued and placed again
     PARKED = "parked"  # its runs kept failing (controller.relaunch): requeued held, left held until released
-    #: Slurm requeued it itself (preempted, or its node failed): held at once and placed again from its checkpoint
+    #: Slurm requeued it itself (preempted, or its node failed): held at once, placed again from the next round on
     SLURM_REQUEUED = "slurm-requeued"
 
 
 #: phases the solver sees
-SCHEDULED = (
-    Phase.HELD,
-    Phase.LOOSE,
-    Phase.RELEASED,
-    Phase.RUNNING,
-    Phase.CHECKPOINTING,
-    Phase.CHECKPOINTED,
-    Phase.SLURM_REQUEUED,
-)
+SCHEDULED = (Phase.HELD, Phase.LOOSE, Phase.RELEASED, Phase.RUNNING, Phase.CHECKPOINTING, Phase.CHECKPOINTED)
 
 #: Slurm states after which a managed job is requeued rather than given up
 #: (its node failed under it and Slurm did not requeue it itself)
@@ -240,10 +232,14 @@ def requeued_by_slurm(job: SlurmJob, now: float) -> bool:
     and waits for the BeginTime Slurm gives a requeued job (cred_expire
     later: 120 s by default), then Slurm starts it again by itself. One the
     controller released with `JobUpdate.start_soon` waits a second at most.
-    The one rule of it (docs/preemption.md), asked for a job that carries a
-    plan of ours (`_phase`: Phase.SLURM_REQUEUED)."""
+    Before that, Slurm 23.02+ shows the requeue in the state's flags
+    (`PENDING,COMPLETING` while its processes end; `REQUEUED`). The one rule
+    of it (docs/preemption.md), asked for a job that carries a plan of ours
+    (`_phase`: Phase.SLURM_REQUEUED)."""
     if not job.pending or job.held:
         return False
+    if {"COMPLETING", "REQUEUED"} & set(job.state_flags):
+        return True
     if job.eligible_time is None:
         return job.reason == "BeginTime"
     return job.eligible_time > now + START_SOON_SLACK_S
@@ -344,7 +340,7 @@ def _phase(
     """A managed job's phase, why it is there, and its current placement
     (`classify`); `spec_error`: why its spec was refused (None: accepted).
     A released job that Slurm requeued itself (`requeued_by_slurm` at `now`)
-    is Phase.SLURM_REQUEUED: placed again like a checkpointed one."""
+    is Phase.SLURM_REQUEUED: held at once (reconcile.decide)."""
     if job.finished:
         if spec_error is None and checkpointed(job):
             # a move's job: its target, carried out if it still fits (as for a held job)
@@ -366,7 +362,7 @@ def _phase(
     if current is None:
         return Phase.LOOSE, "pending without a plan", None
     if requeued_by_slurm(job, now):
-        why = "requeued by Slurm (preempted, or its node failed); held and placed again from its checkpoint"
+        why = "requeued by Slurm (preempted, or its node failed); held, to be placed again from its checkpoint"
         return Phase.SLURM_REQUEUED, why, None
     return Phase.RELEASED, job.reason, current
 

@@ -316,13 +316,16 @@ def decide(
     """Actions that make Slurm match `desired`.
 
     A held (or loose) job with a placement is placed; a released job whose
-    placement changed, or one Slurm requeued itself (Phase.SLURM_REQUEUED),
-    is held, updated and released again; a loose job without one is held,
-    and so is a job Slurm requeued (at once: Slurm would start it again by
-    itself, outside any plan). A running elastic job whose placement changed is moved; a
-    checkpointed job is requeued held and placed (or only requeued when it
-    has no placement this round), a parked one only requeued held (and then
-    left alone); a job checkpointing for longer than
+    placement changed is held, updated and released again; a loose job
+    without one is held. A job Slurm requeued itself (Phase.SLURM_REQUEUED)
+    is held at once (Slurm would start it again by itself, outside any
+    plan) and placed from the next round on: in this one its GPUs are
+    there for the job that preempted it, which Slurm starts once its
+    processes have ended (placed now, it would race that job for them). A
+    running elastic job whose placement changed is moved; a checkpointed job
+    is requeued held and placed (or only requeued when it has no placement
+    this round), a parked one only requeued held (and then left alone); a
+    job checkpointing for longer than
     `checkpoint_timeout_s` is requeued, and one in `resignal` (its move
     rebuilt from the Step this round: the controller that wrote the Step may
     have died before its signal) is asked again. Jobs that keep their cell
@@ -369,7 +372,7 @@ def _action(
         return None
     if m.phase == Phase.CHECKPOINTED and p is None:
         return Action(ActionKind.REQUEUE, m.job_id, "checkpointed; waits for a placement", was=m.job.admin_comment)
-    if m.phase == Phase.SLURM_REQUEUED and p is None:
+    if m.phase == Phase.SLURM_REQUEUED:
         why = "requeued by Slurm; held until it is placed again"
         return Action(ActionKind.REQUEUE, m.job_id, why, was=m.job.admin_comment, pending=True)
     if m.phase == Phase.PARKED:
@@ -383,7 +386,7 @@ def _action(
 
 
 #: the phases of a job that may be placed (again)
-PLACEABLE = (Phase.HELD, Phase.LOOSE, Phase.RELEASED, Phase.RUNNING, Phase.CHECKPOINTED, Phase.SLURM_REQUEUED)
+PLACEABLE = (Phase.HELD, Phase.LOOSE, Phase.RELEASED, Phase.RUNNING, Phase.CHECKPOINTED)
 
 
 def _to_place(m: ManagedJob, p: Placement) -> bool:
@@ -408,15 +411,13 @@ def _placement_action(
         return None  # validate() keeps such placements out; nothing to carry out
     plan = job_plan(m, p, checkpoint_root, view)
     # a job that ran before (requeued: its BeginTime is cred_expire away) starts in the next whole second
-    restart = m.phase in (Phase.RUNNING, Phase.CHECKPOINTED, Phase.SLURM_REQUEUED) or (
-        m.phase == Phase.HELD and m.plan is not None
-    )
+    restart = m.phase in (Phase.RUNNING, Phase.CHECKPOINTED) or (m.phase == Phase.HELD and m.plan is not None)
     update = _placement_update(m, p, partition, plan, restart)
     if m.phase == Phase.RUNNING:
         assert m.current is not None  # a running job's phase says it runs on a plan of ours
         why = "resize" if p.cell.num_gpus != m.current.cell.num_gpus else "move"
         return Action(ActionKind.MOVE, m.job_id, why, p, plan, update, was=m.job.admin_comment)
-    why = {Phase.CHECKPOINTED: "resume", Phase.SLURM_REQUEUED: "resume", Phase.RELEASED: "move"}.get(
+    why = {Phase.CHECKPOINTED: "resume", Phase.RELEASED: "move"}.get(
         m.phase, "recover" if m.intent is not None and m.phase == Phase.HELD else "new"
     )
     return Action(
@@ -426,7 +427,7 @@ def _placement_action(
         p,
         plan,
         update,
-        hold_first=m.phase in (Phase.LOOSE, Phase.RELEASED, Phase.SLURM_REQUEUED),
+        hold_first=m.phase in (Phase.LOOSE, Phase.RELEASED),
         requeue_first=m.phase == Phase.CHECKPOINTED,
     )
 

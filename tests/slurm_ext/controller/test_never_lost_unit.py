@@ -295,7 +295,7 @@ def test_a_job_released_to_start_soon_is_not_placed_again_while_it_waits_that_se
     """The round after a restart was released (StartTime=now+1) sees it
     pending with Reason=BeginTime for up to a second: it keeps its plan. A
     job Slurm requeued itself (cred_expire away: Phase.SLURM_REQUEUED) is
-    held and placed again to start soon."""
+    held at once (placed again from the next round on, to start soon)."""
     job = dataclasses.replace(
         ended("1"),
         state="PENDING",
@@ -310,18 +310,16 @@ def test_a_job_released_to_start_soon_is_not_placed_again_while_it_waits_that_se
         gpus_per_node=2,
     )
     p = Placement("1", Cell("a40", 1, 2, 1), (("n4", 2),), ParallelPlan(1, 2, 1), 0.5)
-    for eligible, placed_again in ((1000.8, False), (1001.0, False), (1010.0, True), (None, True)):
+    for eligible, requeued in ((1000.8, False), (1001.0, False), (1010.0, True), (None, True)):
         j = dataclasses.replace(job, eligible_time=eligible)
         (m,) = inp.classify(snapshot(j), {}, {})
-        if placed_again:
+        if requeued:
             assert m.phase == inp.Phase.SLURM_REQUEUED and m.current is None
         else:
             assert m.phase == inp.Phase.RELEASED and m.current is not None and p.same_resources(m.current)
         view = inp.build_request(snapshot(j), (m,), {}, Config().solver).view
         actions = decide((m,), {"1": p}, view, "/ck", now=1000.0)
-        assert [(a.kind, a.update.start_soon, a.hold_first) for a in actions] == (
-            [(ActionKind.PLACE, True, True)] if placed_again else []
-        ), eligible
+        assert [(a.kind, a.pending) for a in actions] == ([(ActionKind.REQUEUE, True)] if requeued else []), eligible
 
 
 def test_a_job_the_controller_requeued_held_is_its_own_and_an_operators_hold_is_not(tmp_path):
