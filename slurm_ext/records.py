@@ -146,7 +146,10 @@ class SlurmJob:
 
     @property
     def holds_resources(self) -> bool:
-        return self.state in HOLDS_RESOURCES
+        """Running, or ending: a state of HOLDS_RESOURCES, or any state while
+        Slurm 23.02+ flags it COMPLETING (a job Slurm requeues is
+        `PENDING,COMPLETING` until its processes have ended)."""
+        return self.state in HOLDS_RESOURCES or "COMPLETING" in self.state_flags
 
     @property
     def finished(self) -> bool:

@@ -232,14 +232,12 @@ def requeued_by_slurm(job: SlurmJob, now: float) -> bool:
     and waits for the BeginTime Slurm gives a requeued job (cred_expire
     later: 120 s by default), then Slurm starts it again by itself. One the
     controller released with `JobUpdate.start_soon` waits a second at most.
-    Before that, Slurm 23.02+ shows the requeue in the state's flags
-    (`PENDING,COMPLETING` while its processes end; `REQUEUED`). The one rule
-    of it (docs/preemption.md), asked for a job that carries a plan of ours
-    (`_phase`: Phase.SLURM_REQUEUED)."""
-    if not job.pending or job.held:
+    (Before that, while its processes end, Slurm 23.02+ shows it
+    `PENDING,COMPLETING`: it still holds its resources, and is left alone.)
+    The one rule of it (docs/preemption.md), asked for a job that carries a
+    plan of ours (`_phase`: Phase.SLURM_REQUEUED)."""
+    if not job.pending or job.held or job.holds_resources:
         return False
-    if {"COMPLETING", "REQUEUED"} & set(job.state_flags):
-        return True
     if job.eligible_time is None:
         return job.reason == "BeginTime"
     return job.eligible_time > now + START_SOON_SLACK_S

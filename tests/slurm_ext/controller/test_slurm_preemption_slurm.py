@@ -230,6 +230,12 @@ def _resumed_from_a_checkpoint(tmp_path: Path) -> None:
     assert steps == list(range(1, STEPS + 1)), steps
 
 
+def _requeued(backend, job_id: str) -> bool:
+    """Slurm requeued the job: pending, its processes ended (24.11 shows it `PENDING,COMPLETING` until then)."""
+    job = _job(backend, job_id)
+    return job.pending and not job.holds_resources
+
+
 def _held_before_slurm_restarts_it(ctl: Controller, backend, job: str) -> None:
     """Slurm requeued the job itself, unheld, to start again by itself
     cred_expire (10 s) later: the next round holds it (it cannot be placed:
@@ -252,9 +258,7 @@ def _back_after_the_urgent_job(p: Preempted, tmp_path: Path) -> None:
     wait_until(lambda: _job(p.backend, p.urgent).state == "RUNNING", 60, "the urgent job to start")
     assert _job(p.backend, p.job).held
     p.stop.touch()
-    _rounds_until(p.ctl, lambda: _job(p.backend, p.job).state == "RUNNING", 90, "the job placed again")
-    done = f"job {p.job} to complete\n{job_logs(tmp_path)}"
-    wait_until(lambda: _job(p.backend, p.job).state == "COMPLETED", 120, done)
+    _rounds_until(p.ctl, lambda: _job(p.backend, p.job).state == "COMPLETED", 180, f"job {p.job} to complete")
     assert json.loads((tmp_path / "losses.json").read_text())["losses"] == p.reference.result()
 
 
@@ -300,7 +304,7 @@ def test_a_grace_time_longer_than_the_checkpoint(site, tmp_path):
 
 def test_a_grace_time_shorter_than_the_checkpoint(site, tmp_path):
     with _preempting(site, tmp_path, 0) as p:
-        wait_until(lambda: _job(p.backend, p.job).pending, 60, "Slurm's requeue")
+        wait_until(lambda: _requeued(p.backend, p.job), 60, "Slurm's requeue")
         _held_before_slurm_restarts_it(p.ctl, p.backend, p.job)
         _back_after_the_urgent_job(p, tmp_path)
     _resumed_from_a_checkpoint(tmp_path)  # it saved within KillWait, after Slurm's SIGTERM
@@ -312,7 +316,7 @@ NO_HOOK = """
 import os, sys, time
 out, steps = sys.argv[1], int(sys.argv[2])
 for k in range(1, steps + 1):
-    time.sleep(0.25)
+    time.sleep(0.1)
     if os.environ["RANK"] == "0":
         with open(out, "a") as f:
             f.write(f"{time.time()} {k} {os.environ.get('SLURM_RESTART_COUNT', '0')}\\n")
@@ -321,10 +325,12 @@ for k in range(1, steps + 1):
 
 def test_a_job_that_cannot_checkpoint_runs_out_its_grace_time_and_comes_back(site, tmp_path):
     """A `ddp` job without a hook never sees Slurm's SIGTERM (cellsched-launch
-    keeps it blocked): it runs on through its grace time until Slurm's
-    SIGKILL, Slurm requeues it, and the controller holds it and places it
-    again; it runs again from the start (it saved nothing) and completes."""
-    grace, steps = 3, 60  # 15 s: longer than the grace time (and 22.05's 5 s late), so Slurm stops it
+    keeps it blocked): it runs on through its grace time until Slurm stops
+    it, Slurm requeues it, and the controller holds it and places it again;
+    it runs again from the start (it saved nothing) and completes. (24.11
+    requeues such a job once more when that run ends: the controller holds
+    and places that one too, docs/preemption.md.)"""
+    grace, steps = 3, 200  # 20 s: longer than the grace time (and Slurm's delay in ending it)
     site.grace(grace)
     ctl, backend = _controller(tmp_path), get_backend("cli")
     sbatch = ["--runtime", "ddp", "--model", "gpt-350m", "--global-batch", "16", "--iterations", str(steps)]
@@ -337,18 +343,18 @@ def test_a_job_that_cannot_checkpoint_runs_out_its_grace_time_and_comes_back(sit
     stop = tmp_path / "urgent-done"
     urgent = _urgent(site, stop)
     preempted = wait_until(lambda: _job(backend, job).preempted_at, 60, "Slurm to preempt the job")
-    wait_until(lambda: _job(backend, job).pending, 60, "Slurm's requeue")
+    wait_until(lambda: _requeued(backend, job), 60, "Slurm's requeue")
     _held_before_slurm_restarts_it(ctl, backend, job)
-    first_run = [ln.split() for ln in log.read_text().splitlines()]
-    assert all(r == "0" for _, _, r in first_run)
-    assert float(first_run[-1][0]) >= preempted + grace - 1, (preempted, first_run)  # alive through the grace time
     wait_until(lambda: _job(backend, urgent).state == "RUNNING", 60, "the urgent job to start")
     stop.touch()
-    _rounds_until(ctl, lambda: _job(backend, job).state == "RUNNING", 90, "the job placed again")
-    wait_until(lambda: _job(backend, job).state == "COMPLETED", 120, f"job {job} to complete\n{job_logs(tmp_path)}")
-    again = [ln.split()[1:] for ln in log.read_text().splitlines()][len(first_run) :]
-    assert again == [[str(k), "1"] for k in range(1, steps + 1)]
-    assert _only_planned_runs(site, ctl, job, tmp_path) == 2
+    _rounds_until(ctl, lambda: _job(backend, job).state == "COMPLETED", 180, f"job {job} to complete")
+    lines = [ln.split() for ln in log.read_text().splitlines()]
+    first_run = [(float(t), int(k)) for t, k, r in lines if r == "0"]
+    assert [k for _, k in first_run] == list(range(1, len(first_run) + 1)) and len(first_run) < steps, first_run
+    assert first_run[-1][0] >= preempted + grace - 1, (preempted, first_run)  # alive through its grace time
+    last = max(r for _, _, r in lines)
+    assert [k for _, k, r in lines if r == last] == [str(k) for k in range(1, steps + 1)]
+    assert _only_planned_runs(site, ctl, job, tmp_path) == int(last) + 1 >= 2
 
 
 def test_preempt_mode_cancel_ends_the_job_as_preempted(site, tmp_path):

@@ -94,7 +94,8 @@ PHASES = {
     "22.05/nograce-exit75": ["running", "unplanned", "slurm-requeued", "slurm-requeued", "running"],
     "22.05/cancel-nograce": ["running", "running", "finished"],
     "24.11/grace-exit75": ["running", "running", "slurm-requeued", "slurm-requeued"],
-    "24.11/grace-ignore": ["running", "running", "slurm-requeued"],  # PENDING,COMPLETING: before its BeginTime
+    # PENDING,COMPLETING: Slurm requeues it, its processes still end (it holds its GPUs): left alone until then
+    "24.11/grace-ignore": ["running", "running", "running"],
     "24.11/nograce-exit75": ["running", "slurm-requeued", "running"],
     "24.11/cancel-grace-exit75": ["running", "finished", "finished"],
     "24.11/cancel-nograce": ["running", "finished", "finished"],
