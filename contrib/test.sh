@@ -18,7 +18,7 @@
 # Then (unless PYTEST_ARGS were given, or CELLSCHED_SLURM24=0) the same
 # tests that prove the Slurm contract run again on Slurm 24.11 (docs/slurm-support.md):
 # the backend contract, the job_submit.lua contract, controller rounds end to
-# end and the hostile-user suite, inside the Debian 13 root that
+# end, the hostile-user suite and Slurm preempting a managed job, inside the Debian 13 root that
 # `devcluster.sh` builds once with debootstrap and keeps under
 # /var/cache/cellsched (on a Debian 13 machine, on its own Slurm), on ports of
 # their own, in one process (about 1.5 minutes on 2 cores; about 4 more the first time,
@@ -54,5 +54,17 @@ if [ "${CELLSCHED_SLURM24:-$([ $# = 0 ] && echo 1 || echo 0)}" = 1 ]; then
     CELLSCHED_TEST_WRAP_CTLD_PORT=24817 CELLSCHED_TEST_WRAP_SLURMD_BASEPORT=24900 \
     bash contrib/dev-cluster/devcluster.sh exec -- python -m pytest -q -p no:cacheprovider "${slurm24_tests[@]}" ||
     status=$?
+  # Slurm preempting a managed job of the reference trainer: it needs torch, which the root lacks, so it runs
+  # on this .venv's Python, mounted into the root (DEVCLUSTER_BIND: its own prefix; not Debian's /usr)
+  base=$("$VENV/bin/python" -c 'import sys; print(sys.base_prefix)')
+  if [ "$base" != /usr ]; then
+    echo "test: Slurm 24.11 preempts a managed job"
+    DEVCLUSTER_SLURM=24.11 DEVCLUSTER_BIND=$base CELLSCHED_TEST_PREEMPT_CTLD_PORT=27817 \
+      CELLSCHED_TEST_PREEMPT_SLURMD_BASEPORT=27900 CELLSCHED_TEST_PREEMPT_LAB=/tmp/cellsched-test-preempt-24.11 \
+      bash contrib/dev-cluster/devcluster.sh exec -- "$PWD/$VENV/bin/python" -m pytest -q -p no:cacheprovider \
+      tests/slurm_ext/controller/test_slurm_preemption_slurm.py || status=$?
+  else
+    echo "test: Slurm 24.11 preempting a managed job skipped: $VENV's Python is Debian's own (/usr), not one to mount"
+  fi
 fi
 exit "$status"

@@ -102,9 +102,10 @@ def load_latest(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
 class StopRequest:
     """Remembers SIGUSR1/SIGTERM; ``agreed()`` tells all ranks at once.
 
-    Create it first thing: it installs the handlers, then unblocks SIGUSR1
-    (``cellsched-launch`` blocks it so that a request during start-up waits
-    instead of killing the process); a request that came before is seen now."""
+    Create it first thing: it installs the handlers, then unblocks SIGUSR1 and
+    SIGTERM (``cellsched-launch`` blocks them so that a request during start-up,
+    the controller's or Slurm's preemption, waits instead of killing the
+    process); a request that came before is seen now."""
 
     def __init__(self) -> None:
         self._seen = False

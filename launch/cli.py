@@ -27,14 +27,18 @@ degrees, runtime, batch facts and checkpoint folder (docs/runtime-ddp.md).
 Framework runtimes (plan.runtime torchtitan or megatron): the framework's own
 options for the plan are appended to CMD (``launch.adapters``).
 
-SIGUSR1, the controller's request to checkpoint, is blocked from the
-launcher's first line on and stays blocked across the exec, so a request
+The checkpoint signals (``solver.contract.CHECKPOINT_SIGNALS``: SIGUSR1,
+the controller's request, and SIGTERM, what Slurm sends a job it preempts
+at the start of its GraceTime, docs/preemption.md) are blocked from the
+launcher's first line on and stay blocked across the exec, so a request
 that arrives while CMD starts up (imports torch, say) waits, pending,
 instead of killing the task; ``launch.checkpoint.StopRequest`` or
-``launch.on_checkpoint`` unblocks it once its handler is in place. A CMD
-that does neither never sees SIGUSR1. Under megatron the launcher stays
-CMD's parent and turns SIGUSR1 into the SIGTERM Megatron saves on, and
-Megatron's exit 0 after that save into 75.
+``launch.on_checkpoint`` unblocks them once its handler is in place. A CMD
+that does neither never sees them: a job that cannot checkpoint runs on
+through Slurm's grace time, and Slurm's own SIGKILL (after the grace time
+or KillWait) ends it, so that Slurm requeues or ends it as its PreemptMode
+says. Under megatron the launcher stays CMD's parent and turns SIGUSR1 into
+the SIGTERM Megatron saves on, and Megatron's exit 0 after that save into 75.
 
 Keep this path light: stdlib and ``solver.contract`` only (no torch).
 """
@@ -65,6 +69,8 @@ EXIT_USAGE = 2
 #: port in that range may be taken by any outgoing connection on the node (EADDRINUSE)
 PORT_BASE, PORT_SPAN = 20000, 12768
 USAGE = "usage: cellsched-launch [--print-env] [--] CMD [ARGS...]"
+#: blocked from the first line on (see the module doc)
+CHECKPOINT_SIGNALS = frozenset(signal.Signals[f"SIG{name}"] for name in contract.CHECKPOINT_SIGNALS)
 
 
 class LaunchError(LauncherError):
@@ -279,7 +285,7 @@ def parse_args(argv: Sequence[str]) -> tuple[bool, list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})  # first: see the module doc
+    signal.pthread_sigmask(signal.SIG_BLOCK, CHECKPOINT_SIGNALS)  # first: see the module doc
     argv = sys.argv[1:] if argv is None else argv
     try:
         print_env, cmd = parse_args(argv)
@@ -317,21 +323,26 @@ def supervise(cmd: list[str], checkpoint_dir: str | None) -> int:
     signal-triggered save)."""
     from launch.adapters.megatron import TRACKER_FILE
 
-    child = subprocess.Popen(cmd)  # SIGUSR1 stays blocked in it
     signalled: list[float] = []
+    children: list[subprocess.Popen[bytes]] = []
 
     def forward(signum: int, frame: object) -> None:
         if not signalled:
             signalled.append(time.time())
-        try:
-            child.send_signal(signal.SIGTERM)
-        except ProcessLookupError:  # pragma: no cover - it exited meanwhile
-            pass
+        for child in children:
+            try:
+                child.send_signal(signal.SIGTERM)
+            except ProcessLookupError:  # pragma: no cover - it exited meanwhile
+                pass
 
     for s in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(s, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # Megatron saves on it: its child sees it
+    children.append(subprocess.Popen(cmd))  # SIGUSR1 stays blocked in it
+    if signalled:  # a signal came while it started: pass it on now
+        forward(signal.SIGTERM, None)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
-    code = child.wait()
+    code = children[0].wait()
     if code < 0:
         return 128 - code
     if code == 0 and signalled and checkpoint_dir:

@@ -2,8 +2,9 @@
 
 The controller moves or resizes a running job by sending it SIGUSR1 (see
 ``solver.contract``): every task must save and exit ``EXIT_CHECKPOINTED``
-(75). ``cellsched-launch`` keeps SIGUSR1 blocked until a script says it can
-do that; a job whose runtime checkpoints only through this hook (``ddp``) is
+(75). ``cellsched-launch`` keeps SIGUSR1, and SIGTERM (Slurm's, when it
+preempts the job: docs/preemption.md), blocked until a script says it can do
+that; a job whose runtime checkpoints only through this hook (``ddp``) is
 never signalled until then (it stays static, not killed).
 
 ``hook = launch.on_checkpoint(save_fn)``:

@@ -38,6 +38,9 @@ HOLDS_RESOURCES = frozenset(
 FINISHED = frozenset(
     {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
 )
+#: state flags (Slurm 23.02+ JSON) of a job that Slurm is requeueing: it runs again, so no end state
+#: of it is final (docs/preemption.md)
+REQUEUE_FLAGS = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT"})
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,11 @@ class SlurmJob:
     (None = not set); `work_dir` the job's working directory. `account`,
     `qos`, `priority` (Slurm's, 0 while held; None: not reported) and
     `reservation` ("" = none) are what the site's policy sees of the job
-    (slurm_ext.site).
+    (slurm_ext.site). `state_flags`: the upper-case flags of its state
+    (Slurm 23.02+ JSON lists them: "REQUEUED", "COMPLETING", ...);
+    `preempted_at`: when Slurm chose to preempt it (its PreemptTime; None:
+    it was not, or Slurm does not say). Slurm resets it when it requeues the
+    job (docs/preemption.md).
     """
 
     job_id: str
@@ -134,14 +141,27 @@ class SlurmJob:
     qos: str = ""
     priority: int | None = None
     reservation: str = ""
+    state_flags: tuple[str, ...] = ()
+    preempted_at: float | None = None
 
     @property
     def holds_resources(self) -> bool:
-        return self.state in HOLDS_RESOURCES
+        """Running, or ending: a state of HOLDS_RESOURCES, or any state while
+        Slurm 23.02+ flags it COMPLETING (a job Slurm requeues is
+        `PENDING,COMPLETING` until its processes have ended)."""
+        return self.state in HOLDS_RESOURCES or "COMPLETING" in self.state_flags
 
     @property
     def finished(self) -> bool:
-        return self.state in FINISHED
+        """Ended for good: an end state (PREEMPTED included) of a job that
+        Slurm is not requeueing (`REQUEUE_FLAGS`)."""
+        return self.state in FINISHED and not (set(self.state_flags) & REQUEUE_FLAGS)
+
+    @property
+    def preempted(self) -> bool:
+        """Slurm preempted the job: it runs out its grace time, or it ended
+        so (PREEMPTED, or another end state with its PreemptTime set)."""
+        return self.preempted_at is not None or self.state == "PREEMPTED"
 
     @property
     def pending(self) -> bool:

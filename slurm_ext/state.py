@@ -62,6 +62,10 @@ class HistoryEvent(StrEnum):
     PARKED = "parked"  # requeued held after its runs kept failing (controller.relaunch); cell: the last failed
     UNPARKED = "unparked"  # a parked job seen released (or run again): managed again, its failure count reset
     FINISHED = "finished"  # cell: the Slurm state it ended in
+    #: Slurm preempted it (docs/preemption.md); value: its PreemptTime
+    SLURM_PREEMPTED = "slurm-preempted"
+    #: Slurm requeued it itself (preempted, or its node failed); value: the submit time Slurm gave the requeue
+    SLURM_REQUEUED = "slurm-requeued"
 
 
 #: the statuses of a plan not yet carried out, in the order a plan passes them
@@ -558,6 +562,14 @@ class StateStore:
             out.setdefault(job_id, []).append((value, cell))
         return out
 
+    def event_values(self, event: HistoryEvent, job_ids: Iterable[str]) -> dict[str, set[float]]:
+        """job (of `job_ids`) -> the values of its `event` events."""
+        out: dict[str, set[float]] = {}
+        where, args = sqlitedb.where(event=event, any_of={"job_id": sorted(set(job_ids))})
+        for job_id, value in self._db.execute(f"SELECT job_id, value FROM cell_history{where}", args):
+            out.setdefault(job_id, set()).add(value)
+        return out
+
     def parked(self, job_ids: Iterable[str]) -> set[str]:
         """Jobs (of `job_ids`) parked and not seen released since (their
         newest "parked" event is after their newest "unparked" one)."""
@@ -576,7 +588,8 @@ class StateStore:
         """The job's events: placed (cell, nodes), signalled, requeued,
         resumed (value = measured restart cost, s), run-failed (a run that
         ended before training; value = its end time), trained, parked,
-        unparked, finished."""
+        unparked, slurm-preempted (value = its PreemptTime), slurm-requeued
+        (value = the requeue's submit time), finished."""
         cols = ("time", "round_id", "event", "cell", "nodes", "value")
         return [
             dict(zip(cols, r, strict=True))

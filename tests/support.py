@@ -88,6 +88,16 @@ class DevCluster:
                 os.environ["SLURM_CONF"] = previous
 
 
+def cluster_of(env: Mapping[str, str], shape: str) -> DevCluster:
+    """The dev cluster that `env` (LAB and the devcluster.sh settings, with this
+    process's environment) describes, of the inline `shape` ("n1:a40:2,n2:a100:4")."""
+    full = {k: v for k, v in os.environ.items() if k != "JOB_SUBMIT_LUA"}
+    full.update(env)
+    lab = Path(full["LAB"])
+    nodes = {n: (t, int(g)) for n, t, g in (x.split(":") for x in shape.split(","))}
+    return DevCluster(lab=lab, conf=lab / "etc" / "slurm.conf", shape=nodes, env=full)
+
+
 def read_shape(path: Path) -> dict[str, tuple[str, int]]:
     shape = {}
     for line in path.read_text().splitlines():

@@ -32,6 +32,13 @@
 #                                  docs/site-policy-slurm.md); off (unset or 0): no accounting
 #   DBD_PORT=CTLD_PORT+2           slurmdbd's port (accounting only)
 #   DB_PORT=CTLD_PORT+3            MariaDB's TCP port on 127.0.0.1 (accounting only)
+#   DEVCLUSTER_PREEMPT=qos|partition  Slurm's own preemption (see the preemption block below and
+#                                  docs/preemption.md): qos (needs DEVCLUSTER_ACCOUNTING=1) adds QOS
+#                                  `urgent` that preempts `normal`; partition adds a partition `urgent`
+#                                  over every node that preempts the others; off (unset or 0): none
+#   DEVCLUSTER_PREEMPT_MODE=REQUEUE  REQUEUE or CANCEL: what Slurm does to a preempted job
+#   DEVCLUSTER_GRACE_S=20          GraceTime (seconds) of the preempted QOS or partitions: SIGTERM,
+#                                  then this long before the job is stopped; 0: stopped at once
 #   DEVCLUSTER_SLURM=22.05|24.11   the Slurm release to run. Unset: the one installed here.
 #                                  One this Debian does not ship (24.11 on Debian 12) runs in a
 #                                  Debian root of its own (debootstrap: trixie for 24.11, bookworm
@@ -43,6 +50,9 @@
 #                                  tools. 24.11 has its own defaults: LAB=/tmp/cellsched-devcluster-24.11
 #                                  (inside the root), CTLD_PORT=18817, SLURMD_BASEPORT=18900.
 #   DEVCLUSTER_CACHE=/var/cache/cellsched   where the roots are built
+#   DEVCLUSTER_BIND=/path[:/path...]  folders of this machine mounted (read-only) at their own path
+#                                  in the root, for what jobs need from here: e.g. the Python that
+#                                  runs this checkout's .venv (with torch), which the root lacks
 #   DEVCLUSTER_MIRROR=http://deb.debian.org/debian   the archive debootstrap installs from
 #
 # Two instances with different LAB and ports can run side by side: each has its
@@ -207,10 +217,12 @@ EOF
   types=$(awk '{print $2}' <<<"$shape" | awk '!seen[$0]++')
   for t in $types; do
     nodes=$(awk -v t="$t" '$2==t{print $1}' <<<"$shape" | paste -sd,)
-    echo "PartitionName=$t Nodes=$nodes MaxTime=INFINITE State=UP" >>"$SLURM_CONF"
+    echo "PartitionName=$t Nodes=$nodes MaxTime=INFINITE State=UP$(preempt_partition_opts)" >>"$SLURM_CONF"
   done
-  echo "PartitionName=all Nodes=$(awk '{print $1}' <<<"$shape" | paste -sd,) Default=YES MaxTime=INFINITE State=UP" >>"$SLURM_CONF"
+  nodes=$(awk '{print $1}' <<<"$shape" | paste -sd,)
+  echo "PartitionName=all Nodes=$nodes Default=YES MaxTime=INFINITE State=UP$(preempt_partition_opts)" >>"$SLURM_CONF"
   if acct_on; then acct_write_conf; fi
+  if preempt_on; then preempt_write_conf "$nodes"; fi
 }
 
 start_munge() {
@@ -431,6 +443,7 @@ acct_site() {  # QOS, accounts and users (sacctmgr -i: no questions), once slurm
     Description=acct-b Organization=dev >/dev/null || fail "sacctmgr add account acct-b failed"
   "${sa[@]}" add user root Account=acct-a,acct-b >/dev/null || fail "sacctmgr add user root failed"
   "${sa[@]}" modify user root set DefaultAccount=acct-a >/dev/null || fail "sacctmgr modify user root failed"
+  if [ "$PREEMPT" = qos ]; then preempt_qos; fi
   for pair in ${DEVCLUSTER_ACCT_USERS:-}; do
     user=${pair%%:*} account=${pair#*:}
     [[ $user =~ ^[a-z_][a-z0-9_-]*$ && $account =~ ^acct-[ab]$ ]] || die "DEVCLUSTER_ACCT_USERS: bad entry '$pair' (user:acct-a|acct-b)"
@@ -445,10 +458,61 @@ acct_up() {  # after munged, before slurmctld (acct_site follows once the nodes 
 }
 # ==== end of accounting ======================================================
 
+# ==== Slurm's preemption (DEVCLUSTER_PREEMPT=qos|partition) ==================
+# Jobs of higher priority take the GPUs of running jobs (docs/preemption.md):
+#   qos        PreemptType=preempt/qos; QOS `urgent` (Preempt=normal, Priority=1000) that
+#              every account may use; `normal` gets GraceTime=DEVCLUSTER_GRACE_S.
+#              Needs accounting (QOS live in slurmdbd).
+#   partition  PreemptType=preempt/partition_prio; every partition PriorityTier=1 with
+#              GraceTime=DEVCLUSTER_GRACE_S, and a partition `urgent` over every node with
+#              PriorityTier=2 and PreemptMode=OFF (never preempted itself). No accounting needed.
+# Both: PreemptMode=DEVCLUSTER_PREEMPT_MODE (REQUEUE or CANCEL). A job submitted with
+# `-q urgent` (qos) or `-p urgent` (partition) preempts what it needs.
+PREEMPT=${DEVCLUSTER_PREEMPT:-0}
+PREEMPT_MODE=${DEVCLUSTER_PREEMPT_MODE:-REQUEUE}
+GRACE_S=${DEVCLUSTER_GRACE_S:-20}
+
+preempt_on() {
+  case $PREEMPT in
+    qos)
+      acct_on || die "DEVCLUSTER_PREEMPT=qos needs DEVCLUSTER_ACCOUNTING=1 (QOS live in slurmdbd)" ;;
+    partition) ;;
+    0 | "") return 1 ;;
+    *) die "DEVCLUSTER_PREEMPT must be qos, partition or 0, got '$PREEMPT'" ;;
+  esac
+  [[ $PREEMPT_MODE =~ ^(REQUEUE|CANCEL)$ ]] || die "DEVCLUSTER_PREEMPT_MODE must be REQUEUE or CANCEL, got '$PREEMPT_MODE'"
+  [[ $GRACE_S =~ ^[0-9]+$ ]] || die "DEVCLUSTER_GRACE_S must be a number of seconds, got '$GRACE_S'"
+  return 0
+}
+
+preempt_partition_opts() {  # what an ordinary partition's line gets with partition preemption
+  if preempt_on && [ "$PREEMPT" = partition ]; then echo " PriorityTier=1 GraceTime=$GRACE_S"; fi
+}
+
+preempt_write_conf() {  # slurm.conf's preemption lines ($1: every node)
+  cat >>"$SLURM_CONF" <<CONF
+# --- preemption (DEVCLUSTER_PREEMPT=$PREEMPT)
+PreemptType=preempt/$([ "$PREEMPT" = qos ] && echo qos || echo partition_prio)
+PreemptMode=$PREEMPT_MODE
+CONF
+  if [ "$PREEMPT" = partition ]; then
+    echo "PartitionName=urgent Nodes=$1 MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF" >>"$SLURM_CONF"
+  fi
+}
+
+preempt_qos() {  # QOS urgent over normal (acct_site: slurmdbd and the accounts are there)
+  local sa=(timeout 20 sacctmgr -i)
+  "${sa[@]}" modify qos normal set GraceTime="$GRACE_S" >/dev/null || fail "sacctmgr modify qos normal failed"
+  "${sa[@]}" add qos urgent Preempt=normal Priority=1000 >/dev/null || fail "sacctmgr add qos urgent failed"
+  "${sa[@]}" modify account acct-a,acct-b set QOS+=urgent >/dev/null || fail "sacctmgr: QOS urgent for the accounts failed"
+}
+# ==== end of preemption ======================================================
+
 up() {
   [ "$(id -u)" = 0 ] || die "up must run as root"
   install_packages
   if acct_on; then acct_install_packages; fi
+  if preempt_on; then :; fi  # its settings checked before anything starts
   read_shape >/dev/null
   if [ -n "$(our_pids)" ]; then down; fi
   rm -rf "$LAB/state" "$LAB/spool" "$LOGS" "$RUN"
@@ -576,6 +640,13 @@ chroot_run() {
   mkdir -p "$root$ROOT_REPO" "$root$repo"
   mount --bind "$repo" "$root$ROOT_REPO"
   mount --bind "$repo" "$root$repo"
+  local bind
+  for bind in ${DEVCLUSTER_BIND:+${DEVCLUSTER_BIND//:/ }}; do
+    [ -d "$bind" ] || die "DEVCLUSTER_BIND: '$bind' is not a folder"
+    mkdir -p "$root$bind"
+    mount --bind "$bind" "$root$bind"
+    mount -o remount,bind,ro "$root$bind" 2>/dev/null || true
+  done
   cp /etc/hosts "$root/etc/hosts"
   cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
   # this machine's CA trust (a TLS proxy's own CA): pip in the root reaches the index as pip here does

@@ -41,6 +41,8 @@ class Phase(StrEnum):
     CHECKPOINTING = "checkpointing"  # asked to checkpoint for a move; keeps its GPUs until it ends
     CHECKPOINTED = "checkpointed"  # ended with a checkpoint (or its node failed): requeued and placed again
     PARKED = "parked"  # its runs kept failing (controller.relaunch): requeued held, left held until released
+    #: Slurm requeued it itself (preempted, or its node failed): held at once, placed again from the next round on
+    SLURM_REQUEUED = "slurm-requeued"
 
 
 #: phases the solver sees
@@ -220,10 +222,45 @@ def same_plan(job: SlurmJob, row: PlanRow) -> bool:
     )
 
 
+#: a begin time at most this far ahead is the one `JobUpdate.start_soon` set
+START_SOON_SLACK_S = 2.0
+
+
+def requeued_by_slurm(job: SlurmJob, now: float) -> bool:
+    """Did Slurm requeue the job itself after it ran (preempted with
+    PreemptMode=REQUEUE, or its node failed)? Such a job is pending, not held,
+    and waits for the BeginTime Slurm gives a requeued job (cred_expire
+    later: 120 s by default), then Slurm starts it again by itself. One the
+    controller released with `JobUpdate.start_soon` waits a second at most.
+    (Before that, while its processes end, Slurm 23.02+ shows it
+    `PENDING,COMPLETING`: it still holds its resources, and is left alone.)
+    The one rule of it (docs/preemption.md), asked for a job that carries a
+    plan of ours (`_phase`: Phase.SLURM_REQUEUED)."""
+    if not job.pending or job.held or job.holds_resources:
+        return False
+    if job.eligible_time is None:
+        return job.reason == "BeginTime"
+    return job.eligible_time > now + START_SOON_SLACK_S
+
+
+def ended_reason(job: SlurmJob) -> str:
+    """Why a managed job that will not run again ended, as its status and the
+    log say: its Slurm state, and that Slurm preempted it when it did (it
+    ended without a checkpoint: PreemptMode=CANCEL, or killed in its grace time)."""
+    if not job.preempted:
+        return job.state.lower()
+    exit_text = f", exit {job.exit_code}" if job.exit_code else ""
+    return f"preempted by Slurm ({job.state.lower()}{exit_text}); ended without a checkpoint and not requeued by Slurm"
+
+
 def checkpointed(job: SlurmJob) -> bool:
     """Did the job end in a way that asks for it to be run again from its
-    checkpoint (exit 75, or its node failed)?"""
-    return job.finished and (job.exit_code == contract.EXIT_CHECKPOINTED or job.state in REQUEUE_STATES)
+    checkpoint (exit 75, or its node failed)? Not one that Slurm ended as
+    PREEMPTED (PreemptMode=CANCEL: the site ends preempted jobs, whatever
+    they saved; docs/preemption.md)."""
+    if not job.finished or job.state == "PREEMPTED":
+        return False
+    return job.exit_code == contract.EXIT_CHECKPOINTED or job.state in REQUEUE_STATES
 
 
 def classify(
@@ -247,6 +284,7 @@ def classify(
     """
     out = []
     view: ClusterView | None = None
+    now = snapshot.taken_at
     for job in snapshot.jobs:
         row = known.get(job.job_id)
         if row is not None and reused(row, job):
@@ -261,7 +299,14 @@ def classify(
         plan = admin_comment_plan(job.admin_comment)
         intent = intents.get(job.job_id)
         phase, reason, current = _phase(
-            job, plan, intent, row, spec_error=None if spec is not None else error, released=released, parked=parked
+            job,
+            plan,
+            intent,
+            row,
+            spec_error=None if spec is not None else error,
+            released=released,
+            parked=parked,
+            now=now,
         )
         out.append(
             ManagedJob(
@@ -288,34 +333,50 @@ def _phase(
     spec_error: str | None,
     released: Collection[str],
     parked: Collection[str],
+    now: float = 0.0,
 ) -> tuple[Phase, str, Placement | None]:
     """A managed job's phase, why it is there, and its current placement
-    (`classify`); `spec_error`: why its spec was refused (None: accepted)."""
+    (`classify`); `spec_error`: why its spec was refused (None: accepted).
+    A released job that Slurm requeued itself (`requeued_by_slurm` at `now`)
+    is Phase.SLURM_REQUEUED: held at once (reconcile.decide)."""
     if job.finished:
         if spec_error is None and checkpointed(job):
             # a move's job: its target, carried out if it still fits (as for a held job)
             target = intent_placement(intent) if intent is not None and intent.status == PlanStatus.SIGNALLED else None
+            on = " on Slurm's preemption" if job.preempted else ""
             return (
                 Phase.CHECKPOINTED,
-                f"checkpointed ({job.state.lower()}, exit {job.exit_code}); to be requeued",
+                f"checkpointed{on} ({job.state.lower()}, exit {job.exit_code}); to be requeued",
                 target,
             )
-        return Phase.FINISHED, job.state.lower(), None
+        return Phase.FINISHED, ended_reason(job), None
     if spec_error is not None:
         return Phase.BAD, spec_error, None
     if job.holds_resources:
-        current = placement_of(job.job_id, plan) if plan else None
-        if current is None or sorted(current.node_names) != sorted(job.nodes):
-            return Phase.UNPLANNED, "runs without a cellsched plan", None
-        if intent is not None and intent.status == PlanStatus.SIGNALLED:
-            return Phase.CHECKPOINTING, "asked to checkpoint for a move", current
-        return Phase.RUNNING, "", current
+        return _running_phase(job, plan, intent)
     if job.held:
         return _held_phase(job, plan, intent, row, released=released, parked=parked)
     current = placement_of(job.job_id, plan) if plan else None
     if current is None:
         return Phase.LOOSE, "pending without a plan", None
+    if requeued_by_slurm(job, now):
+        why = "requeued by Slurm (preempted, or its node failed); held, to be placed again from its checkpoint"
+        return Phase.SLURM_REQUEUED, why, None
     return Phase.RELEASED, job.reason, current
+
+
+def _running_phase(job: SlurmJob, plan: JobPlan | None, intent: PlanRow | None) -> tuple[Phase, str, Placement | None]:
+    """`_phase` of a job holding its resources: on its plan (running, or
+    checkpointing for a move), or without one (unplanned); a job that Slurm
+    preempts says so (it checkpoints in its grace time, and is not moved)."""
+    current = placement_of(job.job_id, plan) if plan else None
+    if current is None or sorted(current.node_names) != sorted(job.nodes):
+        return Phase.UNPLANNED, "runs without a cellsched plan", None
+    if intent is not None and intent.status == PlanStatus.SIGNALLED:
+        return Phase.CHECKPOINTING, "asked to checkpoint for a move", current
+    if job.preempted:
+        return Phase.RUNNING, "preempted by Slurm: checkpoints in its grace time", current
+    return Phase.RUNNING, "", current
 
 
 def _held_phase(
@@ -406,8 +467,11 @@ def site_fields(job: SlurmJob, model: PriorityModel, now: float) -> dict[str, An
 def elastic_now(m: ManagedJob, first_step_at: Mapping[str, float] | None, static: Collection[str]) -> bool:
     """May the job be resized or moved this round (`build_request`)? An
     elastic one, unless it is checkpointing, `static` (controller.hooks),
-    or running and its current run has not reported a step yet."""
+    preempted by Slurm, or running and its current run has not reported a
+    step yet."""
     if m.spec is None or not m.spec.elastic or m.phase == Phase.CHECKPOINTING or m.job_id in static:
+        return False
+    if m.job.preempted:  # Slurm takes its GPUs: it checkpoints and ends by itself
         return False
     return m.phase != Phase.RUNNING or first_step_at is None or started_training(m, first_step_at)
 

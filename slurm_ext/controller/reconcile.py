@@ -101,6 +101,8 @@ class Action:
     was: str = ""
     #: REQUEUE: the job is parked (left held until someone releases it)
     parks: bool = False
+    #: REQUEUE: Slurm requeued the job already (it is pending): only held
+    pending: bool = False
 
     def summary(self) -> dict:
         d: dict = {"kind": str(self.kind), "job": self.job_id}
@@ -299,20 +301,6 @@ def checked(
     return ok, rejected
 
 
-#: a begin time at most this far ahead is the one `JobUpdate.start_soon` set
-START_SOON_SLACK_S = 2.0
-
-
-def waiting_for_begin_time(m: ManagedJob, now: float) -> bool:
-    """A released job that Slurm requeued itself (node failure) waits
-    cred_expire (120 s by default) for its BeginTime unless told to start
-    soon. One this controller released with `start_soon` waits at most a
-    second: it is left alone (placing it again would restart it twice)."""
-    if m.phase != Phase.RELEASED or m.job.reason != "BeginTime":
-        return False
-    return m.job.eligible_time is None or m.job.eligible_time > now + START_SOON_SLACK_S
-
-
 def decide(
     jobs: tuple[ManagedJob, ...],
     desired: Mapping[str, Placement],
@@ -328,12 +316,16 @@ def decide(
     """Actions that make Slurm match `desired`.
 
     A held (or loose) job with a placement is placed; a released job whose
-    placement changed (or that waits for its BeginTime after Slurm requeued
-    it) is held, updated and released again; a loose job without one is
-    held. A running elastic job whose placement changed is moved; a
-    checkpointed job is requeued held and placed (or only requeued when it
-    has no placement this round), a parked one only requeued held (and then
-    left alone); a job checkpointing for longer than
+    placement changed is held, updated and released again; a loose job
+    without one is held. A job Slurm requeued itself (Phase.SLURM_REQUEUED)
+    is held at once (Slurm would start it again by itself, outside any
+    plan) and placed from the next round on: in this one its GPUs are
+    there for the job that preempted it, which Slurm starts once its
+    processes have ended (placed now, it would race that job for them). A
+    running elastic job whose placement changed is moved; a checkpointed job
+    is requeued held and placed (or only requeued when it has no placement
+    this round), a parked one only requeued held (and then left alone); a
+    job checkpointing for longer than
     `checkpoint_timeout_s` is requeued, and one in `resignal` (its move
     rebuilt from the Step this round: the controller that wrote the Step may
     have died before its signal) is asked again. Jobs that keep their cell
@@ -380,37 +372,37 @@ def _action(
         return None
     if m.phase == Phase.CHECKPOINTED and p is None:
         return Action(ActionKind.REQUEUE, m.job_id, "checkpointed; waits for a placement", was=m.job.admin_comment)
+    if m.phase == Phase.SLURM_REQUEUED:
+        why = "requeued by Slurm; held until it is placed again"
+        return Action(ActionKind.REQUEUE, m.job_id, why, was=m.job.admin_comment, pending=True)
     if m.phase == Phase.PARKED:
         if not m.job.finished:
             return None
         why = "parked; held until it is released"
         return Action(ActionKind.REQUEUE, m.job_id, why, was=m.job.admin_comment, parks=True)
-    if p is None or not _to_place(m, p, now):
+    if p is None or not _to_place(m, p):
         return None
-    return _placement_action(m, p, view, checkpoint_root, now, allowed)
+    return _placement_action(m, p, view, checkpoint_root, allowed)
 
 
-def _to_place(m: ManagedJob, p: Placement, now: float) -> bool:
+#: the phases of a job that may be placed (again)
+PLACEABLE = (Phase.HELD, Phase.LOOSE, Phase.RELEASED, Phase.RUNNING, Phase.CHECKPOINTED)
+
+
+def _to_place(m: ManagedJob, p: Placement) -> bool:
     """Is the job (in a phase that may be placed) to be placed on `p`? Not
-    when it is released or running there already (and not waiting for a
-    BeginTime), nor when it runs and is not elastic."""
-    if (
-        m.phase not in (Phase.HELD, Phase.LOOSE, Phase.RELEASED, Phase.RUNNING, Phase.CHECKPOINTED)
-        or m.spec_json is None
-    ):
+    when it is released or running there already, nor when it runs and is
+    not elastic."""
+    if m.phase not in PLACEABLE or m.spec_json is None:
         return False
-    if (
-        m.phase in (Phase.RELEASED, Phase.RUNNING)
-        and p.same_resources(m.current)
-        and not waiting_for_begin_time(m, now)
-    ):
+    if m.phase in (Phase.RELEASED, Phase.RUNNING) and p.same_resources(m.current):
         return False
     # only elastic jobs are moved while they run
     return m.phase != Phase.RUNNING or (m.spec is not None and m.spec.elastic)
 
 
 def _placement_action(
-    m: ManagedJob, p: Placement, view: ClusterView, checkpoint_root: str, now: float, allowed: tuple[str, ...] | None
+    m: ManagedJob, p: Placement, view: ClusterView, checkpoint_root: str, allowed: tuple[str, ...] | None
 ) -> Action | None:
     """MOVE a running job to `p`, or PLACE a waiting one there, in a
     partition among `allowed`; None when none of them holds the placement's nodes."""
@@ -419,11 +411,7 @@ def _placement_action(
         return None  # validate() keeps such placements out; nothing to carry out
     plan = job_plan(m, p, checkpoint_root, view)
     # a job that ran before (requeued: its BeginTime is cred_expire away) starts in the next whole second
-    restart = (
-        m.phase in (Phase.RUNNING, Phase.CHECKPOINTED)
-        or waiting_for_begin_time(m, now)
-        or (m.phase == Phase.HELD and m.plan is not None)
-    )
+    restart = m.phase in (Phase.RUNNING, Phase.CHECKPOINTED) or (m.phase == Phase.HELD and m.plan is not None)
     update = _placement_update(m, p, partition, plan, restart)
     if m.phase == Phase.RUNNING:
         assert m.current is not None  # a running job's phase says it runs on a plan of ours
@@ -557,8 +545,13 @@ def apply(
 def _requeue(
     actions: list[Action], backend: Backend, state: StateStore, round_id: int | None, clock: Callable[[], float]
 ) -> list[Outcome]:
-    """Requeue the jobs held (REQUEUE), each with a "requeued" event and Step."""
-    failed = backend.requeue_many([a.job_id for a in actions], hold=True)
+    """Requeue the jobs held (REQUEUE), each with a "requeued" event and
+    Step; one that Slurm requeued itself (pending) is only held."""
+    ended = [a.job_id for a in actions if not a.pending]
+    failed = backend.requeue_many(ended, hold=True) if ended else {}
+    pending = [a.job_id for a in actions if a.pending]
+    if pending:
+        failed.update(backend.hold_many(pending))
     with state.batch():
         for a in actions:
             if a.job_id not in failed:

@@ -168,6 +168,7 @@ class Controller:
             (self._journal_rebuilt, live),  # ... journalled again
             (self._classify, both),  # 3. the managed jobs and their phases
             (self._settle, live),  # remembered specs, ended intents
+            (self._record_slurm_preemptions, live),  # what Slurm's preemption did to managed jobs
             (self._review_failures, both),  # runs that failed before training: relaunched or parked
             (self._record_failures, live),
             (self.reports.read_progress, both),  # how far each job is
@@ -262,6 +263,29 @@ class Controller:
             ctx.opens.pop(job_id)
         if settled:
             self._classify(ctx)
+
+    def _record_slurm_preemptions(self, ctx: RoundContext) -> None:
+        """A "slurm-preempted" event, once, for each managed job that Slurm
+        preempts (its PreemptTime), and a "slurm-requeued" one for each time
+        Slurm requeued one itself (Phase.SLURM_REQUEUED; the requeue's submit
+        time): the journal says what Slurm did (docs/preemption.md)."""
+        seen = {
+            (j.job_id, HistoryEvent.SLURM_PREEMPTED, j.job.preempted_at)
+            for j in ctx.jobs
+            if j.job.preempted_at is not None
+        } | {
+            (j.job_id, HistoryEvent.SLURM_REQUEUED, j.job.submit_time)
+            for j in ctx.jobs
+            if j.phase == inp.Phase.SLURM_REQUEUED and j.job.submit_time is not None
+        }
+        ids = [job_id for job_id, _, _ in seen]
+        events = (HistoryEvent.SLURM_PREEMPTED, HistoryEvent.SLURM_REQUEUED)
+        known = {e: self.state.event_values(e, ids) for e in events}
+        for job_id, event, value in sorted(seen, key=lambda s: (s[0], s[1])):
+            if value in known[event].get(job_id, set()):
+                continue
+            self.state.add_history(job_id, event, ctx.now, ctx.round_id, value=value)
+            log.warning(str(event).replace("-", " "), extra={"fields": {"job": job_id, "at": value}})
 
     def _review_failures(self, ctx: RoundContext) -> None:
         """Jobs whose run ended before training are requeued and placed again

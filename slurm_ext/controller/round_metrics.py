@@ -46,6 +46,7 @@ def record_cluster(m: mx.Metrics, snap: ClusterSnapshot, jobs: tuple[inp.Managed
         inp.Phase.UNPLANNED,
         inp.Phase.OPERATOR_HOLD,
         inp.Phase.PARKED,
+        inp.Phase.SLURM_REQUEUED,
         inp.Phase.BAD,
     )
     phases: dict[mx.Labels, float] = {(("phase", p),): 0.0 for p in shown}

@@ -1,5 +1,6 @@
 """When the daemon's next round starts: after the interval, or earlier
-when a job was submitted or ended, or the kick file was touched."""
+when a job was submitted, ended or stopped running (Slurm requeued it), or
+the kick file was touched."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ class Watcher:
             except OSError:
                 pass
         self.kick_mtime = self._kick_mtime()
-        self.known: dict[str, bool] | None = None  # job id -> finished
+        self.known: dict[str, tuple[bool, bool]] | None = None  # job id -> (finished, holds resources)
 
     def _kick_mtime(self) -> float | None:
         try:
@@ -43,16 +44,20 @@ class Watcher:
             return None
 
     def _jobs_changed(self) -> bool:
+        """A job was submitted, ended, or stopped running without ending
+        (Slurm requeued it: preempted, or its node failed; the controller
+        holds such a job before Slurm starts it again by itself)."""
         try:
-            jobs = {j.job_id: j.finished for j in self.backend.observe().jobs}
+            jobs = {j.job_id: (j.finished, j.holds_resources) for j in self.backend.observe().jobs}
         except Exception:
             return False  # the round will see (and log) it
         before, self.known = self.known, jobs
         if before is None:
             return False
         new = set(jobs) - set(before)
-        ended = {j for j, fin in before.items() if not fin and (jobs.get(j) is None or jobs[j])}
-        return bool(new or ended)
+        ended = {j for j, (fin, _) in before.items() if not fin and (jobs.get(j) is None or jobs[j][0])}
+        stopped = {j for j, (_, ran) in before.items() if ran and j in jobs and not jobs[j][1]}
+        return bool(new or ended or stopped)
 
     def wait(self, stop: threading.Event, interval: float, watch: float, min_gap: float, since: float) -> None:
         deadline = since + interval

@@ -82,7 +82,7 @@ def _field(d: Mapping[str, Any], key: str, what: str) -> Any:
 def job_record(j: Mapping[str, Any]) -> SlurmJob:
     job_id = str(integer(_field(j, "job_id", "job")))
     try:
-        state, _flags = job_state(_field(j, "job_state", f"job {job_id}"))
+        state, flags = job_state(_field(j, "job_state", f"job {job_id}"))
         reason = text(j.get("state_reason"))
         reason = "" if reason == "None" else reason
         gtype, gcount = gpu_gres(j.get("tres_per_node"))
@@ -129,6 +129,8 @@ def job_record(j: Mapping[str, Any]) -> SlurmJob:
             qos=text(j.get("qos")),
             priority=integer(j.get("priority")),
             reservation=text(j.get("resv_name")),
+            state_flags=flags,
+            preempted_at=epoch(j.get("preempt_time")),
         )
     except (ParseError, ValueError, TypeError) as exc:
         raise ParseError(f"job {job_id}: {exc}") from exc

@@ -95,7 +95,7 @@ def job_record(f: dict[str, str]) -> SlurmJob:
     if not job_id:
         raise ParseError("job record without JobId")
     try:
-        state, _ = job_state(f["JobState"])
+        state, flags = job_state(f["JobState"])
         reason = text(f.get("Reason"))
         reason = "" if reason == "None" else reason
         gtype, gcount = gpu_gres(f.get("TresPerNode"))
@@ -135,6 +135,8 @@ def job_record(f: dict[str, str]) -> SlurmJob:
             qos=text(f.get("QOS")),
             priority=priority,
             reservation=text(f.get("Reservation")),
+            state_flags=flags,
+            preempted_at=text_time(f.get("PreemptTime")),
         )
     except KeyError as exc:
         raise ParseError(f"job {job_id}: missing field {exc.args[0]}") from exc

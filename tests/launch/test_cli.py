@@ -204,18 +204,20 @@ def test_gpu_count_reads_device_files(tmp_path):
     assert gpu_count(str(tmp_path / "missing")) == 0
 
 
-def test_a_checkpoint_request_during_start_up_waits_for_the_handler(tmp_path):
-    """SIGUSR1 is blocked from the launcher's first line on and across the
-    exec: sent to CMD before it installed its StopRequest, it stays pending
-    (the process lives) and is seen once the handler is in place."""
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+def test_a_checkpoint_request_during_start_up_waits_for_the_handler(tmp_path, sig):
+    """The checkpoint signals (the controller's SIGUSR1, Slurm's SIGTERM when it
+    preempts the job) are blocked from the launcher's first line on and across
+    the exec: sent to CMD before it installed its StopRequest, one stays
+    pending (the process lives) and is seen once the handler is in place."""
     ready, go = tmp_path / "ready", tmp_path / "go"
     child = (
         "import os, signal, sys, time\n"
         "from pathlib import Path\n"
-        "blocked = signal.SIGUSR1 in signal.pthread_sigmask(signal.SIG_BLOCK, [])\n"
+        f"blocked = {int(sig)} in signal.pthread_sigmask(signal.SIG_BLOCK, [])\n"
         f"Path({str(ready)!r}).write_text(str(os.getpid()))\n"
         f"while not Path({str(go)!r}).exists(): time.sleep(0.01)\n"  # the request arrives now, during 'start-up'
-        "pending = signal.SIGUSR1 in signal.sigpending()\n"
+        f"pending = {int(sig)} in signal.sigpending()\n"
         "from launch.checkpoint import StopRequest\n"
         "stop = StopRequest()\n"
         "print(blocked, pending, stop._seen)\n"
@@ -232,7 +234,7 @@ def test_a_checkpoint_request_during_start_up_waits_for_the_handler(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    os.kill(wait_for_pid(ready, [proc]), signal.SIGUSR1)
+    os.kill(wait_for_pid(ready, [proc]), sig)
     go.write_text("")
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err

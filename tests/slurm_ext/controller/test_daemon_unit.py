@@ -12,7 +12,7 @@ from slurm_ext.config import from_dict
 from slurm_ext.controller import daemon
 from slurm_ext.controller.report import RoundReport
 from slurm_ext.controller.watcher import Watcher
-from slurm_ext.records import ClusterSnapshot
+from slurm_ext.records import ClusterSnapshot, SlurmJob
 from slurm_ext.state import RoundStatus
 
 
@@ -98,3 +98,31 @@ def test_without_a_change_the_wait_lasts_the_interval(tmp_path):
     t0 = time.monotonic()
     watcher.wait(threading.Event(), interval=0.3, watch=0.1, min_gap=0.0, since=t0)
     assert 0.3 <= time.monotonic() - t0 < 5.0
+
+
+class _Jobs:
+    """A backend whose jobs change between observations: each call returns the next list (the last one stays)."""
+
+    name = "changing"
+
+    def __init__(self, *states: tuple[SlurmJob, ...]) -> None:
+        self.states = list(states)
+
+    def observe(self) -> ClusterSnapshot:
+        jobs = self.states.pop(0) if len(self.states) > 1 else self.states[0]
+        return ClusterSnapshot(nodes=(), partitions=(), jobs=jobs, taken_at=0.0)
+
+
+def test_a_job_that_stops_running_without_ending_starts_a_round_early():
+    """Slurm requeued a running job (preempted, or its node failed): the
+    round that holds it comes at once, not after the interval (Slurm starts
+    it again by itself cred_expire later: docs/preemption.md)."""
+    running, requeued = SlurmJob("1", state="RUNNING"), SlurmJob("1", state="PENDING", reason="BeginTime")
+    watcher = Watcher(_Jobs((running,), (running,), (requeued,)), "")
+    t0 = time.monotonic()
+    watcher.wait(threading.Event(), interval=30.0, watch=0.05, min_gap=0.0, since=t0)
+    assert time.monotonic() - t0 < 5.0
+    still = Watcher(_Jobs((running,), (SlurmJob("1", state="COMPLETING"),)), "")  # completing: not yet
+    t0 = time.monotonic()
+    still.wait(threading.Event(), interval=0.3, watch=0.05, min_gap=0.0, since=t0)
+    assert time.monotonic() - t0 >= 0.3

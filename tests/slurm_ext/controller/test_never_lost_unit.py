@@ -294,7 +294,8 @@ def test_a_requeued_held_job_is_released_to_start_in_the_next_second():
 def test_a_job_released_to_start_soon_is_not_placed_again_while_it_waits_that_second():
     """The round after a restart was released (StartTime=now+1) sees it
     pending with Reason=BeginTime for up to a second: it keeps its plan. A
-    job Slurm requeued itself (cred_expire away) is placed again to start soon."""
+    job Slurm requeued itself (cred_expire away: Phase.SLURM_REQUEUED) is
+    held at once (placed again from the next round on, to start soon)."""
     job = dataclasses.replace(
         ended("1"),
         state="PENDING",
@@ -309,15 +310,16 @@ def test_a_job_released_to_start_soon_is_not_placed_again_while_it_waits_that_se
         gpus_per_node=2,
     )
     p = Placement("1", Cell("a40", 1, 2, 1), (("n4", 2),), ParallelPlan(1, 2, 1), 0.5)
-    for eligible, placed_again in ((1000.8, False), (1001.0, False), (1010.0, True), (None, True)):
+    for eligible, requeued in ((1000.8, False), (1001.0, False), (1010.0, True), (None, True)):
         j = dataclasses.replace(job, eligible_time=eligible)
         (m,) = inp.classify(snapshot(j), {}, {})
-        assert m.phase == inp.Phase.RELEASED and m.current is not None and p.same_resources(m.current)
+        if requeued:
+            assert m.phase == inp.Phase.SLURM_REQUEUED and m.current is None
+        else:
+            assert m.phase == inp.Phase.RELEASED and m.current is not None and p.same_resources(m.current)
         view = inp.build_request(snapshot(j), (m,), {}, Config().solver).view
         actions = decide((m,), {"1": p}, view, "/ck", now=1000.0)
-        assert [(a.kind, a.update.start_soon, a.hold_first) for a in actions] == (
-            [(ActionKind.PLACE, True, True)] if placed_again else []
-        ), eligible
+        assert [(a.kind, a.pending) for a in actions] == ([(ActionKind.REQUEUE, True)] if requeued else []), eligible
 
 
 def test_a_job_the_controller_requeued_held_is_its_own_and_an_operators_hold_is_not(tmp_path):
@@ -460,7 +462,7 @@ def test_a_parked_job_is_left_held_until_released_then_counts_again_from_zero(tm
         # released by its user: no longer held, managed again
         free = dataclasses.replace(job, held=False, reason="BeginTime", eligible_time=2000.0)
         (m,) = inp.classify(snapshot(free), st.jobs(), {}, st.released(["1"]), st.parked(["1"]))
-        assert m.phase == inp.Phase.RELEASED
+        assert m.phase == inp.Phase.SLURM_REQUEUED  # its requeue's BeginTime: held and placed again
         st.add_history("1", HistoryEvent.UNPARKED, 700.0, None)
         assert st.parked(["1"]) == set() and st.trained_or_parked_at(["1"]) == {"1": 700.0}
         # its next failure is the first since the release: relaunched (max_relaunches = 1)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 from controller_support import cellsched, wait_until, write_config
-from support import WORKER, DevCluster, wait_for
+from support import WORKER, DevCluster, cluster_of, wait_for
 
 from slurm_ext.backends import get_backend
 from slurm_ext.config import load
@@ -61,11 +61,7 @@ while :; do sleep 0.2; done
 
 @pytest.fixture(scope="module")
 def acct_cluster() -> Iterator[DevCluster]:
-    env = {k: v for k, v in os.environ.items() if k != "JOB_SUBMIT_LUA"}
-    env.update(ACCT_ENV)
-    lab = Path(env["LAB"])
-    shape = {n: (t, int(g)) for n, t, g in (x.split(":") for x in SHAPE.split(","))}
-    cluster = DevCluster(lab=lab, conf=lab / "etc" / "slurm.conf", shape=shape, env=env)
+    cluster = cluster_of(ACCT_ENV, SHAPE)
     with cluster.running("the accounting dev cluster"):
         yield cluster
 
