@@ -140,7 +140,7 @@ def test_tres_and_names_are_read_strictly():
 
 
 def test_untrusted_names_are_dropped_and_said(sample, utc):
-    bad = "cellsched|ev\x1bil|||1|gres/gpu=1||normal\n"
+    bad = "cellsched|ev\x1bil|||1|gres/gpu=1||normal|root||\n"
 
     def run(args: list[str]) -> str:
         if args[:2] == ["scontrol", "show"]:
