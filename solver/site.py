@@ -160,16 +160,18 @@ class PartitionAccess:
     ) -> bool:
         """May a job of `account` and `qos`, whose user is in `groups` (None:
         AllowGroups does not bind the user, as Slurm's root and SlurmUser),
-        with time limit `time_limit_s`, run here? A job whose time limit is
-        above MaxTime may not (Slurm keeps it pending, PartitionTimeLimit);
-        one without a limit may (Slurm gives it MaxTime as its limit)."""
+        with time limit `time_limit_s` (None: none), run here? A job whose
+        time limit is above MaxTime may not (Slurm keeps it pending,
+        PartitionTimeLimit), nor one without a limit: Slurm would run it
+        with MaxTime as its limit, and cellsched does not cut a job's time
+        limit by where it places it."""
         if account and account in self.deny_accounts:
             return False
         if self.accounts and account not in self.accounts:
             return False
         if (self.qos and qos not in self.qos) or (qos and qos in self.deny_qos):
             return False
-        if self.max_time_s is not None and time_limit_s is not None and time_limit_s > self.max_time_s:
+        if self.max_time_s is not None and (time_limit_s is None or time_limit_s > self.max_time_s):
             return False
         return not self.groups or groups is None or any(g in self.groups for g in groups)
 
