@@ -3,7 +3,8 @@ aggregated, LP first), the greedy plan and the repair's `Tally`,
 `enforce_site` over a plan made without the site, slurm-multifactor, the
 controller's check at a release, the simulated Slurm's check at a start, and
 the GPUs Slurm's running records hold under it. They all ask solver.limits,
-so they agree.
+so they agree; and the same for one job-count limit of a parent account
+(GrpJobs, at the end).
 
 The case, worked out by hand: account acctA has GrpTRES=gres/gpu=4 on a
 cluster of 8 A100s; three acctA jobs ask for 2 GPUs each. 2 + 2 = 4 fits,
@@ -187,3 +188,125 @@ def test_a_partition_qos_counts_the_jobs_that_run_in_its_partition():
     alice = GpuLimit(LimitScope.PARTITION, "all/alice", LimitKind.PER_USER, 2, used_outside=2)
     assert got == [replace(grp, used_outside=2), per_user, alice]
     assert [binds(alice, replace(JOBS[0], user=u)) for u in ("alice", "bob")] == [True, False]
+
+
+# ---- one job-count limit of a parent account ----------------------------------------------
+#
+# The same paths for a job-count limit, worked out by hand: account lab has
+# GrpJobs=2; its sub-account lab-x has none of its own; three lab-x jobs ask
+# for 2 GPUs each on 8 A100s (a count of GPUs would hold one). The GPUs would hold all three; lab's job count
+# holds two: whatever plans it, two run and the third waits, "used 2/2".
+
+JOB_LIMIT = GpuLimit(LimitScope.ACCOUNT, "lab", LimitKind.GRP_JOBS, 2, below=frozenset({"lab-x"}))
+JOB_SITE = SitePolicy(limits=(JOB_LIMIT,))
+LAB_JOBS = tuple(
+    JobRequest(
+        f"j{i}",
+        get_model("gpt-350m"),
+        32,
+        1000,
+        user="u",
+        min_gpus=2,
+        max_gpus=2,
+        requested_gpus=2,
+        requested_gpu_type="a100",
+        submit_time=float(i),
+        account="lab-x",
+        runtime="adaptive",
+    )
+    for i in (1, 2, 3)
+)
+JOB_WAITS = "limit account:lab GrpJobs jobs used 2/2"
+
+
+def job_request(site: SitePolicy = JOB_SITE, **config: int) -> ScheduleRequest:
+    return ScheduleRequest(EIGHT, LAB_JOBS, config=SolverConfig(deterministic=True, **config), site=site)
+
+
+def started(reply: ScheduleReply) -> int:
+    return len(reply.placements)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_job_count_the_cpsat_model_runs_2(path):
+    reply = get_policy("cellsched").schedule(job_request(**PATHS[path]), Flat())
+    assert started(reply) == 2 and sum(p.cell.num_gpus for p in reply.placements.values()) == 4
+    (waiting,) = {j.job_id for j in LAB_JOBS} - set(reply.placements)
+    assert reply.reasons[waiting] == JOB_WAITS
+    assert (
+        started(get_policy("cellsched").schedule(job_request(SitePolicy()), Flat())) == 3
+    )  # the limit is what stops it
+
+
+def test_job_count_the_greedy_plan_runs_2(monkeypatch):
+    def broken(*a, **kw):
+        raise RuntimeError("no CP-SAT today")
+
+    monkeypatch.setattr(joint, "solve_cpsat", broken)
+    reply = get_policy("cellsched").schedule(job_request(), Flat())
+    assert reply.status == "GREEDY" and started(reply) == 2
+
+
+def test_job_count_the_tally_of_the_greedy_plan_and_the_repair_takes_two():
+    tally = Tally(SiteRules(JOB_SITE, EIGHT, LAB_JOBS, {}, 0.0))
+    fits = []
+    for j in LAB_JOBS:
+        fits.append(tally.fits(j.job_id, Cell("a100", 1, 2)))
+        if fits[-1]:
+            tally.add(j.job_id, Cell("a100", 1, 2))
+    assert fits == [True, True, False] and tally.over() == 0
+
+
+def test_job_count_enforce_site_cuts_a_plan_made_without_the_site_to_2():
+    own = get_policy("fcfs").schedule(job_request(SitePolicy()), Flat())
+    assert started(own) == 3
+    fixed = enforce_site(job_request(), own)
+    assert started(fixed) == 2 and fixed.reasons == {"j3": JOB_WAITS.replace("2/2", "3/2")}
+
+
+def test_job_count_slurm_multifactor_starts_two():
+    reply = get_policy("slurm-multifactor").schedule(job_request(), Flat())
+    assert started(reply) == 2 and reply.reasons == {"j3": JOB_WAITS}
+
+
+def test_job_count_the_controller_releases_two():
+    def place(j: JobRequest, node: str) -> Action:
+        p = Placement(j.job_id, Cell("a100", 1, 2), ((node, 2),), ParallelPlan(1, 2, 1), 1.0)
+        return Action(ActionKind.PLACE, j.job_id, "new", p)
+
+    held_jobs = [ManagedJob(SlurmJob(j.job_id, account="lab-x"), Phase.HELD) for j in LAB_JOBS]
+    actions = [place(LAB_JOBS[0], "n0"), place(LAB_JOBS[1], "n0"), place(LAB_JOBS[2], "n1")]
+    kept, waits = within_limits(actions, held_jobs, job_request())
+    assert [a.job_id for a in kept] == ["j1", "j2"] and waits == {"j3": f"{JOB_WAITS}: waits for running jobs to end"}
+
+
+def test_job_count_the_simulated_slurm_starts_two():
+    site = SiteSpec((AccountSpec("lab", jobs=2), AccountSpec("lab-x", parent="lab")))
+    usage = SiteUsage(site, 8, lambda: 0.0, 0.0)
+    started, why = 0, []
+    for j in LAB_JOBS:
+        usage.register(j.job_id, TraceJob(j.job_id, 0.0, "gpt-350m", 32, 1000, 2, "a100", user="u", account="lab-x"))
+        sim_job = SimpleNamespace(job_id=j.job_id, gres=2, num_nodes=1, gpus=2, starts=0)
+        why.append(usage.gate(sim_job))
+        if not why[-1]:
+            usage.started(sim_job, "a100:1x2")
+            started += 1
+    assert started == 2 and why == ["", "", "AssocGrpJobsLimit"]
+
+
+def test_job_count_slurms_running_jobs_count_under_the_same_rule():
+    """Three plain jobs running in Slurm, one in lab-x with 2 GPUs, one in
+    lab with none, one in acct-b: lab's count holds two (none left to
+    managed jobs); the records bind as the requests do."""
+    nodes = tuple(SlurmNode(f"n{i}", gpus_total=4, gpu_type="a100") for i in range(2))
+    run = tuple(
+        SlurmJob(f"{i}", user="u", state="RUNNING", account=a, partition="all", nodes=("n0",), num_nodes=1,
+                 gpus_per_node=g)
+        for i, a, g in ((1, "lab-x", 2), (2, "lab", None), (3, "acct-b", 1))
+    )  # fmt: skip
+    snap = ClusterSnapshot(nodes=nodes, partitions=(), jobs=run, taken_at=0.0)
+    (lim,) = outside_limits((JOB_LIMIT,), list(run), snap)
+    assert (lim.used_outside, lim.headroom) == (2, 0)
+    assert [binds(JOB_LIMIT, holder(j)) for j in run] == [True, True, False]
+    assert [binds(JOB_LIMIT, j) for j in LAB_JOBS] == [True, True, True]
+    assert not binds(JOB_LIMIT, replace(LAB_JOBS[0], account="lab-y"))
