@@ -22,7 +22,7 @@ from slurm_ext.backends.cli import CliBackend
 from slurm_ext.parse import accounting as acc
 from slurm_ext.parse import json_output, scontrol_text
 from slurm_ext.records import ClusterSnapshot
-from slurm_ext.site import SiteReader, round_policy
+from slurm_ext.site import SiteReader, UnixGroups, round_policy
 from solver.contract.models import ModelSpec
 from solver.limits import bindings
 from solver.site import GpuLimit, LimitKind, LimitScope, PartitionAccess
@@ -326,3 +326,14 @@ def test_no_slurmdbd_is_a_slurm_error_from_the_cli_backend(sample):
 
     with pytest.raises(SlurmCommandError, match="supported accounting_storage plugin"):
         CliBackend(run=runner).read_site()
+
+
+def test_a_users_groups_are_read_from_the_host_without_running_a_command():
+    """UnixGroups against `id -Gn` (the oracle: another reader of the same
+    host's user database): nobody's groups; root and SlurmUser are not bound
+    by AllowGroups (None); an unknown or unplain name is in none."""
+    groups = UnixGroups(("slurm",))
+    want = subprocess.run(["id", "-Gn", "nobody"], capture_output=True, text=True, check=True).stdout.split()
+    assert sorted(groups("nobody") or ()) == sorted(want) and want
+    assert groups("root") is None and groups("slurm") is None
+    assert groups("no-such-user-here") == () and groups("ev\x1bil") == () and groups("a/b") == ()
