@@ -317,9 +317,7 @@ def test_a_sub_accounts_jobs_wait_on_the_parents_limits_with_slurms_reasons():
     long = JobSpec(model="bert__760M", global_batch=64, iterations=10**6).to_comment()
     for account, user, gpus in jobs:
         jid = backend.submit(SubmitRequest(script="job.sh", gres_per_node=gpus, nodes=1, hold=True, comment=long))
-        usage.register(
-            jid, TraceJob(jid, 0.0, "bert__760M", 64, 10**6, gpus, "a100", account=account, user=user)
-        )
+        usage.register(jid, TraceJob(jid, 0.0, "bert__760M", 64, 10**6, gpus, "a100", account=account, user=user))
         ids.append(jid)
     for jid in ids:
         backend.release(jid)
