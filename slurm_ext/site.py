@@ -1,13 +1,16 @@
 """The site's policy read from Slurm each round (docs/site-policy.md).
 
 `SiteReader.read` asks Slurm (its accounting through slurmdbd, and
-slurmctld) for the standing policy: GPU limits of associations, QOS and
-partition QOS, fair share, reservations, partition access, and the
-multifactor priority settings. `round_policy` adds what this round's
-snapshot shows: the GPUs that jobs the solver does not carry hold under each
-limit (`GpuLimit.used_outside`) and the pending plain sbatch GPU jobs
-(`UnmanagedDemand`). The controller puts the result on
-`ScheduleRequest.site`.
+slurmctld) for the standing policy: GPU and job-count limits of
+associations (the account tree: a parent's Grp limits bind its
+sub-accounts), QOS and partition QOS, fair share (the factor sshare
+reports), reservations, partition access (MaxTime included) and
+PriorityTier, and the multifactor priority settings. `round_policy` adds
+what this round's snapshot shows: what jobs the solver does not carry hold
+under each limit (`GpuLimit.used_outside`), the pending plain sbatch GPU jobs
+(`UnmanagedDemand`) and, where a partition has AllowGroups, the Unix groups
+of the managed jobs' users on this host (`UnixGroups`). The controller puts
+the result on `ScheduleRequest.site`.
 
 Every backend offers the reading as ``read_site() -> SiteReading`` (the
 Backend protocol: the CLI and pyslurm backends through Slurm's commands;
@@ -19,6 +22,9 @@ needs, for the GPUs running jobs hold outside the round (`outside_limits`).
 
 from __future__ import annotations
 
+import grp
+import os
+import pwd
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -33,6 +39,8 @@ from solver.types import ScheduleRequest
 MAX_OUTPUT = 4 << 20
 #: the most rows of each kind kept (associations, QOS, reservations, ...)
 MAX_ROWS = 20000
+#: the most Unix groups of one user read (AllowGroups)
+MAX_GROUPS = 1024
 #: pending reasons of a plain job that waits for GPUs (and so claims them):
 #: the others wait for something else (a hold, a dependency, a begin time, their own limit)
 WAITING_FOR_GPUS = frozenset({"", "None", "Priority", "Resources"})
@@ -68,16 +76,55 @@ class PriorityModel:
         )
 
 
+def no_groups(user: str) -> tuple[str, ...] | None:
+    """A user in no group (where nobody reads them)."""
+    return ()
+
+
+class UnixGroups:
+    """A user's Unix groups on this host, as slurmctld reads them for a
+    partition's AllowGroups (its primary group and those that list it);
+    None for root and SlurmUser (`exempt`), whom AllowGroups does not bind.
+    Read through the C library (pwd, grp: no command run, nothing of the
+    user's read), only for a plain name, at most MAX_GROUPS; a user the
+    host does not know is in none."""
+
+    def __init__(self, exempt: Collection[str] = ("root",)) -> None:
+        self.exempt = frozenset(exempt) | {"root"}
+
+    def __call__(self, user: str) -> tuple[str, ...] | None:
+        if user in self.exempt:
+            return None
+        if not acc.plain_name(user):
+            return ()
+        try:
+            pw = pwd.getpwnam(user)
+        except KeyError:
+            return ()
+        if pw.pw_uid == 0:
+            return None
+        names = []
+        for gid in os.getgrouplist(user, pw.pw_gid)[:MAX_GROUPS]:
+            try:
+                names.append(grp.getgrgid(gid).gr_name)
+            except KeyError:
+                continue
+        return tuple(names)
+
+
 @dataclass(frozen=True)
 class SiteReading:
     """What a backend read of the site: the standing policy (no
-    used_outside, no unmanaged demand: `round_policy` adds those from the
-    round's snapshot), how to rank held jobs, and what it left out."""
+    used_outside, no unmanaged demand, no users' groups: `round_policy` adds
+    those from the round's snapshot), how to rank held jobs, how to read a
+    user's groups, and what it left out."""
 
     policy: SitePolicy = field(default_factory=SitePolicy)
     priority: PriorityModel = field(default_factory=PriorityModel)
     #: what was read but not used (names cellsched does not keep, limits it cannot express)
     dropped: tuple[str, ...] = ()
+    #: a user's groups for AllowGroups (`UnixGroups`; None: AllowGroups does not bind the user)
+    groups: Callable[[str], tuple[str, ...] | None] = no_groups
 
 
 # --- reading -------------------------------------------------------------------
@@ -115,14 +162,26 @@ class SiteReader:
         shares = acc.parse_sshare(self._out(["sshare", "-n", "-P", "-a", "-o", ",".join(acc.SSHARE_FORMAT)]))
         res = acc.parse_reservations(self._out(["scontrol", "-o", "show", "reservation"]))
         parts = acc.parse_partition_access(self._out(["scontrol", "-o", "show", "partition"]))
-        return standing_policy(settings, assocs, qos, shares, res, parts, now)
+        reading = standing_policy(settings, assocs, qos, shares, res, parts, now)
+        return replace(reading, groups=UnixGroups((settings.slurm_user,)))
 
 
 # --- the standing policy ----------------------------------------------------------
 
 
-def _limits(scope: LimitScope, name: str, kind: LimitKind, gpus: Mapping[str | None, int]) -> list[GpuLimit]:
-    return [GpuLimit(scope, name, kind, n, gpu_type=t) for t, n in sorted(gpus.items(), key=lambda kv: str(kv[0]))]
+def _limits(
+    scope: LimitScope, name: str, kind: LimitKind, gpus: Mapping[str | None, int], below: frozenset[str] = frozenset()
+) -> list[GpuLimit]:
+    return [
+        GpuLimit(scope, name, kind, n, gpu_type=t, below=below)
+        for t, n in sorted(gpus.items(), key=lambda kv: str(kv[0]))
+    ]
+
+
+def _jobs(
+    scope: LimitScope, name: str, kind: LimitKind, jobs: int | None, below: frozenset[str] = frozenset()
+) -> list[GpuLimit]:
+    return [] if jobs is None else [GpuLimit(scope, name, kind, jobs, below=below)]
 
 
 class _Dropped:
@@ -138,23 +197,50 @@ class _Dropped:
         return not bad
 
 
+def account_tree(assocs: Iterable[acc.AssocRow]) -> dict[str, frozenset[str]]:
+    """Account -> the accounts below it at every depth, from the account
+    rows' ParentName (a user's row has none: it hangs from its account)."""
+    parent = {a.account: a.parent for a in assocs if not a.user and not a.partition and a.parent != a.account}
+    below: dict[str, set[str]] = {a: set() for a in parent}
+    for a in parent:
+        up, seen = parent.get(a, ""), {a}
+        while up and up not in seen:  # a cycle (not from Slurm) ends the walk
+            below.setdefault(up, set()).add(a)
+            seen.add(up)
+            up = parent.get(up, "")
+    return {a: frozenset(b) for a, b in below.items()}
+
+
 def assoc_limits(assocs: Iterable[acc.AssocRow], drop: _Dropped) -> list[GpuLimit]:
-    """GrpTRES / MaxTRES (per job) of gres/gpu of accounts and of users within accounts."""
+    """GrpTRES / MaxTRES (per job) of gres/gpu and GrpJobs of accounts (a
+    Grp limit binds the accounts below it too: `account_tree`) and of users
+    within accounts, and a user association's MaxJobs. An account's MaxJobs
+    binds through its users' rows, which slurmdbd gives it (a user's own
+    one, where set, instead)."""
+    rows = list(assocs)[:MAX_ROWS]
+    tree = account_tree(rows)
     out: list[GpuLimit] = []
-    for a in list(assocs)[:MAX_ROWS]:
+    for a in rows:
         if not drop.plain("association", a.account, a.user):
             continue
-        if a.partition and (a.grp_gpus or a.max_gpus_per_job):
+        if a.partition and (a.grp_gpus or a.max_gpus_per_job or a.grp_jobs is not None or a.max_jobs is not None):
             drop.notes.append(f"association {a.account}/{a.user} in partition {a.partition}: limits not used")
             continue
-        scope, name = (LimitScope.USER, f"{a.account}/{a.user}") if a.user else (LimitScope.ACCOUNT, a.account)
-        out += _limits(scope, name, LimitKind.GRP, a.grp_gpus)
+        if a.user:
+            scope, name, below = LimitScope.USER, f"{a.account}/{a.user}", frozenset[str]()
+        else:
+            scope, name, below = LimitScope.ACCOUNT, a.account, tree.get(a.account, frozenset())
+        out += _limits(scope, name, LimitKind.GRP, a.grp_gpus, below)
         out += _limits(scope, name, LimitKind.PER_JOB, a.max_gpus_per_job)
+        out += _jobs(scope, name, LimitKind.GRP_JOBS, a.grp_jobs, below)
+        if a.user:
+            out += _jobs(scope, name, LimitKind.MAX_JOBS, a.max_jobs)
     return out
 
 
 def qos_limits(qos: Iterable[acc.QosRow], drop: _Dropped) -> list[GpuLimit]:
-    """GrpTRES, MaxTRES (per job) and MaxTRESPerUser of gres/gpu of each QOS."""
+    """GrpTRES, MaxTRES (per job), MaxTRESPerUser and MaxTRESPerAccount of
+    gres/gpu, and GrpJobs, MaxJobsPerUser and MaxJobsPerAccount, of each QOS."""
     out: list[GpuLimit] = []
     for q in list(qos)[:MAX_ROWS]:
         if not drop.plain("QOS", q.name):
@@ -162,13 +248,15 @@ def qos_limits(qos: Iterable[acc.QosRow], drop: _Dropped) -> list[GpuLimit]:
         out += _limits(LimitScope.QOS, q.name, LimitKind.GRP, q.grp_gpus)
         out += _limits(LimitScope.QOS, q.name, LimitKind.PER_JOB, q.max_gpus_per_job)
         out += _limits(LimitScope.QOS_PER_USER, q.name, LimitKind.PER_USER, q.max_gpus_per_user)
-        if q.max_gpus_per_account:
-            drop.notes.append(f"QOS {q.name}: MaxTRESPerAccount not used")
+        out += _limits(LimitScope.QOS_PER_ACCOUNT, q.name, LimitKind.PER_ACCOUNT, q.max_gpus_per_account)
+        out += _jobs(LimitScope.QOS, q.name, LimitKind.GRP_JOBS, q.grp_jobs)
+        out += _jobs(LimitScope.QOS_PER_USER, q.name, LimitKind.JOBS_PER_USER, q.max_jobs_per_user)
+        out += _jobs(LimitScope.QOS_PER_ACCOUNT, q.name, LimitKind.JOBS_PER_ACCOUNT, q.max_jobs_per_account)
     return out
 
 
 def partition_limits(parts: Iterable[acc.PartitionAccessRow], qos: Iterable[acc.QosRow]) -> list[GpuLimit]:
-    """The GPU limits of each partition's QOS, as limits of the partition."""
+    """The GPU and job-count limits of each partition's QOS, as limits of the partition."""
     by_name = {q.name: q for q in qos}
     out: list[GpuLimit] = []
     for p in parts:
@@ -178,6 +266,10 @@ def partition_limits(parts: Iterable[acc.PartitionAccessRow], qos: Iterable[acc.
         out += _limits(LimitScope.PARTITION, p.name, LimitKind.GRP, q.grp_gpus)
         out += _limits(LimitScope.PARTITION, p.name, LimitKind.PER_JOB, q.max_gpus_per_job)
         out += _limits(LimitScope.PARTITION, p.name, LimitKind.PER_USER, q.max_gpus_per_user)
+        out += _limits(LimitScope.PARTITION, p.name, LimitKind.PER_ACCOUNT, q.max_gpus_per_account)
+        out += _jobs(LimitScope.PARTITION, p.name, LimitKind.GRP_JOBS, q.grp_jobs)
+        out += _jobs(LimitScope.PARTITION, p.name, LimitKind.JOBS_PER_USER, q.max_jobs_per_user)
+        out += _jobs(LimitScope.PARTITION, p.name, LimitKind.JOBS_PER_ACCOUNT, q.max_jobs_per_account)
     return out
 
 
@@ -226,16 +318,20 @@ def reservations(rows: Iterable[acc.ReservationRow], now: float, drop: _Dropped)
     return out
 
 
-def partition_access(rows: Iterable[acc.PartitionAccessRow], drop: _Dropped) -> dict[str, PartitionAccess]:
-    """The partitions that limit who may use them (DenyQos is not used: a note in `drop`)."""
+def partition_access(rows: Iterable[acc.PartitionAccessRow]) -> dict[str, PartitionAccess]:
+    """The partitions that limit who may use them, or for how long (MaxTime)."""
     out = {}
     for p in rows:
-        if p.deny_qos:
-            drop.notes.append(f"partition {p.name}: DenyQos not used")
-        if not (p.allow_accounts or p.allow_qos or p.allow_groups or p.deny_accounts):
-            continue
+        if not (p.allow_accounts or p.allow_qos or p.allow_groups or p.deny_accounts or p.deny_qos):
+            if p.max_time_s is None:
+                continue
         out[p.name] = PartitionAccess(
-            accounts=p.allow_accounts, qos=p.allow_qos, groups=p.allow_groups, deny_accounts=p.deny_accounts
+            accounts=p.allow_accounts,
+            qos=p.allow_qos,
+            groups=p.allow_groups,
+            deny_accounts=p.deny_accounts,
+            deny_qos=p.deny_qos,
+            max_time_s=p.max_time_s,
         )
     return out
 
@@ -259,8 +355,10 @@ def standing_policy(
         limits=tuple(limits),
         shares=share,
         usage=usage,
+        fairshare=factor,
         reservations=tuple(reservations(res, now, drop)),
-        partition_access=partition_access(parts, drop),
+        partition_access=partition_access(parts),
+        priority_tiers={p.name: p.priority_tier for p in parts if p.priority_tier != 1 and acc.plain_name(p.name)},
     )
     qos_norm = {q.name: q.priority / top for q in qos} if top > 0 else {}
     return SiteReading(policy, PriorityModel(settings, factor, qos_norm), tuple(drop.notes))
@@ -289,24 +387,26 @@ def held_gpus(job: SlurmJob, node_types: Mapping[str, str | None]) -> Held:
 
 def outside_limits(limits: Iterable[GpuLimit], outside: list[SlurmJob], snapshot: ClusterSnapshot) -> list[GpuLimit]:
     """The limits with `used_outside` counted from the `outside` running
-    jobs; a per-user limit gets one limit per user who holds GPUs under it
-    outside (``<name>/<user>``: solver.limits.Bucket.alone), next to the general one."""
+    jobs (GPUs, or jobs: solver.limits.Bucket.count); a per-user
+    (per-account) limit gets one limit per user (account) who holds some
+    under it outside (``<name>/<member>``: solver.limits.Bucket.alone), next
+    to the general one."""
     node_types = {n.name: n.gpu_type for n in snapshot.nodes}
     held = [(holder(j), held_gpus(j, node_types)) for j in outside]
     out = []
     for lim in limits:
         used = 0
-        per_user: dict[str, tuple[Bucket, int]] = {}
+        per_member: dict[str, tuple[Bucket, int]] = {}
         for who, gpus in held:
             b = bucket_of(lim, who)
             if b is None or b.per_job:
                 continue
-            if b.user is None:
+            if b.member is None:
                 used += b.count(gpus)
             else:
-                per_user[b.user] = (b, per_user.get(b.user, (b, 0))[1] + b.count(gpus))
+                per_member[b.member] = (b, per_member.get(b.member, (b, 0))[1] + b.count(gpus))
         out.append(replace(lim, used_outside=used) if used else lim)
-        out += [b.alone(n) for _, (b, n) in sorted(per_user.items()) if n]
+        out += [b.alone(n) for _, (b, n) in sorted(per_member.items()) if n]
     return out
 
 
@@ -345,31 +445,39 @@ def round_policy(
     """The round's SitePolicy: the standing one, with the GPUs that running
     jobs the request does not carry (`carried`: the managed jobs on a
     placement of ours) hold under each limit, and the pending plain jobs
-    (not in `managed`) that claim GPUs. An empty reading stays empty."""
+    (not in `managed`) that claim GPUs, and the groups of the managed jobs'
+    users where a partition has AllowGroups (`SiteReading.groups`). An
+    empty reading stays empty. A job that holds no GPU counts under the
+    job-count limits."""
     policy = reading.policy
     if policy.empty:
         return policy
-    outside = [j for j in snapshot.jobs if j.holds_resources and j.gpus_per_node and j.job_id not in carried]
+    outside = [j for j in snapshot.jobs if j.holds_resources and j.job_id not in carried]
+    groups: dict[str, tuple[str, ...] | None] = {}
+    if any(a.groups for a in policy.partition_access.values()):
+        users = sorted({j.user for j in snapshot.jobs if j.job_id in managed and j.user})
+        groups = {u: reading.groups(u) for u in users[:MAX_ROWS]}
     return replace(
         policy,
         limits=tuple(outside_limits(policy.limits, outside, snapshot)),
         unmanaged=unmanaged_demand(snapshot, managed, reading.priority),
+        user_groups=groups,
     )
 
 
 def allowed_partitions(request: ScheduleRequest) -> dict[str, tuple[str, ...]]:
     """job -> the partitions it may be placed in, for each job that the
-    site's partition access (AllowAccounts / AllowQos / DenyAccounts; a job
-    is in no group cellsched knows) allows fewer than its own (all the
-    cluster's when it names none)."""
-    access = request.site.partition_access
-    if not access:
+    site's partition access (`SitePolicy.admits`: AllowAccounts, AllowQos,
+    AllowGroups, DenyAccounts, DenyQos, MaxTime) allows fewer than its own
+    (all the cluster's when it names none)."""
+    site = request.site
+    if not site.partition_access:
         return {}
     every = tuple(sorted(request.cluster.partitions))
     out = {}
     for job in request.jobs:
         names = job.partitions if job.partitions is not None else every
-        keep = tuple(p for p in names if p not in access or access[p].allows(job.account, job.qos))
+        keep = tuple(p for p in names if site.admits(p, job.account, job.qos, job.user, job.time_limit_s))
         if len(keep) < len(names):
             out[job.job_id] = keep
     return out

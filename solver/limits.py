@@ -1,29 +1,35 @@
-"""Which GPU limit binds which job, and a bucket's load against its cap: the
-one place that decides both (docs/site-policy.md#gpu-limits).
+"""Which limit binds which job, and a bucket's load against its cap: the
+one place that decides both (docs/site-policy.md#limits), for the GPU
+limits (GrpTRES, MaxTRESPerUser, ...) and the job-count limits (GrpJobs,
+MaxJobs, ...) alike.
 
-Every path that counts GPUs under the site's limits calls this module: the
-rows of the joint model and the greedy and repair plans
+Every path that counts GPUs or jobs under the site's limits calls this
+module: the rows of the joint model and the greedy and repair plans
 (solver.placement.siterules), the guard (`site_problems`, `enforce_site`),
 slurm-multifactor, the controller's check at a release
 (slurm_ext.controller.limits), the simulated Slurm's limits at a job's start
-(slurm_ext.sim.site) and the GPUs that jobs a round does not carry hold
-under each limit (slurm_ext.site, which maps Slurm's job records onto
-`Holder`).
+(slurm_ext.sim.site) and what jobs a round does not carry hold under each
+limit (slurm_ext.site, which maps Slurm's job records onto `Holder`).
 
 A limit binds a job (`binds`) by its scope:
 
 ========================  ===================================================
 scope                     the jobs it binds
 ========================  ===================================================
-``account``               those of the account (an empty account: none)
+``account``               those of the account (an empty account: none) and
+                          of the accounts below it in Slurm's tree
+                          (`GpuLimit.below`: a Grp limit of a parent account
+                          binds every sub-account's jobs, as Slurm's does)
 ``user``                  those of ``account/user``
 ``qos``                   those of the QOS (an empty QOS: none)
 ``qos-per-user``          those of the QOS
+``qos-per-account``       those of the QOS
 ``partition``             those that run in the partition (below)
 ========================  ===================================================
 
-and a per-user limit (MaxTRESPerUser, or any limit of scope
-``qos-per-user``) named ``<name>/<user>`` binds that user's jobs only. A
+and a per-user or per-account limit (`LimitKind.per`, or the scopes
+``qos-per-user`` / ``qos-per-account``) named ``<name>/<user>`` (or
+``<name>/<account>``) binds that user's (account's) jobs only. A
 partition QOS's limit binds, as Slurm's does, the jobs that run in the
 partition: a job Slurm runs by the partition it runs in (`Holder.partitions`
 of a Slurm record); a job the solver is to place by every partition it may
@@ -31,11 +37,13 @@ be placed in (`JobRequest.partitions`; None: it names none, so every one),
 since its partition is settled only with its placement: the plan keeps the
 limit whichever of them it lands in.
 
-By kind, the GPUs of the jobs a limit binds fall into *buckets*
-(`bucket_of`): GrpTRES has one for all of them; a per-user limit one per
-user (unless it names its user); MaxTRESPerJob caps each job alone (a
-`Bucket` with `per_job`, which holds no load). A bucket counts the GPUs of
-its limit's type, or of every type (`Bucket.count`).
+By kind, the jobs a limit binds fall into *buckets* (`bucket_of`): GrpTRES
+and GrpJobs have one for all of them; a per-user (per-account) limit one per
+user (account) unless it names its user (account); MaxTRESPerJob caps each
+job alone (a `Bucket` with `per_job`, which holds no load). A bucket counts
+the GPUs of its limit's type, or of every type, or, for a kind that counts
+jobs (`LimitKind.jobs`), each running job once whatever it holds
+(`Bucket.count`).
 
 `Loads` keeps what each bucket holds and compares it with a cap: the
 headroom (the limit less `used_outside`) by default, or whatever cap the
@@ -91,67 +99,82 @@ def held_in(cell: Cell) -> Held:
     return tuple((t, n * cell.gpus_per_node) for t, n in cell.by_type())
 
 
-def per_user(limit: GpuLimit) -> bool:
-    """Does the limit count each user's GPUs apart (MaxTRESPerUser, a QOS's per-user limit)?"""
-    return limit.kind == LimitKind.PER_USER or limit.scope == LimitScope.QOS_PER_USER
+def per_member(limit: GpuLimit) -> str:
+    """Whom the limit counts apart: "user" (MaxTRESPerUser, MaxJobsPerUser, a
+    QOS's per-user limit), "account" (MaxTRESPerAccount, ...), or ""."""
+    if limit.scope == LimitScope.QOS_PER_USER:
+        return "user"
+    if limit.scope == LimitScope.QOS_PER_ACCOUNT:
+        return "account"
+    per = limit.kind.per
+    return per if per in ("user", "account") else ""
+
+
+def _member(who: Subject, per: str) -> str:
+    return who.user if per == "user" else who.account
 
 
 def binds(limit: GpuLimit, who: Subject) -> bool:
     """Does `limit` bind the job of `who`? (the module doc's table)"""
     name = limit.name
-    if per_user(limit) and "/" in name:  # one user's: "<name>/<user>"
-        name, _, user = name.rpartition("/")
-        if who.user != user:
+    per = per_member(limit)
+    if per and "/" in name:  # one user's (account's): "<name>/<member>"
+        name, _, member = name.rpartition("/")
+        if _member(who, per) != member:
             return False
     s = limit.scope
     if s == LimitScope.ACCOUNT:
-        return bool(who.account) and who.account == name
+        return bool(who.account) and (who.account == name or who.account in limit.below)
     if s == LimitScope.USER:
         return f"{who.account}/{who.user}" == name
-    if s in (LimitScope.QOS, LimitScope.QOS_PER_USER):
+    if s in (LimitScope.QOS, LimitScope.QOS_PER_USER, LimitScope.QOS_PER_ACCOUNT):
         return bool(who.qos) and who.qos == name
     return who.partitions is None or name in who.partitions
 
 
 @dataclass(frozen=True)
 class Bucket:
-    """The jobs one limit binds together: all of them, or one user's
-    (`user`); a per-job limit's bucket holds no load (`per_job`)."""
+    """The jobs one limit binds together: all of them, or one user's or
+    account's (`member`); a per-job limit's bucket holds no load (`per_job`)."""
 
     limit: GpuLimit
-    user: str | None = None
+    member: str | None = None
 
     @property
     def key(self) -> str:
-        return self.limit.key + (f"/{self.user}" if self.user is not None else "")
+        return self.limit.key + (f"/{self.member}" if self.member is not None else "")
 
     @property
     def per_job(self) -> bool:
         return self.limit.kind == LimitKind.PER_JOB
 
     def count(self, held: Held) -> int:
-        """The GPUs of `held` the limit counts (those of its GPU type, or all)."""
+        """What the limit counts of one job holding `held`: the job itself
+        (1) for a limit of jobs, else its GPUs (those of its GPU type, or all)."""
+        if self.limit.kind.jobs:
+            return 1
         t = self.limit.gpu_type
         return sum(g for ht, g in held if t is None or ht == t)
 
     def gpus(self, cell: Cell) -> int:
-        """The GPUs of `cell` the limit counts."""
+        """What the limit counts of a job in `cell` (its GPUs, or 1 job)."""
         return self.count(held_in(cell))
 
     def reason(self, used: int) -> str:
-        """Why a job waits under it (solver.site.reason_limit), `used` GPUs counted."""
-        return reason_limit(self.limit, used, self.user)
+        """Why a job waits under it (solver.site.reason_limit), `used` GPUs (jobs) counted."""
+        return reason_limit(self.limit, used, self.member)
 
     def alone(self, used_outside: int) -> GpuLimit:
-        """A per-user bucket as a limit of its own, named ``<name>/<user>``."""
-        return dataclasses.replace(self.limit, name=f"{self.limit.name}/{self.user}", used_outside=used_outside)
+        """A per-user (per-account) bucket as a limit of its own, named ``<name>/<member>``."""
+        return dataclasses.replace(self.limit, name=f"{self.limit.name}/{self.member}", used_outside=used_outside)
 
 
 def bucket_of(limit: GpuLimit, who: Subject) -> Bucket | None:
     """The bucket of `limit` that counts the job of `who` (None: it does not bind it)."""
     if not binds(limit, who):
         return None
-    return Bucket(limit, who.user if per_user(limit) and "/" not in limit.name else None)
+    per = per_member(limit)
+    return Bucket(limit, _member(who, per) if per and "/" not in limit.name else None)
 
 
 def bindings(limits: Iterable[GpuLimit], who: Subject) -> list[Bucket]:
@@ -165,14 +188,14 @@ def bindings(limits: Iterable[GpuLimit], who: Subject) -> list[Bucket]:
 
 
 def headroom(bucket: Bucket) -> int:
-    """The default cap: the GPUs the jobs a request carries may hold under the limit."""
+    """The default cap: the GPUs (jobs) the jobs a request carries may hold under the limit."""
     return bucket.limit.headroom
 
 
 class Loads:
-    """The GPUs each bucket holds, against its cap (`cap`, by bucket;
-    default: the limit's headroom). Per-job limits hold nothing: a job is
-    over one when it alone asks for more than its cap."""
+    """What each bucket holds (GPUs, or jobs), against its cap (`cap`, by
+    bucket; default: the limit's headroom). Per-job limits hold nothing: a
+    job is over one when it alone asks for more than its cap."""
 
     def __init__(self, cap: Callable[[Bucket], int] = headroom, load: Mapping[str, int] | None = None) -> None:
         self.cap = cap
@@ -180,8 +203,8 @@ class Loads:
         self.buckets: dict[str, Bucket] = {}
 
     def blocking(self, buckets: Iterable[Bucket], held: Held) -> tuple[Bucket, int] | None:
-        """The first of `buckets` that `held` more GPUs would put over its
-        cap, and the GPUs counted under it as a reason says them (Bucket.reason):
+        """The first of `buckets` that one more job holding `held` would put
+        over its cap, and what is counted under it as a reason says it (Bucket.reason):
         those it holds with `used_outside` (a per-job limit: the job's own);
         None when every one allows them."""
         for b in buckets:
@@ -201,12 +224,12 @@ class Loads:
                 self.load[b.key] = self.load.get(b.key, 0) + sign * b.count(held)
 
     def excess(self, key: str) -> int:
-        """GPUs bucket `key` holds over its cap (0: within it)."""
+        """What bucket `key` holds over its cap (0: within it)."""
         b = self.buckets.get(key)
         return 0 if b is None else max(0, self.load.get(key, 0) - self.cap(b))
 
     def over(self) -> int:
-        """GPUs over the caps, all buckets together."""
+        """What is over the caps, all buckets together (GPUs and jobs)."""
         return sum(self.excess(k) for k in self.load)
 
     def overs(self) -> list[tuple[Bucket, int]]:

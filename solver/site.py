@@ -6,48 +6,75 @@ Slurm each round by the shell (or from the cluster file in simulation) and
 never configured in cellsched itself. The solver treats
 
 * `limits` as hard constraints (a placement never puts an account, user, QOS
-  or association over its GPU limit),
-* `shares` / `usage` as weights of its objective (fair share),
+  or association over its GPU or job-count limit; a Grp limit of an account
+  binds its sub-accounts' jobs too),
+* `shares` / `usage` as fair share's entitlements, and `fairshare` (the
+  factor Slurm computes for each association) as the weight of its jobs,
 * `reservations` as windows in which nodes are offered only to jobs estimated
   to end before the window opens, or to the reservation's own jobs,
 * `unmanaged` as demand of plain sbatch jobs that claims GPUs by Slurm's
   priority,
-* `partition_access` as who may run where.
+* `partition_access` as who may run where (and for how long: MaxTime),
+* `priority_tiers` as each partition's PriorityTier, for a policy's priority use.
 
 Pure data: this module imports nothing of ours.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 
 class LimitScope(StrEnum):
-    """Whom a GPU limit binds."""
+    """Whom a limit binds."""
 
-    ACCOUNT = "account"  # an account association (GrpTRES over all its users)
+    ACCOUNT = "account"  # an account association (its users, and its sub-accounts' for a Grp limit)
     USER = "user"  # a user association within an account (name "account/user")
-    QOS = "qos"  # a QOS's group limit (GrpTRES)
-    QOS_PER_USER = "qos-per-user"  # MaxTRESPerUser of a QOS (per user of it)
+    QOS = "qos"  # a QOS's group limit (GrpTRES, GrpJobs)
+    QOS_PER_USER = "qos-per-user"  # MaxTRESPerUser / MaxJobsPerUser of a QOS (per user of it)
+    QOS_PER_ACCOUNT = "qos-per-account"  # MaxTRESPerAccount / MaxJobsPerAccount of a QOS (per account)
     PARTITION = "partition"  # a partition QOS's limit
 
 
 class LimitKind(StrEnum):
-    """Slurm's name of the limit."""
+    """Slurm's name of the limit: what it counts (GPUs, or running jobs:
+    `jobs`) and for whom apart (`per`)."""
 
     GRP = "GrpTRES"
     PER_USER = "MaxTRESPerUser"
+    PER_ACCOUNT = "MaxTRESPerAccount"
     PER_JOB = "MaxTRESPerJob"
+    GRP_JOBS = "GrpJobs"
+    MAX_JOBS = "MaxJobs"  # of a user association (slurmdbd copies an account's down to its users)
+    JOBS_PER_USER = "MaxJobsPerUser"
+    JOBS_PER_ACCOUNT = "MaxJobsPerAccount"
+
+    @property
+    def jobs(self) -> bool:
+        """Does it count running jobs (each one, whatever it holds) instead of GPUs?"""
+        return self in (LimitKind.GRP_JOBS, LimitKind.MAX_JOBS, LimitKind.JOBS_PER_USER, LimitKind.JOBS_PER_ACCOUNT)
+
+    @property
+    def per(self) -> str:
+        """Whom it counts apart: "user", "account", "job", or "" (all its jobs together)."""
+        if self in (LimitKind.PER_USER, LimitKind.JOBS_PER_USER):
+            return "user"
+        if self in (LimitKind.PER_ACCOUNT, LimitKind.JOBS_PER_ACCOUNT):
+            return "account"
+        return "job" if self == LimitKind.PER_JOB else ""
 
 
 @dataclass(frozen=True)
 class GpuLimit:
-    """One GPU limit Slurm enforces: at most `gpus` GPUs (of `gpu_type`, or of
-    any type when None) at once for `name` in `scope`. `used_outside` counts
-    the GPUs that jobs this request does not carry (plain sbatch jobs, other
-    schedulers' jobs) already hold under the same limit."""
+    """One limit Slurm enforces: at most `gpus` GPUs (of `gpu_type`, or of
+    any type when None) at once for `name` in `scope`, or, for a kind that
+    counts jobs (`LimitKind.jobs`: GrpJobs, MaxJobs, ...), at most `gpus`
+    running jobs. `used_outside` counts what jobs this request does not
+    carry (plain sbatch jobs, other schedulers' jobs) already hold under the
+    same limit (GPUs, or jobs). `below`: the accounts under an account in
+    Slurm's association tree, whose jobs its Grp limits bind too."""
 
     scope: LimitScope
     name: str
@@ -55,6 +82,7 @@ class GpuLimit:
     gpus: int
     gpu_type: str | None = None
     used_outside: int = 0
+    below: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.gpus < 0 or self.used_outside < 0:
@@ -67,8 +95,15 @@ class GpuLimit:
 
     @property
     def headroom(self) -> int:
-        """GPUs the jobs this request carries may hold together under it."""
+        """GPUs (jobs) the jobs this request carries may hold together under it."""
         return max(0, self.gpus - self.used_outside)
+
+    @property
+    def unit(self) -> str:
+        """What it counts, as a reason says it: ``jobs``, ``gres/gpu`` or ``gres/gpu:TYPE``."""
+        if self.kind.jobs:
+            return "jobs"
+        return "gres/gpu" + (f":{self.gpu_type}" if self.gpu_type else "")
 
 
 @dataclass(frozen=True)
@@ -110,21 +145,35 @@ class UnmanagedDemand:
 
 @dataclass(frozen=True)
 class PartitionAccess:
-    """Who may use a partition (empty tuple: everybody; Slurm's ALL)."""
+    """Who may use a partition (empty tuple: everybody; Slurm's ALL), and
+    for how long (`max_time_s`, Slurm's MaxTime; None: UNLIMITED)."""
 
     accounts: tuple[str, ...] = ()
     qos: tuple[str, ...] = ()
     groups: tuple[str, ...] = ()
     deny_accounts: tuple[str, ...] = ()
+    deny_qos: tuple[str, ...] = ()
+    max_time_s: float | None = None
 
-    def allows(self, account: str, qos: str = "", groups: tuple[str, ...] = ()) -> bool:
+    def allows(
+        self, account: str, qos: str = "", groups: Collection[str] | None = (), time_limit_s: float | None = None
+    ) -> bool:
+        """May a job of `account` and `qos`, whose user is in `groups` (None:
+        AllowGroups does not bind the user, as Slurm's root and SlurmUser),
+        with time limit `time_limit_s` (None: none), run here? A job whose
+        time limit is above MaxTime may not (Slurm keeps it pending,
+        PartitionTimeLimit), nor one without a limit: Slurm would run it
+        with MaxTime as its limit, and cellsched does not cut a job's time
+        limit by where it places it."""
         if account and account in self.deny_accounts:
             return False
         if self.accounts and account not in self.accounts:
             return False
-        if self.qos and qos not in self.qos:
+        if (self.qos and qos not in self.qos) or (qos and qos in self.deny_qos):
             return False
-        return not self.groups or any(g in self.groups for g in groups)
+        if self.max_time_s is not None and (time_limit_s is None or time_limit_s > self.max_time_s):
+            return False
+        return not self.groups or groups is None or any(g in self.groups for g in groups)
 
 
 @dataclass(frozen=True)
@@ -137,13 +186,45 @@ class SitePolicy:
     shares: Mapping[str, float] = field(default_factory=dict)
     #: account -> normalised decayed usage (Slurm's EffectvUsage, 0..1)
     usage: Mapping[str, float] = field(default_factory=dict)
+    #: "account/user" (an association) or "account" -> the fair-share factor the
+    #: site's algorithm gives it (sshare's FairShare, 0..1), as it is given
+    fairshare: Mapping[str, float] = field(default_factory=dict)
     reservations: tuple[Reservation, ...] = ()
     unmanaged: tuple[UnmanagedDemand, ...] = ()
     partition_access: Mapping[str, PartitionAccess] = field(default_factory=dict)
+    #: user -> the Unix groups Slurm's AllowGroups sees them in (None: AllowGroups does
+    #: not bind them); a user not here is in none
+    user_groups: Mapping[str, tuple[str, ...] | None] = field(default_factory=dict)
+    #: partition -> its PriorityTier where it is not Slurm's default 1 (for a policy's priority use)
+    priority_tiers: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
-        return not (self.limits or self.shares or self.reservations or self.unmanaged or self.partition_access)
+        return not (
+            self.limits
+            or self.shares
+            or self.fairshare
+            or self.reservations
+            or self.unmanaged
+            or self.partition_access
+            or self.priority_tiers
+        )
+
+    def fair_factor(self, account: str, user: str) -> float | None:
+        """The fair-share factor of the association `account/user` as given
+        (`fairshare`), else its account's; None when neither is given."""
+        got = self.fairshare.get(f"{account}/{user}")
+        return got if got is not None else self.fairshare.get(account)
+
+    def admits(self, partition: str, account: str, qos: str, user: str, time_limit_s: float | None) -> bool:
+        """May a job of `account`/`user` in `qos` with time limit `time_limit_s`
+        run in `partition` (PartitionAccess.allows; a partition without one: yes)?"""
+        access = self.partition_access.get(partition)
+        return access is None or access.allows(account, qos, self.user_groups.get(user, ()), time_limit_s)
+
+    def tier(self, partition: str) -> int:
+        """The partition's PriorityTier (Slurm's default 1)."""
+        return self.priority_tiers.get(partition, 1)
 
 
 # ---------- why a job waits: one line each, stable and parseable ----------
@@ -151,7 +232,7 @@ class SitePolicy:
 # Every reason a policy gives for a pending job under a site policy starts
 # with one of these words; `parse_reason` reads any of them back.
 #
-#   limit <scope>:<name> <kind> gres/gpu[:<type>] used <used>/<allowed>
+#   limit <scope>:<name> <kind> gres/gpu[:<type>]|jobs used <used>/<allowed>
 #   fairshare <account> usage <usage> >|>= share <share>
 #   reservation <name> from <iso start> (job est. end <iso end>)
 #   partition <account>/<qos> may use none of <p1,p2,...>
@@ -169,13 +250,13 @@ def iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def reason_limit(limit: GpuLimit, used: int, user: str | None = None) -> str:
+def reason_limit(limit: GpuLimit, used: int, member: str | None = None) -> str:
     """``limit account:acctA GrpTRES gres/gpu used 4/4``: `used` counts every
-    GPU under the limit (used_outside included) against `limit.gpus`. A
-    per-user limit of a QOS names the user: ``qos-per-user:normal/alice``."""
-    name = limit.name if user is None or "/" in limit.name else f"{limit.name}/{user}"
-    tres = "gres/gpu" + (f":{limit.gpu_type}" if limit.gpu_type else "")
-    return f"limit {limit.scope}:{name} {limit.kind} {tres} used {used}/{limit.gpus}"
+    GPU (or job: ``limit account:acctA GrpJobs jobs used 2/2``) under the
+    limit (used_outside included) against `limit.gpus`. A per-user or
+    per-account limit names whom it counts: ``qos-per-user:normal/alice``."""
+    name = limit.name if member is None or "/" in limit.name else f"{limit.name}/{member}"
+    return f"limit {limit.scope}:{name} {limit.kind} {limit.unit} used {used}/{limit.gpus}"
 
 
 def reason_fairshare(account: str, usage: float, share: float) -> str:
@@ -209,8 +290,8 @@ def reason_outbid(jobs: tuple[tuple[str, float], ...]) -> str:
 
 
 _PATTERNS = {
-    "limit": r"limit (?P<scope>[a-z-]+):(?P<name>\S+) (?P<kind>\S+) gres/gpu(?::(?P<gpu_type>\S+))? "
-    r"used (?P<used>\d+)/(?P<allowed>\d+)$",
+    "limit": r"limit (?P<scope>[a-z-]+):(?P<name>\S+) (?P<kind>\S+) "
+    r"(?:gres/gpu(?::(?P<gpu_type>\S+))?|(?P<unit>jobs)) used (?P<used>\d+)/(?P<allowed>\d+)$",
     "fairshare": r"fairshare (?P<account>\S+) usage (?P<usage>[0-9.]+) (?P<op>>=?) share (?P<share>[0-9.]+)$",
     "reservation": r"reservation (?P<name>\S+) from (?P<start>\S+) \(job est\. end (?P<end>\S+)\)$",
     "partition": r"partition (?P<account>[^/\s]*)/(?P<qos>\S*) may use none of (?P<partitions>\S+)$",

@@ -202,6 +202,7 @@ _SCOPES = {
     "user": "user association {name} (account/user)",
     "qos": "QOS {name}",
     "qos-per-user": "QOS {name} per user",
+    "qos-per-account": "QOS {name} per account",
     "partition": "partition {name}'s QOS",
 }
 
@@ -218,8 +219,11 @@ def why(reason: str) -> dict[str, Any]:
     f = fields
     if kind == "limit":
         who = _SCOPES.get(f["scope"], f["scope"] + " {name}").format(name=f["name"])
-        gpus = f"{f['gpu_type']} GPUs" if f.get("gpu_type") else "GPUs"
-        text = f"GPU limit: {who} {f['kind']} allows {f['allowed']} {gpus}, {f['used']} in use or planned"
+        if f.get("unit") == "jobs":
+            text = f"job limit: {who} {f['kind']} allows {f['allowed']} running jobs, {f['used']} running or planned"
+        else:
+            gpus = f"{f['gpu_type']} GPUs" if f.get("gpu_type") else "GPUs"
+            text = f"GPU limit: {who} {f['kind']} allows {f['allowed']} {gpus}, {f['used']} in use or planned"
     elif kind == "fairshare":
         text = (
             f"fair share: account {f['account']} has used {f['usage']} of the cluster against a share of {f['share']}"

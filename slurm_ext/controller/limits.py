@@ -1,14 +1,16 @@
-"""The site's GPU limits at the moment of a release (docs/site-policy-slurm.md).
+"""The site's GPU and job-count limits at the moment of a release
+(docs/site-policy-slurm.md).
 
-The solver's plan keeps every account, user and QOS within its GPU limits
-once the round's moves are done. Between the signal and the end of a moved
-job, though, the job still holds its GPUs: a job released onto the GPUs it
-gives back would be over the limit until then, and Slurm would keep it
-pending (Reason=AssocGrpGRES) and start it once the limit allows. cellsched
-does not lean on that: `within_limits` holds back the release of any job
-that would put a bucket over its limit counting the GPUs held now (running
-and checkpointing jobs, and the released ones that Slurm will start), higher
-Slurm priority first; a job held back is placed in a later round.
+The solver's plan keeps every account, user and QOS within its limits once
+the round's moves are done. Between the signal and the end of a moved job,
+though, the job still runs and holds its GPUs: a job released onto the GPUs
+it gives back would be over the limit until then, and Slurm would keep it
+pending (Reason=AssocGrpGRES, AssocGrpJobsLimit) and start it once the limit
+allows. cellsched does not lean on that: `within_limits` holds back the
+release of any job that would put a bucket over its limit counting what is
+held now (running and checkpointing jobs, and the released ones that Slurm
+will start), higher Slurm priority first; a job held back is placed in a
+later round.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def within_limits(
         bs, cell = buckets(a.job_id), held_in(a.placement.cell)
         over = held.blocking(bs, cell)
         if over is not None:
-            waits[a.job_id] = f"{over[0].reason(over[1])}: waits for GPUs being freed"
+            freed = "running jobs to end" if over[0].limit.kind.jobs else "GPUs being freed"
+            waits[a.job_id] = f"{over[0].reason(over[1])}: waits for {freed}"
             continue
         held.add(bs, cell)
     for job_id, why in waits.items():

@@ -20,8 +20,20 @@ from slurm_ext.parse.values import ParseError, text, text_time
 from slurm_ext.records import expand_hostlist
 
 #: the columns of each command, in the order they are asked for (and parsed)
-ASSOC_FORMAT = ("cluster", "account", "user", "partition", "share", "grptres", "maxtres", "qos")
-QOS_FORMAT = ("name", "priority", "grptres", "maxtres", "maxtrespu", "maxtrespa")
+ASSOC_FORMAT = (
+    "cluster",
+    "account",
+    "user",
+    "partition",
+    "share",
+    "grptres",
+    "maxtres",
+    "qos",
+    "parentname",
+    "grpjobs",
+    "maxjobs",
+)
+QOS_FORMAT = ("name", "priority", "grptres", "maxtres", "maxtrespu", "maxtrespa", "grpjobs", "maxjobspu", "maxjobspa")
 SSHARE_FORMAT = ("Account", "User", "RawShares", "NormShares", "RawUsage", "EffectvUsage", "FairShare")
 
 #: a name Slurm's admins gave (account, user, QOS, partition, reservation) that cellsched keeps
@@ -45,6 +57,16 @@ def gpu_tres(value: str) -> dict[str | None, int]:
     return out
 
 
+def job_count(value: str, where: str) -> int | None:
+    """A job-count limit (GrpJobs, MaxJobs, ...): "" is none."""
+    v = value.strip()
+    if not v:
+        return None
+    if not v.isdigit():
+        raise ParseError(f"{where}: not a number of jobs: {value!r}")
+    return int(v)
+
+
 def _rows(output: str, width: int, what: str) -> list[list[str]]:
     rows = []
     for n, line in enumerate(output.splitlines(), 1):
@@ -59,7 +81,12 @@ def _rows(output: str, width: int, what: str) -> list[list[str]]:
 
 @dataclass(frozen=True)
 class AssocRow:
-    """One association: an account's (`user` "") or a user's within an account."""
+    """One association: an account's (`user` "") or a user's within an
+    account. `parent`: an account's parent account (sacctmgr's ParentName;
+    "" for a user's, whose parent is its account, and for root). Its
+    GrpJobs and MaxJobs (None: none); slurmdbd copies an account's MaxJobs
+    (and MaxTRES) down to the associations below it, so a user's row shows
+    the one that binds it."""
 
     cluster: str
     account: str
@@ -69,12 +96,16 @@ class AssocRow:
     grp_gpus: dict[str | None, int]
     max_gpus_per_job: dict[str | None, int]
     qos: tuple[str, ...]
+    parent: str = ""
+    grp_jobs: int | None = None
+    max_jobs: int | None = None
 
 
 def parse_assocs(output: str) -> list[AssocRow]:
     """``sacctmgr -n -P show assoc format=<ASSOC_FORMAT>``."""
     out = []
-    for c in _rows(output, len(ASSOC_FORMAT), "sacctmgr show assoc"):
+    for n, c in enumerate(_rows(output, len(ASSOC_FORMAT), "sacctmgr show assoc"), 1):
+        where = f"sacctmgr show assoc line {n}"
         out.append(
             AssocRow(
                 cluster=c[0].strip(),
@@ -85,6 +116,9 @@ def parse_assocs(output: str) -> list[AssocRow]:
                 grp_gpus=gpu_tres(c[5]),
                 max_gpus_per_job=gpu_tres(c[6]),
                 qos=tuple(q for q in c[7].strip().split(",") if q),
+                parent=c[8].strip(),
+                grp_jobs=job_count(c[9], where),
+                max_jobs=job_count(c[10], where),
             )
         )
     return out
@@ -92,7 +126,7 @@ def parse_assocs(output: str) -> list[AssocRow]:
 
 @dataclass(frozen=True)
 class QosRow:
-    """One QOS and its GPU limits."""
+    """One QOS and its GPU and job-count limits (None: none)."""
 
     name: str
     priority: int
@@ -100,12 +134,16 @@ class QosRow:
     max_gpus_per_job: dict[str | None, int]
     max_gpus_per_user: dict[str | None, int]
     max_gpus_per_account: dict[str | None, int]
+    grp_jobs: int | None = None
+    max_jobs_per_user: int | None = None
+    max_jobs_per_account: int | None = None
 
 
 def parse_qos(output: str) -> list[QosRow]:
     """``sacctmgr -n -P show qos format=<QOS_FORMAT>``."""
     out = []
-    for c in _rows(output, len(QOS_FORMAT), "sacctmgr show qos"):
+    for n, c in enumerate(_rows(output, len(QOS_FORMAT), "sacctmgr show qos"), 1):
+        where = f"sacctmgr show qos line {n}"
         prio = c[1].strip()
         out.append(
             QosRow(
@@ -115,6 +153,9 @@ def parse_qos(output: str) -> list[QosRow]:
                 max_gpus_per_job=gpu_tres(c[3]),
                 max_gpus_per_user=gpu_tres(c[4]),
                 max_gpus_per_account=gpu_tres(c[5]),
+                grp_jobs=job_count(c[6], where),
+                max_jobs_per_user=job_count(c[7], where),
+                max_jobs_per_account=job_count(c[8], where),
             )
         )
     return out
@@ -212,7 +253,8 @@ def parse_reservations(output: str) -> list[ReservationRow]:
 
 @dataclass(frozen=True)
 class PartitionAccessRow:
-    """Who may use a partition (empty: everybody), and its partition QOS ("" none)."""
+    """Who may use a partition (empty: everybody), its partition QOS ("" none),
+    its MaxTime (seconds; None: UNLIMITED) and PriorityTier."""
 
     name: str
     allow_accounts: tuple[str, ...]
@@ -221,25 +263,42 @@ class PartitionAccessRow:
     deny_accounts: tuple[str, ...]
     deny_qos: tuple[str, ...]
     qos: str
+    max_time_s: float | None = None
+    priority_tier: int = 1
+
+
+def _max_time(value: str | None, name: str) -> float | None:
+    """MaxTime as scontrol prints it (``UNLIMITED``, ``[D-]HH:MM:SS``) in seconds; None: unlimited."""
+    v = text(value)
+    if v in ("", "UNLIMITED", "INFINITE", "NONE"):
+        return None
+    got = _duration_s(v)
+    if got is None:
+        raise ParseError(f"partition {name!r}: MaxTime {v!r} is not a time")
+    return got
 
 
 def parse_partition_access(output: str) -> list[PartitionAccessRow]:
     """``scontrol -o show partition``: AllowAccounts / AllowQos / AllowGroups /
-    DenyAccounts / DenyQos and the partition QOS."""
+    DenyAccounts / DenyQos, the partition QOS, MaxTime and PriorityTier."""
     if output.strip() in ("", "No partitions in the system"):
         return []
     out = []
     for f in records(output, "PartitionName"):
+        name = f.get("PartitionName", "")
         qos = text(f.get("QoS"))
+        tier = text(f.get("PriorityTier"))
         out.append(
             PartitionAccessRow(
-                name=f.get("PartitionName", ""),
+                name=name,
                 allow_accounts=_names(f.get("AllowAccounts")),
                 allow_qos=_names(f.get("AllowQos")),
                 allow_groups=_names(f.get("AllowGroups")),
                 deny_accounts=_names(f.get("DenyAccounts")),
                 deny_qos=_names(f.get("DenyQos")),
                 qos="" if qos == "N/A" else qos,
+                max_time_s=_max_time(f.get("MaxTime"), name),
+                priority_tier=int(tier) if tier.isdigit() else 1,
             )
         )
     return out
@@ -250,6 +309,8 @@ class PrioritySettings:
     """What ``scontrol show config`` says about the cluster and its priorities."""
 
     cluster: str = ""
+    #: SlurmUser's name (AllowGroups does not bind it, nor root)
+    slurm_user: str = "root"
     multifactor: bool = False
     weight_fairshare: float = 0.0
     weight_age: float = 0.0
@@ -281,6 +342,7 @@ def parse_config(output: str) -> PrioritySettings:
     max_age = _duration_s(kv.get("PriorityMaxAge", ""))
     return PrioritySettings(
         cluster=kv.get("ClusterName", ""),
+        slurm_user=kv.get("SlurmUser", "root").partition("(")[0] or "root",
         multifactor=kv.get("PriorityType", "") == "priority/multifactor",
         weight_fairshare=weight("PriorityWeightFairShare"),
         weight_age=weight("PriorityWeightAge"),

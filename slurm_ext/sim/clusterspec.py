@@ -20,11 +20,15 @@ Our format (TOML shown; JSON is ``{"name": ..., "nodes": [{...}, ...]}``)::
     decay_half_life_s = 604800   # PriorityDecayHalfLife (default 7 days)
     default_qos = "normal"       # the QOS of a job that names none
     [site.accounts.physics]
-    share = 50             # raw fair share (normalised over the accounts)
-    gpus = 32              # GrpTRES=gres/gpu=32 (optional)
+    share = 50             # raw fair share (normalised over its parent's accounts)
+    gpus = 32              # GrpTRES=gres/gpu=32 (optional; binds its sub-accounts too)
     user_gpus = 8          # each user's association GrpTRES (optional)
+    jobs = 10              # GrpJobs: running jobs (optional; binds its sub-accounts too)
+    user_jobs = 2          # MaxJobs: each user's running jobs (optional; sub-accounts inherit it)
     users = 4              # traces without accounts: users its jobs are spread over
     trace_weight = 1       # traces without accounts: its weight in the rule
+    [site.accounts.theory]
+    parent = "physics"     # a sub-account (default: under root)
     [site.qos.normal]
     gpus = 64              # GrpTRES (optional)
     user_gpus = 16         # MaxTRESPerUser (optional)
@@ -55,7 +59,7 @@ from solver.contract.profiles.arena import load_device_specs, shipped_path
 
 _GROUP_KEYS = {"gpu_type", "count", "gpus_per_node", "mem_gb", "nic_gbps", "rack"}
 _SITE_KEYS = {"accounts", "qos", "default_qos", "decay_half_life_s"}
-_ACCOUNT_KEYS = {"share", "gpus", "user_gpus", "users", "trace_weight"}
+_ACCOUNT_KEYS = {"share", "gpus", "user_gpus", "users", "trace_weight", "parent", "jobs", "user_jobs"}
 _QOS_KEYS = {"gpus", "user_gpus", "job_gpus"}
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 
@@ -173,10 +177,14 @@ def _site(data: Any, at: str) -> SiteSpec:
                 _limit(a.get("user_gpus"), f"{where}: field 'user_gpus'"),
                 _positive(a.get("users", 1), f"{where}: field 'users'"),
                 _share(a.get("trace_weight", 1), f"{where}: field 'trace_weight'"),
+                _parent(a.get("parent", ""), f"{where}: field 'parent'", set(accounts_t), name),
+                _limit(a.get("jobs"), f"{where}: field 'jobs'", "jobs"),
+                _limit(a.get("user_jobs"), f"{where}: field 'user_jobs'", "jobs"),
             )
         )
     if not any(a.share > 0 for a in accounts):
         raise ClusterSpecError(f"{at}.accounts: every share is 0 (at least one must be > 0)")
+    _no_cycle(accounts, f"{at}.accounts")
     qos = []
     for name, q in _table(table.get("qos", {}), f"{at}.qos", None).items():
         where = f"{at}.qos.{_name(name, f'{at}.qos')}"
@@ -223,13 +231,35 @@ def _share(value: Any, at: str) -> float:
     return float(value)
 
 
-def _limit(value: Any, at: str) -> int | None:
-    """A GPU limit: an integer >= 0 (None when absent)."""
+def _limit(value: Any, at: str, what: str = "GPUs") -> int | None:
+    """A limit of GPUs (or jobs): an integer >= 0 (None when absent)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ClusterSpecError(f"{at} must be a number of GPUs (an integer >= 0), got {value!r}")
+        raise ClusterSpecError(f"{at} must be a number of {what} (an integer >= 0), got {value!r}")
     return value
+
+
+def _parent(value: Any, at: str, names: set[str], name: str) -> str:
+    """A parent account: "" (root) or another account of the file."""
+    if value == "":
+        return ""
+    if not isinstance(value, str) or value not in names or value == name:
+        known = ", ".join(sorted(names - {name})) or "none"
+        raise ClusterSpecError(f"{at} must name another account of the file (known: {known}), got {value!r}")
+    return value
+
+
+def _no_cycle(accounts: list[AccountSpec], at: str) -> None:
+    """No account is its own ancestor."""
+    parent = {a.name: a.parent for a in accounts}
+    for a in accounts:
+        seen, n = {a.name}, a.parent
+        while n:
+            if n in seen:
+                raise ClusterSpecError(f"{at}.{a.name}: field 'parent' makes a cycle ({a.name} is under itself)")
+            seen.add(n)
+            n = parent[n]
 
 
 def _arena(data: dict, where: str) -> ClusterSpec:

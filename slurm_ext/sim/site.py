@@ -17,20 +17,30 @@ policies get in `ScheduleRequest.site` every round.
   PriorityCalcPeriod (5 min); here it is continuous (the limit of short
   periods). Usage counts allocated GPUs, restart stalls included, as
   Slurm's billing does. Normalised usage (Slurm's EffectvUsage in a flat
-  tree of accounts under root): an account's usage over all accounts'.
+  tree of accounts under root): an account's usage (its sub-accounts'
+  included) over all jobs'. Its fair-share factor is Slurm's classic one,
+  F = 2^(-usage / share) with the account's share normalised along the
+  tree (the product of its share among its siblings and its parent's), and
+  a job's is its account's: the simulator keeps the classic formula (not
+  Slurm's default Fair Tree, and no usage of the parent blended in, nor
+  shares of users within an account). The policies take it as they take
+  sshare's FairShare from a real Slurm (SitePolicy.fairshare).
   It also records, for the benchmark, each account's GPU-seconds held and
   entitled (`SiteUsage.summary`): at every instant the cluster's GPUs split
   among the accounts with demand (GPUs asked for by their unfinished jobs,
   at most the account's GPU limit) by share, the rest lent by share
   (`water_fill`). And it is Slurm's limits at a job's start (`gate`): a
-  released job that fits but would put its account, user or QOS over a GPU
-  limit stays pending (AssocGrpGRES, QOSGrpGRES, QOSMaxGRESPerUser,
-  QOSMaxGRESPerJob) until it would not, as slurmctld keeps it; each such
-  start is counted (a policy that respects the limits never meets one).
+  released job that fits but would put its account (or an account above
+  it), user or QOS over a GPU limit or a job-count limit stays pending
+  (AssocGrpJobsLimit, AssocMaxJobsLimit, AssocGrpGRES, QOSGrpGRES,
+  QOSMaxGRESPerUser, QOSMaxGRESPerJob; the job counts first, as slurmctld
+  checks them before it selects nodes) until it would not, as slurmctld
+  keeps it; each such start is counted (a policy that respects the limits
+  never meets one).
 * `SiteFeed`: the policy as the controller calls it, the request given the
   jobs' accounts, users, QOS and multifactor priority, and the site's
-  `SitePolicy` of the moment (shares normalised over the accounts, the
-  normalised usage, the GPU limits of the cluster file).
+  `SitePolicy` of the moment (shares normalised along the tree, the
+  normalised usage, the classic factors, the limits of the cluster file).
 
 A simulation without a site (no ``[site]`` in the cluster file) has none
 of this: its policies see an empty SitePolicy, as before there was one.
@@ -83,21 +93,45 @@ def assign_accounts(trace: Sequence[TraceJob], site: SiteSpec) -> tuple[TraceJob
 
 
 def normalized_shares(site: SiteSpec) -> dict[str, float]:
-    """Each account's share over the sum of shares (Slurm's NormShares, flat tree)."""
-    total = sum(a.share for a in site.accounts)
-    return {a.name: a.share / total for a in site.accounts}
+    """Each account's share of the cluster: its share over its siblings'
+    (those of its parent) times its parent's (Slurm's classic shares_norm;
+    a flat tree: its share over all accounts')."""
+    siblings: dict[str, float] = {}
+    for a in site.accounts:
+        siblings[a.parent] = siblings.get(a.parent, 0.0) + a.share
+    out: dict[str, float] = {}
+    for a in site.accounts:
+        norm = a.share / siblings[a.parent] if siblings[a.parent] > 0 else 0.0
+        for up in site.above(a.name):
+            spec = site.account(up)
+            norm *= spec.share / siblings[spec.parent] if spec is not None and siblings[spec.parent] > 0 else 0.0
+        out[a.name] = norm
+    return out
+
+
+def classic_factor(usage: float, share: float) -> float:
+    """Slurm's classic fair-share factor 2^(-usage / share) (0 without a share)."""
+    return float(2.0 ** (-usage / share)) if share > 0 else 0.0
 
 
 def site_limits(site: SiteSpec, users: Mapping[str, set[str]]) -> tuple[GpuLimit, ...]:
-    """The GPU limits of the cluster file as solver.site.GpuLimits; a
-    per-user account limit for each user of `users` (account -> users)."""
+    """The limits of the cluster file as solver.site.GpuLimits (an
+    account's Grp limits bind the accounts below it); a per-user account
+    limit for each user of `users` (account -> users)."""
     out: list[GpuLimit] = []
     for a in site.accounts:
+        below = site.below(a.name)
         if a.gpus is not None:
-            out.append(GpuLimit(LimitScope.ACCOUNT, a.name, LimitKind.GRP, a.gpus))
+            out.append(GpuLimit(LimitScope.ACCOUNT, a.name, LimitKind.GRP, a.gpus, below=below))
+        if a.jobs is not None:
+            out.append(GpuLimit(LimitScope.ACCOUNT, a.name, LimitKind.GRP_JOBS, a.jobs, below=below))
         if a.user_gpus is not None:
             for u in sorted(users.get(a.name, ())):
                 out.append(GpuLimit(LimitScope.USER, f"{a.name}/{u}", LimitKind.GRP, a.user_gpus))
+        user_jobs = site.user_jobs(a.name)
+        if user_jobs is not None:
+            for u in sorted(users.get(a.name, ())):
+                out.append(GpuLimit(LimitScope.USER, f"{a.name}/{u}", LimitKind.MAX_JOBS, user_jobs))
     for q in site.qos:
         if q.gpus is not None:
             out.append(GpuLimit(LimitScope.QOS, q.name, LimitKind.GRP, q.gpus))
@@ -110,6 +144,8 @@ def site_limits(site: SiteSpec, users: Mapping[str, set[str]]) -> tuple[GpuLimit
 
 #: the reason squeue shows for a job a limit keeps from starting, by the limit's scope and kind
 SLURM_REASONS = {
+    (LimitScope.ACCOUNT, LimitKind.GRP_JOBS): "AssocGrpJobsLimit",
+    (LimitScope.USER, LimitKind.MAX_JOBS): "AssocMaxJobsLimit",
     (LimitScope.ACCOUNT, LimitKind.GRP): "AssocGrpGRES",
     (LimitScope.USER, LimitKind.GRP): "AssocGrpGRES",
     (LimitScope.QOS, LimitKind.GRP): "QOSGrpGRES",
@@ -174,7 +210,23 @@ class SiteUsage(Observer):
         self.users.setdefault(job.account, set()).add(job.user)
         self.demand[job.account] = self.demand.get(job.account, 0) + job.requested_gpus
         mine = site_limits(self.site, {job.account: {job.user}})  # the cluster file's limits that may bind it
-        self.bindings[slurm_id] = bindings(mine, Holder(job.account, job.user, job.qos))
+        self.bindings[slurm_id] = self._slurm_order(bindings(mine, Holder(job.account, job.user, job.qos)), job)
+
+    def _slurm_order(self, buckets: list[Bucket], job: TraceJob) -> list[Bucket]:
+        """`buckets` in the order slurmctld checks them, so that a job over
+        several waits with Slurm's reason: the job counts before the GPUs
+        (it counts jobs before it selects nodes), the counts from the job's
+        own association up (its user's, its account's, the one above, ...);
+        the GPU limits in the file's order."""
+        path = (job.account, *self.site.above(job.account))
+
+        def level(b: Bucket) -> tuple[int, int]:
+            if not b.limit.kind.jobs:
+                return (1, 0)
+            name = b.limit.name
+            return (0, 0 if b.limit.scope == LimitScope.USER else 1 + (path.index(name) if name in path else len(path)))
+
+        return sorted(buckets, key=level)
 
     def advance(self) -> None:
         """Decay and accrue up to now (the GPUs held constant since the last change)."""
@@ -240,13 +292,22 @@ class SiteUsage(Observer):
         return math.inf if spec is None or spec.gpus is None else spec.gpus
 
     def normalized_usage(self) -> dict[str, float]:
+        """Each account's usage, its sub-accounts' included, over all jobs'."""
         self.advance()
         total = sum(self.usage.values())
-        return {a: (u / total if total > 0 else 0.0) for a, u in self.usage.items()}
+        tree: dict[str, float] = dict(self.usage)
+        for a, u in self.usage.items():
+            for up in self.site.above(a):
+                tree[up] = tree.get(up, 0.0) + u
+        return {a: (u / total if total > 0 else 0.0) for a, u in tree.items()}
 
     def site_policy(self) -> SitePolicy:
+        usage = self.normalized_usage()
         return SitePolicy(
-            limits=site_limits(self.site, self.users), shares=dict(self.shares), usage=self.normalized_usage()
+            limits=site_limits(self.site, self.users),
+            shares=dict(self.shares),
+            usage=usage,
+            fairshare={a: classic_factor(usage.get(a, 0.0), s) for a, s in self.shares.items()},
         )
 
     def summary(self) -> dict[str, Any]:

@@ -52,10 +52,14 @@ class NodeGroup:
 class AccountSpec:
     """One Slurm account of a simulated site (the cluster file's
     ``[site.accounts.NAME]``): its raw fair share (normalised over the
-    accounts), its GPU limit (GrpTRES=gres/gpu=N; None: none), each of its
-    users' (a user association's GrpTRES; None: none), and, for traces
-    without accounts, how many users its jobs are spread over and its
-    weight in the assignment rule (slurm_ext.sim.site.assign_accounts)."""
+    accounts of its parent), its GPU limit (GrpTRES=gres/gpu=N; None: none),
+    each of its users' (a user association's GrpTRES; None: none), and, for
+    traces without accounts, how many users its jobs are spread over and its
+    weight in the assignment rule (slurm_ext.sim.site.assign_accounts). Its
+    `parent` account ("": under root), whose Grp limits bind its jobs too;
+    its GrpJobs (`jobs`: running jobs of it and its sub-accounts together)
+    and MaxJobs (`user_jobs`: running jobs of each of its users; a
+    sub-account without one takes its parent's, as slurmdbd copies it down)."""
 
     name: str
     share: float = 1.0
@@ -63,6 +67,9 @@ class AccountSpec:
     user_gpus: int | None = None
     users: int = 1
     trace_weight: float = 1.0
+    parent: str = ""
+    jobs: int | None = None
+    user_jobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -79,8 +86,9 @@ class QosSpec:
 @dataclass(frozen=True)
 class SiteSpec:
     """The site's policy of a simulated cluster (the cluster file's
-    ``[site]``, docs/simulator.md): accounts with shares and limits, QOS,
-    the QOS of a job that names none, and Slurm's PriorityDecayHalfLife."""
+    ``[site]``, docs/simulator.md): accounts (a tree, by their parents) with
+    shares and limits, QOS, the QOS of a job that names none, and Slurm's
+    PriorityDecayHalfLife."""
 
     accounts: tuple[AccountSpec, ...]
     qos: tuple[QosSpec, ...] = ()
@@ -89,6 +97,27 @@ class SiteSpec:
 
     def account(self, name: str) -> AccountSpec | None:
         return next((a for a in self.accounts if a.name == name), None)
+
+    def above(self, name: str) -> tuple[str, ...]:
+        """The accounts above `name`, its parent first (the file is checked: no cycle)."""
+        out: list[str] = []
+        a = self.account(name)
+        while a is not None and a.parent and len(out) < len(self.accounts):
+            out.append(a.parent)
+            a = self.account(a.parent)
+        return tuple(out)
+
+    def below(self, name: str) -> frozenset[str]:
+        """The accounts under `name`, at every depth."""
+        return frozenset(a.name for a in self.accounts if name in self.above(a.name))
+
+    def user_jobs(self, name: str) -> int | None:
+        """The MaxJobs of each user of `name`: its own, else the nearest account's above it."""
+        for n in (name, *self.above(name)):
+            a = self.account(n)
+            if a is not None and a.user_jobs is not None:
+                return a.user_jobs
+        return None
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import TextIO
 
-from slurm_ext.backends.base import Backend, SlurmError
+from slurm_ext.backends.base import Backend, SlurmCommandError, SlurmError
+from slurm_ext.textsafe import printable
 from slurm_ext.wrapper.argv import parse_argv
 from slurm_ext.wrapper.options import PROG, WrapperError, usage_text
 from slurm_ext.wrapper.submission import prepare
@@ -48,11 +49,25 @@ def main(
     except WrapperError as exc:
         print(f"{PROG}: error: {_one_line(str(exc))}", file=err)
         return EXIT_USAGE
+    except SlurmCommandError as exc:  # Slurm refused: its own words (a submit limit, an account, a partition)
+        for line in slurm_said(exc):
+            print(f"{PROG}: error: {line}", file=err)
+        return 1
     except SlurmError as exc:
         print(f"{PROG}: error: slurm: {_one_line(str(exc))}", file=err)
         return 1
     print(job_id if sub.parsable else f"Submitted batch job {job_id}", file=out)
     return 0
+
+
+def slurm_said(exc: SlurmCommandError) -> list[str]:
+    """What Slurm said when it refused, in its own words: each line of the
+    command's error output less its ``sbatch: error: `` prefix (sbatch at
+    MaxSubmitJobs: ``AssocMaxSubmitJobLimit``, then ``Batch job submission
+    failed: Job violates accounting/QOS policy (job submit limit, user's
+    size and/or time limits)``), made printable; the whole error when it said nothing."""
+    lines = [printable(line.strip().removeprefix("sbatch: error: "), 500) for line in exc.stderr.splitlines()]
+    return [line for line in lines if line][:20] or [f"slurm: {printable(_one_line(str(exc)), 2000)}"]
 
 
 def _one_line(text: str) -> str:

@@ -274,11 +274,12 @@ def build(
 def _limit_rows(
     m: Model, jobs: Sequence[JobRequest], options: Mapping[str, Sequence[Option]], rules: SiteRules
 ) -> None:
-    """One row per GPU limit bucket (siterules): its jobs' GPUs it counts <=
-    its cap. Where the jobs that must stay already hold more with the
-    options they have now, a slack column lets the row hold, at a cost per
-    GPU above what every option together is worth: the plan then holds as
-    few GPUs over the cap as it can (it shrinks elastic jobs, starts none)."""
+    """One row per limit bucket (siterules): what it counts of its jobs
+    (GPUs, or 1 per job for a job-count limit) <= its cap. Where the jobs
+    that must stay already hold more with the options they have now, a
+    slack column lets the row hold, at a cost per GPU (job) above what every
+    option together is worth: the plan then holds as little over the cap as
+    it can (it shrinks elastic jobs, starts none)."""
     terms: dict[str, dict[int, int]] = defaultdict(dict)
     now: dict[str, int] = defaultdict(int)  # GPUs the jobs that must stay hold where they run
     most: dict[str, int] = defaultdict(int)  # the most its jobs can hold (one option each)

@@ -1,13 +1,13 @@
-"""The site's policy (solver.site) in a placement round: GPU limits as rows
-of the joint model and checks of every other path, partition access,
-reservations, time limits, fair-share weights and the GPUs pending plain
-sbatch jobs claim (docs/site-policy.md).
+"""The site's policy (solver.site) in a placement round: GPU and job-count
+limits as rows of the joint model and checks of every other path, partition
+access, reservations, time limits, fair-share weights and the GPUs pending
+plain sbatch jobs claim (docs/site-policy.md).
 
 Limits. Which limit binds which job, its *buckets* and a bucket's load
 against its cap are solver.limits' (one place); here they meet the round.
 A bucket's row in the joint model is
 
-    sum over options o of its jobs: GPUs of o counted by the limit * x[o]  <=  headroom - fixed
+    sum over options o of its jobs: what the limit counts of o (GPUs, or 1 job) * x[o]  <=  headroom - fixed
 
 (`fixed`: the GPUs its jobs that keep their placement hold; `SiteRules.cap`).
 Where the running jobs that must stay already hold more than that (a limit
@@ -65,29 +65,25 @@ def all_partitions(cluster: ClusterView) -> tuple[str, ...]:
 
 
 def allowed_partitions(job: JobRequest, site: SitePolicy, cluster: ClusterView) -> tuple[str, ...] | None:
-    """The job's partitions less those whose PartitionAccess refuses its
-    account and QOS (unchanged when none refuses it)."""
+    """The job's partitions less those that do not admit it (`SitePolicy.admits`:
+    its account, QOS, user's groups and time limit); unchanged when none refuses it."""
     if not site.partition_access:
         return job.partitions
     names = job.partitions if job.partitions is not None else all_partitions(cluster)
-    keep = tuple(
-        p for p in names if p not in site.partition_access or site.partition_access[p].allows(job.account, job.qos)
-    )
+    keep = tuple(p for p in names if site.admits(p, job.account, job.qos, job.user, job.time_limit_s))
     return job.partitions if len(keep) == len(names) else keep
 
 
 def fair_factors(site: SitePolicy) -> dict[str, float]:
-    """Fair-share factor per account with a share: Slurm's classic
-    F = 2 ** (-u / s), u its decayed usage (SitePolicy.usage), s its share;
-    divided by the largest F, kept >= FAIR_FLOOR. (What an account holds
-    now is the entitlement's business, `share_targets`: a factor that
-    followed it would move every round and move jobs with it.)"""
-    raw: dict[str, float] = {}
-    for acct, share in site.shares.items():
-        u = site.usage.get(acct, 0.0)
-        raw[acct] = 2.0 ** (-u / share) if share > 0 else (1.0 if u <= 0 else 0.0)
-    top = max(raw.values(), default=1.0)
-    return {a: max(FAIR_FLOOR, f / top) if top > 0 else 1.0 for a, f in raw.items()}
+    """The weight of each association (or account) of `SitePolicy.fairshare`:
+    the fair-share factor the site gives it (Slurm's sshare FairShare,
+    whatever algorithm the site runs; the simulator's classic one), divided
+    by the largest, kept >= FAIR_FLOOR (all 1 when every factor is 0).
+    (What an account holds now is the entitlement's business,
+    `share_targets`: a weight that followed it would move every round and
+    move jobs with it.)"""
+    top = max(site.fairshare.values(), default=1.0)
+    return {a: max(FAIR_FLOOR, f / top) if top > 0 else 1.0 for a, f in site.fairshare.items()}
 
 
 class SiteRules:
@@ -124,6 +120,7 @@ class SiteRules:
         #: bucket key -> the GPUs its jobs that keep their placement hold / its jobs hold now
         self.fixed_load, self.current_load = fixed_load.load, current_load.load
         total = sum(n.gpus_total for n in cluster.nodes) or 1
+        #: association ("account/user") or account -> the weight of its jobs' values (`fair_factors`)
         self.fair = fair_factors(site)
         #: account -> the GPUs its share entitles it to (share x the cluster's GPUs)
         self.entitled = {a: round(s * total) for a, s in site.shares.items() if s > 0}
@@ -142,6 +139,12 @@ class SiteRules:
         for r in self.reservations.values():
             for n in r.nodes:
                 self.marks[n] = (*self.marks.get(n, ()), RESERVED + r.name)
+
+    def fair_weight(self, job: JobRequest) -> float:
+        """The weight of the job's value: its association's fair-share
+        weight (`fair`), else its account's, else 1."""
+        got = self.fair.get(f"{job.account}/{job.user}")
+        return got if got is not None else self.fair.get(job.account, 1.0)
 
     # ---- limits
     def cap(self, key: str) -> int:
@@ -194,7 +197,8 @@ class SiteRules:
         for b in self.buckets.values():
             lim = b.limit
             if lim.scope == LimitScope.ACCOUNT and lim.kind == LimitKind.GRP and lim.gpu_type is None:
-                cap[lim.name] = min(cap.get(lim.name, lim.headroom), lim.headroom)
+                for a in (lim.name, *lim.below):
+                    cap[a] = min(cap.get(a, lim.headroom), lim.headroom)
         return {a: min(e, demand[a], cap.get(a, e)) for a, e in self.entitled.items() if demand.get(a, 0) > 0}
 
     def shortfall(self, targets: Mapping[str, int], chosen: Iterable[tuple[str, Cell]]) -> int:

@@ -243,7 +243,7 @@ class CellschedPolicy:
             ests[job.job_id], utils[job.job_id] = kept, u
         weights = objective.job_weights(jobs, refs, request.now, cfg)
         if rules is not None and rules.fair:
-            weights = {j.job_id: weights[j.job_id] * rules.fair.get(j.account, 1.0) for j in jobs}
+            weights = {j.job_id: weights[j.job_id] * rules.fair_weight(j) for j in jobs}
         picks = {}
         by_name = {n.name: n for n in cluster.nodes}
         for job in jobs:

@@ -7,10 +7,11 @@ Priority (Slurm's multifactor plugin, the factors a GPU site sets):
       + W_fairshare * F(account)
       + W_jobsize * min(GPUs / cluster GPUs, 1)        (PriorityFavorSmall=NO)
 
-with F the classic fair-share factor 2^(-U/S): U the account's normalised
-decayed usage and S its normalised share (SitePolicy.usage / .shares); an
-account without a share gets 0, and with no shares at all (no site policy)
-every job gets 1. The default weights (`MultifactorWeights`):
+with F the fair-share factor the site gives the job's association
+(SitePolicy.fairshare: Slurm's sshare FairShare, whatever algorithm the
+site runs; in the simulator the classic 2^(-U/S) of the job's account,
+slurm_ext.sim.site); a job whose association and account have none gets 0,
+and with no factors at all (no site policy) every job gets 1. The default weights (`MultifactorWeights`):
 PriorityWeightFairshare 10000, PriorityWeightAge 1000, PriorityWeightJobSize
 1000, PriorityMaxAge 7 days: fair share dominates, age and size break the
 ties, as sites that share GPUs among groups commonly configure it. Equal
@@ -21,11 +22,11 @@ never resized or moved). Pending jobs, in priority order, each on its
 requested GPU type and count (JobRequest.requested_gpu_type /
 requested_gpus, else the first allowed type and min_gpus), best locality
 first as FCFS does (`common.layouts`). A job that would put an account,
-user or QOS over a GPU limit of SitePolicy.limits (headroom: the limit less
-`used_outside`; which limit binds which job and the count are
-solver.limits') does not start, and holds nothing: it waits, as Slurm's
-AssocGrpGRES / QOSMaxGRESPerUser reasons do, and the jobs behind it go on
-(its reason: solver.site.reason_limit).
+user or QOS over a GPU or job-count limit of SitePolicy.limits (headroom:
+the limit less `used_outside`; which limit binds which job and the count
+are solver.limits') does not start, and holds nothing: it waits, as Slurm's
+AssocGrpGRES / AssocGrpJobsLimit / QOSMaxGRESPerUser reasons do, and the
+jobs behind it go on (its reason: solver.site.reason_limit).
 Otherwise the job's expected start is the earliest time at which a layout
 fits the nodes' free GPUs over the whole of its expected run, counting the
 running jobs' expected ends and the reservations of higher-priority jobs;
@@ -74,14 +75,12 @@ class MultifactorWeights:
             raise ValueError("multifactor weights must be >= 0 and max_age_s > 0")
 
 
-def fairshare_factor(account: str, site: SitePolicy) -> float:
-    """Slurm's classic fair-share factor 2^(-usage/share) of `account`."""
-    if not site.shares:
+def fairshare_factor(job: JobRequest, site: SitePolicy) -> float:
+    """The fair-share factor of the job's association as the site gives it (module doc)."""
+    if not site.fairshare:
         return 1.0
-    share = site.shares.get(account, 0.0)
-    if share <= 0:
-        return 0.0
-    return float(2.0 ** (-site.usage.get(account, 0.0) / share))
+    got = site.fair_factor(job.account, job.user)
+    return 0.0 if got is None else got
 
 
 def multifactor_priority(
@@ -91,7 +90,7 @@ def multifactor_priority(
     age = min(max(0.0, now - job.submit_time) / weights.max_age_s, 1.0)
     gpus = job.requested_gpus or job.min_gpus
     size = min(gpus / total_gpus, 1.0) if total_gpus > 0 else 0.0
-    return weights.age * age + weights.fairshare * fairshare_factor(job.account, site) + weights.job_size * size
+    return weights.age * age + weights.fairshare * fairshare_factor(job, site) + weights.job_size * size
 
 
 class Profile:

@@ -7,7 +7,7 @@ import pytest
 from test_policies import job, random_cluster_and_jobs, running, table_for
 from test_site_limits import PATHS
 
-from solver.placement.siterules import FAIR_FLOOR, fair_factors
+from solver.placement.siterules import FAIR_FLOOR, SiteRules, fair_factors
 from solver.policies import get_policy
 from solver.site import (
     GpuLimit,
@@ -45,22 +45,35 @@ def acct_gpus(rep, account_of, account):
     return sum(p.cell.num_gpus for jid, p in rep.placements.items() if account_of.get(jid) == account)
 
 
-def test_fair_factors_follow_the_classic_formula():
-    site = SitePolicy(shares={"A": 0.5, "B": 0.25, "C": 0.25}, usage={"A": 0.5, "B": 0.0, "C": 1.0})
-    # raw 2^(-u/s): A 2^-1, B 2^0, C 2^-4; divided by the largest
-    assert fair_factors(site) == pytest.approx({"A": 0.5, "B": 1.0, "C": 2**-4})
-    assert fair_factors(SitePolicy(shares={"A": 0.01}, usage={"A": 1.0}))["A"] == 1.0  # alone: the largest
-    assert fair_factors(SitePolicy(shares={"A": 0.01, "B": 0.5}, usage={"A": 1.0}))["A"] == FAIR_FLOOR
+def test_fair_weights_are_the_sites_factors_as_given_over_the_largest():
+    # sshare's FairShare of each association (Fair Tree's, say): used as given, not recomputed from
+    # shares and usage (which say otherwise here), divided by the largest, at least FAIR_FLOOR
+    site = SitePolicy(
+        shares={"A": 0.5, "B": 0.5},
+        usage={"A": 0.0, "B": 1.0},
+        fairshare={"A/ann": 0.4, "A/bob": 0.1, "B/cy": 0.8, "B/dee": 0.005},
+    )
+    assert fair_factors(site) == pytest.approx({"A/ann": 0.5, "A/bob": 0.125, "B/cy": 1.0, "B/dee": FAIR_FLOOR})
+    rules = SiteRules(site, EIGHT, [], {}, 0.0)
+    assert rules.fair_weight(job("j", account="A", user="bob")) == 0.125
+    assert rules.fair_weight(job("j", account="A", user="zed")) == 1.0  # no factor given: 1
+    # the simulator's classic factors are per account: a job takes its account's
+    classic = SiteRules(SitePolicy(shares={"A": 0.5, "B": 0.5}, fairshare={"A": 0.25, "B": 0.5}), EIGHT, [], {}, 0.0)
+    assert classic.fair_weight(job("j", account="A", user="ann")) == 0.5
+    assert fair_factors(SitePolicy(fairshare={"A": 0.0, "B": 0.0})) == {"A": 1.0, "B": 1.0}  # all 0: all alike
 
 
 def test_past_usage_lowers_an_accounts_jobs_value(exact_config):
     """Two 4-GPU jobs on 4 GPUs, alike but for their accounts: the account
-    that used less of its share in the past goes first."""
+    whose fair-share factor is lower (it used more of its share in the past) goes last."""
     one = ClusterView((NodeView("n0", "a100", 4, 4),))
     jobs = [job("x", account="acctA", min_gpus=4, max_gpus=4), job("y", account="acctB", min_gpus=4, max_gpus=4)]
     est = table_for(jobs, one, {(j.job_id, "a100"): 1.0 for j in jobs})
     for heavy, first in (("acctA", "y"), ("acctB", "x")):
-        site = SitePolicy(shares={"acctA": 0.5, "acctB": 0.5}, usage={heavy: 0.6})
+        light = ({"acctA", "acctB"} - {heavy}).pop()
+        site = SitePolicy(
+            shares={"acctA": 0.5, "acctB": 0.5}, usage={heavy: 0.6}, fairshare={heavy: 2**-1.2, light: 1.0}
+        )
         rep = get_policy("cellsched").schedule(ScheduleRequest(one, tuple(jobs), config=exact_config(), site=site), est)
         assert list(rep.placements) == [first]
         (late,) = {"x", "y"} - {first}

@@ -51,17 +51,22 @@ def schedule(cluster, jobs, site=None, now=0.0, **opts):
 # ---- priority ----------------------------------------------------------------------------
 
 
-def test_fairshare_factor_is_classic_two_to_the_minus_usage_over_share():
-    site = SitePolicy(shares={"a": 0.5, "b": 0.25, "z": 0.0}, usage={"a": 0.25, "b": 0.75})
-    assert fairshare_factor("a", site) == pytest.approx(2**-0.5)  # 0.25 / 0.5
-    assert fairshare_factor("b", site) == pytest.approx(0.125)  # 2^-3
-    assert fairshare_factor("z", site) == 0.0  # no share
-    assert fairshare_factor("nobody", site) == 0.0
-    assert fairshare_factor("a", SitePolicy()) == 1.0  # no fair share configured
+def test_the_fairshare_factor_is_the_sites_as_given():
+    """sshare's FairShare of the job's association, else its account's
+    (the simulator's classic factors are per account); shares and usage
+    are not made into a factor of cellsched's own."""
+    site = SitePolicy(
+        shares={"a": 0.5, "b": 0.25}, usage={"a": 0.25, "b": 0.75}, fairshare={"a/ann": 0.8, "a": 0.3, "b": 0.125}
+    )
+    assert fairshare_factor(job("j", 1, 1, account="a", user="ann"), site) == 0.8  # its association's
+    assert fairshare_factor(job("j", 1, 1, account="a", user="bob"), site) == 0.3  # no association's: its account's
+    assert fairshare_factor(job("j", 1, 1, account="b", user="ann"), site) == 0.125
+    assert fairshare_factor(job("j", 1, 1, account="nobody"), site) == 0.0  # none given
+    assert fairshare_factor(job("j", 1, 1, account="a"), SitePolicy(shares={"a": 0.5})) == 1.0  # no factor at all
 
 
 def test_multifactor_priority_weights_age_fairshare_and_size():
-    site = SitePolicy(shares={"a": 0.5}, usage={"a": 0.5})
+    site = SitePolicy(shares={"a": 0.5}, usage={"a": 0.5}, fairshare={"a": 0.5})
     j = job("j", 4, 10, account="a", submit_time=0.0)
     w = MultifactorWeights()  # age 1000 (max age 7 days), fair share 10000, job size 1000
     # age 3.5 of 7 days: 500; fair share 2^-1: 5000; 4 of 16 GPUs: 250
@@ -71,7 +76,7 @@ def test_multifactor_priority_weights_age_fairshare_and_size():
 
 
 def test_the_account_under_its_share_goes_first():
-    site = SitePolicy(shares={"heavy": 0.5, "light": 0.5}, usage={"heavy": 0.9, "light": 0.1})
+    site = SitePolicy(shares={"heavy": 0.5, "light": 0.5}, fairshare={"heavy": 0.2, "light": 0.9})
     older = job("older", 4, 100, account="heavy", submit_time=0.0)
     newer = job("newer", 4, 100, account="light", submit_time=60.0)
     rep = schedule(ONE_NODE, [older, newer], site, now=120.0)

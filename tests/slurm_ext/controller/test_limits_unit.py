@@ -77,3 +77,20 @@ def test_without_limits_nothing_is_held_back():
     req = ScheduleRequest(CLUSTER, _request("x", "y").jobs)
     acts = (_place("y", "n2", 4),)
     assert within_limits(acts, jobs, req) == (acts, {})
+
+
+def test_a_parents_job_count_holds_back_a_sub_accounts_release_while_a_moved_job_checkpoints():
+    # lab GrpJobs=2 over acct-a: x checkpoints to move, run runs; y's release would make 3 running jobs now
+    lab = GpuLimit(LimitScope.ACCOUNT, "lab", LimitKind.GRP_JOBS, 2, below=frozenset({"acct-a"}))
+    jobs = [
+        _managed("x", Phase.CHECKPOINTING, _placement("x", "n1", 1)),
+        _managed("run", Phase.RUNNING, _placement("run", "n2", 1)),
+        _managed("y", Phase.HELD),
+    ]
+    kept, waits = within_limits([_place("y", "n3", 1)], jobs, _request("x", "run", "y", limit=lab))
+    assert kept == () and waits["y"] == "limit account:lab GrpJobs jobs used 2/2: waits for running jobs to end"
+    # once x has ended, y fits (1 + 1 <= 2); x placed again with it would make 3: the higher priority goes first
+    jobs[0] = _managed("x", Phase.CHECKPOINTED)
+    acts = [_place("x", "n1", 1), _place("y", "n3", 1)]
+    kept, waits = within_limits(acts, jobs, _request("x", "run", "y", priority={"x": 5.0}, limit=lab))
+    assert [a.job_id for a in kept] == ["x"] and set(waits) == {"y"}

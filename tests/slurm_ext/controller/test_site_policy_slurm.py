@@ -12,7 +12,11 @@ that managed jobs can hold every GPU.
   end after it;
 * a pending plain sbatch GPU job of higher priority starts within 3 rounds
   while elastic managed jobs hold every GPU;
-* `cellsched status --why` names the constraint in each case.
+* `cellsched status --why` names the constraint in each case;
+* a parent account's GrpTRES=gres/gpu=4 binds its two sub-accounts' managed
+  jobs together, and an account's GrpJobs=1 never has two of them running
+  (Slurm's tree and job counts, issue 57);
+* `cellsched sbatch` at the user's MaxSubmitJobs exits with Slurm's words.
 
 Slurm is the oracle throughout: what runs where is read back from squeue.
 """
@@ -72,15 +76,19 @@ def _slurm(*args: str) -> str:
     return proc.stdout
 
 
+def _cancel_all() -> None:
+    jobs = _slurm("squeue", "-h", "-o", "%i").split()
+    if jobs:
+        subprocess.run(["scancel", "--full", *jobs], capture_output=True, timeout=20, check=False)
+        wait_for(lambda: not _slurm("squeue", "-h", "-t", "PD,R,CG", "-o", "%i").split(), timeout=60, what="jobs gone")
+
+
 @pytest.fixture
 def site(acct_cluster: DevCluster) -> Iterator[DevCluster]:
     """The cluster; afterwards every job cancelled and the partitions and
     reservations as the dev cluster made them."""
     yield acct_cluster
-    jobs = _slurm("squeue", "-h", "-o", "%i").split()
-    if jobs:
-        subprocess.run(["scancel", "--full", *jobs], capture_output=True, timeout=20, check=False)
-        wait_for(lambda: not _slurm("squeue", "-h", "-t", "PD,R,CG", "-o", "%i").split(), timeout=60, what="jobs gone")
+    _cancel_all()
     for part in ("a40", "a100", "all"):
         _slurm("scontrol", "update", f"PartitionName={part}", "AllowAccounts=ALL")
     if "maint" in _slurm("scontrol", "-o", "show", "reservation"):
@@ -234,3 +242,102 @@ def test_a_plain_job_of_higher_priority_starts_within_3_rounds_while_elastic_job
     assert whys[0]["kind"] == "unmanaged", whys
     assert (whys[0]["fields"]["job"], whys[0]["fields"]["gpus"]) == (plain, "2"), whys
     assert f"plain sbatch job {plain} (Slurm priority 1e+06) claims 2 GPUs first" == whys[0]["text"]
+
+
+# ---- the account tree, job counts and MaxSubmitJobs (issue 57) ----------------------------
+
+#: accounts made for one test and deleted after it: (name, sacctmgr settings)
+TREE = (
+    ("lab", ("Fairshare=10", "GrpTRES=gres/gpu=4")),
+    ("lab-x", ("parent=lab",)),
+    ("lab-y", ("parent=lab",)),
+    ("solo", ("Fairshare=10", "GrpJobs=1")),
+    ("capped", ("Fairshare=10", "MaxSubmitJobs=2")),
+)
+
+
+@pytest.fixture
+def tree(site: DevCluster) -> Iterator[DevCluster]:
+    """The site with TREE's accounts (root a user of each), removed afterwards."""
+    sa = ("sacctmgr", "-i")
+    for name, settings in TREE:
+        _slurm(*sa, "add", "account", name, "Cluster=cellsched", *settings)
+    _slurm(*sa, "add", "user", "root", "Account=" + ",".join(n for n, _ in TREE))
+    yield site
+    _cancel_all()
+    _slurm(*sa, "delete", "user", "root", "where", "account=" + ",".join(n for n, _ in TREE))
+    for name, _ in reversed(TREE):
+        _slurm(*sa, "delete", "account", name)
+
+
+def _running(snap: ClusterSnapshot, accounts: set[str]) -> list[str]:
+    """The jobs of `accounts` that Slurm says run (squeue's records)."""
+    return [j.job_id for j in snap.jobs if j.account in accounts and j.state == "RUNNING"]
+
+
+def test_a_parent_accounts_gpu_limit_binds_both_sub_accounts_managed_jobs_together(tree, tmp_path):
+    backend = get_backend("cli")
+    ctl, config = _controller(tmp_path)
+    pinned = ("--min-gpus", "2", "--max-gpus", "2", "--no-elastic", "-t", "30")
+    # 8 GPUs of the 4 jobs fit the cluster: only lab's GrpTRES=gres/gpu=4 stops two of them
+    jobs = {_managed(tmp_path, "-A", acct, *pinned, name=f"{acct}-{i}") for acct in ("lab-x", "lab-y") for i in (0, 1)}
+    for _ in range(3):
+        report = ctl.round()
+        assert report.status == "ok", report.error
+        released = {x["job"] for x in report.actions if x["kind"] == "place"}
+        wait_until(lambda ids=released: all(backend.observe().job(j).state == "RUNNING" for j in ids), 60, "start")
+        assert _gpus(backend.observe(), jobs, "lab-x") + _gpus(backend.observe(), jobs, "lab-y") <= 4
+    snap = backend.observe()
+    assert _gpus(snap, jobs, "lab-x") + _gpus(snap, jobs, "lab-y") == 4 and len(_running(snap, {"lab-x", "lab-y"})) == 2
+    waiting = [j for j in jobs if snap.job(j).pending]
+    assert len(waiting) == 2 and all(snap.job(j).held for j in waiting)  # held by cellsched, not left to Slurm
+    for j in waiting:
+        why = _why(config, j)
+        assert why["kind"] == "limit" and why["fields"]["name"] == "lab", why
+        assert (why["fields"]["used"], why["fields"]["allowed"]) == ("4", "4"), why
+
+
+def test_an_account_with_grpjobs_1_never_has_two_managed_jobs_running(tree, tmp_path):
+    backend = get_backend("cli")
+    ctl, config = _controller(tmp_path)
+    jobs = {_managed(tmp_path, "-A", "solo", "--max-gpus", "2", name=f"solo-{i}") for i in range(3)}
+    for _ in range(3):
+        report = ctl.round()
+        assert report.status == "ok", report.error
+        released = {x["job"] for x in report.actions if x["kind"] == "place"}
+        wait_until(lambda ids=released: all(backend.observe().job(j).state == "RUNNING" for j in ids), 60, "start")
+        assert len(_running(backend.observe(), {"solo"})) <= 1
+    snap = backend.observe()
+    (one,) = _running(snap, {"solo"})
+    assert all(snap.job(j).held for j in jobs - {one})
+    # Slurm's accounting agrees: one solo job ever started
+    started = [r for r in _slurm("sacct", "-X", "-n", "-P", "-A", "solo", "-o", "JobID,Start").splitlines() if r]
+    assert [r.split("|")[0] for r in started if r.split("|")[1] not in ("Unknown", "None", "")] == [one]
+    why = _why(config, sorted(jobs - {one})[0])
+    assert why["kind"] == "limit" and why["fields"]["unit"] == "jobs", why
+    assert why["text"] == "job limit: account solo GrpJobs allows 1 running jobs, 1 running or planned"
+
+
+def test_cellsched_sbatch_at_max_submit_jobs_exits_with_slurms_words(tree, tmp_path):
+    """capped has MaxSubmitJobs=2 (its user association inherits it): Slurm
+    counts the two held jobs and refuses the third; cellsched sbatch says so."""
+    for i in range(2):
+        _managed(tmp_path, "-A", "capped", name=f"capped-{i}")
+    script = tmp_path / "capped-2.sh"
+    script.write_text("#!/bin/bash\nsrun true\n")
+    args = ["sbatch", "--model", "gpt-350m", "--global-batch", "64", "--iterations", "10", "-A", "capped"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurm_ext", *args, "--", str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (proc.returncode, proc.stdout) == (1, ""), proc.stderr
+    assert proc.stderr.splitlines() == [
+        "cellsched sbatch: error: AssocMaxSubmitJobLimit",
+        "cellsched sbatch: error: Batch job submission failed: Job violates accounting/QOS policy "
+        "(job submit limit, user's size and/or time limits)",
+    ]
+    assert len([j for j in _slurm("squeue", "-h", "-A", "capped", "-o", "%i").split() if j]) == 2

@@ -10,10 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from slurm_ext.backends.base import SubmitRequest
+from slurm_ext.sim.backend import SimBackend
 from slurm_ext.sim.clusterspec import ClusterSpecError, load_cluster_spec
 from slurm_ext.sim.engine import SimOptions, Simulator
-from slurm_ext.sim.site import SiteUsage, assign_accounts, water_fill
+from slurm_ext.sim.site import SiteUsage, assign_accounts, normalized_shares, water_fill
 from slurm_ext.sim.types import AccountSpec, ClusterSpec, NodeGroup, QosSpec, SiteSpec, TraceJob
+from slurm_ext.sim.world import SimWorld
+from solver.contract.jobspec import JobSpec
 from solver.estimator import EstimatorBase
 from solver.types import Estimate, ParallelPlan
 
@@ -205,3 +209,133 @@ def test_slurms_limits_hold_back_a_start_over_them():
     assert usage.gate(sim_job("2", 5)) == "AssocGrpGRES"  # a: 0 + 5 > 4
     assert usage.gate(sim_job("5", 2)) == ""
     assert usage.summary()["a"]["held_back_starts"] == 2  # jobs 2 and 3 (each start once)
+
+
+# ---- the account tree and job-count limits ------------------------------------------------
+
+TREE = (
+    "[site]\n"
+    "[site.accounts.lab]\nshare = 3\ngpus = 4\njobs = 3\n"
+    "[site.accounts.lab-x]\nparent = 'lab'\nshare = 2\n"
+    "[site.accounts.lab-y]\nparent = 'lab'\nshare = 1\nuser_jobs = 1\n"
+    "[site.accounts.lab-y-z]\nparent = 'lab-y'\n"
+    "[site.accounts.other]\nshare = 1\n"
+)
+
+
+def test_sub_accounts_and_job_counts_are_read(tmp_path):
+    site = spec(tmp_path, TREE).site
+    assert site.account("lab") == AccountSpec("lab", 3.0, 4, jobs=3)
+    assert site.account("lab-y") == AccountSpec("lab-y", 1.0, parent="lab", user_jobs=1)
+    assert site.above("lab-y-z") == ("lab-y", "lab") and site.below("lab") == {"lab-x", "lab-y", "lab-y-z"}
+    assert (site.user_jobs("lab-y-z"), site.user_jobs("lab-x"), site.user_jobs("other")) == (1, None, None)
+    # shares along the tree: lab 3/4 of root's; lab-x 2/3 of lab's; lab-y-z all of lab-y's (1/3 of lab's)
+    assert normalized_shares(site) == pytest.approx(
+        {"lab": 0.75, "lab-x": 0.5, "lab-y": 0.25, "lab-y-z": 0.25, "other": 0.25}
+    )
+
+
+@pytest.mark.parametrize(
+    ("site", "message"),
+    [
+        ("[site.accounts.a]\nparent = 'b'\n", r"site.accounts.a: field 'parent' must name another account .*got 'b'"),
+        ("[site.accounts.a]\nparent = 'a'\n", "field 'parent' must name another account"),
+        ("[site.accounts.a]\nparent = 'b'\n[site.accounts.b]\nparent = 'a'\n", "makes a cycle"),
+        ("[site.accounts.a]\njobs = -1\n", "site.accounts.a: field 'jobs' must be a number of jobs"),
+        ("[site.accounts.a]\nuser_jobs = 1.5\n", "site.accounts.a: field 'user_jobs' must be a number of jobs"),
+    ],
+)
+def test_a_bad_tree_or_job_count_is_an_error_naming_the_field(tmp_path, site, message):
+    with pytest.raises(ClusterSpecError, match=message):
+        spec(tmp_path, site)
+
+
+def test_usage_and_the_classic_factor_follow_the_tree():
+    """lab-x's and lab-y-z's jobs used 3 and 1 GPU-units, other's none:
+    normalised usage lab-x 0.75, lab-y-z and lab-y 0.25, lab 1 (its
+    sub-accounts'); factors 2^(-u/s) with the shares along the tree."""
+    site = SiteSpec(
+        (
+            AccountSpec("lab", 3.0),
+            AccountSpec("lab-x", 2.0, parent="lab"),
+            AccountSpec("lab-y", 1.0, parent="lab"),
+            AccountSpec("lab-y-z", 1.0, parent="lab-y"),
+            AccountSpec("other", 1.0),
+        )
+    )
+    usage = SiteUsage(site, 8, lambda: 0.0, 0.0)
+    usage.usage = {"lab-x": 3.0, "lab-y-z": 1.0}
+    got = usage.site_policy()
+    assert got.usage == {"lab-x": 0.75, "lab-y-z": 0.25, "lab": 1.0, "lab-y": 0.25}
+    assert got.fairshare == pytest.approx(
+        {"lab": 2 ** (-1 / 0.75), "lab-x": 2 ** (-0.75 / 0.5), "lab-y": 2**-1, "lab-y-z": 2**-1, "other": 1.0}
+    )
+
+
+def test_a_sub_accounts_jobs_wait_on_the_parents_limits_with_slurms_reasons():
+    """The simulated slurmctld on 8 A100s: lab (GrpTRES=gres/gpu=4,
+    GrpJobs=3) over lab-x and lab-y (MaxJobs=1 for each of its users), and
+    other. Released in this order, each on one node (hand-worked):
+
+    1 lab-x/ann 2 GPUs   starts                  (lab: 2 GPUs, 1 job)
+    2 lab-y/bob 1 GPU    starts                  (lab: 3 GPUs, 2 jobs)
+    3 lab-y/cy  2 GPUs   waits: lab 3 + 2 > 4 GPUs (its parent's GrpTRES)
+    4 lab-x/ann 1 GPU    starts                  (lab: 4 GPUs, 3 jobs)
+    5 lab-y/dan 1 GPU    AssocGrpJobsLimit       (lab: 3 + 1 > 3 jobs; counted before the GPUs)
+    6 lab-y/bob 1 GPU    AssocMaxJobsLimit       (lab-y/bob: 1 + 1 > 1, its own association first)
+    7 other/eve 1 GPU    starts                  (not under lab)
+
+    and 3, over both of lab's limits once 4 runs, shows AssocGrpJobsLimit
+    (as Slurm 22.05 showed on the dev cluster for the same four jobs).
+    Then job 2 ends: 3 waits on lab's GPUs (3 + 2 > 4: AssocGrpGRES), 5
+    starts (lab: 4 GPUs, 3 jobs), 6 waits on lab's job count now (bob runs
+    none in lab-y)."""
+    site = SiteSpec(
+        (
+            AccountSpec("lab", 1.0, gpus=4, jobs=3),
+            AccountSpec("lab-x", 1.0, parent="lab"),
+            AccountSpec("lab-y", 1.0, parent="lab", user_jobs=1),
+            AccountSpec("other", 1.0),
+        )
+    )
+    cluster = ClusterSpec((NodeGroup("a100", 2, 4),), site=site)
+    box: list[SimWorld] = []
+    usage = SiteUsage(site, 8, lambda: box[0].now, 0.0)
+    world = SimWorld(cluster, speed=lambda *a: 1.0, observers=(usage,), gate=usage.gate)
+    box.append(world)
+    backend = SimBackend(world)
+    jobs = [
+        ("lab-x", "ann", 2),
+        ("lab-y", "bob", 1),
+        ("lab-y", "cy", 2),
+        ("lab-x", "ann", 1),
+        ("lab-y", "dan", 1),
+        ("lab-y", "bob", 1),
+        ("other", "eve", 1),
+    ]
+    ids = []
+    long = JobSpec(model="bert__760M", global_batch=64, iterations=10**6).to_comment()
+    for account, user, gpus in jobs:
+        jid = backend.submit(SubmitRequest(script="job.sh", gres_per_node=gpus, nodes=1, hold=True, comment=long))
+        usage.register(jid, TraceJob(jid, 0.0, "bert__760M", 64, 10**6, gpus, "a100", account=account, user=user))
+        ids.append(jid)
+    for jid in ids:
+        backend.release(jid)
+    world.advance(1.0)
+
+    def states() -> list[str]:
+        snap = backend.observe()
+        return [snap.job(j).state if snap.job(j).state != "PENDING" else snap.job(j).reason for j in ids]
+
+    assert states() == [
+        "RUNNING",
+        "RUNNING",
+        "AssocGrpJobsLimit",
+        "RUNNING",
+        "AssocGrpJobsLimit",
+        "AssocMaxJobsLimit",
+        "RUNNING",
+    ]
+    world.cancel(world.jobs[ids[1]])
+    world.advance(2.0)
+    assert states() == ["RUNNING", "CANCELLED", "AssocGrpGRES", "RUNNING", "RUNNING", "AssocGrpJobsLimit", "RUNNING"]

@@ -7,10 +7,13 @@ import io
 import json
 import os
 import pathlib
+import subprocess
 
 import pytest
+from golden import ArgvRecorder
 from wrapper_cases import BASE, TYPED_REQUEST
 
+from slurm_ext.backends.cli import CliBackend
 from slurm_ext.wrapper.argv import parse_argv
 from slurm_ext.wrapper.command import main
 from slurm_ext.wrapper.directives import parse_directives
@@ -371,3 +374,42 @@ def test_help_explains_each_runtime_in_a_line(make_recorder):
     assert list(named) == ["ddp", "sharded", "exact", "torchtitan", "megatron"]
     assert "(default)" in named["ddp"] and sum("(default)" in line for line in named.values()) == 1
     assert "DDP" in named["ddp"] and "Megatron" in named["megatron"] and "torchtitan" in named["torchtitan"]
+
+
+# ---- what Slurm refuses at submission ----------------------------------------------------
+
+#: sbatch's error output when the user's association is at its MaxSubmitJobs (recorded on the dev cluster
+#: with accounting, Slurm 22.05.8: MaxSubmitJobs=5 and five held jobs, the sixth refused; held jobs count)
+MAX_SUBMIT = (
+    "sbatch: error: AssocMaxSubmitJobLimit\n"
+    "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy "
+    "(job submit limit, user's size and/or time limits)\n"
+)
+
+
+def test_a_submission_slurm_refuses_at_max_submit_jobs_exits_with_slurms_words(tmp_path, snapshot):
+    class Refusing(CliBackend):
+        """The real cli backend over the dev cluster's shape; sbatch answers as Slurm did at MaxSubmitJobs."""
+
+        def __init__(self) -> None:
+            self.runner = ArgvRecorder()
+
+            def run(args, **kw):
+                self.runner(args, **kw)
+                return subprocess.CompletedProcess(args, 1, "", MAX_SUBMIT)
+
+            super().__init__(run=run)
+
+        def observe(self):
+            return snapshot
+
+    backend = Refusing()
+    code, out, err = run(BASE + ["-A", "sub1", script(tmp_path)], backend)
+    assert (code, out) == (1, "")
+    assert err.splitlines() == [
+        "cellsched sbatch: error: AssocMaxSubmitJobLimit",
+        "cellsched sbatch: error: Batch job submission failed: Job violates accounting/QOS policy "
+        "(job submit limit, user's size and/or time limits)",
+    ]
+    (call,) = backend.runner.calls
+    assert call[0] == "sbatch" and "--hold" in call and "--account=sub1" in call
