@@ -261,6 +261,7 @@ def standing_policy(
         usage=usage,
         reservations=tuple(reservations(res, now, drop)),
         partition_access=partition_access(parts, drop),
+        qos_priority={q.name: float(q.priority) for q in qos if q.priority and acc.plain_name(q.name)},
     )
     qos_norm = {q.name: q.priority / top for q in qos} if top > 0 else {}
     return SiteReading(policy, PriorityModel(settings, factor, qos_norm), tuple(drop.notes))
