@@ -283,6 +283,6 @@ def parse_reason(text: str) -> tuple[str, dict[str, str]]:
             if kind == "outbid":
                 fields["jobs"] = ",".join(re.findall(r"job (\S+) \(value", text))
             elif kind == "preempting":
-                fields["jobs"] = ",".join(re.findall(r"job ([^,\s]+)", text))
+                fields["jobs"] = ",".join(re.findall(r"job ([^,;\s]+)", text))
             return kind, fields
     return "other", {"text": text}

@@ -9,6 +9,7 @@ world's accounting for starts and ends."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -17,6 +18,7 @@ from slurm_ext.sim.engine import SimOptions, Simulator
 from slurm_ext.sim.types import AccountSpec, ClusterSpec, NodeGroup, QosSpec, SiteSpec, TraceJob
 from slurm_ext.state import HistoryEvent, StateStore
 from solver.estimator import EstimatorBase
+from solver.site import parse_reason
 from solver.types import Estimate, ParallelPlan, SolverConfig
 
 #: one node of 4 A100s; one account; QOS normal (priority 0, the default) and urgent (priority 100)
@@ -112,3 +114,28 @@ def test_without_preemption_the_urgent_job_waits_for_a_job_to_end(tmp_path):
     assert out["u"].first_start >= out["a"].end_time  # a's end (at 4000 s) freed its GPUs
     assert all(j.restarts == 0 for j in run.jobs)
     state.close()
+
+
+def test_status_says_why_a_running_elastic_job_stays(tmp_path):
+    """The user's question ("an elastic job with idle GPUs beside it ran on
+    unchanged, and --why said no reason recorded"): a (1 to 4 GPUs, as fast
+    on any) starts at 0, b arrives at 300. The round at 300 keeps a by the
+    governor (ran 300 s of 600); the round the governor wakes at 600 finds no
+    cell worth more than a's own, and keeps b (started at 300) by the governor."""
+    solver = SolverConfig(time_limit_s=60.0, min_run_s=MIN_RUN_S)
+    options = SimOptions(min_gpus=1, max_gpus=4, restart_per_gpu_s=0.0, restart_max_s=0.0, solver=solver)
+    options = dataclasses.replace(options, max_time_s=700.0)
+    trace = [trace_job("a", 0.0, 4000), trace_job("b", 300.0, 4000)]
+    sim = Simulator(
+        trace, CLUSTER, "cellsched", speed=_Speed().speed, estimator=_Speed(), options=options, state_dir=tmp_path
+    )
+    sim.run()
+    assert [r.time for r in sim.rounds] == [0.0, 300.0, 600.0]
+    with StateStore(tmp_path / "state-cellsched.sqlite", readonly=True) as state:
+        rows = {sim.trace_ids[j]: r for j, r in state.jobs().items()}
+    assert rows["a"].phase == "running" and rows["b"].phase == "running"
+    assert parse_reason(rows["a"].reason) == (
+        "stays",
+        {"cell": "a100:1x1:pp1", "why": "no cell is worth more than its own"},
+    )
+    assert rows["b"].reason == "governor: ran 300 s of min_run_s 600 s"
