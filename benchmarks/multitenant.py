@@ -83,8 +83,9 @@ def run(
     return results
 
 
-def accounts_of(jobs: int, cluster: Path) -> dict[str, str]:
-    """Trace job id -> account, by the simulator's rule (the same jobs it ran)."""
+def site_trace(jobs: int, cluster: Path) -> list:
+    """The first `jobs` trace jobs with the accounts, users and QOS the
+    simulator gives them on `cluster` (its rule: the same jobs it ran)."""
     from slurm_ext.sim.clusterspec import load_cluster_spec
     from slurm_ext.sim.site import assign_accounts
     from slurm_ext.sim.traces import read_arena_trace
@@ -92,8 +93,12 @@ def accounts_of(jobs: int, cluster: Path) -> dict[str, str]:
 
     site = load_cluster_spec(cluster).site
     assert site is not None
-    trace = read_arena_trace(shipped_path(TRACE_FILE), iteration_scale=5)[:jobs]
-    return {j.job_id: j.account for j in assign_accounts(trace, site)}
+    return list(assign_accounts(read_arena_trace(shipped_path(TRACE_FILE), iteration_scale=5)[:jobs], site))
+
+
+def accounts_of(jobs: int, cluster: Path) -> dict[str, str]:
+    """Trace job id -> account, by the simulator's rule."""
+    return {j.job_id: j.account for j in site_trace(jobs, cluster)}
 
 
 def jain(xs: list[float]) -> float:

@@ -30,9 +30,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+# benchmarks/multitenant.py, beside this script: the run (one `cellsched simulate --realistic`
+# of the given policies on a cluster with a [site]) and the trace as the simulator assigns it
+from multitenant import run, site_trace
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = REPO / "etc" / "sim-multitenant-88.toml"
@@ -52,34 +55,9 @@ def cluster_file(base: Path, out: Path, fraction: float, priority: float) -> Pat
     return path
 
 
-def run(out: Path, cluster: Path, jobs: int, load: float, seed: int, workers: int, min_run_s: float | None) -> Path:
-    results = out / "results.json"
-    if results.exists():
-        return results
-    from slurm_ext.sim.clusterspec import arena_cluster, load_cluster_spec
-
-    rate = load * load_cluster_spec(cluster).total_gpus / arena_cluster().total_gpus
-    cmd = [sys.executable, "-m", "slurm_ext", "simulate", "--realistic", "--seed", str(seed)]
-    cmd += ["--limit-jobs", str(jobs), "--cluster", str(cluster), "--arrival-rate", f"{rate:.6g}"]
-    for policy in VARIANTS.values():
-        cmd += ["--policy", policy + (f",min_run_s={min_run_s:g}" if min_run_s is not None else "")]
-    cmd += ["--workers", str(workers), "--no-plots", "--json", "--out", str(out)]
-    print(f"# {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
-    subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
-    return results
-
-
 def qos_of(jobs: int, cluster: Path) -> dict[str, str]:
     """Trace job id -> QOS, by the simulator's rule (the same jobs it ran)."""
-    from slurm_ext.sim.clusterspec import load_cluster_spec
-    from slurm_ext.sim.site import assign_accounts
-    from slurm_ext.sim.traces import read_arena_trace
-    from solver.contract.profiles.arena import TRACE_FILE, shipped_path
-
-    site = load_cluster_spec(cluster).site
-    assert site is not None
-    trace = read_arena_trace(shipped_path(TRACE_FILE), iteration_scale=5)[:jobs]
-    return {j.job_id: j.qos for j in assign_accounts(trace, site)}
+    return {j.job_id: j.qos for j in site_trace(jobs, cluster)}
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -163,7 +141,9 @@ def main() -> int:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cluster = cluster_file(args.cluster, args.out, args.fraction, args.priority)
-    results = run(args.out, cluster, args.jobs, args.load, args.seed, args.workers, args.min_run_s)
+    governor = f",min_run_s={args.min_run_s:g}" if args.min_run_s is not None else ""
+    policies = tuple(p + governor for p in VARIANTS.values())
+    results = run(args.out, args.jobs, args.load, args.workers, args.seed, cluster, policies)
     rows, summary = numbers(results, qos_of(args.jobs, cluster))
     for r in rows:
         print(json.dumps(r), flush=True)

@@ -160,6 +160,7 @@ class _Pass:
         plan: Preempted,
         estimates: Mapping[str, Sequence[Estimate]],
         rules: SiteRules | None,
+        claimed: Mapping[str, Placement],
     ) -> None:
         self.request, self.site, self.now, self.cfg = request, request.site, request.now, request.config
         self.plan, self.estimates, self.rules = plan, estimates, rules
@@ -167,7 +168,7 @@ class _Pass:
         self.rank = {jid: rank(j, self.site) for jid, j in self.by_id.items()}
         self.by_name = {n.name: n for n in request.cluster.nodes}
         self.used: dict[str, int] = {}
-        for p in plan.placements.values():
+        for p in [*plan.placements.values(), *claimed.values()]:
             for n, g in p.nodes:
                 self.used[n] = self.used.get(n, 0) + g
         self.placed_now: set[str] = set()
@@ -328,11 +329,14 @@ def preempt(
     plan: Mapping[str, Placement],
     estimates: Mapping[str, Sequence[Estimate]],
     rules: SiteRules | None = None,
+    claimed: Mapping[str, Placement] | None = None,
 ) -> Preempted:
     """The plan after the preemption pass (module doc): `jobs` the round's
     jobs as the policy saw them (their partitions as the site allows), `plan`
     the round's placements (the jobs that keep theirs included), `estimates`
-    each pending job's feasible estimates, `rules` the round's site rules."""
+    each pending job's feasible estimates, `rules` the round's site rules,
+    `claimed` the GPUs pending plain sbatch jobs claim (their stand-ins'
+    placements, siterules.claim_jobs): never taken."""
     out = honest(request, plan)
     ranks = {j.job_id: rank(j, request.site) for j in request.jobs}
     if len(set(ranks.values())) < 2:
@@ -347,5 +351,5 @@ def preempt(
         and (lowest is None or ranks[j.job_id] > lowest)
     ]
     if waiting:
-        _Pass(request, jobs, out, estimates, rules).run(waiting)
+        _Pass(request, jobs, out, estimates, rules, claimed or {}).run(waiting)
     return out

@@ -321,15 +321,16 @@ class CellschedPolicy:
             for job in jobs:
                 if job.job_id not in result.placements and job.job_id not in reasons:
                     reasons[job.job_id] = "waiting: the GPUs are worth more to other jobs this round"
-            out = reply(fixed, result, offered, reasons, t1 - t0)
+            out, claimed = reply(fixed, result, offered, reasons, t1 - t0), {}
         else:
             reasons.update(held)
             with_claims = {**fixed, **result.placements}
+            claimed = {jid: p for jid, p in result.placements.items() if jid in claims}
             result = _without_stand_ins(result, claims)
             site_reasons(rules, jobs, allowed, with_claims, claims, reasons)
             out = reply(fixed, result, offered, reasons, t1 - t0, request)
         if cfg.preemption != "off":
-            out = _preempted(out, preempt(request, jobs, out.placements, ests, rules))
+            out = _preempted(out, preempt(request, jobs, out.placements, ests, rules, claimed))
         cells = {jid: {o.cell for o in opts} for jid, opts in allowed.items()}
         notes = stay_notes(
             request.jobs, out.placements, fixed, ests, refs, mults, cells, self.elastic, cfg, request.now

@@ -17,6 +17,7 @@ from solver.site import (
     LimitKind,
     LimitScope,
     SitePolicy,
+    UnmanagedDemand,
     parse_reason,
     reason_governor,
     reason_preempted,
@@ -163,6 +164,17 @@ def test_a_pending_placement_of_lower_rank_gives_way_before_any_running_job():
     assert "u" in rep.placements and "s" not in rep.placements and not rep.preempted
     assert rep.placements["a0"].same_resources(a.current)
     assert rep.reasons["s"].startswith("preempted by job u (") and "u" not in rep.notes
+
+
+def test_the_gpus_a_plain_sbatch_job_claims_are_never_taken():
+    """n1 is free but claimed by a pending plain sbatch job of higher Slurm
+    priority: u preempts a0 on n0 rather than take n1."""
+    a = holders()[0]
+    claim = UnmanagedDemand("77", 4, "a100", (), 1e6)
+    rep = schedule([a, urgent()], site=replace(URGENT, unmanaged=(claim,)))
+    assert dict(rep.preempted) == {"a0": "u"} and rep.placements["u"].node_names == ("n0",)
+    rep = schedule([a, urgent()])  # the subject: without the claim u takes the free node
+    assert not rep.preempted and rep.placements["u"].node_names == ("n1",)
 
 
 def test_a_round_with_one_rank_preempts_nothing():
