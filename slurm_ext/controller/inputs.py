@@ -267,9 +267,9 @@ def classify(
             spec_json = spec.to_json()
         plan = admin_comment_plan(job.admin_comment)
         intent = intents.get(job.job_id)
-        yielded, error = (yielding or {}).get(job.job_id), None if spec is not None else error
+        yielded, refused = (yielding or {}).get(job.job_id), None if spec is not None else error
         phase, reason, current = _phase(
-            job, plan, intent, row, spec_error=error, released=released, parked=parked, yielded=yielded
+            job, plan, intent, row, spec_error=refused, released=released, parked=parked, yielded=yielded
         )
         out.append(
             ManagedJob(
