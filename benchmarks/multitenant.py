@@ -31,7 +31,8 @@ Measured per policy, from the run's meta["site"] (slurm_ext.sim.site.SiteUsage):
   whose requested type and count has no feasible layout), and per account
   (finished jobs); the most GPUs the limited account held at once, and the
   starts the simulated Slurm held back because they would have put an
-  account over its limit (a policy that respects the limits has none).
+  account over its limit (a policy that respects the limits has none);
+  restarts per job (mean, 99th percentile; the run's summary).
 
 Prints one JSON line per policy, then a summary line (the issue's target:
 cellsched's largest deviation at most slurm-multifactor's and its average
@@ -39,6 +40,7 @@ JCT at least 20% below), and writes OUT/multitenant.md. The run is kept in
 OUT/results.json (not run again when there).
 
     python benchmarks/multitenant.py --out /tmp/mt [--jobs 150] [--load 1] [--seed 0] [--workers 2]
+        [--policy cellsched --policy cellsched:min_run_s=0 ...]  (default: the three above)
 """
 
 from __future__ import annotations
@@ -56,7 +58,15 @@ POLICIES = ("cellsched", "slurm-multifactor", "gavel")
 LIMITED = "speech"
 
 
-def run(out: Path, jobs: int, load: float, workers: int, seed: int, cluster: Path = CLUSTER) -> Path:
+def run(
+    out: Path,
+    jobs: int,
+    load: float,
+    workers: int,
+    seed: int,
+    cluster: Path = CLUSTER,
+    policies: tuple[str, ...] = POLICIES,
+) -> Path:
     results = out / "results.json"
     if results.exists():
         return results
@@ -65,7 +75,7 @@ def run(out: Path, jobs: int, load: float, workers: int, seed: int, cluster: Pat
     rate = load * load_cluster_spec(cluster).total_gpus / arena_cluster().total_gpus
     cmd = [sys.executable, "-m", "slurm_ext", "simulate", "--realistic", "--seed", str(seed)]
     cmd += ["--limit-jobs", str(jobs), "--cluster", str(cluster), "--arrival-rate", f"{rate:.6g}"]
-    for p in POLICIES:
+    for p in policies:
         cmd += ["--policy", p]
     cmd += ["--workers", str(workers), "--no-plots", "--json", "--out", str(out)]
     print(f"# {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
@@ -73,8 +83,9 @@ def run(out: Path, jobs: int, load: float, workers: int, seed: int, cluster: Pat
     return results
 
 
-def accounts_of(jobs: int, cluster: Path) -> dict[str, str]:
-    """Trace job id -> account, by the simulator's rule (the same jobs it ran)."""
+def site_trace(jobs: int, cluster: Path) -> list:
+    """The first `jobs` trace jobs with the accounts, users and QOS the
+    simulator gives them on `cluster` (its rule: the same jobs it ran)."""
     from slurm_ext.sim.clusterspec import load_cluster_spec
     from slurm_ext.sim.site import assign_accounts
     from slurm_ext.sim.traces import read_arena_trace
@@ -82,8 +93,12 @@ def accounts_of(jobs: int, cluster: Path) -> dict[str, str]:
 
     site = load_cluster_spec(cluster).site
     assert site is not None
-    trace = read_arena_trace(shipped_path(TRACE_FILE), iteration_scale=5)[:jobs]
-    return {j.job_id: j.account for j in assign_accounts(trace, site)}
+    return list(assign_accounts(read_arena_trace(shipped_path(TRACE_FILE), iteration_scale=5)[:jobs], site))
+
+
+def accounts_of(jobs: int, cluster: Path) -> dict[str, str]:
+    """Trace job id -> account, by the simulator's rule."""
+    return {j.job_id: j.account for j in site_trace(jobs, cluster)}
 
 
 def jain(xs: list[float]) -> float:
@@ -128,6 +143,8 @@ def numbers(results: Path, account: dict[str, str]) -> tuple[list[dict[str, obje
                 "max_share_deviation": round(max(abs(dev[a]) for a in with_demand), 4),
                 "jain": round(jain([site[a]["used_frac"] / site[a]["entitled_frac"] for a in with_demand]), 4),
                 "restarts": doc["summary"][policy]["restarts"],
+                "restarts_mean": doc["summary"][policy].get("restarts_mean"),
+                "restarts_p99": doc["summary"][policy].get("restarts_p99"),
                 "held_back_starts": sum(int(v["held_back_starts"]) for v in per_account.values()),
                 "accounts": per_account,
             }
@@ -161,7 +178,7 @@ def markdown(rows: list[dict[str, object]]) -> str:
     head = ["policy", "finished", "avg JCT s", f"avg JCT s, {common} jobs all finished"]
     head += ["largest share deviation", "Jain's index"]
     head += [f"{a}: used / entitled, avg JCT s" for a in accounts]
-    head += [f"{LIMITED}: most GPUs at once", "starts Slurm's limits held back"]
+    head += [f"{LIMITED}: most GPUs at once", "starts Slurm's limits held back", "restarts per job mean / p99"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         acc: dict[str, dict[str, object]] = r["accounts"]  # type: ignore[assignment]
@@ -171,6 +188,8 @@ def markdown(rows: list[dict[str, object]]) -> str:
             f"{acc[a]['used_frac']:.3f} / {acc[a]['entitled_frac']:.3f}, {num(acc[a]['avg_jct_s'])}" for a in accounts
         ]
         cells += [str(acc.get(LIMITED, {}).get("peak_gpus", "-")), str(r["held_back_starts"])]
+        mean, p99 = r.get("restarts_mean"), r.get("restarts_p99")
+        cells.append("-" if mean is None or p99 is None else f"{mean:.2f} / {p99:.1f}")  # type: ignore[str-format]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -183,9 +202,13 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cluster", type=Path, default=CLUSTER, help="cluster spec with a [site]")
+    ap.add_argument(
+        "--policy", action="append", help="a policy to run, NAME[:KEY=VALUE,...], repeated (default: the three)"
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    results = run(args.out, args.jobs, args.load, args.workers, args.seed, args.cluster)
+    policies = tuple(args.policy or POLICIES)
+    results = run(args.out, args.jobs, args.load, args.workers, args.seed, args.cluster, policies)
     rows, summary = numbers(results, accounts_of(args.jobs, args.cluster))
     for r in rows:
         print(json.dumps(r), flush=True)

@@ -359,6 +359,7 @@ def standing_policy(
         reservations=tuple(reservations(res, now, drop)),
         partition_access=partition_access(parts),
         priority_tiers={p.name: p.priority_tier for p in parts if p.priority_tier != 1 and acc.plain_name(p.name)},
+        qos_priority={q.name: float(q.priority) for q in qos if q.priority and acc.plain_name(q.name)},
     )
     qos_norm = {q.name: q.priority / top for q in qos} if top > 0 else {}
     return SiteReading(policy, PriorityModel(settings, factor, qos_norm), tuple(drop.notes))

@@ -66,6 +66,7 @@ class HistoryEvent(StrEnum):
     SLURM_PREEMPTED = "slurm-preempted"
     #: Slurm requeued it itself (preempted, or its node failed); value: the submit time Slurm gave the requeue
     SLURM_REQUEUED = "slurm-requeued"
+    YIELDED = "yielded"  # preempted to zero by cellsched (asked to checkpoint, then requeued held); cell: for which job
 
 
 #: the statuses of a plan not yet carried out, in the order a plan passes them
@@ -614,6 +615,46 @@ class StateStore:
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (job_id, now, round_id, event, cell, nodes, value),
             )
+
+    def yielding(self, job_ids: Iterable[str]) -> dict[str, tuple[float, str]]:
+        """job (of `job_ids`) -> (when, for which job) of its preemption by
+        cellsched, for the jobs preempted and not requeued since (a
+        "yielded" event newer than their newest "requeued" one): they
+        checkpoint to give their GPUs away."""
+        ids = sorted(set(job_ids))
+        open_ = self._newest_after(ids, HistoryEvent.YIELDED, HistoryEvent.REQUEUED)
+        return {j: last for j, (last, _) in self.preemptions(open_).items()}
+
+    def preemptions(self, job_ids: Iterable[str]) -> dict[str, tuple[tuple[float, str], frozenset[str]]]:
+        """job (of `job_ids`) -> ((when, for which job) of its last preemption
+        by cellsched, every job it was preempted for), for the jobs ever preempted."""
+        out: dict[str, tuple[tuple[float, str], frozenset[str]]] = {}
+        where, args = sqlitedb.where(event=HistoryEvent.YIELDED, any_of={"job_id": sorted(set(job_ids))})
+        for job_id, t, by in self._db.execute(f"SELECT job_id, time, cell FROM cell_history{where} ORDER BY id", args):
+            out[job_id] = ((t, by), out.get(job_id, ((0.0, ""), frozenset()))[1] | {by})
+        return out
+
+    def preempted_for(self, job_id: str) -> list[tuple[float, str]]:
+        """(when, which job) of each preemption by cellsched for `job_id`."""
+        return list(
+            self._db.execute(
+                "SELECT time, job_id FROM cell_history WHERE event = ? AND cell = ? ORDER BY id",
+                (HistoryEvent.YIELDED, job_id),
+            )
+        )
+
+    def restart_counts(self, job_ids: Iterable[str] | None = None) -> dict[str, int]:
+        """job (of `job_ids`; else every job the state knows) -> how often the
+        controller requeued it to run again ("requeued" events: moves,
+        resizes, preemptions, checkpointed or failed runs placed again); 0
+        for a job never requeued."""
+        ids = None if job_ids is None else sorted(set(job_ids))
+        out = {j: 0 for j in ids} if ids is not None else {j: 0 for (j,) in self._db.execute("SELECT job_id FROM jobs")}
+        where, args = sqlitedb.where(event=HistoryEvent.REQUEUED, any_of={"job_id": ids})
+        for job_id, n in self._db.execute(f"SELECT job_id, COUNT(*) FROM cell_history{where} GROUP BY job_id", args):
+            if job_id in out:
+                out[job_id] = n
+        return out
 
     def pending_restarts(self) -> dict[str, float]:
         """job -> time it was asked to checkpoint, for jobs whose restart has

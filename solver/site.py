@@ -197,6 +197,9 @@ class SitePolicy:
     user_groups: Mapping[str, tuple[str, ...] | None] = field(default_factory=dict)
     #: partition -> its PriorityTier where it is not Slurm's default 1 (for a policy's priority use)
     priority_tiers: Mapping[str, int] = field(default_factory=dict)
+    #: QOS -> its Priority (sacctmgr's; a QOS not named: 0): the first part of a
+    #: job's preemption rank (solver.placement.preempt), nothing else; not part of `empty`
+    qos_priority: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
@@ -239,8 +242,27 @@ class SitePolicy:
 #   unmanaged <job id> (priority <priority>) claims <gpus> <type|any> GPUs
 #   no cell fits: <why>
 #   outbid by job <id> (value <value>)[, job <id> (value <value>)...]
+#   preempted by job <id> (<why>)
+#
+# and why a placed job is where it is (ScheduleReply.notes; read back the same way):
+#
+#   preempting job <id>[, job <id>...]
+#   governor: ran <s> s of min_run_s <s> s
+#   stays in <cell>: <why>
 
-REASON_KINDS = ("limit", "fairshare", "reservation", "partition", "unmanaged", "no cell fits", "outbid")
+REASON_KINDS = (
+    "limit",
+    "fairshare",
+    "reservation",
+    "partition",
+    "unmanaged",
+    "no cell fits",
+    "outbid",
+    "preempted",
+    "preempting",
+    "governor",
+    "stays",
+)
 
 
 def iso(t: float) -> str:
@@ -289,6 +311,31 @@ def reason_outbid(jobs: tuple[tuple[str, float], ...]) -> str:
     return "outbid by " + ", ".join(f"job {j} (value {v:.2f})" for j, v in jobs)
 
 
+def reason_preempted(job_id: str, why: str) -> str:
+    """``preempted by job 12 (qos urgent priority 100 > normal priority 0)``:
+    the job of higher preemption rank that takes its GPUs (a running job
+    preempted to zero, or a pending one whose placement it takes), and why
+    it outranks it."""
+    return f"preempted by job {job_id} ({why})"
+
+
+def reason_preempting(victims: tuple[str, ...]) -> str:
+    """``preempting job 7, job 9``: the jobs preempted to zero for this one."""
+    return "preempting " + ", ".join(f"job {v}" for v in victims)
+
+
+def reason_governor(ran_s: float, min_run_s: float) -> str:
+    """``governor: ran 120 s of min_run_s 600 s``: a running job kept where
+    it runs because its current run is younger than min_run_s."""
+    return f"governor: ran {ran_s:.0f} s of min_run_s {min_run_s:.0f} s"
+
+
+def reason_stays(cell: str, why: str) -> str:
+    """``stays in a40:1x2: <why>``: why a running elastic job is neither
+    grown, shrunk nor moved this round."""
+    return f"stays in {cell}: {why}"
+
+
 _PATTERNS = {
     "limit": r"limit (?P<scope>[a-z-]+):(?P<name>\S+) (?P<kind>\S+) "
     r"(?:gres/gpu(?::(?P<gpu_type>\S+))?|(?P<unit>jobs)) used (?P<used>\d+)/(?P<allowed>\d+)$",
@@ -298,6 +345,10 @@ _PATTERNS = {
     "unmanaged": r"unmanaged (?P<job>\S+) \(priority (?P<priority>\S+)\) claims (?P<gpus>\d+) (?P<gpu_type>\S+) GPUs$",
     "no cell fits": r"no cell fits: (?P<why>.*)$",
     "outbid": r"outbid by (?P<jobs>.*)$",
+    "preempted": r"preempted by job (?P<job>\S+) \((?P<why>.*)\)$",
+    "preempting": r"preempting (?P<jobs>job .*)$",
+    "governor": r"governor: ran (?P<ran>\d+) s of min_run_s (?P<min_run>\d+) s$",
+    "stays": r"stays in (?P<cell>\S+): (?P<why>.*)$",
 }
 
 
@@ -312,5 +363,7 @@ def parse_reason(text: str) -> tuple[str, dict[str, str]]:
             fields = {k: v for k, v in m.groupdict().items() if v is not None}
             if kind == "outbid":
                 fields["jobs"] = ",".join(re.findall(r"job (\S+) \(value", text))
+            elif kind == "preempting":
+                fields["jobs"] = ",".join(re.findall(r"job ([^,;\s]+)", text))
             return kind, fields
     return "other", {"text": text}

@@ -358,6 +358,11 @@ class JobRequest:
     priority: float = 0.0
     time_limit_s: float | None = None
     reservation: str | None = None
+    #: when cellsched last preempted the job to zero GPUs (None: never), and
+    #: the jobs it was preempted for (solver.placement.preempt: its back-off
+    #: and the rule against loops)
+    preempted_at: float | None = None
+    preempted_by: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         get_runtime(self.runtime)  # UnknownRuntime naming the known ones
@@ -528,6 +533,24 @@ class SolverConfig:
         "job 1% or more now or would in the plan made without it; false: every job is estimated as if "
         "alone on its links (the NICs' speed still counts in every estimate).",
     )
+    min_run_s: float = knob(
+        0.0,
+        "The restart governor: a running job whose current run (since its start, or its last move or "
+        "resize) is younger than this many seconds keeps its placement (no move, no resize, never a "
+        "victim of preemption); 0: off (solver.placement.candidates.split_fixed).",
+    )
+    preemption: str = knob(
+        "off",
+        'Preemption to zero GPUs: "off", or "priority": a pending job of higher preemption rank (its '
+        "QOS's priority, then its account below its fair share against one above) that gets no GPUs "
+        "this round takes them from running elastic jobs of lower rank, which checkpoint and are "
+        "requeued held (solver.placement.preempt; bounded by min_run_s, preemption_backoff_s and no "
+        "preemption back). Off by default, as Slurm's PreemptType=preempt/none: preempting throws "
+        "away a victim's restart, and the site decides whether its priorities are worth that.",
+    )
+    preemption_backoff_s: float = knob(
+        1800.0, "A job preempted to zero is not preempted again for this many seconds after (>= 0)."
+    )
     node_placement: str = knob(
         "lwf-kappa",
         'How the SRSF baselines (srsf-avoid, srsf-accept, ada-srsf) pick nodes: "lwf-kappa" (the cards '
@@ -540,10 +563,18 @@ class SolverConfig:
             raise ValueError(f"node_placement must be one of {', '.join(NODE_PLACEMENTS)}, got {self.node_placement!r}")
         if self.max_mixed_types < 2:
             raise ValueError(f"max_mixed_types must be >= 2, got {self.max_mixed_types}")
+        if self.preemption not in PREEMPTION_MODES:
+            raise ValueError(f"preemption must be one of {', '.join(PREEMPTION_MODES)}, got {self.preemption!r}")
+        for name in ("min_run_s", "preemption_backoff_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be a number >= 0, got {v!r}")
 
 
 #: The values of SolverConfig.node_placement.
 NODE_PLACEMENTS = ("lwf-kappa", "first-fit")
+#: The values of SolverConfig.preemption.
+PREEMPTION_MODES = ("off", "priority")
 
 
 @dataclass(frozen=True)
@@ -598,6 +629,11 @@ class ScheduleReply:
     reasons: Mapping[str, str] = field(default_factory=dict)
     #: Seconds spent putting the chosen cells on concrete nodes (after the solver).
     place_s: float = 0.0
+    #: running jobs preempted to zero GPUs (checkpointed and requeued held) -> the job they give them to
+    preempted: Mapping[str, str] = field(default_factory=dict)
+    #: why a placed job is where it is, where a policy says (a running job that stays: solver.site's
+    #: "stays" and "governor" forms; a job that preempts others: "preempting")
+    notes: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def gap(self) -> float:

@@ -16,8 +16,9 @@ import click
 
 from slurm_ext.cli.controller_cmd import ControllerError, load_config, new_controller, open_state
 from slurm_ext.controller.progress import FROM_ESTIMATE, FROM_FILE
+from slurm_ext.controller.round_metrics import restart_stats
 from slurm_ext.records import FINISHED
-from slurm_ext.state import RoundStatus, SpeedRow, StateStore
+from slurm_ext.state import HistoryEvent, RoundStatus, SpeedRow, StateStore
 from slurm_ext.textsafe import printable
 from solver.contract.plan import JobPlan, PlanError
 from solver.site import parse_reason
@@ -241,6 +242,16 @@ def why(reason: str) -> dict[str, Any]:
         text = f"no cell fits: {f['why']}"
     elif kind == "outbid":
         text = f"the GPUs are worth more to other jobs: {reason.split(' by ', 1)[1]}"
+    elif kind == "preempted":
+        text = f"preempted to zero GPUs for job {f['job']}, which outranks it: {f['why']}"
+    elif kind == "preempting":
+        text = f"takes the GPUs of jobs of lower rank, preempted to zero: {f['jobs'].replace(',', ', ')}"
+    elif kind == "governor":
+        text = (
+            f"the restart governor keeps it where it runs: its run is {f['ran']} s old, min_run_s is {f['min_run']} s"
+        )
+    elif kind == "stays":
+        text = f"runs on in {f['cell']}: {f['why']}"
     else:
         text = reason or "no reason recorded"
     return {"kind": kind, "fields": fields, "text": text}
@@ -257,6 +268,8 @@ def _history_text(job_id: str, events: list[dict[str, Any]]) -> str:
             what += f" on {e['nodes']}"
         if e["event"] == "resumed" and e["value"] is not None:
             what += f" (restart cost {e['value']:.1f} s)"
+        if e["event"] == HistoryEvent.YIELDED:
+            what = f"preempted for job {e['cell']}"
         lines.append(f"  {when}  {printable(what)}")
     return "\n".join(lines)
 
@@ -265,6 +278,14 @@ def _json_out(obj: Any) -> None:
     """`obj` as one line of ASCII JSON: controls, C1 and bidi characters as \\uXXXX."""
     json.dump(obj, sys.stdout, default=str, ensure_ascii=True)
     sys.stdout.write("\n")
+
+
+def restarts_text(stats: dict[str, float], jobs: int) -> str:
+    """The `status` line about restarts per job (requeues by the controller) over the jobs shown."""
+    return (
+        f"restarts per job: mean {stats['mean']:.2f}, p99 {stats['p99']:.0f}, max {stats['max']:.0f} "
+        f"over {jobs} jobs (moves, resizes, preemptions, runs placed again)"
+    )
 
 
 def _round_text(r: dict[str, Any]) -> str:
@@ -345,15 +366,18 @@ def status(
                 click.echo(_history_text(history_of, events))
             return
         rows = job_rows(state, now=time.time(), only_user=viewer(), include_finished=include_finished)
+        restarts = state.restart_counts([r["job_id"] for r in rows])
         last = state.rounds(limit=1)
     finally:
         state.close()
+    stats = restart_stats(restarts.values())
     if as_json:
-        _json_out({"jobs": rows, "last_round": last[0] if last else None})
+        _json_out({"jobs": rows, "last_round": last[0] if last else None, "restarts_per_job": stats})
         return
     click.echo(_table(rows))
+    click.echo("\n" + restarts_text(stats, len(restarts)))
     if last:
-        click.echo("\n" + _round_text(last[0]))
+        click.echo(_round_text(last[0]))
 
 
 def _why_out(state: StateStore, job_id: str, as_json: bool) -> None:
@@ -364,10 +388,36 @@ def _why_out(state: StateStore, job_id: str, as_json: bool) -> None:
         raise ControllerError(f"no managed job {printable(job_id)} of yours in the controller's state")
     reason = job.bad_reason or job.reason or ""
     w = why(reason)
+    took = state.preempted_for(job_id)
+    gave = _yielded(state, job_id)
+    lines = [f"job {job_id} ({job.phase}): {w['text']}"]
+    if gave:
+        lines.append("  preempted for: " + ", ".join(f"job {b} at {_when(t)}" for t, b in gave))
+    if took:
+        lines.append("  preempted for it: " + ", ".join(f"job {v} at {_when(t)}" for t, v in took))
     if as_json:
-        _json_out({"job_id": job_id, "phase": job.phase, "state": job.slurm_state, "reason": reason, **w})
+        _json_out(
+            {
+                "job_id": job_id,
+                "phase": job.phase,
+                "state": job.slurm_state,
+                "reason": reason,
+                **w,
+                "preempted_by": [{"job": b, "time": t} for t, b in gave],
+                "preempted_for_it": [{"job": v, "time": t} for t, v in took],
+            }
+        )
     else:
-        click.echo(printable(f"job {job_id} ({job.phase}): {w['text']}"))
+        click.echo("\n".join(printable(line) for line in lines))
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _yielded(state: StateStore, job_id: str) -> list[tuple[float, str]]:
+    """(when, for which job) of each preemption of `job_id` by cellsched."""
+    return [(e["time"], e["cell"]) for e in state.history(job_id) if e["event"] == HistoryEvent.YIELDED]
 
 
 @click.command()

@@ -56,6 +56,7 @@ class RoundContext:
     known: dict[str, JobRow] = field(init=False)
     released: set[str] = field(init=False)
     parked: set[str] = field(init=False)
+    yielding: dict[str, tuple[float, str]] = field(init=False)  #: preempted by cellsched, not requeued yet
     opens: dict[str, PlanRow] = field(init=False)  #: the open intents, by job
     # 2. the work in flight the AdminComments show and the state DB does not know
     rebuilt: dict[str, tuple[SlurmJob, contract.Step, RestoredIntent]] = field(default_factory=dict)

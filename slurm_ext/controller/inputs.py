@@ -45,6 +45,9 @@ class Phase(StrEnum):
     SLURM_REQUEUED = "slurm-requeued"
 
 
+#: a job's preemptions by cellsched: ((when, for which job) of the last, every job it was preempted for)
+Preemptions = tuple[tuple[float, str], frozenset[str]]
+
 #: phases the solver sees
 SCHEDULED = (Phase.HELD, Phase.LOOSE, Phase.RELEASED, Phase.RUNNING, Phase.CHECKPOINTING, Phase.CHECKPOINTED)
 
@@ -72,6 +75,8 @@ class ManagedJob:
     plan: JobPlan | None = None
     current: Placement | None = None
     intent: PlanRow | None = None
+    #: (when, for which job) cellsched preempted it, while it checkpoints to give its GPUs away
+    yielded: tuple[float, str] | None = None
 
     @property
     def job_id(self) -> str:
@@ -269,6 +274,7 @@ def classify(
     intents: Mapping[str, PlanRow],
     released: frozenset[str] | set[str] = frozenset(),
     parked: frozenset[str] | set[str] = frozenset(),
+    yielding: Mapping[str, tuple[float, str]] | None = None,
 ) -> tuple[ManagedJob, ...]:
     """Every managed job in the snapshot with its phase.
 
@@ -276,7 +282,8 @@ def classify(
     jobs the controller released before (a held one is then left alone:
     Phase.OPERATOR_HOLD, when the state knows the job or it carries a plan);
     `parked`: jobs the controller parked (controller.relaunch): Phase.PARKED
-    while they stay held.
+    while they stay held; `yielding`: jobs cellsched preempted and has not
+    requeued yet (StateStore.yielding): Phase.CHECKPOINTING while they run.
     A job id that Slurm reuses (another submit time) is a new job. A job
     that ended checkpointed is Phase.CHECKPOINTED (to be requeued); a running job
     with a signalled intent is Phase.CHECKPOINTING. A spec read for the first time
@@ -298,15 +305,9 @@ def classify(
             spec_json = spec.to_json()
         plan = admin_comment_plan(job.admin_comment)
         intent = intents.get(job.job_id)
+        yielded, refused = (yielding or {}).get(job.job_id), None if spec is not None else error
         phase, reason, current = _phase(
-            job,
-            plan,
-            intent,
-            row,
-            spec_error=None if spec is not None else error,
-            released=released,
-            parked=parked,
-            now=now,
+            job, plan, intent, row, spec_error=refused, released=released, parked=parked, now=now, yielded=yielded
         )
         out.append(
             ManagedJob(
@@ -319,6 +320,7 @@ def classify(
                 plan=plan,
                 current=current,
                 intent=None if phase == Phase.PARKED else intent,  # a parked job's intent is not carried out
+                yielded=yielded if phase == Phase.CHECKPOINTING else None,
             )
         )
     return tuple(out)
@@ -334,9 +336,11 @@ def _phase(
     released: Collection[str],
     parked: Collection[str],
     now: float = 0.0,
+    yielded: tuple[float, str] | None = None,
 ) -> tuple[Phase, str, Placement | None]:
     """A managed job's phase, why it is there, and its current placement
-    (`classify`); `spec_error`: why its spec was refused (None: accepted).
+    (`classify`); `spec_error`: why its spec was refused (None: accepted);
+    `yielded`: (when, for which job) cellsched preempted it, not requeued since.
     A released job that Slurm requeued itself (`requeued_by_slurm` at `now`)
     is Phase.SLURM_REQUEUED: held at once (reconcile.decide)."""
     if job.finished:
@@ -353,7 +357,7 @@ def _phase(
     if spec_error is not None:
         return Phase.BAD, spec_error, None
     if job.holds_resources:
-        return _running_phase(job, plan, intent)
+        return _running_phase(job, plan, intent, yielded)
     if job.held:
         return _held_phase(job, plan, intent, row, released=released, parked=parked)
     current = placement_of(job.job_id, plan) if plan else None
@@ -365,15 +369,20 @@ def _phase(
     return Phase.RELEASED, job.reason, current
 
 
-def _running_phase(job: SlurmJob, plan: JobPlan | None, intent: PlanRow | None) -> tuple[Phase, str, Placement | None]:
+def _running_phase(
+    job: SlurmJob, plan: JobPlan | None, intent: PlanRow | None, yielded: tuple[float, str] | None
+) -> tuple[Phase, str, Placement | None]:
     """`_phase` of a job holding its resources: on its plan (running, or
-    checkpointing for a move), or without one (unplanned); a job that Slurm
-    preempts says so (it checkpoints in its grace time, and is not moved)."""
+    checkpointing for a move or for a job that preempts it), or without one
+    (unplanned); a job that Slurm preempts says so (it checkpoints in its
+    grace time, and is not moved)."""
     current = placement_of(job.job_id, plan) if plan else None
     if current is None or sorted(current.node_names) != sorted(job.nodes):
         return Phase.UNPLANNED, "runs without a cellsched plan", None
     if intent is not None and intent.status == PlanStatus.SIGNALLED:
         return Phase.CHECKPOINTING, "asked to checkpoint for a move", current
+    if yielded is not None:
+        return Phase.CHECKPOINTING, f"asked to checkpoint: preempted for job {yielded[1]}", current
     if job.preempted:
         return Phase.RUNNING, "preempted by Slurm: checkpoints in its grace time", current
     return Phase.RUNNING, "", current
@@ -486,8 +495,12 @@ def job_request(
     static: Collection[str],
     site: SiteReading,
     now: float,
+    preempted: Mapping[str, Preemptions] | None = None,
 ) -> JobRequest:
-    """The JobRequest of a managed job in a scheduled phase (`build_request`)."""
+    """The JobRequest of a managed job in a scheduled phase (`build_request`);
+    `preempted`: the job's preemptions by cellsched (StateStore.preemptions)."""
+    got = (preempted or {}).get(m.job_id)
+    last, by = (got[0][0], got[1]) if got is not None else (None, frozenset[str]())
     return JobRequest.from_spec(
         spec,
         m.job_id,
@@ -501,6 +514,8 @@ def job_request(
         running_since=m.job.start_time if m.current is not None else None,
         virtual_workers=fixed_virtual_workers(m),
         movable=m.job_id not in static,
+        preempted_at=last,
+        preempted_by=by,
         **site_fields(m.job, site.priority, now),
     )
 
@@ -517,6 +532,7 @@ def build_request(
     network: NetworkConfig | None = None,
     static: Collection[str] = (),
     site: SiteReading | None = None,
+    preempted: Mapping[str, Preemptions] | None = None,
 ) -> Inputs:
     """The ScheduleRequest of a round: jobs in a scheduled phase, with their
     progress and measured restart cost; the view counts GPUs of every job
@@ -529,7 +545,8 @@ def build_request(
     is neither elastic nor movable (controller.hooks, JobRequest.movable).
     `site`: the site's standing policy (slurm_ext.site; None: none), made
     the round's (`site.round_policy`); each job carries its account, QOS,
-    priority, time limit and reservation (`site_fields`)."""
+    priority, time limit and reservation (`site_fields`), and its
+    preemptions by cellsched (`preempted`: StateStore.preemptions)."""
     reading, now = site or SiteReading(), snapshot.taken_at
     view = request_view(snapshot, jobs, network)
     requests: list[JobRequest] = []
@@ -540,7 +557,16 @@ def build_request(
         try:
             requests.append(
                 job_request(
-                    m, m.spec, progress, excluded or {}, restart_costs or {}, first_step_at, static, reading, now
+                    m,
+                    m.spec,
+                    progress,
+                    excluded or {},
+                    restart_costs or {},
+                    first_step_at,
+                    static,
+                    reading,
+                    now,
+                    preempted,
                 )
             )
         except (JobSpecError, ValueError, TypeError) as exc:

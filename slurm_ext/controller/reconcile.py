@@ -60,6 +60,7 @@ from slurm_ext.controller.inputs import (
     same_plan,
 )
 from slurm_ext.controller.progress import default_checkpoint_dir
+from slurm_ext.records import SlurmJob
 from slurm_ext.state import HistoryEvent, PlanRow, PlanStatus, StateStore
 from solver import contract
 from solver.contract.plan import JobPlan
@@ -82,6 +83,7 @@ class ActionKind(StrEnum):
     REQUEUE = "requeue"  # requeue a checkpointed (or unresponsive) job held, to be placed later
     TIDY = "tidy"  # remove the Step from a released job's AdminComment
     RESIGNAL = "resignal"  # ask a job checkpointing for a move rebuilt from its Step again (idempotent)
+    PREEMPT = "preempt"  # signal a running job to checkpoint, wait, requeue it held (its GPUs go to another job)
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,8 @@ class Action:
     parks: bool = False
     #: REQUEUE: Slurm requeued the job already (it is pending): only held
     pending: bool = False
+    #: PREEMPT: the job its GPUs go to
+    preemptor: str = ""
 
     def summary(self) -> dict:
         d: dict = {"kind": str(self.kind), "job": self.job_id}
@@ -312,6 +316,7 @@ def decide(
     resignal: Collection[str] = (),
     static: Collection[str] = (),
     partitions: Mapping[str, tuple[str, ...]] | None = None,
+    preempted: Mapping[str, str] | None = None,
 ) -> tuple[Action, ...]:
     """Actions that make Slurm match `desired`.
 
@@ -332,12 +337,18 @@ def decide(
     are not touched, and neither is a running job in `static` (it may not be
     signalled at all: controller.hooks). `partitions`: the partitions a job
     may be placed in where the site's partition access allows it fewer than
-    its own (`site.allowed_partitions`).
+    its own (`site.allowed_partitions`). A running job in `preempted` (and
+    without a placement) is preempted: asked to checkpoint and requeued held
+    (its GPUs go to the job named).
     """
     actions: list[Action] = []
     for m in jobs:
         p = None if m.phase == Phase.RUNNING and m.job_id in static else desired.get(m.job_id)
         allowed = (partitions or {}).get(m.job_id, getattr(m.spec, "partitions", None))
+        by = (preempted or {}).get(m.job_id, "") if m.phase == Phase.RUNNING and m.job_id not in static else ""
+        if by and p is None:
+            actions.append(Action(ActionKind.PREEMPT, m.job_id, f"preempted for job {by}", preemptor=by))
+            continue
         a = _action(m, p, view, checkpoint_root, now, checkpoint_timeout_s, resignal, allowed)
         if a is not None:
             actions.append(a)
@@ -364,7 +375,8 @@ def _action(
     if m.phase == Phase.LOOSE and p is None:
         return Action(ActionKind.HOLD, m.job_id, "pending without a plan")
     if m.phase == Phase.CHECKPOINTING:
-        if m.intent is not None and now - m.intent.created > checkpoint_timeout_s:
+        since = m.intent.created if m.intent is not None else (m.yielded[0] if m.yielded is not None else None)
+        if since is not None and now - since > checkpoint_timeout_s:
             why = f"no checkpoint {checkpoint_timeout_s:.0f} s after the signal"
             return Action(ActionKind.REQUEUE, m.job_id, why, was=m.job.admin_comment)
         if m.job_id in resignal:
@@ -511,9 +523,10 @@ def apply(
     budget_s: float = float("inf"),
 ) -> list[Outcome]:
     """Carry the actions out, many jobs per Slurm call: holds, requeues and
-    the (re)signals of moves first, then the placements `batch` jobs at a time
-    (`_place_many`), then the moves whose jobs checkpointed (waited for
-    together). A failing job is recorded and skipped. Once `budget_s` (wall
+    the (re)signals of moves and preemptions first, then the placements
+    `batch` jobs at a time (`_place_many`), then the moves whose jobs
+    checkpointed (waited for together with the preempted ones, which are
+    requeued held). A failing job is recorded and skipped. Once `budget_s` (wall
     time) is spent, the placements not begun are journalled and the next
     round carries them out. SlurmUnavailable stops the round (the intents
     stay open)."""
@@ -531,14 +544,81 @@ def apply(
             signalled[a.job_id] = (a, _signal(a, backend, state, round_id, clock))
         except JOB_FAILURES as exc:
             outcomes += _outcomes([a], {a.job_id: exc})
+    preempting, failed = _preempt(of[ActionKind.PREEMPT], backend, state, round_id, clock)
+    outcomes += failed
     places = of[ActionKind.PLACE]
     for k in range(0, len(places), batch):
         if time.monotonic() - t0 > budget_s:
             outcomes += _defer(places[k:], state, round_id, clock)
             break
         outcomes += _place_many(places[k : k + batch], backend, state, round_id, clock)
-    if signalled:
-        outcomes += _finish_moves(signalled, backend, state, round_id, clock, waiting)
+    if signalled or preempting:
+        ended = _wait_ended([*signalled, *preempting], backend, clock, waiting)
+        outcomes += _finish_moves(signalled, ended, backend, state, round_id, clock)
+        outcomes += _finish_preemptions(preempting, ended, backend, state, round_id, clock)
+    return outcomes
+
+
+def _preempt(
+    actions: list[Action], backend: Backend, state: StateStore, round_id: int | None, clock: Callable[[], float]
+) -> tuple[dict[str, Action], list[Outcome]]:
+    """Ask each preempted job to checkpoint (PREEMPT), then record it ("yielded",
+    for the job its GPUs go to): the jobs signalled, and the outcomes of those
+    that could not be. A controller that dies between the two finds the job
+    running (then checkpointed: requeued like any job that ends so)."""
+    signalled: dict[str, Action] = {}
+    unsignalled: dict[str, Exception] = {}
+    for a in actions:
+        try:
+            backend.signal(a.job_id, contract.CHECKPOINT_SIGNAL, target=STEPS)
+        except JOB_FAILURES as exc:
+            unsignalled[a.job_id] = exc
+            continue
+        state.add_history(a.job_id, HistoryEvent.YIELDED, clock(), round_id, a.preemptor)
+        log.info("asked to checkpoint: preempted", extra={"fields": {**a.summary(), "for": a.preemptor}})
+        signalled[a.job_id] = a
+    return signalled, _outcomes([a for a in actions if a.job_id in unsignalled], unsignalled)
+
+
+def _wait_ended(
+    job_ids: list[str], backend: Backend, clock: Callable[[], float], waiting: Waiting
+) -> dict[str, SlurmJob | None]:
+    """Wait (bounded) for the signalled jobs to end: those that ended (None: vanished)."""
+    deadline = clock() + waiting.checkpoint_wait_s
+    ended: dict[str, SlurmJob | None] = {}
+    while True:
+        jobs = {j.job_id: j for j in backend.observe().jobs if j.job_id in job_ids}
+        ended = {j: job for j, job in jobs.items() if not job.holds_resources}
+        ended.update({j: None for j in job_ids if j not in jobs})
+        if len(ended) == len(job_ids) or clock() >= deadline or waiting.stopping():
+            return ended
+        waiting.sleep(min(waiting.poll_s, max(0.0, deadline - clock())))
+
+
+def _finish_preemptions(
+    preempting: Mapping[str, Action],
+    ended: Mapping[str, SlurmJob | None],
+    backend: Backend,
+    state: StateStore,
+    round_id: int | None,
+    clock: Callable[[], float],
+) -> list[Outcome]:
+    """Requeue held the preempted jobs that ended checkpointed; those still
+    checkpointing are requeued by a later round (Phase.CHECKPOINTING, then
+    CHECKPOINTED), those that ended otherwise (completed, failed) are left."""
+    outcomes = []
+    ready = []
+    for job_id, a in preempting.items():
+        if job_id not in ended:
+            outcomes.append(Outcome(a, True, "still checkpointing; requeued by a later round"))
+            continue
+        job = ended[job_id]
+        if job is None or not checkpointed(job):
+            outcomes.append(Outcome(a, True, "ended without a checkpoint" if job is not None else "vanished"))
+        else:
+            ready.append(dataclasses.replace(a, was=job.admin_comment))
+    if ready:
+        outcomes += _requeue(ready, backend, state, round_id, clock)
     return outcomes
 
 
@@ -687,24 +767,15 @@ def _signal(
 
 def _finish_moves(
     signalled: dict[str, tuple[Action, tuple[int, float]]],
+    ended: Mapping[str, SlurmJob | None],
     backend: Backend,
     state: StateStore,
     round_id: int | None,
     clock: Callable[[], float],
-    waiting: Waiting,
 ) -> list[Outcome]:
-    """Wait (bounded) for the signalled jobs to end, then requeue, update and
-    release those that checkpointed, together. Jobs still running are left
-    to a later round (their intent stays open)."""
-    deadline = clock() + waiting.checkpoint_wait_s
-    ended: dict[str, object] = {}
-    while True:
-        jobs = {j.job_id: j for j in backend.observe().jobs if j.job_id in signalled}
-        ended = {j: job for j, job in jobs.items() if not job.holds_resources}
-        ended.update({j: None for j in signalled if j not in jobs})
-        if len(ended) == len(signalled) or clock() >= deadline or waiting.stopping():
-            break
-        waiting.sleep(min(waiting.poll_s, max(0.0, deadline - clock())))
+    """Requeue, update and release the signalled jobs that ended
+    checkpointed (`ended`: `_wait_ended`), together. Jobs still running are
+    left to a later round (their intent stays open)."""
     outcomes = []
     ready: dict[str, tuple[int, float]] = {}
     for job_id, (a, intent) in signalled.items():
@@ -712,7 +783,7 @@ def _finish_moves(
             outcomes.append(Outcome(a, True, "still checkpointing; finished by a later round"))
             continue
         job = ended[job_id]
-        if job is None or not checkpointed(job):  # type: ignore[arg-type]
+        if job is None or not checkpointed(job):
             state.set_plan_status(intent[0], PlanStatus.GONE, clock())
             outcomes.append(
                 Outcome(a, False, "the job ended without a checkpoint" if job is not None else "the job vanished")

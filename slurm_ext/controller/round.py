@@ -24,7 +24,7 @@ from slurm_ext.controller.progress import Progress, ProgressReader
 from slurm_ext.controller.reconcile import ActionKind, Waiting, apply, checked, decide, intent_outcomes
 from slurm_ext.controller.report import RoundReport
 from slurm_ext.controller.reports import JobReports
-from slurm_ext.controller.round_metrics import declare_metrics, record_cluster, record_round
+from slurm_ext.controller.round_metrics import declare_metrics, record_cluster, record_restarts, record_round
 from slurm_ext.controller.speeds import Speeds
 from slurm_ext.parse.values import ParseError
 from slurm_ext.records import ClusterSnapshot, SlurmJob
@@ -200,6 +200,7 @@ class Controller:
         ctx.known = self.state.jobs(job_ids=ctx.listed)
         ctx.released = self.state.released(ctx.listed)
         ctx.parked = self.state.parked(ctx.listed)
+        ctx.yielding = self.state.yielding(ctx.listed)
         ctx.opens = self.state.open_plans()
 
     def _rebuild(self, ctx: RoundContext) -> None:
@@ -250,7 +251,7 @@ class Controller:
             ctx.opens = self.state.open_plans()
 
     def _classify(self, ctx: RoundContext) -> None:
-        ctx.jobs = inp.classify(ctx.snap, ctx.known, ctx.opens, ctx.released, ctx.parked)
+        ctx.jobs = inp.classify(ctx.snap, ctx.known, ctx.opens, ctx.released, ctx.parked, ctx.yielding)
 
     def _settle(self, ctx: RoundContext) -> None:
         """Persist first accepted specs and refused ones; close the intents
@@ -371,6 +372,7 @@ class Controller:
             network=cfg.network,
             static=ctx.moving.static,
             site=ctx.site,
+            preempted=self.state.preemptions(ctx.listed),
         )
 
     def _solve(self, ctx: RoundContext) -> None:
@@ -405,12 +407,12 @@ class Controller:
 
     def _decide(self, ctx: RoundContext) -> None:
         """The placements that can be carried out together (a running job
-        keeps its own unless moved) and the actions that make Slurm match them."""
-        placed = {m.job_id for m in ctx.jobs if m.current is not None}
-        request = ctx.built.request
-        requests = {j.job_id: j for j in request.jobs}
-        keep = _keep_running(ctx.jobs, ctx.reply.placements, ctx.moving.static)
-        ctx.desired, ctx.rejected = checked(ctx.built.view, keep, placed, requests, request.site, request.now)
+        keeps its own unless moved or preempted) and the actions that make
+        Slurm match them."""
+        preempted = self._checked(ctx, dict(ctx.reply.preempted))
+        lost = {v for v, p in preempted.items() if p not in ctx.desired}
+        if lost:  # a preemptor whose placement was rejected takes nobody's GPUs
+            preempted = self._checked(ctx, {v: p for v, p in preempted.items() if v not in lost})
         for job_id, why in ctx.rejected.items():
             log.error("placement rejected", extra={"fields": {"job": job_id, "error": why}})
             self.metrics.inc("errors_total", labels={"kind": "invalid_placement"})
@@ -425,9 +427,21 @@ class Controller:
             resignal=ctx.resignal,
             static=ctx.moving.static,
             partitions=allowed_partitions(ctx.built.request),
+            preempted=preempted,
         )
         ctx.actions, held_back = within_limits(ctx.actions, ctx.jobs, ctx.built.request)
         ctx.rejected.update(held_back)
+
+    def _checked(self, ctx: RoundContext, preempted: dict[str, str]) -> dict[str, str]:
+        """Set the round's `desired` placements and `rejected` ones with the
+        running jobs in `preempted` giving up their GPUs; the preempted jobs
+        left without a placement (victim -> preemptor)."""
+        placed = {m.job_id for m in ctx.jobs if m.current is not None}
+        request = ctx.built.request
+        requests = {j.job_id: j for j in request.jobs}
+        keep = _keep_running(ctx.jobs, ctx.reply.placements, ctx.moving.static, preempted)
+        ctx.desired, ctx.rejected = checked(ctx.built.view, keep, placed, requests, request.site, request.now)
+        return {v: p for v, p in preempted.items() if v not in ctx.desired}
 
     def _apply(self, ctx: RoundContext) -> None:
         """Carry the actions out (reconcile.apply), fenced by the lease."""
@@ -470,6 +484,7 @@ class Controller:
             for j in ctx.moving.static
         }
         reasons = {
+            **ctx.reply.notes,
             **ctx.reply.reasons,
             **static,
             **ctx.built.skipped,
@@ -478,7 +493,7 @@ class Controller:
             **ctx.failed,
             **later,
         }
-        ctx.statuses = tuple(_job_status(m, reasons, placed, ctx.prog) for m in ctx.jobs)
+        ctx.statuses = tuple(_job_status(m, reasons, placed, ctx.prog, ctx.reply.notes) for m in ctx.jobs)
 
     def _record_statuses(self, ctx: RoundContext) -> None:
         """Store the statuses; a "finished" event for each job that ended; the jobs Slurm forgot vanish."""
@@ -494,6 +509,7 @@ class Controller:
         for o in ctx.outcomes:
             self.metrics.inc("actions_total", labels={"kind": o.action.kind, "result": "ok" if o.ok else "failed"})
         record_cluster(self.metrics, ctx.snap, ctx.jobs)
+        record_restarts(self.metrics, self.state.restart_counts(m.job_id for m in ctx.jobs))
         report = RoundReport(
             ctx.round_id,
             RoundStatus.OK,
@@ -574,13 +590,17 @@ def _marked_jobs(snap: ClusterSnapshot) -> tuple[dict[str, tuple[SlurmJob, contr
     return marked, unmarked
 
 
-def _job_status(m: inp.ManagedJob, reasons: Mapping[str, str], placed: set[str], prog: Progress) -> JobStatus:
-    """A managed job's status: `placed`: released this round; `reasons`: why
-    a job is not placed; `prog`: its progress and where it came from."""
+def _job_status(
+    m: inp.ManagedJob, reasons: Mapping[str, str], placed: set[str], prog: Progress, notes: Mapping[str, str]
+) -> JobStatus:
+    """A managed job's status: `placed`: released this round (with the
+    policy's note first, when it has one: a preemptor names its victims);
+    `reasons`: why a job is where it is; `prog`: its progress and where it
+    came from."""
     j = m.job
     phase = inp.Phase.RELEASED if m.job_id in placed else m.phase
     if m.job_id in placed:
-        reason = "released this round"
+        reason = f"{notes[m.job_id]}; released this round" if m.job_id in notes else "released this round"
     elif m.job_id in reasons:
         reason = reasons[m.job_id]
     elif m.phase == inp.Phase.RELEASED:
@@ -674,17 +694,20 @@ def restored_intent(job: SlurmJob, step: contract.Step) -> RestoredIntent | None
 
 
 def _keep_running(
-    jobs: tuple[inp.ManagedJob, ...], placements: Mapping[str, Any], static: Collection[str] = ()
+    jobs: tuple[inp.ManagedJob, ...],
+    placements: Mapping[str, Any],
+    static: Collection[str] = (),
+    preempted: Collection[str] = (),
 ) -> dict[str, Any]:
     """The policy's placements, except that a running job keeps its GPUs when
     it is not moved: it is not elastic, or it is `static` (controller.hooks),
-    or the policy gave it no placement (the controller does not preempt), or
-    it is checkpointing already."""
+    or the policy gave it no placement and did not preempt it (`preempted`),
+    or it is checkpointing already."""
     out = dict(placements)
     for m in jobs:
         if m.current is None or m.phase not in (inp.Phase.RUNNING, inp.Phase.CHECKPOINTING):
             continue
         elastic = m.spec is not None and m.spec.elastic and m.phase == inp.Phase.RUNNING and m.job_id not in static
-        if m.job_id not in out or not elastic:
+        if (m.job_id not in out and m.job_id not in preempted) or not elastic:
             out[m.job_id] = m.current
     return out

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Collection, Mapping
 
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller import metrics as mx
@@ -22,6 +23,12 @@ def declare_metrics(m: mx.Metrics) -> None:
         ("gpus", "gauge", "GPUs by type and use (total, used, managed)"),
         ("actions_total", "counter", "Actions by kind and result"),
         ("errors_total", "counter", "Errors by kind"),
+        (
+            "job_restarts",
+            "gauge",
+            "Restarts per managed job Slurm lists (requeues by the controller: moves, resizes, preemptions, "
+            "runs placed again), by statistic (mean, p99, max)",
+        ),
     ):
         m.declare(name, kind, text)
 
@@ -69,3 +76,16 @@ def record_cluster(m: mx.Metrics, snap: ClusterSnapshot, jobs: tuple[inp.Managed
                 key = (("gpu_type", types.get(name) or "unknown"), ("use", "managed"))
                 gpus[key] = gpus.get(key, 0.0) + job.gpus_per_node
     m.replace("gpus", gpus)
+
+
+def restart_stats(counts: Collection[int]) -> dict[str, float]:
+    """mean, p99 (nearest rank) and max of restarts per job; 0 for no job."""
+    v = sorted(counts)
+    if not v:
+        return {"mean": 0.0, "p99": 0.0, "max": 0.0}
+    return {"mean": sum(v) / len(v), "p99": float(v[max(0, math.ceil(0.99 * len(v)) - 1)]), "max": float(v[-1])}
+
+
+def record_restarts(m: mx.Metrics, counts: Mapping[str, int]) -> None:
+    """Restarts per job (StateStore.restart_counts of the round's managed jobs): mean, p99, max."""
+    m.replace("job_restarts", {(("stat", k),): v for k, v in restart_stats(counts.values()).items()})

@@ -33,6 +33,8 @@ Our format (TOML shown; JSON is ``{"name": ..., "nodes": [{...}, ...]}``)::
     gpus = 64              # GrpTRES (optional)
     user_gpus = 16         # MaxTRESPerUser (optional)
     job_gpus = 16          # MaxTRESPerJob (optional)
+    priority = 0           # the QOS's Priority (preemption rank; default 0)
+    trace_fraction = 0.1   # traces without a QOS: the share of their jobs given it (default 0)
 
 Arena's format: ``{"cluster": {gpu: {"node_num", "gpus_per_node", ...}}}``
 (gpus_per_node defaults to Arena's node capacity of that type; a
@@ -60,7 +62,7 @@ from solver.contract.profiles.arena import load_device_specs, shipped_path
 _GROUP_KEYS = {"gpu_type", "count", "gpus_per_node", "mem_gb", "nic_gbps", "rack"}
 _SITE_KEYS = {"accounts", "qos", "default_qos", "decay_half_life_s"}
 _ACCOUNT_KEYS = {"share", "gpus", "user_gpus", "users", "trace_weight", "parent", "jobs", "user_jobs"}
-_QOS_KEYS = {"gpus", "user_gpus", "job_gpus"}
+_QOS_KEYS = {"gpus", "user_gpus", "job_gpus", "priority", "trace_fraction"}
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -195,8 +197,12 @@ def _site(data: Any, at: str) -> SiteSpec:
                 _limit(q.get("gpus"), f"{where}: field 'gpus'"),
                 _limit(q.get("user_gpus"), f"{where}: field 'user_gpus'"),
                 _limit(q.get("job_gpus"), f"{where}: field 'job_gpus'"),
+                _share(q.get("priority", 0), f"{where}: field 'priority'"),
+                _fraction(q.get("trace_fraction", 0), f"{where}: field 'trace_fraction'"),
             )
         )
+    if sum(q.trace_fraction for q in qos) > 1.0 + 1e-9:
+        raise ClusterSpecError(f"{at}.qos: the trace_fractions add up to more than 1")
     default_qos = table.get("default_qos", "")
     if not isinstance(default_qos, str) or (default_qos and default_qos not in {q.name for q in qos}):
         known = ", ".join(q.name for q in qos) or "none"
@@ -228,6 +234,12 @@ def _name(value: str, at: str) -> str:
 def _share(value: Any, at: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e9:
         raise ClusterSpecError(f"{at} must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+def _fraction(value: Any, at: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ClusterSpecError(f"{at} must be a number from 0 to 1, got {value!r}")
     return float(value)
 
 

@@ -18,9 +18,14 @@ watcher) `min_gap_s` after the last round when a job arrived or ended.
 With ``skip_idle_rounds`` a round is not run when nothing changed since the
 last one (no arrival, no job end or requeue, no node change, no failed
 action): the solver is deterministic (SolverConfig.deterministic) and would
-repeat its decision. What it does not see is time alone: a job's age bonus
-grows between rounds, so a job the policy left waiting next to free GPUs
-waits until the next change. The simulation ends when no event is left.
+repeat its decision. Two clocks the decision depends on are changes too:
+a job's run reaching the restart governor's min_run_s (SolverConfig.min_run_s:
+a round is due min_run_s after each start) and, with preemption on, a
+preempted job's back-off running out (preemption_backoff_s after each
+requeue); neither is set with their defaults (0, "off"). What it does not
+see is other time alone: a job's age bonus grows between rounds, so a job
+the policy left waiting next to free GPUs waits until the next change. The
+simulation ends when no event is left.
 
 Arena-compatible mode (``arena_compat``) reproduces the conventions of
 Arena's own simulator (solver/data/arena/README.md): fixed rounds of
@@ -53,6 +58,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import heapq
 import logging
 import math
 import shutil
@@ -416,6 +422,7 @@ class Simulator:
         self._last_round = -math.inf
         self._next_round = self.t0
         self._in_round = False
+        self._wakes: list[float] = []  # times a round is due by the clock alone (`_wake_at`), a heap
         self.timings: dict[str, float] = {
             "round_s": 0.0,
             "solve_s": 0.0,
@@ -447,12 +454,22 @@ class Simulator:
 
     def _on_event(self, kind: str) -> None:
         """Something happened in the world (see _Changes): a sample is due, and
-        a round when a job arrived or ended, was requeued, or a node changed."""
+        a round when a job arrived or ended, was requeued, or a node changed;
+        a start or a requeue may make a round due later (`_wake_at`)."""
         self._sample_due = True
+        cfg = self.options.solver
+        if kind == "start" and cfg.min_run_s > 0:
+            self._wake_at(self.clock.now + cfg.min_run_s)
+        elif kind == "requeue" and cfg.preemption != "off" and cfg.preemption_backoff_s > 0:
+            self._wake_at(self.clock.now + cfg.preemption_backoff_s)
         if kind in ("submit", "end", "requeue", "node"):
             self.dirty = True
             if not self._in_round and kind != "submit":
                 self._want_round(self.clock.now)
+
+    def _wake_at(self, t: float) -> None:
+        """A change due at `t` by the clock alone (the module doc): a round is wanted then."""
+        heapq.heappush(self._wakes, t)
 
     def _want_round(self, t: float) -> None:
         """A change at `t`: an early round (or the next interval round, when rounds are idle)."""
@@ -703,9 +720,16 @@ class Simulator:
         t_round = self._next_round
         if not self.options.skip_idle_rounds and self._drained():
             return False
-        t = min(t_ev, t_arr, t_round)
+        t_wake = self._wakes[0] if self._wakes and not self._drained() else math.inf
+        t = min(t_ev, t_arr, t_round, t_wake)
         if math.isinf(t) or self._over_time(t):
             return False
+        if t_wake <= t and t_ev > t and t_arr > t:
+            heapq.heappop(self._wakes)
+            self.world.advance(t)
+            self.dirty = True
+            self._want_round(t)
+            return True
         if t_ev <= t or t_arr <= t:
             self._advance_to(t)
         else:

@@ -16,6 +16,9 @@ Conventions:
   above 100 samples/s; with one sample per equal-length round (arena-compat
   mode) that is exactly Arena's per-round mean.
 * Statistics that have no data (e.g. no job finished) are None (null in JSON).
+* restarts: every job's starts after its first, summed; restarts_mean and
+  restarts_p99 the mean and 99th percentile per job over all the run's jobs
+  (finished or not).
 * cell_kinds: per kind of cell (slurm_ext.sim.types.CELL_KINDS: single-type,
   mixed data-parallel, mixed pipeline, and state-sharded, which overlaps the
   others), the runs that began in one (placements), the jobs that had such a
@@ -57,6 +60,9 @@ class PolicyResult:
     avg_throughput_arena: float | None
     gpu_util_by_type: Mapping[str, float] = field(default_factory=dict)
     restarts: int = 0
+    #: restarts per job over all the run's jobs: mean and 99th percentile (None: no job)
+    restarts_mean: float | None = None
+    restarts_p99: float | None = None
     round_mean_s: float | None = None
     round_max_s: float | None = None
     solve_mean_s: float | None = None
@@ -173,6 +179,8 @@ def summarize(run: SimRun) -> PolicyResult:
         avg_throughput_arena=(sum(d * s.throughput for d, s in above) / above_time) if above_time > 0 else None,
         gpu_util_by_type=util,
         restarts=sum(j.restarts for j in run.jobs),
+        restarts_mean=_mean([j.restarts for j in run.jobs]),
+        restarts_p99=percentile([j.restarts for j in run.jobs], 99),
         round_mean_s=_mean([r.total_s for r in run.rounds]),
         round_max_s=max((r.total_s for r in run.rounds), default=None),
         solve_mean_s=_mean([r.solve_s for r in run.rounds]),
@@ -222,6 +230,7 @@ def markdown_table(results: Sequence[PolicyResult]) -> str:
         "Arena avg thr",
         "peak thr",
         "restarts",
+        "restarts per job mean/p99",
         "round mean/max s",
         "solve mean s",
     ]
@@ -244,6 +253,7 @@ def markdown_table(results: Sequence[PolicyResult]) -> str:
             _num(r.avg_throughput_arena, 1),
             _num(r.peak_throughput, 1),
             str(r.restarts),
+            f"{_num(r.restarts_mean, 2)}/{_num(r.restarts_p99, 1)}",
             f"{_num(r.round_mean_s, 3)}/{_num(r.round_max_s, 3)}",
             _num(r.solve_mean_s, 3),
         ]

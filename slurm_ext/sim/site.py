@@ -10,7 +10,10 @@ policies get in `ScheduleRequest.site` every round.
   ``trace_weight`` over their sum; its user is ``<account>-u<k>`` with k =
   sha256("user:" + job id) mod the account's ``users``. A job keeps the
   account and user a trace gives it (sacct). Its QOS: the trace's, else
-  the site's ``default_qos``.
+  by the same rule with v = the first 64 bits of sha256("qos:" + job id)
+  over 2^64: the QOS in the file's order take slices of [0, 1) as wide as
+  their ``trace_fraction``, and a job whose v falls in none gets the
+  site's ``default_qos``.
 * `SiteUsage`: an observer of the world that keeps each account's usage as
   Slurm does with PriorityDecayHalfLife H: the GPU-seconds its jobs hold,
   each second's worth decayed by 2^(-age/H). Slurm applies the decay every
@@ -88,8 +91,20 @@ def assign_accounts(trace: Sequence[TraceJob], site: SiteSpec) -> tuple[TraceJob
                     break
             account = spec.name
             user = f"{account}-u{int(hashlib.sha256(f'user:{job.job_id}'.encode()).hexdigest(), 16) % spec.users}"
-        out.append(dataclasses.replace(job, account=account, user=user, qos=job.qos or site.default_qos))
+        out.append(dataclasses.replace(job, account=account, user=user, qos=job.qos or _trace_qos(job, site)))
     return tuple(out)
+
+
+def _trace_qos(job: TraceJob, site: SiteSpec) -> str:
+    """The QOS of a trace job that names none (module doc)."""
+    if not any(q.trace_fraction for q in site.qos):
+        return site.default_qos
+    v, edge = _unit(f"qos:{job.job_id}"), 0.0
+    for q in site.qos:
+        edge += q.trace_fraction
+        if v < edge:
+            return q.name
+    return site.default_qos
 
 
 def normalized_shares(site: SiteSpec) -> dict[str, float]:
@@ -308,6 +323,7 @@ class SiteUsage(Observer):
             shares=dict(self.shares),
             usage=usage,
             fairshare={a: classic_factor(usage.get(a, 0.0), s) for a, s in self.shares.items()},
+            qos_priority={q.name: q.priority for q in self.site.qos if q.priority},
         )
 
     def summary(self) -> dict[str, Any]:

@@ -75,12 +75,17 @@ class AccountSpec:
 @dataclass(frozen=True)
 class QosSpec:
     """One QOS of a simulated site (``[site.qos.NAME]``): GrpTRES,
-    MaxTRESPerUser and MaxTRESPerJob for gres/gpu (None: none)."""
+    MaxTRESPerUser and MaxTRESPerJob for gres/gpu (None: none), its
+    Priority (the first part of a job's preemption rank,
+    solver.placement.preempt), and, for traces without a QOS, the share of
+    their jobs given it (slurm_ext.sim.site.assign_accounts)."""
 
     name: str
     gpus: int | None = None
     user_gpus: int | None = None
     job_gpus: int | None = None
+    priority: float = 0.0
+    trace_fraction: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -62,18 +62,36 @@ def fits(
 
 
 def split_fixed(
-    cluster: ClusterView, jobs: Sequence[JobRequest], movable_running: bool, config: SolverConfig
+    cluster: ClusterView,
+    jobs: Sequence[JobRequest],
+    movable_running: bool,
+    config: SolverConfig,
+    now: float | None = None,
 ) -> tuple[dict[str, Placement], list[JobRequest], dict[str, str]]:
     """Running jobs that keep their placement, the jobs to optimise, reasons.
 
     A running job is fixed unless it is elastic and movable
     (JobRequest.movable), `movable_running` is set and config.allow_resize
-    is true. A fixed placement that no longer fits (node gone, drained,
-    taken) frees the job to be placed again.
+    is true, and, given `now`, the restart governor lets it go (`governed`).
+    A fixed placement that no longer fits (node gone, drained, taken) frees
+    the job to be placed again.
     """
     return _split(
-        cluster, jobs, lambda job: not (movable_running and job.elastic and job.movable and config.allow_resize)
+        cluster,
+        jobs,
+        lambda job: (
+            not (movable_running and job.elastic and job.movable and config.allow_resize)
+            or (now is not None and governed(job, now, config.min_run_s))
+        ),
     )
+
+
+def governed(job: JobRequest, now: float, min_run_s: float) -> bool:
+    """The restart governor (SolverConfig.min_run_s): is the job's current
+    run (JobRequest.running_since: its start, or its last move or resize,
+    which restarts it) younger than `min_run_s`? Such a job keeps its
+    placement; 0 turns it off."""
+    return min_run_s > 0 and job.running_since is not None and now - job.running_since < min_run_s
 
 
 def split_static(

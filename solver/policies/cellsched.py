@@ -5,7 +5,14 @@ rest (solver.placement.objective); then one CP-SAT model picks at most one
 cell per job for all jobs together and the node pass names the nodes.
 Running elastic jobs may be resized or moved when the gain pays the restart
 penalty; with `elastic=False` ("cellsched-static") or config.allow_resize
-false, running jobs keep their placement.
+false, running jobs keep their placement, and so does a job whose current
+run is younger than config.min_run_s (the restart governor,
+placement.candidates.governed). With config.preemption "priority", a
+pending job of higher rank that the plan leaves without GPUs may take
+those of lower-ranked jobs, running ones preempted to zero
+(solver.placement.preempt; ScheduleReply.preempted). Each running job
+that keeps its placement gets a note saying why (solver.placement.explain;
+ScheduleReply.notes).
 
 With `contention_aware` (and a cluster whose NICs are known), sharing is
 priced in a round where two multi-node jobs on one network card or rack
@@ -60,7 +67,9 @@ from solver.contention import duty, nic_by_type
 from solver.estimator.protocol import EstimatorLike
 from solver.placement import Space, objective, place_jobs, split_fixed
 from solver.placement.candidates import Option, Pick, fits, make_options, option_picks
+from solver.placement.explain import stay_notes
 from solver.placement.joint import Result
+from solver.placement.preempt import Preempted, preempt
 from solver.placement.siterules import (
     UNMANAGED_PREFIX,
     SiteRules,
@@ -212,7 +221,7 @@ class CellschedPolicy:
     def schedule(self, request: ScheduleRequest, estimator: EstimatorLike) -> ScheduleReply:
         t0 = time.perf_counter()
         cfg, cluster = request.config, request.cluster
-        fixed, jobs, reasons = split_fixed(cluster, _configured(request.jobs, cfg), self.elastic, cfg)
+        fixed, jobs, reasons = split_fixed(cluster, _configured(request.jobs, cfg), self.elastic, cfg, request.now)
         rules = None
         if not request.site.empty:
             rules = SiteRules(request.site, cluster, request.jobs, fixed, request.now)
@@ -244,7 +253,7 @@ class CellschedPolicy:
         weights = objective.job_weights(jobs, refs, request.now, cfg)
         if rules is not None and rules.fair:
             weights = {j.job_id: weights[j.job_id] * rules.fair_weight(j) for j in jobs}
-        picks = {}
+        picks, mults = {}, {}
         by_name = {n.name: n for n in cluster.nodes}
         for job in jobs:
             ref = refs[job.job_id]
@@ -256,13 +265,16 @@ class CellschedPolicy:
                     reasons.setdefault(job.job_id, reason_no_cell(why))
                 continue
             stay = job.current is not None and fits(by_name, job.current, used)
+            mults[job.job_id] = objective.restart_factor(
+                job, cfg, remaining_s=_remaining_s(job), stayed_s=_stayed_s(job, request.now)
+            )
             picks[job.job_id] = option_picks(
                 job,
                 ests[job.job_id],
                 ref,
                 weights[job.job_id],
                 cfg.fairness_p,
-                objective.restart_factor(job, cfg, remaining_s=_remaining_s(job), stayed_s=_stayed_s(job, request.now)),
+                mults[job.job_id],
                 stay,
                 cfg.max_cells_per_job,
                 utils[job.job_id],
@@ -309,12 +321,29 @@ class CellschedPolicy:
             for job in jobs:
                 if job.job_id not in result.placements and job.job_id not in reasons:
                     reasons[job.job_id] = "waiting: the GPUs are worth more to other jobs this round"
-            return reply(fixed, result, offered, reasons, t1 - t0)
-        reasons.update(held)
-        with_claims = {**fixed, **result.placements}
-        result = _without_stand_ins(result, claims)
-        site_reasons(rules, jobs, allowed, with_claims, claims, reasons)
-        return reply(fixed, result, offered, reasons, t1 - t0, request)
+            out, claimed = reply(fixed, result, offered, reasons, t1 - t0), {}
+        else:
+            reasons.update(held)
+            with_claims = {**fixed, **result.placements}
+            claimed = {jid: p for jid, p in result.placements.items() if jid in claims}
+            result = _without_stand_ins(result, claims)
+            site_reasons(rules, jobs, allowed, with_claims, claims, reasons)
+            out = reply(fixed, result, offered, reasons, t1 - t0, request)
+        if cfg.preemption != "off":
+            out = _preempted(out, preempt(request, jobs, out.placements, ests, rules, claimed))
+        cells = {jid: {o.cell for o in opts} for jid, opts in allowed.items()}
+        notes = stay_notes(
+            request.jobs, out.placements, fixed, ests, refs, mults, cells, self.elastic, cfg, request.now
+        )
+        return dataclasses.replace(out, notes={**notes, **out.notes})
+
+
+def _preempted(out: ScheduleReply, done: Preempted) -> ScheduleReply:
+    """The reply with the preemption pass's plan (solver.placement.preempt)."""
+    reasons = {k: v for k, v in {**out.reasons, **done.reasons}.items() if k not in done.placements}
+    return dataclasses.replace(
+        out, placements=done.placements, reasons=reasons, preempted=done.preempted, notes={**out.notes, **done.notes}
+    )
 
 
 def pick_costs(

@@ -9,18 +9,22 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_ext.cli import main, status_cmd
-from slurm_ext.state import JobStatus, StateStore
+from slurm_ext.state import HistoryEvent, JobStatus, StateStore
 from solver.contract.jobspec import JobSpec
 from solver.site import (
     GpuLimit,
     LimitKind,
     LimitScope,
     reason_fairshare,
+    reason_governor,
     reason_limit,
     reason_no_cell,
     reason_outbid,
     reason_partition,
+    reason_preempted,
+    reason_preempting,
     reason_reservation,
+    reason_stays,
     reason_unmanaged,
 )
 
@@ -58,6 +62,22 @@ CASES = {
         "GPU limit: user association acct-b/bob (account/user) GrpTRES allows 6 GPUs, 6 in use or planned",
     ),
     "30": ("waiting: not chosen", "waiting: not chosen"),
+    "31": (
+        reason_preempted("40", "qos urgent priority 100 > qos normal priority 0"),
+        "preempted to zero GPUs for job 40, which outranks it: qos urgent priority 100 > qos normal priority 0",
+    ),
+    "32": (
+        reason_preempting(("41", "42")) + "; released this round",
+        "takes the GPUs of jobs of lower rank, preempted to zero: 41, 42",
+    ),
+    "33": (
+        reason_governor(120.4, 600.0),
+        "the restart governor keeps it where it runs: its run is 120 s old, min_run_s is 600 s",
+    ),
+    "34": (
+        reason_stays("a40:1x2:pp1", "a40:1x4:pp1 worth 1.15x, 0.92x after its restart cost"),
+        "runs on in a40:1x2:pp1: a40:1x4:pp1 worth 1.15x, 0.92x after its restart cost",
+    ),
 }
 
 
@@ -98,3 +118,37 @@ def test_status_why_and_the_one_line_reason_of_each_pending_job(config):
         assert line.endswith(reason)
     res = CliRunner().invoke(main, ["status", "--config", str(config), "--why", "99"])
     assert res.exit_code != 0 and "no managed job 99" in res.output
+
+
+def test_why_names_the_preemptor_and_the_victims_from_the_history(config, tmp_path):
+    """Job 31 was preempted for job 32 twice, job 33 for 32 once: --why 31 names
+    the job it gave its GPUs to, --why 32 the jobs that gave it theirs, long
+    after the round's reason has moved on."""
+    with StateStore(tmp_path / "s.sqlite") as st:
+        for victim, t in (("31", 1000.0), ("33", 1001.0), ("31", 5000.0)):
+            st.add_history(victim, HistoryEvent.YIELDED, t, 1, "32")
+    res = CliRunner().invoke(main, ["status", "--config", str(config), "--why", "31"])
+    lines = res.output.splitlines()
+    assert lines[1].startswith("  preempted for: job 32 at ") and lines[1].count("job 32 at") == 2
+    res = CliRunner().invoke(main, ["status", "--config", str(config), "--why", "32"])
+    assert res.output.splitlines()[1].startswith("  preempted for it: job 31 at ")
+    assert [v for v in ("31", "33") if f"job {v} at" in res.output.splitlines()[1]] == ["31", "33"]
+    out = json.loads(CliRunner().invoke(main, ["status", "--config", str(config), "--why", "32", "--json"]).output)
+    assert [(p["job"], p["time"]) for p in out["preempted_for_it"]] == [("31", 1000.0), ("33", 1001.0), ("31", 5000.0)]
+    out = json.loads(CliRunner().invoke(main, ["status", "--config", str(config), "--why", "31", "--json"]).output)
+    assert [(p["job"], p["time"]) for p in out["preempted_by"]] == [("32", 1000.0), ("32", 5000.0)]
+    assert out["kind"] == "preempted" and out["fields"]["job"] == "40"
+
+
+def test_status_says_the_restarts_per_job(config, tmp_path):
+    """Requeues by the controller per job: 14 jobs, one requeued 3 times, one once."""
+    with StateStore(tmp_path / "s.sqlite") as st:
+        for job_id, n in (("21", 3), ("22", 1)):
+            for k in range(n):
+                st.add_history(job_id, HistoryEvent.REQUEUED, 10.0 + k)
+        st.add_history("23", HistoryEvent.SIGNALLED, 10.0)  # a signal alone is no restart
+    out = CliRunner().invoke(main, ["status", "--config", str(config)]).output
+    n = len(CASES)
+    assert f"restarts per job: mean {4 / n:.2f}, p99 3, max 3 over {n} jobs" in out
+    got = json.loads(CliRunner().invoke(main, ["status", "--config", str(config), "--json"]).output)
+    assert got["restarts_per_job"] == {"mean": 4 / n, "p99": 3.0, "max": 3.0}

@@ -27,7 +27,7 @@ from slurm_ext.controller.progress import (
 )
 from slurm_ext.controller.reconcile import ActionKind, checked, choose_partition, decide, intent_outcomes
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
-from slurm_ext.state import JobStatus, StateStore
+from slurm_ext.state import HistoryEvent, JobStatus, StateStore
 from solver.contract.jobspec import JobSpec
 from solver.contract.plan import JobPlan
 from solver.types import Cell, ParallelPlan, Placement
@@ -536,3 +536,54 @@ def test_plan_status_transitions_are_checked(tmp_path):
         assert [p.status for p in st.plans_of("2")] == [PlanStatus.UPDATED]
         with pytest.raises(StateError, match="no plan 99"):
             st.set_plan_status(99, PlanStatus.RELEASED, 12.0)
+
+
+def test_a_preempted_job_is_signalled_then_checkpointing_then_requeued():
+    """decide: a running job the reply preempted (and left without a
+    placement) gets a PREEMPT action, unless static; classify: a running job
+    cellsched preempted and has not requeued is checkpointing, and requeued
+    after checkpoint_timeout_s without a checkpoint; ended with exit 75 it is
+    checkpointed and requeued held like any job that ends so."""
+    running = managed_job("4", held=False, state="RUNNING", nodes=("n1",), admin_comment=plan_comment("4", ("n1",)))
+    snap = snapshot(running)
+    jobs = inp.classify(snap, {}, {})
+    view = inp.build_request(snap, jobs, {}, Config().solver).view
+    acts = decide(jobs, {}, view, "/ck", preempted={"4": "9"})
+    assert [(a.kind, a.job_id, a.preemptor, a.why) for a in acts] == [
+        (ActionKind.PREEMPT, "4", "9", "preempted for job 9")
+    ]
+    assert decide(jobs, {}, view, "/ck", preempted={"4": "9"}, static={"4"}) == ()  # never signalled
+    assert decide(jobs, {}, view, "/ck") == ()  # not preempted: left running
+    yielding = inp.classify(snap, {}, {}, yielding={"4": (990.0, "9")})
+    assert [(m.phase, m.reason, m.yielded) for m in yielding] == [
+        (inp.Phase.CHECKPOINTING, "asked to checkpoint: preempted for job 9", (990.0, "9"))
+    ]
+    assert decide(yielding, {}, view, "/ck", now=1000.0, checkpoint_timeout_s=60.0) == ()  # still in its time
+    late = decide(yielding, {}, view, "/ck", now=1100.0, checkpoint_timeout_s=60.0)
+    assert [(a.kind, a.job_id) for a in late] == [(ActionKind.REQUEUE, "4")]
+    ended = managed_job("4", held=False, state="FAILED", exit_code=75, admin_comment=plan_comment("4", ("n1",)))
+    (m,) = inp.classify(snapshot(ended), {}, {}, yielding={"4": (990.0, "9")})
+    assert m.phase == inp.Phase.CHECKPOINTED and m.current is None
+    assert [(a.kind, a.why) for a in decide((m,), {}, view, "/ck")] == [
+        (ActionKind.REQUEUE, "checkpointed; waits for a placement")
+    ]
+
+
+def test_the_state_keeps_preemptions_and_counts_restarts(tmp_path):
+    with StateStore(tmp_path / "s.sqlite") as st:
+        for job_id in ("1", "2", "3"):
+            st.accept_spec(job_id, "alice", SPEC.to_json(), "comment", 1.0)
+        st.add_history("1", HistoryEvent.YIELDED, 10.0, 1, "3")  # 1 preempted for 3 ...
+        st.add_history("1", HistoryEvent.REQUEUED, 11.0, 1)  # ... and requeued
+        st.add_history("1", HistoryEvent.YIELDED, 50.0, 2, "2")  # then for 2: not requeued yet
+        st.add_history("2", HistoryEvent.YIELDED, 60.0, 3, "3")
+        st.add_history("2", HistoryEvent.REQUEUED, 61.0, 3)
+        st.add_history("2", HistoryEvent.REQUEUED, 90.0, 4)  # a move's requeue
+        assert st.yielding(["1", "2", "3"]) == {"1": (50.0, "2")}
+        assert st.preemptions(["1", "2", "3"]) == {
+            "1": ((50.0, "2"), frozenset({"2", "3"})),
+            "2": ((60.0, "3"), frozenset({"3"})),
+        }
+        assert st.preempted_for("3") == [(10.0, "1"), (60.0, "2")]
+        assert st.restart_counts() == {"1": 1, "2": 2, "3": 0}
+        assert st.restart_counts(["2", "9"]) == {"2": 2, "9": 0}

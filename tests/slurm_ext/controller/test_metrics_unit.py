@@ -24,6 +24,7 @@ EXPORTED = {
     "cellsched_gpus": "gauge",
     "cellsched_actions_total": "counter",
     "cellsched_errors_total": "counter",
+    "cellsched_job_restarts": "gauge",
 }
 
 

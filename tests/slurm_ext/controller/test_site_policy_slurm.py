@@ -17,6 +17,9 @@ that managed jobs can hold every GPU.
   jobs together, and an account's GrpJobs=1 never has two of them running
   (Slurm's tree and job counts, issue 57);
 * `cellsched sbatch` at the user's MaxSubmitJobs exits with Slurm's words.
+* with preemption = "priority", a job of a QOS of higher priority starts
+  within 3 rounds while elastic managed jobs of the normal QOS hold every
+  GPU: one of them checkpoints, is requeued held and placed again later.
 
 Slurm is the oracle throughout: what runs where is read back from squeue.
 """
@@ -341,3 +344,75 @@ def test_cellsched_sbatch_at_max_submit_jobs_exits_with_slurms_words(tree, tmp_p
         "(job submit limit, user's size and/or time limits)",
     ]
     assert len([j for j in _slurm("squeue", "-h", "-A", "capped", "-o", "%i").split() if j]) == 2
+
+
+def test_a_job_of_an_urgent_qos_preempts_an_elastic_job_within_3_rounds(site, tmp_path):
+    """QOS gpu2 gets Priority=100 (normal has 0); two elastic jobs of the
+    normal QOS that never go below 4 GPUs hold all 8; a job of QOS gpu2 asks
+    for 2 a40 GPUs. The round preempts the a40 job (its step exits 75 on the
+    signal, the controller requeues it held), Slurm starts the urgent job on
+    its GPUs; once the urgent job is gone the victim is placed again and runs."""
+    backend = get_backend("cli")
+    config = write_config(tmp_path / "c.toml", tmp_path / "state.sqlite", checkpoint_wait_s=20.0, checkpoint_poll_s=0.3)
+    with config.open("a") as f:
+        f.write('preemption = "priority"\n')  # the [solver] section is the file's last
+    ctl = Controller(load(config))
+    _slurm("sacctmgr", "-i", "modify", "qos", "gpu2", "set", "Priority=100")
+    try:
+        held = ("-A", "acct-b", "--elastic", "--min-gpus", "4", "--max-gpus", "4")
+        e1 = _managed(tmp_path, *held, "--gpu-types", "a40", name="e1")
+        e2 = _managed(tmp_path, *held, "--gpu-types", "a100", name="e2")
+        ctl.round()
+        wait_until(
+            lambda: (
+                _gpus(backend.observe(), {e1, e2}) == GPUS
+                and all(backend.observe().job(j).state == "RUNNING" for j in (e1, e2))
+            ),
+            60,
+            "the elastic jobs to hold every GPU",
+        )
+        wait_until(lambda: all((tmp_path / ".cellsched" / j / "progress.json").exists() for j in (e1, e2)), 30, "steps")
+        urgent = _managed(
+            tmp_path,
+            "-A",
+            "acct-a",
+            "--qos",
+            "gpu2",
+            "--gpu-types",
+            "a40",
+            "--min-gpus",
+            "2",
+            "--max-gpus",
+            "2",
+            "--elastic",
+            name="u",
+        )
+        rounds = 0
+        while backend.observe().job(urgent).state != "RUNNING":
+            assert rounds < 3, [(j.job_id, j.state, j.reason) for j in backend.observe().jobs]
+            report = ctl.round()
+            rounds += 1
+            assert report.status == "ok", report.error
+            try:
+                wait_for(lambda: backend.observe().job(urgent).state == "RUNNING", timeout=15, what="the urgent job")
+            except AssertionError:
+                continue
+        snap = backend.observe()
+        assert set(snap.job(urgent).nodes) <= {"n1", "n2"} and snap.job(urgent).qos == "gpu2"
+        assert snap.job(e1).pending and snap.job(e1).held  # checkpointed, requeued held by cellsched
+        assert snap.job(e2).state == "RUNNING"
+        why = _why(config, urgent)
+        assert why["preempted_for_it"] and [p["job"] for p in why["preempted_for_it"]] == [e1], why
+        assert [p["job"] for p in _why(config, e1)["preempted_by"]] == [urgent]
+        _slurm("scancel", urgent)
+        wait_for(lambda: not backend.observe().job(urgent).holds_resources, timeout=30, what="the urgent job gone")
+        for _ in range(3):  # the victim is placed again on its GPUs
+            ctl.round()
+            try:
+                wait_for(lambda: backend.observe().job(e1).state == "RUNNING", timeout=15, what="the victim to run")
+                break
+            except AssertionError:
+                continue
+        assert backend.observe().job(e1).state == "RUNNING"
+    finally:
+        _slurm("sacctmgr", "-i", "modify", "qos", "gpu2", "set", "Priority=0")
