@@ -266,27 +266,7 @@ class Controller:
             self._classify(ctx)
 
     def _record_slurm_preemptions(self, ctx: RoundContext) -> None:
-        """A "slurm-preempted" event, once, for each managed job that Slurm
-        preempts (its PreemptTime), and a "slurm-requeued" one for each time
-        Slurm requeued one itself (Phase.SLURM_REQUEUED; the requeue's submit
-        time): the journal says what Slurm did (docs/preemption.md)."""
-        seen = {
-            (j.job_id, HistoryEvent.SLURM_PREEMPTED, j.job.preempted_at)
-            for j in ctx.jobs
-            if j.job.preempted_at is not None
-        } | {
-            (j.job_id, HistoryEvent.SLURM_REQUEUED, j.job.submit_time)
-            for j in ctx.jobs
-            if j.phase == inp.Phase.SLURM_REQUEUED and j.job.submit_time is not None
-        }
-        ids = [job_id for job_id, _, _ in seen]
-        events = (HistoryEvent.SLURM_PREEMPTED, HistoryEvent.SLURM_REQUEUED)
-        known = {e: self.state.event_values(e, ids) for e in events}
-        for job_id, event, value in sorted(seen, key=lambda s: (s[0], s[1])):
-            if value in known[event].get(job_id, set()):
-                continue
-            self.state.add_history(job_id, event, ctx.now, ctx.round_id, value=value)
-            log.warning(str(event).replace("-", " "), extra={"fields": {"job": job_id, "at": value}})
+        journal_slurm_preemptions(self.state, ctx.jobs, ctx.now, ctx.round_id)
 
     def _review_failures(self, ctx: RoundContext) -> None:
         """Jobs whose run ended before training are requeued and placed again
@@ -558,6 +538,28 @@ class Controller:
                 self.state.mark_bad(m.job_id, m.job.user, m.reason, now)
                 self.metrics.inc("errors_total", labels={"kind": "bad_spec"})
                 log.warning("job refused", extra={"fields": {"job": m.job_id, "user": m.job.user, "reason": m.reason}})
+
+
+def journal_slurm_preemptions(state: StateStore, jobs: tuple[inp.ManagedJob, ...], now: float, round_id: int) -> None:
+    """A "slurm-preempted" event, once, for each managed job that Slurm
+    preempts (its PreemptTime), and a "slurm-requeued" one for each time
+    Slurm requeued one itself (Phase.SLURM_REQUEUED; the requeue's submit
+    time): the journal says what Slurm did (docs/preemption.md)."""
+    seen = {
+        (j.job_id, HistoryEvent.SLURM_PREEMPTED, j.job.preempted_at) for j in jobs if j.job.preempted_at is not None
+    } | {
+        (j.job_id, HistoryEvent.SLURM_REQUEUED, j.job.submit_time)
+        for j in jobs
+        if j.phase == inp.Phase.SLURM_REQUEUED and j.job.submit_time is not None
+    }
+    ids = [job_id for job_id, _, _ in seen]
+    events = (HistoryEvent.SLURM_PREEMPTED, HistoryEvent.SLURM_REQUEUED)
+    known = {e: state.event_values(e, ids) for e in events}
+    for job_id, event, value in sorted(seen, key=lambda s: (s[0], s[1])):
+        if value in known[event].get(job_id, set()):
+            continue
+        state.add_history(job_id, event, now, round_id, value=value)
+        log.warning(str(event).replace("-", " "), extra={"fields": {"job": job_id, "at": value}})
 
 
 def _cut_short(ctx: RoundContext, status: RoundStatus, error: str) -> RoundReport:
