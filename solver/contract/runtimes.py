@@ -23,7 +23,9 @@ Names (``cellsched sbatch --runtime NAME``; docs/runtimes.md):
   all-gather sum): bitwise the same training for any dp <= V and GPU type.
 - ``torchtitan``: torchtitan's trainer (FSDP2 + TP + PP), options from the
   launcher's adapter.
-- ``megatron``: Megatron-LM / megatron-core, options from the adapter.
+- ``megatron``: Megatron-LM / megatron-core, options from the adapter;
+  always its distributed optimizer (ZeRO-1), so every run of a job reads
+  the checkpoint of the one before at any dp, tp or pp.
 - ``adaptive``: the simulator's runtime for trace jobs: any dp x tp x pp,
   uneven shares and stages, mixed types, gradients all-reduced and optimizer
   state sharded or not (Arena's assumption of adaptive parallelism). No code
@@ -58,6 +60,9 @@ class State(StrEnum):
 
     REPLICATED = "replicated"  #: everything on every dp rank
     OPTIMIZER = "optimizer"  #: optimizer state sharded over dp when the plan says so (ZeRO-1)
+    #: optimizer state sharded evenly over dp in every plan (ZeRO-1 always: Megatron's
+    #: distributed optimizer, whose checkpoint only the same optimizer reads back)
+    ZERO1 = "zero1"
     FULL = "full"  #: parameters, gradients and optimizer state sharded (FSDP / ZeRO-3)
 
 
@@ -154,7 +159,7 @@ RUNTIMES: dict[str, Runtime] = {
             mixed_types=False,
             virtual_workers=False,
             grad_sync=GradSync.ALLREDUCE,
-            state=State.OPTIMIZER,
+            state=State.ZERO1,
             checkpoint=Checkpoint.SIGNAL,
             doc="Megatron-LM / megatron-core, options from the launcher's adapter",
         ),
