@@ -20,7 +20,8 @@ Names (``cellsched sbatch --runtime NAME``; docs/runtimes.md):
 - ``sharded``: cellsched's torch-native runtime (FSDP2, DTensor tensor
   parallelism, torch pipelining, DCP checkpoints that reshard on resume).
 - ``exact``: cellsched's EasyScale runtime (virtual workers, ordered
-  all-gather sum): bitwise the same training for any dp <= V and GPU type.
+  all-gather sum): bitwise the same training for any dp <= V (on one kind
+  of device: docs/runtime-exact.md).
 - ``torchtitan``: torchtitan's trainer (FSDP2 + TP + PP), options from the
   launcher's adapter.
 - ``megatron``: Megatron-LM / megatron-core, options from the adapter;
