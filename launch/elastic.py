@@ -6,11 +6,19 @@ the dataset, its sampler position and its own random stream, and its
 gradient is computed on its own; gradients are then summed in virtual-worker
 order. So the arithmetic of a step does not depend on how many physical ranks
 share the V workers, and the loss curve is bitwise the same after a resize.
+
+Dropout draws from the unit's own stream too (`unit_stream`, `dropout`): the
+mask of a dropout site is keyed by the run's seed, the virtual worker, the
+step, the site (a layout-independent name, e.g. the global layer index) and
+the how-manieth call of the site in that unit (its micro-batch), and drawn
+on the CPU, so no rank, device or placement of the worker changes it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+import hashlib
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,3 +131,55 @@ def _sum_in_order(blocks: Iterable[Iterable[torch.Tensor]]) -> torch.Tensor:
     if total is None:
         raise ValueError("nothing to sum")
     return total
+
+
+@dataclass
+class UnitStream:
+    """The random stream of one unit of work: a virtual worker's part of one step (module doc)."""
+
+    seed: int
+    worker: int  #: the virtual worker's global index
+    step: int
+    #: calls of each site to pass over first (a pipeline stage's one shape-inference forward in a run's first step)
+    skip: int = 0
+    calls: dict[Hashable, int] = field(default_factory=dict)
+
+    def generator(self, site: Hashable) -> torch.Generator | None:
+        """A CPU generator for SITE's next call in this unit; None for a call passed over."""
+        n = self.calls.get(site, -self.skip)
+        self.calls[site] = n + 1
+        if n < 0:
+            return None
+        key = repr((self.seed, self.worker, self.step, site, n)).encode()
+        return torch.Generator().manual_seed(int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little"))
+
+
+_STREAM: list[UnitStream] = []  #: the unit being computed (innermost last)
+
+
+@contextlib.contextmanager
+def unit_stream(seed: int, worker: int, step: int, skip: int = 0) -> Iterator[UnitStream]:
+    """Draw dropout masks from virtual worker WORKER's stream of STEP while in the block."""
+    stream = UnitStream(seed, worker, step, skip)
+    _STREAM.append(stream)
+    try:
+        yield stream
+    finally:
+        _STREAM.pop()
+
+
+def dropout(x: torch.Tensor, p: float, site: Hashable, training: bool = True) -> torch.Tensor:
+    """Inverted dropout of X at rate P with the current unit's mask for SITE
+    (module doc): the same on every layout. X must be whole at the site (the
+    same on every tp rank, e.g. after a row-parallel layer's all-reduce).
+    Identity when not training or P is 0; ValueError outside a unit
+    (`unit_stream`, which the exact runtime opens for each virtual worker)."""
+    if not training or p <= 0.0:
+        return x
+    if not _STREAM:
+        raise ValueError("dropout needs a unit's random stream: the exact runtime opens one per virtual worker")
+    g = _STREAM[-1].generator(site)
+    if g is None:
+        return x
+    keep = (torch.rand(x.shape, generator=g, dtype=torch.float64) >= p).to(device=x.device, dtype=x.dtype)
+    return x * keep / (1.0 - p)

@@ -1,4 +1,4 @@
-"""The ``exact`` runtime: EasyScale training, bitwise the same for any dp <= V and GPU type.
+"""The ``exact`` runtime: EasyScale training, bitwise the same for any dp <= V (on one kind of device).
 
 Work is done in units: one per virtual worker this rank runs (a
 contiguous, possibly uneven block: ``ctx.batch.virtual_workers``), or on the
@@ -16,10 +16,20 @@ is the same as without.
 Checkpoints are layout independent (``launch.checkpoint``): rank 0 writes
 ``step-<N>.pt`` holding full tensors by parameter name, so a job resumes
 under any pp/dp/tp.
+
+Each unit runs inside its virtual worker's random stream for the step
+(``launch.elastic.unit_stream``), from which the workload's dropout draws
+(``launch.elastic.dropout``). `make_deterministic` (called before the
+process group and the engine are made) asks torch for the same kernels and
+reduction order every run: deterministic algorithms, cuBLAS's fixed
+workspace (``CUBLAS_WORKSPACE_CONFIG``, before CUDA starts), cuDNN without
+autotuning, no TF32 and no reduced-precision reductions in half-precision
+matmuls. What that guarantees and what it does not: docs/runtime-exact.md.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,10 +37,34 @@ import torch
 import torch.distributed as dist
 
 from launch import checkpoint
-from launch.elastic import VirtualWorker, ordered_sum
+from launch.elastic import VirtualWorker, ordered_sum, unit_stream
 from launch.parallel import ParallelContext, pipeline_schedule
 from launch.sharding import ShardedOptimizer, ShardLayout, sharding_mode, state_weights
 from launch.workload import StageSpec, Workload
+
+#: cuBLAS's workspace for a fixed reduction order (PyTorch's reproducibility notes; ":16:8" also does)
+CUBLAS_WORKSPACE = ":4096:8"
+_FIXED_WORKSPACES = (":4096:8", ":16:8")
+
+
+def make_deterministic() -> None:
+    """Make torch pick the same kernels and reduction order every run (module
+    doc); process-wide. ValueError when CUDA already started without
+    CUBLAS_WORKSPACE_CONFIG (too late to set it: set it in the job's environment)."""
+    if os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in _FIXED_WORKSPACES:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            raise ValueError(
+                f"CUDA started before the exact runtime could set CUBLAS_WORKSPACE_CONFIG={CUBLAS_WORKSPACE}: "
+                "set it in the job's environment, or build the trainer before using CUDA"
+            )
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    # no TF32 in matmuls or convolutions (some GPU types have none); a property of torch.backends' module class
+    torch.backends.fp32_precision = "ieee"  # type: ignore[attr-defined]
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
 
 
 def virtual_workers(count: int, dataset_size: int, seed: int) -> list[VirtualWorker]:
@@ -55,6 +89,7 @@ class ExactEngine:
             raise ValueError("init_parallel needs num_layers and global_batch for the trainer")
         if work.draw is None:
             raise ValueError("the exact runtime needs Workload.draw (a virtual worker's next samples)")
+        make_deterministic()
         self.ctx, self.work, self.global_batch = ctx, work, global_batch
         tp_group = ctx.group("tp") if ctx.tp > 1 else None
         spec = StageSpec(ctx.stage_layers, ctx.is_first_stage, ctx.is_last_stage, ctx.tp, ctx.tp_rank, tp_group)
@@ -80,6 +115,8 @@ class ExactEngine:
         self.losses: list[float] = []
         m = ctx.plan.micro_batches
         self.schedule = pipeline_schedule(self.stage, ctx, m, self._loss_fn) if ctx.pp > 1 else None
+        #: forwards of the stage before its first micro-batch: torch's pipeline stage infers its shapes with one
+        self._inference_forwards = 1 if self.schedule is not None else 0
 
     # -- one step
 
@@ -131,7 +168,12 @@ class ExactEngine:
         """One optimizer step; returns the global loss (same value on every rank)."""
         ctx = self.ctx
         batch = self._batch()
-        grads, losses = zip(*(self._unit_grad(u) for u in self._units(batch)), strict=True)
+        done = []
+        for i, unit in enumerate(self._units(batch)):
+            with unit_stream(self.work.seed, self.first_unit + i, self.step, skip=self._inference_forwards):
+                done.append(self._unit_grad(unit))
+            self._inference_forwards = 0
+        grads, losses = zip(*done, strict=True)
         if self.sharded is not None:
             self.sharded.step(grads, self.unit_counts)
         else:

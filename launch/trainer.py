@@ -28,7 +28,7 @@ from typing import Any
 import torch.distributed as dist
 
 from launch import checkpoint
-from launch.exact import ExactEngine
+from launch.exact import ExactEngine, make_deterministic
 from launch.parallel import ParallelContext, init_parallel, plan_from_env
 from launch.progress import write_progress
 from launch.sharded import ShardedEngine
@@ -96,6 +96,8 @@ class Trainer:
         if not batch:
             raise ValueError("no global batch: give global_batch= or plan.global_batch")
         self.global_batch = batch
+        if self.runtime == "exact":
+            make_deterministic()  # before init_parallel starts CUDA
         # exact checks the batch against its virtual workers here; sharded splits it itself
         ctx = init_parallel(plan, num_layers=work.num_layers, global_batch=batch, split_batch=self.runtime == "exact")
         self.ctx = ctx

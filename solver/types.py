@@ -339,7 +339,8 @@ class JobRequest:
     virtual_workers: int | None = None
     #: the job may run with its optimizer state sharded over dp ranks
     #: (launch.sharding); policies clear it when SolverConfig.state_sharding
-    #: is false, and the estimator then prices replicated state only
+    #: is false, and the estimator then prices replicated state only (but for
+    #: a runtime that always shards it: solver.contract.runtimes.State.ZERO1)
     state_sharding: bool = True
     #: what the job's code can carry out (solver.contract.runtimes): the solver offers
     #: it no cell or plan outside that and prices its own sync and memory; always
@@ -510,7 +511,8 @@ class SolverConfig:
     state_sharding: bool = knob(
         True,
         "Let the estimator shard the optimizer state over dp ranks (ZeRO-1, Cephalo's memory split: "
-        "launch.sharding) where a cell fits only that way or runs clearly faster; false: replicated state only.",
+        "launch.sharding) where a cell fits only that way or runs clearly faster; false: replicated state only "
+        "(but for a runtime that always shards it, megatron's distributed optimizer).",
     )
     calibrate: bool = knob(
         True,

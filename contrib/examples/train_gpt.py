@@ -34,7 +34,7 @@ from launch.exact import ExactEngine
 from launch.parallel import plan_from_env
 from launch.sharded import ShardedEngine
 from launch.sharding import state_numel
-from launch.trainer import Trainer, exit_now
+from launch.trainer import Trainer, exit_now, runtime_of
 
 
 def _write_json(path: str, obj: object) -> None:
@@ -98,6 +98,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--dataset-size", type=int, default=512)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    ap.add_argument(
+        "--dropout",
+        type=float,
+        default=0.0,
+        help="dropout rate of the embedding and of every block's attention and MLP outputs, drawn from each "
+        "virtual worker's own stream (the exact runtime only)",
+    )
     ap.add_argument("--out", help="write the loss sequence here (rank 0)")
     ap.add_argument(
         "--step-delay",
@@ -124,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         else GPTConfig(args.layers, args.hidden, args.heads, args.seq, args.vocab)
     )
     plan = plan_from_env()
+    if not 0.0 <= args.dropout < 1.0 or (args.dropout and runtime_of(plan) != "exact"):
+        raise SystemExit(f"--dropout {args.dropout}: a rate in [0, 1), under the exact runtime only")
     batch = args.global_batch or plan.global_batch or 8
-    tc = TrainConfig(args.seed, batch, args.lr, args.dataset_size, args.dtype)
+    tc = TrainConfig(args.seed, batch, args.lr, args.dataset_size, args.dtype, args.dropout)
     trainer = Trainer(workload(cfg, tc), plan=plan, global_batch=batch, shard_state=args.shard_state, stop=stop)
     if args.report:
         _report(trainer, args.report)

@@ -27,6 +27,9 @@ Modules, in the order a submission meets them:
 - `script`: reading the batch script;
 - `values`: typed values of settings (numbers, name lists, one-line text);
 - `model`: --model, a preset or a spec file;
+- `launched`: the commands the script runs under cellsched-launch, as written;
+- `frameworks`: the model a megatron or torchtitan job's command trains (derived when --model is not
+  given, else checked against it);
 - `spec`: the JobSpec of the merged settings;
 - `feasibility`: whether the job can ever run on the cluster;
 - `submission`: `prepare`, the held sbatch request (`Submission`, `provisional_gres`);

@@ -52,7 +52,12 @@ def load_model(s: Setting, cwd: pathlib.Path) -> tuple[str, dict | None, ModelSp
         spec = load_spec_file(path)
     except ModelSpecError as exc:
         raise WrapperError(field, str(exc)) from None
-    definition = {
+    return path.name, definition_of(spec), spec
+
+
+def definition_of(spec: ModelSpec) -> dict:
+    """The inline definition of a model that is no preset (JobSpec.model_def): every field of SPEC."""
+    return {
         "name": spec.name,
         "family": spec.family,
         "num_layers": spec.num_layers,
@@ -65,4 +70,3 @@ def load_model(s: Setting, cwd: pathlib.Path) -> tuple[str, dict | None, ModelSp
         "num_experts": spec.num_experts,
         "moe_top_k": spec.moe_top_k,
     }
-    return path.name, definition, spec

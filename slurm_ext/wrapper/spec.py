@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from slurm_ext.wrapper.model import load_model
+from slurm_ext.wrapper.frameworks import JobModel, job_model
+from slurm_ext.wrapper.launched import Word
+from slurm_ext.wrapper.model import definition_of, load_model
 from slurm_ext.wrapper.options import Setting, WrapperError
 from slurm_ext.wrapper.values import NAME, field_name, name_list, one_line, whole_number
 from solver.contract.jobspec import GPU_TYPE, JobSpec, JobSpecError
@@ -41,13 +43,32 @@ def runtime_of(setting: Setting | None) -> str:
     return name
 
 
-def build_spec(settings: Mapping[str, Setting], cwd: pathlib.Path) -> JobSpec:
-    """The JobSpec from merged settings (no cluster checks yet)."""
+def model_of(setting: Setting | None, cwd: pathlib.Path, stated: JobModel | None) -> tuple[str, dict | None]:
+    """(the spec's model name, its inline definition or None): --model, which
+    must agree with what the job's command states of its model; without
+    --model, the model the command states."""
+    if setting is None:
+        assert stated is not None
+        spec = stated.spec()
+        return spec.name, definition_of(spec)
+    model, model_def, spec = load_model(setting, cwd)
+    problems = stated.contradictions(spec) if stated is not None else []
+    if problems:
+        raise WrapperError(field_name("model", setting), "; ".join(problems))
+    return model, model_def
+
+
+def build_spec(settings: Mapping[str, Setting], cwd: pathlib.Path, commands: Sequence[Sequence[Word]] = ()) -> JobSpec:
+    """The JobSpec from merged settings (no cluster checks yet). `commands`:
+    what the script runs under cellsched-launch (launched.launched_commands),
+    where a framework runtime's command states its model (frameworks.job_model)."""
     get = settings.get
+    runtime = runtime_of(get("runtime"))
+    stated = job_model(runtime, commands)
     for required in ("model", "global-batch", "iterations"):
-        if required not in settings:
+        if required not in settings and not (required == "model" and stated is not None):
             raise WrapperError(required, f"is required (--{required} or '#CELLSCHED {required}=...')")
-    model, model_def, _ = load_model(settings["model"], cwd)
+    model, model_def = model_of(settings.get("model"), cwd, stated)
     global_batch = whole_number("global-batch", settings["global-batch"], 1, 10**9)
     iterations = whole_number("iterations", settings["iterations"], 1, 10**12)
     min_gpus = whole_number("min-gpus", get("min-gpus"), 1, 100_000)
@@ -80,7 +101,6 @@ def build_spec(settings: Mapping[str, Setting], cwd: pathlib.Path) -> JobSpec:
         name_list("partition", settings["partition"], NAME, "partition name") if "partition" in settings else None
     )
     elastic = get("elastic")
-    runtime = runtime_of(get("runtime"))
     try:
         spec = JobSpec(
             model=model,

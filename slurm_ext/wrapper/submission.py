@@ -16,6 +16,7 @@ from slurm_ext.wrapper.argv import parse_argv
 from slurm_ext.wrapper.directives import parse_directives
 from slurm_ext.wrapper.environment import check_environment
 from slurm_ext.wrapper.feasibility import check_against_cluster
+from slurm_ext.wrapper.launched import launched_commands
 from slurm_ext.wrapper.options import PROG, Setting, WrapperError
 from slurm_ext.wrapper.script import read_script
 from slurm_ext.wrapper.spec import build_spec
@@ -106,7 +107,7 @@ def prepare(
     script, text = read_script(inv.script, base)
     from_script, from_sbatch = parse_directives(text)
     settings = merge(inv.settings, from_script, from_sbatch)
-    spec = build_spec(settings, base)
+    spec = build_spec(settings, base, launched_commands(text, inv.script_args))
     name = one_line(
         "job-name", settings.get("job-name"), NAME, "a job name (letters, digits, '.', '_', '-'; at most 128)"
     )

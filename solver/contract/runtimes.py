@@ -20,10 +20,13 @@ Names (``cellsched sbatch --runtime NAME``; docs/runtimes.md):
 - ``sharded``: cellsched's torch-native runtime (FSDP2, DTensor tensor
   parallelism, torch pipelining, DCP checkpoints that reshard on resume).
 - ``exact``: cellsched's EasyScale runtime (virtual workers, ordered
-  all-gather sum): bitwise the same training for any dp <= V and GPU type.
+  all-gather sum): bitwise the same training for any dp <= V (on one kind
+  of device: docs/runtime-exact.md).
 - ``torchtitan``: torchtitan's trainer (FSDP2 + TP + PP), options from the
   launcher's adapter.
-- ``megatron``: Megatron-LM / megatron-core, options from the adapter.
+- ``megatron``: Megatron-LM / megatron-core, options from the adapter;
+  always its distributed optimizer (ZeRO-1), so every run of a job reads
+  the checkpoint of the one before at any dp, tp or pp.
 - ``adaptive``: the simulator's runtime for trace jobs: any dp x tp x pp,
   uneven shares and stages, mixed types, gradients all-reduced and optimizer
   state sharded or not (Arena's assumption of adaptive parallelism). No code
@@ -58,6 +61,9 @@ class State(StrEnum):
 
     REPLICATED = "replicated"  #: everything on every dp rank
     OPTIMIZER = "optimizer"  #: optimizer state sharded over dp when the plan says so (ZeRO-1)
+    #: optimizer state sharded evenly over dp in every plan (ZeRO-1 always: Megatron's
+    #: distributed optimizer, whose checkpoint only the same optimizer reads back)
+    ZERO1 = "zero1"
     FULL = "full"  #: parameters, gradients and optimizer state sharded (FSDP / ZeRO-3)
 
 
@@ -154,7 +160,7 @@ RUNTIMES: dict[str, Runtime] = {
             mixed_types=False,
             virtual_workers=False,
             grad_sync=GradSync.ALLREDUCE,
-            state=State.OPTIMIZER,
+            state=State.ZERO1,
             checkpoint=Checkpoint.SIGNAL,
             doc="Megatron-LM / megatron-core, options from the launcher's adapter",
         ),

@@ -39,9 +39,11 @@ workers) of the busiest rank and d the dtype bytes:
   ``(5 k - 1) G_k`` (the gradient slot of o is free).
 - ``ddp`` (torch DDP): a ring all-reduce of G_k, replicated state, and DDP's
   gradient buckets, a flat copy of the gradients: ``mem_k = P_k o + G_k + a_k``.
-- ``megatron``: a ring all-reduce; with its distributed optimizer (ZeRO-1)
-  a reduce-scatter of the gradients and an all-gather of the updated
-  parameters, together the all-reduce's volume, and the update of 1/dp.
+- ``megatron``: its distributed optimizer (ZeRO-1) in every plan of dp > 1
+  (``State.ZERO1``: the launcher's adapter always asks for it, so no plan of
+  dp > 1 is priced with replicated state): a reduce-scatter of the gradients
+  and an all-gather of the updated parameters, together the all-reduce's
+  volume, and the update of 1/dp.
 - ``sharded`` and ``torchtitan`` (FSDP2, ``launch.sharded``: ``fully_shard``
   per transformer block, then the stage as the root unit): parameters,
   gradients and optimizer state sharded evenly over dp (mixed cells too:
@@ -114,7 +116,22 @@ class Pricing:
 
     @property
     def may_shard_optimizer(self) -> bool:
-        return self.state == State.OPTIMIZER
+        return self.state in (State.OPTIMIZER, State.ZERO1)
+
+    @property
+    def always_shards_optimizer(self) -> bool:
+        """Every plan of dp > 1 runs with its optimizer state sharded (State.ZERO1), whatever the job says."""
+        return self.state == State.ZERO1
+
+    def runs_replicated(self, dp: int) -> bool:
+        """Whether a plan of `dp` ranks may keep its optimizer state replicated (dp = 1, or not ZERO1)."""
+        return dp == 1 or not self.always_shards_optimizer
+
+    def shards_optimizer(self, allowed: bool) -> bool:
+        """Whether plans are priced with sharded optimizer state too: always
+        where the runtime always shards, else where it may and `allowed` (the
+        job's and the estimator's state_sharding) says so."""
+        return self.always_shards_optimizer or (allowed and self.may_shard_optimizer)
 
 
 def pricing_of(name: str, grad_sync: str = ALLREDUCE) -> Pricing:

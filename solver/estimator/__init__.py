@@ -230,10 +230,15 @@ class Estimator(EstimatorBase):
         sharded; under its runtime, its plans only, priced as it runs them."""
         md = self.profiles.data(job.model)
         runtime, global_batch = job.runtime, job.global_batch
-        shard = job.state_sharding and self.pricing(runtime).may_shard_optimizer
+        shard = self.pricing(runtime).shards_optimizer(job.state_sharding)
         found = self.search.found(md, global_batch, cell, runtime, every=True, vw=job.virtual_workers, shard=shard)
         scale = self.measured.scale(md, global_batch, cell, found.source)
-        return [(found.plan(i, cell.pp), c.time_s * scale, c.mem_bytes / GB) for i, c in enumerate(found.plans)]
+        pr = self.pricing(runtime)
+        return [
+            (found.plan(i, cell.pp), c.time_s * scale, c.mem_bytes / GB)
+            for i, c in enumerate(found.plans)
+            if c.twin >= 0 or pr.runs_replicated(c.dp)
+        ]
 
     # ---- estimates -----------------------------------------------------------------------
 
@@ -256,7 +261,7 @@ class Estimator(EstimatorBase):
                 self._sigs.clear()
             memo = self._sigs[id(model)] = (model, model.signature)
         pr = self.pricing(runtime)
-        shard = state_sharding and self.settings.state_sharding and pr.may_shard_optimizer
+        shard = pr.shards_optimizer(state_sharding and self.settings.state_sharding)
         key = (memo[1], global_batch, cell, virtual_workers, shard, runtime)
         est = self._cache.get(key)
         if est is None:
@@ -318,6 +323,7 @@ class Estimator(EstimatorBase):
         factor = self.measured.calibration(md, batch, cell) if found.source == EstimateSource.ANALYTIC else None
         scale, source = (1.0, found.source) if factor is None else (factor, EstimateSource.ANALYTIC_CALIBRATED)
         limit = self.search.memory.limit(cell.gpu_type)
+        pr = self.pricing(rt)
         # per-plan measurements name no runtime: each prices its plan for every runtime that runs that plan
         measured = md.plan_records.get((batch, cell.gpu_type, cell.num_nodes, cell.gpus_per_node), {})
         best: tuple[float, int, EstimateSource] | None = None
@@ -348,10 +354,13 @@ class Estimator(EstimatorBase):
                 continue
             else:
                 cand = (c.time_s * scale, i, source)
+            if not pr.runs_replicated(c.dp):  # measured or not, it runs only sharded (its twin)
+                continue
             if best is None or cand[:2] < best[:2]:
                 best = cand
         if best_sharded is not None:
-            pick = pick_sharded(best[:2] if best else None, best_sharded[:2], self.settings.shard_min_gain)
+            gain = 0.0 if pr.always_shards_optimizer else self.settings.shard_min_gain
+            pick = pick_sharded(best[:2] if best else None, best_sharded[:2], gain)
             best = best_sharded if pick == best_sharded[:2] else best
         if best is None:
             if not found.plans:

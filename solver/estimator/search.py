@@ -268,8 +268,10 @@ class PlanSearch:
             per_worker, k = (batch // c.dp, 1) if vw is None else (batch // vw, -(-vw // c.dp))
             b = per_worker // c.m
             twins.append((i, self.profiles.plan_stages(md, plain.source, cell.gpu_type, c.tp, b, pp, pr), b, k))
-        if plain.best is not None and not every:  # no sharded plan can win by shard_min_gain: none at all
-            bar = plain.plans[plain.best].time_s * (1.0 - settings.shard_min_gain)
+        always = pr.always_shards_optimizer  # its replicated plans of dp > 1 are no choice, sharding no option
+        min_gain = 0.0 if always else settings.shard_min_gain
+        if plain.best is not None and not every and not always:  # no sharded plan can win by shard_min_gain: none
+            bar = plain.plans[plain.best].time_s * (1.0 - min_gain)
             if all(
                 plain.plans[i].time_s + delta(st, plain.plans[i].dp, plain.plans[i].tp, k) >= bar
                 for i, st, _, k in twins
@@ -286,8 +288,13 @@ class PlanSearch:
             if mem <= limit and (best_s is None or t < plans[best_s].time_s):
                 best_s = j
         plain_best = None if plain.best is None else (plain.plans[plain.best].time_s, plain.best)
+        if always:  # the best replicated plan of one dp rank
+            plain_best = min(
+                ((c.time_s, i) for i, c in enumerate(plain.plans) if pr.runs_replicated(c.dp) and c.mem_bytes <= limit),
+                default=None,
+            )
         sharded_best = None if best_s is None else (plans[best_s].time_s, best_s)
-        pick = pick_sharded(plain_best, sharded_best, settings.shard_min_gain)
+        pick = pick_sharded(plain_best, sharded_best, min_gain)
         return Found(plain.source, tuple(plans), None if pick is None else pick[1], plain.fastest)
 
     def _zero1_step(self, st: StageCosts, at: StepAt, pr: Pricing) -> float:

@@ -86,7 +86,7 @@ class MixedEstimator(EstimatorBase):
         if not cell.mixed:
             return self.inner.estimate(job, cell)
         pr = self.pricing(job)
-        shard = job.state_sharding and self.state_sharding and pr.may_shard_optimizer
+        shard = pr.shards_optimizer(job.state_sharding and self.state_sharding)
         key = (job.model.signature, job.global_batch, cell, job.virtual_workers, shard, job.runtime)
         est = self._cache.get(key)
         if est is None:

@@ -24,20 +24,56 @@ def pairs(opts):
 
 
 def test_megatron_options_dp2_tp2_pp2():
-    plan = JobPlan(pp=2, dp=2, tp=2, micro_batches=4, global_batch=64, checkpoint_dir="/ck", runtime="megatron")
+    plan = JobPlan(
+        pp=2, dp=2, tp=2, micro_batches=4, global_batch=64, checkpoint_dir="/ck", state_sharding="even",
+        runtime="megatron",
+    )  # fmt: skip
     # 64 samples / dp 2 = 32 per rank, / 4 micro-batches = 8 per micro-batch
     assert megatron.options(plan) == [
         "--tensor-model-parallel-size", "2",
         "--pipeline-model-parallel-size", "2",
         "--micro-batch-size", "8",
         "--global-batch-size", "64",
+        "--use-distributed-optimizer",
         "--save", "/ck", "--load", "/ck", "--exit-signal-handler",
+        "--ckpt-format", "torch_dist", "--dist-ckpt-optim-fully-reshardable",
     ]  # fmt: skip
 
 
 def test_megatron_options_without_batch_or_checkpoint_dir_leave_them_to_the_script():
     plan = JobPlan(pp=1, dp=4, tp=2, runtime="megatron")
-    assert megatron.options(plan) == ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "1"]
+    assert megatron.options(plan) == [
+        "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "1", "--use-distributed-optimizer",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        JobPlan(dp=4, state_sharding="even", checkpoint_dir="/ck", runtime="megatron"),
+        JobPlan(dp=4, checkpoint_dir="/ck", runtime="megatron"),  # an older plan that names no sharding
+        JobPlan(dp=1, checkpoint_dir="/ck", runtime="megatron"),  # one rank: the same state either way
+        JobPlan(dp=2, state_sharding="memory", state_shares=(1.0, 1.0), checkpoint_dir="/ck", runtime="megatron"),
+    ],
+    ids=["sharded", "unnamed", "dp1", "equal-shares"],
+)
+def test_megatron_always_runs_the_distributed_optimizer_as_its_plans_are_priced(plan):
+    """One decision: the runtime table says Megatron's state is always
+    sharded (ZeRO-1), the estimator prices every plan of dp > 1 so, and the
+    adapter always asks for the distributed optimizer, with the distributed
+    checkpoint that lets the next run have another dp, tp or pp."""
+    from solver.cost.runtime import pricing_of
+
+    assert pricing_of("megatron").always_shards_optimizer
+    got = pairs(megatron.options(plan))
+    assert got["--use-distributed-optimizer"] is True
+    assert got["--ckpt-format"] == "torch_dist" and got["--dist-ckpt-optim-fully-reshardable"] is True
+
+
+def test_megatron_refuses_state_shares_its_optimizer_cannot_split():
+    plan = JobPlan(dp=2, state_sharding="memory", state_shares=(2.0, 1.0), runtime="megatron")
+    with pytest.raises(AdapterError, match=r"shards its state evenly over dp, not by \[2.0, 1.0\]"):
+        megatron.options(plan)
 
 
 def test_megatron_save_interval_from_checkpoint_every():

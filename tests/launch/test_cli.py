@@ -316,7 +316,7 @@ def test_framework_runtime_gets_its_options_appended():
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(
         ["--num-layers", "2", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "1"]
-        + ["--micro-batch-size", "8", "--global-batch-size", "8"]
+        + ["--micro-batch-size", "8", "--global-batch-size", "8", "--use-distributed-optimizer"]
     )
     clash = launch(["--", "python", "x.py", "--tensor-model-parallel-size", "1"], task_envs(2)[0], plan)
     assert clash.returncode == 2

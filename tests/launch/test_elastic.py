@@ -110,3 +110,29 @@ def test_signal_checkpoints_exits_75_and_resumes(tmp_path):
     ref = reference_losses(cfg, TrainConfig(dtype="float64"), stopped + 3, virtual_workers=V)
     assert resumed.losses[:stopped] == state["losses"]
     assert max(abs(a - b) / abs(b) for a, b in zip(resumed.losses, ref, strict=True)) < 1e-9
+
+
+def test_dropout_from_each_virtual_workers_stream_keeps_a_resized_run_bitwise(tmp_path):
+    """Dropout (rate 0.2 on the embedding and every block's attention and MLP
+    outputs) draws from each virtual worker's own stream: a run resized on
+    resume (dp 1 -> 2 of V = 4, and under pp 2: dp 2 -> 1, where the resumed
+    run's pipeline stages infer their shapes with one extra forward) trains
+    bitwise as the unmoved run of the same pp, tp and micro-batches (and here,
+    without tp, as the run of one stage). Without dropout the same training
+    gives other losses: the masks really act."""
+    drop = (*FLAGS, "--dropout", "0.2")
+    full = train(plan(tmp_path / "full"), tmp_path / "full.json", 6, *drop).losses
+    cfg = GPTConfig(layers=2, hidden=16, heads=2, seq=8, vocab=32)
+    plain = reference_losses(cfg, TrainConfig(), 6, virtual_workers=V)
+    assert len(full) == 6 and all(a != b for a, b in zip(full, plain, strict=True))
+
+    train(plan(tmp_path / "a", dp=1), tmp_path / "a1.json", 3, *drop)
+    resumed = train(plan(tmp_path / "a", dp=2), tmp_path / "a2.json", 6, *drop)
+    assert resumed.printed == [4, 5, 6] and resumed.losses == full
+
+    # the masks are keyed by global layer, not by stage: without tp even two stages train these same bits
+    piped = train(plan(tmp_path / "p", pp=2, dp=2), tmp_path / "p.json", 6, *drop).losses
+    assert piped == full
+    train(plan(tmp_path / "q", pp=2, dp=2), tmp_path / "q1.json", 3, *drop)
+    moved = train(plan(tmp_path / "q", pp=2, dp=1), tmp_path / "q2.json", 6, *drop)
+    assert moved.printed == [4, 5, 6] and moved.losses == piped

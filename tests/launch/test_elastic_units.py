@@ -104,3 +104,54 @@ def test_a_fresh_worker_saves_and_loads_no_order():
     twin = VirtualWorker(1, 2, 4, seed=99)
     twin.load_state_dict(state)
     assert twin.next_indices(2) == fresh.next_indices(2)  # the saved generator state, not its own seed
+
+
+def _mask(seed: int, worker: int, step: int, site: object, calls: int = 1, skip: int = 0) -> torch.Tensor:
+    """The kept positions of SITE's CALLS-th dropout call (rate 0.5) in one unit."""
+    ones = torch.ones(4, 64, dtype=torch.float64)
+    with elastic.unit_stream(seed, worker, step, skip=skip):
+        for _ in range(calls - 1):
+            elastic.dropout(ones, 0.5, site)
+        return elastic.dropout(ones, 0.5, site) != 0
+
+
+def test_a_dropout_mask_is_the_units_and_the_sites_own():
+    base = _mask(0, 1, 5, (0, "attn"))
+    assert torch.equal(base, _mask(0, 1, 5, (0, "attn")))  # the same key, the same mask: any rank draws it
+    assert 0.3 < base.double().mean().item() < 0.7
+    for other in (_mask(1, 1, 5, (0, "attn")), _mask(0, 2, 5, (0, "attn")), _mask(0, 1, 6, (0, "attn"))):
+        assert not torch.equal(base, other)  # another seed, virtual worker or step
+    assert not torch.equal(base, _mask(0, 1, 5, (1, "attn")))  # another site
+    second = _mask(0, 1, 5, (0, "attn"), calls=2)  # the unit's next micro-batch
+    assert not torch.equal(base, second)
+    # a passed-over call (a pipeline stage's shape inference) leaves the next call the first one's mask
+    assert torch.equal(base, _mask(0, 1, 5, (0, "attn"), calls=2, skip=1))
+
+
+def test_dropout_scales_what_it_keeps_and_needs_a_unit():
+    x = torch.full((2, 8), 3.0, dtype=torch.float64)
+    with elastic.unit_stream(0, 0, 0):
+        y = elastic.dropout(x, 0.25, "s")
+    assert set(y.flatten().tolist()) <= {0.0, 4.0}  # 3 / (1 - 0.25)
+    assert elastic.dropout(x, 0.25, "s", training=False) is x and elastic.dropout(x, 0.0, "s") is x
+    with pytest.raises(ValueError, match="dropout needs a unit's random stream"):
+        elastic.dropout(x, 0.25, "s")
+
+
+def test_the_exact_runtime_asks_torch_for_repeatable_kernels():
+    """In a fresh process (the settings are process-wide): what make_deterministic sets, read back from torch."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import json, os, torch; from launch.exact import make_deterministic; make_deterministic(); "
+        "m = torch.backends.cuda.matmul; print(json.dumps([os.environ['CUBLAS_WORKSPACE_CONFIG'], "
+        "torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic, "
+        "torch.backends.cudnn.benchmark, m.fp32_precision, torch.backends.cudnn.conv.fp32_precision, "
+        "m.allow_fp16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction]))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(out.stdout) == [":4096:8", True, True, False, "ieee", "ieee", False, False]

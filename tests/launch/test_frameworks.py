@@ -238,3 +238,28 @@ def test_torchtitan_has_no_cpu_device_path(monkeypatch):
     assert str(device) == "cuda:0"
     with pytest.raises(AttributeError, match="_cuda_setDevice"):  # what Trainer.__init__ dies of on CPU
         utils.device_module.set_device(device)
+
+
+def test_megatron_core_has_no_cpu_path():
+    """Why no Megatron training runs here: with a CPU torch, megatron-core
+    0.16.1's transformer attention takes its scratch buffers from
+    ``torch.cuda.current_device()`` (``GlobalMemoryBuffer.get_tensor``, which
+    ``DotProductAttention.forward`` calls), its schedule without pipelining
+    counts tokens in a ``device="cuda"`` tensor, and its
+    DistributedDataParallel puts the gradient buffers on
+    ``torch.cuda.current_device()``. When this fails, megatron-core gained a
+    CPU path: run a small GPT with the adapter's options."""
+    pytest.importorskip("megatron.core.utils")
+    import inspect
+
+    import torch
+    from megatron.core.distributed import param_and_grad_buffer
+    from megatron.core.pipeline_parallel import schedules
+    from megatron.core.utils import GlobalMemoryBuffer
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(AssertionError, match="Torch not compiled with CUDA enabled"):
+        GlobalMemoryBuffer().get_tensor((2, 2), torch.float32, "mpu")
+    assert 'device="cuda"' in inspect.getsource(schedules.forward_backward_no_pipelining)
+    assert "device=torch.cuda.current_device()" in inspect.getsource(param_and_grad_buffer._ParamAndGradBuffer)

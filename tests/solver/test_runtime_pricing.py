@@ -132,6 +132,29 @@ def test_ddp_gets_data_parallel_plans_only(est: Estimator) -> None:
     assert e.mem_per_gpu_gb * GB == pytest.approx(want, rel=1e-9)
 
 
+def test_megatron_is_priced_with_its_distributed_optimizer_in_every_plan_of_dp_over_one(est: Estimator) -> None:
+    """The adapter always runs Megatron with --use-distributed-optimizer, so
+    every plan of dp > 1 is priced with the optimizer state sharded evenly
+    (ZeRO-1), even for a job (or settings) that says no sharding: per GPU
+    the parameters and gradients (2 x 2 bytes a parameter) whole, the rest of
+    the 16 bytes plus the fp16 copy it updates over dp, and one micro-batch's
+    activations; DDP, whose state is never sharded, holds all 16 bytes."""
+    for shard in (False, True):
+        e = est.estimate(job("megatron", vw=None, shard=shard), CELL)
+        assert e.plan is not None and e.plan.dp > 1 and e.plan.state_shares == (1.0,), shard
+        params, _, act = per_gpu(e.plan.tp)
+        b = BATCH / e.plan.dp / e.plan.micro_batches
+        want = params * (4 + (OBPP - 4 + 2) / e.plan.dp) + act * b
+        assert e.mem_per_gpu_gb * GB == pytest.approx(want, rel=1e-9)
+    plans = est.plans(job("megatron", vw=None), CELL)
+    assert plans and all(p.state_shares == (1.0,) for p, _, _ in plans if p.dp > 1)
+    ddp = est.plans(job("ddp", vw=None, shard=True), CELL)
+    assert ddp and all(p.state_shares == () for p, _, _ in ddp)
+    # one dp rank: nothing to shard over, the plan says replicated (the distributed optimizer is then the same)
+    one = est.estimate(job("megatron", vw=None), Cell("a100", 1, 1, 1))
+    assert one.plan is not None and one.plan.dp == 1 and one.plan.state_shares == ()
+
+
 def test_no_virtual_workers_means_dp_equals_v(est: Estimator) -> None:
     e = est.estimate(job("megatron", vw=8), CELL)
     assert e.plan is not None and e.plan.dp == 8

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from launch.elastic import dropout
 from minigpt.tensor_parallel import ColumnParallelLinear, RowParallelLinear, enter_tp
 
 
@@ -51,14 +52,20 @@ class Block(nn.Module):
 
     Under TP a block all-reduces 4 times per micro-batch, as Megatron's: the
     attention and MLP outputs forward, and the gradients of their inputs
-    backward (q, k and v enter the TP region together, once)."""
+    backward (q, k and v enter the TP region together, once).
 
-    def __init__(self, cfg: GPTConfig, tp: int = 1, group=None):
+    With `dropout` > 0, the attention and MLP outputs (whole on every tp
+    rank) are dropped out from the virtual worker's stream
+    (``launch.elastic.dropout``; the exact runtime), sites named by the
+    block's global `index`."""
+
+    def __init__(self, cfg: GPTConfig, tp: int = 1, group=None, index: int = 0, dropout: float = 0.0):
         super().__init__()
         if cfg.heads % tp:
             raise ValueError(f"{cfg.heads} heads do not split over tp={tp}")
         h = cfg.hidden
         self.head_dim, self.tp, self.group = h // cfg.heads, tp, group
+        self.index, self.dropout = index, dropout
         self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
         # No key bias: softmax ignores it, so its gradient is only rounding
         # noise, which Adam would turn into steps.
@@ -75,20 +82,25 @@ class Block(nn.Module):
         # heads of this rank: all, a tp shard's (Megatron), or those of a DTensor tp shard
         q, k, v = (lin(a).view(b, s, -1, self.head_dim).transpose(1, 2) for lin in self.qkv)
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, s, -1))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+        x = x + self._drop(self.proj(att.transpose(1, 2).reshape(b, s, -1)), "attn")
+        return x + self._drop(self.out(F.gelu(self.fc(self.ln2(x)))), "mlp")
+
+    def _drop(self, x: torch.Tensor, where: str) -> torch.Tensor:
+        return dropout(x, self.dropout, (self.index, where), self.training) if self.dropout else x
 
 
 class GPTStage(nn.Module):
     """The layers of one pipeline stage; parameter names use global layer indices."""
 
-    def __init__(self, cfg: GPTConfig, layers: range, first: bool, last: bool, tp: int = 1, group=None):
+    def __init__(
+        self, cfg: GPTConfig, layers: range, first: bool, last: bool, tp: int = 1, group=None, dropout: float = 0.0
+    ):
         super().__init__()
-        self.cfg, self.first, self.last = cfg, first, last
+        self.cfg, self.first, self.last, self.dropout = cfg, first, last, dropout
         if first:
             self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
             self.pos = nn.Embedding(cfg.seq, cfg.hidden)
-        self.blocks = nn.ModuleDict({str(i): Block(cfg, tp, group) for i in layers})
+        self.blocks = nn.ModuleDict({str(i): Block(cfg, tp, group, i, dropout) for i in layers})
         if last:
             self.ln_f = nn.LayerNorm(cfg.hidden)
             self.head = nn.Linear(cfg.hidden, cfg.vocab)
@@ -96,6 +108,8 @@ class GPTStage(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:
             x = self.tok(x) + self.pos(torch.arange(x.shape[1], device=x.device))
+            if self.dropout:
+                x = dropout(x, self.dropout, "embed", self.training)
         for block in self.blocks.values():
             x = block(x)
         if self.last:
@@ -144,9 +158,10 @@ def build_stage(
     tp_rank: int = 0,
     tp: int = 1,
     group=None,
+    dropout: float = 0.0,
 ) -> GPTStage:
     """One pipeline stage's TP shard, cut from a full (layout-independent) state."""
-    stage = GPTStage(cfg, layers, first, last, tp, group)
+    stage = GPTStage(cfg, layers, first, last, tp, group, dropout)
     dims = shard_dims(stage)
     dtype = next(iter(full_state.values())).dtype
     stage.to(dtype)

@@ -48,13 +48,15 @@ def split(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """What a run trains on and how: seed, samples per step, learning rate, dataset size, dtype (a DTYPES key)."""
+    """What a run trains on and how: seed, samples per step, learning rate, dataset size, dtype (a DTYPES
+    key), and the dropout rate (0: none; above, the exact runtime only: from each virtual worker's stream)."""
 
     seed: int = 0
     global_batch: int = 8
     lr: float = 3e-3
     dataset_size: int = 512
     dtype: str = "float32"
+    dropout: float = 0.0
 
 
 def tp_plan(cfg: GPTConfig, stage: nn.Module, tp: int) -> dict[str, Any]:
@@ -80,7 +82,9 @@ def workload(cfg: GPTConfig, tc: TrainConfig) -> Workload:
 
     def build(spec: StageSpec) -> GPTStage:
         full = build_full_model(cfg, tc.seed, dtype).state_dict()
-        return build_stage(cfg, full, spec.layers, spec.first, spec.last, spec.tp_rank, spec.tp, spec.tp_group)
+        return build_stage(
+            cfg, full, spec.layers, spec.first, spec.last, spec.tp_rank, spec.tp, spec.tp_group, tc.dropout
+        )
 
     return Workload(
         num_layers=cfg.layers,
