@@ -540,7 +540,9 @@ class Controller:
                 log.warning("job refused", extra={"fields": {"job": m.job_id, "user": m.job.user, "reason": m.reason}})
 
 
-def journal_slurm_preemptions(state: StateStore, jobs: tuple[inp.ManagedJob, ...], now: float, round_id: int) -> None:
+def journal_slurm_preemptions(
+    state: StateStore, jobs: tuple[inp.ManagedJob, ...], now: float, round_id: int | None
+) -> None:
     """A "slurm-preempted" event, once, for each managed job that Slurm
     preempts (its PreemptTime), and a "slurm-requeued" one for each time
     Slurm requeued one itself (Phase.SLURM_REQUEUED; the requeue's submit
