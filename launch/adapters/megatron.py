@@ -25,6 +25,7 @@ tracker file ``latest_checkpointed_iteration.txt`` was rewritten after it.
 
 from __future__ import annotations
 
+from launch import steplog
 from launch.adapters.base import Adapter, batch_sizes, check_plan
 from solver.contract.plan import JobPlan
 
@@ -58,4 +59,4 @@ def options(plan: JobPlan) -> list[str]:
     return out
 
 
-ADAPTER = Adapter(RUNTIME, options, OWNED, supervise=True)
+ADAPTER = Adapter(RUNTIME, options, OWNED, supervise=True, progress=steplog.MEGATRON)
