@@ -227,7 +227,7 @@ def main() -> int:
     ap.add_argument("framework", choices=("megatron", "torchtitan"))
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--pace", type=float, required=True, help="seconds per iteration")
-    ap.add_argument("--log-interval", type=int, default=1)
+    ap.add_argument("--log-interval", "--metrics.log_freq", dest="log_interval", type=int, default=1)
     ap.add_argument("--runs", type=Path)
     args, rest = ap.parse_known_args()
     return megatron(args, rest) if args.framework == "megatron" else torchtitan(args, rest)

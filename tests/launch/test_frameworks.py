@@ -284,3 +284,19 @@ def test_torchtitans_own_step_lines_are_read_as_recorded():
     recorded = [line for line, _ in TITAN_LINES[:4]]
     assert [body(line) for line in lines[:2]] == [body(line) for line in (recorded[0], recorded[3])]
     assert lines[0].startswith("[titan] ") and " - root - INFO - \x1b[31mstep:  7  " in lines[0]
+
+
+def test_lightning_reports_its_steps_and_their_time_with_gradient_accumulation(tmp_path):
+    """The hook's callback reports Lightning's global step after every batch:
+    with 3 batches per optimizer step it reports each step 3 times, which is
+    no restart, so progress.json keeps the iteration time: 3 batches of at
+    least 0.1 s each (the example's step delay) a step."""
+    pytest.importorskip("lightning")
+    ck = tmp_path / "ck"
+    plan = {"dp": 1, "global_batch": 16, "runtime": "ddp", "checkpoint_dir": str(ck)}
+    cmd = [sys.executable, str(LIGHTNING_EXAMPLE), "--steps", "12", "--accumulate", "3", "--step-delay", "0.1"]
+    done = srun(cmd, 1, env={"CELLSCHED_PLAN": json.dumps(plan), "CELLSCHED_MASTER_PORT": str(free_port())})
+    assert done[0].returncode == 0, done[0].stderr[-3000:]
+    p = json.loads((ck / "progress.json").read_text())
+    assert p["step"] == p["iterations_done"] == 12
+    assert 0.3 <= p["iter_time_s"] < 0.45, p

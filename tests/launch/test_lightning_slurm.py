@@ -2,7 +2,9 @@
 ``cellsched sbatch --runtime ddp``, run by ``srun cellsched-launch``, made
 movable by one ``launch.on_checkpoint`` call (contrib/examples/lightning).
 The controller places it on 2 GPUs, grows it to 4 when a blocker leaves
-(signal, checkpoint, exit 75, requeue, resume), and it completes."""
+(signal, checkpoint, exit 75, requeue, resume), and it completes. Its
+progress and speed, which the hook's Lightning callback writes, show in
+``cellsched status`` before it is grown."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm_ext" / "cont
 
 from controller_support import (
     ROOT,
+    cellsched,
     find_job,
     job_env,
     job_logs,
@@ -44,9 +47,13 @@ def _checkpoint_dir(backend, job_id: str) -> Path | None:
     return Path(plan.checkpoint_dir) if plan and plan.checkpoint_dir else None
 
 
-def _steps_done(backend, job_id: str) -> float:
+def _progress(backend, job_id: str):
     d = _checkpoint_dir(backend, job_id)
-    p = read_progress_file(str(d) if d else None)
+    return read_progress_file(str(d) if d else None)
+
+
+def _steps_done(backend, job_id: str) -> float:
+    p = _progress(backend, job_id)
     return p.iterations_done if p is not None else 0.0
 
 
@@ -70,7 +77,11 @@ def _blocker(node: str, partition: str, gpus: int) -> str:
 
 
 def test_lightning_ddp_job_is_placed_dp_only_grown_once_and_completes(slurm_cluster, tmp_path):
-    config = write_config(tmp_path / "cellsched.toml", tmp_path / "state.sqlite", checkpoint_wait_s=60.0)
+    # the job is scheduled as a gpt-350m (2.8 s a step on two A40s) but takes 0.2 s a step: more than the
+    # default 10 times its estimate, beyond which the controller stops believing its progress file
+    config = write_config(
+        tmp_path / "cellsched.toml", tmp_path / "state.sqlite", checkpoint_wait_s=60.0, progress_rate_factor=30.0
+    )
     ctl = Controller(load(config))
     backend = get_backend("cli")
     blocker = _blocker("n5", "a40", 2)
@@ -86,6 +97,14 @@ def test_lightning_ddp_job_is_placed_dp_only_grown_once_and_completes(slurm_clus
     wait_until(lambda: _steps_done(backend, job) >= 3, 120, "three Lightning steps on two GPUs")
     hook = json.loads((_checkpoint_dir(backend, job) / contract.HOOK_FILE).read_text())
     assert hook["job_id"] == job
+    wait_until(lambda: (p := _progress(backend, job)) is not None and p.iter_time_s, 60, "Lightning's step time")
+    ctl.round()  # its report: progress, and its speed into the calibration
+    rows = json.loads(cellsched("status", "--json", "--config", str(config)).stdout)["jobs"]
+    row = next(r for r in rows if r["job_id"] == job)
+    assert row["progress_source"] == "file" and row["progress"] == f"{int(row['iterations_done'])}/200000", row
+    # a step sleeps 0.2 s (--step-delay); DDP's all-reduce and the hook's poll on 2 CPU ranks add little
+    assert 0.2 <= row["iter_s_observed"] <= 0.3, row
+    print(f"Lightning: {row['iter_s_observed']} s/step observed, {row['iter_s_profile']} s/step estimated")
 
     subprocess.run(["scancel", blocker], env=job_env(), check=True, timeout=30)
     wait_until(

@@ -1,0 +1,141 @@
+"""torchtitan and Megatron jobs on the dev cluster report progress from their
+own step lines, and so become elastic: submitted with ``cellsched sbatch
+--runtime megatron|torchtitan --elastic``, run by ``srun cellsched-launch``,
+whose task that prints the framework's steps reads them into progress.json.
+The controller sees the job's iterations and its speed (``cellsched
+status``), calibrates on it, and grows it from 2 to 4 GPUs when a blocker
+leaves (signal, the framework's save, exit 75, requeue, resume).
+
+The frameworks cannot train on CPU (docs/runtime-torchtitan.md,
+docs/runtime-megatron.md): the job runs the stand-in of
+tests/launch/framework_logs.py, which prints the framework's step lines (their
+recorded formats, from the ranks that print them) at a fixed pace and keeps
+the framework's checkpoint contract."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm_ext" / "controller"))  # controller_support
+
+from controller_support import (
+    cellsched,
+    find_job,
+    job_env,
+    job_logs,
+    submit_training,
+    wait_job_state,
+    wait_until,
+    write_config,
+)
+
+from slurm_ext.backends import get_backend
+from slurm_ext.config import load
+from slurm_ext.controller.inputs import admin_comment_plan
+from slurm_ext.controller.progress import read_progress_file
+from slurm_ext.controller.round import Controller
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+STAND_IN = Path(__file__).resolve().parent / "framework_logs.py"
+STEPS = 70
+#: seconds per iteration the stand-in keeps
+PACE = 0.25
+#: the iterations the spec names (a long job: growing it pays)
+ITERATIONS = 200000
+
+
+def _progress(backend, job_id: str):
+    plan = admin_comment_plan(find_job(backend, job_id).admin_comment)
+    return read_progress_file(plan.checkpoint_dir if plan and plan.checkpoint_dir else None)
+
+
+def _blocker(node: str, partition: str, gpus: int) -> str:
+    out = subprocess.run(
+        ["sbatch", "--parsable", "-p", partition, "-w", node, "-N1", f"--gres=gpu:{gpus}", "-o", "/dev/null"]
+        + ["--wrap", "sleep 600"],
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return out.stdout.strip().split(";")[0]
+
+
+def _status_row(config: Path, job_id: str) -> dict:
+    rows = json.loads(cellsched("status", "--json", "--config", str(config)).stdout)
+    return next(r for r in rows["jobs"] if r["job_id"] == job_id)
+
+
+@pytest.mark.parametrize(("framework", "log_every"), [("megatron", 2), ("torchtitan", 1)])
+def test_framework_job_reports_progress_is_calibrated_and_grown(slurm_cluster, tmp_path, framework, log_every):
+    started = time.monotonic()
+    # scheduled as a gpt-350m, the stand-in runs many times faster than estimated: more than the default
+    # 10 times, beyond which the controller stops believing its progress file
+    config = write_config(
+        tmp_path / "cellsched.toml", tmp_path / "state.sqlite", checkpoint_wait_s=60.0, progress_rate_factor=30.0
+    )
+    ctl = Controller(load(config))
+    backend = get_backend("cli")
+    blocker = _blocker("n5", "a40", 2)
+    wait_job_state(backend, blocker, ("RUNNING",), 30, tmp_path)
+    train = [str(STAND_IN), framework, "--steps", str(STEPS), "--pace", str(PACE)]
+    train += ["--log-interval", str(log_every), "--runs", str(tmp_path / "runs.jsonl")]
+    sbatch = ["--runtime", framework, "--model", "gpt-350m", "--global-batch", "64", "--iterations", str(ITERATIONS)]
+    job = submit_training(tmp_path, train, [*sbatch, "--elastic", "--gpu-types", "a40", "--min-gpus", "2"])
+
+    first = ctl.round()
+    assert first.placements[job]["cell"].startswith("a40:1x2"), first.placements
+    wait_job_state(backend, job, ("RUNNING",), 60, tmp_path)
+    # Megatron's own time is believed from its third line of a run on (iteration 4 at two a line)
+    seen = wait_until(
+        lambda: (p := _progress(backend, job)) is not None and p.iterations_done >= 8 and p.iter_time_s and p,
+        60,
+        f"{framework}'s step lines read into progress.json",
+    )
+    assert seen.first_step_at is not None
+
+    ctl.round()  # the running job's report: its progress, and its speed into the calibration
+    row = _status_row(config, job)
+    assert row["progress_source"] == "file" and row["iterations_done"] >= 8, row
+    assert row["progress"] == f"{int(row['iterations_done'])}/{ITERATIONS}", row  # its own count, not "~"
+    assert row["iter_s_observed"] == pytest.approx(PACE, rel=0.15), row
+    assert row["iter_s_estimated"] and row["iter_s_profile"], row
+
+    subprocess.run(["scancel", blocker], env=job_env(), check=True, timeout=30)
+    wait_until(lambda: (b := find_job(backend, blocker)) is None or b.finished, 30, "the blocker to end")
+    grown_at = time.time()
+    grow = ctl.round()
+    moves = [a for a in grow.actions if a["job"] == job]
+    assert moves and moves[0]["kind"] == "move" and moves[0]["ok"], (grow.actions, grow.jobs)
+    assert grow.placements[job]["cell"].startswith("a40:2x2"), grow.placements
+    plan = json.loads(ctl.state.plans_of(job)[-1].plan)
+    assert plan["runtime"] == framework and plan["dp"] * plan.get("tp", 1) * plan.get("pp", 1) == 4, plan
+
+    # the grown run: its launcher reads the steps afresh (a new first step), resuming from the checkpoint
+    wait_until(
+        lambda: (p := _progress(backend, job)) is not None and (p.first_step_at or 0) > grown_at,
+        120,
+        "the grown run's first step",
+    )
+    done = wait_job_state(backend, job, ("COMPLETED", "FAILED"), 120, tmp_path)
+    assert done.state == "COMPLETED", job_logs(tmp_path)
+    end = ctl.round()
+    runs = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    # only the grown run reaches the end (the first stopped on the signal): it resumed from its checkpoint
+    assert len(runs) == 1 and runs[0]["world_size"] == 4 and seen.iterations_done <= runs[0]["start"] < STEPS, runs
+    assert runs[0]["end"] == STEPS
+    final = read_progress_file(plan["checkpoint_dir"])
+    assert final is not None and final.iterations_done == STEPS  # the last line, written as the child ended
+    events = [e["event"] for e in ctl.state.history(job) if e["event"] != "trained"]
+    assert events[:2] == ["placed", "signalled"] and events[-1] == "finished", events
+    assert not end.error, end.error
+    took = time.monotonic() - started
+    print(f"{framework}: {took:.0f} s; {row['iter_s_observed']} s/it observed, {row['iter_s_profile']} estimated")
