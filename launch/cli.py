@@ -25,7 +25,11 @@ processes itself) run as under torchrun; and the plan: CELLSCHED_PLAN, its
 degrees, runtime, batch facts and checkpoint folder (docs/runtime-ddp.md).
 
 Framework runtimes (plan.runtime torchtitan or megatron): the framework's own
-options for the plan are appended to CMD (``launch.adapters``).
+options for the plan are appended to CMD (``launch.adapters``), and the task
+that prints the framework's step lines (torchtitan: rank 0; Megatron: the
+last rank) runs CMD as its child with CMD's standard output through a pipe:
+passed on unchanged, and read for the steps into the plan's
+``checkpoint_dir/progress.json`` (``launch.relay``); signals are passed on.
 
 SIGUSR1, the controller's request to checkpoint, is blocked from the
 launcher's first line on and stays blocked across the exec, so a request

@@ -20,7 +20,8 @@ Versions: those pinned in contrib/frameworks.txt.
   save messages, ``evaluate_and_print_results``'s validation line).
 
 Run as a script, this file is the stand-in: ``python framework_logs.py
-{megatron,torchtitan} --steps N --pace S [the adapter's options...]``
+{megatron,torchtitan} --steps N --pace S [--log-interval K] [the adapter's
+options...]`` (K: Megatron's ``--log-interval``, torchtitan's ``--metrics.log_freq``)
 trains nothing but keeps the framework's contract with the launcher: it
 prints the framework's step lines (its format, `titan_line` and
 `megatron_line`, the ranks that print them, how often), one iteration every
