@@ -12,6 +12,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -147,15 +148,22 @@ def test_the_pipe_is_drained_while_the_progress_file_cannot_be_written(tmp_path)
     data = MEGA[0].encode() + b"\n" + bulk + MEGA[1].encode() + b"\n" + MEGA[2].encode() + b"\n"
     src_r, src_w = os.pipe()
     reporter = Reporter(str(ck), min_interval_s=0)
+
+    def child() -> None:  # writes as a child does: blocked as soon as the relay stops reading
+        for piece in _pieces(data):
+            os.write(src_w, piece)
+        os.close(src_w)
+
     with open(tmp_path / "out", "wb") as dst:
         relay = StepRelay(src_r, dst.fileno(), MEGATRON, reporter).start()
         started = time.monotonic()
-        for piece in _pieces(data):
-            os.write(src_w, piece)  # blocks as soon as the relay stops reading
-        os.close(src_w)
-        relay._thread.join(60)
+        writer = threading.Thread(target=child, daemon=True)
+        writer.start()
+        writer.join(60)
         drained = time.monotonic() - started
-        assert not relay._thread.is_alive() and reporter._thread.is_alive()  # the writer is still stuck
+        assert not writer.is_alive(), "the child was held up"
+        relay._thread.join(60)
+        assert not relay._thread.is_alive() and reporter._thread.is_alive()  # the file's writer is still stuck
     assert (tmp_path / "out").read_bytes() == data and relay.last == 20
     with open(ck / f".{PROGRESS_FILE}.tmp.{os.getpid()}", "rb") as fifo:  # the file system takes it now
         first = json.loads(fifo.read())
