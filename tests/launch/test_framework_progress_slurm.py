@@ -25,10 +25,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm_ext" / "controller"))  # controller_support
 
 from controller_support import (
-    cellsched,
     find_job,
     job_env,
     job_logs,
+    job_progress,
+    start_blocker,
+    status_row,
     submit_training,
     wait_job_state,
     wait_until,
@@ -37,7 +39,6 @@ from controller_support import (
 
 from slurm_ext.backends import get_backend
 from slurm_ext.config import load
-from slurm_ext.controller.inputs import admin_comment_plan
 from slurm_ext.controller.progress import read_progress_file
 from slurm_ext.controller.round import Controller
 
@@ -51,29 +52,6 @@ PACE = 0.25
 ITERATIONS = 200000
 
 
-def _progress(backend, job_id: str):
-    plan = admin_comment_plan(find_job(backend, job_id).admin_comment)
-    return read_progress_file(plan.checkpoint_dir if plan and plan.checkpoint_dir else None)
-
-
-def _blocker(node: str, partition: str, gpus: int) -> str:
-    out = subprocess.run(
-        ["sbatch", "--parsable", "-p", partition, "-w", node, "-N1", f"--gres=gpu:{gpus}", "-o", "/dev/null"]
-        + ["--wrap", "sleep 600"],
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    return out.stdout.strip().split(";")[0]
-
-
-def _status_row(config: Path, job_id: str) -> dict:
-    rows = json.loads(cellsched("status", "--json", "--config", str(config)).stdout)
-    return next(r for r in rows["jobs"] if r["job_id"] == job_id)
-
-
 @pytest.mark.parametrize(("framework", "log_every"), [("megatron", 2), ("torchtitan", 1)])
 def test_framework_job_reports_progress_is_calibrated_and_grown(slurm_cluster, tmp_path, framework, log_every):
     started = time.monotonic()
@@ -84,7 +62,7 @@ def test_framework_job_reports_progress_is_calibrated_and_grown(slurm_cluster, t
     )
     ctl = Controller(load(config))
     backend = get_backend("cli")
-    blocker = _blocker("n5", "a40", 2)
+    blocker = start_blocker("n5", "a40", 2)
     wait_job_state(backend, blocker, ("RUNNING",), 30, tmp_path)
     train = [str(STAND_IN), framework, "--steps", str(STEPS), "--pace", str(PACE)]
     train += ["--log-interval", str(log_every), "--runs", str(tmp_path / "runs.jsonl")]
@@ -96,14 +74,14 @@ def test_framework_job_reports_progress_is_calibrated_and_grown(slurm_cluster, t
     wait_job_state(backend, job, ("RUNNING",), 60, tmp_path)
     # Megatron's own time is believed from its third line of a run on (iteration 4 at two a line)
     seen = wait_until(
-        lambda: (p := _progress(backend, job)) is not None and p.iterations_done >= 8 and p.iter_time_s and p,
+        lambda: (p := job_progress(backend, job)) is not None and p.iterations_done >= 8 and p.iter_time_s and p,
         60,
         f"{framework}'s step lines read into progress.json",
     )
     assert seen.first_step_at is not None
 
     ctl.round()  # the running job's report: its progress, and its speed into the calibration
-    row = _status_row(config, job)
+    row = status_row(config, job)
     assert row["progress_source"] == "file" and row["iterations_done"] >= 8, row
     assert row["progress"] == f"{int(row['iterations_done'])}/{ITERATIONS}", row  # its own count, not "~"
     assert row["iter_s_observed"] == pytest.approx(PACE, rel=0.15), row
@@ -121,7 +99,7 @@ def test_framework_job_reports_progress_is_calibrated_and_grown(slurm_cluster, t
 
     # the grown run: its launcher reads the steps afresh (a new first step), resuming from the checkpoint
     wait_until(
-        lambda: (p := _progress(backend, job)) is not None and (p.first_step_at or 0) > grown_at,
+        lambda: (p := job_progress(backend, job)) is not None and (p.first_step_at or 0) > grown_at,
         120,
         "the grown run's first step",
     )

@@ -19,10 +19,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm_ext" / "cont
 
 from controller_support import (
     ROOT,
-    cellsched,
     find_job,
     job_env,
     job_logs,
+    job_progress,
+    start_blocker,
+    status_row,
     submit_training,
     wait_job_state,
     wait_until,
@@ -32,7 +34,6 @@ from controller_support import (
 from slurm_ext.backends import get_backend
 from slurm_ext.config import load
 from slurm_ext.controller.inputs import admin_comment_plan
-from slurm_ext.controller.progress import read_progress_file
 from slurm_ext.controller.round import Controller
 from solver import contract
 
@@ -47,13 +48,8 @@ def _checkpoint_dir(backend, job_id: str) -> Path | None:
     return Path(plan.checkpoint_dir) if plan and plan.checkpoint_dir else None
 
 
-def _progress(backend, job_id: str):
-    d = _checkpoint_dir(backend, job_id)
-    return read_progress_file(str(d) if d else None)
-
-
 def _steps_done(backend, job_id: str) -> float:
-    p = _progress(backend, job_id)
+    p = job_progress(backend, job_id)
     return p.iterations_done if p is not None else 0.0
 
 
@@ -61,19 +57,6 @@ def _submit(tmp_path: Path) -> str:
     train = [str(EXAMPLE), "--steps", str(STEPS), "--step-delay", "0.2", "--log", str(tmp_path / "runs.jsonl")]
     sbatch = ["--runtime", "ddp", "--model", "gpt-350m", "--global-batch", "64", "--iterations", "200000"]
     return submit_training(tmp_path, train, [*sbatch, "--elastic", "--gpu-types", "a40", "--min-gpus", "2"])
-
-
-def _blocker(node: str, partition: str, gpus: int) -> str:
-    out = subprocess.run(
-        ["sbatch", "--parsable", "-p", partition, "-w", node, "-N1", f"--gres=gpu:{gpus}", "-o", "/dev/null"]
-        + ["--wrap", "sleep 600"],
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    return out.stdout.strip().split(";")[0]
 
 
 def test_lightning_ddp_job_is_placed_dp_only_grown_once_and_completes(slurm_cluster, tmp_path):
@@ -84,7 +67,7 @@ def test_lightning_ddp_job_is_placed_dp_only_grown_once_and_completes(slurm_clus
     )
     ctl = Controller(load(config))
     backend = get_backend("cli")
-    blocker = _blocker("n5", "a40", 2)
+    blocker = start_blocker("n5", "a40", 2)
     wait_job_state(backend, blocker, ("RUNNING",), 30, tmp_path)
     job = _submit(tmp_path)
 
@@ -97,10 +80,9 @@ def test_lightning_ddp_job_is_placed_dp_only_grown_once_and_completes(slurm_clus
     wait_until(lambda: _steps_done(backend, job) >= 3, 120, "three Lightning steps on two GPUs")
     hook = json.loads((_checkpoint_dir(backend, job) / contract.HOOK_FILE).read_text())
     assert hook["job_id"] == job
-    wait_until(lambda: (p := _progress(backend, job)) is not None and p.iter_time_s, 60, "Lightning's step time")
+    wait_until(lambda: (p := job_progress(backend, job)) is not None and p.iter_time_s, 60, "Lightning's step time")
     ctl.round()  # its report: progress, and its speed into the calibration
-    rows = json.loads(cellsched("status", "--json", "--config", str(config)).stdout)["jobs"]
-    row = next(r for r in rows if r["job_id"] == job)
+    row = status_row(config, job)
     assert row["progress_source"] == "file" and row["progress"] == f"{int(row['iterations_done'])}/200000", row
     # a step sleeps 0.2 s (--step-delay); DDP's all-reduce and the hook's poll on 2 CPU ranks add little
     assert 0.2 <= row["iter_s_observed"] <= 0.3, row

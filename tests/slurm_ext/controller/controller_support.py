@@ -165,6 +165,35 @@ def submit_training(tmp_path: Path, train: list[str], sbatch: list[str], prelude
     return proc.stdout.strip().splitlines()[-1]
 
 
+def start_blocker(node: str, partition: str, gpus: int) -> str:
+    """An unmanaged job holding `gpus` GPUs of `node` (sleeping); its id."""
+    out = subprocess.run(
+        ["sbatch", "--parsable", "-p", partition, "-w", node, "-N1", f"--gres=gpu:{gpus}", "-o", "/dev/null"]
+        + ["--wrap", "sleep 600"],
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return out.stdout.strip().split(";")[0]
+
+
+def job_progress(backend: Any, job_id: str) -> Any:
+    """The progress record in the checkpoint folder of job `job_id`'s plan (None: none yet)."""
+    from slurm_ext.controller.inputs import admin_comment_plan
+    from slurm_ext.controller.progress import read_progress_file
+
+    plan = admin_comment_plan(find_job(backend, job_id).admin_comment)
+    return read_progress_file(plan.checkpoint_dir if plan and plan.checkpoint_dir else None)
+
+
+def status_row(config: Path, job_id: str) -> dict[str, Any]:
+    """Job `job_id`'s row of `cellsched status --json` under controller config `config`."""
+    rows = json.loads(cellsched("status", "--json", "--config", str(config)).stdout)["jobs"]
+    return next(r for r in rows if r["job_id"] == job_id)
+
+
 def find_job(backend: Any, job_id: str) -> Any:
     """The backend's view of job `job_id` (None: not in the queue)."""
     return next((j for j in backend.observe().jobs if j.job_id == job_id), None)
