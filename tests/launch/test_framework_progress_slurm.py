@@ -45,7 +45,9 @@ from slurm_ext.controller.round import Controller
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 STAND_IN = Path(__file__).resolve().parent / "framework_logs.py"
-STEPS = 70
+#: the steps the stand-in runs: 60 s at its pace, so that it still runs when the blocker has left on a loaded
+#: machine (at 70 steps it had finished, or nearly, by the round that should grow it)
+STEPS = 240
 #: seconds per iteration the stand-in keeps
 PACE = 0.25
 #: the iterations the spec names (a long job: growing it pays)
