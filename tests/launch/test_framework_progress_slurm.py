@@ -15,7 +15,6 @@ the framework's checkpoint contract."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,22 +24,17 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm_ext" / "controller"))  # controller_support
 
 from controller_support import (
-    find_job,
-    job_env,
+    end_blocker,
+    fast_job_controller,
     job_logs,
     job_progress,
-    start_blocker,
     status_row,
     submit_training,
     wait_job_state,
     wait_until,
-    write_config,
 )
 
-from slurm_ext.backends import get_backend
-from slurm_ext.config import load
 from slurm_ext.controller.progress import read_progress_file
-from slurm_ext.controller.round import Controller
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -59,13 +53,7 @@ def test_framework_job_reports_progress_is_calibrated_and_grown(slurm_cluster, t
     started = time.monotonic()
     # scheduled as a gpt-350m, the stand-in runs many times faster than estimated: more than the default
     # 10 times, beyond which the controller stops believing its progress file
-    config = write_config(
-        tmp_path / "cellsched.toml", tmp_path / "state.sqlite", checkpoint_wait_s=60.0, progress_rate_factor=30.0
-    )
-    ctl = Controller(load(config))
-    backend = get_backend("cli")
-    blocker = start_blocker("n5", "a40", 2)
-    wait_job_state(backend, blocker, ("RUNNING",), 30, tmp_path)
+    config, ctl, backend, blocker = fast_job_controller(tmp_path)
     train = [str(STAND_IN), framework, "--steps", str(STEPS), "--pace", str(PACE)]
     train += ["--log-interval", str(log_every), "--runs", str(tmp_path / "runs.jsonl")]
     sbatch = ["--runtime", framework, "--model", "gpt-350m", "--global-batch", "64", "--iterations", str(ITERATIONS)]
@@ -89,8 +77,7 @@ def test_framework_job_reports_progress_is_calibrated_and_grown(slurm_cluster, t
     assert row["iter_s_observed"] == pytest.approx(PACE, rel=0.15), row
     assert row["iter_s_estimated"] and row["iter_s_profile"], row
 
-    subprocess.run(["scancel", blocker], env=job_env(), check=True, timeout=30)
-    wait_until(lambda: (b := find_job(backend, blocker)) is None or b.finished, 30, "the blocker to end")
+    end_blocker(backend, blocker)
     grown_at = time.time()
     grow = ctl.round()
     moves = [a for a in grow.actions if a["job"] == job]

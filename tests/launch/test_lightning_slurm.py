@@ -9,7 +9,6 @@ progress and speed, which the hook's Lightning callback writes, show in
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,22 +18,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm_ext" / "cont
 
 from controller_support import (
     ROOT,
+    end_blocker,
+    fast_job_controller,
     find_job,
-    job_env,
     job_logs,
     job_progress,
-    start_blocker,
     status_row,
     submit_training,
     wait_job_state,
     wait_until,
-    write_config,
 )
 
-from slurm_ext.backends import get_backend
-from slurm_ext.config import load
 from slurm_ext.controller.inputs import admin_comment_plan
-from slurm_ext.controller.round import Controller
 from solver import contract
 
 pytestmark = pytest.mark.slurm
@@ -62,13 +57,7 @@ def _submit(tmp_path: Path) -> str:
 def test_lightning_ddp_job_is_placed_dp_only_grown_once_and_completes(slurm_cluster, tmp_path):
     # the job is scheduled as a gpt-350m (2.8 s a step on two A40s) but takes 0.2 s a step: more than the
     # default 10 times its estimate, beyond which the controller stops believing its progress file
-    config = write_config(
-        tmp_path / "cellsched.toml", tmp_path / "state.sqlite", checkpoint_wait_s=60.0, progress_rate_factor=30.0
-    )
-    ctl = Controller(load(config))
-    backend = get_backend("cli")
-    blocker = start_blocker("n5", "a40", 2)
-    wait_job_state(backend, blocker, ("RUNNING",), 30, tmp_path)
+    config, ctl, backend, blocker = fast_job_controller(tmp_path)
     job = _submit(tmp_path)
 
     first = ctl.round()
@@ -88,10 +77,7 @@ def test_lightning_ddp_job_is_placed_dp_only_grown_once_and_completes(slurm_clus
     assert 0.2 <= row["iter_s_observed"] <= 0.3, row
     print(f"Lightning: {row['iter_s_observed']} s/step observed, {row['iter_s_profile']} s/step estimated")
 
-    subprocess.run(["scancel", blocker], env=job_env(), check=True, timeout=30)
-    wait_until(
-        lambda: find_job(backend, blocker) is None or find_job(backend, blocker).finished, 30, "the blocker to end"
-    )
+    end_blocker(backend, blocker)
     grow = ctl.round()
     moves = [a for a in grow.actions if a["job"] == job]
     assert moves and moves[0]["kind"] == "move" and moves[0]["ok"], grow.actions

@@ -179,6 +179,30 @@ def start_blocker(node: str, partition: str, gpus: int) -> str:
     return out.stdout.strip().split(";")[0]
 
 
+def end_blocker(backend: Any, blocker: str) -> None:
+    """Cancel job `blocker` and wait until it has left its GPUs."""
+    subprocess.run(["scancel", blocker], env=job_env(), check=True, timeout=30)
+    wait_until(lambda: (b := find_job(backend, blocker)) is None or b.finished, 30, "the blocker to end")
+
+
+def fast_job_controller(tmp_path: Path) -> tuple[Path, Any, Any, str]:
+    """For a job far faster than its spec's estimate: a controller that
+    believes a progress file up to 30 times faster than the estimate (the
+    default is 10) and waits 60 s for a checkpoint, and a blocker holding
+    n5's 2 A40s, running. (config, controller, the cli backend, blocker id)."""
+    from slurm_ext.backends import get_backend
+    from slurm_ext.config import load
+    from slurm_ext.controller.round import Controller
+
+    config = write_config(
+        tmp_path / "cellsched.toml", tmp_path / "state.sqlite", checkpoint_wait_s=60.0, progress_rate_factor=30.0
+    )
+    backend = get_backend("cli")
+    blocker = start_blocker("n5", "a40", 2)
+    wait_job_state(backend, blocker, ("RUNNING",), 30, tmp_path)
+    return config, Controller(load(config)), backend, blocker
+
+
 def job_progress(backend: Any, job_id: str) -> Any:
     """The progress record in the checkpoint folder of job `job_id`'s plan (None: none yet)."""
     from slurm_ext.controller.inputs import admin_comment_plan

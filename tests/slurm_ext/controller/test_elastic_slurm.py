@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "launch"))  # train
 
 from controller_support import (
     ROOT,
+    end_blocker,
     find_job,
     job_env,
     job_logs,
@@ -150,10 +151,7 @@ def test_default_elastic_job_grows_shrinks_survives_a_failed_restart_and_complet
     assert running.nodes == ("n4",)
     wait_until(lambda: _steps_done(backend, job) >= 3, 60, "three steps on two GPUs")
 
-    subprocess.run(["scancel", blocker], env=job_env(), check=True, timeout=30)
-    wait_until(
-        lambda: find_job(backend, blocker) is None or find_job(backend, blocker).finished, 30, "the blocker to end"
-    )
+    end_blocker(backend, blocker)
     grow = ctl.round()
     moves = [a for a in grow.actions if a["job"] == job]
     assert moves and moves[0]["kind"] == "move" and moves[0]["ok"], grow.actions
