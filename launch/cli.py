@@ -25,7 +25,11 @@ processes itself) run as under torchrun; and the plan: CELLSCHED_PLAN, its
 degrees, runtime, batch facts and checkpoint folder (docs/runtime-ddp.md).
 
 Framework runtimes (plan.runtime torchtitan or megatron): the framework's own
-options for the plan are appended to CMD (``launch.adapters``).
+options for the plan are appended to CMD (``launch.adapters``), and the task
+that prints the framework's step lines (torchtitan: rank 0; Megatron: the
+last rank) runs CMD as its child with CMD's standard output through a pipe:
+passed on unchanged, and read for the steps into the plan's
+``checkpoint_dir/progress.json`` (``launch.relay``); signals are passed on.
 
 The checkpoint signals (``solver.contract.CHECKPOINT_SIGNALS``: SIGUSR1,
 the controller's request, and SIGTERM, what Slurm sends a job it preempts
@@ -58,7 +62,9 @@ from typing import TypeVar
 from launch import adapters, scontrol
 from launch.errors import LauncherError
 from launch.layout import Layout, LayoutError, in_step_order, plan_ranks
+from launch.relay import Reporter, StepRelay
 from launch.slurm_env import SlurmEnv, SlurmEnvError
+from launch.steplog import StepLog
 from solver import contract
 from solver.contract.plan import JobPlan, PlanError
 
@@ -305,9 +311,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
     os.environ.update(extra)
     adapter = adapters.get_adapter(plan.runtime)
+    steps = step_log(adapter, plan, slurm)
     try:
-        if adapter is not None and adapter.supervise:
-            return supervise(cmd, plan.checkpoint_dir)
+        if adapter is not None and (adapter.supervise or steps is not None):
+            return supervise(cmd, plan.checkpoint_dir, bridge=adapter.supervise, steps=steps)
         os.execvp(cmd[0], cmd)
     except OSError as e:
         print(f"cellsched-launch: error: cannot run {cmd[0]!r}: {e.strerror}", file=sys.stderr)
@@ -315,37 +322,73 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0  # not reached
 
 
-def supervise(cmd: list[str], checkpoint_dir: str | None) -> int:
-    """Run CMD as a child (Megatron): SIGUSR1 to the launcher becomes SIGTERM
-    to CMD, SIGTERM is passed on; CMD's exit status is the launcher's, except
-    that an exit 0 after a checkpoint signal, with Megatron's tracker file
-    rewritten since, is EXIT_CHECKPOINTED (Megatron exits 0 after its
-    signal-triggered save)."""
+def step_log(adapter: adapters.Adapter | None, plan: JobPlan, slurm: SlurmEnv) -> StepLog | None:
+    """The framework's step log when this task's output is the one to read
+    for progress: its adapter declares one, this task prints the steps, and
+    the plan has a checkpoint folder for progress.json."""
+    log = adapter.progress if adapter is not None else None
+    if log is None or not plan.checkpoint_dir or not log.printed_by(slurm.procid, slurm.ntasks):
+        return None
+    return log
+
+
+#: what the launcher sends its child when it receives each signal: the bridge
+#: (Megatron) turns the checkpoint signal into the SIGTERM Megatron saves on
+BRIDGED = {signal.SIGUSR1: signal.SIGTERM, signal.SIGTERM: signal.SIGTERM, signal.SIGINT: signal.SIGINT}
+PASSED = {signal.SIGUSR1: signal.SIGUSR1, signal.SIGTERM: signal.SIGTERM, signal.SIGINT: signal.SIGINT}
+
+
+def supervise(cmd: list[str], checkpoint_dir: str | None, *, bridge: bool = True, steps: StepLog | None = None) -> int:
+    """Run CMD as a child, SIGUSR1 still blocked in it, and pass on the
+    signals the launcher receives (SIGUSR1, SIGTERM, SIGINT).
+
+    BRIDGE (Megatron): SIGUSR1 becomes SIGTERM to CMD; CMD's exit status is
+    the launcher's, except that an exit 0 after a checkpoint signal, with
+    Megatron's tracker file rewritten since, is EXIT_CHECKPOINTED (Megatron
+    exits 0 after its signal-triggered save). Otherwise each signal is
+    passed on as it is and CMD's exit status is the launcher's.
+
+    STEPS: CMD's standard output goes through the launcher unchanged, read
+    for the framework's steps into ``<checkpoint_dir>/progress.json``
+    (``launch.relay``)."""
     from launch.adapters.megatron import TRACKER_FILE
 
+    relayed = steps if checkpoint_dir else None
     signalled: list[float] = []
     children: list[subprocess.Popen[bytes]] = []
+    sends = BRIDGED if bridge else PASSED
 
     def forward(signum: int, frame: object) -> None:
-        if not signalled:
+        if not signalled and signum != signal.SIGINT:
             signalled.append(time.time())
         for child in children:
             try:
-                child.send_signal(signal.SIGTERM)
+                child.send_signal(sends[signal.Signals(signum)])
             except ProcessLookupError:  # pragma: no cover - it exited meanwhile
                 pass
 
-    for s in (signal.SIGUSR1, signal.SIGTERM):
+    for s in sends:
         signal.signal(s, forward)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # Megatron saves on it: its child sees it
-    children.append(subprocess.Popen(cmd))  # SIGUSR1 stays blocked in it
+    if bridge:  # Megatron saves on SIGTERM, with a handler of its own: its child sees it from the start
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    sys.stdout.flush()
+    # SIGUSR1 (and, but for the bridge, SIGTERM) stays blocked in it until its handler is in place
+    children.append(subprocess.Popen(cmd, stdout=subprocess.PIPE if relayed else None))
+    child = children[0]
     if signalled:  # a signal came while it started: pass it on now
         forward(signal.SIGTERM, None)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
-    code = children[0].wait()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(CHECKPOINT_SIGNALS))
+    relay = None
+    if relayed is not None and checkpoint_dir and child.stdout is not None:
+        pipe = os.dup(child.stdout.fileno())  # the relay's own: it closes it when the pipe ends
+        child.stdout.close()
+        relay = StepRelay(pipe, 1, relayed, Reporter(checkpoint_dir)).start()
+    code = child.wait()
+    if relay is not None:
+        relay.finish()
     if code < 0:
         return 128 - code
-    if code == 0 and signalled and checkpoint_dir:
+    if bridge and code == 0 and signalled and checkpoint_dir:
         try:
             saved_at = os.stat(os.path.join(checkpoint_dir, TRACKER_FILE)).st_mtime
         except OSError:

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from launch.errors import LauncherError
+from launch.steplog import StepLog
 from solver.contract.plan import JobPlan
 from solver.contract.runtimes import get_runtime, plan_problem
 
@@ -20,6 +21,7 @@ class Adapter:
     options: Callable[[JobPlan], list[str]]  #: the options the plan adds (``--name value`` pairs and flags)
     owned: tuple[str, ...]  #: the options the adapter sets: a command that sets one itself is refused
     supervise: bool = False  #: the launcher stays the command's parent (signal and exit status bridge)
+    progress: StepLog | None = None  #: the framework's step lines, read for progress.json (launch.steplog)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ tracker file ``latest_checkpointed_iteration.txt`` was rewritten after it.
 
 from __future__ import annotations
 
+from launch import steplog
 from launch.adapters.base import Adapter, AdapterError, batch_sizes, check_plan
 from solver.contract.plan import JobPlan
 from solver.contract.runtimes import State, get_runtime
@@ -81,4 +82,4 @@ def options(plan: JobPlan) -> list[str]:
     return out
 
 
-ADAPTER = Adapter(RUNTIME, options, OWNED, supervise=True)
+ADAPTER = Adapter(RUNTIME, options, OWNED, supervise=True, progress=steplog.MEGATRON)

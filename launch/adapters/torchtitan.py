@@ -27,6 +27,7 @@ parsed by its ``ConfigManager``; tests/launch/test_frameworks.py parses them):
 
 from __future__ import annotations
 
+from launch import steplog
 from launch.adapters.base import Adapter, batch_sizes, check_plan
 from solver.contract.plan import JobPlan
 
@@ -81,4 +82,4 @@ def options(plan: JobPlan) -> list[str]:
     return out
 
 
-ADAPTER = Adapter(RUNTIME, options, OWNED)
+ADAPTER = Adapter(RUNTIME, options, OWNED, progress=steplog.TORCHTITAN)

@@ -263,3 +263,65 @@ def test_megatron_core_has_no_cpu_path():
         GlobalMemoryBuffer().get_tensor((2, 2), torch.float32, "mpu")
     assert 'device="cuda"' in inspect.getsource(schedules.forward_backward_no_pipelining)
     assert "device=torch.cuda.current_device()" in inspect.getsource(param_and_grad_buffer._ParamAndGradBuffer)
+
+
+# torchtitan's own MetricsProcessor.log / log_validation, its logger set up by its init_logger: the
+# step lines it prints (its __init__ needs a CUDA device: the fields it would set are given instead)
+TITAN_PRINTS = r"""
+import time, types
+from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.tools import utils
+from torchtitan.tools.logging import init_logger
+
+init_logger()
+mp = object.__new__(MetricsProcessor)
+mp.config = MetricsProcessor.Config()
+mp.logger = types.SimpleNamespace(log=lambda metrics, step: None)
+mp.parallel_dims = types.SimpleNamespace(non_data_parallel_size=1)
+stats = types.SimpleNamespace(max_active_gib=1.0, max_active_pct=2.0, max_reserved_gib=12.34, max_reserved_pct=15.43,
+                              num_alloc_retries=0, num_ooms=0)
+mp.device_memory_monitor = types.SimpleNamespace(get_peak_stats=lambda: stats, reset_peak_stats=lambda: None)
+mp.gpu_peak_flops, mp.num_flops_per_token, mp.has_quantization = 1e15, 10**9, False
+for color, step, tokens in ((utils.Color(), 7, 8192), (utils.NoColor(), 120, 1234567)):
+    mp.color, mp.ntokens_since_last_log, mp.data_loading_times = color, tokens, [0.01]
+    mp.time_last_log = time.perf_counter() - 1.0
+    mp.log(step, 8.12345, 9.0, 2.3456)
+    mp.log_validation(2.5, step)
+"""
+
+
+def test_torchtitans_own_step_lines_are_read_as_recorded():
+    """The lines the installed torchtitan prints read as the recorded ones
+    (tests/launch/framework_logs.py): its steps; its validation lines, none."""
+    pytest.importorskip("torchtitan.components.metrics")
+    from framework_logs import TITAN_LINES
+
+    from launch.steplog import Step, parse_torchtitan
+
+    r = subprocess.run([sys.executable, "-c", TITAN_PRINTS], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert [parse_torchtitan(line) for line in lines] == [Step(7), None, Step(120), None]
+
+    def body(line: str) -> str:  # the message up to its throughput (a measured figure)
+        return line.split(" - INFO - ", 1)[1].split("tps:")[0]
+
+    recorded = [line for line, _ in TITAN_LINES[:4]]
+    assert [body(line) for line in lines[:2]] == [body(line) for line in (recorded[0], recorded[3])]
+    assert lines[0].startswith("[titan] ") and " - root - INFO - \x1b[31mstep:  7  " in lines[0]
+
+
+def test_lightning_reports_its_steps_and_their_time_with_gradient_accumulation(tmp_path):
+    """The hook's callback reports Lightning's global step after every batch:
+    with 3 batches per optimizer step it reports each step 3 times, which is
+    no restart, so progress.json keeps the iteration time: 3 batches of at
+    least 0.1 s each (the example's step delay) a step."""
+    pytest.importorskip("lightning")
+    ck = tmp_path / "ck"
+    plan = {"dp": 1, "global_batch": 16, "runtime": "ddp", "checkpoint_dir": str(ck)}
+    cmd = [sys.executable, str(LIGHTNING_EXAMPLE), "--steps", "12", "--accumulate", "3", "--step-delay", "0.1"]
+    done = srun(cmd, 1, env={"CELLSCHED_PLAN": json.dumps(plan), "CELLSCHED_MASTER_PORT": str(free_port())})
+    assert done[0].returncode == 0, done[0].stderr[-3000:]
+    p = json.loads((ck / "progress.json").read_text())
+    assert p["step"] == p["iterations_done"] == 12
+    assert 0.3 <= p["iter_time_s"] < 0.45, p

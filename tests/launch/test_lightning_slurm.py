@@ -2,12 +2,13 @@
 ``cellsched sbatch --runtime ddp``, run by ``srun cellsched-launch``, made
 movable by one ``launch.on_checkpoint`` call (contrib/examples/lightning).
 The controller places it on 2 GPUs, grows it to 4 when a blocker leaves
-(signal, checkpoint, exit 75, requeue, resume), and it completes."""
+(signal, checkpoint, exit 75, requeue, resume), and it completes. Its
+progress and speed, which the hook's Lightning callback writes, show in
+``cellsched status`` before it is grown."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,20 +18,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm_ext" / "cont
 
 from controller_support import (
     ROOT,
+    end_blocker,
+    fast_job_controller,
     find_job,
-    job_env,
     job_logs,
+    job_progress,
+    status_row,
     submit_training,
     wait_job_state,
     wait_until,
-    write_config,
 )
 
-from slurm_ext.backends import get_backend
-from slurm_ext.config import load
 from slurm_ext.controller.inputs import admin_comment_plan
-from slurm_ext.controller.progress import read_progress_file
-from slurm_ext.controller.round import Controller
 from solver import contract
 
 pytestmark = pytest.mark.slurm
@@ -45,8 +44,7 @@ def _checkpoint_dir(backend, job_id: str) -> Path | None:
 
 
 def _steps_done(backend, job_id: str) -> float:
-    d = _checkpoint_dir(backend, job_id)
-    p = read_progress_file(str(d) if d else None)
+    p = job_progress(backend, job_id)
     return p.iterations_done if p is not None else 0.0
 
 
@@ -56,25 +54,10 @@ def _submit(tmp_path: Path) -> str:
     return submit_training(tmp_path, train, [*sbatch, "--elastic", "--gpu-types", "a40", "--min-gpus", "2"])
 
 
-def _blocker(node: str, partition: str, gpus: int) -> str:
-    out = subprocess.run(
-        ["sbatch", "--parsable", "-p", partition, "-w", node, "-N1", f"--gres=gpu:{gpus}", "-o", "/dev/null"]
-        + ["--wrap", "sleep 600"],
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    return out.stdout.strip().split(";")[0]
-
-
 def test_lightning_ddp_job_is_placed_dp_only_grown_once_and_completes(slurm_cluster, tmp_path):
-    config = write_config(tmp_path / "cellsched.toml", tmp_path / "state.sqlite", checkpoint_wait_s=60.0)
-    ctl = Controller(load(config))
-    backend = get_backend("cli")
-    blocker = _blocker("n5", "a40", 2)
-    wait_job_state(backend, blocker, ("RUNNING",), 30, tmp_path)
+    # the job is scheduled as a gpt-350m (2.8 s a step on two A40s) but takes 0.2 s a step: more than the
+    # default 10 times its estimate, beyond which the controller stops believing its progress file
+    config, ctl, backend, blocker = fast_job_controller(tmp_path)
     job = _submit(tmp_path)
 
     first = ctl.round()
@@ -86,11 +69,15 @@ def test_lightning_ddp_job_is_placed_dp_only_grown_once_and_completes(slurm_clus
     wait_until(lambda: _steps_done(backend, job) >= 3, 120, "three Lightning steps on two GPUs")
     hook = json.loads((_checkpoint_dir(backend, job) / contract.HOOK_FILE).read_text())
     assert hook["job_id"] == job
+    wait_until(lambda: (p := job_progress(backend, job)) is not None and p.iter_time_s, 60, "Lightning's step time")
+    ctl.round()  # its report: progress, and its speed into the calibration
+    row = status_row(config, job)
+    assert row["progress_source"] == "file" and row["progress"] == f"{int(row['iterations_done'])}/200000", row
+    # a step sleeps 0.2 s (--step-delay); DDP's all-reduce and the hook's poll on 2 CPU ranks add little
+    assert 0.2 <= row["iter_s_observed"] <= 0.3, row
+    print(f"Lightning: {row['iter_s_observed']} s/step observed, {row['iter_s_profile']} s/step estimated")
 
-    subprocess.run(["scancel", blocker], env=job_env(), check=True, timeout=30)
-    wait_until(
-        lambda: find_job(backend, blocker) is None or find_job(backend, blocker).finished, 30, "the blocker to end"
-    )
+    end_blocker(backend, blocker)
     grow = ctl.round()
     moves = [a for a in grow.actions if a["job"] == job]
     assert moves and moves[0]["kind"] == "move" and moves[0]["ok"], grow.actions

@@ -57,6 +57,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep in each step")
+    ap.add_argument("--accumulate", type=int, default=1, help="batches per optimizer step (gradient accumulation)")
     ap.add_argument("--log", type=Path, help="rank 0 appends a JSON line per run: world size, start and end step")
     args = ap.parse_args()
 
@@ -72,6 +73,7 @@ def main() -> None:
         devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         num_nodes=int(os.environ.get("GROUP_WORLD_SIZE", "1")),
         max_steps=args.steps,
+        accumulate_grad_batches=args.accumulate,
         callbacks=[hook.lightning_callback()],
         enable_progress_bar=False,
         enable_model_summary=False,

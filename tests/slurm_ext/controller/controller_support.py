@@ -165,6 +165,59 @@ def submit_training(tmp_path: Path, train: list[str], sbatch: list[str], prelude
     return proc.stdout.strip().splitlines()[-1]
 
 
+def start_blocker(node: str, partition: str, gpus: int) -> str:
+    """An unmanaged job holding `gpus` GPUs of `node` (sleeping); its id."""
+    out = subprocess.run(
+        ["sbatch", "--parsable", "-p", partition, "-w", node, "-N1", f"--gres=gpu:{gpus}", "-o", "/dev/null"]
+        + ["--wrap", "sleep 600"],
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return out.stdout.strip().split(";")[0]
+
+
+def end_blocker(backend: Any, blocker: str) -> None:
+    """Cancel job `blocker` and wait until it has left its GPUs."""
+    subprocess.run(["scancel", blocker], env=job_env(), check=True, timeout=30)
+    wait_until(lambda: (b := find_job(backend, blocker)) is None or b.finished, 30, "the blocker to end")
+
+
+def fast_job_controller(tmp_path: Path) -> tuple[Path, Any, Any, str]:
+    """For a job far faster than its spec's estimate: a controller that
+    believes a progress file up to 30 times faster than the estimate (the
+    default is 10) and waits 60 s for a checkpoint, and a blocker holding
+    n5's 2 A40s, running. (config, controller, the cli backend, blocker id)."""
+    from slurm_ext.backends import get_backend
+    from slurm_ext.config import load
+    from slurm_ext.controller.round import Controller
+
+    config = write_config(
+        tmp_path / "cellsched.toml", tmp_path / "state.sqlite", checkpoint_wait_s=60.0, progress_rate_factor=30.0
+    )
+    backend = get_backend("cli")
+    blocker = start_blocker("n5", "a40", 2)
+    wait_job_state(backend, blocker, ("RUNNING",), 30, tmp_path)
+    return config, Controller(load(config)), backend, blocker
+
+
+def job_progress(backend: Any, job_id: str) -> Any:
+    """The progress record in the checkpoint folder of job `job_id`'s plan (None: none yet)."""
+    from slurm_ext.controller.inputs import admin_comment_plan
+    from slurm_ext.controller.progress import read_progress_file
+
+    plan = admin_comment_plan(find_job(backend, job_id).admin_comment)
+    return read_progress_file(plan.checkpoint_dir if plan and plan.checkpoint_dir else None)
+
+
+def status_row(config: Path, job_id: str) -> dict[str, Any]:
+    """Job `job_id`'s row of `cellsched status --json` under controller config `config`."""
+    rows = json.loads(cellsched("status", "--json", "--config", str(config)).stdout)["jobs"]
+    return next(r for r in rows if r["job_id"] == job_id)
+
+
 def find_job(backend: Any, job_id: str) -> Any:
     """The backend's view of job `job_id` (None: not in the queue)."""
     return next((j for j in backend.observe().jobs if j.job_id == job_id), None)

@@ -24,9 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "launch"))  # train
 
 from controller_support import (
     ROOT,
+    end_blocker,
     find_job,
     job_env,
     job_logs,
+    job_progress,
+    start_blocker,
     submit_managed,
     submit_training,
     wait_job_state,
@@ -39,8 +42,6 @@ from slurm_ext.backends import STEPS as TO_STEPS
 from slurm_ext.backends import get_backend
 from slurm_ext.config import load
 from slurm_ext.controller import relaunch
-from slurm_ext.controller.inputs import admin_comment_plan
-from slurm_ext.controller.progress import read_progress_file
 from slurm_ext.controller.round import Controller
 from solver.contract.profiles.arena import load_device_specs
 from solver.contract.profiles.gpus import default_gpu_specs
@@ -115,48 +116,17 @@ def _submit_elastic(
     return submit_training(tmp_path, train, [*sbatch, "--elastic", *extra], prelude=fail)
 
 
-def _blocker(node: str, partition: str, gpus: int) -> str:
-    """An unmanaged job holding `gpus` GPUs of `node`."""
-    out = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            "-p",
-            partition,
-            "-w",
-            node,
-            "-N1",
-            f"--gres=gpu:{gpus}",
-            "-o",
-            "/dev/null",
-            "--wrap",
-            "sleep 600",
-        ],
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    return out.stdout.strip().split(";")[0]
-
-
-def _progress(backend, job_id: str):
-    plan = admin_comment_plan(find_job(backend, job_id).admin_comment)
-    return read_progress_file(plan.checkpoint_dir if plan else None)
-
-
 def _losses(tmp_path: Path) -> list[float]:
     return json.loads((tmp_path / "losses.json").read_text())["losses"]
 
 
 def _steps_done(backend, job_id: str) -> float:
-    p = _progress(backend, job_id)
+    p = job_progress(backend, job_id)
     return p.iterations_done if p is not None else 0.0
 
 
 def _first_step_after(backend, job_id: str, t: float) -> bool:
-    p = _progress(backend, job_id)
+    p = job_progress(backend, job_id)
     return p is not None and (p.first_step_at or 0) > t
 
 
@@ -168,7 +138,7 @@ def test_default_elastic_job_grows_shrinks_survives_a_failed_restart_and_complet
     uninterrupted run."""
     ctl = _controller(tmp_path, checkpoint_wait_s=60.0)
     backend = get_backend("cli")
-    blocker = _blocker("n5", "a40", 2)
+    blocker = start_blocker("n5", "a40", 2)
     wait_job_state(backend, blocker, ("RUNNING",), 30, tmp_path)
     job = _submit_elastic(tmp_path, "--gpu-types", "a40", "--min-gpus", "2", fail_restart=1)
 
@@ -181,10 +151,7 @@ def test_default_elastic_job_grows_shrinks_survives_a_failed_restart_and_complet
     assert running.nodes == ("n4",)
     wait_until(lambda: _steps_done(backend, job) >= 3, 60, "three steps on two GPUs")
 
-    subprocess.run(["scancel", blocker], env=job_env(), check=True, timeout=30)
-    wait_until(
-        lambda: find_job(backend, blocker) is None or find_job(backend, blocker).finished, 30, "the blocker to end"
-    )
+    end_blocker(backend, blocker)
     grow = ctl.round()
     moves = [a for a in grow.actions if a["job"] == job]
     assert moves and moves[0]["kind"] == "move" and moves[0]["ok"], grow.actions
@@ -323,7 +290,7 @@ def test_job_on_a_node_set_down_is_replaced_and_completes(slurm_cluster, tmp_pat
     assert placed.placements[job]["cell"] == "a40:1x2:pp1"
     node = wait_job_state(backend, job, ("RUNNING",), 60, tmp_path).nodes[0]
     wait_until(
-        lambda: (_progress(backend, job) or 0) and _progress(backend, job).iterations_done >= 3, 60, "three steps"
+        lambda: (job_progress(backend, job) or 0) and job_progress(backend, job).iterations_done >= 3, 60, "three steps"
     )
     env = job_env()
     try:
@@ -403,7 +370,7 @@ def test_a_job_slower_than_its_profile_is_noticed_and_its_estimate_follows_withi
             last = seen[-1].observed_s if seen else None
             wait_until(
                 lambda last=last: (
-                    (q := _progress(backend, job)) is not None and q.iter_time_s and q.iter_time_s != last
+                    (q := job_progress(backend, job)) is not None and q.iter_time_s and q.iter_time_s != last
                 ),
                 60,
                 "a new speed report",
