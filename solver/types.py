@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from solver.contract.models import ModelSpec
-from solver.contract.runtimes import get_runtime
+from solver.contract.runtimes import ANY_CHANGE, Layout, get_runtime, move_problem
 from solver.network import Network
 from solver.site import SitePolicy
 
@@ -300,6 +300,11 @@ class Placement:
         return other is not None and self.cell == other.cell and sorted(self.nodes) == sorted(other.nodes)
 
 
+def layout_of(cell: Cell, plan: ParallelPlan) -> Layout:
+    """What of a plan in a cell a resume depends on (solver.contract.runtimes.Layout)."""
+    return Layout(plan.pp, plan.dp, plan.tp, frozenset(t for t, _ in cell.by_type()))
+
+
 @dataclass(frozen=True)
 class JobRequest:
     """A managed job as the solver sees it.
@@ -314,6 +319,9 @@ class JobRequest:
     V runs it (dp rank d runs ``solver.contract.plan.virtual_worker_counts(V, dp)[d]``
     virtual workers of global_batch / V samples each, one after the other).
     None: not fixed yet, a placement picks dp freely (one worker per rank).
+    `resumes_from` is the layout of the plan the job's checkpoint was
+    written under (None: it has none yet): a job resumes only where its
+    runtime allows that (`move_problem`).
     """
 
     job_id: str
@@ -358,6 +366,7 @@ class JobRequest:
     priority: float = 0.0
     time_limit_s: float | None = None
     reservation: str | None = None
+    resumes_from: Layout | None = None
 
     def __post_init__(self) -> None:
         get_runtime(self.runtime)  # UnknownRuntime naming the known ones
@@ -409,6 +418,18 @@ class JobRequest:
             for t, n in cell.parts
             if cell.pp == 1 or (cell.pp * n) % cell.num_nodes == 0
         )
+
+    @property
+    def moves_bound(self) -> bool:
+        """Does the job's checkpoint bind its next plans (it has one, and its runtime does not resume any plan)?"""
+        return self.resumes_from is not None and get_runtime(self.runtime).resumes != ANY_CHANGE
+
+    def move_problem(self, cell: Cell, plan: ParallelPlan) -> str | None:
+        """Why the job cannot resume its checkpoint with `plan` in `cell`
+        (solver.contract.runtimes.move_problem), or None when it can (or has none)."""
+        if self.resumes_from is None:
+            return None
+        return move_problem(get_runtime(self.runtime), self.resumes_from, layout_of(cell, plan))
 
     @property
     def remaining_iterations(self) -> float:

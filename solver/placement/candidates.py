@@ -8,6 +8,7 @@ not move is *fixed*: it keeps its placement and only takes capacity away.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -106,6 +107,26 @@ def _split(
             reasons[job.job_id] = "current placement no longer fits the cluster; placed again"
         free_jobs.append(job)
     return fixed, free_jobs, reasons
+
+
+def resumable(
+    job: JobRequest, estimates: Sequence[Estimate], utilities: Sequence[float]
+) -> tuple[list[Estimate], list[float]]:
+    """The estimates (and their utilities) whose plans the job can resume its
+    checkpoint with (JobRequest.move_problem: its runtime's rule). In the
+    cell the job runs in, a refused plan gives way to the one it runs there:
+    staying is always allowed."""
+    cur = job.current
+    out: list[Estimate] = []
+    kept: list[float] = []
+    for est, value in zip(estimates, utilities, strict=True):
+        if est.plan is not None and job.move_problem(est.cell, est.plan) is not None:
+            if cur is None or est.cell != cur.cell:
+                continue
+            est = dataclasses.replace(est, plan=cur.plan)
+        out.append(est)
+        kept.append(value)
+    return out, kept
 
 
 #: One option of a job before it is an Option: (estimate index, value, pinned).

@@ -59,7 +59,7 @@ from solver.cells import cap, enumerate_cells, frontier, optional_mixed_cells
 from solver.contention import duty, nic_by_type
 from solver.estimator.protocol import EstimatorLike
 from solver.placement import Space, objective, place_jobs, split_fixed
-from solver.placement.candidates import Option, Pick, fits, make_options, option_picks
+from solver.placement.candidates import Option, Pick, fits, make_options, option_picks, resumable
 from solver.placement.joint import Result
 from solver.placement.siterules import (
     UNMANAGED_PREFIX,
@@ -240,6 +240,8 @@ class CellschedPolicy:
                 ref = refs[job.job_id]
                 if cur.feasible and ref is not None:
                     kept, u = kept + [cur], u + [objective.utility(job, cur, ref, cfg.fairness_p)]
+            if job.moves_bound:
+                kept, u = resumable(job, kept, u)
             ests[job.job_id], utils[job.job_id] = kept, u
         weights = objective.job_weights(jobs, refs, request.now, cfg)
         if rules is not None and rules.fair:
