@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from solver.contract.models import ModelSpec
-from solver.contract.runtimes import ANY_CHANGE, Layout, get_runtime, move_problem
+from solver.contract.runtimes import ANY_CHANGE, Change, Layout, get_runtime, move_problem
 from solver.network import Network
 from solver.site import SitePolicy
 
@@ -423,6 +423,15 @@ class JobRequest:
     def moves_bound(self) -> bool:
         """Does the job's checkpoint bind its next plans (it has one, and its runtime does not resume any plan)?"""
         return self.resumes_from is not None and get_runtime(self.runtime).resumes != ANY_CHANGE
+
+    @property
+    def move_pins(self) -> tuple[tuple[str, str], ...]:
+        """What of its checkpoint's layout binds the job's next plans: (change, value) of each
+        change its runtime does not resume with (() when none binds it: `moves_bound`)."""
+        if not self.moves_bound or self.resumes_from is None:
+            return ()
+        rt = get_runtime(self.runtime)
+        return tuple((c.value, self.resumes_from.shown(c)) for c in Change if c not in rt.resumes)
 
     def move_problem(self, cell: Cell, plan: ParallelPlan) -> str | None:
         """Why the job cannot resume its checkpoint with `plan` in `cell`

@@ -109,24 +109,22 @@ def _split(
     return fixed, free_jobs, reasons
 
 
-def resumable(
-    job: JobRequest, estimates: Sequence[Estimate], utilities: Sequence[float]
-) -> tuple[list[Estimate], list[float]]:
-    """The estimates (and their utilities) whose plans the job can resume its
-    checkpoint with (JobRequest.move_problem: its runtime's rule). In the
-    cell the job runs in, a refused plan gives way to the one it runs there:
-    staying is always allowed."""
+def resumable(job: JobRequest, estimates: Sequence[Estimate]) -> list[Estimate]:
+    """The estimates whose plans the job can resume its checkpoint with
+    (JobRequest.move_problem: its runtime's rule)."""
+    if not job.moves_bound:
+        return list(estimates)
+    return [e for e in estimates if e.plan is None or job.move_problem(e.cell, e.plan) is None]
+
+
+def staying(job: JobRequest, est: Estimate) -> Estimate:
+    """The estimate of the cell the job runs in, `est`, with the plan it runs
+    there where the estimate's own is one it could not resume with (a cell
+    priced by its fastest plan): staying is always allowed."""
     cur = job.current
-    out: list[Estimate] = []
-    kept: list[float] = []
-    for est, value in zip(estimates, utilities, strict=True):
-        if est.plan is not None and job.move_problem(est.cell, est.plan) is not None:
-            if cur is None or est.cell != cur.cell:
-                continue
-            est = dataclasses.replace(est, plan=cur.plan)
-        out.append(est)
-        kept.append(value)
-    return out, kept
+    if cur is None or est.cell != cur.cell or est.plan is None or job.move_problem(est.cell, est.plan) is None:
+        return est
+    return dataclasses.replace(est, plan=cur.plan)
 
 
 #: One option of a job before it is an Option: (estimate index, value, pinned).
