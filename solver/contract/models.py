@@ -436,23 +436,25 @@ class ModelShape:
         (a transformer's parameters counted again), named after SPEC and the
         shape; SPEC itself when nothing differs. ModelSpecError when the
         result is no model (heads that do not divide hidden, ...)."""
-        shape = {
-            "num_layers": self.layers,
-            "hidden": self.hidden or spec.hidden,
-            "heads": self.heads or spec.heads,
-            "seq_len": self.seq_len or spec.seq_len,
-            "vocab": self.vocab or spec.vocab,
-        }
-        if all(getattr(spec, k) == v for k, v in shape.items()):
+        layers, hidden, heads = self.layers, self.hidden or spec.hidden, self.heads or spec.heads
+        seq_len, vocab = self.seq_len or spec.seq_len, self.vocab or spec.vocab
+        if (layers, hidden, heads, seq_len, vocab) == (
+            spec.num_layers,
+            spec.hidden,
+            spec.heads,
+            spec.seq_len,
+            spec.vocab,
+        ):
             return spec
         params = (
-            transformer_params(shape["num_layers"], shape["hidden"], shape["vocab"], spec.num_experts)
+            transformer_params(layers, hidden, vocab, spec.num_experts)
             if spec.family in TRANSFORMER_FAMILIES
             else spec.params
         )
-        trained = "L{num_layers} H{hidden} A{heads} S{seq_len} V{vocab}".format(**shape)
-        name = f"{spec.name} (trained {trained})"
-        return replace(spec, name=name, params=params, **shape)
+        name = f"{spec.name} (trained L{layers} H{hidden} A{heads} S{seq_len} V{vocab})"
+        return replace(
+            spec, name=name, params=params, num_layers=layers, hidden=hidden, heads=heads, seq_len=seq_len, vocab=vocab
+        )
 
 
 def load_spec_file(path: str | pathlib.Path) -> ModelSpec:
