@@ -436,15 +436,10 @@ class ModelShape:
         (a transformer's parameters counted again), named after SPEC and the
         shape; SPEC itself when nothing differs. ModelSpecError when the
         result is no model (heads that do not divide hidden, ...)."""
-        layers, hidden, heads = self.layers, self.hidden or spec.hidden, self.heads or spec.heads
-        seq_len, vocab = self.seq_len or spec.seq_len, self.vocab or spec.vocab
-        if (layers, hidden, heads, seq_len, vocab) == (
-            spec.num_layers,
-            spec.hidden,
-            spec.heads,
-            spec.seq_len,
-            spec.vocab,
-        ):
+        own = (spec.num_layers, spec.hidden, spec.heads, spec.seq_len, spec.vocab)
+        trained = (self.layers, self.hidden, self.heads, self.seq_len, self.vocab)
+        layers, hidden, heads, seq_len, vocab = (t or o for t, o in zip(trained, own, strict=True))
+        if (layers, hidden, heads, seq_len, vocab) == own:
             return spec
         params = (
             transformer_params(layers, hidden, vocab, spec.num_experts)

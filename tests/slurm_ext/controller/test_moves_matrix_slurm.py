@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
-from controller_support import ROOT, find_job, job_logs, submit_training, wait_until, write_config
+from controller_support import ROOT, find_job, job_logs, submit_training, wait_job_state, wait_until, write_config
 from minigpt.model import GPTConfig
 from minigpt.trainer import TrainConfig, keyed_reference_losses, reference_losses
 
@@ -36,6 +36,7 @@ from slurm_ext.config import load
 from slurm_ext.controller.inputs import admin_comment_plan
 from slurm_ext.controller.progress import read_progress_file
 from slurm_ext.controller.round import Controller
+from slurm_ext.records import FINISHED
 from solver.mixed import parse_key
 from solver.types import Cell, ParallelPlan, Placement, ScheduleReply, SolverStatus
 
@@ -155,12 +156,8 @@ def test_every_move_the_runtimes_allow_runs_and_continues_the_loss_curve(slurm_c
         hops.append(time.monotonic())
         print(f"hop {move} ({case}): {hops[-1] - hops[-2]:.1f} s")
 
-    def ended(job: str):
-        j = find_job(backend, job)
-        return j if j is not None and j.finished else None
-
-    for job in jobs:
-        done = wait_until(lambda job=job: ended(job), 600, f"job {job} to finish")
+    for job, rt in jobs.items():
+        done = wait_job_state(backend, job, tuple(FINISHED), 600, tmp_path / rt)
         assert done.state == "COMPLETED", logs()
     ctl.round()
     print(f"matrix: {time.monotonic() - t0:.1f} s in all, the moves {hops[-1] - hops[0]:.1f} s")

@@ -11,7 +11,7 @@ import sqlite3
 
 import pytest
 
-from slurm_ext.state import SCHEMA, HistoryEvent, PlanStatus, RoundStatus, SpeedRow, StateStore
+from slurm_ext.state import SCHEMA, HistoryEvent, PlanStatus, RoundStatus, SpeedRow, StateStore, _add_speeds
 
 #: the state file's tables at version 3, as that cellsched created them (no `speeds`)
 V3_TABLES = (
@@ -78,21 +78,6 @@ V3_TABLES = (
 )""",
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
 )
-#: the table version 4 added, as it created it
-V4_SPEEDS = """CREATE TABLE speeds (
-  job_id TEXT NOT NULL,
-  gpu_type TEXT NOT NULL,
-  user TEXT NOT NULL DEFAULT '',
-  model TEXT NOT NULL DEFAULT '',
-  cell TEXT NOT NULL DEFAULT '',
-  estimated_s REAL NOT NULL,
-  observed_s REAL NOT NULL,
-  ratio REAL NOT NULL,
-  samples INTEGER NOT NULL,
-  calibrated_s REAL,
-  updated REAL NOT NULL,
-  PRIMARY KEY (job_id, gpu_type)
-)"""
 SPEC = '{"global_batch":64,"iterations":100,"model":"gpt-350m","version":1}'
 
 
@@ -107,8 +92,10 @@ def old_file(path, version_key: str, version: int = 3) -> None:
     """A state file as version 3 (or 4) left it, with a job, its plan, history and two rounds."""
     with sqlite3.connect(path) as db:
         db.execute("PRAGMA journal_mode = WAL")
-        for stmt in V3_TABLES + ((V4_SPEEDS,) if version >= 4 else ()):
+        for stmt in V3_TABLES:
             db.execute(stmt)
+        if version >= 4:
+            _add_speeds(db)  # what the upgrade to version 4 added
         db.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (version_key, str(version)))
         db.execute(
             "INSERT INTO jobs (job_id, user, spec, spec_source, first_seen, slurm_state, phase, iterations_done, "

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from controller_support import ROOT, find_job, job_logs, submit_training, wait_until, write_config
+from controller_support import ROOT, find_job, job_logs, submit_training, wait_job_state, wait_until, write_config
 from minigpt.model import GPTConfig
 from minigpt.trainer import TrainConfig, keyed_reference_losses
 
@@ -28,6 +28,7 @@ from slurm_ext.config import load
 from slurm_ext.controller.inputs import admin_comment_plan
 from slurm_ext.controller.progress import read_progress_file
 from slurm_ext.controller.round import Controller
+from slurm_ext.records import FINISHED
 from slurm_ext.state import HistoryEvent
 from solver.contract.models import ModelShape, get_model
 from solver.types import Cell, Placement, ScheduleReply, SolverStatus
@@ -96,11 +97,7 @@ def test_a_job_is_grown_into_a_pipeline_of_the_model_it_trains_not_the_one_it_wa
     assert [a["kind"] for a in report.actions] == ["move"], report.actions
     wait_until(lambda: trained(4), 300, f"job {job} to train in a pipeline of 4 stages")
 
-    def ended():
-        j = find_job(backend, job)
-        return j if j is not None and j.finished else None
-
-    done = wait_until(ended, 300, f"job {job} to finish")
+    done = wait_job_state(backend, job, tuple(FINISHED), 300, tmp_path)
     assert done.state == "COMPLETED", job_logs(tmp_path)
     ctl.round()
 
