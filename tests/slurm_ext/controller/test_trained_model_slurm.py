@@ -79,7 +79,7 @@ def test_a_job_is_grown_into_a_pipeline_of_the_model_it_trains_not_the_one_it_wa
     ctl = Controller(load(config), policy=policy)
     backend = get_backend("cli")
     train = [str(TRAIN), "--layers", str(SHAPE.layers), "--global-batch", str(BATCH), "--steps", str(STEPS)]
-    train += ["--step-delay", "0.5", "--out", str(tmp_path / "losses.json")]
+    train += ["--step-delay", "2.0", "--out", str(tmp_path / "losses.json")]  # time to see a step and move it
     sbatch = ["--runtime", "sharded", "--model", "gpt-350m", "--global-batch", str(BATCH), "--iterations", str(STEPS)]
     job = submit_training(tmp_path, train, [*sbatch, "--gpu-types", "a40", "--elastic"])
 
