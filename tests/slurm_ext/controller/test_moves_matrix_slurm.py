@@ -26,17 +26,9 @@ import json
 import time
 from pathlib import Path
 
+import controller_support
 import pytest
-from controller_support import (
-    ROOT,
-    answered_round,
-    find_job,
-    job_logs,
-    submit_training,
-    wait_job_state,
-    wait_until,
-    write_config,
-)
+from controller_support import ROOT, find_job, job_logs, submit_training, wait_job_state, wait_until, write_config
 from minigpt.model import GPTConfig
 from minigpt.trainer import TrainConfig, keyed_reference_losses, reference_losses
 
@@ -155,13 +147,13 @@ def test_every_move_the_runtimes_allow_runs_and_continues_the_loss_curve(slurm_c
     def each_trained() -> None:
         wait_until(lambda: all(trained_in_this_run(j) for j in jobs), 600, f"hop {policy.move} to train")
 
-    first = answered_round(ctl)
+    first = controller_support.answered_round(ctl)
     assert sorted(a["kind"] for a in first.actions) == ["place", "place"], first.actions
     each_trained()
     hops = [time.monotonic()]
     for move, case in enumerate(CASES, start=1):
         policy.move = move
-        report = answered_round(ctl)
+        report = controller_support.answered_round(ctl)
         assert sorted(a["kind"] for a in report.actions) == ["move", "move"], (case, report.actions)
         assert all(a["ok"] for a in report.actions), (case, report.actions)
         each_trained()
@@ -171,7 +163,7 @@ def test_every_move_the_runtimes_allow_runs_and_continues_the_loss_curve(slurm_c
     for job, rt in jobs.items():
         done = wait_job_state(backend, job, tuple(FINISHED), 600, tmp_path / rt)
         assert done.state == "COMPLETED", logs()
-    answered_round(ctl)
+    controller_support.answered_round(ctl)
     print(f"matrix: {time.monotonic() - t0:.1f} s in all, the moves {hops[-1] - hops[0]:.1f} s")
 
     for job, rt in jobs.items():

@@ -18,17 +18,9 @@ from __future__ import annotations
 
 import json
 
+import controller_support
 import pytest
-from controller_support import (
-    ROOT,
-    answered_round,
-    find_job,
-    job_logs,
-    submit_training,
-    wait_job_state,
-    wait_until,
-    write_config,
-)
+from controller_support import ROOT, find_job, job_logs, submit_training, wait_job_state, wait_until, write_config
 from minigpt.model import GPTConfig
 from minigpt.trainer import TrainConfig, keyed_reference_losses
 
@@ -96,19 +88,19 @@ def test_a_job_is_grown_into_a_pipeline_of_the_model_it_trains_not_the_one_it_wa
         ran = prog is not None and prog.first_step_at is not None and prog.first_step_at >= (j.start_time or 0)
         return j.state == "RUNNING" and plan is not None and plan.pp == pp and ran
 
-    first = answered_round(ctl)
+    first = controller_support.answered_round(ctl)
     assert [a["kind"] for a in first.actions] == ["place"], first.actions
     wait_until(lambda: trained(1), 300, f"job {job} to train on two A40s")
     # the trainer's word, as the controller reads it
     assert progress()[2].model == ModelShape(8, 32, 4, 16, 64)
     policy.grow = 1
-    report = answered_round(ctl)
+    report = controller_support.answered_round(ctl)
     assert [a["kind"] for a in report.actions] == ["move"], report.actions
     wait_until(lambda: trained(4), 300, f"job {job} to train in a pipeline of 4 stages")
 
     done = wait_job_state(backend, job, tuple(FINISHED), 300, tmp_path)
     assert done.state == "COMPLETED", job_logs(tmp_path)
-    answered_round(ctl)
+    controller_support.answered_round(ctl)
 
     gpt350m = get_model("gpt-350m")
     assert policy.priced[0] == gpt350m  # before its first report: the model it was submitted as
