@@ -82,8 +82,11 @@ class ShardedEngine:
             raise ValueError("the sharded runtime needs Workload.sample (samples by global position)")
         self.ctx, self.work, self.global_batch = ctx, work, global_batch
         plan = ctx.plan
-        # Schedule1F1B needs a micro-batch per stage at least (a plan kept from a pp=1 one may have fewer)
-        self.micro_batches = max(plan.micro_batches, ctx.pp)
+        self.micro_batches = plan.micro_batches
+        if ctx.pp > 1 and self.micro_batches < ctx.pp:
+            raise ParallelError(
+                f"{self.micro_batches} micro-batches for pp={ctx.pp}: Schedule1F1B needs at least one per stage"
+            )
         self.sizes = batch_sizes(global_batch, ctx.dp, plan.batch_shares, self.micro_batches)
         if ctx.pp > 1 and any(n % self.micro_batches for n in self.sizes):
             raise ParallelError(

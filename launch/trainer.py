@@ -11,7 +11,8 @@ pipeline stage, the batch split and the engine:
   sum, bitwise the same for any dp <= V (docs/runtime-exact.md).
 
 ``run(steps)`` is the whole loop: resume from the plan's checkpoint
-directory, train, write ``progress.json`` (rank 0), save every
+directory, train, write ``progress.json`` (rank 0; with the shape of the
+model it trains, ``"model"``: ``Workload.shape``), save every
 ``plan.checkpoint_every`` steps and at the end, and on the controller's
 signal (``launch.checkpoint.StopRequest``) save at the next step boundary
 and return ``EXIT_CHECKPOINTED`` (75), which the script passes to exit.
@@ -104,6 +105,7 @@ class Trainer:
         self.plan = plan
         self.engine: Engine = make_engine(ctx, work, batch, shard_state)
         self.checkpoint_dir = plan.checkpoint_dir
+        self.model_shape = work.shape()  #: reported in progress.json: the model the scheduler prices
 
     @property
     def step(self) -> int:
@@ -139,7 +141,7 @@ class Trainer:
                 if on_step is not None:
                     on_step(self.step, loss)
                 if d:
-                    write_progress(d, self.step, loss=loss)
+                    write_progress(d, self.step, loss=loss, model=self.model_shape.to_dict())
             if step_delay > 0:
                 time.sleep(step_delay)
             stopping = self.stop.agreed(device=self.ctx.device)

@@ -29,6 +29,10 @@ describes the work in a ``Workload``:
   checkpoints.
 - ``config``: JSON-able description of the model and data; recorded in a
   checkpoint and checked on resume (``meta``: recorded only).
+- ``model_shape``: the model's shape (``solver.contract.models.ModelShape``:
+  hidden size, heads, sequence length, vocabulary; its ``layers`` are
+  ``num_layers``), reported in ``progress.json`` so that the scheduler
+  prices the model the job trains (None: its layers only).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import torch
 from torch import nn
 
 from launch.elastic import VirtualWorker
+from solver.contract.models import ModelShape
 
 
 @dataclass(frozen=True)
@@ -73,3 +78,11 @@ class Workload:
     tp_dims: Callable[[nn.Module], Mapping[str, int | None]] | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
     meta: Mapping[str, Any] = field(default_factory=dict)  #: recorded in a checkpoint, not checked
+    model_shape: ModelShape | None = None
+
+    def shape(self) -> ModelShape:
+        """The shape the trainer reports (`model_shape`, else the layers alone); ValueError when they disagree."""
+        shape = self.model_shape or ModelShape(self.num_layers)
+        if shape.layers != self.num_layers:
+            raise ValueError(f"model_shape has {shape.layers} layers, the workload {self.num_layers}")
+        return shape

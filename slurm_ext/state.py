@@ -1,8 +1,9 @@
 """The controller's state: one SQLite file (WAL), enough for `status` and
 for a restart to carry on where the last run stopped.
 
-Tables: ``jobs`` (the spec as first accepted, or why it was refused, plus
-what the last round saw of the job), ``plans`` (every plan issued, with its
+Tables: ``jobs`` (the spec as first accepted, or why it was refused, the
+shape of the model it first said it trains, plus what the last round saw
+of the job), ``plans`` (every plan issued, with its
 apply status: an intent is written before Slurm is touched and marked after,
 so a round cut short is finished by the next one), ``cell_history`` (per-job
 placements and ends) and ``rounds`` (timings, objective, actions).
@@ -113,7 +114,8 @@ _CREATE = (
   progress_source TEXT,
   progress_at REAL,
   finished INTEGER NOT NULL DEFAULT 0,
-  updated REAL NOT NULL
+  updated REAL NOT NULL,
+  model_shape TEXT
 )""",
     """CREATE TABLE plans (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -206,7 +208,8 @@ class JobStatus:
 class JobRow(JobStatus):
     """A managed job as the state DB keeps it: the last status seen, plus
     its spec as first accepted (or why it was refused). `progress_at`: when
-    `iterations_done` was counted (`updated` moves on every round)."""
+    `iterations_done` was counted (`updated` moves on every round);
+    `model_shape`: the model the job first reported it trains."""
 
     spec: str | None
     spec_source: str | None
@@ -214,6 +217,8 @@ class JobRow(JobStatus):
     first_seen: float
     updated: float
     progress_at: float | None = None
+    #: the shape of the model the job first said it trains (solver.contract.models.ModelShape, JSON)
+    model_shape: str | None = None
 
 
 @dataclass(frozen=True)
@@ -269,10 +274,19 @@ def _add_speeds(db: sqlite3.Connection) -> None:
     db.execute(_SPEEDS.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
 
 
+def _add_model_shape(db: sqlite3.Connection) -> None:
+    if "model_shape" not in {r[1] for r in db.execute("PRAGMA table_info(jobs)")}:
+        db.execute("ALTER TABLE jobs ADD COLUMN model_shape TEXT")
+
+
 #: version 2: cell_history.value (the measured restart cost of "resumed" events); 3: jobs.progress_at;
-#: 4: the speeds table (observed against estimated iteration times, for calibration)
+#: 4: the speeds table (observed against estimated iteration times, for calibration); 5: jobs.model_shape
 SCHEMA = sqlitedb.Schema(
-    "state file", 4, _CREATE, {2: _add_history_value, 3: _add_progress_at, 4: _add_speeds}, legacy_version_key="schema"
+    "state file",
+    5,
+    _CREATE,
+    {2: _add_history_value, 3: _add_progress_at, 4: _add_speeds, 5: _add_model_shape},
+    legacy_version_key="schema",
 )
 
 
@@ -349,6 +363,15 @@ class StateStore:
                 "spec_source = COALESCE(jobs.spec_source, excluded.spec_source), bad_reason = NULL",
                 (job_id, user, spec_json, source, now, now),
             )
+
+    def observe_model(self, job_id: str, shape_json: str) -> bool:
+        """Keep the first model shape a job reports it trains (a later one
+        never replaces it); True when this one was kept."""
+        with self._tx():
+            cur = self._db.execute(
+                "UPDATE jobs SET model_shape = ? WHERE job_id = ? AND model_shape IS NULL", (shape_json, job_id)
+            )
+        return cur.rowcount > 0
 
     def mark_bad(self, job_id: str, user: str, reason: str, now: float) -> None:
         with self._tx():

@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from solver.contract.models import ModelSpec
-from solver.contract.runtimes import get_runtime
+from solver.contract.runtimes import ANY_CHANGE, Change, Layout, get_runtime, move_problem
 from solver.network import Network
 from solver.site import SitePolicy
 
@@ -300,6 +300,11 @@ class Placement:
         return other is not None and self.cell == other.cell and sorted(self.nodes) == sorted(other.nodes)
 
 
+def layout_of(cell: Cell, plan: ParallelPlan) -> Layout:
+    """What of a plan in a cell a resume depends on (solver.contract.runtimes.Layout)."""
+    return Layout(plan.pp, plan.dp, plan.tp, frozenset(t for t, _ in cell.by_type()))
+
+
 @dataclass(frozen=True)
 class JobRequest:
     """A managed job as the solver sees it.
@@ -314,6 +319,9 @@ class JobRequest:
     V runs it (dp rank d runs ``solver.contract.plan.virtual_worker_counts(V, dp)[d]``
     virtual workers of global_batch / V samples each, one after the other).
     None: not fixed yet, a placement picks dp freely (one worker per rank).
+    `resumes_from` is the layout of the plan the job's checkpoint was
+    written under (None: it has none yet): a job resumes only where its
+    runtime allows that (`move_problem`).
     """
 
     job_id: str
@@ -364,6 +372,10 @@ class JobRequest:
     #: and the rule against loops)
     preempted_at: float | None = None
     preempted_by: frozenset[str] = frozenset()
+    #: the layout of the plan its checkpoint was written under (None: it has not
+    #: trained): it moves only to plans its runtime resumes from that
+    #: (solver.contract.runtimes.move_problem)
+    resumes_from: Layout | None = None
 
     def __post_init__(self) -> None:
         get_runtime(self.runtime)  # UnknownRuntime naming the known ones
@@ -415,6 +427,27 @@ class JobRequest:
             for t, n in cell.parts
             if cell.pp == 1 or (cell.pp * n) % cell.num_nodes == 0
         )
+
+    @property
+    def moves_bound(self) -> bool:
+        """Does the job's checkpoint bind its next plans (it has one, and its runtime does not resume any plan)?"""
+        return self.resumes_from is not None and get_runtime(self.runtime).resumes != ANY_CHANGE
+
+    @property
+    def move_pins(self) -> tuple[tuple[str, str], ...]:
+        """What of its checkpoint's layout binds the job's next plans: (change, value) of each
+        change its runtime does not resume with (() when none binds it: `moves_bound`)."""
+        if not self.moves_bound or self.resumes_from is None:
+            return ()
+        rt = get_runtime(self.runtime)
+        return tuple((c.value, self.resumes_from.shown(c)) for c in Change if c not in rt.resumes)
+
+    def move_problem(self, cell: Cell, plan: ParallelPlan) -> str | None:
+        """Why the job cannot resume its checkpoint with `plan` in `cell`
+        (solver.contract.runtimes.move_problem), or None when it can (or has none)."""
+        if self.resumes_from is None:
+            return None
+        return move_problem(get_runtime(self.runtime), self.resumes_from, layout_of(cell, plan))
 
     @property
     def remaining_iterations(self) -> float:

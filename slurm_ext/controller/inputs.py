@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -21,8 +22,9 @@ from slurm_ext.view import to_cluster_view
 from solver import contract
 from solver.cells import in_partitions
 from solver.contract.jobspec import JobSpec, JobSpecError, is_managed_comment, spec_of_job
+from solver.contract.models import ModelShape, ModelSpec, ModelSpecError
 from solver.contract.plan import JobPlan, PlanError, default_virtual_workers
-from solver.contract.runtimes import get_runtime
+from solver.contract.runtimes import Layout, get_runtime
 from solver.mixed import parse_key
 from solver.types import Cell, ClusterView, JobRequest, ParallelPlan, Placement, ScheduleRequest, SolverConfig
 
@@ -485,6 +487,38 @@ def elastic_now(m: ManagedJob, first_step_at: Mapping[str, float] | None, static
     return m.phase != Phase.RUNNING or first_step_at is None or started_training(m, first_step_at)
 
 
+def trained_models(known: Mapping[str, JobRow], reported: Mapping[str, ModelShape]) -> dict[str, ModelShape]:
+    """The shape of the model each job trains: the first it reported (kept
+    in the state DB), else the one it reports now (progress.Progress.models)."""
+    out = dict(reported)
+    for job_id, row in known.items():
+        if row.model_shape is not None:
+            try:
+                out[job_id] = ModelShape.from_dict(json.loads(row.model_shape))
+            except (ValueError, TypeError):
+                continue
+    return out
+
+
+def trained_model(spec: JobSpec, shape: ModelShape | None) -> ModelSpec:
+    """The model a job is priced as: its spec's, in the shape it reports it
+    trains (ModelShape.applied_to) when that makes a model."""
+    model = spec.model_spec()
+    if shape is None:
+        return model
+    try:
+        return shape.applied_to(model)
+    except ModelSpecError:
+        return model
+
+
+def resumes_from(m: ManagedJob, progress: Mapping[str, float]) -> Layout | None:
+    """The layout of the plan a job's checkpoint was written under: its last
+    plan, once it has trained (every plan after the first was one its
+    runtime resumes: JobRequest.resumes_from); None before."""
+    return m.plan.layout if m.plan is not None and progress.get(m.job_id, 0.0) > 0 else None
+
+
 def job_request(
     m: ManagedJob,
     spec: JobSpec,
@@ -495,15 +529,19 @@ def job_request(
     static: Collection[str],
     site: SiteReading,
     now: float,
+    models: Mapping[str, ModelShape] | None = None,
     preempted: Mapping[str, Preemptions] | None = None,
 ) -> JobRequest:
-    """The JobRequest of a managed job in a scheduled phase (`build_request`);
-    `preempted`: the job's preemptions by cellsched (StateStore.preemptions)."""
+    """The JobRequest of a managed job in a scheduled phase (`build_request`),
+    priced as the model it trains (`models`: `trained_model`); `preempted`:
+    the job's preemptions by cellsched (StateStore.preemptions)."""
     got = (preempted or {}).get(m.job_id)
     last, by = (got[0][0], got[1]) if got is not None else (None, frozenset[str]())
     return JobRequest.from_spec(
         spec,
         m.job_id,
+        model=trained_model(spec, (models or {}).get(m.job_id)),
+        resumes_from=resumes_from(m, progress),
         iterations_done=min(float(spec.iterations), progress.get(m.job_id, 0.0)),
         user=m.job.user,
         elastic=elastic_now(m, first_step_at, static),
@@ -532,6 +570,7 @@ def build_request(
     network: NetworkConfig | None = None,
     static: Collection[str] = (),
     site: SiteReading | None = None,
+    models: Mapping[str, ModelShape] | None = None,
     preempted: Mapping[str, Preemptions] | None = None,
 ) -> Inputs:
     """The ScheduleRequest of a round: jobs in a scheduled phase, with their
@@ -545,30 +584,20 @@ def build_request(
     is neither elastic nor movable (controller.hooks, JobRequest.movable).
     `site`: the site's standing policy (slurm_ext.site; None: none), made
     the round's (`site.round_policy`); each job carries its account, QOS,
-    priority, time limit and reservation (`site_fields`), and its
-    preemptions by cellsched (`preempted`: StateStore.preemptions)."""
+    priority, time limit and reservation (`site_fields`). `models`: the
+    shape of the model each job trains (`trained_models`), which it is
+    priced as; `preempted`: each job's preemptions by cellsched
+    (StateStore.preemptions)."""
     reading, now = site or SiteReading(), snapshot.taken_at
     view = request_view(snapshot, jobs, network)
     requests: list[JobRequest] = []
     skipped: dict[str, str] = {}
+    facts = (progress, excluded or {}, restart_costs or {}, first_step_at, static, reading, now, models, preempted)
     for m in jobs:
         if m.phase not in SCHEDULED or m.spec is None:
             continue
         try:
-            requests.append(
-                job_request(
-                    m,
-                    m.spec,
-                    progress,
-                    excluded or {},
-                    restart_costs or {},
-                    first_step_at,
-                    static,
-                    reading,
-                    now,
-                    preempted,
-                )
-            )
+            requests.append(job_request(m, m.spec, *facts))
         except (JobSpecError, ValueError, TypeError) as exc:
             skipped[m.job_id] = f"cannot schedule: {exc}"
     request = ScheduleRequest(

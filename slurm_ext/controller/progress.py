@@ -21,17 +21,21 @@ from slurm_ext.controller import inputs as inp
 from slurm_ext.controller.userfiles import BoundedReader, Refused, read_owned_file
 from slurm_ext.errors import CellschedError
 from solver.contract import PROGRESS_FILE
+from solver.contract.models import ModelShape, ModelSpecError
 
 
 @dataclass(frozen=True)
 class JobProgress:
     """How far a job is: iterations done and, when known, when the first
-    step of its current run ended (the end of a restart) and the seconds per
-    iteration it reaches now."""
+    step of its current run ended (the end of a restart), the seconds per
+    iteration it reaches now and the shape of the model it trains (`model`;
+    `model_note`: why a shape it gave is not used)."""
 
     iterations_done: float
     first_step_at: float | None = None
     iter_time_s: float | None = None
+    model: ModelShape | None = None
+    model_note: str = ""
 
 
 T = TypeVar("T")
@@ -109,7 +113,8 @@ class Unreadable(CellschedError):
 
 
 def parse_progress(raw: bytes) -> JobProgress:
-    """A progress record from the file's bytes; Unreadable when it is not one."""
+    """A progress record from the file's bytes; Unreadable when it is not
+    one (a model shape that is not one is left out, `model_note` says why)."""
     try:
         data = json.loads(raw)
     except ValueError:
@@ -119,10 +124,18 @@ def parse_progress(raw: bytes) -> JobProgress:
         raise Unreadable("no iterations_done (a number >= 0)")
     first = data.get("first_step_at")
     speed = data.get("iter_time_s")
+    model, note = None, ""
+    if "model" in data:
+        try:
+            model = ModelShape.from_dict(data["model"])
+        except ModelSpecError as exc:
+            note = f"its model shape is not used: {exc}"
     return JobProgress(
         float(value),
         float(first) if _number(first) else None,
         float(speed) if _number(speed) and 0 < speed <= MAX_ITER_TIME_S else None,
+        model,
+        note,
     )
 
 
@@ -189,14 +202,16 @@ CLOCK_SLACK_S = 60.0
 class Progress:
     """One round's progress of the managed jobs: iterations done, where the
     number came from ("file" or "estimate"), first-step times, the seconds
-    per iteration jobs report (`iter_time`), and why a job's own report was
-    not used (`notes`)."""
+    per iteration jobs report (`iter_time`), the model shapes they report
+    (`models`), and why a job's own report was not used (`notes`)."""
 
     done: dict[str, float]
     source: dict[str, str]
     first_step_at: dict[str, float]
     notes: dict[str, str]
     iter_time: dict[str, float] = field(default_factory=dict)
+    #: the shape of the model each job says it trains (JobProgress.model)
+    models: dict[str, ModelShape] = field(default_factory=dict)
 
 
 def doubt(
@@ -268,6 +283,7 @@ def collect_progress(
     first: dict[str, float] = {}
     notes: dict[str, str] = {}
     speed: dict[str, float] = {}
+    models: dict[str, ModelShape] = {}
     for m in jobs:
         if m.spec is None or not (
             m.phase in inp.SCHEDULED or (m.phase == inp.Phase.FINISHED and m.job_id not in ended)
@@ -289,8 +305,12 @@ def collect_progress(
                 first[m.job_id] = p.first_step_at
             if p.iter_time_s is not None:
                 speed[m.job_id] = p.iter_time_s
+            if p.model is not None:
+                models[m.job_id] = p.model
+            if p.model_note:
+                notes[m.job_id] = p.model_note
             continue
         estimate = _estimate(m, prev, now)
         if estimate is not None:
             done[m.job_id], src[m.job_id] = estimate, FROM_ESTIMATE
-    return Progress(done, src, first, notes, speed)
+    return Progress(done, src, first, notes, speed, models)

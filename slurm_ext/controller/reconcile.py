@@ -64,6 +64,7 @@ from slurm_ext.records import SlurmJob
 from slurm_ext.state import HistoryEvent, PlanRow, PlanStatus, StateStore
 from solver import contract
 from solver.contract.plan import JobPlan
+from solver.contract.runtimes import get_runtime, moved_micro_batches
 from solver.mixed import stage_layers_in_order, task_stage_types
 from solver.placement import PlacementError, validate_plan
 from solver.site import SitePolicy
@@ -227,10 +228,13 @@ def plan_virtual_workers(m: ManagedJob, p: Placement) -> int:
 
 
 def job_plan(m: ManagedJob, p: Placement, checkpoint_root: str, view: ClusterView | None = None) -> JobPlan:
-    """The plan written to the job's AdminComment. The checkpoint directory,
-    the virtual worker count and the micro-batches per virtual worker stay
-    what an earlier plan said (a virtual worker's work must not change when
-    the job moves, or its gradients change in the last bits). A mixed-type
+    """The plan written to the job's AdminComment. The checkpoint directory
+    and the virtual worker count stay what an earlier plan said, and so do
+    the micro-batches per virtual worker where the job's runtime allows it
+    for the new plan (solver.contract.runtimes.moved_micro_batches: a
+    virtual worker's work must not change when the job moves, or its
+    gradients change in the last bits, but a pipeline needs at least pp of
+    them); else the placement's. A mixed-type
     cell (needs `view`) lists its nodes in task order with the batch share of
     each dp rank (whole virtual workers: solver.mixed). A plan with pp > 1
     carries its stage_layers, one priced with sharded optimizer state its
@@ -248,8 +252,15 @@ def job_plan(m: ManagedJob, p: Placement, checkpoint_root: str, view: ClusterVie
     nodes, shares = mixed_layout(p, view) if p.cell.mixed and view is not None else (p.node_names, None)
     extra = state_fields(p, view, nodes)
     micro_batches = p.plan.micro_batches
-    if old is not None and old.virtual_workers == vw and (spec.global_batch // vw) % old.micro_batches == 0:
-        micro_batches = old.micro_batches  # a virtual worker's work stays the same
+    if old is not None:
+        micro_batches = moved_micro_batches(
+            get_runtime(spec.runtime),
+            old.micro_batches,
+            micro_batches,
+            pp=p.plan.pp,
+            per_worker=spec.global_batch // vw,
+            same_workers=old.virtual_workers == vw,
+        )
     return JobPlan(
         pp=p.plan.pp,
         dp=p.plan.dp,

@@ -1,12 +1,14 @@
 """What the jobs themselves report in a round (slurm_ext.controller.round's
 phases): how far each is (its progress file), whether a running job may be
 moved (its checkpoint hook), what a move cost it (the first step after it
-resumed) and which cells it has trained in. The files are the users'
+resumed), which cells it has trained in and the shape of the model it
+trains. The files are the users'
 (slurm_ext.controller.userfiles): read within the round's budget, and a file
 that cannot be used is logged once, when that changes."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 
@@ -18,6 +20,7 @@ from slurm_ext.controller.context import RoundContext
 from slurm_ext.controller.hooks import HookFiles, HookReader, collect_movability
 from slurm_ext.controller.progress import ProgressFiles, ProgressReader, collect_progress
 from slurm_ext.state import HistoryEvent, StateStore
+from solver.contract.models import ModelSpecError
 
 log = logging.getLogger("cellsched.controller")
 
@@ -41,6 +44,7 @@ class JobReports:
         self._hook_notes: dict[str, str] = {}  # job -> why its hook file was not used (logged when it changes)
         self._doubts: dict[str, str] = {}  # job -> why its progress file was not used (logged when it changes)
         self._iter_s: dict[str, float] = {}  # job -> estimated iteration time of its cell at the last round
+        self._shape_notes: dict[str, str] = {}  # job -> why its model shape was not kept (logged once)
 
     def read_progress(self, ctx: RoundContext) -> None:
         """This round's progress: the jobs' own reports where believed
@@ -74,6 +78,7 @@ class JobReports:
     def record_progress(self, ctx: RoundContext) -> None:
         self._measure_restarts(ctx)
         self._record_trained(ctx)
+        self._record_models(ctx)
 
     def read_hooks(self, ctx: RoundContext) -> None:
         """The running jobs that may not be moved this round: their runtime
@@ -108,6 +113,26 @@ class JobReports:
             cell = m.current.cell.key() if m.current else ""
             self.state.add_history(m.job_id, HistoryEvent.RESUMED, ctx.now, ctx.round_id, cell, value=round(cost, 3))
             log.info("restart measured", extra={"fields": {"job": m.job_id, "restart_s": round(cost, 3)}})
+
+    def _record_models(self, ctx: RoundContext) -> None:
+        """The first model shape each job reports it trains (progress.json's
+        "model") is kept, once: the job is priced as that model from then on
+        (inputs.trained_models). One that makes no model of the job's spec
+        is not kept (logged)."""
+        for m in ctx.jobs:
+            shape = ctx.prog.models.get(m.job_id)
+            row = ctx.known.get(m.job_id)
+            if shape is None or m.spec is None or row is None or row.model_shape is not None:
+                continue
+            try:
+                model = shape.applied_to(m.spec.model_spec())
+            except ModelSpecError as exc:
+                if self._shape_notes.get(m.job_id) != str(exc):
+                    log.warning("model shape not used", extra={"fields": {"job": m.job_id, "why": str(exc)}})
+                self._shape_notes[m.job_id] = str(exc)
+                continue
+            if self.state.observe_model(m.job_id, json.dumps(shape.to_dict(), sort_keys=True)):
+                log.info("model shape observed", extra={"fields": {"job": m.job_id, "model": model.signature}})
 
     def _record_trained(self, ctx: RoundContext) -> None:
         """A "trained" event for each cell a running job has reported a step

@@ -334,7 +334,8 @@ class Controller:
 
     def _build_request(self, ctx: RoundContext) -> None:
         """The solver's input: the jobs in a scheduled phase, kept out of the
-        cells that keep failing them (`excluded_cells`)."""
+        cells that keep failing them (`excluded_cells`), each priced as the
+        model it says it trains (the first shape it reported)."""
         cfg = self.config
         max_fail = cfg.controller.max_cell_failures
         excluded = {
@@ -352,6 +353,7 @@ class Controller:
             network=cfg.network,
             static=ctx.moving.static,
             site=ctx.site,
+            models=inp.trained_models(ctx.known, ctx.prog.models),
             preempted=self.state.preemptions(ctx.listed),
         )
 

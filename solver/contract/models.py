@@ -34,7 +34,7 @@ import difflib
 import math
 import pathlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from solver.contract.datafile import read_json_or_toml
@@ -387,6 +387,69 @@ def spec_from_dict(data: Any, where: str = "model spec") -> ModelSpec:
     except ModelSpecError as exc:
         msg = str(exc)
         raise ModelSpecError(msg if msg.startswith(where) else f"{where}: {msg}") from None
+
+
+# ---- the shape a job trains ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The shape a job's trainer says it trains (``progress.json``'s
+    ``"model"``: ``{"layers", "hidden", "heads", "seq_len", "vocab"}``, all
+    but ``layers`` optional). The controller prices the job as this model
+    from its first report on (`applied_to`), whatever it was submitted as.
+    `from_dict` reads it as the job's own word: known keys only, integers
+    within LIMITS."""
+
+    layers: int
+    hidden: int | None = None
+    heads: int | None = None
+    seq_len: int | None = None
+    vocab: int | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value, limit = getattr(self, f.name), LIMITS["num_layers" if f.name == "layers" else f.name]
+            if value is None and f.name != "layers":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+                raise ModelSpecError(f"model shape: {f.name!r} must be an integer from 1 to {limit}, got {value!r}")
+
+    def to_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    @classmethod
+    def from_dict(cls, data: object) -> ModelShape:
+        """The shape a mapping gives; ModelSpecError naming what is wrong."""
+        if not isinstance(data, dict):
+            raise ModelSpecError(f"model shape: expected an object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(str(k) for k in data if k not in known)
+        if unknown:
+            raise ModelSpecError(f"model shape: unknown field {unknown[0][:40]!r} (known: {', '.join(sorted(known))})")
+        if "layers" not in data:
+            raise ModelSpecError("model shape: missing field 'layers'")
+        return cls(**data)
+
+    def applied_to(self, spec: ModelSpec) -> ModelSpec:
+        """SPEC as the job trains it: this shape's fields in place of SPEC's
+        (a transformer's parameters counted again), named after SPEC and the
+        shape; SPEC itself when nothing differs. ModelSpecError when the
+        result is no model (heads that do not divide hidden, ...)."""
+        own = (spec.num_layers, spec.hidden, spec.heads, spec.seq_len, spec.vocab)
+        trained = (self.layers, self.hidden, self.heads, self.seq_len, self.vocab)
+        layers, hidden, heads, seq_len, vocab = (t or o for t, o in zip(trained, own, strict=True))
+        if (layers, hidden, heads, seq_len, vocab) == own:
+            return spec
+        params = (
+            transformer_params(layers, hidden, vocab, spec.num_experts)
+            if spec.family in TRANSFORMER_FAMILIES
+            else spec.params
+        )
+        name = f"{spec.name} (trained L{layers} H{hidden} A{heads} S{seq_len} V{vocab})"
+        return replace(
+            spec, name=name, params=params, num_layers=layers, hidden=hidden, heads=heads, seq_len=seq_len, vocab=vocab
+        )
 
 
 def load_spec_file(path: str | pathlib.Path) -> ModelSpec:

@@ -15,7 +15,7 @@ from fractions import Fraction
 from typing import Any
 
 from solver.contract.errors import SolverError
-from solver.contract.runtimes import RUNTIMES, UnknownRuntime, get_runtime
+from solver.contract.runtimes import RUNTIMES, Layout, UnknownRuntime, get_runtime
 
 PLAN_VERSION = 1
 #: Slurm keeps comments of any length, but a plan stays small: refuse a plan
@@ -131,6 +131,11 @@ class JobPlan:
     @property
     def world_size(self) -> int:
         return self.pp * self.dp * self.tp
+
+    @property
+    def layout(self) -> Layout:
+        """What of this plan a resume depends on (solver.contract.runtimes.move_problem)."""
+        return Layout(self.pp, self.dp, self.tp, frozenset(self.gpu_types))
 
     def to_json(self) -> str:
         """Compact JSON without defaults that carry no information."""

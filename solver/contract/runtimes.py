@@ -11,6 +11,14 @@ before applying it, the launcher's adapters before starting one). The
 estimator prices the runtime's own gradient sync (``grad_sync``) and state
 layout (``state``).
 
+A job that has trained resumes from the checkpoint an earlier plan wrote, so
+a move is a plan generated for it from that plan: ``resumes`` says which of
+dp, tp, pp and the GPU types may differ between the two (the GPU count is
+pp x dp x tp), established from each framework's own resume code
+(``resume_basis``), and `move_problem` why a job may not go from one to the
+other: the policies ask it where a running job's options are made, and
+`plan_problem` (``resumed_from``) at the guards.
+
 Names (``cellsched sbatch --runtime NAME``; docs/runtimes.md):
 
 - ``ddp``: any torchrun-style data-parallel script (DDP, Lightning,
@@ -67,6 +75,40 @@ class State(StrEnum):
     FULL = "full"  #: parameters, gradients and optimizer state sharded (FSDP / ZeRO-3)
 
 
+class Change(StrEnum):
+    """What may differ between the plan a job's checkpoint was written under and the plan it resumes with."""
+
+    DP = "dp"
+    TP = "tp"
+    PP = "pp"
+    GPU_TYPE = "gpu type"  #: another GPU type, or into or out of a mixed-type cell
+
+
+#: every change: a runtime whose checkpoints reshard on load
+ANY_CHANGE = frozenset(Change)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What of a plan a resume depends on: its degrees and its GPU types."""
+
+    pp: int
+    dp: int
+    tp: int
+    gpu_types: frozenset[str] = frozenset()
+
+    def changes(self, to: Layout) -> tuple[Change, ...]:
+        """What differs from this layout in `to` (GPU types: only when both name theirs)."""
+        named = bool(self.gpu_types and to.gpu_types)
+        return tuple(c for c in Change if self.shown(c) != to.shown(c) and (named or c != Change.GPU_TYPE))
+
+    def shown(self, change: Change) -> str:
+        """This layout's value of what `change` changes, as a message shows it."""
+        if change == Change.GPU_TYPE:
+            return "+".join(sorted(self.gpu_types))
+        return str({Change.DP: self.dp, Change.TP: self.tp, Change.PP: self.pp}[change])
+
+
 class Checkpoint(StrEnum):
     """How a runtime answers the controller's checkpoint signal."""
 
@@ -91,6 +133,11 @@ class Runtime:
     m_at_least_pp: bool = False
     submittable: bool = True  #: a user may name it (not a simulation-only runtime)
     doc: str = ""
+    #: what may differ between the plan a checkpoint was written under and the
+    #: plan a run resumes it with (`move_problem`)
+    resumes: frozenset[Change] = ANY_CHANGE
+    #: the facts `resumes` stands on: the code (and its version) that resumes
+    resume_basis: str = ""
 
 
 RUNTIMES: dict[str, Runtime] = {
@@ -108,6 +155,8 @@ RUNTIMES: dict[str, Runtime] = {
             state=State.REPLICATED,
             checkpoint=Checkpoint.HOOK,
             doc="torchrun-style data parallelism (DDP, Lightning, Accelerate)",
+            resumes=frozenset({Change.DP, Change.GPU_TYPE}),
+            resume_basis="the script's own save_fn (launch.on_checkpoint): DDP's state is whole on every rank",
         ),
         Runtime(
             "sharded",
@@ -122,6 +171,7 @@ RUNTIMES: dict[str, Runtime] = {
             checkpoint=Checkpoint.SIGNAL,
             m_at_least_pp=True,
             doc="cellsched's torch-native runtime: FSDP2, DTensor TP, pipelining, DCP",
+            resume_basis="DCP checkpoints keyed by parameter name, resharded on load (launch.sharded)",
         ),
         Runtime(
             "exact",
@@ -136,6 +186,7 @@ RUNTIMES: dict[str, Runtime] = {
             checkpoint=Checkpoint.SIGNAL,
             m_at_least_pp=True,
             doc="cellsched's bitwise-reproducible runtime (virtual workers, ordered all-gather sum)",
+            resume_basis="whole tensors by name, every virtual worker's data and random state (launch.exact)",
         ),
         Runtime(
             "torchtitan",
@@ -150,6 +201,11 @@ RUNTIMES: dict[str, Runtime] = {
             checkpoint=Checkpoint.SIGNAL,
             m_at_least_pp=True,
             doc="torchtitan's trainer, options from the launcher's adapter",
+            resumes=frozenset({Change.TP, Change.PP, Change.GPU_TYPE}),
+            resume_basis=(
+                "torchtitan 0.3.0: model and optimizer are DCP state by parameter name, but its dataloader's "
+                "state is per dp rank and refuses another dp degree (ParallelAwareDataloader.load_state_dict)"
+            ),
         ),
         Runtime(
             "megatron",
@@ -163,6 +219,13 @@ RUNTIMES: dict[str, Runtime] = {
             state=State.ZERO1,
             checkpoint=Checkpoint.SIGNAL,
             doc="Megatron-LM / megatron-core, options from the launcher's adapter",
+            resumes=ANY_CHANGE,
+            resume_basis=(
+                "Megatron-LM core_v0.16.1 load_checkpoint, read, not run (it needs CUDA): the adapter's "
+                "--ckpt-format torch_dist and --dist-ckpt-optim-fully-reshardable save model and optimizer "
+                "state per parameter, loaded under any dp, tp or pp; the data continue from "
+                "consumed_train_samples"
+            ),
         ),
         Runtime(
             "adaptive",
@@ -177,6 +240,7 @@ RUNTIMES: dict[str, Runtime] = {
             checkpoint=Checkpoint.SIGNAL,
             submittable=False,
             doc="simulation only: trace jobs under Arena's assumption of adaptive parallelism",
+            resume_basis="Arena's assumption: any plan resumes any other",
         ),
     )
 }
@@ -214,10 +278,21 @@ def plan_problem(
     dp: int = 1,
     micro_batches: int | None = None,
     global_batch: int | None = None,
+    layers: int | None = None,
+    resumed_from: Layout | None = None,
 ) -> str | None:
     """Why RUNTIME cannot carry out this plan, or None when it can (what is
-    not given is not checked)."""
+    not given is not checked): for a model of `layers` layers (the stages
+    must hold them all, one at least each), resuming a checkpoint written
+    under the plan `resumed_from` (`move_problem`)."""
     name = runtime.name
+    if layers is not None and (pp > layers or (stage_layers is not None and sum(stage_layers) != layers)):
+        split = f"stage_layers {list(stage_layers)}" if stage_layers is not None else f"pp={pp} stages"
+        return f"{split} for a model of {layers} layers (its stages must hold them all)"
+    if resumed_from is not None:
+        moved = move_problem(runtime, resumed_from, Layout(pp, dp, tp, frozenset(gpu_types)))
+        if moved is not None:
+            return moved
     if tp > 1 and not runtime.tp:
         return f"runtime {name} has no tensor parallelism (tp={tp})"
     if pp > 1 and not runtime.pp:
@@ -238,6 +313,35 @@ def plan_problem(
     if micro_batches is not None and pp > 1 and micro_batches < pp and runtime.m_at_least_pp:
         return f"runtime {name} runs 1F1B pipelines: {micro_batches} micro-batches for pp={pp} (needs at least pp)"
     return None
+
+
+def move_problem(runtime: Runtime, before: Layout, after: Layout) -> str | None:
+    """Why a job of RUNTIME whose checkpoint was written under the plan
+    `before` cannot resume it under `after` (what differs that
+    ``runtime.resumes`` does not allow), or None when it can: the one rule of
+    a move, asked where a running job's options are made and by
+    `plan_problem` at the guards."""
+    refused = [c for c in before.changes(after) if c not in runtime.resumes]
+    if not refused:
+        return None
+    what = ", ".join(f"{c} {before.shown(c)} -> {after.shown(c)}" for c in refused)
+    return f"runtime {runtime.name} cannot resume its checkpoint with another {what} ({runtime.resume_basis})"
+
+
+def moved_micro_batches(
+    runtime: Runtime, old: int, priced: int, *, pp: int, per_worker: int, same_workers: bool
+) -> int:
+    """Micro-batches per iteration (per virtual worker) of a plan a job moves
+    to from one of `old`: the old count where the runtime keeps a virtual
+    worker's work the same (it has virtual workers, the same V of
+    `per_worker` samples each, which `old` still splits), so that its
+    gradients keep their last bits, and the new plan takes it
+    (`plan_problem`: 1F1B needs at least pp); else the count the new plan
+    was priced with, `priced`."""
+    keep = runtime.virtual_workers and same_workers and old >= 1 and per_worker % old == 0
+    if keep and plan_problem(runtime, pp=pp, tp=1, micro_batches=old) is None:
+        return old
+    return priced
 
 
 def even_split(total: int, parts: int) -> tuple[int, ...]:

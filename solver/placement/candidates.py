@@ -8,6 +8,7 @@ not move is *fixed*: it keeps its placement and only takes capacity away.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -124,6 +125,24 @@ def _split(
             reasons[job.job_id] = "current placement no longer fits the cluster; placed again"
         free_jobs.append(job)
     return fixed, free_jobs, reasons
+
+
+def resumable(job: JobRequest, estimates: Sequence[Estimate]) -> list[Estimate]:
+    """The estimates whose plans the job can resume its checkpoint with
+    (JobRequest.move_problem: its runtime's rule)."""
+    if not job.moves_bound:
+        return list(estimates)
+    return [e for e in estimates if e.plan is None or job.move_problem(e.cell, e.plan) is None]
+
+
+def staying(job: JobRequest, est: Estimate) -> Estimate:
+    """The estimate of the cell the job runs in, `est`, with the plan it runs
+    there where the estimate's own is one it could not resume with (a cell
+    priced by its fastest plan): staying is always allowed."""
+    cur = job.current
+    if cur is None or est.cell != cur.cell or est.plan is None or job.move_problem(est.cell, est.plan) is None:
+        return est
+    return dataclasses.replace(est, plan=cur.plan)
 
 
 #: One option of a job before it is an Option: (estimate index, value, pinned).

@@ -22,7 +22,9 @@ def _runtime_problem(job: JobRequest, cell: Cell, plan: ParallelPlan, gpu_types:
     `cell` (its nodes of these GPU types; default: the cell's own types);
     None when it can. The batch shares are the plan's per-part shares on a
     mixed cell, else the global batch split over dp as evenly as whole
-    samples allow."""
+    samples allow. The stages hold the job's model (its layers, as the job
+    trains it), and a job with a checkpoint resumes it only as its runtime
+    allows (`JobRequest.resumes_from`)."""
     shares: Sequence[int] = plan.shares if cell.mixed else even_split(job.global_batch, plan.dp)
     return plan_problem(
         get_runtime(job.runtime),
@@ -35,6 +37,8 @@ def _runtime_problem(job: JobRequest, cell: Cell, plan: ParallelPlan, gpu_types:
         virtual_workers=job.virtual_workers,
         micro_batches=plan.micro_batches,
         global_batch=job.global_batch,
+        layers=job.model.num_layers,
+        resumed_from=job.resumes_from,
     )
 
 

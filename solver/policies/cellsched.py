@@ -66,7 +66,7 @@ from solver.cells import cap, enumerate_cells, frontier, optional_mixed_cells
 from solver.contention import duty, nic_by_type
 from solver.estimator.protocol import EstimatorLike
 from solver.placement import Space, objective, place_jobs, split_fixed
-from solver.placement.candidates import Option, Pick, fits, make_options, option_picks
+from solver.placement.candidates import Option, Pick, fits, make_options, option_picks, resumable, staying
 from solver.placement.explain import stay_notes
 from solver.placement.joint import Result
 from solver.placement.preempt import Preempted, preempt
@@ -128,6 +128,7 @@ def _shape(job: JobRequest) -> _Key:
         job.virtual_workers,
         job.state_sharding,
         job.runtime,
+        job.move_pins,
     )
 
 
@@ -200,8 +201,10 @@ class CellschedPolicy:
         """The shape's estimates of the job's cells (`kind` "cells") or of
         the mixed cells that may pay ("mixed"), before the job's own
         calibration (the estimator's ``estimate_shape``), memoised by shape: their
-        frontier (solver.cells.frontier) and the feasible ones of fewest GPUs
-        (where the reference is). Calibration scales a job's times by one
+        frontier (solver.cells.frontier) among the plans a job with a
+        checkpoint can resume it with (candidates.resumable; the shape holds
+        what its runtime keeps fixed: JobRequest.move_pins) and the feasible
+        ones of fewest GPUs (where the reference is). Calibration scales a job's times by one
         factor per GPU type, which keeps both, so a job whose factors move
         every round (each round brings it samples) costs a factor per cell
         of these, not a fresh estimate or pruning of every cell (once 5/6 of
@@ -212,7 +215,7 @@ class CellschedPolicy:
             cells = enumerate_cells(job, cluster, cfg) if kind == "cells" else optional_mixed_cells(job, cluster, cfg)
             base = [e for e in (estimator.estimate_shape(job, c) for c in cells) if e.feasible]
             fewest = min((e.cell.num_gpus for e in base), default=0)
-            hit = (frontier(base), [e for e in base if e.cell.num_gpus == fewest])
+            hit = (frontier(resumable(job, base)), [e for e in base if e.cell.num_gpus == fewest])
             if len(self._base) >= _MEMO_MAX:
                 self._base.clear()
             self._base[key] = hit
@@ -245,7 +248,7 @@ class CellschedPolicy:
                     kept, u = kept + [optional[i] for i in pays], u + [opt_u[i] for i in pays]
             current = job.current
             if current is not None and all(e.cell != current.cell for e in kept):
-                cur = estimator.estimate(job, current.cell)
+                cur = staying(job, estimator.estimate(job, current.cell))
                 ref = refs[job.job_id]
                 if cur.feasible and ref is not None:
                     kept, u = kept + [cur], u + [objective.utility(job, cur, ref, cfg.fairness_p)]

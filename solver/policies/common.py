@@ -55,11 +55,14 @@ def dp_estimate(job: JobRequest, cell: Cell, estimator: EstimatorLike, feasible:
     cell (as Arena's simulator does: every policy progresses at its profile's
     iteration time). None where the job's runtime cannot run that plan
     (solver.contract.runtimes.refusal: on more GPUs than its V virtual
-    workers, the batch split unevenly by a runtime that splits it evenly, ...)."""
+    workers, the batch split unevenly by a runtime that splits it evenly, ...),
+    and where the job could not resume its checkpoint with it (JobRequest.move_problem)."""
     if (feasible is not None and not feasible(job, cell)) or job.excludes(cell):
         return None
     shape = (job.runtime, job.model.num_layers, job.global_batch, job.virtual_workers)
     if refusal(*shape, pp=1, tp=1, dp=cell.num_gpus, gpu_types=[t for t, _ in cell.by_type()]):
+        return None
+    if job.move_problem(cell, ParallelPlan(1, cell.num_gpus, 1)) is not None:
         return None
     est = estimator.estimate(job, cell)
     if not est.feasible:

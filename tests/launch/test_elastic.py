@@ -14,8 +14,9 @@ from srun_local import free_port, start, wait
 from trainer_runs import check, checkpoint_state, train
 
 from launch.elastic import VirtualWorker
-from slurm_ext.controller.progress import read_progress
+from slurm_ext.controller.progress import read_progress, read_progress_file
 from solver.contract import EXIT_CHECKPOINTED
+from solver.contract.models import ModelShape
 
 pytestmark = pytest.mark.slow  # real processes or a package build: left out of the quick layer
 
@@ -56,6 +57,7 @@ def test_resume_on_fewer_ranks_is_bitwise_identical(tmp_path):
     assert (tmp_path / "a" / "LATEST").read_text() == "10\n"
     # the progress channel the controller reads (rank 0 writes it every step)
     assert read_progress(str(tmp_path / "a")) == 10.0
+    assert read_progress_file(str(tmp_path / "a")).model == ModelShape(2, 16, 2, 8, 32)  # FLAGS: the model trained
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     shutil.copytree(tmp_path / "a", tmp_path / "c")
 

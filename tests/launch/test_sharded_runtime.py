@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from minigpt.model import GPTConfig, build_full_model
 from minigpt.trainer import TrainConfig, keyed_reference_losses
-from srun_local import free_port, start, wait
+from srun_local import free_port, srun, start, wait
 from trainer_runs import check, train
 
 from launch import checkpoint
@@ -67,12 +67,14 @@ def test_matches_the_single_process_reference(tmp_path, plan):
 def test_moves_across_plans_continue_the_unmoved_loss_curve(tmp_path):
     """dp2 x tp2 on 4 ranks -> pp2 x dp2 on 4 -> dp3 on 3, each resuming the
     previous plan's DCP checkpoint; the loss follows the unmoved run. The
-    plans are as the controller writes them: the first plan's V (ignored)
-    and micro-batches (one: the pipeline runs pp of them) kept."""
+    plans are as the controller writes them: a V (ignored), and each plan's
+    own micro-batches (a runtime without virtual workers keeps none of the
+    last plan's: solver.contract.runtimes.moved_micro_batches), at least pp
+    in the pipeline."""
     ckpt = tmp_path / "ckpt"
     ref = keyed_reference_losses(CFG, TrainConfig(), 9)
-    kept = {"virtual_workers": 4, "micro_batches": 1}
-    moves = [sharded(dp=2, tp=2, **kept), sharded(pp=2, dp=2, **kept), sharded(dp=3, **kept)]
+    v = {"virtual_workers": 4}
+    moves = [sharded(dp=2, tp=2, **v), sharded(pp=2, dp=2, micro_batches=2, **v), sharded(dp=3, **v)]
     for i, plan in enumerate(moves):
         run = train({**plan, "checkpoint_dir": str(ckpt)}, tmp_path / f"{i}.json", 3 * (i + 1), *FLAGS)
         assert run.printed == [3 * i + 1, 3 * i + 2, 3 * i + 3]  # resumed, not started over
@@ -128,6 +130,22 @@ def test_signal_checkpoints_exits_75_and_resumes_under_another_plan(tmp_path):
 
 
 # -- units
+
+
+def test_a_pipeline_with_fewer_micro_batches_than_stages_is_refused_at_start(tmp_path):
+    """Schedule1F1B needs one micro-batch per stage at least: the trainer runs
+    the plan it is given or stops with one line, never a plan of its own."""
+    plan = sharded(pp=2, dp=1, micro_batches=1, checkpoint_dir=str(tmp_path / "ckpt"))
+    tasks = srun(
+        [sys.executable, "contrib/examples/train_gpt.py", "--steps", "1", *FLAGS],
+        2,
+        env={"CELLSCHED_PLAN": json.dumps(plan), "CELLSCHED_MASTER_PORT": str(free_port())},
+        timeout=300,
+    )
+    assert all(t.returncode != 0 for t in tasks), [t.returncode for t in tasks]
+    why = "1 micro-batches for pp=2: Schedule1F1B needs at least one per stage"
+    assert all(why in t.stderr for t in tasks), tasks[0].stderr[-2000:]
+    assert not (tmp_path / "ckpt" / "LATEST").exists()  # nothing trained
 
 
 def test_batch_sizes_follow_the_shares_and_refuse_empty_micro_batches():

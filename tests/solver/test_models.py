@@ -146,3 +146,25 @@ def test_wide_resnet_spec_file_derives_costs(tmp_path):
     path.write_text('family = "wide_resnet"\nlayers = 16\n')
     with pytest.raises(ModelSpecError, match="missing field 'params'"):
         get_model(str(path))
+
+
+def test_a_model_shape_applied_to_a_spec_is_the_model_trained():
+    from solver.contract.models import ModelShape, transformer_params
+
+    gpt = get_model("gpt-350m")
+    assert ModelShape(24, 1024, 16, 2048, 50257).applied_to(gpt) is gpt  # nothing differs
+    trained = ModelShape(8, 32, 4, 16, 64).applied_to(gpt)
+    assert (trained.num_layers, trained.hidden, trained.heads, trained.seq_len, trained.vocab) == (8, 32, 4, 16, 64)
+    assert trained.params == transformer_params(8, 32, 64) and trained.family == "gpt" and trained.dtype == gpt.dtype
+    assert trained.name == "gpt-350m (trained L8 H32 A4 S16 V64)" and trained.signature != gpt.signature
+    layers_only = ModelShape(8).applied_to(gpt)  # the rest of the spec's shape kept
+    assert (layers_only.num_layers, layers_only.hidden, layers_only.params) == (
+        8,
+        1024,
+        transformer_params(8, 1024, 50257),
+    )
+    resnet = get_model("wide_resnet__1B")
+    assert ModelShape(8).applied_to(resnet).params == resnet.params  # not a transformer: its parameters kept
+    with pytest.raises(ModelSpecError, match="must be divisible by 'heads'"):
+        ModelShape(8, hidden=30, heads=4).applied_to(gpt)
+    assert ModelShape.from_dict(ModelShape(8, 32).to_dict()) == ModelShape(8, 32)

@@ -21,6 +21,7 @@ from launch.trainer import make_engine
 from launch.workload import StageSpec, Workload
 from minigpt.data import batch_at, draw
 from minigpt.model import GPTConfig, GPTStage, build_full_model, build_stage, shard_dims
+from solver.contract.models import ModelShape
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -101,6 +102,7 @@ def workload(cfg: GPTConfig, tc: TrainConfig) -> Workload:
         tp_dims=shard_dims,
         config={"model_config": asdict(cfg)},
         meta={"train_config": asdict(tc)},
+        model_shape=ModelShape(cfg.layers, cfg.hidden, cfg.heads, cfg.seq, cfg.vocab),
     )
 
 

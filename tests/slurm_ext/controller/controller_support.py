@@ -16,6 +16,8 @@ from typing import Any
 import support
 from support import wait_for
 
+from slurm_ext.state import RoundStatus
+
 ROOT = Path(__file__).resolve().parents[3]
 DEMO_JOB = ROOT / "contrib" / "examples" / "demo_job.sh"
 #: node -> (gpu type, gpus) of contrib/dev-cluster/cluster.conf
@@ -135,6 +137,17 @@ def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.5)
     return wait_for(predicate, timeout=timeout, what=what, interval=interval)
 
 
+def answered_round(ctl: Any, timeout: float = 120) -> Any:
+    """ctl.round() until Slurm answered it (a busy machine can miss the
+    controller's ping deadline: that round changes nothing); its report."""
+
+    def answered() -> Any:
+        report = ctl.round()
+        return None if report.status == RoundStatus.UNAVAILABLE else report
+
+    return wait_until(answered, timeout, "a round that Slurm answers")
+
+
 def job_env() -> dict[str, str]:
     """The environment a submitted job starts from: this one without an
     enclosing Slurm job's or plan's variables, one OpenMP thread a rank, and
@@ -159,7 +172,7 @@ def submit_training(tmp_path: Path, train: list[str], sbatch: list[str], prelude
         env=job_env(),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=180,
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip().splitlines()[-1]

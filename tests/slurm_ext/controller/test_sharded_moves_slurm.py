@@ -5,10 +5,9 @@ float32 parameters through srun cellsched-launch. A scripted policy (the
 test decides where the job goes; the controller does the rest: signal,
 checkpoint wait, requeue, new plan in the AdminComment, release) moves it
 dp4 on 4 A100s -> pp2 x tp2 on 4 other A100s -> dp3 on 3 V100s, so dp, tp,
-pp and the GPU count all change. (The controller keeps a job's first V and
-micro-batches in its later plans, for sharded jobs too, and a plan needs
-V >= dp: so the first plan has the largest dp; the runtime ignores V and runs
-a pipeline with at least pp micro-batches.) Each run resumes the last one's
+pp and the GPU count all change; each plan has its own micro-batches (a
+runtime without virtual workers keeps none of an earlier plan's), at least
+pp in the pipeline. Each run resumes the last one's
 DCP checkpoint; the checkpoint of every plan holds one shard per rank, none
 over 1.5x the even share, and the losses follow the unmoved
 single-process run within docs/runtime-sharded.md's 1e-5 (relative).

@@ -1,7 +1,9 @@
-"""Upgrading the controller's state file: a file of the previous schema
+"""Upgrading the controller's state file: a file of an earlier schema
 (version 3, its tables written out as version 3 made them: version 4 added
-`speeds`) is opened by StateStore, migrated in place, and used: its old rows
-read back, the new table takes rows, its version says 4."""
+`speeds`; version 4, the one before the current: version 5 added
+`jobs.model_shape`) is opened by StateStore, migrated in place, and used:
+its old rows read back, the new table and column take values, its version
+says 5."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import sqlite3
 
 import pytest
 
-from slurm_ext.state import SCHEMA, HistoryEvent, PlanStatus, RoundStatus, SpeedRow, StateStore
+from slurm_ext.state import SCHEMA, HistoryEvent, PlanStatus, RoundStatus, SpeedRow, StateStore, _add_speeds
 
 #: the state file's tables at version 3, as that cellsched created them (no `speeds`)
 V3_TABLES = (
@@ -86,13 +88,15 @@ def columns(path) -> dict[str, list[tuple]]:
         return {n: [tuple(r[1:]) for r in db.execute(f"PRAGMA table_info('{n}')")] for n in names}
 
 
-def version_3_file(path, version_key: str) -> None:
-    """A state file as version 3 left it, with a job, its plan, history and two rounds."""
+def old_file(path, version_key: str, version: int = 3) -> None:
+    """A state file as version 3 (or 4) left it, with a job, its plan, history and two rounds."""
     with sqlite3.connect(path) as db:
         db.execute("PRAGMA journal_mode = WAL")
         for stmt in V3_TABLES:
             db.execute(stmt)
-        db.execute("INSERT INTO meta (key, value) VALUES (?, '3')", (version_key,))
+        if version >= 4:
+            _add_speeds(db)  # what the upgrade to version 4 added
+        db.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (version_key, str(version)))
         db.execute(
             "INSERT INTO jobs (job_id, user, spec, spec_source, first_seen, slurm_state, phase, iterations_done, "
             "progress_at, updated) "
@@ -118,11 +122,11 @@ def version_3_file(path, version_key: str) -> None:
 
 
 # "schema": the key of files older than solver.contract.sqlitedb
-@pytest.mark.parametrize("version_key", ["schema_version", "schema"])
-def test_a_version_3_state_file_is_migrated_and_used(tmp_path, version_key):
-    assert SCHEMA.version == 4, "a new schema version needs its own upgrade test (from the version before it)"
+@pytest.mark.parametrize(("version_key", "version"), [("schema_version", 3), ("schema", 3), ("schema_version", 4)])
+def test_an_earlier_state_file_is_migrated_and_used(tmp_path, version_key, version):
+    assert SCHEMA.version == 5, "a new schema version needs its own upgrade test (from the version before it)"
     path = tmp_path / "state.sqlite"
-    version_3_file(path, version_key)
+    old_file(path, version_key, version)
     with StateStore(path) as st:
         job = st.jobs()["7"]
         assert (job.user, job.spec, job.iterations_done, job.progress_at, job.phase) == (
@@ -141,10 +145,13 @@ def test_a_version_3_state_file_is_migrated_and_used(tmp_path, version_key):
         row = SpeedRow("7", "a100", "alice", "gpt-350m", "a100:1x2:pp1", 0.5, 0.6, 1.2, 1, 0.6, 170.0)
         st.record_speeds([row])  # the table version 4 added
         assert st.speeds() == [row]
+        assert job.model_shape is None
+        assert st.observe_model("7", '{"layers":8}') and not st.observe_model("7", '{"layers":4}')  # version 5's
+        assert st.jobs()["7"].model_shape == '{"layers":8}'  # the first kept
         r = st.begin_round(200.0)
         st.finish_round(r, status=RoundStatus.OK, duration_s=1.0)
     with sqlite3.connect(path) as db:
-        assert dict(db.execute("SELECT key, value FROM meta")) == {"schema_version": "4"}
+        assert dict(db.execute("SELECT key, value FROM meta")) == {"schema_version": "5"}
     StateStore(tmp_path / "new.sqlite").close()
     assert columns(path) == columns(tmp_path / "new.sqlite")  # migrated: the tables of a new file
     with StateStore(path, readonly=True) as ro:  # what `status` and the fail-safe open
