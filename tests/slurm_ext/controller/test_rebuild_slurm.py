@@ -25,13 +25,14 @@ from controller_support import (
     find_job,
     job_env,
     log_lines,
+    start_blocker,
     start_daemon,
     stop,
     wait_job_state,
     wait_until,
     write_config,
 )
-from test_elastic_slurm import STEPS, _blocker, _controller, _steps_done, _submit_elastic
+from test_elastic_slurm import STEPS, _controller, _steps_done, _submit_elastic
 from test_rebuild_unit import Recorder
 
 from slurm_ext.backends import get_backend
@@ -46,7 +47,7 @@ pytestmark = pytest.mark.slurm
 @pytest.mark.parametrize("dies_after", ["signal"])
 def test_a_fresh_controller_on_an_empty_state_finishes_a_move_cut_short(slurm_cluster, tmp_path, dies_after):
     backend = get_backend("cli")
-    blocker = _blocker("n5", "a40", 2)
+    blocker = start_blocker("n5", "a40", 2)
     wait_job_state(backend, blocker, ("RUNNING",), 30, tmp_path)
     job = _submit_elastic(tmp_path, "--gpu-types", "a40", "--min-gpus", "2", step_delay=0.2)
     calls: Counter = Counter()
@@ -112,7 +113,7 @@ def test_the_standby_finishes_a_move_after_the_active_daemon_is_sigkilled_and_it
     have died between the Step and the signal: under load the test's SIGKILL
     lands there), and the job completes with each training step run once."""
     backend = get_backend("cli")
-    blocker = _blocker("n5", "a40", 2)
+    blocker = start_blocker("n5", "a40", 2)
     wait_job_state(backend, blocker, ("RUNNING",), 30, tmp_path)
     job = _submit_elastic(tmp_path, "--gpu-types", "a40", "--min-gpus", "2", step_delay=0.2)
     lease = tmp_path / "shared" / "lease"
