@@ -194,14 +194,20 @@ def markdown(rows: list[dict[str, object]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser(doc: str | None, cluster_help: str) -> argparse.ArgumentParser:
+    """The options of a run on the multi-tenant cluster (this script's and benchmarks/preemption.py's)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--jobs", type=int, default=150, help="the first N jobs of the Philly trace")
     ap.add_argument("--load", type=float, default=1.0, help="arrival rate relative to Philly on 1,280 GPUs")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--cluster", type=Path, default=CLUSTER, help="cluster spec with a [site]")
+    ap.add_argument("--cluster", type=Path, default=CLUSTER, help=cluster_help)
+    return ap
+
+
+def main() -> int:
+    ap = parser(__doc__, "cluster spec with a [site]")
     ap.add_argument(
         "--policy", action="append", help="a policy to run, NAME[:KEY=VALUE,...], repeated (default: the three)"
     )
@@ -210,13 +216,17 @@ def main() -> int:
     policies = tuple(args.policy or POLICIES)
     results = run(args.out, args.jobs, args.load, args.workers, args.seed, args.cluster, policies)
     rows, summary = numbers(results, accounts_of(args.jobs, args.cluster))
+    emit(rows, summary, markdown(rows), args.out / "multitenant.md")
+    return 0
+
+
+def emit(rows: list[dict[str, object]], summary: dict[str, object], table: str, path: Path) -> None:
+    """One JSON line per row, the summary line, then the table (also written to `path`)."""
     for r in rows:
         print(json.dumps(r), flush=True)
     print(json.dumps(summary), flush=True)
-    table = markdown(rows)
-    (args.out / "multitenant.md").write_text(table)
+    path.write_text(table)
     print(table, end="")
-    return 0
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ OUT/preemption.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -35,10 +34,8 @@ from pathlib import Path
 
 # benchmarks/multitenant.py, beside this script: the run (one `cellsched simulate --realistic`
 # of the given policies on a cluster with a [site]) and the trace as the simulator assigns it
-from multitenant import run, site_trace
+from multitenant import emit, parser, run, site_trace
 
-REPO = Path(__file__).resolve().parents[1]
-CLUSTER = REPO / "etc" / "sim-multitenant-88.toml"
 URGENT = "urgent"
 VARIANTS = {"off": "cellsched:preemption=off", "priority": "cellsched:preemption=priority"}
 
@@ -128,16 +125,10 @@ def markdown(rows: list[dict[str, object]]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--jobs", type=int, default=150, help="the first N jobs of the Philly trace")
-    ap.add_argument("--load", type=float, default=1.0, help="arrival rate relative to Philly on 1,280 GPUs")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workers", type=int, default=2)
+    ap = parser(__doc__, "cluster spec with a [site] and no QOS")
     ap.add_argument("--fraction", type=float, default=0.1, help="the share of the jobs in the urgent QOS")
     ap.add_argument("--priority", type=float, default=100.0, help="the urgent QOS's priority (normal: 0)")
     ap.add_argument("--min-run-s", type=float, default=None, help="the restart governor (default: the config's)")
-    ap.add_argument("--cluster", type=Path, default=CLUSTER, help="cluster spec with a [site] and no QOS")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cluster = cluster_file(args.cluster, args.out, args.fraction, args.priority)
@@ -145,12 +136,7 @@ def main() -> int:
     policies = tuple(p + governor for p in VARIANTS.values())
     results = run(args.out, args.jobs, args.load, args.workers, args.seed, cluster, policies)
     rows, summary = numbers(results, qos_of(args.jobs, cluster))
-    for r in rows:
-        print(json.dumps(r), flush=True)
-    print(json.dumps(summary), flush=True)
-    table = markdown(rows)
-    (args.out / "preemption.md").write_text(table)
-    print(table, end="")
+    emit(rows, summary, markdown(rows), args.out / "preemption.md")
     return 0
 
 

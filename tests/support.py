@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import math
 import os
 import shlex
 import shutil
@@ -20,6 +21,8 @@ import pytest
 
 from slurm_ext.backends.base import SlurmUnavailable
 from slurm_ext.backends.cli import UNREACHABLE
+from solver.estimator import EstimatorBase
+from solver.types import Estimate, ParallelPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVCLUSTER = ROOT / "contrib" / "dev-cluster" / "devcluster.sh"
@@ -207,3 +210,16 @@ def build_dist(workdir: Path) -> Dist:
     sdists, wheels = sorted(out.glob("*.tar.gz")), sorted(out.glob("*.whl"))
     assert len(sdists) == 1 and len(wheels) == 1, sorted(out.iterdir())
     return Dist(sdists[0], wheels[0], log)
+
+
+class UnitSpeed(EstimatorBase):
+    """One iteration a second on any cell of one stage, truth and estimate alike
+    (simulator tests where speed is not the subject)."""
+
+    def speed(self, spec, gpu_type, num_nodes, gpus_per_node, plan) -> float:
+        return 1.0
+
+    def estimate(self, job, cell) -> Estimate:
+        if cell.pp != 1:
+            return Estimate(cell, None, math.inf, 0.0, "none")
+        return Estimate(cell, ParallelPlan(1, cell.num_gpus, 1), 1.0, 1.0, "measured")

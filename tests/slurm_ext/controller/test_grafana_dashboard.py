@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import re
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from support import UnitSpeed
 
 from slurm_ext.backends import SlurmUnavailable
 from slurm_ext.config import from_dict
@@ -30,8 +30,6 @@ from slurm_ext.controller.round import Controller
 from slurm_ext.sim import engine
 from slurm_ext.sim.engine import SimOptions, Simulator
 from slurm_ext.sim.types import ClusterSpec, NodeGroup, TraceJob
-from solver.estimator import EstimatorBase
-from solver.types import Estimate, ParallelPlan
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "slurm_ext" / "admin" / "grafana" / "cellsched.json"
 DATASOURCE_VAR = "${DS_PROMETHEUS}"
@@ -72,18 +70,6 @@ class Recording(mx.Metrics):
         super().replace(name, values)
 
 
-class _Speed(EstimatorBase):
-    """One iteration a second on any cell: truth and estimate alike."""
-
-    def speed(self, spec, gpu_type, num_nodes, gpus_per_node, plan) -> float:
-        return 1.0
-
-    def estimate(self, job, cell) -> Estimate:
-        if cell.pp != 1:
-            return Estimate(cell, None, math.inf, 0.0, "none")
-        return Estimate(cell, ParallelPlan(1, cell.num_gpus, 1), 1.0, 1.0, "measured")
-
-
 class _SlurmAway:
     name = "away"
 
@@ -117,7 +103,7 @@ def exported(tmp_path_factory) -> Exported:
     options = SimOptions(restart_per_gpu_s=0.0, restart_max_s=0.0)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(engine, "Controller", functools.partial(Controller, metrics=m))
-        Simulator(trace, cluster, "fcfs", speed=_Speed().speed, estimator=_Speed(), options=options).run()
+        Simulator(trace, cluster, "fcfs", speed=UnitSpeed().speed, estimator=UnitSpeed(), options=options).run()
     config = from_dict({"controller": {"state_path": str(tmp_path_factory.mktemp("state") / "s.sqlite")}})
     ctl = Controller(config, backend=_SlurmAway(), metrics=m)
     try:

@@ -10,33 +10,20 @@ world's accounting for starts and ends."""
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
+from support import UnitSpeed
 
 from slurm_ext.sim.engine import SimOptions, Simulator
 from slurm_ext.sim.types import AccountSpec, ClusterSpec, NodeGroup, QosSpec, SiteSpec, TraceJob
 from slurm_ext.state import HistoryEvent, StateStore
-from solver.estimator import EstimatorBase
 from solver.site import parse_reason
-from solver.types import Estimate, ParallelPlan, SolverConfig
+from solver.types import SolverConfig
 
 #: one node of 4 A100s; one account; QOS normal (priority 0, the default) and urgent (priority 100)
 SITE = SiteSpec((AccountSpec("a"),), (QosSpec("normal"), QosSpec("urgent", priority=100)), "normal")
 CLUSTER = ClusterSpec((NodeGroup("a100", 1, 4),), site=SITE)
 MIN_RUN_S = 600.0
-
-
-class _Speed(EstimatorBase):
-    """One iteration a second on any cell of one stage: truth and estimate alike."""
-
-    def speed(self, spec, gpu_type, num_nodes, gpus_per_node, plan) -> float:
-        return 1.0
-
-    def estimate(self, job, cell) -> Estimate:
-        if cell.pp != 1:
-            return Estimate(cell, None, math.inf, 0.0, "none")
-        return Estimate(cell, ParallelPlan(1, cell.num_gpus, 1), 1.0, 1.0, "measured")
 
 
 def trace_job(job_id: str, at: float, iterations: int, qos: str = "") -> TraceJob:
@@ -50,7 +37,7 @@ def simulate(trace, tmp_path, preemption: str, checkpoint_s: float = 5.0) -> tup
         min_gpus=2, max_gpus=2, restart_per_gpu_s=0.0, restart_max_s=0.0, checkpoint_s=checkpoint_s, solver=solver
     )
     sim = Simulator(
-        trace, CLUSTER, "cellsched", speed=_Speed().speed, estimator=_Speed(), options=options, state_dir=tmp_path
+        trace, CLUSTER, "cellsched", speed=UnitSpeed().speed, estimator=UnitSpeed(), options=options, state_dir=tmp_path
     )
     run = sim.run()
     return sim, run, StateStore(tmp_path / "state-cellsched.sqlite", readonly=True)
@@ -127,7 +114,7 @@ def test_status_says_why_a_running_elastic_job_stays(tmp_path):
     options = dataclasses.replace(options, max_time_s=700.0)
     trace = [trace_job("a", 0.0, 4000), trace_job("b", 300.0, 4000)]
     sim = Simulator(
-        trace, CLUSTER, "cellsched", speed=_Speed().speed, estimator=_Speed(), options=options, state_dir=tmp_path
+        trace, CLUSTER, "cellsched", speed=UnitSpeed().speed, estimator=UnitSpeed(), options=options, state_dir=tmp_path
     )
     sim.run()
     assert [r.time for r in sim.rounds] == [0.0, 300.0, 600.0]
