@@ -160,6 +160,21 @@ def test_a_plain_job_is_killed_and_requeued_and_starts_again_after_its_begin_tim
     assert b.observe().job(plain).state == "RUNNING"
 
 
+def test_a_released_managed_job_preempts_on_the_nodes_of_its_plan_only():
+    w, b = world(grace_s=0.0)
+    older = managed(b, "a100-1")
+    w.advance(10.0)
+    younger = managed(b, "a100-2")
+    s = JobSpec(model="bert__760M", global_batch=64, iterations=10, elastic=True)
+    job_id = b.submit(
+        SubmitRequest(script="job.sh", gres_per_node=1, nodes=1, hold=True, comment=s.to_comment(), qos="urgent")
+    )
+    place(b, job_id, "a100-1")  # its plan's node: the older job's, not the youngest's
+    w.advance(10.0)
+    assert b.observe().job(older).state == "PENDING" and b.observe().job(younger).preempted_at is None
+    assert b.observe().job(job_id).nodes == ("a100-1",)
+
+
 def test_victims_lowest_priority_first_then_youngest_and_only_those_needed():
     p = SlurmPreemption(
         {"urgent": frozenset({"normal", "scavenger"})}, {}, {"urgent": 10.0, "normal": 5.0, "scavenger": 0.0}
