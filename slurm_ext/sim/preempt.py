@@ -21,9 +21,10 @@ QOS that preempts picks its victims, and what the site's preemption is.
   with exit 75, its progress kept, PreemptTime set: Slurm 22.05 does not
   requeue it, whatever the mode. Any other is killed at the end of its
   grace time: with REQUEUE it is pending again, not held, its restarts + 1,
-  its progress back to its last checkpoint, its BeginTime the world's
-  ``requeue_delay_s`` later and its PreemptTime reset; with CANCEL it ends
-  PREEMPTED, exit 0, PreemptTime kept (docs/preemption.md).
+  its progress back to its last checkpoint, its SubmitTime moved to the
+  requeue, its BeginTime the world's ``requeue_delay_s`` later and its
+  PreemptTime reset; with CANCEL it ends PREEMPTED, exit 0, PreemptTime
+  kept (docs/preemption.md).
 
 Not modelled: 22.05's grace time ending up to 5 s late, KillWait (a job
 killed at the end of its grace time saves nothing after it), SUSPEND and

@@ -502,10 +502,12 @@ class SimWorld:
             self.clock.push(self.now + grace, "grace-over", job.job_id, job.epoch)
 
     def _grace_over(self, job: SimJob) -> None:
-        """Killed at the end of its grace time: requeued, not held (REQUEUE), or PREEMPTED (CANCEL)."""
+        """Killed at the end of its grace time: requeued, not held, its
+        SubmitTime moved to the requeue (REQUEUE), or PREEMPTED (CANCEL)."""
         if self.preemption is not None and self.preemption.mode == "CANCEL":
             self.end(job, "PREEMPTED", 0)
         else:
+            job.submit_time = self.now
             self.requeue(job, hold=False)
 
     # --- the simulated run ---------------------------------------------------------

@@ -120,7 +120,7 @@ def test_a_victim_whose_checkpoint_outlasts_the_grace_time_is_killed_and_requeue
     w.advance(62.0)
     job = b.observe().job(job_id)
     assert (job.state, job.held, job.reason, job.preempted_at, job.nodes) == ("PENDING", False, "BeginTime", None, ())
-    assert (job.eligible_time, w.all_jobs[job_id].restarts) == (62.0 + 120.0, 3)
+    assert (job.eligible_time, job.submit_time, w.all_jobs[job_id].restarts) == (62.0 + 120.0, 62.0, 3)
     assert requeued_by_slurm(job, w.now)  # what the controller holds at once (Phase.SLURM_REQUEUED)
     assert w.iterations_done(job_id) == 10.0  # back to its last checkpoint
     assert b.observe().job(u).nodes == ("a100-1",)
