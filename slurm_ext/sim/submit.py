@@ -130,11 +130,11 @@ class Submitter:
         )
         self._submitted(job, self.backend.submit(req))
 
-    def _submitted(self, job: TraceJob, sid: str) -> None:
+    def _submitted(self, job: TraceJob, sid: str, plain: bool = False) -> None:
         self.slurm_ids[job.job_id] = sid
         self.trace_ids[sid] = job.job_id
         if self.site_usage is not None:
-            self.site_usage.register(sid, job)
+            self.site_usage.register(sid, job, plain)
 
     def _submit_plain(self, job: TraceJob, spec: JobSpec) -> None:
         """A plain sbatch job (module doc), registered before Slurm may start it."""
@@ -145,7 +145,7 @@ class Submitter:
         gpu_type, nodes, per = layout
         w = self.world
         sid, seq = w.new_job_id()
-        self._submitted(job, sid)
+        self._submitted(job, sid, plain=True)
         w.submit(
             SimJob(
                 job_id=sid,

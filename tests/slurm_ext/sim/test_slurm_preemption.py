@@ -18,12 +18,14 @@ from slurm_ext.sim.backend import SimBackend
 from slurm_ext.sim.clusterspec import ClusterSpecError, load_cluster_spec
 from slurm_ext.sim.engine import SimError, SimOptions, Simulator
 from slurm_ext.sim.preempt import SlurmPreemption
+from slurm_ext.sim.site import SiteUsage
 from slurm_ext.sim.types import AccountSpec, ClusterSpec, NodeGroup, QosSpec, SiteSpec, TraceJob
 from slurm_ext.sim.world import SimWorld
 from solver.contract import EXIT_CHECKPOINTED
 from solver.contract.jobspec import JobSpec
 from solver.contract.plan import JobPlan
 from solver.estimator import EstimatorBase
+from solver.site import LimitKind
 from solver.types import Estimate, ParallelPlan
 
 CLUSTER = ClusterSpec((NodeGroup("a100", 2, 4),))
@@ -311,3 +313,17 @@ def test_an_urgent_plain_job_preempts_a_managed_one_which_resumes_from_its_check
 def test_slurms_preemption_is_refused_in_arena_compat_mode():
     with pytest.raises(SimError, match="not modelled in arena-compat mode"):
         preempted_run(20.0, arena_compat=True)
+
+
+def test_the_gpus_of_running_plain_jobs_count_under_the_limits_the_policy_sees():
+    """As the live controller counts jobs it does not manage (slurm_ext.site.round_policy)."""
+    site = SiteSpec((AccountSpec("a", gpus=8, jobs=3),), (QosSpec("urgent", plain=True),))
+    usage = SiteUsage(site, 16, lambda: 0.0, 0.0)
+    usage.register("1", TraceJob("p", 0.0, "m", 64, 10, 4, "a100", account="a", user="u", qos="urgent"), plain=True)
+    usage.register("2", TraceJob("m", 0.0, "m", 64, 10, 2, "a100", account="a", user="u"))
+    for sid, gpus in (("1", 4), ("2", 2)):
+        usage.started(SimpleNamespace(job_id=sid, gpus=gpus, gres=gpus, nodes=("a100-1",)), f"a100:1x{gpus}")
+    limits = {(lim.kind, lim.name): lim.used_outside for lim in usage.site_policy().limits}
+    assert limits == {(LimitKind.GRP, "a"): 4, (LimitKind.GRP_JOBS, "a"): 1}  # the plain job's, not the managed one's
+    usage.stopped(SimpleNamespace(job_id="1", gpus=4, gres=4, nodes=("a100-1",)), 10.0)
+    assert all(lim.used_outside == 0 for lim in usage.site_policy().limits)
