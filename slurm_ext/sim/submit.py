@@ -68,7 +68,7 @@ class Submitter:
         options: SpecOptions,
         speed: Speed,
         site: SiteUsage | None,
-        world: SimWorld | None = None,
+        world: SimWorld,
     ) -> None:
         """`world`: the one `backend` shows, where plain jobs are submitted (module doc)."""
         self.backend, self.cluster, self.options, self.speed, self.site_usage = backend, cluster, options, speed, site
@@ -139,7 +139,7 @@ class Submitter:
     def _submit_plain(self, job: TraceJob, spec: JobSpec) -> None:
         """A plain sbatch job (module doc), registered before Slurm may start it."""
         layout = best_layout(self.cluster, job.requested_gpu_type, job.requested_gpus)
-        if layout is None or self.world is None:
+        if layout is None:
             self.skipped[job.job_id] = "a plain job whose requested GPUs fit no node group"
             return
         gpu_type, nodes, per = layout
