@@ -41,7 +41,12 @@ It shows what the cli backend shows of a real Slurm 22.05
 * with a site policy (the cluster file's ``[site]``, slurm_ext.sim.site) a
   released job that fits but would put its account, user or QOS over a GPU
   limit stays pending with Slurm's reason (AssocGrpGRES, QOSGrpGRES,
-  QOSMaxGRESPerUser, QOSMaxGRESPerJob) until it would not.
+  QOSMaxGRESPerUser, QOSMaxGRESPerJob) until it would not;
+* with a QOS that preempts (slurm_ext.sim.preempt) a job Slurm preempts
+  shows its PreemptTime (``preempted_at``) while it runs out its grace
+  time, and after it as Slurm 22.05 does: FAILED exit 75 (checkpointed in
+  its grace time, PreemptTime kept), PENDING not held with reason
+  BeginTime and Restarts + 1 (REQUEUE), or PREEMPTED (CANCEL).
 """
 
 from __future__ import annotations
@@ -164,6 +169,7 @@ class SimBackend(OneAtATime):
                 tasks_per_node=req.ntasks_per_node,
                 begin_time=w.now,
                 spec=spec,
+                qos=req.qos or "",
             )
         )
         return job_id
@@ -324,6 +330,7 @@ def _job_record(j: SimJob, now: float) -> SlurmJob:
             num_tasks=j.num_tasks,
             tasks_per_node=j.tasks_per_node,
             work_dir=j.work_dir,
+            preempted_at=j.preempt_at,
         )
     return j.record
 

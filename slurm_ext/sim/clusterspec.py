@@ -19,6 +19,7 @@ Our format (TOML shown; JSON is ``{"name": ..., "nodes": [{...}, ...]}``)::
     [site]                 # optional: the site's policy (docs/simulator.md)
     decay_half_life_s = 604800   # PriorityDecayHalfLife (default 7 days)
     default_qos = "normal"       # the QOS of a job that names none
+    preempt_mode = "REQUEUE"     # PreemptMode of a QOS's preemption: REQUEUE (default) or CANCEL
     [site.accounts.physics]
     share = 50             # raw fair share (normalised over its parent's accounts)
     gpus = 32              # GrpTRES=gres/gpu=32 (optional; binds its sub-accounts too)
@@ -35,6 +36,10 @@ Our format (TOML shown; JSON is ``{"name": ..., "nodes": [{...}, ...]}``)::
     job_gpus = 16          # MaxTRESPerJob (optional)
     priority = 0           # the QOS's Priority (preemption rank; default 0)
     trace_fraction = 0.1   # traces without a QOS: the share of their jobs given it (default 0)
+    grace_s = 60           # GraceTime of its jobs when preempted, seconds (default 0)
+    [site.qos.urgent]
+    preempt = ["normal"]   # Preempt=: the QOS whose running jobs it preempts (default none)
+    plain = true           # traces: its jobs are plain sbatch jobs, not cellsched's (default false)
 
 Arena's format: ``{"cluster": {gpu: {"node_num", "gpus_per_node", ...}}}``
 (gpus_per_node defaults to Arena's node capacity of that type; a
@@ -54,15 +59,16 @@ import re
 from typing import Any
 
 from slurm_ext.errors import CellschedError
+from slurm_ext.sim.preempt import PREEMPT_MODES
 from slurm_ext.sim.types import AccountSpec, ClusterSpec, NodeGroup, QosSpec, SiteSpec
 from solver.contract.datafile import read_json_or_toml
 from solver.contract.jobspec import GPU_TYPE
 from solver.contract.profiles.arena import load_device_specs, shipped_path
 
 _GROUP_KEYS = {"gpu_type", "count", "gpus_per_node", "mem_gb", "nic_gbps", "rack"}
-_SITE_KEYS = {"accounts", "qos", "default_qos", "decay_half_life_s"}
+_SITE_KEYS = {"accounts", "qos", "default_qos", "decay_half_life_s", "preempt_mode"}
 _ACCOUNT_KEYS = {"share", "gpus", "user_gpus", "users", "trace_weight", "parent", "jobs", "user_jobs"}
-_QOS_KEYS = {"gpus", "user_gpus", "job_gpus", "priority", "trace_fraction"}
+_QOS_KEYS = {"gpus", "user_gpus", "job_gpus", "priority", "trace_fraction", "preempt", "grace_s", "plain"}
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -188,7 +194,8 @@ def _site(data: Any, at: str) -> SiteSpec:
         raise ClusterSpecError(f"{at}.accounts: every share is 0 (at least one must be > 0)")
     _no_cycle(accounts, f"{at}.accounts")
     qos = []
-    for name, q in _table(table.get("qos", {}), f"{at}.qos", None).items():
+    qos_t = _table(table.get("qos", {}), f"{at}.qos", None)
+    for name, q in qos_t.items():
         where = f"{at}.qos.{_name(name, f'{at}.qos')}"
         q = _table(q, where, _QOS_KEYS)
         qos.append(
@@ -199,6 +206,9 @@ def _site(data: Any, at: str) -> SiteSpec:
                 _limit(q.get("job_gpus"), f"{where}: field 'job_gpus'"),
                 _share(q.get("priority", 0), f"{where}: field 'priority'"),
                 _fraction(q.get("trace_fraction", 0), f"{where}: field 'trace_fraction'"),
+                _preempt(q.get("preempt", []), f"{where}: field 'preempt'", set(qos_t), name),
+                _share(q.get("grace_s", 0), f"{where}: field 'grace_s'"),
+                _flag(q.get("plain", False), f"{where}: field 'plain'"),
             )
         )
     if sum(q.trace_fraction for q in qos) > 1.0 + 1e-9:
@@ -212,7 +222,24 @@ def _site(data: Any, at: str) -> SiteSpec:
     half = table.get("decay_half_life_s", 7 * 86400)
     if isinstance(half, bool) or not isinstance(half, (int, float)) or not 0 < half < 1e9:
         raise ClusterSpecError(f"{at}: field 'decay_half_life_s' must be a positive number of seconds, got {half!r}")
-    return SiteSpec(tuple(accounts), tuple(qos), default_qos, float(half))
+    mode = table.get("preempt_mode", "REQUEUE")
+    if mode not in PREEMPT_MODES:
+        raise ClusterSpecError(f"{at}: field 'preempt_mode' must be one of {', '.join(PREEMPT_MODES)}, got {mode!r}")
+    return SiteSpec(tuple(accounts), tuple(qos), default_qos, float(half), mode)
+
+
+def _preempt(value: Any, at: str, names: set[str], name: str) -> tuple[str, ...]:
+    """The QOS a QOS preempts: a list of the file's other QOS."""
+    known = ", ".join(sorted(names - {name})) or "none"
+    if not isinstance(value, list) or any(not isinstance(v, str) or v not in names or v == name for v in value):
+        raise ClusterSpecError(f"{at} must be a list of the other QOS of the site (known: {known}), got {value!r}")
+    return tuple(dict.fromkeys(value))
+
+
+def _flag(value: Any, at: str) -> bool:
+    if not isinstance(value, bool):
+        raise ClusterSpecError(f"{at} must be true or false, got {value!r}")
+    return value
 
 
 def _table(value: Any, at: str, keys: set[str] | None) -> dict:

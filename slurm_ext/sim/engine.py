@@ -78,6 +78,7 @@ from slurm_ext.sim.backend import SimBackend
 from slurm_ext.sim.clusterspec import node_names
 from slurm_ext.sim.conditions import Conditions, table_speed
 from slurm_ext.sim.network import NetworkTruth, cluster_network
+from slurm_ext.sim.preempt import SlurmPreemption
 from slurm_ext.sim.quantum import EXECUTED_SECONDS, ITERATIONS, QuantumMode
 from slurm_ext.sim.site import SiteFeed, SiteUsage, assign_accounts
 from slurm_ext.sim.submit import Submitter
@@ -391,6 +392,9 @@ class Simulator:
         self.arrival_time = {j.job_id: j.submit_time for j in self.trace}
         self._state_dir = state_dir
         self.accounting = Accounting()
+        preemption = SlurmPreemption.of_site(cluster.site)  # Slurm's own (slurm_ext.sim.preempt)
+        if preemption is not None and o.arena_compat:
+            raise SimError("Slurm's preemption (a QOS that preempts) is not modelled in arena-compat mode")
         self.world = SimWorld(
             cluster,
             speed=self._speed,
@@ -405,12 +409,13 @@ class Simulator:
             speed_factor=self._speed_factor if conditions is not None and conditions.noise else None,
             network=NetworkTruth(self.network) if self.network is not None else None,
             gate=self.site_usage.gate if self.site_usage is not None else None,
+            preemption=preemption,
         )
         self.clock = self.world.clock
         #: what the controller talks to
         self.backend = SimBackend(self.world)
         #: the trace's jobs as Slurm jobs (slurm_ext.sim.submit)
-        self.submitter = Submitter(self.backend, cluster, o, self._speed, self.site_usage)
+        self.submitter = Submitter(self.backend, cluster, o, self._speed, self.site_usage, self.world)
         self.slurm_ids = self.submitter.slurm_ids  # trace job id -> Slurm job id
         self.trace_ids = self.submitter.trace_ids  # Slurm job id -> trace job id
         self.samples: list[Sample] = []

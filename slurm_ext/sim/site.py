@@ -43,7 +43,9 @@ policies get in `ScheduleRequest.site` every round.
 * `SiteFeed`: the policy as the controller calls it, the request given the
   jobs' accounts, users, QOS and multifactor priority, and the site's
   `SitePolicy` of the moment (shares normalised along the tree, the
-  normalised usage, the classic factors, the limits of the cluster file).
+  normalised usage, the classic factors, the limits of the cluster file,
+  and what the running plain jobs of a `plain` QOS hold under them, as the
+  live controller counts jobs it does not manage: slurm_ext.site.outside_limits).
 
 A simulation without a site (no ``[site]`` in the cluster file) has none
 of this: its policies see an empty SitePolicy, as before there was one.
@@ -57,8 +59,10 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from slurm_ext.records import ClusterSnapshot, SlurmJob
 from slurm_ext.sim.types import SiteSpec, TraceJob
 from slurm_ext.sim.world import Observer, SimJob
+from slurm_ext.site import outside_limits
 from solver.estimator.protocol import EstimatorLike
 from solver.limits import Bucket, Holder, Loads, bindings
 from solver.policies import Policy
@@ -218,9 +222,14 @@ class SiteUsage(Observer):
         self.bindings: dict[str, list[Bucket]] = {}
         self.loads = Loads()
         self.held_back: set[tuple[str, int]] = set()  # (Slurm id, start) Slurm's limits kept from starting
+        self.plain: set[str] = set()  # Slurm ids of the plain (not managed) jobs
+        self.plain_running: dict[str, SlurmJob] = {}  # the running ones, as Slurm shows them
 
-    def register(self, slurm_id: str, job: TraceJob) -> None:
+    def register(self, slurm_id: str, job: TraceJob, plain: bool = False) -> None:
+        """A trace job submitted as Slurm job `slurm_id` (`plain`: not managed)."""
         self.advance()
+        if plain:
+            self.plain.add(slurm_id)
         self.jobs[slurm_id] = (job.account, job.user, job.qos, job.requested_gpus)
         self.users.setdefault(job.account, set()).add(job.user)
         self.demand[job.account] = self.demand.get(job.account, 0) + job.requested_gpus
@@ -279,6 +288,18 @@ class SiteUsage(Observer):
             self.gpus_held[a] = self.gpus_held.get(a, 0) + job.gpus
             self.peak[a] = max(self.peak.get(a, 0), self.gpus_held[a])
             self.loads.add(self.bindings[job.job_id], ((None, job.gpus),))
+            if job.job_id in self.plain:
+                _, user, qos, _ = self.jobs[job.job_id]
+                self.plain_running[job.job_id] = SlurmJob(
+                    job.job_id,
+                    user=user,
+                    account=a,
+                    qos=qos,
+                    state="RUNNING",
+                    nodes=job.nodes,
+                    gpus_per_node=job.gres,
+                    gpu_type=cell.split(":")[0],
+                )
 
     def stopped(self, job: SimJob, held_s: float) -> None:
         if job.job_id in self.jobs:
@@ -286,6 +307,7 @@ class SiteUsage(Observer):
             a = self.jobs[job.job_id][0]
             self.gpus_held[a] = self.gpus_held.get(a, 0) - job.gpus
             self.loads.add(self.bindings[job.job_id], ((None, job.gpus),), -1)
+            self.plain_running.pop(job.job_id, None)
 
     def ended(self, job: SimJob) -> None:
         # a checkpointed job ends too (FAILED, exit 75) and is requeued later: its demand comes back then
@@ -318,8 +340,12 @@ class SiteUsage(Observer):
 
     def site_policy(self) -> SitePolicy:
         usage = self.normalized_usage()
+        limits = site_limits(self.site, self.users)
+        if self.plain_running:  # what they hold counts under the limits (slurm_ext.site.outside_limits)
+            plain = list(self.plain_running.values())
+            limits = tuple(outside_limits(limits, plain, ClusterSnapshot((), (), (), self.now())))
         return SitePolicy(
-            limits=site_limits(self.site, self.users),
+            limits=limits,
             shares=dict(self.shares),
             usage=usage,
             fairshare={a: classic_factor(usage.get(a, 0.0), s) for a, s in self.shares.items()},

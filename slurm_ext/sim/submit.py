@@ -3,10 +3,14 @@ each trace job's spec (its iterations, or its duration turned into
 iterations at its requested cell's speed) submitted held through the
 simulated Slurm, as `cellsched sbatch` submits, with the maps between
 trace and Slurm job ids; a job whose spec cannot be made is not submitted,
-with why."""
+with why. A job of a `plain` QOS of the site (slurm_ext.sim.preempt) is a
+plain sbatch job instead: its requested GPUs on the fewest nodes of its
+type, not held, so that Slurm starts it when it fits; its spec is only what
+it runs (it does not checkpoint)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Protocol
 
@@ -15,6 +19,7 @@ from slurm_ext.records import ClusterSnapshot
 from slurm_ext.sim.backend import SimBackend
 from slurm_ext.sim.site import SiteUsage
 from slurm_ext.sim.types import ClusterSpec, TraceJob
+from slurm_ext.sim.world import SimJob, SimWorld
 from slurm_ext.wrapper.submission import provisional_gres
 from solver.contract.jobspec import JobSpec
 from solver.contract.plan import JobPlan
@@ -57,9 +62,20 @@ class Submitter:
     """Submits trace jobs to the simulated Slurm (module doc)."""
 
     def __init__(
-        self, backend: SimBackend, cluster: ClusterSpec, options: SpecOptions, speed: Speed, site: SiteUsage | None
+        self,
+        backend: SimBackend,
+        cluster: ClusterSpec,
+        options: SpecOptions,
+        speed: Speed,
+        site: SiteUsage | None,
+        world: SimWorld,
     ) -> None:
+        """`world`: the one `backend` shows, where plain jobs are submitted (module doc)."""
         self.backend, self.cluster, self.options, self.speed, self.site_usage = backend, cluster, options, speed, site
+        self.world = world
+        qos = cluster.site.qos if cluster.site is not None else ()
+        self._qos = {q.name for q in qos}  # a job of one of them is submitted with it (-q)
+        self._plain = {q.name for q in qos if q.plain}
         self._nodes_snapshot: ClusterSnapshot = backend.observe()
         self.slurm_ids: dict[str, str] = {}  # trace job id -> Slurm job id
         self.trace_ids: dict[str, str] = {}  # Slurm job id -> trace job id
@@ -100,6 +116,9 @@ class Submitter:
         if isinstance(spec, str):
             self.skipped[job.job_id] = spec
             return
+        if job.qos in self._plain:
+            self._submit_plain(job, spec)
+            return
         req = SubmitRequest(
             script="sim-job.sh",
             job_name=None,
@@ -107,8 +126,39 @@ class Submitter:
             nodes=1,
             hold=True,
             comment=spec.to_comment(),
+            qos=job.qos if job.qos in self._qos else None,
         )
-        self.slurm_ids[job.job_id] = sid = self.backend.submit(req)
+        self._submitted(job, self.backend.submit(req))
+
+    def _submitted(self, job: TraceJob, sid: str, plain: bool = False) -> None:
+        self.slurm_ids[job.job_id] = sid
         self.trace_ids[sid] = job.job_id
         if self.site_usage is not None:
-            self.site_usage.register(sid, job)
+            self.site_usage.register(sid, job, plain)
+
+    def _submit_plain(self, job: TraceJob, spec: JobSpec) -> None:
+        """A plain sbatch job (module doc), registered before Slurm may start it."""
+        layout = best_layout(self.cluster, job.requested_gpu_type, job.requested_gpus)
+        if layout is None:
+            self.skipped[job.job_id] = "a plain job whose requested GPUs fit no node group"
+            return
+        gpu_type, nodes, per = layout
+        w = self.world
+        sid, seq = w.new_job_id()
+        self._submitted(job, sid, plain=True)
+        w.submit(
+            SimJob(
+                job_id=sid,
+                seq=seq,
+                name=f"plain-{job.job_id}",
+                user=w.user,
+                submit_time=w.now,
+                partition=gpu_type,
+                gres=per,
+                num_nodes=nodes,
+                features=gpu_type,
+                begin_time=w.now,
+                spec=dataclasses.replace(spec, elastic=False),
+                qos=job.qos,
+            )
+        )

@@ -77,8 +77,13 @@ class QosSpec:
     """One QOS of a simulated site (``[site.qos.NAME]``): GrpTRES,
     MaxTRESPerUser and MaxTRESPerJob for gres/gpu (None: none), its
     Priority (the first part of a job's preemption rank,
-    solver.placement.preempt), and, for traces without a QOS, the share of
-    their jobs given it (slurm_ext.sim.site.assign_accounts)."""
+    solver.placement.preempt, and of Slurm's choice of victims), and, for
+    traces without a QOS, the share of their jobs given it
+    (slurm_ext.sim.site.assign_accounts). Slurm's preemption
+    (slurm_ext.sim.preempt): the QOS it preempts (Preempt=), its GraceTime
+    (`grace_s`), and `plain`: a trace's jobs of it are submitted with plain
+    sbatch (Slurm starts them on their requested GPUs), not through
+    `cellsched sbatch`."""
 
     name: str
     gpus: int | None = None
@@ -86,19 +91,24 @@ class QosSpec:
     job_gpus: int | None = None
     priority: float = 0.0
     trace_fraction: float = 0.0
+    preempt: tuple[str, ...] = ()
+    grace_s: float = 0.0
+    plain: bool = False
 
 
 @dataclass(frozen=True)
 class SiteSpec:
     """The site's policy of a simulated cluster (the cluster file's
     ``[site]``, docs/simulator.md): accounts (a tree, by their parents) with
-    shares and limits, QOS, the QOS of a job that names none, and Slurm's
-    PriorityDecayHalfLife."""
+    shares and limits, QOS, the QOS of a job that names none, Slurm's
+    PriorityDecayHalfLife, and its PreemptMode (REQUEUE or CANCEL: what
+    becomes of a job preempted by a QOS, slurm_ext.sim.preempt)."""
 
     accounts: tuple[AccountSpec, ...]
     qos: tuple[QosSpec, ...] = ()
     default_qos: str = ""
     decay_half_life_s: float = 7 * 86400.0
+    preempt_mode: str = "REQUEUE"
 
     def account(self, name: str) -> AccountSpec | None:
         return next((a for a in self.accounts if a.name == name), None)

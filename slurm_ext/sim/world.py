@@ -21,10 +21,16 @@ Slurm's side:
   requeues them at once, as Slurm does with JobRequeue=1 (its default):
   PENDING, NOT held (``node_fail_requeue=False`` leaves them NODE_FAIL);
 * finished jobs leave the visible jobs (`purge`) `min_job_age_s` after they
-  end (Slurm's MinJobAge); `all_jobs` keeps every job ever submitted.
+  end (Slurm's MinJobAge); `all_jobs` keeps every job ever submitted;
+* with a `preemption` (slurm_ext.sim.preempt: a QOS that preempts others)
+  an eligible job of a QOS that preempts goes first, and when it does not
+  fit it preempts running jobs of the QOS it preempts as Slurm's
+  preempt/qos does (their PreemptTime, a checkpoint within their grace
+  time, else killed at its end: requeued or PREEMPTED); without one the
+  QOS of a job plays no part.
 
 Not modelled: COMPLETING (a requeue is instantaneous), CPUs and memory as
-limits, priorities, time limits.
+limits, priorities (but a preempting QOS's), time limits.
 
 The simulated run: a running job progresses at ``speed(spec, gpu_type,
 num_nodes, gpus_per_node, plan)`` seconds per iteration (times
@@ -47,7 +53,7 @@ its restart stall or begins a checkpoint.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,6 +61,7 @@ from slurm_ext.records import SlurmJob, SlurmNode
 from slurm_ext.sim.clock import Event, EventClock
 from slurm_ext.sim.clusterspec import node_names
 from slurm_ext.sim.network import Comm, NetworkTruth
+from slurm_ext.sim.preempt import SlurmPreemption
 from slurm_ext.sim.types import ClusterSpec
 from solver.contract import EXIT_CHECKPOINTED, admin_comment_plan
 from solver.contract.jobspec import JobSpec
@@ -121,6 +128,8 @@ class SimJob:
     nodes: tuple[str, ...] = ()
     reason: str = ""
     restarts: int = 0  # Slurm's restart count (requeues)
+    qos: str = ""
+    preempt_at: float | None = None  # its PreemptTime: Slurm preempts it (slurm_ext.sim.preempt)
     # --- the simulated run
     spec: JobSpec | None = None
     iter_time: float | None = None
@@ -216,9 +225,11 @@ class SimWorld:
         speed_factor: Callable[[str, str], float] | None = None,
         network: NetworkTruth | None = None,
         gate: Callable[[SimJob], str] | None = None,
+        preemption: SlurmPreemption | None = None,
     ) -> None:
         """`gate(job)`: Slurm's limits at a start (slurm_ext.sim.site): the
-        reason a job that fits may not start now (AssocGrpGRES, ...), or ""."""
+        reason a job that fits may not start now (AssocGrpGRES, ...), or "".
+        `preemption`: Slurm's own (slurm_ext.sim.preempt; None: no QOS preempts)."""
         for name, value in (
             ("checkpoint_s", checkpoint_s),
             ("start_delay_s", start_delay_s),
@@ -229,11 +240,14 @@ class SimWorld:
                 raise ValueError(f"SimWorld: {name} must be a number >= 0, got {value!r}")
         if network is not None and quantum is not None:
             raise ValueError("SimWorld: contention (network) is not modelled in quantum (arena-compat) mode")
+        if preemption is not None and quantum is not None:
+            raise ValueError("SimWorld: Slurm's preemption is not modelled in quantum (arena-compat) mode")
         self.speed = speed
         self.restart_cost = restart_cost or _no_cost
         self.speed_factor = speed_factor  # (job id, GPU type) -> factor on the speed's time (noise)
         self.network = network
         self.gate = gate
+        self.preemption = preemption
         self.checkpoint_s = float(checkpoint_s)
         self.start_delay_s = float(start_delay_s)
         self.min_job_age_s = float(min_job_age_s)
@@ -311,6 +325,8 @@ class SimWorld:
             self.end(job, "COMPLETED", 0)
         elif kind == "checkpoint":
             self.end(job, "FAILED", EXIT_CHECKPOINTED)
+        elif kind == "grace-over":
+            self._grace_over(job)
 
     # --- what Slurm is asked to do ----------------------------------------------
 
@@ -359,6 +375,7 @@ class SimWorld:
         job.nodes = ()
         job.start_time = job.end_time = job.exit_code = None
         job.restarts += 1
+        job.preempt_at = None  # Slurm resets the PreemptTime of a job it requeues
         job.begin_time = self.now + self.requeue_delay_s
         job.done, job.exec_s = job.ckpt_done, job.ckpt_exec_s
         job.held, job.hold_reason = hold, "JobHeldUser" if hold else ""
@@ -436,14 +453,20 @@ class SimWorld:
             self._sched_at = when
             self.clock.push(when, "sched")
 
+    def _order(self, job: SimJob) -> tuple[bool, int]:
+        """A job's place in a scheduler pass: submit order, a job that may preempt first."""
+        return (self.preemption is None or not self.preemption.preempts_any(job.qos), job.seq)
+
     def _schedule(self) -> None:
-        for job in sorted(self.eligible.values(), key=lambda j: j.seq):
+        for job in sorted(self.eligible.values(), key=self._order):
             if job.begin_time > self.now:
                 if job.begin_time not in self._sched_times:
                     self._sched_times.add(job.begin_time)
                     self.clock.push(job.begin_time, "sched")
                 continue
-            nodes, why = self._fit(job)
+            nodes, why = _fit(self, job)
+            if nodes is None and why == "Resources":
+                why = self._preempt_for(job) or why
             if nodes is not None and self.gate is not None:
                 why = self.gate(job)
                 nodes = None if why else nodes
@@ -454,44 +477,38 @@ class SimWorld:
                 continue
             self._start(job, nodes)
 
-    def _fit(self, job: SimJob) -> tuple[tuple[str, ...] | None, str]:
-        allowed = {n for p in job.partition.split(",") for n in self.partitions.get(p, ())}
-        wanted = set(filter(None, job.features.replace("&", "|").split("|")))
-        need_all = "&" in job.features
+    def _preempt_for(self, job: SimJob) -> str:
+        """Slurm's preemption for an eligible job that does not fit
+        (slurm_ext.sim.preempt); the reason it waits with when a limit keeps
+        it from preempting (Slurm does not preempt past one), else ""."""
+        p = self.preemption
+        if p is None or not p.preempts_any(job.qos):
+            return ""
+        why = self.gate(job) if self.gate is not None else ""
+        if not why:
+            for job_id in p.victims(job.qos, tuple(self.running.values()), lambda freed: _fit(self, job, freed)[0]):
+                self._preempt(self.running[job_id], p.grace(self.running[job_id].qos))
+        return why
 
-        def ok_features(n: SimNode) -> bool:
-            if not wanted:
-                return True
-            return n.gpu_type in wanted if not need_all else wanted == {n.gpu_type}
+    def _preempt(self, job: SimJob, grace: float) -> None:
+        """Slurm preempts a running job: its PreemptTime, and SIGTERM: a
+        managed elastic job whose checkpoint fits in its grace time
+        checkpoints; any other runs out its grace time (`_grace_over`)."""
+        job.preempt_at = self.now
+        self.changed(job)
+        if job.spec is not None and job.spec.elastic and self.checkpoint_s <= grace:
+            self.checkpoint(job)
+        else:
+            self.clock.push(self.now + grace, "grace-over", job.job_id, job.epoch)
 
-        if any(r not in allowed or not ok_features(self.nodes[r]) for r in job.required):
-            return None, "BadConstraints"
-        if len(job.required) > job.num_nodes:
-            return None, "BadConstraints"
-        if any(not self.nodes[r].usable for r in job.required):
-            return None, "ReqNodeNotAvail"
-        gres = max(job.gres, 0)
-        if any(self.nodes[r].gpus - self.nodes[r].alloc < gres for r in job.required):
-            return None, "Resources"
-        chosen = list(job.required)
-        if len(chosen) < job.num_nodes:
-            free = [
-                n
-                for name, n in self.nodes.items()
-                if name in allowed
-                and name not in chosen
-                and name not in job.excluded
-                and n.usable
-                and ok_features(n)
-                and n.gpus - n.alloc >= gres
-            ]
-            if gres and not any(self.nodes[n].gpus >= gres for n in allowed):
-                return None, "BadConstraints"
-            free.sort(key=lambda n: (n.gpus - n.alloc, n.name))  # best fit
-            if len(free) < job.num_nodes - len(chosen):
-                return None, "Resources"
-            chosen += [n.name for n in free[: job.num_nodes - len(chosen)]]
-        return tuple(chosen), ""
+    def _grace_over(self, job: SimJob) -> None:
+        """Killed at the end of its grace time: requeued, not held, its
+        SubmitTime moved to the requeue (REQUEUE), or PREEMPTED (CANCEL)."""
+        if self.preemption is not None and self.preemption.mode == "CANCEL":
+            self.end(job, "PREEMPTED", 0)
+        else:
+            job.submit_time = self.now
+            self.requeue(job, hold=False)
 
     # --- the simulated run ---------------------------------------------------------
 
@@ -680,3 +697,51 @@ class SimWorld:
     def has_active_jobs(self) -> bool:
         """Is a job running, or pending without a hold (it starts without the controller)?"""
         return bool(self.running or self.eligible)
+
+
+def _fit(world: SimWorld, job: SimJob, freed: Mapping[str, int] | None = None) -> tuple[tuple[str, ...] | None, str]:
+    """The nodes Slurm starts `job` on now (best fit), else None and why
+    (Resources, BadConstraints, ReqNodeNotAvail); `freed`: node -> GPUs
+    counted free besides those free now (what a preemption would free)."""
+    nodes, partitions = world.nodes, world.partitions
+    extra = freed or {}
+    allowed = {n for p in job.partition.split(",") for n in partitions.get(p, ())}
+    wanted = set(filter(None, job.features.replace("&", "|").split("|")))
+    need_all = "&" in job.features
+
+    def ok_features(n: SimNode) -> bool:
+        if not wanted:
+            return True
+        return n.gpu_type in wanted if not need_all else wanted == {n.gpu_type}
+
+    def free_gpus(name: str) -> int:
+        return nodes[name].gpus - nodes[name].alloc + extra.get(name, 0)
+
+    if any(r not in allowed or not ok_features(nodes[r]) for r in job.required):
+        return None, "BadConstraints"
+    if len(job.required) > job.num_nodes:
+        return None, "BadConstraints"
+    if any(not nodes[r].usable for r in job.required):
+        return None, "ReqNodeNotAvail"
+    gres = max(job.gres, 0)
+    if any(free_gpus(r) < gres for r in job.required):
+        return None, "Resources"
+    chosen = list(job.required)
+    if len(chosen) < job.num_nodes:
+        free = [
+            n
+            for name, n in nodes.items()
+            if name in allowed
+            and name not in chosen
+            and name not in job.excluded
+            and n.usable
+            and ok_features(n)
+            and free_gpus(name) >= gres
+        ]
+        if gres and not any(nodes[n].gpus >= gres for n in allowed):
+            return None, "BadConstraints"
+        free.sort(key=lambda n: (free_gpus(n.name), n.name))  # best fit
+        if len(free) < job.num_nodes - len(chosen):
+            return None, "Resources"
+        chosen += [n.name for n in free[: job.num_nodes - len(chosen)]]
+    return tuple(chosen), ""
