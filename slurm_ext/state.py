@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -798,3 +799,11 @@ __all__ = [
     "HistoryEvent",
     "RoundStatus",
 ]
+
+
+def restart_stats(counts: Collection[int]) -> dict[str, float]:
+    """mean, p99 (nearest rank) and max of restarts per job; 0 for no job."""
+    v = sorted(counts)
+    if not v:
+        return {"mean": 0.0, "p99": 0.0, "max": 0.0}
+    return {"mean": sum(v) / len(v), "p99": float(v[max(0, math.ceil(0.99 * len(v)) - 1)]), "max": float(v[-1])}

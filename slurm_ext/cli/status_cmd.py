@@ -16,9 +16,8 @@ import click
 
 from slurm_ext.cli.controller_cmd import ControllerError, load_config, new_controller, open_state
 from slurm_ext.controller.progress import FROM_ESTIMATE, FROM_FILE
-from slurm_ext.controller.round_metrics import restart_stats
 from slurm_ext.records import FINISHED
-from slurm_ext.state import HistoryEvent, RoundStatus, SpeedRow, StateStore
+from slurm_ext.state import HistoryEvent, RoundStatus, SpeedRow, StateStore, restart_stats
 from slurm_ext.textsafe import printable
 from solver.contract.plan import JobPlan, PlanError
 from solver.site import parse_reason

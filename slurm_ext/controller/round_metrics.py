@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 
 from slurm_ext.controller import inputs as inp
 from slurm_ext.controller import metrics as mx
 from slurm_ext.controller.report import RoundReport
 from slurm_ext.records import ClusterSnapshot
+from slurm_ext.state import restart_stats
 
 
 def declare_metrics(m: mx.Metrics) -> None:
@@ -76,14 +76,6 @@ def record_cluster(m: mx.Metrics, snap: ClusterSnapshot, jobs: tuple[inp.Managed
                 key = (("gpu_type", types.get(name) or "unknown"), ("use", "managed"))
                 gpus[key] = gpus.get(key, 0.0) + job.gpus_per_node
     m.replace("gpus", gpus)
-
-
-def restart_stats(counts: Collection[int]) -> dict[str, float]:
-    """mean, p99 (nearest rank) and max of restarts per job; 0 for no job."""
-    v = sorted(counts)
-    if not v:
-        return {"mean": 0.0, "p99": 0.0, "max": 0.0}
-    return {"mean": sum(v) / len(v), "p99": float(v[max(0, math.ceil(0.99 * len(v)) - 1)]), "max": float(v[-1])}
 
 
 def record_restarts(m: mx.Metrics, counts: Mapping[str, int]) -> None:

@@ -148,6 +148,18 @@ def answered_round(ctl: Any, timeout: float = 120) -> Any:
     return wait_until(answered, timeout, "a round that Slurm answers")
 
 
+def round_placing(ctl: Any, job_id: str, rounds: int = 3) -> Any:
+    """The report of the first of `rounds` rounds that places `job_id`. A job
+    Slurm requeued itself (a failed node, a preemption) is held by the round
+    that sees it and placed from the next (docs/preemption.md); one still
+    completing is left to a later round."""
+    for _ in range(rounds):
+        report = ctl.round()
+        if job_id in report.placements:
+            return report
+    raise AssertionError(f"job {job_id} not placed in {rounds} rounds: {report.placements}")
+
+
 def job_env() -> dict[str, str]:
     """The environment a submitted job starts from: this one without an
     enclosing Slurm job's or plan's variables, one OpenMP thread a rank, and

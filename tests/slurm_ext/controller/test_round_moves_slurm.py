@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from controller_support import wait_until, write_config
+from controller_support import round_placing, wait_until, write_config
 
 from slurm_ext.backends import get_backend
 from slurm_ext.config import load
@@ -131,7 +131,7 @@ def test_a_round_places_moves_and_replaces_a_managed_job_that_completes(slurm_cl
                 timeout=30,
             )
         wait_until(lambda: job_now().state != "RUNNING", 30, "Slurm to take the job off the failed node")
-        again = ctl.round()
+        again = round_placing(ctl, job)
         assert again.placements[job]["cell"] == "v100:1x4:pp1", again.placements
         assert runs_of(2)[0][1:] == ("n3", 1)
         (tmp_path / "finish").touch()
