@@ -313,9 +313,13 @@ def test_an_account_with_grpjobs_1_never_has_two_managed_jobs_running(tree, tmp_
     snap = backend.observe()
     (one,) = _running(snap, {"solo"})
     assert all(snap.job(j).held for j in jobs - {one})
-    # Slurm's accounting agrees: one solo job ever started
-    started = [r for r in _slurm("sacct", "-X", "-n", "-P", "-A", "solo", "-o", "JobID,Start").splitlines() if r]
-    assert [r.split("|")[0] for r in started if r.split("|")[1] not in ("Unknown", "None", "")] == [one]
+
+    # Slurm's accounting agrees: one solo job ever started (slurmdbd records a start a moment after it)
+    def started() -> list[str]:
+        rows = [r.split("|") for r in _slurm("sacct", "-X", "-n", "-P", "-A", "solo", "-o", "JobID,Start").splitlines()]
+        return [r[0] for r in rows if len(r) == 2 and r[1] not in ("Unknown", "None", "")]
+
+    assert wait_until(started, 60, "sacct to record the start") == [one]
     why = _why(config, sorted(jobs - {one})[0])
     assert why["kind"] == "limit" and why["fields"]["unit"] == "jobs", why
     assert why["text"] == "job limit: account solo GrpJobs allows 1 running jobs, 1 running or planned"
