@@ -1,15 +1,23 @@
 """Preemption to zero GPUs (SolverConfig.preemption = "priority";
 docs/scheduling.md#preemption).
 
-**Rank.** A job's preemption rank is (its QOS's priority,
-SitePolicy.qos_priority; 1 when its account's decayed usage is below its
-fair share, SitePolicy.usage against .shares, else 0), compared in that
-order: an urgent QOS outranks a normal one whatever the accounts, and
-between two jobs of one QOS a job of an account below its share outranks
-one of an account at or above its own. Slurm's age and size factors are left
-out: they grow with every second and every GPU, and would make nearly any
-older job a preemptor of a younger one. Without QOS priorities and shares
-every job has the same rank and nothing is preempted.
+**Rank.** A job's preemption rank is (the PriorityTier of its partition,
+SitePolicy.tier; its QOS's priority, SitePolicy.qos_priority; 1 when its
+account's decayed usage is below its fair share, SitePolicy.usage against
+.shares, else 0), compared in that order, as Slurm orders them: a job of a
+partition of a higher tier outranks any job of a lower one, an urgent QOS
+outranks a normal one whatever the accounts, and between two jobs of one QOS
+a job of an account below its share outranks one of an account at or above
+its own. The tier is where the job is or would be: a placed job's is the
+highest tier among the partitions it may use that hold its nodes; a
+preemptor's, against one victim, the highest among the partitions it may use
+that hold the victim's nodes (so a job of a high-tier and a low-tier
+partition preempts on the high-tier partition's nodes only, by tier); a job
+waiting for a place ranks with the highest tier it may use. Slurm's age and
+size factors are left out: they grow with every second and every GPU, and
+would make nearly any older job a preemptor of a younger one. Without
+tiers, QOS priorities and shares every job has the same rank and nothing is
+preempted.
 
 **The pass** (`preempt`) runs on a round's plan, after the joint model and
 the site's rules. Each pending job the plan leaves without GPUs, the
@@ -42,7 +50,7 @@ beside it is dropped, in the controller's own order (`honest`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from solver.cells import in_partitions
@@ -52,23 +60,52 @@ from solver.placement.siterules import UNMANAGED_PREFIX, SiteRules
 from solver.site import SitePolicy, reason_no_cell, reason_preempted, reason_preempting
 from solver.types import Cell, Estimate, JobRequest, NodeView, Placement, ScheduleRequest
 
-#: a job's preemption rank: (its QOS's priority, 1 when its account is below its fair share else 0)
-Rank = tuple[float, int]
+#: a job's preemption rank: (its partition's PriorityTier, its QOS's priority,
+#: 1 when its account is below its fair share else 0)
+Rank = tuple[int, float, int]
 
 
-def rank(job: JobRequest, site: SitePolicy) -> Rank:
-    """The job's preemption rank (module doc)."""
+def rank(job: JobRequest, site: SitePolicy, tier: int = 1) -> Rank:
+    """The job's preemption rank (module doc) in a partition of PriorityTier `tier`."""
     share = site.shares.get(job.account)
     below = share is not None and site.usage.get(job.account, 0.0) < share
-    return (float(site.qos_priority.get(job.qos, 0.0)), 1 if below else 0)
+    return (tier, float(site.qos_priority.get(job.qos, 0.0)), 1 if below else 0)
 
 
-def outranks_why(a: JobRequest, b: JobRequest, site: SitePolicy) -> str:
-    """Why `a` outranks `b`, in words (the reason's parenthesis)."""
-    pa, pb = site.qos_priority.get(a.qos, 0.0), site.qos_priority.get(b.qos, 0.0)
+def tier_on(job: JobRequest, nodes: Iterable[str] | None, request: ScheduleRequest) -> int:
+    """The highest PriorityTier among the partitions `job` may use that hold
+    one of `nodes` (None: any node); 1 (Slurm's default) when none has one."""
+    site, cluster = request.site, request.cluster
+    if not site.priority_tiers:
+        return 1
+    wanted = None if nodes is None else set(nodes)
+    tiers = [
+        site.tier(p)
+        for n in cluster.nodes
+        if wanted is None or n.name in wanted
+        for p in (*n.partitions, *(q for q, names in cluster.partitions.items() if n.name in names))
+        if job.partitions is None or p in job.partitions
+    ]
+    return max(tiers, default=1)
+
+
+def ranks(request: ScheduleRequest, jobs: Iterable[JobRequest], plan: Mapping[str, Placement]) -> dict[str, Rank]:
+    """Each job's rank where it is in `plan` (its placement's nodes), or, not
+    placed, with the highest tier it may use (module doc)."""
+    return {
+        j.job_id: rank(j, request.site, tier_on(j, p.node_names if (p := plan.get(j.job_id)) else None, request))
+        for j in jobs
+    }
+
+
+def outranks_why(a: Rank, b: Rank, qa: JobRequest, qb: JobRequest) -> str:
+    """Why `qa` (rank `a`) outranks `qb` (rank `b`), in words (the reason's parenthesis)."""
+    if a[0] != b[0]:
+        return f"partition PriorityTier {a[0]} > {b[0]}"
+    pa, pb = a[1], b[1]
     if pa != pb:
-        return f"qos {a.qos or '-'} priority {pa:g} > qos {b.qos or '-'} priority {pb:g}"
-    return f"account {a.account or '-'} below its fair share, account {b.account or '-'} not"
+        return f"qos {qa.qos or '-'} priority {pa:g} > qos {qb.qos or '-'} priority {pb:g}"
+    return f"account {qa.account or '-'} below its fair share, account {qb.account or '-'} not"
 
 
 def running_now(job: JobRequest, now: float) -> bool:
@@ -165,7 +202,7 @@ class _Pass:
         self.request, self.site, self.now, self.cfg = request, request.site, request.now, request.config
         self.plan, self.estimates, self.rules = plan, estimates, rules
         self.by_id = {j.job_id: j for j in request.jobs} | {j.job_id: j for j in jobs}
-        self.rank = {jid: rank(j, self.site) for jid, j in self.by_id.items()}
+        self.rank = ranks(request, self.by_id.values(), plan.placements)
         self.by_name = {n.name: n for n in request.cluster.nodes}
         self.used: dict[str, int] = {}
         for p in [*plan.placements.values(), *claimed.values()]:
@@ -225,13 +262,12 @@ class _Pass:
 
     def _candidates(self, job: JobRequest, nodes: set[str]) -> list[str]:
         """The jobs of the plan that may give `job` their GPUs on `nodes`, the cheapest first."""
-        mine = self.rank[job.job_id]
         out = []
         for jid, p in self.plan.placements.items():
             if jid.startswith(UNMANAGED_PREFIX) or jid in self.placed_now or not set(p.node_names) & nodes:
                 continue
             other = self.by_id.get(jid)
-            if other is None or self.rank[jid] >= mine:
+            if other is None or self.rank[jid] >= self._rank_on(job, jid):
                 continue
             if not _pending(other):
                 if not running_now(other, self.now) or victim_problem(
@@ -246,6 +282,10 @@ class _Pass:
             return (not _pending(other), self.rank[jid], self.plan.placements[jid].cell.num_gpus, -since, jid)
 
         return sorted(out, key=cost)
+
+    def _rank_on(self, job: JobRequest, victim: str) -> Rank:
+        """`job`'s rank on the nodes `victim` holds in the plan (module doc)."""
+        return rank(job, self.site, tier_on(job, self.plan.placements[victim].node_names, self.request))
 
     def _victims(
         self, job: JobRequest, nodes: list[str], per_node: int, count: int
@@ -302,11 +342,12 @@ class _Pass:
         displaced = []
         running = []
         for v in choice.victims:
+            why = outranks_why(self._rank_on(job, v), self.rank[v], job, self.by_id[v])
             p = self.plan.placements.pop(v)
             for n, g in p.nodes:
                 self.used[n] -= g
             other = self.by_id[v]
-            self.plan.reasons[v] = reason_preempted(job.job_id, outranks_why(job, other, self.site))
+            self.plan.reasons[v] = reason_preempted(job.job_id, why)
             if _pending(other):
                 displaced.append(other)
             else:
@@ -338,17 +379,17 @@ def preempt(
     `claimed` the GPUs pending plain sbatch jobs claim (their stand-ins'
     placements, siterules.claim_jobs): never taken."""
     out = honest(request, plan)
-    ranks = {j.job_id: rank(j, request.site) for j in request.jobs}
-    if len(set(ranks.values())) < 2:
+    ranked = ranks(request, request.jobs, out.placements)
+    if len(set(ranked.values())) < 2:
         return out
-    lowest = min(ranks[jid] for jid in out.placements if jid in ranks) if out.placements else None
+    lowest = min(ranked[jid] for jid in out.placements if jid in ranked) if out.placements else None
     waiting = [
         j
         for j in jobs
         if j.current is None
         and j.job_id not in out.placements
         and estimates.get(j.job_id)
-        and (lowest is None or ranks[j.job_id] > lowest)
+        and (lowest is None or ranked[j.job_id] > lowest)
     ]
     if waiting:
         _Pass(request, jobs, out, estimates, rules, claimed or {}).run(waiting)

@@ -60,13 +60,50 @@ def schedule(jobs, site=URGENT, cluster=EIGHT, **cfg):
     )
 
 
-def test_the_rank_is_the_qos_priority_then_the_fair_share_standing():
+def test_the_rank_is_the_tier_then_the_qos_priority_then_the_fair_share_standing():
     site = SitePolicy(shares={"A": 0.5, "B": 0.5}, usage={"A": 0.2, "B": 0.8}, qos_priority={"hi": 10.0})
-    assert rank(job("x", account="A"), site) == (0.0, 1)  # below its share
-    assert rank(job("x", account="B"), site) == (0.0, 0)
-    assert rank(job("x", account="B", qos="hi"), site) == (10.0, 0)
+    assert rank(job("x", account="A"), site) == (1, 0.0, 1)  # below its share
+    assert rank(job("x", account="B"), site) == (1, 0.0, 0)
+    assert rank(job("x", account="B", qos="hi"), site) == (1, 10.0, 0)
     assert rank(job("x", account="B", qos="hi"), site) > rank(job("x", account="A"), site)  # QOS first
-    assert rank(job("x", account="C"), site) == (0.0, 0)  # no share: not below it
+    assert rank(job("x", account="C"), site) == (1, 0.0, 0)  # no share: not below it
+    assert rank(job("x", account="B"), site, 2) > rank(job("x", account="A", qos="hi"), site)  # the tier first
+
+
+#: n0 and n1 in partition "lo" (PriorityTier 1); n1 also in "hi" (PriorityTier 5)
+TIERED = ClusterView(
+    (NodeView("n0", "a100", 4, 4, partitions=("lo",)), NodeView("n1", "a100", 4, 4, partitions=("lo", "hi")))
+)
+TIERS = SitePolicy(priority_tiers={"hi": 5}, qos_priority={"urgent": 100.0})
+
+
+def lo_holders(**kw) -> list[JobRequest]:
+    return [replace(j, partitions=("lo",), **kw) for j in holders()]
+
+
+@pytest.mark.parametrize(
+    ("partitions", "qos", "victim", "why"),
+    [
+        # a job of the high-tier partition takes the job on the node that partition holds, by tier alone
+        (("hi",), "normal", "a1", "partition PriorityTier 5 > 1"),
+        # may use both: on n0 only "lo" holds it (the same rank), on n1 "hi" does
+        (("lo", "hi"), "normal", "a1", "partition PriorityTier 5 > 1"),
+        # "lo" only: the same rank as both holders, nothing to take
+        (("lo",), "normal", None, ""),
+        # the QOS ranks below the tier: an urgent job of "lo" never takes a job of "hi"
+        (("lo",), "urgent", "a0", "qos urgent priority 100 > qos normal priority 0"),
+    ],
+)
+def test_a_partitions_priority_tier_ranks_first_on_the_nodes_it_holds(partitions, qos, victim, why):
+    jobs = [*lo_holders(), urgent(qos=qos, partitions=partitions)]
+    rep = schedule(jobs, site=TIERS, cluster=TIERED)
+    assert dict(rep.preempted) == ({victim: "u"} if victim else {})
+    if victim:
+        assert rep.reasons[victim] == f"preempted by job u ({why})"
+    # a1 runs on n1 in "hi": an urgent job of "lo" (rank tier 1) never takes it
+    hi_holder = [lo_holders()[0], replace(holders()[1], partitions=("hi",))]
+    rep = schedule([*hi_holder, urgent(qos="urgent", partitions=("lo",))], site=TIERS, cluster=TIERED)
+    assert dict(rep.preempted) == {"a0": "u"}
 
 
 def test_an_urgent_job_preempts_one_running_job_of_lower_rank():
