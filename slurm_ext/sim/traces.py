@@ -11,7 +11,8 @@ Slurm accounting (``sacct -a -P -X -o JobID,JobName,User,Account,QOS,Submit,
 Start,End,State,AllocTRES,NNodes,Comment``; any column order, extra columns
 allowed, JobID/Submit/AllocTRES required; ReqTRES is used when AllocTRES is
 empty; User, Account and QOS are the job's when given):
-submit times are relative to the earliest kept job's submit. A job whose
+submit times are relative to the earliest kept job's submit, and so is
+each job's Start (`recorded_start`: the recorded run). A job whose
 Comment carries a cellsched spec takes model, batch and iterations from it;
 any other job gets the default model and batch, iterations None and
 duration_s = End - Start. Rows that are well-formed but unusable are
@@ -218,7 +219,7 @@ def load_sacct(
             raise TraceError(path, head_line, name, f"missing column (header has {', '.join(cols)})")
     idx = {name: i for i, name in enumerate(lower)}
     skipped: Counter[str] = Counter()
-    rows: list[tuple[TraceJob, dt.datetime]] = []
+    rows: list[tuple[TraceJob, dt.datetime, dt.datetime | None]] = []
     seen: dict[str, int] = {}
     for line, text in numbered[1:]:
         values = _split_row(path, line, text, len(cols), idx.get("comment") == len(cols) - 1)
@@ -240,8 +241,15 @@ def load_sacct(
             rows.append(built)
     if not rows:
         return SacctTrace((), dict(skipped))
-    t0 = min(submit for _, submit in rows)
-    jobs = [replace(job, submit_time=(submit - t0).total_seconds()) for job, submit in rows]
+    t0 = min(submit for _, submit, _ in rows)
+    jobs = [
+        replace(
+            job,
+            submit_time=(submit - t0).total_seconds(),
+            recorded_start=None if start is None else (start - t0).total_seconds(),
+        )
+        for job, submit, start in rows
+    ]
     return SacctTrace(_by_submit(jobs), dict(skipped))
 
 
@@ -292,8 +300,10 @@ class _SacctRow:
         key = "alloctres" if self.raw["alloctres"] or "reqtres" not in self.raw else "reqtres"
         return parse_tres_gpus(self.raw[key], lambda msg: self.fail(key, msg))
 
-    def job(self, job_id: str, model: str, batch: int, include_non_gpu: bool) -> tuple[TraceJob, dt.datetime] | str:
-        """The row's TraceJob and absolute submit time, or why it is skipped."""
+    def job(
+        self, job_id: str, model: str, batch: int, include_non_gpu: bool
+    ) -> tuple[TraceJob, dt.datetime, dt.datetime | None] | str:
+        """The row's TraceJob and absolute submit and start times, or why it is skipped."""
         submit = self.time("submit", required=True)
         assert submit is not None  # required
         start, end = self.time("start", False), self.time("end", False)
@@ -314,36 +324,44 @@ class _SacctRow:
         user = self.raw.get("user") or "sim"
         account, qos = self.raw.get("account", ""), self.raw.get("qos", "")
         if spec is not None:
-            return TraceJob(
+            return (
+                TraceJob(
+                    job_id,
+                    0.0,
+                    spec.model,
+                    spec.global_batch,
+                    spec.iterations,
+                    spec.requested_gpus or gpus,
+                    spec.requested_gpu_type or gpu_type,
+                    duration_s=duration,
+                    user=user,
+                    line=self.line,
+                    account=account,
+                    qos=qos,
+                ),
+                submit,
+                start,
+            )
+        if duration is None:
+            return "not ended" if end is None else "no start time"
+        return (
+            TraceJob(
                 job_id,
                 0.0,
-                spec.model,
-                spec.global_batch,
-                spec.iterations,
-                spec.requested_gpus or gpus,
-                spec.requested_gpu_type or gpu_type,
+                model,
+                batch,
+                None,
+                gpus,
+                gpu_type,
                 duration_s=duration,
                 user=user,
                 line=self.line,
                 account=account,
                 qos=qos,
-            ), submit
-        if duration is None:
-            return "not ended" if end is None else "no start time"
-        return TraceJob(
-            job_id,
-            0.0,
-            model,
-            batch,
-            None,
-            gpus,
-            gpu_type,
-            duration_s=duration,
-            user=user,
-            line=self.line,
-            account=account,
-            qos=qos,
-        ), submit
+            ),
+            submit,
+            start,
+        )
 
 
 def parse_tres_gpus(tres: str, fail: Callable[[str], Exception] | None = None) -> tuple[int, str | None]:
