@@ -23,7 +23,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from slurm_ext.errors import CellschedError
-from slurm_ext.parse.accounting import PartitionAccessRow, gpu_tres, parse_partition_access, plain_name
+from slurm_ext.parse.accounting import (
+    PartitionAccessRow,
+    gpu_tres,
+    parse_partition_access,
+    partition_max_time,
+    plain_name,
+)
 from slurm_ext.parse.scontrol_text import fields
 from slurm_ext.parse.values import ParseError
 
@@ -100,7 +106,10 @@ _ALIASES = {
 _CANONICAL = {name.lower(): name for name in DUMP_USED + DUMP_IGNORED} | _ALIASES
 _KINDS = ("Cluster", "Parent", "Account", "User")
 _HEAD = re.compile(r"^(?P<kind>[A-Za-z]+) - '(?P<name>[^']*)'")
-_PAIR = re.compile(r":(?P<key>[A-Za-z]+)=(?P<value>'[^']*'|[^:']*)")
+_KEY = re.compile(r":(?P<key>[A-Za-z]+)=")
+#: a TRES name awaiting its type, the last item of a value so far (``...,gres/gpu``): the
+#: ``:`` after it is the type's (``GrpTRES=gres/gpu:a100=4``), not the next field's
+_TRES_NAME = re.compile(r"(?:^|,)[a-z]+/[A-Za-z0-9_.-]+$")
 
 
 @dataclass(frozen=True)
@@ -199,7 +208,7 @@ def _dump_line(line: str, n: int, path: str | os.PathLike, ignored: dict[str, in
     values: dict[str, str] = {}
     rest, pos = line[head.end() :], 0
     while pos < len(rest):
-        m = _PAIR.match(rest, pos)
+        m = _KEY.match(rest, pos)
         if m is None:
             raise SiteFileError(path, n, f"expected ':Key=Value' at {rest[pos : pos + 40]!r}")
         key = _CANONICAL.get(m.group("key").lower())
@@ -207,12 +216,35 @@ def _dump_line(line: str, n: int, path: str | os.PathLike, ignored: dict[str, in
             raise SiteFileError(path, n, f"unknown field {m.group('key')!r}")
         if key in values:
             raise SiteFileError(path, n, f"field {key!r} given twice")
+        value, pos = _dump_value(rest, m.end(), n, path)
         if key in DUMP_USED:
-            values[key] = m.group("value").strip("'")
+            values[key] = value
         else:
             ignored.setdefault(key, n)
-        pos = m.end()
     return kind, name, values
+
+
+def _dump_value(rest: str, pos: int, n: int, path: str | os.PathLike) -> tuple[str, int]:
+    """The value at `pos` (quoted: to its closing quote; else to the next
+    ``:`` that is not a TRES type's) and where it ends."""
+    if rest.startswith("'", pos):
+        end = rest.find("'", pos + 1)
+        if end < 0:
+            raise SiteFileError(path, n, f"unclosed quote at {rest[pos : pos + 40]!r}")
+        return rest[pos + 1 : end], end + 1
+    end = pos
+    while True:
+        end = rest.find(":", end)
+        if end < 0:
+            end = len(rest)
+            break
+        if not _TRES_NAME.search(rest[pos:end]):
+            break
+        end += 1
+    value = rest[pos:end]
+    if "'" in value:
+        raise SiteFileError(path, n, f"a quote inside the unquoted value {value[:40]!r}")
+    return value, end
 
 
 # ---- scontrol show partition -----------------------------------------------------------
@@ -309,6 +341,11 @@ def parse_partition_file(text: str, path: str | os.PathLike = "<partitions>") ->
         keys = _PART_KEY.findall(line)
         if not keys or not _PART_KEY.match(line):
             raise SiteFileError(path, n, f"expected Key=Value fields, got {line[:60]!r}")
+        if "MaxTime" in keys:
+            try:
+                partition_max_time(fields(line)["MaxTime"], list(starts)[-1])
+            except ParseError as exc:
+                raise SiteFileError(path, n, str(exc)) from None
         for key in keys:
             if key not in _PARTITION_KEYS:
                 raise SiteFileError(path, n, f"unknown field {key!r}")
@@ -317,12 +354,7 @@ def parse_partition_file(text: str, path: str | os.PathLike = "<partitions>") ->
             seen.add(key)
             if key not in PARTITION_USED:
                 ignored.setdefault(key, n)
-    try:
-        rows = parse_partition_access(text)
-    except ParseError as exc:
-        name = str(exc).split("'")[1] if "'" in str(exc) else ""
-        raise SiteFileError(path, starts.get(name, 0), str(exc)) from None
-    return PartitionFile(tuple(rows), starts, ignored)
+    return PartitionFile(tuple(parse_partition_access(text)), starts, ignored)  # each value checked above
 
 
 __all__ = [
