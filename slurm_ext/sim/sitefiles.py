@@ -85,9 +85,15 @@ def site_of_files(
         users.setdefault(u.parent, set()).add(u.name)
         if u.values.get("Fairshare", "1") not in ("1", "parent"):
             notes.append(f"{dump_path}:{u.line}: user {u.name}'s Fairshare in {u.parent}: not applied")
-        for key, attr in (("GrpTRES", "user_gpus"), ("MaxJobs", "user_jobs")):
-            got = u.gpus(key, dump_path) if key == "GrpTRES" else u.count(key, dump_path)
-            accounts[u.parent] = _user_limit(accounts[u.parent], attr, got, u, key, dump_path, per_user)
+        gpus, jobs = u.gpus("GrpTRES", dump_path), u.count("MaxJobs", dump_path)
+        _one_per_account(per_user, u, "GrpTRES", gpus, dump_path)
+        _one_per_account(per_user, u, "MaxJobs", jobs, dump_path)
+        a = accounts[u.parent]  # an account's own MaxJobs stays: slurmdbd copies it to users that set none
+        accounts[u.parent] = replace(
+            a,
+            user_gpus=a.user_gpus if gpus is None else gpus,
+            user_jobs=a.user_jobs if a.user_jobs is not None or jobs is None else jobs,
+        )
     accounts = {n: replace(a, users=max(1, len(users.get(n, ())))) for n, a in accounts.items()}
     qos_specs, default_qos, qos_notes = _qos(dump, dump_path, qos)
     notes += qos_notes
@@ -135,29 +141,22 @@ def _account(a: DumpEntity, path: str | os.PathLike) -> AccountSpec:
     )
 
 
-def _user_limit(
-    account: AccountSpec,
-    attr: str,
-    value: int | None,
+def _one_per_account(
+    seen: dict[tuple[str, str], tuple[int | None, int]],
     user: DumpEntity,
     key: str,
+    value: int | None,
     path: str | os.PathLike,
-    seen: dict[tuple[str, str], tuple[int | None, int]],
-) -> AccountSpec:
-    """`account` with a user's limit `attr` (user_gpus, user_jobs): one per
-    account, so users of it that differ are an error; a MaxJobs the account
-    sets itself stays (slurmdbd copies it down to the users that set none)."""
-    first = seen.setdefault((account.name, attr), (value, user.line))
+) -> None:
+    """The simulated site has one user limit of each kind per account: users of one account that differ are an error."""
+    first = seen.setdefault((user.parent, key), (value, user.line))
     if first[0] != value:
         raise SiteFileError(
             path,
             user.line,
-            f"user {user.name} in {account.name}: {key} differs from line {first[1]}'s "
+            f"user {user.name} in {user.parent}: {key} differs from line {first[1]}'s "
             "(the simulated site has one per account)",
         )
-    if value is None or getattr(account, attr) is not None:
-        return account
-    return replace(account, **{attr: value})
 
 
 def _qos(dump: DumpFile, path: str | os.PathLike, rows: Sequence[QosRow]) -> tuple[tuple[QosSpec, ...], str, list[str]]:
