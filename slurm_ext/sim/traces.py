@@ -238,19 +238,19 @@ def load_sacct(
         if isinstance(built, str):
             skipped[built] += 1
         else:
-            rows.append(built)
+            rows.append((*built, row.time("start", False)))
     if not rows:
         return SacctTrace((), dict(skipped))
     t0 = min(submit for _, submit, _ in rows)
     jobs = [
-        replace(
-            job,
-            submit_time=(submit - t0).total_seconds(),
-            recorded_start=None if start is None else (start - t0).total_seconds(),
-        )
+        replace(job, submit_time=(submit - t0).total_seconds(), recorded_start=_since(start, t0))
         for job, submit, start in rows
     ]
     return SacctTrace(_by_submit(jobs), dict(skipped))
+
+
+def _since(t: dt.datetime | None, t0: dt.datetime) -> float | None:
+    return None if t is None else (t - t0).total_seconds()
 
 
 def _split_row(path: str | os.PathLike, line: int, text: str, ncols: int, comment_last: bool) -> list[str]:
@@ -300,10 +300,8 @@ class _SacctRow:
         key = "alloctres" if self.raw["alloctres"] or "reqtres" not in self.raw else "reqtres"
         return parse_tres_gpus(self.raw[key], lambda msg: self.fail(key, msg))
 
-    def job(
-        self, job_id: str, model: str, batch: int, include_non_gpu: bool
-    ) -> tuple[TraceJob, dt.datetime, dt.datetime | None] | str:
-        """The row's TraceJob and absolute submit and start times, or why it is skipped."""
+    def job(self, job_id: str, model: str, batch: int, include_non_gpu: bool) -> tuple[TraceJob, dt.datetime] | str:
+        """The row's TraceJob and absolute submit time, or why it is skipped."""
         submit = self.time("submit", required=True)
         assert submit is not None  # required
         start, end = self.time("start", False), self.time("end", False)
@@ -324,44 +322,36 @@ class _SacctRow:
         user = self.raw.get("user") or "sim"
         account, qos = self.raw.get("account", ""), self.raw.get("qos", "")
         if spec is not None:
-            return (
-                TraceJob(
-                    job_id,
-                    0.0,
-                    spec.model,
-                    spec.global_batch,
-                    spec.iterations,
-                    spec.requested_gpus or gpus,
-                    spec.requested_gpu_type or gpu_type,
-                    duration_s=duration,
-                    user=user,
-                    line=self.line,
-                    account=account,
-                    qos=qos,
-                ),
-                submit,
-                start,
-            )
-        if duration is None:
-            return "not ended" if end is None else "no start time"
-        return (
-            TraceJob(
+            return TraceJob(
                 job_id,
                 0.0,
-                model,
-                batch,
-                None,
-                gpus,
-                gpu_type,
+                spec.model,
+                spec.global_batch,
+                spec.iterations,
+                spec.requested_gpus or gpus,
+                spec.requested_gpu_type or gpu_type,
                 duration_s=duration,
                 user=user,
                 line=self.line,
                 account=account,
                 qos=qos,
-            ),
-            submit,
-            start,
-        )
+            ), submit
+        if duration is None:
+            return "not ended" if end is None else "no start time"
+        return TraceJob(
+            job_id,
+            0.0,
+            model,
+            batch,
+            None,
+            gpus,
+            gpu_type,
+            duration_s=duration,
+            user=user,
+            line=self.line,
+            account=account,
+            qos=qos,
+        ), submit
 
 
 def parse_tres_gpus(tres: str, fail: Callable[[str], Exception] | None = None) -> tuple[int, str | None]:

@@ -76,56 +76,40 @@ def _edited(text: str, line: int, new: str) -> str:
 
 
 @pytest.mark.parametrize(
-    ("line", "new", "message"),
+    ("file", "line", "new", "message"),
     [
-        (16, "Qos - 'big':Priority=100", "unknown kind 'Qos'"),
-        (16, "Account - 'acct-a':Fairshare=60:Bogus=1", "unknown field 'Bogus'"),
-        (16, "Account - 'acct-a':Fairshare=60:GrpJobs=many", "GrpJobs='many': not a number of jobs"),
-        (16, "Account - 'acct-a':GrpTRES=gres/gpu:a100=4", "a limit of one GPU type is not modelled"),
-        (16, "Account - 'acct-a' Fairshare=60", "expected ':Key=Value'"),
-        (16, "Account - 'acct-a':Fairshare=60:Fairshare=2", "field 'Fairshare' given twice"),
-        (16, "Account - 'acct-a':Fairshare=parent", "Fairshare='parent' is not modelled"),
-        (16, "Account - 'a b;c':Fairshare=1", "not a plain name"),
-        (16, "Account - 'acct-a':Description='oops:Fairshare=60", "unclosed quote"),
-        (16, "acct-a Fairshare=60", "expected \"Kind - 'name'\""),
-        (19, "Parent - 'nobody'", "Parent 'nobody' is no account listed above"),
-        (17, "Account - 'acct-a':Fairshare=1", "account 'acct-a' listed twice"),
-        (13, "Parent - 'root'", "Parent line before the Cluster line"),
-        (23, "", "GrpTRES differs from line 22's"),
+        (DUMP, 16, "Qos - 'big':Priority=100", "unknown kind 'Qos'"),
+        (DUMP, 16, "Account - 'acct-a':Fairshare=60:Bogus=1", "unknown field 'Bogus'"),
+        (DUMP, 16, "Account - 'acct-a':Fairshare=60:GrpJobs=many", "GrpJobs='many': not a number of jobs"),
+        (DUMP, 16, "Account - 'acct-a':GrpTRES=gres/gpu:a100=4", "a limit of one GPU type is not modelled"),
+        (DUMP, 16, "Account - 'acct-a' Fairshare=60", "expected ':Key=Value'"),
+        (DUMP, 16, "Account - 'acct-a':Fairshare=60:Fairshare=2", "field 'Fairshare' given twice"),
+        (DUMP, 16, "Account - 'acct-a':Fairshare=parent", "Fairshare='parent' is not modelled"),
+        (DUMP, 16, "Account - 'a b;c':Fairshare=1", "not a plain name"),
+        (DUMP, 16, "Account - 'acct-a':Description='oops:Fairshare=60", "unclosed quote"),
+        (DUMP, 16, "acct-a Fairshare=60", "expected \"Kind - 'name'\""),
+        (DUMP, 19, "Parent - 'nobody'", "Parent 'nobody' is no account listed above"),
+        (DUMP, 17, "Account - 'acct-a':Fairshare=1", "account 'acct-a' listed twice"),
+        (DUMP, 13, "Parent - 'root'", "Parent line before the Cluster line"),
+        # a second user of acct-b (line 23) with another GrpTRES than root's on line 22
+        (DUMP, 22, "User - 'root':GrpTRES=gres/gpu=3\nUser - 'alice':GrpTRES=gres/gpu=2", "differs from line 22's"),
+        (PARTS, 4, "   DefaultTime=NONE Bogus=NO", "unknown field 'Bogus'"),
+        (PARTS, 6, "   n[1-2]", "expected Key=Value fields"),
+        (PARTS, 1, "Partition=a100", "expected a line starting with PartitionName="),
+        (PARTS, 14, "PartitionName=a100", "partition 'a100' listed twice (first on line 1)"),
+        (PARTS, 3, "   AllocNodes=ALL Default=NO QoS=N/A Default=YES", "field 'Default' given twice"),
+        (PARTS, 18, "   MaxNodes=UNLIMITED MaxTime=soon MinNodes=0", "MaxTime 'soon' is not a time"),
+        (PARTS, 27, "PartitionName=h100", "partition 'h100' is not one of the simulated cluster's (a100, a40, all)"),
     ],
 )
-def test_a_bad_dump_line_is_an_error_naming_it(tmp_path, line, new, message):
-    text = DUMP.read_text()
-    if "differs" in message:  # a second user of acct-b with another GrpTRES
-        lines = text.splitlines()
-        text = "\n".join(lines[:22] + ["User - 'alice':GrpTRES=gres/gpu=2"] + lines[22:]) + "\n"
-    else:
-        text = _edited(text, line, new)
-    bad = tmp_path / "dump.txt"
-    bad.write_text(text)
+def test_a_bad_line_is_an_error_naming_it(tmp_path, file, line, new, message):
+    bad = tmp_path / file.name
+    bad.write_text(_edited(file.read_text(), line, new))
+    paths = {DUMP: str(DUMP), PARTS: str(PARTS)} | {file: str(bad)}
+    if "alice" in new:
+        line += 1
     with pytest.raises(SiteFileError) as err:
-        load_site_files(TWO_TYPES, str(bad))
-    assert str(err.value).startswith(f"{bad}:{line}: ")
-    assert message in str(err.value)
-
-
-@pytest.mark.parametrize(
-    ("line", "new", "message"),
-    [
-        (4, "   DefaultTime=NONE Bogus=NO", "unknown field 'Bogus'"),
-        (6, "   n[1-2]", "expected Key=Value fields"),
-        (1, "Partition=a100", "expected a line starting with PartitionName="),
-        (14, "PartitionName=a100", "partition 'a100' listed twice (first on line 1)"),
-        (3, "   AllocNodes=ALL Default=NO QoS=N/A Default=YES", "field 'Default' given twice"),
-        (18, "   MaxNodes=UNLIMITED MaxTime=soon MinNodes=0", "MaxTime 'soon' is not a time"),
-        (27, "PartitionName=h100", "partition 'h100' is not one of the simulated cluster's (a100, a40, all)"),
-    ],
-)
-def test_a_bad_partition_line_is_an_error_naming_it(tmp_path, line, new, message):
-    bad = tmp_path / "partitions.txt"
-    bad.write_text(_edited(PARTS.read_text(), line, new))
-    with pytest.raises(SiteFileError) as err:
-        load_site_files(TWO_TYPES, str(DUMP), str(bad))
+        load_site_files(TWO_TYPES, paths[DUMP], paths[PARTS])
     assert str(err.value).startswith(f"{bad}:{line}: ")
     assert message in str(err.value)
 
