@@ -231,13 +231,16 @@ def with_site_files(
 
 
 def recorded_of(
-    policies: Sequence[str], trace_format: str, trace: tuple[TraceJob, ...], cluster: ClusterSpec
+    policies: Sequence[str], trace_format: str, trace: tuple[TraceJob, ...], cluster: ClusterSpec, arrival_rate: float
 ) -> SimRun | None:
-    """The recorded run when `recorded` is among the policies (a sacct trace only)."""
+    """The recorded run when `recorded` is among the policies (a sacct trace
+    at its own arrival rate only: the record is of those arrivals)."""
     if RECORDED not in policies:
         return None
     if trace_format != "sacct":
         raise SimulateError("--policy recorded: needs a recorded run, --trace-format sacct")
+    if arrival_rate != 1.0:
+        raise SimulateError("--policy recorded: the record is of the trace's own arrivals, not --arrival-rate's")
     from slurm_ext.sim.recorded import RecordedError, recorded_run
 
     try:
@@ -505,7 +508,7 @@ def simulate(
     except SimError as exc:
         raise SimulateError(str(exc)) from None
     policies = policies or ("cellsched", "fcfs")
-    recorded = recorded_of(policies, trace_format, trace, cluster)
+    recorded = recorded_of(policies, trace_format, trace, cluster, arrival_rate)
     runs_of = parse_policies([p for p in policies if p != RECORDED], options.solver)
     if checkpoint_dir is not None:
         Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)

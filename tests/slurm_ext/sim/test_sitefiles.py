@@ -203,6 +203,8 @@ def test_bad_site_files_on_the_command_line(tmp_path):
         assert message in proc.stderr
     proc = simulate("--out", str(tmp_path / "o"), "--limit-jobs", "3", "--policy", "recorded")
     assert proc.returncode == 2 and "--policy recorded: needs a recorded run, --trace-format sacct" in proc.stderr
+    proc = simulate(*base, "--arrival-rate", "2", "--policy", "recorded")
+    assert proc.returncode == 2 and "the record is of the trace's own arrivals" in proc.stderr
 
 
 def test_the_policies_get_the_partitions_who_may_use_them():
