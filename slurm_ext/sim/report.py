@@ -258,7 +258,7 @@ def recorded_table(comparison: Mapping[str, Mapping[str, Any]]) -> str:
         "median wait s",
         "mean JCT s",
         "GPU-h",
-        "wait err vs recorded: mean % / mean |job| s",
+        "wait err vs recorded: mean % / mean abs s",
     ]
     head += [f"{a} GPU-h share" for a in accounts]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
