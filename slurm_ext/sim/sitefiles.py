@@ -20,6 +20,8 @@ What each field becomes:
   `gpus`, MaxTRESPerUser -> `user_gpus`, MaxTRES -> `job_gpus`, Priority ->
   `priority`; the cluster line's DefaultQOS (else, when every association
   lists one QOS, that one) -> `default_qos`;
+* the ``Cluster`` line (root's association): its QOS list and DefaultQOS
+  (above); its limits are read and not applied;
 * a partition: its AllowAccounts, AllowQos, DenyAccounts, DenyQos ->
   `SiteSpec.partitions` (slurm_ext.site.partition_access, the live
   controller's own mapping), its PriorityTier -> `priority_tiers`; MaxTime
@@ -68,6 +70,9 @@ def site_of_files(
 ) -> SiteFiles:
     """The `SiteSpec` of a dump, its partitions and QOS (module doc)."""
     notes = [_unused(dump_path, dump.ignored)] if dump.ignored else []
+    root = sorted(k for k in dump.cluster.values if k in ("GrpTRES", "GrpJobs", "MaxJobs", "Partition"))
+    if root:
+        notes.append(f"{dump_path}:{dump.cluster.line}: the cluster's (root's) {', '.join(root)}: not applied")
     accounts = {a.name: _account(a, dump_path) for a in dump.accounts}
     if not accounts:
         raise SiteFileError(dump_path, dump.cluster.line, "the dump lists no account")

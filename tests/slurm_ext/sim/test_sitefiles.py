@@ -69,6 +69,14 @@ def test_fields_not_used_are_listed_with_their_line():
     assert any(n.startswith(f"{DUMP}: accepted, not used: DefaultAccount (line 15)") for n in notes)
 
 
+def test_limits_of_the_cluster_line_are_listed_not_applied(tmp_path):
+    dump = tmp_path / "dump.txt"
+    dump.write_text(_edited(DUMP.read_text(), 13, "Cluster - 'cellsched':Fairshare=1:GrpTRES=gres/gpu=10:QOS='normal'"))
+    files = load_site_files(TWO_TYPES, str(dump))
+    assert f"{dump}:13: the cluster's (root's) GrpTRES: not applied" in files.notes
+    assert files.site.accounts == load_site_files(TWO_TYPES, str(DUMP)).site.accounts
+
+
 def _edited(text: str, line: int, new: str) -> str:
     lines = text.splitlines()
     lines[line - 1] = new
