@@ -34,7 +34,7 @@ import math
 import pathlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from slurm_ext.sim.types import CELL_KINDS, Sample, SimRun
 from solver.contract.extras import require
@@ -216,32 +216,35 @@ def against_recorded(runs: Sequence[SimRun]) -> dict[str, Any] | None:
     each job both started, simulated wait - recorded wait (`wait_err_s`),
     their mean absolute value and median (`mean_abs_wait_err_s`,
     `median_abs_wait_err_s`), and |simulated - recorded| mean wait over the
-    recorded mean wait (`mean_wait_err_pct`). None without a recorded run."""
+    recorded mean wait, both over those jobs (`mean_wait_err_pct`). None
+    without a recorded run."""
     rec = next((r for r in runs if r.meta.get("recorded")), None)
     if rec is None:
         return None
     rec_wait = {j.job_id: j.queueing for j in rec.jobs if j.queueing is not None}
-    rec_mean = _mean(list(rec_wait.values()))
     out: dict[str, Any] = {}
     for run in runs:
         waits = {j.job_id: j.queueing for j in run.jobs if j.queueing is not None}
         jcts = [j.jct for j in run.jobs if j.jct is not None]
-        site = run.meta.get("site")
+        site = cast(Mapping[str, Mapping[str, float]], run.meta.get("site", {}))  # SiteUsage.summary's
         row: dict[str, Any] = {
             "mean_wait_s": _mean(list(waits.values())),
             "median_wait_s": percentile(waits.values(), 50),
             "mean_jct_s": _mean(jcts),
             "gpu_hours": sum(j.gpu_seconds for j in run.jobs) / 3600.0,
-            "account_gpu_frac": {a: v["used_frac"] for a, v in site.items()} if isinstance(site, Mapping) else {},
+            "account_gpu_frac": {a: v["used_frac"] for a, v in site.items()},
         }
         if run is not rec:
-            err = {j: waits[j] - w for j, w in rec_wait.items() if j in waits}
-            mean = _mean(list(waits.values()))
+            both = [j for j in rec_wait if j in waits]
+            err = {j: waits[j] - rec_wait[j] for j in both}
+            sim_mean, rec_mean = _mean([waits[j] for j in both]), _mean([rec_wait[j] for j in both])
             row |= {
                 "jobs_compared": len(err),
                 "mean_abs_wait_err_s": _mean([abs(e) for e in err.values()]),
                 "median_abs_wait_err_s": percentile((abs(e) for e in err.values()), 50),
-                "mean_wait_err_pct": abs(mean - rec_mean) / rec_mean * 100 if mean is not None and rec_mean else None,
+                "mean_wait_err_pct": (
+                    abs(sim_mean - rec_mean) / rec_mean * 100 if sim_mean is not None and rec_mean else None
+                ),
                 "wait_err_s": err,
             }
         out[run.policy] = row
