@@ -223,3 +223,25 @@ def test_the_policies_get_the_partitions_who_may_use_them():
     assert policy.partition_access == site.partitions
     assert not policy.admits("a100", "acct-b", "normal", "root", None)
     assert policy.admits("all", "acct-b", "normal", "root", None)
+
+
+def test_the_wait_error_by_hand():
+    from slurm_ext.sim.report import against_recorded
+    from slurm_ext.sim.types import JobOutcome, SimRun
+
+    def run(policy, waits, **meta):
+        jobs = tuple(
+            JobOutcome(j, 100.0, None if w is None else 100.0 + w, None if w is None else 200.0 + w, w is not None)
+            for j, w in waits.items()
+        )
+        return SimRun(policy, jobs, (), (), {"a100": 8}, meta=meta)
+
+    rec = run("recorded", {"1": 10.0, "2": 20.0, "3": 30.0}, recorded=True)
+    sim = run("sim", {"1": 15.0, "2": 35.0, "3": None})  # job 3 never started
+    got = against_recorded([rec, sim])
+    assert got["recorded"]["mean_wait_s"] == 20.0 and "wait_err_s" not in got["recorded"]
+    assert got["sim"]["wait_err_s"] == {"1": 5.0, "2": 15.0}
+    assert got["sim"]["jobs_compared"] == 2
+    assert got["sim"]["mean_abs_wait_err_s"] == 10.0 and got["sim"]["median_abs_wait_err_s"] == 10.0
+    assert got["sim"]["mean_wait_err_pct"] == pytest.approx(100 * (25 - 15) / 15)  # over jobs 1 and 2
+    assert against_recorded([sim]) is None
