@@ -17,6 +17,7 @@ from typing import Any, TextIO
 import click
 
 from slurm_ext.errors import CellschedError
+from slurm_ext.sim.recorded import RECORDED
 from slurm_ext.sim.types import ClusterSpec, SimRun, TraceJob
 from solver.contract.extras import MissingExtra, require
 
@@ -208,6 +209,46 @@ def load_cluster(path: str | None) -> ClusterSpec:
         raise SimulateError(f"--cluster: {exc}") from None
 
 
+def with_site_files(
+    cluster: ClusterSpec, dump: str | None, partitions: str | None, qos: str | None
+) -> tuple[ClusterSpec, tuple[str, ...]]:
+    """`cluster` with the site of a dump, its partitions and QOS files
+    (slurm_ext.sim.sitefiles), and what of them is not applied."""
+    if dump is None:
+        if partitions or qos:
+            raise SimulateError(f"{'--partitions' if partitions else '--site-qos'}: needs --site-dump")
+        return cluster, ()
+    from slurm_ext.parse.sitefiles import SiteFileError
+    from slurm_ext.sim.sitefiles import load_site_files
+
+    if cluster.site is not None:
+        raise SimulateError("--site-dump: the --cluster file has a [site] table already; give one of them")
+    try:
+        files = load_site_files(cluster, dump, partitions, qos)
+    except SiteFileError as exc:
+        raise SimulateError(f"--site-dump: {exc}") from None
+    return dataclasses.replace(cluster, site=files.site), files.notes
+
+
+def recorded_of(
+    policies: Sequence[str], trace_format: str, trace: tuple[TraceJob, ...], cluster: ClusterSpec, arrival_rate: float
+) -> SimRun | None:
+    """The recorded run when `recorded` is among the policies (a sacct trace
+    at its own arrival rate only: the record is of those arrivals)."""
+    if RECORDED not in policies:
+        return None
+    if trace_format != "sacct":
+        raise SimulateError("--policy recorded: needs a recorded run, --trace-format sacct")
+    if arrival_rate != 1.0:
+        raise SimulateError("--policy recorded: the record is of the trace's own arrivals, not --arrival-rate's")
+    from slurm_ext.sim.recorded import RecordedError, recorded_run
+
+    try:
+        return recorded_run(trace, cluster)
+    except RecordedError as exc:
+        raise SimulateError(f"--policy recorded: {exc}") from None
+
+
 @click.command("simulate", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--trace",
@@ -235,6 +276,27 @@ def load_cluster(path: str | None) -> ClusterSpec:
     type=click.Path(dir_okay=False),
     default=None,
     help="Cluster spec (Arena's cluster_spec.json or our TOML/JSON node groups). Default: Arena's cluster, 1,280 GPUs.",
+)
+@click.option(
+    "--site-dump",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="The site's policy from its own `sacctmgr dump CLUSTER` file: accounts, their tree, shares, GrpTRES, "
+    "GrpJobs, MaxJobs, QOS (instead of a [site] table in --cluster). A bad or unknown line is an error naming it.",
+)
+@click.option(
+    "--partitions",
+    "partitions_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="With --site-dump: the site's `scontrol show partition` output (who may use each partition).",
+)
+@click.option(
+    "--site-qos",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="With --site-dump: the QOS limits a dump leaves out, as `sacctmgr -n -P show qos "
+    "format=name,priority,grptres,maxtres,maxtrespu,maxtrespa,grpjobs,maxjobspu,maxjobspa` prints them.",
 )
 @click.option(
     "--truth",
@@ -289,7 +351,8 @@ def load_cluster(path: str | None) -> ClusterSpec:
     metavar="NAME[:KEY=VALUE,...]",
     help="Policy to simulate; repeat for several (cellsched, cellsched-static, fcfs, fcfs-backfill, gavel, sia, "
     "slurm-multifactor (Slurm's multifactor priority and backfill), "
-    "and Wang et al.'s srsf-avoid, srsf-accept, ada-srsf). Solver keys after a colon set that run's "
+    "and Wang et al.'s srsf-avoid, srsf-accept, ada-srsf; with --trace-format sacct, recorded: what the "
+    "site's Slurm really did, each job's recorded start and end). Solver keys after a colon set that run's "
     "configuration, e.g. cellsched:calibrate=false, cellsched:mixed_cells=false (no cells spanning GPU types) "
     "or ada-srsf:node_placement=first-fit (the whole string labels the run). Default: cellsched and fcfs.",
 )
@@ -363,6 +426,9 @@ def simulate(
     trace_format: str,
     iteration_scale: int | None,
     cluster_path: str | None,
+    site_dump: str | None,
+    partitions_path: str | None,
+    site_qos: str | None,
     truth: str | None,
     profiles: str | None,
     estimates: str | None,
@@ -429,7 +495,7 @@ def simulate(
     except (ValueError, OSError) as exc:
         raise SimulateError(f"--truth: {exc}") from None
     trace = load_trace(trace_path, trace_format, iteration_scale, limit_jobs, arrival_rate)
-    cluster = load_cluster(cluster_path)
+    cluster, site_notes = with_site_files(load_cluster(cluster_path), site_dump, partitions_path, site_qos)
     try:
         options = SimOptions(
             interval_s=interval or 60.0,
@@ -441,7 +507,9 @@ def simulate(
         )
     except SimError as exc:
         raise SimulateError(str(exc)) from None
-    runs_of = parse_policies(policies or ("cellsched", "fcfs"), options.solver)
+    policies = policies or ("cellsched", "fcfs")
+    recorded = recorded_of(policies, trace_format, trace, cluster, arrival_rate)
+    runs_of = parse_policies([p for p in policies if p != RECORDED], options.solver)
     if checkpoint_dir is not None:
         Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
     jobs = [
@@ -457,8 +525,7 @@ def simulate(
         )
         for label, name, cfg in runs_of
     ]
-    policies = tuple(label for label, _, _ in runs_of)
-    bar = ProgressBar(policies, sys.stderr)
+    bar = ProgressBar(tuple(label for label, _, _ in runs_of), sys.stderr)
     t0 = time.perf_counter()
     try:
         runs = run_all(jobs, workers, bar)
@@ -466,7 +533,16 @@ def simulate(
         raise SimulateError(str(exc)) from None
     finally:
         bar.close()
-    from slurm_ext.sim.report import kinds_table, markdown_table, summaries, write_report
+    if recorded is not None:  # in the order the policies were given
+        runs.insert(policies.index(RECORDED), recorded)
+    from slurm_ext.sim.report import (
+        against_recorded,
+        kinds_table,
+        markdown_table,
+        recorded_table,
+        summaries,
+        write_report,
+    )
 
     meta = {
         "trace": trace_path or "shipped Philly trace (Arena)",
@@ -474,6 +550,8 @@ def simulate(
         "arrival_rate": arrival_rate,
         "jobs": len(trace),
         "cluster": cluster_path or "Arena's cluster",
+        **({"site_dump": site_dump, "partitions": partitions_path, "site_qos": site_qos} if site_dump else {}),
+        **({"site_files_not_applied": list(site_notes)} if site_notes else {}),
         "gpus": cluster.total_gpus,
         **conditions.describe(),
         "mode": "arena-compat" if arena_compat else ("realistic" if realistic else "event"),
@@ -502,6 +580,9 @@ def simulate(
         click.echo(markdown_table(results), nl=False)
         click.echo("\nCells chosen, by kind (state-sharded overlaps the others):\n")
         click.echo(kinds_table(results), nl=False)
+        if (comparison := against_recorded(runs)) is not None:
+            click.echo("\nAgainst the recorded run (the site's own Slurm):\n")
+            click.echo(recorded_table(comparison), nl=False)
         click.echo(f"\nwritten: {', '.join(str(v) for v in written.values())}", err=True)
 
 

@@ -267,7 +267,7 @@ class PartitionAccessRow:
     priority_tier: int = 1
 
 
-def _max_time(value: str | None, name: str) -> float | None:
+def partition_max_time(value: str | None, name: str) -> float | None:
     """MaxTime as scontrol prints it (``UNLIMITED``, ``[D-]HH:MM:SS``) in seconds; None: unlimited."""
     v = text(value)
     if v in ("", "UNLIMITED", "INFINITE", "NONE"):
@@ -297,7 +297,7 @@ def parse_partition_access(output: str) -> list[PartitionAccessRow]:
                 deny_accounts=_names(f.get("DenyAccounts")),
                 deny_qos=_names(f.get("DenyQos")),
                 qos="" if qos == "N/A" else qos,
-                max_time_s=_max_time(f.get("MaxTime"), name),
+                max_time_s=partition_max_time(f.get("MaxTime"), name),
                 priority_tier=int(tier) if tier.isdigit() else 1,
             )
         )

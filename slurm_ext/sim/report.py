@@ -34,7 +34,7 @@ import math
 import pathlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from slurm_ext.sim.types import CELL_KINDS, Sample, SimRun
 from solver.contract.extras import require
@@ -165,6 +165,7 @@ def summarize(run: SimRun) -> PolicyResult:
         if n > 0
     }
     ends = [j.end_time for j in run.jobs if j.end_time is not None]
+    known = not run.meta.get("recorded")  # a recorded run has no throughput (slurm_ext.sim.recorded)
     return PolicyResult(
         policy=run.policy,
         jobs_total=len(run.jobs),
@@ -174,8 +175,8 @@ def summarize(run: SimRun) -> PolicyResult:
         p95_jct_s=percentile(jcts, 95),
         avg_queue_s=_mean(queues),
         makespan_s=max(ends) - min(j.submit_time for j in run.jobs) if ends else None,
-        avg_throughput=_weighted(pieces, lambda s: s.throughput, length),
-        peak_throughput=max((s.throughput for s in run.samples), default=None),
+        avg_throughput=_weighted(pieces, lambda s: s.throughput, length) if known else None,
+        peak_throughput=max((s.throughput for s in run.samples), default=None) if known else None,
         avg_throughput_arena=(sum(d * s.throughput for d, s in above) / above_time) if above_time > 0 else None,
         gpu_util_by_type=util,
         restarts=sum(j.restarts for j in run.jobs),
@@ -205,6 +206,76 @@ def summaries(runs: Sequence[SimRun]) -> list[PolicyResult]:
         replace(r, avg_jct_common_s=_mean([d[j] for j in sorted(common)]), jobs_common=len(common))
         for r, d in zip(results, done, strict=True)
     ]
+
+
+def against_recorded(runs: Sequence[SimRun]) -> dict[str, Any] | None:
+    """With a recorded run among `runs` (slurm_ext.sim.recorded): per run,
+    its mean and median wait (first start - submit), mean JCT, GPU-hours
+    (the GPU-seconds its jobs held) and each account's fraction of them;
+    and per simulated run its per-job wait error against the record: for
+    each job both started, simulated wait - recorded wait (`wait_err_s`),
+    their mean absolute value and median (`mean_abs_wait_err_s`,
+    `median_abs_wait_err_s`), and |simulated - recorded| mean wait over the
+    recorded mean wait, both over those jobs (`mean_wait_err_pct`). None
+    without a recorded run."""
+    rec = next((r for r in runs if r.meta.get("recorded")), None)
+    if rec is None:
+        return None
+    rec_wait = {j.job_id: j.queueing for j in rec.jobs if j.queueing is not None}
+    out: dict[str, Any] = {}
+    for run in runs:
+        waits = {j.job_id: j.queueing for j in run.jobs if j.queueing is not None}
+        jcts = [j.jct for j in run.jobs if j.jct is not None]
+        site = cast(Mapping[str, Mapping[str, float]], run.meta.get("site", {}))  # SiteUsage.summary's
+        row: dict[str, Any] = {
+            "mean_wait_s": _mean(list(waits.values())),
+            "median_wait_s": percentile(waits.values(), 50),
+            "mean_jct_s": _mean(jcts),
+            "gpu_hours": sum(j.gpu_seconds for j in run.jobs) / 3600.0,
+            "account_gpu_frac": {a: v["used_frac"] for a, v in site.items()},
+        }
+        if run is not rec:
+            both = [j for j in rec_wait if j in waits]
+            err = {j: waits[j] - rec_wait[j] for j in both}
+            sim_mean, rec_mean = _mean([waits[j] for j in both]), _mean([rec_wait[j] for j in both])
+            row |= {
+                "jobs_compared": len(err),
+                "mean_abs_wait_err_s": _mean([abs(e) for e in err.values()]),
+                "median_abs_wait_err_s": percentile((abs(e) for e in err.values()), 50),
+                "mean_wait_err_pct": (
+                    abs(sim_mean - rec_mean) / rec_mean * 100 if sim_mean is not None and rec_mean else None
+                ),
+                "wait_err_s": err,
+            }
+        out[run.policy] = row
+    return out
+
+
+def recorded_table(comparison: Mapping[str, Mapping[str, Any]]) -> str:
+    """`against_recorded` as a Markdown table: one row per run, then one
+    column per account (its fraction of the GPU-hours)."""
+    accounts = sorted({a for row in comparison.values() for a in row["account_gpu_frac"]})
+    head = [
+        "policy",
+        "mean wait s",
+        "median wait s",
+        "mean JCT s",
+        "GPU-h",
+        "wait err vs recorded: mean % / mean abs s",
+    ]
+    head += [f"{a} GPU-h share" for a in accounts]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for policy, row in comparison.items():
+        err = (
+            "-"
+            if "jobs_compared" not in row
+            else (f"{_num(row['mean_wait_err_pct'], 1)} / {_num(row['mean_abs_wait_err_s'], 1)}")
+        )
+        cells = [policy, _num(row["mean_wait_s"], 1), _num(row["median_wait_s"], 1), _num(row["mean_jct_s"], 1)]
+        cells += [_num(row["gpu_hours"], 2), err]
+        cells += [_num(row["account_gpu_frac"].get(a), 3) for a in accounts]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 # ---- text ------------------------------------------------------------------------
@@ -295,6 +366,7 @@ def write_report(
     doc = {
         "meta": dict(meta or {}),
         "summary": {r.policy: r.to_dict() for r in results},
+        **({"recorded": comparison} if (comparison := against_recorded(runs)) is not None else {}),
         "runs": {
             run.policy: {
                 "meta": dict(run.meta),
@@ -310,6 +382,8 @@ def write_report(
     lines += [f"- {k}: {v}" for k, v in (meta or {}).items()] + ([""] if meta else [])
     lines += [markdown_table(results), "Cells chosen, by kind (state-sharded overlaps the others):", ""]
     lines += [kinds_table(results)]
+    if comparison is not None:
+        lines += ["Against the recorded run (the site's own Slurm):", "", recorded_table(comparison)]
     written["results.md"].write_text("\n".join(lines))
     if plots:
         written.update(write_plots(runs, out))

@@ -350,6 +350,8 @@ class SiteUsage(Observer):
             usage=usage,
             fairshare={a: classic_factor(usage.get(a, 0.0), s) for a, s in self.shares.items()},
             qos_priority={q.name: q.priority for q in self.site.qos if q.priority},
+            partition_access=dict(self.site.partitions),
+            priority_tiers=dict(self.site.priority_tiers),
         )
 
     def summary(self) -> dict[str, Any]:

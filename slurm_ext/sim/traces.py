@@ -11,7 +11,8 @@ Slurm accounting (``sacct -a -P -X -o JobID,JobName,User,Account,QOS,Submit,
 Start,End,State,AllocTRES,NNodes,Comment``; any column order, extra columns
 allowed, JobID/Submit/AllocTRES required; ReqTRES is used when AllocTRES is
 empty; User, Account and QOS are the job's when given):
-submit times are relative to the earliest kept job's submit. A job whose
+submit times are relative to the earliest kept job's submit, and so is
+each job's Start (`recorded_start`: the recorded run). A job whose
 Comment carries a cellsched spec takes model, batch and iterations from it;
 any other job gets the default model and batch, iterations None and
 duration_s = End - Start. Rows that are well-formed but unusable are
@@ -218,7 +219,7 @@ def load_sacct(
             raise TraceError(path, head_line, name, f"missing column (header has {', '.join(cols)})")
     idx = {name: i for i, name in enumerate(lower)}
     skipped: Counter[str] = Counter()
-    rows: list[tuple[TraceJob, dt.datetime]] = []
+    rows: list[tuple[TraceJob, dt.datetime, dt.datetime | None]] = []
     seen: dict[str, int] = {}
     for line, text in numbered[1:]:
         values = _split_row(path, line, text, len(cols), idx.get("comment") == len(cols) - 1)
@@ -237,12 +238,19 @@ def load_sacct(
         if isinstance(built, str):
             skipped[built] += 1
         else:
-            rows.append(built)
+            rows.append((*built, row.time("start", False)))
     if not rows:
         return SacctTrace((), dict(skipped))
-    t0 = min(submit for _, submit in rows)
-    jobs = [replace(job, submit_time=(submit - t0).total_seconds()) for job, submit in rows]
+    t0 = min(submit for _, submit, _ in rows)
+    jobs = [
+        replace(job, submit_time=(submit - t0).total_seconds(), recorded_start=_since(start, t0))
+        for job, submit, start in rows
+    ]
     return SacctTrace(_by_submit(jobs), dict(skipped))
+
+
+def _since(t: dt.datetime | None, t0: dt.datetime) -> float | None:
+    return None if t is None else (t - t0).total_seconds()
 
 
 def _split_row(path: str | os.PathLike, line: int, text: str, ncols: int, comment_last: bool) -> list[str]:

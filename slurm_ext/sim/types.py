@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from solver.site import PartitionAccess
+
 
 @dataclass(frozen=True)
 class TraceJob:
@@ -33,6 +35,8 @@ class TraceJob:
     #: assigns Arena trace jobs an account by its rule, slurm_ext.sim.site)
     account: str = ""
     qos: str = ""
+    #: when it really started, on the trace's clock (a sacct export's Start; None: not recorded)
+    recorded_start: float | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,10 @@ class SiteSpec:
     default_qos: str = ""
     decay_half_life_s: float = 7 * 86400.0
     preempt_mode: str = "REQUEUE"
+    #: who may use each partition (a site's `scontrol show partition`, slurm_ext.sim.sitefiles;
+    #: the policies' SitePolicy.partition_access) and PriorityTiers other than 1
+    partitions: Mapping[str, PartitionAccess] = field(default_factory=dict)
+    priority_tiers: Mapping[str, int] = field(default_factory=dict)
 
     def account(self, name: str) -> AccountSpec | None:
         return next((a for a in self.accounts if a.name == name), None)
