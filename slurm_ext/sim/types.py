@@ -33,6 +33,9 @@ class TraceJob:
     #: assigns Arena trace jobs an account by its rule, slurm_ext.sim.site)
     account: str = ""
     qos: str = ""
+    #: its Slurm time limit in seconds (a sacct export's Timelimit; None: none), what
+    #: Slurm's backfill plans with (slurm-multifactor); the simulated Slurm does not enforce it
+    time_limit_s: float | None = None
 
 
 @dataclass(frozen=True)
