@@ -105,13 +105,16 @@ class SiteSpec:
     ``[site]``, docs/simulator.md): accounts (a tree, by their parents) with
     shares and limits, QOS, the QOS of a job that names none, Slurm's
     PriorityDecayHalfLife, and its PreemptMode (REQUEUE or CANCEL: what
-    becomes of a job preempted by a QOS, slurm_ext.sim.preempt)."""
+    becomes of a job preempted by a QOS, slurm_ext.sim.preempt), and its
+    PriorityCalcPeriod in seconds (the fair share the policies see is the usage
+    as of the last such tick; 0: continuous)."""
 
     accounts: tuple[AccountSpec, ...]
     qos: tuple[QosSpec, ...] = ()
     default_qos: str = ""
     decay_half_life_s: float = 7 * 86400.0
     preempt_mode: str = "REQUEUE"
+    calc_period_s: float = 0.0
 
     def account(self, name: str) -> AccountSpec | None:
         return next((a for a in self.accounts if a.name == name), None)
