@@ -46,7 +46,8 @@ backfill), then simulated with the project's re-implementations
    `mean_wait_err_pct` = |mean simulated wait - mean recorded wait| / mean
    recorded wait x 100, `median_wait_err_pct` likewise with medians,
    `start_order_tau` = Kendall's tau-b of the jobs' start times (simulated
-   against recorded; scipy.stats.kendalltau), and the mean per-job
+   against recorded; scipy.stats.kendalltau, or the same count of pairs when scipy is
+   missing: `kendall_tau_b`), and the mean per-job
    |simulated - recorded| wait (`job_wait_mae_s`).
 
 Prints one JSON line per policy and writes OUT/fidelity.jsonl.
@@ -299,9 +300,33 @@ def recorded_waits(path: Path) -> dict[str, tuple[float, float]]:
 
 
 def kendall_tau(x: list[float], y: list[float]) -> float:
-    from scipy.stats import kendalltau
-
+    """Kendall's tau-b: scipy.stats.kendalltau when scipy is installed, else the same
+    statistic by counting pairs, (concordant - discordant) / sqrt((n0 - ties in x) (n0 - ties in y))."""
+    try:
+        from scipy.stats import kendalltau
+    except ImportError:
+        return kendall_tau_b(x, y)
     return float(kendalltau(x, y).statistic)
+
+
+def kendall_tau_b(x: list[float], y: list[float]) -> float:
+    """Kendall's tau-b over all pairs (O(n^2); the replays have tens of jobs)."""
+    concordant = discordant = tie_x = tie_y = 0
+    for i in range(len(x)):
+        for j in range(i + 1, len(x)):
+            dx, dy = x[i] - x[j], y[i] - y[j]
+            if dx == 0 and dy == 0:
+                continue  # tied in both: counted in neither denominator term's pairs
+            if dx == 0:
+                tie_x += 1
+            elif dy == 0:
+                tie_y += 1
+            elif (dx > 0) == (dy > 0):
+                concordant += 1
+            else:
+                discordant += 1
+    denom = math.sqrt((concordant + discordant + tie_x) * (concordant + discordant + tie_y))
+    return (concordant - discordant) / denom if denom else math.nan
 
 
 def compare(policy: str, rec: dict[str, tuple[float, float]], sim: dict[str, tuple[float, float | None]]) -> dict:

@@ -43,6 +43,15 @@ def test_the_measures_by_hand():
     assert bench.compare("p", rec, sim)["start_order_tau"] == pytest.approx(1 / 3, abs=1e-4)
 
 
+def test_the_pair_count_is_scipys_tau_b():
+    bench = load()
+    scipy_stats = pytest.importorskip("scipy.stats")
+    x = [1.0, 2.0, 2.0, 3.0, 5.0, 4.0, 7.0, 7.0, 0.5]
+    y = [2.0, 1.0, 3.0, 3.0, 6.0, 6.0, 5.0, 8.0, 0.0]
+    assert bench.kendall_tau_b(x, y) == pytest.approx(scipy_stats.kendalltau(x, y).statistic, abs=1e-12)
+    assert bench.kendall_tau_b([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == -1.0
+
+
 def test_slurm_multifactor_is_faithful_to_the_recorded_slurmctld(tmp_path: Path):
     bench = load()
     args = argparse.Namespace(cluster=str(bench.CLUSTER), interval=1.0)
