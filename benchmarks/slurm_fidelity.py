@@ -351,7 +351,7 @@ def compare(policy: str, rec: dict[str, tuple[float, float]], sim: dict[str, tup
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", required=True, help="Arena trace CSV")
+    ap.add_argument("--trace", help="Arena trace CSV to replay (not needed with --recorded)")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--skip", type=int, default=0, help="start at this job of the trace (submit order)")
     ap.add_argument("--jobs", type=int, default=60)
@@ -369,6 +369,8 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=1.0, help="simulated controller rounds (s)")
     ap.add_argument("--policy", action="append", help="policies to simulate (default: both)")
     args = ap.parse_args()
+    if args.trace is None and args.recorded is None:
+        ap.error("give --trace (replay it) or --recorded (simulate an export)")
     if args.jobs < 1 or args.skip < 0 or not args.compress > 0 or not 0 < args.min_run <= args.max_run:
         ap.error("need --jobs >= 1, --skip >= 0, --compress > 0, 0 < --min-run <= --max-run")
     args.out.mkdir(parents=True, exist_ok=True)

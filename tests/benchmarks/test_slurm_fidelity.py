@@ -1,6 +1,6 @@
 """benchmarks/slurm_fidelity.py: its measures against hand-worked numbers, and
-`slurm-multifactor` against what a real slurmctld did with 60 jobs (the recorded
-sacct export in benchmarks/results/slurm_fidelity/, made by the benchmark on the dev
+`slurm-multifactor` against what a real slurmctld did with two slices of 60 jobs (the recorded
+sacct exports in benchmarks/results/slurm_fidelity/, made by the benchmark on the dev
 cluster with accounting: benchmarks/results/slurm_fidelity.md says how)."""
 
 from __future__ import annotations
@@ -8,14 +8,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 from support import ROOT
 
 SCRIPT = ROOT / "benchmarks" / "slurm_fidelity.py"
-RECORDED = ROOT / "benchmarks" / "results" / "slurm_fidelity" / "philly-200.sacct.txt"
+RECORDINGS = ROOT / "benchmarks" / "results" / "slurm_fidelity"
 
 
 def load() -> ModuleType:
@@ -52,11 +51,13 @@ def test_the_pair_count_is_scipys_tau_b():
     assert bench.kendall_tau_b([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == -1.0
 
 
-def test_slurm_multifactor_is_faithful_to_the_recorded_slurmctld(tmp_path: Path):
+@pytest.mark.parametrize("slice_", ["philly-200", "philly-400"])  # tuned on, held out
+def test_slurm_multifactor_is_faithful_to_the_recorded_slurmctld(slice_: str):
     bench = load()
+    recorded = RECORDINGS / f"{slice_}.sacct.txt"
     args = argparse.Namespace(cluster=str(bench.CLUSTER), interval=1.0)
     got = bench.compare(
-        "slurm-multifactor", bench.recorded_waits(RECORDED), bench.simulate("slurm-multifactor", RECORDED, args)
+        "slurm-multifactor", bench.recorded_waits(recorded), bench.simulate("slurm-multifactor", recorded, args)
     )
     assert got["jobs"] == 60
     # the issue's bar: mean wait within 15% of the recorded, start order tau at least 0.8
