@@ -32,6 +32,11 @@
 #                                  docs/site-policy-slurm.md); off (unset or 0): no accounting
 #   DBD_PORT=CTLD_PORT+2           slurmdbd's port (accounting only)
 #   DB_PORT=CTLD_PORT+3            MariaDB's TCP port on 127.0.0.1 (accounting only)
+#   DEVCLUSTER_GPU_TYPE_TRES=1     accounting only: also account each GPU type as a TRES
+#                                  (AccountingStorageTRES gres/gpu:TYPE), so that sacct's AllocTRES
+#                                  names the type (gres/gpu:a100=4); off (unset or 0): gres/gpu only
+#   DEVCLUSTER_SCHED_PARAMS=a=b,c=d  appended to SchedulerParameters (e.g. bf_resolution=1 for
+#                                  time-compressed replays, benchmarks/slurm_fidelity.py); default none
 #   DEVCLUSTER_PREEMPT=qos|partition  Slurm's own preemption (see the preemption block below and
 #                                  docs/preemption.md): qos (needs DEVCLUSTER_ACCOUNTING=1) adds QOS
 #                                  `urgent` that preempts `normal`; partition adds a partition `urgent`
@@ -157,6 +162,8 @@ write_conf() {
   [ -n "$shape" ] || die "shape '$SHAPE' has no nodes"
   mkdir -p "$ETC" "$RUN" "$LOGS" "$LAB/state" "$LAB/spool" "$LAB/fakegpu"
   maxgpus=$(awk '$3>m{m=$3} END{print m}' <<<"$shape")
+  [[ -z ${DEVCLUSTER_SCHED_PARAMS:-} || $DEVCLUSTER_SCHED_PARAMS =~ ^[a-z_]+(=[A-Za-z0-9_.:-]+)?(,[a-z_]+(=[A-Za-z0-9_.:-]+)?)*$ ]] ||
+    die "DEVCLUSTER_SCHED_PARAMS: expected key[=value],... got '$DEVCLUSTER_SCHED_PARAMS'"
   for ((i = 0; i < maxgpus; i++)); do ln -sfn /dev/null "$LAB/fakegpu/nvidia$i"; done
 
   cat >"$SLURM_CONF" <<EOF
@@ -189,7 +196,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 GresTypes=gpu
 SchedulerType=sched/backfill
-SchedulerParameters=sched_interval=1,batch_sched_delay=0,bf_interval=1
+SchedulerParameters=sched_interval=1,batch_sched_delay=0,bf_interval=1${DEVCLUSTER_SCHED_PARAMS:+,$DEVCLUSTER_SCHED_PARAMS}
 SlurmdParameters=config_overrides
 ReturnToService=2
 SlurmctldTimeout=30
@@ -221,7 +228,7 @@ EOF
   done
   nodes=$(awk '{print $1}' <<<"$shape" | paste -sd,)
   echo "PartitionName=all Nodes=$nodes Default=YES MaxTime=INFINITE State=UP$(preempt_partition_opts)" >>"$SLURM_CONF"
-  if acct_on; then acct_write_conf; fi
+  if acct_on; then acct_write_conf "$types"; fi
   if preempt_on; then preempt_write_conf "$nodes"; fi
 }
 
@@ -355,7 +362,13 @@ acct_install_packages() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends mariadb-server slurmdbd
 }
 
-acct_write_conf() {  # slurm.conf's accounting lines, and slurmdbd.conf (next to it: slurmdbd reads it there)
+acct_write_conf() {  # slurm.conf's accounting lines (typed GPU TRES of the types "$1" when asked), and slurmdbd.conf
+  local tres=gres/gpu t
+  case ${DEVCLUSTER_GPU_TYPE_TRES:-0} in
+    1) for t in $1; do tres="$tres,gres/gpu:$t"; done ;;
+    0) ;;
+    *) die "DEVCLUSTER_GPU_TYPE_TRES must be 0 or 1, got '$DEVCLUSTER_GPU_TYPE_TRES'" ;;
+  esac
   sed -i -e 's|^AccountingStorageType=.*|AccountingStorageType=accounting_storage/slurmdbd|' "$SLURM_CONF"
   cat >>"$SLURM_CONF" <<CONF
 # --- accounting (DEVCLUSTER_ACCOUNTING=1)
@@ -363,7 +376,7 @@ AccountingStorageHost=localhost
 AccountingStoragePort=$DBD_PORT
 AccountingStoragePass=$MUNGE_SOCKET
 AccountingStorageEnforce=associations,limits,qos,safe
-AccountingStorageTRES=gres/gpu
+AccountingStorageTRES=$tres
 PriorityType=priority/multifactor
 PriorityWeightFairshare=10000
 PriorityWeightAge=1000

@@ -68,6 +68,7 @@ from slurm_ext.backends.base import (
     check_signal_target,
     update_mismatches,
 )
+from slurm_ext.parse.values import minutes
 from slurm_ext.records import ClusterSnapshot, SlurmJob, SlurmNode, SlurmPartition
 from slurm_ext.sim.clusterspec import arena_cluster
 from slurm_ext.sim.types import ClusterSpec
@@ -170,6 +171,7 @@ class SimBackend(OneAtATime):
                 begin_time=w.now,
                 spec=spec,
                 qos=req.qos or "",
+                time_limit=minutes(req.time_limit) if req.time_limit is not None else None,
             )
         )
         return job_id
@@ -325,7 +327,7 @@ def _job_record(j: SimJob, now: float) -> SlurmJob:
             eligible_time=j.begin_time if j.state == "PENDING" else None,
             end_time=j.end_time if j.finished else None,
             exit_code=j.exit_code if j.finished else None,
-            time_limit=None,
+            time_limit=j.time_limit,
             batch_host=j.nodes[0] if j.running and j.nodes else "",
             num_tasks=j.num_tasks,
             tasks_per_node=j.tasks_per_node,

@@ -66,7 +66,7 @@ from solver.contract.jobspec import GPU_TYPE
 from solver.contract.profiles.arena import load_device_specs, shipped_path
 
 _GROUP_KEYS = {"gpu_type", "count", "gpus_per_node", "mem_gb", "nic_gbps", "rack"}
-_SITE_KEYS = {"accounts", "qos", "default_qos", "decay_half_life_s", "preempt_mode"}
+_SITE_KEYS = {"accounts", "qos", "default_qos", "decay_half_life_s", "preempt_mode", "calc_period_s"}
 _ACCOUNT_KEYS = {"share", "gpus", "user_gpus", "users", "trace_weight", "parent", "jobs", "user_jobs"}
 _QOS_KEYS = {"gpus", "user_gpus", "job_gpus", "priority", "trace_fraction", "preempt", "grace_s", "plain"}
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
@@ -225,7 +225,10 @@ def _site(data: Any, at: str) -> SiteSpec:
     mode = table.get("preempt_mode", "REQUEUE")
     if mode not in PREEMPT_MODES:
         raise ClusterSpecError(f"{at}: field 'preempt_mode' must be one of {', '.join(PREEMPT_MODES)}, got {mode!r}")
-    return SiteSpec(tuple(accounts), tuple(qos), default_qos, float(half), mode)
+    period = table.get("calc_period_s", 0)
+    if isinstance(period, bool) or not isinstance(period, (int, float)) or not 0 <= period < 1e9:
+        raise ClusterSpecError(f"{at}: field 'calc_period_s' must be a number of seconds >= 0, got {period!r}")
+    return SiteSpec(tuple(accounts), tuple(qos), default_qos, float(half), mode, float(period))
 
 
 def _preempt(value: Any, at: str, names: set[str], name: str) -> tuple[str, ...]:

@@ -209,6 +209,8 @@ class SiteUsage(Observer):
         self.now = now
         self.half_life_s = site.decay_half_life_s
         self.t = start
+        self.next_calc = start + site.calc_period_s  # PriorityCalcPeriod's next tick (calc_period_s > 0)
+        self.calculated: dict[str, float] = {}  # the normalized usage as of the last tick
         self.usage: dict[str, float] = {}  # account -> decayed GPU-seconds
         self.gpus_held: dict[str, int] = {}  # account -> GPUs its jobs hold
         self.demand: dict[str, int] = {}  # account -> GPUs its unfinished jobs ask for
@@ -253,8 +255,17 @@ class SiteUsage(Observer):
         return sorted(buckets, key=level)
 
     def advance(self) -> None:
-        """Decay and accrue up to now (the GPUs held constant since the last change)."""
+        """Decay and accrue up to now (the GPUs held constant since the last change),
+        taking the usage as of each PriorityCalcPeriod tick on the way."""
         t = self.now()
+        period = self.site.calc_period_s
+        while period > 0 and self.next_calc <= t:
+            self._accrue(self.next_calc)
+            self.calculated = self._normalized()
+            self.next_calc += period
+        self._accrue(t)
+
+    def _accrue(self, t: float) -> None:
         dt = t - self.t
         if dt <= 0:
             return
@@ -329,8 +340,12 @@ class SiteUsage(Observer):
         return math.inf if spec is None or spec.gpus is None else spec.gpus
 
     def normalized_usage(self) -> dict[str, float]:
-        """Each account's usage, its sub-accounts' included, over all jobs'."""
+        """Each account's usage, its sub-accounts' included, over all jobs': now, or as of
+        the last PriorityCalcPeriod tick when the site has one (none before the first)."""
         self.advance()
+        return dict(self.calculated) if self.site.calc_period_s > 0 else self._normalized()
+
+    def _normalized(self) -> dict[str, float]:
         total = sum(self.usage.values())
         tree: dict[str, float] = dict(self.usage)
         for a, u in self.usage.items():

@@ -11,6 +11,7 @@ it runs (it does not checkpoint)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Protocol
 
@@ -127,6 +128,7 @@ class Submitter:
             hold=True,
             comment=spec.to_comment(),
             qos=job.qos if job.qos in self._qos else None,
+            time_limit=None if job.time_limit_s is None else math.ceil(job.time_limit_s / 60),
         )
         self._submitted(job, self.backend.submit(req))
 

@@ -10,7 +10,7 @@ num_iteration // iteration_scale, at least 1 (Arena's simulator uses 5).
 Slurm accounting (``sacct -a -P -X -o JobID,JobName,User,Account,QOS,Submit,
 Start,End,State,AllocTRES,NNodes,Comment``; any column order, extra columns
 allowed, JobID/Submit/AllocTRES required; ReqTRES is used when AllocTRES is
-empty; User, Account and QOS are the job's when given):
+empty; User, Account, QOS and Timelimit are the job's when given):
 submit times are relative to the earliest kept job's submit, and so is
 each job's Start (`recorded_start`: the recorded run). A job whose
 Comment carries a cellsched spec takes model, batch and iterations from it;
@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from slurm_ext.errors import CellschedError
+from slurm_ext.parse.values import minutes
 from slurm_ext.sim.types import TraceJob
 from solver.contract.jobspec import GPU_TYPE, JobSpec, JobSpecError
 from solver.contract.models import ModelSpecError, get_model
@@ -273,6 +274,7 @@ _FIELD_NAMES = {
     "reqtres": "ReqTRES",
     "comment": "Comment",
     "user": "User",
+    "timelimit": "Timelimit",
 }
 
 
@@ -295,6 +297,16 @@ class _SacctRow:
             return dt.datetime.fromisoformat(value)
         except ValueError:
             raise self.fail(key, f"not a valid date/time: {value!r}") from None
+
+    def time_limit_s(self) -> float | None:
+        """Its Timelimit in seconds (``1:00:00``, ``2-00:00:00``; UNLIMITED, Partition_Limit or none: None)."""
+        value = self.raw.get("timelimit", "")
+        if value.lower() in ("", "unlimited", "partition_limit", "invalid"):
+            return None
+        if not re.fullmatch(r"(\d+-)?\d+(:\d{1,2}){0,2}", value):
+            raise self.fail("timelimit", f"must be a Slurm time like 1:00:00 or 2-00:00:00, got {value!r}")
+        got = minutes(value)
+        return None if got is None else got * 60.0
 
     def gpus(self) -> tuple[int, str | None]:
         key = "alloctres" if self.raw["alloctres"] or "reqtres" not in self.raw else "reqtres"
@@ -320,7 +332,7 @@ class _SacctRow:
             if duration < 0:
                 raise self.fail("end", f"is before Start ({end.isoformat()} < {start.isoformat()})")
         user = self.raw.get("user") or "sim"
-        account, qos = self.raw.get("account", ""), self.raw.get("qos", "")
+        account, qos, limit = self.raw.get("account", ""), self.raw.get("qos", ""), self.time_limit_s()
         if spec is not None:
             return TraceJob(
                 job_id,
@@ -335,6 +347,7 @@ class _SacctRow:
                 line=self.line,
                 account=account,
                 qos=qos,
+                time_limit_s=limit,
             ), submit
         if duration is None:
             return "not ended" if end is None else "no start time"
@@ -351,6 +364,7 @@ class _SacctRow:
             line=self.line,
             account=account,
             qos=qos,
+            time_limit_s=limit,
         ), submit
 
 

@@ -37,6 +37,9 @@ class TraceJob:
     qos: str = ""
     #: when it really started, on the trace's clock (a sacct export's Start; None: not recorded)
     recorded_start: float | None = None
+    #: its Slurm time limit in seconds (a sacct export's Timelimit; None: none), what
+    #: Slurm's backfill plans with (slurm-multifactor); the simulated Slurm does not enforce it
+    time_limit_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,9 @@ class SiteSpec:
     ``[site]``, docs/simulator.md): accounts (a tree, by their parents) with
     shares and limits, QOS, the QOS of a job that names none, Slurm's
     PriorityDecayHalfLife, and its PreemptMode (REQUEUE or CANCEL: what
-    becomes of a job preempted by a QOS, slurm_ext.sim.preempt)."""
+    becomes of a job preempted by a QOS, slurm_ext.sim.preempt), and its
+    PriorityCalcPeriod in seconds (the fair share the policies see is the usage
+    as of the last such tick; 0: continuous)."""
 
     accounts: tuple[AccountSpec, ...]
     qos: tuple[QosSpec, ...] = ()
@@ -117,6 +122,7 @@ class SiteSpec:
     #: the policies' SitePolicy.partition_access) and PriorityTiers other than 1
     partitions: Mapping[str, PartitionAccess] = field(default_factory=dict)
     priority_tiers: Mapping[str, int] = field(default_factory=dict)
+    calc_period_s: float = 0.0
 
     def account(self, name: str) -> AccountSpec | None:
         return next((a for a in self.accounts if a.name == name), None)

@@ -129,6 +129,7 @@ class SimJob:
     reason: str = ""
     restarts: int = 0  # Slurm's restart count (requeues)
     qos: str = ""
+    time_limit: int | None = None  # minutes, as Slurm shows it (not enforced: slurm_ext.sim.types.TraceJob)
     preempt_at: float | None = None  # its PreemptTime: Slurm preempts it (slurm_ext.sim.preempt)
     # --- the simulated run
     spec: JobSpec | None = None

@@ -15,7 +15,8 @@ and with no factors at all (no site policy) every job gets 1. The default weight
 PriorityWeightFairshare 10000, PriorityWeightAge 1000, PriorityWeightJobSize
 1000, PriorityMaxAge 7 days: fair share dominates, age and size break the
 ties, as sites that share GPUs among groups commonly configure it. Equal
-priorities go by submit time, then job id.
+priorities go by submit time, then job id (by number, as Slurm orders them: job 9
+before job 10).
 
 Scheduling (sched/backfill): running jobs keep their placement (static:
 never resized or moved). Pending jobs, in priority order, each on its
@@ -73,6 +74,12 @@ class MultifactorWeights:
     def __post_init__(self) -> None:
         if min(self.age, self.fairshare, self.job_size) < 0 or not self.max_age_s > 0:
             raise ValueError("multifactor weights must be >= 0 and max_age_s > 0")
+
+
+def id_order(job_id: str) -> tuple[int, str]:
+    """Job ids in Slurm's order: by number (job 9 before job 10), then as text."""
+    head = job_id.split("_", 1)[0]
+    return (int(head) if head.isdigit() else -1, job_id)
 
 
 def fairshare_factor(job: JobRequest, site: SitePolicy) -> float:
@@ -154,7 +161,7 @@ class SlurmMultifactorPolicy:
         """`jobs` by priority, highest first (then submit time, job id)."""
         total = sum(n.gpus_total for n in request.cluster.nodes)
         prio = {j.job_id: multifactor_priority(j, request.site, request.now, total, self.weights) for j in jobs}
-        return sorted(jobs, key=lambda j: (-prio[j.job_id], j.submit_time, j.job_id))
+        return sorted(jobs, key=lambda j: (-prio[j.job_id], j.submit_time, id_order(j.job_id)))
 
     def _run_s(self, job: JobRequest, cell: Cell, iter_time_s: float) -> float:
         if job.time_limit_s is not None:

@@ -85,6 +85,14 @@ def test_the_account_under_its_share_goes_first():
     assert set(schedule(ONE_NODE, [older, newer], now=120.0).placements) == {"older"}
 
 
+def test_equal_priorities_go_by_submit_time_then_job_number():
+    # Slurm orders equal priorities by job id as a number: job 9 before job 10 ("10" < "9" as text)
+    jobs = [job(jid, 4, 100, submit_time=t) for jid, t in (("10", 5.0), ("9", 5.0), ("11", 4.0))]
+    got = get_policy("slurm-multifactor").order(ScheduleRequest(ONE_NODE, tuple(jobs), now=10.0), jobs)
+    assert [j.job_id for j in got] == ["11", "9", "10"]
+    assert set(schedule(ONE_NODE, jobs[:2], now=10.0).placements) == {"9"}
+
+
 # ---- backfill ----------------------------------------------------------------------------
 
 
