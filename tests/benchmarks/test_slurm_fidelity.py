@@ -51,6 +51,7 @@ def test_the_pair_count_is_scipys_tau_b():
     assert bench.kendall_tau_b([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == -1.0
 
 
+@pytest.mark.slow  # two 60-job simulations: 20 s idle, minutes on a loaded machine
 @pytest.mark.parametrize("slice_", ["philly-200", "philly-400"])  # tuned on, held out
 def test_slurm_multifactor_is_faithful_to_the_recorded_slurmctld(slice_: str):
     bench = load()
