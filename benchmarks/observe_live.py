@@ -17,12 +17,15 @@ above `--jobs` (DEVCLUSTER_MAX_JOBS). The jobs are left queued; ``scancel
 
 Then `--rounds` observes each way, alternating: `observe_s`, the round's reads
 as the backend makes them (one ``squeue --Format`` of every job, whole JSON
-records of the jobs it may manage), and `full_s`, every job's whole JSON
-record (``squeue --json --states=all``: the read before). One JSON line:
-`jobs`, `observe_s` (median), `full_s` (median), `slurm` (version), the parts
-of a compact round (each command's wall time, median; `parse_s`: the rest, in
-this process), the whole records read, and `same`: whether the two snapshots
-agree on every field the controller reads (slurm_ext.parse.squeue_fields).
+records of the few whose text does not say all; one backend for all rounds, as
+the controller keeps: `first_s` is its first round, which parses every job,
+later ones parse what changed), and `full_s`, every job's whole JSON record
+(``squeue --json --states=all``: the read before). One JSON line: `jobs`,
+`observe_s` (median), `first_s`, `full_s` (median), `slurm` (version), the
+parts of a compact round (each command's wall time, median; `parse`: the rest,
+in this process), the whole records read, and `same`: whether a compact
+snapshot and the full one after it agree on every field of every job that did
+not change meanwhile (slurm_ext.parse.squeue_fields).
 Exit status 1 when observe_s is over `--target` (default 1 s) or they differ.
 """
 
@@ -114,45 +117,57 @@ class Timed:
             self.times[key] = self.times.get(key, 0.0) + time.perf_counter() - t
 
 
-def rounds(n: int) -> tuple[list[float], list[float], dict[str, list[float]], ClusterSnapshot, ClusterSnapshot]:
+def rounds(n: int) -> tuple[list[float], list[float], dict[str, list[float]], list[ClusterSnapshot]]:
+    """`n` rounds each way, alternating. The compact reads go through one backend, as the
+    controller's (its first round parses every job; later ones only the jobs that changed);
+    each full read is a fresh one (it keeps nothing)."""
     compact_s: list[float] = []
     full_s: list[float] = []
     parts: dict[str, list[float]] = {}
-    snaps: dict[bool, ClusterSnapshot] = {}
+    snaps: list[ClusterSnapshot] = []
+    timed = Timed()
+    backend = CliBackend(compact=True, run=timed, timeout=60.0)
+    backend.version()  # cached by a long-lived backend: not a round's read
     for _ in range(n):
         for compact in (True, False):
-            timed = Timed()
-            backend = CliBackend(compact=compact, run=timed, timeout=60.0)
-            backend.version()  # cached by a long-lived backend: not a round's read
-            timed.times.clear()
-            t = time.perf_counter()
-            snaps[compact] = backend.observe()
-            took = time.perf_counter() - t
-            (compact_s if compact else full_s).append(took)
             if compact:
+                timed.times.clear()
+                timed.whole = 0
+                t = time.perf_counter()
+                snaps.append(backend.observe())
+                took = time.perf_counter() - t
+                compact_s.append(took)
                 for k, v in timed.times.items():
                     parts.setdefault(k, []).append(v)
                 parts.setdefault("parse", []).append(took - sum(timed.times.values()))
                 parts.setdefault("whole_records", []).append(timed.whole)
-    return compact_s, full_s, parts, snaps[True], snaps[False]
+            else:
+                full = CliBackend(compact=False, timeout=60.0)
+                full.version()
+                t = time.perf_counter()
+                snaps.append(full.observe())
+                full_s.append(time.perf_counter() - t)
+    return compact_s, full_s, parts, snaps
 
 
-def agree(compact: ClusterSnapshot, full: ClusterSnapshot) -> list[str]:
-    """Where the compact snapshot differs from the full one in what the controller reads."""
-    if compact.nodes != full.nodes or compact.partitions != full.partitions:
+def agree(before: ClusterSnapshot, full: ClusterSnapshot, after: ClusterSnapshot) -> list[str]:
+    """Where a compact snapshot differs from the full one taken after it in what the
+    controller reads: every field of a SlurmJob but state_flags (squeue_fields), for
+    the jobs that did not change meanwhile (the same in the compact read after it)."""
+    if before.nodes != full.nodes or before.partitions != full.partitions:
         return ["nodes or partitions"]
     whole = {j.job_id: j for j in full.jobs}
+    again = {j.job_id: j for j in after.jobs}
     bad = []
-    if [j.job_id for j in compact.jobs] != sorted(whole, key=int):
+    if [j.job_id for j in before.jobs] != sorted(whole, key=int):
         bad.append("job ids")
-    for j in compact.jobs:
+    for j in before.jobs:
         o = whole.get(j.job_id)
         if o is None:
             bad.append(f"{j.job_id}: only in the compact read")
-        elif squeue_fields.needs_full_record(o):
-            if j != o:
-                bad.append(f"{j.job_id}: whole record differs")
-        elif diff := [f for f in squeue_fields.COMPACT if getattr(j, f) != getattr(o, f)]:
+            continue
+        diff = [f for f in squeue_fields.COMPACT if getattr(j, f) != getattr(o, f)]
+        if diff and again.get(j.job_id) == j:
             bad.append(f"{j.job_id}: " + ", ".join(f"{f} {getattr(j, f)!r} != {getattr(o, f)!r}" for f in diff))
     return bad
 
@@ -164,7 +179,7 @@ def main() -> int:
     ap.add_argument("--managed", type=float, default=0.1, help="share of the submitted jobs that are managed")
     ap.add_argument("--pending", type=int, default=500, help="plain GPU jobs left pending behind the running ones")
     ap.add_argument("--workers", type=int, default=3, help="sbatch calls at a time")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=5, help="rounds each way (at least 2)")
     ap.add_argument("--target", type=float, default=1.0, help="observe_s must be at most this (seconds)")
     args = ap.parse_args()
     submitted = {}
@@ -176,12 +191,14 @@ def main() -> int:
             submitted = fill(args.jobs, args.managed, args.pending, args.workers, str(script))
         finally:
             script.unlink()
-    compact_s, full_s, parts, snap, whole = rounds(args.rounds)
-    bad = agree(snap, whole)
+    compact_s, full_s, parts, snaps = rounds(args.rounds)
+    bad = agree(snaps[-4], snaps[-3], snaps[-2]) if len(snaps) >= 4 else ["--rounds must be at least 2"]
+    snap = snaps[-2]
     version = sh(["sinfo", "--version"]).split()[-1]
     row = {
         "jobs": len(snap.jobs),
         "observe_s": round(statistics.median(compact_s), 3),
+        "first_s": round(compact_s[0], 3),
         "full_s": round(statistics.median(full_s), 3),
         "slurm": version,
         "parts_s": {k: round(statistics.median(v), 3) for k, v in parts.items() if k != "whole_records"},

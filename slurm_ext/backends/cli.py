@@ -3,9 +3,9 @@
 - Slurm >= 23.02: ``scontrol --json show node``, ``squeue --json`` (data_parser
   shapes; recorded on 24.11 at v0.0.40 to v0.0.42), partitions from ``scontrol
   -o show partition`` (24.11's JSON has no Default flag for them). A round's
-  jobs: a few fields of every job in one ``squeue --Format`` query and whole
-  JSON records only of the jobs it may manage (`CliBackend._round_jobs`,
-  slurm_ext.parse.squeue_fields). A read-back
+  jobs: every job's fields in one ``squeue --Format`` query and whole JSON
+  records only of the few jobs whose text does not say all
+  (`CliBackend._round_jobs`, slurm_ext.parse.squeue_fields). A read-back
   asks for its jobs only: ``scontrol --json show job ID`` for one,
   ``squeue --json --jobs=...`` for several (22.05's squeue ignores --jobs).
 - Slurm 21.08 - 22.05: ``sinfo --json``, ``squeue --json``, and partitions
@@ -133,6 +133,7 @@ class CliBackend:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.workers = workers
         self.compact = compact
+        self._compact = squeue_fields.Reader()  # keeps the last round's records
         self.timeout = timeout
         self.ping_timeout = ping_timeout
         self.mode = mode
@@ -240,11 +241,13 @@ class CliBackend:
 
     def _round_jobs(self) -> tuple[SlurmJob, ...]:
         """Every job, as a round reads them (Slurm 23.02+, where ``squeue --json
-        --jobs`` answers with those jobs only): a few fields of each in one
-        ``squeue --Format`` query (slurm_ext.parse.squeue_fields), and the whole
-        records of the jobs it may manage in one ``squeue --json --jobs``."""
+        --jobs`` answers with those jobs only): each one's fields in one
+        ``squeue --Format`` query (slurm_ext.parse.squeue_fields: every field
+        of a SlurmJob; a job printed as last round is last round's record), and
+        the whole JSON records of the few jobs whose text does not say all in
+        one ``squeue --json --jobs``."""
         fmt = squeue_fields.Format.draw()
-        compact = squeue_fields.parse(self._run(squeue_fields.argv(fmt), env=squeue_fields.TIME_ENV), fmt)
+        compact = self._compact.parse(self._run(squeue_fields.argv(fmt), env=squeue_fields.TIME_ENV), fmt)
         wanted = sorted((j.job_id for j in compact if squeue_fields.needs_full_record(j)), key=int)
         full: dict[str, SlurmJob] = {}
         for k in range(0, len(wanted), IDS_PER_READ):

@@ -11,10 +11,12 @@ a state flag, a reason Slurm printed as a sentence).
 Names, comments, AdminComments and working directories are the users' and
 admins' own text: Slurm prints them raw, newlines and any delimiter included
 (measured on 24.11: a Comment of ``"\\n123|RUNNING"`` prints as a line of its
-own). So the fields are separated by `Format.sep` and each record ends with
-`Format.end`, both made from a random token drawn for each query: a job
-submitted before the query cannot contain them, so no text can end a field or
-a record early. Times are printed as epoch seconds (``SLURM_TIME_FORMAT=%s``:
+own). So each record ends with `Format.end`, made from a random token drawn
+for each query: a job submitted before the query cannot contain it, so no
+text can end a record early or forge one. Within a record the fields are
+separated by one unit separator (0x1F, `Format.sep`): a text holding it only
+adds fields, so a record of exactly len(FIELDS) fields is read as printed,
+and one of more is read whole, by its job id (the first field, Slurm's own). Times are printed as epoch seconds (``SLURM_TIME_FORMAT=%s``:
 no time zone to guess).
 
 A compact record equals the job's JSON record (json_output.job_record) in
@@ -34,7 +36,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from slurm_ext.parse.values import ParseError, epoch, exit_status, gpu_gres, integer, minutes, text
+from slurm_ext.parse.values import NO_VAL, ParseError, epoch, exit_status, gpu_gres, integer, minutes
 from slurm_ext.records import FINISHED, SlurmJob, expand_hostlist
 
 #: (``squeue --Format`` field, the SlurmJob attribute it fills): every attribute but
@@ -97,8 +99,12 @@ BASE_STATES = frozenset(
         "OUT_OF_MEMORY",
     }
 )
+#: the state of a job whose record could not be read field by field (needs_full_record)
+UNREADABLE = "(unreadable)"
 #: what the name of a reason looks like (Resources, JobHeldUser, ...)
 _REASON_NAME = re.compile(r"[A-Za-z0-9_]*")
+#: how squeue prints a time that is not set
+_UNSET = frozenset({"N/A", "NONE", "None", "Unknown", "(null)", ""})
 #: a pending job held by a user or an admin (its priority is 0 too)
 _HELD_REASON = "JobHeld"
 
@@ -112,11 +118,10 @@ class Format:
 
     @classmethod
     def draw(cls) -> Format:
-        return cls(secrets.token_hex(16))
+        return cls(secrets.token_hex(8))  # 64 bits: no job's text guesses it
 
-    @property
-    def sep(self) -> str:
-        return f"#{self.token}#"
+    #: between two fields: short (it is printed 29 times a job); a text holding it adds a field
+    sep = "\x1f"
 
     @property
     def end(self) -> str:
@@ -136,16 +141,37 @@ def argv(fmt: Format) -> list[str]:
 def parse(output: str, fmt: Format) -> tuple[SlurmJob, ...]:
     """The records of `argv(fmt)`'s output; ParseError when it is not made of
     whole records of its fields."""
-    chunks = output.split(fmt.end + "\n")
-    if chunks[-1].strip():
-        raise ParseError(f"squeue --Format: output does not end with a whole record: {chunks[-1][:80]!r}")
-    return tuple(_record(c, fmt) for c in chunks[:-1])
+    return Reader().parse(output, fmt)
 
 
-def _record(chunk: str, fmt: Format) -> SlurmJob:
-    values = chunk.split(fmt.sep)
+class Reader:
+    """Parses `argv`'s output round after round, keeping the last round's
+    records: a job whose fields Slurm prints as it did last time is that
+    record again (most of a long queue does not change between two rounds),
+    so a round parses only the jobs that changed. A record's text is the key
+    (the token is in none: it is only in `Format.end`)."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, SlurmJob] = {}
+
+    def parse(self, output: str, fmt: Format) -> tuple[SlurmJob, ...]:
+        chunks = output.split(fmt.end + "\n")
+        if chunks[-1].strip():
+            raise ParseError(f"squeue --Format: output does not end with a whole record: {chunks[-1][:80]!r}")
+        last, now = self._last, {}
+        for chunk in chunks[:-1]:
+            job = last.get(chunk)
+            now[chunk] = job if job is not None else _record(chunk.split(fmt.sep), fmt)
+        self._last = now
+        return tuple(now.values())
+
+
+def _record(values: list[str], fmt: Format) -> SlurmJob:
     if len(values) != len(fmt.fields):
-        raise ParseError(f"squeue --Format: a record of {len(values)} fields, not {len(fmt.fields)}: {chunk[:80]!r}")
+        # a text holding the separator: the job id (printed first, by Slurm) says which job to read whole
+        if not values[0].isdigit():
+            raise ParseError(f"squeue --Format: a record of {len(values)} fields, not {len(fmt.fields)}")
+        return SlurmJob(job_id=values[0], state=UNREADABLE)
     if fmt.fields is not FIELDS:  # fewer (an older Slurm's): the missing ones empty
         given = dict(zip(fmt.fields, values, strict=True))
         values = [given.get(f, "") for f in FIELDS]
@@ -156,64 +182,91 @@ def _record(chunk: str, fmt: Format) -> SlurmJob:
         raise ParseError(f"squeue --Format: not a job id: {job_id[:40]!r}")
     try:
         state = state.strip().upper()
-        reason = "" if reason == "None" else text(reason)
+        reason = "" if reason == "None" else _text(reason)
         gtype, gcount = _gres(gres)
         on = _hosts(nodes)
-        prio = integer(priority)
-        time_limit = minutes(limit)
+        prio = _int(priority)
+        time_limit = _minutes(limit)
         return SlurmJob(
             job_id=job_id,
-            name=text(name),
-            user=text(user) or text(uid),
-            uid=integer(uid),
+            name=_text(name),
+            user=_text(user) or _text(uid),
+            uid=_int(uid),
             state=state,
             reason=reason,
-            partition=text(partition),
+            partition=_text(partition),
             nodes=on,
-            num_nodes=integer(num_nodes) or len(on),
+            num_nodes=_int(num_nodes) or len(on),
             gpus_per_node=gcount or None,
             gpu_type=gtype,
             held=state == "PENDING" and (prio == 0 or reason.startswith(_HELD_REASON)),
-            features=text(features),
+            features=_text(features),
             required_nodes=_hosts(req),
             excluded_nodes=_hosts(exc),
-            comment=text(comment),
-            admin_comment=text(admin_comment),
-            submit_time=epoch(submit),
-            start_time=epoch(start),
-            eligible_time=epoch(eligible),
+            comment=_text(comment),
+            admin_comment=_text(admin_comment),
+            submit_time=_when(submit),
+            start_time=_when(start),
+            eligible_time=_when(eligible),
             # as the JSON reader: no end for a job that runs unlimited (Slurm says start + 1 year)
-            end_time=epoch(end) if state in FINISHED or time_limit is not None else None,
+            end_time=_when(end) if state in FINISHED or time_limit is not None else None,
             exit_code=exit_status(exit_code) if state in FINISHED else None,
             time_limit=time_limit,
-            batch_host="" if host == "n/a" else text(host),
-            num_tasks=integer(tasks) or None,
-            tasks_per_node=integer(per_node) or None,
-            work_dir=text(work_dir),
-            account=text(account),
-            qos=text(qos),
+            batch_host="" if host == "n/a" else _text(host),
+            num_tasks=_int(tasks) or None,
+            tasks_per_node=_int(per_node) or None,
+            work_dir=_text(work_dir),
+            account=_text(account),
+            qos=_text(qos),
             priority=prio,
-            reservation=text(resv),
-            preempted_at=epoch(preempt),
+            reservation=_text(resv),
+            preempted_at=_when(preempt),
         )
     except (ParseError, ValueError, TypeError) as exc_:
         raise ParseError(f"squeue --Format: job {job_id}: {exc_}") from exc_
 
 
+# The decoders of slurm_ext.parse.values, with a short way for the common case (10,000 jobs a round)
+
+
+def _text(value: str) -> str:
+    """values.text of a printed field."""
+    s = value.strip()
+    return "" if s == "(null)" else s
+
+
+def _int(value: str) -> int | None:
+    """values.integer of a printed field."""
+    return integer(value) if not value.isdigit() else (None if int(value) in NO_VAL else int(value))
+
+
+def _when(value: str) -> float | None:
+    """values.epoch of a time printed as epoch seconds (SLURM_TIME_FORMAT=%s); 0: unset."""
+    if value.isdigit():
+        return float(value) or None
+    return None if value in _UNSET else epoch(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _minutes(value: str) -> int | None:
+    return minutes(value)
+
+
 @functools.lru_cache(maxsize=4096)
 def _gres(value: str) -> tuple[str | None, int]:
     """gpu_gres of a tres-per-node text (a few distinct ones among many jobs: kept)."""
-    return gpu_gres(text(value))
+    return gpu_gres(_text(value))
 
 
 @functools.lru_cache(maxsize=4096)
 def _hosts(value: str) -> tuple[str, ...]:
-    return expand_hostlist(text(value))
+    return expand_hostlist(_text(value))
 
 
 def needs_full_record(job: SlurmJob) -> bool:
-    """Whether the round needs the job's whole JSON record: its state is a flag
-    that Slurm prints in place of the base state (`BASE_STATES`: COMPLETING,
+    """Whether the round needs the job's whole JSON record: a text of it held
+    the field separator (state UNREADABLE), its state is a flag that Slurm
+    prints in place of the base state (`BASE_STATES`: COMPLETING,
     REQUEUED, ...; the JSON record tells both apart), or its reason is a
     sentence: ``squeue --Format=Reason`` prints the job's state description
     where it has one ("Nodes required for job are DOWN, DRAINED or reserved

@@ -21,7 +21,8 @@
 # reason in a sentence); one pending until tomorrow (BeginTime); held by the user
 # and by an admin; managed ones as `cellsched sbatch` submits them (held, the spec
 # in the Comment), one with an AdminComment; jobs whose name and comment hold
-# newlines, the old delimiters `|`, and a forged record under a guessed token, or
+# newlines, the old delimiters `|`, a record's end under a guessed token, the field
+# separator (0x1F, that job is read whole), or
 # 1,000 characters (sbatch refuses more); a job requeued by Slurm and finished ones (failed, cancelled,
 # done); one waiting for a drained node (its reason printed as a sentence). The
 # full read is taken between two compact reads that must agree (the scheduler
@@ -30,8 +31,8 @@ set -euo pipefail
 out=${1:?usage: record_compact.sh OUTDIR}
 py=${PYTHON:-python}
 mkdir -p "$out"
-token=0f1e2d3c4b5a69788796a5b4c3d2e1f0
-forged="#00000000000000000000000000000000#"
+token=0f1e2d3c4b5a6978
+forged='#0000000000000000$' # a guess at the token that ends a record
 
 state() { squeue -h -t all -j "$1" -o %T 2>/dev/null || true; }
 wait_state() { # wait_state JOB STATE...: until the job is in one of them (30 s)
@@ -62,7 +63,8 @@ scontrol hold "$held_admin"
 managed=$(submit --hold -J train --gres=gpu:1 -N 1 --comment="$spec" --wrap 'sleep 60')
 planned=$(submit --hold -J train-planned --gres=gpu:1 -N 1 --comment="$spec" --wrap 'sleep 60')
 scontrol update JobId="$planned" AdminComment='{"plan":{"cell":"a40:1x2:pp1"}}'
-evil_name=$(submit --hold -J $'evil|name\nline two' --gres=gpu:1 --comment=$'x\n4242'"$forged"'RUNNING' --wrap 'sleep 60')
+evil_name=$(submit --hold -J $'evil|name\nline two' --gres=gpu:1 --comment="x$forged"$'\n4242 RUNNING' --wrap 'sleep 60')
+unit=$(submit --hold -J $'unit\x1fsep' --gres=gpu:1 --comment=$'a\x1fb\x1fc' --wrap 'sleep 60')
 evil_tag=$(submit --hold -J evil-tag --gres=gpu:1 --comment=$'cellsched/v1 {"model":\n"gpt-1.3b"}|'"$forged" --wrap 'sleep 60')
 long=$(submit --hold -J long --gres=gpu:1 --comment="$(printf 'c%.0s' $(seq 1000))" --wrap 'sleep 60')
 requeued=$(submit -J requeued -p a40 -w n4 --gres=gpu:a40:1 --wrap 'sleep 600')
@@ -81,7 +83,7 @@ scontrol update NodeName=n6 State=DRAIN Reason="bad gpu"
 drained=$(submit -J drained -p a10 --gres=gpu:a10:1 --wrap 'sleep 60')
 printf '%s=%s\n' busy1 "$busy1" busy3 "$busy3" pend_a100 "$pend_a100" pend_all "$pend_all" later "$later" \
   held_user "$held_user" held_admin "$held_admin" managed "$managed" planned "$planned" evil_name "$evil_name" \
-  evil_tag "$evil_tag" long "$long" drained "$drained" requeued "$requeued" failed "$failed" cancelled "$cancelled" done "$done_" >"$out/ids.txt"
+  evil_tag "$evil_tag" unit "$unit" long "$long" drained "$drained" requeued "$requeued" failed "$failed" cancelled "$cancelled" done "$done_" >"$out/ids.txt"
 
 echo "$token" >"$out/token.txt"
 sinfo --version >"$out/version.txt"

@@ -80,22 +80,26 @@ def test_every_job_once_as_its_whole_record(release):
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_user_text_cannot_end_a_field_or_a_record(release):
-    """Names and comments with newlines, `|` and a record forged under a guessed token come
-    back exactly as the JSON record has them, and forge no job."""
+    """Names and comments with newlines, `|` and a record's end under a guessed token come
+    back exactly as the JSON record has them, and forge no job; a job whose text holds
+    the field separator is read whole."""
     compact, whole, named = compact_jobs(release), whole_jobs(release), ids(release)
     by_id = {j.job_id: j for j in compact}
-    evil, tag = by_id[named["evil_name"]], by_id[named["evil_tag"]]
+    evil, tag, unit = by_id[named["evil_name"]], by_id[named["evil_tag"]], by_id[named["unit"]]
     assert evil.name == "evil|name\nline two" == whole[evil.job_id].name
-    assert evil.comment == "x\n4242#00000000000000000000000000000000#RUNNING" == whole[evil.job_id].comment
+    assert evil.comment == "x#0000000000000000$\n4242 RUNNING" == whole[evil.job_id].comment
     assert tag.comment == whole[tag.job_id].comment and "\n" in tag.comment
     assert "4242" not in by_id
+    assert unit.state == squeue_fields.UNREADABLE and squeue_fields.needs_full_record(unit)
+    merged = {j.job_id: j for j in squeue_fields.merge(compact, {unit.job_id: whole[unit.job_id]})}
+    assert merged[unit.job_id].name == "unit\x1fsep" and merged[unit.job_id].comment == "a\x1fb\x1fc"
 
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_whole_records_asked_for_exactly_the_jobs_whose_text_does_not_say_all(release):
     compact, named = compact_jobs(release), ids(release)
     wanted = {j.job_id for j in compact if squeue_fields.needs_full_record(j)}
-    assert wanted == {named["drained"]}  # its reason printed as a sentence
+    assert wanted == {named["drained"], named["unit"]}  # its reason printed as a sentence; 0x1F in its text
     drained = next(j for j in compact if j.job_id == named["drained"])
     assert drained.reason.startswith("Nodes required for job are DOWN, DRAINED")
     assert whole_jobs(release)[named["drained"]].reason == "Resources"
@@ -123,13 +127,30 @@ def test_a_record_found_missing_from_the_whole_read_is_gone():
     compact = compact_jobs("24.11")
     named = ids("24.11")
     merged = squeue_fields.merge(compact, {})  # every whole record asked for left Slurm meanwhile
-    assert named["drained"] not in {j.job_id for j in merged}
-    assert len(merged) == len(compact) - 1
+    assert {named["drained"], named["unit"]}.isdisjoint(j.job_id for j in merged)
+    assert len(merged) == len(compact) - 2
+
+
+def test_a_job_printed_as_last_round_is_last_rounds_record():
+    """The Reader parses only what changed since its last round; the rest is the same
+    record, whatever the token; a changed field makes a new record."""
+    files, named = recorded("24.11"), ids("24.11")
+    fixed = files["token.txt"].strip()
+    a, b = squeue_fields.Format.draw(), squeue_fields.Format.draw()
+    reader = squeue_fields.Reader()
+    first = {j.job_id: j for j in reader.parse(files["squeue_compact.txt"].replace(fixed, a.token), a)}
+    out = files["squeue_compact.txt"].replace(fixed, b.token)
+    pend = named["pend_a100"]
+    out = out.replace(f"{pend}{b.sep}PENDING{b.sep}Resources{b.sep}", f"{pend}{b.sep}PENDING{b.sep}Priority{b.sep}")
+    second = {j.job_id: j for j in reader.parse(out, b)}
+    assert second[pend].reason == "Priority" and first[pend].reason == "Resources"
+    assert all(second[k] is first[k] for k in first if k != pend)
+    assert tuple(second.values()) == squeue_fields.parse(out, b)
 
 
 def test_each_query_draws_its_own_token():
     a, b = squeue_fields.Format.draw(), squeue_fields.Format.draw()
-    assert a.token != b.token and len(a.token) == 32
+    assert a.token != b.token and len(a.token) == 16 and a.token in a.end
     spec = a.spec()
     assert spec.count(a.sep) == len(squeue_fields.FIELDS) - 1 and spec.endswith(a.end)
     assert "," not in a.sep + a.end and not a.sep[0].isdigit()  # squeue --Format: no comma; a digit is a size
@@ -171,7 +192,7 @@ class Recorded:
         elif args[:2] == ["scontrol", "-o"]:
             out = f["scontrol_-o_show_partition.txt"]
         elif args[:2] == ["squeue", "--noheader"]:
-            token = args[-1].split("#")[1]
+            token = args[-1].rsplit("#", 1)[1].rstrip("$")
             out = f["squeue_compact.txt"].replace(f["token.txt"].strip(), token)
         elif args[:2] == ["squeue", "--json"]:
             doc = json.loads(f["squeue.json"])
@@ -197,7 +218,8 @@ def test_the_backend_reads_a_round_so(release):
         return
     (compact_args, env), (json_args, _) = queries
     assert compact_args[:3] == ["squeue", "--noheader", "--states=all"] and env["SLURM_TIME_FORMAT"] == "%s"
-    assert json_args == ["squeue", "--json", "--states=all", f"--jobs={named['drained']}"]
+    wanted = ",".join(sorted((named["drained"], named["unit"]), key=int))
+    assert json_args == ["squeue", "--json", "--states=all", f"--jobs={wanted}"]
     assert snap.nodes == full.nodes and snap.partitions == full.partitions
     assert snap.jobs == full.jobs
 
