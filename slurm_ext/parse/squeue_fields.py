@@ -16,8 +16,9 @@ for each query: a job submitted before the query cannot contain it, so no
 text can end a record early or forge one. Within a record the fields are
 separated by one unit separator (0x1F, `Format.sep`): a text holding it only
 adds fields, so a record of exactly len(FIELDS) fields is read as printed,
-and one of more is read whole, by its job id (the first field, Slurm's own). Times are printed as epoch seconds (``SLURM_TIME_FORMAT=%s``:
-no time zone to guess).
+and one of more is read whole, by its job id (the first field, Slurm's own).
+Times are printed as epoch seconds (``SLURM_TIME_FORMAT=%s``: no time zone to
+guess).
 
 A compact record equals the job's JSON record (json_output.job_record) in
 every field but `state_flags`, which it leaves empty: the flags the records'
