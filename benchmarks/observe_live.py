@@ -142,7 +142,7 @@ def rounds(n: int) -> tuple[list[float], list[float], dict[str, list[float]], li
                 parts.setdefault("parse", []).append(took - sum(timed.times.values()))
                 parts.setdefault("whole_records", []).append(timed.whole)
             else:
-                full = CliBackend(compact=False, timeout=60.0)
+                full = CliBackend(compact=False, timeout=600.0)  # 10,000 whole records: tens of seconds
                 full.version()
                 t = time.perf_counter()
                 snaps.append(full.observe())
