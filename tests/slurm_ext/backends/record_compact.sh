@@ -34,19 +34,8 @@ mkdir -p "$out"
 token=0f1e2d3c4b5a6978
 forged='#0000000000000000$' # a guess at the token that ends a record
 
-state() { squeue -h -t all -j "$1" -o %T 2>/dev/null || true; }
-wait_state() { # wait_state JOB STATE...: until the job is in one of them (30 s)
-  local job=$1 s _
-  shift
-  for _ in $(seq 300); do
-    s=$(state "$job")
-    for want in "$@"; do [ "$s" = "$want" ] && return 0; done
-    sleep 0.1
-  done
-  echo "record: job $job is $s, not $*" >&2
-  exit 1
-}
-submit() { sbatch --parsable -o /dev/null "$@" | cut -d';' -f1; }
+# shellcheck source=tests/slurm_ext/backends/record_jobs.sh
+source "$(dirname "${BASH_SOURCE[0]}")/record_jobs.sh"
 spec='cellsched/v1 {"elastic":false,"global_batch":256,"iterations":5000,"max_gpus":8,"min_gpus":1,"model":"gpt-1.3b","runtime":"ddp","version":1}'
 
 busy1=$(submit -J busy-a100 -p a100 -w n1 -x n2 --ntasks-per-node=4 -t 60 --constraint=a100 --gres=gpu:a100:4 --wrap 'sleep 900')
@@ -71,14 +60,7 @@ requeued=$(submit -J requeued -p a40 -w n4 --gres=gpu:a40:1 --wrap 'sleep 600')
 failed=$(submit -J failed -p a10 --wrap 'exit 3')
 cancelled=$(submit -J cancelled -p a40 -w n5 --gres=gpu:a40:1 --wrap 'sleep 600')
 done_=$(submit -J done -p a10 --wrap 'true')
-wait_state "$requeued" RUNNING
-wait_state "$cancelled" RUNNING
-scancel "$cancelled"
-scontrol requeue "$requeued"
-wait_state "$failed" FAILED
-wait_state "$cancelled" CANCELLED
-wait_state "$done_" COMPLETED
-wait_state "$requeued" PENDING
+end_jobs "$requeued" "$failed" "$cancelled" "$done_"
 scontrol update NodeName=n6 State=DRAIN Reason="bad gpu"
 drained=$(submit -J drained -p a10 --gres=gpu:a10:1 --wrap 'sleep 60')
 printf '%s=%s\n' busy1 "$busy1" busy3 "$busy3" pend_a100 "$pend_a100" pend_all "$pend_all" later "$later" \
