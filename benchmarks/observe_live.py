@@ -44,6 +44,7 @@ from pathlib import Path
 from slurm_ext.backends.cli import CliBackend
 from slurm_ext.parse import squeue_fields
 from slurm_ext.records import ClusterSnapshot
+from solver.contract.jobspec import is_managed_comment
 
 ROOT = Path(__file__).resolve().parents[1]
 #: models of the managed jobs (the wrapper's presets), taken in turn
@@ -203,7 +204,7 @@ def main() -> int:
         "slurm": version,
         "parts_s": {k: round(statistics.median(v), 3) for k, v in parts.items() if k != "whole_records"},
         "whole_records": statistics.median(parts["whole_records"]),
-        "managed": sum(j.comment.startswith("cellsched/v1 ") for j in snap.jobs),
+        "managed": sum(is_managed_comment(j.comment) for j in snap.jobs),
         "pending": sum(j.pending and not j.held for j in snap.jobs),
         "held": sum(j.held for j in snap.jobs),
         "running": sum(j.holds_resources for j in snap.jobs),
