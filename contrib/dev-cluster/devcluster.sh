@@ -44,6 +44,8 @@
 #   DEVCLUSTER_PREEMPT_MODE=REQUEUE  REQUEUE or CANCEL: what Slurm does to a preempted job
 #   DEVCLUSTER_GRACE_S=20          GraceTime (seconds) of the preempted QOS or partitions: SIGTERM,
 #                                  then this long before the job is stopped; 0: stopped at once
+#   DEVCLUSTER_MAX_JOBS=10000      MaxJobCount: how many jobs slurmctld keeps (benchmarks/observe_live.py
+#                                  queues 10,000 and asks for more)
 #   DEVCLUSTER_SLURM=22.05|24.11   the Slurm release to run. Unset: the one installed here.
 #                                  One this Debian does not ship (24.11 on Debian 12) runs in a
 #                                  Debian root of its own (debootstrap: trixie for 24.11, bookworm
@@ -204,7 +206,7 @@ SlurmdTimeout=30
 InactiveLimit=0
 KillWait=2
 MinJobAge=3600
-MaxJobCount=10000
+MaxJobCount=${DEVCLUSTER_MAX_JOBS:-10000}
 EOF
   if [ -n "${JOB_SUBMIT_LUA:-}" ]; then
     [ -f "$JOB_SUBMIT_LUA" ] || die "JOB_SUBMIT_LUA=$JOB_SUBMIT_LUA is not a file"

@@ -2,7 +2,10 @@
 
 - Slurm >= 23.02: ``scontrol --json show node``, ``squeue --json`` (data_parser
   shapes; recorded on 24.11 at v0.0.40 to v0.0.42), partitions from ``scontrol
-  -o show partition`` (24.11's JSON has no Default flag for them). A read-back
+  -o show partition`` (24.11's JSON has no Default flag for them). A round's
+  jobs: every job's fields in one ``squeue --Format`` query and whole JSON
+  records only of the few jobs whose text does not say all
+  (`CliBackend._round_jobs`, slurm_ext.parse.squeue_fields). A read-back
   asks for its jobs only: ``scontrol --json show job ID`` for one,
   ``squeue --json --jobs=...`` for several (22.05's squeue ignores --jobs).
 - Slurm 21.08 - 22.05: ``sinfo --json``, ``squeue --json``, and partitions
@@ -48,7 +51,7 @@ from slurm_ext.backends.base import (
     check_signal_target,
     update_mismatches,
 )
-from slurm_ext.parse import json_output, scontrol_text
+from slurm_ext.parse import json_output, scontrol_text, squeue_fields
 from slurm_ext.parse.values import ParseError
 from slurm_ext.records import ClusterSnapshot, SlurmJob, compress_hostlist
 from slurm_ext.site import SiteReader, SiteReading
@@ -75,6 +78,8 @@ _ALREADY_DONE = ("already completing or completed", "Job/step already completing
 Runner = Callable[..., subprocess.CompletedProcess[str]]
 #: job ids per ``scontrol hold|release|requeuehold`` call
 IDS_PER_CALL = 200
+#: job ids per ``squeue --json --jobs`` of a round's read (the list is one argument: at most 128 KiB)
+IDS_PER_READ = 5000
 #: job updates one ``scontrol`` reads from its standard input
 UPDATES_PER_CALL = 50
 #: a token scontrol's command reader takes verbatim: printable ASCII, no blank
@@ -102,7 +107,10 @@ class CliBackend:
     `run` runs each command (subprocess.run; tests pass a stand-in that
     records the argument lists); `workers`: how many ``scontrol update``
     run at once in `update_many` (slurmctld serialises job updates under
-    one lock: more only adds waiting; benchmarks/controller_round.py)."""
+    one lock: more only adds waiting; benchmarks/controller_round.py);
+    `compact`: on Slurm 23.02+, read a round's jobs as `_round_jobs` does
+    (False: every job's whole JSON record, as benchmarks/observe_live.py
+    compares)."""
 
     name = "cli"
 
@@ -114,6 +122,7 @@ class CliBackend:
         mode: str = "auto",
         slurm_conf: str | None = None,
         workers: int = 4,
+        compact: bool = True,
         run: Runner = subprocess.run,
     ) -> None:
         if mode not in ("auto", "json", "text"):
@@ -123,6 +132,8 @@ class CliBackend:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.workers = workers
+        self.compact = compact
+        self._compact = squeue_fields.Reader()  # keeps the last round's records
         self.timeout = timeout
         self.ping_timeout = ping_timeout
         self.mode = mode
@@ -219,10 +230,32 @@ class CliBackend:
                     nodes = json_output.parse_nodes(self._run(["sinfo", "--json"]))
                 # text: the JSON of 23.02+ leaves out which partition is the default (recorded on 24.11)
                 partitions = scontrol_text.parse_partitions(self._run(["scontrol", "-o", "show", "partition"]))
-                jobs = json_output.parse_jobs(self._run(["squeue", "--json", "--states=all"]))
+                jobs = self._round_jobs() if style == "scontrol-json" and self.compact else self._all_jobs_json()
         except ParseError as exc:
             raise SlurmCommandError(f"observe ({style})", 0, f"unexpected Slurm output: {exc}") from exc
         return ClusterSnapshot(nodes=nodes, partitions=partitions, jobs=jobs, taken_at=taken_at)
+
+    def _all_jobs_json(self) -> tuple[SlurmJob, ...]:
+        """Every job's whole record: ``squeue --json --states=all``."""
+        return json_output.parse_jobs(self._run(["squeue", "--json", "--states=all"]))
+
+    def _round_jobs(self) -> tuple[SlurmJob, ...]:
+        """Every job, as a round reads them (Slurm 23.02+, where ``squeue --json
+        --jobs`` answers with those jobs only): each one's fields in one
+        ``squeue --Format`` query (slurm_ext.parse.squeue_fields: every field
+        of a SlurmJob; a job printed as last round is last round's record), and
+        the whole JSON records of the few jobs whose text does not say all in
+        one ``squeue --json --jobs``."""
+        fmt = squeue_fields.Format.draw()
+        compact = self._compact.parse(self._run(squeue_fields.argv(fmt), env=squeue_fields.TIME_ENV), fmt)
+        wanted = sorted((j.job_id for j in compact if squeue_fields.needs_full_record(j)), key=int)
+        full: dict[str, SlurmJob] = {}
+        for k in range(0, len(wanted), IDS_PER_READ):
+            chunk = wanted[k : k + IDS_PER_READ]
+            found = json_output.parse_jobs(self._run(["squeue", "--json", "--states=all", f"--jobs={','.join(chunk)}"]))
+            asked = set(chunk)  # 22.05's squeue would answer with every job
+            full.update((j.job_id, j) for j in found if j.job_id in asked)
+        return squeue_fields.merge(compact, full)
 
     def read_site(self) -> SiteReading:
         """The site's standing policy (slurm_ext.site): sacctmgr, sshare and

@@ -9,7 +9,7 @@ from typing import Any
 from slurm_ext.errors import CellschedError
 
 #: Slurm's "not set" sentinels for 16/32/64-bit numbers
-_NO_VAL = {0xFFFE, 0xFFFF, 0xFFFFFFFE, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFE, 0xFFFFFFFFFFFFFFFF}
+NO_VAL = {0xFFFE, 0xFFFF, 0xFFFFFFFE, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFE, 0xFFFFFFFFFFFFFFFF}
 _NULLS = {"", "(null)", "N/A", "None", "Unknown", "n/a", "n/s"}
 
 
@@ -34,7 +34,7 @@ def number(value: Any) -> int | float | None:
             value = float(value) if "." in value else int(value)
         except ValueError as exc:
             raise ParseError(f"not a number: {value!r}") from exc
-    if isinstance(value, (int, float)) and value in _NO_VAL:
+    if isinstance(value, (int, float)) and value in NO_VAL:
         return None
     return value
 

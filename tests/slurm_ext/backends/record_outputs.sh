@@ -19,19 +19,8 @@ out=${1:?usage: record_outputs.sh OUTDIR}
 mkdir -p "$out"
 export TZ=UTC
 
-state() { squeue -h -t all -j "$1" -o %T 2>/dev/null || true; }
-wait_state() {  # wait_state JOB STATE...: until the job is in one of them (30 s)
-  local job=$1 s _
-  shift
-  for _ in $(seq 300); do
-    s=$(state "$job")
-    for want in "$@"; do [ "$s" = "$want" ] && return 0; done
-    sleep 0.1
-  done
-  echo "record: job $job is $s, not $*" >&2
-  exit 1
-}
-submit() { sbatch --parsable -o /dev/null "$@" | cut -d';' -f1; }
+# shellcheck source=tests/slurm_ext/backends/record_jobs.sh
+source "$(dirname "${BASH_SOURCE[0]}")/record_jobs.sh"
 
 held=$(submit --hold -J held -p all --gres=gpu:2 --comment='cellsched/v1 {"model":"gpt-1.3b"}' --wrap 'sleep 300')
 run=$(submit -J run -p a100 -N 2 -w n1,n2 --ntasks-per-node=4 --gres=gpu:a100:4 -t 60 --wrap 'sleep 600')
@@ -41,14 +30,7 @@ failed=$(submit -J failed -p a10 --wrap 'exit 3')
 cancelled=$(submit -J cancelled -p v100 --gres=gpu:v100:2 --wrap 'sleep 600')
 done_=$(submit -J done -p v100 --wrap 'true')
 wait_state "$run" RUNNING
-wait_state "$requeued" RUNNING
-wait_state "$cancelled" RUNNING
-scancel "$cancelled"
-scontrol requeue "$requeued"
-wait_state "$failed" FAILED
-wait_state "$cancelled" CANCELLED
-wait_state "$done_" COMPLETED
-wait_state "$requeued" PENDING
+end_jobs "$requeued" "$failed" "$cancelled" "$done_"
 scontrol update NodeName=n3 State=DRAIN Reason="bad gpu 3"
 scontrol update NodeName=n6 State=DOWN Reason=fault
 scontrol update PartitionName=a100 MaxTime=2-00:00:00

@@ -21,6 +21,7 @@ from golden import ArgvRecorder, check_golden
 
 from slurm_ext.backends.base import ALL, STEPS, JobUpdate, SubmitRequest, UpdateNotApplied
 from slurm_ext.backends.cli import CliBackend
+from slurm_ext.parse import squeue_fields
 
 GOLDEN = Path(__file__).parent / "golden" / "cli_backend.json"
 PING = "Slurmctld(primary) at localhost is UP\n"
@@ -43,6 +44,7 @@ RELEASES = {
             ("scontrol", "--json", "show", "job", "2"): "24.11/scontrol_show_job_run_v0.0.42.json",
             ("scontrol", "-o", "show", "partition"): "24.11/scontrol_-o_show_partition.txt",
             ("squeue", "--json", "--states=all"): "24.11/squeue_v0.0.42.json",
+            ("squeue", "--noheader"): "compact/24.11/squeue_compact.txt",  # recorded with TOKEN
         },
     ),
 }
@@ -112,7 +114,10 @@ def requests(script: str) -> dict[str, SubmitRequest]:
     return {"submit: every field": every, "submit: script only": SubmitRequest(script=script)}
 
 
-def test_cli_backend_argument_lists(tmp_path, sample):
+def test_cli_backend_argument_lists(tmp_path, sample, monkeypatch):
+    # the compact query's token, random in each round, as data/compact/24.11 was recorded with
+    token = sample("compact/24.11/token.txt").strip()
+    monkeypatch.setattr(squeue_fields.Format, "draw", classmethod(lambda cls: cls(token)))
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\nsrun true\n")
     cases: dict[str, tuple[str, str, Callable[[CliBackend], object]]] = {
