@@ -7,33 +7,22 @@ and the same seed giving the same files."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections import defaultdict
 from pathlib import Path
-from types import ModuleType
 
+import month_trace  # benchmarks/ is on the path (conftest.py)
 import pytest
-from support import ROOT
 
 from slurm_ext.sim.clusterspec import load_cluster_spec
 from slurm_ext.sim.sitefiles import load_site_files
 from slurm_ext.sim.traces import load_sacct
 
-SCRIPT = ROOT / "benchmarks" / "month_trace.py"
-ARENA = Path("/work/shared/data/arena")
-
-
-def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("month_trace_bench", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+ARENA = Path(month_trace.ARENA)
 
 
 def generate(out: Path, seed: int = 1) -> None:
     argv = ["--out", str(out), "--jobs", "400", "--days", "2", "--gpus", "256", "--load", "0.9", "--seed", str(seed)]
-    assert load().main([*argv, "--arena", str(ARENA)]) == 0
+    assert month_trace.main([*argv, "--arena", str(ARENA)]) == 0
 
 
 pytestmark = pytest.mark.skipif(not (ARENA / "profiles_optimal.json").exists(), reason="Arena's data not here")
@@ -75,7 +64,7 @@ def test_month_files_read_and_replay_fits(tmp_path: Path) -> None:
         str(tmp_path / "sacctmgr_show_qos.txt"),
     ).site
     accounts = {a.name: a for a in site.accounts}
-    assert set(accounts) == set(load().ACCOUNTS)
+    assert set(accounts) == set(month_trace.ACCOUNTS)
     assert accounts["nlp"].parent == "research" and accounts["nlp"].gpus == 768
     assert {j.account for j in trace.jobs} <= set(accounts) - {"research", "production"}
 
