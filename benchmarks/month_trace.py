@@ -22,8 +22,8 @@ Where each part comes from (no distribution here is made up):
   replacement, each scaled by one factor so that --jobs jobs arrive in
   --days days (Philly's 1,938 arrivals span 19.8 days).
 - **Durations** are each job's iterations at Arena's measured iteration time of
-  its requested cell (``profiles_optimal.json``, best locality); rows whose
-  cell Arena did not measure are not drawn. Then every job's iterations are
+  its requested cell (``profiles_optimal.json``, best locality); the 71
+  rows (of 1,938) whose cell Arena did not measure are not drawn. Then every job's iterations are
   scaled by one factor so that the offered load (GPU-seconds asked for over
   the cluster's GPU-seconds in the month) is --load: unscaled, 40,000
   Philly jobs a month would ask for several times the cluster. The factor is
