@@ -155,7 +155,10 @@ def build_cluster(policy: str, workload: Any, opts: dict[str, Any]) -> tuple[Any
         from pollux_unaware import PolluxPolicyUnaware
 
         max_replicas = min(
-            min(cfg.cluster_ngpus_per_node[k] * nnodes[k], cfg.cluster_ngpus_per_node[k] * cfg.cluster_max_physical_nnodes[k])
+            min(
+                cfg.cluster_ngpus_per_node[k] * nnodes[k],
+                cfg.cluster_ngpus_per_node[k] * cfg.cluster_max_physical_nnodes[k],
+            )
             for k in nnodes
         )
         pol = PolluxPolicyUnaware(-1.0)
@@ -259,12 +262,19 @@ def run_child(interp: Path, sim: Path, workload: Path, policy: str, opts: dict[s
     )
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-15:]
-        return {"workload": str(workload), "policy": policy, "error": "\n".join(tail), "wall_s": round(time.time() - t0, 1)}
+        return {
+            "workload": str(workload),
+            "policy": policy,
+            "error": "\n".join(tail),
+            "wall_s": round(time.time() - t0, 1),
+        }
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--artifact", type=Path, help="a checkout of siasosp23/artifacts (holding sia-simulator/)")
     ap.add_argument("--venv", type=Path, help="the artifact's environment (created with PINS when absent)")
     ap.add_argument("--policy", action="append", choices=POLICIES, help="repeatable (default: all)")

@@ -104,7 +104,9 @@ def make_policy(cellsched_python: str, aware: bool, sigma: float, seed: int) -> 
                 out += [[t, int(n), int(g), float(x) * scale] for n, g, x in zip(nn, gg, good, strict=True)]
             return out
 
-        def describe(self, job_infos: dict[str, Any], node_infos: dict[str, Any], prev: dict[str, Any]) -> dict[str, Any]:
+        def describe(
+            self, job_infos: dict[str, Any], node_infos: dict[str, Any], prev: dict[str, Any]
+        ) -> dict[str, Any]:
             now = self.cluster.current_time
             nodes = [
                 {"name": f"{t}-{i}", "type": t, "index": int(i), "gpus": int(ni.resources["nvidia.com/gpu"])}
@@ -139,7 +141,9 @@ def make_policy(cellsched_python: str, aware: bool, sigma: float, seed: int) -> 
                 )
             return {"now": float(now), "aware": self.aware, "nodes": nodes, "jobs": jobs}
 
-        def optimize(self, job_infos: dict[str, Any], node_infos: dict[str, Any], prev_allocs: dict[str, Any]) -> dict[str, Any]:
+        def optimize(
+            self, job_infos: dict[str, Any], node_infos: dict[str, Any], prev_allocs: dict[str, Any]
+        ) -> dict[str, Any]:
             t0 = time.perf_counter()
             desc = self.describe(job_infos, node_infos, prev_allocs)
             assert self.proc.stdin is not None and self.proc.stdout is not None
