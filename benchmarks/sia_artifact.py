@@ -141,6 +141,18 @@ def summarize(jobs: Sequence[Any], policy: str, workload: str) -> dict[str, Any]
     }
 
 
+def occupancy(logs: Sequence[Any]) -> dict[str, float]:
+    """Per round, from the simulator's round logs: GPUs held by unfinished
+    jobs and jobs waiting with none (means over the rounds)."""
+    busy, waiting = [], []
+    for rec in logs:
+        live = [j for j in rec["submitted_jobs"] if j["completion_time"] is None]
+        busy.append(sum(sum(j["placement"]) for j in live))
+        waiting.append(sum(1 for j in live if not sum(j["placement"])))
+    n = max(1, len(logs))
+    return {"mean_busy_gpus": round(sum(busy) / n, 2), "mean_waiting_jobs": round(sum(waiting) / n, 2)}
+
+
 def build_cluster(policy: str, workload: Any, opts: dict[str, Any]) -> tuple[Any, Callable[[], None]]:
     """The artifact's cluster and policy for one run, as its multi_simulator.py
     (or multi_simulator_unaware.py for Pollux) sets them up; and what closes
@@ -228,6 +240,7 @@ def run_one(sim: Path, workload_file: Path, policy: str, opts: dict[str, Any]) -
     out = summarize(cluster.jobs, policy, str(workload_file))
     out["wall_s"] = round(time.time() - t0, 1)
     out["rounds"] = len(cluster.logs)
+    out.update(occupancy(cluster.logs))
     if policy.startswith("cellsched"):
         out.update(cluster.policy.stats)  # the bridge's own timings
     return out
