@@ -205,7 +205,11 @@ def build_cluster(policy: str, workload: Any, opts: dict[str, Any]) -> tuple[Any
         import sia_bridge
 
         pol = sia_bridge.make_policy(
-            opts["cellsched_python"], aware=policy == "cellsched", sigma=opts["sigma"], seed=opts["seed"]
+            opts["cellsched_python"],
+            aware=policy == "cellsched",
+            sigma=opts["sigma"],
+            seed=opts["seed"],
+            sets=opts.get("sets", []),
         )
         closing = pol.close
     pol.populate_valid_configs(nnodes, per_node, cfg.cluster_max_physical_nnodes)
@@ -301,6 +305,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="cellsched's declared total work = true x exp(N(0, sigma)) per job (0: exact)",
     )
     ap.add_argument("--seed", type=int, default=0, help="seed of the declaration errors")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        help="KEY=VALUE of cellsched's SolverConfig (repeatable; default: its defaults)",
+    )
     ap.add_argument("--logs", type=Path, default=Path("/tmp/sia-artifact-logs"), help="the artifact's own prints")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -318,6 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sigma": args.declared_sigma,
         "seed": args.seed,
         "logs": str(args.logs),
+        "sets": args.set,
     }
     runs = [(w, p) for w in args.workload for p in (args.policy or POLICIES)]
     failed = 0

@@ -186,30 +186,46 @@ def allocations_of(reply: ScheduleReply, nodes: Iterable[Mapping[str, Any]]) -> 
     return out
 
 
-def decide(policy: CellschedPolicy, desc: Mapping[str, Any]) -> dict[str, Any]:
+def decide(policy: CellschedPolicy, desc: Mapping[str, Any], base: SolverConfig | None = None) -> dict[str, Any]:
     """One round: the description in, the artifact's allocations out."""
     t0 = time.perf_counter()
-    request, estimator = request_of(desc)
+    request, estimator = request_of(desc, base)
     reply = policy.schedule(request, estimator)
     allocs = allocations_of(reply, desc["nodes"])
     return {"allocations": allocs, "solve_s": round(time.perf_counter() - t0, 4), "status": str(reply.status)}
 
 
-def serve(inp: TextIO, out: TextIO) -> None:
+def config_with(sets: Iterable[str]) -> SolverConfig:
+    """SolverConfig with KEY=VALUE changes (a value parsed as JSON, else text)."""
+    fields = {f.name: f for f in dataclasses.fields(SolverConfig)}
+    changes: dict[str, Any] = {}
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in fields:
+            raise SystemExit(f"--set {item!r}: not KEY=VALUE of a SolverConfig field")
+        try:
+            changes[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            changes[key] = raw
+    return SolverConfig(**changes)
+
+
+def serve(inp: TextIO, out: TextIO, base: SolverConfig | None = None) -> None:
     """Answer one JSON line per round until the input ends."""
     policy = CellschedPolicy()
     for line in inp:
         if line.strip():
-            out.write(json.dumps(decide(policy, json.loads(line))) + "\n")
+            out.write(json.dumps(decide(policy, json.loads(line), base)) + "\n")
             out.flush()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--serve", action="store_true", help="answer the bridge's rounds on stdin/stdout")
+    ap.add_argument("--set", action="append", default=[], help="KEY=VALUE of cellsched's SolverConfig (repeatable)")
     args = ap.parse_args()
     if args.serve:
-        serve(sys.stdin, sys.stdout)
+        serve(sys.stdin, sys.stdout, config_with(args.set))
     else:
         ap.print_help()
 
