@@ -141,3 +141,12 @@ def test_bridge_layouts_and_declared_error() -> None:
     logs = [math.log(e) for e in errs]
     assert abs(sum(logs) / len(logs)) < 0.1 and 0.4 < (sum(x * x for x in logs) / len(logs)) ** 0.5 < 0.6
     assert sia_bridge.declared(Job(), 0.5, 3) == sia_bridge.declared(Job(), 0.5, 3)  # per (seed, job)
+
+
+def test_config_changes_are_fields_of_solver_config() -> None:
+    cfg = sia_policy.config_with(["restart_penalty=0.25", "fairness_p=1", "preemption=off"])
+    assert (cfg.restart_penalty, cfg.fairness_p, cfg.preemption) == (0.25, 1, "off")
+    with pytest.raises(SystemExit, match="not KEY=VALUE"):
+        sia_policy.config_with(["no_such_knob=1"])
+    request, _ = request_of(desc(job()), cfg)
+    assert request.config.restart_penalty == 0.25 and not request.config.mixed_cells
