@@ -46,12 +46,17 @@ the conditions' truth composes mixed cells the same way
 (slurm_ext.sim.conditions); a policy that offers none is unaffected. In
 arena-compat mode neither is (Arena's simulator has no mixed cells).
 
-Runtimes (solver.contract.runtimes): every trace job is submitted with runtime
-`TRACE_RUNTIME` (``adaptive``): Arena's jobs run adaptive parallelism, as
-Arena assumes (any dp x tp x pp, uneven shares and stages, mixed types, a
-checkpoint on the signal), so a simulation offers a trace job every plan it
-did before runtimes had names. The ``--policy`` baselines keep their own
-rules within that.
+Runtimes (solver.contract.runtimes): without a runtime mix every trace job
+is submitted with `SimOptions.runtime`, by default `TRACE_RUNTIME`
+(``adaptive``): Arena's jobs run adaptive parallelism, as Arena assumes (any
+dp x tp x pp, uneven shares and stages, mixed types, a checkpoint on the
+signal); ``--arena-compat`` always does. With a mix (`SimOptions.runtime_mix`)
+each job runs the shipped runtime slurm_ext.sim.workload gives it, declares
+the work it says, and a ``ddp`` job whose script registers the checkpoint hook
+says so to the controller at the first step of each run (`Simulator._hook`,
+as the launcher's file does); what each runtime may run and how it may move
+is solver.contract.runtimes's, asked by the policies and the controller. The
+``--policy`` baselines keep their own rules within that.
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_ext.config import Config, ControllerConfig, NetworkConfig
+from slurm_ext.controller.hooks import Hook
 from slurm_ext.controller.progress import EachCall, JobProgress
 from slurm_ext.controller.round import Controller
 from slurm_ext.errors import CellschedError
@@ -83,6 +89,7 @@ from slurm_ext.sim.quantum import EXECUTED_SECONDS, ITERATIONS, QuantumMode
 from slurm_ext.sim.site import SiteFeed, SiteUsage, assign_accounts
 from slurm_ext.sim.submit import Submitter
 from slurm_ext.sim.types import ClusterSpec, JobOutcome, RoundStat, Sample, SimRun, TraceJob
+from slurm_ext.sim.workload import Workload, WorkloadError
 from slurm_ext.sim.world import Observer, RestartCostFn, SimJob, SimWorld, SpeedFn
 from slurm_ext.state import RoundStatus, StateStore
 from solver.contract.jobspec import JobSpec
@@ -139,6 +146,9 @@ class SimOptions:
     arena_compat mode); True on a cluster without NICs: each GPU type's
     default NIC (solver.network). runtime: the runtime every trace job is
     submitted with (solver.contract.runtimes; default `TRACE_RUNTIME`, the module doc).
+    runtime_mix / hook_fraction / declared_error: each job's runtime, whether
+    a ddp job registers the checkpoint hook, and the badness factor of its
+    declared work (slurm_ext.sim.workload.Workload; `workload`).
     """
 
     interval_s: float = 60.0
@@ -162,6 +172,9 @@ class SimOptions:
     progress_rate_factor: float | None = 10.0
     contention: bool | None = None
     runtime: str = TRACE_RUNTIME
+    runtime_mix: tuple[tuple[str, float], ...] = ()
+    hook_fraction: float = 0.0
+    declared_error: float = 0.0
     solver: SolverConfig = field(default_factory=lambda: SolverConfig(time_limit_s=SIM_TIME_LIMIT_S))
 
     def __post_init__(self) -> None:
@@ -183,8 +196,20 @@ class SimOptions:
             get_runtime(self.runtime)
         except UnknownRuntime as e:
             raise SimError(f"SimOptions.runtime: {e}") from None
+        try:
+            self.workload()
+        except WorkloadError as e:
+            raise SimError(f"SimOptions: {e}") from None
+        if self.arena_compat and (self.runtime_mix or self.declared_error or self.runtime != TRACE_RUNTIME):
+            raise SimError("arena-compat mode runs Arena's assumption: adaptive jobs declaring their exact work")
         if self.contention and self.arena_compat:
             raise SimError("contention is not modelled in arena-compat mode (Arena's simulator has none)")
+
+    def workload(self) -> Workload:
+        """What each trace job runs and declares (slurm_ext.sim.workload)."""
+        return Workload(
+            self.runtime, self.runtime_mix, self.hook_fraction, self.declared_error, self.seed, not self.arena_compat
+        )
 
     def effective(self) -> SimOptions:
         """The options as they apply: arena_compat fixes the round grid and
@@ -415,7 +440,10 @@ class Simulator:
         #: what the controller talks to
         self.backend = SimBackend(self.world)
         #: the trace's jobs as Slurm jobs (slurm_ext.sim.submit)
-        self.submitter = Submitter(self.backend, cluster, o, self._speed, self.site_usage, self.world)
+        self.workload = o.workload()
+        self.submitter = Submitter(self.backend, cluster, o, self._speed, self.site_usage, self.world, self.workload)
+        #: trace jobs whose script registers the checkpoint hook (`_hook`)
+        self.hooked = frozenset(j.job_id for j in self.trace if self.workload.hooked(j))
         self.slurm_ids = self.submitter.slurm_ids  # trace job id -> Slurm job id
         self.trace_ids = self.submitter.trace_ids  # Slurm job id -> trace job id
         self.samples: list[Sample] = []
@@ -502,6 +530,15 @@ class Simulator:
         if done is None:
             return None
         return JobProgress(done, self.world.first_step_at(m.job_id), self.world.iter_time(m.job_id))
+
+    def _hook(self, m: Any) -> Hook | None:
+        """The hook record a job's launcher writes once its script registered
+        launch.on_checkpoint: at the first step of each run of a job that does
+        (`hooked`), none before (slurm_ext.controller.hooks)."""
+        if self.trace_ids.get(m.job_id) not in self.hooked:
+            return None
+        at = self.world.first_step_at(m.job_id)
+        return None if at is None else Hook(m.job_id, at)
 
     def _advance_to(self, t: float) -> None:
         """Arrivals and job events up to `t`, in time order; no rounds."""
@@ -704,6 +741,7 @@ class Simulator:
             clock=self._clock,
             sleep=self._sleep,
             progress=EachCall(self._progress),
+            hooks=EachCall(self._hook),
         )
 
     def _over_time(self, t: float) -> bool:

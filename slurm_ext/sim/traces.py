@@ -12,7 +12,7 @@ Start,End,State,AllocTRES,NNodes,Comment``; any column order, extra columns
 allowed, JobID/Submit/AllocTRES required; ReqTRES is used when AllocTRES is
 empty; User, Account and QOS are the job's when given):
 submit times are relative to the earliest kept job's submit. A job whose
-Comment carries a cellsched spec takes model, batch and iterations from it;
+Comment carries a cellsched spec takes model, batch, iterations and runtime from it;
 any other job gets the default model and batch, iterations None and
 duration_s = End - Start. Rows that are well-formed but unusable are
 skipped and counted (`load_sacct(...).skipped`): job steps, jobs without
@@ -327,6 +327,7 @@ class _SacctRow:
                 line=self.line,
                 account=account,
                 qos=qos,
+                runtime=spec.runtime,
             ), submit
         if duration is None:
             return "not ended" if end is None else "no start time"

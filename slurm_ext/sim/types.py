@@ -33,6 +33,8 @@ class TraceJob:
     #: assigns Arena trace jobs an account by its rule, slurm_ext.sim.site)
     account: str = ""
     qos: str = ""
+    #: the runtime the trace says it ran ("": none said; slurm_ext.sim.workload gives it one)
+    runtime: str = ""
 
 
 @dataclass(frozen=True)
