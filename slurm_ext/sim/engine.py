@@ -87,12 +87,13 @@ from slurm_ext.sim.network import NetworkTruth, cluster_network
 from slurm_ext.sim.preempt import SlurmPreemption
 from slurm_ext.sim.quantum import EXECUTED_SECONDS, ITERATIONS, QuantumMode
 from slurm_ext.sim.site import SiteFeed, SiteUsage, assign_accounts
-from slurm_ext.sim.submit import Submitter
+from slurm_ext.sim.submit import Submitter, best_layout
 from slurm_ext.sim.types import ClusterSpec, JobOutcome, RoundStat, Sample, SimRun, TraceJob
 from slurm_ext.sim.workload import Workload, WorkloadError
 from slurm_ext.sim.world import Observer, RestartCostFn, SimJob, SimWorld, SpeedFn
 from slurm_ext.state import RoundStatus, StateStore
 from solver.contract.jobspec import JobSpec
+from solver.contract.models import get_model
 from solver.contract.plan import JobPlan
 from solver.contract.profiles.arena import load_sim_constants
 from solver.contract.runtimes import ADAPTIVE, UnknownRuntime, get_runtime
@@ -100,7 +101,7 @@ from solver.estimator.protocol import EstimatorLike
 from solver.mixed import MixedEstimator
 from solver.network import Network, default_nic_gbps
 from solver.policies import Policy
-from solver.types import SolverConfig
+from solver.types import Cell, JobRequest, SolverConfig
 
 #: policies that search plans with pruning in Arena's simulator (cheap restarts)
 PRUNED_POLICIES = ("cellsched", "cellsched-static")
@@ -284,6 +285,24 @@ class FlatRestartCost:
         return min(self.per_gpu_s * gpus, self.max_s)
 
 
+@dataclass(frozen=True)
+class RequestedCell:
+    """Can a runtime run trace job `job` in the cell its user asked for (its
+    requested GPUs on the fewest nodes of its type), as `estimator` sees it?
+    (slurm_ext.sim.workload.Workload.runtime_of; True when no cell holds the request.)"""
+
+    cluster: ClusterSpec
+    estimator: EstimatorLike
+    job: TraceJob
+
+    def __call__(self, runtime: str) -> bool:
+        layout = best_layout(self.cluster, self.job.requested_gpu_type, self.job.requested_gpus)
+        if layout is None:
+            return True
+        request = JobRequest(self.job.job_id, get_model(self.job.model), self.job.global_batch, 1, runtime=runtime)
+        return self.estimator.estimate(request, Cell(*layout)).feasible
+
+
 def file_stem(label: str) -> str:
     """A run's label as a file name: letters, digits, '-' and '_' (the rest '_')."""
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in label)
@@ -440,10 +459,13 @@ class Simulator:
         #: what the controller talks to
         self.backend = SimBackend(self.world)
         #: the trace's jobs as Slurm jobs (slurm_ext.sim.submit)
-        self.workload = o.workload()
-        self.submitter = Submitter(self.backend, cluster, o, self._speed, self.site_usage, self.world, self.workload)
-        #: trace jobs whose script registers the checkpoint hook (`_hook`)
-        self.hooked = frozenset(j.job_id for j in self.trace if self.workload.hooked(j))
+        self.workload = wl = o.workload()
+        #: each trace job's runtime (slurm_ext.sim.workload), and those whose script registers the hook (`_hook`)
+        self.runtimes = {j.job_id: wl.runtime_of(j, RequestedCell(cluster, estimator, j)) for j in self.trace}
+        self.hooked = frozenset(j.job_id for j in self.trace if wl.hooked(j, self.runtimes[j.job_id]))
+        self.submitter = Submitter(
+            self.backend, cluster, o, self._speed, self.site_usage, self.world, self.runtimes, wl.declared
+        )
         self.slurm_ids = self.submitter.slurm_ids  # trace job id -> Slurm job id
         self.trace_ids = self.submitter.trace_ids  # Slurm job id -> trace job id
         self.samples: list[Sample] = []

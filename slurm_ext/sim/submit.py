@@ -11,7 +11,7 @@ it runs (it does not checkpoint)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from slurm_ext.backends.base import SubmitRequest
@@ -19,7 +19,6 @@ from slurm_ext.records import ClusterSnapshot
 from slurm_ext.sim.backend import SimBackend
 from slurm_ext.sim.site import SiteUsage
 from slurm_ext.sim.types import ClusterSpec, TraceJob
-from slurm_ext.sim.workload import Workload
 from slurm_ext.sim.world import SimJob, SimWorld
 from slurm_ext.wrapper.submission import provisional_gres
 from solver.contract.jobspec import JobSpec
@@ -67,12 +66,14 @@ class Submitter:
         speed: Speed,
         site: SiteUsage | None,
         world: SimWorld,
-        workload: Workload,
+        runtimes: Mapping[str, str],
+        declared: Callable[[TraceJob, int], int],
     ) -> None:
         """`world`: the one `backend` shows, where plain jobs are submitted (module doc);
-        `workload`: each job's runtime and declared work (slurm_ext.sim.workload)."""
+        `runtimes`: each trace job's runtime, `declared(job, true iterations)`
+        its declared ones (slurm_ext.sim.workload)."""
         self.backend, self.cluster, self.options, self.speed, self.site_usage = backend, cluster, options, speed, site
-        self.world, self.workload = world, workload
+        self.world, self.runtimes, self.declared = world, runtimes, declared
         qos = cluster.site.qos if cluster.site is not None else ()
         self._qos = {q.name for q in qos}  # a job of one of them is submitted with it (-q)
         self._plain = {q.name for q in qos if q.plain}
@@ -83,18 +84,18 @@ class Submitter:
 
     def spec(self, job: TraceJob, iterations: int) -> JobSpec | str:
         """The spec its user submits for `iterations` true ones (declaring
-        `Workload.declared`), or why there is none."""
+        `declared`), or why there is none."""
         try:
             return JobSpec(
                 model=job.model,
                 global_batch=job.global_batch,
-                iterations=self.workload.declared(job, iterations),
+                iterations=self.declared(job, iterations),
                 elastic=self.options.elastic,
                 min_gpus=self.options.min_gpus,
                 max_gpus=max(self.options.max_gpus, job.requested_gpus),
                 requested_gpus=job.requested_gpus,
                 requested_gpu_type=job.requested_gpu_type,
-                runtime=self.workload.runtime_of(job),
+                runtime=self.runtimes[job.job_id],
             )
         except ValueError as exc:
             return str(exc)
@@ -110,10 +111,7 @@ class Submitter:
             t = None
             if layout is not None:
                 probe = JobSpec(
-                    model=job.model,
-                    global_batch=job.global_batch,
-                    iterations=1,
-                    runtime=self.workload.runtime_of(job),
+                    model=job.model, global_batch=job.global_batch, iterations=1, runtime=self.runtimes[job.job_id]
                 )
                 t = self.speed(probe, layout[0], layout[1], layout[2], None)
             if not t:

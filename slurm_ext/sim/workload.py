@@ -8,7 +8,10 @@ simulation's seed, so that every policy of a run meets the same jobs:
 * **Runtime.** The trace's, where it names one (a managed job's spec in a
   sacct Comment); else u = `unit("runtime:<seed>:<job id>")` falls in one
   runtime's slice of [0, 1), the slices laid out in the mix's order, each as
-  wide as its share. What each runtime may run and how it may move is
+  wide as its share; a runtime that cannot run the job in the cell its user
+  asked for (the simulation's estimator says so: a ddp job of a model whose
+  replicated state fits no GPU) gives way to the next of the mix that can.
+  What each runtime may run and how it may move is
   solver.contract.runtimes's, asked by every policy and the controller, not
   here.
 * **Checkpoint hook.** A ``ddp`` job (Checkpoint.HOOK) registers
@@ -31,6 +34,7 @@ simulation's seed, so that every policy of a run meets the same jobs:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from slurm_ext.errors import CellschedError
@@ -113,22 +117,32 @@ class Workload:
         if not (math.isfinite(self.badness) and self.badness >= 0):
             raise WorkloadError(f"--declared-error must be a number >= 0, got {self.badness!r}")
 
-    def runtime_of(self, job: TraceJob) -> str:
-        """The runtime job `job` runs (module doc)."""
+    def runtime_of(self, job: TraceJob, fits: Callable[[str], bool] | None = None) -> str:
+        """The runtime job `job` runs (module doc): the trace's, else its
+        slice of the mix; when `fits(runtime)` says the drawn one cannot run
+        the job where its user ran it, the next runtime of the mix (in its
+        order, from the drawn one on, shares above 0) that can, as a user picks
+        a framework that holds the model (none can: the drawn one)."""
         if job.runtime and self.trace_runtimes:
             return job.runtime
         if not self.mix:
             return self.runtime
-        u, edge = unit(f"runtime:{self.seed}:{job.job_id}"), 0.0
-        for name, share in self.mix:
+        names = [name for name, share in self.mix if share > 0]
+        u, edge, drawn = unit(f"runtime:{self.seed}:{job.job_id}"), 0.0, len(names) - 1
+        for i, (_, share) in enumerate((n, s) for n, s in self.mix if s > 0):
             edge += share
             if u < edge:
-                return name
-        return next(name for name, share in reversed(self.mix) if share > 0)  # u beyond a sum just below 1
+                drawn = i
+                break
+        order = names[drawn:] + names[:drawn]
+        if fits is None:
+            return order[0]
+        return next((name for name in order if fits(name)), order[0])
 
-    def hooked(self, job: TraceJob) -> bool:
-        """Does the job's script register the checkpoint hook? (Only a runtime that needs one asks.)"""
-        if get_runtime(self.runtime_of(job)).checkpoint != Checkpoint.HOOK:
+    def hooked(self, job: TraceJob, runtime: str) -> bool:
+        """Does the script of `job`, running `runtime`, register the checkpoint
+        hook? (Only a runtime that checkpoints through it asks.)"""
+        if get_runtime(runtime).checkpoint != Checkpoint.HOOK:
             return False
         return unit(f"hook:{self.seed}:{job.job_id}") < self.hook_fraction
 
