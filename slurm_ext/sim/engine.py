@@ -149,7 +149,9 @@ class SimOptions:
     submitted with (solver.contract.runtimes; default `TRACE_RUNTIME`, the module doc).
     runtime_mix / hook_fraction / declared_error: each job's runtime, whether
     a ddp job registers the checkpoint hook, and the badness factor of its
-    declared work (slurm_ext.sim.workload.Workload; `workload`).
+    declared work (slurm_ext.sim.workload.Workload; `workload`); with declared
+    error the controller learns what declarations are worth
+    (``learn_declared_work``, slurm_ext.controller.declared), for every policy.
     """
 
     interval_s: float = 60.0
@@ -750,6 +752,7 @@ class Simulator:
                 progress_rate_factor=math.inf
                 if self.options.progress_rate_factor is None
                 else self.options.progress_rate_factor,
+                learn_declared_work=self.options.declared_error > 0,
             ),
             solver=dataclasses.replace(self.options.solver, seed=self.options.seed),
             network=network_config(self.network),
