@@ -301,7 +301,8 @@ def load_cluster(path: str | None) -> ClusterSpec:
     "--realistic",
     is_flag=True,
     help="Estimates are not the truth: --estimates arena-estimated, --truth arena-filled, --noise 0.1 and "
-    "--restart-cost model for every policy (each can still be set), and contention where the cluster gives NICs.",
+    "--restart-cost model for every policy (each can still be set), contention where the cluster gives NICs, and "
+    "jobs that run the default --runtime-mix and declare their work with --declared-error 3.",
 )
 @click.option(
     "--runtime-mix",

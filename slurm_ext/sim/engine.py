@@ -53,7 +53,7 @@ dp x tp x pp, uneven shares and stages, mixed types, a checkpoint on the
 signal); ``--arena-compat`` always does. With a mix (`SimOptions.runtime_mix`)
 each job runs the shipped runtime slurm_ext.sim.workload gives it, declares
 the work it says, and a ``ddp`` job whose script registers the checkpoint hook
-says so to the controller at the first step of each run (`Simulator._hook`,
+says so to the controller at the first step of each run (`Hooks`,
 as the launcher's file does); what each runtime may run and how it may move
 is solver.contract.runtimes's, asked by the policies and the controller. The
 ``--policy`` baselines keep their own rules within that.
@@ -288,6 +288,23 @@ class FlatRestartCost:
 
 
 @dataclass(frozen=True)
+class Hooks:
+    """The hook record a job's launcher writes once its script registered
+    launch.on_checkpoint: at the first step of each run of a trace job that
+    does (`hooked`, by trace job id), none before (slurm_ext.controller.hooks)."""
+
+    world: SimWorld
+    trace_ids: Mapping[str, str]  # Slurm job id -> trace job id
+    hooked: frozenset[str]
+
+    def __call__(self, m: Any) -> Hook | None:
+        if self.trace_ids.get(m.job_id) not in self.hooked:
+            return None
+        at = self.world.first_step_at(m.job_id)
+        return None if at is None else Hook(m.job_id, at)
+
+
+@dataclass(frozen=True)
 class RequestedCell:
     """Can a runtime run trace job `job` in the cell its user asked for (its
     requested GPUs on the fewest nodes of its type), as `estimator` sees it?
@@ -462,7 +479,7 @@ class Simulator:
         self.backend = SimBackend(self.world)
         #: the trace's jobs as Slurm jobs (slurm_ext.sim.submit)
         self.workload = wl = o.workload()
-        #: each trace job's runtime (slurm_ext.sim.workload), and those whose script registers the hook (`_hook`)
+        #: each trace job's runtime (slurm_ext.sim.workload), and those whose script registers the hook (`Hooks`)
         self.runtimes = {j.job_id: wl.runtime_of(j, RequestedCell(cluster, estimator, j)) for j in self.trace}
         self.hooked = frozenset(j.job_id for j in self.trace if wl.hooked(j, self.runtimes[j.job_id]))
         self.submitter = Submitter(
@@ -554,15 +571,6 @@ class Simulator:
         if done is None:
             return None
         return JobProgress(done, self.world.first_step_at(m.job_id), self.world.iter_time(m.job_id))
-
-    def _hook(self, m: Any) -> Hook | None:
-        """The hook record a job's launcher writes once its script registered
-        launch.on_checkpoint: at the first step of each run of a job that does
-        (`hooked`), none before (slurm_ext.controller.hooks)."""
-        if self.trace_ids.get(m.job_id) not in self.hooked:
-            return None
-        at = self.world.first_step_at(m.job_id)
-        return None if at is None else Hook(m.job_id, at)
 
     def _advance_to(self, t: float) -> None:
         """Arrivals and job events up to `t`, in time order; no rounds."""
@@ -766,7 +774,7 @@ class Simulator:
             clock=self._clock,
             sleep=self._sleep,
             progress=EachCall(self._progress),
-            hooks=EachCall(self._hook),
+            hooks=EachCall(Hooks(self.world, self.trace_ids, self.hooked)),
         )
 
     def _over_time(self, t: float) -> bool:
