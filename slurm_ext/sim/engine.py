@@ -306,20 +306,29 @@ class Hooks:
 
 @dataclass(frozen=True)
 class RequestedCell:
-    """Can a runtime run trace job `job` in the cell its user asked for (its
-    requested GPUs on the fewest nodes of its type), as `estimator` sees it?
-    (slurm_ext.sim.workload.Workload.runtime_of; True when no cell holds the request.)"""
+    """Can a runtime run trace job `job` where its user ran it, as `estimator`
+    sees it: in the cell its user asked for (its requested GPUs on the fewest
+    nodes of its type); where no code could run there (not even `adaptive`:
+    the estimator knows no such cell), in any single-type cell of 1 to
+    `max_gpus` GPUs (slurm_ext.sim.workload.Workload.runtime_of)."""
 
     cluster: ClusterSpec
     estimator: EstimatorLike
     job: TraceJob
+    max_gpus: int
 
     def __call__(self, runtime: str) -> bool:
-        layout = best_layout(self.cluster, self.job.requested_gpu_type, self.job.requested_gpus)
-        if layout is None:
-            return True
+        asked = best_layout(self.cluster, self.job.requested_gpu_type, self.job.requested_gpus)
+        if asked is not None and self._feasible(ADAPTIVE, asked):
+            return self._feasible(runtime, asked)
+        types = {g.gpu_type for g in self.cluster.groups}
+        counts = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= self.max_gpus]
+        cells = [c for t in sorted(types) for n in counts if (c := best_layout(self.cluster, t, n)) is not None]
+        return any(self._feasible(runtime, c) for c in cells)
+
+    def _feasible(self, runtime: str, cell: tuple[str, int, int]) -> bool:
         request = JobRequest(self.job.job_id, get_model(self.job.model), self.job.global_batch, 1, runtime=runtime)
-        return self.estimator.estimate(request, Cell(*layout)).feasible
+        return self.estimator.estimate(request, Cell(*cell)).feasible
 
 
 def file_stem(label: str) -> str:
@@ -480,7 +489,10 @@ class Simulator:
         #: the trace's jobs as Slurm jobs (slurm_ext.sim.submit)
         self.workload = wl = o.workload()
         #: each trace job's runtime (slurm_ext.sim.workload), and those whose script registers the hook (`Hooks`)
-        self.runtimes = {j.job_id: wl.runtime_of(j, RequestedCell(cluster, estimator, j)) for j in self.trace}
+        self.runtimes = {
+            j.job_id: wl.runtime_of(j, RequestedCell(cluster, estimator, j, max(o.max_gpus, j.requested_gpus)))
+            for j in self.trace
+        }
         self.hooked = frozenset(j.job_id for j in self.trace if wl.hooked(j, self.runtimes[j.job_id]))
         self.submitter = Submitter(
             self.backend, cluster, o, self._speed, self.site_usage, self.world, self.runtimes, wl.declared

@@ -8,9 +8,10 @@ simulation's seed, so that every policy of a run meets the same jobs:
 * **Runtime.** The trace's, where it names one (a managed job's spec in a
   sacct Comment); else u = `unit("runtime:<seed>:<job id>")` falls in one
   runtime's slice of [0, 1), the slices laid out in the mix's order, each as
-  wide as its share; a runtime that cannot run the job in the cell its user
-  asked for (the simulation's estimator says so: a ddp job of a model whose
-  replicated state fits no GPU) gives way to the next of the mix that can.
+  wide as its share; a runtime that cannot run the job where its user ran it
+  (the simulation's estimator says so: a ddp job of a model whose replicated
+  state fits no GPU; slurm_ext.sim.engine.RequestedCell) gives way to the next
+  of the mix that can.
   What each runtime may run and how it may move is
   solver.contract.runtimes's, asked by every policy and the controller, not
   here.
