@@ -49,6 +49,7 @@ from slurm_ext.sim.clusterspec import node_type
 from slurm_ext.sim.world import SpeedFn
 from solver.contract.jobspec import JobSpec
 from solver.contract.plan import JobPlan
+from solver.contract.runtimes import ADAPTIVE
 from solver.estimator.protocol import CostModel, EstimatorBase, EstimatorLike
 from solver.mixed import MixedEstimator, parse_key
 from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan
@@ -299,7 +300,7 @@ def mixed_time(
         return None
     if (cell.num_nodes, cell.gpus_per_node) != (num_nodes, gpus_per_node):
         return None
-    job = JobRequest("truth", spec.model_spec(), spec.global_batch, spec.iterations, runtime=spec.runtime)
+    job = JobRequest("truth", spec.model_spec(), spec.global_batch, spec.iterations, runtime=ADAPTIVE)
     est = truth.estimate(job, cell)
     if not est.feasible or est.plan is None:
         return None

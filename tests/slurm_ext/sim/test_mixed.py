@@ -86,7 +86,7 @@ def plan(shares: tuple[float, ...] | None, nodes: tuple[str, ...] = ("a40-1", "a
     return JobPlan(pp=1, dp=4, tp=1, nodes=nodes, gpus_per_node=2, batch_shares=shares, cell=CELL.key())
 
 
-SPEC = JobSpec(model=MODEL, global_batch=BATCH, iterations=10, runtime="adaptive")  # a trace job (Arena's assumption)
+SPEC = JobSpec(model=MODEL, global_batch=BATCH, iterations=10)
 
 
 def test_a_mixed_cells_truth_is_composed_from_its_parts_at_the_plans_shares():
@@ -167,7 +167,7 @@ def test_with_the_truth_as_estimates_a_mixed_cell_runs_as_estimated(truth, pp):
     est = MixedEstimator(believed).estimate(JobRequest("j", get_model(model), batch, 10, runtime="adaptive"), cell)
     assert est.feasible, est.note
     assert (est.plan.pp, len(est.plan.stage_layers)) == ((1, 0) if pp == 1 else (pp, pp))
-    spec = JobSpec(model=model, global_batch=batch, iterations=10, runtime="adaptive")
+    spec = JobSpec(model=model, global_batch=batch, iterations=10)
     assert speed(spec, "a40+a10", 4, 2, _plan_of(est, cell)) == pytest.approx(est.iter_time_s, rel=1e-9)
 
 
@@ -188,7 +188,7 @@ def test_a_tables_pipeline_across_types_follows_the_table_type_by_type():
     assert two.plan == one.plan and two.iter_time_s == pytest.approx(2 * one.iter_time_s, rel=1e-9)
     speed, believed = Conditions.realistic().speed_and_estimator()
     assert isinstance(believed, ArenaEstimates) and MixedEstimator(believed).estimate(job, cell).feasible
-    spec = JobSpec(model="moe__2.4B", global_batch=256, iterations=10, runtime="adaptive")
+    spec = JobSpec(model="moe__2.4B", global_batch=256, iterations=10)
     truth = speed(spec, "a10+a40", 8, 2, _plan_of(one, cell))
     assert truth is not None and truth > 0
 
@@ -206,7 +206,7 @@ def test_a_sharded_plan_with_virtual_workers_runs_as_estimated(vw):
         JobRequest("j", get_model("gpt-2.7b"), 24, 10, virtual_workers=vw, runtime="adaptive"), cell
     )
     assert est.feasible and est.plan.sharded, est.note
-    spec = JobSpec(model="gpt-2.7b", global_batch=24, iterations=10, runtime="adaptive")
+    spec = JobSpec(model="gpt-2.7b", global_batch=24, iterations=10)
     sharded = _plan_of(est, cell, vw)
     assert speed(spec, "a10+a40", 3, 2, sharded) == pytest.approx(est.iter_time_s, rel=1e-6)
     replicated = dataclasses.replace(sharded, state_sharding=None, state_shares=None)

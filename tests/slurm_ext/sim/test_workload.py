@@ -197,3 +197,22 @@ def test_arena_compat_runs_arenas_adaptive_jobs():
     assert set(sim.runtimes.values()) == {"adaptive"} and not sim.hooked
     assert {j.spec.runtime for j in sim.world.all_jobs.values()} == {"adaptive"}
     assert sim.workload.badness == 0.0
+
+
+def test_a_sacct_jobs_spec_names_the_runtime_it_keeps(tmp_path):
+    from slurm_ext.sim.traces import load_sacct
+
+    named = '{"global_batch":128,"iterations":10,"model":"bert__760M","runtime":"megatron","version":1}'
+    plain = '{"global_batch":128,"iterations":10,"model":"bert__760M","version":1}'
+    path = tmp_path / "s.txt"
+    path.write_text(
+        "JobID|Submit|Start|End|AllocTRES|Comment\n"
+        f"1|2024-05-01T10:00:00|2024-05-01T10:00:00|2024-05-01T11:00:00|gres/gpu=2|cellsched/v1 {named}\n"
+        f"2|2024-05-01T10:00:01|2024-05-01T10:00:01|2024-05-01T11:00:00|gres/gpu=2|cellsched/v1 {plain}\n"
+        "3|2024-05-01T10:00:02|2024-05-01T10:00:02|2024-05-01T11:00:00|gres/gpu=2|\n"
+    )
+    jobs = load_sacct(path).jobs
+    # a spec without a runtime is what `cellsched sbatch` records: ddp; a job without a spec says none
+    assert [(j.job_id, j.runtime) for j in jobs] == [("1", "megatron"), ("2", "ddp"), ("3", "")]
+    w = Workload(mix=(("sharded", 1.0),))
+    assert [w.runtime_of(j) for j in jobs] == ["megatron", "ddp", "sharded"]
