@@ -139,6 +139,12 @@ class ControllerConfig:
         "estimate (estimates from profiles of other machines can be a few times off); beyond that it is "
         "ignored: the job is scheduled on the estimate and its status says so (docs/security.md).",
     )
+    learn_declared_work: bool = knob(
+        False,
+        "Schedule each job on its expected total iterations given its progress, learned from how much of "
+        "their declared iterations the jobs that completed trained (slurm_ext.controller.declared), instead "
+        "of its declared iterations.",
+    )
     max_restart_cost_s: float = knob(
         1800.0, "A measured restart (signal to first step) counts at most this long (s, > 0)."
     )

@@ -200,6 +200,34 @@ def load_trace(
     return trace
 
 
+def workload_options(
+    realistic: bool, arena_compat: bool, mix: str | None, hook_fraction: float | None, declared_error: float | None
+) -> dict[str, Any]:
+    """SimOptions' runtime_mix, hook_fraction and declared_error from the
+    options (slurm_ext.sim.workload: --realistic's defaults; Arena's
+    adaptive jobs, declaring their exact work, otherwise)."""
+    from slurm_ext.sim.workload import (
+        DEFAULT_BADNESS,
+        DEFAULT_HOOK_FRACTION,
+        DEFAULT_MIX,
+        WorkloadError,
+        parse_runtime_mix,
+    )
+
+    given = [name for name, v in (("--runtime-mix", mix), ("--declared-error", declared_error)) if v is not None]
+    if arena_compat and given:
+        raise SimulateError(f"{given[0]}: --arena-compat runs Arena's assumption (adaptive jobs, exact work)")
+    try:
+        runtime_mix = parse_runtime_mix(mix) if mix is not None else (DEFAULT_MIX if realistic else ())
+    except WorkloadError as exc:
+        raise SimulateError(str(exc)) from None
+    return {
+        "runtime_mix": runtime_mix,
+        "hook_fraction": DEFAULT_HOOK_FRACTION if hook_fraction is None else hook_fraction,
+        "declared_error": (DEFAULT_BADNESS if realistic else 0.0) if declared_error is None else declared_error,
+    }
+
+
 def load_cluster(path: str | None) -> ClusterSpec:
     from slurm_ext.sim.clusterspec import ClusterSpecError, arena_cluster, load_cluster_spec
 
@@ -335,7 +363,32 @@ def recorded_of(
     "--realistic",
     is_flag=True,
     help="Estimates are not the truth: --estimates arena-estimated, --truth arena-filled, --noise 0.1 and "
-    "--restart-cost model for every policy (each can still be set), and contention where the cluster gives NICs.",
+    "--restart-cost model for every policy (each can still be set), contention where the cluster gives NICs, and "
+    "jobs that run the default --runtime-mix and declare their work with --declared-error 3.",
+)
+@click.option(
+    "--runtime-mix",
+    default=None,
+    metavar="NAME=SHARE,...",
+    help="The shipped runtimes trace jobs run, e.g. ddp=0.6,megatron=0.4 (shares summing to 1; a job whose trace "
+    "names its runtime keeps it). Default with --realistic: ddp=0.4,megatron=0.25,torchtitan=0.15,sharded=0.15,"
+    "exact=0.05 (an assumption: docs/simulator.md); otherwise every job runs adaptive (Arena's assumption).",
+)
+@click.option(
+    "--hook-fraction",
+    type=click.FloatRange(0, 1),
+    default=None,
+    help="The fraction of ddp jobs whose script registers the checkpoint hook (the others are never moved while "
+    "they run). Default 0.5 (an assumption).",
+)
+@click.option(
+    "--declared-error",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="F",
+    help="Trace jobs declare ceil(true iterations x (1 + F u)), u uniform in [0, 1) per job (the badness-factor "
+    "model of user runtime estimates); they run their true iterations. 0: exact. Default 3 with --realistic, "
+    "else 0.",
 )
 @click.option(
     "--contention/--no-contention",
@@ -435,6 +488,9 @@ def simulate(
     noise: float | None,
     restart_cost: str | None,
     realistic: bool,
+    runtime_mix: str | None,
+    hook_fraction: float | None,
+    declared_error: float | None,
     contention: bool | None,
     policies: tuple[str, ...],
     out_dir: str,
@@ -504,6 +560,7 @@ def simulate(
             max_time_s=max_time,
             seed=seed,
             contention=contention,
+            **workload_options(realistic, arena_compat, runtime_mix, hook_fraction, declared_error),
         )
     except SimError as exc:
         raise SimulateError(str(exc)) from None
@@ -557,6 +614,9 @@ def simulate(
         "mode": "arena-compat" if arena_compat else ("realistic" if realistic else "event"),
         "interval_s": options.effective().interval_s,
         "contention": contention if contention is not None else cluster.has_network and not arena_compat,
+        "runtimes": dict(options.runtime_mix) or options.runtime,
+        "hook_fraction": options.hook_fraction,
+        "declared_error": options.declared_error,
         "wall_s": round(time.perf_counter() - t0, 1),
     }
     results = summaries(runs)

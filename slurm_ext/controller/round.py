@@ -17,6 +17,7 @@ from slurm_ext.controller import inputs as inp
 from slurm_ext.controller import metrics as mx
 from slurm_ext.controller import relaunch
 from slurm_ext.controller.context import RestoredIntent, RoundContext, RoundPhase
+from slurm_ext.controller.declared import DeclaredWork
 from slurm_ext.controller.hooks import STATIC_REASON, HookReader
 from slurm_ext.controller.lease import FencedBackend, FileLease, LeaseLost
 from slurm_ext.controller.limits import within_limits
@@ -87,6 +88,8 @@ class Controller:
         declare_metrics(self.metrics)
         #: what the jobs report (progress, checkpoint hooks, restarts, cells trained in)
         self.reports = JobReports(config, self.state, self.metrics, progress, hooks)
+        #: what declared iterations turn out to be (None: the declared ones are believed)
+        self.declared = DeclaredWork(self.reports.progress) if config.controller.learn_declared_work else None
         #: the estimates the policy decides with, calibrated by what jobs reach
         self.speeds = Speeds(config, self.state, estimator)
         self.estimator = self.speeds.estimator
@@ -356,6 +359,9 @@ class Controller:
             models=inp.trained_models(ctx.known, ctx.prog.models),
             preempted=self.state.preemptions(ctx.listed),
         )
+        if self.declared is not None:
+            self.declared.observe(ctx.jobs)
+            ctx.built = self.declared.applied(ctx.built)
 
     def _solve(self, ctx: RoundContext) -> None:
         t1 = time.perf_counter()

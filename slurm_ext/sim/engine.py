@@ -46,12 +46,17 @@ the conditions' truth composes mixed cells the same way
 (slurm_ext.sim.conditions); a policy that offers none is unaffected. In
 arena-compat mode neither is (Arena's simulator has no mixed cells).
 
-Runtimes (solver.contract.runtimes): every trace job is submitted with runtime
-`TRACE_RUNTIME` (``adaptive``): Arena's jobs run adaptive parallelism, as
-Arena assumes (any dp x tp x pp, uneven shares and stages, mixed types, a
-checkpoint on the signal), so a simulation offers a trace job every plan it
-did before runtimes had names. The ``--policy`` baselines keep their own
-rules within that.
+Runtimes (solver.contract.runtimes): without a runtime mix every trace job
+is submitted with `SimOptions.runtime`, by default `TRACE_RUNTIME`
+(``adaptive``): Arena's jobs run adaptive parallelism, as Arena assumes (any
+dp x tp x pp, uneven shares and stages, mixed types, a checkpoint on the
+signal); ``--arena-compat`` always does. With a mix (`SimOptions.runtime_mix`)
+each job runs the shipped runtime slurm_ext.sim.workload gives it, declares
+the work it says, and a ``ddp`` job whose script registers the checkpoint hook
+says so to the controller at the first step of each run (`Hooks`,
+as the launcher's file does); what each runtime may run and how it may move
+is solver.contract.runtimes's, asked by the policies and the controller. The
+``--policy`` baselines keep their own rules within that.
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_ext.config import Config, ControllerConfig, NetworkConfig
+from slurm_ext.controller.hooks import Hook
 from slurm_ext.controller.progress import EachCall, JobProgress
 from slurm_ext.controller.round import Controller
 from slurm_ext.errors import CellschedError
@@ -81,11 +87,13 @@ from slurm_ext.sim.network import NetworkTruth, cluster_network
 from slurm_ext.sim.preempt import SlurmPreemption
 from slurm_ext.sim.quantum import EXECUTED_SECONDS, ITERATIONS, QuantumMode
 from slurm_ext.sim.site import SiteFeed, SiteUsage, assign_accounts
-from slurm_ext.sim.submit import Submitter
+from slurm_ext.sim.submit import Submitter, best_layout
 from slurm_ext.sim.types import ClusterSpec, JobOutcome, RoundStat, Sample, SimRun, TraceJob
+from slurm_ext.sim.workload import Workload, WorkloadError
 from slurm_ext.sim.world import Observer, RestartCostFn, SimJob, SimWorld, SpeedFn
 from slurm_ext.state import RoundStatus, StateStore
 from solver.contract.jobspec import JobSpec
+from solver.contract.models import get_model
 from solver.contract.plan import JobPlan
 from solver.contract.profiles.arena import load_sim_constants
 from solver.contract.runtimes import ADAPTIVE, UnknownRuntime, get_runtime
@@ -93,7 +101,7 @@ from solver.estimator.protocol import EstimatorLike
 from solver.mixed import MixedEstimator
 from solver.network import Network, default_nic_gbps
 from solver.policies import Policy
-from solver.types import SolverConfig
+from solver.types import Cell, JobRequest, SolverConfig
 
 #: policies that search plans with pruning in Arena's simulator (cheap restarts)
 PRUNED_POLICIES = ("cellsched", "cellsched-static")
@@ -139,6 +147,11 @@ class SimOptions:
     arena_compat mode); True on a cluster without NICs: each GPU type's
     default NIC (solver.network). runtime: the runtime every trace job is
     submitted with (solver.contract.runtimes; default `TRACE_RUNTIME`, the module doc).
+    runtime_mix / hook_fraction / declared_error: each job's runtime, whether
+    a ddp job registers the checkpoint hook, and the badness factor of its
+    declared work (slurm_ext.sim.workload.Workload; `workload`); with declared
+    error the controller learns what declarations are worth
+    (``learn_declared_work``, slurm_ext.controller.declared), for every policy.
     """
 
     interval_s: float = 60.0
@@ -162,6 +175,9 @@ class SimOptions:
     progress_rate_factor: float | None = 10.0
     contention: bool | None = None
     runtime: str = TRACE_RUNTIME
+    runtime_mix: tuple[tuple[str, float], ...] = ()
+    hook_fraction: float = 0.0
+    declared_error: float = 0.0
     solver: SolverConfig = field(default_factory=lambda: SolverConfig(time_limit_s=SIM_TIME_LIMIT_S))
 
     def __post_init__(self) -> None:
@@ -183,8 +199,20 @@ class SimOptions:
             get_runtime(self.runtime)
         except UnknownRuntime as e:
             raise SimError(f"SimOptions.runtime: {e}") from None
+        try:
+            self.workload()
+        except WorkloadError as e:
+            raise SimError(f"SimOptions: {e}") from None
+        if self.arena_compat and (self.runtime_mix or self.declared_error or self.runtime != TRACE_RUNTIME):
+            raise SimError("arena-compat mode runs Arena's assumption: adaptive jobs declaring their exact work")
         if self.contention and self.arena_compat:
             raise SimError("contention is not modelled in arena-compat mode (Arena's simulator has none)")
+
+    def workload(self) -> Workload:
+        """What each trace job runs and declares (slurm_ext.sim.workload)."""
+        return Workload(
+            self.runtime, self.runtime_mix, self.hook_fraction, self.declared_error, self.seed, not self.arena_compat
+        )
 
     def effective(self) -> SimOptions:
         """The options as they apply: arena_compat fixes the round grid and
@@ -257,6 +285,50 @@ class FlatRestartCost:
         if first_start and not self.first:
             return 0.0
         return min(self.per_gpu_s * gpus, self.max_s)
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """The hook record a job's launcher writes once its script registered
+    launch.on_checkpoint: at the first step of each run of a trace job that
+    does (`hooked`, by trace job id), none before (slurm_ext.controller.hooks)."""
+
+    world: SimWorld
+    trace_ids: Mapping[str, str]  # Slurm job id -> trace job id
+    hooked: frozenset[str]
+
+    def __call__(self, m: Any) -> Hook | None:
+        if self.trace_ids.get(m.job_id) not in self.hooked:
+            return None
+        at = self.world.first_step_at(m.job_id)
+        return None if at is None else Hook(m.job_id, at)
+
+
+@dataclass(frozen=True)
+class RequestedCell:
+    """Can a runtime run trace job `job` where its user ran it, as `estimator`
+    sees it: in the cell its user asked for (its requested GPUs on the fewest
+    nodes of its type); where no code could run there (not even `adaptive`:
+    the estimator knows no such cell), in any single-type cell of 1 to
+    `max_gpus` GPUs (slurm_ext.sim.workload.Workload.runtime_of)."""
+
+    cluster: ClusterSpec
+    estimator: EstimatorLike
+    job: TraceJob
+    max_gpus: int
+
+    def __call__(self, runtime: str) -> bool:
+        asked = best_layout(self.cluster, self.job.requested_gpu_type, self.job.requested_gpus)
+        if asked is not None and self._feasible(ADAPTIVE, asked):
+            return self._feasible(runtime, asked)
+        types = {g.gpu_type for g in self.cluster.groups}
+        counts = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= self.max_gpus]
+        cells = [c for t in sorted(types) for n in counts if (c := best_layout(self.cluster, t, n)) is not None]
+        return any(self._feasible(runtime, c) for c in cells)
+
+    def _feasible(self, runtime: str, cell: tuple[str, int, int]) -> bool:
+        request = JobRequest(self.job.job_id, get_model(self.job.model), self.job.global_batch, 1, runtime=runtime)
+        return self.estimator.estimate(request, Cell(*cell)).feasible
 
 
 def file_stem(label: str) -> str:
@@ -415,7 +487,16 @@ class Simulator:
         #: what the controller talks to
         self.backend = SimBackend(self.world)
         #: the trace's jobs as Slurm jobs (slurm_ext.sim.submit)
-        self.submitter = Submitter(self.backend, cluster, o, self._speed, self.site_usage, self.world)
+        self.workload = wl = o.workload()
+        #: each trace job's runtime (slurm_ext.sim.workload), and those whose script registers the hook (`Hooks`)
+        self.runtimes = {
+            j.job_id: wl.runtime_of(j, RequestedCell(cluster, estimator, j, max(o.max_gpus, j.requested_gpus)))
+            for j in self.trace
+        }
+        self.hooked = frozenset(j.job_id for j in self.trace if wl.hooked(j, self.runtimes[j.job_id]))
+        self.submitter = Submitter(
+            self.backend, cluster, o, self._speed, self.site_usage, self.world, self.runtimes, wl.declared
+        )
         self.slurm_ids = self.submitter.slurm_ids  # trace job id -> Slurm job id
         self.trace_ids = self.submitter.trace_ids  # Slurm job id -> trace job id
         self.samples: list[Sample] = []
@@ -691,6 +772,7 @@ class Simulator:
                 progress_rate_factor=math.inf
                 if self.options.progress_rate_factor is None
                 else self.options.progress_rate_factor,
+                learn_declared_work=self.options.declared_error > 0,
             ),
             solver=dataclasses.replace(self.options.solver, seed=self.options.seed),
             network=network_config(self.network),
@@ -704,6 +786,7 @@ class Simulator:
             clock=self._clock,
             sleep=self._sleep,
             progress=EachCall(self._progress),
+            hooks=EachCall(Hooks(self.world, self.trace_ids, self.hooked)),
         )
 
     def _over_time(self, t: float) -> bool:

@@ -62,7 +62,7 @@ class QuantumMode:
             done: float = math.floor(job.exec_s / job.iter_time)
         else:
             done = job.done
-        return float(min(done, job.spec.iterations)) if job.spec else float(done)
+        return float(min(done, job.total)) if job.spec else float(done)
 
     def settle(self, world: SimWorld, now: float) -> list[str]:
         """At a round start: the world's events up to `now`, the round
@@ -76,11 +76,11 @@ class QuantumMode:
                 continue
             remaining: float
             if self.progress_model == EXECUTED_SECONDS:
-                remaining = job.spec.iterations - math.floor(job.exec_s / job.iter_time)
+                remaining = job.total - math.floor(job.exec_s / job.iter_time)
             else:
-                remaining = job.spec.iterations - job.done
+                remaining = job.total - job.done
             if remaining <= 0:
-                job.done = float(job.spec.iterations)
+                job.done = job.total
                 world.end(job, "COMPLETED", 0)
                 ended.append(job.job_id)
         return ended

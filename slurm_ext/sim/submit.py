@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from slurm_ext.backends.base import SubmitRequest
@@ -28,9 +28,6 @@ from solver.contract.plan import JobPlan
 
 class SpecOptions(Protocol):
     """What every trace job's spec takes from the simulation's options (slurm_ext.sim.engine.SimOptions)."""
-
-    @property
-    def runtime(self) -> str: ...
 
     @property
     def elastic(self) -> bool: ...
@@ -70,10 +67,14 @@ class Submitter:
         speed: Speed,
         site: SiteUsage | None,
         world: SimWorld,
+        runtimes: Mapping[str, str],
+        declared: Callable[[TraceJob, int], int],
     ) -> None:
-        """`world`: the one `backend` shows, where plain jobs are submitted (module doc)."""
+        """`world`: the one `backend` shows, where plain jobs are submitted (module doc);
+        `runtimes`: each trace job's runtime, `declared(job, true iterations)`
+        its declared ones (slurm_ext.sim.workload)."""
         self.backend, self.cluster, self.options, self.speed, self.site_usage = backend, cluster, options, speed, site
-        self.world = world
+        self.world, self.runtimes, self.declared = world, runtimes, declared
         qos = cluster.site.qos if cluster.site is not None else ()
         self._qos = {q.name for q in qos}  # a job of one of them is submitted with it (-q)
         self._plain = {q.name for q in qos if q.plain}
@@ -82,7 +83,27 @@ class Submitter:
         self.trace_ids: dict[str, str] = {}  # Slurm job id -> trace job id
         self.skipped: dict[str, str] = {}  # trace jobs never submitted: why
 
-    def spec(self, job: TraceJob) -> JobSpec | str:
+    def spec(self, job: TraceJob, iterations: int) -> JobSpec | str:
+        """The spec its user submits for `iterations` true ones (declaring
+        `declared`), or why there is none."""
+        try:
+            return JobSpec(
+                model=job.model,
+                global_batch=job.global_batch,
+                iterations=self.declared(job, iterations),
+                elastic=self.options.elastic,
+                min_gpus=self.options.min_gpus,
+                max_gpus=max(self.options.max_gpus, job.requested_gpus),
+                requested_gpus=job.requested_gpus,
+                requested_gpu_type=job.requested_gpu_type,
+                runtime=self.runtimes[job.job_id],
+            )
+        except ValueError as exc:
+            return str(exc)
+
+    def iterations(self, job: TraceJob) -> int | str:
+        """The iterations the job really runs: the trace's, or its duration at
+        its requested cell's speed; or why there are none."""
         iterations = job.iterations
         if iterations is None:
             if job.duration_s is None:
@@ -91,34 +112,23 @@ class Submitter:
             t = None
             if layout is not None:
                 probe = JobSpec(
-                    model=job.model, global_batch=job.global_batch, iterations=1, runtime=self.options.runtime
+                    model=job.model, global_batch=job.global_batch, iterations=1, runtime=self.runtimes[job.job_id]
                 )
                 t = self.speed(probe, layout[0], layout[1], layout[2], None)
             if not t:
                 return "its requested cell has no speed to turn its duration into iterations"
             iterations = max(1, round(job.duration_s / t))
-        try:
-            return JobSpec(
-                model=job.model,
-                global_batch=job.global_batch,
-                iterations=iterations,
-                elastic=self.options.elastic,
-                min_gpus=self.options.min_gpus,
-                max_gpus=max(self.options.max_gpus, job.requested_gpus),
-                requested_gpus=job.requested_gpus,
-                requested_gpu_type=job.requested_gpu_type,
-                runtime=self.options.runtime,
-            )
-        except ValueError as exc:
-            return str(exc)
+        return iterations
 
     def submit(self, job: TraceJob) -> None:
-        spec = self.spec(job)
+        truth = self.iterations(job)
+        spec = truth if isinstance(truth, str) else self.spec(job, truth)
         if isinstance(spec, str):
             self.skipped[job.job_id] = spec
             return
+        assert isinstance(truth, int)
         if job.qos in self._plain:
-            self._submit_plain(job, spec)
+            self._submit_plain(job, spec, truth)
             return
         req = SubmitRequest(
             script="sim-job.sh",
@@ -130,7 +140,9 @@ class Submitter:
             qos=job.qos if job.qos in self._qos else None,
             time_limit=None if job.time_limit_s is None else math.ceil(job.time_limit_s / 60),
         )
-        self._submitted(job, self.backend.submit(req))
+        sid = self.backend.submit(req)
+        self.world.jobs[sid].work = float(truth)  # what it really runs; its spec says what its user declared
+        self._submitted(job, sid)
 
     def _submitted(self, job: TraceJob, sid: str, plain: bool = False) -> None:
         self.slurm_ids[job.job_id] = sid
@@ -138,7 +150,7 @@ class Submitter:
         if self.site_usage is not None:
             self.site_usage.register(sid, job, plain)
 
-    def _submit_plain(self, job: TraceJob, spec: JobSpec) -> None:
+    def _submit_plain(self, job: TraceJob, spec: JobSpec, truth: int) -> None:
         """A plain sbatch job (module doc), registered before Slurm may start it."""
         layout = best_layout(self.cluster, job.requested_gpu_type, job.requested_gpus)
         if layout is None:
@@ -161,6 +173,7 @@ class Submitter:
                 features=gpu_type,
                 begin_time=w.now,
                 spec=dataclasses.replace(spec, elastic=False),
+                work=float(truth),
                 qos=job.qos,
             )
         )

@@ -13,7 +13,7 @@ allowed, JobID/Submit/AllocTRES required; ReqTRES is used when AllocTRES is
 empty; User, Account, QOS and Timelimit are the job's when given):
 submit times are relative to the earliest kept job's submit, and so is
 each job's Start (`recorded_start`: the recorded run). A job whose
-Comment carries a cellsched spec takes model, batch and iterations from it;
+Comment carries a cellsched spec takes model, batch, iterations and runtime from it;
 any other job gets the default model and batch, iterations None and
 duration_s = End - Start. Rows that are well-formed but unusable are
 skipped and counted (`load_sacct(...).skipped`): job steps, jobs without
@@ -348,6 +348,7 @@ class _SacctRow:
                 account=account,
                 qos=qos,
                 time_limit_s=limit,
+                runtime=spec.runtime,
             ), submit
         if duration is None:
             return "not ended" if end is None else "no start time"

@@ -40,6 +40,8 @@ class TraceJob:
     #: its Slurm time limit in seconds (a sacct export's Timelimit; None: none), what
     #: Slurm's backfill plans with (slurm-multifactor); the simulated Slurm does not enforce it
     time_limit_s: float | None = None
+    #: the runtime the trace says it ran ("": none said; slurm_ext.sim.workload gives it one)
+    runtime: str = ""
 
 
 @dataclass(frozen=True)

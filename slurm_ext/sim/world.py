@@ -133,6 +133,7 @@ class SimJob:
     preempt_at: float | None = None  # its PreemptTime: Slurm preempts it (slurm_ext.sim.preempt)
     # --- the simulated run
     spec: JobSpec | None = None
+    work: float | None = None  # the iterations it really runs (None: its spec's; slurm_ext.sim.workload)
     iter_time: float | None = None
     comm: Comm | None = None  # its network use alone (contention); None: one node or not modelled
     contended_s: float = 0.0  # seconds of its runs lost to sharing links: slower than it ran alone
@@ -152,6 +153,13 @@ class SimJob:
     @property
     def gpus(self) -> int:
         return self.gres * len(self.nodes)
+
+    @property
+    def total(self) -> float:
+        """The iterations after which it completes: its true work, else its spec's (0: no spec)."""
+        if self.work is not None:
+            return self.work
+        return float(self.spec.iterations) if self.spec else 0.0
 
     @property
     def running(self) -> bool:
@@ -322,7 +330,7 @@ class SimWorld:
                 o.stall_ended(job)
         elif kind == "complete":
             self.accrue(job, self.now)
-            job.done = float(job.spec.iterations) if job.spec else job.done
+            job.done = job.total if job.spec else job.done
             self.end(job, "COMPLETED", 0)
         elif kind == "checkpoint":
             self.end(job, "FAILED", EXIT_CHECKPOINTED)
@@ -565,7 +573,7 @@ class SimWorld:
     def _schedule_completion(self, job: SimJob) -> None:
         """(Re)push the completion of a running job at its current speed."""
         assert job.spec is not None and job.iter_time
-        left = max(0.0, job.spec.iterations - job.done)
+        left = max(0.0, job.total - job.done)
         job.complete_at = max(job.accrue_from, self.now) + left * job.iter_time
         self.clock.push(job.complete_at, "complete", job.job_id, job.epoch)
 
@@ -651,7 +659,7 @@ class SimWorld:
         done = job.done
         if job.running and not job.checkpointing and job.iter_time and self.now > job.accrue_from:
             done += (self.now - job.accrue_from) / job.iter_time
-        return float(min(done, job.spec.iterations)) if job.spec else float(done)
+        return float(min(done, job.total)) if job.spec else float(done)
 
     def first_step_at(self, job_id: str) -> float | None:
         """When the first iteration after the job's last (re)start ended
