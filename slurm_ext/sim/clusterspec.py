@@ -228,7 +228,7 @@ def _site(data: Any, at: str) -> SiteSpec:
     period = table.get("calc_period_s", 0)
     if isinstance(period, bool) or not isinstance(period, (int, float)) or not 0 <= period < 1e9:
         raise ClusterSpecError(f"{at}: field 'calc_period_s' must be a number of seconds >= 0, got {period!r}")
-    return SiteSpec(tuple(accounts), tuple(qos), default_qos, float(half), mode, float(period))
+    return SiteSpec(tuple(accounts), tuple(qos), default_qos, float(half), mode, calc_period_s=float(period))
 
 
 def _preempt(value: Any, at: str, names: set[str], name: str) -> tuple[str, ...]:
