@@ -71,7 +71,7 @@ from solver.site import GpuLimit, LimitKind, LimitScope, SitePolicy
 from solver.types import ScheduleReply, ScheduleRequest
 
 
-def _unit(text: str) -> float:
+def unit(text: str) -> float:
     """A number in [0, 1) from sha256(text): the first 64 bits over 2^64."""
     return int(hashlib.sha256(text.encode()).hexdigest()[:16], 16) / 2.0**64
 
@@ -86,7 +86,7 @@ def assign_accounts(trace: Sequence[TraceJob], site: SiteSpec) -> tuple[TraceJob
         if not account:
             if not weights:
                 raise ValueError("no account of the site has trace_weight > 0 to take jobs without an account")
-            u, acc = _unit(f"account:{job.job_id}") * total, 0.0
+            u, acc = unit(f"account:{job.job_id}") * total, 0.0
             spec = weights[-1][0]
             for a, w in weights:
                 acc += w
@@ -103,7 +103,7 @@ def _trace_qos(job: TraceJob, site: SiteSpec) -> str:
     """The QOS of a trace job that names none (module doc)."""
     if not any(q.trace_fraction for q in site.qos):
         return site.default_qos
-    v, edge = _unit(f"qos:{job.job_id}"), 0.0
+    v, edge = unit(f"qos:{job.job_id}"), 0.0
     for q in site.qos:
         edge += q.trace_fraction
         if v < edge:

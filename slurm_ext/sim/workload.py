@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from slurm_ext.errors import CellschedError
-from slurm_ext.sim.site import _unit as unit
+from slurm_ext.sim.site import unit
 from slurm_ext.sim.types import TraceJob
 from solver.contract.runtimes import ADAPTIVE, RUNTIMES, SUBMITTABLE, Checkpoint, get_runtime
 

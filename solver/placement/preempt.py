@@ -79,14 +79,10 @@ def tier_on(job: JobRequest, nodes: Iterable[str] | None, request: ScheduleReque
     if not site.priority_tiers:
         return 1
     wanted = None if nodes is None else set(nodes)
-    tiers = [
-        site.tier(p)
-        for n in cluster.nodes
-        if wanted is None or n.name in wanted
-        for p in (*n.partitions, *(q for q, names in cluster.partitions.items() if n.name in names))
-        if job.partitions is None or p in job.partitions
-    ]
-    return max(tiers, default=1)
+    held = [n for n in cluster.nodes if wanted is None or n.name in wanted]
+    # a partition not named in priority_tiers has tier 1: only the named ones can raise it
+    names = site.priority_tiers if job.partitions is None else job.partitions
+    return max((site.tier(p) for p in names if any(in_partitions(n, (p,), cluster) for n in held)), default=1)
 
 
 def ranks(request: ScheduleRequest, jobs: Iterable[JobRequest], plan: Mapping[str, Placement]) -> dict[str, Rank]:
