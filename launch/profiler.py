@@ -910,9 +910,16 @@ def _comm_worker(
                 continue
             parts = [torch.empty_like(buf) for _ in range(n)]
             group = groups[n]
+            # a reduce-scatter of an nbytes buffer (rounded down to n equal chunks), as FSDP reduces its
+            # gradients: each rank keeps its chunk of the sum (gloo: an all-reduce of the whole buffer)
+            chunk = torch.zeros(max(buf.numel() // n, 1), dtype=buf.dtype, device=device)
+            whole = torch.zeros(chunk.numel() * n, dtype=buf.dtype, device=device)
             items += [("allreduce", n, _nbytes(buf)), ("allgather", n, _nbytes(buf))]
+            items.append(("reducescatter", n, _nbytes(whole)))
             ops.append((functools.partial(dist.all_reduce, buf, group=group), touch))
             ops.append((functools.partial(dist.all_gather, parts, buf, group=group), touch))
+            scatter = functools.partial(dist.reduce_scatter_tensor, chunk, whole, group=group)
+            ops.append((scatter, functools.partial(whole.fill_, 1.0)))
     dist.barrier()
     times = _timed_rounds(ops, device, warmup, repeat, busy_s)
     recs = [

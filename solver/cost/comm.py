@@ -12,6 +12,10 @@ bandwidths with a fixed per-message latency. All-reduces are rings:
 among n' ranks serves n ranks by scaling the bytes by the ring factor ratio.
 All-gathers (each rank contributes `bytes`) are rings too: ``(n-1) * bytes /
 bw`` plus ``n-1`` latencies, a curve of n' ranks scaled by (n-1)/(n'-1).
+A reduce-scatter of a `bytes` buffer is taken from its own curve when one is
+profiled (scaled between rank counts by the ring's (n-1)/n): backends differ
+(gloo all-reduces the whole buffer, then keeps its chunk; NCCL runs a ring);
+else it is the ring's, the all-gather of bytes / n per rank.
 """
 
 from __future__ import annotations
@@ -36,6 +40,11 @@ def ring_factor(n: int) -> float:
 def gather_factor(n: int) -> float:
     """Bytes each rank receives in an all-gather, per byte it contributes."""
     return float(n - 1)
+
+
+def scatter_factor(n: int) -> float:
+    """Bytes each rank moves in a ring reduce-scatter, per byte of the buffer."""
+    return (n - 1) / n
 
 
 @dataclass(frozen=True)
@@ -97,6 +106,17 @@ class Links:
     def allgather(self, link: str, nbytes: float, n: int) -> float:
         """An all-gather among `n` ranks, each contributing `nbytes`."""
         return self._collective(link, "allgather", nbytes, n, gather_factor, 1)
+
+    def reduce_scatter(self, link: str, nbytes: float, n: int) -> float:
+        """A reduce-scatter of an `nbytes` buffer among `n` ranks (each keeps
+        nbytes / n of the sum): its profiled curve where the store has one
+        (a backend may not run a ring: gloo all-reduces the whole buffer and
+        keeps a chunk), else the ring's, the all-gather of nbytes / n per rank."""
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        if (link, "reducescatter") in self._curves:
+            return self._collective(link, "reducescatter", nbytes, n, scatter_factor, 1)
+        return self.allgather(link, nbytes / n, n)
 
     def _collective(
         self, link: str, op: str, nbytes: float, n: int, factor: Callable[[int], float], steps_per_rank: int

@@ -66,7 +66,8 @@ workers) of the busiest rank and d the dtype bytes:
   that are not blocks (embedding, head: FSDP2 keeps the root's parameters
   gathered from forward to backward, and its gradient), and the update of
   1/dp of the state. A reduce-scatter is priced as the ring's (dp - 1)/dp
-  of the buffer, an all-gather of G_k / dp per rank.
+  of the buffer, an all-gather of G_k / dp per rank, unless the profile
+  has the backend's own reduce-scatter curve (``Links.reduce_scatter``).
 
 Pipelines of ``exact``, ``sharded`` and ``torchtitan`` run torch's
 ``Schedule1F1B`` (``torch.distributed.pipelining``), which needs m >= pp
@@ -81,7 +82,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solver.contract.runtimes import GradSync, Runtime, State, get_runtime
-from solver.cost.comm import NET, Links
+from solver.cost.comm import NET
 from solver.cost.layers import StageCosts
 from solver.cost.pipeline import ALLGATHER, ALLREDUCE, Ranks, stage_spans_nodes
 
@@ -149,11 +150,6 @@ def _stage_link(st: StageCosts, k: int, at: Ranks) -> tuple[str, float]:
     return at.links.intra, st.param_bytes[k]
 
 
-def reduce_scatter(links: Links, link: str, nbytes: float, n: int) -> float:
-    """A ring reduce-scatter of an `nbytes` buffer among `n` ranks: the all-gather of nbytes / n per rank."""
-    return links.allgather(link, nbytes / n, n) if n > 1 else 0.0
-
-
 def fsdp_sync_time(st: StageCosts, at: Ranks, *, m: int) -> float:
     """FSDP's communication of the slowest stage (module doc): 2 m parameter
     all-gathers and m gradient reduce-scatters (one with pp > 1)."""
@@ -166,7 +162,7 @@ def fsdp_sync_time(st: StageCosts, at: Ranks, *, m: int) -> float:
         # one collective per FSDP unit: the stage's blocks and the stage itself (the root)
         units = (st.blocks[k] if st.blocks else st.layers[k]) + 1
         per = nbytes / units
-        t = units * (2 * m * links.allgather(link, per / dp, dp) + scatters * reduce_scatter(links, link, per, dp))
+        t = units * (2 * m * links.allgather(link, per / dp, dp) + scatters * links.reduce_scatter(link, per, dp))
         out = max(out, t)
     return out
 
@@ -179,7 +175,7 @@ def zero1_allreduce_time(st: StageCosts, at: Ranks) -> float:
     out = 0.0
     for k in range(st.pp):
         link, nbytes = _stage_link(st, k, at)
-        out = max(out, reduce_scatter(links, link, nbytes, dp) + links.allgather(link, nbytes / dp, dp))
+        out = max(out, links.reduce_scatter(link, nbytes, dp) + links.allgather(link, nbytes / dp, dp))
     return out
 
 

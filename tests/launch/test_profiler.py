@@ -74,7 +74,7 @@ def test_layer_records_are_complete_and_sane(store):
 
 
 def test_comm_records_from_two_gloo_processes(store):
-    for op in ("p2p", "allreduce", "allgather"):
+    for op in ("p2p", "allreduce", "allgather", "reducescatter"):
         recs = store.comm("loopback", op, nranks=2)
         assert [r.nbytes for r in recs] == list(profiler.COMM_SIZES)
         assert all(r.time_s > 0 for r in recs)

@@ -252,6 +252,22 @@ def test_dp_sync_time_by_collective():
         dp_sync_time(st, two, collective="broadcast")
 
 
+def test_reduce_scatter_from_its_own_curve_else_the_ring():
+    """FSDP's gradient reduce-scatter: the backend's measured curve when profiled (gloo all-reduces
+    the whole buffer), else the ring's all-gather of bytes / n per rank; rank counts scale by (n-1)/n."""
+    ring = Links(G, load_curves(gather_store().comm("nvlink", "allgather")))
+    # no reduce-scatter curve: 8000 B among 2 = the all-gather of 4000 B each (1 s per 1000 B)
+    assert ring.reduce_scatter("nvlink", 8000, 2) == pytest.approx(4.0)
+    assert ring.reduce_scatter("nvlink", 8000, 1) == 0.0
+    s = gather_store()
+    s.put_comm([CommRecord("nvlink", "reducescatter", 2, n, 3.0 * n / 1000) for n in (1000, 2000)])
+    own = Links(G, load_curves(r for link, op in s.comm_keys() for r in s.comm(link, op)))
+    assert own.reduce_scatter("nvlink", 2000, 2) == pytest.approx(6.0)  # the curve, not the ring's 1 s
+    # 4 ranks from the 2-rank curve: (3/4) / (1/2) of the bytes, 1500 B on the curve = 4.5 s
+    assert own.reduce_scatter("nvlink", 1000, 4) == pytest.approx(4.5)
+    assert own.allgather("nvlink", 1000, 2) == pytest.approx(1.0)  # the other ops keep their curves
+
+
 def test_picks_fastest_plan_that_fits():
     est = Estimator(hand_store())
     cell = Cell("g2", 1, 2, pp=1)  # tp 2 is faster but its parameters do not fit in 0.18 MB

@@ -92,7 +92,9 @@ class CommRecord:
     """Time of one communication op of `nbytes` among `nranks` over a link.
 
     link: "nvlink" | "pcie" | "net" | "loopback" (or any name a profiler uses).
-    op: "p2p" | "allreduce" | "allgather".
+    op: "p2p" | "allreduce" | "allgather" | "reducescatter". nbytes: the buffer
+    of an all-reduce or a reduce-scatter (each rank keeps nbytes / nranks of
+    the latter), what each rank contributes to an all-gather, one send.
     """
 
     link: str
