@@ -36,11 +36,24 @@ Measured per policy, from the run's meta["site"] (slurm_ext.sim.site.SiteUsage):
 
 Prints one JSON line per policy, then a summary line (the issue's target:
 cellsched's largest deviation at most slurm-multifactor's and its average
-JCT at least 20% below), and writes OUT/multitenant.md. The run is kept in
-OUT/results.json (not run again when there).
+JCT at least 20% below; the row compared is `cellsched`, else the first
+cellsched variant given, named by cellsched_row, and every cellsched
+variant's JCT ratio is in jct_ratios_vs_slurm), and writes
+OUT/multitenant.md. The run is kept in OUT/results.json (not run again
+when there).
+
+By default cellsched's jobs are elastic (1 to 16 GPUs, resized and moved
+when it pays) while slurm-multifactor's and gavel's run at their requested
+GPU count, so cellsched's gain mixes placement with elasticity. The rigid
+variant, `--policy cellsched:rigid=true` (`cellsched simulate`'s per-policy
+rigid key), submits every cellsched job rigid at its requested GPUs: its
+gain is then placement and GPU type choice only. Give it beside the others
+in one run (same trace, truth, noise and seed):
 
     python benchmarks/multitenant.py --out /tmp/mt [--jobs 150] [--load 1] [--seed 0] [--workers 2]
         [--policy cellsched --policy cellsched:min_run_s=0 ...]  (default: the three above)
+    python benchmarks/multitenant.py --out /tmp/mt-rigid --policy cellsched --policy cellsched:rigid=true \
+        --policy slurm-multifactor --policy gavel
 """
 
 from __future__ import annotations
@@ -150,13 +163,20 @@ def numbers(results: Path, account: dict[str, str]) -> tuple[list[dict[str, obje
             }
         )
     by = {r["policy"]: r for r in rows}
-    cs, sm = by.get("cellsched"), by.get("slurm-multifactor")
-    ratio = None
-    if cs and sm and cs["avg_jct_common_s"] and sm["avg_jct_common_s"]:
-        ratio = round(float(cs["avg_jct_common_s"]) / float(sm["avg_jct_common_s"]), 4)  # type: ignore[arg-type]
+    variants = [r for r in rows if str(r["policy"]).partition(":")[0] == "cellsched"]
+    cs, sm = by.get("cellsched") or (variants[0] if variants else None), by.get("slurm-multifactor")
+
+    def jct_ratio(row: dict[str, object] | None) -> float | None:
+        if row and sm and row["avg_jct_common_s"] and sm["avg_jct_common_s"]:
+            return round(float(row["avg_jct_common_s"]) / float(sm["avg_jct_common_s"]), 4)  # type: ignore[arg-type]
+        return None
+
+    ratio = jct_ratio(cs)
     summary = {
         "summary": True,
+        "cellsched_row": cs["policy"] if cs else None,
         "jct_ratio_cellsched_vs_slurm": ratio,
+        "jct_ratios_vs_slurm": {str(r["policy"]): jct_ratio(r) for r in variants},
         "jct_reduction_pct": round(100 * (1 - ratio), 1) if ratio else None,
         "deviation_at_most_slurms": bool(cs and sm and cs["max_share_deviation"] <= sm["max_share_deviation"]),  # type: ignore[operator]
         "target_met": bool(
@@ -209,7 +229,10 @@ def parser(doc: str | None, cluster_help: str) -> argparse.ArgumentParser:
 def main() -> int:
     ap = parser(__doc__, "cluster spec with a [site]")
     ap.add_argument(
-        "--policy", action="append", help="a policy to run, NAME[:KEY=VALUE,...], repeated (default: the three)"
+        "--policy",
+        action="append",
+        help="a policy to run, NAME[:KEY=VALUE,...], repeated (default: the three); cellsched:rigid=true: "
+        "cellsched's jobs rigid at their request (module doc)",
     )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

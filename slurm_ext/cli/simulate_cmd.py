@@ -38,7 +38,7 @@ class SimulateError(click.ClickException, CellschedError):
 class Job:
     """Everything one worker needs to simulate one policy (picklable):
     `label` is the --policy string, `policy` its name, `options` the
-    SimOptions with its solver keys set."""
+    SimOptions with its solver and job keys set."""
 
     label: str
     policy: str
@@ -50,18 +50,44 @@ class Job:
     checkpoint_every_s: float = 600.0
 
 
+#: --policy keys that say how that run's trace jobs are submitted (SimOptions
+#: fields, rules of the jobs, not of the solver): rigid=true|false
+JOB_KEYS = ("rigid",)
+
+
+def split_job_keys(text: str) -> tuple[dict[str, bool], str]:
+    """(the job keys, JOB_KEYS, of a ``NAME[:key=value,...]`` string, the
+    rest of its keys: the solver's); SimulateError for a bad job key's value."""
+    _, colon, rest = text.partition(":")
+    job: dict[str, bool] = {}
+    solver = []
+    for item in rest.split(",") if colon else ():
+        key, _, raw = (part.strip() for part in item.partition("="))
+        if key not in JOB_KEYS:
+            solver.append(item)
+            continue
+        if raw not in ("true", "false"):
+            raise SimulateError(f"--policy {text}: {key} must be true or false, got {raw!r}")
+        if key in job:
+            raise SimulateError(f"--policy {text}: {key} is given twice")
+        job[key] = raw == "true"
+    return job, ",".join(solver)
+
+
 def parse_policies(texts: Sequence[str], base: Any) -> list[tuple[str, str, Any]]:
-    """(label, policy name, SolverConfig) of each ``NAME[:key=value,...]``."""
+    """(label, policy name, SolverConfig) of each ``NAME[:key=value,...]``
+    (its job keys, `split_job_keys`, checked and left out)."""
     from slurm_ext.config import ConfigError, solver_options
     from solver.policies import POLICIES
 
     out = []
     for text in texts:
-        name, colon, rest = text.partition(":")
+        name = text.partition(":")[0]
         if name not in POLICIES:
             raise SimulateError(f"--policy: unknown policy {name!r} (known: {', '.join(sorted(POLICIES))})")
+        job, rest = split_job_keys(text)
         try:
-            cfg = solver_options(base, rest, f"--policy {text}") if colon else base
+            cfg = solver_options(base, rest, f"--policy {text}") if rest or (":" in text and not job) else base
         except ConfigError as exc:
             raise SimulateError(str(exc)) from None
         out.append((text, name, cfg))
@@ -407,7 +433,8 @@ def recorded_of(
     "and Wang et al.'s srsf-avoid, srsf-accept, ada-srsf; with --trace-format sacct, recorded: what the "
     "site's Slurm really did, each job's recorded start and end). Solver keys after a colon set that run's "
     "configuration, e.g. cellsched:calibrate=false, cellsched:mixed_cells=false (no cells spanning GPU types) "
-    "or ada-srsf:node_placement=first-fit (the whole string labels the run). Default: cellsched and fcfs.",
+    "or ada-srsf:node_placement=first-fit; the key rigid=true submits that run's trace jobs rigid, as "
+    "--rigid does (the whole string labels the run). Default: cellsched and fcfs.",
 )
 @click.option(
     "--out",
@@ -474,6 +501,12 @@ def recorded_of(
     show_default=True,
     help="Wall seconds between two checkpoints.",
 )
+@click.option(
+    "--rigid",
+    is_flag=True,
+    help="Every trace job rigid for every policy (a policy's rigid=false key excepted): not elastic, its "
+    "requested GPUs as its least and most; a policy chooses only its GPU type and nodes.",
+)
 def simulate(
     trace_path: str | None,
     trace_format: str,
@@ -506,6 +539,7 @@ def simulate(
     seed: int,
     checkpoint_dir: str | None,
     checkpoint_every: float,
+    rigid: bool,
 ) -> None:
     """Replay a job trace through the real controller and policies on a
     simulated Slurm cluster, and write a report (results.json, results.md,
@@ -513,7 +547,8 @@ def simulate(
 
     Every trace job is submitted like `cellsched sbatch` does (held, with
     its spec): elastic, 1 to 16 GPUs, its requested GPUs as the static
-    request. Without options this replays Arena's Philly trace on Arena's
+    request (with --rigid or a policy's rigid=true: rigid at its requested
+    GPUs). Without options this replays Arena's Philly trace on Arena's
     cluster with Arena's profiles.
     """
     from slurm_ext.sim.checkpoint import CheckpointError
@@ -560,6 +595,7 @@ def simulate(
             max_time_s=max_time,
             seed=seed,
             contention=contention,
+            rigid=rigid,
             **workload_options(realistic, arena_compat, runtime_mix, hook_fraction, declared_error),
         )
     except SimError as exc:
@@ -576,7 +612,7 @@ def simulate(
             trace,
             cluster,
             conditions,
-            dataclasses.replace(options, solver=cfg),
+            dataclasses.replace(options, solver=cfg, rigid=split_job_keys(label)[0].get("rigid", options.rigid)),
             checkpoint=str(Path(checkpoint_dir) / f"{file_stem(label)}.ckpt") if checkpoint_dir else None,
             checkpoint_every_s=checkpoint_every,
         )
@@ -617,6 +653,7 @@ def simulate(
         "runtimes": dict(options.runtime_mix) or options.runtime,
         "hook_fraction": options.hook_fraction,
         "declared_error": options.declared_error,
+        **({"rigid": [j.label for j in jobs if j.options.rigid]} if any(j.options.rigid for j in jobs) else {}),
         "wall_s": round(time.perf_counter() - t0, 1),
     }
     results = summaries(runs)

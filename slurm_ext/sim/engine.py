@@ -135,7 +135,10 @@ class SimOptions:
     arena_compat / progress_model: see the module doc. max_time_s: stop this
     many simulated seconds after the first arrival; limit_jobs: only the
     first N trace jobs. elastic / min_gpus / max_gpus: the spec every trace
-    job gets (max_gpus at least the job's request). solver: the
+    job gets (max_gpus at least the job's request). rigid: every trace job
+    is submitted rigid instead, elastic false and min_gpus = max_gpus = its
+    requested GPUs (its runtime still the workload's): a policy then chooses
+    only its GPU type and nodes (`cellsched simulate --policy NAME:rigid=true`). solver: the
     controller's SolverConfig (seed given by `seed`); its default lets the
     policy resize and move running elastic jobs (allow_resize).
     progress_rate_factor: the controller's (a job whose progress runs faster
@@ -171,6 +174,7 @@ class SimOptions:
     elastic: bool = True
     min_gpus: int = 1
     max_gpus: int = 16
+    rigid: bool = False
     min_job_age_s: float = 300.0
     progress_rate_factor: float | None = 10.0
     contention: bool | None = None
@@ -195,6 +199,8 @@ class SimOptions:
             raise SimError(f"SimOptions.max_time_s must be > 0, got {self.max_time_s}")
         if not 1 <= self.min_gpus <= self.max_gpus:
             raise SimError("SimOptions: need 1 <= min_gpus <= max_gpus")
+        if not isinstance(self.rigid, bool):
+            raise SimError(f"SimOptions.rigid must be true or false, got {self.rigid!r}")
         try:
             get_runtime(self.runtime)
         except UnknownRuntime as e:

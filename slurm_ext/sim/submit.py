@@ -38,6 +38,9 @@ class SpecOptions(Protocol):
     @property
     def max_gpus(self) -> int: ...
 
+    @property
+    def rigid(self) -> bool: ...
+
 
 #: speed(spec, gpu type, nodes, GPUs per node, plan) -> seconds per iteration (None: no speed)
 Speed = Callable[[JobSpec, str, int, int, "JobPlan | None"], "float | None"]
@@ -85,15 +88,17 @@ class Submitter:
 
     def spec(self, job: TraceJob, iterations: int) -> JobSpec | str:
         """The spec its user submits for `iterations` true ones (declaring
-        `declared`), or why there is none."""
+        `declared`), or why there is none: elastic within the options' GPU
+        range, or rigid at its requested GPUs (SpecOptions.rigid)."""
+        o, asked = self.options, job.requested_gpus
         try:
             return JobSpec(
                 model=job.model,
                 global_batch=job.global_batch,
                 iterations=self.declared(job, iterations),
-                elastic=self.options.elastic,
-                min_gpus=self.options.min_gpus,
-                max_gpus=max(self.options.max_gpus, job.requested_gpus),
+                elastic=o.elastic and not o.rigid,
+                min_gpus=asked if o.rigid else o.min_gpus,
+                max_gpus=asked if o.rigid else max(o.max_gpus, asked),
                 requested_gpus=job.requested_gpus,
                 requested_gpu_type=job.requested_gpu_type,
                 runtime=self.runtimes[job.job_id],

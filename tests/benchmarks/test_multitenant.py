@@ -67,3 +67,29 @@ def test_measures_of_a_run(tmp_path: Path):
     assert cs["accounts"]["b"]["avg_jct_s"] == 30.0 and sm["accounts"]["b"]["avg_jct_s"] is None
     assert summary["jct_ratio_cellsched_vs_slurm"] == 0.2 and summary["target_met"] is True
     assert "| cellsched | 2/2 | 20 | 10 | 0.100 |" in mt.markdown(rows)
+
+
+def test_the_summary_of_a_run_with_the_rigid_variant(tmp_path: Path):
+    """`cellsched:rigid=true` is a row of its own; the summary compares plain
+    cellsched when given, else the rigid variant, and gives each variant's ratio."""
+    mt = load()
+    runs = {
+        "cellsched": {"meta": {"site": site((0.5, 0.5), (0.5, 0.5))}, "jobs": [job("1", 10)]},
+        "cellsched:rigid=true": {"meta": {"site": site((0.6, 0.4), (0.5, 0.5))}, "jobs": [job("1", 45)]},
+        "slurm-multifactor": {"meta": {"site": site((0.8, 0.2), (0.5, 0.5))}, "jobs": [job("1", 50)]},
+    }
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"meta": {}, "summary": {p: {"restarts": 0} for p in runs}, "runs": runs}))
+    _, both = mt.numbers(path, {"1": "a"})
+    assert (both["cellsched_row"], both["jct_ratio_cellsched_vs_slurm"]) == ("cellsched", 0.2)
+    assert both["jct_ratios_vs_slurm"] == {"cellsched": 0.2, "cellsched:rigid=true": 0.9}
+    del runs["cellsched"]
+    path.write_text(json.dumps({"meta": {}, "summary": {p: {"restarts": 0} for p in runs}, "runs": runs}))
+    rows, rigid = mt.numbers(path, {"1": "a"})
+    assert [r["policy"] for r in rows] == ["cellsched:rigid=true", "slurm-multifactor"]
+    assert (rigid["cellsched_row"], rigid["jct_ratio_cellsched_vs_slurm"], rigid["target_met"]) == (
+        "cellsched:rigid=true",
+        0.9,
+        False,
+    )
+    assert rigid["deviation_at_most_slurms"] is True
