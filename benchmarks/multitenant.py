@@ -79,6 +79,7 @@ def run(
     seed: int,
     cluster: Path = CLUSTER,
     policies: tuple[str, ...] = POLICIES,
+    checkpoint_dir: Path | None = None,
 ) -> Path:
     results = out / "results.json"
     if results.exists():
@@ -91,6 +92,8 @@ def run(
     for p in policies:
         cmd += ["--policy", p]
     cmd += ["--workers", str(workers), "--no-plots", "--json", "--out", str(out)]
+    if checkpoint_dir is not None:  # a run stopped part-way resumes from there on the same code
+        cmd += ["--checkpoint-dir", str(checkpoint_dir)]
     print(f"# {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
     subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
     return results
@@ -223,6 +226,9 @@ def parser(doc: str | None, cluster_help: str) -> argparse.ArgumentParser:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cluster", type=Path, default=CLUSTER, help=cluster_help)
+    ap.add_argument(
+        "--checkpoint-dir", type=Path, help="simulate --checkpoint-dir: rerun the same command to resume a stopped run"
+    )
     return ap
 
 
@@ -237,7 +243,7 @@ def main() -> int:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     policies = tuple(args.policy or POLICIES)
-    results = run(args.out, args.jobs, args.load, args.workers, args.seed, args.cluster, policies)
+    results = run(args.out, args.jobs, args.load, args.workers, args.seed, args.cluster, policies, args.checkpoint_dir)
     rows, summary = numbers(results, accounts_of(args.jobs, args.cluster))
     emit(rows, summary, markdown(rows), args.out / "multitenant.md")
     return 0

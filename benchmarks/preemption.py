@@ -134,7 +134,7 @@ def main() -> int:
     cluster = cluster_file(args.cluster, args.out, args.fraction, args.priority)
     governor = f",min_run_s={args.min_run_s:g}" if args.min_run_s is not None else ""
     policies = tuple(p + governor for p in VARIANTS.values())
-    results = run(args.out, args.jobs, args.load, args.workers, args.seed, cluster, policies)
+    results = run(args.out, args.jobs, args.load, args.workers, args.seed, cluster, policies, args.checkpoint_dir)
     rows, summary = numbers(results, qos_of(args.jobs, cluster))
     emit(rows, summary, markdown(rows), args.out / "preemption.md")
     return 0
