@@ -20,7 +20,11 @@ RTX 2080Ti "rtx") and the round intervals and parameters of its
   and jobs Sia's run gets (batch sizes adapted by the simulator as for
   Sia). ``cellsched`` is told each job's total work as a user would
   declare it (a multiplicative error, ``--declared-sigma``);
-  ``cellsched-unaware`` is told nothing of it.
+  ``cellsched-unaware`` is told nothing of it;
+* ``sia-ours``: the project's re-implementation of Sia (solver/policies/sia.py,
+  its defaults: p = 0.5, a fixed restart horizon, no statistical efficiency of
+  its own: it is given the same goodput as cellsched) through the same adapter,
+  told no sizes: how far our Sia is from theirs on the same jobs.
 
 The artifact needs older libraries than cellsched (numpy 1.23), so each
 (workload, policy) runs in a child process of the artifact's environment
@@ -77,9 +81,11 @@ PINS = (
     "psutil==7.2.2",
 )
 PYTHON = "python3.11"
-POLICIES = ("cellsched", "cellsched-unaware", "sia", "gavel", "pollux")
+POLICIES = ("cellsched", "cellsched-unaware", "sia", "gavel", "pollux", "sia-ours")
+#: the policies answered by one of the project's own through the bridge: (its name, told job sizes)
+BRIDGED = {"cellsched": ("cellsched", True), "cellsched-unaware": ("cellsched", False), "sia-ours": ("sia", False)}
 #: the round interval (s) of each policy, from the artifact's run_experiment.sh (cellsched: Sia's)
-INTERVALS = {"sia": 60, "gavel": 360, "pollux": 60, "cellsched": 60, "cellsched-unaware": 60}
+INTERVALS = {"sia": 60, "gavel": 360, "pollux": 60, "cellsched": 60, "cellsched-unaware": 60, "sia-ours": 60}
 #: the artifact's environment for its solvers: one BLAS thread (its fits ran 3x faster so)
 CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -204,12 +210,14 @@ def build_cluster(policy: str, workload: Any, opts: dict[str, Any]) -> tuple[Any
         sys.path.insert(0, str(HERE))
         import sia_bridge
 
+        scheduler, aware = BRIDGED[policy]
         pol = sia_bridge.make_policy(
             opts["cellsched_python"],
-            aware=policy == "cellsched",
+            aware=aware,
             sigma=opts["sigma"],
             seed=opts["seed"],
             sets=opts.get("sets", []),
+            scheduler=scheduler,
         )
         closing = pol.close
     pol.populate_valid_configs(nnodes, per_node, cfg.cluster_max_physical_nnodes)
@@ -220,7 +228,7 @@ def build_cluster(policy: str, workload: Any, opts: dict[str, Any]) -> tuple[Any
         for job in cluster.jobs:
             if job.category == "rigid":
                 job.seed_profiles_rigid(per_node)
-    if policy.startswith("cellsched"):
+    if policy in BRIDGED:
         pol.attach(cluster)
     return cluster, closing
 
@@ -245,7 +253,7 @@ def run_one(sim: Path, workload_file: Path, policy: str, opts: dict[str, Any]) -
     out["wall_s"] = round(time.time() - t0, 1)
     out["rounds"] = len(cluster.logs)
     out.update(occupancy(cluster.logs))
-    if policy.startswith("cellsched"):
+    if policy in BRIDGED:
         out.update(cluster.policy.stats)  # the bridge's own timings
     return out
 

@@ -56,7 +56,14 @@ def declared(job: Any, sigma: float, seed: int) -> float:
     return float(true) * math.exp(sigma * random.Random(f"{seed}:{job.name}").gauss(0.0, 1.0))
 
 
-def make_policy(cellsched_python: str, aware: bool, sigma: float, seed: int, sets: list[str] | None = None) -> Any:
+def make_policy(
+    cellsched_python: str,
+    aware: bool,
+    sigma: float,
+    seed: int,
+    sets: list[str] | None = None,
+    scheduler: str = "cellsched",
+) -> Any:
     import numpy as np
     from sia import SiaPolicy  # the artifact's
 
@@ -69,7 +76,13 @@ def make_policy(cellsched_python: str, aware: bool, sigma: float, seed: int, set
             self.last: dict[str, Any] = {}
             self.stats = {"policy_s": 0.0, "bridge_s": 0.0}
             self.proc = subprocess.Popen(
-                [cellsched_python, str(HERE / "sia_policy.py"), "--serve", *(f"--set={s}" for s in sets or [])],
+                [
+                    cellsched_python,
+                    str(HERE / "sia_policy.py"),
+                    "--serve",
+                    f"--scheduler={scheduler}",
+                    *(f"--set={s}" for s in sets or []),
+                ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,

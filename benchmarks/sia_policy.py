@@ -45,7 +45,7 @@ from typing import Any, TextIO
 
 from solver.contract.models import ModelSpec
 from solver.estimator.protocol import EstimatorBase
-from solver.policies.cellsched import CellschedPolicy
+from solver.policies import Policy, get_policy
 from solver.types import (
     Cell,
     ClusterView,
@@ -64,6 +64,8 @@ from solver.types import (
 UNIT = 1024
 #: the work every job declares when cellsched is not told sizes (iterations)
 UNAWARE_ITERATIONS = 10**12
+#: the project's policies that may answer the artifact's rounds (--scheduler)
+SCHEDULERS = ("cellsched", "sia")
 #: the runtime of every job: the artifact's jobs run any layout after a checkpoint-restore
 RUNTIME = "adaptive"
 
@@ -186,7 +188,7 @@ def allocations_of(reply: ScheduleReply, nodes: Iterable[Mapping[str, Any]]) -> 
     return out
 
 
-def decide(policy: CellschedPolicy, desc: Mapping[str, Any], base: SolverConfig | None = None) -> dict[str, Any]:
+def decide(policy: Policy, desc: Mapping[str, Any], base: SolverConfig | None = None) -> dict[str, Any]:
     """One round: the description in, the artifact's allocations out."""
     t0 = time.perf_counter()
     request, estimator = request_of(desc, base)
@@ -210,9 +212,10 @@ def config_with(sets: Iterable[str]) -> SolverConfig:
     return SolverConfig(**changes)
 
 
-def serve(inp: TextIO, out: TextIO, base: SolverConfig | None = None) -> None:
-    """Answer one JSON line per round until the input ends."""
-    policy = CellschedPolicy()
+def serve(inp: TextIO, out: TextIO, base: SolverConfig | None = None, scheduler: str = "cellsched") -> None:
+    """Answer one JSON line per round until the input ends, by the project's
+    policy `scheduler` (cellsched's, or a re-implementation: "sia")."""
+    policy = get_policy(scheduler)
     for line in inp:
         if line.strip():
             out.write(json.dumps(decide(policy, json.loads(line), base)) + "\n")
@@ -223,9 +226,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--serve", action="store_true", help="answer the bridge's rounds on stdin/stdout")
     ap.add_argument("--set", action="append", default=[], help="KEY=VALUE of cellsched's SolverConfig (repeatable)")
+    ap.add_argument(
+        "--scheduler",
+        choices=SCHEDULERS,
+        default="cellsched",
+        help="the project's policy that answers: cellsched's, or our re-implementation of Sia",
+    )
     args = ap.parse_args()
     if args.serve:
-        serve(sys.stdin, sys.stdout, config_with(args.set))
+        serve(sys.stdin, sys.stdout, config_with(args.set), args.scheduler)
     else:
         ap.print_help()
 

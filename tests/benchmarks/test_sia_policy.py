@@ -123,6 +123,18 @@ def test_a_round_gives_the_fast_type_and_fits_the_nodes() -> None:
     assert len(many["allocations"]) == 5  # 20 GPUs for 5 jobs: none waits
 
 
+def test_our_sia_answers_a_round_through_the_same_adapter() -> None:
+    """--scheduler sia: the project's re-implemented Sia gets the same request and its reply the same checks."""
+    from solver.policies import get_policy
+
+    fast = [["rtx", n, n * g, 100.0 * n * g] for n in (1, 2) for g in range(1, 9)]
+    slow = [["aws", 1, g, 10.0 * g] for g in range(1, 5)]
+    alone = decide(get_policy("sia"), desc(job(rates=fast + slow, max_gpus=16)))
+    assert alone["allocations"] == {"cifar10-0": ("rtx", [0] * 8 + [1] * 8)}
+    many = decide(get_policy("sia"), desc(*(job(f"j{i}", rates=fast + slow, max_gpus=16) for i in range(5))))
+    assert len(many["allocations"]) == 5  # 20 GPUs for 5 jobs: Sia's p < 1 gives every job some first
+
+
 def test_bridge_layouts_and_declared_error() -> None:
     assert sia_bridge.layouts(4, 2, 5) == [(1, 1), (1, 2), (1, 3), (1, 4), (2, 2), (2, 4)]
 
