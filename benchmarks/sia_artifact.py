@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import csv
 import json
 import os
 import subprocess
@@ -145,6 +146,27 @@ def summarize(jobs: Sequence[Any], policy: str, workload: str) -> dict[str, Any]
         "gpu_hours_per_job": round(sum(j.attained_service for j in jobs) / 3600 / n, 4),
         "restarts_per_job": round(sum(j.num_restarts or 0 for j in jobs) / n, 4),
     }
+
+
+def write_jobs(jobs: Sequence[Any], path: Path) -> None:
+    """Each job's submission, completion (empty: unfinished), JCT and restarts,
+    beside the run's log: to compare two policies job by job."""
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["job", "submit_s", "completion_s", "jct_s", "restarts", "gpu_s"])
+        for j in jobs:
+            end = j.completion_time
+            jct = "" if end is None else round(end - j.submission_time, 1)
+            out.writerow(
+                [
+                    j.name,
+                    j.submission_time,
+                    "" if end is None else end,
+                    jct,
+                    j.num_restarts or 0,
+                    round(j.attained_service, 1),
+                ]
+            )
 
 
 def occupancy(logs: Sequence[Any]) -> dict[str, float]:
@@ -253,6 +275,7 @@ def run_one(sim: Path, workload_file: Path, policy: str, opts: dict[str, Any]) -
     out["wall_s"] = round(time.time() - t0, 1)
     out["rounds"] = len(cluster.logs)
     out.update(occupancy(cluster.logs))
+    write_jobs(cluster.jobs, Path(opts["log"]).with_suffix(".jobs.csv"))
     if policy in BRIDGED:
         out.update(cluster.policy.stats)  # the bridge's own timings
     return out
