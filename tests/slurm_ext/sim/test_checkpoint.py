@@ -109,3 +109,17 @@ def test_locks_and_events_come_back_fresh(tmp_path):
 def _stop_at_once(progress):
     if progress.rounds >= 3:
         raise Stop
+
+
+@pytest.mark.parametrize("policy", ["fcfs", pytest.param("sia", marks=pytest.mark.slow)])
+def test_a_run_stopped_before_its_first_checkpoint_starts_over_clean(setting, policy, tmp_path):
+    """Killed before it saved anything, a run leaves only its state DB; run again, it must not take
+    that DB's jobs for its own (it did: Sia then never started the jobs the stopped run had seen)."""
+    whole = simulator(setting, policy, tmp_path / "whole").run()
+    assert all(j.finished for j in whole.jobs)
+    ckpt = tmp_path / "run.ckpt"
+    with pytest.raises(Stop):
+        simulator(setting, policy, tmp_path).run(_stop_at_once, checkpoint=ckpt, checkpoint_every_s=1e9)
+    assert not ckpt.exists() and list((tmp_path / "run.ckpt.state").glob("state-*.sqlite"))
+    again = simulator(setting, policy, tmp_path).run(checkpoint=ckpt)
+    assert outcomes(again) == outcomes(whole)
