@@ -386,6 +386,12 @@ class _Changes(Observer):
         self.on_change("node")
 
 
+def remove_db(path: Path) -> None:
+    """Remove an SQLite database and its WAL, shared-memory and journal files."""
+    for f in (path, *(Path(f"{path}{end}") for end in ("-wal", "-shm", "-journal"))):
+        f.unlink(missing_ok=True)
+
+
 class Simulator:
     """One policy over one trace on one simulated cluster."""
 
@@ -695,10 +701,9 @@ class Simulator:
         already holds this run (``run_key``), the run goes on from it instead
         of starting over, to the same result as far as a run repeats (the
         solver's wall-clock limit can bind on a loaded machine). Both are
-        removed once the run is over. A run that starts over (no checkpoint
-        of it yet) first removes a state DB left in its folder by a run
-        stopped before its first checkpoint: the controller would otherwise
-        take that run's jobs for this one's. CheckpointError: the file holds
+        removed once the run is over. A run that starts over removes a state
+        DB a run stopped before its first checkpoint left (its controller
+        would take that run's jobs for its own). CheckpointError: the file holds
         another run."""
         if checkpoint is not None and Path(checkpoint).exists():
             from slurm_ext.sim.checkpoint import load
@@ -735,8 +740,7 @@ class Simulator:
         state = None
         try:
             if controller is None:  # from the start: a state DB left there by a stopped run is not this run's
-                for stale in (state_path, *(Path(f"{state_path}{end}") for end in ("-wal", "-shm", "-journal"))):
-                    stale.unlink(missing_ok=True)
+                remove_db(state_path)
                 state = StateStore(state_path)
                 controller = self._controller(state, state_path)
             else:
