@@ -92,6 +92,7 @@ from slurm_ext.sim.types import ClusterSpec, JobOutcome, RoundStat, Sample, SimR
 from slurm_ext.sim.workload import Workload, WorkloadError
 from slurm_ext.sim.world import Observer, RestartCostFn, SimJob, SimWorld, SpeedFn
 from slurm_ext.state import RoundStatus, StateStore
+from solver.contract import sqlitedb
 from solver.contract.jobspec import JobSpec
 from solver.contract.models import get_model
 from solver.contract.plan import JobPlan
@@ -384,12 +385,6 @@ class _Changes(Observer):
 
     def node_changed(self, name: str) -> None:
         self.on_change("node")
-
-
-def remove_db(path: Path) -> None:
-    """Remove an SQLite database and its WAL, shared-memory and journal files."""
-    for f in (path, *(Path(f"{path}{end}") for end in ("-wal", "-shm", "-journal"))):
-        f.unlink(missing_ok=True)
 
 
 class Simulator:
@@ -740,7 +735,7 @@ class Simulator:
         state = None
         try:
             if controller is None:  # from the start: a state DB left there by a stopped run is not this run's
-                remove_db(state_path)
+                sqlitedb.remove(state_path)
                 state = StateStore(state_path)
                 controller = self._controller(state, state_path)
             else:

@@ -63,6 +63,17 @@ def connect(path: str | Path, busy_timeout_s: float, *, readonly: bool = False) 
     return db
 
 
+def _wal_files(path: str | Path) -> tuple[Path, Path]:
+    """The write-ahead log and shared-memory index beside a WAL-mode database."""
+    return Path(f"{path}-wal"), Path(f"{path}-shm")
+
+
+def remove(path: str | Path) -> None:
+    """Remove a database file and its WAL files (none there: nothing to do)."""
+    for f in (Path(path), *_wal_files(path)):
+        f.unlink(missing_ok=True)
+
+
 def restore(path: str | Path, image: bytes, busy_timeout_s: float) -> sqlite3.Connection:
     """A connection to PATH holding `image` (``Connection.serialize()``,
     e.g. out of a simulation's checkpoint): the file, and any WAL files it
@@ -73,8 +84,8 @@ def restore(path: str | Path, image: bytes, busy_timeout_s: float) -> sqlite3.Co
         db.deserialize(image)
         return db
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    for stale in (f"{path}-wal", f"{path}-shm"):
-        Path(stale).unlink(missing_ok=True)
+    for stale in _wal_files(path):
+        stale.unlink(missing_ok=True)
     tmp = Path(f"{path}.restoring")
     tmp.write_bytes(image)
     tmp.replace(path)
