@@ -15,7 +15,9 @@ Versions: those pinned in contrib/frameworks.txt.
   with the values shown: its format strings applied to them, including the
   optional fields (``skipped samples``, ``throughput per GPU``); Megatron-LM's
   training code is not on PyPI (the megatron-core package has no
-  ``megatron/training``), so it cannot be run here. `MEGATRON_OTHER` are other
+  ``megatron/training``), so it cannot be run here; the last of them was
+  printed by Megatron-LM's own ``pretrain_gpt.py`` on a GPU
+  (benchmarks/results/frameworks_gpu.md), in the same format. `MEGATRON_OTHER` are other
   lines it prints that name an iteration (``megatron/training/checkpointing.py``
   save messages, ``evaluate_and_print_results``'s validation line).
 
@@ -102,6 +104,13 @@ MEGATRON_LINES = [
         "lm loss: 2.500000E+00 | loss scale: 1.0 | grad norm: 2.345 | number of skipped iterations:   0 | "
         "number of nan iterations:   0 |",
         Step(123456, 1.043),
+    ),
+    (  # printed by Megatron-LM's own pretrain_gpt.py at core_v0.16.1 on an H200 (benchmarks/frameworks_gpu.py)
+        " [2026-11-29 19:00:25.787538] iteration        3/      10 | consumed samples:           24 | "
+        "elapsed time per iteration (ms): 65.0 | learning rate: 2.897237E-04 | global batch size:     8 | "
+        "lm loss: 6.917109E+00 | loss scale: 1.0 | grad norm: 1.653 | number of skipped iterations:   0 | "
+        "number of nan iterations:   0 |",
+        Step(3, 0.065),
     ),
 ]
 MEGATRON_OTHER = [
