@@ -136,6 +136,7 @@ def job_of(desc: Mapping[str, Any], aware: bool) -> tuple[JobRequest, dict[tuple
         current=current_of(desc, rates),
         restart_cost_s=float(desc["restart_cost_s"]),
         running_since=None if desc.get("running_since") is None else float(desc["running_since"]),
+        restarts=int(desc.get("restarts") or 0),
         runtime=RUNTIME,
     )
     return job, rates

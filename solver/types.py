@@ -343,6 +343,8 @@ class JobRequest:
     #: when the job's current run started (Slurm's StartTime; None: pending or
     #: not known): how long it has stayed where it runs (objective.restart_factor)
     running_since: float | None = None
+    #: how many times the job has restarted so far (moved, resized, requeued; 0: never)
+    restarts: int = 0
     excluded_cells: frozenset[str] = frozenset()
     virtual_workers: int | None = None
     #: the job may run with its optimizer state sharded over dp ranks
@@ -499,6 +501,12 @@ class SolverConfig:
         60.0, "The restart cost (s) assumed for a job until its restart has been measured."
     )
     horizon_s: float = knob(300.0, "The horizon (s) a move's restart cost is spread over.")
+    restart_history: bool = knob(
+        False,
+        "Weigh a move's restart cost over the job's average stay so far, (age + cost) / (restarts + 1), "
+        "instead of horizon_s and horizon_remaining; a job younger than its restart cost moves free "
+        "(see objective.restart_factor).",
+    )
     horizon_remaining: bool = knob(
         True,
         "Weigh a move's restart cost over the shorter of the job's remaining time and the time it has "

@@ -531,10 +531,12 @@ def job_request(
     now: float,
     models: Mapping[str, ModelShape] | None = None,
     preempted: Mapping[str, Preemptions] | None = None,
+    restarts: Mapping[str, int] | None = None,
 ) -> JobRequest:
     """The JobRequest of a managed job in a scheduled phase (`build_request`),
     priced as the model it trains (`models`: `trained_model`); `preempted`:
-    the job's preemptions by cellsched (StateStore.preemptions)."""
+    the job's preemptions by cellsched (StateStore.preemptions); `restarts`:
+    how often it was requeued (StateStore.restart_counts)."""
     got = (preempted or {}).get(m.job_id)
     last, by = (got[0][0], got[1]) if got is not None else (None, frozenset[str]())
     return JobRequest.from_spec(
@@ -550,6 +552,7 @@ def job_request(
         excluded_cells=excluded.get(m.job_id, frozenset()),
         restart_cost_s=restart_costs.get(m.job_id),
         running_since=m.job.start_time if m.current is not None else None,
+        restarts=(restarts or {}).get(m.job_id, 0),
         virtual_workers=fixed_virtual_workers(m),
         movable=m.job_id not in static,
         preempted_at=last,
@@ -572,6 +575,7 @@ def build_request(
     site: SiteReading | None = None,
     models: Mapping[str, ModelShape] | None = None,
     preempted: Mapping[str, Preemptions] | None = None,
+    restarts: Mapping[str, int] | None = None,
 ) -> Inputs:
     """The ScheduleRequest of a round: jobs in a scheduled phase, with their
     progress and measured restart cost; the view counts GPUs of every job
@@ -587,17 +591,19 @@ def build_request(
     priority, time limit and reservation (`site_fields`). `models`: the
     shape of the model each job trains (`trained_models`), which it is
     priced as; `preempted`: each job's preemptions by cellsched
-    (StateStore.preemptions)."""
+    (StateStore.preemptions); `restarts`: how often each was requeued
+    (StateStore.restart_counts; the restart_history horizon)."""
     reading, now = site or SiteReading(), snapshot.taken_at
     view = request_view(snapshot, jobs, network)
     requests: list[JobRequest] = []
     skipped: dict[str, str] = {}
     facts = (progress, excluded or {}, restart_costs or {}, first_step_at, static, reading, now, models, preempted)
+    counts = restarts or {}
     for m in jobs:
         if m.phase not in SCHEDULED or m.spec is None:
             continue
         try:
-            requests.append(job_request(m, m.spec, *facts))
+            requests.append(job_request(m, m.spec, *facts, restarts=counts))
         except (JobSpecError, ValueError, TypeError) as exc:
             skipped[m.job_id] = f"cannot schedule: {exc}"
     request = ScheduleRequest(

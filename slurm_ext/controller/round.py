@@ -358,6 +358,7 @@ class Controller:
             site=ctx.site,
             models=inp.trained_models(ctx.known, ctx.prog.models),
             preempted=self.state.preemptions(ctx.listed),
+            restarts=self.state.restart_counts(m.job_id for m in ctx.jobs),
         )
         if self.declared is not None:
             self.declared.observe(ctx.jobs)

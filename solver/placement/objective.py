@@ -41,7 +41,10 @@ linear (a sum of value x chosen):
   the job when measured, else default_restart_cost_s; H is horizon_s, or
   with horizon_remaining (the default) the larger of horizon_s and the
   shorter of the job's remaining time in its current cell and the time it
-  has stayed there (``restart_factor``). A running job that
+  has stayed there (``restart_factor``). With restart_history, H is
+  instead the job's average stay so far, (age + restart cost) / (restarts
+  + 1), and a job younger than its restart cost moves free (Pollux's
+  reallocation factor, which Sia uses). A running job that
   is not elastic (or any running job when allow_resize is false) keeps its
   placement and is not part of the optimisation.
 
@@ -143,6 +146,7 @@ def restart_factor(
     at_least: float = -math.inf,
     remaining_s: float | None = None,
     stayed_s: float | None = None,
+    age_s: float | None = None,
 ) -> float:
     """Multiplier on the value of a running job that changes cell or nodes:
     ``1 - penalty * restart cost / horizon`` (penalty: config.restart_penalty
@@ -156,10 +160,23 @@ def restart_factor(
     new one would). So a restart of minutes costs a job that has run for a
     day next to nothing, while one moved a minute ago pays it over
     horizon_s: without that bound, a job with days left was moved for any
-    gain, round after round. Sia's own rule is penalty 1, at least 0, the
-    fixed horizon."""
+    gain, round after round. Our re-implementation of Sia
+    (solver/policies/sia.py) uses penalty 1, at least 0, the fixed horizon.
+
+    With config.restart_history the horizon is the job's average stay so far,
+    (age + cost) / (restarts + 1), `age_s` its time since submission and
+    job.restarts how often it has restarted: with penalty 1 the factor is
+    (age - restarts x cost) / (age + cost), the reallocation factor of Pollux
+    that the Sia artifact's Sia applies (never below 0). A job that restarts
+    often pays more for each further move however long it has left, and a job
+    younger than its restart cost moves free (it has not yet run long enough
+    to have grown)."""
     cost = job.restart_cost_s if job.restart_cost_s is not None else config.default_restart_cost_s
     weight = config.restart_penalty if penalty is None else penalty
+    if config.restart_history and age_s is not None:
+        if age_s < cost:
+            return 1.0
+        return max(at_least, 0.0, 1.0 - weight * cost * (job.restarts + 1) / (age_s + cost))
     horizon = config.horizon_s
     known = [t for t in (remaining_s, stayed_s) if t is not None and math.isfinite(t)]
     if config.horizon_remaining and known:

@@ -269,7 +269,11 @@ class CellschedPolicy:
                 continue
             stay = job.current is not None and fits(by_name, job.current, used)
             mults[job.job_id] = objective.restart_factor(
-                job, cfg, remaining_s=_remaining_s(job), stayed_s=_stayed_s(job, request.now)
+                job,
+                cfg,
+                remaining_s=_remaining_s(job),
+                stayed_s=_stayed_s(job, request.now),
+                age_s=request.now - job.submit_time,
             )
             picks[job.job_id] = option_picks(
                 job,

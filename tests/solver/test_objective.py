@@ -91,6 +91,26 @@ def test_hesrpt_multiplies_the_other_weights():
     assert w == pytest.approx({"a": (1 + 2 / 3) * math.sqrt(1.5), "b": 1.4 * math.sqrt(0.5)})
 
 
+def test_restart_history_is_pollux_reallocation_factor():
+    cfg = SolverConfig(restart_penalty=1.0, horizon_s=3600.0, restart_history=True)
+    # (age - restarts x cost) / (age + cost): age 1,000 s, cost 250 s, never restarted: 1000 / 1250
+    fresh = job(restart_cost_s=250.0, restarts=0)
+    assert objective.restart_factor(fresh, cfg, age_s=1000.0) == pytest.approx(0.8)
+    # three restarts: (1000 - 750) / 1250; the horizons of horizon_s and the stay are not used
+    thrice = job(restart_cost_s=250.0, restarts=3)
+    assert objective.restart_factor(thrice, cfg, age_s=1000.0, stayed_s=5000.0, remaining_s=9e9) == pytest.approx(0.2)
+    # restarts that took more than its age: never below 0
+    assert objective.restart_factor(job(restart_cost_s=250.0, restarts=5), cfg, age_s=1000.0) == 0.0
+    # younger than its restart cost: free
+    assert objective.restart_factor(thrice, cfg, age_s=249.0) == 1.0
+    # the penalty weighs the cost: 1 - 0.5 x 250 x 4 / 1250
+    assert objective.restart_factor(thrice, cfg, penalty=0.5, age_s=1000.0) == pytest.approx(0.6)
+    # no age given (or restart_history off): the horizon rule
+    plain = SolverConfig(restart_penalty=1.0, horizon_s=3600.0, horizon_remaining=False)
+    assert objective.restart_factor(thrice, cfg) == pytest.approx(1 - 250 / 3600)
+    assert objective.restart_factor(thrice, plain, age_s=1000.0) == pytest.approx(1 - 250 / 3600)
+
+
 def test_restart_factor_uses_the_penalty_given_and_a_short_horizon_as_it_is():
     cfg = SolverConfig(restart_penalty=1.0, horizon_s=300.0, horizon_remaining=False)
     assert objective.restart_factor(job(restart_cost_s=30.0), cfg) == pytest.approx(0.9)

@@ -284,3 +284,18 @@ def test_a_job_whose_runtime_answers_the_signal_is_moved_without_a_hook(tmp_path
     report = ctl.round()
     assert [a["kind"] for a in report.actions] == ["move"] and signals == [job_id]
     ctl.state.close()
+
+
+def test_a_jobs_requeues_reach_its_request_as_restarts():
+    m = running("1", DDP, "/ck/1")
+    snap = ClusterSnapshot(
+        nodes=(SlurmNode(name="n1", gpu_type="a100", gpus_total=4, gpus_alloc=4, state="alloc", partitions=("all",)),),
+        partitions=(SlurmPartition(name="all", nodes=("n1",)),),
+        jobs=(m.job,),
+        taken_at=2000.0,
+    )
+    cfg = from_dict({}).solver
+    (req,) = inp.build_request(snap, (m,), {}, cfg, restarts={"1": 3, "2": 9}).request.jobs
+    assert req.restarts == 3
+    (never,) = inp.build_request(snap, (m,), {}, cfg).request.jobs
+    assert never.restarts == 0
