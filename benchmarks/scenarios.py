@@ -22,6 +22,9 @@ such runs under different truth noise, pooled):
 * ``mixed+sharding``: ``cellsched:mixed_cells=false,state_sharding=false``
 * ``contention``: ``cellsched:contention_aware=false`` (scenarios with cards)
 * ``calibration``: ``cellsched:calibrate=false``
+* ``restart_history`` (only when asked for, not in ``all``):
+  ``cellsched:restart_history=true``, an opt-in rule rather than a feature
+  switched off: its ratio is the default's against it (> 1: the opt-in pays);
 * ``null`` (only when asked for, not in ``all``): ``cellsched:age_scale_s=3601``,
   a change that should change nothing (the age bonus's scale moves by
   0.03%). It changes which of two near-equal plans a round returns, so its
@@ -83,6 +86,7 @@ FEATURES = {
     "contention": "cellsched:contention_aware=false",
     "calibration": "cellsched:calibrate=false",
     "null": "cellsched:age_scale_s=3601",
+    "restart_history": "cellsched:restart_history=true",
 }
 #: what `--features all` runs: every feature but the null change
 ALL = ("mixed+sharding", "contention", "calibration")
