@@ -268,7 +268,7 @@ def report(name: str, variant: str, label: str, key: str, out: dict, seen: dict[
     prog = progress(folder)
     line = {"framework": name, "variant": variant, "run": label, "plan": key, **out, "steps": sorted(seen)}
     line["losses"] = [seen[s] for s in sorted(seen)]
-    line["progress"] = {k: prog.get(k) for k in ("step", "iter_time_s", "steps_s") if k in prog}
+    line["progress"] = {k: prog.get(k) for k in ("step", "iter_time_s") if k in prog}
     line["checkpoint_files"] = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
     print(json.dumps(line), flush=True)
 
