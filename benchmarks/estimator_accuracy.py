@@ -46,7 +46,10 @@ ranks. Each pass profiles afresh, predicts and measures; a plan's
 prediction and measurement are their medians over the passes (3 by
 default), and the summary's means are over every plan timed. The summary
 records the 1-minute load average at the start and the end: other work on
-the cores slows the steps (``cpu_wait_pct``), which no estimate can know.
+the cores slows the steps (``cpu_wait_pct``), which no estimate can know;
+so does a VM's host taking its CPUs for other guests (``steal_pct`` of the
+steps, ``profile_steal_pct_passes`` of the profiles: /proc/stat's steal
+over every CPU's time).
 
 For ``sharded`` the layers are also profiled as that runtime wraps them
 (``profile_layers(runtime="sharded")``: FSDP2 over one rank on every block
@@ -154,6 +157,20 @@ def run_delay_s() -> float:
         return int(f.read().split()[1]) / 1e9
 
 
+def steal_s() -> float:
+    """Seconds of CPU time the hypervisor gave other guests while this
+    machine's CPUs wanted it (/proc/stat's steal, all CPUs; 0 where the
+    kernel does not count it): a VM's host, which no load inside it shows."""
+    with open("/proc/stat", encoding="ascii") as f:
+        fields = f.readline().split()
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
+
+
+def steal_pct(steal: float, wall: float) -> float:
+    """`steal` seconds as a share of `wall` seconds of every CPU."""
+    return round(100 * steal / (wall * os.cpu_count()), 1) if wall > 0 else 0.0
+
+
 def live_tensor_bytes() -> int:
     """Bytes of the tensors alive now: every tensor the garbage collector
     tracks, each storage once (views and parameters share theirs)."""
@@ -220,6 +237,8 @@ def worker(steps: int, warmup: int, shape: dict, batch: int) -> None:
     on_gpu = ctx.device.type == "cuda"
     wall, wait = [], []
     for i in range(warmup + steps):
+        if i == warmup:
+            s0 = steal_s()
         t0, d0 = time.perf_counter(), run_delay_s()
         trainer.train_step()
         if on_gpu:
@@ -227,11 +246,12 @@ def worker(steps: int, warmup: int, shape: dict, batch: int) -> None:
         if i >= warmup:
             wall.append(time.perf_counter() - t0)
             wait.append(run_delay_s() - d0)
+    stolen = steal_s() - s0
     if on_gpu:
         peak = torch.cuda.max_memory_allocated(ctx.device)
     else:
         peak = step_peak_bytes(trainer.train_step)
-    print(json.dumps({"rank": ctx.rank, "wall": wall, "wait": wait, "peak": peak}), flush=True)
+    print(json.dumps({"rank": ctx.rank, "wall": wall, "wait": wait, "steal": stolen, "peak": peak}), flush=True)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
@@ -249,6 +269,7 @@ def measure(plan: dict, steps: int, warmup: int, shape: dict, batch: int, timeou
         "fastest_s": min(wall),
         "uncontended_s": statistics.median(w - d for w, d in zip(wall, wait, strict=True)),
         "cpu_wait_pct": 100 * statistics.median(d / w for w, d in zip(wall, wait, strict=True)),
+        "steal_pct": steal_pct(ranks[0]["steal"], sum(wall)),
     }
 
 
@@ -441,7 +462,7 @@ def one_pass(
     from solver.contract.profiles.seed import open_store
 
     model = model_spec(shape)
-    t0 = time.perf_counter()
+    t0, s0 = time.perf_counter(), steal_s()
     with tempfile.TemporaryDirectory(prefix="cellsched-bench-") as tmp:
         path = Path(tmp) / "profiles.sqlite"
         with open_store(path) as store:
@@ -451,6 +472,7 @@ def one_pass(
                 wrapped = tuple(r for r in plans if r in WRAPPED)
                 device_name, update_gbps = CPU_TYPE, profile_cpu(store, cores, quick, wrapped)
         profile_s = time.perf_counter() - t0
+        profile_steal = steal_pct(steal_s() - s0, profile_s)
         est = controller_estimator(path)
         rows = []
         for runtime, runs in plans.items():
@@ -460,7 +482,13 @@ def one_pass(
                         est, model, shape, batch, device_name, runtime, (pp, dp, tp, m, vw), steps, warmup
                     )
                 )
-    return {"device": device_name, "update_gbps": update_gbps, "profile_s": profile_s, "rows": rows}
+    return {
+        "device": device_name,
+        "update_gbps": update_gbps,
+        "profile_s": profile_s,
+        "profile_steal_pct": profile_steal,
+        "rows": rows,
+    }
 
 
 def predict_and_measure(est, model, shape, batch, gpu, runtime, plan_t, steps, warmup) -> dict:
@@ -589,6 +617,9 @@ def main(argv: list[str] | None = None) -> int:
                     for k in passes[0]["update_gbps"]
                 },
                 "profile_s": round(sum(p["profile_s"] for p in passes), 1),
+                # the host's share of the profiles' CPU time (steal_s): a profile and the steps priced from it
+                # taken under different steal see different machines
+                "profile_steal_pct_passes": [p["profile_steal_pct"] for p in passes],
                 "total_s": round(time.perf_counter() - t_start, 1),
             }
         )
@@ -604,7 +635,7 @@ def row_of(runs: list[dict], batch: int) -> dict:
     predicted_mb = statistics.median(r["predicted_mb"] for r in runs)
     got = {
         k: statistics.median(r[k] for r in runs)
-        for k in ("measured_s", "fastest_s", "uncontended_s", "cpu_wait_pct", "measured_peak_mb")
+        for k in ("measured_s", "fastest_s", "uncontended_s", "cpu_wait_pct", "steal_pct", "measured_peak_mb")
     }
     return {
         "runtime": first["runtime"],

@@ -52,6 +52,8 @@ from torch.multiprocessing.spawn import start_processes
 from launch.errors import LauncherError
 from solver.contract.models import TRANSFORMER_FAMILIES, ModelSpec
 from solver.contract.profiles.records import (
+    FSDP_REDUCE,
+    FSDP_UNSHARD,
     RUNTIME_SEP,
     TP_ALLREDUCES_PER_BLOCK,
     CommRecord,
@@ -865,6 +867,57 @@ def _timed_rounds(
     return [t / repeat for t in totals]
 
 
+#: the two timings FSDP_REDUCE is the difference of (not records themselves)
+_FSDP_SYNC, _FSDP_NO_SYNC = "_fsdp_sync", "_fsdp_no_sync"
+
+
+class _FlatUnit(nn.Module):
+    """One FSDP unit of `numel` parameters whose forward and backward are a sweep of them."""
+
+    def __init__(self, numel: int, device: torch.device) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(numel, device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.w * x).sum()
+
+
+def _fsdp_unit_ops(nbytes: int, group: Any, device: torch.device) -> list[tuple[str, Callable[[], object]]]:
+    """FSDP2's (``fully_shard``, as ``launch.sharded`` sets it up) work on one
+    unit of `nbytes` of parameters among `group`'s ranks, besides what a
+    one-rank profile sees: gathering the parameters (copy into the
+    all-gather buffer, the all-gather, the copies out, the views; timed as
+    ``unshard`` + ``reshard``), and the gradient's reduce (copy in, the
+    reduce-scatter, the copy into the sharded gradient; a forward and
+    backward with gradient sync, and the same without it, whose difference
+    is the record). Nothing where this torch has no FSDP2."""
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        return []
+    flat = _FlatUnit(max(nbytes // 4, 1), device)
+    unit = fully_shard(flat, mesh=DeviceMesh.from_group(group, device.type))
+    unit.set_gradient_divide_factor(1.0)  # as launch.sharded: a plain sum (gloo has no PREMUL_SUM)
+    unit.set_force_sum_reduction_for_comms(True)
+    x = torch.ones((), device=device)
+
+    def gather() -> None:
+        unit.unshard()
+        unit.reshard()
+
+    def step(sync: bool) -> None:
+        unit.set_requires_gradient_sync(sync)
+        flat(x).backward()  # the same module: fully_shard changes its class in place
+        flat.w.grad = None
+
+    return [
+        (FSDP_UNSHARD, gather),
+        (_FSDP_SYNC, functools.partial(step, True)),
+        (_FSDP_NO_SYNC, functools.partial(step, False)),
+    ]
+
+
 def _comm_worker(
     rank: int,
     world: int,
@@ -888,7 +941,7 @@ def _comm_worker(
     counts = sorted({n for n in (2, 4, 8, 16, world) if n <= world})
     groups = {n: dist.new_group(list(range(n))) for n in counts}  # every rank must create every group
     items: list[tuple[str, int, int]] = []  # (op, ranks, bytes), in the order of ops
-    ops: list[tuple[Callable[[], object], Callable[[], object]]] = []
+    ops: list[tuple[Callable[[], object], Callable[[], object] | None]] = []
     for nbytes in sizes:
         buf = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
 
@@ -920,11 +973,20 @@ def _comm_worker(
             ops.append((functools.partial(dist.all_gather, parts, buf, group=group), touch))
             scatter = functools.partial(dist.reduce_scatter_tensor, chunk, whole, group=group)
             ops.append((scatter, functools.partial(whole.fill_, 1.0)))
+            for op, call in _fsdp_unit_ops(nbytes, group, device):
+                items.append((op, n, nbytes))
+                ops.append((call, None))
     dist.barrier()
-    times = _timed_rounds(ops, device, warmup, repeat, busy_s)
+    times = dict(zip(items, _timed_rounds(ops, device, warmup, repeat, busy_s), strict=True))
     recs = [
         CommRecord(link, op, n, nbytes, t / 2 if op == "p2p" else t)  # a ping is two sends
-        for (op, n, nbytes), t in zip(items, times, strict=True)
+        for (op, n, nbytes), t in times.items()
+        if not op.startswith("_")
+    ]
+    recs += [  # FSDP's reduce: its backward with gradient sync less the same backward without
+        CommRecord(link, FSDP_REDUCE, n, nbytes, max(0.0, t - times[(_FSDP_NO_SYNC, n, nbytes)]))
+        for (op, n, nbytes), t in times.items()
+        if op == _FSDP_SYNC
     ]
     dist.barrier()
     if rank == 0:
@@ -943,8 +1005,9 @@ def profile_comm(
     repeat: int = 5,
     busy_s: float = COMM_BUSY_S,
 ) -> list[CommRecord]:
-    """p2p (ranks 0 <-> 1), all-reduce and all-gather (among 2, 4, ... `world`
-    ranks) times against message size, measured by `world` local processes,
+    """p2p (ranks 0 <-> 1), all-reduce, all-gather, reduce-scatter and
+    FSDP2's gather and reduce of one unit (``_fsdp_unit_ops``; among 2, 4,
+    ... `world` ranks) times against message size, measured by `world` local processes,
     each computing for `busy_s` before every call, the sizes in rounds
     (see ``_timed_rounds``)."""
     if busy_s < 0:

@@ -24,7 +24,7 @@ import bisect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from solver.contract.profiles.records import CommRecord, GpuSpec
+from solver.contract.profiles.records import FSDP_REDUCE, FSDP_UNSHARD, CommRecord, GpuSpec
 
 #: Per-message latency (s) when no curve is profiled: inside a node, between nodes.
 INTRA_LATENCY_S = 1e-5
@@ -117,6 +117,24 @@ class Links:
         if (link, "reducescatter") in self._curves:
             return self._collective(link, "reducescatter", nbytes, n, scatter_factor, 1)
         return self.allgather(link, nbytes / n, n)
+
+    def fsdp_unshard(self, link: str, unit_bytes: float, n: int) -> float:
+        """FSDP2 gathering a unit of `unit_bytes` of parameters among `n`
+        ranks: its profiled curve (the all-gather with FSDP's copies; each
+        rank receives (n - 1) / n of the unit, so other rank counts scale
+        as a reduce-scatter's bytes do), else the all-gather of
+        unit_bytes / n per rank."""
+        if (link, FSDP_UNSHARD) in self._curves:
+            return self._collective(link, FSDP_UNSHARD, unit_bytes, n, scatter_factor, 1)
+        return self.allgather(link, unit_bytes / n, n) if n > 1 else 0.0
+
+    def fsdp_reduce(self, link: str, unit_bytes: float, n: int) -> float:
+        """FSDP2 reducing a unit's gradients of `unit_bytes` among `n` ranks:
+        its profiled curve (the reduce-scatter with FSDP's copies), else the
+        reduce-scatter's."""
+        if (link, FSDP_REDUCE) in self._curves:
+            return self._collective(link, FSDP_REDUCE, unit_bytes, n, scatter_factor, 1)
+        return self.reduce_scatter(link, unit_bytes, n)
 
     def _collective(
         self, link: str, op: str, nbytes: float, n: int, factor: Callable[[int], float], steps_per_rank: int

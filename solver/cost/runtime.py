@@ -65,9 +65,13 @@ workers) of the busiest rank and d the dtype bytes:
   one's prefetched, its unsharded gradient), R_k the root unit's records
   that are not blocks (embedding, head: FSDP2 keeps the root's parameters
   gathered from forward to backward, and its gradient), and the update of
-  1/dp of the state. A reduce-scatter is priced as the ring's (dp - 1)/dp
-  of the buffer, an all-gather of G_k / dp per rank, unless the profile
-  has the backend's own reduce-scatter curve (``Links.reduce_scatter``).
+  1/dp of the state. A unit's gather and reduce are priced from the
+  profile's curves of FSDP2's own (``Links.fsdp_unshard``,
+  ``Links.fsdp_reduce``: the collective with FSDP's copies into and out of
+  its buffers, which a one-rank profile of the layers cannot see), else as
+  the all-gather of G_k / u dp per rank and the reduce-scatter of G_k / u
+  (the ring's (dp - 1)/dp of the buffer, unless the profile has the
+  backend's own reduce-scatter curve, ``Links.reduce_scatter``).
 
 Pipelines of ``exact``, ``sharded`` and ``torchtitan`` run torch's
 ``Schedule1F1B`` (``torch.distributed.pipelining``), which needs m >= pp
@@ -162,7 +166,7 @@ def fsdp_sync_time(st: StageCosts, at: Ranks, *, m: int) -> float:
         # one collective per FSDP unit: the stage's blocks and the stage itself (the root)
         units = (st.blocks[k] if st.blocks else st.layers[k]) + 1
         per = nbytes / units
-        t = units * (2 * m * links.allgather(link, per / dp, dp) + scatters * links.reduce_scatter(link, per, dp))
+        t = units * (2 * m * links.fsdp_unshard(link, per, dp) + scatters * links.fsdp_reduce(link, per, dp))
         out = max(out, t)
     return out
 

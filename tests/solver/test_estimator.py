@@ -268,6 +268,31 @@ def test_reduce_scatter_from_its_own_curve_else_the_ring():
     assert own.allgather("nvlink", 1000, 2) == pytest.approx(1.0)  # the other ops keep their curves
 
 
+def test_fsdp_gather_and_reduce_from_their_curves_else_the_collectives():
+    """FSDP2's gather and reduce of a unit (its bytes): their profiled curves
+    (the collective with FSDP's copies), else the all-gather of bytes / n
+    per rank and the reduce-scatter of the bytes; one rank: nothing."""
+    plain = Links(G, load_curves(gather_store().comm("nvlink", "allgather")))
+    assert plain.fsdp_unshard("nvlink", 4000, 2) == pytest.approx(2.0)  # 2000 B each, 1 s per 1000 B
+    assert plain.fsdp_reduce("nvlink", 8000, 2) == pytest.approx(4.0)  # the ring's: 4000 B each
+    assert plain.fsdp_unshard("nvlink", 4000, 1) == plain.fsdp_reduce("nvlink", 4000, 1) == 0.0
+    s = gather_store()
+    s.put_comm(
+        [
+            CommRecord("nvlink", op, 2, n, k * n / 1000)
+            for op, k in (("fsdp_unshard", 3.0), ("fsdp_reduce", 5.0))
+            for n in (1000, 2000)
+        ]
+    )
+    own = Links(G, load_curves(r for link, op in s.comm_keys() for r in s.comm(link, op)))
+    assert own.fsdp_unshard("nvlink", 2000, 2) == pytest.approx(6.0)
+    assert own.fsdp_reduce("nvlink", 2000, 2) == pytest.approx(10.0)
+    # 4 ranks from the 2-rank curves: each rank moves (3/4) / (1/2) of the bytes, 1500 B on the curves
+    assert own.fsdp_unshard("nvlink", 1000, 4) == pytest.approx(4.5)
+    assert own.fsdp_reduce("nvlink", 1000, 4) == pytest.approx(7.5)
+    assert own.allgather("nvlink", 1000, 2) == pytest.approx(1.0)
+
+
 def test_picks_fastest_plan_that_fits():
     est = Estimator(hand_store())
     cell = Cell("g2", 1, 2, pp=1)  # tp 2 is faster but its parameters do not fit in 0.18 MB

@@ -269,3 +269,42 @@ def test_a_micro_batch_between_two_profiled_sizes_is_priced_on_their_line(tmp_pa
         for runtime in ("exact", "sharded"):
             assert one(4, runtime) - one(2, runtime) == pytest.approx(6 * 4e-3, rel=1e-9)
         assert one(4, "adaptive") - one(2, "adaptive") == pytest.approx(6 * 8e-3, rel=1e-9)
+
+
+def test_fsdp_gathers_and_reduces_are_priced_from_fsdp_s_own_curves(tmp_path) -> None:  # noqa: ANN001
+    """A sharded dp=2 plan (one micro-batch) gathers each FSDP unit (every
+    block, and the stage as the root) twice and reduces it once. With the
+    profile's curves of FSDP2's own gather (5 ms) and reduce (7 ms), against
+    the plain all-gather (2 ms) and reduce-scatter (3 ms) curves alone, the
+    step is slower by (blocks + 1) x (2 x 3 + 4) ms; no other runtime's
+    price moves."""
+    from solver.contract.profiles.records import CommRecord, GpuSpec, LayerRecord
+
+    tiny = get_model("gpt-tiny")
+    kinds = ["embed"] + ["block"] * tiny.num_layers + ["head"]
+    flat = (1, 10**12)  # a flat curve: the same time at any size
+
+    def store(path, fsdp: bool):  # noqa: ANN001, ANN202
+        s = open_store(path)
+        s.put_gpu(GpuSpec("cpu", mem_gb=64.0, peak_tflops=0.1, mem_bw_gbps=10.0, intra_link="loopback"))
+        s.put_layers(
+            LayerRecord(tiny.signature, "cpu", 1, 2, i, kind, 1e-3, 2e-3, 4096, 8192, 1024)
+            for i, kind in enumerate(kinds)
+        )
+        ops = {"allgather": 2e-3, "reducescatter": 3e-3, "allreduce": 1e-3, "p2p": 1e-3}
+        if fsdp:
+            ops |= {"fsdp_unshard": 5e-3, "fsdp_reduce": 7e-3}
+        s.put_comm(CommRecord("loopback", op, 2, n, t) for op, t in ops.items() for n in flat)
+        return s
+
+    cell = Cell("cpu", 1, 2, 1)
+    with store(tmp_path / "plain.sqlite", False) as a, store(tmp_path / "fsdp.sqlite", True) as b:
+
+        def one(est: Estimator, runtime: str) -> float:
+            job = JobRequest("j", tiny, 4, 1, state_sharding=False, runtime=runtime)
+            return next(t for p, t, _ in est.plans(job, cell) if (p.dp, p.micro_batches) == (2, 1) and not p.sharded)
+
+        plain, own = Estimator(a), Estimator(b)
+        assert one(own, "sharded") - one(plain, "sharded") == pytest.approx((tiny.num_layers + 1) * 10e-3, rel=1e-9)
+        for runtime in ("exact", "adaptive", "ddp"):
+            assert one(own, runtime) == one(plain, runtime)

@@ -87,14 +87,21 @@ class LayerRecord:
     out_bytes: int
 
 
+#: CommRecord's ops for FSDP2's gather and reduce of one unit (by the unit's parameter bytes)
+FSDP_UNSHARD, FSDP_REDUCE = "fsdp_unshard", "fsdp_reduce"
+
+
 @dataclass(frozen=True)
 class CommRecord:
     """Time of one communication op of `nbytes` among `nranks` over a link.
 
     link: "nvlink" | "pcie" | "net" | "loopback" (or any name a profiler uses).
-    op: "p2p" | "allreduce" | "allgather" | "reducescatter". nbytes: the buffer
-    of an all-reduce or a reduce-scatter (each rank keeps nbytes / nranks of
-    the latter), what each rank contributes to an all-gather, one send.
+    op: "p2p" | "allreduce" | "allgather" | "reducescatter" | "fsdp_unshard" |
+    "fsdp_reduce". nbytes: the buffer of an all-reduce or a reduce-scatter
+    (each rank keeps nbytes / nranks of the latter), what each rank
+    contributes to an all-gather, one send, an FSDP unit's parameters (FSDP2
+    gathering them, and reducing their gradients, with its own copies:
+    ``launch.profiler._fsdp_unit_ops``).
     """
 
     link: str
