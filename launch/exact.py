@@ -59,6 +59,10 @@ def make_deterministic() -> None:
             )
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
     torch.use_deterministic_algorithms(True)
+    # torch then fills every new tensor's memory (NaN) unless told not to: a write sweep of each
+    # allocation, which determinism does not need where nothing reads memory before writing it (the
+    # runtime never does): on CPU, 27 ms of a 0.29 s step of the reference trainer at dp 2
+    torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     # no TF32 in matmuls or convolutions (some GPU types have none); a property of torch.backends' module class

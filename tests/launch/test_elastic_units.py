@@ -150,8 +150,9 @@ def test_the_exact_runtime_asks_torch_for_repeatable_kernels():
         "m = torch.backends.cuda.matmul; print(json.dumps([os.environ['CUBLAS_WORKSPACE_CONFIG'], "
         "torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic, "
         "torch.backends.cudnn.benchmark, m.fp32_precision, torch.backends.cudnn.conv.fp32_precision, "
-        "m.allow_fp16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction]))"
+        "m.allow_fp16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction, "
+        "torch.utils.deterministic.fill_uninitialized_memory]))"
     )
     env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
-    assert json.loads(out.stdout) == [":4096:8", True, True, False, "ieee", "ieee", False, False]
+    assert json.loads(out.stdout) == [":4096:8", True, True, False, "ieee", "ieee", False, False, False]
