@@ -890,12 +890,10 @@ def _fsdp_unit_ops(nbytes: int, group: Any, device: torch.device) -> list[tuple[
     ``unshard`` + ``reshard``), and the gradient's reduce (copy in, the
     reduce-scatter, the copy into the sharded gradient; a forward and
     backward with gradient sync, and the same without it, whose difference
-    is the record). Nothing where this torch has no FSDP2."""
-    try:
-        from torch.distributed.device_mesh import DeviceMesh
-        from torch.distributed.fsdp import fully_shard
-    except ImportError:  # pragma: no cover - torch without FSDP2
-        return []
+    is the record)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
     flat = _FlatUnit(max(nbytes // 4, 1), device)
     unit = fully_shard(flat, mesh=DeviceMesh.from_group(group, device.type))
     unit.set_gradient_divide_factor(1.0)  # as launch.sharded: a plain sum (gloo has no PREMUL_SUM)
