@@ -81,8 +81,9 @@ def test_comm_records_from_two_gloo_processes(store):
     # FSDP2's reduce is a difference of two timings (with and without gradient sync): never negative
     reduce = store.comm("loopback", "fsdp_reduce", nranks=2)
     assert [r.nbytes for r in reduce] == list(profiler.COMM_SIZES) and all(r.time_s >= 0 for r in reduce)
-    # 16 MiB cannot cross loopback faster than 100 GB/s, nor slower than 10 MB/s (FSDP2 gathers half of it)
-    for op, moved in (("allreduce", 1.0), ("fsdp_unshard", 0.5), ("fsdp_reduce", 0.5)):
+    # 16 MiB cannot cross loopback faster than 100 GB/s, nor slower than 10 MB/s (FSDP2 gathers half of
+    # it; its reduce, a difference of two noisy timings, is not held to a rate)
+    for op, moved in (("allreduce", 1.0), ("fsdp_unshard", 0.5)):
         big = store.comm("loopback", op, nranks=2)[-1]
         assert 1e7 < moved * big.nbytes / big.time_s < 1e11, op
 
