@@ -590,8 +590,9 @@ def _sharded_stack_times(
     rank: FSDP2's hooks, its copies into and out of the collectives' buffers
     and DTensor's dispatch per op are in the times; the dp > 1 collectives
     themselves are the comm curves'."""
-    from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from launch.sharded import shard_unit
 
     mesh = _sharded_mesh(tp)
     blocks = [_SplitBlock(model).to(device=device, dtype=dtype) for _ in range(max(1, stack))]
@@ -607,12 +608,8 @@ def _sharded_stack_times(
         parallelize_module(root, mesh["tp"], plan)
         for blk in blocks:
             blk.heads //= tp
-    for blk in blocks:
-        fully_shard(blk, mesh=mesh["dp"])
-    fully_shard(root, mesh=mesh["dp"])
-    for unit in (*blocks, root):  # the runtime's plain sum (launch.sharded)
-        unit.set_gradient_divide_factor(1.0)  # type: ignore[operator]  # fully_shard made it an FSDPModule
-        unit.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
+    for unit in (*blocks, root):  # as the runtime shards them (the root last)
+        shard_unit(unit, mesh["dp"])
     tokens = torch.randint(model.vocab, (b, model.seq_len), device=device)
     comm = _PricedComm(mesh["tp"].get_group()) if tp > 1 else None
     with _timed_funcol(comm) if comm is not None else contextlib.nullcontext():
@@ -892,12 +889,11 @@ def _fsdp_unit_ops(nbytes: int, group: Any, device: torch.device) -> list[tuple[
     backward with gradient sync, and the same without it, whose difference
     is the record)."""
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
+
+    from launch.sharded import shard_unit
 
     flat = _FlatUnit(max(nbytes // 4, 1), device)
-    unit = fully_shard(flat, mesh=DeviceMesh.from_group(group, device.type))
-    unit.set_gradient_divide_factor(1.0)  # as launch.sharded: a plain sum (gloo has no PREMUL_SUM)
-    unit.set_force_sum_reduction_for_comms(True)
+    unit = shard_unit(flat, DeviceMesh.from_group(group, device.type))
     x = torch.ones((), device=device)
 
     def gather() -> None:

@@ -33,7 +33,7 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -44,9 +44,24 @@ from launch.layout import largest_remainder
 from launch.parallel import ParallelContext, ParallelError, pipeline_schedule
 from launch.workload import StageSpec, Workload
 
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
+
 TRAINER_STATE = "trainer.json"
 # A stage's output goes straight to the loss or the next stage, never changed in place.
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+
+
+def shard_unit(module: nn.Module, mesh: Any) -> FSDPModule:
+    """``fully_shard`` MODULE over the dp MESH as this runtime does: its
+    gradients reduced as a plain sum (the loss carries 1/global_batch): SUM,
+    not PREMUL_SUM, which gloo lacks. Returns the FSDP module (MODULE itself)."""
+    from torch.distributed.fsdp import fully_shard
+
+    unit = fully_shard(module, mesh=mesh)
+    unit.set_gradient_divide_factor(1.0)
+    unit.set_force_sum_reduction_for_comms(True)
+    return unit
 
 
 def step_dir(directory: str | os.PathLike[str], step: int) -> Path:
@@ -74,8 +89,6 @@ class ShardedEngine:
     runtime = "sharded"
 
     def __init__(self, ctx: ParallelContext, work: Workload, global_batch: int):
-        from torch.distributed.fsdp import FSDPModule, fully_shard
-
         if ctx.stage_layers is None:
             raise ValueError("init_parallel needs num_layers for the trainer")
         if work.sample is None:
@@ -103,13 +116,8 @@ class ShardedEngine:
             parallelize_module(stage, ctx.mesh["tp"], dict(work.tp_plan(stage, ctx.tp)))
         dp_mesh = ctx.mesh["dp"]
         for unit in list(work.shard_units(stage)) if work.shard_units else []:
-            fully_shard(unit, mesh=dp_mesh)
-        fully_shard(stage, mesh=dp_mesh)
-        for m in stage.modules():
-            if isinstance(m, FSDPModule):
-                # a plain sum (the loss carries 1/global_batch): SUM, not PREMUL_SUM, which gloo lacks
-                m.set_gradient_divide_factor(1.0)
-                m.set_force_sum_reduction_for_comms(True)
+            shard_unit(unit, dp_mesh)
+        shard_unit(stage, dp_mesh)
         self.stage: nn.Module = stage
         self.optimizer = work.optimizer(list(stage.parameters()))
         self.dtype = next(stage.parameters()).dtype

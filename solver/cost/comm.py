@@ -126,7 +126,7 @@ class Links:
         unit_bytes / n per rank."""
         if (link, FSDP_UNSHARD) in self._curves:
             return self._collective(link, FSDP_UNSHARD, unit_bytes, n, scatter_factor, 1)
-        return self.allgather(link, unit_bytes / n, n) if n > 1 else 0.0
+        return self.allgather(link, unit_bytes / n, n)
 
     def fsdp_reduce(self, link: str, unit_bytes: float, n: int) -> float:
         """FSDP2 reducing a unit's gradients of `unit_bytes` among `n` ranks:
