@@ -243,6 +243,7 @@ class SitePolicy:
 #   no cell fits: <why>
 #   outbid by job <id> (value <value>)[, job <id> (value <value>)...]
 #   preempted by job <id> (<why>)
+#   settling: waited <s> s; takes a cell at most that much slower over its run than <cell>
 #
 # and why a placed job is where it is (ScheduleReply.notes; read back the same way):
 #
@@ -259,6 +260,7 @@ REASON_KINDS = (
     "no cell fits",
     "outbid",
     "preempted",
+    "settling",
     "preempting",
     "governor",
     "stays",
@@ -319,6 +321,15 @@ def reason_preempted(job_id: str, why: str) -> str:
     return f"preempted by job {job_id} ({why})"
 
 
+def reason_settling(waited_s: float, best_cell: str) -> str:
+    """``settling: waited 120 s; takes a cell at most that much slower over
+    its run than a100:2x4``: a pending job that will keep its first placement
+    (JobRequest.settles) and waits for a cell near its fastest
+    (objective.settle_limit)."""
+    waited = f"{max(0.0, waited_s):.0f}"
+    return f"settling: waited {waited} s; takes a cell at most that much slower over its run than {best_cell}"
+
+
 def reason_preempting(victims: tuple[str, ...]) -> str:
     """``preempting job 7, job 9``: the jobs preempted to zero for this one."""
     return "preempting " + ", ".join(f"job {v}" for v in victims)
@@ -346,6 +357,8 @@ _PATTERNS = {
     "no cell fits": r"no cell fits: (?P<why>.*)$",
     "outbid": r"outbid by (?P<jobs>.*)$",
     "preempted": r"preempted by job (?P<job>\S+) \((?P<why>.*)\)$",
+    "settling": r"settling: waited (?P<waited>\d+) s; takes a cell at most that much slower over its run than "
+    r"(?P<cell>\S+)$",
     "preempting": r"preempting (?P<jobs>job .*)$",
     "governor": r"governor: ran (?P<ran>\d+) s of min_run_s (?P<min_run>\d+) s$",
     "stays": r"stays in (?P<cell>\S+): (?P<why>.*)$",

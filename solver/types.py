@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from solver.contract.models import ModelSpec
-from solver.contract.runtimes import ANY_CHANGE, Change, Layout, get_runtime, move_problem
+from solver.contract.runtimes import ANY_CHANGE, Change, Checkpoint, Layout, get_runtime, move_problem
 from solver.network import Network
 from solver.site import SitePolicy
 
@@ -456,6 +456,19 @@ class JobRequest:
         return max(0.0, self.iterations - self.iterations_done)
 
     @property
+    def settles(self) -> bool:
+        """Does the job keep the first placement it gets? A pending job that
+        has not trained, whose runtime moves it only through a hook its script
+        has not been seen to register (Checkpoint.HOOK): once it starts it is
+        static (`movable` false) until its script registers one, which many
+        scripts never do, so where it starts it may well end."""
+        return (
+            self.current is None
+            and self.resumes_from is None
+            and get_runtime(self.runtime).checkpoint == Checkpoint.HOOK
+        )
+
+    @property
     def running(self) -> bool:
         return self.current is not None
 
@@ -575,6 +588,13 @@ class SolverConfig:
         "[network] section) in the objective and the node choice, in the rounds where sharing costs a "
         "job 1% or more now or would in the plan made without it; false: every job is estimated as if "
         "alone on its links (the NICs' speed still counts in every estimate).",
+    )
+    settle_wait: bool = knob(
+        True,
+        "A pending job that will keep its first placement (JobRequest.settles: a ddp job whose script "
+        "has not been seen to register its checkpoint hook) takes a cell slower than its fastest only "
+        "once it has waited as long as that cell would add to its remaining run (ski rental: at most "
+        "twice its own best); false: it takes any cell its value pays (see objective.settle_limit).",
     )
     min_run_s: float = knob(
         0.0,

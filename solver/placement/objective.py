@@ -36,6 +36,9 @@ linear (a sum of value x chosen):
   eventually outweighs any throughput gain of the jobs ahead of it (no
   starvation), while fresh jobs are ordered by throughput alone.
 * A job left unplaced is worth 0.
+* A pending job that will keep its first placement (JobRequest.settles)
+  is offered only the cells within ``settle_limit`` of its fastest one: a
+  slower cell once it has waited as long as that cell would add to its run.
 * Restart penalty: a running job whose cell or nodes change gets
   value * (1 - restart_penalty * restart_cost_s / H), restart_cost_s from
   the job when measured, else default_restart_cost_s; H is horizon_s, or
@@ -182,6 +185,23 @@ def restart_factor(
     if config.horizon_remaining and known:
         horizon = max(horizon, min(known))
     return max(at_least, 1.0 - weight * cost / max(horizon, 1e-9))
+
+
+def settle_limit(job: JobRequest, estimates: Iterable[Estimate], now: float, config: SolverConfig) -> float:
+    """The slowest iteration a job that keeps its first placement
+    (JobRequest.settles; config.settle_wait) may start with: its fastest
+    cell's, plus the time it has waited spread over its remaining
+    iterations. A cell then costs it more over its run than its best only by
+    as much as it has already waited for better (ski rental), so it ends at
+    most about twice as late as on its best cell started at once; a job
+    that could move later is not bound (inf)."""
+    if not (config.settle_wait and job.settles):
+        return math.inf
+    best = min((e.iter_time_s for e in estimates if e.feasible), default=math.inf)
+    left = job.remaining_iterations
+    if not math.isfinite(best) or left <= 0:
+        return math.inf
+    return best + max(0.0, now - job.submit_time) / left
 
 
 def to_int(value: float) -> int:

@@ -79,7 +79,7 @@ from solver.placement.siterules import (
     claiming,
 )
 from solver.policies.common import reply
-from solver.site import reason_no_cell, reason_outbid, reason_partition, reason_unmanaged
+from solver.site import reason_no_cell, reason_outbid, reason_partition, reason_settling, reason_unmanaged
 from solver.types import (
     Cell,
     ClusterView,
@@ -238,6 +238,7 @@ class CellschedPolicy:
             self._memo_ctx, self._memo, self._base, self._duties = ctx, {}, {}, {}
         ests, refs, utils = {}, {}, {}
         free_now: FreeNow | None = None
+        settling: dict[str, str] = {}  # the jobs offered only cells near their fastest (objective.settle_limit)
         for job in jobs:
             refs[job.job_id], kept, u, optional, opt_u = self._cells(job, cluster, estimator, cfg)
             if optional:
@@ -252,6 +253,14 @@ class CellschedPolicy:
                 ref = refs[job.job_id]
                 if cur.feasible and ref is not None:
                     kept, u = kept + [cur], u + [objective.utility(job, cur, ref, cfg.fairness_p)]
+            limit = objective.settle_limit(job, kept, request.now, cfg)
+            if any(e.iter_time_s > limit for e in kept):
+                best = min(kept, key=lambda e: e.iter_time_s)
+                settling[job.job_id] = reason_settling(request.now - job.submit_time, best.cell.key())
+                kept, u = (
+                    [e for e in kept if e.iter_time_s <= limit],
+                    [x for e, x in zip(kept, u, strict=True) if e.iter_time_s <= limit],
+                )
             ests[job.job_id], utils[job.job_id] = kept, u
         weights = objective.job_weights(jobs, refs, request.now, cfg)
         if rules is not None and rules.fair:
@@ -327,7 +336,9 @@ class CellschedPolicy:
         if rules is None:
             for job in jobs:
                 if job.job_id not in result.placements and job.job_id not in reasons:
-                    reasons[job.job_id] = "waiting: the GPUs are worth more to other jobs this round"
+                    reasons[job.job_id] = settling.get(
+                        job.job_id, "waiting: the GPUs are worth more to other jobs this round"
+                    )
             out, claimed = reply(fixed, result, offered, reasons, t1 - t0), {}
         else:
             reasons.update(held)
@@ -335,6 +346,8 @@ class CellschedPolicy:
             claimed = {jid: p for jid, p in result.placements.items() if jid in claims}
             result = _without_stand_ins(result, claims)
             site_reasons(rules, jobs, allowed, with_claims, claims, reasons)
+            for jid, why in settling.items():
+                reasons.setdefault(jid, why)
             out = reply(fixed, result, offered, reasons, t1 - t0, request)
         if cfg.preemption != "off":
             out = _preempted(out, preempt(request, jobs, out.placements, ests, rules, claimed))

@@ -6,12 +6,14 @@ branch did not show)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from solver.contract.models import ModelSpec
+from solver.contract.runtimes import Layout
 from solver.placement import objective
-from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan, SolverConfig
+from solver.types import Cell, Estimate, EstimateSource, JobRequest, ParallelPlan, Placement, SolverConfig
 
 MODEL = ModelSpec("tiny", "gpt", 4, 256, 4, 128, 1000, 1e7)
 CELL = Cell("a100", 1, 4, 1)
@@ -89,6 +91,31 @@ def test_hesrpt_multiplies_the_other_weights():
     # weights of the median 200: 1 + 200/300 and 1 + 200/500
     w = weights({"a": 100, "b": 300}, cfg)
     assert w == pytest.approx({"a": (1 + 2 / 3) * math.sqrt(1.5), "b": 1.4 * math.sqrt(0.5)})
+
+
+def test_settle_limit_spreads_the_wait_over_the_remaining_iterations():
+    """A pending ddp job (Checkpoint.HOOK, never trained) settles: its
+    limit is its fastest iteration plus its wait over its remaining
+    iterations; every other job is unbound."""
+    cfg = SolverConfig()
+    ests = [est(2.5), est(10.0), est(1.0, feasible=False)]
+    ddp = job(iterations=1000, iterations_done=200, runtime="ddp", submit_time=100.0)
+    assert ddp.settles
+    # 800 iterations left, waited 4,000 s: 2.5 + 4000 / 800
+    assert objective.settle_limit(ddp, ests, 4100.0, cfg) == pytest.approx(7.5)
+    assert objective.settle_limit(ddp, ests, 100.0, cfg) == pytest.approx(2.5)  # not waited: its fastest only
+    assert objective.settle_limit(ddp, ests, 0.0, cfg) == pytest.approx(2.5)  # a clock behind its submission
+    unbound = (
+        replace(ddp, runtime="sharded"),  # answers the signal itself: movable once it runs
+        replace(ddp, resumes_from=Layout(1, 4, 1)),  # trained before: it registered the hook
+        replace(ddp, current=Placement("j", CELL, (("n", 4),), ParallelPlan(1, 4, 1), 2.5)),  # runs
+        replace(ddp, iterations_done=1000),  # nothing left
+    )
+    for j in unbound:
+        assert not j.settles or j.remaining_iterations == 0
+        assert objective.settle_limit(j, ests, 4100.0, cfg) == math.inf
+    assert objective.settle_limit(ddp, ests, 4100.0, SolverConfig(settle_wait=False)) == math.inf
+    assert objective.settle_limit(ddp, [est(1.0, feasible=False)], 4100.0, cfg) == math.inf
 
 
 def test_restart_history_is_pollux_reallocation_factor():

@@ -11,6 +11,7 @@ from solver.contract.models import ModelSpec
 from solver.estimator import EstimatorBase
 from solver.placement import validate_plan
 from solver.policies import get_policy
+from solver.site import parse_reason
 from solver.types import Cell, ClusterView, Estimate, JobRequest, NodeView, ParallelPlan, Placement, ScheduleRequest
 
 MODEL = ModelSpec("tiny", "gpt", 4, 256, 4, 128, 1000, 1e7)
@@ -137,6 +138,38 @@ def test_running_job_keeps_placement(policy, elastic, extra, exact_config):
     j, est = move_case(10.0, elastic=elastic)
     rep = get_policy(policy).schedule(ScheduleRequest(TWO_TYPES, (j,), config=exact_config(**MOVE, **extra)), est)
     assert rep.placements["j"] == j.current
+
+
+@pytest.mark.parametrize(
+    "runtime,waited,extra,placed",
+    [
+        ("ddp", 0.0, {}, None),  # keeps its first cell: waits for the A100
+        ("ddp", 7_499.0, {}, None),  # the A10 would add 7,500 s to its run
+        ("ddp", 7_501.0, {}, "a10"),  # it has waited longer than that
+        ("ddp", 0.0, {"settle_wait": False}, "a10"),
+        ("sharded", 0.0, {}, "a10"),  # answers the checkpoint signal: may move once the A100 is free
+    ],
+)
+def test_a_job_that_keeps_its_first_cell_waits_as_long_as_a_slower_one_costs(
+    runtime, waited, extra, placed, exact_config
+):
+    """The A100 is busy and 4x faster (2.5 s against 10 s an iteration, 1,000
+    iterations); a ddp job that has not registered its checkpoint hook will
+    not move once started, so it takes the free A10 only once it has waited
+    the 7,500 s the A10 adds to its run (JobRequest.settles)."""
+    busy = job("busy", max_gpus=1)
+    j = job("j", max_gpus=1, runtime=runtime, submit_time=-waited)
+    est = table_for([busy, j], TWO_TYPES, {("busy", "a100"): 1.0, ("j", "a100"): 4.0, ("j", "a10"): 1.0})
+    assert (est.table[("j", "a100:1x1:pp1")], est.table[("j", "a10:1x1:pp1")]) == (2.5, 10.0)
+    busy = running(busy, Cell("a100", 1, 1), [("a100-0", 1)], 10.0)
+    cfg = exact_config(**MOVE, **extra)
+    rep = get_policy("cellsched").schedule(ScheduleRequest(TWO_TYPES, (busy, j), config=cfg, now=0.0), est)
+    assert rep.placements["busy"] == busy.current
+    if placed is None:
+        assert "j" not in rep.placements
+        assert parse_reason(rep.reasons["j"]) == ("settling", {"waited": f"{waited:.0f}", "cell": "a100:1x1:pp1"})
+    else:
+        assert rep.placements["j"].cell.gpu_type == placed
 
 
 def test_non_elastic_running_jobs_are_never_stopped_for_pending_ones(exact_config):
