@@ -593,8 +593,9 @@ class SolverConfig:
         True,
         "A pending job that will keep its first placement (JobRequest.settles: a ddp job whose script "
         "has not been seen to register its checkpoint hook) takes a cell slower than its fastest only "
-        "once it has waited as long as that cell would add to its remaining run (ski rental: at most "
-        "twice its own best); false: it takes any cell its value pays (see objective.settle_limit).",
+        "once it has waited as long as that cell would add to its remaining run (ski rental: it ends "
+        "less than twice as late as hindsight's choice); false: any cell its value pays (see "
+        "objective.settle_limit).",
     )
     min_run_s: float = knob(
         0.0,

@@ -192,9 +192,10 @@ def settle_limit(job: JobRequest, estimates: Iterable[Estimate], now: float, con
     (JobRequest.settles; config.settle_wait) may start with: its fastest
     cell's, plus the time it has waited spread over its remaining
     iterations. A cell then costs it more over its run than its best only by
-    as much as it has already waited for better (ski rental), so it ends at
-    most about twice as late as on its best cell started at once; a job
-    that could move later is not bound (inf)."""
+    as much as it has already waited for better (ski rental): when a fast
+    cell frees in time the job ends no later than in the slow one, else
+    less than twice as late as in the slow one started at once. A job that
+    could move later is not bound (inf)."""
     if not (config.settle_wait and job.settles):
         return math.inf
     best = min((e.iter_time_s for e in estimates if e.feasible), default=math.inf)
