@@ -243,7 +243,7 @@ class SitePolicy:
 #   no cell fits: <why>
 #   outbid by job <id> (value <value>)[, job <id> (value <value>)...]
 #   preempted by job <id> (<why>)
-#   settling: waited <s> s; takes a cell at most that much slower over its run than <cell>
+#   settling: waited <s> s; takes a cell at most that much slower over its run than <cell> of its size
 #
 # and why a placed job is where it is (ScheduleReply.notes; read back the same way):
 #
@@ -323,9 +323,10 @@ def reason_preempted(job_id: str, why: str) -> str:
 
 def reason_settling(waited_s: float, best_cell: str) -> str:
     """``settling: waited 120 s; takes a cell at most that much slower over
-    its run than a100:2x4``: a pending job that will keep its first placement
-    (JobRequest.settles) and waits for a cell near its fastest
-    (objective.settle_limit)."""
+    its run than a100:1x4``: a pending job that will keep its first placement
+    (JobRequest.settles) waits for a GPU type near the fastest of its size
+    (objective.settle_limits; the cell named is the fastest of the smallest
+    size it waits on)."""
     waited = f"{max(0.0, waited_s):.0f}"
     return f"settling: waited {waited} s; takes a cell at most that much slower over its run than {best_cell}"
 

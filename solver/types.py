@@ -592,10 +592,10 @@ class SolverConfig:
     settle_wait: bool = knob(
         True,
         "A pending job that will keep its first placement (JobRequest.settles: a ddp job whose script "
-        "has not been seen to register its checkpoint hook) takes a cell slower than its fastest only "
-        "once it has waited as long as that cell would add to its remaining run (ski rental: it ends "
-        "less than twice as late as hindsight's choice); false: any cell its value pays (see "
-        "objective.settle_limit).",
+        "has not been seen to register its checkpoint hook) takes a cell slower than the fastest of the "
+        "same number of GPUs (another GPU type or layout) only once it has waited as long as that cell "
+        "would add to its remaining run (ski rental: it ends less than twice as late as hindsight's "
+        "choice); false: any cell its value pays (see objective.settle_limits).",
     )
     min_run_s: float = knob(
         0.0,

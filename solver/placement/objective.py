@@ -37,8 +37,9 @@ linear (a sum of value x chosen):
   starvation), while fresh jobs are ordered by throughput alone.
 * A job left unplaced is worth 0.
 * A pending job that will keep its first placement (JobRequest.settles)
-  is offered only the cells within ``settle_limit`` of its fastest one: a
-  slower cell once it has waited as long as that cell would add to its run.
+  is offered only the cells within ``settle_limits`` of the fastest of
+  their size: a slower GPU type once it has waited as long as that cell
+  would add to its run.
 * Restart penalty: a running job whose cell or nodes change gets
   value * (1 - restart_penalty * restart_cost_s / H), restart_cost_s from
   the job when measured, else default_restart_cost_s; H is horizon_s, or
@@ -187,22 +188,26 @@ def restart_factor(
     return max(at_least, 1.0 - weight * cost / max(horizon, 1e-9))
 
 
-def settle_limit(job: JobRequest, estimates: Iterable[Estimate], now: float, config: SolverConfig) -> float:
-    """The slowest iteration a job that keeps its first placement
-    (JobRequest.settles; config.settle_wait) may start with: its fastest
-    cell's, plus the time it has waited spread over its remaining
-    iterations. A cell then costs it more over its run than its best only by
-    as much as it has already waited for better (ski rental): when a fast
-    cell frees in time the job ends no later than in the slow one, else
-    less than twice as late as in the slow one started at once. A job that
-    could move later is not bound (inf)."""
-    if not (config.settle_wait and job.settles):
-        return math.inf
-    best = min((e.iter_time_s for e in estimates if e.feasible), default=math.inf)
-    left = job.remaining_iterations
-    if not math.isfinite(best) or left <= 0:
-        return math.inf
-    return best + max(0.0, now - job.submit_time) / left
+def settle_limits(job: JobRequest, estimates: Iterable[Estimate], now: float, config: SolverConfig) -> dict[int, float]:
+    """GPU count -> the slowest iteration a job that keeps its first
+    placement (JobRequest.settles; config.settle_wait) may start with on
+    that many GPUs: the fastest cell's of that count, plus the time the job
+    has waited spread over its remaining iterations ({}: not bound). A
+    slower GPU type (or layout) then costs it more over its run than the
+    fastest of the same size only by as much as it has already waited for
+    better (ski rental): when a fast cell frees in time the job ends no
+    later than in the slow one, else less than twice as late as in the
+    slow one started at once. How many GPUs it gets stays the objective's
+    choice: waiting for more GPUs would make every such job hold out for
+    the largest cell, and take it for good."""
+    if not (config.settle_wait and job.settles) or job.remaining_iterations <= 0:
+        return {}
+    slack = max(0.0, now - job.submit_time) / job.remaining_iterations
+    best: dict[int, float] = {}
+    for e in estimates:
+        if e.feasible:
+            best[e.cell.num_gpus] = min(best.get(e.cell.num_gpus, math.inf), e.iter_time_s)
+    return {gpus: t + slack for gpus, t in best.items()}
 
 
 def to_int(value: float) -> int:

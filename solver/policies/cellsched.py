@@ -238,7 +238,7 @@ class CellschedPolicy:
             self._memo_ctx, self._memo, self._base, self._duties = ctx, {}, {}, {}
         ests, refs, utils = {}, {}, {}
         free_now: FreeNow | None = None
-        settling: dict[str, str] = {}  # the jobs offered only cells near their fastest (objective.settle_limit)
+        settling: dict[str, str] = {}  # the jobs offered only cells near the fastest of their size (settle_limits)
         for job in jobs:
             refs[job.job_id], kept, u, optional, opt_u = self._cells(job, cluster, estimator, cfg)
             if optional:
@@ -253,13 +253,15 @@ class CellschedPolicy:
                 ref = refs[job.job_id]
                 if cur.feasible and ref is not None:
                     kept, u = kept + [cur], u + [objective.utility(job, cur, ref, cfg.fairness_p)]
-            limit = objective.settle_limit(job, kept, request.now, cfg)
-            if any(e.iter_time_s > limit for e in kept):
-                best = min(kept, key=lambda e: e.iter_time_s)
+            limits = objective.settle_limits(job, kept, request.now, cfg)
+            slow = [e.iter_time_s > limits.get(e.cell.num_gpus, math.inf) for e in kept]
+            if any(slow):
+                size = min(e.cell.num_gpus for e, no in zip(kept, slow, strict=True) if no)
+                best = min((e for e in kept if e.cell.num_gpus == size), key=lambda e: e.iter_time_s)
                 settling[job.job_id] = reason_settling(request.now - job.submit_time, best.cell.key())
                 kept, u = (
-                    [e for e in kept if e.iter_time_s <= limit],
-                    [x for e, x in zip(kept, u, strict=True) if e.iter_time_s <= limit],
+                    [e for e, no in zip(kept, slow, strict=True) if not no],
+                    [x for x, no in zip(u, slow, strict=True) if not no],
                 )
             ests[job.job_id], utils[job.job_id] = kept, u
         weights = objective.job_weights(jobs, refs, request.now, cfg)

@@ -93,18 +93,24 @@ def test_hesrpt_multiplies_the_other_weights():
     assert w == pytest.approx({"a": (1 + 2 / 3) * math.sqrt(1.5), "b": 1.4 * math.sqrt(0.5)})
 
 
-def test_settle_limit_spreads_the_wait_over_the_remaining_iterations():
-    """A pending ddp job (Checkpoint.HOOK, never trained) settles: its
-    limit is its fastest iteration plus its wait over its remaining
-    iterations; every other job is unbound."""
+def test_settle_limits_spread_the_wait_over_the_remaining_iterations_per_size():
+    """A pending ddp job (Checkpoint.HOOK, never trained) settles: on each
+    number of GPUs its limit is the fastest cell's iteration of that size
+    plus its wait over its remaining iterations; every other job is unbound."""
     cfg = SolverConfig()
-    ests = [est(2.5), est(10.0), est(1.0, feasible=False)]
+    four, eight = Cell("a100", 1, 4, 1), Cell("a100", 2, 4, 1)
+    ests = [
+        Estimate(four, ParallelPlan(1, 4, 1), 2.5, 1.0, EstimateSource.MEASURED),
+        Estimate(Cell("a10", 1, 4, 1), ParallelPlan(1, 4, 1), 10.0, 1.0, EstimateSource.MEASURED),
+        Estimate(eight, ParallelPlan(1, 8, 1), 1.5, 1.0, EstimateSource.MEASURED),
+        est(1.0, feasible=False),  # an infeasible cell bounds nothing
+    ]
     ddp = job(iterations=1000, iterations_done=200, runtime="ddp", submit_time=100.0)
     assert ddp.settles
-    # 800 iterations left, waited 4,000 s: 2.5 + 4000 / 800
-    assert objective.settle_limit(ddp, ests, 4100.0, cfg) == pytest.approx(7.5)
-    assert objective.settle_limit(ddp, ests, 100.0, cfg) == pytest.approx(2.5)  # not waited: its fastest only
-    assert objective.settle_limit(ddp, ests, 0.0, cfg) == pytest.approx(2.5)  # a clock behind its submission
+    # 800 iterations left, waited 4,000 s: 5 s an iteration on top of each size's fastest
+    assert objective.settle_limits(ddp, ests, 4100.0, cfg) == pytest.approx({4: 7.5, 8: 6.5})
+    assert objective.settle_limits(ddp, ests, 100.0, cfg) == pytest.approx({4: 2.5, 8: 1.5})  # not waited
+    assert objective.settle_limits(ddp, ests, 0.0, cfg) == pytest.approx({4: 2.5, 8: 1.5})  # a clock behind
     unbound = (
         replace(ddp, runtime="sharded"),  # answers the signal itself: movable once it runs
         replace(ddp, resumes_from=Layout(1, 4, 1)),  # trained before: it registered the hook
@@ -112,10 +118,9 @@ def test_settle_limit_spreads_the_wait_over_the_remaining_iterations():
         replace(ddp, iterations_done=1000),  # nothing left
     )
     for j in unbound:
-        assert not j.settles or j.remaining_iterations == 0
-        assert objective.settle_limit(j, ests, 4100.0, cfg) == math.inf
-    assert objective.settle_limit(ddp, ests, 4100.0, SolverConfig(settle_wait=False)) == math.inf
-    assert objective.settle_limit(ddp, [est(1.0, feasible=False)], 4100.0, cfg) == math.inf
+        assert objective.settle_limits(j, ests, 4100.0, cfg) == {}
+    assert [j.settles for j in unbound] == [False, False, False, True]
+    assert objective.settle_limits(ddp, ests, 4100.0, SolverConfig(settle_wait=False)) == {}
 
 
 def test_restart_history_is_pollux_reallocation_factor():

@@ -172,6 +172,21 @@ def test_a_job_that_keeps_its_first_cell_waits_as_long_as_a_slower_one_costs(
         assert rep.placements["j"].cell.gpu_type == placed
 
 
+def test_a_job_that_keeps_its_first_cell_is_not_made_to_hold_out_for_more_gpus(exact_config):
+    """How many GPUs it gets stays the objective's choice: with one GPU type
+    free, a fresh ddp job gets the same cell whether it settles or not."""
+    cluster = ClusterView((NodeView("a100-0", "a100", 4, 4), NodeView("a100-1", "a100", 4, 4)))
+    j = job("j", max_gpus=8, runtime="ddp", submit_time=0.0)
+    others = [job(f"o{k}", max_gpus=8, runtime="sharded", submit_time=0.0) for k in range(3)]
+    est = table_for([j, *others], cluster, {(x.job_id, "a100"): 1.0 for x in (j, *others)}, scaling=0.5)
+    cells = {}
+    for wait in (True, False):
+        cfg = exact_config(settle_wait=wait)
+        rep = get_policy("cellsched").schedule(ScheduleRequest(cluster, (j, *others), config=cfg, now=0.0), est)
+        cells[wait] = {k: p.cell for k, p in rep.placements.items()}
+    assert cells[True] == cells[False] and cells[True]["j"].num_gpus < 8
+
+
 def test_non_elastic_running_jobs_are_never_stopped_for_pending_ones(exact_config):
     cluster = ClusterView((NodeView("a100-0", "a100", 4, 4),))
     r = job("r", max_gpus=4)
