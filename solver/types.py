@@ -590,12 +590,13 @@ class SolverConfig:
         "alone on its links (the NICs' speed still counts in every estimate).",
     )
     settle_wait: bool = knob(
-        True,
+        False,
         "A pending job that will keep its first placement (JobRequest.settles: a ddp job whose script "
         "has not been seen to register its checkpoint hook) takes a cell slower than the fastest of the "
         "same number of GPUs (another GPU type or layout) only once it has waited as long as that cell "
         "would add to its remaining run (ski rental: it ends less than twice as late as hindsight's "
-        "choice); false: any cell its value pays (see objective.settle_limits).",
+        "choice); false (the default: on the fair race's 88-GPU row it cost the other jobs more than it "
+        "gained, docs/scheduling.md): any cell its value pays (see objective.settle_limits).",
     )
     min_run_s: float = knob(
         0.0,

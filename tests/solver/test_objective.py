@@ -97,7 +97,7 @@ def test_settle_limits_spread_the_wait_over_the_remaining_iterations_per_size():
     """A pending ddp job (Checkpoint.HOOK, never trained) settles: on each
     number of GPUs its limit is the fastest cell's iteration of that size
     plus its wait over its remaining iterations; every other job is unbound."""
-    cfg = SolverConfig()
+    cfg = SolverConfig(settle_wait=True)
     four, eight = Cell("a100", 1, 4, 1), Cell("a100", 2, 4, 1)
     ests = [
         Estimate(four, ParallelPlan(1, 4, 1), 2.5, 1.0, EstimateSource.MEASURED),
@@ -120,7 +120,7 @@ def test_settle_limits_spread_the_wait_over_the_remaining_iterations_per_size():
     for j in unbound:
         assert objective.settle_limits(j, ests, 4100.0, cfg) == {}
     assert [j.settles for j in unbound] == [False, False, False, True]
-    assert objective.settle_limits(ddp, ests, 4100.0, SolverConfig(settle_wait=False)) == {}
+    assert objective.settle_limits(ddp, ests, 4100.0, SolverConfig()) == {}  # off by default
 
 
 def test_restart_history_is_pollux_reallocation_factor():

@@ -143,11 +143,11 @@ def test_running_job_keeps_placement(policy, elastic, extra, exact_config):
 @pytest.mark.parametrize(
     "runtime,waited,extra,placed",
     [
-        ("ddp", 0.0, {}, None),  # keeps its first cell: waits for the A100
-        ("ddp", 7_499.0, {}, None),  # the A10 would add 7,500 s to its run
-        ("ddp", 7_501.0, {}, "a10"),  # it has waited longer than that
-        ("ddp", 0.0, {"settle_wait": False}, "a10"),
-        ("sharded", 0.0, {}, "a10"),  # answers the checkpoint signal: may move once the A100 is free
+        ("ddp", 0.0, {"settle_wait": True}, None),  # keeps its first cell: waits for the A100
+        ("ddp", 7_499.0, {"settle_wait": True}, None),  # the A10 would add 7,500 s to its run
+        ("ddp", 7_501.0, {"settle_wait": True}, "a10"),  # it has waited longer than that
+        ("ddp", 0.0, {}, "a10"),  # off by default
+        ("sharded", 0.0, {"settle_wait": True}, "a10"),  # answers the checkpoint signal: may move later
     ],
 )
 def test_a_job_that_keeps_its_first_cell_waits_as_long_as_a_slower_one_costs(
