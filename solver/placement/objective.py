@@ -36,10 +36,10 @@ linear (a sum of value x chosen):
   eventually outweighs any throughput gain of the jobs ahead of it (no
   starvation), while fresh jobs are ordered by throughput alone.
 * A job left unplaced is worth 0.
-* A pending job that will keep its first placement (JobRequest.settles)
-  is offered only the cells within ``settle_limits`` of the fastest of
-  their size: a slower GPU type once it has waited as long as that cell
-  would add to its run.
+* With settle_wait (off by default), a pending job that will keep its
+  first placement (JobRequest.settles) is offered only the cells within
+  ``settle_limits`` of the fastest of their size: a slower GPU type once
+  it has waited as long as that cell would add to its run.
 * Restart penalty: a running job whose cell or nodes change gets
   value * (1 - restart_penalty * restart_cost_s / H), restart_cost_s from
   the job when measured, else default_restart_cost_s; H is horizon_s, or
