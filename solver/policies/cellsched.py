@@ -254,7 +254,7 @@ class CellschedPolicy:
                 if cur.feasible and ref is not None:
                     kept, u = kept + [cur], u + [objective.utility(job, cur, ref, cfg.fairness_p)]
             limits = objective.settle_limits(job, kept, request.now, cfg)
-            slow = [e.iter_time_s > limits.get(e.cell.num_gpus, math.inf) for e in kept]
+            slow = [e.iter_time_s > limits.get(e.cell.num_gpus, math.inf) for e in kept] if limits else []
             if any(slow):
                 size = min(e.cell.num_gpus for e, no in zip(kept, slow, strict=True) if no)
                 best = min((e for e in kept if e.cell.num_gpus == size), key=lambda e: e.iter_time_s)
