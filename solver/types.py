@@ -550,9 +550,10 @@ class SolverConfig:
     )
     relative_gap_limit: float = knob(0.01, "Stop once (bound - objective) / objective <= this (0: prove optimality).")
     lp_first_min_jobs: int = knob(
-        200,
+        0,
         "Aggregated model with at least this many jobs: solve its LP relaxation first and leave CP-SAT "
-        "only the jobs the LP does not place integrally (0: always; a huge number: never).",
+        "only the jobs the LP does not place integrally (0: always; a huge number: never, CP-SAT gets "
+        "the whole model).",
     )
     mixed_cells: bool = knob(
         True,

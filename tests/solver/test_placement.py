@@ -418,6 +418,40 @@ def test_lp_by_column_generation_bounds_the_whole_lp(exact_config):
     assert lp.bound - whole.objective <= LP_GAP * whole.objective + 1
 
 
+def test_whole_lp_is_the_model_written_out_coefficient_by_coefficient(exact_config):
+    """The whole LP (written into a proto from the model's arrays) against the
+    same relaxation written here through pywraplp's per-coefficient calls:
+    the model's rows, one "at most one" row per job of several options that
+    need not stay, and the columns' bounds and values."""
+    from ortools.linear_solver import pywraplp
+
+    from solver.placement.lp import _solve_whole
+
+    for seed, n in ((7, 120), (3, 40)):
+        cluster, jobs, options = large_instance(seed, n)
+        m = build(Space.of(cluster), jobs, options, exact=False)
+        oracle = pywraplp.Solver.CreateSolver("GLOP")
+        xs = [oracle.NumVar(0.0, float(ub), "") for ub in m.ub]
+        for r in m.rows:
+            row = oracle.Constraint(-oracle.infinity() if r.lo is None else float(r.lo), float(r.hi))
+            for c, a in zip(r.cols, r.coefs, strict=True):
+                row.SetCoefficient(xs[c], float(a))
+        for ji, cols in enumerate(m.choices):
+            if len(cols) > 1 and ji not in m.stays:
+                row = oracle.Constraint(-oracle.infinity(), 1.0)
+                for c in cols:
+                    row.SetCoefficient(xs[c], 1.0)
+        goal = oracle.Objective()
+        for c, a in enumerate(m.obj):
+            goal.SetCoefficient(xs[c], float(a))
+        goal.SetMaximization()
+        assert oracle.Solve() == pywraplp.Solver.OPTIMAL
+        whole = _solve_whole(m, exact_config().time_limit_s)
+        assert whole.status == "OPTIMAL" and len(whole.values) == len(m.ub)
+        assert whole.objective == pytest.approx(goal.Value(), rel=1e-9)
+        assert whole.objective == pytest.approx(sum(a * v for a, v in zip(m.obj, whole.values, strict=True)), rel=1e-9)
+
+
 def test_column_generation_only_where_columns_far_outnumber_rows(exact_config, monkeypatch):
     from solver.placement import lp as lp_module
 
