@@ -5,7 +5,8 @@ ones) -> CP-SAT, warm-started by the greedy plan -> concrete nodes (nodes.py)
 -> repair -> the greedy plan instead where that is better (see place_jobs).
 On the aggregated model (from config.lp_first_min_jobs jobs: by default
 always) the LP relaxation is solved first and CP-SAT only decides the jobs it
-leaves fractional (lp.py); the LP optimum is the reported bound. Should that sub-model fail, CP-SAT gets the whole model.
+leaves fractional (lp.py); the LP optimum is the reported bound. Should that
+sub-model fail, CP-SAT gets the whole model.
 If CP-SAT returns nothing usable (UNKNOWN, MODEL_INVALID, an exception) the
 greedy plan is returned with status "GREEDY".
 """
