@@ -98,9 +98,19 @@ class Layout:
     gpu_types: frozenset[str] = frozenset()
 
     def changes(self, to: Layout) -> tuple[Change, ...]:
-        """What differs from this layout in `to` (GPU types: only when both name theirs)."""
-        named = bool(self.gpu_types and to.gpu_types)
-        return tuple(c for c in Change if self.shown(c) != to.shown(c) and (named or c != Change.GPU_TYPE))
+        """What differs from this layout in `to` (GPU types: only when both
+        name theirs), in the order of `Change` (asked for every running
+        job's every option each round: compared field by field)."""
+        if self == to:
+            return ()
+        out = [
+            c
+            for c, a, b in ((Change.DP, self.dp, to.dp), (Change.TP, self.tp, to.tp), (Change.PP, self.pp, to.pp))
+            if a != b
+        ]
+        if self.gpu_types and to.gpu_types and self.gpu_types != to.gpu_types:
+            out.append(Change.GPU_TYPE)
+        return tuple(out)
 
     def shown(self, change: Change) -> str:
         """This layout's value of what `change` changes, as a message shows it."""
