@@ -264,7 +264,7 @@ def _solve_whole(m: Model, time_limit_s: float) -> Relaxation:
     """The LP relaxation of all of `m` at once: the model's rows, then an
     "at most one" row per job of several options that need not stay, written
     straight into an MPModelProto from the model's arrays (the same LP as
-    through pywraplp's per-coefficient calls, several times faster to build)."""
+    through pywraplp's per-coefficient calls, faster to build)."""
     t0 = time.perf_counter()
     mat = m.matrix()
     model = linear_solver_pb2.MPModelProto(maximize=True)
