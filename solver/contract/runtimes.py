@@ -99,24 +99,23 @@ class Layout:
 
     def changes(self, to: Layout) -> tuple[Change, ...]:
         """What differs from this layout in `to` (GPU types: only when both
-        name theirs), in the order of `Change` (asked for every running
-        job's every option each round: compared field by field)."""
-        if self == to:
+        name theirs), in the order of `Change`."""
+        if self == to:  # asked for every running job's every option each round: most are equal
             return ()
-        out = [
-            c
-            for c, a, b in ((Change.DP, self.dp, to.dp), (Change.TP, self.tp, to.tp), (Change.PP, self.pp, to.pp))
-            if a != b
-        ]
-        if self.gpu_types and to.gpu_types and self.gpu_types != to.gpu_types:
-            out.append(Change.GPU_TYPE)
-        return tuple(out)
+        named = bool(self.gpu_types and to.gpu_types)
+        return tuple(c for c in Change if (named or c != Change.GPU_TYPE) and self._value(c) != to._value(c))
 
     def shown(self, change: Change) -> str:
         """This layout's value of what `change` changes, as a message shows it."""
         if change == Change.GPU_TYPE:
             return "+".join(sorted(self.gpu_types))
-        return str({Change.DP: self.dp, Change.TP: self.tp, Change.PP: self.pp}[change])
+        return str(self._value(change))
+
+    def _value(self, change: Change) -> int | frozenset[str]:
+        """This layout's value of what `change` changes."""
+        if change == Change.GPU_TYPE:
+            return self.gpu_types
+        return self.dp if change == Change.DP else self.tp if change == Change.TP else self.pp
 
 
 class Checkpoint(StrEnum):
