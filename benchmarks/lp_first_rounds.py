@@ -33,16 +33,18 @@ is better.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
+
+from realistic_matrix import commit  # beside this script: the tree's commit, as the fair race records it
 
 from solver.placement import joint
 from solver.placement.greedy import greedy, value_of
@@ -117,17 +119,6 @@ def summary(rows: Sequence[dict[str, Any]], big: int = 80) -> dict[str, Any]:
     }
 
 
-def _commit() -> str:
-    """The checkout's commit (with "+" when it has changes), "" outside a git checkout."""
-    here = Path(__file__).resolve().parents[1]
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True)
-    except OSError:
-        return ""
-    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "") if head.returncode == 0 else ""
-
-
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -149,11 +140,18 @@ def main(argv: list[str] | None = None) -> int:
     sim = [a for a in rest if a != "--"] or DEFAULT_SIM
     if args.rounds < 1 or args.every < 1:
         ap.error("--rounds and --every must be at least 1")
+    with contextlib.ExitStack() as stack:
+        sinks: list[TextIO] = [sys.stdout]
+        if args.out:
+            sinks.append(stack.enter_context(args.out.open("w")))
+        _run(args, sim, sinks)
+    return 0
+
+
+def _run(args: argparse.Namespace, sim: list[str], sinks: Sequence[TextIO]) -> None:
+    """Simulate, compare the sampled rounds and write their lines and the summary to `sinks`."""
     rows: list[dict[str, Any]] = []
     seen = [0]
-    sinks: list[TextIO] = [sys.stdout]
-    if args.out:
-        sinks.append(args.out.open("w"))
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     original = joint.place_jobs
 
@@ -186,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     line = {
         **summary(rows),
         "simulate": sim,
-        "commit": _commit(),
+        "commit": commit(),
         "cpu": _cpu_model(),
         "cores": os.cpu_count(),
         "every": args.every,
@@ -196,7 +194,6 @@ def main(argv: list[str] | None = None) -> int:
     }
     for s in sinks:
         print(json.dumps(line), file=s, flush=True)
-    return 0
 
 
 if __name__ == "__main__":
