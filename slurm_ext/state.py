@@ -242,6 +242,10 @@ class SpeedRow:
     updated: float
 
 
+#: its columns, in the table's order
+_SPEED_FIELDS = dataclasses.fields(SpeedRow)
+
+
 def _nodes_text(nodes: Iterable[tuple[str, int]]) -> str:
     return ",".join(f"{n}:{g}" for n, g in nodes)
 
@@ -713,16 +717,16 @@ class StateStore:
             self._db.executemany(
                 "INSERT OR REPLACE INTO speeds (job_id, gpu_type, user, model, cell, estimated_s, observed_s, "
                 "ratio, samples, calibrated_s, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [dataclasses.astuple(r) for r in rows],
+                [tuple(getattr(r, f.name) for f in _SPEED_FIELDS) for r in rows],  # astuple deep-copies: slow
             )
 
     def speeds(self, *, job_ids: Iterable[str] | None = None, limit: int | None = None) -> list[SpeedRow]:
         """Stored speeds (of `job_ids`; the `limit` most recently updated), newest first."""
         where, args = sqlitedb.where(any_of={"job_id": job_ids})
         tail = f" LIMIT {int(limit)}" if limit is not None else ""
-        cur = self._db.execute(f"SELECT * FROM speeds {where} ORDER BY updated DESC, job_id{tail}", args)
-        cols = [d[0] for d in cur.description]
-        return [SpeedRow(**dict(zip(cols, r, strict=True))) for r in cur]
+        cols = ", ".join(f.name for f in _SPEED_FIELDS)
+        cur = self._db.execute(f"SELECT {cols} FROM speeds {where} ORDER BY updated DESC, job_id{tail}", args)
+        return [SpeedRow(*r) for r in cur]
 
     # --- rounds -----------------------------------------------------------
 

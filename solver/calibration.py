@@ -23,7 +23,6 @@ sets the pace). Every factor is bounded by [1 / max_factor, max_factor].
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from collections import defaultdict
@@ -146,16 +145,17 @@ class CalibratedEstimator(EstimatorBase):
         ests = self.inner.adjust(job, estimates)
         if not self.calibration:
             return ests
-        factors: dict[str, float] = {}
+        marks: dict[str, tuple[float, str]] = {}  # GPU type -> (factor, its note)
         out = []
         for est in ests:
             if est.feasible:
-                f = factors.get(est.cell.gpu_type)
-                if f is None:
-                    f = factors[est.cell.gpu_type] = self.calibration.factor(job.job_id, job.model.name, est.cell)
+                mark = marks.get(est.cell.gpu_type)
+                if mark is None:
+                    f = self.calibration.factor(job.job_id, job.model.name, est.cell)
+                    mark = marks[est.cell.gpu_type] = (f, f"x{f:.3g} calibrated")
+                f, note = mark
                 if f != 1.0:
-                    note = f"{est.note}; x{f:.3g} calibrated" if est.note else f"x{f:.3g} calibrated"
-                    est = dataclasses.replace(est, iter_time_s=est.iter_time_s * f, note=note)
+                    est = est.scaled(f, f"{est.note}; {note}" if est.note else note)
             out.append(est)
         return out
 

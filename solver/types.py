@@ -274,6 +274,14 @@ class Estimate:
     def feasible(self) -> bool:
         return self.plan is not None and math.isfinite(self.iter_time_s) and self.iter_time_s > 0
 
+    def scaled(self, factor: float, note: str) -> Estimate:
+        """This estimate with its iteration time times `factor` and `note` as
+        its note (dataclasses.replace's result, built directly: calibration
+        scales every cell of every job each round)."""
+        return Estimate(
+            self.cell, self.plan, self.iter_time_s * factor, self.mem_per_gpu_gb, self.source, note, self.state_gb
+        )
+
 
 @dataclass(frozen=True)
 class Placement:

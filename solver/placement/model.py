@@ -174,7 +174,8 @@ def build(
     class_of = {n: c for c, names in space.classes.items() for n in names} if priced else {}
     # node (exact) or class -> ({column: shares}, [cost per share])
     cards: dict[ShareKey, tuple[dict[int, int], list[float]]] = defaultdict(lambda: ({}, []))
-    routes: dict[tuple[tuple[str, ...] | None, int, frozenset[str]], Route] = {}  # (partitions, id(cell), blocked)
+    routes: dict[_RouteKey, tuple[Route, _Layout | None]] = {}
+    ub, obj, owner, rows = m.ub, m.obj, m.owner, m.rows
     for job in jobs:
         ji = len(m.jobs)
         m.jobs.append(job.job_id)
@@ -192,53 +193,49 @@ def build(
                     if priced and o.multi_node:
                         _card(cards[n if exact else class_of.get(n, n)], v, 1, o)
             else:
-                g = o.cell.gpus_per_node
-                key = (job.partitions, id(o.cell), o.blocked)  # the same Cell objects recur (memoised estimates)
-                route = routes.get(key)
-                if route is None:
-                    route = routes[key] = _route(space, job, o.cell, groups_of, o.blocked)
+                cell = o.cell
+                g = cell.gpus_per_node
+                key = (job.partitions, cell.parts or cell.gpu_type, cell.num_nodes, g, o.blocked)
+                found = routes.get(key)
+                if found is None:
+                    route = _route(space, job, cell, groups_of, o.blocked)
+                    found = routes[key] = (route, None if exact or not route else _layout(space, route))
+                route, layout = found
                 if not route:
                     continue
-                if len(route) == 1 and not exact and len(route[0][1]) == 1:  # one class: x is its count
-                    n_nodes, (c,) = route[0]
-                    v = len(m.ub)
-                    m.ub.append(1)
-                    m.obj.append(o.value)
-                    m.owner.append(ji)
-                    m.shares[(job.job_id, k)] = {c: (v, n_nodes)}
-                    class_terms[c].append((g, v, n_nodes))
-                    m.lone.append(v)
-                    if priced and n_nodes > 1:
-                        terms, costs = cards[c]
-                        terms[v] = terms.get(v, 0) + n_nodes
-                        costs.append(o.nic_cost / n_nodes)
-                    m.x[(job.job_id, k)] = v
-                    xs.append(v)
-                    continue
-                v = m.column(1, o.value, ji)
+                v = len(ub)
+                ub.append(1)
+                obj.append(o.value)
+                owner.append(ji)
                 shares: Shares = {}
-                for n_nodes, groups in route:
-                    part: Shares = {}
-                    if exact:
+                if layout is not None:  # aggregated: class counts (the x column itself for a lone class)
+                    for n_nodes, classes, tops in layout.parts:
+                        if not tops:
+                            shares[classes[0]] = (v, n_nodes)
+                            class_terms[classes[0]].append((g, v, n_nodes))
+                            continue
+                        first = len(ub)
+                        ub.extend(tops)
+                        obj.extend([0] * len(tops))
+                        owner.extend([ji] * len(tops))
+                        cols = list(range(first, len(ub)))
+                        for c, col in zip(classes, cols, strict=True):
+                            shares[c] = (col, 1)
+                            class_terms[c].append((g, col, 1))
+                        rows.append(Row([*cols, v], [1] * len(cols) + [-n_nodes], 0, 0))
+                    if layout.lone:
+                        m.lone.append(v)
+                else:  # exact: a column per node that may hold a share
+                    for n_nodes, groups in route:
+                        part: Shares = {}
                         for c in groups:
                             for name in space.classes[c]:
                                 y = part[name] = (m.column(1, 0, ji), 1)
                                 node_terms[name][y[0]] = g
-                    elif len(groups) == 1:
-                        part[groups[0]] = (v, n_nodes)
-                    else:
-                        for c in groups:
-                            part[c] = (m.column(min(n_nodes, len(space.classes[c])), 0, ji), 1)
-                    if exact or len(part) > 1:
                         link = {c: 1 for c, _ in part.values()}
                         link[v] = -n_nodes
-                        m.rows.append(Row(list(link), list(link.values()), 0, 0))
-                    shares.update(part)
-                if not exact:
-                    for sk, (col, mult) in shares.items():
-                        class_terms[sk].append((g, col, mult))
-                    if all(col == v for col, _ in shares.values()):
-                        m.lone.append(v)
+                        rows.append(Row(list(link), list(link.values()), 0, 0))
+                        shares.update(part)
                 if priced and o.multi_node:
                     for sk, (col, mult) in shares.items():
                         _card(cards[sk], col, mult, o)
@@ -348,6 +345,8 @@ def _share_rows(
         m.rows.append(Row([d, *row], [-1, *(-g for g in row.values())], -need))
 
 
+#: what a free option's route depends on: (partitions, GPU type or the mixed parts, nodes, GPUs per node, blocked)
+_RouteKey = tuple[tuple[str, ...] | None, str | tuple[tuple[str, int], ...], int, int, frozenset[str]]
 #: (partitions, GPU type, GPUs per node, blocked marks) -> (classes, their nodes)
 _GroupsOf = dict[tuple[tuple[str, ...] | None, str, int, frozenset[str]], tuple[list[ClassKey], int]]
 
@@ -366,6 +365,25 @@ def _route(space: Space, job: JobRequest, cell: Cell, groups_of: _GroupsOf, bloc
             return []
         out.append((n_nodes, found[0]))
     return out
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """An aggregated model's columns for a free option of one route: per GPU
+    type, (nodes, classes, the count columns' upper bounds: none where one
+    class takes every share and the x column counts them); `lone` when no
+    type needs count columns."""
+
+    parts: tuple[tuple[int, tuple[ClassKey, ...], tuple[int, ...]], ...]
+    lone: bool
+
+
+def _layout(space: Space, route: Route) -> _Layout:
+    parts = tuple(
+        (n, tuple(groups), () if len(groups) == 1 else tuple(min(n, len(space.classes[c])) for c in groups))
+        for n, groups in route
+    )
+    return _Layout(parts, all(not tops for _, _, tops in parts))
 
 
 def _card(entry: tuple[dict[int, int], list[float]], col: int, mult: int, o: Option) -> None:

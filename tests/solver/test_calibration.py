@@ -90,6 +90,15 @@ def test_the_calibrated_estimator_scales_feasible_times_only_and_passes_the_rest
     assert not est.estimate(job, A40).feasible
 
 
+def test_a_scaled_estimate_is_replace_of_its_time_and_note_every_other_field_kept():
+    base = Estimate(A40, ParallelPlan(1, 2, 2), 2.0, 11.5, EstimateSource.COMPOSED, "composed", state_gb=3.25)
+    assert [f.name for f in dataclasses.fields(Estimate)] == [  # a new field: `scaled` must carry it
+        "cell", "plan", "iter_time_s", "mem_per_gpu_gb", "source", "note", "state_gb"
+    ]  # fmt: skip
+    got = base.scaled(1.5, "x1.5")
+    assert got == dataclasses.replace(base, iter_time_s=3.0, note="x1.5")
+
+
 def test_the_estimate_cache_follows_the_profile_store(tmp_path):
     """A profile imported into the store (by another process too) replaces a
     cached estimate at the next refresh; an unchanged store keeps the cache."""
