@@ -69,7 +69,7 @@ class Calibration:
 
     def __init__(self, observations: Iterable[Observation] = (), max_factor: float = 10.0) -> None:
         self.max_factor = max_factor
-        bound = math.log(max_factor)
+        bound = self._bound = math.log(max_factor)
         self._own: dict[str, dict[str, tuple[float, float]]] = defaultdict(dict)  # job -> type -> (log r, weight)
         votes: dict[tuple[str, str], dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
         for o in observations:
@@ -116,9 +116,11 @@ class Calibration:
 
     def factor(self, job_id: str, model: str, cell: Cell) -> float:
         """The factor on the estimated iteration time of `job_id` in `cell`."""
-        types = [t for t, _ in cell.by_type()] if cell.mixed else [cell.gpu_type]
-        lf = max(self._log_factor(job_id, model, t) for t in types)
-        bound = math.log(self.max_factor)
+        if cell.mixed:
+            lf = max(self._log_factor(job_id, model, t) for t, _ in cell.by_type())
+        else:
+            lf = self._log_factor(job_id, model, cell.gpu_type)
+        bound = self._bound
         return math.exp(max(-bound, min(bound, lf)))
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
+from operator import itemgetter
 
 from solver.contract.runtimes import refusal
 from solver.mixed import mixed_cells, needs_mixed
@@ -180,16 +181,19 @@ def frontier(estimates: Iterable[Estimate]) -> list[list[Estimate]]:
 
 def cap(groups: Iterable[list[Estimate]], config: SolverConfig) -> list[Estimate]:
     """Step 4 of `prune_dominated` over `frontier`'s groups, in cell order."""
-    kept: list[Estimate] = []
+    kept: list[tuple[tuple[str, int, int, int], Estimate]] = []  # (_order, estimate): each order computed once
     mandatory: set[Cell] = set()
     for alive in groups:
-        kept.extend(alive)
-        mandatory.add(min(alive, key=lambda e: (e.iter_time_s, _order(e))).cell)
-        mandatory.add(min(alive, key=lambda e: (e.cell.num_gpus, e.iter_time_s, _order(e))).cell)
+        items = [(_order(e), e) for e in alive]
+        kept.extend(items)
+        mandatory.add(min(items, key=lambda oe: (oe[1].iter_time_s, oe[0]))[1].cell)
+        mandatory.add(min(items, key=lambda oe: (oe[1].cell.num_gpus, oe[1].iter_time_s, oe[0]))[1].cell)
     if len(kept) > config.max_cells_per_job:
         rest = sorted(
-            (e for e in kept if e.cell not in mandatory), key=lambda e: (e.iter_time_s * e.cell.num_gpus, _order(e))
+            (oe for oe in kept if oe[1].cell not in mandatory),
+            key=lambda oe: (oe[1].iter_time_s * oe[1].cell.num_gpus, oe[0]),
         )
         room = max(0, config.max_cells_per_job - len(mandatory))
-        kept = [e for e in kept if e.cell in mandatory] + rest[:room]
-    return sorted(kept, key=_order)
+        kept = [oe for oe in kept if oe[1].cell in mandatory] + rest[:room]
+    kept.sort(key=itemgetter(0))
+    return [e for _, e in kept]

@@ -270,8 +270,9 @@ class Estimate:
     #: unsharded plan all of it (0: not known)
     state_gb: float = 0.0
 
-    @property
+    @functools.cached_property
     def feasible(self) -> bool:
+        """A plan and a finite, positive time (kept once asked: asked often, of many estimates)."""
         return self.plan is not None and math.isfinite(self.iter_time_s) and self.iter_time_s > 0
 
     def scaled(self, factor: float, note: str) -> Estimate:

@@ -17,7 +17,7 @@ from slurm_ext.records import ClusterSnapshot, SlurmJob
 from slurm_ext.site import SiteReading
 from slurm_ext.state import JobRow, JobStatus, PlanRow, PlanStatus, SpeedRow
 from solver import contract
-from solver.types import JobRequest, Placement, ScheduleReply
+from solver.types import Estimate, JobRequest, Placement, ScheduleReply
 
 
 class RestoredIntent(NamedTuple):
@@ -68,9 +68,9 @@ class RoundContext:
     proven: dict[str, frozenset[str]] = field(init=False)  #: the cells each job has trained in
     moving: Movability = field(init=False)  #: the running jobs that may not be moved (controller.hooks)
     site: SiteReading = field(init=False)  #: the site's standing policy (slurm_ext.site)
-    # 4. the solver's input and reply, and the speeds running jobs reached (to record)
+    # 4. the solver's input and reply, and the speeds running jobs reached (to record, with the uncalibrated estimate)
     built: inp.Inputs = field(init=False)
-    speeds: dict[tuple[str, str], tuple[SpeedRow, JobRequest]] = field(default_factory=dict)
+    speeds: dict[tuple[str, str], tuple[SpeedRow, JobRequest, Estimate]] = field(default_factory=dict)
     reply: ScheduleReply = field(init=False)
     crashed: dict[str, str] = field(init=False)  #: the jobs the solver fails on
     # 5. what was decided and what came of it

@@ -17,7 +17,7 @@ from slurm_ext.state import SpeedRow, StateStore
 from solver.calibration import CalibratedEstimator, Calibration, Observation, running_ratio
 from solver.contention import NicAwareEstimator, contention_factors
 from solver.estimator.protocol import EstimatorLike
-from solver.types import Cell, JobRequest, Placement, ScheduleRequest
+from solver.types import Cell, Estimate, JobRequest, Placement, ScheduleRequest
 
 log = logging.getLogger("cellsched.controller")
 
@@ -66,46 +66,42 @@ class Speeds:
             self.estimator.calibration = Calibration()
             return
         rows = {(r.job_id, r.gpu_type): r for r in self.state.speeds(limit=CALIBRATION_ROWS)}
-        for job, cell, est_s, load in self._uncalibrated(request):
+        for job, cell, est, load in self._uncalibrated(request):
             t = ctx.prog.iter_time.get(job.job_id)
             if t is None:
                 continue
-            row = _speed_row(job, cell, est_s, load, t, rows.get((job.job_id, cell.gpu_type)), ctx.now)
+            row = _speed_row(job, cell, est.iter_time_s, load, t, rows.get((job.job_id, cell.gpu_type)), ctx.now)
             rows[(job.job_id, cell.gpu_type)] = row
-            ctx.speeds[(job.job_id, cell.gpu_type)] = (row, job)
+            ctx.speeds[(job.job_id, cell.gpu_type)] = (row, job, est)
         bound = self.config.controller.progress_rate_factor
         self.estimator.calibration = Calibration(
             (Observation(r.job_id, r.user, r.model, r.gpu_type, r.ratio, r.samples) for r in rows.values()),
             max_factor=bound if math.isfinite(bound) else 10.0,
         )
 
-    def _uncalibrated(self, request: ScheduleRequest) -> list[tuple[JobRequest, Cell, float, float]]:
-        """(job, cell, uncalibrated estimate (s per iteration), load factor)
+    def _uncalibrated(self, request: ScheduleRequest) -> list[tuple[JobRequest, Cell, Estimate, float]]:
+        """(job, cell, uncalibrated estimate, load factor)
         of each running job in a single-type cell that the estimator prices:
         what other jobs on its links cost a job is the placement's, not the
         job's speed (solver.contention)."""
-        alone: dict[str, tuple[JobRequest, Placement, float]] = {}
+        alone: dict[str, tuple[JobRequest, Placement, Estimate]] = {}
         for job in request.jobs:
             if job.current is not None and not job.current.cell.mixed:
                 est = self._nic_estimator.estimate(job, job.current.cell)
                 if est.feasible:
-                    alone[job.job_id] = (job, job.current, est.iter_time_s)
-        loaded = contention_factors(alone.values(), request.cluster)
-        return [(job, p.cell, est_s, loaded.get(job.job_id, 1.0)) for job, p, est_s in alone.values()]
+                    alone[job.job_id] = (job, job.current, est)
+        loaded = contention_factors(((j, p, e.iter_time_s) for j, p, e in alone.values()), request.cluster)
+        return [(job, p.cell, est, loaded.get(job.job_id, 1.0)) for job, p, est in alone.values()]
 
     def record_speeds(self, ctx: RoundContext) -> None:
-        """Store this round's speeds with the calibrated estimate of each."""
+        """Store this round's speeds with the calibrated estimate of each (the
+        round's calibration on the uncalibrated estimate `calibrate` made)."""
         if not ctx.speeds:
             return
         self.state.record_speeds(
-            dataclasses.replace(row, calibrated_s=self.estimator.estimate(job, _current(job).cell).iter_time_s)
-            for row, job in ctx.speeds.values()
+            dataclasses.replace(row, calibrated_s=self.estimator.adjust(job, (est,))[0].iter_time_s)
+            for row, job, est in ctx.speeds.values()
         )
-
-
-def _current(job: JobRequest) -> Placement:
-    assert job.current is not None  # only running jobs have speeds
-    return job.current
 
 
 def _speed_row(

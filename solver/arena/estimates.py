@@ -79,6 +79,10 @@ def best_plan_records(path: str | os.PathLike[str] | None = None) -> list[CellRe
     return [CellRecord(m, b, g, n, p, t, source=ProfileSource.ARENA_ESTIMATED) for (m, b, g, n, p), t in best.items()]
 
 
+#: at most this many memoised estimates (then the memo starts over)
+_MEMO_MAX = 200_000
+
+
 class ArenaEstimates(EstimatorBase):
     """Arena's profiler estimates, best plan per configuration (module doc);
     its cost model is our estimator's over the same times (`TableCosts`)."""
@@ -100,6 +104,7 @@ class ArenaEstimates(EstimatorBase):
         self._covered = {(r.model, r.gpu_type) for r in recs}  # (model, GPU type) pairs Arena has
         self._fill_missing = fill_missing
         self._fallback: Estimator | None = None
+        self._memo: dict[tuple[object, ...], Estimate] = {}  # see estimate
 
     @classmethod
     def filled_truth(cls) -> ArenaEstimates:
@@ -131,7 +136,27 @@ class ArenaEstimates(EstimatorBase):
         return TableCosts(self)
 
     def estimate(self, job: JobRequest, cell: Cell) -> Estimate:
-        """Arena's estimate by Arena's rules; ours for a (model, GPU type) Arena never estimated."""
+        """Arena's estimate by Arena's rules; ours for a (model, GPU type) Arena never estimated.
+        Memoised: the tables never change, and an estimate depends on the
+        job's model, batch, V, state sharding and runtime alone (as the
+        estimator's own cache key says)."""
+        key = (job.model.signature, job.global_batch, job.virtual_workers, job.state_sharding, job.runtime, cell)
+        est = self._memo.get(key)
+        if est is None:
+            if len(self._memo) >= _MEMO_MAX:
+                self._memo.clear()
+            est = self._memo[key] = self._estimate(job, cell)
+        return est
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled without the memo (a cache, refilled on use)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_memo"}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._memo = {}
+
+    def _estimate(self, job: JobRequest, cell: Cell) -> Estimate:
         est = self.table.estimate(job, cell)
         if cell.pp != 1 or cell.mixed:
             return est

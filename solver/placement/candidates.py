@@ -168,16 +168,20 @@ def option_picks(
     `utilities` may carry objective.utility of each estimate, computed once
     per job shape."""
     cur = job.current
-    moving = cur is not None and stay_ok
+    here = cur.cell if cur is not None and stay_ok else None  # the cell a job that may stay runs in
+    mult = restart_mult if here is not None else 1.0
+    excluding = bool(job.excluded_cells)
+    if utilities is None:
+        utilities = objective.utilities(job, estimates, ref, p)
     free: list[tuple[int, int, Cell, int]] = []
     pinned: Pick | None = None
     for i, est in enumerate(estimates):
-        if not est.feasible or job.excludes(est.cell):
+        if not est.feasible or (excluding and job.excludes(est.cell)):
             continue
-        base = weight * (objective.utility(job, est, ref, p) if utilities is None else utilities[i])
-        if moving and cur is not None and est.cell == cur.cell:
+        base = weight * utilities[i]
+        if here is not None and est.cell == here:
             pinned = (i, objective.to_int(base), True)
-        value = objective.to_int(base * (restart_mult if moving else 1.0))
+        value = objective.to_int(base * mult)
         if value > 0:
             free.append((-value, est.cell.num_gpus, est.cell, i))
     free.sort()

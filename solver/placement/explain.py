@@ -58,10 +58,10 @@ def move_note(
         return reason_stays(cur.cell.key(), "no estimate of another cell")
     mine = objective.utility(job, here, ref, config.fairness_p)
     best: tuple[float, Cell] | None = None
-    for e in estimates:
-        if not e.feasible or e.cell == cur.cell or job.excludes(e.cell):
+    excluding = bool(job.excluded_cells)
+    for e, u in zip(estimates, objective.utilities(job, estimates, ref, config.fairness_p), strict=True):
+        if not e.feasible or e.cell == cur.cell or (excluding and job.excludes(e.cell)):
             continue
-        u = objective.utility(job, e, ref, config.fairness_p)
         if best is None or (u, e.cell.num_gpus) > (best[0], best[1].num_gpus):
             best = (u, e.cell)
     if best is None or mine <= 0 or best[0] <= mine:

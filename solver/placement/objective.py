@@ -142,6 +142,14 @@ def utility(job: JobRequest, est: Estimate, ref: Estimate, p: float) -> float:
     return (throughput(job, est) / t_ref) ** p if t_ref > 0 and est.feasible else 0.0
 
 
+def utilities(job: JobRequest, estimates: Iterable[Estimate], ref: Estimate, p: float) -> list[float]:
+    """`utility` of each of `estimates` (the reference's throughput taken once)."""
+    t_ref = throughput(job, ref)
+    if not t_ref > 0:
+        return [0.0 for _ in estimates]
+    return [(throughput(job, e) / t_ref) ** p if e.feasible else 0.0 for e in estimates]
+
+
 def restart_factor(
     job: JobRequest,
     config: SolverConfig,

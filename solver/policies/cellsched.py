@@ -186,9 +186,9 @@ class CellschedPolicy:
             hit = (
                 ref,
                 kept,
-                [objective.utility(job, e, ref, cfg.fairness_p) if ref else 0.0 for e in kept],
+                objective.utilities(job, kept, ref, cfg.fairness_p) if ref else [0.0] * len(kept),
                 optional,
-                [objective.utility(job, e, ref, cfg.fairness_p) for e in optional] if ref else [],
+                objective.utilities(job, optional, ref, cfg.fairness_p) if ref else [],
             )
             if len(self._memo) >= _MEMO_MAX:
                 self._memo.clear()
