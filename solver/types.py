@@ -557,7 +557,11 @@ class SolverConfig:
     deterministic: bool = knob(
         True, "Same input + seed -> same plan: one CP-SAT worker stopped by deterministic_time (workers then unused)."
     )
-    relative_gap_limit: float = knob(0.01, "Stop once (bound - objective) / objective <= this (0: prove optimality).")
+    relative_gap_limit: float = knob(
+        0.01,
+        "Stop once (bound - objective) / objective <= this (0: prove optimality); after the LP relaxation "
+        "(lp_first_min_jobs), that of the jobs it leaves open.",
+    )
     lp_first_min_jobs: int = knob(
         0,
         "Aggregated model with at least this many jobs: solve its LP relaxation first and leave CP-SAT "
