@@ -80,7 +80,7 @@ def best_plan_records(path: str | os.PathLike[str] | None = None) -> list[CellRe
 
 
 #: at most this many memoised estimates (then the memo starts over)
-_MEMO_MAX = 200_000
+_MEMO_MAX = 50_000
 
 
 class ArenaEstimates(EstimatorBase):
