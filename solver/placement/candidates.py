@@ -170,13 +170,12 @@ def option_picks(
     cur = job.current
     here = cur.cell if cur is not None and stay_ok else None  # the cell a job that may stay runs in
     mult = restart_mult if here is not None else 1.0
-    excluding = bool(job.excluded_cells)
     if utilities is None:
         utilities = objective.utilities(job, estimates, ref, p)
     free: list[tuple[int, int, Cell, int]] = []
     pinned: Pick | None = None
     for i, est in enumerate(estimates):
-        if not est.feasible or (excluding and job.excludes(est.cell)):
+        if not est.feasible or job.excludes(est.cell):
             continue
         base = weight * utilities[i]
         if here is not None and est.cell == here:

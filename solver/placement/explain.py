@@ -58,9 +58,8 @@ def move_note(
         return reason_stays(cur.cell.key(), "no estimate of another cell")
     mine = objective.utility(job, here, ref, config.fairness_p)
     best: tuple[float, Cell] | None = None
-    excluding = bool(job.excluded_cells)
     for e, u in zip(estimates, objective.utilities(job, estimates, ref, config.fairness_p), strict=True):
-        if not e.feasible or e.cell == cur.cell or (excluding and job.excludes(e.cell)):
+        if not e.feasible or e.cell == cur.cell or job.excludes(e.cell):
             continue
         if best is None or (u, e.cell.num_gpus) > (best[0], best[1].num_gpus):
             best = (u, e.cell)

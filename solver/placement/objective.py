@@ -138,8 +138,7 @@ def hesrpt_factors(work: Mapping[str, float], p: float) -> dict[str, float]:
 
 def utility(job: JobRequest, est: Estimate, ref: Estimate, p: float) -> float:
     """(T(j,c) / T_ref(j)) ** p; 0 when the estimate is infeasible."""
-    t_ref = throughput(job, ref)
-    return (throughput(job, est) / t_ref) ** p if t_ref > 0 and est.feasible else 0.0
+    return utilities(job, (est,), ref, p)[0]
 
 
 def utilities(job: JobRequest, estimates: Iterable[Estimate], ref: Estimate, p: float) -> list[float]:
