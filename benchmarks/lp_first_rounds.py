@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from realistic_matrix import commit  # beside this script: the tree's commit, as the fair race records it
+from realistic_matrix import commit, cpu_model  # beside this script: the tree's commit, as the fair race records it
 
 from solver.placement import joint
 from solver.placement.greedy import greedy, value_of
@@ -119,14 +119,6 @@ def summary(rows: Sequence[dict[str, Any]], big: int = 80) -> dict[str, Any]:
     }
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
-    except OSError:
-        return ""
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -185,7 +177,7 @@ def _run(args: argparse.Namespace, sim: list[str], sinks: Sequence[TextIO]) -> N
         **summary(rows),
         "simulate": sim,
         "commit": commit(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "every": args.every,
         "max_jobs": args.max_jobs,

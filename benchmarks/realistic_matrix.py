@@ -71,6 +71,15 @@ def commit() -> str:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
+def cpu_model() -> str:
+    """The machine's CPU, as /proc/cpuinfo names it ("" where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        return ""
+
+
 def run_cmd(args: list[str], policy: str, out: Path, seed: int) -> list[str]:
     """The `cellsched simulate` command of one (row, policy) run into OUT."""
     return [

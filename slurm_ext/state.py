@@ -96,6 +96,14 @@ _SPEEDS = """CREATE TABLE speeds (
   PRIMARY KEY (job_id, gpu_type)
 )"""
 
+#: indexes of the reads every round makes, so that they cost what the round's jobs hold, not what the
+#: file has kept of every job since it was made (a site's state file grows by every job it ever ran):
+#: the open jobs, and the newest speeds (calibration's, in a total order)
+_READ_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS jobs_open ON jobs (job_id) WHERE finished = 0",
+    "CREATE INDEX IF NOT EXISTS speeds_newest ON speeds (updated DESC, job_id, gpu_type)",
+)
+
 _CREATE = (
     """CREATE TABLE jobs (
   job_id TEXT PRIMARY KEY,
@@ -160,6 +168,7 @@ _CREATE = (
   error TEXT
 )""",
     _SPEEDS,
+    *_READ_INDEXES,
 )
 
 
@@ -284,13 +293,19 @@ def _add_model_shape(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE jobs ADD COLUMN model_shape TEXT")
 
 
+def _add_read_indexes(db: sqlite3.Connection) -> None:
+    for stmt in _READ_INDEXES:
+        db.execute(stmt)
+
+
 #: version 2: cell_history.value (the measured restart cost of "resumed" events); 3: jobs.progress_at;
-#: 4: the speeds table (observed against estimated iteration times, for calibration); 5: jobs.model_shape
+#: 4: the speeds table (observed against estimated iteration times, for calibration); 5: jobs.model_shape;
+#: 6: the indexes of the rounds' reads (_READ_INDEXES)
 SCHEMA = sqlitedb.Schema(
     "state file",
-    5,
+    6,
     _CREATE,
-    {2: _add_history_value, 3: _add_progress_at, 4: _add_speeds, 5: _add_model_shape},
+    {2: _add_history_value, 3: _add_progress_at, 4: _add_speeds, 5: _add_model_shape, 6: _add_read_indexes},
     legacy_version_key="schema",
 )
 
@@ -330,6 +345,8 @@ class StateStore:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.path, self.readonly = state["path"], state["readonly"]
         self._db = sqlitedb.restore(self.path, state["image"], BUSY_TIMEOUT_S)
+        if not self.readonly:  # a checkpoint an older cellsched wrote: brought up to date as its file would be
+            sqlitedb.open_schema(self._db, SCHEMA, self.path)
 
     def __enter__(self) -> StateStore:
         return self
@@ -559,17 +576,18 @@ class StateStore:
     def plans_of(self, job_id: str) -> list[PlanRow]:
         return self._plans("WHERE job_id = ? ORDER BY id", (job_id,))
 
-    def cell_failures(self) -> dict[str, dict[str, int]]:
-        """job -> cell key -> failed applies and runs that failed before training."""
+    def cell_failures(self, job_ids: Iterable[str]) -> dict[str, dict[str, int]]:
+        """job (of `job_ids`) -> cell key -> failed applies and runs that failed before training."""
         out: dict[str, dict[str, int]] = {}
-        for sql, arg in (
-            ("SELECT job_id, cell, COUNT(*) FROM plans WHERE status = ? GROUP BY job_id, cell", PlanStatus.FAILED),
-            (
-                "SELECT job_id, cell, COUNT(*) FROM cell_history WHERE event = ? GROUP BY job_id, cell",
-                HistoryEvent.RUN_FAILED,
-            ),
+        ids = sorted(set(job_ids))
+        for table, cond in (
+            ("plans", sqlitedb.where(status=PlanStatus.FAILED, any_of={"job_id": ids})),
+            ("cell_history", sqlitedb.where(event=HistoryEvent.RUN_FAILED, any_of={"job_id": ids})),
         ):
-            for job_id, cell, n in self._db.execute(sql, (arg,)):
+            where, args = cond
+            for job_id, cell, n in self._db.execute(
+                f"SELECT job_id, cell, COUNT(*) FROM {table}{where} GROUP BY job_id, cell", args
+            ):
                 out.setdefault(job_id, {})[cell] = out.get(job_id, {}).get(cell, 0) + n
         return out
 
@@ -684,14 +702,18 @@ class StateStore:
                 out[job_id] = n
         return out
 
-    def pending_restarts(self) -> dict[str, float]:
-        """job -> time it was asked to checkpoint, for jobs whose restart has
-        not been measured yet (no "resumed" event after the last signal)."""
+    def pending_restarts(self, job_ids: Iterable[str]) -> dict[str, float]:
+        """job (of `job_ids`, unfinished) -> time it was asked to checkpoint, for
+        jobs whose restart has not been measured yet (no "resumed" event after
+        the last signal)."""
         out: dict[str, float] = {}
+        where, args = sqlitedb.where(
+            ["event IN (?, ?)", "job_id IN (SELECT job_id FROM jobs WHERE finished = 0)"],
+            any_of={"job_id": sorted(set(job_ids))},
+        )
         for job_id, event, t in self._db.execute(
-            "SELECT job_id, event, time FROM cell_history WHERE event IN (?, ?) AND job_id IN "
-            "(SELECT job_id FROM jobs WHERE finished = 0) ORDER BY id",
-            (HistoryEvent.SIGNALLED, HistoryEvent.RESUMED),
+            f"SELECT job_id, event, time FROM cell_history{where} ORDER BY id",
+            (HistoryEvent.SIGNALLED, HistoryEvent.RESUMED, *args),
         ):
             if event == HistoryEvent.SIGNALLED:
                 out[job_id] = t
@@ -699,15 +721,12 @@ class StateStore:
                 out.pop(job_id, None)
         return out
 
-    def restart_costs(self) -> dict[str, float]:
-        """job -> its last measured restart cost (signal to first step after resume), s."""
-        return {
-            j: v
-            for j, v in self._db.execute(
-                "SELECT job_id, value FROM cell_history WHERE event = ? AND value IS NOT NULL ORDER BY id",
-                (HistoryEvent.RESUMED,),
-            )
-        }
+    def restart_costs(self, job_ids: Iterable[str]) -> dict[str, float]:
+        """job (of `job_ids`) -> its last measured restart cost (signal to first step after resume), s."""
+        where, args = sqlitedb.where(
+            ["value IS NOT NULL"], event=HistoryEvent.RESUMED, any_of={"job_id": sorted(set(job_ids))}
+        )
+        return dict(self._db.execute(f"SELECT job_id, value FROM cell_history{where} ORDER BY id", args))
 
     # --- speeds (calibration) ----------------------------------------------
 
@@ -725,7 +744,8 @@ class StateStore:
         where, args = sqlitedb.where(any_of={"job_id": job_ids})
         tail = f" LIMIT {int(limit)}" if limit is not None else ""
         cols = ", ".join(f.name for f in _SPEED_FIELDS)
-        cur = self._db.execute(f"SELECT {cols} FROM speeds {where} ORDER BY updated DESC, job_id{tail}", args)
+        order = "ORDER BY updated DESC, job_id, gpu_type"  # the index speeds_newest's order: the newest read first
+        cur = self._db.execute(f"SELECT {cols} FROM speeds {where} {order}{tail}", args)
         return [SpeedRow(*r) for r in cur]
 
     # --- rounds -----------------------------------------------------------

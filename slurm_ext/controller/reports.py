@@ -100,7 +100,7 @@ class JobReports:
         reports, else its cell's estimate): the step is work done, not lost.
         Stored as a "resumed" event; the solver charges it for the job's next
         move."""
-        pending = self.state.pending_restarts()
+        pending = self.state.pending_restarts(m.job_id for m in ctx.jobs)
         for m in ctx.jobs:
             signalled_at = pending.get(m.job_id)
             first = ctx.prog.first_step_at.get(m.job_id)

@@ -341,9 +341,10 @@ class Controller:
         model it says it trains (the first shape it reported)."""
         cfg = self.config
         max_fail = cfg.controller.max_cell_failures
+        ids = [m.job_id for m in ctx.jobs]  # the state's reads: this round's jobs, not every job it kept
         excluded = {
             j: excluded_cells(f, max_fail, ctx.proven.get(j, frozenset()))
-            for j, f in self.state.cell_failures().items()
+            for j, f in self.state.cell_failures(ids).items()
         }
         ctx.built = inp.build_request(
             ctx.snap,
@@ -351,14 +352,14 @@ class Controller:
             ctx.prog.done,
             cfg.solver,
             excluded,
-            restart_costs=self.state.restart_costs(),
+            restart_costs=self.state.restart_costs(ids),
             first_step_at=ctx.prog.first_step_at,
             network=cfg.network,
             static=ctx.moving.static,
             site=ctx.site,
             models=inp.trained_models(ctx.known, ctx.prog.models),
             preempted=self.state.preemptions(ctx.listed),
-            restarts=self.state.restart_counts(m.job_id for m in ctx.jobs),
+            restarts=self.state.restart_counts(ids),
         )
         if self.declared is not None:
             self.declared.observe(ctx.jobs)

@@ -191,7 +191,7 @@ def test_state_keeps_the_first_spec_and_tracks_intents(tmp_path):
         assert st.history("5")[0]["event"] == "placed"
         c = st.begin_plan("5", 3, "v100:1x8:pp1", (("n3", 8),), "v100", "{}", "ac3", 8.0)
         st.set_plan_status(c, "failed", 9.0, "boom")
-        assert st.cell_failures() == {"5": {"v100:1x8:pp1": 1}}
+        assert st.cell_failures(["5"]) == {"5": {"v100:1x8:pp1": 1}}
         assert a != b
     with StateStore(path, readonly=True) as st:
         assert st.jobs()["5"].user == "alice"

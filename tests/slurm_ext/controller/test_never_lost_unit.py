@@ -222,7 +222,7 @@ def test_run_failures_count_against_their_cell(tmp_path):
         st.add_history("1", HistoryEvent.RUN_FAILED, 100.0, None, "a40:1x2:pp1", value=90.0)
         st.add_history("1", HistoryEvent.RUN_FAILED, 200.0, None, "a40:1x2:pp1", value=190.0)
         st.add_history("2", HistoryEvent.RUN_FAILED, 200.0, None, "a10:1x2:pp1", value=195.0)
-        assert st.cell_failures() == {"1": {"a40:1x2:pp1": 2}, "2": {"a10:1x2:pp1": 1}}
+        assert st.cell_failures(["1", "2"]) == {"1": {"a40:1x2:pp1": 2}, "2": {"a10:1x2:pp1": 1}}
         assert st.run_failures(["1", "3"]) == {"1": [(90.0, "a40:1x2:pp1"), (190.0, "a40:1x2:pp1")]}
 
 

@@ -1,9 +1,10 @@
 """Upgrading the controller's state file: a file of an earlier schema
 (version 3, its tables written out as version 3 made them: version 4 added
-`speeds`; version 4, the one before the current: version 5 added
-`jobs.model_shape`) is opened by StateStore, migrated in place, and used:
-its old rows read back, the new table and column take values, its version
-says 5."""
+`speeds`; version 4: version 5 added `jobs.model_shape`; version 5, the
+one before the current: version 6 added the indexes of the rounds' reads)
+is opened by StateStore, migrated in place, and used: its old rows read
+back, the new table and column take values, it has a new file's tables and
+indexes, its version says 6."""
 
 from __future__ import annotations
 
@@ -11,7 +12,16 @@ import sqlite3
 
 import pytest
 
-from slurm_ext.state import SCHEMA, HistoryEvent, PlanStatus, RoundStatus, SpeedRow, StateStore, _add_speeds
+from slurm_ext.state import (
+    SCHEMA,
+    HistoryEvent,
+    PlanStatus,
+    RoundStatus,
+    SpeedRow,
+    StateStore,
+    _add_model_shape,
+    _add_speeds,
+)
 
 #: the state file's tables at version 3, as that cellsched created them (no `speeds`)
 V3_TABLES = (
@@ -89,13 +99,15 @@ def columns(path) -> dict[str, list[tuple]]:
 
 
 def old_file(path, version_key: str, version: int = 3) -> None:
-    """A state file as version 3 (or 4) left it, with a job, its plan, history and two rounds."""
+    """A state file as version 3 (or 4, or 5) left it, with a job, its plan, history and two rounds."""
     with sqlite3.connect(path) as db:
         db.execute("PRAGMA journal_mode = WAL")
         for stmt in V3_TABLES:
             db.execute(stmt)
         if version >= 4:
             _add_speeds(db)  # what the upgrade to version 4 added
+        if version >= 5:
+            _add_model_shape(db)  # ... and to version 5
         db.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (version_key, str(version)))
         db.execute(
             "INSERT INTO jobs (job_id, user, spec, spec_source, first_seen, slurm_state, phase, iterations_done, "
@@ -122,9 +134,11 @@ def old_file(path, version_key: str, version: int = 3) -> None:
 
 
 # "schema": the key of files older than solver.contract.sqlitedb
-@pytest.mark.parametrize(("version_key", "version"), [("schema_version", 3), ("schema", 3), ("schema_version", 4)])
+@pytest.mark.parametrize(
+    ("version_key", "version"), [("schema_version", 3), ("schema", 3), ("schema_version", 4), ("schema_version", 5)]
+)
 def test_an_earlier_state_file_is_migrated_and_used(tmp_path, version_key, version):
-    assert SCHEMA.version == 5, "a new schema version needs its own upgrade test (from the version before it)"
+    assert SCHEMA.version == 6, "a new schema version needs its own upgrade test (from the version before it)"
     path = tmp_path / "state.sqlite"
     old_file(path, version_key, version)
     with StateStore(path) as st:
@@ -138,7 +152,7 @@ def test_an_earlier_state_file_is_migrated_and_used(tmp_path, version_key, versi
         )
         (plan,) = st.plans_of("7")
         assert (plan.status, plan.nodes, plan.applied) == (PlanStatus.RELEASED, (("n1", 2),), True)
-        assert st.released(["7"]) == {"7"} and st.restart_costs() == {"7": 12.5}
+        assert st.released(["7"]) == {"7"} and st.restart_costs(["7"]) == {"7": 12.5}
         assert [e["event"] for e in st.history("7")] == [HistoryEvent.PLACED, HistoryEvent.RESUMED]
         assert st.last_completed_round() == 102.0
         assert [r["status"] for r in st.rounds()] == [RoundStatus.ERROR, RoundStatus.OK]
@@ -151,8 +165,25 @@ def test_an_earlier_state_file_is_migrated_and_used(tmp_path, version_key, versi
         r = st.begin_round(200.0)
         st.finish_round(r, status=RoundStatus.OK, duration_s=1.0)
     with sqlite3.connect(path) as db:
-        assert dict(db.execute("SELECT key, value FROM meta")) == {"schema_version": "5"}
+        assert dict(db.execute("SELECT key, value FROM meta")) == {"schema_version": "6"}
     StateStore(tmp_path / "new.sqlite").close()
     assert columns(path) == columns(tmp_path / "new.sqlite")  # migrated: the tables of a new file
     with StateStore(path, readonly=True) as ro:  # what `status` and the fail-safe open
         assert ro.speeds(job_ids=["7"]) == [row] and ro.last_completed_round() == 201.0
+
+
+def test_a_checkpoint_of_an_earlier_state_is_migrated_when_restored(tmp_path):
+    """A simulation's checkpoint pickles its state file whole; one written
+    by the cellsched before (version 5) is brought to this version as it is
+    restored, with a new file's tables and indexes."""
+    path = tmp_path / "state.sqlite"
+    old_file(path, "schema_version", 5)
+    image = sqlite3.connect(path).serialize()
+    st = StateStore.__new__(StateStore)
+    st.__setstate__({"path": str(path), "readonly": False, "image": image})  # what unpickling one does
+    assert st.restart_costs(["7"]) == {"7": 12.5}
+    st.close()
+    with sqlite3.connect(path) as db:
+        assert dict(db.execute("SELECT key, value FROM meta")) == {"schema_version": "6"}
+    StateStore(tmp_path / "new.sqlite").close()
+    assert columns(path) == columns(tmp_path / "new.sqlite")
