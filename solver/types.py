@@ -83,6 +83,18 @@ class ClusterView:
         )
 
     @functools.cached_property
+    def node_partitions(self) -> Mapping[str, tuple[str, ...]]:
+        """Each node's partitions, sorted: its own and those the partition map
+        lists it in (computed once: a round's model, node classes and site
+        checks each ask)."""
+        out = {n.name: set(n.partitions) for n in self.nodes}
+        for part, names in self.partitions.items():
+            for name in names:
+                if name in out:
+                    out[name].add(part)
+        return {k: tuple(sorted(v)) for k, v in out.items()}
+
+    @functools.cached_property
     def _by_type(self) -> dict[str, tuple[NodeView, ...]]:
         """GPU type -> its nodes (computed once: policies ask per job and cell)."""
         out: dict[str, list[NodeView]] = {}

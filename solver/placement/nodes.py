@@ -31,16 +31,6 @@ RESERVED = "@reservation:"
 G = TypeVar("G", bound=Hashable)
 
 
-def node_partitions(cluster: ClusterView) -> dict[str, tuple[str, ...]]:
-    """Each node's partitions, from the node itself and the cluster's map."""
-    out = {n.name: set(n.partitions) for n in cluster.nodes}
-    for part, names in cluster.partitions.items():
-        for name in names:
-            if name in out:
-                out[name].add(part)
-    return {k: tuple(sorted(v)) for k, v in out.items()}
-
-
 def in_partition(cluster: ClusterView, node: NodeView, partition: str) -> bool:
     return partition in node.partitions or node.name in cluster.partitions.get(partition, ())
 
@@ -76,7 +66,7 @@ def node_classes(
     cluster order; classes sorted. A node's `marks` (its reservations) join
     its partitions in the key: no partition is named like one, so they only
     keep reserved nodes in classes of their own."""
-    parts = node_partitions(cluster)
+    parts = cluster.node_partitions
     groups: dict[ClassKey, list[str]] = {}
     for n in cluster.nodes:
         f = free.get(n.name, 0)

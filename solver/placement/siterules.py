@@ -28,7 +28,7 @@ from solver.contract.models import ModelSpec
 from solver.contract.runtimes import ADAPTIVE
 from solver.limits import Bucket, Loads, bindings, headroom, held_in
 from solver.placement.candidates import Option
-from solver.placement.nodes import RESERVED, node_partitions
+from solver.placement.nodes import RESERVED
 from solver.site import (
     LimitKind,
     LimitScope,
@@ -61,7 +61,7 @@ def _placement_gpus(p: Placement) -> int:
 
 
 def all_partitions(cluster: ClusterView) -> tuple[str, ...]:
-    return tuple(sorted({p for ps in node_partitions(cluster).values() for p in ps} | set(cluster.partitions)))
+    return tuple(sorted({p for ps in cluster.node_partitions.values() for p in ps} | set(cluster.partitions)))
 
 
 def allowed_partitions(job: JobRequest, site: SitePolicy, cluster: ClusterView) -> tuple[str, ...] | None:
@@ -356,7 +356,7 @@ def site_problems(
     out: list[str] = []
     for b, load in rules.loads(placements, rules.allowed).overs():
         out.append(f"{b.reason(load + b.limit.used_outside)} planned ({rules.allowed(b)} allowed to managed jobs)")
-    parts = node_partitions(cluster)
+    parts = cluster.node_partitions
     for jid, p in sorted(placements.items()):
         job = by_id.get(jid)
         if job is None:

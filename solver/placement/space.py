@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from solver.placement.nodes import ClassKey, Ledger, common_partition, eligible, node_classes, node_partitions
+from solver.placement.nodes import ClassKey, Ledger, common_partition, eligible, node_classes
 from solver.types import Cell, ClusterView, JobRequest, Placement
 
 
@@ -36,7 +36,7 @@ class Space:
                     links[name] = links.get(name, 0) + 1
         classes = {k: tuple(v) for k, v in node_classes(cluster, free, marks).items()}
         types = {n.name: n.gpu_type for n in cluster.nodes}
-        return cls(cluster, free, classes, node_partitions(cluster), types, links)
+        return cls(cluster, free, classes, cluster.node_partitions, types, links)
 
     @property
     def num_nodes(self) -> int:
