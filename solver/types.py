@@ -541,6 +541,12 @@ class SolverConfig:
         "instead of horizon_s and horizon_remaining; a job younger than its restart cost moves free "
         "(see objective.restart_factor).",
     )
+    restart_on_throughput: bool = knob(
+        False,
+        "Apply a move's restart factor to the job's throughput in its new cell, as Sia's factor applies to "
+        "goodput (the value's multiplier is then factor ** fairness_p), instead of to its value "
+        "(see objective.restart_factor).",
+    )
     horizon_remaining: bool = knob(
         True,
         "Weigh a move's restart cost over the shorter of the job's remaining time and the time it has "

@@ -181,18 +181,28 @@ def restart_factor(
     that the Sia artifact's Sia applies (never below 0). A job that restarts
     often pays more for each further move however long it has left, and a job
     younger than its restart cost moves free (it has not yet run long enough
-    to have grown)."""
+    to have grown).
+
+    The factor is the share of the horizon the job trains after the move:
+    with config.restart_on_throughput it scales the job's throughput in its
+    new cell, as the Sia artifact's factor scales goodput before its power,
+    so the value's multiplier is factor ** fairness_p (a factor of 0.25
+    costs half the value at p = 0.5); otherwise it scales the value itself."""
     cost = job.restart_cost_s if job.restart_cost_s is not None else config.default_restart_cost_s
     weight = config.restart_penalty if penalty is None else penalty
     if config.restart_history and age_s is not None:
         if age_s < cost:
             return 1.0
-        return max(at_least, 0.0, 1.0 - weight * cost * (job.restarts + 1) / (age_s + cost))
-    horizon = config.horizon_s
-    known = [t for t in (remaining_s, stayed_s) if t is not None and math.isfinite(t)]
-    if config.horizon_remaining and known:
-        horizon = max(horizon, min(known))
-    return max(at_least, 1.0 - weight * cost / max(horizon, 1e-9))
+        factor = max(0.0, 1.0 - weight * cost * (job.restarts + 1) / (age_s + cost))
+    else:
+        horizon = config.horizon_s
+        known = [t for t in (remaining_s, stayed_s) if t is not None and math.isfinite(t)]
+        if config.horizon_remaining and known:
+            horizon = max(horizon, min(known))
+        factor = 1.0 - weight * cost / max(horizon, 1e-9)
+    if config.restart_on_throughput and factor > 0 and config.fairness_p > 0:
+        factor **= config.fairness_p  # the throughput's factor, through the value's power
+    return max(at_least, factor)
 
 
 def settle_limits(job: JobRequest, estimates: Iterable[Estimate], now: float, config: SolverConfig) -> dict[int, float]:

@@ -149,3 +149,22 @@ def test_restart_factor_uses_the_penalty_given_and_a_short_horizon_as_it_is():
     assert objective.restart_factor(job(restart_cost_s=30.0), cfg, penalty=0.5) == pytest.approx(0.95)
     short = SolverConfig(restart_penalty=1.0, horizon_s=0.5, horizon_remaining=False)
     assert objective.restart_factor(job(restart_cost_s=0.1), short) == pytest.approx(0.8)  # 1 - 0.1 / 0.5
+
+
+def test_restart_on_throughput_scales_the_throughput_not_the_value():
+    """With restart_on_throughput the factor multiplies the job's throughput
+    in its new cell, so the value, (T / T_ref) ** p, is multiplied by
+    factor ** p; off (the default) by the factor itself."""
+    thrice = job(restart_cost_s=250.0, restarts=3)  # Pollux's factor at age 1,000 s: (1000 - 750) / 1250 = 0.2
+    history = SolverConfig(restart_penalty=1.0, restart_history=True, fairness_p=0.5)
+    on = replace(history, restart_on_throughput=True)
+    assert objective.restart_factor(thrice, history, age_s=1000.0) == pytest.approx(0.2)
+    assert objective.restart_factor(thrice, on, age_s=1000.0) == pytest.approx(0.2**0.5)
+    assert objective.restart_factor(thrice, replace(on, fairness_p=1.0), age_s=1000.0) == pytest.approx(0.2)
+    # the horizon rule likewise: 1 - 250 / 1000 = 0.75, through p = 0.5
+    horizon = SolverConfig(restart_penalty=1.0, horizon_s=1000.0, horizon_remaining=False, restart_on_throughput=True)
+    assert objective.restart_factor(thrice, horizon) == pytest.approx(0.75**0.5)
+    # a move that loses more than the horizon is still worth nothing (not a root of a negative)
+    assert objective.restart_factor(thrice, replace(horizon, horizon_s=200.0)) == pytest.approx(1 - 250 / 200)
+    assert objective.restart_factor(job(restart_cost_s=250.0, restarts=5), on, age_s=1000.0) == 0.0
+    assert objective.restart_factor(thrice, on, age_s=249.0) == 1.0  # younger than its cost: free
