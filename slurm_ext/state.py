@@ -580,11 +580,10 @@ class StateStore:
         """job (of `job_ids`) -> cell key -> failed applies and runs that failed before training."""
         out: dict[str, dict[str, int]] = {}
         ids = sorted(set(job_ids))
-        for table, cond in (
+        for table, (where, args) in (
             ("plans", sqlitedb.where(status=PlanStatus.FAILED, any_of={"job_id": ids})),
             ("cell_history", sqlitedb.where(event=HistoryEvent.RUN_FAILED, any_of={"job_id": ids})),
         ):
-            where, args = cond
             for job_id, cell, n in self._db.execute(
                 f"SELECT job_id, cell, COUNT(*) FROM {table}{where} GROUP BY job_id, cell", args
             ):
