@@ -25,6 +25,9 @@ such runs under different truth noise, pooled):
 * ``restart_history`` (only when asked for, not in ``all``):
   ``cellsched:restart_history=true``, an opt-in rule rather than a feature
   switched off: its ratio is the default's against it (> 1: the opt-in pays);
+* ``sia_restarts`` (only when asked for, likewise):
+  ``cellsched:restart_history=true,restart_on_throughput=true``, the restart
+  rule of the Sia artifact's Sia whole: its horizon and its factor on throughput;
 * ``null`` (only when asked for, not in ``all``): ``cellsched:age_scale_s=3601``,
   a change that should change nothing (the age bonus's scale moves by
   0.03%). It changes which of two near-equal plans a round returns, so its
@@ -87,6 +90,7 @@ FEATURES = {
     "calibration": "cellsched:calibrate=false",
     "null": "cellsched:age_scale_s=3601",
     "restart_history": "cellsched:restart_history=true",
+    "sia_restarts": "cellsched:restart_history=true,restart_on_throughput=true",
 }
 #: what `--features all` runs: every feature but the null change
 ALL = ("mixed+sharding", "contention", "calibration")
@@ -435,7 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="folder of the runs (resumable)")
     ap.add_argument("--seeds", default=f"{HELD_OUT[0]}-{HELD_OUT[-1]}", help="e.g. 1000-1029 (held out) or 0-29")
     ap.add_argument("--workers", type=int, default=2, help="scenarios simulated at once (one core each)")
-    ap.add_argument("--features", default="all", help=f"comma-separated of {', '.join(FEATURES)}; all: all but null")
+    ap.add_argument(
+        "--features", default="all", help=f"comma-separated of {', '.join(FEATURES)}; all: {', '.join(ALL)}"
+    )
     ap.add_argument(
         "--noise-seeds",
         type=int,
