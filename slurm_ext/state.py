@@ -98,10 +98,13 @@ _SPEEDS = """CREATE TABLE speeds (
 
 #: indexes of the reads every round makes, so that they cost what the round's jobs hold, not what the
 #: file has kept of every job since it was made (a site's state file grows by every job it ever ran):
-#: the open jobs, and the newest speeds (calibration's, in a total order)
+#: the open jobs, the newest speeds (calibration's, in a total order), and each job's history by
+#: event, covering what the rounds' reads of it take (a job moved often has hundreds of events, and
+#: a round asks for one or two kinds of them about ten times)
 _READ_INDEXES = (
     "CREATE INDEX IF NOT EXISTS jobs_open ON jobs (job_id) WHERE finished = 0",
     "CREATE INDEX IF NOT EXISTS speeds_newest ON speeds (updated DESC, job_id, gpu_type)",
+    "CREATE INDEX IF NOT EXISTS history_job_event ON cell_history (job_id, event, id, time, value)",
 )
 
 _CREATE = (
@@ -300,12 +303,19 @@ def _add_read_indexes(db: sqlite3.Connection) -> None:
 
 #: version 2: cell_history.value (the measured restart cost of "resumed" events); 3: jobs.progress_at;
 #: 4: the speeds table (observed against estimated iteration times, for calibration); 5: jobs.model_shape;
-#: 6: the indexes of the rounds' reads (_READ_INDEXES)
+#: 6: the indexes of the rounds' reads (_READ_INDEXES); 7: the history's by job and event (the same)
 SCHEMA = sqlitedb.Schema(
     "state file",
-    6,
+    7,
     _CREATE,
-    {2: _add_history_value, 3: _add_progress_at, 4: _add_speeds, 5: _add_model_shape, 6: _add_read_indexes},
+    {
+        2: _add_history_value,
+        3: _add_progress_at,
+        4: _add_speeds,
+        5: _add_model_shape,
+        6: _add_read_indexes,
+        7: _add_read_indexes,
+    },
     legacy_version_key="schema",
 )
 
@@ -705,27 +715,28 @@ class StateStore:
         """job (of `job_ids`, unfinished) -> time it was asked to checkpoint, for
         jobs whose restart has not been measured yet (no "resumed" event after
         the last signal)."""
-        out: dict[str, float] = {}
         where, args = sqlitedb.where(
             ["event IN (?, ?)", "job_id IN (SELECT job_id FROM jobs WHERE finished = 0)"],
             any_of={"job_id": sorted(set(job_ids))},
         )
-        for job_id, event, t in self._db.execute(
-            f"SELECT job_id, event, time FROM cell_history{where} ORDER BY id",
-            (HistoryEvent.SIGNALLED, HistoryEvent.RESUMED, *args),
-        ):
-            if event == HistoryEvent.SIGNALLED:
-                out[job_id] = t
-            else:
-                out.pop(job_id, None)
-        return out
+        newest = (
+            "SELECT MAX(CASE WHEN event = ? THEN id END) AS signalled, MAX(CASE WHEN event = ? THEN id END) AS resumed "
+            f"FROM cell_history{where} GROUP BY job_id"
+        )
+        sql = (
+            f"SELECT h.job_id, h.time FROM cell_history h JOIN ({newest}) n ON h.id = n.signalled "
+            "WHERE n.resumed IS NULL OR n.resumed < n.signalled"
+        )
+        events = (HistoryEvent.SIGNALLED, HistoryEvent.RESUMED)
+        return dict(self._db.execute(sql, (*events, *events, *args)))
 
     def restart_costs(self, job_ids: Iterable[str]) -> dict[str, float]:
         """job (of `job_ids`) -> its last measured restart cost (signal to first step after resume), s."""
         where, args = sqlitedb.where(
             ["value IS NOT NULL"], event=HistoryEvent.RESUMED, any_of={"job_id": sorted(set(job_ids))}
         )
-        return dict(self._db.execute(f"SELECT job_id, value FROM cell_history{where} ORDER BY id", args))
+        newest = f"SELECT MAX(id) FROM cell_history{where} GROUP BY job_id"
+        return dict(self._db.execute(f"SELECT job_id, value FROM cell_history WHERE id IN ({newest})", args))
 
     # --- speeds (calibration) ----------------------------------------------
 

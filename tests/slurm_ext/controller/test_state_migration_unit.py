@@ -1,10 +1,11 @@
 """Upgrading the controller's state file: a file of an earlier schema
 (version 3, its tables written out as version 3 made them: version 4 added
-`speeds`; version 4: version 5 added `jobs.model_shape`; version 5, the
-one before the current: version 6 added the indexes of the rounds' reads)
+`speeds`; version 4: version 5 added `jobs.model_shape`; version 5:
+version 6 added the indexes of the rounds' reads; version 6, the one
+before the current: version 7 added the history's index by job and event)
 is opened by StateStore, migrated in place, and used: its old rows read
 back, the new table and column take values, it has a new file's tables and
-indexes, its version says 6."""
+indexes, its version says 7."""
 
 from __future__ import annotations
 
@@ -88,6 +89,11 @@ V3_TABLES = (
 )""",
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
 )
+#: the indexes version 6 added (version 7 added the history's by job and event)
+V6_INDEXES = (
+    "CREATE INDEX jobs_open ON jobs (job_id) WHERE finished = 0",
+    "CREATE INDEX speeds_newest ON speeds (updated DESC, job_id, gpu_type)",
+)
 SPEC = '{"global_batch":64,"iterations":100,"model":"gpt-350m","version":1}'
 
 
@@ -99,7 +105,7 @@ def columns(path) -> dict[str, list[tuple]]:
 
 
 def old_file(path, version_key: str, version: int = 3) -> None:
-    """A state file as version 3 (or 4, or 5) left it, with a job, its plan, history and two rounds."""
+    """A state file as version 3 (or 4, 5 or 6) left it, with a job, its plan, history and two rounds."""
     with sqlite3.connect(path) as db:
         db.execute("PRAGMA journal_mode = WAL")
         for stmt in V3_TABLES:
@@ -108,6 +114,9 @@ def old_file(path, version_key: str, version: int = 3) -> None:
             _add_speeds(db)  # what the upgrade to version 4 added
         if version >= 5:
             _add_model_shape(db)  # ... and to version 5
+        if version >= 6:
+            for stmt in V6_INDEXES:  # ... and to version 6
+                db.execute(stmt)
         db.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (version_key, str(version)))
         db.execute(
             "INSERT INTO jobs (job_id, user, spec, spec_source, first_seen, slurm_state, phase, iterations_done, "
@@ -135,10 +144,11 @@ def old_file(path, version_key: str, version: int = 3) -> None:
 
 # "schema": the key of files older than solver.contract.sqlitedb
 @pytest.mark.parametrize(
-    ("version_key", "version"), [("schema_version", 3), ("schema", 3), ("schema_version", 4), ("schema_version", 5)]
+    ("version_key", "version"),
+    [("schema_version", 3), ("schema", 3), ("schema_version", 4), ("schema_version", 5), ("schema_version", 6)],
 )
 def test_an_earlier_state_file_is_migrated_and_used(tmp_path, version_key, version):
-    assert SCHEMA.version == 6, "a new schema version needs its own upgrade test (from the version before it)"
+    assert SCHEMA.version == 7, "a new schema version needs its own upgrade test (from the version before it)"
     path = tmp_path / "state.sqlite"
     old_file(path, version_key, version)
     with StateStore(path) as st:
@@ -165,7 +175,7 @@ def test_an_earlier_state_file_is_migrated_and_used(tmp_path, version_key, versi
         r = st.begin_round(200.0)
         st.finish_round(r, status=RoundStatus.OK, duration_s=1.0)
     with sqlite3.connect(path) as db:
-        assert dict(db.execute("SELECT key, value FROM meta")) == {"schema_version": "6"}
+        assert dict(db.execute("SELECT key, value FROM meta")) == {"schema_version": "7"}
     StateStore(tmp_path / "new.sqlite").close()
     assert columns(path) == columns(tmp_path / "new.sqlite")  # migrated: the tables of a new file
     with StateStore(path, readonly=True) as ro:  # what `status` and the fail-safe open
@@ -174,7 +184,7 @@ def test_an_earlier_state_file_is_migrated_and_used(tmp_path, version_key, versi
 
 def test_a_checkpoint_of_an_earlier_state_is_migrated_when_restored(tmp_path):
     """A simulation's checkpoint pickles its state file whole; one written
-    by the cellsched before (version 5) is brought to this version as it is
+    by an earlier cellsched (version 5) is brought to this version as it is
     restored, with a new file's tables and indexes."""
     path = tmp_path / "state.sqlite"
     old_file(path, "schema_version", 5)
@@ -184,6 +194,6 @@ def test_a_checkpoint_of_an_earlier_state_is_migrated_when_restored(tmp_path):
     assert st.restart_costs(["7"]) == {"7": 12.5}
     st.close()
     with sqlite3.connect(path) as db:
-        assert dict(db.execute("SELECT key, value FROM meta")) == {"schema_version": "6"}
+        assert dict(db.execute("SELECT key, value FROM meta")) == {"schema_version": "7"}
     StateStore(tmp_path / "new.sqlite").close()
     assert columns(path) == columns(tmp_path / "new.sqlite")
