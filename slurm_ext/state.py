@@ -258,6 +258,36 @@ class SpeedRow:
 _SPEED_FIELDS = dataclasses.fields(SpeedRow)
 
 
+def _newest_first(row: SpeedRow) -> tuple[float, str, str]:
+    """The order of ``StateStore.speeds`` (and of the index speeds_newest)."""
+    return (-row.updated, row.job_id, row.gpu_type)
+
+
+@dataclass(frozen=True)
+class _NewestSpeeds:
+    """The `limit` newest speed rows, as the file held them when its data
+    version (``PRAGMA data_version``: other connections' commits) was `version`."""
+
+    limit: int
+    version: int
+    rows: tuple[SpeedRow, ...]
+
+    def after(self, written: list[SpeedRow]) -> _NewestSpeeds | None:
+        """The newest rows once this store has written `written` (None: read
+        them again). Every row the file holds beyond these ranks after all
+        of them, so the newest of these and the written ones are the newest
+        of the file, unless a written row ranks after the last one kept
+        (a clock set back) while more rows lie beyond it."""
+        if not written:
+            return self
+        if len(self.rows) >= self.limit and max(map(_newest_first, written)) > _newest_first(self.rows[-1]):
+            return None
+        merged = {(r.job_id, r.gpu_type): r for r in self.rows}
+        merged.update(((r.job_id, r.gpu_type), r) for r in written)
+        rows = sorted(merged.values(), key=_newest_first)[: self.limit]
+        return dataclasses.replace(self, rows=tuple(rows))
+
+
 def _nodes_text(nodes: Iterable[tuple[str, int]]) -> str:
     return ",".join(f"{n}:{g}" for n, g in nodes)
 
@@ -326,6 +356,7 @@ class StateStore:
     def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
         self.path = str(path)
         self.readonly = readonly
+        self._newest: _NewestSpeeds | None = None
         try:
             if readonly:
                 if self.path != ":memory:" and not Path(self.path).exists():
@@ -354,6 +385,7 @@ class StateStore:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.path, self.readonly = state["path"], state["readonly"]
+        self._newest = None
         self._db = sqlitedb.restore(self.path, state["image"], BUSY_TIMEOUT_S)
         if not self.readonly:  # a checkpoint an older cellsched wrote: brought up to date as its file would be
             sqlitedb.open_schema(self._db, SCHEMA, self.path)
@@ -475,6 +507,7 @@ class StateStore:
             )
             self._db.execute("UPDATE cell_history SET job_id = ? WHERE job_id = ?", (old, job_id))
             self._db.execute("UPDATE OR REPLACE speeds SET job_id = ? WHERE job_id = ?", (old, job_id))
+            self._newest = None
 
     # --- plans ------------------------------------------------------------
 
@@ -742,21 +775,38 @@ class StateStore:
 
     def record_speeds(self, rows: Iterable[SpeedRow]) -> None:
         """Store these speeds (one row per job and GPU type: the newest replaces)."""
+        rows = list(rows)
+        newest, self._newest = self._newest, None
+        alone = not self._db.in_transaction  # committed (or raised) when the block ends
         with self._tx():
             self._db.executemany(
                 "INSERT OR REPLACE INTO speeds (job_id, gpu_type, user, model, cell, estimated_s, observed_s, "
                 "ratio, samples, calibrated_s, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [tuple(getattr(r, f.name) for f in _SPEED_FIELDS) for r in rows],  # astuple deep-copies: slow
             )
+        if newest is not None and alone:
+            self._newest = newest.after(rows)
 
     def speeds(self, *, job_ids: Iterable[str] | None = None, limit: int | None = None) -> list[SpeedRow]:
-        """Stored speeds (of `job_ids`; the `limit` most recently updated), newest first."""
+        """Stored speeds (of `job_ids`; the `limit` most recently updated), newest first.
+        The `limit` newest of all are kept between calls (calibration reads them every
+        round): brought up to date by this store's own writes, read again after any
+        other connection's (``PRAGMA data_version``)."""
+        kept = job_ids is None and limit is not None
+        if kept:
+            version = self._db.execute("PRAGMA data_version").fetchone()[0]
+            newest = self._newest
+            if newest is not None and newest.limit == limit and newest.version == version:
+                return list(newest.rows)
         where, args = sqlitedb.where(any_of={"job_id": job_ids})
         tail = f" LIMIT {int(limit)}" if limit is not None else ""
         cols = ", ".join(f.name for f in _SPEED_FIELDS)
         order = "ORDER BY updated DESC, job_id, gpu_type"  # the index speeds_newest's order: the newest read first
         cur = self._db.execute(f"SELECT {cols} FROM speeds {where} {order}{tail}", args)
-        return [SpeedRow(*r) for r in cur]
+        rows = [SpeedRow(*r) for r in cur]
+        if kept:
+            self._newest = _NewestSpeeds(int(limit), version, tuple(rows))
+        return rows
 
     # --- rounds -----------------------------------------------------------
 
