@@ -4,11 +4,12 @@ table as both truth and estimate."""
 
 from __future__ import annotations
 
+import gc
 import math
 
 import pytest
 
-from slurm_ext.sim.engine import SimError, SimOptions, Simulator, restart_cost_for
+from slurm_ext.sim.engine import SIM_GC_THRESHOLD, SimError, SimOptions, Simulator, restart_cost_for
 from slurm_ext.sim.types import ClusterSpec, NodeGroup, TraceJob
 from solver.estimator import EstimatorBase
 from solver.types import Estimate, ParallelPlan
@@ -59,6 +60,15 @@ def test_one_job_alone_runs_from_its_arrival():
     assert result.samples[0].running == 1 and result.samples[0].throughput == pytest.approx(64.0)
     assert result.samples[-1].running == 0 and result.meta["infeasible_starts"] == 0
     assert result.meta["controller_warnings"] == {}
+
+
+def test_a_run_makes_full_garbage_collections_rare_and_gives_the_thresholds_back():
+    before = gc.get_threshold()
+    seen = []
+    sim = Simulator([job("a", 0.0, 50, 4)], ONE_NODE, "fcfs", speed=TABLE.speed, estimator=TABLE)
+    sim.run(lambda _: seen.append(gc.get_threshold()))
+    assert seen and set(seen) == {SIM_GC_THRESHOLD} and SIM_GC_THRESHOLD[2] >= 100 * before[2] > 0
+    assert gc.get_threshold() == before
 
 
 def test_two_jobs_queue_for_the_same_gpus():
