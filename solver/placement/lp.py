@@ -229,16 +229,12 @@ class _Pricing:
 
 def _glop(model: linear_solver_pb2.MPModelProto, time_limit_s: float) -> linear_solver_pb2.MPSolutionResponse:
     """GLOP's answer for `model`, by its dual simplex (3-4x faster than the
-    primal one on 4,000 jobs x 24 options) from the all-slack basis: GLOP's
-    default (triangular) crash basis took 4x the time on the simulated
-    month's rounds (3,000 columns, 700 rows, 10 sampled), and as long on
-    solver_scale's (12) and the 4x Philly run's (87); the optimum is the
-    same on all, the vertex on all but 2 of the 4x run's."""
+    primal one on 4,000 jobs x 24 options)."""
     request = linear_solver_pb2.MPModelRequest(
         model=model,
         solver_type=linear_solver_pb2.MPModelRequest.GLOP_LINEAR_PROGRAMMING,
         solver_time_limit_seconds=max(time_limit_s, 0.0),
-        solver_specific_parameters="use_dual_simplex: true initial_basis: NONE",
+        solver_specific_parameters="use_dual_simplex: true",
     )
     res = linear_solver_pb2.MPSolutionResponse()
     pywraplp.Solver.SolveWithProto(request, res)
