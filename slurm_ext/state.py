@@ -288,6 +288,50 @@ class _NewestSpeeds:
         return dataclasses.replace(self, rows=tuple(rows))
 
 
+class _SpeedsTable:
+    """The speeds table through one connection. Its `limit` newest rows are
+    kept between reads (calibration reads them every round), brought up to
+    date by this connection's own writes, and read again after any other
+    connection's (``PRAGMA data_version``), a write inside a batch (which
+    may yet roll back), or a job's rows retired (`forget`)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+        self._newest: _NewestSpeeds | None = None
+
+    def forget(self) -> None:
+        self._newest = None
+
+    def record(self, rows: Iterable[SpeedRow]) -> None:
+        rows = list(rows)
+        newest, self._newest = self._newest, None
+        alone = not self._db.in_transaction  # committed (or raised) when the block ends
+        with sqlitedb.transaction(self._db):
+            self._db.executemany(
+                "INSERT OR REPLACE INTO speeds (job_id, gpu_type, user, model, cell, estimated_s, observed_s, "
+                "ratio, samples, calibrated_s, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [tuple(getattr(r, f.name) for f in _SPEED_FIELDS) for r in rows],  # astuple deep-copies: slow
+            )
+        if newest is not None and alone:
+            self._newest = newest.after(rows)
+
+    def read(self, job_ids: Iterable[str] | None, limit: int | None) -> list[SpeedRow]:
+        keep = limit if job_ids is None else None  # the newest of all are kept
+        if keep is not None:
+            version = self._db.execute("PRAGMA data_version").fetchone()[0]
+            newest = self._newest
+            if newest is not None and newest.limit == keep and newest.version == version:
+                return list(newest.rows)
+        where, args = sqlitedb.where(any_of={"job_id": job_ids})
+        tail = f" LIMIT {int(limit)}" if limit is not None else ""
+        cols = ", ".join(f.name for f in _SPEED_FIELDS)
+        order = "ORDER BY updated DESC, job_id, gpu_type"  # the index speeds_newest's order: the newest read first
+        rows = [SpeedRow(*r) for r in self._db.execute(f"SELECT {cols} FROM speeds {where} {order}{tail}", args)]
+        if keep is not None:
+            self._newest = _NewestSpeeds(int(keep), version, tuple(rows))
+        return rows
+
+
 def _nodes_text(nodes: Iterable[tuple[str, int]]) -> str:
     return ",".join(f"{n}:{g}" for n, g in nodes)
 
@@ -356,7 +400,6 @@ class StateStore:
     def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
         self.path = str(path)
         self.readonly = readonly
-        self._newest: _NewestSpeeds | None = None
         try:
             if readonly:
                 if self.path != ":memory:" and not Path(self.path).exists():
@@ -375,6 +418,7 @@ class StateStore:
             raise StateError(str(exc)) from None
         except sqlite3.Error as exc:
             raise StateError(f"state file {self.path}: {exc}") from exc
+        self._speeds = _SpeedsTable(self._db)
 
     def close(self) -> None:
         self._db.close()
@@ -385,10 +429,10 @@ class StateStore:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.path, self.readonly = state["path"], state["readonly"]
-        self._newest = None
         self._db = sqlitedb.restore(self.path, state["image"], BUSY_TIMEOUT_S)
         if not self.readonly:  # a checkpoint an older cellsched wrote: brought up to date as its file would be
             sqlitedb.open_schema(self._db, SCHEMA, self.path)
+        self._speeds = _SpeedsTable(self._db)
 
     def __enter__(self) -> StateStore:
         return self
@@ -507,7 +551,7 @@ class StateStore:
             )
             self._db.execute("UPDATE cell_history SET job_id = ? WHERE job_id = ?", (old, job_id))
             self._db.execute("UPDATE OR REPLACE speeds SET job_id = ? WHERE job_id = ?", (old, job_id))
-            self._newest = None
+            self._speeds.forget()
 
     # --- plans ------------------------------------------------------------
 
@@ -775,38 +819,11 @@ class StateStore:
 
     def record_speeds(self, rows: Iterable[SpeedRow]) -> None:
         """Store these speeds (one row per job and GPU type: the newest replaces)."""
-        rows = list(rows)
-        newest, self._newest = self._newest, None
-        alone = not self._db.in_transaction  # committed (or raised) when the block ends
-        with self._tx():
-            self._db.executemany(
-                "INSERT OR REPLACE INTO speeds (job_id, gpu_type, user, model, cell, estimated_s, observed_s, "
-                "ratio, samples, calibrated_s, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [tuple(getattr(r, f.name) for f in _SPEED_FIELDS) for r in rows],  # astuple deep-copies: slow
-            )
-        if newest is not None and alone:
-            self._newest = newest.after(rows)
+        self._speeds.record(rows)
 
     def speeds(self, *, job_ids: Iterable[str] | None = None, limit: int | None = None) -> list[SpeedRow]:
-        """Stored speeds (of `job_ids`; the `limit` most recently updated), newest first.
-        The `limit` newest of all are kept between calls (calibration reads them every
-        round): brought up to date by this store's own writes, read again after any
-        other connection's (``PRAGMA data_version``)."""
-        kept = job_ids is None and limit is not None
-        if kept:
-            version = self._db.execute("PRAGMA data_version").fetchone()[0]
-            newest = self._newest
-            if newest is not None and newest.limit == limit and newest.version == version:
-                return list(newest.rows)
-        where, args = sqlitedb.where(any_of={"job_id": job_ids})
-        tail = f" LIMIT {int(limit)}" if limit is not None else ""
-        cols = ", ".join(f.name for f in _SPEED_FIELDS)
-        order = "ORDER BY updated DESC, job_id, gpu_type"  # the index speeds_newest's order: the newest read first
-        cur = self._db.execute(f"SELECT {cols} FROM speeds {where} {order}{tail}", args)
-        rows = [SpeedRow(*r) for r in cur]
-        if kept:
-            self._newest = _NewestSpeeds(int(limit), version, tuple(rows))
-        return rows
+        """Stored speeds (of `job_ids`; the `limit` most recently updated), newest first."""
+        return self._speeds.read(job_ids, limit)
 
     # --- rounds -----------------------------------------------------------
 

@@ -732,15 +732,9 @@ class Simulator:
             tmp = tempfile.TemporaryDirectory(prefix="cellsched-sim-")
             state_dir = tmp.name
         state_path = Path(state_dir) / f"state-{file_stem(self.label)}.sqlite"
-        logger = logging.getLogger("cellsched")
         if controller is None:
             self.log = LogCollector()
-        saved = (logger.level, logger.propagate)
-        gc_saved = gc.get_threshold()
-        gc.set_threshold(*SIM_GC_THRESHOLD)
-        logger.addHandler(self.log)
-        logger.setLevel(logging.WARNING)
-        logger.propagate = False  # collected into the run's meta, not printed
+        restore = _set_for_run(self.log)
         state = None
         try:
             if controller is None:  # from the start: a state DB left there by a stopped run is not this run's
@@ -765,10 +759,7 @@ class Simulator:
                     save(checkpoint, self.run_key(), (self, controller, wall_s_before + now - wall0))
                     last_save = time.perf_counter()
         finally:
-            logger.removeHandler(self.log)
-            logger.setLevel(saved[0])
-            logger.propagate = saved[1]
-            gc.set_threshold(*gc_saved)
+            restore()
             if state is not None:
                 state.close()
             if tmp is not None:
@@ -896,6 +887,26 @@ class Simulator:
             len(self.trace),
             len(self.rounds),
         )
+
+
+def _set_for_run(log: LogCollector) -> Callable[[], None]:
+    """Set what a run needs of its process, and return what sets it back:
+    the cellsched logger's records collected into `log` (the run's meta),
+    not printed; full garbage collections rare (SIM_GC_THRESHOLD)."""
+    logger = logging.getLogger("cellsched")
+    saved = (logger.level, logger.propagate, gc.get_threshold())
+    logger.addHandler(log)
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False
+    gc.set_threshold(*SIM_GC_THRESHOLD)
+
+    def restore() -> None:
+        logger.removeHandler(log)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+        gc.set_threshold(*saved[2])
+
+    return restore
 
 
 def run_result(sim: Simulator, wall_s: float) -> SimRun:
