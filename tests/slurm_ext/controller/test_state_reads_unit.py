@@ -12,13 +12,14 @@ job to find those of one or two kinds (a job moved often has hundreds)."""
 
 from __future__ import annotations
 
+import random
 import re
 import sqlite3
 
 import pytest
 
 from slurm_ext.sim.engine import SimOptions, Simulator
-from slurm_ext.state import HistoryEvent, StateStore
+from slurm_ext.state import HistoryEvent, JobStatus, StateStore
 from solver.contract import sqlitedb
 from tests.slurm_ext.sim.test_engine import ONE_NODE, Table, job
 
@@ -105,3 +106,40 @@ def test_the_reads_by_job_answer_for_those_jobs_only(tmp_path):
         assert st.pending_restarts(["1", "2", "3"]) == {"2": 50.0}
         assert st.pending_restarts(["1", "3"]) == {}
         assert st.cell_failures([]) == {} and st.restart_costs([]) == {} and st.pending_restarts([]) == {}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_newest_restart_reads_answer_as_a_walk_of_the_events_in_order(tmp_path, seed):
+    """pending_restarts and restart_costs take each job's newest events:
+    the oracle walks every event of the job in the order written (what
+    they did before they read by job and event), on random histories
+    with ties in time, resumes without a measured cost, other events
+    between, and finished jobs (which have no pending restart)."""
+    rng = random.Random(seed)
+    kinds = (HistoryEvent.SIGNALLED, HistoryEvent.RESUMED, HistoryEvent.REQUEUED, HistoryEvent.TRAINED)
+    with StateStore(tmp_path / "s.sqlite") as st:
+        jobs = [str(j) for j in range(12)]
+        for j in jobs:
+            st.accept_spec(j, "u", '{"global_batch":64,"iterations":10,"model":"gpt-350m","version":1}', "c", 1.0)
+        written: list[tuple[str, str, float, float | None]] = []
+        for _ in range(300):
+            j, kind, t = rng.choice(jobs), rng.choice(kinds), float(rng.randrange(100))
+            value = rng.choice((None, float(rng.randrange(1, 90)))) if kind == HistoryEvent.RESUMED else None
+            st.add_history(j, kind, t, value=value)
+            written.append((j, kind, t, value))
+        finished = set(rng.sample(jobs, 3))
+        st.save_statuses(
+            [JobStatus(j, "u", "COMPLETED", "done", "", None, None, None, 0, None, None, True) for j in finished], 200.0
+        )
+        pending: dict[str, float] = {}
+        costs: dict[str, float] = {}
+        for j, kind, t, value in written:  # the walk, in the order written
+            if kind == HistoryEvent.SIGNALLED:
+                pending[j] = t
+            elif kind == HistoryEvent.RESUMED:
+                pending.pop(j, None)
+                if value is not None:
+                    costs[j] = value
+        asked = rng.sample(jobs, 8)
+        assert st.pending_restarts(asked) == {j: t for j, t in pending.items() if j in asked and j not in finished}
+        assert st.restart_costs(asked) == {j: v for j, v in costs.items() if j in asked}
