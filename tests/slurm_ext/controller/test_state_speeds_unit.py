@@ -7,6 +7,7 @@ connection's query, not the store."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sqlite3
 
@@ -29,11 +30,7 @@ def fresh(path, limit: int) -> list[tuple]:
 
 
 def as_tuples(rows: list[SpeedRow]) -> list[tuple]:
-    return [
-        (r.job_id, r.gpu_type, r.user, r.model, r.cell, r.estimated_s, r.observed_s, r.ratio, r.samples)
-        + (r.calibrated_s, r.updated)
-        for r in rows
-    ]
+    return [dataclasses.astuple(r) for r in rows]
 
 
 def row(rng: random.Random, now: float) -> SpeedRow:
