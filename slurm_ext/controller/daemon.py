@@ -87,7 +87,15 @@ def _rounds(
         if report.status == RoundStatus.STANDBY:  # try the lease again soon: take-over within 1.5 lease_s
             wait_unless_stopped(stop, min(cc.interval_s, cc.lease_s / 2))
             continue
-        watcher.wait(stop, cc.interval_s, cc.watch_s, cc.min_gap_s, since=time.monotonic() - report.total_s)
+        watcher.wait(
+            stop,
+            cc.interval_s,
+            cc.watch_s,
+            cc.min_gap_s,
+            since=time.monotonic() - report.total_s,
+            seen=controller.observed,
+            acted={a["job"] for a in report.actions if "job" in a},
+        )
     return report
 
 

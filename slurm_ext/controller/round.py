@@ -96,6 +96,7 @@ class Controller:
         if lease is None and cc.lease_path and not readonly:
             lease = FileLease(cc.lease_path, cc.lease_s, cc.lease_settle_s)
         self.lease = lease
+        self.observed: ClusterSnapshot | None = None  # what the last round saw of Slurm: the watcher counts from it
         self._standing_by = False  # the last round was a standby round
         self._site_failure = ""  # why the site's policy could not be read ("" : it could)
         self._site_retry_at = 0.0  # no new try to read it before (controller clock)
@@ -107,8 +108,8 @@ class Controller:
         """Observe, solve, apply (not with `dry_run`). Never raises for
         Slurm being away or one bad job; records the round."""
         dry_run = dry_run or self.readonly
-        started = self.clock()
-        t0 = time.perf_counter()
+        started, t0 = self.clock(), time.perf_counter()
+        self.observed = None
         ctx = RoundContext(None if dry_run else self.state.begin_round(started), started, t0, dry_run)
         try:
             report = self._round(ctx)
@@ -196,7 +197,7 @@ class Controller:
             raise LeaseLost(_standby_reason(self.lease))
 
     def _observe(self, ctx: RoundContext) -> None:
-        ctx.snap = self.backend.observe()
+        ctx.snap = self.observed = self.backend.observe()
         ctx.now = ctx.snap.taken_at
         ctx.observe_s = time.perf_counter() - ctx.t0
         ctx.listed = [j.job_id for j in ctx.snap.jobs]

@@ -1,6 +1,11 @@
 """When the daemon's next round starts: after the interval, or earlier
 when a job was submitted, ended or stopped running (Slurm requeued it), or
-the kick file was touched."""
+the kick file was touched.
+
+Changes count from what the last round saw: one that happened while the
+round ran counts (a job that arrived or ended while it waited for a
+checkpoint), one the round made itself does not (the jobs it moved or
+requeued: what they are after the round is their starting point)."""
 
 from __future__ import annotations
 
@@ -8,9 +13,11 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from slurm_ext.backends import Backend
+from slurm_ext.records import ClusterSnapshot, SlurmJob
 
 log = logging.getLogger("cellsched.controller")
 
@@ -43,15 +50,23 @@ class Watcher:
         except OSError:
             return None
 
-    def _jobs_changed(self) -> bool:
+    def _jobs_changed(self, seen: ClusterSnapshot | None = None, acted: Collection[str] = ()) -> bool:
         """A job was submitted, ended, or stopped running without ending
         (Slurm requeued it: preempted, or its node failed; the controller
-        holds such a job before Slurm starts it again by itself)."""
+        holds such a job before Slurm starts it again by itself), since
+        the last look, or (given `seen`) since the round that saw `seen`,
+        other than by its actions on the jobs `acted`."""
         try:
-            jobs = {j.job_id: (j.finished, j.holds_resources) for j in self.backend.observe().jobs}
+            jobs = _states(self.backend.observe().jobs)
         except Exception:
             return False  # the round will see (and log) it
         before, self.known = self.known, jobs
+        if seen is not None:
+            before = _states(seen.jobs)
+            before.update((j, jobs[j]) for j in acted if j in jobs)
+            for j in acted:
+                if j not in jobs:
+                    before.pop(j, None)
         if before is None:
             return False
         new = set(jobs) - set(before)
@@ -59,10 +74,26 @@ class Watcher:
         stopped = {j for j, (_, ran) in before.items() if ran and j in jobs and not jobs[j][1]}
         return bool(new or ended or stopped)
 
-    def wait(self, stop: threading.Event, interval: float, watch: float, min_gap: float, since: float) -> None:
+    def wait(
+        self,
+        stop: threading.Event,
+        interval: float,
+        watch: float,
+        min_gap: float,
+        since: float,
+        seen: ClusterSnapshot | None = None,
+        acted: Collection[str] = (),
+    ) -> None:
+        """Until the next round is due (module doc): `since` is when the last
+        round began, `seen` what it saw of Slurm (None: changes count from now
+        on), `acted` the jobs it acted on."""
         deadline = since + interval
         next_watch = time.monotonic() + watch
-        self._jobs_changed()  # baseline: the state right after the round
+        trigger = "jobs" if self._jobs_changed(seen, acted) else ""  # what happened while the round ran
+        if trigger:
+            log.info("early round", extra={"fields": {"trigger": "jobs while the round ran"}})
+            wait_unless_stopped(stop, since + min_gap - time.monotonic())
+            return
         while not stop.is_set():
             now = time.monotonic()
             if now >= deadline:
@@ -80,3 +111,8 @@ class Watcher:
                 wait_unless_stopped(stop, since + min_gap - time.monotonic())
                 return
             wait_unless_stopped(stop, min(0.5, max(0.0, deadline - now), max(0.05, next_watch - now)))
+
+
+def _states(jobs: Iterable[SlurmJob]) -> dict[str, tuple[bool, bool]]:
+    """Job id -> (finished, holds resources): what the watcher compares."""
+    return {j.job_id: (j.finished, j.holds_resources) for j in jobs}

@@ -14,7 +14,9 @@ like ``cellsched sbatch`` does), job events of the world (start, end of a
 restart stall, completion, end of a checkpoint) and controller rounds.
 
 Rounds come every `interval_s`, and (``early_rounds``, like the daemon's
-watcher) `min_gap_s` after the last round when a job arrived or ended.
+watcher) `min_gap_s` after the last round when a job arrived, ended or was
+requeued; what happened while a round ran brings a round right after it,
+unless the round did it itself (its moves' checkpoints and requeues).
 With ``skip_idle_rounds`` a round is not run when nothing changed since the
 last one (no arrival, no job end or requeue, no node change, no failed
 action): the solver is deterministic (SolverConfig.deterministic) and would
@@ -78,6 +80,7 @@ from typing import Any
 from slurm_ext.config import Config, ControllerConfig, NetworkConfig
 from slurm_ext.controller.hooks import Hook
 from slurm_ext.controller.progress import EachCall, JobProgress
+from slurm_ext.controller.report import RoundReport
 from slurm_ext.controller.round import Controller
 from slurm_ext.errors import CellschedError
 from slurm_ext.sim.accounting import Accounting
@@ -369,29 +372,38 @@ class LogCollector(logging.Handler):
 
 
 class _Changes(Observer):
-    """Tells the simulator (`on_change(kind)`) what happened in the world:
-    "submit", "start", "stall-end", "end", "requeue" or "node"."""
+    """Tells the simulator (`on_change(kind, job id or node name)`) what
+    happened in the world: "submit", "start", "stall-end", "end", "requeue"
+    or "node"."""
 
-    def __init__(self, on_change: Callable[[str], None]) -> None:
+    def __init__(self, on_change: Callable[[str, str], None]) -> None:
         self.on_change = on_change
 
     def submitted(self, job: SimJob) -> None:
-        self.on_change("submit")
+        self.on_change("submit", job.job_id)
 
     def started(self, job: SimJob, cell: str) -> None:
-        self.on_change("start")
+        self.on_change("start", job.job_id)
 
     def stall_ended(self, job: SimJob) -> None:
-        self.on_change("stall-end")
+        self.on_change("stall-end", job.job_id)
 
     def ended(self, job: SimJob) -> None:
-        self.on_change("end")
+        self.on_change("end", job.job_id)
 
     def requeued(self, job: SimJob) -> None:
-        self.on_change("requeue")
+        self.on_change("requeue", job.job_id)
 
     def node_changed(self, name: str) -> None:
-        self.on_change("node")
+        self.on_change("node", name)
+
+
+def _news(report: RoundReport, events: list[tuple[str, str]]) -> bool:
+    """Did something happen while the round of `report` ran (`events`: (kind,
+    job id or node)) that it did not do itself (as the daemon's watcher
+    counts, slurm_ext.controller.watcher)?"""
+    acted = {a.get("job") for a in report.actions}
+    return any(kind == "node" or who not in acted for kind, who in events)
 
 
 class Simulator:
@@ -522,6 +534,7 @@ class Simulator:
         self._last_round = -math.inf
         self._next_round = self.t0
         self._in_round = False
+        self._round_events: list[tuple[str, str]] = []  # (kind, who) of the changes while a round ran
         self._wakes: list[float] = []  # times a round is due by the clock alone (`_wake_at`), a heap
         self.timings: dict[str, float] = {
             "round_s": 0.0,
@@ -552,10 +565,10 @@ class Simulator:
         assert self.conditions is not None
         return self.conditions.speed_factor(self.trace_ids.get(job_id, job_id), gpu_type)
 
-    def _on_event(self, kind: str) -> None:
-        """Something happened in the world (see _Changes): a sample is due, and
-        a round when a job arrived or ended, was requeued, or a node changed;
-        a start or a requeue may make a round due later (`_wake_at`)."""
+    def _on_event(self, kind: str, who: str = "") -> None:
+        """Something happened to job or node `who` (see _Changes): a sample is due, and a round
+        when a job arrived, ended or was requeued, or a node changed (while a round ran: after
+        it, see `_news`); a start or a requeue may make a round due later (`_wake_at`)."""
         self._sample_due = True
         cfg = self.options.solver
         if kind == "start" and cfg.min_run_s > 0:
@@ -564,7 +577,9 @@ class Simulator:
             self._wake_at(self.clock.now + cfg.preemption_backoff_s)
         if kind in ("submit", "end", "requeue", "node"):
             self.dirty = True
-            if not self._in_round and kind != "submit":
+            if self._in_round:
+                self._round_events.append((kind, who))
+            elif kind != "submit":
                 self._want_round(self.clock.now)
 
     def _wake_at(self, t: float) -> None:
@@ -649,13 +664,14 @@ class Simulator:
             return
         self.dirty = False
         self._in_round = True
+        self._round_events = []
         try:
             report = controller.round()
         finally:
             self._in_round = False
         failed = sum(1 for a in report.actions if not a.get("ok", True))
         if report.status != RoundStatus.OK or failed:
-            self.dirty = True
+            self.dirty = True  # the next interval round is not idle
         self.rounds.append(
             RoundStat(self._last_round, report.solve_s, report.total_s, report.num_jobs, len(report.actions))
         )
@@ -663,7 +679,7 @@ class Simulator:
             self.timings[k] += getattr(report, k)
         self.timings["round_s"] += report.total_s
         self._next_round = self._last_round + o.interval_s
-        if self.dirty:  # something happened while the round ran
+        if _news(report, self._round_events):
             self._want_round(self.clock.now)
         self._sample_due = True
         self._sample()

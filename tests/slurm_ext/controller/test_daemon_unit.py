@@ -31,6 +31,7 @@ class _Rounds:
             {"controller": {"state_path": str(tmp_path / "s.sqlite"), "interval_s": interval_s, "kick_file": ""}}
         )
         self.backend = _Backend()
+        self.observed = None  # what the last round saw of Slurm (Controller.observed)
         self.stop = threading.Event()
         self.statuses = list(statuses)
         self.calls: list[bool] = []
@@ -126,3 +127,26 @@ def test_a_job_that_stops_running_without_ending_starts_a_round_early():
     t0 = time.monotonic()
     still.wait(threading.Event(), interval=0.3, watch=0.05, min_gap=0.0, since=t0)
     assert time.monotonic() - t0 >= 0.3
+
+
+def _waited(watcher: Watcher, **kw) -> float:
+    t0 = time.monotonic()
+    watcher.wait(threading.Event(), interval=0.3, watch=0.05, min_gap=0.0, since=t0, **kw)
+    return time.monotonic() - t0
+
+
+def test_changes_while_the_round_ran_count_but_not_the_rounds_own():
+    """Given what the round saw: a job that arrived, or ended, while it ran
+    starts the next round at once; a job the round itself requeued (it saw
+    it running, it is pending now) does not, nor does a job it started."""
+    running, pending = SlurmJob("1", state="RUNNING"), SlurmJob("1", state="PENDING", reason="JobHeldUser")
+    seen = ClusterSnapshot(nodes=(), partitions=(), jobs=(running, SlurmJob("2", state="RUNNING")), taken_at=0.0)
+    after = (pending, SlurmJob("2", state="RUNNING"))
+    assert _waited(Watcher(_Jobs(after), ""), seen=seen, acted={"1"}) >= 0.3
+    assert _waited(Watcher(_Jobs(after), ""), seen=seen) < 0.3  # not its own: Slurm requeued it
+    arrived = (*after, SlurmJob("3", state="PENDING"))
+    assert _waited(Watcher(_Jobs(arrived), ""), seen=seen, acted={"1"}) < 0.3
+    ended = (pending, SlurmJob("2", state="COMPLETED"))
+    assert _waited(Watcher(_Jobs(ended), ""), seen=seen, acted={"1"}) < 0.3
+    started = ClusterSnapshot(nodes=(), partitions=(), jobs=(SlurmJob("4", state="PENDING"),), taken_at=0.0)
+    assert _waited(Watcher(_Jobs((SlurmJob("4", state="RUNNING"),)), ""), seen=started, acted={"4"}) >= 0.3

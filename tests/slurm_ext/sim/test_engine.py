@@ -84,6 +84,40 @@ def test_without_early_rounds_a_job_waits_for_the_interval():
     assert (jobs["b"].first_start, jobs["b"].end_time) == (120.0, 150.0)
 
 
+def _shrink_run(*late_arrivals: float):
+    """a alone on the node's 8 GPUs; b arrives at 100: cellsched halves a (a
+    move: checkpoint, requeue) for b; c jobs arrive at `late_arrivals`."""
+    table = Table({("a100", g): 8.0 / g for g in (1, 2, 4, 8)})
+    trace = [
+        TraceJob("a", 0.0, "bert__760M", 64, 4000, 1, "a100"),
+        TraceJob("b", 100.0, "bert__760M", 64, 400, 1, "a100"),
+    ]
+    trace += [TraceJob(f"c{i}", t, "bert__760M", 64, 100, 1, "a100") for i, t in enumerate(late_arrivals)]
+    opts = SimOptions(interval_s=1e6, elastic=True, min_gpus=1, max_gpus=8, restart_per_gpu_s=0.0, restart_max_s=0.0)
+    result = Simulator(trace, ONE_NODE, "cellsched", speed=table.speed, estimator=table, options=opts).run()
+    return result, {j.job_id: j for j in result.jobs}
+
+
+def test_a_rounds_own_moves_bring_no_early_round():
+    """As the daemon's watcher counts (slurm_ext.controller.watcher): the
+    round at 100 checkpoints and requeues a itself; that is no change to
+    look at again. b starts at 105 (a's 5-s checkpoint) on 4 GPUs, 400
+    iterations at 2 s: it ends at 905, and that round grows a back."""
+    result, jobs = _shrink_run()
+    assert jobs["a"].cells == ("a100:1x8", "a100:1x4", "a100:1x8") and jobs["a"].restarts == 2
+    assert (jobs["b"].first_start, jobs["b"].end_time) == (105.0, 905.0)
+    assert [r.time for r in result.rounds] == [0.0, 100.0, 905.0, jobs["a"].end_time]
+
+
+def test_an_arrival_while_a_round_waits_brings_a_round_after_it():
+    """c arrives at 102, while the round of 100 waits for a's checkpoint: a
+    round looks at it as soon as that round is over (at 105); no GPU is free
+    for c until b ends."""
+    result, jobs = _shrink_run(102.0)
+    assert [r.time for r in result.rounds][:4] == [0.0, 100.0, 105.0, 905.0]
+    assert jobs["c0"].first_start == 905.0
+
+
 def test_the_restart_cost_delays_progress():
     # min(10 s x 4 GPUs, 25 s) = 25 s before the first iteration
     result, jobs = run([job("a", 0.0, 50, 4)], restart_per_gpu_s=10.0, restart_max_s=25.0)
