@@ -62,11 +62,8 @@ class Watcher:
             return False  # the round will see (and log) it
         before, self.known = self.known, jobs
         if seen is not None:
-            before = _states(seen.jobs)
-            before.update((j, jobs[j]) for j in acted if j in jobs)
-            for j in acted:
-                if j not in jobs:
-                    before.pop(j, None)
+            before = {j: s for j, s in _states(seen.jobs).items() if j not in acted}
+            before.update((j, jobs[j]) for j in acted if j in jobs)  # what it did to them is no change
         if before is None:
             return False
         new = set(jobs) - set(before)
@@ -89,8 +86,7 @@ class Watcher:
         on), `acted` the jobs it acted on."""
         deadline = since + interval
         next_watch = time.monotonic() + watch
-        trigger = "jobs" if self._jobs_changed(seen, acted) else ""  # what happened while the round ran
-        if trigger:
+        if self._jobs_changed(seen, acted):  # it happened while the round ran
             log.info("early round", extra={"fields": {"trigger": "jobs while the round ran"}})
             wait_unless_stopped(stop, since + min_gap - time.monotonic())
             return
