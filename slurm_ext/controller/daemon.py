@@ -94,7 +94,7 @@ def _rounds(
             cc.min_gap_s,
             since=time.monotonic() - report.total_s,
             seen=controller.observed,
-            acted={a["job"] for a in report.actions if "job" in a},
+            acted=report.acted_on,
         )
     return report
 

@@ -30,6 +30,11 @@ class RoundReport:
     error: str = ""
     dry_run: bool = False
 
+    @property
+    def acted_on(self) -> frozenset[str]:
+        """The jobs its actions were on (what the round itself changed in Slurm)."""
+        return frozenset(a["job"] for a in self.actions if "job" in a)
+
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["jobs"] = [dataclasses.asdict(j) for j in self.jobs]

@@ -86,15 +86,11 @@ class Watcher:
         on), `acted` the jobs it acted on."""
         deadline = since + interval
         next_watch = time.monotonic() + watch
-        if self._jobs_changed(seen, acted):  # it happened while the round ran
-            log.info("early round", extra={"fields": {"trigger": "jobs while the round ran"}})
-            wait_unless_stopped(stop, since + min_gap - time.monotonic())
-            return
-        while not stop.is_set():
+        trigger = "jobs while the round ran" if self._jobs_changed(seen, acted) else ""
+        while not trigger and not stop.is_set():
             now = time.monotonic()
             if now >= deadline:
                 return
-            trigger = ""
             mtime = self._kick_mtime()
             if mtime != self.kick_mtime:
                 self.kick_mtime = mtime
@@ -102,11 +98,11 @@ class Watcher:
             if not trigger and now >= next_watch:
                 next_watch = now + watch
                 trigger = "jobs" if self._jobs_changed() else ""
-            if trigger:
-                log.info("early round", extra={"fields": {"trigger": trigger}})
-                wait_unless_stopped(stop, since + min_gap - time.monotonic())
-                return
-            wait_unless_stopped(stop, min(0.5, max(0.0, deadline - now), max(0.05, next_watch - now)))
+            if not trigger:
+                wait_unless_stopped(stop, min(0.5, max(0.0, deadline - now), max(0.05, next_watch - now)))
+        if trigger:
+            log.info("early round", extra={"fields": {"trigger": trigger}})
+            wait_unless_stopped(stop, since + min_gap - time.monotonic())
 
 
 def _states(jobs: Iterable[SlurmJob]) -> dict[str, tuple[bool, bool]]:

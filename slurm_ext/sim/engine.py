@@ -402,7 +402,7 @@ def _news(report: RoundReport, events: list[tuple[str, str]]) -> bool:
     """Did something happen while the round of `report` ran (`events`: (kind,
     job id or node)) that it did not do itself (as the daemon's watcher
     counts, slurm_ext.controller.watcher)?"""
-    acted = {a.get("job") for a in report.actions}
+    acted = report.acted_on
     return any(kind == "node" or who not in acted for kind, who in events)
 
 
@@ -565,7 +565,7 @@ class Simulator:
         assert self.conditions is not None
         return self.conditions.speed_factor(self.trace_ids.get(job_id, job_id), gpu_type)
 
-    def _on_event(self, kind: str, who: str = "") -> None:
+    def _on_event(self, kind: str, who: str) -> None:
         """Something happened to job or node `who` (see _Changes): a sample is due, and a round
         when a job arrived, ended or was requeued, or a node changed (while a round ran: after
         it, see `_news`); a start or a requeue may make a round due later (`_wake_at`)."""
