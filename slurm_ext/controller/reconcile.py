@@ -309,7 +309,7 @@ def checked(
     rejected: dict[str, str] = {}
     for job_id, p in sorted(placements.items(), key=lambda kv: (kv[0] not in first, kv[0])):
         try:
-            validate_plan(view, {**ok, job_id: p}, new, site, now, every)
+            validate_plan(view, {job_id: p}, new, site, now, every, admitted=ok)
             ok[job_id] = p
         except PlacementError as exc:
             rejected[job_id] = f"plan rejected: {exc}"

@@ -49,6 +49,7 @@ def validate_plan(
     site: SitePolicy | None = None,
     now: float = 0.0,
     site_jobs: Mapping[str, JobRequest] | None = None,
+    admitted: Mapping[str, Placement] | None = None,
 ) -> None:
     """Raise PlacementError unless every placement is on existing nodes of its cell's
     GPU type, matches its cell's layout (num_nodes distinct nodes with
@@ -62,10 +63,16 @@ def validate_plan(
     (siterules.site_problems: GPU limits, partition access, reservations
     active at `now`) for the jobs in `site_jobs` (default: `jobs`; the
     controller checks the runtimes of the jobs that move or start only, and
-    the rules over every job, as the running ones hold GPUs under the limits too)."""
+    the rules over every job, as the running ones hold GPUs under the limits too).
+    The `admitted` placements passed this check before (placements admitted
+    one at a time): only their GPUs on each node and their share of the
+    site's rules count, each checked once however many are admitted."""
     by_name = {n.name: n for n in cluster.nodes}
     order = {n.name: i for i, n in enumerate(cluster.nodes)}
     used: dict[str, int] = {}
+    for p in (admitted or {}).values():
+        for name, g in p.nodes:
+            used[name] = used.get(name, 0) + g
     for job_id, p in placements.items():
         if p.job_id != job_id:
             raise PlacementError(f"placement under key {job_id} is for job {p.job_id}")
@@ -112,6 +119,6 @@ def validate_plan(
     if site is not None and not site.empty and ruled is not None:
         from solver.placement.siterules import site_problems  # siterules stands on this package
 
-        problems = site_problems(site, cluster, list(ruled.values()), placements, now)
+        problems = site_problems(site, cluster, list(ruled.values()), {**(admitted or {}), **placements}, now)
         if problems:
             raise PlacementError("; ".join(problems))

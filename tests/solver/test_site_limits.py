@@ -188,3 +188,42 @@ def test_no_policy_plans_over_a_limit(name, exact_config):
     assert site_problems(site, EIGHT, jobs, rep.placements) == []
     assert 0 < gpus_of(rep.placements, jobs, "acctA") <= 4
     assert all(j.job_id in rep.placements or rep.reasons.get(j.job_id) for j in jobs)
+
+
+def test_placements_admitted_one_at_a_time_are_those_of_the_definition():
+    """reconcile.checked, where the plan as a whole breaks a rule, admits
+    placements one at a time, each checked once against what was admitted
+    before it (validate_plan's `admitted`). Oracle: the definition, each
+    placement validated together with every one admitted before it, on 200
+    random plans over EIGHT with an account limit, the jobs in `first` first."""
+    import random
+
+    from slurm_ext.controller.reconcile import checked
+    from solver.types import ParallelPlan, Placement
+
+    site = SitePolicy(limits=(acct_limit(6),))
+    for seed in range(200):
+        rng = random.Random(seed)
+        placements, jobs = {}, {}
+        for i in range(rng.randint(2, 6)):
+            jid = f"j{i}"
+            g = rng.choice([1, 2, 4])
+            nodes = tuple((f"n{k}", g) for k in rng.sample(range(2), rng.choice([1, 2]) if g < 4 else 1))
+            cell = Cell("a100", len(nodes), g)
+            placements[jid] = Placement(jid, cell, nodes, ParallelPlan(1, cell.num_gpus, 1), 1.0)
+            jobs[jid] = job(jid, account=rng.choice(["acctA", "acctB"]))
+        first = {j for j in placements if rng.random() < 0.3}
+        ok: dict = {}
+        rejected = {}
+        try:
+            validate_plan(EIGHT, placements, jobs, site)
+            ok = dict(placements)
+        except PlacementError:
+            for jid, p in sorted(placements.items(), key=lambda kv: (kv[0] not in first, kv[0])):
+                try:
+                    validate_plan(EIGHT, {**ok, jid: p}, jobs, site)
+                    ok[jid] = p
+                except PlacementError as exc:
+                    rejected[jid] = f"plan rejected: {exc}"
+        assert checked(EIGHT, placements, first, jobs, site) == (ok, rejected), seed
+
