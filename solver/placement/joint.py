@@ -57,13 +57,41 @@ def assign_nodes(
     Repair: a job whose chosen cell cannot be put on concrete nodes (the
     aggregated model does not see that one job's shares need distinct nodes)
     takes its best other option that still fits (within the site's GPU
-    limits: `rules`), else stays unplaced.
+    limits: `rules`), else stays unplaced. A running job that may stay where
+    it runs is never left unplaced: the controller would keep it there
+    anyway, under the jobs given its nodes. Should that happen, the pass is
+    made again with it on its pinned option (placed first, so on its own
+    nodes), until no such job is left out.
     Returns the placed choices, the repaired jobs and the unplaced ones."""
-    ledger = space.ledger()
     by_id = {j.job_id: j for j in jobs}
+    stay: dict[str, int] = {}
+    while True:
+        chosen, repaired, unplaced = _nodes_for(space, by_id, options, {**solved.choice, **stay}, solved, rules)
+        left = {j: k for j in unplaced if by_id[j].current is not None and (k := _pinned(options[j])) is not None}
+        if not left.keys() - stay.keys():
+            return chosen, [*repaired, *stay], unplaced
+        stay.update(left)
+
+
+def _pinned(options: Sequence[Option]) -> int | None:
+    """The index of the most valuable pinned (stay where it runs) option."""
+    pinned = [k for k, o in enumerate(options) if o.pinned is not None]
+    return max(pinned, key=lambda k: options[k].value) if pinned else None
+
+
+def _nodes_for(
+    space: Space,
+    by_id: Mapping[str, JobRequest],
+    options: Mapping[str, Sequence[Option]],
+    choice: Mapping[str, int],
+    solved: Solved,
+    rules: SiteRules | None,
+) -> tuple[Chosen, list[str], list[str]]:
+    """One pass of assign_nodes with the options of `choice`."""
+    ledger = space.ledger()
     chosen: Chosen = {}
     failed: list[str] = []
-    picks = [(jid, options[jid][k]) for jid, k in solved.choice.items()]
+    picks = [(jid, options[jid][k]) for jid, k in choice.items()]
     picks.sort(key=lambda p: (p[1].pinned is None, -p[1].cell.gpus_per_node, -p[1].cell.num_nodes, -p[1].value))
     for jid, o in picks:
         job, cell = by_id[jid], o.cell

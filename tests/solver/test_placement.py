@@ -465,6 +465,36 @@ def test_column_generation_only_where_columns_far_outnumber_rows(exact_config, m
     assert whole.upper is None and whole.objective == lp_module._solve_whole(m, 10.0).objective
 
 
+def test_a_running_job_the_node_pass_cannot_move_stays_where_it_runs():
+    """r runs on n1 and n2 (2 GPUs each) and may stay; the solver moved it to
+    a whole 4-GPU node, and p and q (worth more) each to a whole node too:
+    three whole nodes on two. Largest value first, p and q take n1 and n2,
+    and r's own nodes are gone. r is not left unplaced (the controller would
+    keep it on n1 and n2, under p and q): it stays, and p and q, which fit
+    nowhere else, wait. Oracle: validate_plan, and r's nodes."""
+    from solver.placement.cpsat import Solved
+    from solver.placement.joint import assign_nodes
+    from solver.types import SolverStatus
+
+    cluster = ClusterView((NodeView("n1", "a40", 4, 4), NodeView("n2", "a40", 4, 4)))
+    space = Space.of(cluster)
+    (c,) = space.classes
+    here = Cell("a40", 2, 2)
+    now = Placement("r", here, (("n1", 2), ("n2", 2)), ParallelPlan(1, 4, 1), 1.0)
+    whole = Cell("a40", 1, 4)
+    jobs = [job("r", current=now), job("p"), job("q")]
+    options = {
+        "r": [opt("r", here, 10, pinned=now.nodes), opt("r", whole, 20)],
+        "p": [opt("p", whole, 40)],
+        "q": [opt("q", whole, 30)],
+    }
+    solved = Solved(SolverStatus.OPTIMAL, choice={"r": 1, "p": 0, "q": 0}, counts={j: {c: 1} for j in "rpq"})
+    chosen, repaired, unplaced = assign_nodes(space, jobs, options, solved)
+    assert chosen["r"][1] == now.nodes and "r" in repaired
+    assert sorted(unplaced) == ["p", "q"] and set(chosen) == {"r"}
+    validate_plan(cluster, {j: o.placement(nodes, part) for j, (o, nodes, part) in chosen.items()})
+
+
 def test_an_open_job_that_must_stay_keeps_its_room(exact_config):
     # r and p run on a and b (one whole node each) and must stay placed; the LP
     # leaves r half on a, half elsewhere and q (integral) on a whole node. With
