@@ -14,7 +14,9 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from itertools import chain
 
 import numpy as np
 from ortools.linear_solver import linear_solver_pb2, pywraplp
@@ -227,14 +229,21 @@ class _Pricing:
         return tuple(self.x.tolist())
 
 
+#: GLOP's settings: the dual simplex (3-4x faster than the primal one on
+#: 4,000 jobs x 24 options), from the all-slack basis. GLOP's default
+#: triangular crash basis took 21 of the 29 ms of a month round's LP (58
+#: jobs, 3,000 columns, 700 rows) and saved nothing on the 4x run's busy
+#: rounds (25,000 columns).
+GLOP_PARAMETERS = "use_dual_simplex: true initial_basis: NONE"
+
+
 def _glop(model: linear_solver_pb2.MPModelProto, time_limit_s: float) -> linear_solver_pb2.MPSolutionResponse:
-    """GLOP's answer for `model`, by its dual simplex (3-4x faster than the
-    primal one on 4,000 jobs x 24 options)."""
+    """GLOP's answer for `model` (GLOP_PARAMETERS)."""
     request = linear_solver_pb2.MPModelRequest(
         model=model,
         solver_type=linear_solver_pb2.MPModelRequest.GLOP_LINEAR_PROGRAMMING,
         solver_time_limit_seconds=max(time_limit_s, 0.0),
-        solver_specific_parameters="use_dual_simplex: true",
+        solver_specific_parameters=GLOP_PARAMETERS,
     )
     res = linear_solver_pb2.MPSolutionResponse()
     pywraplp.Solver.SolveWithProto(request, res)
@@ -261,24 +270,19 @@ def _rank_in_group(groups: np.ndarray) -> np.ndarray:
 
 
 def _solve_whole(m: Model, time_limit_s: float) -> Relaxation:
-    """The LP relaxation of all of `m` at once: the model's rows, then an
-    "at most one" row per job of several options that need not stay, written
-    straight into an MPModelProto from the model's arrays (the same LP as
-    through pywraplp's per-coefficient calls, faster to build)."""
+    """The LP relaxation of all of `m` at once (`_WholeLP`), written straight
+    into an MPModelProto from the model's arrays (the same LP as through
+    pywraplp's per-coefficient calls, faster to build)."""
     t0 = time.perf_counter()
-    mat = m.matrix()
+    lp = _WholeLP(m)
     model = linear_solver_pb2.MPModelProto(maximize=True)
-    for hi, a in zip(m.ub, m.obj, strict=True):
-        model.variable.add(lower_bound=0.0, upper_bound=float(hi), objective_coefficient=float(a))
-    cols, coefs, starts = mat.col.tolist(), mat.coef.tolist(), mat.start.tolist()
-    for r, (lo, hi) in enumerate(zip(mat.lo.tolist(), mat.hi.tolist(), strict=True)):
+    for hi, a in zip(lp.ub.tolist(), lp.obj.tolist(), strict=True):
+        model.variable.add(lower_bound=0.0, upper_bound=hi, objective_coefficient=a)
+    cols, coefs = lp.col.tolist(), lp.coef.tolist()
+    starts = np.searchsorted(lp.row, np.arange(len(lp.lo) + 1)).tolist()
+    for r, (lo, hi) in enumerate(zip(lp.lo.tolist(), lp.hi.tolist(), strict=True)):
         a, b = starts[r], starts[r + 1]
         model.constraint.add(lower_bound=lo, upper_bound=hi, var_index=cols[a:b], coefficient=coefs[a:b])
-    stays = set(m.stays)
-    inf = float("inf")
-    for ji, xs in enumerate(m.choices):
-        if len(xs) > 1 and ji not in stays:
-            model.constraint.add(lower_bound=-inf, upper_bound=1.0, var_index=xs, coefficient=[1.0] * len(xs))
     t1 = time.perf_counter()
     res = _glop(model, time_limit_s)
     t2 = time.perf_counter()
@@ -288,7 +292,83 @@ def _solve_whole(m: Model, time_limit_s: float) -> Relaxation:
             linear_solver_pb2.MPSOLVER_UNBOUNDED: SolverStatus.UNBOUNDED,
         }
         return Relaxation(status.get(res.status, SolverStatus.NOT_SOLVED), build_s=t1 - t0, solve_s=t2 - t1)
-    return Relaxation(SolverStatus.OPTIMAL, tuple(res.variable_value), res.objective_value, t1 - t0, t2 - t1)
+    values = lp.values(res.variable_value)
+    return Relaxation(SolverStatus.OPTIMAL, values, res.objective_value, t1 - t0, t2 - t1)
+
+
+class _WholeLP:
+    """The LP relaxation of `m`: its rows, and an "at most one" row per job of
+    several options that need not stay, with every option's x that a link
+    row defines (sum of its share columns = n_nodes * x; model.py) written
+    as its shares, x = sum z / n_nodes, in the objective and every other row,
+    and that link row left out. It is the same polytope, so the same
+    optimum and vertices: x is a linear function of its shares, and x <= 1
+    follows from its job's "at most one" or "stays" row (a job of one
+    option and no such row keeps its x). On the 4x run's busy rounds the
+    link rows were 5,000 of 5,600 rows. Columns are the model's less the
+    substituted x (`keep`); `values` gives x back from its shares."""
+
+    def __init__(self, m: Model) -> None:
+        mat = m.matrix()
+        n = len(m.ub)
+        stays = set(m.stays)
+        multi = [xs for ji, xs in enumerate(m.choices) if len(xs) > 1 and ji not in stays]
+        bounded = np.zeros(len(m.jobs), bool)  # x <= 1 follows from a row of its job
+        bounded[[ji for ji, xs in enumerate(m.choices) if len(xs) > 1 or ji in stays]] = True
+        sizes = np.fromiter(map(len, multi), np.int64, len(multi))
+        row = np.concatenate([mat.row, len(mat.hi) + np.repeat(np.arange(len(multi)), sizes)])
+        col = np.concatenate([mat.col, np.fromiter(chain.from_iterable(multi), np.int64, int(sizes.sum()))])
+        coef = np.concatenate([mat.coef, np.ones(int(sizes.sum()))])
+        lo = np.concatenate([mat.lo, np.full(len(multi), -np.inf)])
+        hi = np.concatenate([mat.hi, np.ones(len(multi))])
+        owner = np.asarray(m.owner, np.int64)
+        define = np.full(n, -1, np.int64)  # x -> the link row that defines it
+        share = np.ones(n)  # x -> its n_nodes
+        for r, x, k in m.links:
+            if define[x] < 0 and bounded[owner[x]]:
+                define[x], share[x] = r, k
+        drop = np.zeros(len(hi), bool)
+        drop[define[define >= 0]] = True
+        self.subst = np.flatnonzero(define >= 0)
+        # the substitution: x -> (z, 1 / n_nodes) over its defining row's other columns
+        d = np.zeros(len(hi), np.int64)
+        d[define[self.subst]] = self.subst
+        zent = drop[row] & (coef > 0)
+        self.tx, self.tz = d[row[zent]], col[zent]
+        self.tw = 1.0 / share[self.tx]
+        order = np.argsort(self.tx, kind="stable")
+        self.tx, self.tz, self.tw = self.tx[order], self.tz[order], self.tw[order]
+        self.keep = np.flatnonzero(define < 0)
+        new = np.full(n, -1, np.int64)
+        new[self.keep] = np.arange(len(self.keep))
+        obj = np.asarray(m.obj, np.float64)
+        self.obj = obj[self.keep].copy()
+        np.add.at(self.obj, new[self.tz], obj[self.tx] * self.tw)
+        self.ub = np.asarray(m.ub, np.float64)[self.keep]
+        live = ~drop[row]
+        row, col, coef = row[live], col[live], coef[live]
+        sub = define[col] >= 0
+        first = np.searchsorted(self.tx, col[sub])
+        count = np.searchsorted(self.tx, col[sub], side="right") - first
+        at = np.repeat(first - np.cumsum(count) + count, count) + np.arange(int(count.sum()))
+        row = np.concatenate([row[~sub], np.repeat(row[sub], count)])
+        col = np.concatenate([new[col[~sub]], new[self.tz[at]]])
+        coef = np.concatenate([coef[~sub], np.repeat(coef[sub], count) * self.tw[at]])
+        rows_kept = np.flatnonzero(~drop)
+        renum = np.full(len(hi), -1, np.int64)
+        renum[rows_kept] = np.arange(len(rows_kept))
+        width = max(len(self.keep), 1)
+        uniq, inv = np.unique(renum[row] * width + col, return_inverse=True)  # duplicates summed
+        self.row, self.col, self.coef = uniq // width, uniq % width, np.bincount(inv, weights=coef)
+        self.lo, self.hi = lo[rows_kept], hi[rows_kept]
+        self.n = n
+
+    def values(self, solved: Sequence[float]) -> tuple[float, ...]:
+        """The model's column values from the LP's."""
+        v = np.zeros(self.n)
+        v[self.keep] = np.asarray(solved, np.float64)
+        v[self.subst] = np.bincount(self.tx, weights=v[self.tz] * self.tw, minlength=self.n)[self.subst]
+        return tuple(v.tolist())
 
 
 def integral_jobs(m: Model, values: tuple[float, ...]) -> dict[int, int]:

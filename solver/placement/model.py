@@ -130,6 +130,8 @@ class Model:
     pinned: list[int] = field(default_factory=list)
     #: jobs (indices) that must keep some option -> their row (sum x = 1) in `rows`
     stays: dict[int, int] = field(default_factory=dict)
+    #: link rows (sum of an option's share columns = n_nodes * x): (row, x column, n_nodes)
+    links: list[tuple[int, int, int]] = field(default_factory=list)
     _matrix: Matrix | None = field(default=None, repr=False)
 
     def matrix(self) -> Matrix:
@@ -222,6 +224,7 @@ def build(
                         for c, col in zip(classes, cols, strict=True):
                             shares[c] = (col, 1)
                             class_terms[c].append((g, col, 1))
+                        m.links.append((len(rows), v, n_nodes))
                         rows.append(Row([*cols, v], [1] * len(cols) + [-n_nodes], 0, 0))
                     if layout.lone:
                         m.lone.append(v)
@@ -234,6 +237,7 @@ def build(
                                 node_terms[name][y[0]] = g
                         link = {c: 1 for c, _ in part.values()}
                         link[v] = -n_nodes
+                        m.links.append((len(rows), v, n_nodes))
                         rows.append(Row(list(link), list(link.values()), 0, 0))
                         shares.update(part)
                 if priced and o.multi_node:

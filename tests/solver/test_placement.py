@@ -419,17 +419,30 @@ def test_lp_by_column_generation_bounds_the_whole_lp(exact_config):
 
 
 def test_whole_lp_is_the_model_written_out_coefficient_by_coefficient(exact_config):
-    """The whole LP (written into a proto from the model's arrays) against the
-    same relaxation written here through pywraplp's per-coefficient calls:
-    the model's rows, one "at most one" row per job of several options that
-    need not stay, and the columns' bounds and values."""
+    """The whole LP (written into a proto from the model's arrays, each x a
+    link row defines written as its shares) against the same relaxation
+    written here through pywraplp's per-coefficient calls: the model's rows,
+    one "at most one" row per job of several options that need not stay,
+    and the columns' bounds and values. The values it gives back hold in
+    every row of the model, the link rows included."""
     from ortools.linear_solver import pywraplp
 
     from solver.placement.lp import _solve_whole
 
-    for seed, n in ((7, 120), (3, 40)):
+    for seed, n, exact, lone in (
+        (7, 120, False, False),
+        (3, 40, False, False),
+        (5, 30, True, False),
+        (3, 40, False, True),
+    ):
         cluster, jobs, options = large_instance(seed, n)
-        m = build(Space.of(cluster), jobs, options, exact=False)
+        m = build(Space.of(cluster), jobs, options, exact=exact)
+        if lone:  # one option with a link row per job, no "at most one" row: x keeps its own bound
+            linked_x = {x for _, x, _ in m.links}
+            linked = {j: k for (j, k), x in m.x.items() if x in linked_x}
+            options = {j: [options[j][k]] for j, k in linked.items()}
+            m = build(Space.of(cluster), jobs, options, exact=exact)
+        assert len(m.links) >= (20 if lone else n)  # options over several classes (nodes): a link row each
         oracle = pywraplp.Solver.CreateSolver("GLOP")
         xs = [oracle.NumVar(0.0, float(ub), "") for ub in m.ub]
         for r in m.rows:
@@ -450,6 +463,10 @@ def test_whole_lp_is_the_model_written_out_coefficient_by_coefficient(exact_conf
         assert whole.status == "OPTIMAL" and len(whole.values) == len(m.ub)
         assert whole.objective == pytest.approx(goal.Value(), rel=1e-9)
         assert whole.objective == pytest.approx(sum(a * v for a, v in zip(m.obj, whole.values, strict=True)), rel=1e-9)
+        for r in m.rows:
+            load = sum(a * whole.values[c] for c, a in zip(r.cols, r.coefs, strict=True))
+            assert load <= r.hi + 1e-6 and (r.lo is None or load >= r.lo - 1e-6)
+        assert all(-1e-9 <= v <= ub + 1e-9 for v, ub in zip(whole.values, m.ub, strict=True))
 
 
 def test_column_generation_only_where_columns_far_outnumber_rows(exact_config, monkeypatch):
