@@ -226,4 +226,3 @@ def test_placements_admitted_one_at_a_time_are_those_of_the_definition():
                 except PlacementError as exc:
                     rejected[jid] = f"plan rejected: {exc}"
         assert checked(EIGHT, placements, first, jobs, site) == (ok, rejected), seed
-
