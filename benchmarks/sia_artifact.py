@@ -38,6 +38,9 @@ the artifact's utils/print_run_stats.py reports it), makespan_h (last
 completion minus first submission), gpu_hours_per_job (GPU time held,
 restart stalls included: the simulator's attained service),
 restarts_per_job, wall_s; and, for cellsched, the policy's own seconds.
+Beside each run's log (``--logs``) it writes the run's jobs (``.jobs.csv``)
+and its allocations round by round (``.rounds.jsonl``): two runs compared
+model by model with benchmarks/sia_compare.py.
 
     python benchmarks/sia_artifact.py --artifact DIR --venv /work/sia-venv \\
         --workload DIR/sia-simulator/workloads/saturn/workload-1.csv --policy sia --policy gavel
@@ -169,6 +172,19 @@ def write_jobs(jobs: Sequence[Any], path: Path) -> None:
             )
 
 
+def write_rounds(logs: Sequence[Any], gpus: dict[str, int], path: Path) -> None:
+    """Each round's allocations, beside the run's log: a first line with the
+    GPUs of each type ({"gpus": {type: n}}), then one line per round,
+    {"t": s, "jobs": [[job, GPU type, GPUs], ...]} for each unfinished job
+    (0 GPUs: waiting); benchmarks/sia_compare.py reads two runs' files."""
+    with open(path, "w") as f:
+        f.write(json.dumps({"gpus": gpus}) + "\n")
+        for rec in logs:
+            live = [j for j in rec["submitted_jobs"] if j["completion_time"] is None]
+            jobs = [[j["name"], j["cluster"], int(sum(j["placement"]))] for j in live]
+            f.write(json.dumps({"t": float(rec["timestamp"]), "jobs": jobs}) + "\n")
+
+
 def occupancy(logs: Sequence[Any]) -> dict[str, float]:
     """Per round, from the simulator's round logs: GPUs held by unfinished
     jobs and jobs waiting with none (means over the rounds)."""
@@ -276,6 +292,10 @@ def run_one(sim: Path, workload_file: Path, policy: str, opts: dict[str, Any]) -
     out["rounds"] = len(cluster.logs)
     out.update(occupancy(cluster.logs))
     write_jobs(cluster.jobs, Path(opts["log"]).with_suffix(".jobs.csv"))
+    import simulator_config as cfg  # the artifact's: the cluster's GPUs of each type
+
+    gpus = {k: int(n) * int(cfg.cluster_ngpus_per_node[k]) for k, n in cfg.cluster_nnodes.items()}
+    write_rounds(cluster.logs, gpus, Path(opts["log"]).with_suffix(".rounds.jsonl"))
     if policy in BRIDGED:
         out.update(cluster.policy.stats)  # the bridge's own timings
     return out
