@@ -636,6 +636,14 @@ class SolverConfig:
         "resize) is younger than this many seconds keeps its placement (no move, no resize, never a "
         "victim of preemption); 0: off (solver.placement.candidates.split_fixed).",
     )
+    replan_interval_s: float = knob(
+        0.0,
+        "Partial rounds: a round re-plans every running job at least this many seconds after the last round that "
+        "did; a round in between places the pending jobs and re-plans only the running jobs on nodes with idle GPUs, "
+        "and every other running job keeps its placement (0: every round re-plans every job). A round then costs "
+        "a fraction of a whole one on a busy cluster, and a grow, shrink or move may wait up to this long "
+        "(docs/scheduling.md, partial rounds).",
+    )
     preemption: str = knob(
         "off",
         'Preemption to zero GPUs: "off", or "priority": a pending job of higher preemption rank (its '
@@ -662,7 +670,7 @@ class SolverConfig:
             raise ValueError(f"max_mixed_types must be >= 2, got {self.max_mixed_types}")
         if self.preemption not in PREEMPTION_MODES:
             raise ValueError(f"preemption must be one of {', '.join(PREEMPTION_MODES)}, got {self.preemption!r}")
-        for name in ("min_run_s", "preemption_backoff_s"):
+        for name in ("min_run_s", "preemption_backoff_s", "replan_interval_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a number >= 0, got {v!r}")
@@ -685,6 +693,9 @@ class ScheduleRequest:
     now: float = 0.0
     #: the site's accounts, limits, shares and reservations (solver.site)
     site: SitePolicy = field(default_factory=SitePolicy)
+    #: re-plan every running job; False: a partial round (SolverConfig.replan_interval_s): the running
+    #: jobs with no idle GPU on their nodes keep their placements (candidates.partial_round)
+    replan_all: bool = True
 
 
 class SolverStatus(StrEnum):

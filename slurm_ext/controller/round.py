@@ -49,8 +49,21 @@ def _make_policy(config: Config) -> Policy:
     return get_policy(config.controller.policy)
 
 
+def replans_all(last: float | None, now: float, interval_s: float) -> bool:
+    """Whether the round at `now` re-plans every running job, the last one
+    that did having begun at `last` (None: none has): always with an
+    interval of 0, else once `interval_s` has passed (a partial round
+    otherwise: SolverConfig.replan_interval_s)."""
+    return interval_s <= 0 or last is None or not 0 <= now - last < interval_s
+
+
 class Controller:
     """Runs rounds against one backend with one state DB."""
+
+    #: when the last round that re-plans every running job began (controller clock; None: none yet;
+    #: SolverConfig.replan_interval_s). A class default, so that a simulation checkpoint of a
+    #: controller that never set it reads as None.
+    replanned_at: float | None = None
 
     def __init__(
         self,
@@ -365,6 +378,11 @@ class Controller:
         if self.declared is not None:
             self.declared.observe(ctx.jobs)
             ctx.built = self.declared.applied(ctx.built)
+        if not replans_all(self.replanned_at, ctx.now, cfg.solver.replan_interval_s):
+            request = dataclasses.replace(ctx.built.request, replan_all=False)
+            ctx.built = dataclasses.replace(ctx.built, request=request)
+        else:
+            self.replanned_at = ctx.now
 
     def _solve(self, ctx: RoundContext) -> None:
         t1 = time.perf_counter()

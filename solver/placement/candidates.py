@@ -95,6 +95,38 @@ def governed(job: JobRequest, now: float, min_run_s: float) -> bool:
     return min_run_s > 0 and job.running_since is not None and now - job.running_since < min_run_s
 
 
+def partial_round(
+    cluster: ClusterView, fixed: Mapping[str, Placement], jobs: Sequence[JobRequest]
+) -> tuple[dict[str, Placement], list[JobRequest], list[str]]:
+    """A partial round's split (ScheduleRequest.replan_all false): of `jobs`
+    (`split_fixed`'s jobs to optimise, beside its `fixed`), each running job
+    whose nodes have no idle GPU keeps its placement too, while it fits.
+    Idle GPUs are those no job holds now, fixed or running. Returns
+    (fixed, the jobs left to place, the ids of those kept)."""
+    held = dict(fixed)
+    idle = {n.name: n.gpus_free for n in cluster.nodes}
+    for p in [*fixed.values(), *(j.current for j in jobs if j.current is not None)]:
+        for name, g in p.nodes:
+            idle[name] = idle.get(name, 0) - g
+    by_name = {n.name: n for n in cluster.nodes}
+    used: dict[str, int] = {}
+    for p in fixed.values():
+        for name, g in p.nodes:
+            used[name] = used.get(name, 0) + g
+    rest: list[JobRequest] = []
+    kept: list[str] = []
+    for job in jobs:
+        cur = job.current
+        if cur is None or any(idle.get(name, 0) > 0 for name, _ in cur.nodes) or not fits(by_name, cur, used):
+            rest.append(job)
+            continue
+        held[job.job_id] = cur
+        kept.append(job.job_id)
+        for name, g in cur.nodes:
+            used[name] = used.get(name, 0) + g
+    return held, rest, kept
+
+
 def split_static(
     cluster: ClusterView, jobs: Sequence[JobRequest]
 ) -> tuple[dict[str, Placement], list[JobRequest], dict[str, str]]:

@@ -4,9 +4,10 @@ solver.site's forms ("stays in <cell>: <why>", "governor: ...").
 
 A job the round kept fixed says what fixed it: not elastic now (its spec,
 a checkpoint under way, or a run that has not reported its first step), a
-policy or a config that moves no running job, or the restart governor
-(SolverConfig.min_run_s). A job the joint model could have moved compares
-its best other cell with its own, by value (objective.utility: throughput
+policy or a config that moves no running job, the restart governor
+(SolverConfig.min_run_s), or a partial round (SolverConfig.replan_interval_s).
+A job the joint model could have moved compares its best other cell with
+its own, by value (objective.utility: throughput
 against its smallest cell, to the power fairness_p): no cell worth more;
 one worth more but not after the restart cost (objective.restart_factor);
 one the site's rules refuse it (a time limit it would miss, a reservation);
@@ -21,6 +22,9 @@ from solver.placement import objective
 from solver.placement.candidates import governed
 from solver.site import reason_governor, reason_stays
 from solver.types import Cell, Estimate, JobRequest, Placement, SolverConfig
+
+#: why a partial round (SolverConfig.replan_interval_s) kept a running job where it is
+PARTIAL_ROUND = "a partial round: no idle GPU on its nodes; re-planned within replan_interval_s"
 
 
 def fixed_note(job: JobRequest, moves_running: bool, config: SolverConfig, now: float) -> str:
@@ -89,15 +93,19 @@ def stay_notes(
     moves_running: bool,
     config: SolverConfig,
     now: float,
+    kept: Collection[str] = (),
 ) -> dict[str, str]:
     """A note for each running job of `jobs` that keeps its placement in
-    `placements`: `fixed_note` for those in `fixed`, else `move_note`."""
+    `placements`: for those a partial round `kept` (candidates.partial_round),
+    that; `fixed_note` for the others in `fixed`, else `move_note`."""
     out: dict[str, str] = {}
     for job in jobs:
         cur, p = job.current, placements.get(job.job_id)
         if cur is None or p is None or not p.same_resources(cur):
             continue
-        if job.job_id in fixed or job.job_id not in estimates:
+        if job.job_id in kept:
+            out[job.job_id] = reason_stays(cur.cell.key(), PARTIAL_ROUND)
+        elif job.job_id in fixed or job.job_id not in estimates:
             out[job.job_id] = fixed_note(job, moves_running, config, now)
         else:
             out[job.job_id] = move_note(

@@ -66,7 +66,16 @@ from solver.cells import cap, enumerate_cells, frontier, optional_mixed_cells
 from solver.contention import duty, nic_by_type
 from solver.estimator.protocol import EstimatorLike
 from solver.placement import Space, objective, place_jobs, split_fixed
-from solver.placement.candidates import Option, Pick, fits, make_options, option_picks, resumable, staying
+from solver.placement.candidates import (
+    Option,
+    Pick,
+    fits,
+    make_options,
+    option_picks,
+    partial_round,
+    resumable,
+    staying,
+)
 from solver.placement.explain import stay_notes
 from solver.placement.joint import Result
 from solver.placement.preempt import Preempted, preempt
@@ -225,6 +234,9 @@ class CellschedPolicy:
         t0 = time.perf_counter()
         cfg, cluster = request.config, request.cluster
         fixed, jobs, reasons = split_fixed(cluster, _configured(request.jobs, cfg), self.elastic, cfg, request.now)
+        stayed: list[str] = []  # the running jobs a partial round keeps where they are
+        if not request.replan_all:
+            fixed, jobs, stayed = partial_round(cluster, fixed, jobs)
         rules = None
         if not request.site.empty:
             rules = SiteRules(request.site, cluster, request.jobs, fixed, request.now)
@@ -355,7 +367,7 @@ class CellschedPolicy:
             out = _preempted(out, preempt(request, jobs, out.placements, ests, rules, claimed))
         cells = {jid: {o.cell for o in opts} for jid, opts in allowed.items()}
         notes = stay_notes(
-            request.jobs, out.placements, fixed, ests, refs, mults, cells, self.elastic, cfg, request.now
+            request.jobs, out.placements, fixed, ests, refs, mults, cells, self.elastic, cfg, request.now, stayed
         )
         return dataclasses.replace(out, notes={**notes, **out.notes})
 

@@ -87,3 +87,55 @@ def test_the_action_kinds_keep_the_strings_the_journal_holds():
     summary = Action(ActionKind.PLACE, "7", "new").summary()
     assert json.loads(json.dumps(summary)) == {"kind": "place", "job": "7", "why": "new"}
     assert type(summary["kind"]) is str  # stored as the plain string
+
+
+class Recording:
+    """cellsched's policy, noting whether each round's request re-plans every running job."""
+
+    def __init__(self) -> None:
+        from solver.policies import get_policy
+
+        self.policy, self.name, self.replan_all = get_policy("cellsched"), "cellsched", []
+
+    def schedule(self, request: Any, estimator: Any) -> Any:
+        self.replan_all.append(request.replan_all)
+        return self.policy.schedule(request, estimator)
+
+
+def replan_rounds(tmp_path: Path, interval: float, times: list[float], back_at: int | None = None) -> list[bool]:
+    """Whether each round at `times` re-planned every running job, with
+    replan_interval_s `interval`; before the round of index `back_at`, the
+    last whole round is set after it (the clock went back)."""
+    world = SimWorld(CLUSTER, speed=lambda spec, gpu_type, nodes, gpus_per_node, plan: 1.0)
+    sim = SimBackend(world)
+    sim.submit(SubmitRequest(script="job.sh", gres_per_node=1, hold=True, comment=SPEC.to_comment()))
+    state = tmp_path / f"s{interval}-{back_at}.sqlite"
+    config = from_dict(
+        {"controller": {"state_path": str(state), "kick_file": ""}, "solver": {"replan_interval_s": interval}}
+    )
+    policy = Recording()
+    ctl = Controller(
+        config,
+        backend=sim,
+        state=StateStore(state),
+        policy=policy,
+        clock=lambda: world.now,
+        progress=EachCall(lambda m: None),
+    )
+    for i, t in enumerate(times):
+        world.advance(t)
+        if i == back_at:
+            ctl.replanned_at = t + 1.0
+        ctl.round()
+    assert ctl.replanned_at == max(t for t, whole in zip(times, policy.replan_all, strict=True) if whole)
+    return policy.replan_all
+
+
+def test_rounds_replan_every_running_job_once_replan_interval_s_has_passed(tmp_path):
+    """SolverConfig.replan_interval_s: the first round re-plans everything,
+    the rounds after it are partial until 300 s have passed; 0 (the
+    default): every round is whole; a clock gone back starts a whole one."""
+    times = [0.0, 100.0, 299.0, 300.0, 420.0, 650.0]
+    assert replan_rounds(tmp_path, 300.0, times) == [True, False, False, True, False, True]
+    assert replan_rounds(tmp_path, 0.0, times) == [True] * len(times)
+    assert replan_rounds(tmp_path, 300.0, times[:3], back_at=2) == [True, False, True]
