@@ -57,13 +57,39 @@ def replans_all(last: float | None, now: float, interval_s: float) -> bool:
     return interval_s <= 0 or last is None or not 0 <= now - last < interval_s
 
 
+def finish_round(state: StateStore, round_id: int, report: RoundReport) -> None:
+    """Record how the round ended in the state DB (a failure to is only logged)."""
+    try:
+        state.finish_round(
+            round_id,
+            status=report.status,
+            duration_s=report.total_s,
+            observe_s=report.observe_s,
+            solve_s=report.solve_s,
+            apply_s=report.apply_s,
+            objective=report.objective,
+            solver_status=report.solver_status,
+            num_jobs=report.num_jobs,
+            actions=report.actions,
+            error=report.error or None,
+        )
+    except Exception:
+        log.exception("could not record the round", extra={"fields": {"round": round_id}})
+
+
+def marked(built: inp.Inputs, last: float | None, now: float, interval_s: float) -> tuple[inp.Inputs, float | None]:
+    """The round's inputs, its request marked partial (replan_all false)
+    unless it re-plans every running job (`replans_all`); and the start of
+    the last round that did."""
+    if replans_all(last, now, interval_s):
+        return built, now
+    return dataclasses.replace(built, request=dataclasses.replace(built.request, replan_all=False)), last
+
+
 class Controller:
     """Runs rounds against one backend with one state DB."""
 
-    #: when the last round that re-plans every running job began (controller clock; None: none yet;
-    #: SolverConfig.replan_interval_s). A class default, so that a simulation checkpoint of a
-    #: controller that never set it reads as None.
-    replanned_at: float | None = None
+    replanned_at: float | None = None  #: the last whole round began then (replans_all); old checkpoints lack it
 
     def __init__(
         self,
@@ -140,31 +166,12 @@ class Controller:
             log.exception("round failed", extra={"fields": {"round": ctx.round_id}})
             report = _cut_short(ctx, RoundStatus.ERROR, f"{type(exc).__name__}: {exc}")
         if ctx.round_id is not None:
-            self._finish_round(ctx.round_id, report)
+            finish_round(self.state, ctx.round_id, report)
         if self.lease is not None and report.status == RoundStatus.OK:
             self._standing_by = False
             self.lease.note_round(started + report.total_s)
         record_round(self.metrics, report, self.clock)
         return report
-
-    def _finish_round(self, round_id: int, report: RoundReport) -> None:
-        """Record how the round ended in the state DB (a failure to is only logged)."""
-        try:
-            self.state.finish_round(
-                round_id,
-                status=report.status,
-                duration_s=report.total_s,
-                observe_s=report.observe_s,
-                solve_s=report.solve_s,
-                apply_s=report.apply_s,
-                objective=report.objective,
-                solver_status=report.solver_status,
-                num_jobs=report.num_jobs,
-                actions=report.actions,
-                error=report.error or None,
-            )
-        except Exception:
-            log.exception("could not record the round", extra={"fields": {"round": round_id}})
 
     def _round(self, ctx: RoundContext) -> RoundReport:
         """The round's phases (`_phases`) in order, then its report, metrics and log line."""
@@ -378,11 +385,7 @@ class Controller:
         if self.declared is not None:
             self.declared.observe(ctx.jobs)
             ctx.built = self.declared.applied(ctx.built)
-        if not replans_all(self.replanned_at, ctx.now, cfg.solver.replan_interval_s):
-            request = dataclasses.replace(ctx.built.request, replan_all=False)
-            ctx.built = dataclasses.replace(ctx.built, request=request)
-        else:
-            self.replanned_at = ctx.now
+        ctx.built, self.replanned_at = marked(ctx.built, self.replanned_at, ctx.now, cfg.solver.replan_interval_s)
 
     def _solve(self, ctx: RoundContext) -> None:
         t1 = time.perf_counter()
