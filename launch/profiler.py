@@ -36,7 +36,6 @@ import json
 import math
 import os
 import re
-import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -705,7 +704,7 @@ def _process_group() -> Iterator[None]:
     if dist.is_initialized():
         yield
         return
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         yield
     finally:
@@ -796,13 +795,6 @@ def profile_update(
 
 
 # ------------------------------------------------------------- communication
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _busy(seconds: float, scratch: torch.Tensor) -> None:
@@ -915,7 +907,7 @@ def _fsdp_unit_ops(nbytes: int, group: Any, device: torch.device) -> list[tuple[
 def _comm_worker(
     rank: int,
     world: int,
-    port: int,
+    rendezvous: str,
     backend: str,
     link: str,
     sizes: Sequence[int],
@@ -924,13 +916,14 @@ def _comm_worker(
     busy_s: float,
     result: str,
 ) -> None:
-    """One rank of the communication profile; rank 0 writes the records to `result`."""
+    """One rank of the communication profile; rank 0 writes the records to
+    `result`. The ranks meet in the file `rendezvous` (no port to pick)."""
     torch.set_num_threads(1)
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(
-        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
+        backend, init_method=f"file://{rendezvous}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
     )
     counts = sorted({n for n in (2, 4, 8, 16, world) if n <= world})
     groups = {n: dist.new_group(list(range(n))) for n in counts}  # every rank must create every group
@@ -1015,7 +1008,7 @@ def profile_comm(
         result = os.path.join(tmp, "comm.json")
         start_processes(  # type: ignore[no-untyped-call]  # torch: unannotated
             _comm_worker,
-            args=(world, _free_port(), backend, link, tuple(sizes), warmup, repeat, busy_s, result),
+            args=(world, os.path.join(tmp, "rendezvous"), backend, link, tuple(sizes), warmup, repeat, busy_s, result),
             nprocs=world,
             join=True,
             start_method="spawn",

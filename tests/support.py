@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import itertools
 import math
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -40,6 +42,30 @@ TEST_CLUSTER_ENV = {
     "CTLD_PORT": str(int(os.environ.get("CELLSCHED_TEST_CTLD_PORT", "16817")) + 200 * WORKER),
     "SLURMD_BASEPORT": str(int(os.environ.get("CELLSCHED_TEST_SLURMD_BASEPORT", "16900")) + 200 * WORKER),
 }
+
+#: ports `free_port` hands out: below the kernel's ephemeral range (where
+#: gloo's own listeners and every outgoing connection take theirs, so a port
+#: found free there can be gone a moment later), below the test clusters'
+#: ports (12817 and up) and the launcher's default range (20000-32767), one
+#: slice per xdist worker
+FREE_PORTS = range(10000, 12800)
+_SLICE = len(FREE_PORTS) // 8
+_next_port = itertools.count(FREE_PORTS.start + _SLICE * (WORKER % 8) + os.getpid() % _SLICE)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now and this worker has not handed out
+    before (for MASTER_PORT and init_method): the next one of its slice that binds."""
+    base = FREE_PORTS.start + _SLICE * (WORKER % 8)
+    for _ in range(_SLICE):
+        port = base + (next(_next_port) - base) % _SLICE
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {base}-{base + _SLICE - 1}")
 
 
 @dataclass(frozen=True)

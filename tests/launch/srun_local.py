@@ -94,15 +94,6 @@ def srun(
     return wait(start(cmd, ntasks, nnodes, env, **kw), timeout)
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on right now (for MASTER_PORT)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_for_pid(path: Path, procs: list[subprocess.Popen], timeout: float = 60) -> int:
     """The pid a child wrote to PATH once it was ready. The file can exist
     before its writer has written it, so this waits for a whole number."""

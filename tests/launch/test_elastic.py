@@ -10,7 +10,8 @@ import pytest
 import torch
 from minigpt.model import GPTConfig
 from minigpt.trainer import TrainConfig, reference_losses
-from srun_local import free_port, start, wait
+from srun_local import start, wait
+from support import free_port
 from trainer_runs import check, checkpoint_state, train
 
 from launch.elastic import VirtualWorker

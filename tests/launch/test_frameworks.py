@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from srun_local import REPO, free_port, srun, start, task_envs, wait
+from srun_local import REPO, srun, start, task_envs, wait
+from support import free_port
 
 from launch.adapters import torchtitan as titan_adapter
 from solver.contract.plan import JobPlan

@@ -8,7 +8,8 @@ import sys
 import time
 
 import pytest
-from srun_local import REPO, free_port, start, task_envs, wait, wait_for_pid
+from srun_local import REPO, start, task_envs, wait, wait_for_pid
+from support import free_port
 
 from launch.hook import on_checkpoint, write_hook_file
 from solver import contract

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from click.testing import CliRunner
+from support import free_port
 
 from launch import profiler
 from slurm_ext.cli import main
@@ -336,7 +337,7 @@ def test_tp_layers_profile_on_their_tp_ranks(tmp_path):
     import torch.multiprocessing as mp
 
     out = tmp_path / "recs.json"
-    mp.start_processes(_tp_profile_worker, args=(profiler._free_port(), str(out)), nprocs=2, start_method="spawn")
+    mp.start_processes(_tp_profile_worker, args=(free_port(), str(out)), nprocs=2, start_method="spawn")
     recs = json.loads(out.read_text())
     assert {(tp, b) for tp, b, *_ in recs} == {(1, 1), (1, 2), (2, 1), (2, 2)}
     assert all(fwd > 0 and bwd > 0 for *_, fwd, bwd in recs)
@@ -477,7 +478,7 @@ def test_tp_layers_profiled_as_the_sharded_runtime_parallelizes_them(tmp_path):
     import torch.multiprocessing as mp
 
     out = tmp_path / "wrapped.json"
-    mp.start_processes(_wrapped_tp_worker, args=(profiler._free_port(), str(out)), nprocs=2, start_method="spawn")
+    mp.start_processes(_wrapped_tp_worker, args=(free_port(), str(out)), nprocs=2, start_method="spawn")
     got = json.loads(out.read_text())
     assert got["calls"] == 3 * 2 * 6
     assert {(g, tp) for g, tp, *_ in got["recs"]} == {("cpu@sharded", 2)}

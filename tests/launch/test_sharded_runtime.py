@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from minigpt.model import GPTConfig, build_full_model
 from minigpt.trainer import TrainConfig, keyed_reference_losses
-from srun_local import free_port, srun, start, wait
+from srun_local import srun, start, wait
+from support import free_port
 from trainer_runs import check, train
 
 from launch import checkpoint

@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from minigpt.model import GPTConfig
 from minigpt.trainer import TrainConfig, reference_run
-from srun_local import free_port
+from support import free_port
 from trainer_runs import checkpoint_state, relative_error, train
 
 from launch.elastic import ordered_sum

@@ -2,12 +2,12 @@
 activation per micro-batch (2 forward, 2 backward), whatever the estimator assumes."""
 
 import json
-import socket
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from support import free_port
 
 
 def _count(rank: int, port: int, out: str) -> None:
@@ -40,9 +40,7 @@ def _count(rank: int, port: int, out: str) -> None:
 
 
 def test_tp_block_all_reduces_four_times(tmp_path):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     out = str(tmp_path / "calls.json")
     mp.start_processes(_count, args=(port, out), nprocs=2, join=True, start_method="spawn")
     got = json.loads((tmp_path / "calls.json").read_text())

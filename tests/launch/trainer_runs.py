@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from srun_local import Task, free_port, srun
+from srun_local import Task, srun
+from support import free_port
 
 TRAIN = "contrib/examples/train_gpt.py"
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from controller_support import SHAPE, DiesAt, Killed, cellsched, submit_managed, wait_until, write_config
+from support import free_port
 
 from slurm_ext.backends import SubmitRequest, get_backend
 from slurm_ext.config import load
@@ -335,14 +336,6 @@ def test_slurmctld_outage_backs_off_and_resumes(slurm_cluster, tmp_path):
     assert sorted(done.read_text().split()) == sorted([first, second])
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_daemon_starts_rounds_early_notifies_systemd_and_serves_metrics(slurm_cluster, tmp_path):
     """With a 60 s interval, a new job is placed within seconds (the watch
     sees it; with the watch off, touching the kick file does it); READY=1
@@ -352,7 +345,7 @@ def test_daemon_starts_rounds_early_notifies_systemd_and_serves_metrics(slurm_cl
 
     backend = get_backend("cli")
     done = tmp_path / "done.txt"
-    port = _free_port()
+    port = free_port()
     config = write_config(tmp_path / "c.toml", tmp_path / "state.sqlite", interval_s=60.0, watch_s=0.5, min_gap_s=0.5)
     config.write_text(config.read_text().replace("port = 0", f"port = {port}"))
     sock_path = tmp_path / "notify.sock"
